@@ -1,0 +1,3 @@
+"""infermux: a multi-model inference daemon for edge GPUs."""
+
+__version__ = "0.1.0"

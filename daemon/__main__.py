@@ -1,0 +1,5 @@
+import sys
+
+from infermux.cli import main
+
+sys.exit(main())

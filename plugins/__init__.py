@@ -1,0 +1,1 @@
+"""Backends (onnxruntime, tensorrt) and their plugin interface."""

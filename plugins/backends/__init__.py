@@ -1,0 +1,68 @@
+"""Backend discovery: built-ins plus the entry-point group `infermux.backends`."""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from importlib.metadata import entry_points
+from pathlib import Path
+
+from infermux.plugins.base import Backend, BackendError
+
+log = logging.getLogger("infermux.plugins")
+
+# Built-ins are listed here as well as in pyproject's entry points so that a
+# source checkout without `pip install` still finds them.
+BUILTIN = {
+    "onnxruntime": "infermux.plugins.backends.onnxruntime:OnnxRuntimeBackend",
+    "tensorrt": "infermux.plugins.backends.tensorrt:TensorRTBackend",
+}
+
+_cache: dict[str, Backend] = {}
+
+
+def _load_object(spec: str) -> Backend:
+    module, _, attr = spec.partition(":")
+    return getattr(importlib.import_module(module), attr)()
+
+
+def available() -> dict[str, str]:
+    """Backend name -> 'module:Class' for every backend that can be tried."""
+    specs = dict(BUILTIN)
+    for ep in entry_points(group="infermux.backends"):
+        specs[ep.name] = ep.value
+    return specs
+
+
+def get(name: str) -> Backend:
+    """The backend called `name`, imported once."""
+    if name not in _cache:
+        specs = available()
+        if name not in specs:
+            raise BackendError(f"unknown backend {name!r}; installed: {', '.join(sorted(specs))}")
+        try:
+            _cache[name] = _load_object(specs[name])
+        except ImportError as exc:
+            raise BackendError(f"backend {name!r} is not usable here: {exc}") from exc
+    return _cache[name]
+
+
+SUFFIXES = {".onnx": "onnxruntime", ".plan": "tensorrt", ".engine": "tensorrt"}
+
+
+def for_path(path: Path, name: str | None = None) -> Backend:
+    """The backend named `name`, or the one that serves this file suffix."""
+    if name:
+        return get(name)
+    suffix = path.suffix.lower()
+    if suffix in SUFFIXES:
+        return get(SUFFIXES[suffix])
+    for candidate in available():
+        try:
+            backend = get(candidate)
+        except BackendError:
+            continue
+        if suffix in backend.suffixes:
+            return backend
+    raise BackendError(f"no backend serves {suffix or 'files without a suffix'!r} ({path}); "
+                       f"set `backend = ...` in the model's config")
