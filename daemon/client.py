@@ -1,0 +1,154 @@
+"""Client library for the inference socket.
+
+    from infermux.client import Client
+    reply = Client("ipc:///run/infermux/infer.sock").infer("classifier", {"images": x})
+    reply.outputs["probs"], reply.header["timing_us"]
+
+`Client` is blocking (a REQ-like exchange on a DEALER socket, so a lost
+reply never wedges the socket). `Pipeline` keeps many requests in flight on
+one DEALER socket and matches replies by `id`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import zmq
+
+from infermux.protocol import Reply, decode_reply, encode_request
+
+
+class InferError(Exception):
+    """A reply whose status is not 200 (raised only with `check=True`)."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(f"{reply.status}: {reply.error}")
+        self.reply = reply
+
+
+class _Dealer:
+    """A DEALER socket that speaks REQ's envelope (empty delimiter first)."""
+
+    def __init__(self, endpoint: str, context: zmq.Context | None,
+                 curve: Mapping[str, bytes] | None) -> None:
+        self.endpoint = endpoint
+        self._ctx = context or zmq.Context.instance()
+        self.socket = self._ctx.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        for option, value in (curve or {}).items():
+            setattr(self.socket, option, value)
+        self.socket.connect(endpoint)
+
+    def send(self, frames: list[Any]) -> None:
+        copy = sum(len(f) for f in frames) < 1 << 20  # zero-copy only pays from ~1 MiB
+        self.socket.send_multipart([b"", *frames], copy=copy)
+
+    def recv(self, timeout_s: float | None) -> Reply:
+        if timeout_s is not None and not self.socket.poll(int(timeout_s * 1000)):
+            raise TimeoutError(f"no reply from {self.endpoint} within {timeout_s:.1f} s "
+                               f"(is `infermux serve` running?)")
+        frames = self.socket.recv_multipart(copy=False)
+        if frames and len(frames[0]) == 0:
+            frames = frames[1:]
+        return decode_reply([f.buffer for f in frames])
+
+    def close(self) -> None:
+        self.socket.close(0)
+
+
+class Client:
+    """Blocking inference calls: one request, one reply."""
+
+    def __init__(self, endpoint: str, *, timeout_s: float | None = 10.0,
+                 context: zmq.Context | None = None, curve: Mapping[str, bytes] | None = None) -> None:
+        self._dealer = _Dealer(endpoint, context, curve)
+        self._ids = itertools.count(1)
+        self.timeout_s = timeout_s
+
+    def infer(self, model: str, inputs: Mapping[str, np.ndarray], *, version: str | None = None,
+              outputs: Sequence[str] | None = None, timeout_ms: int | None = None,
+              key: str | None = None, check: bool = False) -> Reply:
+        """Send one request and wait for its reply (stale replies are skipped)."""
+        ident = next(self._ids)
+        self._dealer.send(encode_request(model, inputs, id=ident, version=version, outputs=outputs,
+                                         timeout_ms=timeout_ms, key=key))
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            reply = self._dealer.recv(left)
+            if reply.header.get("id") in (ident, None):
+                break
+        if check and not reply.ok:
+            raise InferError(reply)
+        return reply
+
+    def send_raw(self, frames: list[Any]) -> Reply:
+        """Send frames exactly as given (tests and fuzzers) and wait for a reply."""
+        self._dealer.send(frames)
+        return self._dealer.recv(self.timeout_s)
+
+    def close(self) -> None:
+        self._dealer.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Pipeline:
+    """Many requests in flight on one DEALER socket, matched by `id`.
+
+        with Pipeline(endpoint) as p:
+            ids = [p.submit("mlp", {"features": x}) for x in batch]
+            replies = p.gather(ids)
+    """
+
+    def __init__(self, endpoint: str, *, timeout_s: float | None = 10.0,
+                 context: zmq.Context | None = None, curve: Mapping[str, bytes] | None = None) -> None:
+        self._dealer = _Dealer(endpoint, context, curve)
+        self._ids = itertools.count(1)
+        self._done: dict[Any, Reply] = {}
+        self.in_flight = 0
+        self.timeout_s = timeout_s
+
+    def submit(self, model: str, inputs: Mapping[str, np.ndarray], **fields: Any) -> int:
+        """Send a request without waiting; returns its id."""
+        ident = next(self._ids)
+        self._dealer.send(encode_request(model, inputs, id=ident, **fields))
+        self.in_flight += 1
+        return ident
+
+    def next_reply(self) -> Reply:
+        """The next reply to arrive, whichever request it answers."""
+        reply = self._dealer.recv(self.timeout_s)
+        self.in_flight -= 1
+        return reply
+
+    def result(self, ident: int) -> Reply:
+        """The reply to request `ident`, keeping others that arrive first."""
+        while ident not in self._done:
+            reply = self.next_reply()
+            self._done[reply.header.get("id")] = reply
+        return self._done.pop(ident)
+
+    def gather(self, idents: Sequence[int]) -> list[Reply]:
+        return [self.result(i) for i in idents]
+
+    def replies(self) -> Iterator[Reply]:
+        """Every outstanding reply, in arrival order."""
+        while self.in_flight:
+            yield self.next_reply()
+
+    def close(self) -> None:
+        self._dealer.close()
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
