@@ -205,6 +205,14 @@ class Registry:
         waiter.start()
         return waiter
 
+    def on_demand(self, mv: ModelVersion) -> None:
+        """A request wants `mv`: start loading it if it is a cold model that is not loaded.
+
+        Hot models load at start and stay unloaded once an operator unloads them.
+        """
+        if mv.state is State.UNLOADED and mv.config.mode == "multiproc":
+            self.start_loading([mv])
+
     def _mark_loading(self, mv: ModelVersion) -> None:
         mv.state, mv.reason, mv.load_started = State.LOADING, "", time.monotonic()
 

@@ -58,6 +58,7 @@ class Router:
         if not job.deadline_ns:
             job.deadline_ns = job.received_ns + (job.request.timeout_ms or mv.config.timeout_ms) * 1_000_000
         if not mv.ready:
+            self.registry.on_demand(mv)
             if model.fallback and self._fallback(job, model, "not_ready"):
                 return
             raise _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is {mv.state.value}"
