@@ -278,7 +278,101 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
     trt.engines, trt.contexts = [], []  # weak references to what was made, for the tests
     trt.Runtime = Runtime
     trt.init_libnvinfer_plugins = lambda logger, namespace: True
+    _add_fake_builder(trt)
     return trt
+
+
+def _add_fake_builder(trt: ModuleType) -> None:
+    """Builder, ONNX parser and builder config: records what `infermux build` asks for.
+
+    The parser "reads" a model whose inputs are `trt.onnx_inputs`; a file that starts
+    with b"BAD" fails to parse; `trt.fail_build = True` makes the build return None.
+    """
+    trt.BuilderFlag = enum.Enum("BuilderFlag", "FP16 INT8 TF32")
+    trt.MemoryPoolType = enum.Enum("MemoryPoolType", "WORKSPACE")
+    trt.onnx_inputs, trt.fail_build, trt.configs = [("x", (-1, 4))], False, []
+
+    class Base:  # IProgressMonitor and IInt8EntropyCalibrator2: subclassed by the code under test
+        def __init__(self) -> None:
+            pass
+
+    trt.IProgressMonitor, trt.IInt8EntropyCalibrator2 = type("IProgressMonitor", (Base,), {}), \
+        type("IInt8EntropyCalibrator2", (Base,), {})
+
+    class Network:
+        def __init__(self) -> None:
+            self.inputs: list[Any] = []
+
+        num_inputs = property(lambda self: len(self.inputs))
+
+        def get_input(self, index: int) -> Any:
+            return self.inputs[index]
+
+    class OnnxParser:
+        def __init__(self, network: Network, logger: Any) -> None:
+            self.network, self.num_errors = network, 0
+
+        def parse_from_file(self, path: str) -> bool:
+            if Path(path).read_bytes().startswith(b"BAD"):
+                self.num_errors = 1
+                return False
+            self.network.inputs = [type("ITensor", (), {"name": n, "shape": s})() for n, s in trt.onnx_inputs]
+            return True
+
+        def get_error(self, index: int) -> str:
+            return "fake: unsupported operator"
+
+    class Profile:
+        def __init__(self) -> None:
+            self.shapes: dict[str, tuple] = {}
+
+        def set_shape(self, name: str, low: Any, opt: Any, high: Any) -> None:
+            self.shapes[name] = (tuple(low), tuple(opt), tuple(high))
+
+    class Config:
+        def __init__(self) -> None:
+            self.flags, self.pools, self.profiles = set(), {}, []
+            self.progress_monitor = self.int8_calibrator = self.calibration_profile = None
+            trt.configs.append(self)
+
+        def set_flag(self, flag: Any) -> None:
+            self.flags.add(flag)
+
+        def set_memory_pool_limit(self, pool: Any, nbytes: int) -> None:
+            self.pools[pool] = nbytes
+
+        def add_optimization_profile(self, profile: Profile) -> int:
+            self.profiles.append(profile)
+            return len(self.profiles) - 1
+
+        def set_calibration_profile(self, profile: Profile) -> None:
+            self.calibration_profile = profile
+
+    class Builder:
+        def __init__(self, logger: Any) -> None:
+            self.logger = logger
+
+        def create_network(self, flags: int) -> Network:
+            return Network()
+
+        def create_builder_config(self) -> Config:
+            return Config()
+
+        def create_optimization_profile(self) -> Profile:
+            return Profile()
+
+        def build_serialized_network(self, network: Network, config: Config) -> bytes | None:
+            if trt.fail_build:
+                self.logger.log(trt.ILogger.Severity.ERROR, "fake: no implementation for layer conv1")
+                return None
+            monitor = config.progress_monitor
+            if monitor is not None:
+                monitor.phase_start("Building engine", None, 2)
+                assert monitor.step_complete("Building engine", 0) is True
+                monitor.phase_finish("Building engine")
+            return PLAN_MAGIC + bytes(100)
+
+    trt.Builder, trt.OnnxParser = Builder, OnnxParser
 
 
 def write_plan(directory: Path, name: str = "model.plan", size: int = 1000) -> Path:
