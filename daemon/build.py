@@ -291,6 +291,8 @@ def run(args: argparse.Namespace) -> int:
     except BuildError as exc:
         print(f"infermux build: {exc}", file=sys.stderr)
         return 2
+    print(f"building {opts.output} from {opts.onnx} on this device (a large model takes minutes)",
+          file=sys.stderr)
     try:
         report = build_engine(opts)
     except (BuildError, BackendError) as exc:

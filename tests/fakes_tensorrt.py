@@ -276,7 +276,7 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
 
     trt.ILogger = ILogger
     trt.engines, trt.contexts = [], []  # weak references to what was made, for the tests
-    trt.Runtime = Runtime
+    trt.Runtime, trt.ICudaEngine = Runtime, Engine
     trt.init_libnvinfer_plugins = lambda logger, namespace: True
     _add_fake_builder(trt)
     return trt

@@ -40,6 +40,15 @@ def test_discovery_works_without_tensorrt_and_load_says_what_to_install(tmp_path
         backend.load(write_plan(tmp_path), {})
 
 
+def test_tensorrt_without_the_v2_memory_api_is_refused(fake_trt, tmp_path):
+    """Checks our code's use of the API, not the API itself: TensorRT 10.0 (no
+    device_memory_size_v2) is refused at load with the version needed."""
+    del fake_trt.ICudaEngine.device_memory_size_v2
+    fake_trt.__version__ = "10.0.1"
+    with pytest.raises(BackendError, match="TensorRT 10.0.1 is too old.*10.1 or newer"):
+        load(write_plan(tmp_path))
+
+
 def test_specs_report_profile_0_range(fake_trt, tmp_path):
     """Checks our code's use of the API, not the API itself: input ranges come from
     get_tensor_profile_shape(name, 0), output ranges from shape inference at min and max."""

@@ -252,6 +252,8 @@ _api_cache: _Api | None = None
 def _api() -> _Api:
     """The binding, chosen once per process on first use."""
     global _api_cache
+    if _api_cache is not None:  # every CUDA call passes here: no lock once chosen
+        return _api_cache
     with _api_lock:
         if _api_cache is None:
             _api_cache = _load_api()

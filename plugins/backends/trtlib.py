@@ -22,7 +22,7 @@ from infermux.plugins.base import BackendError
 
 log = logging.getLogger("infermux.tensorrt")
 
-MIN_MAJOR = 10  # the named-tensor API; JetPack 6 ships 10.3
+MIN_MAJOR = 10  # the named-tensor API; JetPack 6.1 and 6.2 ship 10.3
 
 INSTALL_HINT = ("on Jetson (JetPack 6) install the system package: `apt install python3-libnvinfer` "
                 "and use the system python3; on a discrete GPU `pip install tensorrt` for your CUDA "
@@ -41,9 +41,10 @@ def import_tensorrt() -> ModuleType:
         raise BackendError(f"TensorRT is not installed for {sys.executable} ({exc}); "
                            f"{INSTALL_HINT}") from exc
     version = str(getattr(trt, "__version__", "0"))
-    if int(version.split(".")[0]) < MIN_MAJOR:
-        raise BackendError(f"TensorRT {version} is too old: infermux needs TensorRT {MIN_MAJOR}.x "
-                           f"(JetPack 6 or newer); {INSTALL_HINT}")
+    # device_memory_size_v2 arrived in 10.1; 10.0 and 8.x (JetPack 6.0) lack it.
+    if int(version.split(".")[0]) < MIN_MAJOR or not hasattr(trt.ICudaEngine, "device_memory_size_v2"):
+        raise BackendError(f"TensorRT {version} is too old: infermux needs TensorRT 10.1 or newer "
+                           f"(JetPack 6.1 or newer); {INSTALL_HINT}")
     return trt
 
 
