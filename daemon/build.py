@@ -64,7 +64,8 @@ class BuildReport:
     profiles: dict[str, tuple[Shape, Shape, Shape]]
 
 
-def batch_profile(inputs: Sequence[tuple[str, Shape]], batch: tuple[int, int, int]) -> dict[str, tuple[Shape, Shape, Shape]]:
+def batch_profile(inputs: Sequence[tuple[str, Shape]],
+                  batch: tuple[int, int, int]) -> dict[str, tuple[Shape, Shape, Shape]]:
     """(min, opt, max) shapes for every input whose dim 0 is dynamic (-1).
 
     Other dynamic dimensions are refused: a batch range cannot size them.

@@ -13,11 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from fakes_tensorrt import fake_gpu, fake_trt  # noqa: F401 (fixtures)
 
 from infermux import build
 from infermux.plugins import backends
 from infermux.plugins.backends import trtlib
+
+pytest_plugins = ["fakes_tensorrt"]  # fake_gpu, fake_trt fixtures
 
 SAMPLE = Path(__file__).resolve().parents[1] / "engines" / "classifier" / "1" / "model.onnx"
 

@@ -12,10 +12,12 @@ from types import ModuleType
 
 import numpy as np
 import pytest
-from fakes_tensorrt import FakeCudart, fake_gpu  # noqa: F401 (fixture)
+from fakes_tensorrt import FakeCudart
 
 from infermux.plugins.backends import cuda
 from infermux.plugins.base import BackendError
+
+pytest_plugins = ["fakes_tensorrt"]  # fake_gpu, fake_trt fixtures
 
 
 def test_round_trip_through_device(fake_gpu):

@@ -11,10 +11,12 @@ import threading
 
 import numpy as np
 import pytest
-from fakes_tensorrt import fake_gpu, fake_trt, write_plan  # noqa: F401 (fixtures)
+from fakes_tensorrt import write_plan
 
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError, InputRejected
+
+pytest_plugins = ["fakes_tensorrt"]  # fake_gpu, fake_trt fixtures
 
 
 @pytest.fixture

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fakes_tensorrt import ACTIVATION_BYTES, fake_gpu, fake_trt, write_plan  # noqa: F401 (fixtures)
+from fakes_tensorrt import ACTIVATION_BYTES, write_plan
 
 from infermux.plugins import backends
 from infermux.plugins.backends import trtlib
 from infermux.plugins.backends.tensorrt import TensorRTBackend
 from infermux.plugins.base import BackendError
+
+pytest_plugins = ["fakes_tensorrt"]  # fake_gpu, fake_trt fixtures
 
 # Device I/O bytes per context at profile max: x [8,4] f32, total [8] f32, argmax [8] i32.
 IO_BYTES = 8 * 4 * 4 + 8 * 4 + 8 * 4
