@@ -5,10 +5,18 @@ One `InferenceSession` per context. Sessions are thread-safe, but one per
 executor thread keeps each thread's scratch memory and thread pool private,
 and `intra_op_num_threads = 1` by default: with its default thread pool,
 onnxruntime's p99 spikes to several ms under concurrency on small boxes.
+
+On a GPU box, `[models.options]` chooses execution providers in order of
+preference; each entry is a name or `[name, {option = value}]`, and the
+ones this onnxruntime build lacks are skipped (with a warning):
+
+    providers = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
+    providers = [["CUDAExecutionProvider", {device_id = 0}], "CPUExecutionProvider"]
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from pathlib import Path
 from typing import Any, Mapping
@@ -16,6 +24,10 @@ from typing import Any, Mapping
 import numpy as np
 
 from infermux.plugins.base import BackendError, InputRejected, TensorSpec
+
+log = logging.getLogger("infermux.onnxruntime")
+
+Provider = str | tuple[str, dict[str, Any]]  # onnxruntime's own `providers=` entry forms
 
 _ORT_DTYPES = {
     "tensor(float)": "float32",
@@ -35,6 +47,33 @@ def _spec(node: Any) -> TensorSpec:
         raise BackendError(f"tensor {node.name!r} has unsupported type {node.type}")
     shape = tuple(d if isinstance(d, int) and d >= 0 else -1 for d in node.shape)
     return TensorSpec(node.name, dtype, shape)
+
+
+def select_providers(requested: Any, available: list[str]) -> list[Provider]:
+    """The requested execution providers this onnxruntime has, in order, with their options.
+
+    Each entry is a provider name or a `[name, {options}]` pair.
+    """
+    if isinstance(requested, str) or not isinstance(requested, (list, tuple)):
+        raise BackendError(f"`providers` must be a list, got {requested!r}")
+    chosen: list[Provider] = []
+    for entry in requested:
+        if isinstance(entry, str):
+            name, opts = entry, {}
+        elif (isinstance(entry, (list, tuple)) and len(entry) == 2 and isinstance(entry[0], str)
+              and isinstance(entry[1], Mapping)):
+            name, opts = entry[0], dict(entry[1])
+        else:
+            raise BackendError(f"`providers` entries are names or [name, {{options}}] pairs, got {entry!r}")
+        if name not in available:
+            log.warning("execution provider %s is not in this onnxruntime build (%s); skipped",
+                        name, ", ".join(available))
+            continue
+        chosen.append((name, opts) if opts else name)
+    if not chosen:
+        raise BackendError(f"none of the execution providers {list(requested)} is available; "
+                           f"this onnxruntime has {available}")
+    return chosen
 
 
 class OnnxRuntimeContext:
@@ -67,14 +106,11 @@ class OnnxRuntimeEngine:
         self._ort = ort
         self.path = path
         self._threads = int(options.get("intra_op_num_threads", 1))
-        self._providers = list(options.get("providers") or ["CPUExecutionProvider"])
-        unknown = set(self._providers) - set(ort.get_available_providers())
-        if unknown == set(self._providers):
-            raise BackendError(f"none of the execution providers {self._providers} is available; "
-                               f"this onnxruntime has {ort.get_available_providers()}")
-        self._providers = [p for p in self._providers if p not in unknown]
+        self._providers = select_providers(options.get("providers") or ["CPUExecutionProvider"],
+                                           ort.get_available_providers())
         self._bytes = path.stat().st_size
         first = self._new_session()  # validates the file once, at load
+        self.providers: list[str] = first.get_providers()  # what onnxruntime actually uses
         self.inputs = [_spec(i) for i in first.get_inputs()]
         self.outputs = [_spec(o) for o in first.get_outputs()]
         self._spare: Any = first

@@ -1,0 +1,368 @@
+"""CUDA streams, memory and copies, as the TensorRT backend needs them.
+
+The binding is cuda-python (`cuda.bindings.runtime`, or the older
+`cuda.cudart`), and pycuda where cuda-python is missing. Both talk to the
+device's primary CUDA context, the one TensorRT's runtime API uses too, so
+pointers and streams made here are valid for TensorRT.
+
+Every CUDA failure surfaces as `CudaError` (a `BackendError`) that names
+the CUDA error, so the daemon answers 500 or marks the model failed instead
+of crashing. This module knows nothing about TensorRT, so it can be proven
+on a GPU machine on its own (tests/gpu/test_gpu_cuda.py).
+
+Jetson: the GPU has no memory of its own. Device buffers, pinned host
+buffers and the free figure of `mem_info()` all come from the one system
+DRAM, and other processes' use of RAM moves that figure too.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+import warnings
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from infermux.plugins.base import BackendError
+
+# Error names that mean "this machine has no usable GPU", not "something broke".
+NO_GPU_ERRORS = frozenset({"cudaErrorNoDevice", "cudaErrorInsufficientDriver"})
+
+INSTALL_HINT = ("install cuda-python for this Python: `pip install 'cuda-python>=12,<13'` "
+                "(the 13.x line needs NVIDIA driver >= 580, which JetPack 6 does not have), "
+                "or pycuda")
+
+
+class CudaError(BackendError):
+    """A CUDA call failed; `name` is the CUDA error name (e.g. cudaErrorMemoryAllocation)."""
+
+    def __init__(self, op: str, name: str) -> None:
+        super().__init__(f"CUDA {op} failed: {name}")
+        self.op = op
+        self.name = name
+
+    @property
+    def out_of_memory(self) -> bool:
+        return "MemoryAllocation" in self.name or "out of memory" in self.name.lower()
+
+
+@dataclass(frozen=True)
+class MemInfo:
+    """Free and total memory of the current device, in bytes (cudaMemGetInfo)."""
+
+    free: int
+    total: int
+
+
+class _Api(Protocol):
+    """The handful of CUDA runtime calls this module needs; one class per binding."""
+
+    name: str
+
+    def device_count(self) -> int: ...
+    def set_device(self, device: int) -> None: ...
+    def integrated(self, device: int) -> bool: ...
+    def malloc(self, nbytes: int) -> int: ...
+    def free(self, ptr: int) -> None: ...
+    def malloc_host(self, nbytes: int) -> int: ...
+    def free_host(self, ptr: int) -> None: ...
+    def stream_create(self) -> int: ...
+    def stream_destroy(self, stream: int) -> None: ...
+    def stream_sync(self, stream: int) -> None: ...
+    def copy_async(self, dst: int, src: int, nbytes: int, to_device: bool, stream: int) -> None: ...
+    def mem_info(self) -> MemInfo: ...
+
+
+class _CudaPython:
+    """cuda-python: every call returns `(cudaError_t, *results)`."""
+
+    def __init__(self, rt: Any, name: str) -> None:
+        self._rt = rt
+        self._ok = rt.cudaError_t.cudaSuccess
+        self.name = name
+
+    def _call(self, op: str, result: Any) -> Any:
+        err, *values = result
+        if err != self._ok:
+            raise CudaError(op, getattr(err, "name", str(err)))
+        return values[0] if len(values) == 1 else values
+
+    def device_count(self) -> int:
+        err, count = self._rt.cudaGetDeviceCount()
+        if getattr(err, "name", "") in NO_GPU_ERRORS:
+            return 0
+        return int(self._call("cudaGetDeviceCount", (err, count)))
+
+    def set_device(self, device: int) -> None:
+        self._call("cudaSetDevice", self._rt.cudaSetDevice(device))
+
+    def integrated(self, device: int) -> bool:
+        attr = self._rt.cudaDeviceAttr.cudaDevAttrIntegrated
+        return bool(self._call("cudaDeviceGetAttribute", self._rt.cudaDeviceGetAttribute(attr, device)))
+
+    def malloc(self, nbytes: int) -> int:
+        return int(self._call("cudaMalloc", self._rt.cudaMalloc(nbytes)))
+
+    def free(self, ptr: int) -> None:
+        self._call("cudaFree", self._rt.cudaFree(ptr))
+
+    def malloc_host(self, nbytes: int) -> int:
+        return int(self._call("cudaMallocHost", self._rt.cudaMallocHost(nbytes)))
+
+    def free_host(self, ptr: int) -> None:
+        self._call("cudaFreeHost", self._rt.cudaFreeHost(ptr))
+
+    def stream_create(self) -> int:
+        # Non-blocking: never implicitly synchronises with the legacy default
+        # stream, so contexts on other threads do not serialise each other.
+        flags = self._rt.cudaStreamNonBlocking
+        return int(self._call("cudaStreamCreateWithFlags", self._rt.cudaStreamCreateWithFlags(flags)))
+
+    def stream_destroy(self, stream: int) -> None:
+        self._call("cudaStreamDestroy", self._rt.cudaStreamDestroy(stream))
+
+    def stream_sync(self, stream: int) -> None:
+        self._call("cudaStreamSynchronize", self._rt.cudaStreamSynchronize(stream))
+
+    def copy_async(self, dst: int, src: int, nbytes: int, to_device: bool, stream: int) -> None:
+        kinds = self._rt.cudaMemcpyKind
+        kind = kinds.cudaMemcpyHostToDevice if to_device else kinds.cudaMemcpyDeviceToHost
+        self._call("cudaMemcpyAsync", self._rt.cudaMemcpyAsync(dst, src, nbytes, kind, stream))
+
+    def mem_info(self) -> MemInfo:
+        free, total = self._call("cudaMemGetInfo", self._rt.cudaMemGetInfo())
+        return MemInfo(int(free), int(total))
+
+
+class _PyCuda:
+    """pycuda (driver API): objects own the memory, so they are kept by pointer.
+
+    pycuda needs a context current on each calling thread; it pushes the
+    device's primary context, the same one TensorRT uses.
+    """
+
+    def __init__(self, driver: Any) -> None:
+        self._drv = driver
+        self._device = 0
+        self._local = threading.local()
+        self._owned: dict[int, Any] = {}
+        self.name = "pycuda"
+
+    def _call(self, op: str, fn: Any, *args: Any) -> Any:
+        try:
+            self._ensure_context()
+            return fn(*args)
+        except self._drv.Error as exc:
+            raise CudaError(op, str(exc)) from exc
+
+    def _ensure_context(self) -> None:
+        if getattr(self._local, "device", None) != self._device:
+            self._drv.init()
+            self._drv.Device(self._device).retain_primary_context().push()
+            self._local.device = self._device
+
+    def device_count(self) -> int:
+        try:
+            self._drv.init()
+        except self._drv.Error:
+            return 0  # cuInit fails without a driver or a device
+        return int(self._drv.Device.count())
+
+    def set_device(self, device: int) -> None:
+        self._device = device
+        self._call("cuDevicePrimaryCtxRetain", lambda: None)  # _call makes it current
+
+    def integrated(self, device: int) -> bool:
+        attr = self._drv.device_attribute.INTEGRATED
+        return bool(self._call("cuDeviceGetAttribute", lambda: self._drv.Device(device).get_attribute(attr)))
+
+    def malloc(self, nbytes: int) -> int:
+        alloc = self._call("cuMemAlloc", self._drv.mem_alloc, nbytes)
+        self._owned[int(alloc)] = alloc
+        return int(alloc)
+
+    def free(self, ptr: int) -> None:
+        self._call("cuMemFree", self._owned.pop(ptr).free)
+
+    def malloc_host(self, nbytes: int) -> int:
+        array = self._call("cuMemHostAlloc", self._drv.pagelocked_empty, nbytes, np.uint8)
+        self._owned[array.ctypes.data] = array
+        return int(array.ctypes.data)
+
+    def free_host(self, ptr: int) -> None:
+        array = self._owned.pop(ptr)
+        self._call("cuMemFreeHost", array.base.free)
+
+    def stream_create(self) -> int:
+        stream = self._call("cuStreamCreate", self._drv.Stream)
+        self._owned[stream.handle] = stream
+        return int(stream.handle)
+
+    def stream_destroy(self, stream: int) -> None:
+        self._owned.pop(stream)  # pycuda destroys the stream when the object goes
+
+    def stream_sync(self, stream: int) -> None:
+        self._call("cuStreamSynchronize", self._owned[stream].synchronize)
+
+    def copy_async(self, dst: int, src: int, nbytes: int, to_device: bool, stream: int) -> None:
+        s = self._owned[stream]
+        if to_device:
+            self._call("cuMemcpyHtoDAsync", self._drv.memcpy_htod_async, dst, _bytes_at(src, nbytes), s)
+        else:
+            self._call("cuMemcpyDtoHAsync", self._drv.memcpy_dtoh_async, _bytes_at(dst, nbytes), src, s)
+
+    def mem_info(self) -> MemInfo:
+        free, total = self._call("cuMemGetInfo", self._drv.mem_get_info)
+        return MemInfo(int(free), int(total))
+
+
+def _bytes_at(ptr: int, nbytes: int) -> np.ndarray:
+    """A uint8 numpy view of `nbytes` of host memory at `ptr` (no copy)."""
+    if nbytes == 0:
+        return np.empty(0, np.uint8)
+    return np.frombuffer((ctypes.c_char * nbytes).from_address(ptr), dtype=np.uint8)
+
+
+def _load_api() -> _Api:
+    try:
+        from cuda.bindings import runtime as rt  # cuda-python >= 12.6
+        return _CudaPython(rt, "cuda-python (cuda.bindings.runtime)")
+    except ImportError:
+        pass
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", FutureWarning)  # "cuda.cudart is deprecated"
+            from cuda import cudart  # older cuda-python
+        return _CudaPython(cudart, "cuda-python (cuda.cudart)")
+    except ImportError:
+        pass
+    try:
+        import pycuda.driver as driver
+    except ImportError as exc:
+        raise BackendError(f"no CUDA binding for Python found: {INSTALL_HINT}") from exc
+    return _PyCuda(driver)
+
+
+_api_lock = threading.Lock()
+_api_cache: _Api | None = None
+
+
+def _api() -> _Api:
+    """The binding, chosen once per process on first use."""
+    global _api_cache
+    if _api_cache is not None:  # every CUDA call passes here: no lock once chosen
+        return _api_cache
+    with _api_lock:
+        if _api_cache is None:
+            _api_cache = _load_api()
+        return _api_cache
+
+
+def binding_name() -> str:
+    """Which Python binding this process uses for CUDA."""
+    return _api().name
+
+
+def device_count() -> int:
+    """Number of usable CUDA devices; 0 where there is no GPU or no driver."""
+    return _api().device_count()
+
+
+def set_device(device: int) -> None:
+    """Make `device` current for the calling thread (CUDA's current device is per thread)."""
+    _api().set_device(device)
+
+
+def is_integrated(device: int = 0) -> bool:
+    """True on Jetson-style GPUs that share the system's DRAM."""
+    return _api().integrated(device)
+
+
+def mem_info() -> MemInfo:
+    """cudaMemGetInfo for the current device."""
+    return _api().mem_info()
+
+
+class Stream:
+    """A CUDA stream owned by one execution context; `handle` is what TensorRT takes."""
+
+    def __init__(self) -> None:
+        self.handle: int | None = _api().stream_create()
+
+    def synchronize(self) -> None:
+        """Wait until all work queued on this stream is done."""
+        _api().stream_sync(self._live())
+
+    def _live(self) -> int:
+        if self.handle is None:
+            raise BackendError("CUDA stream used after close")
+        return self.handle
+
+    def close(self) -> None:
+        """Destroy the stream (idempotent)."""
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            _api().stream_destroy(handle)
+
+
+class DeviceBuffer:
+    """`nbytes` of device memory at `ptr`."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        # At least one byte: TensorRT rejects null tensor addresses.
+        self.ptr: int | None = _api().malloc(max(nbytes, 1))
+
+    def close(self) -> None:
+        """Free the memory (idempotent)."""
+        ptr, self.ptr = self.ptr, None
+        if ptr is not None:
+            _api().free(ptr)
+
+
+class HostBuffer:
+    """`nbytes` of pinned (page-locked) host memory: the staging area for async copies."""
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+        self.ptr: int | None = _api().malloc_host(max(nbytes, 1))
+        self._bytes = _bytes_at(self.ptr, nbytes)
+
+    def view(self, dtype: np.dtype | str, shape: tuple[int, ...]) -> np.ndarray:
+        """A numpy view of the first bytes as `dtype` and `shape` (no copy; valid until close)."""
+        if self.ptr is None:
+            raise BackendError("pinned buffer used after close")
+        dtype = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        if count * dtype.itemsize > self.nbytes:
+            raise BackendError(f"{list(shape)} {dtype} needs {count * dtype.itemsize} bytes; "
+                               f"the buffer has {self.nbytes}")
+        return self._bytes[: count * dtype.itemsize].view(dtype).reshape(shape)
+
+    def close(self) -> None:
+        """Free the memory (idempotent); views taken earlier must not be used after this."""
+        ptr, self.ptr = self.ptr, None
+        self._bytes = np.empty(0, np.uint8)
+        if ptr is not None:
+            _api().free_host(ptr)
+
+
+def _copy(dst: int | None, src: int | None, nbytes: int, limit: int, to_device: bool, stream: Stream) -> None:
+    if dst is None or src is None:
+        raise BackendError("CUDA copy with a closed buffer")
+    if nbytes > limit:
+        raise BackendError(f"CUDA copy of {nbytes} bytes overruns a {limit}-byte buffer")
+    if nbytes:
+        _api().copy_async(dst, src, nbytes, to_device, stream._live())
+
+
+def copy_to_device(dst: DeviceBuffer, src: HostBuffer, nbytes: int, stream: Stream) -> None:
+    """Queue an async copy of `nbytes` from pinned host memory to the device on `stream`."""
+    _copy(dst.ptr, src.ptr, nbytes, min(dst.nbytes, src.nbytes), True, stream)
+
+
+def copy_to_host(dst: HostBuffer, src: DeviceBuffer, nbytes: int, stream: Stream) -> None:
+    """Queue an async copy of `nbytes` from the device to pinned host memory on `stream`."""
+    _copy(dst.ptr, src.ptr, nbytes, min(dst.nbytes, src.nbytes), False, stream)

@@ -1,0 +1,339 @@
+"""The TensorRT backend: serialized engines (`.plan`, `.engine`) on NVIDIA GPUs.
+
+Only the TensorRT 10 named-tensor API, as of 10.3 (JetPack 6), and nothing
+that is deprecated or gone in 11: tensors are found by name, shapes are set
+per request with `set_input_shape`, buffers bound with `set_tensor_address`,
+work queued with `execute_async_v3`; memory sizes come from the `_v2` calls.
+
+Each context owns a CUDA stream and, for every input and output, a pinned
+host buffer and a device buffer sized for optimization profile 0's largest
+shapes. They are bound once and reused by every request, so serving a
+request allocates nothing on the GPU.
+
+Engines are specific to the GPU model and TensorRT version that built them,
+so every load failure says how to rebuild.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from infermux.plugins.backends import cuda, trtlib
+from infermux.plugins.base import BackendError, InputRejected, TensorSpec
+
+log = logging.getLogger("infermux.tensorrt")
+
+REBUILD = "rebuild the engine on this device with `infermux build MODEL.onnx -o {path}`"
+
+
+def _nbytes(dtype: str, shape: Sequence[int]) -> int:
+    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+
+
+def _cuda_advice(exc: cuda.CudaError) -> str:
+    if exc.out_of_memory:
+        return ("not enough GPU memory: unload other models or lower `contexts` "
+                "(on Jetson the GPU shares the system RAM with every process)")
+    if exc.name in cuda.NO_GPU_ERRORS:
+        return "this machine has no usable NVIDIA GPU or driver"
+    return "the GPU or its driver is in a bad state: check `nvidia-smi` (`tegrastats` on Jetson) and `dmesg`"
+
+
+def _read_plan(path: Path) -> bytes:
+    try:
+        plan = path.read_bytes()
+    except OSError as exc:
+        raise BackendError(f"cannot read engine file {path}: {exc.strerror or exc}") from exc
+    if not plan:
+        raise BackendError(f"engine file {path} is empty (still being written?)")
+    return plan
+
+
+class TensorRTContext:
+    """One execution context with its own stream and buffers.
+
+    Used by one thread at a time: a second thread calling `infer` while a
+    request runs gets a BackendError instead of corrupting the buffers.
+    """
+
+    def __init__(self, raw: Any, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+                 device: int, shared: trtlib.Shared, on_close: Callable[["TensorRTContext"], None]) -> None:
+        self._raw = raw
+        self._inputs = list(inputs)
+        self._outputs = list(outputs)
+        self._device = device
+        self._shared = shared
+        self._on_close = on_close
+        self._owner = threading.Lock()
+        self._stream: cuda.Stream | None = None
+        self._host: dict[str, cuda.HostBuffer] = {}
+        self._dev: dict[str, cuda.DeviceBuffer] = {}
+        try:
+            self._stream = cuda.Stream()
+            for spec in (*self._inputs, *self._outputs):
+                self._bind(spec)
+        except BaseException:
+            self._release()
+            raise
+
+    def _bind(self, spec: TensorSpec) -> None:
+        assert spec.max_shape is not None
+        nbytes = _nbytes(spec.dtype, spec.max_shape)
+        self._host[spec.name] = cuda.HostBuffer(nbytes)
+        self._dev[spec.name] = dev = cuda.DeviceBuffer(nbytes)
+        if not self._raw.set_tensor_address(spec.name, dev.ptr):
+            raise BackendError(f"TensorRT refused the buffer for tensor {spec.name!r}: "
+                               f"{self._shared.last_error() or 'no reason logged'}")
+
+    def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Run one request; InputRejected if the tensors do not fit profile 0."""
+        if not self._owner.acquire(blocking=False):
+            raise BackendError("execution context used by two threads at once: each executor "
+                               "thread must own its own context (engine.create_context())")
+        try:
+            if self._raw is None:
+                raise BackendError("execution context used after close")
+            arrays = self._checked(inputs)
+            try:
+                return self._run(arrays)
+            except BaseException:
+                self._drain()
+                raise
+        finally:
+            self._owner.release()
+
+    def _checked(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        names = [s.name for s in self._inputs]
+        missing = [n for n in names if n not in inputs]
+        unknown = sorted(set(inputs) - set(names))
+        if missing or unknown:
+            raise InputRejected(f"engine inputs are {names}; missing {missing}, unknown {unknown}")
+        arrays = {}
+        for spec in self._inputs:
+            arrays[spec.name] = array = np.asarray(inputs[spec.name])
+            reason = spec.accepts(array.dtype.name, array.shape)
+            if reason:
+                raise InputRejected(reason)
+        return arrays
+
+    def _run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        assert self._stream is not None
+        cuda.set_device(self._device)  # CUDA's current device is per thread
+        for spec in self._inputs:
+            array = arrays[spec.name]
+            host = self._host[spec.name]
+            # "equiv" allows only byte-order changes: the wire is little-endian anyway.
+            np.copyto(host.view(spec.dtype, array.shape), array, casting="equiv")
+            if not self._raw.set_input_shape(spec.name, array.shape):
+                raise InputRejected(f"TensorRT rejected shape {list(array.shape)} for input {spec.name!r}; "
+                                    f"the engine accepts {list(spec.min_shape or ())}..{list(spec.max_shape or ())}")
+            cuda.copy_to_device(self._dev[spec.name], host, array.nbytes, self._stream)
+        shapes = {spec.name: self._output_shape(spec.name) for spec in self._outputs}
+        if not self._raw.execute_async_v3(self._stream.handle):
+            raise BackendError(f"TensorRT execution failed: {self._shared.last_error() or 'no reason logged'}")
+        for spec in self._outputs:
+            nbytes = _nbytes(spec.dtype, shapes[spec.name])
+            cuda.copy_to_host(self._host[spec.name], self._dev[spec.name], nbytes, self._stream)
+        self._stream.synchronize()
+        # Copies: the pinned buffers are overwritten by the next request.
+        return {spec.name: self._host[spec.name].view(spec.dtype, shapes[spec.name]).copy()
+                for spec in self._outputs}
+
+    def _output_shape(self, name: str) -> tuple[int, ...]:
+        shape = tuple(self._raw.get_tensor_shape(name))
+        if any(d < 0 for d in shape):
+            raise BackendError(f"output {name!r} has no shape before execution ({list(shape)}): "
+                               f"data-dependent output shapes are not supported")
+        return shape
+
+    def _drain(self) -> None:
+        # After a failed request, wait for copies already queued: the next
+        # request rewrites the pinned buffers they may still be reading.
+        try:
+            if self._stream is not None:
+                self._stream.synchronize()
+        except BackendError:
+            log.exception("TensorRT context: stream did not drain after a failed request")
+
+    def close(self) -> None:
+        """Release the stream, the buffers and the TensorRT context (idempotent)."""
+        with self._owner:  # waits for a request running on another thread
+            self._release()
+        self._on_close(self)
+
+    def _release(self) -> None:
+        self._drain()
+        self._raw = None  # the TensorRT context goes before the memory it points at
+        buffers: list[cuda.HostBuffer | cuda.DeviceBuffer] = [*self._dev.values(), *self._host.values()]
+        self._dev.clear()
+        self._host.clear()
+        stream, self._stream = self._stream, None
+        for resource in (*buffers, *([stream] if stream else [])):
+            try:
+                resource.close()
+            except BackendError:
+                log.exception("TensorRT context: releasing %s failed", type(resource).__name__)
+
+
+class TensorRTEngine:
+    """A deserialized engine: read-only and thread-safe; one context per executor thread.
+
+    `measured_load_bytes` is how much cudaMemGetInfo's free figure fell while
+    loading (engine, first context and its buffers). On Jetson that figure
+    is system RAM and moves with every process, so treat it as a hint there.
+    """
+
+    def __init__(self, path: Path, options: Mapping[str, Any]) -> None:
+        self.path = path
+        self._device = int(options.get("device", 0))
+        self._lock = threading.Lock()
+        self._contexts: set[TensorRTContext] = set()
+        self._spare: TensorRTContext | None = None
+        self._engine: Any = None
+        self.measured_load_bytes = 0
+        plan = _read_plan(path)
+        try:
+            self._load(plan)
+        except cuda.CudaError as exc:
+            self.close()
+            raise BackendError(f"cannot load {path}: {exc}; {_cuda_advice(exc)}") from exc
+        except BaseException:
+            self.close()
+            raise
+
+    def _load(self, plan: bytes) -> None:
+        self._shared = trtlib.shared()
+        cuda.set_device(self._device)
+        self.integrated = cuda.is_integrated(self._device)
+        free_before = cuda.mem_info().free
+        self._engine = self._deserialize(plan)
+        self._plan_bytes = len(plan)
+        self._activation_bytes = int(self._engine.device_memory_size_v2)
+        names = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
+        is_input = {n: self._engine.get_tensor_mode(n) == self._shared.trt.TensorIOMode.INPUT for n in names}
+        self.inputs = [self._input_spec(n) for n in names if is_input[n]]
+        raw = self._new_raw_context()
+        self.outputs = self._output_specs(raw, [n for n in names if not is_input[n]])
+        self._spare = self._wrap(raw)
+        self.measured_load_bytes = free_before - cuda.mem_info().free
+        log.info("loaded %s: TensorRT %s, activation %.1f MiB per context, measured %.1f MiB",
+                 self.path, self._shared.trt.__version__, self._activation_bytes / 2**20,
+                 self.measured_load_bytes / 2**20)
+
+    def _deserialize(self, plan: bytes) -> Any:
+        shared = self._shared
+        shared.last_error()  # drop anything stale
+        try:
+            engine = shared.runtime.deserialize_cuda_engine(plan)
+        except Exception as exc:  # some builds raise instead of returning None
+            log.debug("deserialize_cuda_engine raised", exc_info=exc)
+            engine = None
+        if engine is None:
+            reason = shared.last_error() or ("not a TensorRT engine, or one built by another "
+                                             "TensorRT version or for another GPU")
+            raise BackendError(f"TensorRT {shared.trt.__version__} cannot load {self.path}: {reason}. "
+                               f"Engines only run on the GPU model and TensorRT version that built "
+                               f"them: {REBUILD.format(path=self.path)}")
+        return engine
+
+    def _dtype(self, name: str) -> str:
+        trt = self._shared.trt
+        if self._engine.get_tensor_location(name) == trt.TensorLocation.HOST:
+            raise BackendError(f"tensor {name!r} lives in host memory (a shape tensor); "
+                               f"infermux serves only engines whose inputs and outputs are on the GPU")
+        dtype = trtlib.numpy_dtype(trt, self._engine.get_tensor_dtype(name))
+        if dtype is None:
+            raise BackendError(f"tensor {name!r} has TensorRT type {self._engine.get_tensor_dtype(name)}, "
+                               f"which the wire protocol cannot carry; cast it in the ONNX model")
+        return dtype
+
+    def _input_spec(self, name: str) -> TensorSpec:
+        # Profile 0 is the one every new context starts with.
+        low, _opt, high = (tuple(d) for d in self._engine.get_tensor_profile_shape(name, 0))
+        return TensorSpec(name, self._dtype(name), tuple(self._engine.get_tensor_shape(name)), low, high)
+
+    def _output_specs(self, raw: Any, names: list[str]) -> list[TensorSpec]:
+        dtypes = {n: self._dtype(n) for n in names}
+        low = self._output_shapes_at(raw, names, [s.min_shape for s in self.inputs])
+        high = self._output_shapes_at(raw, names, [s.max_shape for s in self.inputs])
+        return [TensorSpec(n, dtypes[n], tuple(self._engine.get_tensor_shape(n)), low[n], high[n])
+                for n in names]
+
+    def _output_shapes_at(self, raw: Any, names: list[str], input_shapes: list[Any]) -> dict[str, tuple[int, ...]]:
+        for spec, shape in zip(self.inputs, input_shapes):
+            if not raw.set_input_shape(spec.name, shape):
+                raise BackendError(f"TensorRT rejected profile 0's own shape {list(shape)} for "
+                                   f"{spec.name!r}: {self._shared.last_error()}")
+        shapes = {n: tuple(raw.get_tensor_shape(n)) for n in names}
+        dynamic = [n for n, s in shapes.items() if any(d < 0 for d in s)]
+        if dynamic:
+            raise BackendError(f"outputs {dynamic} have data-dependent shapes, which infermux does not serve")
+        return shapes
+
+    def _new_raw_context(self) -> Any:
+        raw = self._engine.create_execution_context()
+        if raw is None:
+            raise BackendError(f"TensorRT could not create an execution context for {self.path} "
+                               f"({self._shared.last_error() or 'no reason logged'}); it needs "
+                               f"{self._activation_bytes / 2**20:.1f} MiB of GPU memory: unload other "
+                               f"models or lower `contexts`")
+        return raw
+
+    def _wrap(self, raw: Any) -> TensorRTContext:
+        ctx = TensorRTContext(raw, self.inputs, self.outputs, self._device, self._shared, self._forget)
+        with self._lock:
+            self._contexts.add(ctx)
+        return ctx
+
+    def _forget(self, ctx: TensorRTContext) -> None:
+        with self._lock:
+            self._contexts.discard(ctx)
+
+    def create_context(self) -> TensorRTContext:
+        """A context for one executor thread (the first reuses the one made at load)."""
+        with self._lock:
+            if self._engine is None:
+                raise BackendError(f"engine {self.path} is closed")
+            spare, self._spare = self._spare, None
+        if spare is not None:
+            return spare
+        cuda.set_device(self._device)
+        return self._wrap(self._new_raw_context())
+
+    def context_bytes(self) -> int:
+        """GPU memory one context costs: activation memory plus its I/O buffers at profile max.
+
+        On Jetson the pinned host buffers come from the same DRAM, so they count too.
+        """
+        io = sum(_nbytes(s.dtype, s.max_shape or ()) for s in (*self.inputs, *self.outputs))
+        return self._activation_bytes + io * (2 if self.integrated else 1)
+
+    def memory_bytes(self) -> int:
+        """Engine (its plan size) plus `context_bytes()` for every open context."""
+        with self._lock:
+            contexts = len(self._contexts)
+        return self._plan_bytes + contexts * self.context_bytes()
+
+    def close(self) -> None:
+        """Close every context still open, then drop the engine (idempotent)."""
+        with self._lock:
+            contexts = list(self._contexts)
+            self._spare = None
+        for ctx in contexts:
+            ctx.close()
+        self._engine = None  # TensorRT frees it with the last reference
+
+
+class TensorRTBackend:
+    """Loads TensorRT engines (`.plan`, `.engine`); options: `device` (CUDA device index, default 0)."""
+
+    name = "tensorrt"
+    suffixes = (".plan", ".engine")
+
+    def load(self, path: Path, options: Mapping[str, Any]) -> TensorRTEngine:
+        return TensorRTEngine(Path(path), options)

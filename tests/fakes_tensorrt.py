@@ -1,0 +1,403 @@
+"""A small stand-in for `tensorrt` and `cuda.bindings.runtime`, for contract tests.
+
+It models only what infermux's TensorRT backend calls, as the TensorRT 10
+and cuda-python docs describe it, and it checks how it is called (device
+pointers must be device allocations, copies must go the right way and fit).
+Tests that use it check OUR CODE'S USE of those APIs; they do not prove the
+APIs themselves: tests/gpu/ does that on a real GPU.
+
+"Device" memory is host memory here, so the fake engine can compute real
+outputs from what the backend copied in: one input `x` float32 [N, 4] with
+profile 0 = [1,4] / [2,4] / [8,4]; outputs `total` float32 [N] = x.sum(1)
+and `argmax` int32 [N] = x.argmax(1).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import enum
+import sys
+import weakref
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from infermux.plugins.backends import cuda as cuda_layer
+from infermux.plugins.backends import trtlib
+
+PLAN_MAGIC = b"FAKEPLAN"
+ACTIVATION_BYTES = 4096
+PROFILE = ((1, 4), (2, 4), (8, 4))
+
+
+class FakeCudart:
+    """cuda.bindings.runtime: calls return (cudaError_t, *results) as cuda-python does."""
+
+    class cudaError_t(enum.IntEnum):
+        cudaSuccess = 0
+        cudaErrorInvalidValue = 1
+        cudaErrorMemoryAllocation = 2
+        cudaErrorNoDevice = 100
+        cudaErrorLaunchFailure = 719
+
+    class cudaMemcpyKind(enum.IntEnum):
+        cudaMemcpyHostToDevice = 1
+        cudaMemcpyDeviceToHost = 2
+
+    class cudaDeviceAttr(enum.IntEnum):
+        cudaDevAttrIntegrated = 18
+
+    cudaStreamNonBlocking = 1
+
+    def __init__(self, total: int = 1 << 30) -> None:
+        self.total = total
+        self.device: dict[int, ctypes.Array] = {}
+        self.host: dict[int, ctypes.Array] = {}
+        self.streams: set[int] = set()
+        self.reserved = 0            # memory the fake TensorRT holds (engines, contexts)
+        self.integrated = False
+        self.fail: dict[str, FakeCudart.cudaError_t] = {}   # call name -> error, once
+        self.copies: list[tuple[str, int]] = []             # ("H2D"|"D2H", nbytes)
+        self._next_stream = 0x1000
+
+    def _error(self, call: str) -> "FakeCudart.cudaError_t":
+        return self.fail.pop(call, self.cudaError_t.cudaSuccess)
+
+    def free_bytes(self) -> int:
+        return self.total - self.reserved - sum(len(b) for b in self.device.values())
+
+    def _alloc(self, call: str, table: dict[int, ctypes.Array], nbytes: int) -> tuple:
+        err = self._error(call)
+        if err == 0 and table is self.device and nbytes > self.free_bytes():
+            err = self.cudaError_t.cudaErrorMemoryAllocation
+        if err:
+            return err, None
+        buf = ctypes.create_string_buffer(nbytes)
+        table[ctypes.addressof(buf)] = buf
+        return err, ctypes.addressof(buf)
+
+    def _release(self, call: str, table: dict[int, ctypes.Array], ptr: int) -> tuple:
+        err = self._error(call)
+        if not err:
+            assert ptr in table, f"{call} of a pointer that {call} did not allocate"
+            del table[ptr]
+        return (err,)
+
+    def cudaGetDeviceCount(self) -> tuple:
+        return self._error("cudaGetDeviceCount"), 1
+
+    def cudaSetDevice(self, device: int) -> tuple:
+        return (self._error("cudaSetDevice"),)
+
+    def cudaDeviceGetAttribute(self, attr: Any, device: int) -> tuple:
+        return self._error("cudaDeviceGetAttribute"), int(self.integrated)
+
+    def cudaMalloc(self, nbytes: int) -> tuple:
+        return self._alloc("cudaMalloc", self.device, nbytes)
+
+    def cudaFree(self, ptr: int) -> tuple:
+        return self._release("cudaFree", self.device, ptr)
+
+    def cudaMallocHost(self, nbytes: int) -> tuple:
+        return self._alloc("cudaMallocHost", self.host, nbytes)
+
+    def cudaFreeHost(self, ptr: int) -> tuple:
+        return self._release("cudaFreeHost", self.host, ptr)
+
+    def cudaStreamCreateWithFlags(self, flags: int) -> tuple:
+        self._next_stream += 1
+        self.streams.add(self._next_stream)
+        return self._error("cudaStreamCreateWithFlags"), self._next_stream
+
+    def cudaStreamDestroy(self, stream: int) -> tuple:
+        self.streams.remove(stream)
+        return (self._error("cudaStreamDestroy"),)
+
+    def cudaStreamSynchronize(self, stream: int) -> tuple:
+        assert stream in self.streams
+        return (self._error("cudaStreamSynchronize"),)
+
+    def cudaMemGetInfo(self) -> tuple:
+        return self._error("cudaMemGetInfo"), self.free_bytes(), self.total
+
+    def cudaMemcpyAsync(self, dst: int, src: int, nbytes: int, kind: Any, stream: int) -> tuple:
+        assert stream in self.streams, "copy on a stream that does not exist"
+        to_device = kind == self.cudaMemcpyKind.cudaMemcpyHostToDevice
+        self.check(dst, nbytes, self.device if to_device else self.host)
+        self.check(src, nbytes, self.host if to_device else self.device)
+        err = self._error("cudaMemcpyAsync")
+        if not err:
+            ctypes.memmove(dst, src, nbytes)
+            self.copies.append(("H2D" if to_device else "D2H", nbytes))
+        return (err,)
+
+    @staticmethod
+    def check(ptr: int, nbytes: int, table: dict[int, ctypes.Array]) -> None:
+        """Assert [ptr, ptr+nbytes) lies inside one allocation of `table`."""
+        assert any(base <= ptr and ptr + nbytes <= base + len(buf) for base, buf in table.items()), \
+            f"{nbytes} bytes at {ptr:#x} are not inside one allocation of the expected kind"
+
+    def read(self, ptr: int, nbytes: int) -> np.ndarray:
+        self.check(ptr, nbytes, self.device)
+        return np.frombuffer((ctypes.c_char * nbytes).from_address(ptr), np.uint8).copy()
+
+    def write(self, ptr: int, array: np.ndarray) -> None:
+        self.check(ptr, array.nbytes, self.device)
+        ctypes.memmove(ptr, array.ctypes.data, array.nbytes)
+
+
+def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
+    """A `tensorrt` module with just the calls the backend makes."""
+    trt = ModuleType("tensorrt")
+    trt.__version__ = "10.3.0"
+    trt.DataType = enum.Enum("DataType", "FLOAT HALF INT8 INT32 INT64 BOOL UINT8 BF16")
+    trt.TensorIOMode = enum.Enum("TensorIOMode", "NONE INPUT OUTPUT")
+    trt.TensorLocation = enum.Enum("TensorLocation", "DEVICE HOST")
+
+    class ILogger:
+        Severity = enum.Enum("Severity", "INTERNAL_ERROR ERROR WARNING INFO VERBOSE")
+
+        def __init__(self) -> None:
+            pass
+
+    tensors = {"x": (trt.TensorIOMode.INPUT, trt.DataType.FLOAT, (-1, 4)),
+               "total": (trt.TensorIOMode.OUTPUT, trt.DataType.FLOAT, (-1,)),
+               "argmax": (trt.TensorIOMode.OUTPUT, trt.DataType.INT32, (-1,))}
+
+    class Context:
+        """IExecutionContext; `gate` lets a test hold a request inside execute."""
+
+        def __init__(self, engine: "Engine") -> None:
+            self.engine = engine
+            self.shapes: dict[str, tuple] = {}
+            self.addresses: dict[str, int] = {}
+            self.address_calls = 0
+            self.shape_calls: list[tuple] = []
+            self.gate: Callable[[], None] | None = None
+            gpu.reserved += ACTIVATION_BYTES
+
+        def __del__(self) -> None:
+            gpu.reserved -= ACTIVATION_BYTES
+
+        def set_input_shape(self, name: str, shape: Any) -> bool:
+            shape = tuple(shape)
+            self.shape_calls.append(shape)
+            low, _, high = PROFILE
+            if name != "x" or len(shape) != 2 or not all(a <= s <= b for a, s, b in zip(low, shape, high)):
+                self.engine.logger.log(ILogger.Severity.ERROR, f"shape {shape} outside profile")
+                return False
+            self.shapes[name] = shape
+            return True
+
+        def get_tensor_shape(self, name: str) -> tuple:
+            batch = self.shapes.get("x", (-1,))[0]
+            return self.shapes.get("x", (-1, 4)) if name == "x" else (batch,)
+
+        def set_tensor_address(self, name: str, ptr: int) -> bool:
+            self.address_calls += 1
+            self.addresses[name] = ptr
+            return True
+
+        def execute_async_v3(self, stream_handle: int) -> bool:
+            assert stream_handle in gpu.streams
+            if gpu.fail.pop("execute_async_v3", None):
+                self.engine.logger.log(ILogger.Severity.ERROR, "fake kernel launch failure")
+                return False
+            if self.gate:
+                self.gate()
+            n = self.shapes["x"][0]
+            x = gpu.read(self.addresses["x"], n * 16).view(np.float32).reshape(n, 4)
+            gpu.write(self.addresses["total"], x.sum(axis=1, dtype=np.float32))
+            gpu.write(self.addresses["argmax"], x.argmax(axis=1).astype(np.int32))
+            return True
+
+    class Engine:
+        """ICudaEngine for the toy model in the module docstring."""
+
+        num_optimization_profiles = 1
+        device_memory_size_v2 = ACTIVATION_BYTES
+
+        def __init__(self, logger: Any, plan_bytes: int) -> None:
+            self.logger = logger
+            self.plan_bytes = plan_bytes
+            gpu.reserved += plan_bytes
+
+        def __del__(self) -> None:
+            gpu.reserved -= self.plan_bytes
+
+        num_io_tensors = len(tensors)
+
+        def get_tensor_name(self, index: int) -> str:
+            return list(tensors)[index]
+
+        def get_tensor_mode(self, name: str) -> Any:
+            return tensors[name][0]
+
+        def get_tensor_dtype(self, name: str) -> Any:
+            return tensors[name][1]
+
+        def get_tensor_shape(self, name: str) -> tuple:
+            return tensors[name][2]
+
+        def get_tensor_location(self, name: str) -> Any:
+            return trt.TensorLocation.DEVICE
+
+        def get_tensor_profile_shape(self, name: str, profile: int) -> list:
+            assert tensors[name][0] == trt.TensorIOMode.INPUT and profile == 0
+            return list(PROFILE)
+
+        def create_execution_context(self) -> Context | None:
+            if gpu.fail.pop("create_execution_context", None):
+                self.logger.log(ILogger.Severity.ERROR, "fake: out of memory for activations")
+                return None
+            ctx = Context(self)
+            trt.contexts.append(weakref.ref(ctx))
+            return ctx
+
+    class Runtime:
+        instances = 0
+
+        def __init__(self, logger: Any) -> None:
+            assert isinstance(logger, ILogger)
+            Runtime.instances += 1
+            self.logger = logger
+
+        def deserialize_cuda_engine(self, plan: bytes) -> Engine | None:
+            if not bytes(plan).startswith(PLAN_MAGIC):
+                self.logger.log(ILogger.Severity.ERROR, "Error Code 6: The engine plan file is not "
+                                "compatible with this version of TensorRT")
+                return None
+            engine = Engine(self.logger, len(plan))
+            trt.engines.append(weakref.ref(engine))
+            return engine
+
+    trt.ILogger = ILogger
+    trt.engines, trt.contexts = [], []  # weak references to what was made, for the tests
+    trt.Runtime, trt.ICudaEngine = Runtime, Engine
+    trt.init_libnvinfer_plugins = lambda logger, namespace: True
+    _add_fake_builder(trt)
+    return trt
+
+
+def _add_fake_builder(trt: ModuleType) -> None:
+    """Builder, ONNX parser and builder config: records what `infermux build` asks for.
+
+    The parser "reads" a model whose inputs are `trt.onnx_inputs`; a file that starts
+    with b"BAD" fails to parse; `trt.fail_build = True` makes the build return None.
+    """
+    trt.BuilderFlag = enum.Enum("BuilderFlag", "FP16 INT8 TF32")
+    trt.MemoryPoolType = enum.Enum("MemoryPoolType", "WORKSPACE")
+    trt.onnx_inputs, trt.fail_build, trt.configs = [("x", (-1, 4))], False, []
+
+    class Base:  # IProgressMonitor and IInt8EntropyCalibrator2: subclassed by the code under test
+        def __init__(self) -> None:
+            pass
+
+    trt.IProgressMonitor, trt.IInt8EntropyCalibrator2 = type("IProgressMonitor", (Base,), {}), \
+        type("IInt8EntropyCalibrator2", (Base,), {})
+
+    class Network:
+        def __init__(self) -> None:
+            self.inputs: list[Any] = []
+
+        num_inputs = property(lambda self: len(self.inputs))
+
+        def get_input(self, index: int) -> Any:
+            return self.inputs[index]
+
+    class OnnxParser:
+        def __init__(self, network: Network, logger: Any) -> None:
+            self.network, self.num_errors = network, 0
+
+        def parse_from_file(self, path: str) -> bool:
+            if Path(path).read_bytes().startswith(b"BAD"):
+                self.num_errors = 1
+                return False
+            self.network.inputs = [type("ITensor", (), {"name": n, "shape": s})() for n, s in trt.onnx_inputs]
+            return True
+
+        def get_error(self, index: int) -> str:
+            return "fake: unsupported operator"
+
+    class Profile:
+        def __init__(self) -> None:
+            self.shapes: dict[str, tuple] = {}
+
+        def set_shape(self, name: str, low: Any, opt: Any, high: Any) -> None:
+            self.shapes[name] = (tuple(low), tuple(opt), tuple(high))
+
+    class Config:
+        def __init__(self) -> None:
+            self.flags, self.pools, self.profiles = set(), {}, []
+            self.progress_monitor = self.int8_calibrator = self.calibration_profile = None
+            trt.configs.append(self)
+
+        def set_flag(self, flag: Any) -> None:
+            self.flags.add(flag)
+
+        def set_memory_pool_limit(self, pool: Any, nbytes: int) -> None:
+            self.pools[pool] = nbytes
+
+        def add_optimization_profile(self, profile: Profile) -> int:
+            self.profiles.append(profile)
+            return len(self.profiles) - 1
+
+        def set_calibration_profile(self, profile: Profile) -> None:
+            self.calibration_profile = profile
+
+    class Builder:
+        def __init__(self, logger: Any) -> None:
+            self.logger = logger
+
+        def create_network(self, flags: int) -> Network:
+            return Network()
+
+        def create_builder_config(self) -> Config:
+            return Config()
+
+        def create_optimization_profile(self) -> Profile:
+            return Profile()
+
+        def build_serialized_network(self, network: Network, config: Config) -> bytes | None:
+            if trt.fail_build:
+                self.logger.log(trt.ILogger.Severity.ERROR, "fake: no implementation for layer conv1")
+                return None
+            monitor = config.progress_monitor
+            if monitor is not None:
+                monitor.phase_start("Building engine", None, 2)
+                assert monitor.step_complete("Building engine", 0) is True
+                monitor.phase_finish("Building engine")
+            return PLAN_MAGIC + bytes(100)
+
+    trt.Builder, trt.OnnxParser = Builder, OnnxParser
+
+
+def write_plan(directory: Path, name: str = "model.plan", size: int = 1000) -> Path:
+    """A plan file the fake runtime accepts."""
+    path = directory / name
+    path.write_bytes(PLAN_MAGIC + bytes(size - len(PLAN_MAGIC)))
+    return path
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeCudart:
+    """The fake CUDA runtime, installed as `cuda.bindings.runtime` for this test."""
+    gpu = FakeCudart()
+    package, bindings = ModuleType("cuda"), ModuleType("cuda.bindings")
+    package.bindings, bindings.runtime = bindings, gpu
+    for name, module in (("cuda", package), ("cuda.bindings", bindings), ("cuda.bindings.runtime", gpu)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(cuda_layer, "_api_cache", None)
+    return gpu
+
+
+@pytest.fixture
+def fake_trt(fake_gpu: FakeCudart, monkeypatch: pytest.MonkeyPatch) -> ModuleType:
+    """The fake TensorRT, installed as `tensorrt` for this test (with the fake CUDA)."""
+    trt = make_fake_tensorrt(fake_gpu)
+    monkeypatch.setitem(sys.modules, "tensorrt", trt)
+    monkeypatch.setattr(trtlib, "_shared", None)
+    return trt

@@ -1,0 +1,102 @@
+"""Contract tests: the CUDA layer (plugins/backends/cuda.py) on its own.
+
+Each test runs against the stand-in in fakes_tensorrt.py. They check our
+code's use of the cuda-python API; they do not prove the API itself
+(tests/gpu/test_gpu_cuda.py does, on a real GPU).
+"""
+
+from __future__ import annotations
+
+import sys
+from types import ModuleType
+
+import numpy as np
+import pytest
+from fakes_tensorrt import FakeCudart
+
+from infermux.plugins.backends import cuda
+from infermux.plugins.base import BackendError
+
+pytest_plugins = ["fakes_tensorrt"]  # fake_gpu, fake_trt fixtures
+
+
+def test_round_trip_through_device(fake_gpu):
+    """Checks our code's use of the API, not the API itself: pinned -> device ->
+    pinned copies on a stream move the bytes unchanged."""
+    stream = cuda.Stream()
+    src, dst, dev = cuda.HostBuffer(64), cuda.HostBuffer(64), cuda.DeviceBuffer(64)
+    data = np.arange(16, dtype=np.float32)
+    src.view(np.float32, (16,))[:] = data
+    cuda.copy_to_device(dev, src, 64, stream)
+    cuda.copy_to_host(dst, dev, 64, stream)
+    stream.synchronize()
+    np.testing.assert_array_equal(dst.view(np.float32, (16,)), data)
+    for resource in (src, dst, dev, stream):
+        resource.close()
+        resource.close()  # idempotent
+    assert not fake_gpu.device and not fake_gpu.host and not fake_gpu.streams
+
+
+def test_errors_carry_the_cuda_error_name(fake_gpu):
+    """Checks our code's use of the API, not the API itself: a non-success
+    cudaError_t becomes a CudaError (a BackendError) with the error's name."""
+    fake_gpu.fail["cudaMalloc"] = FakeCudart.cudaError_t.cudaErrorMemoryAllocation
+    with pytest.raises(cuda.CudaError, match="cudaMalloc failed: cudaErrorMemoryAllocation") as err:
+        cuda.DeviceBuffer(1024)
+    assert isinstance(err.value, BackendError) and err.value.out_of_memory
+
+
+def test_mem_info_follows_allocations(fake_gpu):
+    """Checks our code's use of the API, not the API itself: mem_info() reports
+    cudaMemGetInfo's free and total."""
+    before = cuda.mem_info()
+    buf = cuda.DeviceBuffer(1 << 20)
+    assert before.free - cuda.mem_info().free == 1 << 20 and before.total == fake_gpu.total
+    buf.close()
+    assert cuda.mem_info() == before
+
+
+def test_copies_never_overrun_a_buffer(fake_gpu):
+    """Checks our code, not the API: a copy larger than either buffer is refused before
+    CUDA sees it."""
+    stream = cuda.Stream()
+    with pytest.raises(BackendError, match="overruns"):
+        cuda.copy_to_device(cuda.DeviceBuffer(16), cuda.HostBuffer(32), 32, stream)
+    with pytest.raises(BackendError, match="needs 64 bytes"):
+        cuda.HostBuffer(32).view(np.float32, (16,))
+
+
+def test_no_gpu_counts_as_zero_devices(fake_gpu):
+    """Checks our code's use of the API, not the API itself: cudaErrorNoDevice from
+    cudaGetDeviceCount means 0 devices (tests skip), other errors are raised."""
+    fake_gpu.fail["cudaGetDeviceCount"] = FakeCudart.cudaError_t.cudaErrorNoDevice
+    assert cuda.device_count() == 0
+    assert cuda.device_count() == 1
+    fake_gpu.fail["cudaGetDeviceCount"] = FakeCudart.cudaError_t.cudaErrorLaunchFailure
+    with pytest.raises(cuda.CudaError):
+        cuda.device_count()
+
+
+def test_legacy_cudart_module_is_used_when_bindings_are_missing(monkeypatch):
+    """Checks our code's import fallback, not the API: older cuda-python only has
+    `cuda.cudart`."""
+    legacy = FakeCudart()
+    package = ModuleType("cuda")
+    package.cudart = legacy
+    monkeypatch.setitem(sys.modules, "cuda", package)
+    monkeypatch.setitem(sys.modules, "cuda.bindings", None)
+    monkeypatch.setitem(sys.modules, "cuda.cudart", legacy)
+    monkeypatch.setattr(cuda, "_api_cache", None)
+    assert cuda.binding_name() == "cuda-python (cuda.cudart)"
+    cuda.DeviceBuffer(8)
+    assert len(legacy.device) == 1
+
+
+def test_missing_bindings_say_what_to_install(monkeypatch):
+    """Checks our code's import fallback, not the API: with neither cuda-python nor
+    pycuda the first CUDA call raises a BackendError naming the package."""
+    for name in ("cuda", "cuda.bindings", "pycuda", "pycuda.driver"):
+        monkeypatch.setitem(sys.modules, name, None)
+    monkeypatch.setattr(cuda, "_api_cache", None)
+    with pytest.raises(BackendError, match=r"cuda-python>=12,<13"):
+        cuda.mem_info()
