@@ -30,6 +30,7 @@ def setup_logging(level: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from infermux import config as cfg
+    from infermux.admin import AdminServer
     from infermux.server import Server
 
     try:
@@ -44,14 +45,21 @@ def run(args: argparse.Namespace) -> int:
     sys.setswitchinterval(1e-4)
     run_dir = cfg.runtime_dir(config.daemon, args.runtime_dir)
     server = Server(config, run_dir)
+    admin = AdminServer(server)
     try:
         server.bind()
+        admin.start()
     except RuntimeError as exc:
         logging.getLogger("infermux").error("%s", exc)
         return 1
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
     signal.signal(signal.SIGINT, lambda *_: server.stop())
+    signal.signal(signal.SIGHUP, lambda *_: server.request_reload())
     server.start_models(done=lambda: server.events.emit("ready", status=server.summary()))
-    server.serve_forever()
+    try:
+        server.serve_forever()
+    finally:
+        admin.stop()
+        server.ctx.term()
     logging.getLogger("infermux").info("stopped")
     return 0

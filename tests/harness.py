@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from infermux.client import Client, Pipeline
+from infermux.client import AdminClient, Client, Pipeline
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -30,6 +30,17 @@ class Daemon:
     @property
     def endpoint(self) -> str:
         return f"ipc://{self.run_dir / 'infer.sock'}"
+
+    @property
+    def admin_endpoint(self) -> str:
+        return f"ipc://{self.run_dir / 'admin.sock'}"
+
+    @property
+    def stats_endpoint(self) -> str:
+        return f"ipc://{self.run_dir / 'stats.sock'}"
+
+    def admin(self, timeout_s: float = 30.0) -> AdminClient:
+        return AdminClient(self.admin_endpoint, timeout_s=timeout_s)
 
     def start(self, wait_ready: bool = True, timeout: float = 30.0) -> "Daemon":
         env = {**os.environ, **self.env}
