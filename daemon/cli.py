@@ -19,14 +19,17 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The top-level parser with every subcommand registered."""
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The top-level parser; only `command`'s module is imported (all when None)."""
     from infermux import __version__
 
     parser = argparse.ArgumentParser(prog="infermux", description="Multi-model inference daemon for edge GPUs.")
     parser.add_argument("--version", action="version", version=f"infermux {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module, help_text) in COMMANDS.items():
+        if command is not None and name != command:
+            sub.add_parser(name, help=help_text)
+            continue
         mod = importlib.import_module(module)
         sp = sub.add_parser(name, help=help_text, description=(mod.__doc__ or help_text).strip().splitlines()[0])
         mod.add_arguments(sp)
@@ -36,7 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point of the `infermux` console script."""
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    command = next((a for a in argv if not a.startswith("-")), "")
+    parser = build_parser(command if command in COMMANDS else "")
     args = parser.parse_args(argv)
     if not getattr(args, "_run", None):
         parser.print_help()

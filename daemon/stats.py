@@ -67,7 +67,7 @@ class StatsSnapshot:
     max_us: float | None
     queue_us: float | None        # mean time waiting in the queue
     compute_us: float | None      # mean time in the backend
-    service_time_us: float | None  # EWMA of backend time per request
+    service_time_us: float | None  # EWMA of backend time per request; None before the first call
     served: int                   # cumulative 200s
     by_status: Mapping[int, int]  # cumulative replies per status code
     batches: Mapping[int, int]    # cumulative backend calls per batch size
@@ -185,9 +185,9 @@ class Stats:
                batch: int | None = None) -> None:
         """One reply sent: its status and where its time went (µs).
 
-        Pass `batch` only when this request's backend call is not recorded
-        with `record_batch` (an unbatched executor: `batch=1`), so one call
-        covers both.
+        `batch` is the size of the backend call the request ran in; call
+        sites pass it where they have it, but the call itself is counted
+        once, by `record_batch`, not once per request here.
         """
         try:
             shard = self._local.shard
@@ -208,23 +208,27 @@ class Stats:
         else:
             shard.err[shard.bucket % self._nbuckets] += 1
         shard.status[status] = shard.status.get(status, 0) + 1
-        if batch is not None:
-            self._add_batch(shard, batch, compute_us)
 
     def record_batch(self, size: int, compute_us: int) -> None:
-        """One backend call over `size` requests that took `compute_us`."""
+        """One backend call over `size` requests (1 when unbatched) that took `compute_us`."""
         try:
             shard = self._local.shard
         except AttributeError:
             shard = self._new_shard()
-        self._add_batch(shard, size, compute_us)
+        shard.batches[size] = shard.batches.get(size, 0) + 1
+        per_request = compute_us / size if size > 0 else float(compute_us)
+        # Shared by all threads without a lock: a rare lost update only
+        # nudges an estimate, and a lock here would double the cost.
+        ewma = self._ewma
+        self._ewma = per_request if ewma is None else ewma + self._alpha * (per_request - ewma)
 
-    def service_time_us(self) -> float | None:
-        """EWMA of backend time per request (µs), None before the first call.
+    def service_time_us(self) -> float:
+        """EWMA of backend time per request (µs); 0.0 before the first backend call.
 
-        The router's Retry-After is queue depth × this.
+        The router's Retry-After is queue depth × this; 0.0 (not None) keeps
+        that arithmetic free of special cases while nothing is known yet.
         """
-        return self._ewma
+        return self._ewma or 0.0
 
     def snapshot(self) -> StatsSnapshot:
         """Percentiles, rates and counters as of now."""
@@ -236,14 +240,6 @@ class Stats:
         with self._lock:
             self._shards = (*self._shards, shard)
         return shard
-
-    def _add_batch(self, shard: _Shard, size: int, compute_us: int) -> None:
-        shard.batches[size] = shard.batches.get(size, 0) + 1
-        per_request = compute_us / size if size > 0 else float(compute_us)
-        # Shared by all threads without a lock: a rare lost update only
-        # nudges an estimate, and a lock here would double record's cost.
-        ewma = self._ewma
-        self._ewma = per_request if ewma is None else ewma + self._alpha * (per_request - ewma)
 
     def _retire_dead_shards(self) -> None:
         """Fold the counters of threads that ended into `_retired`, so shards do not pile up."""
@@ -390,8 +386,8 @@ class ModelStats:
             self._contexts = tuple(s for s in self._contexts if s is not stats)
         self.router._absorb(stats._window())
 
-    def service_time_us(self) -> float | None:
-        """Time per request of the contexts working in parallel (µs), None before any call.
+    def service_time_us(self) -> float:
+        """Time per request of the contexts working in parallel (µs); 0.0 before any call.
 
         Contexts serve the queue side by side, so their rates add up:
         1 / Σ (1 / sᵢ). Retry-After = queue depth × this.
@@ -403,7 +399,7 @@ class ModelStats:
         """The model's totals and per-context figures as of now."""
         contexts = self._contexts
         windows = [self.router._window()] + [s._window() for s in contexts]
-        per_context = tuple(_summarize([w], s.window_s, s.service_time_us())
+        per_context = tuple(_summarize([w], s.window_s, s._ewma)
                             for w, s in zip(windows[1:], contexts))
-        total = _summarize(windows, self.router.window_s, self.service_time_us())
+        total = _summarize(windows, self.router.window_s, self.service_time_us() or None)
         return ModelSnapshot(self.model, self.version, total, per_context)

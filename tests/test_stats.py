@@ -100,20 +100,24 @@ def test_queue_and_compute_time_are_split(clock):
     assert (snap.queue_us, snap.compute_us) == (400, 1100)
 
 
-def test_batch_histogram_counts_backend_calls(clock):
+def test_batch_histogram_counts_backend_calls_not_requests(clock):
     stats = Stats(clock=clock)
-    stats.record_batch(4, 400)
-    stats.record_batch(4, 400)
-    stats.record(200, 150, compute_us=100, batch=1)  # unbatched executor: one call
-    stats.record(200, 150, compute_us=100)           # part of a batch recorded above
-    assert stats.snapshot().batches == {1: 1, 4: 2}
+    for size in (4, 4, 1):  # as an executor does: one record_batch per call...
+        stats.record_batch(size, 100 * size)
+        for _ in range(size):  # ...and one record per request in it
+            stats.record(200, 150, compute_us=100 * size, batch=size)
+    snap = stats.snapshot()
+    assert snap.batches == {1: 1, 4: 2}
+    assert snap.served == 9
 
 
 def test_service_time_is_an_ewma_per_request(clock):
     stats = Stats(clock=clock, alpha=0.5)
+    assert stats.service_time_us() == 0.0  # unknown: Retry-After arithmetic still works
+    assert stats.snapshot().service_time_us is None
     stats.record_batch(4, 800)             # 200 µs per request: the first sample sets it
     assert stats.service_time_us() == 200
-    stats.record(200, 500, compute_us=400, batch=1)
+    stats.record_batch(1, 400)
     assert stats.service_time_us() == 300  # 200 + 0.5 × (400 − 200)
     assert stats.snapshot().service_time_us == 300
 
@@ -135,6 +139,7 @@ def test_two_threads_lose_no_record():
     def work(status: int) -> None:
         start.wait()
         for i in range(per_thread):
+            stats.record_batch(1, 100)
             stats.record(status, i % 1000, batch=1)
         seen_alive.append(stats.snapshot())  # pooled while both shards may be live
 
@@ -175,8 +180,9 @@ def test_model_stats_pools_router_and_contexts(clock):
     clock.advance(1)
     model.router.record(429, 5)
     for i in range(1, 101):
-        a.record(200, i, compute_us=100, batch=1)
-        b.record(200, 100 + i, compute_us=100, batch=1)
+        for ctx, total in ((a, i), (b, 100 + i)):
+            ctx.record_batch(1, 100)
+            ctx.record(200, total, compute_us=100, batch=1)
     snap = model.snapshot()
     assert snap.total.by_status == {200: 200, 429: 1}
     assert (snap.total.p50_us, snap.total.max_us) == (100, 200)
@@ -190,6 +196,7 @@ def test_model_stats_pools_router_and_contexts(clock):
 def test_removing_a_context_keeps_its_counts(clock):
     model = ModelStats("mlp", "1", clock=clock)
     ctx = model.add_context()
+    ctx.record_batch(1, 10)
     ctx.record(200, 10, batch=1)
     model.remove_context(ctx)
     snap = model.snapshot()
@@ -199,7 +206,9 @@ def test_removing_a_context_keeps_its_counts(clock):
 
 def test_snapshot_serialises_to_json(clock):
     model = ModelStats("classifier", "1", clock=clock)
-    model.add_context().record(200, 10, batch=1)
+    ctx = model.add_context()
+    ctx.record_batch(1, 10)
+    ctx.record(200, 10, batch=1)
     doc = json.loads(json.dumps(model.snapshot().as_json()))
     assert doc["model"] == "classifier" and doc["by_status"] == {"200": 1}
     assert doc["contexts"][0]["batches"] == {"1": 1}

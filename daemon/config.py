@@ -1,0 +1,352 @@
+"""Configuration (DESIGN §5): TOML in, typed and validated dataclasses out.
+
+Every error names the file, the field path (`models[1].contexts`) and the
+reason; the daemon refuses to start on it and keeps the old configuration
+on reload.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Mapping
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
+
+STRATEGIES = ("least_queue", "weighted", "hash")
+MODES = ("inproc", "multiproc")
+MAX_FALLBACK_DEPTH = 4
+
+
+class ConfigError(Exception):
+    """A configuration problem: `file: path: reason`."""
+
+    def __init__(self, file: Path | str, path: str, reason: str) -> None:
+        self.file, self.path, self.reason = str(file), path, reason
+        super().__init__(f"{file}: {path}: {reason}" if path else f"{file}: {reason}")
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """The `[daemon]` table."""
+
+    listen: tuple[str, ...] = ("ipc://infer.sock",)
+    admin: str = "ipc://admin.sock"
+    stats: str = "ipc://stats.sock"
+    runtime_dir: str = ""
+    engine_dir: Path = Path("/var/lib/infermux/engines")
+    memory_budget: str = "80%"
+    max_message_bytes: int = 64 * 1024 * 1024
+    drain_timeout_s: float = 10.0
+    log_level: str = "info"
+    metrics_port: int = 0
+    inline_max_us: int = 500
+
+
+@dataclass(frozen=True)
+class RoutingConfig:
+    """The `[routing]` table."""
+
+    strategy: str = "least_queue"
+    unknown_model: str = "reject"
+    version_mismatch: str = "fallback"
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """One `[[models]]` entry: one version of one model."""
+
+    name: str
+    engine: Path
+    version: str = "1"
+    mode: str = "inproc"
+    backend: str = ""
+    contexts: int = 1
+    max_queue: int = 64
+    timeout_ms: int = 1000
+    fallback: str = ""
+    max_batch: int = 1
+    batch_delay_us: int = 0
+    preferred_batch: tuple[int, ...] = ()
+    idle_unload_s: float = 300.0
+    preload: bool = False
+    weight: int = 0
+    default: bool = False
+    strategy: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.name, self.version)
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole, validated configuration file."""
+
+    path: Path
+    daemon: DaemonConfig
+    routing: RoutingConfig
+    models: tuple[ModelConfig, ...]
+
+    def versions(self, name: str) -> list[ModelConfig]:
+        return [m for m in self.models if m.name == name]
+
+
+def _check_type(file: Path, where: str, value: Any, want: type | tuple[type, ...]) -> None:
+    wants = want if isinstance(want, tuple) else (want,)
+    if isinstance(value, bool) and bool not in wants:
+        ok = False
+    else:
+        ok = isinstance(value, wants)
+    if not ok:
+        names = " or ".join("number" if w is float else w.__name__ for w in wants)
+        raise ConfigError(file, where, f"must be {names}, got {type(value).__name__} {value!r}")
+
+
+def _known_fields(file: Path, where: str, table: Mapping[str, Any], cls: type) -> dict[str, Any]:
+    names = {f.name for f in fields(cls)} - {"path", "key"}
+    unknown = sorted(set(table) - names)
+    if unknown:
+        prefix = f"{where}." if where else ""
+        raise ConfigError(file, f"{prefix}{unknown[0]}", f"unknown field; known fields: {', '.join(sorted(names))}")
+    return dict(table)
+
+
+def _positive(file: Path, where: str, value: Any, minimum: int = 1) -> None:
+    _check_type(file, where, value, int)
+    if value < minimum:
+        raise ConfigError(file, where, f"must be >= {minimum}, got {value}")
+
+
+def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
+    _check_type(file, "daemon", table, dict)
+    raw = _known_fields(file, "daemon", table, DaemonConfig)
+    if "listen" in raw:
+        listen = raw["listen"]
+        if isinstance(listen, str):
+            listen = [listen]
+        _check_type(file, "daemon.listen", listen, list)
+        if not listen:
+            raise ConfigError(file, "daemon.listen", "needs at least one endpoint")
+        for i, ep in enumerate(listen):
+            _check_endpoint(file, f"daemon.listen[{i}]", ep)
+        raw["listen"] = tuple(listen)
+    for key in ("admin", "stats"):
+        if key in raw and raw[key] != "":
+            _check_endpoint(file, f"daemon.{key}", raw[key])
+    if "engine_dir" in raw:
+        _check_type(file, "daemon.engine_dir", raw["engine_dir"], str)
+        raw["engine_dir"] = _resolve(file, raw["engine_dir"])
+    else:
+        raw["engine_dir"] = DaemonConfig.engine_dir
+    for key in ("max_message_bytes",):
+        if key in raw:
+            _positive(file, f"daemon.{key}", raw[key], 1024)
+    if "memory_budget" in raw:
+        parse_budget(file, raw["memory_budget"], total=1)
+    for key in ("drain_timeout_s",):
+        if key in raw:
+            _check_type(file, f"daemon.{key}", raw[key], (int, float))
+            raw[key] = float(raw[key])
+    for key in ("metrics_port", "inline_max_us"):
+        if key in raw:
+            _positive(file, f"daemon.{key}", raw[key], 0)
+    if raw.get("log_level", "info") not in ("debug", "info", "warning", "error"):
+        raise ConfigError(file, "daemon.log_level", "must be debug, info, warning or error")
+    return DaemonConfig(**raw)
+
+
+def _check_endpoint(file: Path, where: str, value: Any) -> None:
+    _check_type(file, where, value, str)
+    if not value.startswith(("ipc://", "tcp://")):
+        raise ConfigError(file, where, f"endpoint {value!r} must start with ipc:// or tcp://")
+
+
+def _resolve(file: Path, value: str) -> Path:
+    path = Path(value).expanduser()
+    return path if path.is_absolute() else (file.parent / path).resolve()
+
+
+def parse_budget(file: Path | str, value: Any, total: int) -> int:
+    """Bytes allowed by a `memory_budget` of "80%", "6GiB", "512MB" or a byte count."""
+    where = "daemon.memory_budget"
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(file, where, f"must be a percentage or a size like '6GiB', got {value!r}")
+    text = value.strip()
+    units = {"%": None, "gib": 1 << 30, "mib": 1 << 20, "kib": 1 << 10, "gb": 10**9, "mb": 10**6, "kb": 10**3}
+    for suffix, scale in units.items():
+        if text.lower().endswith(suffix):
+            number = text[: -len(suffix)].strip()
+            try:
+                amount = float(number)
+            except ValueError:
+                break
+            if amount <= 0 or (scale is None and amount > 100):
+                break
+            return int(total * amount / 100) if scale is None else int(amount * scale)
+    raise ConfigError(file, where, f"{value!r} is not a percentage (1-100%) or a size like '6GiB'")
+
+
+def _parse_routing(file: Path, table: Any) -> RoutingConfig:
+    _check_type(file, "routing", table, dict)
+    raw = _known_fields(file, "routing", table, RoutingConfig)
+    choices = {"strategy": STRATEGIES, "unknown_model": ("reject",), "version_mismatch": ("fallback", "reject")}
+    for key, allowed in choices.items():
+        if key in raw and raw[key] not in allowed:
+            raise ConfigError(file, f"routing.{key}", f"must be one of {', '.join(allowed)}, got {raw[key]!r}")
+    return RoutingConfig(**raw)
+
+
+_INT_FIELDS = {"contexts": 1, "max_queue": 1, "timeout_ms": 1, "max_batch": 1, "batch_delay_us": 0, "weight": 0}
+
+
+def _parse_model(file: Path, index: int, table: Any, engine_dir: Path) -> ModelConfig:
+    where = f"models[{index}]"
+    _check_type(file, where, table, dict)
+    raw = _known_fields(file, where, table, ModelConfig)
+    for key in ("name", "engine"):
+        if key not in raw:
+            raise ConfigError(file, f"{where}.{key}", "is required")
+        _check_type(file, f"{where}.{key}", raw[key], str)
+        if not raw[key]:
+            raise ConfigError(file, f"{where}.{key}", "must not be empty")
+    if "version" in raw:
+        _check_type(file, f"{where}.version", raw["version"], (str, int))
+        raw["version"] = str(raw["version"])
+    for key, minimum in _INT_FIELDS.items():
+        if key in raw:
+            _positive(file, f"{where}.{key}", raw[key], minimum)
+    if raw.get("mode", "inproc") not in MODES:
+        raise ConfigError(file, f"{where}.mode", f"must be inproc or multiproc, got {raw['mode']!r}")
+    if raw.get("strategy", "") not in ("", *STRATEGIES):
+        raise ConfigError(file, f"{where}.strategy", f"must be one of {', '.join(STRATEGIES)}")
+    for key in ("fallback", "backend"):
+        if key in raw:
+            _check_type(file, f"{where}.{key}", raw[key], str)
+    for key in ("preload", "default"):
+        if key in raw:
+            _check_type(file, f"{where}.{key}", raw[key], bool)
+    if "idle_unload_s" in raw:
+        _check_type(file, f"{where}.idle_unload_s", raw["idle_unload_s"], (int, float))
+    if "preferred_batch" in raw:
+        _check_type(file, f"{where}.preferred_batch", raw["preferred_batch"], list)
+        for i, size in enumerate(raw["preferred_batch"]):
+            _positive(file, f"{where}.preferred_batch[{i}]", size)
+        raw["preferred_batch"] = tuple(sorted(raw["preferred_batch"]))
+    if "options" in raw:
+        _check_type(file, f"{where}.options", raw["options"], dict)
+    engine = Path(raw["engine"]).expanduser()
+    raw["engine"] = engine if engine.is_absolute() else engine_dir / engine
+    return ModelConfig(**raw)
+
+
+def _check_models(file: Path, models: list[ModelConfig], routing: RoutingConfig) -> None:
+    seen: dict[tuple[str, str], int] = {}
+    for i, m in enumerate(models):
+        if m.key in seen:
+            raise ConfigError(file, f"models[{i}]", f"model {m.name!r} version {m.version!r} "
+                              f"is already defined by models[{seen[m.key]}]")
+        seen[m.key] = i
+    names = {m.name for m in models}
+    for name in names:
+        defaults = [i for i, m in enumerate(models) if m.name == name and m.default]
+        if len(defaults) > 1:
+            raise ConfigError(file, f"models[{defaults[1]}].default",
+                              f"model {name!r} already has a default version (models[{defaults[0]}])")
+    for i, m in enumerate(models):
+        if m.fallback and m.fallback not in names:
+            raise ConfigError(file, f"models[{i}].fallback", f"unknown model {m.fallback!r}; "
+                              f"known models: {', '.join(sorted(names))}")
+        if m.fallback == m.name:
+            raise ConfigError(file, f"models[{i}].fallback", f"model {m.name!r} cannot fall back to itself")
+    _check_fallback_cycles(file, models)
+
+
+def fallback_of(models: list[ModelConfig] | tuple[ModelConfig, ...]) -> dict[str, str]:
+    """Model name -> fallback model name (the default version's setting wins)."""
+    chain: dict[str, str] = {}
+    for m in models:
+        if m.fallback and (m.name not in chain or m.default):
+            chain[m.name] = m.fallback
+    return chain
+
+
+def _check_fallback_cycles(file: Path, models: list[ModelConfig]) -> None:
+    chain = fallback_of(models)
+    for start in chain:
+        path, node = [start], chain[start]
+        while node in chain and node not in path:
+            path.append(node)
+            node = chain[node]
+        if node in path:
+            index = next(i for i, m in enumerate(models) if m.name == start and m.fallback)
+            cycle = " -> ".join([*path[path.index(node):], node])
+            raise ConfigError(file, f"models[{index}].fallback", f"fallback cycle: {cycle}")
+        if len(path) > MAX_FALLBACK_DEPTH:
+            index = next(i for i, m in enumerate(models) if m.name == start and m.fallback)
+            raise ConfigError(file, f"models[{index}].fallback",
+                              f"fallback chain {' -> '.join(path)} is longer than {MAX_FALLBACK_DEPTH}")
+
+
+def parse(text: str, file: Path) -> Config:
+    """Validate TOML `text` as if read from `file` (relative paths resolve against its folder)."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(file, "", f"not valid TOML: {exc}") from None
+    top = {"daemon", "routing", "models"}
+    for key in data:
+        if key not in top:
+            raise ConfigError(file, key, f"unknown table; expected {', '.join(sorted(top))}")
+    daemon = _parse_daemon(file, data.get("daemon", {}))
+    routing = _parse_routing(file, data.get("routing", {}))
+    raw_models = data.get("models", [])
+    _check_type(file, "models", raw_models, list)
+    models = [_parse_model(file, i, m, daemon.engine_dir) for i, m in enumerate(raw_models)]
+    _check_models(file, models, routing)
+    return Config(path=file, daemon=daemon, routing=routing, models=tuple(models))
+
+
+def load(path: str | os.PathLike[str]) -> Config:
+    """Read and validate a configuration file."""
+    file = Path(path).expanduser().resolve()
+    try:
+        text = file.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(file, "", f"cannot read: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(file, "", "is not UTF-8 text") from None
+    return parse(text, file)
+
+
+def runtime_dir(config: DaemonConfig, override: str | None = None) -> Path:
+    """Where relative ipc endpoints live.
+
+    The flag wins, then `[daemon] runtime_dir`, then systemd's
+    $RUNTIME_DIRECTORY, then /run/infermux when writable, then
+    $XDG_RUNTIME_DIR/infermux, then /tmp/infermux-$UID (a developer's box).
+    """
+    for candidate in (override, config.runtime_dir, os.environ.get("RUNTIME_DIRECTORY", "").split(":")[0]):
+        if candidate:
+            return Path(candidate)
+    system = Path("/run/infermux")
+    if os.access(system if system.exists() else system.parent, os.W_OK):
+        return system
+    if os.environ.get("XDG_RUNTIME_DIR"):
+        return Path(os.environ["XDG_RUNTIME_DIR"]) / "infermux"
+    return Path(f"/tmp/infermux-{os.getuid()}")
+
+
+def resolve_endpoint(endpoint: str, run_dir: Path) -> str:
+    """`ipc://name.sock` (relative) -> `ipc://<run_dir>/name.sock`; others unchanged."""
+    if endpoint.startswith("ipc://") and not endpoint[len("ipc://"):].startswith(("/", "@")):
+        return f"ipc://{run_dir / endpoint[len('ipc://'):]}"
+    return endpoint

@@ -1,0 +1,38 @@
+"""A request on its way through the daemon: what the frontend accepted,
+where to send the answer, and the clock it runs against."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from infermux.protocol import Request
+
+
+@dataclass(slots=True)
+class Job:
+    """One accepted request.
+
+    `frames` keeps the received ZeroMQ frames alive: the input arrays are
+    views on them. `fallback` is set once the request is degraded to a
+    stand-in model, and names the model it asked for and why.
+    """
+
+    envelope: list[Any]
+    request: Request
+    frames: list[Any]
+    received_ns: int
+    deadline_ns: int
+    fallback: dict[str, str] | None = None
+    hops: int = 0
+
+    @property
+    def key(self) -> Any:
+        return self.request.key
+
+    def late(self, now_ns: int | None = None) -> bool:
+        return (now_ns or time.perf_counter_ns()) >= self.deadline_ns
+
+    def remaining_us(self, now_ns: int | None = None) -> float:
+        return (self.deadline_ns - (now_ns or time.perf_counter_ns())) / 1000

@@ -1,0 +1,272 @@
+"""The registry: every model, its versions, their states and engines.
+
+States (DESIGN §2): unloaded → loading → warming → ready → draining →
+unloaded, plus failed. Loads run on a loader thread; the frontend reads
+states and schedulers without locks (each is replaced in one assignment).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from infermux.config import Config, ModelConfig
+from infermux.events import EventLog
+from infermux.executor import LateFn, ReplyFn
+from infermux.plugins import backends
+from infermux.plugins.base import BackendError, Engine, TensorSpec
+from infermux.scheduler import InlineGate, Scheduler
+from infermux.stats import Stats
+
+log = logging.getLogger("infermux.registry")
+
+
+class State(str, enum.Enum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    WARMING = "warming"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+def version_key(version: str) -> tuple:
+    """Sort key that puts "2.10" after "2.9" and numbers before names."""
+    parts = version.replace("-", ".").split(".")
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts)
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (Linux), or 0 where it cannot be read."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def warmup_inputs(specs: list[TensorSpec] | tuple[TensorSpec, ...], engine_path: Path) -> dict[str, np.ndarray]:
+    """`warmup.npz` beside the engine if present, else zeros at the smallest accepted shape."""
+    npz = engine_path.parent / "warmup.npz"
+    if npz.exists():
+        with np.load(npz, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    inputs = {}
+    for spec in specs:
+        low = spec.min_shape or ()
+        shape = [d if d >= 0 else (max(low[i], 1) if low else 1) for i, d in enumerate(spec.shape)]
+        inputs[spec.name] = np.zeros(shape, dtype=spec.dtype)
+    return inputs
+
+
+@dataclass
+class ModelVersion:
+    """One version of one model, loaded or not."""
+
+    config: ModelConfig
+    state: State = State.UNLOADED
+    reason: str = ""
+    engine: Engine | None = None
+    scheduler: Scheduler | None = None
+    stats: Stats = field(default_factory=Stats)
+    memory_bytes: int = 0
+    load_started: float = 0.0
+    last_load_s: float = 0.0
+    last_used: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def version(self) -> str:
+        return self.config.version
+
+    @property
+    def ready(self) -> bool:
+        return self.state is State.READY
+
+    def eta_ms(self) -> int:
+        """When a client should retry while this version loads (never 0)."""
+        if self.state in (State.LOADING, State.WARMING):
+            expected = self.last_load_s or _load_guess_s(self.config.engine)
+            left = expected - (time.monotonic() - self.load_started)
+            return max(50, int(left * 1000))
+        return 1000 if self.state is State.FAILED else 200
+
+
+def _load_guess_s(path: Path) -> float:
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0
+    return 0.2 + size / 200e6  # a first load: ~200 MB/s deserialisation plus start-up
+
+
+class Model:
+    """All versions of one model name, and which one serves by default."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._versions: dict[str, ModelVersion] = {}
+        self._ordered: list[ModelVersion] = []
+        self.pinned: str | None = None
+        self.fallback: str = ""
+
+    @property
+    def versions(self) -> dict[str, ModelVersion]:
+        return self._versions
+
+    @versions.setter
+    def versions(self, versions: dict[str, ModelVersion]) -> None:
+        # Sorted once here, not per request: the hot path reads `ordered()`.
+        self._ordered = sorted(versions.values(), key=lambda v: version_key(v.version))
+        self._versions = versions
+
+    def ordered(self) -> list[ModelVersion]:
+        return self._ordered
+
+    def default(self) -> ModelVersion | None:
+        """Pinned, else marked default, else the newest ready, else the newest."""
+        if self.pinned is not None and self.pinned in self._versions:
+            return self._versions[self.pinned]
+        newest_ready = None
+        for mv in self._ordered:
+            if mv.config.default:
+                return mv
+            if mv.state is State.READY:
+                newest_ready = mv
+        return newest_ready or (self._ordered[-1] if self._ordered else None)
+
+    def ready_versions(self) -> list[ModelVersion]:
+        return [mv for mv in self._ordered if mv.state is State.READY]
+
+
+class Registry:
+    """Models by name; loads and unloads versions on a loader thread."""
+
+    def __init__(self, config: Config, events: EventLog, reply: ReplyFn, on_late: LateFn,
+                 inline: InlineGate | None = None) -> None:
+        self.config = config
+        self.inline = inline
+        self.events = events
+        self._reply, self._on_late = reply, on_late
+        self.models: dict[str, Model] = {}
+        self._lock = threading.Lock()
+        for mc in config.models:
+            self.add(mc)
+
+    def add(self, mc: ModelConfig) -> ModelVersion:
+        """Register a version (not loaded yet)."""
+        with self._lock:
+            models = dict(self.models)
+            model = models.get(mc.name) or Model(mc.name)
+            mv = ModelVersion(mc)
+            model.versions = {**model.versions, mc.version: mv}
+            if mc.fallback and (not model.fallback or mc.default):
+                model.fallback = mc.fallback
+            models[mc.name] = model
+            self.models = models
+        return mv
+
+    def model(self, name: str) -> Model | None:
+        return self.models.get(name)
+
+    def all_versions(self) -> list[ModelVersion]:
+        return [mv for m in self.models.values() for mv in m.ordered()]
+
+    def start_loading(self, versions: list[ModelVersion], done: Callable[[], None] | None = None) -> threading.Thread:
+        """Load `versions` one after another on a background thread."""
+        for mv in versions:
+            self._mark_loading(mv)
+
+        def run() -> None:
+            for mv in versions:
+                self.load(mv)
+            if done:
+                done()
+
+        thread = threading.Thread(target=run, name="loader", daemon=True)
+        thread.start()
+        return thread
+
+    def _mark_loading(self, mv: ModelVersion) -> None:
+        mv.state, mv.reason, mv.load_started = State.LOADING, "", time.monotonic()
+
+    def load(self, mv: ModelVersion) -> bool:
+        """Load, warm up and start serving one version; False (state failed) on error."""
+        mc = mv.config
+        if mv.state is not State.LOADING:
+            self._mark_loading(mv)
+        self.events.emit("loading", mc.name, mc.version, engine=str(mc.engine))
+        rss_before = rss_bytes()
+        try:
+            if mc.mode != "inproc":
+                raise BackendError(f"mode {mc.mode!r} is not available in this build; use mode = \"inproc\"")
+            if not mc.engine.exists():
+                raise BackendError(f"engine file {mc.engine} does not exist")
+            backend = backends.for_path(mc.engine, mc.backend or None)
+            engine = backend.load(mc.engine, dict(mc.options))
+        except Exception as exc:
+            return self._failed(mv, exc)
+        try:
+            mv.state = State.WARMING
+            self._warm_up(engine, mc)
+            strategy = mc.strategy or self.config.routing.strategy
+            scheduler = Scheduler(mc, engine, self._reply, self._on_late, mv.stats, strategy, self.inline)
+        except Exception as exc:
+            engine.close()
+            return self._failed(mv, exc, during="warm-up")
+        mv.engine, mv.scheduler = engine, scheduler
+        mv.memory_bytes = max(engine.memory_bytes(), rss_bytes() - rss_before)
+        mv.last_load_s = time.monotonic() - mv.load_started
+        mv.state = State.READY
+        self.events.emit("loaded", mc.name, mc.version, backend=backend.name, contexts=mc.contexts,
+                         load_ms=round(mv.last_load_s * 1000), memory_mb=round(mv.memory_bytes / 2**20, 1))
+        return True
+
+    def _warm_up(self, engine: Engine, mc: ModelConfig) -> None:
+        # One inference on a throwaway context proves the engine runs before
+        # any client is sent to it.
+        context = engine.create_context()
+        try:
+            context.infer(warmup_inputs(engine.inputs, mc.engine))
+        finally:
+            context.close()
+
+    def _failed(self, mv: ModelVersion, exc: BaseException, during: str = "load") -> bool:
+        mv.state, mv.reason = State.FAILED, f"{during} failed: {exc}"
+        self.events.emit("failed", mv.name, mv.version, reason=mv.reason)
+        return False
+
+    def unload(self, mv: ModelVersion, timeout: float | None = None) -> None:
+        """Drain the version's queue, then release its engine."""
+        if mv.scheduler is None:
+            mv.state = State.UNLOADED
+            return
+        mv.state = State.DRAINING
+        self.events.emit("draining", mv.name, mv.version, queued=mv.scheduler.depth())
+        scheduler, mv.scheduler = mv.scheduler, None
+        scheduler.stop(timeout)
+        if mv.engine is not None:
+            mv.engine.close()
+        mv.engine, mv.memory_bytes, mv.state = None, 0, State.UNLOADED
+        self.events.emit("unloaded", mv.name, mv.version)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Drain and unload everything (daemon shutdown)."""
+        for mv in self.all_versions():
+            if mv.scheduler is not None:
+                self.unload(mv, timeout)
+
+    def memory_used(self) -> int:
+        return sum(mv.memory_bytes for mv in self.all_versions())
+

@@ -1,0 +1,112 @@
+"""One scheduler per model version: its contexts, their queues, dispatch.
+
+`submit` puts a request on one context's queue (least loaded, or the one
+its key hashes to) unless the version's total queue is at `max_queue`.
+Contexts can be added or removed live; a removed one finishes its queue.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+# Asked with the version's service time: may the calling thread compute a
+# request itself instead of handing it to an idle executor?
+InlineGate = Callable[[float], bool]
+
+from infermux import batcher
+from infermux.config import ModelConfig
+from infermux.fairqueue import Closed
+from infermux.executor import BatchPolicy, Executor, LateFn, ReplyFn
+from infermux.hashring import HashRing
+from infermux.job import Job
+from infermux.plugins.base import Engine
+from infermux.stats import Stats
+
+
+class Scheduler:
+    """Bounded queues and executors for one loaded model version."""
+
+    def __init__(self, config: ModelConfig, engine: Engine, reply: ReplyFn, on_late: LateFn,
+                 stats: Stats, strategy: str, inline: InlineGate | None = None) -> None:
+        self.name, self.version = config.name, config.version
+        self.max_queue = config.max_queue
+        self.strategy = strategy
+        self.policy = BatchPolicy(config.max_batch, config.batch_delay_us, config.preferred_batch,
+                                  batcher.batchable(engine.inputs, engine.outputs))
+        self._engine = engine
+        self._reply, self._on_late, self._stats = reply, on_late, stats
+        self._inline = inline
+        self._lock = threading.Lock()
+        self.executors: list[Executor] = []
+        self._ring: HashRing[int] | None = None
+        self._next = 0
+        self.resize(config.contexts)
+
+    def _new_executor(self, index: int) -> Executor:
+        ex = Executor(self.name, self.version, index, self._engine.create_context(), self._reply,
+                      self._on_late, self._stats, self.policy)
+        ex.start()
+        return ex
+
+    def resize(self, contexts: int) -> None:
+        """Add contexts (created now) or remove the newest ones (they drain first)."""
+        if contexts < 1:
+            raise ValueError("a loaded model needs at least one context")
+        with self._lock:
+            executors = list(self.executors)
+            while len(executors) < contexts:
+                executors.append(self._new_executor(len(executors)))
+            removed = executors[contexts:]
+            executors = executors[:contexts]
+            self.executors = executors  # one assignment: dispatch never sees a half-built list
+            self._ring = HashRing(list(range(contexts)))
+        for ex in removed:
+            ex.stop()
+
+    def depth(self) -> int:
+        return sum(len(ex.queue) for ex in self.executors)
+
+    def load(self) -> int:
+        return sum(ex.load for ex in self.executors)
+
+    def in_flight(self) -> int:
+        return sum(ex.in_flight for ex in self.executors)
+
+    def full(self) -> bool:
+        return self.depth() >= self.max_queue
+
+    def _pick(self, executors: list[Executor], job: Job) -> Executor:
+        if self.strategy == "hash" and job.request.key is not None and self._ring is not None:
+            index = self._ring.lookup(str(job.request.key))
+            if index < len(executors):
+                return executors[index]
+        # least_queue: the least loaded context; ties rotate so idle contexts share the work.
+        self._next = (self._next + 1) % len(executors)
+        best = executors[self._next]
+        for ex in executors:
+            if ex.load < best.load:
+                best = ex
+        return best
+
+    def submit(self, job: Job) -> bool:
+        """Queue `job` on a context; False when the queue is full or the version is stopping."""
+        executors = self.executors
+        if not executors or self.depth() >= self.max_queue:
+            return False
+        executor = self._pick(executors, job)
+        if self._inline is not None and executor.load == 0 and self._inline(self._stats.service_time_us()):
+            if executor.try_inline(job):
+                return True
+        try:
+            executor.queue.put(job)
+        except Closed:  # the context is being removed: this version no longer takes work
+            return False
+        return True
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Let every context finish its queue, then stop; True if all ended in time."""
+        executors, self.executors = self.executors, []
+        return all([ex.stop(timeout) for ex in executors])
+
+

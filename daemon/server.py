@@ -1,0 +1,233 @@
+"""The frontend: one thread owns the ROUTER socket (DESIGN §2).
+
+It reads requests, validates them (protocol.py), admits them (router.py)
+and sends the replies that executor threads leave in its outbox. ZeroMQ
+sockets are not thread-safe, so only this thread touches the ROUTER.
+
+Replies come back through a deque plus an eventfd doorbell rather than
+the inproc PUSH/PULL pair of DESIGN §2: the socket hop cost ~10 µs of GIL
+time per request on the 2-core box, a deque append and an eventfd write
+about 1 µs (docs/decisions.md).
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import sys
+from collections import deque
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import zmq
+
+from infermux import config as cfg
+from infermux.events import EventLog
+from infermux.job import Job
+from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_request, request_id
+from infermux.registry import Registry, State
+from infermux.router import Router
+
+log = logging.getLogger("infermux.server")
+
+MAX_ENVELOPE = 8  # identity frames a proxy chain may add before the delimiter
+BURST = 64  # messages handled per socket before looking at the other one
+
+
+class Server:
+    """The daemon's serving core: registry, router and the frontend loop."""
+
+    def __init__(self, config: cfg.Config, run_dir: Path) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.events = EventLog()
+        self.limits = Limits(max_message_bytes=config.daemon.max_message_bytes)
+        self.ctx = zmq.Context()
+        self.endpoints = [cfg.resolve_endpoint(ep, run_dir) for ep in config.daemon.listen]
+        self._outbox: deque[list[Any]] = deque()
+        self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.registry = Registry(config, self.events, self.reply, self._on_late, self._inline_ok)
+        self.router = Router(self.registry, config.routing, self.reply)
+        self.frontend: zmq.Socket | None = None
+        self.stopping = False
+        self.started = time.time()
+        self.loop_turns = 0
+        self.requests = 0
+        self.ticks: list[Callable[[], None]] = []
+        self._frontend_thread = threading.get_ident()
+
+    # -- replies from any thread -------------------------------------------
+
+    def reply(self, envelope: list[Any], frames: list[Any]) -> None:
+        """Send a reply: directly on the frontend thread, else through the outbox."""
+        if threading.get_ident() == self._frontend_thread:
+            self._send(envelope + frames)
+            return
+        self._outbox.append(envelope + frames)
+        os.eventfd_write(self._bell, 1)
+
+    def _on_late(self, job: Job) -> None:
+        self.router.on_late(job)
+
+    def _inline_ok(self, service_time_us: float) -> bool:
+        """Compute on the frontend thread only if it is short and nobody else is waiting."""
+        if threading.get_ident() != self._frontend_thread or service_time_us > self.config.daemon.inline_max_us:
+            return False
+        return not (self.frontend is not None and self.frontend.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def bind(self) -> None:
+        """Create the runtime directory and bind every listen endpoint."""
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.LINGER, 1000)
+        # The socket's own cap drops the peer silently, so it sits well above
+        # max_message_bytes: oversize messages get a 413 from us instead.
+        sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.config.daemon.max_message_bytes + (1 << 16))
+        sock.setsockopt(zmq.RCVHWM, 10000)
+        sock.setsockopt(zmq.SNDHWM, 10000)
+        for endpoint in self.endpoints:
+            if endpoint.startswith("ipc://"):
+                Path(endpoint[len("ipc://"):]).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                sock.bind(endpoint)
+            except zmq.ZMQError as exc:
+                sock.close(0)
+                raise RuntimeError(f"cannot listen on {endpoint}: {exc}; is another infermux running, "
+                                   f"or is the directory not writable? (see --runtime-dir)") from None
+            self.events.emit("listening", endpoint=endpoint)
+        self.frontend = sock
+
+    def start_models(self, done: Callable[[], None] | None = None) -> threading.Thread:
+        """Load every configured hot model in the background (requests get 503 meanwhile)."""
+        hot = [mv for mv in self.registry.all_versions() if mv.config.mode == "inproc" or mv.config.preload]
+        return self.registry.start_loading(hot, done)
+
+    def serve_forever(self) -> None:
+        """Run the frontend loop until `stop()`; then drain and close."""
+        assert self.frontend is not None, "bind() first"
+        self._frontend_thread = threading.get_ident()
+        poller = zmq.Poller()
+        poller.register(self.frontend, zmq.POLLIN)
+        poller.register(self._bell, zmq.POLLIN)
+        while not self.stopping:
+            ready = dict(poller.poll(100))
+            if self._bell in ready:
+                self._forward_replies()
+            if self.frontend in ready:
+                self._read_requests()
+            self.loop_turns += 1
+            for tick in self.ticks:
+                tick()
+        self._drain()
+
+    def stop(self) -> None:
+        """Ask the loop to stop (safe from a signal handler)."""
+        self.stopping = True
+
+    def _drain(self) -> None:
+        """Answer everything accepted, refuse the rest, then close."""
+        deadline = time.monotonic() + self.config.daemon.drain_timeout_s
+        self.events.emit("draining", timeout_s=self.config.daemon.drain_timeout_s)
+        closer = threading.Thread(target=self.registry.close, args=(self.config.daemon.drain_timeout_s,),
+                                  daemon=True)
+        closer.start()
+        while time.monotonic() < deadline and (closer.is_alive() or self._outbox):
+            self._forward_replies()
+            if self.frontend is not None and self.frontend.poll(10):
+                self._read_requests(refuse=True)
+        self._forward_replies()
+        self.close()
+
+    def close(self) -> None:
+        if self.frontend is not None:
+            self.frontend.close(linger=500)
+        os.close(self._bell)
+        self.ctx.term()
+        for endpoint in self.endpoints:
+            if endpoint.startswith("ipc://"):
+                Path(endpoint[len("ipc://"):]).unlink(missing_ok=True)
+
+    # -- the hot path -----------------------------------------------------------
+
+    def _forward_replies(self) -> None:
+        try:
+            os.eventfd_read(self._bell)
+        except BlockingIOError:
+            pass
+        outbox = self._outbox
+        while outbox:
+            self._send(outbox.popleft())
+
+    def _send(self, frames: list[Any]) -> None:
+        assert self.frontend is not None
+        try:
+            self.frontend.send_multipart(frames, copy=sum(len(f) for f in frames) < 1 << 20)
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EHOSTUNREACH:
+                raise
+            log.debug("client went away before its reply")
+
+    def _read_requests(self, refuse: bool = False) -> None:
+        assert self.frontend is not None
+        for _ in range(BURST):
+            try:
+                frames = self.frontend.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self.requests += 1
+            self._handle(frames, refuse)
+
+    def _handle(self, frames: list[Any], refuse: bool) -> None:
+        received = time.perf_counter_ns()
+        split = _delimiter(frames)
+        envelope, body = frames[:split], frames[split:]
+        if refuse:
+            header = error_header(Status.NOT_READY, "infermux is shutting down; retry on restart",
+                                  request_id(body) if body else None, retry_after_ms=1000)
+            self._send(envelope + encode_reply(header))
+            return
+        try:
+            if len(body) > self.limits.max_tensors + 1:
+                raise ProtocolError(Status.BAD_REQUEST, f"{len(body)} frames; at most "
+                                    f"{self.limits.max_tensors} tensors may follow the header")
+            request = parse_request(body, self.limits)
+        except ProtocolError as exc:
+            ident = request_id(body) if body and exc.status != Status.TOO_LARGE else None
+            self._send(envelope + encode_reply(error_header(exc.status, exc.message, ident)))
+            return
+        job = Job(envelope, request, frames, received, deadline_ns=0)  # the router sets the deadline
+        header = self.router.admit(job)
+        if header is not None:
+            self._send(envelope + encode_reply(header))
+
+    # -- status for notify/admin ------------------------------------------------
+
+    def summary(self) -> str:
+        """One line for systemd's STATUS=: models ready/loading and request count."""
+        versions = self.registry.all_versions()
+        count = {s: sum(1 for mv in versions if mv.state is s) for s in State}
+        parts = [f"{count[State.READY]}/{len(versions)} models ready"]
+        busy = count[State.LOADING] + count[State.WARMING]
+        if busy:
+            parts.append(f"{busy} loading")
+        if count[State.FAILED]:
+            parts.append(f"{count[State.FAILED]} failed")
+        parts.append(f"{self.requests} requests")
+        return ", ".join(parts)
+
+
+def _delimiter(frames: list[Any]) -> int:
+    """Index just past the envelope (identities + empty delimiter)."""
+    for i in range(1, min(len(frames), MAX_ENVELOPE + 1)):
+        if len(frames[i]) == 0:
+            return i + 1
+    return 1  # a raw DEALER that sent no delimiter: the identity alone routes the reply
+
+
+if sys.platform != "linux":  # pragma: no cover
+    log.warning("infermux is developed and tested on Linux only")
