@@ -53,6 +53,21 @@ class BenchResult:
     mean_us: float | None
     by_status: dict[int, int]
 
+    @classmethod
+    def from_latencies(cls, endpoint: str, model: str, concurrency: int, latencies_ns: list[int],
+                       by_status: Mapping[int, int], elapsed_s: float) -> "BenchResult":
+        """Summarise raw round-trip times (ns) and status counts of a run that took `elapsed_s`."""
+        latencies_us = np.asarray(latencies_ns, dtype=np.float64) / 1000
+        p50, p90, p99 = percentiles(latencies_us)
+        replies = sum(by_status.values())
+        return cls(
+            endpoint=endpoint, model=model, concurrency=concurrency, requests=replies,
+            duration_s=elapsed_s, qps=replies / elapsed_s if elapsed_s > 0 else 0.0,
+            ok=by_status.get(Status.OK, 0), p50_us=p50, p90_us=p90, p99_us=p99,
+            max_us=float(latencies_us.max()) if latencies_us.size else None,
+            mean_us=float(latencies_us.mean()) if latencies_us.size else None,
+            by_status=dict(by_status))
+
     @property
     def errors(self) -> int:
         return self.requests - self.ok
@@ -193,7 +208,8 @@ def run_load(endpoint: str, model: str, inputs: Mapping[str, np.ndarray], *, con
         tally = _drive(stream, concurrency, count, duration_s, progress)
     finally:
         stream.close()
-    return _result(endpoint, model, concurrency, tally)
+    return BenchResult.from_latencies(endpoint, model, concurrency, tally.latencies_ns,
+                                      tally.by_status, tally.elapsed_s)
 
 
 def wait_ready(endpoint: str, model: str, inputs: Mapping[str, np.ndarray], *, timeout_s: float = 30.0,
@@ -217,19 +233,6 @@ def wait_ready(endpoint: str, model: str, inputs: Mapping[str, np.ndarray], *, t
             last = f"503 {reply.error}"
             time.sleep(min(1.0, (reply.retry_after_ms or 100) / 1000))
     raise TimeoutError(f"{model} at {endpoint} not ready after {timeout_s:g} s ({last})")
-
-
-def _result(endpoint: str, model: str, concurrency: int, tally: _Tally) -> BenchResult:
-    latencies_us = np.asarray(tally.latencies_ns, dtype=np.float64) / 1000
-    p50, p90, p99 = percentiles(latencies_us)
-    replies = sum(tally.by_status.values())
-    return BenchResult(
-        endpoint=endpoint, model=model, concurrency=concurrency, requests=replies,
-        duration_s=tally.elapsed_s, qps=replies / tally.elapsed_s if tally.elapsed_s > 0 else 0.0,
-        ok=tally.by_status.get(Status.OK, 0), p50_us=p50, p90_us=p90, p99_us=p99,
-        max_us=float(latencies_us.max()) if latencies_us.size else None,
-        mean_us=float(latencies_us.mean()) if latencies_us.size else None,
-        by_status=dict(tally.by_status))
 
 
 def make_inputs(shapes: list[str], dtype: str = "float32", files: list[str] = ()) -> dict[str, np.ndarray]:
