@@ -1,7 +1,7 @@
 """Closed-loop load generator: QPS and latency percentiles of one model.
 
-    infermux bench --endpoint ipc:///run/infermux/infer.sock --model classifier \\
-        --shape images=1x3x64x64 --concurrency 16 --duration 10
+    infermux bench --model classifier --shape images=1x3x64x64 --concurrency 16 --duration 10
+    infermux bench --endpoint ipc:///tmp/x/infer.sock --model mlp --input features=x.npy -n 5000 --json
 
 Closed loop: exactly `concurrency` requests are in flight; each reply sends
 the next request. All of them share ONE DEALER socket driven by ONE thread,
@@ -19,17 +19,15 @@ import json
 import sys
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
 import zmq
 
 from infermux.client import Client
+from infermux.infer import add_endpoint_arguments, endpoint_from, parse_inputs
 from infermux.protocol import DTYPES, Reply, Status, encode_request, parse_header
 from infermux.stats import percentiles
-
-DEFAULT_ENDPOINT = "ipc:///run/infermux/infer.sock"
 
 # progress(replies so far, seconds so far), called about once a second
 Progress = Callable[[int, float], None]
@@ -107,10 +105,10 @@ class _Stream:
 
     The frames are encoded once by `protocol.encode_request`; each request
     re-serialises only the small header and each reply parses only its
-    header. That keeps the generator at ~50 µs of CPU per request (through
-    `client.Pipeline`, which encodes every tensor and decodes every output,
-    it measured ~65 µs), CPU that a 2-core box would otherwise take from
-    the server under test.
+    header. Against the echo server at c=16 this took 51–75 µs of generator
+    CPU per request, against 66–89 µs through `client.Pipeline` (which
+    encodes every tensor and decodes every output): ~15 µs that a 2-core
+    box would otherwise take from the server under test.
     """
 
     def __init__(self, endpoint: str, model: str, inputs: Mapping[str, np.ndarray],
@@ -235,55 +233,19 @@ def wait_ready(endpoint: str, model: str, inputs: Mapping[str, np.ndarray], *, t
     raise TimeoutError(f"{model} at {endpoint} not ready after {timeout_s:g} s ({last})")
 
 
-def make_inputs(shapes: list[str], dtype: str = "float32", files: list[str] = ()) -> dict[str, np.ndarray]:
-    """Request tensors from `NAME=1x3x64x64` shapes (seeded random data) and `NAME=FILE.npy` files."""
-    if dtype not in DTYPES:
-        raise ValueError(f"dtype {dtype!r} is not on the wire; use one of {', '.join(DTYPES)}")
-    rng = np.random.default_rng(0)
-    inputs: dict[str, np.ndarray] = {}
-    for spec in shapes:
-        name, dims = _split(spec, "--shape NAME=1x3x64x64")
-        try:
-            shape = tuple(int(d) for d in dims.lower().split("x"))
-        except ValueError:
-            raise ValueError(f"--shape {spec!r}: dimensions must be integers joined by 'x'") from None
-        inputs[name] = _random(rng, shape, np.dtype(dtype))
-    for spec in files:
-        name, path = _split(spec, "--input NAME=FILE.npy")
-        inputs[name] = np.load(Path(path), allow_pickle=False)  # never unpickle a file we were handed
-    if not inputs:
-        raise ValueError("say what to send: --shape NAME=1x3x64x64 [--dtype float32] or --input NAME=FILE.npy")
-    return inputs
-
-
-def _split(spec: str, usage: str) -> tuple[str, str]:
-    name, sep, value = spec.partition("=")
-    if not sep or not name or not value:
-        raise ValueError(f"{spec!r}: expected {usage}")
-    return name, value
-
-
-def _random(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
-    if dtype.kind == "f":
-        return rng.standard_normal(shape).astype(dtype)
-    if dtype.kind == "b":
-        return rng.integers(0, 2, shape).astype(dtype)
-    return rng.integers(0, 100, shape).astype(dtype)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Options of `infermux bench`."""
-    parser.add_argument("--endpoint", default=DEFAULT_ENDPOINT, help=f"inference socket (default {DEFAULT_ENDPOINT})")
+    """Options of `infermux bench` (endpoint options shared with the other client commands)."""
+    add_endpoint_arguments(parser)
     parser.add_argument("--model", required=True)
     parser.add_argument("--version", help="model version (default: the model's default)")
-    parser.add_argument("--concurrency", "-c", type=int, default=1, help="requests kept in flight (default 1)")
+    parser.add_argument("--concurrency", type=int, default=1, help="requests kept in flight (default 1)")
     stop = parser.add_mutually_exclusive_group()
     stop.add_argument("--requests", "-n", type=int, help="measure this many requests (default 1000)")
     stop.add_argument("--duration", "-d", type=float, help="measure for this many seconds")
     parser.add_argument("--warmup", type=int, default=100, help="unmeasured requests first (default 100)")
     parser.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
                         help="an input of random data, e.g. images=1x3x64x64 (repeatable)")
-    parser.add_argument("--dtype", default="float32", choices=list(DTYPES), help="dtype of --shape inputs")
+    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="dtype of --shape inputs")
     parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
                         help="an input read from a .npy file (repeatable)")
     parser.add_argument("--key", help="affinity key for hash routing")
@@ -313,22 +275,25 @@ class _StderrProgress:
 
 
 def run(args: argparse.Namespace) -> int:
-    """`infermux bench`: exit 0 if every reply was 200, 1 if some were not, 2 on usage errors."""
+    """`infermux bench`: exit 0 if every reply was 200, 1 if some were not, 2 if it could not run."""
+    from infermux.config import ConfigError
+
+    inputs = parse_inputs(args.input, args.shape, args.dtype)  # exits with a message on bad specs
     try:
-        inputs = make_inputs(args.shape, args.dtype, args.input)
-    except (ValueError, OSError) as exc:
-        print(f"infermux bench: {exc}", file=sys.stderr)
+        endpoint = endpoint_from(args)
+    except (ConfigError, OSError) as exc:
+        print(f"infermux bench: no endpoint: {exc} (give --endpoint or --config)", file=sys.stderr)
         return 2
     count = None if args.duration is not None else (args.requests or 1000)
     progress = _StderrProgress(args.duration, " s") if args.duration else _StderrProgress(count, " replies")
     fields = {"version": args.version, "key": args.key}
     try:
         if args.wait:
-            ready = wait_ready(args.endpoint, args.model, inputs, timeout_s=args.wait, fields=fields)
+            ready = wait_ready(endpoint, args.model, inputs, timeout_s=args.wait, fields=fields)
             if not ready.ok:
                 print(f"infermux bench: {ready.status} {ready.error}", file=sys.stderr)
                 return 1
-        result = run_load(args.endpoint, args.model, inputs, concurrency=args.concurrency, count=count,
+        result = run_load(endpoint, args.model, inputs, concurrency=args.concurrency, count=count,
                           duration_s=args.duration, warmup=args.warmup, progress=progress,
                           fields=fields, timeout_s=args.timeout)
     except (TimeoutError, ValueError) as exc:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from infermux import bench
-from infermux.bench import BenchResult, make_inputs, run_load, wait_ready
+from infermux.bench import BenchResult, run_load, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINES = ROOT / "tests" / "benchmarks" / "baselines.py"
@@ -31,30 +31,6 @@ def endpoint(tmp_path_factory):
     finally:
         server.terminate()
         server.wait(10)
-
-
-def test_shapes_become_seeded_random_tensors():
-    inputs = make_inputs(["images=1x3x64x64", "mask=2X4"], "uint8")
-    assert inputs["images"].shape == (1, 3, 64, 64) and inputs["images"].dtype == np.uint8
-    assert inputs["mask"].shape == (2, 4)
-    assert np.array_equal(make_inputs(["x=8"])["x"], make_inputs(["x=8"])["x"])
-
-
-def test_inputs_can_come_from_npy_files(tmp_path):
-    array = np.arange(12, dtype=np.int64).reshape(3, 4)
-    np.save(tmp_path / "ids.npy", array)
-    assert np.array_equal(make_inputs([], files=[f"ids={tmp_path / 'ids.npy'}"])["ids"], array)
-
-
-@pytest.mark.parametrize("shapes, dtype, message", [
-    ([], "float32", "say what to send"),
-    (["1x3x64x64"], "float32", "NAME=1x3x64x64"),
-    (["images=1x3xN"], "float32", "integers"),
-    (["images=4"], "float64", "not on the wire"),
-])
-def test_bad_input_specs_are_explained(shapes, dtype, message):
-    with pytest.raises(ValueError, match=message):
-        make_inputs(shapes, dtype)
 
 
 def test_a_counted_run_measures_every_request(endpoint):
@@ -94,7 +70,7 @@ def test_exactly_one_stop_condition_is_required(endpoint):
 
 def test_the_command_prints_json_and_exits_zero_when_all_served(endpoint, capsys):
     code = bench.main(["--endpoint", endpoint, "--model", "classifier", "--shape", "images=1x3x64x64",
-                       "-c", "2", "-n", "50", "--warmup", "5", "--json"])
+                       "--concurrency", "2", "-n", "50", "--warmup", "5", "--json"])
     doc = json.loads(capsys.readouterr().out)
     assert code == 0
     assert doc["requests"] == 50 and doc["by_status"] == {"200": 50} and doc["concurrency"] == 2
@@ -107,9 +83,29 @@ def test_the_command_exits_one_when_replies_fail(endpoint, capsys):
     assert "400: 5" in capsys.readouterr().out
 
 
-def test_the_command_needs_inputs(capsys):
-    assert bench.main(["--model", "classifier"]) == 2
-    assert "--shape" in capsys.readouterr().err
+def test_the_command_reads_inputs_from_npy_files(endpoint, tmp_path, capsys):
+    np.save(tmp_path / "x.npy", IMAGES["images"])
+    code = bench.main(["--endpoint", endpoint, "--model", "classifier", "--input", f"images={tmp_path / 'x.npy'}",
+                       "-n", "5", "--warmup", "0", "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["ok"] == 5
+
+
+def test_the_command_needs_inputs():
+    with pytest.raises(SystemExit, match="--shape"):
+        bench.main(["--endpoint", "ipc:///nowhere", "--model", "classifier"])
+
+
+def test_the_command_takes_its_endpoint_from_a_config(endpoint, tmp_path, capsys):
+    config = tmp_path / "infermux.toml"
+    config.write_text(f'[daemon]\nlisten = ["{endpoint}"]\n')
+    code = bench.main(["--config", str(config), "--model", "classifier", "--shape", "images=1x3x64x64",
+                       "-n", "5", "--warmup", "0", "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["endpoint"] == endpoint
+
+
+def test_a_missing_config_is_reported(tmp_path, capsys):
+    code = bench.main(["--config", str(tmp_path / "none.toml"), "--model", "m", "--shape", "x=1"])
+    assert code == 2 and "no endpoint" in capsys.readouterr().err
 
 
 def test_result_json_round_trips():

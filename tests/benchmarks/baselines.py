@@ -26,7 +26,7 @@ from typing import Callable
 
 import zmq
 
-from infermux.bench import make_inputs
+from infermux.infer import parse_inputs
 from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend
 from infermux.plugins.base import BackendError, InputRejected
 from infermux.protocol import ProtocolError, Status, encode_reply, error_header, parse_request, request_id
@@ -49,7 +49,7 @@ def serve(endpoint: str, handle: Handler) -> None:
 
 def echo_handler(reply_spec: str) -> Handler:
     """A fixed 200 reply shaped like the model's output; only the id is echoed."""
-    outputs = make_inputs([reply_spec])
+    outputs = parse_inputs([], [reply_spec], "float32")
 
     def handle(body: list[memoryview]) -> list:
         ident = json.loads(bytes(body[0])).get("id")

@@ -28,7 +28,6 @@ import argparse
 import contextlib
 import multiprocessing
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,7 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-from infermux.bench import BenchResult, make_inputs, run_load, wait_ready  # noqa: E402
+from infermux.bench import BenchResult, run_load, wait_ready  # noqa: E402
+from infermux.infer import parse_inputs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "engines" / "classifier" / "1" / "model.onnx"
@@ -70,7 +70,7 @@ def backend_direct(concurrency: int, duration_s: float, warmup: int) -> BenchRes
 
     engine = OnnxRuntimeBackend().load(ENGINE, {"intra_op_num_threads": 1})
     contexts = [engine.create_context() for _ in range(concurrency)]
-    inputs = make_inputs([SHAPE])
+    inputs = parse_inputs([], [SHAPE], "float32")
     latencies: list[list[int]] = [[] for _ in contexts]
     start_line = threading.Barrier(concurrency + 1)
     stop = threading.Event()
@@ -105,7 +105,7 @@ def serving(name: str, command: list[str], endpoint: str, log_dir: Path) -> Iter
     log = open(log_dir / f"{name}.log", "wb")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
     try:
-        reply = wait_ready(endpoint, MODEL, make_inputs([SHAPE]), timeout_s=60)
+        reply = wait_ready(endpoint, MODEL, parse_inputs([], [SHAPE], "float32"), timeout_s=60)
         if not reply.ok:
             raise RuntimeError(f"{name} answered {reply.status}: {reply.error}")
         yield endpoint
@@ -155,7 +155,7 @@ class Measured:
 
 def measure_all(args: argparse.Namespace, tmp: Path) -> list[Measured]:
     """All cases, rounds interleaved, with every server up for the whole run."""
-    inputs = make_inputs([SHAPE])
+    inputs = parse_inputs([], [SHAPE], "float32")
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no GIL shared with anything here
     with ProcessPoolExecutor(1, mp_context=ctx) as generator, contextlib.ExitStack() as stack:
         def load(endpoint: str) -> Callable[[int], BenchResult]:
