@@ -45,6 +45,7 @@ class Executor:
         self.queue: FairQueue[Job] = FairQueue(key=lambda job: job.request.key)
         self.in_flight = 0
         self.served = 0
+        self.row_us = 0.0  # EWMA of compute time per input row: the inline gate reads it
         self._context = context
         self._reply = reply
         self._on_late = on_late
@@ -136,6 +137,8 @@ class Executor:
             self.in_flight = 0
         end = time.perf_counter_ns()
         self._stats.record_batch(len(jobs), (end - start) // 1000)
+        row_us = (end - start) / 1000 / max(1, sum(batcher.rows(j.request.inputs) for j in jobs))
+        self.row_us = row_us if not self.row_us else 0.8 * self.row_us + 0.2 * row_us
         for job, outputs in zip(jobs, results):
             self._succeed(job, outputs, start, end, len(jobs))
         self.served += len(jobs)

@@ -179,8 +179,8 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
 
     The arrays are read-only views on the frames: no copy is made.
     """
-    if not frames:
-        raise _bad("empty message: expected a JSON header frame")
+    if not frames or (len(frames) == 1 and not len(frames[0])):
+        raise _bad("empty message: expected a JSON header frame, then one frame per input tensor")
     total = sum(len(f) for f in frames)
     if total > limits.max_message_bytes:
         raise ProtocolError(Status.TOO_LARGE,
@@ -223,8 +223,10 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
     )
 
 
-def request_id(frames: Sequence[bytes | memoryview]) -> Any:
+def request_id(frames: Sequence[bytes | memoryview], limits: Limits = Limits()) -> Any:
     """Best-effort `id` of a request that failed to parse, so its error reply can be matched."""
+    if not frames or len(frames[0]) > limits.max_header_bytes:
+        return None
     try:
         header = json.loads(bytes(frames[0]))
         ident = header.get("id") if isinstance(header, dict) else None

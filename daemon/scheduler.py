@@ -10,8 +10,8 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-# Asked with the version's service time: may the calling thread compute a
-# request itself instead of handing it to an idle executor?
+# Asked with a request's expected compute time: may the calling thread
+# compute it itself instead of handing it to an idle executor?
 InlineGate = Callable[[float], bool]
 
 from infermux import batcher
@@ -28,7 +28,8 @@ class Scheduler:
     """Bounded queues and executors for one loaded model version."""
 
     def __init__(self, config: ModelConfig, engine: Engine, reply: ReplyFn, on_late: LateFn,
-                 stats: Stats, strategy: str, inline: InlineGate | None = None) -> None:
+                 stats: Stats, strategy: str, inline: InlineGate | None = None,
+                 warm_row_us: float = 0.0) -> None:
         self.name, self.version = config.name, config.version
         self.max_queue = config.max_queue
         self.strategy = strategy
@@ -37,6 +38,7 @@ class Scheduler:
         self._engine = engine
         self._reply, self._on_late, self._stats = reply, on_late, stats
         self._inline = inline
+        self._warm_row_us = warm_row_us
         self._lock = threading.Lock()
         self.executors: list[Executor] = []
         self._ring: HashRing[int] | None = None
@@ -46,6 +48,7 @@ class Scheduler:
     def _new_executor(self, index: int) -> Executor:
         ex = Executor(self.name, self.version, index, self._engine.create_context(), self._reply,
                       self._on_late, self._stats, self.policy)
+        ex.row_us = self._warm_row_us
         ex.start()
         return ex
 
@@ -95,8 +98,9 @@ class Scheduler:
         if not executors or self.depth() >= self.max_queue:
             return False
         executor = self._pick(executors, job)
-        if self._inline is not None and executor.load == 0 and self._inline(self._stats.service_time_us()):
-            if executor.try_inline(job):
+        if self._inline is not None and executor.load == 0 and executor.row_us:
+            expected_us = executor.row_us * batcher.rows(job.request.inputs)
+            if self._inline(expected_us) and executor.try_inline(job):
                 return True
         try:
             executor.queue.put(job)

@@ -188,7 +188,7 @@ class Server:
         envelope, body = frames[:split], frames[split:]
         if refuse:
             header = error_header(Status.NOT_READY, "infermux is shutting down; retry on restart",
-                                  request_id(body) if body else None, retry_after_ms=1000)
+                                  request_id(body, self.limits), retry_after_ms=1000)
             self._send(envelope + encode_reply(header))
             return
         try:
@@ -197,7 +197,7 @@ class Server:
                                     f"{self.limits.max_tensors} tensors may follow the header")
             request = parse_request(body, self.limits)
         except ProtocolError as exc:
-            ident = request_id(body) if body and exc.status != Status.TOO_LARGE else None
+            ident = request_id(body, self.limits)
             self._send(envelope + encode_reply(error_header(exc.status, exc.message, ident)))
             return
         job = Job(envelope, request, frames, received, deadline_ns=0)  # the router sets the deadline

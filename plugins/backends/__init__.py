@@ -35,9 +35,11 @@ def available() -> dict[str, str]:
 
 
 def get(name: str) -> Backend:
-    """The backend called `name`, imported once."""
+    """The backend called `name` (or given as "module:Class"), imported once."""
     if name not in _cache:
         specs = available()
+        if ":" in name:
+            specs[name] = name
         if name not in specs:
             raise BackendError(f"unknown backend {name!r}; installed: {', '.join(sorted(specs))}")
         try:

@@ -1,0 +1,88 @@
+"""Start the real daemon (`python -m infermux serve`) for end-to-end tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from infermux.client import Client, Pipeline
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+
+
+class Daemon:
+    """One daemon process with its own config, runtime dir and log file."""
+
+    def __init__(self, workdir: Path, config_text: str, env: dict[str, str] | None = None) -> None:
+        self.workdir = workdir
+        self.run_dir = workdir / "run"
+        self.config_path = workdir / "infermux.toml"
+        self.log_path = workdir / "daemon.log"
+        self.config_path.write_text(config_text)
+        self.env = env or {}
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"ipc://{self.run_dir / 'infer.sock'}"
+
+    def start(self, wait_ready: bool = True, timeout: float = 30.0) -> "Daemon":
+        env = {**os.environ, **self.env}
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS / "plugins"), env.get("PYTHONPATH")]))
+        env["PYTHONUNBUFFERED"] = "1"
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "infermux", "serve", "--config", str(self.config_path),
+             "--runtime-dir", str(self.run_dir)],
+            stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
+        self.wait_for("listening", timeout)
+        if wait_ready:
+            self.wait_for(" ready ", timeout)
+        return self
+
+    def wait_for(self, text: str, timeout: float = 30.0) -> None:
+        """Block until the log holds `text`; fail with the log if the daemon exits first."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if text in self.log():
+                return
+            if self.proc is not None and self.proc.poll() is not None:
+                raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")
+            time.sleep(0.02)
+        raise AssertionError(f"{text!r} not in the daemon log after {timeout} s:\n{self.log()}")
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def client(self, timeout_s: float = 10.0) -> Client:
+        return Client(self.endpoint, timeout_s=timeout_s)
+
+    def pipeline(self, timeout_s: float = 10.0) -> Pipeline:
+        return Pipeline(self.endpoint, timeout_s=timeout_s)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: int) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(sig)
+
+    def stop(self, timeout: float = 15.0) -> int:
+        """SIGTERM and wait; returns the exit code (kills on timeout)."""
+        if self.proc is None:
+            return 0
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+                raise AssertionError(f"daemon did not stop within {timeout} s:\n{self.log()}")
+        self._log.close()
+        return self.proc.returncode

@@ -1,0 +1,93 @@
+"""Wire protocol v1: what parses, what is refused, and with which message."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from infermux.protocol import (DTYPES, Limits, ProtocolError, Status, decode_reply, encode_reply,
+                               encode_request, parse_request)
+
+
+def frames_of(header: dict, *tensors: bytes) -> list[bytes]:
+    return [json.dumps(header).encode(), *tensors]
+
+
+def refused(frames: list, limits: Limits = Limits()) -> ProtocolError:
+    with pytest.raises(ProtocolError) as info:
+        parse_request(frames, limits)
+    return info.value
+
+
+def test_request_round_trips_every_dtype() -> None:
+    inputs = {name: np.arange(6).reshape(2, 3).astype(dt) for name, dt in DTYPES.items()}
+    req = parse_request([bytes(f) for f in encode_request("m", inputs, id="a", version="2",
+                                                         timeout_ms=5, key="cam1", outputs=["y"])])
+    assert (req.model, req.id, req.version, req.timeout_ms, req.key, req.outputs) == ("m", "a", "2", 5, "cam1", ("y",))
+    for name, value in inputs.items():
+        np.testing.assert_array_equal(req.inputs[name], value)
+        assert req.inputs[name].dtype == value.dtype
+
+
+def test_inputs_are_views_on_the_frames_not_copies() -> None:
+    frame = np.arange(4, dtype=np.float32).tobytes()
+    req = parse_request(frames_of({"model": "m", "inputs": [{"name": "x", "dtype": "float32", "shape": [4]}]}, frame))
+    assert not req.inputs["x"].flags.owndata
+
+
+@pytest.mark.parametrize("frames, fragment", [
+    ([], "empty message"),
+    ([b"\xff\xfe"], "not UTF-8 JSON"),
+    ([b"{not json"], "not UTF-8 JSON"),
+    ([b"[1, 2]"], "must be a JSON object"),
+    ([b'{"inputs": []}'], "'model'"),
+    ([b'{"model": ""}'], "'model'"),
+    ([b'{"model": 5}'], "'model'"),
+    ([b'{"model": "m", "inputs": {}}'], "'inputs' must be a list"),
+    ([b'{"model": "m", "inputs": [{"name": "x", "dtype": "float32", "shape": [1]}]}'], "1 inputs but 0 tensor frames"),
+    ([b'{"model": "m"}', b"\0"], "0 inputs but 1 tensor frames"),
+    ([b'{"model": "m", "inputs": [{"name": "x", "dtype": "complex64", "shape": [1]}]}', b"\0" * 8], "not supported"),
+    ([b'{"model": "m", "inputs": [{"name": "x", "dtype": "float32", "shape": [-1]}]}', b""], "non-negative"),
+    ([b'{"model": "m", "inputs": [{"name": "x", "dtype": "float32", "shape": [1.5]}]}', b""], "non-negative"),
+    ([b'{"model": "m", "inputs": [{"name": "x", "dtype": "float32", "shape": [true]}]}', b""], "non-negative"),
+    ([b'{"model": "m", "inputs": [{"name": "x", "dtype": "float32", "shape": [65536, 65536]}]}', b""], "elements"),
+    ([b'{"model": "m", "inputs": [{"name": "x", "dtype": "float32", "shape": [1,1,1,1,1,1,1,1,1]}]}', b"\0" * 4], "at most 8"),
+    ([b'{"model": "m", "inputs": [{"name": "x", "dtype": "float32", "shape": [2]}]}', b"\0" * 7], "needs 8 bytes, frame has 7"),
+    ([b'{"model": "m", "inputs": [{"name": "", "dtype": "float32", "shape": [1]}]}', b"\0" * 4], "name"),
+    ([b'{"model": "m", "inputs": [{"name": "x", "dtype": "uint8", "shape": [1]}, {"name": "x", "dtype": "uint8", "shape": [1]}]}', b"\0", b"\0"], "listed twice"),
+    ([b'{"model": "m", "timeout_ms": 0}'], "timeout_ms"),
+    ([b'{"model": "m", "timeout_ms": "5"}'], "timeout_ms"),
+    ([b'{"model": "m", "outputs": "y"}'], "outputs"),
+    ([b'{"model": "m", "id": [1]}'], "'id'"),
+    ([b'{"model": "m", "version": [1]}'], "version"),
+])
+def test_malformed_requests_are_refused_with_a_reason(frames: list, fragment: str) -> None:
+    error = refused(frames)
+    assert error.status == Status.BAD_REQUEST
+    assert fragment in error.message
+
+
+def test_oversize_message_is_413_not_400() -> None:
+    error = refused([b'{"model": "m"}', b"\0" * 2000], Limits(max_message_bytes=1024))
+    assert error.status == Status.TOO_LARGE and "limit is 1024" in error.message
+
+
+def test_oversize_header_is_refused() -> None:
+    header = json.dumps({"model": "m", "pad": "x" * 100}).encode()
+    assert "header is" in refused([header], Limits(max_header_bytes=64)).message
+
+
+def test_reply_round_trip_keeps_outputs_and_header() -> None:
+    outs = {"probs": np.random.rand(2, 10).astype(np.float32), "idx": np.arange(2, dtype=np.int64)}
+    reply = decode_reply([bytes(f) for f in encode_reply({"id": 1, "status": 200}, outs)])
+    assert reply.ok and reply.header["outputs"][0] == {"name": "probs", "dtype": "float32", "shape": [2, 10]}
+    for name in outs:
+        np.testing.assert_array_equal(reply.outputs[name], outs[name])
+
+
+def test_big_endian_arrays_go_on_the_wire_little_endian() -> None:
+    big = np.arange(3, dtype=">f4")
+    frames = encode_request("m", {"x": big})
+    assert bytes(frames[1]) == np.arange(3, dtype="<f4").tobytes()
