@@ -24,7 +24,7 @@ from infermux.executor import LateFn, ReplyFn
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError, Engine, TensorSpec
 from infermux.scheduler import InlineGate, Scheduler
-from infermux.stats import Stats
+from infermux.stats import ModelStats
 
 log = logging.getLogger("infermux.registry")
 
@@ -76,11 +76,18 @@ class ModelVersion:
     reason: str = ""
     engine: Engine | None = None
     scheduler: Scheduler | None = None
-    stats: Stats = field(default_factory=Stats)
+    stats: ModelStats = field(init=False)
     memory_bytes: int = 0
     load_started: float = 0.0
     last_load_s: float = 0.0
     last_used: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.stats = ModelStats(self.config.name, self.config.version, queue_depth=self._queued)
+
+    def _queued(self) -> int:
+        scheduler = self.scheduler
+        return scheduler.depth() if scheduler is not None else 0
 
     @property
     def name(self) -> str:
