@@ -27,7 +27,13 @@ LateFn = Callable[[Job], None]
 
 
 class BatchPolicy:
-    """How an executor forms batches; changed live by the admin socket."""
+    """How an executor forms batches; changed live by the admin socket.
+
+    `max_batch` counts rows (dim 0 summed over the merged requests), as
+    Triton's `max_batch_size` does: it is what the engine's batch dimension
+    must hold. A request with more rows than that runs alone.
+    `preferred` row counts go at once instead of waiting out `delay_s`.
+    """
 
     def __init__(self, max_batch: int, delay_us: int, preferred: tuple[int, ...], allowed: bool) -> None:
         self.max_batch = max_batch if allowed else 1
@@ -42,7 +48,8 @@ class Executor:
     def __init__(self, name: str, version: str, index: int, context: Context, reply: ReplyFn,
                  on_late: LateFn, policy: BatchPolicy) -> None:
         self.name, self.version, self.index = name, version, index
-        self.queue: FairQueue[Job] = FairQueue(key=lambda job: job.request.key)
+        self.queue: FairQueue[Job] = FairQueue(key=lambda job: job.request.key,
+                                               size=lambda job: batcher.rows(job.request.inputs))
         self.in_flight = 0
         self.served = 0
         self.row_us = 0.0  # EWMA of compute time per input row: the inline gate reads it
@@ -99,11 +106,16 @@ class Executor:
         return True
 
     def _take(self) -> list[Job]:
-        """The next request, plus whatever arrives within the batch delay (up to max_batch)."""
+        """The next request, plus whatever mergeable ones arrive within the batch delay."""
         policy = self._policy
         if policy.max_batch <= 1:
             return [self.queue.get()]
-        return self.queue.take(policy.max_batch, policy.delay_s)
+        return self.queue.take(policy.max_batch, policy.delay_s, preferred=policy.preferred,
+                               fits=_mergeable, patience=self._patience)
+
+    def _patience(self, job: Job) -> float:
+        """Seconds `job` may wait for company: its deadline less a full batch's expected compute."""
+        return (job.remaining_us() - self.row_us * self._policy.max_batch) / 1e6
 
     def _run_batch(self, jobs: list[Job]) -> None:
         now = time.perf_counter_ns()
@@ -113,8 +125,8 @@ class Executor:
                 self._on_late(job)
             else:
                 live.append(job)
-        for group in _groups(live, self._policy.max_batch):
-            self._compute(group)
+        if live:
+            self._compute(live)
 
     def _compute(self, jobs: list[Job]) -> None:
         self.in_flight = len(jobs)
@@ -167,16 +179,6 @@ class Executor:
             self.stats.record(int(status), (time.perf_counter_ns() - job.received_ns) // 1000)
 
 
-def _groups(jobs: list[Job], max_rows: int) -> list[list[Job]]:
-    """Consecutive runs of jobs that can share one inference (same signature, rows ≤ max)."""
-    groups: list[list[Job]] = []
-    sig, used = None, 0
-    for job in jobs:
-        s, n = batcher.signature(job.request.inputs), batcher.rows(job.request.inputs)
-        if groups and s == sig and used + n <= max_rows:
-            groups[-1].append(job)
-            used += n
-        else:
-            groups.append([job])
-            sig, used = s, n
-    return groups
+def _mergeable(first: Job, job: Job) -> bool:
+    """Whether `job` may share `first`'s inference: same input names, dtypes, non-batch dims."""
+    return batcher.signature(job.request.inputs) == batcher.signature(first.request.inputs)

@@ -1,9 +1,17 @@
-"""A bounded, blocking queue that serves keys round-robin.
+"""A bounded, blocking queue that serves keys round-robin and forms batches.
 
 Within one context's queue, requests are taken in turn across their `key`
 (a camera id, say; requests without a key share one lane), so one flooding
 source cannot starve the others: each key waits behind at most one request
 of every other key, not behind the flood.
+
+`take` forms a dynamic batch (Triton-style): up to `limit` rows, waiting at
+most `wait_s` for company after the first item, never longer than the
+earliest `patience` of an item already taken (its deadline), and at once
+when the rows reach a preferred size. The waiting consumer is woken only
+when enough rows have arrived to matter, not on every `put`: a wake-up per
+request costs a GIL hand-off that, on a 2-core box, ate most of what
+batching saves.
 """
 
 from __future__ import annotations
@@ -11,7 +19,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Callable, Generic, Hashable, TypeVar
+from typing import Callable, Generic, Hashable, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -21,13 +29,20 @@ class Closed(Exception):
 
 
 class FairQueue(Generic[T]):
-    """Per-key lanes, served round-robin; `len()` is the total depth."""
+    """Per-key lanes, served round-robin; `len()` is the total depth in items.
 
-    def __init__(self, key: Callable[[T], Hashable]) -> None:
+    `size(item)` is the item's rows (its batch dimension); `rows` is the
+    total queued. One consumer thread is assumed (an executor owns its queue).
+    """
+
+    def __init__(self, key: Callable[[T], Hashable], size: Callable[[T], int] | None = None) -> None:
         self._key = key
+        self._size_of = size or (lambda item: 1)
         self._lanes: dict[Hashable, deque[T]] = {}
         self._turn: deque[Hashable] = deque()  # keys with waiting items, next first
         self._size = 0
+        self.rows = 0
+        self._need = 1  # queued rows at which the waiting consumer is worth waking
         self._closed = False
         self._ready = threading.Condition(threading.Lock())
 
@@ -47,7 +62,12 @@ class FairQueue(Generic[T]):
                 self._turn.append(key)
             lane.append(item)
             self._size += 1
-            self._ready.notify()
+            self.rows += self._size_of(item)
+            if self.rows >= self._need:
+                self._ready.notify()
+
+    def _head(self) -> T:
+        return self._lanes[self._turn[0]][0]
 
     def _pop(self) -> T:
         key = self._turn.popleft()
@@ -58,6 +78,7 @@ class FairQueue(Generic[T]):
         else:
             del self._lanes[key]
         self._size -= 1
+        self.rows -= self._size_of(item)
         return item
 
     def get(self, timeout: float | None = None) -> T | None:
@@ -76,27 +97,53 @@ class FairQueue(Generic[T]):
                     raise Closed
             return self._pop()
 
-    def take(self, limit: int, wait_s: float, fits: Callable[[T], bool] | None = None) -> list[T]:
-        """Up to `limit` items: block for the first, then wait at most `wait_s` for company.
+    def take(self, limit: int, wait_s: float, *, preferred: Sequence[int] = (),
+             fits: Callable[[T, T], bool] | None = None,
+             patience: Callable[[T], float] | None = None) -> list[T]:
+        """One batch of at most `limit` rows: block for the first item, then gather company.
 
-        `fits` decides whether the next item in turn may join (e.g. same
-        shapes); the first one that does not ends the batch and stays queued.
+        - `fits(first, item)`: may `item` share the first one's inference
+          (same shapes and dtypes)? The first one that does not ends the
+          batch and stays queued, as does one that would pass `limit` rows.
+        - `patience(item)`: seconds `item` can still wait before it must
+          be computed (its deadline less the expected compute); the batch
+          never waits past the smallest patience of what it holds.
+        - `preferred`: row counts that go at once, without waiting out
+          `wait_s`: the largest one as soon as it is reached, any of them
+          once nothing more is queued. Without one in reach the batch waits
+          and then goes with what it has (it is not cut back to a smaller
+          preferred size, unlike Triton, so no request is put back).
         """
         first = self.get()
-        items = [first]
-        deadline = time.monotonic() + wait_s
+        items, rows = [first], self._size_of(first)
+        cut = time.monotonic() + wait_s
+        if patience is not None:
+            cut = min(cut, time.monotonic() + patience(first))
+        preferred = [p for p in preferred if p <= limit]
+        largest = max(preferred, default=0)
         with self._ready:
-            while len(items) < limit:
+            while rows < limit and rows != largest:
                 if self._size:
-                    nxt = self._lanes[self._turn[0]][0]
-                    if fits is not None and not fits(nxt):
+                    nxt = self._head()
+                    n = self._size_of(nxt)
+                    if rows + n > limit or (fits is not None and not fits(first, nxt)):
                         break
                     items.append(self._pop())
+                    rows += n
+                    if patience is not None:
+                        cut = min(cut, time.monotonic() + patience(nxt))
                     continue
-                left = deadline - time.monotonic()
+                if rows in preferred:
+                    break
+                left = cut - time.monotonic()
                 if left <= 0 or self._closed:
                     break
-                self._ready.wait(left)
+                target = min((p for p in preferred if p > rows), default=limit)
+                self._need = target - rows
+                try:
+                    self._ready.wait(left)
+                finally:
+                    self._need = 1
         return items
 
     def drain(self) -> list[T]:

@@ -341,6 +341,8 @@ class Registry:
             scheduler.policy.max_batch = changes["max_batch"]
         if "batch_delay_us" in changes:
             scheduler.policy.delay_s = changes["batch_delay_us"] / 1e6
+        if "preferred_batch" in changes:
+            scheduler.policy.preferred = tuple(changes["preferred_batch"])
 
     def pin(self, name: str, version: str) -> None:
         """Serve `version` by default and ignore newer versions until `unpin`."""
