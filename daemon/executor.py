@@ -49,7 +49,8 @@ class Executor:
                  on_late: LateFn, policy: BatchPolicy) -> None:
         self.name, self.version, self.index = name, version, index
         self.queue: FairQueue[Job] = FairQueue(key=lambda job: job.request.key,
-                                               size=lambda job: batcher.rows(job.request.inputs))
+                                               size=lambda job: batcher.rows(job.request.inputs),
+                                               patience=self._patience)
         self.in_flight = 0
         self.served = 0
         self.row_us = 0.0  # EWMA of compute time per input row: the inline gate reads it
@@ -111,7 +112,7 @@ class Executor:
         if policy.max_batch <= 1:
             return [self.queue.get()]
         return self.queue.take(policy.max_batch, policy.delay_s, preferred=policy.preferred,
-                               fits=_mergeable, patience=self._patience)
+                               fits=_mergeable)
 
     def _patience(self, job: Job) -> float:
         """Seconds `job` may wait for company: its deadline less a full batch's expected compute."""

@@ -32,17 +32,23 @@ class FairQueue(Generic[T]):
     """Per-key lanes, served round-robin; `len()` is the total depth in items.
 
     `size(item)` is the item's rows (its batch dimension); `rows` is the
-    total queued. One consumer thread is assumed (an executor owns its queue).
+    total queued. `patience(item)` is how many seconds the item can still
+    wait before it must be computed (its deadline less the expected
+    compute); `take` never holds a batch past the smallest patience in it.
+    One consumer thread is assumed (an executor owns its queue).
     """
 
-    def __init__(self, key: Callable[[T], Hashable], size: Callable[[T], int] | None = None) -> None:
+    def __init__(self, key: Callable[[T], Hashable], size: Callable[[T], int] | None = None,
+                 patience: Callable[[T], float] | None = None) -> None:
         self._key = key
         self._size_of = size or (lambda item: 1)
+        self._patience = patience
         self._lanes: dict[Hashable, deque[T]] = {}
         self._turn: deque[Hashable] = deque()  # keys with waiting items, next first
         self._size = 0
         self.rows = 0
         self._need = 1  # queued rows at which the waiting consumer is worth waking
+        self._cut: float | None = None  # when the batch being formed goes, while `take` waits
         self._closed = False
         self._ready = threading.Condition(threading.Lock())
 
@@ -63,8 +69,13 @@ class FairQueue(Generic[T]):
             lane.append(item)
             self._size += 1
             self.rows += self._size_of(item)
-            if self.rows >= self._need:
+            if self.rows >= self._need or self._sooner(item):
                 self._ready.notify()
+
+    def _sooner(self, item: T) -> bool:
+        """Whether `item` must be computed before the waiting batch would go."""
+        return (self._cut is not None and self._patience is not None
+                and time.monotonic() + self._patience(item) < self._cut)
 
     def _head(self) -> T:
         return self._lanes[self._turn[0]][0]
@@ -98,16 +109,14 @@ class FairQueue(Generic[T]):
             return self._pop()
 
     def take(self, limit: int, wait_s: float, *, preferred: Sequence[int] = (),
-             fits: Callable[[T, T], bool] | None = None,
-             patience: Callable[[T], float] | None = None) -> list[T]:
+             fits: Callable[[T, T], bool] | None = None) -> list[T]:
         """One batch of at most `limit` rows: block for the first item, then gather company.
 
         - `fits(first, item)`: may `item` share the first one's inference
           (same shapes and dtypes)? The first one that does not ends the
           batch and stays queued, as does one that would pass `limit` rows.
-        - `patience(item)`: seconds `item` can still wait before it must
-          be computed (its deadline less the expected compute); the batch
-          never waits past the smallest patience of what it holds.
+        - the batch never waits past the smallest patience of what it
+          holds, and a request arriving with less patience ends the wait.
         - `preferred`: row counts that go at once, without waiting out
           `wait_s`: the largest one as soon as it is reached, any of them
           once nothing more is queued. Without one in reach the batch waits
@@ -117,6 +126,7 @@ class FairQueue(Generic[T]):
         first = self.get()
         items, rows = [first], self._size_of(first)
         cut = time.monotonic() + wait_s
+        patience = self._patience
         if patience is not None:
             cut = min(cut, time.monotonic() + patience(first))
         preferred = [p for p in preferred if p <= limit]
@@ -139,11 +149,11 @@ class FairQueue(Generic[T]):
                 if left <= 0 or self._closed:
                     break
                 target = min((p for p in preferred if p > rows), default=limit)
-                self._need = target - rows
+                self._need, self._cut = target - rows, cut
                 try:
                     self._ready.wait(left)
                 finally:
-                    self._need = 1
+                    self._need, self._cut = 1, None
         return items
 
     def drain(self) -> list[T]:

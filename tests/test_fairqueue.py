@@ -1,0 +1,165 @@
+"""FairQueue: round-robin across keys, and how `take` forms one batch."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from infermux.fairqueue import Closed, FairQueue
+
+
+@dataclass
+class Item:
+    key: str | None
+    name: str
+    rows: int = 1
+    shape: str = "a"
+    patience: float = 60.0
+
+
+def queue() -> FairQueue[Item]:
+    return FairQueue(key=lambda i: i.key, size=lambda i: i.rows, patience=lambda i: i.patience)
+
+
+def put_later(q: FairQueue[Item], delay_s: float, *items: Item) -> threading.Thread:
+    def run() -> None:
+        time.sleep(delay_s)
+        for item in items:
+            q.put(item)
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def names(items: list[Item]) -> list[str]:
+    return [i.name for i in items]
+
+
+def test_keys_take_turns_so_a_flood_does_not_starve_the_others():
+    q = queue()
+    for i in range(5):
+        q.put(Item("flood", f"f{i}"))
+    q.put(Item("cam1", "a"))
+    q.put(Item(None, "n"))  # no key: the shared lane
+    q.put(Item("cam1", "b"))
+    assert [q.get().name for _ in range(8)] == ["f0", "a", "n", "f1", "b", "f2", "f3", "f4"]
+    assert len(q) == 0 and q.rows == 0
+
+
+def test_take_counts_rows_and_leaves_what_would_pass_the_limit():
+    q = queue()
+    for item in (Item("a", "3rows", 3), Item("b", "2rows", 2), Item("c", "4rows", 4)):
+        q.put(item)
+    assert names(q.take(6, 0.0)) == ["3rows", "2rows"]  # 3 + 2 + 4 > 6
+    assert names(q.take(6, 0.0)) == ["4rows"] and q.rows == 0
+
+
+def test_a_request_larger_than_the_limit_runs_alone():
+    q = queue()
+    q.put(Item("a", "big", 40))
+    q.put(Item("a", "small", 1))
+    assert names(q.take(16, 0.0)) == ["big"]
+
+
+def test_take_merges_only_requests_that_fit_the_first():
+    q = queue()
+    for item in (Item("a", "a1"), Item("b", "b1"), Item("c", "other", shape="b"), Item("d", "d1")):
+        q.put(item)
+    batch = q.take(8, 0.0, fits=lambda first, i: i.shape == first.shape)
+    assert names(batch) == ["a1", "b1"]  # "other" ends the batch and stays first in turn
+    assert q.get().name == "other"
+
+
+def test_take_waits_for_company_up_to_the_delay():
+    q = queue()
+    q.put(Item("a", "first"))
+    feeder = put_later(q, 0.02, Item("b", "late"))
+    start = time.monotonic()
+    batch = q.take(2, 1.0)
+    feeder.join()
+    assert names(batch) == ["first", "late"]
+    assert time.monotonic() - start < 0.5  # the limit was reached: no waiting out the delay
+
+
+def test_take_goes_with_what_it_has_when_the_delay_is_over():
+    q = queue()
+    q.put(Item("a", "alone"))
+    start = time.monotonic()
+    assert names(q.take(8, 0.05)) == ["alone"]
+    assert 0.04 <= time.monotonic() - start < 0.5
+
+
+def test_the_wait_never_passes_a_taken_request_s_patience():
+    q = queue()
+    q.put(Item("a", "urgent", patience=0.03))
+    start = time.monotonic()
+    assert names(q.take(8, 5.0)) == ["urgent"]
+    assert time.monotonic() - start < 1.0
+
+
+def test_a_request_joining_later_shortens_the_wait_too():
+    q = queue()
+    q.put(Item("a", "patient"))
+    feeder = put_later(q, 0.01, Item("b", "urgent", patience=0.03))
+    start = time.monotonic()
+    batch = q.take(8, 5.0)
+    feeder.join()
+    assert names(batch) == ["patient", "urgent"] and time.monotonic() - start < 1.0
+
+
+def test_a_preferred_size_goes_at_once_when_nothing_else_waits():
+    q = queue()
+    q.put(Item("a", "a1"))
+    feeder = put_later(q, 0.01, Item("b", "b1"))
+    start = time.monotonic()
+    batch = q.take(8, 5.0, preferred=(2, 4))
+    feeder.join()
+    assert names(batch) == ["a1", "b1"] and time.monotonic() - start < 1.0
+
+
+def test_the_largest_preferred_size_goes_even_with_more_queued():
+    q = queue()
+    for i in range(6):
+        q.put(Item(str(i), f"i{i}"))
+    assert len(q.take(8, 5.0, preferred=(4,))) == 4
+    assert len(q) == 2
+
+
+def test_without_a_preferred_size_in_reach_the_batch_waits_out_the_delay():
+    q = queue()
+    for i in range(3):
+        q.put(Item(str(i), f"i{i}"))
+    start = time.monotonic()
+    assert len(q.take(8, 0.05, preferred=(2, 4))) == 3  # 3 is not preferred: wait for 4
+    assert time.monotonic() - start >= 0.04
+
+
+def test_preferred_sizes_above_the_limit_are_ignored():
+    q = queue()
+    q.put(Item("a", "a1"))
+    start = time.monotonic()
+    assert len(q.take(1, 5.0, preferred=(4,))) == 1
+    assert time.monotonic() - start < 1.0
+
+
+def test_close_wakes_a_waiting_taker_and_then_refuses():
+    q = queue()
+    taker_result: list[object] = []
+
+    def take() -> None:
+        try:
+            taker_result.append(q.take(4, 5.0))
+        except Closed:
+            taker_result.append("closed")
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    time.sleep(0.02)
+    q.close()
+    thread.join(2.0)
+    assert taker_result == ["closed"]
+    with pytest.raises(Closed):
+        q.put(Item("a", "after"))
