@@ -77,11 +77,13 @@ class FairQueue(Generic[T]):
         return (self._cut is not None and self._patience is not None
                 and time.monotonic() + self._patience(item) < self._cut)
 
-    def _head(self) -> T:
-        return self._lanes[self._turn[0]][0]
-
-    def _pop(self) -> T:
-        key = self._turn.popleft()
+    def _pop(self, at: int = 0) -> T:
+        """The head of the `at`-th lane in turn; that lane goes to the back of the turn."""
+        if at:
+            key = self._turn[at]
+            del self._turn[at]
+        else:
+            key = self._turn.popleft()
         lane = self._lanes[key]
         item = lane.popleft()
         if lane:
@@ -91,6 +93,13 @@ class FairQueue(Generic[T]):
         self._size -= 1
         self.rows -= self._size_of(item)
         return item
+
+    def _first_fitting(self, fits: Callable[[T], bool]) -> int | None:
+        """Which lane, in turn order, has a head that `fits`; lanes skipped keep their turn."""
+        for at, key in enumerate(self._turn):
+            if fits(self._lanes[key][0]):
+                return at
+        return None
 
     def get(self, timeout: float | None = None) -> T | None:
         """The next item in turn; None on timeout; raises Closed once closed and empty."""
@@ -113,8 +122,10 @@ class FairQueue(Generic[T]):
         """One batch of at most `limit` rows: block for the first item, then gather company.
 
         - `fits(first, item)`: may `item` share the first one's inference
-          (same shapes and dtypes)? The first one that does not ends the
-          batch and stays queued, as does one that would pass `limit` rows.
+          (same shapes and dtypes)? Lanes whose next item does not fit, or
+          would pass `limit` rows, are skipped and keep their turn (two
+          cameras of different resolutions still batch each their own);
+          once no queued item fits, the batch goes.
         - the batch never waits past the smallest patience of what it
           holds, and a request arriving with less patience ends the wait.
         - `preferred`: row counts that go at once, without waiting out
@@ -134,12 +145,14 @@ class FairQueue(Generic[T]):
         with self._ready:
             while rows < limit and rows != largest:
                 if self._size:
-                    nxt = self._head()
-                    n = self._size_of(nxt)
-                    if rows + n > limit or (fits is not None and not fits(first, nxt)):
+                    room = limit - rows
+                    at = self._first_fitting(lambda item: self._size_of(item) <= room and (
+                        fits is None or fits(first, item)))
+                    if at is None:
                         break
-                    items.append(self._pop())
-                    rows += n
+                    nxt = self._pop(at)
+                    items.append(nxt)
+                    rows += self._size_of(nxt)
                     if patience is not None:
                         cut = min(cut, time.monotonic() + patience(nxt))
                     continue

@@ -199,8 +199,8 @@ class Router:
         scheduler = mv.scheduler
         if scheduler is None:
             return 0.0
-        # The contexts' combined time per request: they work the queue side by side.
-        return (scheduler.load() + 1) * mv.stats.service_time_us()
+        # The contexts' combined time per row: they work the queue side by side.
+        return (scheduler.rows() + 1) * mv.stats.service_time_us()
 
     def _retry_ms(self, mv: ModelVersion) -> int:
         """Retry-After for a full queue: the time to work through it, at least 1 ms."""

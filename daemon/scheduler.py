@@ -75,6 +75,10 @@ class Scheduler:
     def load(self) -> int:
         return sum(ex.load for ex in self.executors)
 
+    def rows(self) -> int:
+        """Input rows queued or running: what the expected wait is measured in."""
+        return sum(ex.queue.rows + ex.in_flight_rows for ex in self.executors)
+
     def in_flight(self) -> int:
         return sum(ex.in_flight for ex in self.executors)
 

@@ -64,13 +64,32 @@ def test_a_request_larger_than_the_limit_runs_alone():
     assert names(q.take(16, 0.0)) == ["big"]
 
 
-def test_take_merges_only_requests_that_fit_the_first():
+def test_take_merges_only_requests_that_fit_the_first_and_skips_lanes_that_do_not():
     q = queue()
-    for item in (Item("a", "a1"), Item("b", "b1"), Item("c", "other", shape="b"), Item("d", "d1")):
+    for item in (Item("a", "a1"), Item("b", "b1"), Item("c", "other", shape="b"), Item("d", "d1"),
+                 Item("c", "other2", shape="b"), Item("a", "a2")):
         q.put(item)
     batch = q.take(8, 0.0, fits=lambda first, i: i.shape == first.shape)
-    assert names(batch) == ["a1", "b1"]  # "other" ends the batch and stays first in turn
-    assert q.get().name == "other"
+    assert names(batch) == ["a1", "b1", "d1", "a2"]
+    assert q.get().name == "other"  # the skipped lane kept its turn and its order
+    assert q.get().name == "other2"
+
+
+def test_a_batch_with_nothing_fitting_goes_without_waiting():
+    q = queue()
+    q.put(Item("a", "a1"))
+    q.put(Item("b", "b1", shape="b"))
+    start = time.monotonic()
+    assert names(q.take(8, 5.0, fits=lambda first, i: i.shape == first.shape)) == ["a1"]
+    assert time.monotonic() - start < 1.0
+
+
+def test_a_smaller_request_from_another_lane_fills_the_room_left():
+    q = queue()
+    for item in (Item("a", "five", 5), Item("b", "four", 4), Item("c", "three", 3)):
+        q.put(item)
+    assert names(q.take(8, 0.0)) == ["five", "three"]
+    assert q.get().name == "four"
 
 
 def test_take_waits_for_company_up_to_the_delay():
