@@ -124,7 +124,6 @@ def test_a_preferred_batch_size_goes_without_waiting_out_the_delay(make_daemon):
     assert [r.header.get("batch") for r in replies] == [2, 2]
 
 
-@pytest.mark.slow
 def test_requests_late_when_their_batch_is_taken_are_not_computed(make_daemon):
     d = make_daemon('[[models]]\nname = "slow"\nengine = "slow/1/model.onnx"\nmax_batch = 8\n'
                     "batch_delay_us = 1000\ntimeout_ms = 5000\n", head=HEAD)
