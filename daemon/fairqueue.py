@@ -169,6 +169,25 @@ class FairQueue(Generic[T]):
                     self._need, self._cut = 1, None
         return items
 
+    def lanes(self) -> dict[Hashable, int]:
+        """Queued items per key, as of now."""
+        with self._ready:
+            return {key: len(lane) for key, lane in self._lanes.items()}
+
+    def pop_newest(self, key: Hashable) -> T | None:
+        """Remove the most recently queued item of `key` (push-out); None if it has none."""
+        with self._ready:
+            lane = self._lanes.get(key)
+            if not lane:
+                return None
+            item = lane.pop()
+            if not lane:
+                del self._lanes[key]
+                self._turn.remove(key)
+            self._size -= 1
+            self.rows -= self._size_of(item)
+            return item
+
     def drain(self) -> list[T]:
         """Remove and return everything queued (used when a context goes away)."""
         with self._ready:

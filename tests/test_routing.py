@@ -211,7 +211,7 @@ def test_not_ready_follows_the_chain_to_its_depth_limit(make_daemon):
 
 
 def test_a_late_request_goes_to_the_fallback_instead_of_504(make_daemon):
-    d = make_daemon(CHAIN)
+    d = make_daemon(CHAIN.replace("max_queue = 1\n", "max_queue = 8\n"))
     with d.pipeline() as pipe:
         first = pipe.submit("a", {"x": np.ones((400, 512), np.float32)})
         late = pipe.submit("a", {"x": BIG[:1]}, timeout_ms=5)
