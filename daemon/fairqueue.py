@@ -3,7 +3,11 @@
 Within one context's queue, requests are taken in turn across their `key`
 (a camera id, say; requests without a key share one lane), so one flooding
 source cannot starve the others: each key waits behind at most one request
-of every other key, not behind the flood.
+of every other key, not behind the flood. As in fq_codel (RFC 8290), a
+lane that was empty ("new": a camera sending one frame at a time) is
+served before the lanes that stay backlogged ("old": the flood), once;
+if it still has items after that, it joins the old lanes' round. A camera
+then waits only for the request running, not also for the flood's next.
 
 `take` forms a dynamic batch (Triton-style): up to `limit` rows, waiting at
 most `wait_s` for company after the first item, never longer than the
@@ -16,6 +20,7 @@ batching saves.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections import deque
@@ -44,7 +49,8 @@ class FairQueue(Generic[T]):
         self._size_of = size or (lambda item: 1)
         self._patience = patience
         self._lanes: dict[Hashable, deque[T]] = {}
-        self._turn: deque[Hashable] = deque()  # keys with waiting items, next first
+        self._new: deque[Hashable] = deque()  # keys whose lane was empty: served first
+        self._turn: deque[Hashable] = deque()  # backlogged keys, round-robin, next first
         self._size = 0
         self.rows = 0
         self._need = 1  # queued rows at which the waiting consumer is worth waking
@@ -65,7 +71,7 @@ class FairQueue(Generic[T]):
             if lane is None:
                 lane = self._lanes[key] = deque()
             if not lane:
-                self._turn.append(key)
+                self._new.append(key)
             lane.append(item)
             self._size += 1
             self.rows += self._size_of(item)
@@ -78,12 +84,15 @@ class FairQueue(Generic[T]):
                 and time.monotonic() + self._patience(item) < self._cut)
 
     def _pop(self, at: int = 0) -> T:
-        """The head of the `at`-th lane in turn; that lane goes to the back of the turn."""
+        """The head of the `at`-th lane in service order (new, then old); it goes to the back of the old."""
+        turn = self._new if self._new and at < len(self._new) else self._turn
+        if turn is self._turn:
+            at -= len(self._new)
         if at:
-            key = self._turn[at]
-            del self._turn[at]
+            key = turn[at]
+            del turn[at]
         else:
-            key = self._turn.popleft()
+            key = turn.popleft()
         lane = self._lanes[key]
         item = lane.popleft()
         if lane:
@@ -96,7 +105,7 @@ class FairQueue(Generic[T]):
 
     def _first_fitting(self, fits: Callable[[T], bool]) -> int | None:
         """Which lane, in turn order, has a head that `fits`; lanes skipped keep their turn."""
-        for at, key in enumerate(self._turn):
+        for at, key in enumerate(itertools.chain(self._new, self._turn)):
             if fits(self._lanes[key][0]):
                 return at
         return None
@@ -183,7 +192,7 @@ class FairQueue(Generic[T]):
             item = lane.pop()
             if not lane:
                 del self._lanes[key]
-                self._turn.remove(key)
+                (self._new if key in self._new else self._turn).remove(key)
             self._size -= 1
             self.rows -= self._size_of(item)
             return item

@@ -49,6 +49,29 @@ def test_keys_take_turns_so_a_flood_does_not_starve_the_others():
     assert len(q) == 0 and q.rows == 0
 
 
+def test_a_key_that_was_idle_goes_before_the_backlogged_ones():
+    q = queue()
+    for i in range(5):
+        q.put(Item("flood", f"f{i}"))
+    assert q.get().name == "f0"  # the flood is backlogged from here on
+    q.put(Item("cam", "c0"))
+    assert q.get().name == "c0"  # not behind f1: an idle key is served first, once
+    q.put(Item("cam", "c1"))
+    q.put(Item("cam", "c2"))
+    assert [q.get().name for _ in range(4)] == ["c1", "f1", "c2", "f2"]  # backlogged now: in turn
+
+
+def test_pushing_out_takes_the_newest_of_a_key():
+    q = queue()
+    for name in ("f0", "f1", "f2"):
+        q.put(Item("flood", name))
+    q.put(Item("cam", "c0"))
+    assert q.lanes() == {"flood": 3, "cam": 1}
+    assert q.pop_newest("flood").name == "f2"
+    assert q.pop_newest("cam").name == "c0" and q.pop_newest("cam") is None
+    assert [q.get().name for _ in range(2)] == ["f0", "f1"] and len(q) == 0 and q.rows == 0
+
+
 def test_take_counts_rows_and_leaves_what_would_pass_the_limit():
     q = queue()
     for item in (Item("a", "3rows", 3), Item("b", "2rows", 2), Item("c", "4rows", 4)):

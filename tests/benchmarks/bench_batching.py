@@ -10,12 +10,12 @@ so load from elsewhere on the box hits every case alike; the table shows
 the median round (by QPS). The load generator (`infermux.bench.run_load`)
 runs in its own process.
 
-Fairness: three cameras (keys cam0..cam2), each one request in flight,
-against the classifier: alone; then with a fourth key keeping 10× as many
-in flight (the flood); then the same flood with no keys at all (one shared
-FIFO lane, what per-key fairness replaces). Every sender is its own
-process. The figure that matters is the cameras' p99 with the flood
-against their p99 alone (goal: within 2×).
+Fairness: three cameras (keys cam0..cam2) sending open loop at a fixed
+rate against the classifier: alone; then with a flood key sending 10× a
+camera's rate, beyond what the daemon can serve; then the same load with
+no keys at all (one shared FIFO lane, what per-key fairness replaces).
+Every sender is its own process. The figure that matters is the cameras'
+p99 with the flood against their p99 alone (goal: within 2×).
 
 Writes the "## Batching and fairness (issue 4)" section of RESULTS.md.
 """
@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import random
 import multiprocessing
 import os
 import statistics
@@ -36,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
+import zmq
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
@@ -44,14 +48,15 @@ from infermux import config as cfg  # noqa: E402
 from infermux.bench import BenchResult, run_load, wait_ready  # noqa: E402
 from infermux.client import AdminClient  # noqa: E402
 from infermux.infer import parse_inputs  # noqa: E402
+from infermux.protocol import encode_request, parse_header  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ETC = ROOT / "etc" / "infermux" / "infermux.toml"
 SECTION = "Batching and fairness (issue 4)"
 SHAPES = {"mlp": "features=1x256", "classifier": "images=1x3x64x64"}
+FAIR_MODEL, FAIR_LAYERS, FAIR_WIDTH, FAIR_QUEUE = "heavy", 32, 1024, 64
 CONCURRENCY = (16, 32)
-CAMERAS, FLOOD_FACTOR = 3, 10
-FAIR_MODEL = "classifier"
+CAMERAS, FLOOD_FACTOR, FLOOD_SENDERS = 3, 10, 2
 
 
 def model_toml(mc: cfg.ModelConfig, name: str, batched: bool) -> str:
@@ -68,16 +73,35 @@ def shipped() -> dict[str, cfg.ModelConfig]:
 
 
 def inputs_of(model: str) -> dict:
+    if model == FAIR_MODEL:
+        return parse_inputs([], [f"x=1x{FAIR_WIDTH}"], "float32")
     return parse_inputs([], [SHAPES[model.split("_")[0]]], "float32")
 
 
-@contextlib.contextmanager
-def daemon(tmp: Path) -> Iterator[tuple[str, str]]:
-    """One daemon serving every model batched and unbatched; yields (infer, admin) endpoints."""
+def throughput_config() -> str:
+    """Every sample model twice: with the shipped batch settings and with max_batch = 1."""
     models = shipped()
     text = f'[daemon]\nlisten = ["ipc://infer.sock"]\nengine_dir = "{ROOT / "engines"}"\n'
     for name in SHAPES:
         text += model_toml(models[name], name, True) + model_toml(models[name], f"{name}_unbatched", False)
+    return text
+
+
+def fairness_config(tmp: Path) -> str:
+    """A compute-bound model: a chain of matmuls, ~2 ms a request on one core, one context."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    import models  # the tests' ONNX builders
+
+    engine = models.slow(tmp / "engines" / FAIR_MODEL / "1" / "model.onnx", layers=FAIR_LAYERS, width=FAIR_WIDTH)
+    return (f'[daemon]\nlisten = ["ipc://infer.sock"]\nengine_dir = "{tmp / "engines"}"\n'
+            f'[[models]]\nname = "{FAIR_MODEL}"\nengine = "{engine}"\ncontexts = 1\nmax_queue = {FAIR_QUEUE}\n'
+            f"timeout_ms = 10000\n")
+
+
+@contextlib.contextmanager
+def daemon(tmp: Path, text: str, models: list[str]) -> Iterator[tuple[str, str]]:
+    """Run a daemon on `text` until the block ends; yields (infer, admin) endpoints once `models` answer."""
+    tmp.mkdir(parents=True, exist_ok=True)
     config, run_dir = tmp / "infermux.toml", tmp / "run"
     config.write_text(text)
     log = open(tmp / "daemon.log", "wb")
@@ -85,7 +109,7 @@ def daemon(tmp: Path) -> Iterator[tuple[str, str]]:
                                 "--runtime-dir", str(run_dir)], stdout=log, stderr=subprocess.STDOUT)
     endpoint = f"ipc://{run_dir}/infer.sock"
     try:
-        for name in SHAPES:
+        for name in models:
             wait_ready(endpoint, name, inputs_of(name), timeout_s=60)
         yield endpoint, f"ipc://{run_dir}/admin.sock"
     finally:
@@ -140,41 +164,120 @@ def throughput(pool: ProcessPoolExecutor, endpoint: str, admin: str, args: argpa
 
 
 @dataclass
+class Paced:
+    """What one open-loop sender saw: raw latencies (ns) and replies per status."""
+
+    latencies_ns: list[int]       # send to reply, as the client sees it
+    inside_ns: list[int]          # the daemon's own timing_us.total of the 200s
+    by_status: dict[int, int]
+    duration_s: float
+
+
+def pooled(senders: list[Paced], inside: bool = False) -> BenchResult:
+    """One result over several senders' replies (percentiles of the pooled samples)."""
+    lat = [v for p in senders for v in (p.inside_ns if inside else p.latencies_ns)]
+    by_status: dict[int, int] = {}
+    for p in senders:
+        for code, n in p.by_status.items():
+            by_status[code] = by_status.get(code, 0) + n
+    return BenchResult.from_latencies("", FAIR_MODEL, 0, lat, by_status, senders[0].duration_s)
+
+
+def paced_load(endpoint: str, model: str, inputs: dict, *, rate: float, duration_s: float,
+               key: str | None, seed: int, warmup_s: float = 0.3) -> Paced:
+    """Open loop: send at `rate` per second (Poisson arrivals) whatever the replies do.
+
+    `run_load` is closed loop, which slows a sender down as the daemon
+    slows; a camera does not, and neither does a flood. The first
+    `warmup_s` is not measured.
+    """
+    rng = random.Random(seed)
+    fields = {"key": key} if key is not None else {}
+    frames = encode_request(model, inputs, id=0, **fields)
+    header, tensors = parse_header(frames[0]), [bytes(f) for f in frames[1:]]
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    clock = time.perf_counter
+    start = clock()
+    measured_from, end = start + warmup_s, start + warmup_s + duration_s
+    due, sent, ident = start, {}, 0
+    result = Paced([], [], {}, duration_s)
+    try:
+        while True:
+            now = clock()
+            while due <= now and due < end:
+                ident += 1
+                header["id"] = ident
+                sock.send_multipart([b"", json.dumps(header).encode(), *tensors])
+                sent[ident] = clock()
+                due += rng.expovariate(rate)
+            if now >= end and (not sent or now > end + 10):
+                break
+            if sock.poll(max(0, min(int((due - now) * 1000), 50)) if due < end else 50):
+                while True:
+                    try:
+                        reply = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    got = clock()
+                    head = parse_header(reply[1])
+                    t0 = sent.pop(head["id"], None)
+                    if t0 is None or t0 < measured_from:
+                        continue
+                    status = head["status"]
+                    result.latencies_ns.append(int((got - t0) * 1e9))
+                    result.by_status[status] = result.by_status.get(status, 0) + 1
+                    if status == 200:
+                        result.inside_ns.append(head["timing_us"]["total"] * 1000)
+    finally:
+        sock.close(0)
+    return result
+
+
+@dataclass
 class Fairness:
-    """One scenario's rounds: the cameras' results and the flood's."""
+    """One scenario's rounds: the cameras pooled (client side and daemon side) and the flood."""
 
     name: str
-    cameras: list[list[BenchResult]] = field(default_factory=list)
+    cameras: list[BenchResult] = field(default_factory=list)
+    inside: list[BenchResult] = field(default_factory=list)
     flood: list[BenchResult | None] = field(default_factory=list)
-
-    def camera_p99(self, i: int) -> float:
-        """The worst camera's p99 in round i."""
-        return max(r.p99_us or 0.0 for r in self.cameras[i])
 
     @property
     def median_round(self) -> int:
-        order = sorted(range(len(self.cameras)), key=self.camera_p99)
+        order = sorted(range(len(self.cameras)), key=lambda i: self.cameras[i].p99_us or 0.0)
         return order[(len(order) - 1) // 2]
+
+
+def rate_of(result: BenchResult | None, status: int) -> float:
+    return result.by_status.get(status, 0) / result.duration_s if result else 0.0
 
 
 def fairness(pool: ProcessPoolExecutor, endpoint: str, args: argparse.Namespace) -> list[Fairness]:
     inputs = inputs_of(FAIR_MODEL)
     scenarios = [Fairness("cameras alone"), Fairness("+ flood, keyed"), Fairness("+ flood, no keys")]
+    seeds = iter(range(1_000_000))
 
-    def load(key: str | None, concurrency: int):
-        return pool.submit(run_load, endpoint, FAIR_MODEL, inputs, concurrency=concurrency,
-                           duration_s=args.duration, warmup=50, fields={"key": key})
+    def send(key: str | None, rate: float):
+        return pool.submit(paced_load, endpoint, FAIR_MODEL, inputs, rate=rate, duration_s=args.fair_duration,
+                           key=key, seed=next(seeds))
 
     for round_ in range(args.rounds):
-        for scenario in scenarios:
-            keyed = scenario.name != "+ flood, no keys"
-            flood = load("flood" if keyed else None, FLOOD_FACTOR) if scenario.name != "cameras alone" else None
-            cameras = [load(f"cam{i}" if keyed else None, 1) for i in range(CAMERAS)]
-            scenario.cameras.append([f.result() for f in cameras])
-            scenario.flood.append(flood.result() if flood else None)
-            worst = scenario.camera_p99(-1)
-            print(f"  round {round_ + 1}  {scenario.name:<18} cameras p99 {worst:7.0f} µs"
-                  + (f"  flood {scenario.flood[-1].qps:7,.0f}/s" if flood else ""), file=sys.stderr)
+        for sc in scenarios:
+            keyed = sc.name != "+ flood, no keys"
+            flood = [] if sc.name == "cameras alone" else [
+                send("flood" if keyed else None, args.camera_rate * FLOOD_FACTOR / FLOOD_SENDERS)
+                for _ in range(FLOOD_SENDERS)]
+            cameras = [send(f"cam{i}" if keyed else None, args.camera_rate) for i in range(CAMERAS)]
+            seen = [f.result() for f in cameras]
+            sc.cameras.append(pooled(seen))
+            sc.inside.append(pooled(seen, inside=True))
+            sc.flood.append(pooled([f.result() for f in flood]) if flood else None)
+            print(f"  round {round_ + 1}  {sc.name:<18} cameras p50 {sc.cameras[-1].p50_us:6.0f} µs"
+                  f"  p99 {sc.cameras[-1].p99_us:7.0f} µs (daemon {sc.inside[-1].p99_us:7.0f})"
+                  f"  429/s {rate_of(sc.cameras[-1], 429):4.0f}  flood 200/s {rate_of(sc.flood[-1], 200):5.0f}"
+                  f"  429/s {rate_of(sc.flood[-1], 429):5.0f}", file=sys.stderr)
     return scenarios
 
 
@@ -202,16 +305,14 @@ def report(cases: list[Case], fair: list[Fairness], args: argparse.Namespace,
                          + (f", preferred_batch {list(models[n].preferred_batch)}" if models[n].preferred_batch else "")
                          for n in SHAPES)
     fair_rows = []
-    for s in fair:
-        i = s.median_round
-        cams = s.cameras[i]
-        flood = s.flood[i]
-        fair_rows.append([s.name, f"{sum(r.qps for r in cams):,.0f}", _us(statistics.median(r.p50_us or 0 for r in cams)),
-                          _us(s.camera_p99(i)), " / ".join(_us(s.camera_p99(k)) for k in range(len(s.cameras))),
-                          f"{flood.qps:,.0f}" if flood else "-", _us(flood.p99_us) if flood else "-"])
-    alone = fair[0].camera_p99(fair[0].median_round)
-    keyed = fair[1].camera_p99(fair[1].median_round)
-    fifo = fair[2].camera_p99(fair[2].median_round)
+    for sc in fair:
+        i = sc.median_round
+        cams, flood = sc.cameras[i], sc.flood[i]
+        fair_rows.append([sc.name, f"{rate_of(cams, 200):,.0f}", f"{rate_of(cams, 429):,.0f}", _us(cams.p50_us),
+                          _us(cams.p99_us), " / ".join(_us(c.p99_us) for c in sc.cameras), _us(sc.inside[i].p99_us),
+                          f"{rate_of(flood, 200):,.0f}" if flood else "-",
+                          f"{rate_of(flood, 429):,.0f}" if flood else "-"])
+    alone, keyed, fifo = (sc.cameras[sc.median_round].p99_us or 1.0 for sc in fair)
     return f"""{stamp()}
 1-min load average {loads[0]:.2f} before the run, {loads[1]:.2f} after; the box is shared, so other work can skew single rounds.
 
@@ -223,11 +324,11 @@ Shipped settings (etc/infermux/infermux.toml) — {settings}. Unbatched = the sa
 
 Batched / unbatched QPS (medians): {ratios}. Goal: ≥ 1.5× on the MLP at c=32.
 
-### Fairness: one key with {FLOOD_FACTOR}× the others' requests in flight
+### Fairness: one key sending {FLOOD_FACTOR}× a camera's rate
 
-{FAIR_MODEL} with its shipped settings. {CAMERAS} cameras, one request in flight each (keys cam0..cam{CAMERAS - 1}); the flood keeps {FLOOD_FACTOR} in flight under one key; "no keys" sends the same load without keys (one FIFO lane). Each sender is its own process (`run_load`); {args.rounds} rounds × {args.duration:g} s; the round with the median worst-camera p99 shown.
+{FAIR_MODEL} with its shipped settings (max_queue 256). Open loop, Poisson arrivals: {CAMERAS} cameras at {args.camera_rate:g} requests/s each (keys cam0..cam{CAMERAS - 1}); the flood at {FLOOD_FACTOR}× that, {args.camera_rate * FLOOD_FACTOR:g}/s, from {FLOOD_SENDERS} processes under one key, which is more than the daemon serves on this box, so its queue stays full; "no keys" sends the same load without keys (one FIFO lane, no push-out). {args.rounds} rounds × {args.fair_duration:g} s; the cameras' latencies are pooled; the round with the median camera p99 shown; "daemon-side" is the daemon's own `timing_us.total` for those requests; rates are replies per second by status. The model is a chain of {FAIR_LAYERS} [N,{FAIR_WIDTH}]×[{FAIR_WIDTH},{FAIR_WIDTH}] matmuls (tests/models.py `slow`), ~2 ms a request on one context, unbatched: compute-bound like a GPU model, so the queue, not the Python frontend, is where requests wait.
 
-{markdown_table(["scenario", "cameras QPS", "camera p50 µs", "worst camera p99 µs", "p99 per round", "flood QPS", "flood p99 µs"], fair_rows)}
+{markdown_table(["scenario", "cameras 200/s", "cameras 429/s", "camera p50 µs", "camera p99 µs", "p99 per round", "daemon-side p99 µs", "flood 200/s", "flood 429/s"], fair_rows)}
 
 Cameras' p99 with the flood / alone: keyed **{keyed / alone:.2f}×** (goal ≤ 2×), no keys {fifo / alone:.2f}×.
 Reproduce: `python tests/benchmarks/bench_batching.py`.
@@ -239,16 +340,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per case and round (default 3)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=300)
+    parser.add_argument("--fair-duration", type=float, default=5.0, help="seconds per fairness round (default 5)")
+    parser.add_argument("--camera-rate", type=float, default=50, help="requests/s per camera (default 50)")
     parser.add_argument("--no-write", action="store_true", help="print the section, leave RESULTS.md alone")
     parser.add_argument("--only", choices=("throughput", "fairness"), help="run one part (implies --no-write)")
     args = parser.parse_args(argv)
     before = os.getloadavg()[0]
     ctx = multiprocessing.get_context("spawn")  # fresh interpreters: no GIL shared with this one
-    with tempfile.TemporaryDirectory() as tmp, daemon(Path(tmp)) as (endpoint, admin), \
-            ProcessPoolExecutor(CAMERAS + 1, mp_context=ctx) as pool:
-        list(pool.map(time.sleep, [0.2] * (CAMERAS + 1)))  # start every generator before measuring
-        cases = throughput(pool, endpoint, admin, args) if args.only != "fairness" else []
-        fair = fairness(pool, endpoint, args) if args.only != "throughput" else []
+    cases: list[Case] = []
+    fair: list[Fairness] = []
+    with tempfile.TemporaryDirectory() as tmp, \
+            ProcessPoolExecutor(CAMERAS + FLOOD_SENDERS, mp_context=ctx) as pool:
+        list(pool.map(time.sleep, [0.2] * (CAMERAS + FLOOD_SENDERS)))  # start every generator before measuring
+        if args.only != "fairness":
+            with daemon(Path(tmp) / "throughput", throughput_config(), list(SHAPES)) as (endpoint, admin):
+                cases = throughput(pool, endpoint, admin, args)
+        if args.only != "throughput":
+            text = fairness_config(Path(tmp) / "fairness")
+            with daemon(Path(tmp) / "fairness", text, [FAIR_MODEL]) as (endpoint, _):
+                fair = fairness(pool, endpoint, args)
     if args.only:
         return 0
     body = report(cases, fair, args, (before, os.getloadavg()[0]))
