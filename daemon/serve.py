@@ -31,6 +31,7 @@ def setup_logging(level: str) -> None:
 def run(args: argparse.Namespace) -> int:
     from infermux import config as cfg
     from infermux.admin import AdminServer
+    from infermux.metrics import MetricsServer
     from infermux.server import Server
 
     try:
@@ -46,10 +47,14 @@ def run(args: argparse.Namespace) -> int:
     run_dir = cfg.runtime_dir(config.daemon, args.runtime_dir)
     server = Server(config, run_dir)
     admin = AdminServer(server)
+    metrics = None
     try:
         server.bind()
         admin.start()
-    except RuntimeError as exc:
+        if config.daemon.metrics_port:
+            metrics = MetricsServer(server, config.daemon.metrics_port)
+            metrics.start()
+    except (RuntimeError, OSError) as exc:
         logging.getLogger("infermux").error("%s", exc)
         return 1
     signal.signal(signal.SIGTERM, lambda *_: server.stop())
@@ -60,6 +65,8 @@ def run(args: argparse.Namespace) -> int:
         server.serve_forever()
     finally:
         admin.stop()
+        if metrics is not None:
+            metrics.stop()
         server.ctx.term()
     logging.getLogger("infermux").info("stopped")
     return 0
