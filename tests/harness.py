@@ -14,6 +14,13 @@ from infermux.client import AdminClient, Client, Pipeline
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 
+DAEMON_HEAD = """
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{engines}"
+max_message_bytes = 1048576
+"""
+
 
 class Daemon:
     """One daemon process with its own config, runtime dir and log file."""
