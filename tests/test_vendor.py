@@ -19,8 +19,12 @@ def test_vendored_module_wins_over_an_installed_one(tmp_path):
     # dir; a vendored "json" must still be the one that gets imported.
     (tmp_path / "json").mkdir()
     (tmp_path / "json" / "__init__.py").write_text("VENDORED = True\n")
+    # vendor.py is loaded by path: the child need not find the infermux package.
     r = _run(f"""
-        from infermux import vendor
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("vendor", {vendor.__file__!r})
+        vendor = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(vendor)
         assert vendor.activate({str(tmp_path)!r})
         import json
         print(json.VENDORED)
