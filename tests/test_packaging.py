@@ -147,7 +147,11 @@ def test_sysusers_and_tmpfiles_make_the_user_and_tree(tmp_path):
     user = next(p for p in passwd if p[0] == "infermux")
     assert int(user[2]) < 1000                        # a system user
     assert user[5:] == ["/var/lib/infermux", "/usr/sbin/nologin"]
-    assert any(line.startswith("infermux:") for line in (root / "etc/group").read_text().splitlines())
+    groups = {g[0]: g for g in (line.split(":") for line in (root / "etc/group").read_text().splitlines())}
+    assert "infermux" in groups
+    # SupplementaryGroups=video render fails the start if either is missing.
+    for name in ("video", "render"):
+        assert "infermux" in groups[name][3].split(","), groups.get(name)
     r = subprocess.run([tmpfiles, f"--root={root}", "--create", str(PKG / "infermux.tmpfiles")],
                        capture_output=True, text=True)
     assert r.returncode == 0 and not r.stderr, r.stderr
