@@ -128,7 +128,12 @@ check_user() {
     echo "$entry"
     IFS=: read -r _ _ uid _ _ home shell <<<"$entry"
     [ "$uid" -lt 1000 ] && [ "$home" = /var/lib/infermux ] && [ "$shell" = /usr/sbin/nologin ] &&
-    in_root getent group infermux
+    in_root getent group infermux || return 1
+    # The unit's SupplementaryGroups= fail the start if a group is missing.
+    local g
+    for g in video render; do
+        in_root getent group "$g" | grep -E ':(.*,)?infermux(,.*)?$' || { echo "infermux not in group $g"; return 1; }
+    done
 }
 
 check_dirs() {
