@@ -30,6 +30,7 @@ def setup_logging(level: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from infermux import config as cfg
+    from infermux import swap
     from infermux.server import Server
 
     try:
@@ -49,9 +50,21 @@ def run(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         logging.getLogger("infermux").error("%s", exc)
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: server.stop())
-    signal.signal(signal.SIGINT, lambda *_: server.stop())
-    server.start_models(done=lambda: server.events.emit("ready", status=server.summary()))
+    swapper = swap.attach(server)  # engine_dir discovery before READY; hot swap after (docs/hot-swap.md)
+
+    def stop(*_: object) -> None:
+        if swapper is not None:
+            swapper.stop()
+        server.stop()
+
+    def ready() -> None:
+        if swapper is not None:
+            swapper.start()
+        server.events.emit("ready", status=server.summary())
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    server.start_models(done=ready)
     server.serve_forever()
     logging.getLogger("infermux").info("stopped")
     return 0
