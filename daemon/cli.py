@@ -16,6 +16,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("infermux.serve", "run the daemon"),
     "infer": ("infermux.infer", "send one request and print the reply"),
     "bench": ("infermux.bench", "closed-loop load generator: QPS and latency percentiles"),
+    "status": ("infermux.status", "print the daemon's models table once"),
+    "ctl": ("infermux.ctl", "run one admin command (load, unload, set, pin, drain, reload, ...)"),
     "build": ("infermux.build", "build a TensorRT engine from an ONNX model on this device"),
 }
 

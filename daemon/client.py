@@ -152,3 +152,51 @@ class Pipeline:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class AdminError(Exception):
+    """The daemon refused an admin command; the message says why."""
+
+
+class AdminClient:
+    """Talks to the admin socket: one JSON request, one JSON reply.
+
+        AdminClient(endpoint).call("set", model="det_v2", contexts=3)
+    """
+
+    def __init__(self, endpoint: str, *, timeout_s: float = 30.0, context: zmq.Context | None = None) -> None:
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._ctx = context or zmq.Context.instance()
+        self._socket = self._connect()
+
+    def _connect(self) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.endpoint)
+        return sock
+
+    def call(self, cmd: str, check: bool = True, **args: Any) -> dict[str, Any]:
+        """Send a command; raises AdminError on `ok: false` when `check`."""
+        import json
+
+        self._socket.send_multipart([b"", json.dumps({"cmd": cmd, **args}).encode()])
+        if not self._socket.poll(int(self.timeout_s * 1000)):
+            # A late reply would pair with the next request: start on a fresh socket.
+            self._socket.close(0)
+            self._socket = self._connect()
+            raise TimeoutError(f"no answer from {self.endpoint} within {self.timeout_s:.0f} s "
+                               f"(is `infermux serve` running?)")
+        reply = json.loads(self._socket.recv_multipart()[-1])
+        if check and not reply.get("ok"):
+            raise AdminError(reply.get("error", "unknown error"))
+        return reply
+
+    def close(self) -> None:
+        self._socket.close(0)
+
+    def __enter__(self) -> "AdminClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

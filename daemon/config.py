@@ -149,6 +149,9 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
     for key in ("admin", "stats"):
         if key in raw and raw[key] != "":
             _check_endpoint(file, f"daemon.{key}", raw[key])
+    if str(raw.get("admin", "")).startswith("tcp://"):
+        raise ConfigError(file, "daemon.admin", "the admin socket changes the daemon, so it listens on ipc:// "
+                          "only (guarded by file permissions); reach it over SSH")
     if "engine_dir" in raw:
         _check_type(file, "daemon.engine_dir", raw["engine_dir"], str)
         raw["engine_dir"] = _resolve(file, raw["engine_dir"])
@@ -363,21 +366,26 @@ def fallback_of(models: list[ModelConfig] | tuple[ModelConfig, ...]) -> dict[str
     return chain
 
 
-def _check_fallback_cycles(file: Path, models: list[ModelConfig]) -> None:
-    chain = fallback_of(models)
+def fallback_problem(chain: Mapping[str, str]) -> tuple[str, str] | None:
+    """(model, why) if a model -> fallback mapping has a cycle or a chain too long, else None."""
     for start in chain:
         path, node = [start], chain[start]
         while node in chain and node not in path:
             path.append(node)
             node = chain[node]
         if node in path:
-            index = next(i for i, m in enumerate(models) if m.name == start and m.fallback)
-            cycle = " -> ".join([*path[path.index(node):], node])
-            raise ConfigError(file, f"models[{index}].fallback", f"fallback cycle: {cycle}")
+            return start, f"fallback cycle: {' -> '.join([*path[path.index(node):], node])}"
         if len(path) > MAX_FALLBACK_DEPTH:
-            index = next(i for i, m in enumerate(models) if m.name == start and m.fallback)
-            raise ConfigError(file, f"models[{index}].fallback",
-                              f"fallback chain {' -> '.join(path)} is longer than {MAX_FALLBACK_DEPTH}")
+            return start, f"fallback chain {' -> '.join(path)} is longer than {MAX_FALLBACK_DEPTH}"
+    return None
+
+
+def _check_fallback_cycles(file: Path, models: list[ModelConfig]) -> None:
+    problem = fallback_problem(fallback_of(models))
+    if problem:
+        start, why = problem
+        index = next(i for i, m in enumerate(models) if m.name == start and m.fallback)
+        raise ConfigError(file, f"models[{index}].fallback", why)
 
 
 def parse(text: str, file: Path) -> Config:

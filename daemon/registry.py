@@ -12,7 +12,7 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -24,7 +24,7 @@ from infermux.executor import LateFn, ReplyFn
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError, Engine, TensorSpec
 from infermux.scheduler import InlineGate, Scheduler
-from infermux.stats import Stats
+from infermux.stats import ModelStats
 
 log = logging.getLogger("infermux.registry")
 
@@ -76,11 +76,18 @@ class ModelVersion:
     reason: str = ""
     engine: Engine | None = None
     scheduler: Scheduler | None = None
-    stats: Stats = field(default_factory=Stats)
+    stats: ModelStats = field(init=False)
     memory_bytes: int = 0
     load_started: float = 0.0
     last_load_s: float = 0.0
     last_used: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.stats = ModelStats(self.config.name, self.config.version, queue_depth=self._queued)
+
+    def _queued(self) -> int:
+        scheduler = self.scheduler
+        return scheduler.depth() if scheduler is not None else 0
 
     @property
     def name(self) -> str:
@@ -348,6 +355,50 @@ class Registry:
         for mv in self.all_versions():
             if mv.scheduler is not None:
                 self.unload(mv, timeout)
+
+    def replace(self, old: ModelVersion, mc: ModelConfig) -> bool:
+        """Load `mc` beside `old`, swap it in with one assignment, then drain `old`.
+
+        If the new one fails to load or warm up, `old` keeps serving.
+        """
+        shadow = ModelVersion(mc)
+        if not self.load(shadow):
+            return False
+        with self._lock:
+            model = self.models[old.name]
+            model.versions = {**model.versions, mc.version: shadow}
+        self.events.emit("swapped", mc.name, mc.version, engine=str(mc.engine))
+        self.unload(old)
+        return True
+
+    def remove(self, mv: ModelVersion, timeout: float | None = None) -> None:
+        """Drain and unload `mv`, then forget it (its model too, once it has no versions)."""
+        self.unload(mv, timeout)
+        with self._lock:
+            model = self.models.get(mv.name)
+            if model is None or model.versions.get(mv.version) is not mv:
+                return
+            versions = {v: m for v, m in model.versions.items() if m is not mv}
+            if versions:
+                model.versions = versions
+            else:
+                self.models = {n: m for n, m in self.models.items() if n != mv.name}
+        self.events.emit("removed", mv.name, mv.version)
+
+    def configure(self, mv: ModelVersion, **changes: Any) -> None:
+        """Change settings of a version live; the scheduler picks them up at once."""
+        mv.config = replace(mv.config, **changes)
+        scheduler = mv.scheduler
+        if scheduler is None:
+            return
+        if "contexts" in changes:
+            scheduler.resize(changes["contexts"])
+        if "max_queue" in changes:
+            scheduler.max_queue = changes["max_queue"]
+        if "max_batch" in changes and scheduler.policy.allowed:
+            scheduler.policy.max_batch = changes["max_batch"]
+        if "batch_delay_us" in changes:
+            scheduler.policy.delay_s = changes["batch_delay_us"] / 1e6
 
     def memory_used(self) -> int:
         return sum(mv.memory_bytes for mv in self.all_versions())

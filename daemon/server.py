@@ -25,6 +25,7 @@ from typing import Any, Callable
 import zmq
 
 from infermux import config as cfg
+from infermux import ipc
 from infermux.events import EventLog
 from infermux.job import Job
 from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_request, request_id
@@ -53,10 +54,13 @@ class Server:
         self.router = Router(self.registry, config.routing, self.reply)
         self.frontend: zmq.Socket | None = None
         self.stopping = False
+        self.draining = False  # admin `drain`: refuse new requests until `resume`
+        self._reload_lock = threading.Lock()
         self.started = time.time()
         self.loop_turns = 0
         self.requests = 0
         self.ticks: list[Callable[[], None]] = []
+        self.poll_ms = 100  # the longest the loop sleeps: ticks (watchdog) run at least this often
         self._frontend_thread = threading.get_ident()
 
     # -- replies from any thread -------------------------------------------
@@ -91,14 +95,14 @@ class Server:
         sock.setsockopt(zmq.RCVHWM, 10000)
         sock.setsockopt(zmq.SNDHWM, 10000)
         for endpoint in self.endpoints:
-            if endpoint.startswith("ipc://"):
-                Path(endpoint[len("ipc://"):]).parent.mkdir(parents=True, exist_ok=True)
+            ipc.prepare(endpoint)
             try:
                 sock.bind(endpoint)
             except zmq.ZMQError as exc:
                 sock.close(0)
                 raise RuntimeError(f"cannot listen on {endpoint}: {exc}; is another infermux running, "
                                    f"or is the directory not writable? (see --runtime-dir)") from None
+            ipc.secure(endpoint)
             self.events.emit("listening", endpoint=endpoint)
         self.frontend = sock
 
@@ -116,7 +120,7 @@ class Server:
         poller.register(self.frontend, zmq.POLLIN)
         poller.register(self._bell, zmq.POLLIN)
         while not self.stopping:
-            ready = dict(poller.poll(100))
+            ready = dict(poller.poll(self.poll_ms))
             if self._bell in ready:
                 self._forward_replies()
             if self.frontend in ready:
@@ -129,6 +133,23 @@ class Server:
     def stop(self) -> None:
         """Ask the loop to stop (safe from a signal handler)."""
         self.stopping = True
+
+    def reload(self) -> bool:
+        """Apply the configuration file again; an invalid file changes nothing."""
+        from infermux import reload
+
+        with self._reload_lock:
+            return self._reload(reload)
+
+    def _reload(self, reload: Any) -> bool:
+        self.events.emit("reloading", config=str(self.config.path))
+        try:
+            new = cfg.load(self.config.path)
+        except cfg.ConfigError as exc:
+            self.events.emit("rejected", reason=f"configuration not reloaded, the running one stays: {exc}")
+            return False
+        reload.apply(self, new)
+        return True
 
     def _drain(self) -> None:
         """Answer everything accepted, refuse the rest, then close."""
@@ -145,13 +166,12 @@ class Server:
         self.close()
 
     def close(self) -> None:
+        """Close the frontend and remove its socket files (the zmq context stays for others)."""
         if self.frontend is not None:
             self.frontend.close(linger=500)
         os.close(self._bell)
-        self.ctx.term()
         for endpoint in self.endpoints:
-            if endpoint.startswith("ipc://"):
-                Path(endpoint[len("ipc://"):]).unlink(missing_ok=True)
+            ipc.remove(endpoint)
 
     # -- the hot path -----------------------------------------------------------
 
@@ -181,14 +201,15 @@ class Server:
             except zmq.Again:
                 return
             self.requests += 1
-            self._handle(frames, refuse)
+            self._handle(frames, refuse or self.draining)
 
     def _handle(self, frames: list[Any], refuse: bool) -> None:
         received = time.perf_counter_ns()
         split = _delimiter(frames)
         envelope, body = frames[:split], frames[split:]
         if refuse:
-            header = error_header(Status.NOT_READY, "infermux is shutting down; retry on restart",
+            reason = "shutting down" if self.stopping else "draining (admin `resume` reopens it)"
+            header = error_header(Status.NOT_READY, f"infermux is {reason}; retry later",
                                   request_id(body, self.limits), retry_after_ms=1000)
             self._send(envelope + encode_reply(header))
             return

@@ -24,7 +24,7 @@ from collections import deque
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from infermux.config import ModelConfig
+from infermux.config import Config, ModelConfig
 from infermux.registry import Model, ModelVersion, Registry, State, version_key
 from infermux.repository import ModelPlan, SettingsCache, plan
 from infermux.watcher import EngineFile, EngineWatcher, Snapshot
@@ -67,10 +67,10 @@ class Swapper:
     """Keeps the registry in step with the engine directory; pin/unpin ask it to catch up."""
 
     def __init__(self, server: "Server") -> None:
+        self.server = server
         self.registry: Registry = server.registry
-        self.config = server.config
         self.events = server.events
-        daemon = self.config.daemon
+        daemon = server.config.daemon
         self.engine_dir = daemon.engine_dir
         self.settings = SettingsCache(self.engine_dir)
         self.watcher = EngineWatcher(self.engine_dir, self.apply, daemon.watch_settle_s,
@@ -82,6 +82,13 @@ class Swapper:
         self._barriers: deque[threading.Event] = deque()
         server.ticks.append(self._release_barriers)
         self.registry.catalog = self
+        # A reload changes which versions the configuration lists: look again.
+        self.events.subscribe(lambda event: self.watcher.poke() if event.kind == "reloaded" else None)
+
+    @property
+    def config(self) -> Config:
+        """The configuration in force (SIGHUP replaces it)."""
+        return self.server.config
 
     # -- start and stop --------------------------------------------------------
 
@@ -173,14 +180,17 @@ class Swapper:
     def _update(self, p: ModelPlan, version: str) -> None:
         """Load `version` if its file or settings changed since its entry was made."""
         mc, f = p.wanted[version]
-        key = file_key(mc, f)
-        if self._made_from.get((p.name, version)) == key:
+        key, made = file_key(mc, f), self._made_from.get((p.name, version))
+        if made == key:
             return  # serving from this very file, or failed on it: wait for the next one
+        model = self.registry.model(p.name)
+        current = model.versions.get(version) if model else None
+        if made is not None and made[:2] == key[:2] and current is not None and current.config == mc:
+            self._made_from[(p.name, version)] = key  # a reload already applied these settings
+            return
         self._detected(f)
         if not f.stable:
             return  # still being written: the watcher looks again once it settles
-        model = self.registry.model(p.name)
-        current = model.versions.get(version) if model else None
         if current is not None and current.state in (State.LOADING, State.WARMING):
             return  # someone else is loading it (on demand); look again on the next pass
         self._made_from[(p.name, version)] = key

@@ -9,10 +9,33 @@ import sys
 import time
 from pathlib import Path
 
-from infermux.client import Client, Pipeline
+import zmq
+
+from infermux.client import AdminClient, Client, Pipeline
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
+
+DAEMON_HEAD = """
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{engines}"
+max_message_bytes = 1048576
+watch = false  # these tests serve exactly their [[models]]; hot swap has its own (test_hot_swap.py)
+"""
+
+
+def exchange(endpoint: str, kind: int, frames: list[bytes], timeout_ms: int = 5000) -> list[bytes]:
+    """One raw request/reply on a fresh socket of `kind` (REQ or DEALER), frames exactly as given."""
+    sock = zmq.Context.instance().socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        sock.send_multipart(frames)
+        assert sock.poll(timeout_ms), f"no reply from {endpoint} within {timeout_ms} ms"
+        return sock.recv_multipart()
+    finally:
+        sock.close()
 
 
 class Daemon:
@@ -30,6 +53,17 @@ class Daemon:
     @property
     def endpoint(self) -> str:
         return f"ipc://{self.run_dir / 'infer.sock'}"
+
+    @property
+    def admin_endpoint(self) -> str:
+        return f"ipc://{self.run_dir / 'admin.sock'}"
+
+    @property
+    def stats_endpoint(self) -> str:
+        return f"ipc://{self.run_dir / 'stats.sock'}"
+
+    def admin(self, timeout_s: float = 30.0) -> AdminClient:
+        return AdminClient(self.admin_endpoint, timeout_s=timeout_s)
 
     def start(self, wait_ready: bool = True, timeout: float = 30.0) -> "Daemon":
         env = {**os.environ, **self.env}

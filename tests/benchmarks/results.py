@@ -1,0 +1,53 @@
+"""Shared by the benchmark scripts: machine facts and RESULTS.md sections.
+
+Each script owns one `## ` section of RESULTS.md and replaces only that
+section, so scripts run at different times keep each other's figures.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import platform
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
+
+
+def machine() -> str:
+    """One line naming what the figures were measured on."""
+    parts = [f"nproc {os.cpu_count()}", f"{platform.machine()}", f"Python {platform.python_version()}"]
+    for module in ("onnxruntime", "zmq", "numpy"):
+        try:
+            parts.append(f"{module} {__import__(module).__version__}")
+        except ImportError:
+            pass
+    return ", ".join(parts)
+
+
+def stamp() -> str:
+    """Date and machine, the first line under every heading."""
+    return f"Measured {datetime.date.today().isoformat()} on {machine()}."
+
+
+def write_section(heading: str, body: str, path: Path = RESULTS) -> None:
+    """Replace the section under `## heading` (up to the next `## `), or append it."""
+    title = f"## {heading}"
+    lines = path.read_text().splitlines() if path.exists() else ["# Benchmark results", ""]
+    try:
+        start = lines.index(title)
+    except ValueError:
+        start = len(lines)
+        if lines and lines[-1].strip():
+            lines.append("")
+            start += 1
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    section = [title, "", *body.strip("\n").splitlines(), ""]
+    path.write_text("\n".join(lines[:start] + section + lines[end:]).rstrip("\n") + "\n")
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    """A GitHub table; numbers are right-aligned by the caller's formatting."""
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if i else "---" for i in range(len(header))) + "|"]
+    out += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(out)

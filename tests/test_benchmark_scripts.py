@@ -1,0 +1,40 @@
+"""The benchmark scripts' plumbing: RESULTS.md sections and a tiny run of the core benchmark."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+from results import write_section  # noqa: E402
+
+
+def test_a_section_is_replaced_and_the_others_are_kept(tmp_path):
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# Benchmark results\n\n## A\n\nold a\n\n## B\n\nold b\n")
+    write_section("A", "new a\nsecond line", path)
+    write_section("C", "new c", path)
+    assert path.read_text() == ("# Benchmark results\n\n## A\n\nnew a\nsecond line\n\n"
+                                "## B\n\nold b\n\n## C\n\nnew c\n")
+
+
+def test_a_missing_file_is_created(tmp_path):
+    path = tmp_path / "RESULTS.md"
+    write_section("Only", "body", path)
+    assert path.read_text() == "# Benchmark results\n\n## Only\n\nbody\n"
+
+
+@pytest.mark.slow
+def test_the_core_benchmark_runs_every_case(tmp_path):
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_core.py"), "--no-write",
+                          "--duration", "0.3", "--rounds", "1", "--warmup", "10"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for case in ("a backend", "b echo", "c bare", "d daemon"):
+        assert f"| {case} | 1 |" in out.stdout and f"| {case} | 16 |" in out.stdout
+    assert "Daemon / bare loop (medians): c=1:" in out.stdout
