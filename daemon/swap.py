@@ -188,26 +188,25 @@ class Swapper:
         if made is not None and made[:2] == key[:2] and current is not None and current.config == mc:
             self._made_from[(p.name, version)] = key  # a reload already applied these settings
             return
-        self._detected(f)
         if not f.stable:
             return  # still being written: the watcher looks again once it settles
+        self._detected(f)
         if current is not None and current.state in (State.LOADING, State.WARMING):
             return  # someone else is loading it (on demand); look again on the next pass
         self._made_from[(p.name, version)] = key
         self._load(mc, f, current)
 
     def _detected(self, f: EngineFile, ignored: str = "") -> None:
-        """Announce each engine file once (again when it changes), and whether it will be served."""
-        key = (f.sig, f.checksum_sig, f.stable)
+        """Announce each complete engine file once (again when it changes), and whether it will be served."""
+        key = (f.sig, f.checksum_sig)
         if self._announced.get((f.model, f.version)) != key:
             self._announced[(f.model, f.version)] = key
             extra = {"ignored": ignored} if ignored else {}
-            self.events.emit("detected", f.model, f.version, file=f.path.name, bytes=f.sig.size,
-                             complete=f.stable, **extra)
+            self.events.emit("detected", f.model, f.version, file=f.path.name, bytes=f.sig.size, **extra)
 
     def _announce_ignored(self, p: ModelPlan, snapshot: Snapshot, pinned: str | None) -> None:
         for version, f in snapshot.versions(p.name).items():
-            if version not in p.wanted:
+            if version not in p.wanted and f.stable:
                 self._detected(f, f"pinned to {pinned}" if pinned is not None else "outside version_policy")
 
     def _load(self, mc: ModelConfig, f: EngineFile, current: ModelVersion | None) -> None:
@@ -218,6 +217,9 @@ class Swapper:
         replacing = current is not None and current.state is State.READY
         mv = ModelVersion(mc)
         problem = checksum_problem(f)
+        if not problem and not replacing and mc.mode != "inproc" and not mc.preload:
+            self.registry.put(mv)  # a cold model: registered now, loaded by the first request for it
+            return
         if problem:
             self._fail(mv, f"checksum failed: {problem}")
             loaded = False

@@ -142,9 +142,13 @@ def _stat(path: Path) -> os.stat_result | None:
 
 
 def _dirs(folder: Path) -> list[Path]:
+    """Sub-folders that count. A folder removed meanwhile is empty; one we may not read fails the scan.
+
+    (An unreadable folder must not look like "every version removed".)
+    """
     try:
         return sorted(p for p in folder.iterdir() if not ignored(p.name) and p.is_dir())
-    except OSError:  # removed while we looked: the next scan sees the rest
+    except (FileNotFoundError, NotADirectoryError):
         return []
 
 

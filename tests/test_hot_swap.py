@@ -120,8 +120,7 @@ def test_a_file_written_slowly_is_not_loaded_before_it_is_complete(root: Path,
     data = models.add_one(root / ".build" / "model.onnx", offset=2).read_bytes()
     # Pauses (0.15 s) shorter than watch_settle_s (0.4 s): the file keeps changing, so it must wait.
     write_slowly(root / "m" / "2" / "model.onnx", data, steps=6, pause_s=0.15)
-    assert "loading model=m version=2" not in daemon.log()
-    assert "detected model=m version=2" in daemon.log()  # seen, and reported as incomplete
+    assert "model=m version=2" not in daemon.log()  # neither detected (complete) nor loaded
     assert ask(daemon, "m").version == "1"
     wait_served(daemon, "m", "2", offset=2)
     log = daemon.log()
@@ -138,6 +137,9 @@ def test_corrupt_engine_keeps_the_old_version_and_the_next_good_file_wins(
     reply = ask(daemon, "m")
     assert reply.version == "1"
     np.testing.assert_array_equal(reply.outputs["y"], X + 1)
+    with daemon.admin() as admin:
+        (state,) = [m for m in admin.call("status")["models"] if m["name"] == "m"]
+    assert state["state"] == "ready" and "new engine file rejected (load failed" in state["reason"]
     # A new version that does not load: the old one keeps serving, the new one shows why.
     write_atomically(root / "m" / "2" / "model.onnx", b"\x08\x07 this is not an onnx model" * 50)
     daemon.wait_for("failed model=m version=2", 10)
@@ -211,9 +213,30 @@ def test_discovered_version_of_a_configured_model_inherits_its_settings(
     daemon = start('[[models]]\nname = "cfg"\nversion = "1"\nengine = "cfg/1/model.onnx"\ncontexts = 2\n')
     publish(root, "cfg", 2, offset=2)
     wait_served(daemon, "cfg", "2", offset=2)
-    loaded = [line for line in daemon.log().splitlines() if "loaded model=cfg version=2" in line]
+    loaded = [line for line in daemon.log().splitlines() if "events: loaded model=cfg version=2" in line]
     assert loaded and "contexts=2" in loaded[0]
     assert ask(daemon, "cfg", "1").status == 200  # a configured version stays while its file does
+    shutil.rmtree(root / "cfg" / "1")
+    daemon.wait_for("unloaded model=cfg version=1", 10)
+    gone = ask(daemon, "cfg", "1")
+    assert gone.status == 503 and "engine file removed" in gone.error  # still known: it is configured
+    publish(root, "cfg", 1, offset=1)  # back: loaded again (beside 2, which stays the default)
+    deadline = time.monotonic() + 10
+    while ask(daemon, "cfg", "1").status != 200:
+        assert time.monotonic() < deadline, daemon.log()
+        time.sleep(0.02)
+    assert ask(daemon, "cfg").version == "2"
+
+
+def test_editing_model_toml_reloads_the_served_version_with_the_new_settings(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    publish(root, "m", 1, offset=1)
+    daemon = start()
+    write_atomically(root / "m" / "model.toml", b"contexts = 2\n")
+    daemon.wait_for('swapped model=m version=1 previous="1 (previous file)"', 10)
+    loads = [line for line in daemon.log().splitlines() if "events: loaded model=m version=1" in line]
+    assert [("contexts=2" in line) for line in loads] == [False, True]
+    assert ask(daemon, "m").version == "1"
 
 
 def test_broken_model_toml_is_reported_and_changes_nothing(root: Path, start: Callable[..., Daemon]) -> None:
@@ -250,4 +273,22 @@ def test_files_present_at_start_are_loaded_before_ready(root: Path, start: Calla
     log = daemon.log()
     assert log.index("loaded model=m version=2") < log.index(" ready ")
     assert "loading model=m version=1" not in log  # latest_n = 1: the older one is not even loaded
-    assert 'detected model=m version=1 file=model.onnx bytes=88 complete=True ignored="outside version_policy"' in log
+    assert 'detected model=m version=1 file=model.onnx bytes=88 ignored="outside version_policy"' in log
+
+
+def test_rollback_through_the_admin_socket(root: Path, start: Callable[..., Daemon]) -> None:
+    """`infermux ctl pin m 1` after a bad release: the old file is loaded again and holds."""
+    publish(root, "m", 1, offset=1)
+    daemon = start()
+    publish(root, "m", 2, offset=2)
+    wait_served(daemon, "m", "2", offset=2)
+    with daemon.admin() as admin:
+        assert admin.call("pin", model="m", version="1")["version"] == "1"  # only on disk now
+        wait_served(daemon, "m", "1", offset=1)
+        publish(root, "m", 3, offset=3)
+        daemon.wait_for("detected model=m version=3", 10)
+        assert 'ignored="pinned to 1"' in daemon.log() and ask(daemon, "m").version == "1"
+        refused = admin.call("pin", check=False, model="m", version="9")
+        assert not refused["ok"] and "has no version '9'" in refused["error"]
+        admin.call("unpin", model="m")
+        wait_served(daemon, "m", "3", offset=3)
