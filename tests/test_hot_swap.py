@@ -292,3 +292,35 @@ def test_rollback_through_the_admin_socket(root: Path, start: Callable[..., Daem
         assert not refused["ok"] and "has no version '9'" in refused["error"]
         admin.call("unpin", model="m")
         wait_served(daemon, "m", "3", offset=3)
+
+
+def test_the_shell_commands_of_docs_hot_swap_work(root: Path, start: Callable[..., Daemon],
+                                                   tmp_path: Path) -> None:
+    """docs/hot-swap.md's publish, in-place-with-checksum and remove commands (onnx for plan)."""
+    build = tmp_path / "build"
+    models.add_one(build / "m3.onnx", offset=3)
+    models.add_one(build / "m3-fixed.onnx", offset=30)
+    publish(root, "det", 2, offset=2)
+    daemon = start()
+
+    def sh(script: str) -> None:
+        import subprocess
+        subprocess.run(["bash", "-euo", "pipefail", "-c", f"cd {root}\n{script}"], check=True)
+
+    sh(f"""mkdir det/.3
+cp {build}/m3.onnx det/.3/model.onnx
+(cd det/.3 && sha256sum model.onnx > model.onnx.sha256)
+mv -T det/.3 det/3""")
+    wait_served(daemon, "det", "3", offset=3)
+    sh(f"""cp {build}/m3-fixed.onnx det/3/.model.onnx.tmp
+(cd det/3 && sha256sum .model.onnx.tmp | sed 's/\\.model\\.onnx\\.tmp/model.onnx/' > .model.onnx.sha256.tmp)
+mv det/3/.model.onnx.sha256.tmp det/3/model.onnx.sha256 && mv det/3/.model.onnx.tmp det/3/model.onnx""")
+    wait_served(daemon, "det", "3", offset=30)
+    assert "failed" not in daemon.log()  # both renames were seen together
+    sh("rm -r det/3")
+    wait_served(daemon, "det", "2", offset=2)  # the policy falls back to the newest left
+    sh("rm -r det")
+    deadline = time.monotonic() + 10
+    while ask(daemon, "det").status != 404:
+        assert time.monotonic() < deadline, daemon.log()
+        time.sleep(0.02)
