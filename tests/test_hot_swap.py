@@ -44,10 +44,11 @@ def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
     """Start a daemon watching `root`; stopped (and checked to stop cleanly) after the test."""
     started: list[Daemon] = []
 
-    def run(models_toml: str = "", mismatch: str = "reject") -> Daemon:
+    def run(models_toml: str = "", mismatch: str = "reject", settle_s: float = 0.4) -> Daemon:
         workdir = tmp_path / f"daemon{len(started)}"
         workdir.mkdir()
-        daemon = Daemon(workdir, HEAD.format(root=root, mismatch=mismatch) + models_toml)
+        head = HEAD.format(root=root, mismatch=mismatch).replace("watch_settle_s = 0.4", f"watch_settle_s = {settle_s}")
+        daemon = Daemon(workdir, head + models_toml)
         started.append(daemon)
         return daemon.start()
 
@@ -116,9 +117,10 @@ def test_engine_replaced_in_place_serves_the_new_file(root: Path, start: Callabl
 def test_a_file_written_slowly_is_not_loaded_before_it_is_complete(root: Path,
                                                                     start: Callable[..., Daemon]) -> None:
     publish(root, "m", 1, offset=1)
-    daemon = start()
+    # A settle window far above the writer's pauses, so a busy 2-core box cannot stretch a pause past it.
+    daemon = start(settle_s=1.5)
     data = models.add_one(root / ".build" / "model.onnx", offset=2).read_bytes()
-    # Pauses (0.15 s) shorter than watch_settle_s (0.4 s): the file keeps changing, so it must wait.
+    # Pauses (0.15 s) shorter than watch_settle_s (1.5 s): the file keeps changing, so it must wait.
     write_slowly(root / "m" / "2" / "model.onnx", data, steps=6, pause_s=0.15)
     assert "model=m version=2" not in daemon.log()  # neither detected (complete) nor loaded
     assert ask(daemon, "m").version == "1"
