@@ -98,6 +98,18 @@ def summary(cmd: str, reply: dict[str, Any]) -> str:
         return str(reply.get("error", "failed"))
     if reply.get("message"):
         return str(reply["message"])
+    if cmd == "set":
+        return "set " + ", ".join(f"{k}={v}" for k, v in (reply.get("set") or {}).items())
+    if cmd == "load":
+        return f"loaded in {reply.get('load_ms', '?')} ms"
+    if cmd == "unload":
+        return f"unloaded after answering {reply.get('drained', 0)} queued request(s)"
+    if cmd == "pin":
+        return f"{reply.get('model')}:{reply.get('version')} pinned"
+    if cmd == "unpin":
+        return f"unpinned; default now {reply.get('default')}"
+    if cmd == "resume":
+        return "accepting requests again"
     if cmd == "reload":
         changes = {k: v for k, v in (reply.get("changes") or {}).items() if v}
         return "configuration reloaded: " + ("; ".join(f"{k} {v}" for k, v in changes.items()) or "no changes")

@@ -34,15 +34,18 @@ TABS = ("models", "memory", "routing", "events")
 
 
 def status_text(snapshot: dict[str, Any]) -> str:
-    """The one-line summary above the tabs."""
+    """The one-line summary above the tabs; least useful last, since 80 columns cut the end."""
     d = snapshot.get("daemon") or {}
     mem = d.get("memory") or {}
-    states = " ".join(f"{n} {s}" for s, n in (d.get("states") or {}).items())
+    states = d.get("states") or {}
     accepting = "[green]accepting[/]" if d.get("accepting", True) else "[b reverse red] DRAINING [/]"
-    # Least useful last: at 80 columns the pid is what gets cut.
-    return (f"[b]infermux[/] {escape(str(d.get('version', '?')))} · up {fmt.duration(d.get('uptime_s', 0))} · "
-            f"{d.get('requests', 0)} req · {accepting} · {escape(states)} · "
-            f"mem {fmt.size(mem.get('models_bytes'))}/{fmt.size(mem.get('budget_bytes'))} · pid {d.get('pid', '?')}")
+    parts = [f"up {fmt.duration(d.get('uptime_s', 0))}", f"{d.get('requests', 0)} req", accepting,
+             f"{states.get('ready', 0)}/{sum(states.values())} ready"]
+    if states.get("failed"):
+        parts.append(f"[b red]{states['failed']} failed[/]")
+    parts += [f"mem {fmt.size(mem.get('models_bytes'))}/{fmt.size(mem.get('budget_bytes'))}",
+              f"[b]infermux[/] {escape(str(d.get('version', '?')))} pid {d.get('pid', '?')}"]
+    return " · ".join(parts)
 
 
 class TopApp(App):

@@ -41,7 +41,8 @@ def settings_text(m: dict[str, Any]) -> str:
         f"queue {fmt.us(st.get('queue_us'))} · compute {fmt.us(st.get('compute_us'))}",
         f"max_queue {m.get('max_queue')} · timeout {m.get('timeout_ms')} ms",
         f"max_batch {m.get('max_batch')} · batch delay {m.get('batch_delay_us')} µs",
-        f"fallback {fallback} · {escape(str(m.get('strategy', '')))} · weight {m.get('weight', 0)}",
+        f"fallback {fallback} · weight {m.get('weight', 0)}",
+        f"strategy {escape(str(m.get('strategy', '')))}",
     ])
 
 
