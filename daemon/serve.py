@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 
 DEFAULT_CONFIG = "/etc/infermux/infermux.toml"
@@ -33,6 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from infermux.admin import AdminServer
     from infermux.metrics import MetricsServer
     from infermux.server import Server
+    from infermux.supervisor import Supervisor
 
     try:
         config = cfg.load(args.config)
@@ -57,10 +57,9 @@ def run(args: argparse.Namespace) -> int:
     except (RuntimeError, OSError) as exc:
         logging.getLogger("infermux").error("%s", exc)
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: server.stop())
-    signal.signal(signal.SIGINT, lambda *_: server.stop())
-    signal.signal(signal.SIGHUP, lambda *_: server.request_reload())
-    server.start_models(done=lambda: server.events.emit("ready", status=server.summary()))
+    supervisor = Supervisor(server)
+    supervisor.install_signals()
+    server.start_models(done=supervisor.models_ready)
     try:
         server.serve_forever()
     finally:

@@ -60,6 +60,7 @@ class Server:
         self.loop_turns = 0
         self.requests = 0
         self.ticks: list[Callable[[], None]] = []
+        self.poll_ms = 100  # the longest the loop sleeps: ticks (watchdog) run at least this often
         self._frontend_thread = threading.get_ident()
 
     # -- replies from any thread -------------------------------------------
@@ -118,7 +119,7 @@ class Server:
         poller.register(self.frontend, zmq.POLLIN)
         poller.register(self._bell, zmq.POLLIN)
         while not self.stopping:
-            ready = dict(poller.poll(100))
+            ready = dict(poller.poll(self.poll_ms))
             if self._bell in ready:
                 self._forward_replies()
             if self.frontend in ready:
@@ -131,10 +132,6 @@ class Server:
     def stop(self) -> None:
         """Ask the loop to stop (safe from a signal handler)."""
         self.stopping = True
-
-    def request_reload(self) -> None:
-        """Re-read the configuration on a background thread (safe from a signal handler)."""
-        threading.Thread(target=self.reload, name="reload", daemon=True).start()
 
     def reload(self) -> bool:
         """Apply the configuration file again; an invalid file changes nothing."""

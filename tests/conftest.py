@@ -9,14 +9,7 @@ from typing import Callable, Iterator
 import pytest
 
 import models
-from harness import REPO, Daemon
-
-DAEMON_HEAD = """
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{engines}"
-max_message_bytes = 1048576
-"""
+from harness import DAEMON_HEAD, REPO, Daemon
 
 SESSION_MODELS = """
 [routing]

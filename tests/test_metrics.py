@@ -10,7 +10,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from conftest import DAEMON_HEAD
+from harness import DAEMON_HEAD
 
 SAMPLE = re.compile(r'^([a-z_:][a-z0-9_:]*)(\{([a-z_]+="(?:[^"\\]|\\.)*",?)*\})? (-?[0-9.e+]+|\+Inf|NaN)$')
 
