@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from typing import Any
 
 import numpy as np
@@ -122,10 +123,11 @@ async def test_routing_edits_palette_drain_and_reload(make_daemon) -> None:
     app = console(d)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.models_table.keys() == KEYS)
-        await pilot.press("3")
+        app.models_table.select("addone:1")
+        await pilot.press("3")  # the selection follows to the routing tab
         routing = app.routing_view.query_one("RoutingTable")
         await until(pilot, lambda: routing.keys() == KEYS)
-        routing.select("addone:1")
+        assert routing.selected_key() == "addone:1" and app.selected_key() == "addone:1"
         await pilot.press("w")
         await until(pilot, lambda: isinstance(app.screen, PromptScreen))
         assert app.screen.query_one("Input").value == "1:0,2:0"
@@ -155,6 +157,22 @@ async def test_routing_edits_palette_drain_and_reload(make_daemon) -> None:
         await until(pilot, lambda: notified(app, "configuration reloaded: added ['extra:1']"))
 
 
+async def test_a_slow_admin_command_does_not_freeze_the_console(make_daemon) -> None:
+    d = make_daemon('[[models]]\nname = "late"\nengine = "addone/1/model.onnx"\n'
+                    'backend = "slow_load:SlowLoadBackend"\n[models.options]\nload_delay_s = 1.0\n')
+    with d.admin() as admin:
+        admin.call("unload", model="late")
+    app = console(d)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.models_table.cell_text("late:1", "state") == "unloaded")
+        started = time.monotonic()
+        await pilot.press("l", "2")  # load takes a second; the tab switch must not wait for it
+        assert app.query_one("TabbedContent").active == "memory"
+        assert time.monotonic() - started < 0.8 and not notified(app, "loaded in")
+        await until(pilot, lambda: notified(app, "loaded in", "information"), what="the load's answer")
+        assert row(d, "late", "1")["state"] == "ready"
+
+
 async def test_banner_when_the_daemon_goes_and_reconnect_when_it_is_back(make_daemon) -> None:
     d = make_daemon(MODELS)
     app = console(d)
@@ -172,7 +190,7 @@ async def test_banner_when_the_daemon_goes_and_reconnect_when_it_is_back(make_da
 
 
 async def test_stalled_statistics_show_the_banner_even_when_admin_answers(make_daemon) -> None:
-    from conftest import DAEMON_HEAD
+    from harness import DAEMON_HEAD
 
     d = make_daemon(MODELS, head=DAEMON_HEAD + 'stats = ""\n')  # the daemon publishes nothing
     app = console(d)
@@ -204,12 +222,19 @@ def test_without_truecolour_the_console_uses_256_colours(monkeypatch) -> None:
     assert TopApp(StaticFeed()).console.color_system == "truecolor"
 
 
-def test_the_vendor_directory_goes_first_on_sys_path(tmp_path, monkeypatch) -> None:
+def test_the_console_imports_textual_from_the_vendor_directory(tmp_path) -> None:
+    import json
+    import subprocess
     import sys
 
-    from infermux.tui import vendor
+    import tui_data
 
-    monkeypatch.setattr(sys, "path", list(sys.path))
-    assert not vendor.activate(tmp_path / "missing")
-    assert vendor.activate(tmp_path) and sys.path[0] == str(tmp_path)
-    assert os.fspath(tmp_path) not in sys.path[1:]
+    fake = tmp_path / "vendor" / "textual"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise SystemExit("vendored textual imported")\n')
+    status = tmp_path / "status.json"
+    status.write_text(json.dumps(tui_data.snapshot()))
+    out = subprocess.run([sys.executable, "-m", "infermux", "top", "--from-file", str(status)],
+                         capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "INFERMUX_VENDOR_DIR": str(tmp_path / "vendor")})
+    assert "vendored textual imported" in out.stderr, out.stderr[-2000:]

@@ -89,6 +89,8 @@ class TopApp(App):
         self.events = EventStore()
         self.link_ok = False
         self.snapshots_seen = 0
+        self._shown_tab = "models"
+        self._last_key: str | None = None
 
     # -- layout -------------------------------------------------------------------
 
@@ -169,14 +171,18 @@ class TopApp(App):
         return self.main.query_one(TabbedContent).active
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
-        key = self.selected_key()
-        table = self._table(event.pane.id or "")
-        if table is not None:
-            if key:
-                table.select(key)
-            table.focus()
-        self._last_key = key
-        self.refresh_views()
+        """Keep the selected version when switching tabs; focus what the new tab shows."""
+        previous = self._table(self._shown_tab)
+        key = previous.selected_key() if previous is not None else self._last_key
+        self._shown_tab, self._last_key = event.pane.id or "", key
+        self.refresh_views()  # hidden tabs are stale: fill this one before selecting in it
+        table = self._table(self._shown_tab)
+        if table is None:
+            self.events_log.focus()
+            return
+        if key:
+            table.select(key)
+        table.focus()
 
     def _table(self, tab: str) -> KeyedTable | None:
         return {"models": self.models_table, "memory": self.memory_view.query_one(MemoryTable),
@@ -200,7 +206,7 @@ class TopApp(App):
             return base.key
         table = self._table(self._tab)
         if table is None:  # the events tab: the row last selected elsewhere
-            return getattr(self, "_last_key", None) or self.models_table.selected_key()
+            return self._last_key or self.models_table.selected_key()
         return table.selected_key()
 
     def selected(self) -> dict[str, Any] | None:

@@ -41,9 +41,9 @@ def endpoints(args: argparse.Namespace) -> tuple[str, str, str]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infermux.tui.vendor import activate
+    from infermux import vendor
 
-    activate()  # before the first textual import: the Debian package's vendored copy wins
+    vendor.activate()  # before the first textual import: the Debian package's vendored copy wins
     from infermux.config import ConfigError
     from infermux.tui.feed import Endpoints, LiveFeed, StaticFeed
 

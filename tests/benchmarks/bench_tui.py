@@ -24,8 +24,7 @@ TESTS = BENCHMARKS.parent
 sys.path[:0] = [str(BENCHMARKS), str(TESTS)]
 
 import models  # noqa: E402
-from conftest import DAEMON_HEAD  # noqa: E402
-from harness import Daemon  # noqa: E402
+from harness import DAEMON_HEAD, Daemon  # noqa: E402
 from results import markdown_table, stamp, write_section  # noqa: E402
 
 from infermux.tui.app import TopApp  # noqa: E402
@@ -103,8 +102,8 @@ def main() -> int:
         "",
         markdown_table(["view", "snapshots/s", "CPU (one core)"], rows),
         "",
-        "Target: under 5 % of one core at 4 snapshots/s. Cells are updated in place "
-        "(only those whose text changed); hidden tabs are not updated.",
+        "Target: under 5 % of one core at 4 snapshots/s. A table row is redrawn only when one of its "
+        "cells changed; hidden tabs are not updated. Reproduce: `python tests/benchmarks/bench_tui.py`.",
     ])
     print(body)
     if not args.no_write:
