@@ -238,3 +238,27 @@ def test_the_console_imports_textual_from_the_vendor_directory(tmp_path) -> None
                          capture_output=True, text=True, timeout=30,
                          env={**os.environ, "INFERMUX_VENDOR_DIR": str(tmp_path / "vendor")})
     assert "vendored textual imported" in out.stderr, out.stderr[-2000:]
+
+
+async def test_the_keyboard_moves_the_selection_and_scrolls_a_long_table() -> None:
+    import tui_data
+
+    many = tui_data.snapshot()
+    many["models"] = [tui_data.version(f"model{i:02d}", "1", default=True) for i in range(30)]
+    app = TopApp(StaticFeed(many))
+    async with app.run_test(size=(80, 14)) as pilot:  # room for about 8 rows
+        table = app.models_table
+        await until(pilot, lambda: len(table.keys()) == 30)
+        assert table.selected_key() == "model00:1"
+        await pilot.press("down", "down", "down")
+        assert table.selected_key() == "model03:1"
+        await pilot.press("end")
+        assert table.selected_key() == "model29:1"
+        await pilot.pause()
+        assert "model29" in screen_text(app) and "model00" not in screen_text(app)
+        await pilot.press("pageup", "home")
+        assert table.selected_key() == "model00:1"
+        await pilot.pause()
+        assert "model00" in screen_text(app) and "MODEL" in screen_text(app)  # the header stays
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ModelScreen) and app.screen.key == "model00:1")

@@ -49,7 +49,10 @@ def status_text(snapshot: dict[str, Any]) -> str:
 
 
 class TopApp(App):
-    """`infermux top`."""
+    """`infermux top`: shows what `feed` delivers and sends the operator's actions through it.
+
+    Tests drive it with `run_test()`; `StaticFeed` gives it fixed snapshots.
+    """
 
     TITLE = "infermux top"
     COMMANDS = App.COMMANDS | {ModelCommands}
@@ -223,8 +226,11 @@ class TopApp(App):
             return
         self.push_screen(ModelScreen(key, self.events))
 
-    def on_screen_resume(self) -> None:
-        self.refresh_views()
+    def action_back(self) -> None:
+        """Leave the detail screen; the tables underneath catch up at once, not at the next snapshot."""
+        if isinstance(self.screen, ModelScreen):
+            self.pop_screen()
+            self.call_later(self.refresh_views)
 
     # -- actions ------------------------------------------------------------------
 
@@ -232,6 +238,8 @@ class TopApp(App):
         if action in ("do", "detail", "tab") and isinstance(self.screen, ModalScreen):
             return False  # a dialog is open: its own keys only
         if action in ("detail", "tab") and isinstance(self.screen, ModelScreen):
+            return False
+        if action == "back" and not isinstance(self.screen, ModelScreen):
             return False
         return True
 

@@ -79,7 +79,7 @@ class ContextsTable(KeyedTable):
 class ModelScreen(Screen):
     """Pushed by enter on a model row; escape goes back. The app's action keys act on this version."""
 
-    BINDINGS = [Binding("escape,backspace", "app.pop_screen", "back")]
+    BINDINGS = [Binding("escape,backspace", "app.back", "back")]
 
     DEFAULT_CSS = """
     ModelScreen #detail-head { height: auto; padding: 0 1; background: $boost; text-wrap: nowrap;

@@ -91,7 +91,20 @@ class KeyedTable(ScrollView, can_focus=True):
         self._order: list[str] = []
         self._index: dict[str, int] = {}
         self.cursor_row = 0
-        self._width = sum(c.width for c in self.COLUMNS)
+        self._widths = [c.width for c in self.COLUMNS]
+
+    def on_resize(self) -> None:
+        """Wider terminals give a name column on the left up to 24 more cells."""
+        base = [c.width for c in self.COLUMNS]
+        spare = self.size.width - 1 - sum(base)  # 1: the scrollbar
+        if not base or self.COLUMNS[0].right:
+            return
+        widths = [base[0] + max(0, min(spare, 24)), *base[1:]]
+        if widths != self._widths:
+            self._widths = widths
+            self._segments = {key: self._render_row(cells) for key, cells in self._cells.items()}
+            self.virtual_size = Size(sum(widths), len(self._order) + 1)
+            self.refresh()
 
     # -- data ---------------------------------------------------------------------
 
@@ -114,7 +127,7 @@ class KeyedTable(ScrollView, can_focus=True):
         self._segments = {key: self._render_row(cells) for key, cells in rows}
         self._order = [key for key, _ in rows]
         self._index = {key: i for i, key in enumerate(self._order)}
-        self.virtual_size = Size(self._width, len(self._order) + 1)
+        self.virtual_size = Size(sum(self._widths), len(self._order) + 1)
         self.cursor_row = self._index.get(selected, min(self.cursor_row, max(0, len(self._order) - 1)))
         self.refresh()
 
@@ -124,7 +137,7 @@ class KeyedTable(ScrollView, can_focus=True):
             text, style = cells.get(col.key, ("", ""))
             if not col.right and i:
                 text = " " + text  # the gap before a left-aligned column
-            segments.append(Segment(fit(text, col.width, col.right), _style(style)))
+            segments.append(Segment(fit(text, self._widths[i], col.right), _style(style)))
         return segments
 
     def selected_key(self) -> str | None:
