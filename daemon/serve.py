@@ -29,6 +29,7 @@ def setup_logging(level: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from infermux import config as cfg
+    from infermux import swap
     from infermux.admin import AdminServer
     from infermux.metrics import MetricsServer
     from infermux.server import Server
@@ -57,12 +58,21 @@ def run(args: argparse.Namespace) -> int:
     except (RuntimeError, OSError) as exc:
         logging.getLogger("infermux").error("%s", exc)
         return 1
+    swapper = swap.attach(server)  # engine_dir discovery before READY; hot swap after (docs/hot-swap.md)
     supervisor = Supervisor(server)
     supervisor.install_signals()
-    server.start_models(done=supervisor.models_ready)
+
+    def ready() -> None:
+        if swapper is not None:
+            swapper.start()
+        supervisor.models_ready()
+
+    server.start_models(done=ready)
     try:
         server.serve_forever()
     finally:
+        if swapper is not None:
+            swapper.stop()
         admin.stop()
         if metrics is not None:
             metrics.stop()

@@ -108,7 +108,8 @@ class Server:
 
     def start_models(self, done: Callable[[], None] | None = None) -> threading.Thread:
         """Load every configured hot model in the background (requests get 503 meanwhile)."""
-        hot = [mv for mv in self.registry.all_versions() if mv.config.mode == "inproc" or mv.config.preload]
+        hot = [mv for mv in self.registry.all_versions()
+               if (mv.config.mode == "inproc" or mv.config.preload) and mv.state is State.UNLOADED]
         return self.registry.start_loading(hot, done)
 
     def serve_forever(self) -> None:

@@ -21,6 +21,7 @@ DAEMON_HEAD = """
 listen = ["ipc://infer.sock"]
 engine_dir = "{engines}"
 max_message_bytes = 1048576
+watch = false  # these tests serve exactly their [[models]]; hot swap has its own (test_hot_swap.py)
 """
 
 

@@ -63,6 +63,7 @@ listen = ["ipc://infer.sock"]
 admin = "ipc://admin.sock"
 stats = "ipc://stats.sock"
 engine_dir = "{ENGINES}"
+watch = false
 """ + "".join(models)
 
 
