@@ -6,8 +6,11 @@ source cannot starve the others: each key waits behind at most one request
 of every other key, not behind the flood. As in fq_codel (RFC 8290), a
 lane that was empty ("new": a camera sending one frame at a time) is
 served before the lanes that stay backlogged ("old": the flood), once;
-if it still has items after that, it joins the old lanes' round. A camera
-then waits only for the request running, not also for the flood's next.
+if it still has items after that, it joins the old lanes, which are
+served the shortest first, in turn among equals. A camera then waits only
+for the request running, not also for the flood's next; and after a stall
+(a slow call, a busy CPU) has let every lane grow, the cameras' short
+backlogs drain first instead of at a 1/keys share beside the flood.
 
 `take` forms a dynamic batch (Triton-style): up to `limit` rows, waiting at
 most `wait_s` for company after the first item, never longer than the
@@ -20,13 +23,15 @@ batching saves.
 
 from __future__ import annotations
 
-import itertools
 import threading
 import time
 from collections import deque
 from typing import Callable, Generic, Hashable, Sequence, TypeVar
 
 T = TypeVar("T")
+
+
+NONE: Hashable = object()  # "no key", where None is a key (the lane of requests without one)
 
 
 class Closed(Exception):
@@ -50,7 +55,7 @@ class FairQueue(Generic[T]):
         self._patience = patience
         self._lanes: dict[Hashable, deque[T]] = {}
         self._new: deque[Hashable] = deque()  # keys whose lane was empty: served first
-        self._turn: deque[Hashable] = deque()  # backlogged keys, round-robin, next first
+        self._turn: deque[Hashable] = deque()  # backlogged ("old") keys, in turn
         self._size = 0
         self.rows = 0
         self._need = 1  # queued rows at which the waiting consumer is worth waking
@@ -83,16 +88,27 @@ class FairQueue(Generic[T]):
         return (self._cut is not None and self._patience is not None
                 and time.monotonic() + self._patience(item) < self._cut)
 
-    def _pop(self, at: int = 0) -> T:
-        """The head of the `at`-th lane in service order (new, then old); it goes to the back of the old."""
-        turn = self._new if self._new and at < len(self._new) else self._turn
-        if turn is self._turn:
-            at -= len(self._new)
-        if at:
-            key = turn[at]
-            del turn[at]
+    def _order(self) -> list[Hashable]:
+        """Keys in service order: new lanes first, then old lanes, the shortest first (ties in turn)."""
+        lanes = self._lanes
+        return [*self._new, *sorted(self._turn, key=lambda k: len(lanes[k]))]
+
+    def _next_key(self) -> Hashable:
+        if self._new:
+            return self._new[0]
+        lanes = self._lanes
+        return min(self._turn, key=lambda k: len(lanes[k]))  # the first of the shortest: round-robin on ties
+
+    def _pop(self, key: Hashable = NONE) -> T:
+        """The head of `key`'s lane (default: the next in service order); the lane goes to the back of the old."""
+        if key is NONE:
+            key = self._next_key()
+        if self._new and self._new[0] == key:
+            self._new.popleft()
+        elif key in self._new:
+            self._new.remove(key)
         else:
-            key = turn.popleft()
+            self._turn.remove(key)
         lane = self._lanes[key]
         item = lane.popleft()
         if lane:
@@ -103,12 +119,15 @@ class FairQueue(Generic[T]):
         self.rows -= self._size_of(item)
         return item
 
-    def _first_fitting(self, fits: Callable[[T], bool]) -> int | None:
-        """Which lane, in turn order, has a head that `fits`; lanes skipped keep their turn."""
-        for at, key in enumerate(itertools.chain(self._new, self._turn)):
+    def _first_fitting(self, fits: Callable[[T], bool]) -> Hashable:
+        """The first key, in service order, whose lane's head `fits` (else NONE); lanes skipped keep their place."""
+        key = self._next_key()
+        if fits(self._lanes[key][0]):  # the usual case, without sorting the lanes
+            return key
+        for key in self._order():
             if fits(self._lanes[key][0]):
-                return at
-        return None
+                return key
+        return NONE
 
     def get(self, timeout: float | None = None) -> T | None:
         """The next item in turn; None on timeout; raises Closed once closed and empty."""
@@ -155,11 +174,11 @@ class FairQueue(Generic[T]):
             while rows < limit and rows != largest:
                 if self._size:
                     room = limit - rows
-                    at = self._first_fitting(lambda item: self._size_of(item) <= room and (
+                    key = self._first_fitting(lambda item: self._size_of(item) <= room and (
                         fits is None or fits(first, item)))
-                    if at is None:
+                    if key is NONE:
                         break
-                    nxt = self._pop(at)
+                    nxt = self._pop(key)
                     items.append(nxt)
                     rows += self._size_of(nxt)
                     if patience is not None:

@@ -45,7 +45,8 @@ def test_keys_take_turns_so_a_flood_does_not_starve_the_others():
     q.put(Item("cam1", "a"))
     q.put(Item(None, "n"))  # no key: the shared lane
     q.put(Item("cam1", "b"))
-    assert [q.get().name for _ in range(8)] == ["f0", "a", "n", "f1", "b", "f2", "f3", "f4"]
+    # New lanes in arrival order, then the backlogged ones, the shortest first.
+    assert [q.get().name for _ in range(8)] == ["f0", "a", "n", "b", "f1", "f2", "f3", "f4"]
     assert len(q) == 0 and q.rows == 0
 
 
@@ -58,7 +59,25 @@ def test_a_key_that_was_idle_goes_before_the_backlogged_ones():
     assert q.get().name == "c0"  # not behind f1: an idle key is served first, once
     q.put(Item("cam", "c1"))
     q.put(Item("cam", "c2"))
-    assert [q.get().name for _ in range(4)] == ["c1", "f1", "c2", "f2"]  # backlogged now: in turn
+    assert [q.get().name for _ in range(4)] == ["c1", "c2", "f1", "f2"]  # the shorter backlog first
+
+
+def test_the_shortest_backlog_drains_first_and_equal_ones_take_turns():
+    q = queue()
+    for i in range(3):
+        q.put(Item("a", f"a{i}"))
+        q.put(Item("b", f"b{i}"))
+    for i in range(6):
+        q.put(Item("flood", f"f{i}"))
+    # a, b, flood enter as new lanes, once each; then a and b (2 left each) before the flood (5 left):
+    # a goes first in turn, and is then the shortest.
+    assert [q.get().name for _ in range(12)] == ["a0", "b0", "f0", "a1", "a2", "b1", "b2",
+                                                   "f1", "f2", "f3", "f4", "f5"]
+    for i in range(2):
+        q.put(Item("x", f"x{i}"))
+        q.put(Item("y", f"y{i}"))
+    assert [q.get().name for _ in range(2)] == ["x0", "y0"]
+    assert [q.get().name for _ in range(2)] == ["x1", "y1"]  # equal backlogs: in turn
 
 
 def test_pushing_out_takes_the_newest_of_a_key():
