@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from infermux.protocol import (DTYPES, Limits, ProtocolError, Status, decode_reply,
+from infermux.protocol import (DTYPES, Limits, MalformedReply, ProtocolError, Status, decode_reply,
                                encode_reply, encode_request, error_header, parse_header, parse_request,
                                request_id)
 
