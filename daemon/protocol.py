@@ -18,6 +18,10 @@ import numpy as np
 
 PROTOCOL_VERSION = 1
 
+# The longest deadline a request may ask for (an int32 of ms, ~24.8 days):
+# deadlines become float µs on the way, and 10**310 ms overflowed a float.
+MAX_TIMEOUT_MS = 2**31 - 1
+
 # json.dumps with arguments builds a new encoder per call; this one is reused.
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -229,8 +233,8 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
     if outputs is not None and (not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs)):
         raise _bad("header field 'outputs' must be a list of output names")
     timeout_ms = _optional(header, "timeout_ms", (int,))
-    if timeout_ms is not None and timeout_ms <= 0:
-        raise _bad("header field 'timeout_ms' must be a positive integer")
+    if timeout_ms is not None and not 0 < timeout_ms <= MAX_TIMEOUT_MS:
+        raise _bad(f"header field 'timeout_ms' must be a positive integer of at most {MAX_TIMEOUT_MS}")
     version = _optional(header, "version", (str, int))
     ident = header.get("id")
     if ident is not None and (not isinstance(ident, (str, int)) or isinstance(ident, bool)):

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from infermux.protocol import (DTYPES, Limits, MalformedReply, ProtocolError, Status, decode_reply,
+from infermux.protocol import (DTYPES, MAX_TIMEOUT_MS, Limits, MalformedReply, ProtocolError, Status, decode_reply,
                                encode_reply, encode_request, error_header, parse_header, parse_request,
                                request_id)
 
@@ -109,7 +109,7 @@ names = st.text(st.characters(codec=None), min_size=1, max_size=8)
 
 @FAST
 @given(st.dictionaries(names, wire_arrays, min_size=0, max_size=4), any_text.filter(bool),
-       st.integers(-(2**63), 2**63) | any_text, any_text, st.integers(1, 2**31), any_text)
+       st.integers(-(2**63), 2**63) | any_text, any_text, st.integers(1, MAX_TIMEOUT_MS), any_text)
 def test_valid_requests_round_trip(inputs, model, ident, version, timeout_ms, key):
     frames = [bytes(f) for f in encode_request(model, inputs, id=ident, version=version,
                                                timeout_ms=timeout_ms, key=key)]
