@@ -19,6 +19,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("infermux.status", "print the daemon's models table once"),
     "ctl": ("infermux.ctl", "run one admin command (load, unload, set, pin, drain, reload, ...)"),
     "build": ("infermux.build", "build a TensorRT engine from an ONNX model on this device"),
+    "keygen": ("infermux.keygen", "make a CURVE keypair for a tcp:// listener or a client"),
+    "tune": ("infermux.tune", "find how many contexts a model should run (the sizing rule)"),
 }
 
 
