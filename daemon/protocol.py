@@ -331,11 +331,13 @@ _REPLY_LIMITS = Limits(max_message_bytes=1 << 62, max_header_bytes=1 << 62, max_
 
 
 def _reply_dtype(name: Any) -> np.dtype:
+    if not isinstance(name, str):
+        raise MalformedReply(f"output dtype {_short(name)} is not a dtype name")
     if name in DTYPES:
         return DTYPES[name]
     try:
-        dtype = np.dtype(name) if isinstance(name, str) else None
-    except TypeError:
+        dtype = np.dtype(name)
+    except Exception:  # numpy's dtype-string parser raises TypeError, ValueError, SyntaxError...
         dtype = None
     if dtype is None or dtype.kind not in _REPLY_KINDS or dtype.name != name:
         raise MalformedReply(f"output dtype {_short(name)} is not a numeric dtype name")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from harness import Daemon
 
@@ -71,4 +72,14 @@ def test_enormous_timeout_is_refused_not_overflowed(daemon: Daemon) -> None:
         longest = client.send_raw([header(**fields, timeout_ms=2**31 - 1), X512.tobytes()])
     assert huge.status == 400 and "timeout_ms" in huge.error and str(2**31 - 1) in huge.error
     assert longest.status == 200
+    still_serving(daemon)
+
+
+@pytest.mark.parametrize("dtype", [["float32"], {"float32": 1}])
+def test_unhashable_dtype_is_a_400(daemon: Daemon, dtype) -> None:
+    # `dtype not in DTYPES` raised TypeError (unhashable) on the frontend thread: the daemon exited.
+    with daemon.client() as client:
+        reply = client.send_raw([header(inputs=[{"name": "x", "dtype": dtype, "shape": [1, 4]}], id=3),
+                                 X4.tobytes()])
+    assert reply.status == 400 and "dtype" in reply.error and reply.header["id"] == 3
     still_serving(daemon)

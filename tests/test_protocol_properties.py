@@ -87,6 +87,17 @@ def test_deeply_nested_header_is_a_400_not_a_recursion_error(depth):
         assert result.status == Status.BAD_REQUEST and "nests too deeply" in result.message
 
 
+@pytest.mark.parametrize("dtype", [["float32"], {"a": 1}, None, 5])
+def test_unhashable_or_odd_dtypes_are_a_400(dtype):
+    # Found by the fuzzer: `dtype not in DTYPES` raised TypeError for a list.
+    raw = dumps({"model": "m", "inputs": [{"name": "x", "dtype": dtype, "shape": [1]}]})
+    result = only_protocol_errors(parse_request, [raw, b"\0" * 4])
+    assert result.status == Status.BAD_REQUEST and "dtype" in result.message
+    reply = only_protocol_errors(decode_reply, [dumps({"status": 200, "outputs": [
+        {"name": "y", "dtype": dtype, "shape": [1]}]}), b"\0" * 4])
+    assert isinstance(reply, MalformedReply)
+
+
 @FAST
 @given(st.lists(st.binary(max_size=64), min_size=0, max_size=4))
 def test_decode_reply_on_arbitrary_frames_raises_only_protocol_errors(frames):

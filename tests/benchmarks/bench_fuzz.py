@@ -79,7 +79,8 @@ def body(report: FuzzReport, args: argparse.Namespace, exit_code: int) -> str:
         "tests/test_fuzz_regressions.py: `[[[[…` a few thousand deep raised RecursionError out of the JSON "
         "parser and stopped the daemon; a lone surrogate (`\"\\ud800\"`) in an echoed `id` or `version` made "
         "the reply encoder raise (frontend or executor thread); `timeout_ms` of 10^310 overflowed a float on "
-        "the fallback path (now capped at 2^31−1 ms).",
+        "the fallback path (now capped at 2^31−1 ms); an unhashable `dtype` (`[\"float32\"]`) raised TypeError "
+        "in the dtype lookup and stopped the daemon.",
         "Reproduce: `python tests/benchmarks/bench_fuzz.py`.",
     ])
 
