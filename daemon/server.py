@@ -86,6 +86,8 @@ class Server:
 
     def bind(self) -> None:
         """Create the runtime directory and bind every listen endpoint."""
+        if self.curve is not None:
+            self.curve.start()  # before any bind: without a ZAP handler libzmq admits every key
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 1000)
@@ -94,8 +96,6 @@ class Server:
         sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.config.daemon.max_message_bytes + (1 << 16))
         sock.setsockopt(zmq.RCVHWM, 10000)
         sock.setsockopt(zmq.SNDHWM, 10000)
-        if self.curve is not None:
-            self.curve.start()  # before any bind: without a ZAP handler libzmq admits every key
         for endpoint in self.endpoints:
             ipc.prepare(endpoint)
             curve.secure_listener(sock, endpoint, self.curve, self.events)
