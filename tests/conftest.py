@@ -8,7 +8,6 @@ from typing import Callable, Iterator
 
 import pytest
 
-import models
 from harness import DAEMON_HEAD, REPO, Daemon
 
 SESSION_MODELS = """
@@ -61,6 +60,8 @@ engine = "fast512/1/model.onnx"
 @pytest.fixture(scope="session")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An engine directory with the sample models and the tests' own."""
+    import models  # needs onnx; imported here so tests without daemons (the .deb build's) run without it
+
     root = tmp_path_factory.mktemp("engines")
     for name in ("classifier", "mlp"):
         shutil.copytree(REPO / "engines" / name, root / name)

@@ -14,7 +14,7 @@ import pytest
 import zmq
 
 from infermux.client import AdminError
-from harness import Daemon
+from harness import Daemon, exchange
 
 X4 = np.ones((1, 4), np.float32)
 TWO_MODELS = """
@@ -155,27 +155,11 @@ def test_invalid_commands_get_clear_errors(d: Daemon, request_: dict, fragment: 
 
 
 def _raw(d: Daemon, body: dict) -> dict:
-    sock = zmq.Context.instance().socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(d.admin_endpoint)
-    try:
-        sock.send(json.dumps(body).encode())
-        assert sock.poll(5000)
-        return json.loads(sock.recv())
-    finally:
-        sock.close()
+    return json.loads(exchange(d.admin_endpoint, zmq.REQ, [json.dumps(body).encode()])[0])
 
 
 def test_non_json_admin_request_is_refused(d: Daemon) -> None:
-    sock = zmq.Context.instance().socket(zmq.REQ)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(d.admin_endpoint)
-    try:
-        sock.send(b"\xffnot json")
-        assert sock.poll(5000)
-        reply = json.loads(sock.recv())
-    finally:
-        sock.close()
+    reply = json.loads(exchange(d.admin_endpoint, zmq.REQ, [b"\xffnot json"])[0])
     assert reply["ok"] is False and "not JSON" in reply["error"]
 
 

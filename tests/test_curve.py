@@ -30,6 +30,7 @@ CURVE_HEAD = """
 [daemon]
 listen = ["tcp://127.0.0.1:{port}", "ipc://infer.sock"]
 engine_dir = "{engines}"
+watch = false
 curve_secret_key = "{keys}/server/server.key_secret"
 curve_authorized_dir = "{keys}/authorized"
 """
@@ -175,7 +176,7 @@ def test_curve_needs_both_settings(keys: Path) -> None:
 def test_allow_insecure_tcp_serves_plain_clients_and_warns(make_daemon) -> None:
     port = free_port()
     head = ('[daemon]\nlisten = ["ipc://infer.sock", "tcp://127.0.0.1:{port}"]\nengine_dir = "{engines}"\n'
-            "allow_insecure_tcp = true\n")
+            "watch = false\nallow_insecure_tcp = true\n")
     daemon = make_daemon(ADDONE, head=head, port=str(port))
     assert infer(f"tcp://127.0.0.1:{port}", 10.0).status == 200
     assert f"tcp://127.0.0.1:{port} has no CURVE (allow_insecure_tcp = true)" in daemon.log()

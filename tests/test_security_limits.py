@@ -19,6 +19,7 @@ LIMITS_HEAD = """
 [daemon]
 listen = ["ipc://infer.sock"]
 engine_dir = "{engines}"
+watch = false
 max_message_bytes = 4096
 max_header_bytes = 512
 max_tensors = 2

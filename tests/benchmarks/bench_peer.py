@@ -67,6 +67,7 @@ DAEMON_TOML = """\
 [daemon]
 listen = ["ipc://infer.sock", "tcp://127.0.0.1:{port}"]
 engine_dir = "{engines}"
+watch = false             # serve exactly the classifier
 allow_insecure_tcp = true   # loopback only, for this benchmark
 
 [[models]]
