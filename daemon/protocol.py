@@ -309,6 +309,9 @@ def encode_reply(header: dict[str, Any], outputs: Mapping[str, np.ndarray] | Non
         metas = []
         for name, value in outputs.items():
             array = np.asarray(value)
+            if array.dtype.kind not in _REPLY_KINDS:
+                raise ValueError(f"output {name!r} has dtype {array.dtype}, which the wire cannot carry "
+                                 f"(numeric and bool dtypes only)")
             metas.append({"name": name, "dtype": dtype_name(array.dtype), "shape": list(array.shape)})
             frames.append(_frame(array))
         header["outputs"] = metas
