@@ -60,30 +60,50 @@ class _Dealer:
 
 
 class Client:
-    """Blocking inference calls: one request, one reply."""
+    """Blocking inference calls: one request, one reply.
 
-    def __init__(self, endpoint: str, *, timeout_s: float | None = 10.0,
+    `retries`: when no reply comes within `timeout_s`, reconnect on a fresh
+    socket and send again, up to this many times. Inference is idempotent,
+    and a request written into a connection that then broke (a daemon
+    restart) is lost in transit, never seen by the daemon: resending is the
+    only way to get it answered.
+    """
+
+    def __init__(self, endpoint: str, *, timeout_s: float | None = 10.0, retries: int = 0,
                  context: zmq.Context | None = None, curve: Mapping[str, bytes] | None = None) -> None:
-        self._dealer = _Dealer(endpoint, context, curve)
+        self._connect = lambda: _Dealer(endpoint, context, curve)
+        self._dealer = self._connect()
         self._ids = itertools.count(1)
         self.timeout_s = timeout_s
+        self.retries = retries
 
     def infer(self, model: str, inputs: Mapping[str, np.ndarray], *, version: str | None = None,
               outputs: Sequence[str] | None = None, timeout_ms: int | None = None,
               key: str | None = None, check: bool = False) -> Reply:
         """Send one request and wait for its reply (stale replies are skipped)."""
-        ident = next(self._ids)
-        self._dealer.send(encode_request(model, inputs, id=ident, version=version, outputs=outputs,
-                                         timeout_ms=timeout_ms, key=key))
+        for attempt in range(self.retries + 1):
+            ident = next(self._ids)
+            self._dealer.send(encode_request(model, inputs, id=ident, version=version, outputs=outputs,
+                                             timeout_ms=timeout_ms, key=key))
+            try:
+                reply = self._await(ident)
+                break
+            except TimeoutError:
+                if attempt == self.retries:
+                    raise
+                self._dealer.close()  # a late reply must not pair with the resent request
+                self._dealer = self._connect()
+        if check and not reply.ok:
+            raise InferError(reply)
+        return reply
+
+    def _await(self, ident: int) -> Reply:
         deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
         while True:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             reply = self._dealer.recv(left)
             if reply.header.get("id") in (ident, None):
-                break
-        if check and not reply.ok:
-            raise InferError(reply)
-        return reply
+                return reply
 
     def send_raw(self, frames: list[Any]) -> Reply:
         """Send frames exactly as given (tests and fuzzers) and wait for a reply."""

@@ -86,12 +86,21 @@ class Executor:
                 except Closed:
                     break
                 with self._busy:
-                    self._run_batch(jobs)
+                    self._guarded(jobs)
         finally:
             try:
                 self._context.close()
             except Exception:  # a failing close must not hide the real exit reason
                 log.exception("closing context failed model=%s version=%s", self.name, self.version)
+
+    def _guarded(self, jobs: list[Job]) -> None:
+        """Run a batch; a bug anywhere in it answers those requests 500 instead of killing the context."""
+        try:
+            self._run_batch(jobs)
+        except Exception as exc:
+            log.exception("executor error model=%s version=%s context=%d", self.name, self.version, self.index)
+            self.in_flight = self.in_flight_rows = 0
+            self._fail(jobs, Status.BACKEND_ERROR, f"internal error: {exc}")
 
     def try_inline(self, job: Job) -> bool:
         """Run `job` on the calling thread if this context is idle with nothing queued.
@@ -102,7 +111,7 @@ class Executor:
         if len(self.queue) or not self._busy.acquire(blocking=False):
             return False
         try:
-            self._run_batch([job])
+            self._guarded([job])
         finally:
             self._busy.release()
         return True

@@ -73,9 +73,8 @@ class FairQueue(Generic[T]):
             if self._closed:
                 raise Closed
             lane = self._lanes.get(key)
-            if lane is None:
+            if lane is None:  # an emptied lane stays old until the next dequeue: no jumping ahead as new
                 lane = self._lanes[key] = deque()
-            if not lane:
                 self._new.append(key)
             lane.append(item)
             self._size += 1
@@ -91,13 +90,27 @@ class FairQueue(Generic[T]):
     def _order(self) -> list[Hashable]:
         """Keys in service order: new lanes first, then old lanes, the shortest first (ties in turn)."""
         lanes = self._lanes
-        return [*self._new, *sorted(self._turn, key=lambda k: len(lanes[k]))]
+        return [*self._new, *sorted((k for k in self._turn if lanes[k]), key=lambda k: len(lanes[k]))]
 
     def _next_key(self) -> Hashable:
         if self._new:
             return self._new[0]
         lanes = self._lanes
-        return min(self._turn, key=lambda k: len(lanes[k]))  # the first of the shortest: round-robin on ties
+        # The first of the shortest non-empty lanes: round-robin among equals.
+        return min((k for k in self._turn if lanes[k]), key=lambda k: len(lanes[k]))
+
+    def _purge(self) -> None:
+        """Forget old lanes that stayed empty since the last dequeue; their next item is new again.
+
+        As in fq_codel, a lane that empties stays old until then: a flood
+        whose lane empties for a moment (its next request still on the
+        way) does not come back as new and go ahead of a camera.
+        """
+        lanes = self._lanes
+        if any(not lanes[k] for k in self._turn):
+            for key in [k for k in self._turn if not lanes[k]]:
+                del lanes[key]
+            self._turn = deque(k for k in self._turn if k in lanes)
 
     def _pop(self, key: Hashable = NONE) -> T:
         """The head of `key`'s lane (default: the next in service order); the lane goes to the back of the old."""
@@ -111,10 +124,7 @@ class FairQueue(Generic[T]):
             self._turn.remove(key)
         lane = self._lanes[key]
         item = lane.popleft()
-        if lane:
-            self._turn.append(key)
-        else:
-            del self._lanes[key]
+        self._turn.append(key)  # emptied or not, it is old now (an empty one until `_purge`)
         self._size -= 1
         self.rows -= self._size_of(item)
         return item
@@ -143,6 +153,7 @@ class FairQueue(Generic[T]):
                     self._ready.wait(left)
                 if not self._size:
                     raise Closed
+            self._purge()
             return self._pop()
 
     def take(self, limit: int, wait_s: float, *, preferred: Sequence[int] = (),
@@ -200,7 +211,7 @@ class FairQueue(Generic[T]):
     def lanes(self) -> dict[Hashable, int]:
         """Queued items per key, as of now."""
         with self._ready:
-            return {key: len(lane) for key, lane in self._lanes.items()}
+            return {key: len(lane) for key, lane in self._lanes.items() if lane}
 
     def pop_newest(self, key: Hashable) -> T | None:
         """Remove the most recently queued item of `key` (push-out); None if it has none."""

@@ -44,7 +44,7 @@ def test_fairness_holds_with_least_queue_over_several_contexts(make_daemon):
 def test_a_full_queue_makes_room_for_a_key_that_holds_less_of_it(make_daemon):
     d = make_daemon('[[models]]\nname = "slow"\nengine = "slow/1/model.onnx"\nmax_queue = 4\ntimeout_ms = 20000\n')
     with d.pipeline(timeout_s=30) as pipe:
-        flood = [pipe.submit("slow", {"x": BIG}, key="flood") for _ in range(10)]
+        flood = [pipe.submit("slow", {"x": HEAVY}, key="flood") for _ in range(10)]
         camera = pipe.submit("slow", {"x": BIG[:1]}, key="camera")
         same_key = pipe.submit("slow", {"x": BIG[:1]}, key="flood")
         replies = {r.header["id"]: r for r in pipe.replies()}

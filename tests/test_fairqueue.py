@@ -80,6 +80,18 @@ def test_the_shortest_backlog_drains_first_and_equal_ones_take_turns():
     assert [q.get().name for _ in range(2)] == ["x1", "y1"]  # equal backlogs: in turn
 
 
+def test_a_lane_that_just_emptied_does_not_come_back_as_new():
+    q = queue()
+    q.put(Item("flood", "f0"))
+    assert q.get().name == "f0"  # the flood's lane is empty, but still old until the next dequeue
+    q.put(Item("flood", "f1"))
+    q.put(Item("cam", "c0"))
+    assert [q.get().name for _ in range(2)] == ["c0", "f1"]
+    q.put(Item("cam", "c1"))  # the camera's lane stayed empty over a dequeue: forgotten, new again
+    q.put(Item("flood", "f2"))  # the flood's emptied at the last one: still old
+    assert [q.get().name for _ in range(2)] == ["c1", "f2"]
+
+
 def test_pushing_out_takes_the_newest_of_a_key():
     q = queue()
     for name in ("f0", "f1", "f2"):

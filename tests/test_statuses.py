@@ -157,3 +157,13 @@ def test_not_ready_degrades_to_the_fallback(make_daemon) -> None:
         reply = client.infer("late", {"x": np.ones((1, 512), np.float32)})
     assert reply.status == 200 and reply.model == "fast"
     assert reply.fallback == {"from": "late", "reason": "not_ready"}
+
+
+def test_a_plugin_that_returns_garbage_gets_500_and_its_context_lives_on(make_daemon) -> None:
+    d = make_daemon('[[models]]\nname = "bad"\nengine = "addone/1/model.onnx"\nbackend = "bad_outputs:BadOutputsBackend"\n')
+    with d.client() as client:
+        broken = client.infer("bad", {"x": -(X4 + 1)})
+        fine = client.infer("bad", {"x": X4})
+    assert broken.status == 500 and "internal error" in broken.error
+    assert fine.status == 200
+    assert "executor error model=bad" in d.log()
