@@ -322,7 +322,7 @@ Shipped settings (etc/infermux/infermux.toml) — {settings}. Unbatched = the sa
 
 {markdown_table(["model", "c", "QPS", "p50 µs", "p99 µs", "batch", "errors", "QPS per round"], rows)}
 
-Batched / unbatched QPS (medians): {ratios}. Goal: ≥ 1.5× on the MLP at c=32. Batching removes the executor's share of each request (a thread wake-up, a backend call, GIL hand-offs); the frontend thread's share (receive, parse, admit, send: ~100 µs of GIL a request on this box) stays, which caps the gain, most at c=16. onnxruntime's CPU conv costs about as much per image in a batch as alone, so the classifier gains little here.
+Batched / unbatched QPS (medians): {ratios}. Goal: ≥ 1.5× on the MLP at c=32. Batching removes the executor's share of each request (a thread wake-up, a backend call, GIL hand-offs: profiled at c=32, the batched executor thread is ~10 % busy outside onnxruntime); the frontend thread's share stays (receive, parse, admit, send: ~100 µs of GIL a request on this box, ~4 µs of it pyzmq 27's enum flags inside recv_multipart/send_multipart), and that is what caps the gain. onnxruntime's CPU conv costs about as much per image in a batch as alone, so the classifier gains little here.
 
 ### Fairness: one key sending {FLOOD_FACTOR}× a camera's rate
 
