@@ -197,6 +197,7 @@ def paced_load(endpoint: str, model: str, inputs: dict, *, rate: float, duration
     header, tensors = parse_header(frames[0]), [bytes(f) for f in frames[1:]]
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDTIMEO, 2000)  # a DEALER blocks on send once its peer is gone: fail instead
     sock.connect(endpoint)
     clock = time.perf_counter
     start = clock()
@@ -209,7 +210,10 @@ def paced_load(endpoint: str, model: str, inputs: dict, *, rate: float, duration
             while due <= now and due < end:
                 ident += 1
                 header["id"] = ident
-                sock.send_multipart([b"", json.dumps(header).encode(), *tensors])
+                try:
+                    sock.send_multipart([b"", json.dumps(header).encode(), *tensors])
+                except zmq.Again:
+                    raise TimeoutError(f"{endpoint} takes no requests (did the daemon stop?)") from None
                 sent[ident] = clock()
                 due += rng.expovariate(rate)
             if now >= end and (not sent or now > end + 10):
