@@ -1,0 +1,391 @@
+"""The daemon's side of a cold model: a scheduler whose contexts live in a worker.
+
+To the router a `WorkerProxy` is a `Scheduler` (`submit`, `depth`, `load`,
+`in_flight`, `max_queue`, `executors`, `policy`, `resize`, `stop`) and a
+`RemoteEngine` is an engine (its `inputs`/`outputs` come from the worker's
+READY message). `submit` copies the request's tensors into a shared-memory
+slot (or inline when small) and sends one message down the pipe; a reader
+thread takes the worker's replies, builds the client's reply frames (big
+outputs are sent to the client straight from the slot, zero-copy) and hands
+them to `Server.reply`, like an executor would.
+
+When the worker process ends, the reader sees it at once (pidfd) and
+answers every request still in flight with 503 + retry_after_ms, so no
+client waits for a timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import zmq
+
+from infermux import batcher
+from infermux import workerwire as wire
+from infermux.config import ModelConfig
+from infermux.executor import LateFn, ReplyFn
+from infermux.job import Job
+from infermux.plugins.base import BackendError, TensorSpec
+from infermux.protocol import Status, encode_reply, error_header
+from infermux.shm import ALIGN, Slot, SlotPool, layout, segment_name
+from infermux.workerproc import WorkerProcess
+
+log = logging.getLogger("infermux.workers")
+
+ZERO_COPY_MIN = 1 << 20  # outputs this big go to the client straight from the slot (DESIGN §10)
+
+
+class RemoteEngine:
+    """A worker's engine as the daemon sees it: tensor specs and footprint, no contexts."""
+
+    def __init__(self, inputs: list[TensorSpec], outputs: list[TensorSpec], memory: int) -> None:
+        self.inputs = inputs
+        self.outputs = outputs
+        self.memory = memory
+
+    def create_context(self) -> Any:
+        raise BackendError("a cold model's contexts live in its worker process")
+
+    def memory_bytes(self) -> int:
+        return self.memory
+
+    def close(self) -> None:
+        """Nothing here: stopping the proxy stops the process that holds the engine."""
+
+
+class _Depth:
+    """A queue length reported by the worker (what `len(ex.queue)` reads)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class ContextView:
+    """One execution context inside the worker, as its last heartbeat described it."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.queue = _Depth()
+        self.in_flight = 0
+        self.served = 0
+        self.row_us = 0.0
+
+    @property
+    def load(self) -> int:
+        return len(self.queue) + self.in_flight
+
+
+class RemotePolicy:
+    """The worker's batching policy; setting a field sends it to the worker (admin `set`)."""
+
+    def __init__(self, send: Callable[[dict[str, Any]], None], config: ModelConfig, allowed: bool) -> None:
+        self._send = send
+        self.allowed = allowed
+        self.preferred = config.preferred_batch
+        self._max_batch = config.max_batch if allowed else 1
+        self._delay_s = config.batch_delay_us / 1e6
+
+    @property
+    def max_batch(self) -> int:
+        return self._max_batch
+
+    @max_batch.setter
+    def max_batch(self, value: int) -> None:
+        self._max_batch = value
+        self._send({"max_batch": value})
+
+    @property
+    def delay_s(self) -> float:
+        return self._delay_s
+
+    @delay_s.setter
+    def delay_s(self, value: float) -> None:
+        self._delay_s = value
+        self._send({"batch_delay_us": int(value * 1e6)})
+
+
+ExitFn = Callable[["WorkerProxy", str, bool], None]
+
+
+class WorkerProxy:
+    """Forwards one model version's jobs to its worker process and its replies to clients."""
+
+    def __init__(self, process: WorkerProcess, config: ModelConfig, ready: dict[str, Any], reply: ReplyFn,
+                 on_late: LateFn, on_exit: ExitFn, stats: Any, strategy: str) -> None:
+        self.process = process
+        self.name, self.version = config.name, config.version
+        self.max_queue = config.max_queue
+        self.strategy = strategy
+        self.policy = RemotePolicy(self._set, config, bool(ready.get("allowed", True)))
+        self.executors: list[ContextView] = [ContextView(i) for i in range(config.contexts)]
+        self.load_ms = int(ready.get("load_ms", 0))
+        self.stop_reason = ""
+        self.forward_to: Any = None  # promote/demote: where jobs go once this one stops taking them
+        self.created = self.last_beat = time.monotonic()
+        self.gpu_bytes = 0
+        self._reply, self._on_late, self._on_exit, self._stats = reply, on_late, on_exit, stats
+        self._outputs = len(ready["outputs"])
+        self._out_row_bytes = _row_bytes(ready["outputs"])
+        self._pending: dict[int, tuple[Job, Slot | None, int]] = {}
+        self._seq = itertools.count(1)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._closing = False  # no new jobs
+        self._stopping = False  # the end of the process is expected
+        self.slots = SlotPool(segment_name(os.getpid(), process.wid), config.max_queue + config.contexts,
+                              on_drop=self._forget)
+        self._reader = threading.Thread(target=self._read, name=f"worker-{self.name}-{self.version}", daemon=True)
+        self._reader.start()
+
+    # -- the Scheduler interface ------------------------------------------------------
+
+    def submit(self, job: Job) -> bool:
+        """Send `job` to the worker; False when its queue is full or it is stopping."""
+        with self._lock:
+            if self._closing:
+                successor = self.forward_to
+                return successor.submit(job) if successor is not None else False
+            if len(self._pending) >= self.max_queue + len(self.executors):
+                return False
+            return self._send_job(job)
+
+    def _send_job(self, job: Job) -> bool:
+        body = job.frames[len(job.envelope):]
+        header, tensors = body[0], body[1:]
+        sizes = [len(t) for t in tensors]
+        offsets, span = layout(sizes)
+        rows = batcher.rows(job.request.inputs)
+        slot = None
+        meta: dict[str, Any] = {"s": 0, "slot": None, "r": job.received_ns, "d": job.deadline_ns,
+                                "fb": job.fallback}
+        if sum(sizes) > wire.INLINE_MAX_BYTES:
+            need = max(span, self._out_row_bytes * rows + ALIGN * self._outputs)
+            slot = self.slots.acquire(need)
+            if slot is None:
+                return False
+            view = slot.view
+            for offset, size, tensor in zip(offsets, sizes, tensors):
+                view[offset:offset + size] = tensor
+            meta["slot"], meta["off"] = slot.name, [[o, n] for o, n in zip(offsets, sizes)]
+        seq = meta["s"] = next(self._seq)
+        message = [wire.INFER, wire.dumps(meta).encode(), header]
+        if slot is None:
+            message += tensors
+        if not self.process.send(message):
+            if slot is not None:
+                self.slots.release(slot)
+            return False
+        self._pending[seq] = (job, slot, rows)
+        return True
+
+    def depth(self) -> int:
+        """Requests waiting for a context (in the worker or on the way to it)."""
+        return max(0, len(self._pending) - len(self.executors))
+
+    def load(self) -> int:
+        return len(self._pending)
+
+    def in_flight(self) -> int:
+        return min(len(self._pending), len(self.executors))
+
+    def full(self) -> bool:
+        return self.load() >= self.max_queue + len(self.executors)
+
+    def resize(self, contexts: int) -> None:
+        if contexts < 1:
+            raise ValueError("a loaded model needs at least one context")
+        self._set({"contexts": contexts})
+        views = self.executors[:contexts]
+        views += [ContextView(i) for i in range(len(views), contexts)]
+        self.executors = views
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Take no new jobs, wait for those in flight, then stop the worker; True if all were answered."""
+        self.stop_reason = self.stop_reason or "unloaded"
+        with self._lock:
+            self._closing = True
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while self._pending:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._idle.wait(left)
+            drained = not self._pending
+            self._stopping = True
+        self.process.stop()
+        self._reader.join(10)
+        return drained
+
+    def kill(self, reason: str) -> None:
+        """End a worker that no longer answers; the reader then fails what it held."""
+        self.stop_reason = reason
+        self.process.kill()
+
+    # -- what the stats and admin views read ---------------------------------------------
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return not self._closing and not self.process.exited()
+
+    def footprint(self) -> int:
+        """Memory this worker costs: its resident memory plus its GPU memory where readable."""
+        return self.process.rss() + self.gpu_bytes
+
+    def worker_info(self) -> dict[str, Any]:
+        state = "exited" if self.process.exited() else "stopping" if self._closing else "ready"
+        return {"pid": self.pid, "state": state, "rss_bytes": self.process.rss(), "gpu_bytes": self.gpu_bytes,
+                "uptime_s": round(time.monotonic() - self.process.started, 1),
+                "heartbeat_age_ms": round((time.monotonic() - self.last_beat) * 1000),
+                "in_flight": len(self._pending), "slots": len(self.slots), "load_ms": self.load_ms}
+
+    # -- the reader thread ---------------------------------------------------------------
+
+    def _read(self) -> None:
+        up, pidfd = self.process.up, self.process.pidfd
+        poller = zmq.Poller()
+        poller.register(up, zmq.POLLIN)
+        if pidfd is not None:
+            poller.register(pidfd, zmq.POLLIN)
+        try:
+            while True:
+                events = dict(poller.poll(1000 if pidfd is not None else 50))
+                if up in events:
+                    self._drain(up)
+                if (pidfd is not None and pidfd in events) or (pidfd is None and self.process.exited()):
+                    self._drain(up)  # what the worker sent before it ended still counts
+                    break
+        except Exception:  # a bug here must not leave clients waiting: fail them below
+            log.exception("worker reader failed model=%s version=%s", self.name, self.version)
+            self.process.kill()
+        self._ended()
+
+    def _drain(self, up: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = up.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            kind = frames[0]
+            if kind == wire.REPLY:
+                self._replied(frames)
+            elif kind == wire.BEAT:
+                self._beat(json.loads(frames[1]))
+            elif kind == wire.LATE:
+                entry = self._take(wire.unpack_seq(frames[1]))
+                if entry is not None:
+                    self._release(entry[1])
+                    self._on_late(entry[0])
+
+    def _take(self, seq: int) -> tuple[Job, Slot | None, int] | None:
+        with self._lock:
+            entry = self._pending.pop(seq, None)
+            if not self._pending:
+                self._idle.notify_all()
+        return entry
+
+    def _replied(self, frames: list[bytes]) -> None:
+        entry = self._take(wire.unpack_seq(frames[1]))
+        if entry is None:
+            return
+        job, slot, rows = entry
+        status, batch, queue_us, compute_us, total_us = wire.unpack_stats(frames[2])
+        header, placement = frames[3], frames[4]
+        tracker = None
+        if placement:
+            outputs, tracker, span = self._from_slot(slot, json.loads(placement))
+        else:
+            outputs = frames[5:]
+            span = layout([len(f) for f in outputs])[1]
+        if span > self._out_row_bytes * rows:  # learn the output size, so the next slot fits it
+            self._out_row_bytes = -(-span // max(rows, 1))
+        self._release(slot, tracker)
+        self._reply(job.envelope, [header, *outputs])
+        if status == 200:
+            self._stats.record_batch(batch, compute_us)
+        self._stats.record(status, total_us, queue_us, compute_us, batch)
+
+    @staticmethod
+    def _from_slot(slot: Slot | None, places: list[list[int]]) -> tuple[list[Any], Any, int]:
+        assert slot is not None, "the worker wrote outputs into a slot the request did not have"
+        outputs: list[Any] = []
+        trackers = []
+        for offset, size in places:
+            part = slot.view[offset:offset + size]
+            if size >= ZERO_COPY_MIN:
+                frame = zmq.Frame(part, copy=False, track=True)
+                trackers.append(frame.tracker)
+                outputs.append(frame)
+            else:
+                outputs.append(bytes(part))
+        tracker = zmq.MessageTracker(*trackers) if trackers else None
+        span = places[-1][0] + places[-1][1] if places else 0
+        return outputs, tracker, span
+
+    def _release(self, slot: Slot | None, tracker: Any = None) -> None:
+        if slot is not None:
+            self.slots.release(slot, tracker)
+
+    def _beat(self, beat: dict[str, Any]) -> None:
+        self.last_beat = time.monotonic()
+        views = self.executors
+        for view, (queued, running, served) in zip(views, beat.get("ctx", ())):
+            view.queue.n, view.in_flight, view.served = queued, running, served
+
+    def _ended(self) -> None:
+        """The process is gone: tell the manager (the version stops being ready), answer what
+        it held with 503, free the slots."""
+        crashed = not self._stopping
+        how = self.process.reason()
+        reason = f"crashed ({how})" if crashed and not self.stop_reason else (self.stop_reason or how)
+        self._on_exit(self, how, crashed)
+        with self._lock:
+            self._closing = True
+            pending, self._pending = self._pending, {}
+            self._idle.notify_all()
+        retry_ms = max(100, self.load_ms + 100)
+        for job, slot, _ in pending.values():
+            self._release(slot)
+            header = error_header(Status.NOT_READY, f"model {self.name!r} version {self.version!r}: worker "
+                                  f"{self.pid} {reason}; retry", job.request.id, retry_after_ms=retry_ms,
+                                  model=self.name, version=self.version)
+            self._reply(job.envelope, encode_reply(header))
+            self._stats.record(int(Status.NOT_READY), (time.perf_counter_ns() - job.received_ns) // 1000)
+        self.slots.close()
+        self.process.close()
+
+    def _set(self, changes: dict[str, Any]) -> None:
+        self.process.send([wire.SET, wire.dumps(changes).encode()])
+
+    def _forget(self, name: str) -> None:
+        self.process.send([wire.FORGET, name.encode()])
+
+
+def _row_bytes(outputs: list[dict[str, Any]]) -> int:
+    """Bytes per input row the outputs need, by their specs (dynamic dims count as 1)."""
+    total = 0
+    for spec in outputs:
+        count = 1
+        for d in spec["shape"]:
+            count *= d if d > 0 else 1
+        total += count * _itemsize(spec["dtype"])
+    return total
+
+
+def _itemsize(dtype: str) -> int:
+    return {"float16": 2, "int8": 1, "uint8": 1, "bool": 1, "int32": 4, "float32": 4}.get(dtype, 8)
+
