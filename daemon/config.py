@@ -46,6 +46,8 @@ class DaemonConfig:
     log_level: str = "info"
     metrics_port: int = 0
     inline_max_us: int = 500
+    spare_worker: bool = True  # keep one worker started ahead for the next cold model
+    worker_hang_s: float = 10.0  # a worker silent this long is killed and replaced
 
 
 @dataclass(frozen=True)
@@ -153,10 +155,14 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
             _positive(file, f"daemon.{key}", raw[key], 1024)
     if "memory_budget" in raw:
         parse_budget(file, raw["memory_budget"], total=1)
-    for key in ("drain_timeout_s",):
+    for key in ("drain_timeout_s", "worker_hang_s"):
         if key in raw:
             _check_type(file, f"daemon.{key}", raw[key], (int, float))
             raw[key] = float(raw[key])
+            if key == "worker_hang_s" and raw[key] <= 0:
+                raise ConfigError(file, f"daemon.{key}", f"must be > 0, got {raw[key]}")
+    if "spare_worker" in raw:
+        _check_type(file, "daemon.spare_worker", raw["spare_worker"], bool)
     for key in ("metrics_port", "inline_max_us"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 0)
