@@ -94,10 +94,13 @@ class WorkerProcess:
 
     # -- messages -------------------------------------------------------------------
 
-    def send(self, frames: list[Any], copy: bool = True) -> bool:
-        """Queue a message to the worker; False if it cannot take it (gone)."""
+    def send(self, frames: list[Any], copy: bool = True, wait_s: float = 0.0) -> bool:
+        """Queue a message to the worker; False if it cannot take it (gone, or not connected
+        within `wait_s`: a PUSH without a peer refuses)."""
         with self._send_lock:
             try:
+                if wait_s and not self.down.poll(int(wait_s * 1000), zmq.POLLOUT):
+                    return False
                 self.down.send_multipart(frames, flags=zmq.NOBLOCK, copy=copy)
                 return True
             except (zmq.Again, zmq.ZMQError):

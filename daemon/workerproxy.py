@@ -125,7 +125,7 @@ class WorkerProxy:
                  on_late: LateFn, on_exit: ExitFn, stats: Any, strategy: str) -> None:
         self.process = process
         self.name, self.version = config.name, config.version
-        self.max_queue = config.max_queue
+        self._max_queue = config.max_queue
         self.strategy = strategy
         self.policy = RemotePolicy(self._set, config, bool(ready.get("allowed", True)))
         self.executors: list[ContextView] = [ContextView(i) for i in range(config.contexts)]
@@ -150,13 +150,22 @@ class WorkerProxy:
 
     # -- the Scheduler interface ------------------------------------------------------
 
+    @property
+    def max_queue(self) -> int:
+        return self._max_queue
+
+    @max_queue.setter
+    def max_queue(self, value: int) -> None:  # admin `set`: more may be in flight, so more slots
+        self._max_queue = value
+        self.slots.max_slots = value + len(self.executors)
+
     def submit(self, job: Job) -> bool:
         """Send `job` to the worker; False when its queue is full or it is stopping."""
         with self._lock:
             if self._closing:
                 successor = self.forward_to
                 return successor.submit(job) if successor is not None else False
-            if len(self._pending) >= self.max_queue + len(self.executors):
+            if len(self._pending) >= self._max_queue + len(self.executors):
                 return False
             return self._send_job(job)
 
@@ -209,6 +218,7 @@ class WorkerProxy:
         views = self.executors[:contexts]
         views += [ContextView(i) for i in range(len(views), contexts)]
         self.executors = views
+        self.slots.max_slots = self._max_queue + contexts
 
     def stop(self, timeout: float | None = None) -> bool:
         """Take no new jobs, wait for those in flight, then stop the worker; True if all were answered."""
