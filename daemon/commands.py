@@ -208,12 +208,13 @@ def cmd_resume(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_pin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
-    mv = target(server, {**args, "version": _str(args, "version")})
-    try:
-        server.registry.pin(mv.name, mv.version)
+    name, version = _str(args, "model") or "", _str(args, "version") or ""
+    try:  # the registry also accepts a version only on disk (rollback): the watcher loads it
+        server.registry.pin(name, version)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    return _label(mv)
+    mv = server.registry.model(name).versions.get(version)  # type: ignore[union-attr]
+    return _label(mv) if mv is not None else {"model": name, "version": version, "state": "loading"}
 
 
 def cmd_unpin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -20,6 +20,7 @@ else:  # pragma: no cover - Python 3.10
 
 STRATEGIES = ("least_queue", "weighted", "hash")
 MODES = ("inproc", "multiproc")
+VERSION_POLICIES = ("latest", "all", "specific")
 MAX_FALLBACK_DEPTH = 4
 
 
@@ -46,6 +47,10 @@ class DaemonConfig:
     log_level: str = "info"
     metrics_port: int = 0
     inline_max_us: int = 500
+    watch: bool = True              # discover and hot-swap engines under engine_dir (docs/hot-swap.md)
+    watch_settle_s: float = 1.0     # a file written in place is taken once unchanged this long
+    watch_debounce_s: float = 0.05  # events closer than this are handled as one
+    watch_rescan_s: float = 5.0     # full rescan even without events (lost events, NFS); 0 = never
     spare_worker: bool = True  # keep one worker started ahead for the next cold model
     worker_hang_s: float = 10.0  # a worker silent this long is killed and replaced
 
@@ -81,6 +86,10 @@ class ModelConfig:
     default: bool = False
     strategy: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
+    # Which versions found in engine_dir are served (Triton's version_policy).
+    version_policy: str = "latest"
+    latest_n: int = 1
+    versions: tuple[str, ...] = ()
 
     @property
     def key(self) -> tuple[str, str]:
@@ -166,6 +175,14 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
     for key in ("metrics_port", "inline_max_us"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 0)
+    if "watch" in raw:
+        _check_type(file, "daemon.watch", raw["watch"], bool)
+    for key in ("watch_settle_s", "watch_debounce_s", "watch_rescan_s"):
+        if key in raw:
+            _check_type(file, f"daemon.{key}", raw[key], (int, float))
+            if raw[key] < 0:
+                raise ConfigError(file, f"daemon.{key}", f"must be >= 0, got {raw[key]}")
+            raw[key] = float(raw[key])
     if raw.get("log_level", "info") not in ("debug", "info", "warning", "error"):
         raise ConfigError(file, "daemon.log_level", "must be debug, info, warning or error")
     return DaemonConfig(**raw)
@@ -214,7 +231,8 @@ def _parse_routing(file: Path, table: Any) -> RoutingConfig:
     return RoutingConfig(**raw)
 
 
-_INT_FIELDS = {"contexts": 1, "max_queue": 1, "timeout_ms": 1, "max_batch": 1, "batch_delay_us": 0, "weight": 0}
+_INT_FIELDS = {"contexts": 1, "max_queue": 1, "timeout_ms": 1, "max_batch": 1, "batch_delay_us": 0, "weight": 0,
+               "latest_n": 1}
 
 
 def _parse_model(file: Path, index: int, table: Any, engine_dir: Path) -> ModelConfig:
@@ -252,9 +270,61 @@ def _parse_model(file: Path, index: int, table: Any, engine_dir: Path) -> ModelC
         raw["preferred_batch"] = tuple(sorted(raw["preferred_batch"]))
     if "options" in raw:
         _check_type(file, f"{where}.options", raw["options"], dict)
+    _parse_version_policy(file, where, raw)
     engine = Path(raw["engine"]).expanduser()
     raw["engine"] = engine if engine.is_absolute() else engine_dir / engine
     return ModelConfig(**raw)
+
+
+def _parse_version_policy(file: Path, where: str, raw: dict[str, Any]) -> None:
+    policy = raw.get("version_policy", "latest")
+    if policy not in VERSION_POLICIES:
+        raise ConfigError(file, f"{where}.version_policy", f"must be one of {', '.join(VERSION_POLICIES)}, "
+                          f"got {policy!r}")
+    if "latest_n" in raw and policy != "latest":
+        raise ConfigError(file, f"{where}.latest_n", f"only applies to version_policy = \"latest\", "
+                          f"not {policy!r}")
+    if "versions" in raw:
+        if policy != "specific":
+            raise ConfigError(file, f"{where}.versions", f"only applies to version_policy = \"specific\", "
+                              f"not {policy!r}")
+        _check_type(file, f"{where}.versions", raw["versions"], list)
+        for i, version in enumerate(raw["versions"]):
+            _check_type(file, f"{where}.versions[{i}]", version, (str, int))
+        raw["versions"] = tuple(str(v) for v in raw["versions"])
+    if policy == "specific" and not raw.get("versions"):
+        raise ConfigError(file, f"{where}.versions", "version_policy = \"specific\" needs a non-empty "
+                          "list of versions, e.g. versions = [\"2\", \"3\"]")
+
+
+def policy_key(m: ModelConfig) -> tuple[str, int, tuple[str, ...]]:
+    """A model's version policy as one comparable value."""
+    return (m.version_policy, m.latest_n, m.versions)
+
+
+def parse_model_settings(text: str, file: Path, name: str, engine_dir: Path) -> ModelConfig:
+    """`<engine_dir>/<name>/model.toml`: the `[[models]]` fields minus those the path gives.
+
+    Returns a template (version "", engine = the model's folder) to copy per version.
+    """
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(file, "", f"not valid TOML: {exc}") from None
+    for key in ("name", "version", "engine"):
+        if key in data:
+            raise ConfigError(file, key, "comes from the path <engine_dir>/<model>/<version>/model.<ext>; "
+                              "remove it")
+    if "default" in data:
+        raise ConfigError(file, "default", "the default of a discovered model is its newest ready version; "
+                          "use pin to hold one")
+    if data.get("fallback") == name:
+        raise ConfigError(file, "fallback", f"model {name!r} cannot fall back to itself")
+    try:
+        mc = _parse_model(file, 0, {**data, "name": name, "engine": name}, engine_dir)
+    except ConfigError as exc:  # the path inside model.toml has no models[0] prefix
+        raise ConfigError(file, exc.path.removeprefix("models[0]").lstrip("."), exc.reason) from None
+    return replace(mc, version="")
 
 
 def _check_models(file: Path, models: list[ModelConfig], routing: RoutingConfig) -> None:
@@ -276,7 +346,21 @@ def _check_models(file: Path, models: list[ModelConfig], routing: RoutingConfig)
                               f"known models: {', '.join(sorted(names))}")
         if m.fallback == m.name:
             raise ConfigError(file, f"models[{i}].fallback", f"model {m.name!r} cannot fall back to itself")
+    _check_policies(file, models)
     _check_fallback_cycles(file, models)
+
+
+def _check_policies(file: Path, models: list[ModelConfig]) -> None:
+    """A version policy belongs to the model: entries that set one must agree."""
+    default = policy_key(ModelConfig(name="", engine=Path()))
+    first: dict[str, int] = {}
+    for i, m in enumerate(models):
+        if policy_key(m) == default:
+            continue
+        j = first.setdefault(m.name, i)
+        if policy_key(models[j]) != policy_key(m):
+            raise ConfigError(file, f"models[{i}].version_policy", f"model {m.name!r} already has another "
+                              f"version policy (models[{j}]); set it once, or the same on every entry")
 
 
 def fallback_of(models: list[ModelConfig] | tuple[ModelConfig, ...]) -> dict[str, str]:

@@ -40,7 +40,7 @@ class Executor:
     """Runs one context on its own thread, fed by its own fair queue."""
 
     def __init__(self, name: str, version: str, index: int, context: Context, reply: ReplyFn,
-                 on_late: LateFn, stats: Stats, policy: BatchPolicy) -> None:
+                 on_late: LateFn, policy: BatchPolicy) -> None:
         self.name, self.version, self.index = name, version, index
         self.queue: FairQueue[Job] = FairQueue(key=lambda job: job.request.key)
         self.in_flight = 0
@@ -49,7 +49,7 @@ class Executor:
         self._context = context
         self._reply = reply
         self._on_late = on_late
-        self._stats = stats
+        self.stats = Stats()  # replaced by the scheduler with this context's share of the model's stats
         self._policy = policy
         self._busy = threading.Lock()  # held while the context computes, by whichever thread
         self._thread = threading.Thread(target=self._run, name=f"exec-{name}-{version}-{index}", daemon=True)
@@ -136,7 +136,7 @@ class Executor:
         finally:
             self.in_flight = 0
         end = time.perf_counter_ns()
-        self._stats.record_batch(len(jobs), (end - start) // 1000)
+        self.stats.record_batch(len(jobs), (end - start) // 1000)
         row_us = (end - start) / 1000 / max(1, sum(batcher.rows(j.request.inputs) for j in jobs))
         self.row_us = row_us if not self.row_us else 0.8 * self.row_us + 0.2 * row_us
         for job, outputs in zip(jobs, results):
@@ -158,13 +158,13 @@ class Executor:
         if job.fallback:
             header["fallback"] = job.fallback
         self._reply(job.envelope, encode_reply(header, outputs))
-        self._stats.record(200, total_us, queue_us, compute_us, batch)
+        self.stats.record(200, total_us, queue_us, compute_us, batch)
 
     def _fail(self, jobs: list[Job], status: Status, message: str) -> None:
         for job in jobs:
             header = error_header(status, message, job.request.id, model=self.name, version=self.version)
             self._reply(job.envelope, encode_reply(header))
-            self._stats.record(int(status), (time.perf_counter_ns() - job.received_ns) // 1000)
+            self.stats.record(int(status), (time.perf_counter_ns() - job.received_ns) // 1000)
 
 
 def _groups(jobs: list[Job], max_rows: int) -> list[list[Job]]:

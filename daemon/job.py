@@ -26,6 +26,7 @@ class Job:
     deadline_ns: int
     fallback: dict[str, str] | None = None
     hops: int = 0
+    target: Any = None  # the ModelVersion the router chose, for its statistics
 
     @property
     def key(self) -> Any:

@@ -58,7 +58,8 @@ def _move(registry: "Registry", mv: "ModelVersion", mode: str) -> str:
             if mode == HOT and not registry.load(mv):
                 raise ValueError(f"{label} failed to load hot: {mv.reason}")
             return f"{label} is now {where}" + (" and loaded" if mode == HOT else "; it starts on demand")
-        shadow = ModelVersion(replace(mv.config, mode=mode), stats=mv.stats)
+        shadow = ModelVersion(replace(mv.config, mode=mode))
+        shadow.stats = mv.stats  # one version, one history, whichever process serves it
         if not registry.load(shadow):
             raise ValueError(f"{label} stays {'cold' if mode == HOT else 'hot'}: the new placement failed "
                              f"({shadow.reason})")

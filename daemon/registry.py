@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -24,7 +24,7 @@ from infermux.executor import LateFn, ReplyFn
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError, Engine, TensorSpec
 from infermux.scheduler import InlineGate, Scheduler
-from infermux.stats import Stats
+from infermux.stats import ModelStats
 
 log = logging.getLogger("infermux.registry")
 
@@ -95,11 +95,18 @@ class ModelVersion:
     reason: str = ""
     engine: Engine | None = None
     scheduler: Scheduler | None = None
-    stats: Stats = field(default_factory=Stats)
+    stats: ModelStats = field(init=False)
     memory_bytes: int = 0
     load_started: float = 0.0
     last_load_s: float = 0.0
     last_used: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.stats = ModelStats(self.config.name, self.config.version, queue_depth=self._queued)
+
+    def _queued(self) -> int:
+        scheduler = self.scheduler
+        return scheduler.depth() if scheduler is not None else 0
 
     @property
     def name(self) -> str:
@@ -159,9 +166,10 @@ class Model:
         return self._ordered
 
     def default(self) -> ModelVersion | None:
-        """Pinned, else marked default, else the newest ready, else the newest."""
-        if self.pinned is not None and self.pinned in self._versions:
-            return self._versions[self.pinned]
+        """Pinned (once ready), else marked default, else the newest ready, else the newest."""
+        pinned = self._versions.get(self.pinned) if self.pinned is not None else None
+        if pinned is not None and pinned.state is State.READY:
+            return pinned  # a pin still loading leaves the serving version in place (rollback without 503s)
         newest_ready = None
         for mv in self._ordered:
             if mv.config.default:
@@ -174,6 +182,14 @@ class Model:
         return [mv for mv in self._ordered if mv.state is State.READY]
 
 
+class Catalog(Protocol):
+    """What pin/unpin need from the engine-directory watcher (swap.py)."""
+
+    def versions_on_disk(self, name: str) -> set[str]: ...
+
+    def pins_changed(self, name: str) -> None: ...
+
+
 class Registry:
     """Models by name; loads and unloads versions on a loader thread."""
 
@@ -184,6 +200,7 @@ class Registry:
         self.events = events
         self._reply, self._on_late = reply, on_late
         self.models: dict[str, Model] = {}
+        self.catalog: Catalog | None = None  # the engine-directory watcher, when there is one
         self._lock = threading.Lock()
         self.workers: Any = None  # workers.Workers, set by the Server: cold placements, memory budget
         for mc in config.models:
@@ -191,16 +208,63 @@ class Registry:
 
     def add(self, mc: ModelConfig) -> ModelVersion:
         """Register a version (not loaded yet)."""
+        mv = ModelVersion(mc)
+        self.put(mv)
+        return mv
+
+    def put(self, mv: ModelVersion) -> ModelVersion | None:
+        """Make `mv` its version's entry in one assignment; returns the entry it replaced."""
+        mc = mv.config
         with self._lock:
             models = dict(self.models)
             model = models.get(mc.name) or Model(mc.name)
-            mv = ModelVersion(mc)
+            previous = model.versions.get(mc.version)
             model.versions = {**model.versions, mc.version: mv}
             if mc.fallback and (not model.fallback or mc.default):
                 model.fallback = mc.fallback
             models[mc.name] = model
             self.models = models
-        return mv
+        return previous
+
+    def discard(self, mv: ModelVersion) -> None:
+        """Forget `mv` (if it is still its version's entry), and its model once no version is left."""
+        with self._lock:
+            model = self.models.get(mv.name)
+            if model is None or model.versions.get(mv.version) is not mv:
+                return
+            versions = {v: other for v, other in model.versions.items() if other is not mv}
+            if versions:
+                model.versions = versions
+            else:
+                self.models = {name: m for name, m in self.models.items() if name != mv.name}
+
+    def pin(self, name: str, version: str) -> None:
+        """Serve `version` of `name` by default, whatever newer versions appear, until `unpin`.
+
+        A version that is not loaded but whose engine is in engine_dir is loaded
+        first; the serving version answers meanwhile.
+        """
+        model = self.models.get(name)
+        if model is None:
+            raise ValueError(f"unknown model {name!r}; models: {', '.join(sorted(self.models)) or 'none'}")
+        known = set(model.versions) | (self.catalog.versions_on_disk(name) if self.catalog else set())
+        if version not in known:
+            raise ValueError(f"model {name!r} has no version {version!r}; versions: "
+                             f"{', '.join(sorted(known, key=version_key))}")
+        model.pinned = version
+        self.events.emit("pinned", name, version)
+        if self.catalog:
+            self.catalog.pins_changed(name)
+
+    def unpin(self, name: str) -> None:
+        """Undo `pin`: the version policy chooses again (newer versions catch up)."""
+        model = self.models.get(name)
+        if model is None:
+            raise ValueError(f"unknown model {name!r}; models: {', '.join(sorted(self.models)) or 'none'}")
+        model.pinned = None
+        self.events.emit("unpinned", name)
+        if self.catalog:
+            self.catalog.pins_changed(name)
 
     def model(self, name: str) -> Model | None:
         return self.models.get(name)
@@ -267,6 +331,7 @@ class Registry:
             return self._failed(mv, exc)
         try:
             mv.state = State.WARMING
+            self.events.emit("warming", mc.name, mc.version)
             row_us = warm_up(engine, mc)
             strategy = mc.strategy or self.config.routing.strategy
             scheduler = Scheduler(mc, engine, self._reply, self._on_late, mv.stats, strategy, self.inline, row_us)
@@ -351,25 +416,6 @@ class Registry:
             scheduler.policy.max_batch = changes["max_batch"]
         if "batch_delay_us" in changes:
             scheduler.policy.delay_s = changes["batch_delay_us"] / 1e6
-
-    def pin(self, name: str, version: str) -> None:
-        """Serve `version` by default and ignore newer versions until `unpin`."""
-        model = self.model(name)
-        if model is None:
-            raise ValueError(f"unknown model {name!r}")
-        if version not in model.versions:
-            raise ValueError(f"model {name!r} has no version {version!r}; "
-                             f"versions: {', '.join(v.version for v in model.ordered())}")
-        model.pinned = version
-        self.events.emit("pinned", name, version)
-
-    def unpin(self, name: str) -> None:
-        """Let the default follow the newest ready version again."""
-        model = self.model(name)
-        if model is None:
-            raise ValueError(f"unknown model {name!r}")
-        model.pinned = None
-        self.events.emit("unpinned", name)
 
     def promote(self, name: str, version: str) -> str:
         """Move a version from its worker process into the daemon (cold → hot), losing no request."""

@@ -84,7 +84,13 @@ def apply(server: "Server", new: cfg.Config) -> ReloadPlan:
         if mv is not None:
             registry.configure(mv, **diff)
     _refresh_fallbacks(server, new)
-    fresh = [registry.add(m) for m in steps.added]
+    fresh = []
+    for m in steps.added:
+        found = _version(server, m.name, m.version)
+        if found is not None and found.ready:  # served from engine_dir already: take the configured settings
+            registry.replace(found, m)
+        else:
+            fresh.append(registry.add(m))
     for m in steps.reloaded:
         old = _version(server, m.name, m.version)
         if old is None:

@@ -46,7 +46,13 @@ class Router:
             self._admit(job)
             return None
         except ProtocolError as exc:
+            self._count(job, exc.status)
             return error_header(exc.status, exc.message, job.request.id, retry_after_ms=exc.retry_after_ms)
+
+    def _count(self, job: Job, status: int) -> None:
+        """Record a reply no executor saw on the chosen version's statistics."""
+        if job.target is not None:
+            job.target.stats.router.record(int(status), (time.perf_counter_ns() - job.received_ns) // 1000)
 
     def _admit(self, job: Job) -> None:
         req = job.request
@@ -55,6 +61,7 @@ class Router:
             names = ", ".join(sorted(self.registry.models)) or "none"
             raise ProtocolError(Status.NOT_FOUND, f"unknown model {req.model!r}; served models: {names}")
         mv = self._choose_version(model, job)
+        job.target = mv
         if not job.deadline_ns:
             job.deadline_ns = job.received_ns + (job.request.timeout_ms or mv.config.timeout_ms) * 1_000_000
         if not mv.ready:
@@ -161,14 +168,14 @@ class Router:
         target = self.registry.model(model.fallback)
         if target is None:
             return False
-        previous = (job.fallback, job.request.model, job.request.version, job.hops)
+        previous = (job.fallback, job.request.model, job.request.version, job.hops, job.target)
         job.fallback = {"from": (job.fallback or {}).get("from", job.request.model), "reason": reason}
         job.request.model, job.request.version, job.hops = target.name, None, job.hops + 1
         try:
             self._admit(job)
             return True
         except ProtocolError:
-            job.fallback, job.request.model, job.request.version, job.hops = previous
+            job.fallback, job.request.model, job.request.version, job.hops, job.target = previous
             return False
 
     def on_late(self, job: Job) -> None:
@@ -182,6 +189,7 @@ class Router:
                 job.deadline_ns = time.perf_counter_ns() + fallback_default.config.timeout_ms * 1_000_000
                 if self._fallback(job, model, "deadline"):
                     return
+        self._count(job, Status.DEADLINE)
         header = error_header(Status.DEADLINE, f"deadline passed after {waited_ms:.1f} ms waiting for "
                               f"model {job.request.model!r}; not computed", job.request.id)
         self._reply(job.envelope, encode_reply(header))
@@ -191,9 +199,8 @@ class Router:
         scheduler = mv.scheduler
         if scheduler is None:
             return 0.0
-        per_request = mv.stats.service_time_us()
-        contexts = max(1, len(scheduler.executors))
-        return (scheduler.load() / contexts + 1) * per_request
+        # The contexts' combined time per request: they work the queue side by side.
+        return (scheduler.load() + 1) * mv.stats.service_time_us()
 
     def _retry_ms(self, mv: ModelVersion) -> int:
         """Retry-After for a full queue: the time to work through it, at least 1 ms."""

@@ -21,14 +21,14 @@ from infermux.executor import BatchPolicy, Executor, LateFn, ReplyFn
 from infermux.hashring import HashRing
 from infermux.job import Job
 from infermux.plugins.base import Engine
-from infermux.stats import Stats
+from infermux.stats import ModelStats
 
 
 class Scheduler:
     """Bounded queues and executors for one loaded model version."""
 
     def __init__(self, config: ModelConfig, engine: Engine, reply: ReplyFn, on_late: LateFn,
-                 stats: Stats, strategy: str, inline: InlineGate | None = None,
+                 stats: ModelStats, strategy: str, inline: InlineGate | None = None,
                  warm_row_us: float = 0.0) -> None:
         self.name, self.version = config.name, config.version
         self.max_queue = config.max_queue
@@ -47,7 +47,8 @@ class Scheduler:
 
     def _new_executor(self, index: int) -> Executor:
         ex = Executor(self.name, self.version, index, self._engine.create_context(), self._reply,
-                      self._on_late, self._stats, self.policy)
+                      self._on_late, self.policy)
+        ex.stats = self._stats.add_context(in_flight=lambda: ex.in_flight, queue_depth=lambda: len(ex.queue))
         ex.row_us = self._warm_row_us
         ex.start()
         return ex
@@ -66,6 +67,7 @@ class Scheduler:
             self._ring = HashRing(list(range(contexts)))
         for ex in removed:
             ex.stop()
+            self._stats.remove_context(ex.stats)
 
     def depth(self) -> int:
         return sum(len(ex.queue) for ex in self.executors)
@@ -111,6 +113,9 @@ class Scheduler:
     def stop(self, timeout: float | None = None) -> bool:
         """Let every context finish its queue, then stop; True if all ended in time."""
         executors, self.executors = self.executors, []
-        return all([ex.stop(timeout) for ex in executors])
+        stopped = all([ex.stop(timeout) for ex in executors])
+        for ex in executors:
+            self._stats.remove_context(ex.stats)
+        return stopped
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-import signal
 import sys
 
 DEFAULT_CONFIG = "/etc/infermux/infermux.toml"
@@ -30,8 +29,11 @@ def setup_logging(level: str) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from infermux import config as cfg
+    from infermux import swap
     from infermux.admin import AdminServer
+    from infermux.metrics import MetricsServer
     from infermux.server import Server
+    from infermux.supervisor import Supervisor
 
     try:
         config = cfg.load(args.config)
@@ -46,20 +48,34 @@ def run(args: argparse.Namespace) -> int:
     run_dir = cfg.runtime_dir(config.daemon, args.runtime_dir)
     server = Server(config, run_dir)
     admin = AdminServer(server)
+    metrics = None
     try:
         server.bind()
         admin.start()
-    except RuntimeError as exc:
+        if config.daemon.metrics_port:
+            metrics = MetricsServer(server, config.daemon.metrics_port)
+            metrics.start()
+    except (RuntimeError, OSError) as exc:
         logging.getLogger("infermux").error("%s", exc)
         return 1
-    signal.signal(signal.SIGTERM, lambda *_: server.stop())
-    signal.signal(signal.SIGINT, lambda *_: server.stop())
-    signal.signal(signal.SIGHUP, lambda *_: server.request_reload())
-    server.start_models(done=lambda: server.events.emit("ready", status=server.summary()))
+    swapper = swap.attach(server)  # engine_dir discovery before READY; hot swap after (docs/hot-swap.md)
+    supervisor = Supervisor(server)
+    supervisor.install_signals()
+
+    def ready() -> None:
+        if swapper is not None:
+            swapper.start()
+        supervisor.models_ready()
+
+    server.start_models(done=ready)
     try:
         server.serve_forever()
     finally:
+        if swapper is not None:
+            swapper.stop()
         admin.stop()
+        if metrics is not None:
+            metrics.stop()
         server.ctx.term()
     logging.getLogger("infermux").info("stopped")
     return 0

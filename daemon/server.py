@@ -61,6 +61,7 @@ class Server:
         self.loop_turns = 0
         self.requests = 0
         self.ticks: list[Callable[[], None]] = []
+        self.poll_ms = 100  # the longest the loop sleeps: ticks (watchdog) run at least this often
         self._frontend_thread = threading.get_ident()
         # Cold models run in worker processes; the memory budget is kept there too (workers.py).
         self.registry.workers = Workers(self.registry, run_dir, self.reply, self._on_late)
@@ -111,7 +112,8 @@ class Server:
 
     def start_models(self, done: Callable[[], None] | None = None) -> threading.Thread:
         """Load every configured hot model in the background (requests get 503 meanwhile)."""
-        hot = [mv for mv in self.registry.all_versions() if mv.config.mode == "inproc" or mv.config.preload]
+        hot = [mv for mv in self.registry.all_versions()
+               if (mv.config.mode == "inproc" or mv.config.preload) and mv.state is State.UNLOADED]
         return self.registry.start_loading(hot, done)
 
     def serve_forever(self) -> None:
@@ -122,7 +124,7 @@ class Server:
         poller.register(self.frontend, zmq.POLLIN)
         poller.register(self._bell, zmq.POLLIN)
         while not self.stopping:
-            ready = dict(poller.poll(100))
+            ready = dict(poller.poll(self.poll_ms))
             if self._bell in ready:
                 self._forward_replies()
             if self.frontend in ready:
@@ -135,10 +137,6 @@ class Server:
     def stop(self) -> None:
         """Ask the loop to stop (safe from a signal handler)."""
         self.stopping = True
-
-    def request_reload(self) -> None:
-        """Re-read the configuration on a background thread (safe from a signal handler)."""
-        threading.Thread(target=self.reload, name="reload", daemon=True).start()
 
     def reload(self) -> bool:
         """Apply the configuration file again; an invalid file changes nothing."""

@@ -17,6 +17,7 @@ buckets; latency over the samples of that window that still fit the ring
 
 from __future__ import annotations
 
+import bisect
 import math
 import threading
 import time
@@ -30,6 +31,10 @@ Clock = Callable[[], float]
 Gauge = Callable[[], int]
 
 OK = 200  # protocol.Status.OK; a literal keeps this module free of protocol imports
+
+# Upper bounds (µs) of the cumulative latency histogram Prometheus scrapes.
+LATENCY_BUCKETS_US = (100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000,
+                      250_000, 500_000, 1_000_000, 2_500_000, 10_000_000)
 
 
 def percentiles(values: Sequence[float] | np.ndarray,
@@ -71,12 +76,18 @@ class StatsSnapshot:
     served: int                   # cumulative 200s
     by_status: Mapping[int, int]  # cumulative replies per status code
     batches: Mapping[int, int]    # cumulative backend calls per batch size
+    latency_hist: Mapping[int, int] = None  # type: ignore[assignment]  # cumulative 200s per bucket index
+    sums_us: Mapping[str, float] = None  # type: ignore[assignment]  # cumulative total/queue/compute µs of 200s
 
     def as_json(self) -> dict[str, Any]:
         """A JSON-ready dict (status and batch keys become strings, as JSON requires)."""
-        out = {k: v for k, v in self.__dict__.items() if k not in ("by_status", "batches")}
+        skip = ("by_status", "batches", "latency_hist")
+        out = {k: v for k, v in self.__dict__.items() if k not in skip}
         out["by_status"] = {str(k): v for k, v in sorted(self.by_status.items())}
         out["batches"] = {str(k): v for k, v in sorted(self.batches.items())}
+        hist = self.latency_hist or {}
+        out["latency_le_us"] = {str(LATENCY_BUCKETS_US[i]) if i < len(LATENCY_BUCKETS_US) else "+Inf": n
+                                for i, n in sorted(hist.items())}
         return out
 
 
@@ -94,6 +105,8 @@ class _Window:
     batches: dict[int, int]
     queue_depth: int
     in_flight: int
+    hist: dict[int, int]
+    sums: dict[str, float]
 
 
 class _Shard:
@@ -107,7 +120,7 @@ class _Shard:
     """
 
     __slots__ = ("owner", "bucket", "ok", "err", "written", "times", "total", "queue",
-                 "compute", "status", "batches")
+                 "compute", "status", "batches", "hist", "sums")
 
     def __init__(self, nbuckets: int, capacity: int, bucket: int) -> None:
         self.owner = threading.current_thread()
@@ -121,6 +134,8 @@ class _Shard:
         self.compute = array("d", bytes(8 * capacity))
         self.status: dict[int, int] = {}
         self.batches: dict[int, int] = {}
+        self.hist: dict[int, int] = {}
+        self.sums: dict[str, float] = {"total": 0.0, "queue": 0.0, "compute": 0.0}
 
     def roll(self, bucket: int) -> None:
         """Advance to `bucket`, zeroing the buckets that went by without traffic."""
@@ -177,7 +192,7 @@ class Stats:
         self._since = clock()
         self._local = threading.local()
         self._shards: tuple[_Shard, ...] = ()  # copy-on-write, appended under _lock
-        self._retired: dict[str, dict[int, int]] = {"status": {}, "batches": {}}
+        self._retired: dict[str, dict[Any, Any]] = {"status": {}, "batches": {}, "hist": {}, "sums": {}}
         self._lock = threading.Lock()
         self._ewma: float | None = None
 
@@ -205,6 +220,12 @@ class Stats:
             shard.total[i] = total_us
             shard.queue[i] = queue_us
             shard.compute[i] = compute_us
+            b = bisect.bisect_left(LATENCY_BUCKETS_US, total_us)
+            shard.hist[b] = shard.hist.get(b, 0) + 1
+            sums = shard.sums
+            sums["total"] += total_us
+            sums["queue"] += queue_us
+            sums["compute"] += compute_us
         else:
             shard.err[shard.bucket % self._nbuckets] += 1
         shard.status[status] = shard.status.get(status, 0) + 1
@@ -251,6 +272,8 @@ class Stats:
             for shard in dead:
                 _add_counts(self._retired["status"], shard.status)
                 _add_counts(self._retired["batches"], shard.batches)
+                _add_counts(self._retired["hist"], shard.hist)
+                _add_counts(self._retired["sums"], shard.sums)
 
     def _window(self) -> _Window:
         """Pool the shards over the sliding window (outside any hot-path lock)."""
@@ -271,6 +294,8 @@ class Stats:
             shards = self._shards
             by_status = dict(self._retired["status"])
             batches = dict(self._retired["batches"])
+            hist = dict(self._retired["hist"])
+            sums = dict(self._retired["sums"])
         for shard in shards:
             served, failed = shard.count_since(first)
             ok, errors = ok + served, errors + failed
@@ -281,23 +306,28 @@ class Stats:
             computes.append(compute[cut:])
             _add_counts(by_status, dict(shard.status))
             _add_counts(batches, dict(shard.batches))
+            _add_counts(hist, dict(shard.hist))
+            _add_counts(sums, dict(shard.sums))
         return _Window(max(0.0, min(covered, now - self._since)), ok, errors, _concat(totals),
-                       _concat(queues), _concat(computes), by_status, batches, queue_depth, in_flight)
+                       _concat(queues), _concat(computes), by_status, batches, queue_depth, in_flight,
+                       hist, sums)
 
     def _absorb(self, window: _Window) -> None:
         """Fold a retired context's cumulative counters into this one."""
         with self._lock:
             _add_counts(self._retired["status"], window.by_status)
             _add_counts(self._retired["batches"], window.batches)
+            _add_counts(self._retired["hist"], window.hist)
+            _add_counts(self._retired["sums"], window.sums)
 
 
-def _add_counts(into: dict[int, int], counts: Mapping[int, int]) -> None:
+def _add_counts(into: dict[Any, Any], counts: Mapping[Any, Any]) -> None:
     for key, count in counts.items():
         into[key] = into.get(key, 0) + count
 
 
-def _sum_counts(dicts: Iterable[Mapping[int, int]]) -> dict[int, int]:
-    out: dict[int, int] = {}
+def _sum_counts(dicts: Iterable[Mapping[Any, Any]]) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
     for d in dicts:
         _add_counts(out, d)
     return out
@@ -333,6 +363,8 @@ def _summarize(windows: Sequence[_Window], window_s: float,
         service_time_us=service_time_us,
         served=by_status.get(OK, 0), by_status=by_status,
         batches=_sum_counts(w.batches for w in windows),
+        latency_hist=_sum_counts(w.hist for w in windows),
+        sums_us=_sum_counts(w.sums for w in windows),
     )
 
 

@@ -36,7 +36,7 @@ from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error
 from infermux.registry import rss_bytes, warm_up
 from infermux.scheduler import Scheduler
 from infermux.shm import SlotCache, layout
-from infermux.stats import Stats
+from infermux.stats import ModelStats
 
 log = logging.getLogger("infermux.worker")
 
@@ -156,8 +156,8 @@ class Worker:
         self.send([wire.STAGE, wire.dumps({"state": "warming", "backend": backend.name}).encode()])
         try:
             row_us = warm_up(engine, mc)
-            self.scheduler = Scheduler(mc, engine, self._reply, self._late, Stats(), mc.strategy or "least_queue",
-                                       self._inline_ok, row_us)
+            self.scheduler = Scheduler(mc, engine, self._reply, self._late, ModelStats(mc.name, mc.version),
+                                       mc.strategy or "least_queue", self._inline_ok, row_us)
         except Exception as exc:
             engine.close()
             self.send([wire.ERROR, wire.dumps({"reason": str(exc), "during": "warm-up"}).encode()])

@@ -80,6 +80,7 @@ class ContextView:
         self.in_flight = 0
         self.served = 0
         self.row_us = 0.0
+        self.stats: Any = None  # this context's share of the version's ModelStats
 
     @property
     def load(self) -> int:
@@ -128,13 +129,14 @@ class WorkerProxy:
         self._max_queue = config.max_queue
         self.strategy = strategy
         self.policy = RemotePolicy(self._set, config, bool(ready.get("allowed", True)))
-        self.executors: list[ContextView] = [ContextView(i) for i in range(config.contexts)]
+        self._stats = stats
+        self.executors: list[ContextView] = [self._new_view(i) for i in range(config.contexts)]
         self.load_ms = int(ready.get("load_ms", 0))
         self.stop_reason = ""
         self.forward_to: Any = None  # promote/demote: where jobs go once this one stops taking them
         self.created = self.last_beat = time.monotonic()
         self.gpu_bytes = 0
-        self._reply, self._on_late, self._on_exit, self._stats = reply, on_late, on_exit, stats
+        self._reply, self._on_late, self._on_exit = reply, on_late, on_exit
         self._outputs = len(ready["outputs"])
         self._out_row_bytes = _row_bytes(ready["outputs"])
         self._pending: dict[int, tuple[Job, Slot | None, int]] = {}
@@ -198,6 +200,11 @@ class WorkerProxy:
         self._pending[seq] = (job, slot, rows)
         return True
 
+    def _new_view(self, index: int) -> ContextView:
+        view = ContextView(index)
+        view.stats = self._stats.add_context(in_flight=lambda: view.in_flight, queue_depth=lambda: len(view.queue))
+        return view
+
     def depth(self) -> int:
         """Requests waiting for a context (in the worker or on the way to it)."""
         return max(0, len(self._pending) - len(self.executors))
@@ -215,9 +222,11 @@ class WorkerProxy:
         if contexts < 1:
             raise ValueError("a loaded model needs at least one context")
         self._set({"contexts": contexts})
-        views = self.executors[:contexts]
-        views += [ContextView(i) for i in range(len(views), contexts)]
+        views, removed = self.executors[:contexts], self.executors[contexts:]
+        views += [self._new_view(i) for i in range(len(views), contexts)]
         self.executors = views
+        for view in removed:
+            self._stats.remove_context(view.stats)
         self.slots.max_slots = self._max_queue + contexts
 
     def stop(self, timeout: float | None = None) -> bool:
@@ -309,7 +318,8 @@ class WorkerProxy:
         return entry
 
     def _replied(self, frames: list[bytes]) -> None:
-        entry = self._take(wire.unpack_seq(frames[1]))
+        seq = wire.unpack_seq(frames[1])
+        entry = self._take(seq)
         if entry is None:
             return
         job, slot, rows = entry
@@ -325,9 +335,13 @@ class WorkerProxy:
             self._out_row_bytes = -(-span // max(rows, 1))
         self._release(slot, tracker)
         self._reply(job.envelope, [header, *outputs])
+        # Which of the worker's contexts served it is not reported: spread the records over
+        # them, so the totals and the parallel service time come out right.
+        views = self.executors
+        stats = views[seq % len(views)].stats if views else self._stats.router
         if status == 200:
-            self._stats.record_batch(batch, compute_us)
-        self._stats.record(status, total_us, queue_us, compute_us, batch)
+            stats.record_batch(batch, compute_us)
+        stats.record(status, total_us, queue_us, compute_us, batch)
 
     @staticmethod
     def _from_slot(slot: Slot | None, places: list[list[int]]) -> tuple[list[Any], Any, int]:
@@ -374,7 +388,9 @@ class WorkerProxy:
                                   f"{self.pid} {reason}; retry", job.request.id, retry_after_ms=retry_ms,
                                   model=self.name, version=self.version)
             self._reply(job.envelope, encode_reply(header))
-            self._stats.record(int(Status.NOT_READY), (time.perf_counter_ns() - job.received_ns) // 1000)
+            self._stats.router.record(int(Status.NOT_READY), (time.perf_counter_ns() - job.received_ns) // 1000)
+        for view in self.executors:
+            self._stats.remove_context(view.stats)
         self.slots.close()
         self.process.close()
 

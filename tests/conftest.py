@@ -8,15 +8,7 @@ from typing import Callable, Iterator
 
 import pytest
 
-import models
-from harness import REPO, Daemon
-
-DAEMON_HEAD = """
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{engines}"
-max_message_bytes = 1048576
-"""
+from harness import DAEMON_HEAD, REPO, Daemon
 
 SESSION_MODELS = """
 [routing]
@@ -68,6 +60,8 @@ engine = "fast512/1/model.onnx"
 @pytest.fixture(scope="session")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An engine directory with the sample models and the tests' own."""
+    import models  # needs onnx; imported here so tests without daemons (the .deb build's) run without it
+
     root = tmp_path_factory.mktemp("engines")
     for name in ("classifier", "mlp"):
         shutil.copytree(REPO / "engines" / name, root / name)

@@ -9,10 +9,33 @@ import sys
 import time
 from pathlib import Path
 
+import zmq
+
 from infermux.client import AdminClient, Client, Pipeline
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
+
+DAEMON_HEAD = """
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{engines}"
+max_message_bytes = 1048576
+watch = false  # these tests serve exactly their [[models]]; hot swap has its own (test_hot_swap.py)
+"""
+
+
+def exchange(endpoint: str, kind: int, frames: list[bytes], timeout_ms: int = 5000) -> list[bytes]:
+    """One raw request/reply on a fresh socket of `kind` (REQ or DEALER), frames exactly as given."""
+    sock = zmq.Context.instance().socket(kind)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        sock.send_multipart(frames)
+        assert sock.poll(timeout_ms), f"no reply from {endpoint} within {timeout_ms} ms"
+        return sock.recv_multipart()
+    finally:
+        sock.close()
 
 
 class Daemon:

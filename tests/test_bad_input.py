@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import zmq
 
-from harness import Daemon
+from harness import Daemon, exchange
 
 X4 = np.ones((1, 4), np.float32)
 GOOD_HEADER = {"model": "addone", "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 4]}]}
@@ -46,30 +46,12 @@ def test_malformed_message_gets_a_4xx_and_others_are_still_served(daemon: Daemon
 
 
 def test_empty_message_from_a_req_socket_is_answered(daemon: Daemon) -> None:
-    ctx = zmq.Context.instance()
-    req = ctx.socket(zmq.REQ)
-    req.setsockopt(zmq.LINGER, 0)
-    req.connect(daemon.endpoint)
-    try:
-        req.send(b"")
-        assert req.poll(5000), "no reply to an empty message"
-        header = json.loads(req.recv_multipart()[0])
-    finally:
-        req.close()
+    header = json.loads(exchange(daemon.endpoint, zmq.REQ, [b""])[0])
     assert header["status"] == 400 and "empty message" in header["error"]
 
 
 def test_dealer_without_delimiter_still_gets_an_answer(daemon: Daemon) -> None:
-    ctx = zmq.Context.instance()
-    dealer = ctx.socket(zmq.DEALER)
-    dealer.setsockopt(zmq.LINGER, 0)
-    dealer.connect(daemon.endpoint)
-    try:
-        dealer.send_multipart([h(id=7), X4.tobytes()])
-        assert dealer.poll(5000), "no reply"
-        frames = dealer.recv_multipart()
-    finally:
-        dealer.close()
+    frames = exchange(daemon.endpoint, zmq.DEALER, [h(id=7), X4.tobytes()])
     header = json.loads(frames[0])
     assert header["status"] == 200 and header["id"] == 7
 

@@ -20,6 +20,7 @@ HEAD = """
 listen = ["ipc://infer.sock"]
 engine_dir = "{engines}"
 max_message_bytes = 8388608
+watch = false
 worker_hang_s = {hang}
 memory_budget = "{budget}"
 """

@@ -1,0 +1,39 @@
+#!/bin/sh
+# Build the infermux .deb from this working tree, without touching it.
+#
+#   packaging/build-deb.sh [OUTDIR]        (default: /tmp/infermux-deb)
+#
+# Copies the tracked and untracked-but-not-ignored files (your edits
+# included, no .venv or build leftovers) to OUTDIR/src and runs
+# `dpkg-buildpackage -us -uc -b` there, so the .deb lands in OUTDIR and the
+# worktree stays clean. Debian's /usr/bin/python3 goes first on PATH: a
+# pyenv/conda python3 would otherwise be picked up by pybuild.
+# The console's wheels are cached in $INFERMUX_WHEEL_CACHE (default
+# /var/cache/infermux-build/wheels) and checked against their pinned hashes.
+# Prints the path of the .deb on its last line.
+set -eu
+
+repo=$(cd "$(dirname "$0")/.." && pwd)
+out=${1:-/tmp/infermux-deb}
+wheels=${INFERMUX_WHEEL_CACHE:-/var/cache/infermux-build/wheels}
+export PATH="/usr/sbin:/usr/bin:/sbin:/bin"
+
+for tool in dpkg-buildpackage dh pybuild; do
+    command -v "$tool" >/dev/null || {
+        echo "build-deb: $tool missing; apt-get install build-essential debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools python3-pip python3-packaging python3-pytest" >&2
+        exit 1
+    }
+done
+
+rm -rf "$out/src"
+mkdir -p "$out/src"
+rm -f "$out"/infermux_*
+(cd "$repo" && git ls-files -z --cached --others --exclude-standard) |
+    (cd "$repo" && xargs -0 cp --parents -P -t "$out/src")
+
+# Fetch (or re-verify) the pinned wheels; the build itself then runs offline.
+sh "$repo/packaging/fetch-vendor.sh" "$wheels" >/dev/null
+
+cd "$out/src"
+INFERMUX_VENDOR_WHEELS="$wheels" dpkg-buildpackage -us -uc -b
+ls "$out"/infermux_*_all.deb

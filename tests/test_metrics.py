@@ -1,0 +1,74 @@
+"""Prometheus exposition: a scrape parses, and its counters move with traffic."""
+
+from __future__ import annotations
+
+import re
+import socket
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+
+from harness import DAEMON_HEAD
+
+SAMPLE = re.compile(r'^([a-z_:][a-z0-9_:]*)(\{([a-z_]+="(?:[^"\\]|\\.)*",?)*\})? (-?[0-9.e+]+|\+Inf|NaN)$')
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def scrape(port: int) -> dict[str, float]:
+    """Parse the exposition strictly: every line a comment or a valid sample."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    samples: dict[str, float] = {}
+    families = set()
+    for line in text.splitlines():
+        if line.startswith("# TYPE "):
+            families.add(line.split()[2])
+            continue
+        if line.startswith("#"):
+            continue
+        match = SAMPLE.match(line)
+        assert match, f"not a valid sample line: {line!r}"
+        samples[line.rsplit(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
+    assert "infermux_inference_request_success_total" in families
+    return samples
+
+
+@pytest.fixture
+def port_and_daemon(make_daemon):
+    port = free_port()
+    head = DAEMON_HEAD + f"metrics_port = {port}\n"
+    d = make_daemon('[[models]]\nname = "addone"\nengine = "addone/1/model.onnx"\nmax_batch = 4\n', head=head)
+    return port, d
+
+
+def test_counters_move_with_traffic(port_and_daemon) -> None:
+    port, d = port_and_daemon
+    labels = '{model="addone",version="1"}'
+    before = scrape(port)
+    assert before[f"infermux_inference_request_success_total{labels}"] == 0
+    with d.client() as client:
+        for _ in range(5):
+            assert client.infer("addone", {"x": np.ones((1, 4), np.float32)}).status == 200
+        assert client.infer("addone", {"x": np.ones((1, 5), np.float32)}).status == 400
+    after = scrape(port)
+    assert after[f"infermux_inference_request_success_total{labels}"] == 5
+    assert after['infermux_inference_request_failure_total{model="addone",version="1",reason="bad_request"}'] == 1
+    assert after['infermux_inference_request_duration_us_count{model="addone",version="1"}'] == 5
+    assert after['infermux_inference_request_duration_us_bucket{model="addone",version="1",le="+Inf"}'] == 5
+    assert after[f"infermux_inference_compute_duration_us_total{labels}"] > 0
+    assert after['infermux_model_state{model="addone",version="1",state="ready"}'] == 1
+    assert after["infermux_memory_budget_bytes"] > 0
+
+
+def test_only_metrics_is_served_and_only_on_loopback(port_and_daemon) -> None:
+    port, d = port_and_daemon
+    with pytest.raises(urllib.error.HTTPError) as info:
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=5)
+    assert info.value.code == 404
+    assert f"http://127.0.0.1:{port}/metrics" in d.log()

@@ -1,0 +1,286 @@
+"""packaging/: the systemd unit, sysusers/tmpfiles, config, completion, man page, vendor pins.
+
+The unit is checked with `systemd-analyze verify`, which needs no running
+systemd but returns 0 on warnings: the test fails on any output. verify
+also checks that ExecStart's binary exists, so it runs against a temporary
+root (--root) holding the host's systemd units, the real /bin/kill, and a
+stub /usr/bin/infermux standing in for the console script the .deb
+installs (the installed unit is verified against the real one in
+packaging/test-install.sh). Man-page references are checked against the
+page we ship, through MANPATH.
+"""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import shutil
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10
+    import tomli as tomllib
+
+REPO = Path(__file__).resolve().parent.parent
+PKG = REPO / "packaging"
+UNIT = PKG / "infermux.service"
+COMPLETION = PKG / "bash-completion" / "infermux"
+
+linux_only = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="systemd is Linux-only")
+
+
+def _host_units() -> Path | None:
+    for d in (Path("/usr/lib/systemd/system"), Path("/lib/systemd/system")):
+        if (d / "sysinit.target").exists():
+            return d
+    return None
+
+
+@pytest.fixture
+def verify_root(tmp_path):
+    """A filesystem root for `systemd-analyze --root` and a MANPATH with our page."""
+    analyze = shutil.which("systemd-analyze")
+    units = _host_units()
+    if not analyze or not units:
+        pytest.skip("systemd-analyze or systemd's units missing (apt-get install systemd)")
+    root = tmp_path / "root"
+    shutil.copytree(units, root / "usr/lib/systemd/system", symlinks=True)
+    (root / "etc/systemd/system").mkdir(parents=True)
+    (root / "bin").mkdir()
+    shutil.copy2(shutil.which("kill", path="/bin:/usr/bin"), root / "bin/kill")
+    stub = root / "usr/bin/infermux"
+    stub.parent.mkdir(parents=True, exist_ok=True)
+    stub.write_text("#!/bin/sh\n# stand-in for the console script the package installs\n")
+    stub.chmod(0o755)
+    man = tmp_path / "man" / "man1"
+    man.mkdir(parents=True)
+    shutil.copy2(PKG / "infermux.1", man / "infermux.1")
+    return analyze, root, tmp_path / "man"
+
+
+def _verify(verify_root, unit_text: str) -> tuple[int, str]:
+    analyze, root, manpath = verify_root
+    (root / "etc/systemd/system/infermux.service").write_text(unit_text)
+    r = subprocess.run([analyze, f"--root={root}", "verify", "infermux.service"],
+                       capture_output=True, text=True, env={**os.environ, "MANPATH": str(manpath)})
+    return r.returncode, (r.stdout + r.stderr).strip()
+
+
+@linux_only
+def test_unit_verifies_without_any_output(verify_root):
+    rc, output = _verify(verify_root, UNIT.read_text())
+    assert output == "" and rc == 0, output
+
+
+@linux_only
+@pytest.mark.parametrize("breakage", [
+    ("NoNewPrivileges=yes", "NoNewPrivilege=yes"),           # unknown key: a warning, rc 0
+    ("char-nvhost* rw", "char-nvhost* rx"),                   # bad device rights: a warning, rc 0
+    ("/usr/bin/infermux serve", "/usr/bin/infermuxd serve"),  # missing binary
+])
+def test_verify_harness_sees_warnings(verify_root, breakage):
+    # Why the test above insists on empty output: these are real mistakes
+    # that systemd-analyze reports while (mostly) returning 0.
+    old, new = breakage
+    text = UNIT.read_text()
+    assert old in text
+    _, output = _verify(verify_root, text.replace(old, new, 1))
+    assert output
+
+
+def _unit() -> configparser.ConfigParser:
+    # DeviceAllow= repeats: keep every value, one per line.
+    class MultiDict(dict):
+        def __setitem__(self, key, value):
+            if key in self and isinstance(value, list) and isinstance(self[key], list):
+                self[key].extend(value)
+            else:
+                super().__setitem__(key, value)
+
+    parser = configparser.RawConfigParser(strict=False, dict_type=MultiDict, interpolation=None)
+    parser.optionxform = str
+    parser.read_string(UNIT.read_text())
+    return parser
+
+
+def test_unit_follows_the_design():
+    s = _unit()["Service"]
+    assert s["Type"] == "notify"                       # not notify-reload: systemd 252
+    assert s["NotifyAccess"] == "main"
+    assert s["ExecStart"].split()[:2] == ["/usr/bin/infermux", "serve"]
+    assert "--config /etc/infermux/infermux.toml" in s["ExecStart"]
+    assert s["ExecReload"] == "/bin/kill -HUP $MAINPID"
+    assert int(s["WatchdogSec"].rstrip("s")) > 0
+    assert int(s["TimeoutStartSec"].rstrip("s")) >= 120  # engine loads
+    assert (s["User"], s["Group"]) == ("infermux", "infermux")
+    assert set(s["SupplementaryGroups"].split()) == {"video", "render"}
+    assert (s["RuntimeDirectory"], s["StateDirectory"]) == ("infermux", "infermux")
+    assert s["DevicePolicy"] == "closed"
+    assert s["ProtectSystem"] == "strict" and s["NoNewPrivileges"] == "yes"
+    allowed = {line.split()[0] for line in s["DeviceAllow"].splitlines()}
+    assert {"char-nvidia*", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvmap", "char-nvhost*"} <= allowed
+    # systemd.resource-control(5): no globs in device *paths*; they would silently match nothing.
+    assert not [a for a in allowed if a.startswith("/dev/") and any(c in a for c in "*?[")]
+
+
+@linux_only
+def test_sysusers_and_tmpfiles_make_the_user_and_tree(tmp_path):
+    sysusers, tmpfiles = shutil.which("systemd-sysusers"), shutil.which("systemd-tmpfiles")
+    if not sysusers or not tmpfiles:
+        pytest.skip("systemd-sysusers/systemd-tmpfiles missing")
+    if os.geteuid() != 0:
+        pytest.skip("chown in a scratch root needs root")
+    root = tmp_path
+    (root / "etc").mkdir()
+    for f in ("passwd", "group", "shadow", "gshadow"):
+        (root / "etc" / f).touch()
+    subprocess.run([sysusers, f"--root={root}", str(PKG / "infermux.sysusers")], check=True,
+                   capture_output=True)
+    passwd = [line.split(":") for line in (root / "etc/passwd").read_text().splitlines()]
+    user = next(p for p in passwd if p[0] == "infermux")
+    assert int(user[2]) < 1000                        # a system user
+    assert user[5:] == ["/var/lib/infermux", "/usr/sbin/nologin"]
+    groups = {g[0]: g for g in (line.split(":") for line in (root / "etc/group").read_text().splitlines())}
+    assert "infermux" in groups
+    # SupplementaryGroups=video render fails the start if either is missing.
+    for name in ("video", "render"):
+        assert "infermux" in groups[name][3].split(","), groups.get(name)
+    r = subprocess.run([tmpfiles, f"--root={root}", "--create", str(PKG / "infermux.tmpfiles")],
+                       capture_output=True, text=True)
+    assert r.returncode == 0 and not r.stderr, r.stderr
+    engines = (root / "var/lib/infermux/engines").stat()
+    assert (engines.st_uid, engines.st_gid) == (int(user[2]), int(user[3]))
+    assert stat.S_IMODE(engines.st_mode) == 0o2775
+
+
+def test_packaged_config_serves_a_shipped_engine():
+    cfg = tomllib.loads((PKG / "infermux.toml").read_text())
+    d = cfg["daemon"]
+    assert d["engine_dir"] == "/var/lib/infermux/engines"
+    for endpoint in [*d["listen"], d["admin"], d["stats"]]:
+        # relative: lands in RuntimeDirectory=/run/infermux (or --runtime-dir)
+        assert endpoint.startswith("ipc://") and not endpoint.startswith("ipc:///"), endpoint
+    install = (REPO / "debian/infermux.install").read_text().split("\n")
+    assert "packaging/infermux.toml etc/infermux/" in install
+    assert cfg["models"]
+    for model in cfg["models"]:
+        engine = Path(model["engine"])
+        rel = engine.relative_to("/usr/share/infermux/engines")  # read in place, package-owned
+        assert (REPO / "engines" / rel).is_file()
+        assert f"engines/{rel.parts[0]} usr/share/infermux/engines/" in install
+
+
+def test_vendor_requirements_are_pinned_by_hash():
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+
+    text = (PKG / "vendor-requirements.txt").read_text()
+    entries = [e.strip() for e in re.sub(r"\\\n", " ", text).splitlines()
+               if e.strip() and not e.lstrip().startswith("#")]
+    pins = {}
+    for entry in entries:
+        spec, *hashes = entry.split(" --hash=")
+        req = Requirement(spec.strip())
+        assert len(req.specifier) == 1 and next(iter(req.specifier)).operator == "==", entry
+        assert hashes and all(re.fullmatch(r"sha256:[0-9a-f]{64}", h.strip()) for h in hashes), entry
+        assert req.name not in pins, f"{req.name} pinned twice"
+        pins[req.name] = next(iter(req.specifier)).version
+    # The pinned console must satisfy what pyproject's tui extra asks for.
+    extra = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["tui"]
+    wanted = Requirement(next(r for r in extra if r.startswith("textual")))
+    assert SpecifierSet(str(wanted.specifier)).contains(pins["textual"])
+
+
+# --- bash completion ---------------------------------------------------------
+
+BASH_COMPLETION = Path("/usr/share/bash-completion/bash_completion")
+
+
+def _complete(words: list[str], *, path: str, cwd: Path | None = None, helpers: bool = False) -> list[str]:
+    """COMPREPLY for the command line `words` (the last one being completed).
+
+    helpers=True loads the bash-completion package first, as interactive
+    shells do; without it the script's plain fallback runs.
+    """
+    bash = shutil.which("bash")
+    if not bash:
+        pytest.skip("bash missing")
+    if helpers and not BASH_COMPLETION.exists():
+        pytest.skip("bash-completion missing")
+    line = " ".join(words).replace(" = ", "=")
+    script = ((f"source {BASH_COMPLETION}\n" if helpers else "") +
+              f"source {COMPLETION}\n"
+              f"COMP_WORDS=({' '.join(repr(w) for w in words)}); COMP_CWORD={len(words) - 1}\n"
+              f"COMP_LINE={line!r}; COMP_POINT=${{#COMP_LINE}}\n"
+              "_infermux; printf '%s\\n' \"${COMPREPLY[@]}\"\n")
+    r = subprocess.run([bash, "--norc", "-c", script], capture_output=True, text=True,
+                       env={"PATH": path, "HOME": "/nonexistent"}, cwd=cwd)
+    assert r.returncode == 0, r.stderr
+    return [w for w in r.stdout.splitlines() if w]
+
+
+def test_completion_offers_subcommands():
+    assert _complete(["infermux", "t"], path="/usr/bin:/bin") == ["top", "tune"]
+    assert set(_complete(["infermux", ""], path="/usr/bin:/bin")) == {
+        "serve", "infer", "bench", "build", "status", "ctl", "top", "tune", "keygen"}
+
+
+def test_completion_reads_options_from_the_commands_help(tmp_path):
+    fake = tmp_path / "bin" / "infermux"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\ncat <<'EOF'\nusage: infermux serve [-h] --config PATH [--runtime-dir DIR]\n\n"
+                    "options:\n  -h, --help         show this help\n  --config PATH      configuration\n"
+                    "  --runtime-dir DIR  sockets go here\n  --log-level LEVEL  built-in levels\nEOF\n")
+    fake.chmod(0o755)
+    got = _complete(["infermux", "serve", "--"], path=f"{fake.parent}:/usr/bin:/bin")
+    assert got == ["--config", "--help", "--log-level", "--runtime-dir"]
+
+
+def test_completion_falls_back_without_a_working_cli():
+    got = _complete(["infermux", "serve", "--"], path="/nonexistent")
+    assert got == ["--config", "--runtime-dir", "--help"]
+
+
+@pytest.mark.parametrize("helpers", [False, True], ids=["plain", "bash-completion"])
+def test_completion_of_config_paths(tmp_path, helpers):
+    (tmp_path / "a.toml").write_text("")
+    (tmp_path / "b.txt").write_text("")
+    (tmp_path / "conf.d").mkdir()
+    got = _complete(["infermux", "serve", "--config", ""], path="/usr/bin:/bin", cwd=tmp_path,
+                    helpers=helpers)
+    assert sorted(got) == ["a.toml", "conf.d/"]
+
+
+def test_completion_of_config_equals_form(tmp_path):
+    # bash splits "--config=a" at "="; bash-completion's _init_completion -s rejoins it.
+    (tmp_path / "a.toml").write_text("")
+    (tmp_path / "b.txt").write_text("")
+    got = _complete(["infermux", "serve", "--config", "=", ""], path="/usr/bin:/bin", cwd=tmp_path,
+                    helpers=True)
+    assert got == ["a.toml"]
+
+
+def test_every_cli_subcommand_is_completed_and_documented():
+    from infermux.cli import COMMANDS
+
+    listed = re.search(r'_infermux_commands="([^"]*)"', COMPLETION.read_text()).group(1).split()
+    man = (PKG / "infermux.1").read_text()
+    documented = re.findall(r"^\.TP\n\.B (\S+)$", man, flags=re.M)
+    assert set(COMMANDS) <= set(listed), "add new subcommands to the bash completion"
+    assert set(listed) <= set(documented), "document every subcommand in packaging/infermux.1"
+
+
+def test_man_page_renders_without_warnings():
+    man = shutil.which("man")
+    if not man:
+        pytest.skip("man missing")
+    r = subprocess.run([man, "--warnings", "-E", "UTF-8", "-l", "-Tutf8", "-Z", str(PKG / "infermux.1")],
+                       capture_output=True, text=True, env={**os.environ, "LC_ALL": "C.UTF-8"})
+    assert r.returncode == 0 and r.stderr == "", r.stderr
