@@ -135,8 +135,9 @@ class Worker:
             log.warning("unknown message %r from the daemon", kind[:16])
 
     def _beat(self) -> None:
-        executors = self.scheduler.executors if self.scheduler is not None else []
-        ctx = [[len(ex.queue), ex.in_flight, ex.served] for ex in executors]
+        if self.scheduler is None:
+            return  # a spare: nobody reads its pipe yet, and unread beats would fill it
+        ctx = [[len(ex.queue), ex.in_flight, ex.served] for ex in self.scheduler.executors]
         self.send([wire.BEAT, wire.dumps({"ctx": ctx}).encode()])
 
     # -- load --------------------------------------------------------------------

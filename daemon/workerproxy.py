@@ -164,12 +164,12 @@ class WorkerProxy:
     def submit(self, job: Job) -> bool:
         """Send `job` to the worker; False when its queue is full or it is stopping."""
         with self._lock:
-            if self._closing:
-                successor = self.forward_to
-                return successor.submit(job) if successor is not None else False
-            if len(self._pending) >= self._max_queue + len(self.executors):
-                return False
-            return self._send_job(job)
+            if not self._closing:
+                if len(self._pending) >= self._max_queue + len(self.executors):
+                    return False
+                return self._send_job(job)  # under the lock: the reply cannot overtake `_pending`
+            successor = self.forward_to
+        return successor.submit(job) if successor is not None else False
 
     def _send_job(self, job: Job) -> bool:
         body = job.frames[len(job.envelope):]
