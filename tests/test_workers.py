@@ -307,3 +307,23 @@ def test_a_new_daemon_sweeps_segments_a_killed_one_left(make_daemon, tmp_path) -
     assert not stale.exists()
     assert "swept model" not in d.log() and "swept segments=" in d.log()
     stop_clean(d)
+
+
+def test_admin_settings_reach_the_worker_and_it_batches_and_honours_deadlines(make_daemon) -> None:
+    d = start(make_daemon, cold("c", preload=True, batch_delay_us=3000)
+              + cold("s", "slow/1/model.onnx", preload=True, timeout_ms=20000))
+    with d.admin() as admin:
+        admin.call("set", model="c", contexts=2, max_batch=8)
+    assert row(d, "c")["contexts"] == 2 and row(d, "c")["max_batch"] == 8
+    with d.pipeline() as pipe:
+        replies = pipe.gather([pipe.submit("c", {"x": X_INLINE}) for _ in range(24)])
+    assert all(r.status == 200 for r in replies)
+    assert max(r.header.get("batch", 1) for r in replies) > 1  # merged inside the worker
+    np.testing.assert_array_equal(replies[0].outputs["y"], X_INLINE)
+    big = np.ones((400, 512), np.float32)
+    with d.pipeline() as pipe:
+        first = pipe.submit("s", {"x": big})
+        stale = pipe.submit("s", {"x": big[:1]}, timeout_ms=5)
+        done, late = pipe.gather([first, stale])
+    assert done.status == 200 and late.status == 504 and "not computed" in late.error
+    stop_clean(d)
