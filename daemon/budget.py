@@ -115,7 +115,8 @@ class MemoryBudget:
     """The limit in bytes and where it is measured (GPU or host)."""
 
     def __init__(self, setting: object, config_path: Path | str) -> None:
-        self.gpu = None if is_jetson() else Nvml.open()
+        self.jetson = is_jetson()
+        self.gpu = None if self.jetson else Nvml.open()
         if self.gpu is not None:
             self.total, self.source = self.gpu.memory()[0], "gpu"
         else:

@@ -259,12 +259,22 @@ def _stats_of(header: bytes) -> bytes:
                            int(timing.get("compute", 0)), int(timing.get("total", 0)))
 
 
+def _prefer_me_for_oom() -> None:
+    """Out of memory, the kernel should kill a worker (the daemon restarts it), not the daemon."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("500")
+    except OSError:
+        pass
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(levelname)s infermux.worker[{os.getpid()}]: %(message)s")
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
+    _prefer_me_for_oom()
     sys.setswitchinterval(1e-4)  # as in the daemon: executors get the GIL back promptly
     preload([n for n in args.preload.split(",") if n])
     return Worker(args).run()

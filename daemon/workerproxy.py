@@ -135,7 +135,8 @@ class WorkerProxy:
         self.stop_reason = ""
         self.forward_to: Any = None  # promote/demote: where jobs go once this one stops taking them
         self.created = self.last_beat = time.monotonic()
-        self.gpu_bytes = 0
+        self.gpu_bytes = 0  # this process's GPU memory as NVML reports it (0 where it cannot)
+        self.unseen_bytes = 0  # what its load took that neither RSS nor NVML shows (workers._unseen)
         self._reply, self._on_late, self._on_exit = reply, on_late, on_exit
         self._outputs = len(ready["outputs"])
         self._out_row_bytes = _row_bytes(ready["outputs"])
@@ -263,7 +264,7 @@ class WorkerProxy:
 
     def footprint(self) -> int:
         """Memory this worker costs: its resident memory plus its GPU memory where readable."""
-        return self.process.rss() + self.gpu_bytes
+        return self.process.rss() + (self.gpu_bytes or self.unseen_bytes)
 
     def worker_info(self) -> dict[str, Any]:
         state = "exited" if self.process.exited() else "stopping" if self._closing else "ready"

@@ -169,6 +169,7 @@ class Workers:
         except Exception as exc:
             return self.registry._failed(mv, exc, during="worker start")
         self.events.emit("worker_started", mc.name, mc.version, pid=process.pid, spare=spare)
+        free_before = self.budget.available()
         try:
             ready = self._send_load(process, mv)
         except (WorkerExited, TimeoutError, BackendError) as exc:
@@ -179,6 +180,7 @@ class Workers:
             return self.registry._failed(mv, exc, during=getattr(exc, "during", "load"))
         strategy = mc.strategy or self.registry.config.routing.strategy
         proxy = WorkerProxy(process, mc, ready, self._reply, self._on_late, self._exited, mv.stats, strategy)
+        proxy.unseen_bytes = self._unseen(process, free_before)
         mv.engine = RemoteEngine(wire.specs_from_json(ready["inputs"]), wire.specs_from_json(ready["outputs"]),
                                  int(ready.get("memory_bytes", 0)))
         mv.scheduler = proxy
@@ -349,6 +351,21 @@ class Workers:
                                 mem.mb(self.budget.limit))
                     return
                 self._evict(victim, f"over budget after loading {loaded.name}:{loaded.version}")
+
+    def _unseen(self, process: WorkerProcess, free_before: int) -> int:
+        """Memory the load took that the worker's RSS does not show (an estimate; concurrent loads blur it).
+
+        GPU budget: the drop in free GPU memory, for when NVML cannot attribute it to the pid
+        (containers). Jetson: the drop in available memory beyond the RSS growth, which is where
+        CUDA allocations (nvmap) show up. Elsewhere RSS says it all.
+        """
+        if self.budget.source == "host" and not self.budget.jetson:
+            return 0  # RSS is the whole story, and other processes' churn would only add noise
+        drop = max(0, free_before - self.budget.available())
+        if self.budget.source == "gpu":
+            return drop
+        grown = max(0, process.rss() - int(process.hello.get("rss", 0)))
+        return max(0, drop - grown)
 
     def _measure(self, key: tuple[str, str], proxy: WorkerProxy, gpu: dict[int, int] | None = None) -> int:
         if gpu is not None:
