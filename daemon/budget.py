@@ -122,6 +122,12 @@ class MemoryBudget:
         else:
             self.total, self.source = meminfo("MemTotal"), "host"
         self.limit = parse_budget(config_path, setting, self.total)
+        self._setting = setting
+
+    def follow(self, setting: object, config_path: Path | str) -> None:
+        """Take a reloaded configuration's `memory_budget` (validated with the file already)."""
+        if setting != self._setting:
+            self.limit, self._setting = parse_budget(config_path, setting, self.total), setting
 
     def available(self) -> int:
         """Free memory right now where the budget is measured."""

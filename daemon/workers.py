@@ -294,6 +294,8 @@ class Workers:
     def make_room(self, mv: "ModelVersion") -> None:
         """Stop least recently used idle cold workers until `mv` fits; BudgetExceeded if it cannot."""
         need = self.estimate(mv)
+        config = self.registry.config
+        self.budget.follow(config.daemon.memory_budget, config.path)  # SIGHUP may have changed it
         with self._budget_lock:
             while True:
                 used, free = self.used(exclude=mv), self.budget.available()
