@@ -96,7 +96,7 @@ class Worker:
     # -- main loop ---------------------------------------------------------------
 
     def run(self) -> int:
-        self.send([wire.HELLO, wire.dumps({"pid": os.getpid(), "rss": rss_bytes()}).encode()])
+        self.send(wire.control(wire.HELLO, {"pid": os.getpid(), "rss": rss_bytes()}))
         poller = zmq.Poller()
         poller.register(self.down, zmq.POLLIN)
         poller.register(self.args.lifeline, zmq.POLLIN)
@@ -114,7 +114,7 @@ class Worker:
                         frames = self.down.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    if frames[0] == wire.EXIT:
+                    if wire.kind_of(frames[0]) == wire.EXIT:
                         return self._exit()
                     self._handle(frames)
             if time.monotonic() >= next_beat:
@@ -122,15 +122,15 @@ class Worker:
                 next_beat = time.monotonic() + beat_s
 
     def _handle(self, frames: list[bytes]) -> None:
-        kind = frames[0]
+        kind = wire.kind_of(frames[0])
         if kind == wire.INFER:
             self._infer(frames)
         elif kind == wire.FORGET:
-            self.slots.forget(frames[1].decode())
+            self.slots.forget(frames[0][1:].decode())
         elif kind == wire.LOAD:
-            self._load(frames[1])
+            self._load(frames[0][1:])
         elif kind == wire.SET:
-            self._set(json.loads(frames[1]))
+            self._set(wire.body_of(frames[0]))
         else:
             log.warning("unknown message %r from the daemon", kind[:16])
 
@@ -138,7 +138,7 @@ class Worker:
         if self.scheduler is None:
             return  # a spare: nobody reads its pipe yet, and unread beats would fill it
         ctx = [[len(ex.queue), ex.in_flight, ex.served] for ex in self.scheduler.executors]
-        self.send([wire.BEAT, wire.dumps({"ctx": ctx}).encode()])
+        self.send(wire.control(wire.BEAT, {"ctx": ctx}))
 
     # -- load --------------------------------------------------------------------
 
@@ -152,22 +152,22 @@ class Worker:
             backend = backends.for_path(mc.engine, mc.backend or None)
             engine = backend.load(mc.engine, dict(mc.options))
         except Exception as exc:
-            self.send([wire.ERROR, wire.dumps({"reason": str(exc), "during": "load"}).encode()])
+            self.send(wire.control(wire.ERROR, {"reason": str(exc), "during": "load"}))
             return
-        self.send([wire.STAGE, wire.dumps({"state": "warming", "backend": backend.name}).encode()])
+        self.send(wire.control(wire.STAGE, {"state": "warming", "backend": backend.name}))
         try:
             row_us = warm_up(engine, mc)
             self.scheduler = Scheduler(mc, engine, self._reply, self._late, ModelStats(mc.name, mc.version),
                                        mc.strategy or "least_queue", self._inline_ok, row_us)
         except Exception as exc:
             engine.close()
-            self.send([wire.ERROR, wire.dumps({"reason": str(exc), "during": "warm-up"}).encode()])
+            self.send(wire.control(wire.ERROR, {"reason": str(exc), "during": "warm-up"}))
             return
         self.engine = engine
         ready = {"inputs": wire.specs_to_json(engine.inputs), "outputs": wire.specs_to_json(engine.outputs),
                  "memory_bytes": engine.memory_bytes(), "row_us": row_us, "backend": backend.name,
                  "load_ms": round((time.monotonic() - started) * 1000), "allowed": self.scheduler.policy.allowed}
-        self.send([wire.READY, wire.dumps(ready).encode()])
+        self.send(wire.control(wire.READY, ready))
 
     def _set(self, changes: dict[str, Any]) -> None:
         scheduler = self.scheduler
@@ -191,15 +191,15 @@ class Worker:
     # -- requests ------------------------------------------------------------------
 
     def _infer(self, frames: list[bytes]) -> None:
-        meta = json.loads(frames[1])
+        meta = json.loads(frames[0][1:])
         seq, slot_name = meta["s"], meta["slot"]
         slot = None
         if slot_name is None:
-            body = frames[2:]
+            body = frames[1:]
         else:
             slot = self.slots.get(slot_name)
             view = slot.view
-            body = [frames[2], *(view[offset:offset + nbytes] for offset, nbytes in meta["off"])]
+            body = [frames[1], *(view[offset:offset + nbytes] for offset, nbytes in meta["off"])]
         envelope = [seq, slot]
         try:
             request = parse_request(body, LIMITS)
@@ -221,17 +221,17 @@ class Worker:
         stats = _stats_of(header)
         sizes = [memoryview(f).nbytes for f in outputs]
         offsets, span = layout(sizes)
-        head = [wire.REPLY, wire.pack_seq(seq), stats, header]
         if slot is not None and outputs and span <= slot.size and sum(sizes) > wire.INLINE_MAX_BYTES:
             view = slot.view
             for offset, size, frame in zip(offsets, sizes, outputs):
                 view[offset:offset + size] = memoryview(frame).cast("B")
-            self.send(head + [wire.dumps([[o, n] for o, n in zip(offsets, sizes)]).encode()])
+            places = wire.dumps([[o, n] for o, n in zip(offsets, sizes)]).encode()
+            self.send([wire.reply_head(seq, *stats, layout=places), header])
         else:
-            self.send(head + [b"", *outputs], copy=sum(sizes) < 1 << 20)
+            self.send([wire.reply_head(seq, *stats), header, *outputs], copy=sum(sizes) < 1 << 20)
 
     def _late(self, job: Job) -> None:
-        self.send([wire.LATE, wire.pack_seq(job.envelope[0])])
+        self.send(wire.seq_message(wire.LATE, job.envelope[0]))
 
     # -- endings ---------------------------------------------------------------------
 
@@ -240,7 +240,7 @@ class Worker:
             self.scheduler.stop(30.0)
         if self.engine is not None:
             self.engine.close()
-        self.send([wire.BYE])
+        self.send(wire.control(wire.BYE))
         self.up.close(linger=2000)
         self.down.close(linger=0)
         return 0
@@ -252,11 +252,12 @@ class Worker:
         os._exit(0)  # executors may be inside the backend: do not wait for them
 
 
-def _stats_of(header: bytes) -> bytes:
+def _stats_of(header: bytes) -> tuple[int, int, int, int, int]:
+    """(status, batch, queue µs, compute µs, total µs) of a reply header, for the daemon's statistics."""
     h = json.loads(header)
     timing = h.get("timing_us") or {}
-    return wire.pack_stats(int(h.get("status", 0)), int(h.get("batch", 1)), int(timing.get("queue", 0)),
-                           int(timing.get("compute", 0)), int(timing.get("total", 0)))
+    return (int(h.get("status", 0)), int(h.get("batch", 1)), int(timing.get("queue", 0)),
+            int(timing.get("compute", 0)), int(timing.get("total", 0)))
 
 
 def _prefer_me_for_oom() -> None:

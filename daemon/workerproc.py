@@ -9,7 +9,6 @@ daemon holds.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -120,8 +119,9 @@ class WorkerProcess:
             events = dict(poller.poll(min(100, int(left * 1000) + 1)))
             if self.up in events:
                 frames = self.up.recv_multipart()
-                if frames[0] in kinds:
-                    return frames[0], json.loads(frames[1]) if len(frames) > 1 else {}
+                kind = wire.kind_of(frames[0])
+                if kind in kinds:
+                    return kind, wire.body_of(frames[0])
                 continue
             if self.exited():
                 raise WorkerExited(f"worker {self.pid} ended ({exit_reason(self.proc.poll())})")
@@ -147,7 +147,7 @@ class WorkerProcess:
     def stop(self, grace_s: float = 5.0) -> str:
         """Ask the worker to exit (EXIT, then the lifeline), kill it after `grace_s`; returns how it ended."""
         if self.proc.poll() is None:
-            self.send([wire.EXIT])
+            self.send(wire.control(wire.EXIT))
             try:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:

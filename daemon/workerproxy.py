@@ -191,7 +191,7 @@ class WorkerProxy:
                 view[offset:offset + size] = tensor
             meta["slot"], meta["off"] = slot.name, [[o, n] for o, n in zip(offsets, sizes)]
         seq = meta["s"] = next(self._seq)
-        message = [wire.INFER, wire.dumps(meta).encode(), header]
+        message = [wire.INFER + wire.dumps(meta).encode(), header]
         if slot is None:
             message += tensors
         if not self.process.send(message):
@@ -300,13 +300,13 @@ class WorkerProxy:
                 frames = up.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            kind = frames[0]
+            kind = wire.kind_of(frames[0])
             if kind == wire.REPLY:
                 self._replied(frames)
             elif kind == wire.BEAT:
-                self._beat(json.loads(frames[1]))
+                self._beat(wire.body_of(frames[0]))
             elif kind == wire.LATE:
-                entry = self._take(wire.unpack_seq(frames[1]))
+                entry = self._take(wire.seq_of(frames[0]))
                 if entry is not None:
                     self._release(entry[1])
                     self._on_late(entry[0])
@@ -319,18 +319,17 @@ class WorkerProxy:
         return entry
 
     def _replied(self, frames: list[bytes]) -> None:
-        seq = wire.unpack_seq(frames[1])
+        (seq, status, batch, queue_us, compute_us, total_us), placement = wire.parse_reply_head(frames[0])
         entry = self._take(seq)
         if entry is None:
             return
         job, slot, rows = entry
-        status, batch, queue_us, compute_us, total_us = wire.unpack_stats(frames[2])
-        header, placement = frames[3], frames[4]
+        header = frames[1]
         tracker = None
         if placement:
             outputs, tracker, span = self._from_slot(slot, json.loads(placement))
         else:
-            outputs = frames[5:]
+            outputs = frames[2:]
             span = layout([len(f) for f in outputs])[1]
         if span > self._out_row_bytes * rows:  # learn the output size, so the next slot fits it
             self._out_row_bytes = -(-span // max(rows, 1))
@@ -396,10 +395,10 @@ class WorkerProxy:
         self.process.close()
 
     def _set(self, changes: dict[str, Any]) -> None:
-        self.process.send([wire.SET, wire.dumps(changes).encode()])
+        self.process.send(wire.control(wire.SET, changes))
 
     def _forget(self, name: str) -> None:
-        self.process.send([wire.FORGET, name.encode()])
+        self.process.send(wire.control(wire.FORGET, name.encode()))
 
 
 def _row_bytes(outputs: list[dict[str, Any]]) -> int:

@@ -201,7 +201,7 @@ class Workers:
         # The daemon's proxy bounds what is in flight; the worker's own queue must never refuse.
         config = replace(mv.config, max_queue=1 << 30,
                          strategy=mv.config.strategy or self.registry.config.routing.strategy)
-        if not process.send([wire.LOAD, wire.config_to_json(config)], wait_s=10.0):
+        if not process.send(wire.control(wire.LOAD, wire.config_to_json(config)), wait_s=10.0):
             raise WorkerExited(f"worker {process.pid} does not take messages")
         while True:
             kind, body = process.wait_for((wire.STAGE, wire.READY, wire.ERROR), LOAD_TIMEOUT_S)

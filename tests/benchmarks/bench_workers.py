@@ -31,7 +31,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
