@@ -18,6 +18,7 @@ whatever a SIGKILL left. Names carry the daemon's pid for that sweep:
 from __future__ import annotations
 
 import itertools
+import logging
 import mmap
 import os
 import threading
@@ -25,6 +26,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
+
+log = logging.getLogger("infermux.shm")
 
 SHM_DIR = Path("/dev/shm")
 PREFIX = "infermux-"
@@ -59,7 +62,9 @@ class Slot:
     def create(cls, name: str, size: int) -> "Slot":
         fd = os.open(SHM_DIR / name, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
         try:
-            os.ftruncate(fd, size)
+            # Reserve the pages now: writing into a mapping of a full tmpfs (Docker's 64 MB
+            # /dev/shm) raises SIGBUS, which would kill the daemon; this raises ENOSPC instead.
+            os.posix_fallocate(fd, 0, size)
             mm = mmap.mmap(fd, size)
         except BaseException:
             os.unlink(SHM_DIR / name)
@@ -122,7 +127,7 @@ class SlotPool:
             return [s.name for s in (*self._free, *self._busy, *(s for s, _ in self._deferred))]
 
     def acquire(self, nbytes: int) -> Slot | None:
-        """A slot of at least `nbytes`, or None when every slot is busy."""
+        """A slot of at least `nbytes`, or None when every slot is busy or /dev/shm has no room."""
         with self._lock:
             if self._closed:
                 return None
@@ -136,7 +141,11 @@ class SlotPool:
                     if not self._free:
                         return None
                     self._drop(self._free.pop(0))  # too small: replace it by a bigger one
-                slot = Slot.create(f"{self.tag}-{next(self._numbers)}", aligned(max(nbytes, 1), GRAIN))
+                try:
+                    slot = Slot.create(f"{self.tag}-{next(self._numbers)}", aligned(max(nbytes, 1), GRAIN))
+                except OSError as exc:  # /dev/shm full or missing: the caller sends inline
+                    log.warning("no shared-memory slot of %d bytes: %s", nbytes, exc)
+                    return None
             self._busy.add(slot)
             return slot
 

@@ -183,9 +183,8 @@ class WorkerProxy:
                                 "fb": job.fallback}
         if sum(sizes) > wire.INLINE_MAX_BYTES:
             need = max(span, self._out_row_bytes * rows + ALIGN * self._outputs)
-            slot = self.slots.acquire(need)
-            if slot is None:
-                return False
+            slot = self.slots.acquire(need)  # None: no room in /dev/shm (or zmq still sends them): inline
+        if slot is not None:
             view = slot.view
             for offset, size, tensor in zip(offsets, sizes, tensors):
                 view[offset:offset + size] = tensor
@@ -194,7 +193,7 @@ class WorkerProxy:
         message = [wire.INFER + wire.dumps(meta).encode(), header]
         if slot is None:
             message += tensors
-        if not self.process.send(message):
+        if not self.process.send(message, copy=slot is not None or sum(sizes) < 1 << 20):
             if slot is not None:
                 self.slots.release(slot)
             return False
