@@ -26,13 +26,14 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import zmq
 
 from infermux import workerwire as wire
 from infermux.job import Job
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError
-from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_request
+from infermux.protocol import DTYPES, Request, Status, encode_reply, error_header
 from infermux.registry import rss_bytes, warm_up
 from infermux.scheduler import Scheduler
 from infermux.shm import SlotCache, layout
@@ -43,8 +44,6 @@ log = logging.getLogger("infermux.worker")
 # Libraries a backend imports lazily on its first load: a spare imports them
 # ahead so that a cold start costs the engine load alone.
 HEAVY_IMPORTS = {"onnxruntime": ("onnxruntime",), "tensorrt": ("tensorrt",)}
-# The daemon already checked sizes against max_message_bytes.
-LIMITS = Limits(max_message_bytes=1 << 62, max_elements=1 << 62)
 BURST = 64
 
 
@@ -192,19 +191,14 @@ class Worker:
 
     def _infer(self, frames: list[bytes]) -> None:
         meta = json.loads(frames[0][1:])
-        seq, slot_name = meta["s"], meta["slot"]
-        slot = None
-        if slot_name is None:
-            body = frames[1:]
-        else:
-            slot = self.slots.get(slot_name)
-            view = slot.view
-            body = [frames[1], *(view[offset:offset + nbytes] for offset, nbytes in meta["off"])]
-        envelope = [seq, slot]
+        slot = None if meta["slot"] is None else self.slots.get(meta["slot"])
+        envelope = [meta["s"], slot]
         try:
-            request = parse_request(body, LIMITS)
-        except ProtocolError as exc:
-            self._reply(envelope, encode_reply(error_header(exc.status, exc.message)))
+            request = _request(meta, frames[1:] if slot is None else
+                               [slot.view[offset:offset + n] for offset, n in meta["off"]])
+        except (KeyError, TypeError, ValueError) as exc:  # a daemon bug, not the client's
+            header = error_header(Status.BACKEND_ERROR, f"worker cannot read the request: {exc}", meta.get("id"))
+            self._reply(envelope, encode_reply(header))
             return
         job = Job(envelope, request, [], meta["r"], meta["d"], meta["fb"])
         scheduler = self.scheduler
@@ -250,6 +244,15 @@ class Worker:
         self.slots.unlink_all()
         logging.shutdown()
         os._exit(0)  # executors may be inside the backend: do not wait for them
+
+
+def _request(meta: dict[str, Any], buffers: list[Any]) -> Request:
+    """The request the daemon already parsed and checked, with numpy views on `buffers`."""
+    inputs = {name: np.frombuffer(buf, dtype=DTYPES[dtype]).reshape(shape)
+              for (name, dtype, shape), buf in zip(meta["t"], buffers, strict=True)}
+    outputs = meta.get("o")
+    return Request(model=meta.get("m", ""), inputs=inputs, id=meta.get("id"), key=meta.get("k"),
+                   outputs=None if outputs is None else tuple(outputs))
 
 
 def _stats_of(header: bytes) -> tuple[int, int, int, int, int]:

@@ -32,7 +32,7 @@ from infermux.config import ModelConfig
 from infermux.executor import LateFn, ReplyFn
 from infermux.job import Job
 from infermux.plugins.base import BackendError, TensorSpec
-from infermux.protocol import Status, encode_reply, error_header
+from infermux.protocol import Status, dtype_name, encode_reply, error_header
 from infermux.shm import ALIGN, Slot, SlotPool, layout, segment_name
 from infermux.workerproc import WorkerProcess
 
@@ -174,13 +174,17 @@ class WorkerProxy:
 
     def _send_job(self, job: Job) -> bool:
         body = job.frames[len(job.envelope):]
-        header, tensors = body[0], body[1:]
+        tensors = body[1:]
         sizes = [len(t) for t in tensors]
         offsets, span = layout(sizes)
         rows = batcher.rows(job.request.inputs)
         slot = None
-        meta: dict[str, Any] = {"s": 0, "slot": None, "r": job.received_ns, "d": job.deadline_ns,
-                                "fb": job.fallback}
+        req = job.request
+        meta: dict[str, Any] = {
+            "s": 0, "slot": None, "r": job.received_ns, "d": job.deadline_ns, "fb": job.fallback,
+            "id": req.id, "o": req.outputs, "k": req.key, "m": req.model,
+            # Already parsed and checked here: the worker only wraps the bytes, in this order.
+            "t": [[name, dtype_name(a.dtype), a.shape] for name, a in req.inputs.items()]}
         if sum(sizes) > wire.INLINE_MAX_BYTES:
             need = max(span, self._out_row_bytes * rows + ALIGN * self._outputs)
             slot = self.slots.acquire(need)  # None: no room in /dev/shm (or zmq still sends them): inline
@@ -190,7 +194,7 @@ class WorkerProxy:
                 view[offset:offset + size] = tensor
             meta["slot"], meta["off"] = slot.name, [[o, n] for o, n in zip(offsets, sizes)]
         seq = meta["s"] = next(self._seq)
-        message = [wire.INFER + wire.dumps(meta).encode(), header]
+        message = [wire.INFER + wire.dumps(meta).encode()]
         if slot is None:
             message += tensors
         if not self.process.send(message, copy=slot is not None or sum(sizes) < 1 << 20):

@@ -7,9 +7,10 @@ by that kind's payload (fewer frames: pyzmq costs a few µs per frame).
 
 daemon → worker
     LOAD   [b"l" config JSON]               load, warm up, then READY or ERROR
-    INFER  [b"I" meta JSON, client header, *inline tensors]
+    INFER  [b"I" meta JSON, *inline tensors]
            meta: {"s": seq, "slot": name|null, "off": [[offset, nbytes], ...], "r": received_ns,
-                  "d": deadline_ns, "fb": fallback|null}
+                  "d": deadline_ns, "fb": fallback|null, "id", "o": outputs, "k": key, "m": model,
+                  "t": [[name, dtype, shape], ...]}: the request as the daemon parsed and checked it
     FORGET [b"F" slot name]                 the daemon unlinked that slot: unmap it
     SET    [b"C" JSON]                      contexts / max_batch / batch_delay_us
     EXIT   [b"X"]                           finish what is queued, then exit
