@@ -221,13 +221,19 @@ def test_memory_budget_stops_the_least_recently_used_idle_worker_then_refuses(ma
     huge = tmp_path / "huge.onnx"
     with open(huge, "wb") as f:
         f.truncate(1 << 30)  # sparse: its size says 1 GiB, which is all the estimate reads
-    # A worker measures ~60 MB on the 2-core box (Python, numpy, zmq, onnxruntime): two fit, three do not.
-    d = start(make_daemon, cold("a") + cold("b") + cold("c") + cold("huge", str(huge)), budget="160MB")
+    d = start(make_daemon, cold("a") + cold("b") + cold("c") + cold("huge", str(huge)))
     with d.client() as client:
         assert until_200(client, "a", X_INLINE).status == 200
         assert until_200(client, "b", X_INLINE).status == 200
         assert client.infer("a", {"x": X_INLINE}).status == 200  # a is now used more recently than b
         a_pid, b_pid = worker(d, "a")["pid"], worker(d, "b")["pid"]
+        # A budget that holds a and b but not a third worker (whatever a worker weighs on this box),
+        # applied live by `reload`.
+        a_bytes, b_bytes = row(d, "a")["memory_bytes"], row(d, "b")["memory_bytes"]
+        d.config_path.write_text(d.config_path.read_text().replace(
+            'memory_budget = "80%"', f"memory_budget = {a_bytes + b_bytes + b_bytes // 2}"))
+        with d.admin() as admin:
+            admin.call("reload")
         assert until_200(client, "c", X_INLINE).status == 200
         d.wait_for("evicted model=b version=1")
         assert gone(b_pid) and shm.pid_alive(a_pid)
