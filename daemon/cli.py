@@ -18,6 +18,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("infermux.bench", "closed-loop load generator: QPS and latency percentiles"),
     "status": ("infermux.status", "print the daemon's models table once"),
     "ctl": ("infermux.ctl", "run one admin command (load, unload, set, pin, drain, reload, ...)"),
+    "top": ("infermux.tui.top", "live console: queues, memory, routing, with control"),
     "build": ("infermux.build", "build a TensorRT engine from an ONNX model on this device"),
 }
 

@@ -37,6 +37,7 @@ log = logging.getLogger("infermux.server")
 
 MAX_ENVELOPE = 8  # identity frames a proxy chain may add before the delimiter
 BURST = 64  # messages handled per socket before looking at the other one
+QUIET_MS = 50  # at shutdown: how long the socket must stay empty before it is closed
 
 
 class Server:
@@ -167,6 +168,10 @@ class Server:
             if self.frontend is not None and self.frontend.poll(10):
                 self._read_requests(refuse=True)
         self._forward_replies()
+        # Requests clients sent before the signal may still sit in the socket's
+        # queue: refuse them too, until the socket has been quiet for a moment.
+        while self.frontend is not None and self.frontend.poll(QUIET_MS):
+            self._read_requests(refuse=True)
         self.close()
 
     def close(self) -> None:

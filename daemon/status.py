@@ -8,23 +8,12 @@ import sys
 from typing import Any
 
 from infermux.infer import add_endpoint_arguments, endpoint_from
+from infermux.tui import format as fmt  # plain functions; importing it does not load Textual
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_endpoint_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print the raw JSON reply")
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
-
-def _fmt_us(value: Any) -> str:
-    return "-" if value is None else (f"{value / 1000:.1f}ms" if value >= 1000 else f"{value:.0f}us")
 
 
 def table(models: list[dict[str, Any]]) -> str:
@@ -35,8 +24,8 @@ def table(models: list[dict[str, Any]]) -> str:
         st = m.get("stats", {})
         name = m["name"] + (" *" if m.get("default") else "") + (" (pinned)" if m.get("pinned") else "")
         rows.append((name, m["version"], m["placement"], m["state"], str(m["contexts"]), str(m["queue_depth"]),
-                     str(m["in_flight"]), f"{st.get('qps', 0):.0f}", _fmt_us(st.get("p50_us")),
-                     _fmt_us(st.get("p99_us")), human_bytes(m["memory_bytes"])))
+                     str(m["in_flight"]), fmt.rate(st.get("qps")), fmt.us(st.get("p50_us")),
+                     fmt.us(st.get("p99_us")), fmt.size(m["memory_bytes"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     for m in models:
@@ -59,8 +48,8 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps({"daemon": daemon, "models": models}, indent=2))
         return 0
     mem = daemon["memory"]
-    print(f"infermux {daemon['version']}  pid {daemon['pid']}  up {daemon['uptime_s']:.0f}s  "
+    print(f"infermux {daemon['version']}  pid {daemon['pid']}  up {fmt.duration(daemon['uptime_s'])}  "
           f"{daemon['requests']} requests  {'accepting' if daemon['accepting'] else 'DRAINING'}  "
-          f"models {human_bytes(mem['models_bytes'])} of budget {human_bytes(mem['budget_bytes'])}")
+          f"models {fmt.size(mem['models_bytes'])} of budget {fmt.size(mem['budget_bytes'])}")
     print(table(models))
     return 0

@@ -1,0 +1,264 @@
+"""`infermux top` against a real daemon: live numbers, actions by key, banner and reconnect."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from harness import Daemon
+from infermux.tui.app import TopApp
+from infermux.tui.dialogs import ConfirmScreen, PromptScreen
+from infermux.tui.feed import Endpoints, LiveFeed, StaticFeed
+from infermux.tui.views.detail import ModelScreen
+from tui_support import screen_text, until
+
+X4 = np.ones((1, 4), np.float32)
+MODELS = """
+[[models]]
+name = "addone"
+version = "1"
+engine = "addone/1/model.onnx"
+[[models]]
+name = "addone"
+version = "2"
+engine = "addone/2/model.onnx"
+[[models]]
+name = "fast"
+engine = "fast512/1/model.onnx"
+"""
+KEYS = ["addone:1", "addone:2", "fast:1"]
+
+
+def console(d: Daemon) -> TopApp:
+    return TopApp(LiveFeed(Endpoints(d.admin_endpoint, d.stats_endpoint)), config_path=str(d.config_path))
+
+
+def row(d: Daemon, name: str, version: str) -> dict[str, Any]:
+    with d.admin(timeout_s=5) as admin:
+        return next(m for m in admin.call("models")["models"] if (m["name"], m["version"]) == (name, version))
+
+
+def qps(text: str) -> float:
+    return float(text[:-1]) * 1000 if text.endswith("k") else float(text)
+
+
+def notified(app: TopApp, text: str, severity: str | None = None) -> bool:
+    return any(text in str(n.message) and (severity is None or n.severity == severity) for n in app._notifications)
+
+
+async def test_the_table_shows_live_numbers_that_move_with_traffic(make_daemon) -> None:
+    d = make_daemon(MODELS)
+    app = console(d)
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.models_table
+        await until(pilot, lambda: table.keys() == KEYS, what="one row per version")
+        assert [table.cell_text(k, "state") for k in KEYS] == ["ready"] * 3
+        assert table.cell_text("addone:2", "version") == "2*" and table.cell_text("addone:1", "version") == "1"
+        assert table.cell_text("addone:2", "qps") == "0" and not app.banner.display
+
+        def traffic() -> None:
+            with d.pipeline() as pipe:
+                for _ in range(10):  # 30 at a time: well inside the default max_queue
+                    assert all(r.status == 200 for r in pipe.gather([pipe.submit("addone", {"x": X4})
+                                                                     for _ in range(30)]))
+        await asyncio.to_thread(traffic)
+        await until(pilot, lambda: qps(table.cell_text("addone:2", "qps")) > 0, what="QPS of addone:2")
+        assert table.cell_text("addone:2", "p99") != "-"
+        assert table.cell_text("addone:1", "qps") == "0"  # the traffic went to the default version only
+
+        table.select("addone:2")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ModelScreen), what="the detail screen")
+        await until(pilot, lambda: "served 300" in screen_text(app), what="served count in the detail")
+        text = screen_text(app)
+        assert "addone:2  ready · hot · default" in text and "batch sizes" in text
+        assert max(app.history.qps["addone:2"]) > 0  # the sparkline's data
+        await pilot.press("escape")
+        assert app.screen is app.main
+
+
+async def test_keys_change_the_daemon_and_show_its_answer(make_daemon) -> None:
+    d = make_daemon(MODELS)
+    app = console(d)
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.models_table
+        await until(pilot, lambda: table.keys() == KEYS)
+
+        table.select("addone:2")
+        await pilot.press("plus")
+        await until(pilot, lambda: table.cell_text("addone:2", "contexts") == "2", what="2 contexts in the table")
+        assert row(d, "addone", "2")["contexts"] == 2
+        await until(pilot, lambda: notified(app, "set contexts=2", "information"), what="the daemon's answer")
+
+        table.select("addone:1")
+        await pilot.press("p")
+        await until(pilot, lambda: table.cell_text("addone:1", "version") == "1@", what="addone:1 pinned")
+        assert row(d, "addone", "1")["pinned"]
+
+        await pilot.press("u")  # destructive: asks first; n keeps it
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert "Unload addone:1?" in screen_text(app)
+        await pilot.press("n")
+        await pilot.pause(0.3)
+        assert row(d, "addone", "1")["state"] == "ready"
+        await pilot.press("u")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await until(pilot, lambda: table.cell_text("addone:1", "state") == "unloaded", what="addone:1 unloaded")
+        assert row(d, "addone", "1")["state"] == "unloaded"
+
+        await pilot.press("f")  # the daemon refuses: its error is shown
+        await until(pilot, lambda: isinstance(app.screen, PromptScreen))
+        await pilot.press("end", "ctrl+u", *"nope", "enter")
+        await until(pilot, lambda: notified(app, "unknown fallback model 'nope'", "error"), what="the error")
+
+
+async def test_routing_edits_palette_drain_and_reload(make_daemon) -> None:
+    d = make_daemon(MODELS)
+    app = console(d)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.models_table.keys() == KEYS)
+        app.models_table.select("addone:1")
+        await pilot.press("3")  # the selection follows to the routing tab
+        routing = app.routing_view.query_one("RoutingTable")
+        await until(pilot, lambda: routing.keys() == KEYS)
+        assert routing.selected_key() == "addone:1" and app.selected_key() == "addone:1"
+        await pilot.press("w")
+        await until(pilot, lambda: isinstance(app.screen, PromptScreen))
+        assert app.screen.query_one("Input").value == "1:0,2:0"
+        await pilot.press("end", "ctrl+u", *"1:30,2:70", "enter")
+        await until(pilot, lambda: routing.cell_text("addone:1", "share") == "30%", what="weights in the view")
+        assert (row(d, "addone", "1")["weight"], row(d, "addone", "2")["weight"]) == (30, 70)
+
+        await pilot.press("ctrl+p")  # the command palette acts on any version by name
+        await pilot.press(*"pin fast:1")
+        await pilot.pause(0.3)
+        await pilot.press("enter")
+        await until(pilot, lambda: row(d, "fast", "1")["pinned"], what="fast pinned from the palette")
+
+        await pilot.press("D", "y")  # the whole daemon: drain, then resume (no question)
+        await until(pilot, lambda: "DRAINING" in screen_text(app), what="DRAINING in the status line")
+        with d.client() as client:
+            assert client.infer("fast", {"x": np.ones((1, 512), np.float32)}).status == 503
+        await pilot.press("D")
+        await until(pilot, lambda: "accepting" in screen_text(app))
+
+        with open(d.config_path, "a") as config:
+            config.write('\n[[models]]\nname = "extra"\nengine = "addone/1/model.onnx"\n')
+        await pilot.press("1", "R")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await until(pilot, lambda: "extra:1" in app.models_table.keys(), what="the reloaded model")
+        await until(pilot, lambda: notified(app, "configuration reloaded: added ['extra:1']"))
+
+
+async def test_a_slow_admin_command_does_not_freeze_the_console(make_daemon) -> None:
+    d = make_daemon('[[models]]\nname = "late"\nengine = "addone/1/model.onnx"\n'
+                    'backend = "slow_load:SlowLoadBackend"\n[models.options]\nload_delay_s = 1.0\n')
+    with d.admin() as admin:
+        admin.call("unload", model="late")
+    app = console(d)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.models_table.cell_text("late:1", "state") == "unloaded")
+        started = time.monotonic()
+        await pilot.press("l", "2")  # load takes a second; the tab switch must not wait for it
+        assert app.query_one("TabbedContent").active == "memory"
+        assert time.monotonic() - started < 0.8 and not notified(app, "loaded in")
+        await until(pilot, lambda: notified(app, "loaded in", "information"), what="the load's answer")
+        assert row(d, "late", "1")["state"] == "ready"
+
+
+async def test_banner_when_the_daemon_goes_and_reconnect_when_it_is_back(make_daemon) -> None:
+    d = make_daemon(MODELS)
+    app = console(d)
+    async with app.run_test(size=(160, 24)) as pilot:
+        await until(pilot, lambda: app.models_table.keys() == KEYS)
+        first_pid = app.snapshot["daemon"]["pid"]
+        assert not app.banner.display
+        d.stop()
+        await until(pilot, lambda: app.banner.display, timeout=8, what="the banner")
+        assert f"daemon not reachable at {d.admin_endpoint}, retrying" in screen_text(app)
+        d.start()
+        await until(pilot, lambda: not app.banner.display and app.snapshot["daemon"]["pid"] != first_pid,
+                    timeout=15, what="reconnect to the new daemon")
+        await until(pilot, lambda: app.models_table.cell_text("fast:1", "state") == "ready")
+
+
+async def test_stalled_statistics_show_the_banner_even_when_admin_answers(make_daemon) -> None:
+    from harness import DAEMON_HEAD
+
+    d = make_daemon(MODELS, head=DAEMON_HEAD + 'stats = ""\n')  # the daemon publishes nothing
+    app = console(d)
+    async with app.run_test(size=(200, 24)) as pilot:
+        await until(pilot, lambda: app.banner.display and "no statistics" in screen_text(app), timeout=8)
+        assert f"no statistics from {d.stats_endpoint}" in screen_text(app)
+        assert "answers on its admin socket" in screen_text(app)
+
+
+async def test_a_saved_status_file_is_shown_read_only(daemon: Daemon, tmp_path) -> None:
+    import json
+
+    with daemon.admin() as admin:
+        dump = {"daemon": admin.call("status")["daemon"], "models": admin.call("models")["models"]}
+    path = tmp_path / "status.json"
+    path.write_text(json.dumps(dump))
+    app = TopApp(StaticFeed.from_file(path))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: "classifier:1" in app.models_table.keys())
+        await pilot.press("l")
+        await until(pilot, lambda: notified(app, "read-only", "error"))
+
+
+def test_without_truecolour_the_console_uses_256_colours(monkeypatch) -> None:
+    monkeypatch.delenv("COLORTERM", raising=False)  # ssh does not forward it
+    monkeypatch.setenv("TERM", "xterm-256color")
+    assert TopApp(StaticFeed()).console.color_system == "256"
+    monkeypatch.setenv("COLORTERM", "truecolor")
+    assert TopApp(StaticFeed()).console.color_system == "truecolor"
+
+
+def test_the_console_imports_textual_from_the_vendor_directory(tmp_path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    import tui_data
+
+    fake = tmp_path / "vendor" / "textual"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text('raise SystemExit("vendored textual imported")\n')
+    status = tmp_path / "status.json"
+    status.write_text(json.dumps(tui_data.snapshot()))
+    out = subprocess.run([sys.executable, "-m", "infermux", "top", "--from-file", str(status)],
+                         capture_output=True, text=True, timeout=30,
+                         env={**os.environ, "INFERMUX_VENDOR_DIR": str(tmp_path / "vendor")})
+    assert "vendored textual imported" in out.stderr, out.stderr[-2000:]
+
+
+async def test_the_keyboard_moves_the_selection_and_scrolls_a_long_table() -> None:
+    import tui_data
+
+    many = tui_data.snapshot()
+    many["models"] = [tui_data.version(f"model{i:02d}", "1", default=True) for i in range(30)]
+    app = TopApp(StaticFeed(many))
+    async with app.run_test(size=(80, 14)) as pilot:  # room for about 8 rows
+        table = app.models_table
+        await until(pilot, lambda: len(table.keys()) == 30)
+        assert table.selected_key() == "model00:1"
+        await pilot.press("down", "down", "down")
+        assert table.selected_key() == "model03:1"
+        await pilot.press("end")
+        assert table.selected_key() == "model29:1"
+        await pilot.pause()
+        assert "model29" in screen_text(app) and "model00" not in screen_text(app)
+        await pilot.press("pageup", "home")
+        assert table.selected_key() == "model00:1"
+        await pilot.pause()
+        assert "model00" in screen_text(app) and "MODEL" in screen_text(app)  # the header stays
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ModelScreen) and app.screen.key == "model00:1")

@@ -1,0 +1,50 @@
+"""Screenshots of the console's views with fixed data, compared with the committed SVGs.
+
+The app is fed `tui_data` snapshots through a StaticFeed instead of the live
+socket, so every figure on screen is fixed; event times are shown in UTC.
+After an intended change of the look: `pytest tests/test_tui_snapshots.py
+--snapshot-update`, then review the SVGs (a browser shows them) before committing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Awaitable, Callable
+
+import pytest
+
+import tui_data
+from infermux.tui.app import TopApp
+from infermux.tui.feed import StaticFeed
+
+STEPS = 10  # snapshots fed before the screenshot: enough for a sparkline
+
+
+@pytest.fixture(autouse=True)
+def utc(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.setenv("TZ", "UTC")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
+
+
+def console() -> tuple[TopApp, Callable[[Any], Awaitable[None]]]:
+    feed = StaticFeed(tui_data.snapshot(0), tui_data.EVENTS)
+    app = TopApp(feed, config_path="/etc/infermux/infermux.toml")
+
+    async def fill(pilot: Any) -> None:
+        for step in range(STEPS):
+            while app.snapshots_seen <= step:  # one at a time: each is a sparkline point
+                await pilot.pause(0.01)
+            if step + 1 < STEPS:
+                feed.push(tui_data.snapshot(step + 1))
+
+    return app, fill
+
+
+@pytest.mark.parametrize("view,keys", [("models", ()), ("memory", ("2",)), ("routing", ("3",)),
+                                       ("events", ("4",)), ("detail", ("enter",))])
+def test_view_at_80x24(snap_compare: Any, view: str, keys: tuple[str, ...]) -> None:
+    app, fill = console()
+    assert snap_compare(app, terminal_size=(80, 24), run_before=fill, press=keys)

@@ -1,0 +1,117 @@
+"""What each console action asks the daemon, and which ones ask the operator first.
+
+One table serves the key bindings, the command palette and the docs, so a
+key and its palette entry can never do different things.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+#: (admin command, its arguments)
+Request = tuple[str, dict[str, Any]]
+
+
+class Refused(Exception):
+    """The action cannot apply to this target; the message says why (shown as a warning)."""
+
+
+def _version(m: dict[str, Any]) -> dict[str, Any]:
+    return {"model": m["name"], "version": str(m["version"])}
+
+
+def _contexts(delta: int) -> Callable[[dict[str, Any], str], Request]:
+    def build(m: dict[str, Any], text: str) -> Request:
+        n = int(m.get("contexts") or 1) + delta
+        if n < 1:
+            raise Refused(f"{m['name']}:{m['version']} already has a single context")
+        return "set", {**_version(m), "contexts": n}
+    return build
+
+
+def _weights(m: dict[str, Any], text: str) -> Request:
+    from infermux.ctl import parse_value
+
+    try:
+        weights = parse_value("weights", text.strip())
+    except ValueError:
+        raise Refused(f"weights are written VERSION:WEIGHT,…, e.g. 1:90,2:10; got {text!r}") from None
+    return "set", {"model": m["name"], "weights": weights}
+
+
+@dataclass(frozen=True)
+class Action:
+    """One operator action.
+
+    `scope`: "version" acts on the selected model version, "daemon" on the
+    whole daemon. `confirm`: the question asked first ({target} is filled in).
+    `prompt`: the editor's title when the action needs a value first.
+    """
+
+    name: str
+    title: str
+    help: str
+    build: Callable[[dict[str, Any], str], Request]
+    scope: str = "version"
+    confirm: str = ""
+    prompt: str = ""
+
+
+ACTIONS: dict[str, Action] = {a.name: a for a in (
+    Action("load", "Load", "load the selected version", lambda m, _: ("load", _version(m))),
+    Action("unload", "Unload", "drain and unload the selected version", lambda m, _: ("unload", _version(m)),
+           confirm="Unload {target}?\nQueued requests are answered first; new ones get 503 or its fallback."),
+    Action("promote", "Promote to hot", "move the selected version into the daemon process",
+           lambda m, _: ("promote", _version(m))),
+    Action("demote", "Demote to cold", "move the selected version to a worker process",
+           lambda m, _: ("demote", _version(m)),
+           confirm="Demote {target} to a worker process?\nIt is reloaded there; requests wait meanwhile."),
+    Action("more", "Add a context", "one more execution context for the selected version", _contexts(+1)),
+    Action("fewer", "Remove a context", "one execution context fewer for the selected version", _contexts(-1)),
+    Action("pin", "Pin version", "serve the selected version by default, ignore newer ones",
+           lambda m, _: ("pin", _version(m))),
+    Action("unpin", "Unpin model", "let the newest ready version serve again",
+           lambda m, _: ("unpin", {"model": m["name"]})),
+    Action("weights", "Edit weights", "traffic split between the selected model's versions", _weights,
+           prompt="Weights of {model} (VERSION:WEIGHT, comma-separated)"),
+    Action("fallback", "Edit fallback", "the model that takes the selected model's overflow",
+           lambda m, text: ("set", {"model": m["name"], "fallback": text.strip()}),
+           prompt="Fallback model of {model} (empty: none)"),
+    Action("drain", "Drain model", "stop the selected version taking requests, finish its queue, unload it",
+           lambda m, _: ("drain", _version(m)),
+           confirm="Drain {target}?\nIt finishes its queue, then unloads; load it again with l."),
+    Action("drain_all", "Drain daemon", "refuse new requests on the whole daemon until resumed",
+           lambda m, _: ("drain", {}), scope="daemon",
+           confirm="Drain the whole daemon?\nEvery new request gets 503 until you resume (D)."),
+    Action("resume", "Resume daemon", "accept requests again after a drain", lambda m, _: ("resume", {}),
+           scope="daemon"),
+    Action("reload", "Reload configuration", "re-read the configuration file and apply the difference",
+           lambda m, _: ("reload", {}), scope="daemon",
+           confirm="Reload the configuration from {config}?\nModels added, removed or changed there are applied now."),
+)}
+
+
+def summary(cmd: str, reply: dict[str, Any]) -> str:
+    """The daemon's answer in one line for a notification."""
+    if not reply.get("ok"):
+        return str(reply.get("error", "failed"))
+    if reply.get("message"):
+        return str(reply["message"])
+    if cmd == "set":
+        return "set " + ", ".join(f"{k}={v}" for k, v in (reply.get("set") or {}).items())
+    if cmd == "load":
+        return f"loaded in {reply.get('load_ms', '?')} ms"
+    if cmd == "unload":
+        return f"unloaded after answering {reply.get('drained', 0)} queued request(s)"
+    if cmd == "pin":
+        return f"{reply.get('model')}:{reply.get('version')} pinned"
+    if cmd == "unpin":
+        return f"unpinned; default now {reply.get('default')}"
+    if cmd == "resume":
+        return "accepting requests again"
+    if cmd == "reload":
+        changes = {k: v for k, v in (reply.get("changes") or {}).items() if v}
+        return "configuration reloaded: " + ("; ".join(f"{k} {v}" for k, v in changes.items()) or "no changes")
+    fields = {k: v for k, v in reply.items() if k not in ("ok", "model", "version")}
+    return ", ".join(f"{k} {v}" for k, v in fields.items()) or "done"

@@ -1,0 +1,312 @@
+"""`TopApp`: the operator console. Views on tabs, actions on keys, the daemon's answers as notifications.
+
+Data arrives from a `Feed` (tui/feed.py) as messages; each snapshot updates
+the status line, the visible view and the detail screen in place. Admin
+commands run on worker threads so a slow `load` never freezes the screen.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, Iterable
+
+from rich.markup import escape
+from textual import work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.screen import ModalScreen, Screen
+from textual.widgets import Footer, Static, TabbedContent, TabPane
+
+from infermux.tui import format as fmt
+from infermux.tui.actions import ACTIONS, Refused, summary
+from infermux.tui.dialogs import ConfirmScreen, PromptScreen
+from infermux.tui.feed import EventsArrived, Feed, LinkChanged, SnapshotReady
+from infermux.tui.history import History
+from infermux.tui.palette import ModelCommands
+from infermux.tui.views.detail import ModelScreen
+from infermux.tui.views.events import EventsLog, EventStore
+from infermux.tui.views.memory import MemoryTable, MemoryView
+from infermux.tui.views.models import ModelsTable
+from infermux.tui.views.routing import RoutingTable, RoutingView
+from infermux.tui.views.table import KeyedTable
+
+TABS = ("models", "memory", "routing", "events")
+
+
+def status_text(snapshot: dict[str, Any]) -> str:
+    """The one-line summary above the tabs; least useful last, since 80 columns cut the end."""
+    d = snapshot.get("daemon") or {}
+    mem = d.get("memory") or {}
+    states = d.get("states") or {}
+    accepting = "[green]accepting[/]" if d.get("accepting", True) else "[b reverse red] DRAINING [/]"
+    parts = [f"up {fmt.duration(d.get('uptime_s', 0))}", f"{d.get('requests', 0)} req", accepting,
+             f"{states.get('ready', 0)}/{sum(states.values())} ready"]
+    if states.get("failed"):
+        parts.append(f"[b red]{states['failed']} failed[/]")
+    parts += [f"mem {fmt.size(mem.get('models_bytes'))}/{fmt.size(mem.get('budget_bytes'))}",
+              f"[b]infermux[/] {escape(str(d.get('version', '?')))} pid {d.get('pid', '?')}"]
+    return " · ".join(parts)
+
+
+class TopApp(App):
+    """`infermux top`: shows what `feed` delivers and sends the operator's actions through it.
+
+    Tests drive it with `run_test()`; `StaticFeed` gives it fixed snapshots.
+    """
+
+    TITLE = "infermux top"
+    COMMANDS = App.COMMANDS | {ModelCommands}
+    CSS = """
+    #status { height: 1; padding: 0 1; background: $boost; }
+    #banner { height: auto; padding: 0 1; background: $error; color: $text; text-style: bold; }
+    TabbedContent { height: 1fr; }
+    TabPane { padding: 0; }
+    """
+
+    BINDINGS = [
+        Binding("q", "quit", "quit"),
+        Binding("enter", "detail", "detail", show=False),
+        Binding("l", "do('load')", "load"),
+        Binding("u", "do('unload')", "unload"),
+        # one footer entry for the pair: "+/- ctx"
+        Binding("plus,equals_sign", "do('more')", "ctx", key_display="+/-"),
+        Binding("minus", "do('fewer')", "fewer contexts", show=False),
+        Binding("p", "do('pin_toggle')", "pin"),
+        Binding("R", "do('reload')", "reload"),
+        Binding("question_mark", "keys", "keys", key_display="?"),
+        Binding("w", "do('weights')", "weights", show=False),
+        Binding("d", "do('drain')", "drain", show=False),
+        Binding("f", "do('fallback')", "fallback", show=False),
+        Binding("h", "do('promote')", "promote (hot)", show=False),
+        Binding("c", "do('demote')", "demote (cold)", show=False),
+        Binding("D", "do('drain_toggle')", "drain/resume daemon", show=False),
+        *(Binding(str(i + 1), f"tab('{tab}')", tab, show=False) for i, tab in enumerate(TABS)),
+    ]
+
+    def __init__(self, feed: Feed, *, config_path: str = "") -> None:
+        super().__init__()
+        self.feed = feed
+        self.config_path = config_path
+        self.snapshot: dict[str, Any] = {}
+        self.history = History()
+        self.events = EventStore()
+        self.link_ok = False
+        self.snapshots_seen = 0
+        self._shown_tab = "models"
+        self._last_key: str | None = None
+
+    # -- layout -------------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Static("[dim]infermux top — waiting for the first snapshot[/]", id="status")
+        yield Static(f"connecting to {escape(self.feed.endpoints.stats)} …", id="banner")
+        with TabbedContent(initial="models"):
+            with TabPane("1 Models", id="models"):
+                yield ModelsTable(id="models-table")
+            with TabPane("2 Memory", id="memory"):
+                yield MemoryView()
+            with TabPane("3 Routing", id="routing"):
+                yield RoutingView()
+            with TabPane("4 Events", id="events"):
+                yield EventsLog(id="events-log")
+        yield Footer(compact=True)
+
+    def on_mount(self) -> None:
+        self.main = self.screen
+        self.models_table = self.query_one(ModelsTable)
+        self.memory_view = self.query_one(MemoryView)
+        self.routing_view = self.query_one(RoutingView)
+        self.events_log = self.query_one("#events-log", EventsLog)
+        self.banner = self.query_one("#banner", Static)
+        self.status_line = self.query_one("#status", Static)
+        self.models_table.focus()
+        self.feed.start(self)
+
+    def on_unmount(self) -> None:
+        self.feed.stop()
+
+    # -- data in ------------------------------------------------------------------
+
+    def on_snapshot_ready(self, message: SnapshotReady) -> None:
+        snapshot = self.feed.take_snapshot()
+        if snapshot is None:
+            return
+        self.snapshot = snapshot
+        self.snapshots_seen += 1
+        self.history.add(snapshot)
+        self.refresh_views()
+
+    def refresh_views(self) -> None:
+        """Update what can be seen; hidden views catch up when they are shown."""
+        if not self.snapshot:
+            return
+        base = self.base_screen()
+        if isinstance(base, ModelScreen):
+            base.update_from(self.snapshot, self.history)
+            return
+        # Widgets of a covered screen are not touched: Textual would repaint the whole
+        # top screen for them.
+        self.status_line.update(status_text(self.snapshot), layout=False)  # one fixed line: no relayout
+        active = self._tab
+        {"models": self.models_table, "memory": self.memory_view,
+         "routing": self.routing_view}.get(active, _Nothing).update_from(self.snapshot)
+
+    def on_events_arrived(self, message: EventsArrived) -> None:
+        new = self.events.add(message.events)
+        self.events_log.add(new)
+        base = self.base_screen()
+        if isinstance(base, ModelScreen):
+            base.add_events(new)
+
+    def on_link_changed(self, message: LinkChanged) -> None:
+        self.link_ok = message.ok
+        self.banner.update(escape(message.text))
+        self.banner.display = not message.ok
+
+    # -- navigation ---------------------------------------------------------------
+
+    def base_screen(self) -> Screen:
+        """The screen under any open dialog."""
+        return next((s for s in reversed(self.screen_stack) if not isinstance(s, ModalScreen)), self.screen)
+
+    @property
+    def _tab(self) -> str:
+        return self.main.query_one(TabbedContent).active
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        """Keep the selected version when switching tabs; focus what the new tab shows."""
+        previous = self._table(self._shown_tab)
+        key = previous.selected_key() if previous is not None else self._last_key
+        self._shown_tab, self._last_key = event.pane.id or "", key
+        self.refresh_views()  # hidden tabs are stale: fill this one before selecting in it
+        table = self._table(self._shown_tab)
+        if table is None:
+            self.events_log.focus()
+            return
+        if key:
+            table.select(key)
+        table.focus()
+
+    def _table(self, tab: str) -> KeyedTable | None:
+        return {"models": self.models_table, "memory": self.memory_view.query_one(MemoryTable),
+                "routing": self.routing_view.query_one(RoutingTable)}.get(tab)
+
+    def action_keys(self) -> None:
+        """Toggle the panel listing every key (the footer has room for the common ones only)."""
+        if self.screen.query("HelpPanel"):
+            self.action_hide_help_panel()
+        else:
+            self.action_show_help_panel()
+
+    def action_tab(self, tab: str) -> None:
+        if self.screen is self.main:
+            self.query_one(TabbedContent).active = tab
+
+    def selected_key(self) -> str | None:
+        """The version the action keys act on: the detail screen's, else the cursor row of the visible table."""
+        base = self.base_screen()
+        if isinstance(base, ModelScreen):
+            return base.key
+        table = self._table(self._tab)
+        if table is None:  # the events tab: the row last selected elsewhere
+            return self._last_key or self.models_table.selected_key()
+        return table.selected_key()
+
+    def selected(self) -> dict[str, Any] | None:
+        key = self.selected_key()
+        return next((m for m in self.snapshot.get("models", []) if fmt.version_key(m) == key), None)
+
+    def on_keyed_table_row_selected(self, event: KeyedTable.RowSelected) -> None:
+        if self.screen is self.main:
+            self.action_detail()
+
+    def action_detail(self) -> None:
+        key = self.selected_key()
+        if key is None or isinstance(self.screen, ModelScreen):
+            return
+        self.push_screen(ModelScreen(key, self.events))
+
+    def action_back(self) -> None:
+        """Leave the detail screen; the tables underneath catch up at once, not at the next snapshot."""
+        if isinstance(self.screen, ModelScreen):
+            self.pop_screen()
+            self.call_later(self.refresh_views)
+
+    # -- actions ------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action in ("do", "detail", "tab") and isinstance(self.screen, ModalScreen):
+            return False  # a dialog is open: its own keys only
+        if action in ("detail", "tab") and isinstance(self.screen, ModelScreen):
+            return False
+        if action == "back" and not isinstance(self.screen, ModelScreen):
+            return False
+        return True
+
+    def action_do(self, name: str, key: str | None = None) -> None:
+        """Run the named action (see actions.ACTIONS) on `key`, or on the selected version."""
+        if key is not None:
+            target = next((m for m in self.snapshot.get("models", []) if fmt.version_key(m) == key), None)
+        else:
+            target = self.selected()
+        if name == "pin_toggle":
+            name = "unpin" if target and target.get("pinned") else "pin"
+        if name == "drain_toggle":
+            name = "drain_all" if (self.snapshot.get("daemon") or {}).get("accepting", True) else "resume"
+        action = ACTIONS[name]
+        if action.scope == "version" and target is None:
+            self.notify("no model selected (is the daemon connected?)", severity="warning")
+            return
+        target = target or {}
+        if action.prompt:
+            self._prompt(action, target)
+        else:
+            self._confirm(action, target, "")
+
+    def _prompt(self, action: Any, target: dict[str, Any]) -> None:
+        from infermux.tui.views.routing import weights_text
+
+        current = weights_text(self.snapshot, target["name"]) if action.name == "weights" else target.get("fallback", "")
+        hint = "enter to apply, escape to cancel"
+        screen = PromptScreen(action.prompt.format(model=target["name"]), current, hint)
+        self.push_screen(screen, lambda text: text is not None and self._confirm(action, target, text))
+
+    def _confirm(self, action: Any, target: dict[str, Any], text: str) -> None:
+        try:
+            cmd, args = action.build(target, text)
+        except Refused as exc:
+            self.notify(str(exc), severity="warning")
+            return
+        label = action.title + (f" {fmt.version_key(target)}" if target else "")
+        if not action.confirm:
+            self.send(label, cmd, args)
+            return
+        question = action.confirm.format(target=fmt.version_key(target) if target else "",
+                                         config=self.config_path or "the configuration file")
+        self.push_screen(ConfirmScreen(question), lambda yes: yes and self.send(label, cmd, args))
+
+    @work(thread=True, group="admin", exit_on_error=False)
+    def send(self, label: str, cmd: str, args: dict[str, Any]) -> None:
+        """Ask the daemon on a worker thread; the answer comes back as a notification."""
+        reply = self.feed.call(cmd, **args)
+        self.call_from_thread(self._answer, label, cmd, reply)
+
+    def _answer(self, label: str, cmd: str, reply: dict[str, Any]) -> None:
+        ok = bool(reply.get("ok"))
+        self.notify(escape(summary(cmd, reply)), title=label, severity="information" if ok else "error",
+                    timeout=4 if ok else 10)
+
+    # -- command palette -----------------------------------------------------------
+
+    def get_system_commands(self, screen: Screen) -> Iterable[SystemCommand]:
+        yield from super().get_system_commands(screen)
+        key = self.selected_key() or "the selected version"
+        for action in ACTIONS.values():
+            where = "" if action.scope == "daemon" else f" ({key})"
+            yield SystemCommand(action.title + where, action.help, partial(self.action_do, action.name))
+
+
+class _Nothing:
+    @staticmethod
+    def update_from(snapshot: dict[str, Any]) -> None:
+        pass

@@ -1,0 +1,88 @@
+"""Short, fixed-width renderings of the daemon's numbers for an 80-column console."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def us(value: float | None) -> str:
+    """Microseconds as 85µs / 1.2ms / 12ms / 1.5s; "-" when there are no samples."""
+    if value is None:
+        return "-"
+    if value < 1000:
+        return f"{value:.0f}µs"
+    if value < 10_000:
+        return f"{value / 1000:.1f}ms"
+    if value < 1_000_000:
+        return f"{value / 1000:.0f}ms"
+    return f"{value / 1e6:.1f}s"
+
+
+def rate(value: float | None) -> str:
+    """Requests per second: 0 / 3.2 / 38 / 1234 / 12.3k."""
+    if not value:
+        return "0"
+    if value < 10:
+        return f"{value:.1f}"
+    if value < 10_000:
+        return f"{value:.0f}"
+    return f"{value / 1000:.1f}k"
+
+
+def size(n: float | None) -> str:
+    """Bytes in binary units, at most 5 characters: 512B / 31M / 1.2G."""
+    if not n:
+        return "0"
+    for unit in ("B", "K", "M", "G"):
+        if n < 1024 or unit == "G":
+            return f"{n:.1f}{unit}" if (unit != "B" and n < 10) else f"{n:.0f}{unit}"
+        n /= 1024
+    return f"{n:.0f}T"
+
+
+def duration(seconds: float) -> str:
+    """Uptime as 42s / 12m05s / 3h02m / 4d03h."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def clock(timestamp: float) -> str:
+    """Local wall time of an event, HH:MM:SS."""
+    return time.strftime("%H:%M:%S", time.localtime(timestamp))
+
+
+def version_key(model: dict[str, Any]) -> str:
+    """The row key of a model version everywhere in the console: name:version."""
+    return f"{model['name']}:{model['version']}"
+
+
+STATE_STYLE = {"ready": "green", "loading": "yellow", "warming": "yellow", "draining": "magenta",
+               "failed": "bold red", "unloaded": "dim"}
+
+EVENT_STYLE = {"failed": "bold red", "crashed": "bold red", "evicted": "yellow", "refused": "yellow",
+               "rejected": "yellow", "admin": "cyan", "loaded": "green", "swapped": "green",
+               "unloaded": "magenta"}
+
+EVENT_FIELDS = ("time", "kind", "model", "version")
+
+
+def event_line(event: dict[str, Any]) -> str:
+    """An event as one line of Rich markup: time, kind, model:version, details."""
+    from rich.markup import escape
+
+    kind = str(event.get("kind", "?"))
+    target = event.get("model") or ""
+    if target and event.get("version"):
+        target += f":{event['version']}"
+    detail = " ".join(f"{k}={v}" for k, v in event.items() if k not in EVENT_FIELDS)
+    style = EVENT_STYLE.get(kind, "")
+    kind_text = f"[{style}]{escape(kind):<9}[/]" if style else f"{escape(kind):<9}"
+    parts = [f"[dim]{clock(float(event.get('time', 0)))}[/]", kind_text, escape(target), escape(detail)]
+    return " ".join(p for p in parts if p)

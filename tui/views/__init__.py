@@ -1,0 +1,1 @@
+"""The console's views: one module per view, each fed whole snapshots."""
