@@ -49,3 +49,13 @@ def test_exit_reasons_name_the_signal() -> None:
     assert exit_reason(-signal.SIGKILL) == "killed by SIGKILL"
     assert exit_reason(-signal.SIGSEGV) == "killed by SIGSEGV"
     assert exit_reason(3) == "exit code 3" and exit_reason(None) == "running"
+
+
+def test_worker_settings_are_validated_with_their_field_path() -> None:
+    from infermux import config
+
+    assert config.parse("", Path("x.toml")).daemon.spare_worker is True
+    with pytest.raises(ConfigError, match=r"daemon.worker_hang_s: must be > 0"):
+        config.parse("[daemon]\nworker_hang_s = 0\n", Path("x.toml"))
+    with pytest.raises(ConfigError, match=r"daemon.spare_worker: must be bool"):
+        config.parse('[daemon]\nspare_worker = "yes"\n', Path("x.toml"))
