@@ -333,3 +333,18 @@ def test_admin_settings_reach_the_worker_and_it_batches_and_honours_deadlines(ma
         done, late = pipe.gather([first, stale])
     assert done.status == 200 and late.status == 504 and "not computed" in late.error
     stop_clean(d)
+
+
+def test_sigterm_answers_what_the_workers_hold_then_stops_them(make_daemon) -> None:
+    d = start(make_daemon, cold("s", "slow/1/model.onnx", preload=True, timeout_ms=20000))
+    pid = worker(d, "s")["pid"]
+    with d.pipeline(timeout_s=15) as pipe:
+        ids = [pipe.submit("s", {"x": np.ones((128, 512), np.float32)}) for _ in range(8)]
+        first = pipe.next_reply()
+        d.signal(signal.SIGTERM)
+        replies = [first, *pipe.replies()]
+    assert len(replies) == len(ids) and {r.status for r in replies} <= {200, 503}
+    assert sum(r.status == 200 for r in replies) >= 2  # accepted work is finished, not dropped
+    daemon_pid = d.proc.pid
+    assert d.proc.wait(20) == 0, d.log()
+    assert gone(pid) and shm.leftovers(daemon_pid) == []
