@@ -9,9 +9,8 @@ killed, and a dead one has its requests failed at once (by its proxy) and is
 restarted on the next demand after a short backoff; three crashes within a
 minute put the version in `failed`.
 
-It also keeps the memory budget (budget.py): `make_room` runs before every
-load, hot or cold, and stops the least recently used idle cold workers
-until the new one fits, or refuses the load saying why.
+The memory budget is kept by memory.py (`self.memory`), which may stop idle
+cold workers through `_evicted` to make room for a load.
 """
 
 from __future__ import annotations
@@ -35,6 +34,7 @@ from infermux.executor import LateFn, ReplyFn
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError
 from infermux.workerproc import WorkerExited, WorkerProcess, sweep_sockets
+from infermux.memory import MemoryKeeper
 from infermux.workerproxy import RemoteEngine, WorkerProxy
 
 if TYPE_CHECKING:
@@ -52,7 +52,7 @@ SLOT_IDLE_S = 5.0
 
 
 class Workers:
-    """Starts, watches and stops worker processes; keeps the memory budget."""
+    """Starts, watches and stops worker processes."""
 
     def __init__(self, registry: "Registry", run_dir: Path, reply: ReplyFn, on_late: LateFn) -> None:
         self.registry = registry
@@ -61,17 +61,15 @@ class Workers:
         self._reply, self._on_late = reply, on_late
         daemon = registry.config.daemon
         self.budget = mem.MemoryBudget(daemon.memory_budget, registry.config.path)
+        self.memory = MemoryKeeper(registry, self.budget, stop=self._evicted, busy=lambda key: key in self._busy)
         self.ctx = zmq.Context()
         self._ids = itertools.count(1)
         self._lock = threading.Condition()
-        self._budget_lock = threading.Lock()
         self._spare: WorkerProcess | None = None
         self._spare_starting = False
         self._crashes: dict[tuple[str, str], deque[float]] = {}
         self._retry_at: dict[tuple[str, str], float] = {}
-        self._footprints: dict[tuple[str, str], int] = {}
         self._busy: set[tuple[str, str]] = set()  # being moved or stopped: the watcher keeps off
-        self.worker_base = 0
         self.turns = 0
         self._closed = False
         removed = shm.sweep_stale()
@@ -112,7 +110,7 @@ class Workers:
         except BaseException:
             process.close()
             raise
-        self.worker_base = int(process.hello.get("rss", 0)) or self.worker_base
+        self.memory.worker_base = int(process.hello.get("rss", 0)) or self.memory.worker_base
         return process
 
     def _refill(self) -> None:
@@ -180,18 +178,18 @@ class Workers:
             return self.registry._failed(mv, exc, during=getattr(exc, "during", "load"))
         strategy = mc.strategy or self.registry.config.routing.strategy
         proxy = WorkerProxy(process, mc, ready, self._reply, self._on_late, self._exited, mv.stats, strategy)
-        proxy.unseen_bytes = self._unseen(process, free_before)
+        proxy.unseen_bytes = self.memory.unseen(process, free_before)
         mv.engine = RemoteEngine(wire.specs_from_json(ready["inputs"]), wire.specs_from_json(ready["outputs"]),
                                  int(ready.get("memory_bytes", 0)))
         mv.scheduler = proxy
-        mv.memory_bytes = self._measure(mc.key, proxy)
+        mv.memory_bytes = self.memory.measure(mc.key, proxy)
         mv.last_load_s = time.monotonic() - mv.load_started
         mv.reason = ""
         mv.state = State.READY
         self.events.emit("loaded", mc.name, mc.version, backend=ready.get("backend", ""), contexts=mc.contexts,
                          load_ms=round(mv.last_load_s * 1000), engine_ms=ready.get("load_ms", 0),
                          memory_mb=round(mv.memory_bytes / 2**20, 1), placement="cold", pid=process.pid)
-        self._settle(mv)
+        self.memory.settle(mv)
         self._refill()
         return True
 
@@ -274,108 +272,9 @@ class Workers:
 
     # -- memory -------------------------------------------------------------------------
 
-    def estimate(self, mv: "ModelVersion") -> int:
-        return mem.estimate(mv.config, self._footprints.get(mv.config.key, 0), self.worker_base)
-
-    def used(self, exclude: "ModelVersion | None" = None) -> int:
-        """Bytes placed models take, counting versions still loading at their estimate."""
-        from infermux.registry import State
-
-        total = 0
-        for mv in self.registry.all_versions():
-            if mv is exclude:
-                continue
-            if mv.memory_bytes:
-                total += mv.memory_bytes
-            elif mv.state in (State.LOADING, State.WARMING):
-                total += self.estimate(mv)
-        return total
-
     def make_room(self, mv: "ModelVersion") -> None:
-        """Stop least recently used idle cold workers until `mv` fits; BudgetExceeded if it cannot."""
-        need = self.estimate(mv)
-        config = self.registry.config
-        self.budget.follow(config.daemon.memory_budget, config.path)  # SIGHUP may have changed it
-        with self._budget_lock:
-            while True:
-                used, free = self.used(exclude=mv), self.budget.available()
-                if used + need <= self.budget.limit and need <= free:
-                    return
-                idle = self._idle_workers(exclude=mv)
-                reclaimable = sum(v.memory_bytes for v in idle)
-                fits = used - reclaimable + need <= self.budget.limit and need <= free + reclaimable
-                victim = min(idle, key=self._last_use) if idle and fits else None
-                if victim is None:  # stopping every idle worker would not be enough: stop none
-                    why = self._why(mv, need, used, free)
-                    self.events.emit("refused", mv.name, mv.version, reason=why)
-                    raise mem.BudgetExceeded(why)
-                self._evict(victim, f"making room for {mv.name}:{mv.version}")
-
-    def _why(self, mv: "ModelVersion", need: int, used: int, free: int) -> str:
-        if need > free:
-            return (f"{mv.name}:{mv.version} needs about {mem.mb(need)} but only {mem.mb(free)} of "
-                    f"{self.budget.source} memory is free")
-        holders = sorted((v for v in self.registry.all_versions() if v.memory_bytes and v is not mv),
-                         key=lambda v: -v.memory_bytes)[:3]
-        held = ", ".join(f"{v.name}:{v.version} {mem.mb(v.memory_bytes)}" for v in holders) or "nothing"
-        return (f"memory budget: {mv.name}:{mv.version} needs about {mem.mb(need)}, {mem.mb(used)} of the "
-                f"{mem.mb(self.budget.limit)} budget is in use ({held}) and no idle cold model is left to stop")
-
-    def _idle_workers(self, exclude: "ModelVersion") -> list["ModelVersion"]:
-        """Cold versions serving nothing right now: what may be stopped to make room."""
-        from infermux.registry import State
-
-        return [mv for mv in self.registry.all_versions()
-                if mv is not exclude and isinstance(mv.scheduler, WorkerProxy) and mv.state is State.READY
-                and mv.scheduler.load() == 0 and mv.config.key not in self._busy]
-
-    @staticmethod
-    def _last_use(mv: "ModelVersion") -> float:
-        return max(mv.last_used, getattr(mv.scheduler, "created", 0.0))
-
-    def _evict(self, victim: "ModelVersion", why: str) -> None:
-        proxy = victim.scheduler
-        freed = victim.memory_bytes
-        if isinstance(proxy, WorkerProxy):
-            proxy.stop_reason = "evicted"
-        self.events.emit("evicted", victim.name, victim.version, reason=why, freed_mb=round(freed / 2**20, 1),
-                         pid=getattr(proxy, "pid", 0))
-        self._stop(victim)
-
-    def _settle(self, loaded: "ModelVersion") -> None:
-        """After a load measured more than estimated: stop idle cold workers until under budget."""
-        with self._budget_lock:
-            while self.used() > self.budget.limit:
-                idle = self._idle_workers(exclude=loaded)
-                victim = min(idle, key=self._last_use) if idle else None
-                if victim is None:
-                    log.warning("memory budget exceeded: %s in use, budget %s", mem.mb(self.used()),
-                                mem.mb(self.budget.limit))
-                    return
-                self._evict(victim, f"over budget after loading {loaded.name}:{loaded.version}")
-
-    def _unseen(self, process: WorkerProcess, free_before: int) -> int:
-        """Memory the load took that the worker's RSS does not show (an estimate; concurrent loads blur it).
-
-        GPU budget: the drop in free GPU memory, for when NVML cannot attribute it to the pid
-        (containers). Jetson: the drop in available memory beyond the RSS growth, which is where
-        CUDA allocations (nvmap) show up. Elsewhere RSS says it all.
-        """
-        if self.budget.source == "host" and not self.budget.jetson:
-            return 0  # RSS is the whole story, and other processes' churn would only add noise
-        drop = max(0, free_before - self.budget.available())
-        if self.budget.source == "gpu":
-            return drop
-        grown = max(0, process.rss() - int(process.hello.get("rss", 0)))
-        return max(0, drop - grown)
-
-    def _measure(self, key: tuple[str, str], proxy: WorkerProxy, gpu: dict[int, int] | None = None) -> int:
-        if gpu is not None:
-            proxy.gpu_bytes = gpu.get(proxy.pid, 0)
-        footprint = proxy.footprint()
-        if footprint:
-            self._footprints[key] = footprint
-        return footprint
+        """Before any load, hot or cold: see memory.py."""
+        self.memory.make_room(mv)
 
     # -- the watcher --------------------------------------------------------------------
 
@@ -400,7 +299,7 @@ class Workers:
 
         if not proxy.alive:
             return
-        mv.memory_bytes = self._measure(mv.config.key, proxy, gpu) or mv.memory_bytes
+        mv.memory_bytes = self.memory.measure(mv.config.key, proxy, gpu) or mv.memory_bytes
         silent = now - proxy.last_beat
         if silent > self.hang_s:
             proxy.kill(f"hung (no heartbeat for {silent:.1f} s)")
@@ -412,6 +311,11 @@ class Workers:
             self._stop(mv, wait=False)
             return
         proxy.slots.trim(SLOT_IDLE_S, keep=len(proxy.executors) * max(1, mv.config.max_batch) + 1)
+
+    def _evicted(self, mv: "ModelVersion") -> None:
+        if isinstance(mv.scheduler, WorkerProxy):
+            mv.scheduler.stop_reason = "evicted"
+        self._stop(mv)
 
     def _stop(self, mv: "ModelVersion", wait: bool = True) -> None:
         """Unload a cold version (idle, evicted), unless something else is already moving it."""
