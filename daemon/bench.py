@@ -112,7 +112,7 @@ class _Stream:
     """
 
     def __init__(self, endpoint: str, model: str, inputs: Mapping[str, np.ndarray],
-                 fields: Mapping[str, Any], timeout_s: float) -> None:
+                 fields: Mapping[str, Any], timeout_s: float, curve: Mapping[str, bytes] | None = None) -> None:
         frames = encode_request(model, inputs, id=0, **fields)
         self._header = parse_header(frames[0])
         self._tensors = [bytes(f) for f in frames[1:]]
@@ -121,6 +121,8 @@ class _Stream:
         self._socket = zmq.Context.instance().socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))  # no poll() per reply
+        for option, value in (curve or {}).items():  # CURVE keys for a tcp:// listener
+            setattr(self._socket, option, value)
         self._socket.connect(endpoint)
         self.in_flight = 0
 
@@ -185,21 +187,21 @@ def _drive(stream: _Stream, concurrency: int, count: int | None, duration_s: flo
 def run_load(endpoint: str, model: str, inputs: Mapping[str, np.ndarray], *, concurrency: int = 1,
              count: int | None = None, duration_s: float | None = None, warmup: int = 0,
              fields: Mapping[str, Any] | None = None, progress: Progress | None = None,
-             timeout_s: float = 10.0) -> BenchResult:
+             timeout_s: float = 10.0, curve: Mapping[str, bytes] | None = None) -> BenchResult:
     """Drive `model` closed-loop at `concurrency` and measure it.
 
     Give exactly one of `count` (requests) or `duration_s`. `warmup`
     requests run first at the same concurrency and are not measured.
     `fields` are extra request header fields (`version`, `key`,
     `timeout_ms`, `outputs`). Raises TimeoutError if a reply takes over
-    `timeout_s`.
+    `timeout_s`. `curve`: client CURVE options (`curve.client_options`).
     """
     if (count is None) == (duration_s is None):
         raise ValueError("give exactly one of count or duration_s")
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     fields = {k: v for k, v in (fields or {}).items() if v is not None}
-    stream = _Stream(endpoint, model, inputs, fields, timeout_s)
+    stream = _Stream(endpoint, model, inputs, fields, timeout_s, curve)
     try:
         if warmup:
             _drive(stream, concurrency, warmup, None, None)
@@ -211,7 +213,7 @@ def run_load(endpoint: str, model: str, inputs: Mapping[str, np.ndarray], *, con
 
 
 def wait_ready(endpoint: str, model: str, inputs: Mapping[str, np.ndarray], *, timeout_s: float = 30.0,
-               fields: Mapping[str, Any] | None = None) -> Reply:
+               fields: Mapping[str, Any] | None = None, curve: Mapping[str, bytes] | None = None) -> Reply:
     """Send one request at a time until a reply is not 503 (loading); return that reply.
 
     Raises TimeoutError if the model still is not ready (or nothing answers)
@@ -220,7 +222,7 @@ def wait_ready(endpoint: str, model: str, inputs: Mapping[str, np.ndarray], *, t
     fields = {k: v for k, v in (fields or {}).items() if v is not None}
     deadline = time.monotonic() + timeout_s
     last = "no reply"
-    with Client(endpoint, timeout_s=1.0) as client:
+    with Client(endpoint, timeout_s=1.0, curve=curve) as client:
         while time.monotonic() < deadline:
             try:
                 reply = client.infer(model, inputs, **fields)
@@ -253,6 +255,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                         help="first wait up to SECONDS for the model to answer 200 (it says 503 while loading)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    from infermux import curve
+
+    curve.add_arguments(parser)
 
 
 class _StderrProgress:
@@ -276,6 +281,7 @@ class _StderrProgress:
 
 def run(args: argparse.Namespace) -> int:
     """`infermux bench`: exit 0 if every reply was 200, 1 if some were not, 2 if it could not run."""
+    from infermux import curve
     from infermux.config import ConfigError
 
     inputs = parse_inputs(args.input, args.shape, args.dtype)  # exits with a message on bad specs
@@ -284,18 +290,23 @@ def run(args: argparse.Namespace) -> int:
     except (ConfigError, OSError) as exc:
         print(f"infermux bench: no endpoint: {exc} (give --endpoint or --config)", file=sys.stderr)
         return 2
+    try:
+        keys = curve.options_from(args)
+    except curve.CurveError as exc:
+        print(f"infermux bench: {exc}", file=sys.stderr)
+        return 2
     count = None if args.duration is not None else (args.requests or 1000)
     progress = _StderrProgress(args.duration, " s") if args.duration else _StderrProgress(count, " replies")
     fields = {"version": args.version, "key": args.key}
     try:
         if args.wait:
-            ready = wait_ready(endpoint, args.model, inputs, timeout_s=args.wait, fields=fields)
+            ready = wait_ready(endpoint, args.model, inputs, timeout_s=args.wait, fields=fields, curve=keys)
             if not ready.ok:
                 print(f"infermux bench: {ready.status} {ready.error}", file=sys.stderr)
                 return 1
         result = run_load(endpoint, args.model, inputs, concurrency=args.concurrency, count=count,
                           duration_s=args.duration, warmup=args.warmup, progress=progress,
-                          fields=fields, timeout_s=args.timeout)
+                          fields=fields, timeout_s=args.timeout, curve=keys)
     except (TimeoutError, ValueError) as exc:
         progress.finish()
         print(f"infermux bench: {exc}", file=sys.stderr)

@@ -20,6 +20,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "ctl": ("infermux.ctl", "run one admin command (load, unload, set, pin, drain, reload, ...)"),
     "top": ("infermux.tui.top", "live console: queues, memory, routing, with control"),
     "build": ("infermux.build", "build a TensorRT engine from an ONNX model on this device"),
+    "keygen": ("infermux.keygen", "make a CURVE keypair for a tcp:// listener or a client"),
+    "tune": ("infermux.tune", "find how many contexts a model should run (the sizing rule)"),
 }
 
 

@@ -43,6 +43,13 @@ class DaemonConfig:
     engine_dir: Path = Path("/var/lib/infermux/engines")
     memory_budget: str = "80%"
     max_message_bytes: int = 64 * 1024 * 1024
+    max_header_bytes: int = 64 * 1024     # request limits: docs/security.md
+    max_tensors: int = 64
+    max_rank: int = 8
+    max_elements: int = 1 << 28
+    curve_secret_key: Path | None = None  # CURVE for tcp:// listeners (docs/security.md)
+    curve_authorized_dir: Path | None = None
+    allow_insecure_tcp: bool = False
     drain_timeout_s: float = 10.0
     log_level: str = "info"
     metrics_port: int = 0
@@ -162,6 +169,8 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
     for key in ("max_message_bytes",):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 1024)
+    _check_limits(file, raw)
+    _check_curve(file, raw)
     if "memory_budget" in raw:
         parse_budget(file, raw["memory_budget"], total=1)
     for key in ("drain_timeout_s", "worker_hang_s"):
@@ -186,6 +195,52 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
     if raw.get("log_level", "info") not in ("debug", "info", "warning", "error"):
         raise ConfigError(file, "daemon.log_level", "must be debug, info, warning or error")
     return DaemonConfig(**raw)
+
+
+# Request limits: (smallest, largest) allowed. numpy arrays have at most 64
+# dimensions (32 before numpy 2), so a larger max_rank would fail in reshape.
+_LIMITS = {"max_header_bytes": (256, 1 << 30), "max_tensors": (1, 1 << 16), "max_rank": (1, 32),
+           "max_elements": (1, 1 << 40)}
+
+
+def _check_limits(file: Path, raw: dict[str, Any]) -> None:
+    for key, (low, high) in _LIMITS.items():
+        if key in raw:
+            _positive(file, f"daemon.{key}", raw[key], low)
+            if raw[key] > high:
+                raise ConfigError(file, f"daemon.{key}", f"must be <= {high}, got {raw[key]}")
+    header = raw.get("max_header_bytes", DaemonConfig.max_header_bytes)
+    message = raw.get("max_message_bytes", DaemonConfig.max_message_bytes)
+    if header > message:
+        raise ConfigError(file, "daemon.max_header_bytes", f"{header} is more than max_message_bytes ({message})")
+
+
+def _check_curve(file: Path, raw: dict[str, Any]) -> None:
+    """Key paths must exist; a tcp:// listener needs both, unless allow_insecure_tcp says otherwise."""
+    for key, kind in (("curve_secret_key", "file"), ("curve_authorized_dir", "directory")):
+        if key in raw:
+            _check_type(file, f"daemon.{key}", raw[key], str)
+            path = _resolve(file, raw[key])
+            if not (path.is_file() if kind == "file" else path.is_dir()):
+                raise ConfigError(file, f"daemon.{key}", f"{path} is not a readable {kind} "
+                                  f"(make keys with `infermux keygen`)")
+            raw[key] = path
+    if "allow_insecure_tcp" in raw:
+        _check_type(file, "daemon.allow_insecure_tcp", raw["allow_insecure_tcp"], bool)
+    has_key, has_dir = "curve_secret_key" in raw, "curve_authorized_dir" in raw
+    if has_key != has_dir:
+        missing = "curve_authorized_dir" if has_key else "curve_secret_key"
+        raise ConfigError(file, f"daemon.{missing}", "CURVE needs both curve_secret_key and curve_authorized_dir")
+    insecure = raw.get("allow_insecure_tcp", False)
+    tcp = [ep for ep in raw.get("listen", ()) if ep.startswith("tcp://")]
+    if tcp and not has_key and not insecure:
+        raise ConfigError(file, "daemon.listen", f"{tcp[0]} is reachable without file permissions: set "
+                          f"curve_secret_key and curve_authorized_dir (see docs/security.md), "
+                          f"or allow_insecure_tcp = true")
+    stats = raw.get("stats", "")
+    if isinstance(stats, str) and stats.startswith("tcp://") and not insecure:
+        raise ConfigError(file, "daemon.stats", f"{stats}: the stats stream has no CURVE; keep it on ipc:// "
+                          f"or set allow_insecure_tcp = true")
 
 
 def _check_endpoint(file: Path, where: str, value: Any) -> None:

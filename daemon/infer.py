@@ -30,6 +30,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--output", "-o", action="append", help="only return these outputs")
     parser.add_argument("--save", metavar="DIR", help="write each output to DIR/NAME.npy")
     parser.add_argument("--json", action="store_true", help="print the reply header as JSON only")
+    from infermux import curve
+
+    curve.add_arguments(parser)
 
 
 def add_endpoint_arguments(parser: argparse.ArgumentParser) -> None:
@@ -75,10 +78,16 @@ def parse_inputs(files: list[str], shapes: list[str], dtype: str) -> dict[str, n
 
 
 def run(args: argparse.Namespace) -> int:
+    from infermux import curve
     from infermux.client import Client
 
     inputs = parse_inputs(args.input, args.shape, args.dtype)
-    with Client(endpoint_from(args)) as client:
+    try:
+        keys = curve.options_from(args)
+    except curve.CurveError as exc:
+        print(f"infermux infer: {exc}", file=sys.stderr)
+        return 2
+    with Client(endpoint_from(args), curve=keys) as client:
         reply = client.infer(args.model, inputs, version=args.version, timeout_ms=args.timeout_ms,
                              key=args.key, outputs=args.output)
     if args.json:

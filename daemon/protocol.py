@@ -18,6 +18,10 @@ import numpy as np
 
 PROTOCOL_VERSION = 1
 
+# The longest deadline a request may ask for (an int32 of ms, ~24.8 days):
+# deadlines become float µs on the way, and 10**310 ms overflowed a float.
+MAX_TIMEOUT_MS = 2**31 - 1
+
 # json.dumps with arguments builds a new encoder per call; this one is reused.
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -62,9 +66,20 @@ class ProtocolError(Exception):
         self.retry_after_ms = retry_after_ms
 
 
+class MalformedReply(ProtocolError, ValueError):
+    """A reply the client cannot decode (also a ValueError, as decode_reply raised before)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(Status.BAD_REQUEST, f"malformed reply: {message}")
+
+
 @dataclass(frozen=True)
 class Limits:
-    """Safe bounds on what one request may ask of the daemon."""
+    """Safe bounds on what one request may ask of the daemon.
+
+    Each field is the `[daemon]` setting of the same name; error messages
+    name it so an operator knows which one a client ran into.
+    """
 
     max_message_bytes: int = 64 * 1024 * 1024
     max_header_bytes: int = 64 * 1024
@@ -135,22 +150,29 @@ def _bad(message: str) -> ProtocolError:
     return ProtocolError(Status.BAD_REQUEST, message)
 
 
-def _parse_meta(item: Any, index: int, limits: Limits) -> TensorMeta:
-    where = f"inputs[{index}]"
+def _parse_meta(item: Any, index: int, limits: Limits, where: str = "inputs") -> TensorMeta:
+    where = f"{where}[{index}]"
     if not isinstance(item, dict):
         raise _bad(f"{where} must be an object with name, dtype and shape")
     name, dtype, shape = item.get("name"), item.get("dtype"), item.get("shape")
     if not isinstance(name, str) or not name:
         raise _bad(f"{where}.name must be a non-empty string")
-    if dtype not in DTYPES:
-        raise _bad(f"{where}.dtype {dtype!r} is not supported; use one of {', '.join(DTYPES)}")
+    if not isinstance(dtype, str) or dtype not in DTYPES:
+        raise _bad(f"{where}.dtype {_short(dtype)} is not supported; use one of {', '.join(DTYPES)}")
     if not isinstance(shape, list) or len(shape) > limits.max_rank:
-        raise _bad(f"{where}.shape must be a list of at most {limits.max_rank} dimensions")
+        raise _bad(f"{where}.shape must be a list of at most {limits.max_rank} dimensions (max_rank)")
     if not all(type(d) is int and 0 <= d <= limits.max_elements for d in shape):
-        raise _bad(f"{where}.shape {shape!r} must hold non-negative integers")
+        raise _bad(f"{where}.shape {_short(shape)} must hold non-negative integers "
+                   f"of at most {limits.max_elements} (max_elements)")
     if math.prod(shape) > limits.max_elements:
-        raise _bad(f"{where} has {math.prod(shape)} elements; the limit is {limits.max_elements}")
+        raise _bad(f"{where} has {math.prod(shape)} elements; the limit is {limits.max_elements} (max_elements)")
     return TensorMeta(name, dtype, tuple(shape))
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    """repr() cut to `limit` characters: error messages echo client data, not all of it."""
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def _optional(header: dict[str, Any], key: str, types: tuple[type, ...]) -> Any:
@@ -164,11 +186,13 @@ def _optional(header: dict[str, Any], key: str, types: tuple[type, ...]) -> Any:
 def parse_header(raw: bytes | memoryview, limits: Limits = Limits()) -> dict[str, Any]:
     """Decode the JSON header frame; it must be an object."""
     if len(raw) > limits.max_header_bytes:
-        raise _bad(f"header is {len(raw)} bytes; the limit is {limits.max_header_bytes}")
+        raise _bad(f"header is {len(raw)} bytes; the limit is {limits.max_header_bytes} (max_header_bytes)")
     try:
         header = json.loads(bytes(raw))
     except (UnicodeDecodeError, ValueError) as exc:
         raise _bad(f"header is not UTF-8 JSON: {exc}") from None
+    except RecursionError:  # `[[[[...` a few thousand deep, well inside max_header_bytes
+        raise _bad("header JSON nests too deeply") from None
     if not isinstance(header, dict):
         raise _bad("header must be a JSON object")
     return header
@@ -183,15 +207,15 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
         raise _bad("empty message: expected a JSON header frame, then one frame per input tensor")
     total = sum(len(f) for f in frames)
     if total > limits.max_message_bytes:
-        raise ProtocolError(Status.TOO_LARGE,
-                            f"message is {total} bytes; the limit is {limits.max_message_bytes}")
+        raise ProtocolError(Status.TOO_LARGE, f"message is {total} bytes; "
+                            f"the limit is {limits.max_message_bytes} (max_message_bytes)")
     header = parse_header(frames[0], limits)
     model = header.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("header field 'model' (a non-empty string) is required")
     metas = header.get("inputs", [])
     if not isinstance(metas, list) or len(metas) > limits.max_tensors:
-        raise _bad(f"header field 'inputs' must be a list of at most {limits.max_tensors} tensors")
+        raise _bad(f"header field 'inputs' must be a list of at most {limits.max_tensors} tensors (max_tensors)")
     if len(frames) - 1 != len(metas):
         raise _bad(f"header lists {len(metas)} inputs but {len(frames) - 1} tensor frames follow")
     inputs: dict[str, np.ndarray] = {}
@@ -209,8 +233,8 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
     if outputs is not None and (not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs)):
         raise _bad("header field 'outputs' must be a list of output names")
     timeout_ms = _optional(header, "timeout_ms", (int,))
-    if timeout_ms is not None and timeout_ms <= 0:
-        raise _bad("header field 'timeout_ms' must be a positive integer")
+    if timeout_ms is not None and not 0 < timeout_ms <= MAX_TIMEOUT_MS:
+        raise _bad(f"header field 'timeout_ms' must be a positive integer of at most {MAX_TIMEOUT_MS}")
     version = _optional(header, "version", (str, int))
     ident = header.get("id")
     if ident is not None and (not isinstance(ident, (str, int)) or isinstance(ident, bool)):
@@ -233,6 +257,19 @@ def request_id(frames: Sequence[bytes | memoryview], limits: Limits = Limits()) 
         return ident if isinstance(ident, (str, int)) and not isinstance(ident, bool) else None
     except Exception:
         return None
+
+
+def encode_header(header: Mapping[str, Any]) -> bytes:
+    """A header as UTF-8 JSON.
+
+    Strings echoed from a client (`id`, a version asked for) can hold lone
+    surrogates (JSON `"\\ud800"`), which UTF-8 cannot carry; those headers
+    go out ASCII-escaped, which every JSON parser reads back to the same string.
+    """
+    try:
+        return _dumps(header).encode()
+    except UnicodeEncodeError:
+        return json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode()
 
 
 def _frame(array: np.ndarray) -> memoryview | bytes:
@@ -261,7 +298,7 @@ def encode_request(model: str, inputs: Mapping[str, np.ndarray], *, id: Any = No
             header[key_] = value
     if outputs is not None:
         header["outputs"] = list(outputs)
-    frames[0] = _dumps(header).encode()
+    frames[0] = encode_header(header)
     return frames
 
 
@@ -275,7 +312,7 @@ def encode_reply(header: dict[str, Any], outputs: Mapping[str, np.ndarray] | Non
             metas.append({"name": name, "dtype": dtype_name(array.dtype), "shape": list(array.shape)})
             frames.append(_frame(array))
         header["outputs"] = metas
-    frames[0] = _dumps(header).encode()
+    frames[0] = encode_header(header)
     return frames
 
 
@@ -286,16 +323,54 @@ def error_header(status: Status, message: str, id: Any = None, **extra: Any) -> 
     return header
 
 
+# Outputs may carry any fixed-size numeric dtype an engine produces (float64,
+# int16, ...), not just the request dtypes; anything else is refused.
+_REPLY_KINDS = frozenset("biufc")
+_REPLY_LIMITS = Limits(max_message_bytes=1 << 62, max_header_bytes=1 << 62, max_tensors=1 << 16,
+                       max_rank=32, max_elements=1 << 48)
+
+
+def _reply_dtype(name: Any) -> np.dtype:
+    if not isinstance(name, str):
+        raise MalformedReply(f"output dtype {_short(name)} is not a dtype name")
+    if name in DTYPES:
+        return DTYPES[name]
+    try:
+        dtype = np.dtype(name)
+    except Exception:  # numpy's dtype-string parser raises TypeError, ValueError, SyntaxError...
+        dtype = None
+    if dtype is None or dtype.kind not in _REPLY_KINDS or dtype.name != name:
+        raise MalformedReply(f"output dtype {_short(name)} is not a numeric dtype name")
+    return dtype.newbyteorder("<")
+
+
 def decode_reply(frames: Sequence[bytes | memoryview]) -> Reply:
-    """Parse a reply's frames (client side); outputs become numpy arrays."""
+    """Parse a reply's frames (client side); outputs become numpy arrays.
+
+    Raises MalformedReply (a ProtocolError, and a ValueError) for frames
+    that are not a well-formed reply, and nothing else.
+    """
     if not frames:
-        raise ValueError("empty reply")
-    header = json.loads(bytes(frames[0]))
-    outputs: dict[str, np.ndarray] = {}
+        raise MalformedReply("empty reply")
+    try:
+        header = parse_header(frames[0], _REPLY_LIMITS)
+    except ProtocolError as exc:
+        raise MalformedReply(exc.message) from None
+    status = header.get("status", 0)
+    if type(status) is not int:
+        raise MalformedReply(f"status {_short(status)} is not an integer")
     metas = header.get("outputs") or []
-    if len(metas) != len(frames) - 1:
-        raise ValueError(f"reply lists {len(metas)} outputs but carries {len(frames) - 1} frames")
-    for meta, frame in zip(metas, frames[1:]):
-        dtype = np.dtype(meta["dtype"]).newbyteorder("<") if meta["dtype"] != "bool" else np.dtype(bool)
-        outputs[meta["name"]] = np.frombuffer(frame, dtype=dtype).reshape(meta["shape"])
-    return Reply(status=int(header.get("status", 0)), header=header, outputs=outputs)
+    if not isinstance(metas, list) or len(metas) != len(frames) - 1:
+        raise MalformedReply(f"header lists {_short(metas)} as outputs but {len(frames) - 1} frames follow")
+    outputs: dict[str, np.ndarray] = {}
+    for index, (item, frame) in enumerate(zip(metas, frames[1:])):
+        dtype = _reply_dtype(item.get("dtype") if isinstance(item, dict) else None)
+        try:
+            meta = _parse_meta({**item, "dtype": "uint8"}, index, _REPLY_LIMITS, "outputs")
+        except ProtocolError as exc:
+            raise MalformedReply(exc.message) from None
+        want = math.prod(meta.shape) * dtype.itemsize
+        if len(frame) != want:
+            raise MalformedReply(f"output {meta.name!r} needs {want} bytes, frame has {len(frame)}")
+        outputs[meta.name] = np.frombuffer(frame, dtype=dtype).reshape(meta.shape)
+    return Reply(status=status, header=header, outputs=outputs)

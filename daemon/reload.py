@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from infermux import config as cfg
 from infermux.config import ModelConfig
+from infermux.server import limits_from
 
 if TYPE_CHECKING:
     from infermux.server import Server
@@ -58,7 +59,8 @@ def plan(old: cfg.Config, new: cfg.Config) -> ReloadPlan:
             result.reloaded.append(after[k])
         elif diff:
             result.changed.append((after[k], diff))
-    for name in ("listen", "admin", "stats", "runtime_dir", "metrics_port"):
+    for name in ("listen", "admin", "stats", "runtime_dir", "metrics_port", "curve_secret_key",
+                 "curve_authorized_dir", "allow_insecure_tcp"):
         if getattr(old.daemon, name) != getattr(new.daemon, name):
             result.restart_needed.append(f"daemon.{name}")
     return result
@@ -71,6 +73,9 @@ def apply(server: "Server", new: cfg.Config) -> ReloadPlan:
     registry.config = new
     server.router.routing = new.routing
     server.config = new
+    server.limits = limits_from(new.daemon)
+    if server.curve is not None:
+        _reread_client_keys(server)
     server.router.weights = {}
     for m in new.models:
         if m.weight:
@@ -104,6 +109,16 @@ def apply(server: "Server", new: cfg.Config) -> ReloadPlan:
         log.warning("%s changed: restart the daemon to apply it", item)
     server.events.emit("reloaded", **{k: ",".join(v) for k, v in steps.summary().items() if v})
     return steps
+
+
+def _reread_client_keys(server: "Server") -> None:
+    """A client key added to (or removed from) curve_authorized_dir counts from this reload on."""
+    from infermux.curve import CurveError
+
+    try:
+        server.curve.reload()
+    except CurveError as exc:
+        log.warning("%s; the keys read before stay authorised", exc)
 
 
 def _version(server: "Server", name: str, version: str):

@@ -25,7 +25,7 @@ from typing import Any, Callable
 import zmq
 
 from infermux import config as cfg
-from infermux import ipc
+from infermux import curve, ipc
 from infermux.events import EventLog
 from infermux.job import Job
 from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_request, request_id
@@ -47,8 +47,9 @@ class Server:
         self.config = config
         self.run_dir = run_dir
         self.events = EventLog()
-        self.limits = Limits(max_message_bytes=config.daemon.max_message_bytes)
+        self.limits = limits_from(config.daemon)
         self.ctx = zmq.Context()
+        self.curve = curve.CurveGuard.from_config(config.daemon, self.ctx, self.events)
         self.endpoints = [cfg.resolve_endpoint(ep, run_dir) for ep in config.daemon.listen]
         self._outbox: deque[list[Any]] = deque()
         self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -91,6 +92,8 @@ class Server:
 
     def bind(self) -> None:
         """Create the runtime directory and bind every listen endpoint."""
+        if self.curve is not None:
+            self.curve.start()  # before any bind: without a ZAP handler libzmq admits every key
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
         sock.setsockopt(zmq.LINGER, 1000)
@@ -101,6 +104,7 @@ class Server:
         sock.setsockopt(zmq.SNDHWM, 10000)
         for endpoint in self.endpoints:
             ipc.prepare(endpoint)
+            curve.secure_listener(sock, endpoint, self.curve, self.events)
             try:
                 sock.bind(endpoint)
             except zmq.ZMQError as exc:
@@ -178,6 +182,8 @@ class Server:
         """Close the frontend and remove its socket files (the zmq context stays for others)."""
         if self.frontend is not None:
             self.frontend.close(linger=500)
+        if self.curve is not None:
+            self.curve.stop()
         os.close(self._bell)
         for endpoint in self.endpoints:
             ipc.remove(endpoint)
@@ -210,7 +216,14 @@ class Server:
             except zmq.Again:
                 return
             self.requests += 1
-            self._handle(frames, refuse or self.draining)
+            try:
+                self._handle(frames, refuse or self.draining)
+            except Exception:  # a request must never take the frontend (and the daemon) down
+                log.exception("internal error on a request; answered 500")
+                split = _delimiter(frames)
+                header = error_header(Status.BACKEND_ERROR, "internal error in infermux (logged)",
+                                      request_id(frames[split:], self.limits))
+                self._send(frames[:split] + encode_reply(header))
 
     def _handle(self, frames: list[Any], refuse: bool) -> None:
         received = time.perf_counter_ns()
@@ -225,7 +238,7 @@ class Server:
         try:
             if len(body) > self.limits.max_tensors + 1:
                 raise ProtocolError(Status.BAD_REQUEST, f"{len(body)} frames; at most "
-                                    f"{self.limits.max_tensors} tensors may follow the header")
+                                    f"{self.limits.max_tensors} tensors may follow the header (max_tensors)")
             request = parse_request(body, self.limits)
         except ProtocolError as exc:
             ident = request_id(body, self.limits)
@@ -250,6 +263,12 @@ class Server:
             parts.append(f"{count[State.FAILED]} failed")
         parts.append(f"{self.requests} requests")
         return ", ".join(parts)
+
+
+def limits_from(daemon: cfg.DaemonConfig) -> Limits:
+    """The request limits a `[daemon]` table sets (docs/security.md)."""
+    return Limits(max_message_bytes=daemon.max_message_bytes, max_header_bytes=daemon.max_header_bytes,
+                  max_tensors=daemon.max_tensors, max_rank=daemon.max_rank, max_elements=daemon.max_elements)
 
 
 def _delimiter(frames: list[Any]) -> int:
