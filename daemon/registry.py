@@ -18,6 +18,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from infermux.budget import release_freed_memory
 from infermux.config import Config, ModelConfig
 from infermux.events import EventLog
 from infermux.executor import LateFn, ReplyFn
@@ -363,6 +364,7 @@ class Registry:
         if mv.engine is not None:
             mv.engine.close()
         mv.engine, mv.memory_bytes, mv.state = None, 0, State.UNLOADED
+        release_freed_memory()
         self.events.emit("unloaded", mv.name, mv.version)
 
     def close(self, timeout: float | None = None) -> None:
