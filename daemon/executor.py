@@ -27,7 +27,13 @@ LateFn = Callable[[Job], None]
 
 
 class BatchPolicy:
-    """How an executor forms batches; changed live by the admin socket."""
+    """How an executor forms batches; changed live by the admin socket.
+
+    `max_batch` counts rows (dim 0 summed over the merged requests), as
+    Triton's `max_batch_size` does: it is what the engine's batch dimension
+    must hold. A request with more rows than that runs alone.
+    `preferred` row counts go at once instead of waiting out `delay_s`.
+    """
 
     def __init__(self, max_batch: int, delay_us: int, preferred: tuple[int, ...], allowed: bool) -> None:
         self.max_batch = max_batch if allowed else 1
@@ -42,8 +48,11 @@ class Executor:
     def __init__(self, name: str, version: str, index: int, context: Context, reply: ReplyFn,
                  on_late: LateFn, policy: BatchPolicy) -> None:
         self.name, self.version, self.index = name, version, index
-        self.queue: FairQueue[Job] = FairQueue(key=lambda job: job.request.key)
-        self.in_flight = 0
+        self.queue: FairQueue[Job] = FairQueue(key=lambda job: job.request.key,
+                                               size=lambda job: batcher.rows(job.request.inputs),
+                                               patience=self._patience)
+        self.in_flight = 0  # requests in the running backend call
+        self.in_flight_rows = 0
         self.served = 0
         self.row_us = 0.0  # EWMA of compute time per input row: the inline gate reads it
         self._context = context
@@ -90,7 +99,7 @@ class Executor:
             self._run_batch(jobs)
         except Exception as exc:
             log.exception("executor error model=%s version=%s context=%d", self.name, self.version, self.index)
-            self.in_flight = 0
+            self.in_flight = self.in_flight_rows = 0
             self._fail(jobs, Status.BACKEND_ERROR, f"internal error: {exc}")
 
     def try_inline(self, job: Job) -> bool:
@@ -108,11 +117,21 @@ class Executor:
         return True
 
     def _take(self) -> list[Job]:
-        """The next request, plus whatever arrives within the batch delay (up to max_batch)."""
+        """The next request, plus whatever mergeable ones arrive within the batch delay."""
         policy = self._policy
         if policy.max_batch <= 1:
             return [self.queue.get()]
-        return self.queue.take(policy.max_batch, policy.delay_s)
+        return self.queue.take(policy.max_batch, policy.delay_s, preferred=policy.preferred,
+                               fits=_mergeable)
+
+    def _patience(self, job: Job) -> float:
+        """Seconds `job` may wait for company: half of what its deadline leaves after a full batch's compute.
+
+        Half, not all: a thread woken at the last moment is often late by
+        milliseconds on a busy box, and the request would then miss its
+        deadline for a batch that gained it nothing.
+        """
+        return (job.remaining_us() - self.row_us * self._policy.max_batch) / 2e6
 
     def _run_batch(self, jobs: list[Job]) -> None:
         now = time.perf_counter_ns()
@@ -122,18 +141,20 @@ class Executor:
                 self._on_late(job)
             else:
                 live.append(job)
-        for group in _groups(live, self._policy.max_batch):
-            self._compute(group)
+        if live:
+            self._compute(live)
 
     def _compute(self, jobs: list[Job]) -> None:
-        self.in_flight = len(jobs)
+        """One backend call for `jobs` (merged along axis 0 when there are several)."""
+        sizes = [batcher.rows(j.request.inputs) for j in jobs]
+        self.in_flight, self.in_flight_rows = len(jobs), sum(sizes)
         start = time.perf_counter_ns()
         try:
             if len(jobs) == 1:
                 results = [self._context.infer(jobs[0].request.inputs)]
             else:
                 merged = self._context.infer(batcher.merge([j.request.inputs for j in jobs]))
-                results = batcher.split(merged, [batcher.rows(j.request.inputs) for j in jobs])
+                results = batcher.split(merged, sizes)
         except InputRejected as exc:
             self._fail(jobs, Status.BAD_REQUEST, str(exc))
             return
@@ -143,16 +164,20 @@ class Executor:
             self._fail(jobs, Status.BACKEND_ERROR, f"backend error: {str(exc)[:500]}")
             return
         finally:
-            self.in_flight = 0
+            self.in_flight = self.in_flight_rows = 0
         end = time.perf_counter_ns()
-        self.stats.record_batch(len(jobs), (end - start) // 1000)
-        row_us = (end - start) / 1000 / max(1, sum(batcher.rows(j.request.inputs) for j in jobs))
+        rows = sum(sizes)
+        # Batch sizes are rows, as max_batch is: the histogram shows what the engine ran.
+        self.stats.record_batch(rows, (end - start) // 1000)
+        row_us = (end - start) / 1000 / max(1, rows)
         self.row_us = row_us if not self.row_us else 0.8 * self.row_us + 0.2 * row_us
+        shared = rows if len(jobs) > 1 else 0
         for job, outputs in zip(jobs, results):
-            self._succeed(job, outputs, start, end, len(jobs))
+            self._succeed(job, outputs, start, end, shared)
         self.served += len(jobs)
 
     def _succeed(self, job: Job, outputs: dict, start: int, end: int, batch: int) -> None:
+        """Reply 200; `batch` is the rows of a call shared with other requests (0: ran alone)."""
         req = job.request
         if req.outputs is not None:
             outputs = {name: outputs[name] for name in req.outputs}
@@ -162,7 +187,7 @@ class Executor:
             "id": req.id, "status": 200, "model": self.name, "version": self.version,
             "timing_us": {"queue": queue_us, "compute": compute_us, "total": total_us},
         }
-        if batch > 1:
+        if batch:
             header["batch"] = batch
         if job.fallback:
             header["fallback"] = job.fallback
@@ -176,16 +201,6 @@ class Executor:
             self.stats.record(int(status), (time.perf_counter_ns() - job.received_ns) // 1000)
 
 
-def _groups(jobs: list[Job], max_rows: int) -> list[list[Job]]:
-    """Consecutive runs of jobs that can share one inference (same signature, rows ≤ max)."""
-    groups: list[list[Job]] = []
-    sig, used = None, 0
-    for job in jobs:
-        s, n = batcher.signature(job.request.inputs), batcher.rows(job.request.inputs)
-        if groups and s == sig and used + n <= max_rows:
-            groups[-1].append(job)
-            used += n
-        else:
-            groups.append([job])
-            sig, used = s, n
-    return groups
+def _mergeable(first: Job, job: Job) -> bool:
+    """Whether `job` may share `first`'s inference: same input names, dtypes, non-batch dims."""
+    return batcher.signature(job.request.inputs) == batcher.signature(first.request.inputs)

@@ -1,9 +1,24 @@
-"""A bounded, blocking queue that serves keys round-robin.
+"""A bounded, blocking queue that serves keys round-robin and forms batches.
 
 Within one context's queue, requests are taken in turn across their `key`
 (a camera id, say; requests without a key share one lane), so one flooding
 source cannot starve the others: each key waits behind at most one request
-of every other key, not behind the flood.
+of every other key, not behind the flood. As in fq_codel (RFC 8290), a
+lane that was empty ("new": a camera sending one frame at a time) is
+served before the lanes that stay backlogged ("old": the flood), once;
+if it still has items after that, it joins the old lanes, which are
+served the shortest first, in turn among equals. A camera then waits only
+for the request running, not also for the flood's next; and after a stall
+(a slow call, a busy CPU) has let every lane grow, the cameras' short
+backlogs drain first instead of at a 1/keys share beside the flood.
+
+`take` forms a dynamic batch (Triton-style): up to `limit` rows, waiting at
+most `wait_s` for company after the first item, never longer than the
+earliest `patience` of an item already taken (its deadline), and at once
+when the rows reach a preferred size. The waiting consumer is woken only
+when enough rows have arrived to matter, not on every `put`: a wake-up per
+request costs a GIL hand-off that, on a 2-core box, ate most of what
+batching saves.
 """
 
 from __future__ import annotations
@@ -11,9 +26,12 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Callable, Generic, Hashable, TypeVar
+from typing import Callable, Generic, Hashable, Sequence, TypeVar
 
 T = TypeVar("T")
+
+
+NONE: Hashable = object()  # "no key", where None is a key (the lane of requests without one)
 
 
 class Closed(Exception):
@@ -21,13 +39,28 @@ class Closed(Exception):
 
 
 class FairQueue(Generic[T]):
-    """Per-key lanes, served round-robin; `len()` is the total depth."""
+    """Per-key lanes, served round-robin; `len()` is the total depth in items.
 
-    def __init__(self, key: Callable[[T], Hashable]) -> None:
+    `size(item)` is the item's rows (its batch dimension); `rows` is the
+    total queued. `patience(item)` is how many seconds the item can still
+    wait before it must be computed (its deadline less the expected
+    compute); `take` never holds a batch past the smallest patience in it.
+    One consumer thread is assumed (an executor owns its queue).
+    """
+
+    def __init__(self, key: Callable[[T], Hashable], size: Callable[[T], int] | None = None,
+                 patience: Callable[[T], float] | None = None) -> None:
         self._key = key
+        self._size_of = size or (lambda item: 1)
+        self._patience = patience
         self._lanes: dict[Hashable, deque[T]] = {}
-        self._turn: deque[Hashable] = deque()  # keys with waiting items, next first
+        self._new: deque[Hashable] = deque()  # keys whose lane was empty: served first
+        self._turn: deque[Hashable] = deque()  # backlogged ("old") keys, in turn
         self._size = 0
+        self.rows = 0
+        self._need = 1  # queued rows at which the waiting consumer is worth waking
+        self._waiting = 0  # consumers in wait(): without one, put() skips notify() (~1 µs a request)
+        self._cut: float | None = None  # when the batch being formed goes, while `take` waits
         self._closed = False
         self._ready = threading.Condition(threading.Lock())
 
@@ -41,24 +74,78 @@ class FairQueue(Generic[T]):
             if self._closed:
                 raise Closed
             lane = self._lanes.get(key)
-            if lane is None:
+            if lane is None:  # an emptied lane stays old until the next dequeue: no jumping ahead as new
                 lane = self._lanes[key] = deque()
-            if not lane:
-                self._turn.append(key)
+                self._new.append(key)
             lane.append(item)
             self._size += 1
-            self._ready.notify()
+            self.rows += self._size_of(item)
+            if self._waiting and (self.rows >= self._need or self._sooner(item)):
+                self._ready.notify()
 
-    def _pop(self) -> T:
-        key = self._turn.popleft()
+    def _wait(self, timeout: float | None) -> None:
+        self._waiting += 1
+        try:
+            self._ready.wait(timeout)
+        finally:
+            self._waiting -= 1
+
+    def _sooner(self, item: T) -> bool:
+        """Whether `item` must be computed before the waiting batch would go."""
+        return (self._cut is not None and self._patience is not None
+                and time.monotonic() + self._patience(item) < self._cut)
+
+    def _order(self) -> list[Hashable]:
+        """Keys in service order: new lanes first, then old lanes, the shortest first (ties in turn)."""
+        lanes = self._lanes
+        return [*self._new, *sorted((k for k in self._turn if lanes[k]), key=lambda k: len(lanes[k]))]
+
+    def _next_key(self) -> Hashable:
+        if self._new:
+            return self._new[0]
+        lanes = self._lanes
+        # The first of the shortest non-empty lanes: round-robin among equals.
+        return min((k for k in self._turn if lanes[k]), key=lambda k: len(lanes[k]))
+
+    def _purge(self) -> None:
+        """Forget old lanes that stayed empty since the last dequeue; their next item is new again.
+
+        As in fq_codel, a lane that empties stays old until then: a flood
+        whose lane empties for a moment (its next request still on the
+        way) does not come back as new and go ahead of a camera.
+        """
+        lanes = self._lanes
+        if any(not lanes[k] for k in self._turn):
+            for key in [k for k in self._turn if not lanes[k]]:
+                del lanes[key]
+            self._turn = deque(k for k in self._turn if k in lanes)
+
+    def _pop(self, key: Hashable = NONE) -> T:
+        """The head of `key`'s lane (default: the next in service order); the lane goes to the back of the old."""
+        if key is NONE:
+            key = self._next_key()
+        if self._new and self._new[0] == key:
+            self._new.popleft()
+        elif key in self._new:
+            self._new.remove(key)
+        else:
+            self._turn.remove(key)
         lane = self._lanes[key]
         item = lane.popleft()
-        if lane:
-            self._turn.append(key)
-        else:
-            del self._lanes[key]
+        self._turn.append(key)  # emptied or not, it is old now (an empty one until `_purge`)
         self._size -= 1
+        self.rows -= self._size_of(item)
         return item
+
+    def _first_fitting(self, fits: Callable[[T], bool]) -> Hashable:
+        """The first key, in service order, whose lane's head `fits` (else NONE); lanes skipped keep their place."""
+        key = self._next_key()
+        if fits(self._lanes[key][0]):  # the usual case, without sorting the lanes
+            return key
+        for key in self._order():
+            if fits(self._lanes[key][0]):
+                return key
+        return NONE
 
     def get(self, timeout: float | None = None) -> T | None:
         """The next item in turn; None on timeout; raises Closed once closed and empty."""
@@ -71,33 +158,82 @@ class FairQueue(Generic[T]):
                     left = None if deadline is None else deadline - time.monotonic()
                     if left is not None and left <= 0:
                         return None
-                    self._ready.wait(left)
+                    self._wait(left)
                 if not self._size:
                     raise Closed
+            self._purge()
             return self._pop()
 
-    def take(self, limit: int, wait_s: float, fits: Callable[[T], bool] | None = None) -> list[T]:
-        """Up to `limit` items: block for the first, then wait at most `wait_s` for company.
+    def take(self, limit: int, wait_s: float, *, preferred: Sequence[int] = (),
+             fits: Callable[[T, T], bool] | None = None) -> list[T]:
+        """One batch of at most `limit` rows: block for the first item, then gather company.
 
-        `fits` decides whether the next item in turn may join (e.g. same
-        shapes); the first one that does not ends the batch and stays queued.
+        - `fits(first, item)`: may `item` share the first one's inference
+          (same shapes and dtypes)? Lanes whose next item does not fit, or
+          would pass `limit` rows, are skipped and keep their turn (two
+          cameras of different resolutions still batch each their own);
+          once no queued item fits, the batch goes.
+        - the batch never waits past the smallest patience of what it
+          holds, and a request arriving with less patience ends the wait.
+        - `preferred`: row counts that go at once, without waiting out
+          `wait_s`: the largest one as soon as it is reached, any of them
+          once nothing more is queued. Without one in reach the batch waits
+          and then goes with what it has (it is not cut back to a smaller
+          preferred size, unlike Triton, so no request is put back).
         """
         first = self.get()
-        items = [first]
-        deadline = time.monotonic() + wait_s
+        items, rows = [first], self._size_of(first)
+        cut = time.monotonic() + wait_s
+        patience = self._patience
+        if patience is not None:
+            cut = min(cut, time.monotonic() + patience(first))
+        preferred = [p for p in preferred if p <= limit]
+        largest = max(preferred, default=0)
         with self._ready:
-            while len(items) < limit:
+            while rows < limit and rows != largest:
                 if self._size:
-                    nxt = self._lanes[self._turn[0]][0]
-                    if fits is not None and not fits(nxt):
+                    room = limit - rows
+                    key = self._first_fitting(lambda item: self._size_of(item) <= room and (
+                        fits is None or fits(first, item)))
+                    if key is NONE:
                         break
-                    items.append(self._pop())
+                    nxt = self._pop(key)
+                    items.append(nxt)
+                    rows += self._size_of(nxt)
+                    if patience is not None:
+                        cut = min(cut, time.monotonic() + patience(nxt))
                     continue
-                left = deadline - time.monotonic()
+                if rows in preferred:
+                    break
+                left = cut - time.monotonic()
                 if left <= 0 or self._closed:
                     break
-                self._ready.wait(left)
+                target = min((p for p in preferred if p > rows), default=limit)
+                self._need, self._cut = target - rows, cut
+                try:
+                    self._wait(left)
+                finally:
+                    self._need, self._cut = 1, None
         return items
+
+    def lanes(self) -> dict[Hashable, int]:
+        """Queued items per key, as of now."""
+        with self._ready:
+            return {key: len(lane) for key, lane in self._lanes.items() if lane}
+
+    def pop_newest(self, key: Hashable) -> T | None:
+        """Remove the most recently queued item of `key` (push-out); None if it has none."""
+        with self._ready:
+            lane = self._lanes.get(key)
+            if not lane:
+                return None
+            item = lane.pop()
+            if not lane:
+                del self._lanes[key]
+                (self._new if key in self._new else self._turn).remove(key)
+            self._size -= 1
+            self.rows -= self._size_of(item)
+            return item
 
     def drain(self) -> list[T]:
         """Remove and return everything queued (used when a context goes away)."""

@@ -418,6 +418,8 @@ class Registry:
             scheduler.policy.max_batch = changes["max_batch"]
         if "batch_delay_us" in changes:
             scheduler.policy.delay_s = changes["batch_delay_us"] / 1e6
+        if "preferred_batch" in changes:
+            scheduler.policy.preferred = tuple(changes["preferred_batch"])
 
     def promote(self, name: str, version: str) -> str:
         """Move a version from its worker process into the daemon (cold → hot), losing no request."""

@@ -79,6 +79,8 @@ class Router:
             if self._fallback(job, model, "deadline"):
                 return
         if not scheduler.submit(job):
+            if self._push_out(job, mv):
+                return
             if model.fallback and self._fallback(job, model, "queue_full"):
                 return
             if not mv.ready:
@@ -178,6 +180,25 @@ class Router:
             job.fallback, job.request.model, job.request.version, job.hops, job.target = previous
             return False
 
+    def _push_out(self, job: Job, mv: ModelVersion) -> bool:
+        """Per-key fairness at a full queue (Scheduler.push_out): queue `job` in place of the
+        flooding key's newest request, which is refused as if it had found the queue full."""
+        scheduler = mv.scheduler
+        victim = scheduler.push_out(job) if scheduler is not None else None
+        if victim is None:
+            return False
+        queued = scheduler.submit(job)  # type: ignore[union-attr]
+        model = self.registry.model(victim.request.model)
+        if not (model is not None and model.fallback and self._fallback(victim, model, "queue_full")):
+            self._count(victim, Status.TOO_MANY)
+            header = error_header(Status.TOO_MANY, f"model {mv.name!r} queue is full and key "
+                                  f"{victim.request.key!r} holds the most of it; retry later",
+                                  victim.request.id, retry_after_ms=self._retry_ms(mv))
+            self._reply(victim.envelope, encode_reply(header))
+        if queued:
+            mv.last_used = time.monotonic()
+        return queued
+
     def on_late(self, job: Job) -> None:
         """An executor found `job` past its deadline: the fallback gets a fresh budget, else 504."""
         model = self.registry.model(job.request.model)
@@ -199,8 +220,8 @@ class Router:
         scheduler = mv.scheduler
         if scheduler is None:
             return 0.0
-        # The contexts' combined time per request: they work the queue side by side.
-        return (scheduler.load() + 1) * mv.stats.service_time_us()
+        # The contexts' combined time per row: they work the queue side by side.
+        return (scheduler.rows() + 1) * mv.stats.service_time_us()
 
     def _retry_ms(self, mv: ModelVersion) -> int:
         """Retry-After for a full queue: the time to work through it, at least 1 ms."""

@@ -75,6 +75,10 @@ class Scheduler:
     def load(self) -> int:
         return sum(ex.load for ex in self.executors)
 
+    def rows(self) -> int:
+        """Input rows queued or running: what the expected wait is measured in."""
+        return sum(ex.queue.rows + ex.in_flight_rows for ex in self.executors)
+
     def in_flight(self) -> int:
         return sum(ex.in_flight for ex in self.executors)
 
@@ -109,6 +113,29 @@ class Scheduler:
         except Closed:  # the context is being removed: this version no longer takes work
             return False
         return True
+
+    def push_out(self, job: Job) -> Job | None:
+        """The queue is full: make room for `job` if its key holds less of it than another key.
+
+        Longest-queue drop: the key with the most queued requests (over all
+        contexts) gives up its newest one, which is returned for the caller
+        to refuse. A flooding key then cannot fill the queue and lock the
+        other keys out with 429s: each key keeps at least an equal share.
+        Requests without a key share one lane, so unkeyed traffic never
+        pushes out unkeyed traffic.
+        """
+        held: dict[object, list[tuple[int, Executor]]] = {}
+        for ex in self.executors:
+            for key, n in ex.queue.lanes().items():
+                held.setdefault(key, []).append((n, ex))
+        if not held:
+            return None
+        totals = {key: sum(n for n, _ in where) for key, where in held.items()}
+        hog = max(totals, key=totals.__getitem__)
+        if totals.get(job.request.key, 0) + 1 >= totals[hog]:
+            return None
+        _, ex = max(held[hog], key=lambda pair: pair[0])
+        return ex.queue.pop_newest(hog)
 
     def stop(self, timeout: float | None = None) -> bool:
         """Let every context finish its queue, then stop; True if all ended in time."""

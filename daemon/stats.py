@@ -72,10 +72,10 @@ class StatsSnapshot:
     max_us: float | None
     queue_us: float | None        # mean time waiting in the queue
     compute_us: float | None      # mean time in the backend
-    service_time_us: float | None  # EWMA of backend time per request; None before the first call
+    service_time_us: float | None  # EWMA of backend time per input row; None before the first call
     served: int                   # cumulative 200s
     by_status: Mapping[int, int]  # cumulative replies per status code
-    batches: Mapping[int, int]    # cumulative backend calls per batch size
+    batches: Mapping[int, int]    # cumulative backend calls per batch size (rows in the call)
     latency_hist: Mapping[int, int] = None  # type: ignore[assignment]  # cumulative 200s per bucket index
     sums_us: Mapping[str, float] = None  # type: ignore[assignment]  # cumulative total/queue/compute µs of 200s
 
@@ -231,7 +231,7 @@ class Stats:
         shard.status[status] = shard.status.get(status, 0) + 1
 
     def record_batch(self, size: int, compute_us: int) -> None:
-        """One backend call over `size` requests (1 when unbatched) that took `compute_us`."""
+        """One backend call over `size` input rows (the merged batch dimension) that took `compute_us`."""
         try:
             shard = self._local.shard
         except AttributeError:
@@ -244,9 +244,9 @@ class Stats:
         self._ewma = per_request if ewma is None else ewma + self._alpha * (per_request - ewma)
 
     def service_time_us(self) -> float:
-        """EWMA of backend time per request (µs); 0.0 before the first backend call.
+        """EWMA of backend time per input row (µs); 0.0 before the first backend call.
 
-        The router's Retry-After is queue depth × this; 0.0 (not None) keeps
+        The router's Retry-After is queued rows × this; 0.0 (not None) keeps
         that arithmetic free of special cases while nothing is known yet.
         """
         return self._ewma or 0.0
@@ -419,10 +419,10 @@ class ModelStats:
         self.router._absorb(stats._window())
 
     def service_time_us(self) -> float:
-        """Time per request of the contexts working in parallel (µs); 0.0 before any call.
+        """Time per input row of the contexts working in parallel (µs); 0.0 before any call.
 
         Contexts serve the queue side by side, so their rates add up:
-        1 / Σ (1 / sᵢ). Retry-After = queue depth × this.
+        1 / Σ (1 / sᵢ). Retry-After = queued rows × this.
         """
         times = [t for t in (s.service_time_us() for s in self._contexts) if t]
         return 1.0 / sum(1.0 / t for t in times) if times else self.router.service_time_us()

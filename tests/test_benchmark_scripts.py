@@ -38,3 +38,17 @@ def test_the_core_benchmark_runs_every_case(tmp_path):
     for case in ("a backend", "b echo", "c bare", "d daemon"):
         assert f"| {case} | 1 |" in out.stdout and f"| {case} | 16 |" in out.stdout
     assert "Daemon / bare loop (medians): c=1:" in out.stdout
+
+
+@pytest.mark.slow
+def test_the_batching_benchmark_runs_every_case(tmp_path):
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_batching.py"), "--no-write",
+                          "--duration", "0.3", "--fair-duration", "0.5", "--rounds", "1", "--warmup", "10"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for model in ("mlp", "mlp_unbatched", "classifier", "classifier_unbatched"):
+        assert f"| {model} | 16 |" in out.stdout and f"| {model} | 32 |" in out.stdout
+    for scenario in ("cameras alone", "+ flood, keyed", "+ flood, no keys"):
+        assert f"| {scenario} |" in out.stdout
+    assert "Batched / unbatched QPS (medians): mlp c=16:" in out.stdout
+    assert "Cameras' p99 with the flood / alone: keyed" in out.stdout

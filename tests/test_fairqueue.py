@@ -1,0 +1,238 @@
+"""FairQueue: round-robin across keys, and how `take` forms one batch."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass
+
+import pytest
+
+from infermux.fairqueue import Closed, FairQueue
+
+
+@dataclass
+class Item:
+    key: str | None
+    name: str
+    rows: int = 1
+    shape: str = "a"
+    patience: float = 60.0
+
+
+def queue() -> FairQueue[Item]:
+    return FairQueue(key=lambda i: i.key, size=lambda i: i.rows, patience=lambda i: i.patience)
+
+
+def put_later(q: FairQueue[Item], delay_s: float, *items: Item) -> threading.Thread:
+    def run() -> None:
+        time.sleep(delay_s)
+        for item in items:
+            q.put(item)
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread
+
+
+def names(items: list[Item]) -> list[str]:
+    return [i.name for i in items]
+
+
+def test_keys_take_turns_so_a_flood_does_not_starve_the_others():
+    q = queue()
+    for i in range(5):
+        q.put(Item("flood", f"f{i}"))
+    q.put(Item("cam1", "a"))
+    q.put(Item(None, "n"))  # no key: the shared lane
+    q.put(Item("cam1", "b"))
+    # New lanes in arrival order, then the backlogged ones, the shortest first.
+    assert [q.get().name for _ in range(8)] == ["f0", "a", "n", "b", "f1", "f2", "f3", "f4"]
+    assert len(q) == 0 and q.rows == 0
+
+
+def test_a_key_that_was_idle_goes_before_the_backlogged_ones():
+    q = queue()
+    for i in range(5):
+        q.put(Item("flood", f"f{i}"))
+    assert q.get().name == "f0"  # the flood is backlogged from here on
+    q.put(Item("cam", "c0"))
+    assert q.get().name == "c0"  # not behind f1: an idle key is served first, once
+    q.put(Item("cam", "c1"))
+    q.put(Item("cam", "c2"))
+    assert [q.get().name for _ in range(4)] == ["c1", "c2", "f1", "f2"]  # the shorter backlog first
+
+
+def test_the_shortest_backlog_drains_first_and_equal_ones_take_turns():
+    q = queue()
+    for i in range(3):
+        q.put(Item("a", f"a{i}"))
+        q.put(Item("b", f"b{i}"))
+    for i in range(6):
+        q.put(Item("flood", f"f{i}"))
+    # a, b, flood enter as new lanes, once each; then a and b (2 left each) before the flood (5 left):
+    # a goes first in turn, and is then the shortest.
+    assert [q.get().name for _ in range(12)] == ["a0", "b0", "f0", "a1", "a2", "b1", "b2",
+                                                   "f1", "f2", "f3", "f4", "f5"]
+    for i in range(2):
+        q.put(Item("x", f"x{i}"))
+        q.put(Item("y", f"y{i}"))
+    assert [q.get().name for _ in range(2)] == ["x0", "y0"]
+    assert [q.get().name for _ in range(2)] == ["x1", "y1"]  # equal backlogs: in turn
+
+
+def test_a_lane_that_just_emptied_does_not_come_back_as_new():
+    q = queue()
+    q.put(Item("flood", "f0"))
+    assert q.get().name == "f0"  # the flood's lane is empty, but still old until the next dequeue
+    q.put(Item("flood", "f1"))
+    q.put(Item("cam", "c0"))
+    assert [q.get().name for _ in range(2)] == ["c0", "f1"]
+    q.put(Item("cam", "c1"))  # the camera's lane stayed empty over a dequeue: forgotten, new again
+    q.put(Item("flood", "f2"))  # the flood's emptied at the last one: still old
+    assert [q.get().name for _ in range(2)] == ["c1", "f2"]
+
+
+def test_pushing_out_takes_the_newest_of_a_key():
+    q = queue()
+    for name in ("f0", "f1", "f2"):
+        q.put(Item("flood", name))
+    q.put(Item("cam", "c0"))
+    assert q.lanes() == {"flood": 3, "cam": 1}
+    assert q.pop_newest("flood").name == "f2"
+    assert q.pop_newest("cam").name == "c0" and q.pop_newest("cam") is None
+    assert [q.get().name for _ in range(2)] == ["f0", "f1"] and len(q) == 0 and q.rows == 0
+
+
+def test_take_counts_rows_and_leaves_what_would_pass_the_limit():
+    q = queue()
+    for item in (Item("a", "3rows", 3), Item("b", "2rows", 2), Item("c", "4rows", 4)):
+        q.put(item)
+    assert names(q.take(6, 0.0)) == ["3rows", "2rows"]  # 3 + 2 + 4 > 6
+    assert names(q.take(6, 0.0)) == ["4rows"] and q.rows == 0
+
+
+def test_a_request_larger_than_the_limit_runs_alone():
+    q = queue()
+    q.put(Item("a", "big", 40))
+    q.put(Item("a", "small", 1))
+    assert names(q.take(16, 0.0)) == ["big"]
+
+
+def test_take_merges_only_requests_that_fit_the_first_and_skips_lanes_that_do_not():
+    q = queue()
+    for item in (Item("a", "a1"), Item("b", "b1"), Item("c", "other", shape="b"), Item("d", "d1"),
+                 Item("c", "other2", shape="b"), Item("a", "a2")):
+        q.put(item)
+    batch = q.take(8, 0.0, fits=lambda first, i: i.shape == first.shape)
+    assert names(batch) == ["a1", "b1", "d1", "a2"]
+    assert q.get().name == "other"  # the skipped lane kept its turn and its order
+    assert q.get().name == "other2"
+
+
+def test_a_batch_with_nothing_fitting_goes_without_waiting():
+    q = queue()
+    q.put(Item("a", "a1"))
+    q.put(Item("b", "b1", shape="b"))
+    start = time.monotonic()
+    assert names(q.take(8, 5.0, fits=lambda first, i: i.shape == first.shape)) == ["a1"]
+    assert time.monotonic() - start < 1.0
+
+
+def test_a_smaller_request_from_another_lane_fills_the_room_left():
+    q = queue()
+    for item in (Item("a", "five", 5), Item("b", "four", 4), Item("c", "three", 3)):
+        q.put(item)
+    assert names(q.take(8, 0.0)) == ["five", "three"]
+    assert q.get().name == "four"
+
+
+def test_take_waits_for_company_up_to_the_delay():
+    q = queue()
+    q.put(Item("a", "first"))
+    feeder = put_later(q, 0.02, Item("b", "late"))
+    start = time.monotonic()
+    batch = q.take(2, 1.0)
+    feeder.join()
+    assert names(batch) == ["first", "late"]
+    assert time.monotonic() - start < 0.5  # the limit was reached: no waiting out the delay
+
+
+def test_take_goes_with_what_it_has_when_the_delay_is_over():
+    q = queue()
+    q.put(Item("a", "alone"))
+    start = time.monotonic()
+    assert names(q.take(8, 0.05)) == ["alone"]
+    assert 0.04 <= time.monotonic() - start < 0.5
+
+
+def test_the_wait_never_passes_a_taken_request_s_patience():
+    q = queue()
+    q.put(Item("a", "urgent", patience=0.03))
+    start = time.monotonic()
+    assert names(q.take(8, 5.0)) == ["urgent"]
+    assert time.monotonic() - start < 1.0
+
+
+def test_a_request_joining_later_shortens_the_wait_too():
+    q = queue()
+    q.put(Item("a", "patient"))
+    feeder = put_later(q, 0.01, Item("b", "urgent", patience=0.03))
+    start = time.monotonic()
+    batch = q.take(8, 5.0)
+    feeder.join()
+    assert names(batch) == ["patient", "urgent"] and time.monotonic() - start < 1.0
+
+
+def test_a_preferred_size_goes_at_once_when_nothing_else_waits():
+    q = queue()
+    q.put(Item("a", "a1"))
+    feeder = put_later(q, 0.01, Item("b", "b1"))
+    start = time.monotonic()
+    batch = q.take(8, 5.0, preferred=(2, 4))
+    feeder.join()
+    assert names(batch) == ["a1", "b1"] and time.monotonic() - start < 1.0
+
+
+def test_the_largest_preferred_size_goes_even_with_more_queued():
+    q = queue()
+    for i in range(6):
+        q.put(Item(str(i), f"i{i}"))
+    assert len(q.take(8, 5.0, preferred=(4,))) == 4
+    assert len(q) == 2
+
+
+def test_without_a_preferred_size_in_reach_the_batch_waits_out_the_delay():
+    q = queue()
+    for i in range(3):
+        q.put(Item(str(i), f"i{i}"))
+    start = time.monotonic()
+    assert len(q.take(8, 0.05, preferred=(2, 4))) == 3  # 3 is not preferred: wait for 4
+    assert time.monotonic() - start >= 0.04
+
+
+def test_preferred_sizes_above_the_limit_are_ignored():
+    q = queue()
+    q.put(Item("a", "a1"))
+    start = time.monotonic()
+    assert len(q.take(1, 5.0, preferred=(4,))) == 1
+    assert time.monotonic() - start < 1.0
+
+
+def test_close_wakes_a_waiting_taker_and_then_refuses():
+    q = queue()
+    taker_result: list[object] = []
+
+    def take() -> None:
+        try:
+            taker_result.append(q.take(4, 5.0))
+        except Closed:
+            taker_result.append("closed")
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    time.sleep(0.02)
+    q.close()
+    thread.join(2.0)
+    assert taker_result == ["closed"]
+    with pytest.raises(Closed):
+        q.put(Item("a", "after"))
