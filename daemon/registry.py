@@ -393,15 +393,7 @@ class Registry:
     def remove(self, mv: ModelVersion, timeout: float | None = None) -> None:
         """Drain and unload `mv`, then forget it (its model too, once it has no versions)."""
         self.unload(mv, timeout)
-        with self._lock:
-            model = self.models.get(mv.name)
-            if model is None or model.versions.get(mv.version) is not mv:
-                return
-            versions = {v: m for v, m in model.versions.items() if m is not mv}
-            if versions:
-                model.versions = versions
-            else:
-                self.models = {n: m for n, m in self.models.items() if n != mv.name}
+        self.discard(mv)
         self.events.emit("removed", mv.name, mv.version)
 
     def configure(self, mv: ModelVersion, **changes: Any) -> None:
