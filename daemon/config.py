@@ -58,6 +58,8 @@ class DaemonConfig:
     watch_settle_s: float = 1.0     # a file written in place is taken once unchanged this long
     watch_debounce_s: float = 0.05  # events closer than this are handled as one
     watch_rescan_s: float = 5.0     # full rescan even without events (lost events, NFS); 0 = never
+    spare_worker: bool = True  # keep one worker started ahead for the next cold model
+    worker_hang_s: float = 10.0  # a worker silent this long is killed and replaced
 
 
 @dataclass(frozen=True)
@@ -171,10 +173,14 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
     _check_curve(file, raw)
     if "memory_budget" in raw:
         parse_budget(file, raw["memory_budget"], total=1)
-    for key in ("drain_timeout_s",):
+    for key in ("drain_timeout_s", "worker_hang_s"):
         if key in raw:
             _check_type(file, f"daemon.{key}", raw[key], (int, float))
             raw[key] = float(raw[key])
+            if key == "worker_hang_s" and raw[key] <= 0:
+                raise ConfigError(file, f"daemon.{key}", f"must be > 0, got {raw[key]}")
+    if "spare_worker" in raw:
+        _check_type(file, "daemon.spare_worker", raw["spare_worker"], bool)
     for key in ("metrics_port", "inline_max_us"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 0)

@@ -58,7 +58,7 @@ class FairQueue(Generic[T]):
         self._turn: deque[Hashable] = deque()  # backlogged ("old") keys, in turn
         self._size = 0
         self.rows = 0
-        self._need = 1  # queued rows at which the waiting consumer is worth waking
+        self._need = 0  # queued rows at which the waiting consumer is worth waking (0: any item, even 0 rows)
         self._waiting = 0  # consumers in wait(): without one, put() skips notify() (~1 µs a request)
         self._cut: float | None = None  # when the batch being formed goes, while `take` waits
         self._closed = False
@@ -213,7 +213,7 @@ class FairQueue(Generic[T]):
                 try:
                     self._wait(left)
                 finally:
-                    self._need, self._cut = 1, None
+                    self._need, self._cut = 0, None
         return items
 
     def lanes(self) -> dict[Hashable, int]:

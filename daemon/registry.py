@@ -18,6 +18,7 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
+from infermux.budget import release_freed_memory
 from infermux.config import Config, ModelConfig
 from infermux.events import EventLog
 from infermux.executor import LateFn, ReplyFn
@@ -67,6 +68,25 @@ def warmup_inputs(specs: list[TensorSpec] | tuple[TensorSpec, ...], engine_path:
     return inputs
 
 
+def warm_up(engine: Engine, mc: ModelConfig) -> float:
+    """Run the engine before any client is sent to it; returns µs per input row.
+
+    The first call pays one-off set-up, so the second one is timed.
+    """
+    context = engine.create_context()
+    inputs = warmup_inputs(engine.inputs, mc.engine)
+    try:
+        context.infer(inputs)
+        start = time.perf_counter()
+        context.infer(inputs)
+        elapsed_us = (time.perf_counter() - start) * 1e6
+    finally:
+        context.close()
+    first = next(iter(inputs.values()), None)
+    rows = first.shape[0] if first is not None and first.ndim else 1
+    return elapsed_us / max(1, rows)
+
+
 @dataclass
 class ModelVersion:
     """One version of one model, loaded or not."""
@@ -100,6 +120,11 @@ class ModelVersion:
     @property
     def ready(self) -> bool:
         return self.state is State.READY
+
+    def worker_info(self) -> dict[str, Any] | None:
+        """pid, RSS, state... of the worker process serving this version (None when hot or unloaded)."""
+        info = getattr(self.scheduler, "worker_info", None)
+        return info() if info is not None else None
 
     def eta_ms(self) -> int:
         """When a client should retry while this version loads (never 0)."""
@@ -178,6 +203,7 @@ class Registry:
         self.models: dict[str, Model] = {}
         self.catalog: Catalog | None = None  # the engine-directory watcher, when there is one
         self._lock = threading.Lock()
+        self.workers: Any = None  # workers.Workers, set by the Server: cold placements, memory budget
         for mc in config.models:
             self.add(mc)
 
@@ -274,7 +300,9 @@ class Registry:
 
         Hot models load at start and stay unloaded once an operator unloads them.
         """
-        if mv.state is State.UNLOADED and mv.config.mode == "multiproc":
+        if mv.config.mode != "multiproc":
+            return
+        if mv.state is State.UNLOADED or (mv.state is State.FAILED and self.workers and self.workers.may_retry(mv)):
             self.start_loading([mv])
 
     def _mark_loading(self, mv: ModelVersion) -> None:
@@ -284,10 +312,16 @@ class Registry:
         """Load, warm up and start serving one version; False (state failed) on error."""
         mc = mv.config
         if mv.state is not State.LOADING:
+            if self.workers is not None:
+                self.workers.forgive(mv)  # not on demand: an operator's load forgets past crashes
             self._mark_loading(mv)
         self.events.emit("loading", mc.name, mc.version, engine=str(mc.engine))
+        if mc.mode == "multiproc" and self.workers is not None:
+            return self.workers.load(mv)
         rss_before = rss_bytes()
         try:
+            if self.workers is not None:
+                self.workers.make_room(mv)  # may stop idle cold workers; raises if it cannot fit
             if mc.mode != "inproc":
                 raise BackendError(f"mode {mc.mode!r} is not available in this build; use mode = \"inproc\"")
             if not mc.engine.exists():
@@ -299,7 +333,7 @@ class Registry:
         try:
             mv.state = State.WARMING
             self.events.emit("warming", mc.name, mc.version)
-            row_us = self._warm_up(engine, mc)
+            row_us = warm_up(engine, mc)
             strategy = mc.strategy or self.config.routing.strategy
             scheduler = Scheduler(mc, engine, self._reply, self._on_late, mv.stats, strategy, self.inline, row_us)
         except Exception as exc:
@@ -312,24 +346,6 @@ class Registry:
         self.events.emit("loaded", mc.name, mc.version, backend=backend.name, contexts=mc.contexts,
                          load_ms=round(mv.last_load_s * 1000), memory_mb=round(mv.memory_bytes / 2**20, 1))
         return True
-
-    def _warm_up(self, engine: Engine, mc: ModelConfig) -> float:
-        """Run the engine before any client is sent to it; returns µs per input row.
-
-        The first call pays one-off set-up, so the second one is timed.
-        """
-        context = engine.create_context()
-        inputs = warmup_inputs(engine.inputs, mc.engine)
-        try:
-            context.infer(inputs)
-            start = time.perf_counter()
-            context.infer(inputs)
-            elapsed_us = (time.perf_counter() - start) * 1e6
-        finally:
-            context.close()
-        first = next(iter(inputs.values()), None)
-        rows = first.shape[0] if first is not None and first.ndim else 1
-        return elapsed_us / max(1, rows)
 
     def _failed(self, mv: ModelVersion, exc: BaseException, during: str = "load") -> bool:
         mv.state, mv.reason = State.FAILED, f"{during} failed: {exc}"
@@ -348,6 +364,7 @@ class Registry:
         if mv.engine is not None:
             mv.engine.close()
         mv.engine, mv.memory_bytes, mv.state = None, 0, State.UNLOADED
+        release_freed_memory()
         self.events.emit("unloaded", mv.name, mv.version)
 
     def close(self, timeout: float | None = None) -> None:
@@ -355,6 +372,8 @@ class Registry:
         for mv in self.all_versions():
             if mv.scheduler is not None:
                 self.unload(mv, timeout)
+        if self.workers is not None:
+            self.workers.close()
 
     def replace(self, old: ModelVersion, mc: ModelConfig) -> bool:
         """Load `mc` beside `old`, swap it in with one assignment, then drain `old`.
@@ -374,15 +393,7 @@ class Registry:
     def remove(self, mv: ModelVersion, timeout: float | None = None) -> None:
         """Drain and unload `mv`, then forget it (its model too, once it has no versions)."""
         self.unload(mv, timeout)
-        with self._lock:
-            model = self.models.get(mv.name)
-            if model is None or model.versions.get(mv.version) is not mv:
-                return
-            versions = {v: m for v, m in model.versions.items() if m is not mv}
-            if versions:
-                model.versions = versions
-            else:
-                self.models = {n: m for n, m in self.models.items() if n != mv.name}
+        self.discard(mv)
         self.events.emit("removed", mv.name, mv.version)
 
     def configure(self, mv: ModelVersion, **changes: Any) -> None:
@@ -401,6 +412,18 @@ class Registry:
             scheduler.policy.delay_s = changes["batch_delay_us"] / 1e6
         if "preferred_batch" in changes:
             scheduler.policy.preferred = tuple(changes["preferred_batch"])
+
+    def promote(self, name: str, version: str) -> str:
+        """Move a version from its worker process into the daemon (cold → hot), losing no request."""
+        from infermux import placement
+
+        return placement.promote(self, name, version)
+
+    def demote(self, name: str, version: str) -> str:
+        """Move a version from the daemon into a worker process (hot → cold), losing no request."""
+        from infermux import placement
+
+        return placement.demote(self, name, version)
 
     def memory_used(self) -> int:
         return sum(mv.memory_bytes for mv in self.all_versions())

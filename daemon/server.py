@@ -31,6 +31,7 @@ from infermux.job import Job
 from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_request, request_id
 from infermux.registry import Registry, State
 from infermux.router import Router
+from infermux.workers import Workers
 
 log = logging.getLogger("infermux.server")
 
@@ -64,6 +65,9 @@ class Server:
         self.ticks: list[Callable[[], None]] = []
         self.poll_ms = 100  # the longest the loop sleeps: ticks (watchdog) run at least this often
         self._frontend_thread = threading.get_ident()
+        # Cold models run in worker processes; the memory budget is kept there too (workers.py).
+        self.registry.workers = Workers(self.registry, run_dir, self.reply, self._on_late)
+        self.ticks.append(self.registry.workers.tick)
 
     # -- replies from any thread -------------------------------------------
 

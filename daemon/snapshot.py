@@ -68,6 +68,9 @@ def daemon_view(server: "Server") -> dict[str, Any]:
     versions = server.registry.all_versions()
     total = host_memory_total()
     budget = parse_budget(server.config.path, server.config.daemon.memory_budget, total)
+    workers = server.registry.workers
+    if workers is not None:  # the budget the daemon enforces: of GPU memory where NVML reads it
+        total, budget = workers.budget.total, workers.budget.limit
     states = {s.value: sum(1 for mv in versions if mv.state is s) for s in State}
     return {
         "version": __version__, "pid": os.getpid(), "uptime_s": round(time.time() - server.started, 1),

@@ -38,6 +38,22 @@ def exchange(endpoint: str, kind: int, frames: list[bytes], timeout_ms: int = 50
         sock.close()
 
 
+# Two versions of one model plus a second model: what admin and console tests steer.
+TWO_VERSIONS_AND_FAST = """
+[[models]]
+name = "addone"
+version = "1"
+engine = "addone/1/model.onnx"
+[[models]]
+name = "addone"
+version = "2"
+engine = "addone/2/model.onnx"
+[[models]]
+name = "fast"
+engine = "fast512/1/model.onnx"
+"""
+
+
 class Daemon:
     """One daemon process with its own config, runtime dir and log file."""
 

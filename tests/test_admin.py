@@ -14,22 +14,10 @@ import pytest
 import zmq
 
 from infermux.client import AdminError
-from harness import Daemon, exchange
+from harness import TWO_VERSIONS_AND_FAST, Daemon, exchange
 
 X4 = np.ones((1, 4), np.float32)
-TWO_MODELS = """
-[[models]]
-name = "addone"
-version = "1"
-engine = "addone/1/model.onnx"
-[[models]]
-name = "addone"
-version = "2"
-engine = "addone/2/model.onnx"
-[[models]]
-name = "fast"
-engine = "fast512/1/model.onnx"
-"""
+TWO_MODELS = TWO_VERSIONS_AND_FAST
 
 
 @pytest.fixture

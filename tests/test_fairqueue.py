@@ -236,3 +236,17 @@ def test_close_wakes_a_waiting_taker_and_then_refuses():
     assert taker_result == ["closed"]
     with pytest.raises(Closed):
         q.put(Item("a", "after"))
+
+
+def test_a_waiting_consumer_wakes_for_an_item_of_zero_rows() -> None:
+    """Found by the fuzzer: a [0, ...] request sat unseen while its executor slept."""
+    import threading
+
+    q: FairQueue[tuple[str, int]] = FairQueue(key=lambda item: item[0], size=lambda item: item[1])
+    got: list = []
+    consumer = threading.Thread(target=lambda: got.append(q.get()))
+    consumer.start()
+    time.sleep(0.05)  # the consumer is waiting now
+    q.put(("cam", 0))
+    consumer.join(2)
+    assert got == [("cam", 0)]

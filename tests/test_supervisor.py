@@ -46,6 +46,7 @@ name = "classifier"
 version = "1"
 engine = "classifier/1/model.onnx"
 contexts = 2
+max_queue = 512
 """
 MLP = """
 [[models]]
@@ -53,6 +54,7 @@ name = "mlp"
 version = "1"
 engine = "mlp/1/model.onnx"
 contexts = 1
+max_queue = 512
 """
 
 
@@ -230,6 +232,7 @@ def test_sighup_with_a_broken_file_keeps_the_old_configuration(start):
 
 
 def test_sigterm_drains_then_exits_zero(start):
+    # max_queue (512) holds all 300: a 429 would be an answer too, but this test is about draining.
     d = start(config_text(CLASSIFIER, MLP))
     ready = d.wait_for("READY=1")
     with Pipeline(d.endpoint, timeout_s=15) as p:

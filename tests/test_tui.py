@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from harness import Daemon
+from harness import TWO_VERSIONS_AND_FAST, Daemon
 from infermux.tui.app import TopApp
 from infermux.tui.dialogs import ConfirmScreen, PromptScreen
 from infermux.tui.feed import Endpoints, LiveFeed, StaticFeed
@@ -18,19 +18,7 @@ from infermux.tui.views.detail import ModelScreen
 from tui_support import screen_text, until
 
 X4 = np.ones((1, 4), np.float32)
-MODELS = """
-[[models]]
-name = "addone"
-version = "1"
-engine = "addone/1/model.onnx"
-[[models]]
-name = "addone"
-version = "2"
-engine = "addone/2/model.onnx"
-[[models]]
-name = "fast"
-engine = "fast512/1/model.onnx"
-"""
+MODELS = TWO_VERSIONS_AND_FAST
 KEYS = ["addone:1", "addone:2", "fast:1"]
 
 

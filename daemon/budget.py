@@ -1,0 +1,175 @@
+"""The memory budget: how much the models may take, and what one more would need.
+
+`[daemon] memory_budget` ("80%", "6GiB", bytes) is taken of the GPU's memory
+when NVML can read it, else of host memory: CPU-only boxes, and Jetson, where
+the GPU's memory is the system's. NVML is read through ctypes, which creates
+no CUDA context (that alone would cost the daemon 300–500 MB).
+
+Before a load the registry asks for room (`Workers.make_room`): the estimate
+is the version's last measured footprint, else the engine file's size times
+`FILE_FACTOR` (plus a worker's base cost for a cold model). The loaded
+footprint is measured afterwards: hot, the daemon's RSS growth or the
+engine's own figure; cold, the worker's RSS plus its GPU memory.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from pathlib import Path
+
+from infermux.config import ModelConfig, parse_budget
+
+log = logging.getLogger("infermux.budget")
+
+# An engine in memory costs about its file size again per loaded copy (weights,
+# plus activations and the file read during deserialisation): x2 is what an
+# onnxruntime model measured on the 2-core box; TensorRT plans are similar.
+FILE_FACTOR = 2.0
+DEFAULT_WORKER_BASE = 96 << 20  # a worker's Python + numpy + zmq + backend before any engine
+
+
+class BudgetExceeded(Exception):
+    """A load that would not fit the budget even after stopping every idle cold model."""
+
+
+def meminfo(field: str) -> int:
+    """A /proc/meminfo field in bytes (0 if unreadable)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
+
+
+def is_jetson() -> bool:
+    """Jetson boards: the GPU shares the system memory."""
+    if Path("/etc/nv_tegra_release").exists():
+        return True
+    try:
+        return "jetson" in Path("/proc/device-tree/model").read_text(errors="replace").lower()
+    except OSError:
+        return False
+
+
+class _Memory(ctypes.Structure):
+    _fields_ = [("total", ctypes.c_ulonglong), ("free", ctypes.c_ulonglong), ("used", ctypes.c_ulonglong)]
+
+
+class _Process(ctypes.Structure):  # nvmlProcessInfo_t as the _v3 call fills it
+    _fields_ = [("pid", ctypes.c_uint), ("usedGpuMemory", ctypes.c_ulonglong),
+                ("gpuInstanceId", ctypes.c_uint), ("computeInstanceId", ctypes.c_uint)]
+
+
+class Nvml:
+    """The first visible GPU through NVML (libnvidia-ml), without CUDA."""
+
+    def __init__(self, lib: ctypes.CDLL, handle: ctypes.c_void_p) -> None:
+        self._lib, self._handle = lib, handle
+
+    @classmethod
+    def open(cls) -> "Nvml | None":
+        try:
+            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            if lib.nvmlInit_v2() != 0:
+                return None
+            handle = ctypes.c_void_p()
+            if lib.nvmlDeviceGetHandleByIndex_v2(_first_visible_gpu(), ctypes.byref(handle)) != 0:
+                return None
+        except (OSError, AttributeError):
+            return None
+        return cls(lib, handle)
+
+    def memory(self) -> tuple[int, int]:
+        """(total, free) bytes."""
+        mem = _Memory()
+        if self._lib.nvmlDeviceGetMemoryInfo(self._handle, ctypes.byref(mem)) != 0:
+            return 0, 0
+        return mem.total, mem.free
+
+    def used_by(self) -> dict[int, int]:
+        """GPU memory per process id, for the processes with a context on this GPU."""
+        try:
+            call = self._lib.nvmlDeviceGetComputeRunningProcesses_v3
+        except AttributeError:
+            return {}
+        count = ctypes.c_uint(64)
+        infos = (_Process * 64)()
+        if call(self._handle, ctypes.byref(count), infos) != 0:
+            return {}
+        # NVML reports "not available" (e.g. without the rights to see it) as all ones.
+        return {infos[i].pid: infos[i].usedGpuMemory for i in range(count.value)
+                if infos[i].usedGpuMemory < (1 << 63)}
+
+
+def _first_visible_gpu() -> int:
+    first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+    return int(first) if first.isdigit() else 0
+
+
+class MemoryBudget:
+    """The limit in bytes and where it is measured (GPU or host)."""
+
+    def __init__(self, setting: object, config_path: Path | str) -> None:
+        self.jetson = is_jetson()
+        self.gpu = None if self.jetson else Nvml.open()
+        if self.gpu is not None:
+            self.total, self.source = self.gpu.memory()[0], "gpu"
+        else:
+            self.total, self.source = meminfo("MemTotal"), "host"
+        self.limit = parse_budget(config_path, setting, self.total)
+        self._setting = setting
+
+    def follow(self, setting: object, config_path: Path | str) -> None:
+        """Take a reloaded configuration's `memory_budget` (validated with the file already)."""
+        if setting != self._setting:
+            self.limit, self._setting = parse_budget(config_path, setting, self.total), setting
+
+    def available(self) -> int:
+        """Free memory right now where the budget is measured."""
+        if self.gpu is not None:
+            return self.gpu.memory()[1]
+        return meminfo("MemAvailable") or self.total
+
+    def gpu_used(self) -> dict[int, int]:
+        return self.gpu.used_by() if self.gpu is not None else {}
+
+
+def estimate(mc: ModelConfig, measured: int, worker_base: int) -> int:
+    """Bytes a version is expected to take once loaded."""
+    if measured:
+        return measured
+    try:
+        size = mc.engine.stat().st_size
+    except OSError:
+        size = 0
+    engine = int(size * FILE_FACTOR * max(1, mc.contexts if _per_context_copies(mc) else 1))
+    base = (worker_base or DEFAULT_WORKER_BASE) if mc.mode == "multiproc" else 0
+    return engine + base
+
+
+def _per_context_copies(mc: ModelConfig) -> bool:
+    # onnxruntime holds one session (with its own weights) per context; a
+    # TensorRT engine is shared by its contexts.
+    return mc.engine.suffix.lower() == ".onnx" and mc.backend in ("", "onnxruntime")
+
+
+def mb(n: int) -> str:
+    return f"{n / 2**20:.0f} MB"
+
+
+def release_freed_memory() -> None:
+    """Hand the heap pages an unloaded engine freed back to the OS (glibc's malloc_trim).
+
+    Backends free their arenas into glibc, which keeps them mapped; across
+    many swaps the daemon's RSS would creep up by tens of KiB each (measured
+    in the soak benchmark). A no-op where glibc is not the allocator.
+    """
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

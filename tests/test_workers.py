@@ -1,0 +1,350 @@
+"""Cold models in worker processes (issue 5), end to end with real daemons and real workers."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import Daemon
+from infermux import shm
+from infermux.client import Client
+
+HEAD = """
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{engines}"
+max_message_bytes = 8388608
+watch = false
+worker_hang_s = {hang}
+memory_budget = "{budget}"
+"""
+X_SLOT = np.random.default_rng(5).random((64, 512), dtype=np.float32)  # 128 KB: through a slot
+X_INLINE = X_SLOT[:2]  # 4 KB: inline in the pipe message
+
+
+def cold(name: str, engine: str = "fast512/1/model.onnx", **fields: object) -> str:
+    extra = "".join(f"{k} = {v!r}\n".replace("'", '"').replace("True", "true").replace("False", "false")
+                    for k, v in fields.items())
+    return f'[[models]]\nname = "{name}"\nengine = "{engine}"\nmode = "multiproc"\n{extra}'
+
+
+def start(make_daemon, models: str, hang: float = 10.0, budget: str = "80%", **kw) -> Daemon:
+    return make_daemon(models, head=HEAD.replace("{hang}", str(hang)).replace("{budget}", budget), **kw)
+
+
+def until_200(client: Client, model: str, x: np.ndarray, timeout_s: float = 20.0):
+    """Retry as a client would (after retry_after_ms, capped to keep tests short) until a 200."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        reply = client.infer(model, {"x": x})
+        if reply.status == 200 or time.monotonic() > deadline:
+            return reply
+        assert reply.status == 503 and reply.retry_after_ms, reply.header
+        time.sleep(min(reply.retry_after_ms, 50) / 1000)
+
+
+def worker(d: Daemon, name: str) -> dict | None:
+    with d.admin() as admin:
+        row = next(m for m in admin.call("models")["models"] if m["name"] == name)
+    return row.get("worker")
+
+
+def row(d: Daemon, name: str) -> dict:
+    with d.admin() as admin:
+        return next(m for m in admin.call("models")["models"] if m["name"] == name)
+
+
+def gone(pid: int, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not shm.pid_alive(pid) or _zombie(pid):
+            return True
+        time.sleep(0.02)
+    return False
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def stop_clean(d: Daemon) -> None:
+    """Stop the daemon; none of its shared memory may be left behind."""
+    pid = d.proc.pid
+    assert d.stop() == 0, d.log()
+    assert shm.leftovers(pid) == []
+
+
+def test_first_request_gets_503_then_200_with_the_hot_outputs(make_daemon) -> None:
+    d = start(make_daemon, cold("c") + '[[models]]\nname = "h"\nengine = "fast512/1/model.onnx"\n')
+    with d.client() as client:
+        first = client.infer("c", {"x": X_SLOT})
+        assert first.status == 503 and first.retry_after_ms >= 50 and "loading" in first.error
+        served = until_200(client, "c", X_SLOT)
+        hot = client.infer("h", {"x": X_SLOT})
+        small, small_hot = client.infer("c", {"x": X_INLINE}), client.infer("h", {"x": X_INLINE})
+    assert served.status == 200 and (served.model, served.version) == ("c", "1")
+    assert set(served.header["timing_us"]) == {"queue", "compute", "total"}
+    np.testing.assert_array_equal(served.outputs["y"], hot.outputs["y"])
+    np.testing.assert_array_equal(small.outputs["y"], small_hot.outputs["y"])
+    info = worker(d, "c")
+    assert info["pid"] != d.proc.pid and info["state"] == "ready" and info["rss_bytes"] > 10 << 20
+    assert row(d, "c")["placement"] == "cold" and row(d, "h").get("worker") is None
+    assert f"worker_started model=c version=1 pid={info['pid']}" in d.log()
+    stop_clean(d)
+    assert gone(info["pid"])
+
+
+def test_errors_and_fallback_headers_come_back_as_from_a_hot_model(make_daemon) -> None:
+    d = start(make_daemon, cold("r", "reshaper/1/model.onnx", preload=True)
+              + '[[models]]\nname = "late"\nengine = "fast512/1/model.onnx"\nfallback = "c"\n'
+                'backend = "slow_load:SlowLoadBackend"\n[models.options]\nload_delay_s = 30\n'
+              + cold("c", preload=True), wait_ready=False)
+    d.wait_for("loaded model=c ")
+    d.wait_for("loaded model=r ")
+    x = np.zeros((1, 4), np.float32)
+    with d.client() as client:
+        bad = client.infer("r", {"x": x, "shape": np.array([3, 5], np.int64)})
+        good = client.infer("r", {"x": x, "shape": np.array([2, 2], np.int64)})
+        wrong = client.infer("c", {"x": np.zeros((1, 5), np.float32)})
+        stand_in = client.infer("late", {"x": X_SLOT})
+    assert bad.status == 500 and "backend error" in bad.error and bad.model == "r"
+    assert good.status == 200 and good.outputs["y"].shape == (2, 2)
+    assert wrong.status == 400 and "dimension 1 must be 512" in wrong.error
+    assert stand_in.status == 200 and stand_in.model == "c"
+    assert stand_in.fallback == {"from": "late", "reason": "not_ready"}
+    np.testing.assert_array_equal(stand_in.outputs["y"], X_SLOT)
+    stop_clean(d)
+
+
+def test_sigkill_answers_every_request_in_flight_at_once_and_the_next_restarts(make_daemon) -> None:
+    d = start(make_daemon, cold("s", "slow/1/model.onnx", preload=True, max_queue=64, timeout_ms=20000)
+              + '[[models]]\nname = "h"\nengine = "fast512/1/model.onnx"\n')
+    pid = worker(d, "s")["pid"]
+    big = np.ones((256, 512), np.float32)  # tens of ms each on the 2-core box
+    with d.pipeline(timeout_s=5) as pipe:
+        ids = [pipe.submit("s", {"x": big}) for _ in range(24)]
+        first = pipe.next_reply()
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        replies, arrived = [first], []
+        for _ in ids[1:]:
+            replies.append(pipe.next_reply())
+            arrived.append(time.monotonic() - killed)
+    statuses = [r.status for r in replies]
+    assert set(statuses) <= {200, 503} and statuses.count(503) >= 10, statuses
+    assert max(arrived) < 1.0, arrived
+    failed = next(r for r in replies if r.status == 503)
+    assert "crashed (killed by SIGKILL)" in failed.error and failed.retry_after_ms >= 100
+    assert failed.model == "s"
+    with d.client() as client:
+        assert client.infer("h", {"x": X_INLINE}).status == 200  # hot models never notice
+        again = until_200(client, "s", X_INLINE)
+    assert again.status == 200 and worker(d, "s")["pid"] != pid
+    log = d.log()
+    assert f"crashed model=s version=1 pid={pid} exit=\"killed by SIGKILL\"" in log
+    stop_clean(d)
+
+
+@pytest.mark.slow
+def test_three_crashes_within_a_minute_mark_the_model_failed(make_daemon) -> None:
+    d = start(make_daemon, cold("c", preload=True))
+    with d.client() as client:
+        for crash in range(3):
+            assert until_200(client, "c", X_INLINE).status == 200
+            info = worker(d, "c")
+            os.kill(info["pid"], signal.SIGKILL)
+            assert gone(info["pid"])
+            d.wait_for(f"crashed model=c version=1 pid={info['pid']}")
+        time.sleep(0.2)
+        reply = client.infer("c", {"x": X_INLINE})
+    assert reply.status == 503 and "crashed 3 times" in reply.error and reply.retry_after_ms
+    assert row(d, "c")["state"] == "failed"
+    with d.admin() as admin:
+        admin.call("load", model="c")  # an operator's load forgives the crashes
+    with d.client() as client:
+        assert client.infer("c", {"x": X_INLINE}).status == 200
+    stop_clean(d)
+
+
+def test_a_hung_worker_is_killed_and_replaced(make_daemon) -> None:
+    d = start(make_daemon, cold("c", preload=True), hang=0.5)
+    pid = worker(d, "c")["pid"]
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        d.wait_for(f"crashed model=c version=1 pid={pid}", timeout=5)
+    finally:
+        if shm.pid_alive(pid):
+            os.kill(pid, signal.SIGCONT)
+    assert "hung (no heartbeat for" in d.log()
+    with d.client() as client:
+        assert until_200(client, "c", X_SLOT).status == 200
+    assert worker(d, "c")["pid"] != pid
+    stop_clean(d)
+
+
+def test_idle_unload_stops_the_process_and_the_next_request_restarts_it(make_daemon) -> None:
+    d = start(make_daemon, cold("c", idle_unload_s=0.5))
+    with d.client() as client:
+        assert until_200(client, "c", X_SLOT).status == 200
+        pid = worker(d, "c")["pid"]
+        assert gone(pid, timeout_s=5)
+        d.wait_for(f"worker_stopped model=c version=1 pid={pid} reason=idle")
+        d.wait_for("unloaded model=c version=1")
+        assert row(d, "c")["state"] == "unloaded" and row(d, "c").get("worker") is None
+        assert client.infer("c", {"x": X_SLOT}).status == 503
+        assert until_200(client, "c", X_SLOT).status == 200
+    assert worker(d, "c")["pid"] != pid
+    stop_clean(d)
+
+
+def test_spare_worker_makes_a_cold_start_cost_the_load_alone(make_daemon) -> None:
+    d = start(make_daemon, cold("c"))
+    d.wait_for("spare_started")
+    spare = int(d.log().split("spare_started pid=")[1].split()[0])
+    with d.client() as client:
+        assert until_200(client, "c", X_INLINE).status == 200
+    assert worker(d, "c")["pid"] == spare
+    d.wait_for("spare_started pid=", timeout=10)
+    stop_clean(d)
+
+
+def test_memory_budget_stops_the_least_recently_used_idle_worker_then_refuses(make_daemon, tmp_path) -> None:
+    huge = tmp_path / "huge.onnx"
+    with open(huge, "wb") as f:
+        f.truncate(1 << 30)  # sparse: its size says 1 GiB, which is all the estimate reads
+    d = start(make_daemon, cold("a") + cold("b") + cold("c") + cold("huge", str(huge)))
+    with d.client() as client:
+        assert until_200(client, "a", X_INLINE).status == 200
+        assert until_200(client, "b", X_INLINE).status == 200
+        assert client.infer("a", {"x": X_INLINE}).status == 200  # a is now used more recently than b
+        a_pid, b_pid = worker(d, "a")["pid"], worker(d, "b")["pid"]
+        # A budget that holds a and b but not a third worker (whatever a worker weighs on this box),
+        # applied live by `reload`.
+        a_bytes, b_bytes = row(d, "a")["memory_bytes"], row(d, "b")["memory_bytes"]
+        d.config_path.write_text(d.config_path.read_text().replace(
+            'memory_budget = "80%"', f"memory_budget = {a_bytes + b_bytes + b_bytes // 2}"))
+        with d.admin() as admin:
+            admin.call("reload")
+        assert until_200(client, "c", X_INLINE).status == 200
+        d.wait_for("evicted model=b version=1")
+        assert gone(b_pid) and shm.pid_alive(a_pid)
+        assert row(d, "b")["state"] == "unloaded" and row(d, "a")["state"] == "ready"
+        refused = client.infer("huge", {"x": X_INLINE})
+        time.sleep(0.3)
+        refused = client.infer("huge", {"x": X_INLINE})
+    assert refused.status == 503 and "memory budget" in refused.error and "huge:1 needs about" in refused.error
+    assert "refused model=huge version=1" in d.log()
+    assert row(d, "a")["state"] == "ready" and row(d, "c")["state"] == "ready"  # nothing evicted in vain
+    stop_clean(d)
+
+
+def test_promote_and_demote_under_load_lose_no_request(make_daemon) -> None:
+    d = start(make_daemon, cold("m", preload=True))
+    replies: list = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with d.pipeline() as pipe:
+            while not stop.is_set():
+                ids = [pipe.submit("m", {"x": X_SLOT if i % 2 else X_INLINE}) for i in range(8)]
+                replies.extend(pipe.gather(ids))
+
+    clients = [threading.Thread(target=load) for _ in range(2)]
+    for t in clients:
+        t.start()
+    try:
+        time.sleep(0.3)
+        old_pid = worker(d, "m")["pid"]
+        with d.admin() as admin:
+            promoted = admin.call("promote", model="m")
+            assert row(d, "m")["placement"] == "hot" and row(d, "m").get("worker") is None
+            time.sleep(0.3)
+            demoted = admin.call("demote", model="m")
+        time.sleep(0.3)
+    finally:
+        stop.set()
+        for t in clients:
+            t.join()
+    assert "now hot" in promoted["message"] and "now cold" in demoted["message"]
+    assert gone(old_pid)
+    statuses = {r.status for r in replies}
+    assert statuses == {200}, [r.header for r in replies if r.status != 200][:3]
+    assert len(replies) > 100
+    assert row(d, "m")["placement"] == "cold" and worker(d, "m")["pid"] != old_pid
+    with d.admin() as admin:
+        again = admin.call("demote", model="m", check=False)
+    assert not again["ok"] and "already cold" in again["error"]
+    stop_clean(d)
+
+
+def test_daemon_sigkill_leaves_no_worker_and_no_shared_memory(make_daemon) -> None:
+    d = start(make_daemon, cold("c", preload=True))
+    with d.client() as client:
+        assert client.infer("c", {"x": X_SLOT}).status == 200
+    daemon_pid, pid = d.proc.pid, worker(d, "c")["pid"]
+    assert shm.leftovers(daemon_pid)  # the request went through a slot
+    d.signal(signal.SIGKILL)
+    d.proc.wait()
+    assert gone(pid, timeout_s=5)
+    deadline = time.monotonic() + 2
+    while shm.leftovers(daemon_pid) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert shm.leftovers(daemon_pid) == []
+
+
+def test_a_new_daemon_sweeps_segments_a_killed_one_left(make_daemon, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    stale = shm.SHM_DIR / f"{shm.PREFIX}{dead}-1-0"
+    stale.write_bytes(b"\0" * 64)
+    d = start(make_daemon, cold("c"))
+    assert not stale.exists()
+    assert "swept model" not in d.log() and "swept segments=" in d.log()
+    stop_clean(d)
+
+
+def test_admin_settings_reach_the_worker_and_it_batches_and_honours_deadlines(make_daemon) -> None:
+    d = start(make_daemon, cold("c", preload=True, batch_delay_us=3000)
+              + cold("s", "slow/1/model.onnx", preload=True, timeout_ms=20000))
+    with d.admin() as admin:
+        admin.call("set", model="c", contexts=2, max_batch=8)
+    assert row(d, "c")["contexts"] == 2 and row(d, "c")["max_batch"] == 8
+    with d.pipeline() as pipe:
+        replies = pipe.gather([pipe.submit("c", {"x": X_INLINE}) for _ in range(24)])
+    assert all(r.status == 200 for r in replies)
+    assert max(r.header.get("batch", 1) for r in replies) > 1  # merged inside the worker
+    np.testing.assert_array_equal(replies[0].outputs["y"], X_INLINE)
+    big = np.ones((400, 512), np.float32)
+    with d.pipeline() as pipe:
+        first = pipe.submit("s", {"x": big})
+        stale = pipe.submit("s", {"x": big[:1]}, timeout_ms=5)
+        done, late = pipe.gather([first, stale])
+    assert done.status == 200 and late.status == 504 and "not computed" in late.error
+    stop_clean(d)
+
+
+def test_sigterm_answers_what_the_workers_hold_then_stops_them(make_daemon) -> None:
+    d = start(make_daemon, cold("s", "slow/1/model.onnx", preload=True, timeout_ms=20000))
+    pid = worker(d, "s")["pid"]
+    with d.pipeline(timeout_s=15) as pipe:
+        ids = [pipe.submit("s", {"x": np.ones((128, 512), np.float32)}) for _ in range(8)]
+        first = pipe.next_reply()
+        d.signal(signal.SIGTERM)
+        replies = [first, *pipe.replies()]
+    assert len(replies) == len(ids) and {r.status for r in replies} <= {200, 503}
+    assert sum(r.status == 200 for r in replies) >= 2  # accepted work is finished, not dropped
+    daemon_pid = d.proc.pid
+    assert d.proc.wait(20) == 0, d.log()
+    assert gone(pid) and shm.leftovers(daemon_pid) == []
