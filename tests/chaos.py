@@ -21,6 +21,15 @@ import numpy as np
 
 from infermux.client import Client
 
+# A daemon watching an engine folder, as the chaos scenarios run it.
+WATCHED = """
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{root}"
+watch_settle_s = 0.3
+watch_debounce_s = 0.02
+"""
+
 
 @dataclass
 class Tally:

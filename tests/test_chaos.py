@@ -13,18 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from chaos import Load
+from chaos import WATCHED, Load
 from harness import Daemon
 from publish import publish, write_atomically
 
 X = np.ones((1, 4), np.float32)
-WATCHED = """
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{root}"
-watch_settle_s = 0.3
-watch_debounce_s = 0.02
-"""
 
 
 def adds(offset: float):

@@ -27,17 +27,11 @@ sys.path.insert(0, str(HERE.parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-from chaos import Load, Tally  # noqa: E402
+from chaos import WATCHED, Load, Tally  # noqa: E402
 from harness import Daemon  # noqa: E402
 from publish import publish, write_atomically  # noqa: E402
 
 X = np.ones((1, 4), np.float32)
-HEAD = """
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{root}"
-watch_settle_s = 0.3
-"""
 COLD = """
 [[models]]
 name = "m"
@@ -57,7 +51,7 @@ def scenario(work: Path, name: str, fault: Callable[[Daemon, Path], Daemon], sec
     root = work / name / "engines"
     publish(root, "m", 1, offset=1)
     (work / name / "d").mkdir(parents=True)
-    daemon = Daemon(work / name / "d", HEAD.format(root=root) + models).start()
+    daemon = Daemon(work / name / "d", WATCHED.format(root=root) + models).start()
     t0 = time.monotonic()
     with Load(daemon.endpoint, "m", {"x": X}, check, clients=4, hang_s=2, retries=5) as load:
         time.sleep(seconds / 2)
