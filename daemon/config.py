@@ -53,7 +53,8 @@ class DaemonConfig:
     drain_timeout_s: float = 10.0
     log_level: str = "info"
     metrics_port: int = 0
-    inline_max_us: int = 500
+    inline_max_us: int = 500        # compute on the frontend thread when idle and this short (inline.py)
+    inline_busy_max_us: int = 100   # ... and when other requests wait, only this short
     watch: bool = True              # discover and hot-swap engines under engine_dir (docs/hot-swap.md)
     watch_settle_s: float = 1.0     # a file written in place is taken once unchanged this long
     watch_debounce_s: float = 0.05  # events closer than this are handled as one
@@ -181,7 +182,7 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
                 raise ConfigError(file, f"daemon.{key}", f"must be > 0, got {raw[key]}")
     if "spare_worker" in raw:
         _check_type(file, "daemon.spare_worker", raw["spare_worker"], bool)
-    for key in ("metrics_port", "inline_max_us"):
+    for key in ("metrics_port", "inline_max_us", "inline_busy_max_us"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 0)
     if "watch" in raw:

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from infermux import batcher
 from infermux.fairqueue import Closed, FairQueue
+from infermux.inline import track_compute
 from infermux.job import Job
 from infermux.plugins.base import Context, InputRejected
 from infermux.protocol import Status, encode_reply, error_header
@@ -54,7 +55,7 @@ class Executor:
         self.in_flight = 0  # requests in the running backend call
         self.in_flight_rows = 0
         self.served = 0
-        self.row_us = 0.0  # EWMA of compute time per input row: the inline gate reads it
+        self.row_us = 0.0  # compute time per input row, stalls discounted (inline.track_compute): the inline gate reads it
         self._context = context
         self._reply = reply
         self._on_late = on_late
@@ -169,8 +170,7 @@ class Executor:
         rows = sum(sizes)
         # Batch sizes are rows, as max_batch is: the histogram shows what the engine ran.
         self.stats.record_batch(rows, (end - start) // 1000)
-        row_us = (end - start) / 1000 / max(1, rows)
-        self.row_us = row_us if not self.row_us else 0.8 * self.row_us + 0.2 * row_us
+        self.row_us = track_compute(self.row_us, (end - start) / 1000 / max(1, rows))
         shared = rows if len(jobs) > 1 else 0
         for job, outputs in zip(jobs, results):
             self._succeed(job, outputs, start, end, shared)

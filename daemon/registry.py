@@ -24,7 +24,8 @@ from infermux.events import EventLog
 from infermux.executor import LateFn, ReplyFn
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError, Engine, TensorSpec
-from infermux.scheduler import InlineGate, Scheduler
+from infermux.inline import InlineGate
+from infermux.scheduler import Scheduler
 from infermux.stats import ModelStats
 
 log = logging.getLogger("infermux.registry")

@@ -8,17 +8,13 @@ Contexts can be added or removed live; a removed one finishes its queue.
 from __future__ import annotations
 
 import threading
-from typing import Callable
-
-# Asked with a request's expected compute time: may the calling thread
-# compute it itself instead of handing it to an idle executor?
-InlineGate = Callable[[float], bool]
 
 from infermux import batcher
 from infermux.config import ModelConfig
 from infermux.fairqueue import Closed
 from infermux.executor import BatchPolicy, Executor, LateFn, ReplyFn
 from infermux.hashring import HashRing
+from infermux.inline import InlineGate
 from infermux.job import Job
 from infermux.plugins.base import Engine
 from infermux.stats import ModelStats
@@ -106,7 +102,7 @@ class Scheduler:
         executor = self._pick(executors, job)
         if self._inline is not None and executor.load == 0 and executor.row_us:
             expected_us = executor.row_us * batcher.rows(job.request.inputs)
-            if self._inline(expected_us) and executor.try_inline(job):
+            if self._inline(expected_us, self.policy.max_batch > 1) and executor.try_inline(job):
                 return True
         try:
             executor.queue.put(job)

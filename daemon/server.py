@@ -27,6 +27,7 @@ import zmq
 from infermux import config as cfg
 from infermux import curve, ipc
 from infermux.events import EventLog
+from infermux.inline import InlinePolicy
 from infermux.job import Job
 from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_request, request_id
 from infermux.registry import Registry, State
@@ -53,6 +54,7 @@ class Server:
         self.endpoints = [cfg.resolve_endpoint(ep, run_dir) for ep in config.daemon.listen]
         self._outbox: deque[list[Any]] = deque()
         self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.inline = InlinePolicy(config.daemon.inline_max_us, config.daemon.inline_busy_max_us)
         self.registry = Registry(config, self.events, self.reply, self._on_late, self._inline_ok)
         self.router = Router(self.registry, config.routing, self.reply)
         self.frontend: zmq.Socket | None = None
@@ -82,11 +84,12 @@ class Server:
     def _on_late(self, job: Job) -> None:
         self.router.on_late(job)
 
-    def _inline_ok(self, service_time_us: float) -> bool:
-        """Compute on the frontend thread only if it is short and nobody else is waiting."""
-        if threading.get_ident() != self._frontend_thread or service_time_us > self.config.daemon.inline_max_us:
+    def _inline_ok(self, service_time_us: float, batching: bool) -> bool:
+        """May the frontend thread compute this request itself? (inline.py)"""
+        if threading.get_ident() != self._frontend_thread or self.frontend is None:
             return False
-        return not (self.frontend is not None and self.frontend.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        waiting = bool(self.frontend.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        return self.inline.allows(service_time_us, batching, waiting)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -216,6 +219,8 @@ class Server:
             except zmq.Again:
                 return
             self.requests += 1
+            if self._outbox:  # executors' replies go out between requests, not after the whole burst
+                self._forward_replies()
             try:
                 self._handle(frames, refuse or self.draining)
             except Exception:  # a request must never take the frontend (and the daemon) down

@@ -30,6 +30,7 @@ import numpy as np
 import zmq
 
 from infermux import workerwire as wire
+from infermux.inline import InlinePolicy
 from infermux.job import Job
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError
@@ -56,6 +57,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--preload", default="", help="comma-separated backend names to import ahead")
     p.add_argument("--heartbeat-s", type=float, default=0.25)
     p.add_argument("--inline-max-us", type=int, default=500)
+    p.add_argument("--inline-busy-max-us", type=int, default=100)
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
@@ -76,6 +78,7 @@ class Worker:
 
     def __init__(self, args: argparse.Namespace) -> None:
         self.args = args
+        self.inline = InlinePolicy(args.inline_max_us, args.inline_busy_max_us)
         self.ctx = zmq.Context()
         self.down = self.ctx.socket(zmq.PULL)
         self.down.connect(args.down)
@@ -181,11 +184,12 @@ class Worker:
         if "max_queue" in changes:
             scheduler.max_queue = int(changes["max_queue"])
 
-    def _inline_ok(self, service_time_us: float) -> bool:
-        """Compute on the I/O thread only if it is short and no other message waits."""
-        if service_time_us > self.args.inline_max_us or threading.current_thread() is not threading.main_thread():
+    def _inline_ok(self, service_time_us: float, batching: bool) -> bool:
+        """May the I/O thread compute this request itself? (inline.py)"""
+        if threading.current_thread() is not threading.main_thread():
             return False
-        return not self.down.getsockopt(zmq.EVENTS) & zmq.POLLIN
+        waiting = bool(self.down.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        return self.inline.allows(service_time_us, batching, waiting)
 
     # -- requests ------------------------------------------------------------------
 

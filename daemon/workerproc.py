@@ -22,6 +22,7 @@ import zmq
 
 from infermux import ipc
 from infermux import workerwire as wire
+from infermux.inline import InlinePolicy
 
 
 class WorkerExited(Exception):
@@ -53,7 +54,7 @@ class WorkerProcess:
     """A started worker: `send` from any thread; `recv`/`wait_for` from one thread at a time."""
 
     def __init__(self, ctx: zmq.Context, run_dir: Path, wid: int, preload: list[str], heartbeat_s: float,
-                 inline_max_us: int, log_level: str = "info") -> None:
+                 inline: InlinePolicy, log_level: str = "info") -> None:
         self.wid = wid
         self.tag = f"w{os.getpid()}-{wid}"
         self.down_endpoint = f"ipc://{run_dir / (self.tag + '.d')}"
@@ -76,8 +77,8 @@ class WorkerProcess:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "infermux.worker", "--id", str(wid), "--down", self.down_endpoint,
                  "--up", self.up_endpoint, "--lifeline", str(read_end), "--preload", ",".join(preload),
-                 "--heartbeat-s", str(heartbeat_s), "--inline-max-us", str(inline_max_us),
-                 "--log-level", log_level],
+                 "--heartbeat-s", str(heartbeat_s), "--inline-max-us", str(inline.idle_max_us),
+                 "--inline-busy-max-us", str(inline.busy_max_us), "--log-level", log_level],
                 pass_fds=(read_end,), stdin=subprocess.DEVNULL)
         except BaseException:
             os.close(self._lifeline)

@@ -31,6 +31,7 @@ from infermux import budget as mem
 from infermux import shm
 from infermux import workerwire as wire
 from infermux.executor import LateFn, ReplyFn
+from infermux.inline import InlinePolicy
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError
 from infermux.workerproc import WorkerExited, WorkerProcess, sweep_sockets
@@ -103,7 +104,8 @@ class Workers:
     def _spawn(self) -> WorkerProcess:
         daemon = self.registry.config.daemon
         process = WorkerProcess(self.ctx, self.run_dir, next(self._ids), self._preload(),
-                                heartbeat_s=min(0.25, self.hang_s / 4), inline_max_us=daemon.inline_max_us,
+                                heartbeat_s=min(0.25, self.hang_s / 4),
+                                inline=InlinePolicy(daemon.inline_max_us, daemon.inline_busy_max_us),
                                 log_level=daemon.log_level)
         try:
             process.hello = process.wait_for((wire.HELLO,), 60)[1]

@@ -1,0 +1,58 @@
+"""When the thread that reads a request should compute it itself.
+
+Handing a request to an executor thread costs the reading thread about
+as much GIL time as it saves: a queue put, a wake-up, and later the reply
+coming back through the outbox. On the 2-core development box that hand-off
+costs ~70–110 µs of the frontend's time per request, more than the sample
+classifier's whole compute (38 µs). So a request whose expected compute is
+short runs on the reading thread when its context is idle:
+
+- nothing else waits on the socket: up to `idle_max_us` (default 500 µs),
+  since nobody is delayed by it;
+- other requests wait: only up to `busy_max_us` (default 100 µs, never
+  more than `idle_max_us`), about the hand-off's own cost; longer computes go to the executors, where they
+  overlap with reading the next requests;
+- never while others wait for a batched model: they could join its batch.
+
+docs/decisions.md has the measurements behind both limits.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+# Asked by a scheduler with a request's expected compute time and whether its
+# model batches: may the calling thread compute it itself?
+InlineGate = Callable[[float, bool], bool]
+
+
+@dataclass(frozen=True)
+class InlinePolicy:
+    """The two limits on computing a request on the thread that read it."""
+
+    idle_max_us: int = 500
+    busy_max_us: int = 100
+
+    def allows(self, expected_us: float, batching: bool, others_waiting: bool) -> bool:
+        """True if a request expected to take `expected_us` should run on the reading thread."""
+        if not others_waiting:
+            return expected_us <= self.idle_max_us
+        return not batching and expected_us <= min(self.busy_max_us, self.idle_max_us)
+
+
+def track_compute(estimate_us: float, sample_us: float) -> float:
+    """The next compute-time estimate: halfway to a faster sample, 1/16 of the way to a slower one.
+
+    A thread coming back from the backend may wait milliseconds for the GIL
+    (the switch interval is 5 ms), and that wait lands in its sample. A plain
+    average then reads a 38 µs model as a 1 ms one, which closes the inline
+    gate exactly when it matters. So a slower sample counts for at most 4×
+    the estimate, and only by 1/16: a real slowdown still shows within ~50
+    calls (a new engine gets new executors anyway).
+    """
+    if not estimate_us:
+        return sample_us
+    if sample_us < estimate_us:
+        return (estimate_us + sample_us) / 2
+    return estimate_us + (min(sample_us, 4 * estimate_us) - estimate_us) / 16
