@@ -117,6 +117,35 @@ class Executor:
             self._busy.release()
         return True
 
+    def run_queued(self, gate: Callable[[float, int], bool]) -> None:
+        """Compute queued batches on the calling thread while `gate` allows it, then wake this thread for the rest.
+
+        The frontend calls it at the end of each burst of reads for the
+        batched models it held (inline.py): the burst is the batch's
+        company, and the batch runs without a thread hand-off.
+        """
+        policy = self._policy
+        try:
+            while len(self.queue) and self.row_us and self._batch_allowed(gate):
+                if not self._busy.acquire(blocking=False):
+                    break
+                try:
+                    jobs = self.queue.take(policy.max_batch, 0.0, preferred=policy.preferred, fits=_mergeable,
+                                           block=False)
+                    if jobs:
+                        self._guarded(jobs)
+                finally:
+                    self._busy.release()
+        except Closed:
+            pass
+        finally:
+            self.queue.wake()
+
+    def _batch_allowed(self, gate: Callable[[float, int], bool]) -> bool:
+        """Ask `gate` about the next batch: its expected compute and (at most) how many requests it holds."""
+        rows = min(self.queue.rows, self._policy.max_batch)
+        return gate(self.row_us * rows, min(len(self.queue), max(1, rows)))
+
     def _take(self) -> list[Job]:
         """The next request, plus whatever mergeable ones arrive within the batch delay."""
         policy = self._policy

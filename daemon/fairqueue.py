@@ -67,8 +67,12 @@ class FairQueue(Generic[T]):
     def __len__(self) -> int:
         return self._size
 
-    def put(self, item: T) -> None:
-        """Queue `item` in its key's lane; raises Closed once the queue is closed."""
+    def put(self, item: T, wake: bool = True) -> None:
+        """Queue `item` in its key's lane; raises Closed once the queue is closed.
+
+        `wake=False` leaves a waiting consumer asleep: the caller promises to
+        take the item itself or call `wake()` soon (the frontend's held batches).
+        """
         key = self._key(item)
         with self._ready:
             if self._closed:
@@ -80,7 +84,13 @@ class FairQueue(Generic[T]):
             lane.append(item)
             self._size += 1
             self.rows += self._size_of(item)
-            if self._waiting and (self.rows >= self._need or self._sooner(item)):
+            if wake and self._waiting and (self.rows >= self._need or self._sooner(item)):
+                self._ready.notify()
+
+    def wake(self) -> None:
+        """Let a waiting consumer look at the queue again (after puts with `wake=False`)."""
+        with self._ready:
+            if self._waiting and self._size:
                 self._ready.notify()
 
     def _wait(self, timeout: float | None) -> None:
@@ -165,7 +175,7 @@ class FairQueue(Generic[T]):
             return self._pop()
 
     def take(self, limit: int, wait_s: float, *, preferred: Sequence[int] = (),
-             fits: Callable[[T, T], bool] | None = None) -> list[T]:
+             fits: Callable[[T, T], bool] | None = None, block: bool = True) -> list[T]:
         """One batch of at most `limit` rows: block for the first item, then gather company.
 
         - `fits(first, item)`: may `item` share the first one's inference
@@ -180,8 +190,11 @@ class FairQueue(Generic[T]):
           once nothing more is queued. Without one in reach the batch waits
           and then goes with what it has (it is not cut back to a smaller
           preferred size, unlike Triton, so no request is put back).
+        - `block=False`: an empty queue gives an empty batch at once.
         """
-        first = self.get()
+        first = self.get(None if block else 0)
+        if first is None:
+            return []
         items, rows = [first], self._size_of(first)
         cut = time.monotonic() + wait_s
         patience = self._patience

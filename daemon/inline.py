@@ -12,7 +12,13 @@ short runs on the reading thread when its context is idle:
 - other requests wait: only up to `busy_max_us` (default 100 µs, never
   more than `idle_max_us`), about the hand-off's own cost; longer computes go to the executors, where they
   overlap with reading the next requests;
-- never while others wait for a batched model: they could join its batch.
+- a batched model's request is never computed alone while others wait:
+  they could join its batch. The frontend queues it without waking the
+  executor and, at the end of its burst of reads, computes the queue in
+  batches itself (Scheduler.run_held) under the same two limits, the busy
+  one per request of the batch: the burst is the batch's company, and
+  neither the batch nor its replies cross threads. What it leaves, it
+  hands to the executor.
 
 docs/decisions.md has the measurements behind both limits.
 """
@@ -20,11 +26,16 @@ docs/decisions.md has the measurements behind both limits.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 # Asked by a scheduler with a request's expected compute time and whether its
 # model batches: may the calling thread compute it itself?
 InlineGate = Callable[[float, bool], bool]
+
+# Asked by a batched model's scheduler: will the calling thread run this
+# scheduler's queue at the end of its burst of reads (Scheduler.run_held)?
+# If so the request is queued without waking the executor thread.
+HoldFn = Callable[[Any], bool]
 
 
 @dataclass(frozen=True)
@@ -39,6 +50,18 @@ class InlinePolicy:
         if not others_waiting:
             return expected_us <= self.idle_max_us
         return not batching and expected_us <= min(self.busy_max_us, self.idle_max_us)
+
+    def allows_batch(self, batch_us: float, requests: int, others_waiting: bool) -> bool:
+        """True if a held batch of `requests` expected to take `batch_us` should run on the reading thread.
+
+        Handing a batch over costs a hand-off per request (each reply comes
+        back through the outbox), so with others waiting the test is per
+        request, as for unbatched models; and no batch longer than
+        `idle_max_us` keeps the socket waiting.
+        """
+        if batch_us > self.idle_max_us:
+            return False
+        return not others_waiting or batch_us / max(1, requests) <= self.busy_max_us
 
 
 def track_compute(estimate_us: float, sample_us: float) -> float:

@@ -24,7 +24,7 @@ from infermux.events import EventLog
 from infermux.executor import LateFn, ReplyFn
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError, Engine, TensorSpec
-from infermux.inline import InlineGate
+from infermux.inline import HoldFn, InlineGate
 from infermux.scheduler import Scheduler
 from infermux.stats import ModelStats
 
@@ -196,9 +196,9 @@ class Registry:
     """Models by name; loads and unloads versions on a loader thread."""
 
     def __init__(self, config: Config, events: EventLog, reply: ReplyFn, on_late: LateFn,
-                 inline: InlineGate | None = None) -> None:
+                 inline: InlineGate | None = None, hold: HoldFn | None = None) -> None:
         self.config = config
-        self.inline = inline
+        self.inline, self.hold = inline, hold
         self.events = events
         self._reply, self._on_late = reply, on_late
         self.models: dict[str, Model] = {}
@@ -336,7 +336,8 @@ class Registry:
             self.events.emit("warming", mc.name, mc.version)
             row_us = warm_up(engine, mc)
             strategy = mc.strategy or self.config.routing.strategy
-            scheduler = Scheduler(mc, engine, self._reply, self._on_late, mv.stats, strategy, self.inline, row_us)
+            scheduler = Scheduler(mc, engine, self._reply, self._on_late, mv.stats, strategy, self.inline, row_us,
+                                  self.hold)
         except Exception as exc:
             engine.close()
             return self._failed(mv, exc, during="warm-up")

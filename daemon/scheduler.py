@@ -8,13 +8,14 @@ Contexts can be added or removed live; a removed one finishes its queue.
 from __future__ import annotations
 
 import threading
+from typing import Callable
 
 from infermux import batcher
 from infermux.config import ModelConfig
 from infermux.fairqueue import Closed
 from infermux.executor import BatchPolicy, Executor, LateFn, ReplyFn
 from infermux.hashring import HashRing
-from infermux.inline import InlineGate
+from infermux.inline import HoldFn, InlineGate
 from infermux.job import Job
 from infermux.plugins.base import Engine
 from infermux.stats import ModelStats
@@ -25,7 +26,7 @@ class Scheduler:
 
     def __init__(self, config: ModelConfig, engine: Engine, reply: ReplyFn, on_late: LateFn,
                  stats: ModelStats, strategy: str, inline: InlineGate | None = None,
-                 warm_row_us: float = 0.0) -> None:
+                 warm_row_us: float = 0.0, hold: HoldFn | None = None) -> None:
         self.name, self.version = config.name, config.version
         self.max_queue = config.max_queue
         self.strategy = strategy
@@ -34,6 +35,7 @@ class Scheduler:
         self._engine = engine
         self._reply, self._on_late, self._stats = reply, on_late, stats
         self._inline = inline
+        self._hold = hold
         self._warm_row_us = warm_row_us
         self._lock = threading.Lock()
         self.executors: list[Executor] = []
@@ -100,6 +102,12 @@ class Scheduler:
         if not executors or self.depth() >= self.max_queue:
             return False
         executor = self._pick(executors, job)
+        if self.policy.max_batch > 1 and self._hold is not None and self._hold(self):
+            try:  # the reading thread runs it with the rest of its burst (run_held)
+                executor.queue.put(job, wake=False)
+            except Closed:
+                return False
+            return True
         if self._inline is not None and executor.load == 0 and executor.row_us:
             expected_us = executor.row_us * batcher.rows(job.request.inputs)
             if self._inline(expected_us, self.policy.max_batch > 1) and executor.try_inline(job):
@@ -109,6 +117,11 @@ class Scheduler:
         except Closed:  # the context is being removed: this version no longer takes work
             return False
         return True
+
+    def run_held(self, gate: Callable[[float, int], bool]) -> None:
+        """Compute what was held for the calling thread (while `gate` allows), wake the executors for the rest."""
+        for executor in self.executors:
+            executor.run_queued(gate)
 
     def push_out(self, job: Job) -> Job | None:
         """The queue is full: make room for `job` if its key holds less of it than another key.

@@ -55,7 +55,8 @@ class Server:
         self._outbox: deque[list[Any]] = deque()
         self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.inline = InlinePolicy(config.daemon.inline_max_us, config.daemon.inline_busy_max_us)
-        self.registry = Registry(config, self.events, self.reply, self._on_late, self._inline_ok)
+        self._held: dict[Any, None] = {}  # schedulers with requests queued for the end of this burst
+        self.registry = Registry(config, self.events, self.reply, self._on_late, self._inline_ok, self._hold)
         self.router = Router(self.registry, config.routing, self.reply)
         self.frontend: zmq.Socket | None = None
         self.stopping = False
@@ -90,6 +91,23 @@ class Server:
             return False
         waiting = bool(self.frontend.getsockopt(zmq.EVENTS) & zmq.POLLIN)
         return self.inline.allows(service_time_us, batching, waiting)
+
+    def _hold(self, scheduler: Any) -> bool:
+        """Keep a batched model's request for the end of this burst (inline.py); only on the frontend."""
+        if threading.get_ident() != self._frontend_thread:
+            return False
+        self._held[scheduler] = None
+        return True
+
+    def _run_held(self) -> None:
+        """The burst is over: compute held batches here while nothing else waits, wake executors for the rest."""
+        held, self._held = self._held, {}
+        for scheduler in held:
+            scheduler.run_held(self._batch_inline_ok)
+
+    def _batch_inline_ok(self, batch_us: float, requests: int) -> bool:
+        waiting = self.frontend is not None and bool(self.frontend.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        return self.inline.allows_batch(batch_us, requests, waiting)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -140,6 +158,8 @@ class Server:
             self.loop_turns += 1
             for tick in self.ticks:
                 tick()
+            if self._held:  # a tick may have queued requests (a worker restart)
+                self._run_held()
         self._drain()
 
     def stop(self) -> None:
@@ -212,6 +232,13 @@ class Server:
             log.debug("client went away before its reply")
 
     def _read_requests(self, refuse: bool = False) -> None:
+        try:
+            self._read_burst(refuse)
+        finally:
+            if self._held:
+                self._run_held()
+
+    def _read_burst(self, refuse: bool) -> None:
         assert self.frontend is not None
         for _ in range(BURST):
             try:

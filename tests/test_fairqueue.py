@@ -250,3 +250,34 @@ def test_a_waiting_consumer_wakes_for_an_item_of_zero_rows() -> None:
     q.put(("cam", 0))
     consumer.join(2)
     assert got == [("cam", 0)]
+
+
+def test_an_item_put_without_waking_stays_unseen_until_wake() -> None:
+    """The frontend holds a burst for itself (inline.py); `wake` hands the rest to the executor."""
+    q = queue()
+    got: list[Item] = []
+    consumer = threading.Thread(target=lambda: got.append(q.get()))
+    consumer.start()
+    time.sleep(0.05)  # the consumer is waiting now
+    q.put(Item("a", "held"), wake=False)
+    consumer.join(0.2)
+    assert consumer.is_alive() and not got
+    q.wake()
+    consumer.join(2)
+    assert names(got) == ["held"]
+
+
+def test_a_non_blocking_take_of_an_empty_queue_is_an_empty_batch() -> None:
+    q = queue()
+    start = time.monotonic()
+    assert q.take(4, 5.0, block=False) == []
+    assert time.monotonic() - start < 0.5
+
+
+def test_a_non_blocking_take_takes_what_is_queued_without_waiting_for_company() -> None:
+    q = queue()
+    for i in range(3):
+        q.put(Item(None, f"r{i}"), wake=False)
+    start = time.monotonic()
+    assert names(q.take(8, 0.0, block=False)) == ["r0", "r1", "r2"]
+    assert time.monotonic() - start < 0.5

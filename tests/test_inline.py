@@ -46,3 +46,13 @@ def test_a_lasting_slowdown_shows_within_fifty_calls():
 
 def test_a_speedup_shows_at_once():
     assert track_compute(400.0, 40.0) == 220.0
+
+
+def test_a_held_batch_runs_inline_when_nothing_waits_and_it_is_under_the_idle_limit():
+    assert POLICY.allows_batch(400, requests=1, others_waiting=False)
+    assert not POLICY.allows_batch(600, requests=16, others_waiting=False)
+
+
+def test_with_others_waiting_a_held_batch_is_judged_per_request_like_a_hand_off():
+    assert POLICY.allows_batch(16 * 8, requests=16, others_waiting=True)  # 8 µs a request
+    assert not POLICY.allows_batch(2 * 150, requests=2, others_waiting=True)  # 150 µs a request
