@@ -326,7 +326,7 @@ Shipped settings (etc/infermux/infermux.toml) — {settings}. Unbatched = the sa
 
 {markdown_table(["model", "c", "QPS", "p50 µs", "p99 µs", "batch", "errors", "QPS per round"], rows)}
 
-Batched / unbatched QPS (medians): {ratios}. Goal: ≥ 1.5× on the MLP at c=32. Batching removes the executor's share of each request (a thread wake-up, a backend call, GIL hand-offs: profiled at c=32, the batched executor thread is ~10 % busy outside onnxruntime); the frontend thread's share stays (receive, parse, admit, send: ~100 µs of GIL a request on this box, ~4 µs of it pyzmq 27's enum flags inside recv_multipart/send_multipart), and that is what caps the gain. onnxruntime's CPU conv costs about as much per image in a batch as alone, so the classifier gains little here.
+Batched / unbatched QPS (medians): {ratios}. Goal: ≥ 1.5× on the MLP at c=32. Both run on the frontend thread when their compute is short (docs/decisions.md, inline.py): unbatched, each request is computed as it is read; batched, a burst of reads is queued and computed in batches at its end, so neither the batch nor its replies cross threads. What batching saves is then the backend calls (the MLP: 30 µs alone, 8 µs a row in 16), against the frontend's ~60 µs of Python a request (receive, parse, admit, send), which stays. onnxruntime's CPU conv costs nearly as much per image in a batch as alone, so the classifier gains less.
 
 ### Fairness: one key sending {FLOOD_FACTOR}× a camera's rate
 
