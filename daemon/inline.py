@@ -67,12 +67,14 @@ class InlinePolicy:
 def track_compute(estimate_us: float, sample_us: float) -> float:
     """The next compute-time estimate: halfway to a faster sample, 1/16 of the way to a slower one.
 
-    A thread coming back from the backend may wait milliseconds for the GIL
-    (the switch interval is 5 ms), and that wait lands in its sample. A plain
-    average then reads a 38 µs model as a 1 ms one, which closes the inline
-    gate exactly when it matters. So a slower sample counts for at most 4×
-    the estimate, and only by 1/16: a real slowdown still shows within ~50
-    calls (a new engine gets new executors anyway).
+    An executor thread coming back from the backend waits for the GIL while
+    the frontend holds it, and that wait lands in its sample; on a loaded box
+    the scheduler can also leave it off the CPU for a while. A plain average
+    would let such stalls make a 38 µs model look several times slower and
+    close the inline gate exactly under the load it is for. So a slower
+    sample counts for at most 4× the estimate, and only by 1/16: a real
+    slowdown still shows within ~50 calls (a new engine gets new executors
+    anyway).
     """
     if not estimate_us:
         return sample_us

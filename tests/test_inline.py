@@ -32,7 +32,7 @@ def test_the_first_sample_is_the_estimate():
 
 def test_a_gil_stall_barely_moves_the_estimate():
     estimate = 40.0
-    estimate = track_compute(estimate, 5000.0)  # came back after a 5 ms switch interval
+    estimate = track_compute(estimate, 5000.0)  # off the CPU for 5 ms on a loaded box
     estimate = track_compute(estimate, 40.0)
     assert estimate < 100  # still inline-worthy
 
