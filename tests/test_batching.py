@@ -35,10 +35,17 @@ def stats_of(daemon, name: str, version: str = "1") -> dict:
     return next(v for v in views if v["name"] == name and v["version"] == version)["stats"]
 
 
-def test_concurrent_requests_share_inferences_and_get_their_own_rows_back(make_daemon, engines: Path):
-    d = make_daemon(mlp_model(16, 20_000), head=HEAD)
+# Executors form the batches (inline off), or the frontend does at the end of each burst of
+# reads (the default, inline.py): either way rows are merged and come back apart.
+BATCHERS = {"executors": (HEAD, 20_000), "frontend": (HEAD.replace("inline_max_us = 0", "inline_max_us = 5000"), 300)}
+
+
+@pytest.mark.parametrize("batcher", sorted(BATCHERS))
+def test_concurrent_requests_share_inferences_and_get_their_own_rows_back(make_daemon, engines: Path, batcher):
+    head, delay_us = BATCHERS[batcher]
+    d = make_daemon(mlp_model(16, delay_us), head=head)
     rng = np.random.default_rng(0)
-    inputs = [rng.standard_normal((1, 256)).astype(np.float32) for _ in range(48)]
+    inputs = [rng.standard_normal((1, 256)).astype(np.float32) for _ in range(96)]
     with d.pipeline() as pipe:
         replies = pipe.gather([pipe.submit("mlp", {"features": x}) for x in inputs])
     assert all(r.status == 200 for r in replies)
@@ -48,22 +55,6 @@ def test_concurrent_requests_share_inferences_and_get_their_own_rows_back(make_d
     for x, reply in zip(inputs, replies):  # each request gets exactly what running it alone gives
         alone = session.run(None, {"features": x})[0]
         np.testing.assert_allclose(reply.outputs["logits"], alone, rtol=1e-5, atol=1e-6)
-
-
-def test_with_inline_compute_on_the_frontend_forms_the_batches_and_rows_stay_apart(make_daemon, engines: Path):
-    """The default: a burst of reads is computed in batches on the frontend thread (inline.py)."""
-    d = make_daemon(mlp_model(16, 300), head=HEAD.replace("inline_max_us = 0", "inline_max_us = 5000"))
-    rng = np.random.default_rng(1)
-    inputs = [rng.standard_normal((1, 256)).astype(np.float32) for _ in range(96)]
-    with d.pipeline() as pipe:
-        replies = pipe.gather([pipe.submit("mlp", {"features": x}) for x in inputs])
-    assert all(r.status == 200 for r in replies)
-    assert max(r.header.get("batch", 1) for r in replies) > 1
-    assert all(r.header.get("batch", 1) <= 16 for r in replies)
-    session = ort.InferenceSession(str(engines / "mlp/1/model.onnx"), providers=["CPUExecutionProvider"])
-    for x, reply in zip(inputs, replies):
-        np.testing.assert_allclose(reply.outputs["logits"], session.run(None, {"features": x})[0],
-                                   rtol=1e-5, atol=1e-6)
 
 
 def test_stats_count_batch_sizes_and_statuses_and_they_move(make_daemon):
