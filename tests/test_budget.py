@@ -1,8 +1,11 @@
-"""The memory budget's arithmetic: limits, estimates, exit reasons."""
+"""The memory budget's arithmetic: limits, estimates, exit reasons; the allocator settings."""
 
 from __future__ import annotations
 
+import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -59,3 +62,53 @@ def test_worker_settings_are_validated_with_their_field_path() -> None:
         config.parse("[daemon]\nworker_hang_s = 0\n", Path("x.toml"))
     with pytest.raises(ConfigError, match=r"daemon.spare_worker: must be bool"):
         config.parse('[daemon]\nspare_worker = "yes"\n', Path("x.toml"))
+
+
+# Eight threads, alive together, each allocating: how many malloc arenas glibc ends up with.
+_ARENAS_SCRIPT = """
+import ctypes, os, sys, tempfile, threading
+from infermux import budget
+if sys.argv[1] == "capped":
+    assert budget.limit_malloc_arenas(2)
+allocated, release = threading.Barrier(9), threading.Event()
+keep = []
+def work():
+    keep.append(bytearray(4096))  # above pymalloc's 512 B: glibc malloc, in this thread's arena
+    allocated.wait()
+    release.wait()
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads:
+    t.start()
+allocated.wait()
+libc = ctypes.CDLL("libc.so.6")
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+path = tempfile.mktemp()
+stream = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, stream)
+libc.fclose(stream)
+print(open(path).read().count("<heap nr="))
+os.unlink(path)
+release.set()
+"""
+
+
+def _arenas(mode: str) -> int:
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    out = subprocess.run([sys.executable, "-c", _ARENAS_SCRIPT, mode], env=env, capture_output=True,
+                         text=True, timeout=60, check=True)
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(budget._glibc() is None, reason="glibc's malloc only")
+def test_malloc_arenas_stay_capped_however_many_threads_allocate() -> None:
+    # The control shows the test can fail: uncapped, glibc gives each new thread an arena.
+    assert _arenas("default") > 2
+    assert _arenas("capped") <= 2
+
+
+def test_an_operators_malloc_arena_max_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert budget.limit_malloc_arenas() is False
