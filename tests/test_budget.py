@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
 import sys
+import weakref
 from pathlib import Path
 
 import pytest
 
+import models
 from infermux import budget
+from infermux import config as cfg
+from infermux.events import EventLog
 from infermux.config import ConfigError, ModelConfig
+from infermux.registry import Registry
 from infermux.workerproc import exit_reason
 
 
@@ -112,3 +118,19 @@ def test_malloc_arenas_stay_capped_however_many_threads_allocate() -> None:
 def test_an_operators_malloc_arena_max_wins(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert budget.limit_malloc_arenas() is False
+
+
+def test_an_unloaded_version_is_freed_at_once_not_at_the_next_full_collection(tmp_path: Path) -> None:
+    models.add_one(tmp_path / "m" / "1" / "model.onnx")
+    (tmp_path / "infermux.toml").write_text(f'[daemon]\nengine_dir = "{tmp_path}"\nwatch = false\n'
+                                            '[[models]]\nname = "m"\nengine = "m/1/model.onnx"\n')
+    registry = Registry(cfg.load(tmp_path / "infermux.toml"), EventLog(), lambda *a: None, lambda job: None)
+    mv = registry.model("m").versions["1"]
+    gc.disable()  # only the unload's own collection may free it
+    try:
+        assert registry.load(mv)
+        executor = weakref.ref(mv.scheduler.executors[0])
+        registry.unload(mv, timeout=5)
+        assert executor() is None, "the executor waits in a reference cycle for a full collection"
+    finally:
+        gc.enable()
