@@ -28,6 +28,7 @@ def setup_logging(level: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from infermux import budget
     from infermux import config as cfg
     from infermux import swap
     from infermux.admin import AdminServer
@@ -42,6 +43,7 @@ def run(args: argparse.Namespace) -> int:
         print("infermux: fix the file and start again; nothing was started.", file=sys.stderr)
         return 2
     setup_logging(args.log_level or config.daemon.log_level)
+    budget.limit_malloc_arenas()  # before any thread: see budget.MALLOC_ARENAS
     # The default 5 ms switch interval lets the frontend sit on the GIL while
     # an executor with a finished inference waits (DESIGN §10: 0.52x -> 0.74x).
     sys.setswitchinterval(1e-4)

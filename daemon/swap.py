@@ -166,6 +166,16 @@ class Swapper:
             for version in sorted(p.wanted, key=version_key):
                 self._update(p, version)
             self._retire_unwanted(p)
+        self._forget_gone(snapshot)
+
+    def _forget_gone(self, snapshot: Snapshot) -> None:
+        """Drop what was announced about files no longer on disk (one published again is news again).
+
+        Without this `_announced` kept an entry for every version ever
+        published, however many were deleted since: unbounded under churn.
+        """
+        for key in [key for key in self._announced if key not in snapshot.engines]:
+            del self._announced[key]
 
     def _report(self, p: ModelPlan) -> bool:
         """Report a broken model.toml once; True if the model must be left as it is."""

@@ -30,6 +30,7 @@ import numpy as np
 import zmq
 
 from infermux import workerwire as wire
+from infermux.budget import limit_malloc_arenas
 from infermux.inline import InlinePolicy
 from infermux.job import Job
 from infermux.plugins import backends
@@ -283,6 +284,7 @@ def main(argv: list[str] | None = None) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     _prefer_me_for_oom()
+    limit_malloc_arenas()  # as in the daemon, before any thread (budget.MALLOC_ARENAS)
     sys.setswitchinterval(1e-4)  # as in the daemon: executors get the GIL back promptly
     preload([n for n in args.preload.split(",") if n])
     return Worker(args).run()

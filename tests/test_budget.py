@@ -1,14 +1,23 @@
-"""The memory budget's arithmetic: limits, estimates, exit reasons."""
+"""The memory budget's arithmetic: limits, estimates, exit reasons; the allocator settings."""
 
 from __future__ import annotations
 
+import gc
+import os
 import signal
+import subprocess
+import sys
+import weakref
 from pathlib import Path
 
 import pytest
 
+import models
 from infermux import budget
+from infermux import config as cfg
+from infermux.events import EventLog
 from infermux.config import ConfigError, ModelConfig
+from infermux.registry import Registry
 from infermux.workerproc import exit_reason
 
 
@@ -59,3 +68,69 @@ def test_worker_settings_are_validated_with_their_field_path() -> None:
         config.parse("[daemon]\nworker_hang_s = 0\n", Path("x.toml"))
     with pytest.raises(ConfigError, match=r"daemon.spare_worker: must be bool"):
         config.parse('[daemon]\nspare_worker = "yes"\n', Path("x.toml"))
+
+
+# Eight threads, alive together, each allocating: how many malloc arenas glibc ends up with.
+_ARENAS_SCRIPT = """
+import ctypes, os, sys, tempfile, threading
+from infermux import budget
+if sys.argv[1] == "capped":
+    assert budget.limit_malloc_arenas(2)
+allocated, release = threading.Barrier(9), threading.Event()
+keep = []
+def work():
+    keep.append(bytearray(4096))  # above pymalloc's 512 B: glibc malloc, in this thread's arena
+    allocated.wait()
+    release.wait()
+threads = [threading.Thread(target=work) for _ in range(8)]
+for t in threads:
+    t.start()
+allocated.wait()
+libc = ctypes.CDLL("libc.so.6")
+libc.fopen.restype = ctypes.c_void_p
+libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+libc.fclose.argtypes = [ctypes.c_void_p]
+path = tempfile.mktemp()
+stream = libc.fopen(path.encode(), b"w")
+libc.malloc_info(0, stream)
+libc.fclose(stream)
+print(open(path).read().count("<heap nr="))
+os.unlink(path)
+release.set()
+"""
+
+
+def _arenas(mode: str) -> int:
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    out = subprocess.run([sys.executable, "-c", _ARENAS_SCRIPT, mode], env=env, capture_output=True,
+                         text=True, timeout=60, check=True)
+    return int(out.stdout)
+
+
+@pytest.mark.skipif(budget._glibc() is None, reason="glibc's malloc only")
+def test_malloc_arenas_stay_capped_however_many_threads_allocate() -> None:
+    # The control shows the test can fail: uncapped, glibc gives each new thread an arena.
+    assert _arenas("default") > 2
+    assert _arenas("capped") <= 2
+
+
+def test_an_operators_malloc_arena_max_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert budget.limit_malloc_arenas() is False
+
+
+def test_an_unloaded_version_is_freed_at_once_not_at_the_next_full_collection(tmp_path: Path) -> None:
+    models.add_one(tmp_path / "m" / "1" / "model.onnx")
+    (tmp_path / "infermux.toml").write_text(f'[daemon]\nengine_dir = "{tmp_path}"\nwatch = false\n'
+                                            '[[models]]\nname = "m"\nengine = "m/1/model.onnx"\n')
+    registry = Registry(cfg.load(tmp_path / "infermux.toml"), EventLog(), lambda *a: None, lambda job: None)
+    mv = registry.model("m").versions["1"]
+    gc.disable()  # only the unload's own collection may free it
+    try:
+        assert registry.load(mv)
+        executor = weakref.ref(mv.scheduler.executors[0])
+        registry.unload(mv, timeout=5)
+        assert executor() is None, "the executor waits in a reference cycle for a full collection"
+    finally:
+        gc.enable()
