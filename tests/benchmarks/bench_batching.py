@@ -42,7 +42,7 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, stamp, stop_server, write_section  # noqa: E402
 
 from infermux import config as cfg  # noqa: E402
 from infermux.bench import BenchResult, run_load, wait_ready  # noqa: E402
@@ -113,12 +113,7 @@ def daemon(tmp: Path, text: str, models: list[str]) -> Iterator[tuple[str, str]]
             wait_ready(endpoint, name, inputs_of(name), timeout_s=60)
         yield endpoint, f"ipc://{run_dir}/admin.sock"
     finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_server(process)
         log.close()
 
 

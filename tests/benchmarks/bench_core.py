@@ -40,7 +40,7 @@ from typing import Callable, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, stamp, stop_server, write_section  # noqa: E402
 
 from infermux.bench import BenchResult, run_load, wait_ready  # noqa: E402
 from infermux.infer import parse_inputs  # noqa: E402
@@ -114,12 +114,7 @@ def serving(name: str, command: list[str], endpoint: str, log_dir: Path) -> Iter
         sys.stderr.write((log_dir / f"{name}.log").read_text()[-3000:])
         raise
     finally:
-        process.terminate()  # SIGTERM: the daemon drains and exits
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
+        stop_server(process)
         log.close()
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
@@ -51,3 +52,13 @@ def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if i else "---" for i in range(len(header))) + "|"]
     out += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(out)
+
+
+def stop_server(process: subprocess.Popen, grace_s: float = 15) -> None:
+    """SIGTERM (the daemon drains and exits), SIGKILL if it is not gone within `grace_s`."""
+    process.terminate()
+    try:
+        process.wait(grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
