@@ -89,8 +89,7 @@ class Server:
         """May the frontend thread compute this request itself? (inline.py)"""
         if threading.get_ident() != self._frontend_thread or self.frontend is None:
             return False
-        waiting = bool(self.frontend.getsockopt(zmq.EVENTS) & zmq.POLLIN)
-        return self.inline.allows(service_time_us, batching, waiting)
+        return self.inline.allows(service_time_us, batching, self._others_waiting())
 
     def _hold(self, scheduler: Any) -> bool:
         """Keep a batched model's request for the end of this burst (inline.py); only on the frontend."""
@@ -106,8 +105,11 @@ class Server:
             scheduler.run_held(self._batch_inline_ok)
 
     def _batch_inline_ok(self, batch_us: float, requests: int) -> bool:
-        waiting = self.frontend is not None and bool(self.frontend.getsockopt(zmq.EVENTS) & zmq.POLLIN)
-        return self.inline.allows_batch(batch_us, requests, waiting)
+        return self.inline.allows_batch(batch_us, requests, self._others_waiting())
+
+    def _others_waiting(self) -> bool:
+        """Whether more requests sit in the socket right now (what the inline limits depend on)."""
+        return self.frontend is not None and bool(self.frontend.getsockopt(zmq.EVENTS) & zmq.POLLIN)
 
     # -- lifecycle -----------------------------------------------------------
 
