@@ -316,8 +316,12 @@ def test_a_new_daemon_sweeps_segments_a_killed_one_left(make_daemon, tmp_path) -
 
 
 def test_admin_settings_reach_the_worker_and_it_batches_and_honours_deadlines(make_daemon) -> None:
-    d = start(make_daemon, cold("c", preload=True, batch_delay_us=3000)
-              + cold("s", "slow/1/model.onnx", preload=True, timeout_ms=20000))
+    # inline_max_us = 0: the worker's I/O thread computes nothing itself, so every request meets the
+    # batcher; with it on, a request finding no other in the pipe runs alone at once (inline.py), and
+    # whether 24 pipelined requests ever overlap there depends on how busy the box is.
+    head = HEAD.replace("{hang}", "10.0").replace("{budget}", "80%") + "inline_max_us = 0\n"
+    d = make_daemon(cold("c", preload=True, batch_delay_us=3000)
+                    + cold("s", "slow/1/model.onnx", preload=True, timeout_ms=20000), head=head)
     with d.admin() as admin:
         admin.call("set", model="c", contexts=2, max_batch=8)
     assert row(d, "c")["contexts"] == 2 and row(d, "c")["max_batch"] == 8
