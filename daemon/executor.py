@@ -55,7 +55,8 @@ class Executor:
         self.in_flight = 0  # requests in the running backend call
         self.in_flight_rows = 0
         self.served = 0
-        self.row_us = 0.0  # compute time per input row, stalls discounted (inline.track_compute): the inline gate reads it
+        # Compute time per input row, stalls discounted (inline.track_compute): the inline gates read it.
+        self.row_us = 0.0
         self._context = context
         self._reply = reply
         self._on_late = on_late
