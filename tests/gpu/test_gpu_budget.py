@@ -133,6 +133,8 @@ def test_the_reader_agrees_with_nvidia_ml_py(nvml: budget.Nvml) -> None:
     finally:
         pynvml.nvmlShutdown()
     assert total == mem.total and abs(free - mem.free) <= SLACK
+    if not theirs:
+        pytest.skip("NVML lists no compute processes here: only the memory figures could be compared")
     not_available = getattr(pynvml, "NVML_VALUE_NOT_AVAILABLE_ulonglong", None)
     expected = {p.pid: p.usedGpuMemory for p in theirs
                 if p.usedGpuMemory is not None and p.usedGpuMemory != getattr(not_available, "value", -1)
