@@ -17,7 +17,7 @@ from infermux import batcher
 from infermux.fairqueue import Closed, FairQueue
 from infermux.inline import track_compute
 from infermux.job import Job
-from infermux.plugins.base import Context, InputRejected
+from infermux.plugins.base import Context, InputRejected, OutputsMismatch
 from infermux.protocol import Status, encode_reply, error_header
 from infermux.stats import Stats
 
@@ -182,7 +182,7 @@ class Executor:
         start = time.perf_counter_ns()
         try:
             if len(jobs) == 1:
-                results = [self._context.infer(jobs[0].request.inputs)]
+                results = [self._infer_one(jobs[0])]
             else:
                 merged = self._context.infer(batcher.merge([j.request.inputs for j in jobs]))
                 results = batcher.split(merged, sizes)
@@ -205,6 +205,17 @@ class Executor:
         for job, outputs in zip(jobs, results):
             self._succeed(job, outputs, start, end, shared)
         self.served += len(jobs)
+
+    def _infer_one(self, job: Job) -> dict[str, Any]:
+        """One request alone: into the arrays its placement offers where the backend can (base.WritesOutputs)."""
+        into = getattr(self._context, "infer_into", None)
+        arrays = job.place.arrays() if job.place is not None and into is not None else None
+        if arrays:
+            try:
+                return into(job.request.inputs, arrays)
+            except OutputsMismatch:
+                job.place.mismatch()  # type: ignore[union-attr]
+        return self._context.infer(job.request.inputs)
 
     def _succeed(self, job: Job, outputs: dict, start: int, end: int, batch: int) -> None:
         """Reply 200; `batch` is the rows of a call shared with other requests (0: ran alone)."""

@@ -5,9 +5,23 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
+
+import numpy as np
 
 from infermux.protocol import Request
+
+
+class OutputPlacement(Protocol):
+    """Where a request's outputs may be computed into (a worker's shared-memory slot)."""
+
+    def arrays(self) -> dict[str, np.ndarray] | None:
+        """Arrays to compute the outputs into, or None where they are not known to fit."""
+        ...
+
+    def mismatch(self) -> None:
+        """The backend refused the arrays: their shapes were not this run's."""
+        ...
 
 
 @dataclass(slots=True)
@@ -27,6 +41,7 @@ class Job:
     fallback: dict[str, str] | None = None
     hops: int = 0
     target: Any = None  # the ModelVersion the router chose, for its statistics
+    place: OutputPlacement | None = None  # set by a worker: outputs may go straight into the slot
 
     @property
     def key(self) -> Any:

@@ -7,7 +7,8 @@ sockets are not thread-safe, so only this thread touches the ROUTER.
 Replies come back through a deque plus an eventfd doorbell rather than
 the inproc PUSH/PULL pair of DESIGN §2: the socket hop cost ~10 µs of GIL
 time per request on the 2-core box, a deque append and an eventfd write
-about 1 µs (docs/decisions.md).
+about 1 µs (docs/decisions.md). Worker processes' replies skip even that:
+the loop polls their fast lanes itself (`watch`, lane.py).
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ class Server:
         self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.inline = InlinePolicy(config.daemon.inline_max_us, config.daemon.inline_busy_max_us)
         self._held: dict[Any, None] = {}  # schedulers with requests queued for the end of this burst
+        self._poller = zmq.Poller()
+        self._watched: dict[int, Callable[[], bool]] = {}  # fd -> on_ready, polled by the loop
+        self._to_watch: deque[tuple[int, Callable[[], bool]]] = deque()  # from other threads
         self.registry = Registry(config, self.events, self.reply, self._on_late, self._inline_ok, self._hold)
         self.router = Router(self.registry, config.routing, self.reply)
         self.frontend: zmq.Socket | None = None
@@ -69,7 +73,7 @@ class Server:
         self.poll_ms = 100  # the longest the loop sleeps: ticks (watchdog) run at least this often
         self._frontend_thread = threading.get_ident()
         # Cold models run in worker processes; the memory budget is kept there too (workers.py).
-        self.registry.workers = Workers(self.registry, run_dir, self.reply, self._on_late)
+        self.registry.workers = Workers(self.registry, run_dir, self.reply, self._on_late, self.watch)
         self.ticks.append(self.registry.workers.tick)
 
     # -- replies from any thread -------------------------------------------
@@ -80,6 +84,12 @@ class Server:
             self._send(envelope + frames)
             return
         self._outbox.append(envelope + frames)
+        os.eventfd_write(self._bell, 1)
+
+    def watch(self, fd: int, on_ready: Callable[[], bool]) -> None:
+        """Call `on_ready()` on the frontend thread whenever `fd` is readable, until it returns
+        False (then the fd is forgotten). Safe from any thread; takes effect at the next turn."""
+        self._to_watch.append((fd, on_ready))
         os.eventfd_write(self._bell, 1)
 
     def _on_late(self, job: Job) -> None:
@@ -148,15 +158,10 @@ class Server:
         """Run the frontend loop until `stop()`; then drain and close."""
         assert self.frontend is not None, "bind() first"
         self._frontend_thread = threading.get_ident()
-        poller = zmq.Poller()
-        poller.register(self.frontend, zmq.POLLIN)
-        poller.register(self._bell, zmq.POLLIN)
+        self._poller.register(self.frontend, zmq.POLLIN)
+        self._poller.register(self._bell, zmq.POLLIN)
         while not self.stopping:
-            ready = dict(poller.poll(self.poll_ms))
-            if self._bell in ready:
-                self._forward_replies()
-            if self.frontend in ready:
-                self._read_requests()
+            self._turn(self.poll_ms)
             self.loop_turns += 1
             for tick in self.ticks:
                 tick()
@@ -193,9 +198,7 @@ class Server:
                                   daemon=True)
         closer.start()
         while time.monotonic() < deadline and (closer.is_alive() or self._outbox):
-            self._forward_replies()
-            if self.frontend is not None and self.frontend.poll(10):
-                self._read_requests(refuse=True)
+            self._turn(10, refuse=True)  # workers' lanes too: their replies finish the drain
         self._forward_replies()
         # Requests clients sent before the signal may still sit in the socket's
         # queue: refuse them too, until the socket has been quiet for a moment.
@@ -215,11 +218,29 @@ class Server:
 
     # -- the hot path -----------------------------------------------------------
 
+    def _turn(self, timeout_ms: int, refuse: bool = False) -> None:
+        """One wait on the sockets, then whatever became ready."""
+        ready = dict(self._poller.poll(timeout_ms))
+        if self._bell in ready:
+            self._forward_replies()
+        if self._watched:
+            for fd in ready:
+                on_ready = self._watched.get(fd)
+                if on_ready is not None and not on_ready():
+                    del self._watched[fd]
+                    self._poller.unregister(fd)
+        if self.frontend in ready:
+            self._read_requests(refuse)
+
     def _forward_replies(self) -> None:
         try:
             os.eventfd_read(self._bell)
         except BlockingIOError:
             pass
+        while self._to_watch:
+            fd, on_ready = self._to_watch.popleft()
+            self._watched[fd] = on_ready
+            self._poller.register(fd, zmq.POLLIN)
         outbox = self._outbox
         while outbox:
             self._send(outbox.popleft())

@@ -19,6 +19,7 @@ import argparse
 import importlib
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -33,12 +34,14 @@ from infermux import workerwire as wire
 from infermux.budget import limit_malloc_arenas
 from infermux.inline import InlinePolicy
 from infermux.job import Job
+from infermux.lane import Lane, LaneClosed
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError
 from infermux.protocol import DTYPES, Request, Status, encode_reply, error_header
 from infermux.registry import rss_bytes, warm_up
 from infermux.scheduler import Scheduler
-from infermux.shm import SlotCache, layout
+from infermux.shm import Slot, SlotCache, layout
+from infermux.slotoutputs import ShapeMemory, SlotOutputs
 from infermux.stats import ModelStats
 
 log = logging.getLogger("infermux.worker")
@@ -55,6 +58,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--down", required=True, help="endpoint the daemon sends on")
     p.add_argument("--up", required=True, help="endpoint the daemon receives on")
     p.add_argument("--lifeline", type=int, required=True, help="fd that reads EOF when the daemon dies")
+    p.add_argument("--lane", type=int, required=True, help="fd of the fast lane's socket (lane.py)")
     p.add_argument("--preload", default="", help="comma-separated backend names to import ahead")
     p.add_argument("--heartbeat-s", type=float, default=0.25)
     p.add_argument("--inline-max-us", type=int, default=500)
@@ -87,7 +91,9 @@ class Worker:
         self.up.setsockopt(zmq.LINGER, 2000)
         self.up.connect(args.up)
         self._send_lock = threading.Lock()  # executors and the I/O thread share `up`
+        self.lane = Lane.from_fd(args.lane)
         self.slots = SlotCache()
+        self.shapes = ShapeMemory()
         self.scheduler: Scheduler | None = None
         self.engine: Any = None
         self.name = self.version = ""
@@ -96,6 +102,11 @@ class Worker:
         with self._send_lock:
             self.up.send_multipart(frames, copy=copy)
 
+    def send_fast(self, frames: list[Any], copy: bool = True) -> None:
+        """Replies: by the fast lane when they fit, else through ZeroMQ (lane.py)."""
+        if not self.lane.send(frames):
+            self.send(frames, copy)
+
     # -- main loop ---------------------------------------------------------------
 
     def run(self) -> int:
@@ -103,12 +114,16 @@ class Worker:
         poller = zmq.Poller()
         poller.register(self.down, zmq.POLLIN)
         poller.register(self.args.lifeline, zmq.POLLIN)
+        poller.register(self.lane.fileno(), zmq.POLLIN)
         beat_s = self.args.heartbeat_s
         next_beat = time.monotonic()
         while True:
-            wait_ms = max(0, int((next_beat - time.monotonic()) * 1000))
+            wait_ms = max(0, math.ceil((next_beat - time.monotonic()) * 1000))  # 0 would spin until the beat
             events = dict(poller.poll(wait_ms))
             if self.args.lifeline in events:
+                self._orphaned()
+                return 0
+            if self.lane.fileno() in events and not self._read_lane():
                 self._orphaned()
                 return 0
             if self.down in events:
@@ -118,11 +133,24 @@ class Worker:
                     except zmq.Again:
                         break
                     if wire.kind_of(frames[0]) == wire.EXIT:
+                        self._read_lane()  # requests that overtook EXIT are still served
                         return self._exit()
                     self._handle(frames)
             if time.monotonic() >= next_beat:
                 self._beat()
                 next_beat = time.monotonic() + beat_s
+
+    def _read_lane(self) -> bool:
+        """Handle what waits on the fast lane; False once the daemon's end is closed."""
+        for _ in range(BURST):
+            try:
+                frames = self.lane.recv()
+            except LaneClosed:
+                return False
+            if frames is None:
+                break
+            self._handle(frames)
+        return True
 
     def _handle(self, frames: list[bytes]) -> None:
         kind = wire.kind_of(frames[0])
@@ -189,7 +217,7 @@ class Worker:
         """May the I/O thread compute this request itself? (inline.py)"""
         if threading.current_thread() is not threading.main_thread():
             return False
-        waiting = bool(self.down.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        waiting = self.lane.readable() or bool(self.down.getsockopt(zmq.EVENTS) & zmq.POLLIN)
         return self.inline.allows(service_time_us, batching, waiting)
 
     # -- requests ------------------------------------------------------------------
@@ -197,15 +225,18 @@ class Worker:
     def _infer(self, frames: list[bytes]) -> None:
         meta = json.loads(frames[0][1:])
         slot = None if meta["slot"] is None else self.slots.get(meta["slot"])
-        envelope = [meta["s"], slot]
+        envelope: list[Any] = [meta["s"], slot, None]
         try:
             request = _request(meta, frames[1:] if slot is None else
                                [slot.view[offset:offset + n] for offset, n in meta["off"]])
-        except (KeyError, TypeError, ValueError) as exc:  # a daemon bug, not the client's
+            if slot is not None:  # the outputs may be computed straight into it (slotoutputs.py)
+                offset, n = meta["off"][-1]
+                envelope[2] = SlotOutputs(slot, offset + n, ShapeMemory.kind(meta["t"], meta["o"]), self.shapes)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:  # a daemon bug, not the client's
             header = error_header(Status.BACKEND_ERROR, f"worker cannot read the request: {exc}", meta.get("id"))
             self._reply(envelope, encode_reply(header))
             return
-        job = Job(envelope, request, [], meta["r"], meta["d"], meta["fb"])
+        job = Job(envelope, request, [], meta["r"], meta["d"], meta["fb"], place=envelope[2])
         scheduler = self.scheduler
         if scheduler is None or not scheduler.submit(job):
             why = "no model loaded" if scheduler is None else "worker queue full"
@@ -215,22 +246,26 @@ class Worker:
 
     def _reply(self, envelope: list[Any], frames: list[Any]) -> None:
         """An executor's reply: outputs into the request's slot when they fit, else inline."""
-        seq, slot = envelope
+        seq, slot, placement = envelope
         header, outputs = frames[0], frames[1:]
-        stats = _stats_of(header)
-        sizes = [memoryview(f).nbytes for f in outputs]
-        offsets, span = layout(sizes)
-        if slot is not None and outputs and span <= slot.size and sum(sizes) > wire.INLINE_MAX_BYTES:
-            view = slot.view
-            for offset, size, frame in zip(offsets, sizes, outputs):
-                view[offset:offset + size] = memoryview(frame).cast("B")
-            places = wire.dumps([[o, n] for o, n in zip(offsets, sizes)]).encode()
-            self.send([wire.reply_head(seq, *stats, layout=places), header])
+        parsed = json.loads(header)
+        stats = _stats_of(parsed)
+        places = None
+        if slot is not None and outputs:
+            metas = parsed.get("outputs") or []
+            places = placement.where(metas) if placement is not None else None
+            if places is None:
+                if stats[0] == 200 and placement is not None:
+                    self.shapes.learn(placement.kind, metas)
+                places = _copy_into(slot, outputs)
+        if places is not None:
+            self.send_fast([wire.reply_head(seq, *stats, layout=wire.dumps(places).encode()), header])
         else:
-            self.send([wire.reply_head(seq, *stats), header, *outputs], copy=sum(sizes) < 1 << 20)
+            sizes = sum(memoryview(f).nbytes for f in outputs)
+            self.send_fast([wire.reply_head(seq, *stats), header, *outputs], copy=sizes < 1 << 20)
 
     def _late(self, job: Job) -> None:
-        self.send(wire.seq_message(wire.LATE, job.envelope[0]))
+        self.send_fast(wire.seq_message(wire.LATE, job.envelope[0]))
 
     # -- endings ---------------------------------------------------------------------
 
@@ -242,6 +277,7 @@ class Worker:
         self.send(wire.control(wire.BYE))
         self.up.close(linger=2000)
         self.down.close(linger=0)
+        self.lane.close()
         return 0
 
     def _orphaned(self) -> None:
@@ -260,9 +296,21 @@ def _request(meta: dict[str, Any], buffers: list[Any]) -> Request:
                    outputs=None if outputs is None else tuple(outputs))
 
 
-def _stats_of(header: bytes) -> tuple[int, int, int, int, int]:
+def _copy_into(slot: Slot, outputs: list[Any]) -> list[list[int]] | None:
+    """Copy big outputs into the slot (the inputs are dead by now); their [offset, nbytes], or None
+    to send them inline (small, or too big for the slot)."""
+    sizes = [memoryview(f).nbytes for f in outputs]
+    offsets, span = layout(sizes)
+    if span > slot.size or sum(sizes) <= wire.INLINE_MAX_BYTES:
+        return None
+    view = slot.view
+    for offset, size, frame in zip(offsets, sizes, outputs):
+        view[offset:offset + size] = memoryview(frame).cast("B")
+    return [[o, n] for o, n in zip(offsets, sizes)]
+
+
+def _stats_of(h: dict[str, Any]) -> tuple[int, int, int, int, int]:
     """(status, batch, queue µs, compute µs, total µs) of a reply header, for the daemon's statistics."""
-    h = json.loads(header)
     timing = h.get("timing_us") or {}
     return (int(h.get("status", 0)), int(h.get("batch", 1)), int(timing.get("queue", 0)),
             int(timing.get("compute", 0)), int(timing.get("total", 0)))

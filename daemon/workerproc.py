@@ -23,6 +23,7 @@ import zmq
 from infermux import ipc
 from infermux import workerwire as wire
 from infermux.inline import InlinePolicy
+from infermux.lane import Lane
 
 
 class WorkerExited(Exception):
@@ -51,7 +52,11 @@ def read_rss(pid: int) -> int:
 
 
 class WorkerProcess:
-    """A started worker: `send` from any thread; `recv`/`wait_for` from one thread at a time."""
+    """A started worker: `send` from any thread; `recv`/`wait_for` from one thread at a time.
+
+    `lane` (lane.py) carries requests and replies. Whoever reads it takes it
+    (`take_lane`) and closes it once it reports the worker's end, so that no
+    poll ever sees a closed fd; `close` closes it only if nobody took it."""
 
     def __init__(self, ctx: zmq.Context, run_dir: Path, wid: int, preload: list[str], heartbeat_s: float,
                  inline: InlinePolicy, log_level: str = "info") -> None:
@@ -73,19 +78,24 @@ class WorkerProcess:
         for endpoint in (self.down_endpoint, self.up_endpoint):
             os.chmod(endpoint[len("ipc://"):], 0o600)  # only the daemon's user may talk to its workers
         read_end, self._lifeline = os.pipe()
+        lane, theirs = Lane.pair()
+        self.lane: Lane | None = lane
         try:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "infermux.worker", "--id", str(wid), "--down", self.down_endpoint,
-                 "--up", self.up_endpoint, "--lifeline", str(read_end), "--preload", ",".join(preload),
-                 "--heartbeat-s", str(heartbeat_s), "--inline-max-us", str(inline.idle_max_us),
-                 "--inline-busy-max-us", str(inline.busy_max_us), "--log-level", log_level],
-                pass_fds=(read_end,), stdin=subprocess.DEVNULL)
+                 "--up", self.up_endpoint, "--lifeline", str(read_end), "--lane", str(theirs.fileno()),
+                 "--preload", ",".join(preload), "--heartbeat-s", str(heartbeat_s),
+                 "--inline-max-us", str(inline.idle_max_us), "--inline-busy-max-us", str(inline.busy_max_us),
+                 "--log-level", log_level],
+                pass_fds=(read_end, theirs.fileno()), stdin=subprocess.DEVNULL)
         except BaseException:
             os.close(self._lifeline)
+            lane.close()
             self._close_sockets()
             raise
         finally:
             os.close(read_end)
+            theirs.close()
         self.pid = self.proc.pid
         try:
             self.pidfd: int | None = os.pidfd_open(self.pid)
@@ -127,6 +137,12 @@ class WorkerProcess:
             if self.exited():
                 raise WorkerExited(f"worker {self.pid} ended ({exit_reason(self.proc.poll())})")
 
+    def take_lane(self) -> Lane:
+        """The lane, now the caller's to read and to close."""
+        lane, self.lane = self.lane, None
+        assert lane is not None, "the lane was taken already"
+        return lane
+
     # -- life -------------------------------------------------------------------------
 
     def exited(self) -> bool:
@@ -162,6 +178,9 @@ class WorkerProcess:
             self.kill()
         self.proc.wait()
         self._close_sockets()
+        if self.lane is not None:
+            self.lane.close()
+            self.lane = None
         for fd in (self._lifeline, self.pidfd):
             if fd is not None:
                 try:

@@ -4,10 +4,12 @@ To the router a `WorkerProxy` is a `Scheduler` (`submit`, `depth`, `load`,
 `in_flight`, `max_queue`, `executors`, `policy`, `resize`, `stop`) and a
 `RemoteEngine` is an engine (its `inputs`/`outputs` come from the worker's
 READY message). `submit` copies the request's tensors into a shared-memory
-slot (or inline when small) and sends one message down the pipe; a reader
-thread takes the worker's replies, builds the client's reply frames (big
-outputs are sent to the client straight from the slot, zero-copy) and hands
-them to `Server.reply`, like an executor would.
+slot (or inline when small) and sends one message by the fast lane
+(lane.py). Replies come back by the lane too: the frontend thread polls it
+(`Watch`), builds the client's reply frames (big outputs go to the client
+straight from the slot, zero-copy) and sends them, with no other thread in
+between. A reader thread takes what travels through the ZeroMQ pipe
+(heartbeats, and whatever did not fit the lane).
 
 When the worker process ends, the reader sees it at once (pidfd) and
 answers every request still in flight with 503 + retry_after_ms, so no
@@ -31,6 +33,7 @@ from infermux import workerwire as wire
 from infermux.config import ModelConfig
 from infermux.executor import LateFn, ReplyFn
 from infermux.job import Job
+from infermux.lane import LaneClosed
 from infermux.plugins.base import BackendError, TensorSpec
 from infermux.protocol import Status, dtype_name, encode_reply, error_header
 from infermux.shm import ALIGN, Slot, SlotPool, layout, segment_name
@@ -117,13 +120,16 @@ class RemotePolicy:
 
 
 ExitFn = Callable[["WorkerProxy", str, bool], None]
+# watch(fd, on_ready): call on_ready() on the frontend thread whenever fd is
+# readable, until it returns False (Server.watch).
+Watch = Callable[[int, Callable[[], bool]], None]
 
 
 class WorkerProxy:
     """Forwards one model version's jobs to its worker process and its replies to clients."""
 
     def __init__(self, process: WorkerProcess, config: ModelConfig, ready: dict[str, Any], reply: ReplyFn,
-                 on_late: LateFn, on_exit: ExitFn, stats: Any, strategy: str) -> None:
+                 on_late: LateFn, on_exit: ExitFn, stats: Any, strategy: str, watch: Watch) -> None:
         self.process = process
         self.name, self.version = config.name, config.version
         self._max_queue = config.max_queue
@@ -148,6 +154,8 @@ class WorkerProxy:
         self._stopping = False  # the end of the process is expected
         self.slots = SlotPool(segment_name(os.getpid(), process.wid), config.max_queue + config.contexts,
                               on_drop=self._forget)
+        self._lane = process.take_lane()
+        watch(self._lane.fileno(), self._read_lane)
         self._reader = threading.Thread(target=self._read, name=f"worker-{self.name}-{self.version}", daemon=True)
         self._reader.start()
 
@@ -186,7 +194,8 @@ class WorkerProxy:
             # Already parsed and checked here: the worker only wraps the bytes, in this order.
             "t": [[name, dtype_name(a.dtype), a.shape] for name, a in req.inputs.items()]}
         if sum(sizes) > wire.INLINE_MAX_BYTES:
-            need = max(span, self._out_row_bytes * rows + ALIGN * self._outputs)
+            # The outputs go after the inputs: the worker computes into the slot (slotoutputs.py).
+            need = span + self._out_row_bytes * rows + ALIGN * self._outputs
             slot = self.slots.acquire(need)  # None: no room in /dev/shm (or zmq still sends them): inline
         if slot is not None:
             view = slot.view
@@ -197,7 +206,8 @@ class WorkerProxy:
         message = [wire.INFER + wire.dumps(meta).encode()]
         if slot is None:
             message += tensors
-        if not self.process.send(message, copy=slot is not None or sum(sizes) < 1 << 20):
+        if not self._lane.send(message) and \
+                not self.process.send(message, copy=slot is not None or sum(sizes) < 1 << 20):
             if slot is not None:
                 self.slots.release(slot)
             return False
@@ -291,6 +301,7 @@ class WorkerProxy:
                     self._drain(up)
                 if (pidfd is not None and pidfd in events) or (pidfd is None and self.process.exited()):
                     self._drain(up)  # what the worker sent before it ended still counts
+                    self._read_lane()
                     break
         except Exception:  # a bug here must not leave clients waiting: fail them below
             log.exception("worker reader failed model=%s version=%s", self.name, self.version)
@@ -303,16 +314,30 @@ class WorkerProxy:
                 frames = up.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            kind = wire.kind_of(frames[0])
-            if kind == wire.REPLY:
-                self._replied(frames)
-            elif kind == wire.BEAT:
-                self._beat(wire.body_of(frames[0]))
-            elif kind == wire.LATE:
-                entry = self._take(wire.seq_of(frames[0]))
-                if entry is not None:
-                    self._release(entry[1])
-                    self._on_late(entry[0])
+            self._dispatch(frames)
+
+    def _read_lane(self) -> bool:
+        """Handle the replies waiting on the lane; False once it is closed (the worker ended)."""
+        while True:
+            try:
+                frames = self._lane.recv()
+            except LaneClosed:
+                return False
+            if frames is None:
+                return True
+            self._dispatch(frames)
+
+    def _dispatch(self, frames: list[Any]) -> None:
+        kind = wire.kind_of(frames[0])
+        if kind == wire.REPLY:
+            self._replied(frames)
+        elif kind == wire.BEAT:
+            self._beat(wire.body_of(frames[0]))
+        elif kind == wire.LATE:
+            entry = self._take(wire.seq_of(frames[0]))
+            if entry is not None:
+                self._release(entry[1])
+                self._on_late(entry[0])
 
     def _take(self, seq: int) -> tuple[Job, Slot | None, int] | None:
         with self._lock:
@@ -330,12 +355,12 @@ class WorkerProxy:
         header = frames[1]
         tracker = None
         if placement:
-            outputs, tracker, span = self._from_slot(slot, json.loads(placement))
+            outputs, tracker, nbytes = self._from_slot(slot, json.loads(placement))
         else:
             outputs = frames[2:]
-            span = layout([len(f) for f in outputs])[1]
-        if span > self._out_row_bytes * rows:  # learn the output size, so the next slot fits it
-            self._out_row_bytes = -(-span // max(rows, 1))
+            nbytes = layout([len(f) for f in outputs])[1]
+        if nbytes > self._out_row_bytes * rows:  # learn the output size, so the next slot fits it
+            self._out_row_bytes = -(-nbytes // max(rows, 1))
         self._release(slot, tracker)
         self._reply(job.envelope, [header, *outputs])
         # Which of the worker's contexts served it is not reported: spread the records over
@@ -348,6 +373,8 @@ class WorkerProxy:
 
     @staticmethod
     def _from_slot(slot: Slot | None, places: list[list[int]]) -> tuple[list[Any], Any, int]:
+        """The outputs at `places` as reply frames, the tracker of the zero-copy ones, and the
+        bytes they need laid out in a slot."""
         assert slot is not None, "the worker wrote outputs into a slot the request did not have"
         outputs: list[Any] = []
         trackers = []
@@ -360,8 +387,7 @@ class WorkerProxy:
             else:
                 outputs.append(bytes(part))
         tracker = zmq.MessageTracker(*trackers) if trackers else None
-        span = places[-1][0] + places[-1][1] if places else 0
-        return outputs, tracker, span
+        return outputs, tracker, layout([size for _, size in places])[1]
 
     def _release(self, slot: Slot | None, tracker: Any = None) -> None:
         if slot is not None:
@@ -395,6 +421,7 @@ class WorkerProxy:
         for view in self.executors:
             self._stats.remove_context(view.stats)
         self.slots.close()
+        self._lane.close()  # the frontend's next poll of it reports it closed, and it lets go
         self.process.close()
 
     def _set(self, changes: dict[str, Any]) -> None:

@@ -36,7 +36,7 @@ from infermux.plugins import backends
 from infermux.plugins.base import BackendError
 from infermux.workerproc import WorkerExited, WorkerProcess, sweep_sockets
 from infermux.memory import MemoryKeeper
-from infermux.workerproxy import RemoteEngine, WorkerProxy
+from infermux.workerproxy import RemoteEngine, Watch, WorkerProxy
 
 if TYPE_CHECKING:
     from infermux.registry import ModelVersion, Registry
@@ -55,11 +55,11 @@ SLOT_IDLE_S = 5.0
 class Workers:
     """Starts, watches and stops worker processes."""
 
-    def __init__(self, registry: "Registry", run_dir: Path, reply: ReplyFn, on_late: LateFn) -> None:
+    def __init__(self, registry: "Registry", run_dir: Path, reply: ReplyFn, on_late: LateFn, watch: Watch) -> None:
         self.registry = registry
         self.events = registry.events
         self.run_dir = run_dir
-        self._reply, self._on_late = reply, on_late
+        self._reply, self._on_late, self._watch_fd = reply, on_late, watch
         daemon = registry.config.daemon
         self.budget = mem.MemoryBudget(daemon.memory_budget, registry.config.path)
         self.memory = MemoryKeeper(registry, self.budget, stop=self._evicted, busy=lambda key: key in self._busy)
@@ -179,7 +179,8 @@ class Workers:
             self._refill()
             return self.registry._failed(mv, exc, during=getattr(exc, "during", "load"))
         strategy = mc.strategy or self.registry.config.routing.strategy
-        proxy = WorkerProxy(process, mc, ready, self._reply, self._on_late, self._exited, mv.stats, strategy)
+        proxy = WorkerProxy(process, mc, ready, self._reply, self._on_late, self._exited, mv.stats, strategy,
+                            self._watch_fd)
         proxy.unseen_bytes = self.memory.unseen(process, free_before)
         mv.engine = RemoteEngine(wire.specs_from_json(ready["inputs"]), wire.specs_from_json(ready["outputs"]),
                                  int(ready.get("memory_bytes", 0)))

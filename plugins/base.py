@@ -56,6 +56,10 @@ class InputRejected(BackendError):
     """The request's tensors do not fit the engine (status 400)."""
 
 
+class OutputsMismatch(BackendError):
+    """`infer_into` was given arrays whose shapes this run did not produce (the caller runs `infer`)."""
+
+
 @runtime_checkable
 class Context(Protocol):
     """One execution context: used by exactly one thread at a time."""
@@ -63,6 +67,23 @@ class Context(Protocol):
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
     def close(self) -> None: ...
+
+
+@runtime_checkable
+class WritesOutputs(Protocol):
+    """A context that can compute its outputs straight into arrays the caller owns.
+
+    A cold model's worker hands it views on the request's shared-memory slot,
+    which saves copying the outputs there afterwards (docs/workers.md).
+    Optional: contexts without it are called through `infer`.
+    """
+
+    def infer_into(self, inputs: Mapping[str, np.ndarray],
+                   outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Like `infer`, with the named outputs written into `outputs`' arrays (returned as they
+        are). Raises OutputsMismatch, having served nothing, if their shapes or dtypes are not
+        what this run produces."""
+        ...
 
 
 @runtime_checkable

@@ -71,6 +71,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
     models.reshaper(root / "reshaper/1/model.onnx")
     models.slow(root / "slow/1/model.onnx")
     models.add_one(root / "fast512/1/model.onnx", width=512, offset=0.0)
+    models.nonzero(root / "nonzero/1/model.onnx")
     return root
 
 

@@ -53,3 +53,10 @@ def reshaper(path: Path) -> Path:
                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
                   helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["A", "B"])], [], path)
+
+
+def nonzero(path: Path, width: int = 20000) -> Path:
+    """y = NonZero(x): int64 [2, count of non-zeros], an output whose shape depends on the data."""
+    return _save([helper.make_node("NonZero", ["x"], ["y"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+                 [helper.make_tensor_value_info("y", TensorProto.INT64, [2, "K"])], [], path)

@@ -90,10 +90,15 @@ def test_first_request_gets_503_then_200_with_the_hot_outputs(make_daemon) -> No
         assert first.status == 503 and first.retry_after_ms >= 50 and "loading" in first.error
         served = until_200(client, "c", X_SLOT)
         hot = client.infer("h", {"x": X_SLOT})
+        # Later requests of the same shapes are computed straight into their slot (slotoutputs.py).
+        again = [(client.infer("c", {"x": X_SLOT * k}), client.infer("h", {"x": X_SLOT * k})) for k in (2, 3, 4)]
         small, small_hot = client.infer("c", {"x": X_INLINE}), client.infer("h", {"x": X_INLINE})
     assert served.status == 200 and (served.model, served.version) == ("c", "1")
     assert set(served.header["timing_us"]) == {"queue", "compute", "total"}
     np.testing.assert_array_equal(served.outputs["y"], hot.outputs["y"])
+    for cold_reply, hot_reply in again:
+        assert cold_reply.status == 200, cold_reply.header
+        np.testing.assert_array_equal(cold_reply.outputs["y"], hot_reply.outputs["y"])
     np.testing.assert_array_equal(small.outputs["y"], small_hot.outputs["y"])
     info = worker(d, "c")
     assert info["pid"] != d.proc.pid and info["state"] == "ready" and info["rss_bytes"] > 10 << 20
@@ -101,6 +106,21 @@ def test_first_request_gets_503_then_200_with_the_hot_outputs(make_daemon) -> No
     assert f"worker_started model=c version=1 pid={info['pid']}" in d.log()
     stop_clean(d)
     assert gone(info["pid"])
+
+
+def test_outputs_whose_shape_follows_the_data_are_served_right_as_it_changes(make_daemon) -> None:
+    # NonZero's output is [2, count]: the worker learns one shape, the next request's differs, the
+    # backend refuses the slot arrays and the request is computed the ordinary way instead.
+    d = start(make_daemon, cold("nz", "nonzero/1/model.onnx", preload=True))
+    rng = np.random.default_rng(7)
+    with d.client() as client:
+        for density in (0.5, 0.5, 0.1, 0.9, 0.1, 0.0):
+            x = (rng.random((1, 20000)) < density).astype(np.float32)  # 80 KB: through a slot
+            reply = until_200(client, "nz", x)
+            assert reply.status == 200, reply.header
+            np.testing.assert_array_equal(reply.outputs["y"], np.stack(np.nonzero(x)))
+    assert "Traceback" not in d.log()
+    stop_clean(d)
 
 
 def test_errors_and_fallback_headers_come_back_as_from_a_hot_model(make_daemon) -> None:

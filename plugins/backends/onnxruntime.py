@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from infermux.plugins.base import BackendError, InputRejected, TensorSpec
+from infermux.plugins.base import BackendError, InputRejected, OutputsMismatch, TensorSpec
 
 log = logging.getLogger("infermux.onnxruntime")
 
@@ -79,22 +79,44 @@ def select_providers(requested: Any, available: list[str]) -> list[Provider]:
 class OnnxRuntimeContext:
     """One session, used by one executor thread."""
 
-    def __init__(self, session: Any, output_names: list[str]) -> None:
+    def __init__(self, session: Any, output_names: list[str], quiet: Any) -> None:
         self._session = session
         self._output_names = output_names
+        self._quiet = quiet
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
             values = self._session.run(self._output_names, dict(inputs))
         except Exception as exc:  # onnxruntime raises its own exception types
-            text = str(exc)
-            if "INVALID_ARGUMENT" in text or "Invalid rank" in text or "Got invalid dimensions" in text:
-                raise InputRejected(text.splitlines()[0][:500]) from exc
-            raise BackendError(f"onnxruntime failed: {text[:500]}") from exc
+            raise _translated(exc) from exc
         return dict(zip(self._output_names, values))
+
+    def infer_into(self, inputs: Mapping[str, np.ndarray],
+                   outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`infer` through an IOBinding whose outputs are the caller's arrays (base.WritesOutputs)."""
+        binding = self._session.io_binding()
+        try:
+            for name, array in inputs.items():
+                binding.bind_cpu_input(name, np.ascontiguousarray(array))
+            for name, array in outputs.items():
+                binding.bind_output(name, "cpu", 0, array.dtype, array.shape, array.ctypes.data)
+            self._session.run_with_iobinding(binding, self._quiet)
+        except Exception as exc:
+            if "output OrtValue provided" in str(exc) or "bind_output" in str(exc):
+                raise OutputsMismatch(str(exc).splitlines()[0][:300]) from exc
+            raise _translated(exc) from exc
+        return dict(outputs)
 
     def close(self) -> None:
         self._session = None
+
+
+def _translated(exc: Exception) -> BackendError:
+    """onnxruntime's own exception types as ours: bad input (400) or a backend failure (500)."""
+    text = str(exc)
+    if "INVALID_ARGUMENT" in text or "Invalid rank" in text or "Got invalid dimensions" in text:
+        return InputRejected(text.splitlines()[0][:500])
+    return BackendError(f"onnxruntime failed: {text[:500]}")
 
 
 class OnnxRuntimeEngine:
@@ -127,7 +149,11 @@ class OnnxRuntimeEngine:
 
     def create_context(self) -> OnnxRuntimeContext:
         session, self._spare = (self._spare or self._new_session()), None
-        return OnnxRuntimeContext(session, [o.name for o in self.outputs])
+        # A mismatch in infer_into is the caller's to handle (it falls back to `infer`):
+        # onnxruntime need not also print it to stderr.
+        quiet = self._ort.RunOptions()
+        quiet.log_severity_level = 4
+        return OnnxRuntimeContext(session, [o.name for o in self.outputs], quiet)
 
     def memory_bytes(self) -> int:
         # The weights dominate for the small models this serves on CPU; the

@@ -1,0 +1,102 @@
+"""Outputs computed straight into a request's slot: learning shapes, placing arrays, falling back."""
+
+from __future__ import annotations
+
+import itertools
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend
+from infermux.plugins.base import OutputsMismatch, WritesOutputs
+from infermux.shm import ALIGN, Slot
+from infermux.slotoutputs import ShapeMemory, SlotOutputs
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def slot():
+    s = Slot.create(f"infermux-test-{os.getpid()}-out{next(_names)}", 1 << 20)
+    yield s
+    s.unlink()
+    s.close()
+
+
+def kind(shape: list[int], outputs: list[str] | None = None):
+    return ShapeMemory.kind([["x", "float32", shape]], outputs)
+
+
+def test_nothing_is_placed_until_a_reply_of_that_kind_taught_the_shapes(slot) -> None:
+    memory = ShapeMemory()
+    placement = SlotOutputs(slot, 1000, kind([2, 4]), memory)
+    assert placement.arrays() is None
+    memory.learn(kind([2, 4]), [{"name": "y", "dtype": "float32", "shape": [2, 4]}])
+    assert SlotOutputs(slot, 1000, kind([3, 4]), memory).arrays() is None  # another kind: unknown
+    arrays = placement.arrays()
+    assert arrays is not None and arrays["y"].shape == (2, 4) and arrays["y"].dtype == np.float32
+
+
+def test_outputs_go_after_the_inputs_aligned_and_say_where_they_are(slot) -> None:
+    memory = ShapeMemory()
+    memory.learn(kind([8]), [{"name": "a", "dtype": "float32", "shape": [8]},
+                             {"name": "b", "dtype": "int64", "shape": [3]}])
+    placement = SlotOutputs(slot, 1000, kind([8]), memory)
+    arrays = placement.arrays()
+    arrays["a"][:] = np.arange(8)
+    arrays["b"][:] = [7, 8, 9]
+    where = placement.where([{"name": "a"}, {"name": "b"}])
+    assert where[0][0] >= 1000 and where[0][0] % ALIGN == 0 and where[1][0] % ALIGN == 0
+    (a_at, a_n), (b_at, b_n) = where
+    assert (a_n, b_n) == (32, 24)
+    assert np.array_equal(np.frombuffer(slot.view[a_at:a_at + a_n], np.float32), np.arange(8))
+    assert np.array_equal(np.frombuffer(slot.view[b_at:b_at + b_n], np.int64), [7, 8, 9])
+    assert placement.where([{"name": "b"}]) == [[b_at, b_n]]  # an outputs filter keeps the places
+    assert placement.where([{"name": "c"}]) is None
+
+
+def test_outputs_that_do_not_fit_after_the_inputs_are_not_placed(slot) -> None:
+    memory = ShapeMemory()
+    memory.learn(kind([1]), [{"name": "y", "dtype": "uint8", "shape": [4096]}])
+    assert SlotOutputs(slot, slot.size - 4095, kind([1]), memory).arrays() is None  # aligned up: 64 short
+    assert SlotOutputs(slot, slot.size - 4096, kind([1]), memory).arrays() is not None  # just fits
+
+
+def test_a_kind_whose_outputs_varied_is_never_placed_again(slot) -> None:
+    memory = ShapeMemory()
+    memory.learn(kind([4]), [{"name": "y", "dtype": "int64", "shape": [2, 5]}])
+    placement = SlotOutputs(slot, 0, kind([4]), memory)
+    assert placement.arrays() is not None
+    placement.mismatch()
+    assert placement.where([{"name": "y"}]) is None  # what the backend refused was not computed there
+    memory.learn(kind([4]), [{"name": "y", "dtype": "int64", "shape": [2, 6]}])  # no second chance
+    assert SlotOutputs(slot, 0, kind([4]), memory).arrays() is None
+
+
+def test_the_memory_of_kinds_is_bounded() -> None:
+    memory = ShapeMemory()
+    for n in range(1000):
+        memory.learn(kind([n]), [{"name": "y", "dtype": "float32", "shape": [n]}])
+    assert len(memory._known) <= 256
+
+
+def test_onnxruntime_computes_into_the_slot_and_refuses_shapes_that_are_not_the_runs(slot, engines: Path) -> None:
+    engine = OnnxRuntimeBackend().load(engines / "fast512/1/model.onnx", {})
+    context = engine.create_context()
+    assert isinstance(context, WritesOutputs)
+    x = np.random.default_rng(1).random((4, 512), dtype=np.float32)
+    memory = ShapeMemory()
+    memory.learn(kind([4, 512]), [{"name": "y", "dtype": "float32", "shape": [4, 512]}])
+    placement = SlotOutputs(slot, 0, kind([4, 512]), memory)
+    arrays = placement.arrays()
+    outputs = context.infer_into({"x": x}, arrays)
+    assert outputs["y"] is arrays["y"] and np.shares_memory(outputs["y"], np.frombuffer(slot.mm, np.uint8))
+    np.testing.assert_array_equal(outputs["y"], context.infer({"x": x})["y"])
+    wrong = {"y": np.ndarray((3, 512), np.float32, buffer=slot.mm, offset=0)}
+    with pytest.raises(OutputsMismatch):
+        context.infer_into({"x": x}, wrong)
+    np.testing.assert_array_equal(context.infer({"x": x})["y"], x)  # the context still serves
+    context.close()
+    engine.close()
