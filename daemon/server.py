@@ -39,7 +39,8 @@ log = logging.getLogger("infermux.server")
 
 MAX_ENVELOPE = 8  # identity frames a proxy chain may add before the delimiter
 BURST = 64  # messages handled per socket before looking at the other one
-QUIET_MS = 50  # at shutdown: how long the socket must stay empty before it is closed
+QUIET_MS = 50
+BIG_FRAME = 1 << 16  # at shutdown: how long the socket must stay empty before it is closed
 
 
 class Server:
@@ -265,9 +266,10 @@ class Server:
         assert self.frontend is not None
         for _ in range(BURST):
             try:
-                frames = self.frontend.recv_multipart(zmq.NOBLOCK)
+                parts = self.frontend.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
+            frames = [p.bytes if len(p) < BIG_FRAME else p.buffer for p in parts]
             self.requests += 1
             if self._outbox:  # executors' replies go out between requests, not after the whole burst
                 self._forward_replies()
