@@ -39,8 +39,10 @@ log = logging.getLogger("infermux.server")
 
 MAX_ENVELOPE = 8  # identity frames a proxy chain may add before the delimiter
 BURST = 64  # messages handled per socket before looking at the other one
-QUIET_MS = 50
-BIG_FRAME = 1 << 16  # at shutdown: how long the socket must stay empty before it is closed
+QUIET_MS = 50  # at shutdown: how long the socket must stay empty before it is closed
+# Frames from this size on are parsed in place in ZeroMQ's buffer (no copy into a bytes
+# object); smaller ones, headers and envelopes, are cheaper as bytes.
+BIG_FRAME = 4096
 
 
 class Server:
