@@ -224,11 +224,11 @@ def report(runs: dict[str, list[BenchResult]], with_spare: list[tuple[float, flo
         "requests; median round by p50 shown, with every round's p50. Latency is the client's round trip in µs.", "",
         markdown_table(["case", "QPS", "p50 µs", "p90 µs", "p99 µs", "p50 per round"], rows), "",
         f"Cold minus hot, p50: **{extra['49k']:,.0f} µs** at 49 KB, **{extra['4m9']:,.0f} µs** at 4.9 MB "
-        f"(goal at 4.9 MB: ≤ 500 µs). The cold path adds two copies of the tensor (into the slot, and the "
-        f"output back; one warm 4.9 MB memcpy takes {copy:,.0f} µs here, measured in this run) and two process "
-        "wake-ups with their Python around them; on a box whose load average exceeds its core count every "
-        "wake-up waits for a CPU, which the hot path (computed on the frontend thread at c=1) never does. "
-        "docs/workers.md breaks the 4.9 MB request down step by step and says what would close the gap.", "",
+        f"(goal at 4.9 MB: ≤ 500 µs). The cold path adds one copy of the tensor into the slot (one warm "
+        f"4.9 MB memcpy takes {copy:,.0f} µs here, measured in this run; the worker computes its outputs "
+        "straight into the slot), two process wake-ups with their Python around them, and the tensor read and "
+        "written by one more process, often on the other CPU. docs/workers.md breaks the 4.9 MB request down.",
+        "",
         f"Cold start, first request to first 200 ({len(with_spare)} starts each, [1,12288] identity model):", "",
         markdown_table(["case", "median ms", "range ms", "engine ms", "start − engine ms"],
                        [["spare worker", *starts(with_spare)], ["no spare", *starts(without)]]), "",
