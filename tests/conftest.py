@@ -80,10 +80,11 @@ def make_daemon(tmp_path: Path, engines: Path) -> Iterator[Callable[..., Daemon]
     """Start daemons with a test's own models; each is stopped after the test."""
     started: list[Daemon] = []
 
-    def start(models_toml: str, head: str = DAEMON_HEAD, wait_ready: bool = True, **fmt: str) -> Daemon:
+    def start(models_toml: str, head: str = DAEMON_HEAD, wait_ready: bool = True, env: dict[str, str] | None = None,
+              **fmt: str) -> Daemon:
         workdir = tmp_path / f"daemon{len(started)}"
         workdir.mkdir()
-        daemon = Daemon(workdir, (head + models_toml).format(engines=engines, **fmt))
+        daemon = Daemon(workdir, (head + models_toml).format(engines=engines, **fmt), env=env)
         started.append(daemon)
         return daemon.start(wait_ready=wait_ready)
 

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from harness import Daemon
-from infermux import shm
+from infermux import lane, shm
 from infermux.client import Client
 
 HEAD = """
@@ -106,6 +106,21 @@ def test_first_request_gets_503_then_200_with_the_hot_outputs(make_daemon) -> No
     assert f"worker_started model=c version=1 pid={info['pid']}" in d.log()
     stop_clean(d)
     assert gone(info["pid"])
+
+
+def test_messages_too_big_for_the_fast_lane_take_the_zeromq_pipe(make_daemon) -> None:
+    # Tensors up to 1 MiB inline in the message: a 128 KB request and its 128 KB reply do not fit
+    # one packet of the fast lane (lane.MAX_PACKET), so both travel through the ZeroMQ pipes.
+    d = start(make_daemon, cold("c", preload=True) + '[[models]]\nname = "h"\nengine = "fast512/1/model.onnx"\n',
+              env={"INFERMUX_WORKER_INLINE_BYTES": str(1 << 20)})
+    assert X_SLOT.nbytes > lane.MAX_PACKET
+    with d.client() as client:
+        for k in (1, 2, 3):
+            served, hot = until_200(client, "c", X_SLOT * k), client.infer("h", {"x": X_SLOT * k})
+            assert served.status == 200, served.header
+            np.testing.assert_array_equal(served.outputs["y"], hot.outputs["y"])
+    assert worker(d, "c")["slots"] == 0  # nothing went through shared memory
+    stop_clean(d)
 
 
 def test_outputs_whose_shape_follows_the_data_are_served_right_as_it_changes(make_daemon) -> None:
