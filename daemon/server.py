@@ -150,6 +150,8 @@ class Server:
             ipc.secure(endpoint)
             self.events.emit("listening", endpoint=endpoint)
         self.frontend = sock
+        self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(self._bell, zmq.POLLIN)
 
     def start_models(self, done: Callable[[], None] | None = None) -> threading.Thread:
         """Load every configured hot model in the background (requests get 503 meanwhile)."""
@@ -161,8 +163,6 @@ class Server:
         """Run the frontend loop until `stop()`; then drain and close."""
         assert self.frontend is not None, "bind() first"
         self._frontend_thread = threading.get_ident()
-        self._poller.register(self.frontend, zmq.POLLIN)
-        self._poller.register(self._bell, zmq.POLLIN)
         while not self.stopping:
             self._turn(self.poll_ms)
             self.loop_turns += 1
@@ -229,11 +229,19 @@ class Server:
         if self._watched:
             for fd in ready:
                 on_ready = self._watched.get(fd)
-                if on_ready is not None and not on_ready():
+                if on_ready is not None and not self._still_watching(on_ready):
                     del self._watched[fd]
                     self._poller.unregister(fd)
         if self.frontend in ready:
             self._read_requests(refuse)
+
+    @staticmethod
+    def _still_watching(on_ready: Callable[[], bool]) -> bool:
+        try:
+            return on_ready()
+        except Exception:  # a watcher's bug must not take the frontend (and the daemon) down
+            log.exception("internal error reading a worker's lane; no longer watching it")
+            return False
 
     def _forward_replies(self) -> None:
         try:

@@ -325,7 +325,12 @@ class WorkerProxy:
                 return False
             if frames is None:
                 return True
-            self._dispatch(frames)
+            try:
+                self._dispatch(frames)
+            except Exception:  # on the frontend thread: a bug here ends this worker, not the daemon
+                log.exception("worker reply failed model=%s version=%s", self.name, self.version)
+                self.process.kill()  # the reader then answers what it held with 503
+                return False
 
     def _dispatch(self, frames: list[Any]) -> None:
         kind = wire.kind_of(frames[0])
