@@ -33,18 +33,27 @@ class _Dealer:
     """A DEALER socket that speaks REQ's envelope (empty delimiter first)."""
 
     def __init__(self, endpoint: str, context: zmq.Context | None,
-                 curve: Mapping[str, bytes] | None) -> None:
+                 curve: Mapping[str, bytes] | None, timeout_s: float | None) -> None:
         self.endpoint = endpoint
+        self.timeout_s = timeout_s
         self._ctx = context or zmq.Context.instance()
         self.socket = self._ctx.socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        if timeout_s is not None:
+            # A DEALER with no connection blocks on send: after a refused handshake (CURVE keys
+            # that do not match) libzmq drops the pipe, and the send would wait for ever.
+            self.socket.setsockopt(zmq.SNDTIMEO, max(1, int(timeout_s * 1000)))
         for option, value in (curve or {}).items():
             setattr(self.socket, option, value)
         self.socket.connect(endpoint)
 
     def send(self, frames: list[Any]) -> None:
         copy = sum(len(f) for f in frames) < 1 << 20  # zero-copy only pays from ~1 MiB
-        self.socket.send_multipart([b"", *frames], copy=copy)
+        try:
+            self.socket.send_multipart([b"", *frames], copy=copy)
+        except zmq.Again:
+            raise TimeoutError(f"cannot send to {self.endpoint} within {self.timeout_s:.1f} s: no connection "
+                               f"(is `infermux serve` running, and do the CURVE keys match?)") from None
 
     def recv(self, timeout_s: float | None) -> Reply:
         if timeout_s is not None and not self.socket.poll(int(timeout_s * 1000)):
@@ -71,7 +80,7 @@ class Client:
 
     def __init__(self, endpoint: str, *, timeout_s: float | None = 10.0, retries: int = 0,
                  context: zmq.Context | None = None, curve: Mapping[str, bytes] | None = None) -> None:
-        self._connect = lambda: _Dealer(endpoint, context, curve)
+        self._connect = lambda: _Dealer(endpoint, context, curve, timeout_s)
         self._dealer = self._connect()
         self._ids = itertools.count(1)
         self.timeout_s = timeout_s
@@ -83,9 +92,9 @@ class Client:
         """Send one request and wait for its reply (stale replies are skipped)."""
         for attempt in range(self.retries + 1):
             ident = next(self._ids)
-            self._dealer.send(encode_request(model, inputs, id=ident, version=version, outputs=outputs,
-                                             timeout_ms=timeout_ms, key=key))
             try:
+                self._dealer.send(encode_request(model, inputs, id=ident, version=version, outputs=outputs,
+                                                 timeout_ms=timeout_ms, key=key))
                 reply = self._await(ident)
                 break
             except TimeoutError:
@@ -130,7 +139,7 @@ class Pipeline:
 
     def __init__(self, endpoint: str, *, timeout_s: float | None = 10.0,
                  context: zmq.Context | None = None, curve: Mapping[str, bytes] | None = None) -> None:
-        self._dealer = _Dealer(endpoint, context, curve)
+        self._dealer = _Dealer(endpoint, context, curve, timeout_s)
         self._ids = itertools.count(1)
         self._done: dict[Any, Reply] = {}
         self.in_flight = 0

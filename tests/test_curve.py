@@ -7,6 +7,8 @@ import socket
 import stat
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +92,27 @@ def test_an_unknown_key_gets_nothing_and_the_refusal_is_logged(curve_daemon, key
 def test_a_client_without_curve_gets_nothing(curve_daemon) -> None:
     with pytest.raises(TimeoutError):
         infer(curve_daemon.tcp, 1.0)
+
+
+def test_a_refused_client_times_out_instead_of_blocking_on_send(curve_daemon) -> None:
+    # Once the server has refused the handshake, libzmq may drop the DEALER's only pipe, and a
+    # plain send then waits for ever (seen in CI); the client's timeout covers the send too.
+    def call(outcome: list, pause_s: float) -> None:
+        with Client(curve_daemon.tcp, timeout_s=0.3) as client:
+            time.sleep(pause_s)
+            try:
+                client.infer("addone", {"x": X4})
+                outcome.append(None)
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                outcome.append(exc)
+
+    for attempt in range(20):
+        outcome: list = []
+        thread = threading.Thread(target=call, args=(outcome, attempt * 0.01), daemon=True)
+        thread.start()
+        thread.join(5)
+        assert not thread.is_alive(), f"attempt {attempt}: the client blocked past its timeout"
+        assert len(outcome) == 1 and isinstance(outcome[0], TimeoutError), outcome
 
 
 def test_a_client_trusting_the_wrong_server_key_gets_nothing(curve_daemon, keys) -> None:
