@@ -245,7 +245,9 @@ class Worker:
             self._reply(envelope, encode_reply(header))
 
     def _reply(self, envelope: list[Any], frames: list[Any]) -> None:
-        """An executor's reply: outputs into the request's slot when they fit, else inline."""
+        """An executor's reply. Outputs the backend computed into the request's slot are only
+        pointed at; others are copied there when they fit (and teach the slot outputs their
+        shapes, for the next request of this kind), else sent inline."""
         seq, slot, placement = envelope
         header, outputs = frames[0], frames[1:]
         parsed = json.loads(header)
