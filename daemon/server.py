@@ -244,6 +244,7 @@ class Server:
             return False
 
     def _forward_replies(self) -> None:
+        """Answer the bell: take up the fds `watch` was asked for, send what the outbox holds."""
         try:
             os.eventfd_read(self._bell)
         except BlockingIOError:
