@@ -25,7 +25,7 @@ import numpy as np
 import zmq
 
 from infermux.client import Client
-from infermux.infer import add_endpoint_arguments, endpoint_from, parse_inputs
+from infermux.infer import add_endpoint_arguments, endpoint_from, inputs_for
 from infermux.protocol import DTYPES, Reply, Status, encode_request, parse_header
 from infermux.stats import percentiles
 
@@ -245,10 +245,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     stop.add_argument("--requests", "-n", type=int, help="measure this many requests (default 1000)")
     stop.add_argument("--duration", "-d", type=float, help="measure for this many seconds")
     parser.add_argument("--warmup", type=int, default=100, help="unmeasured requests first (default 100)")
-    parser.add_argument("--shape", action="append", default=[], metavar="NAME=DIMS",
-                        help="an input of random data, e.g. images=1x3x64x64 (repeatable)")
+    parser.add_argument("--shape", "-s", action="append", default=[], metavar="NAME=DIMS",
+                        help="an input of random data, e.g. images=1x3x64x64 (repeatable; with neither this "
+                        "nor --input, random inputs of the shapes the daemon reports for the model)")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="dtype of --shape inputs")
-    parser.add_argument("--input", action="append", default=[], metavar="NAME=FILE.npy",
+    parser.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy",
                         help="an input read from a .npy file (repeatable)")
     parser.add_argument("--key", help="affinity key for hash routing")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for any reply (default 10)")
@@ -284,7 +285,7 @@ def run(args: argparse.Namespace) -> int:
     from infermux import curve
     from infermux.config import ConfigError
 
-    inputs = parse_inputs(args.input, args.shape, args.dtype)  # exits with a message on bad specs
+    inputs = inputs_for(args)  # exits with a message on bad specs
     try:
         endpoint = endpoint_from(args)
     except (ConfigError, OSError) as exc:

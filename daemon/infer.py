@@ -1,5 +1,6 @@
 """`infermux infer`: send one request and print the reply header and output shapes.
 
+    infermux infer classifier                       # random inputs of the shapes the daemon reports
     infermux infer classifier --shape images=1x3x64x64
     infermux infer mlp --input features=x.npy --json
 """
@@ -10,6 +11,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -23,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy",
                         help="an input from a .npy file (repeatable)")
     parser.add_argument("--shape", "-s", action="append", default=[], metavar="NAME=1x3x64x64",
-                        help="a random input of this shape (repeatable)")
+                        help="a random input of this shape (repeatable; with neither this nor --input, "
+                        "random inputs of the shapes the daemon reports for the model)")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="dtype of --shape inputs")
     parser.add_argument("--timeout-ms", type=int, help="deadline for this request")
     parser.add_argument("--key", help="affinity key for hash routing")
@@ -72,8 +75,51 @@ def parse_inputs(files: list[str], shapes: list[str], dtype: str) -> dict[str, n
             raise SystemExit(f"infermux: --shape {item!r}: expected NAME=1x3x64x64") from None
         array = rng.random(shape) if dtype.startswith("float") else rng.integers(0, 100, shape)
         inputs[name] = array.astype(dtype)
-    if not inputs:
-        raise SystemExit("infermux: give at least one --input NAME=FILE.npy or --shape NAME=DIMS")
+    return inputs
+
+
+def inputs_for(args: argparse.Namespace) -> dict[str, np.ndarray]:
+    """The inputs the command line gives, else random ones shaped as the daemon says the model wants."""
+    inputs = parse_inputs(args.input, args.shape, args.dtype)
+    if inputs:
+        return inputs
+    try:
+        specs = model_inputs(args)
+    except Exception as exc:  # no config, no daemon, no such model: say what to do instead
+        raise SystemExit(f"infermux: cannot ask the daemon for {args.model!r}'s inputs ({exc}); "
+                         f"give --shape NAME=DIMS or --input NAME=FILE.npy") from None
+    return random_inputs(specs)
+
+
+def model_inputs(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """The input specs the admin socket reports for args.model (its default version, or args.version)."""
+    from infermux.client import AdminClient
+
+    with AdminClient(getattr(args, "admin", None) or endpoint_from(args, "admin"), timeout_s=5.0) as admin:
+        rows = [m for m in admin.call("models")["models"] if m["name"] == args.model]
+    if not rows:
+        raise LookupError(f"no model {args.model!r} is configured")
+    row = next((m for m in rows if m["version"] == args.version or (not args.version and m["default"])), rows[0])
+    if "inputs" not in row:
+        raise LookupError(f"version {row['version']} is {row['state']}, so its inputs are not known yet")
+    return row["inputs"]
+
+
+def random_inputs(specs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Random arrays for `specs` (TensorSpec as JSON); a dynamic dimension takes its smallest size, else 1."""
+    rng = np.random.default_rng(0)
+    inputs = {}
+    for spec in specs:
+        low = spec.get("min_shape") or [1] * len(spec["shape"])
+        shape = tuple(d if d > 0 else max(1, lo) for d, lo in zip(spec["shape"], low))
+        dtype = np.dtype(spec["dtype"])
+        if dtype.kind == "b":
+            array = rng.random(shape) < 0.5
+        elif dtype.kind in "iu":
+            array = rng.integers(0, 100, shape)
+        else:
+            array = rng.random(shape)
+        inputs[spec["name"]] = array.astype(dtype)
     return inputs
 
 
@@ -81,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
     from infermux import curve
     from infermux.client import Client
 
-    inputs = parse_inputs(args.input, args.shape, args.dtype)
+    inputs = inputs_for(args)
     try:
         keys = curve.options_from(args)
     except curve.CurveError as exc:

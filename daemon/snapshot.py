@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import asdict
 from typing import TYPE_CHECKING, Any
 
 from infermux import __version__
@@ -53,6 +54,10 @@ def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
         "last_load_ms": round(mv.last_load_s * 1000),
         "stats": mv.stats.snapshot().as_json(),
     }
+    engine = mv.engine
+    if engine is not None:  # model metadata, as Triton's: what to send and what comes back
+        view["inputs"] = [asdict(spec) for spec in engine.inputs]
+        view["outputs"] = [asdict(spec) for spec in engine.outputs]
     worker = getattr(mv, "worker_info", None)
     if callable(worker):
         view["worker"] = worker()

@@ -161,9 +161,9 @@ def run(args: argparse.Namespace) -> int:
     from infermux.bench import wait_ready
     from infermux.client import AdminClient, AdminError
     from infermux.config import ConfigError
-    from infermux.infer import endpoint_from, parse_inputs
+    from infermux.infer import endpoint_from, inputs_for
 
-    inputs = parse_inputs(args.input, args.shape, args.dtype)
+    inputs = inputs_for(args)
     if args.max_contexts < 1 or args.duration <= 0:
         print("infermux tune: --max-contexts must be >= 1 and --duration > 0", file=sys.stderr)
         return 2

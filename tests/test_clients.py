@@ -90,3 +90,31 @@ def test_cli_infer_finds_the_socket_from_the_config(daemon: Daemon) -> None:
                            "--runtime-dir", str(daemon.run_dir), "--shape", "x=1x4"],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_models_view_carries_each_loaded_versions_inputs_and_outputs(daemon: Daemon) -> None:
+    with daemon.admin() as admin:
+        rows = {(m["name"], m["version"]): m for m in admin.call("models")["models"]}
+    pair = rows[("pair", "1")]
+    assert [(i["name"], i["dtype"], i["shape"]) for i in pair["inputs"]] == [("a", "float32", [-1, 3]),
+                                                                          ("b", "float32", [-1, 3])]
+    assert [o["name"] for o in pair["outputs"]] == ["sum", "prod"]
+
+
+def test_cli_infer_and_bench_without_shapes_send_what_the_model_takes(daemon: Daemon) -> None:
+    where = ["--config", str(daemon.config_path), "--runtime-dir", str(daemon.run_dir)]
+    proc = subprocess.run([sys.executable, "-m", "infermux", "infer", "pair", *where],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+    assert "sum: float32[1, 3]" in proc.stdout and "prod: float32[1, 3]" in proc.stdout
+    proc = subprocess.run([sys.executable, "-m", "infermux", "bench", "--model", "addone", "--version", "2",
+                           "--requests", "50", "--warmup", "5", *where], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_cli_infer_without_shapes_says_what_to_give_when_it_cannot_ask(daemon: Daemon) -> None:
+    where = ["--config", str(daemon.config_path), "--runtime-dir", str(daemon.run_dir)]
+    proc = subprocess.run([sys.executable, "-m", "infermux", "infer", "nosuch", *where],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode != 0
+    assert "no model 'nosuch' is configured" in proc.stderr and "give --shape NAME=DIMS" in proc.stderr
