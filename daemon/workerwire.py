@@ -2,8 +2,11 @@
 
 Two ZeroMQ ipc pipes per worker, both bound by the daemon in its runtime
 directory: `down` (daemon PUSH → worker PULL) and `up` (worker PUSH →
-daemon PULL). Every message is multipart; frame 0 is one kind byte followed
-by that kind's payload (fewer frames: pyzmq costs a few µs per frame).
+daemon PULL), plus the fast lane (lane.py), a socketpair that INFER, REPLY
+and LATE take whenever they fit one packet; everything else, and whatever
+the lane refuses, goes by the pipes. Every message is multipart; frame 0 is
+one kind byte followed by that kind's payload (fewer frames: pyzmq costs a
+few µs per frame).
 
 daemon → worker
     LOAD   [b"l" config JSON]               load, warm up, then READY or ERROR
@@ -21,7 +24,8 @@ worker → daemon
     READY  [b"r" {"inputs", "outputs", "memory_bytes", "row_us", "load_ms", ...}]
     ERROR  [b"e" {"reason", "during"}]
     REPLY  [b"R" seq+stats (struct) layout JSON | nothing, reply header, *inline outputs]
-           layout: [[offset, nbytes], ...] of the outputs in the request's slot
+           layout: [[offset, nbytes], ...] of the outputs in the request's slot (after the
+           inputs when the backend computed them there, slotoutputs.py)
     LATE   [b"L" seq]                       past its deadline: the daemon decides (fallback/504)
     BEAT   [b"H" {"ctx": [[queued, in_flight, served], ...]}]
     BYE    [b"b"]
