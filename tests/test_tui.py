@@ -65,6 +65,7 @@ async def test_the_table_shows_live_numbers_that_move_with_traffic(make_daemon) 
         await until(pilot, lambda: "served 300" in screen_text(app), what="served count in the detail")
         text = screen_text(app)
         assert "addone:2  ready · hot · default" in text and "batch sizes" in text
+        assert "in  x float32[?×4]" in text and "out y float32[?×4]" in text  # the model's metadata
         assert max(app.history.qps["addone:2"]) > 0  # the sparkline's data
         await pilot.press("escape")
         assert app.screen is app.main

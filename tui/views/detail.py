@@ -43,7 +43,18 @@ def settings_text(m: dict[str, Any]) -> str:
         f"max_batch {m.get('max_batch')} · batch delay {m.get('batch_delay_us')} µs",
         f"fallback {fallback} · weight {m.get('weight', 0)}",
         f"strategy {escape(str(m.get('strategy', '')))}",
+        *tensor_lines(m),
     ])
+
+
+def tensor_lines(m: dict[str, Any]) -> list[str]:
+    """What the loaded version takes and gives: `in  images float32[?×3×64×64]` (? = dynamic)."""
+    lines = []
+    for label, key in (("in ", "inputs"), ("out", "outputs")):
+        for spec in m.get(key) or []:
+            dims = "×".join("?" if d < 0 else str(d) for d in spec.get("shape", ()))
+            lines.append(f"{label} {escape(str(spec.get('name')))} [dim]{spec.get('dtype')}\\[{dims}][/]")
+    return lines
 
 
 def batches_text(batches: dict[str, int], width: int = 18) -> str:
