@@ -100,3 +100,27 @@ def test_missing_bindings_say_what_to_install(monkeypatch):
     monkeypatch.setattr(cuda, "_api_cache", None)
     with pytest.raises(BackendError, match=r"cuda-python>=12,<13"):
         cuda.mem_info()
+
+
+def test_contract_the_slot_copy_benchmark_runs_every_case(fake_gpu, monkeypatch):
+    """Checks tests/gpu/bench_slot_d2h.py's use of the API on the stand-in, so the script a lent GPU
+    machine runs does not rot; its figures come from the real GPU (tests/benchmarks/RESULTS.md)."""
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+    try:
+        import bench_slot_d2h
+    finally:
+        sys.path.pop(0)
+    registered: list[int] = []
+    monkeypatch.setattr(fake_gpu, "check", lambda *args: None, raising=False)  # slots are not fake allocations
+    monkeypatch.setattr(fake_gpu, "cudaHostRegister",
+                        lambda ptr, n, flags: (registered.append(ptr), (FakeCudart.cudaError_t.cudaSuccess,))[1],
+                        raising=False)
+    monkeypatch.setattr(fake_gpu, "cudaHostUnregister",
+                        lambda ptr: (registered.remove(ptr), (FakeCudart.cudaError_t.cudaSuccess,))[1], raising=False)
+    results = {size: bench_slot_d2h.measure(nbytes, 3) for size, nbytes in bench_slot_d2h.SIZES.items()}
+    text = bench_slot_d2h.report(results, 3)
+    for case in ("pinned", "pinned + memcpy", "pageable slot", "registered slot", "register + unregister"):
+        assert f"| {case} |" in text and "n/a" not in text
+    assert registered == []  # every slot registered was unregistered

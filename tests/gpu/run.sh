@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks on a fresh machine: environment report, offline install, the
-# tests marked `gpu`, and a short TensorRT benchmark, then a summary.
+# tests marked `gpu`, a short TensorRT benchmark and the device-to-slot
+# copies (bench_slot_d2h.py), then a summary.
 #
 #   tests/gpu/run.sh [PYTHON]        (default: $PYTHON, else python3)
 #
@@ -121,6 +122,7 @@ else
         echo "pytest is missing (python3-pytest): GPU tests not run"; TESTS_LINE="not run: no pytest"
     fi
     stage bench 75 "$PY" tests/gpu/bench_trt.py --seconds 3 --contexts 1,2
+    stage slot 60 "$PY" tests/gpu/bench_slot_d2h.py
 fi
 
 TRT=$("$PY" -c "import tensorrt; print(tensorrt.__version__)" 2>/dev/null || echo "skipped (not installed)")
@@ -130,4 +132,5 @@ printf '%s\n' "${ROWS[@]}"
 echo "TensorRT: $TRT"
 echo "tests:    $TESTS_LINE"
 grep -hE '^(BENCH|bench:|[0-9]+ -> [0-9]+ contexts)' "$WORK/bench.log" 2>/dev/null | sed 's/^/bench:    /'
+grep -hE '^\| (pinned|pageable|registered|register)' "$WORK/slot.log" 2>/dev/null | sed 's/^/slot:     /'
 exit $FAILED
