@@ -61,6 +61,7 @@ class FakeCudart:
         self.integrated = False
         self.fail: dict[str, FakeCudart.cudaError_t] = {}   # call name -> error, once
         self.copies: list[tuple[str, int]] = []             # ("H2D"|"D2H", nbytes)
+        self.pageable: dict[int, ctypes.Array] = {}          # ordinary host memory a test hands over
         self._next_stream = 0x1000
 
     def _error(self, call: str) -> "FakeCudart.cudaError_t":
@@ -126,13 +127,18 @@ class FakeCudart:
     def cudaMemcpyAsync(self, dst: int, src: int, nbytes: int, kind: Any, stream: int) -> tuple:
         assert stream in self.streams, "copy on a stream that does not exist"
         to_device = kind == self.cudaMemcpyKind.cudaMemcpyHostToDevice
-        self.check(dst, nbytes, self.device if to_device else self.host)
+        # Like CUDA, device-to-host copies may also land in ordinary (pageable) memory.
+        self.check(dst, nbytes, self.device if to_device else {**self.host, **self.pageable})
         self.check(src, nbytes, self.host if to_device else self.device)
         err = self._error("cudaMemcpyAsync")
         if not err:
             ctypes.memmove(dst, src, nbytes)
             self.copies.append(("H2D" if to_device else "D2H", nbytes))
         return (err,)
+
+    def allow_pageable(self, array: np.ndarray) -> None:
+        """Let device-to-host copies write into `array` (as they may into any host memory)."""
+        self.pageable[array.ctypes.data] = (ctypes.c_char * array.nbytes).from_address(array.ctypes.data)
 
     @staticmethod
     def check(ptr: int, nbytes: int, table: dict[int, ctypes.Array]) -> None:
@@ -176,6 +182,7 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
             self.addresses: dict[str, int] = {}
             self.address_calls = 0
             self.shape_calls: list[tuple] = []
+            self.executions = 0
             self.gate: Callable[[], None] | None = None
             gpu.reserved += ACTIVATION_BYTES
 
@@ -203,6 +210,7 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
 
         def execute_async_v3(self, stream_handle: int) -> bool:
             assert stream_handle in gpu.streams
+            self.executions += 1
             if gpu.fail.pop("execute_async_v3", None):
                 self.engine.logger.log(ILogger.Severity.ERROR, "fake kernel launch failure")
                 return False

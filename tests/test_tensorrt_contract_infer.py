@@ -14,7 +14,7 @@ import pytest
 from fakes_tensorrt import write_plan
 
 from infermux.plugins import backends
-from infermux.plugins.base import BackendError, InputRejected
+from infermux.plugins.base import BackendError, InputRejected, OutputsMismatch, WritesOutputs
 
 pytest_plugins = ["fakes_tensorrt"]  # fake_gpu, fake_trt fixtures
 
@@ -161,3 +161,42 @@ def test_two_contexts_serve_two_threads(engine):
     for t in threads:
         t.join(30)
     assert errors == []
+
+
+def test_contract_infer_into_copies_outputs_from_the_device_straight_into_given_arrays(engine, fake_gpu):
+    """Checks our code's use of the API, not the API itself: with arrays to write into (a cold
+    worker's slot), each output is copied from the device into them once, not through the
+    pinned buffers and a host copy; outputs not given come back as new arrays."""
+    ctx = engine.create_context()
+    assert isinstance(ctx, WritesOutputs)
+    x = batch(3, seed=4)
+    into = {"total": np.zeros(3, np.float32), "argmax": np.zeros(3, np.int32)}
+    for array in into.values():
+        fake_gpu.allow_pageable(array)
+    fake_gpu.copies.clear()
+    out = ctx.infer_into({"x": x}, into)
+    assert out["total"] is into["total"] and out["argmax"] is into["argmax"]
+    for name, want in expected(x).items():
+        np.testing.assert_array_equal(into[name], want)
+    assert sorted(fake_gpu.copies) == sorted([("H2D", 3 * 16), ("D2H", 3 * 4), ("D2H", 3 * 4)])
+    only_total = {"total": np.zeros(3, np.float32)}
+    fake_gpu.allow_pageable(only_total["total"])
+    out = ctx.infer_into({"x": x}, only_total)
+    assert out["total"] is only_total["total"] and out["argmax"].flags.owndata
+    np.testing.assert_array_equal(out["argmax"], expected(x)["argmax"])
+
+
+def test_contract_infer_into_refuses_arrays_of_another_shape_before_running(engine, fake_trt, fake_gpu):
+    """Checks our code's use of the API, not the API itself: arrays that are not this run's
+    output shapes are refused before TensorRT runs, and the context serves on."""
+    ctx = engine.create_context()
+    raw = fake_trt.contexts[-1]()
+    x = batch(3)
+    for wrong in ({"total": np.zeros(4, np.float32)}, {"total": np.zeros(3, np.float64)},
+                  {"total": np.zeros(6, np.float32)[::2]}):
+        fake_gpu.copies.clear()
+        runs = raw.executions
+        with pytest.raises(OutputsMismatch):
+            ctx.infer_into({"x": x}, wrong)
+        assert raw.executions == runs and not any(kind == "D2H" for kind, _ in fake_gpu.copies)
+    np.testing.assert_array_equal(ctx.infer({"x": x})["total"], expected(x)["total"])

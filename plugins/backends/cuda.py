@@ -366,3 +366,12 @@ def copy_to_device(dst: DeviceBuffer, src: HostBuffer, nbytes: int, stream: Stre
 def copy_to_host(dst: HostBuffer, src: DeviceBuffer, nbytes: int, stream: Stream) -> None:
     """Queue an async copy of `nbytes` from the device to pinned host memory on `stream`."""
     _copy(dst.ptr, src.ptr, nbytes, min(dst.nbytes, src.nbytes), False, stream)
+
+
+def copy_to_array(dst: np.ndarray, src: DeviceBuffer, stream: Stream) -> None:
+    """Copy the device's bytes into a C-contiguous, writable array (any host memory: a worker's
+    shared-memory slot). For pageable memory the driver stages the copy and the call returns
+    when it is done (tests/benchmarks/RESULTS.md, "GPU: device to a worker's slot")."""
+    if not (dst.flags.c_contiguous and dst.flags.writeable):
+        raise BackendError("CUDA copy into an array that is not C-contiguous and writable")
+    _copy(dst.ctypes.data, src.ptr, dst.nbytes, src.nbytes, False, stream)

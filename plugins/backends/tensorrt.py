@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from infermux.plugins.backends import cuda, trtlib
-from infermux.plugins.base import BackendError, InputRejected, TensorSpec
+from infermux.plugins.base import BackendError, InputRejected, OutputsMismatch, TensorSpec
 
 log = logging.getLogger("infermux.tensorrt")
 
@@ -92,6 +92,16 @@ class TensorRTContext:
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run one request; InputRejected if the tensors do not fit profile 0."""
+        return self._serve(inputs, None)
+
+    def infer_into(self, inputs: Mapping[str, np.ndarray],
+                   outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """`infer` with the named outputs copied from the device straight into `outputs`' arrays
+        (base.WritesOutputs: a cold worker's slot), skipping the pinned buffers and two host
+        copies; OutputsMismatch, before anything runs, if they are not this run's shapes."""
+        return self._serve(inputs, outputs)
+
+    def _serve(self, inputs: Mapping[str, np.ndarray], into: Mapping[str, np.ndarray] | None) -> dict[str, np.ndarray]:
         if not self._owner.acquire(blocking=False):
             raise BackendError("execution context used by two threads at once: each executor "
                                "thread must own its own context (engine.create_context())")
@@ -100,7 +110,7 @@ class TensorRTContext:
                 raise BackendError("execution context used after close")
             arrays = self._checked(inputs)
             try:
-                return self._run(arrays)
+                return self._run(arrays, into or {})
             except BaseException:
                 self._drain()
                 raise
@@ -121,7 +131,7 @@ class TensorRTContext:
                 raise InputRejected(reason)
         return arrays
 
-    def _run(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def _run(self, arrays: dict[str, np.ndarray], into: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         assert self._stream is not None
         cuda.set_device(self._device)  # CUDA's current device is per thread
         for spec in self._inputs:
@@ -134,14 +144,19 @@ class TensorRTContext:
                                     f"the engine accepts {list(spec.min_shape or ())}..{list(spec.max_shape or ())}")
             cuda.copy_to_device(self._dev[spec.name], host, array.nbytes, self._stream)
         shapes = {spec.name: self._output_shape(spec.name) for spec in self._outputs}
+        _check_into(into, self._outputs, shapes)
         if not self._raw.execute_async_v3(self._stream.handle):
             raise BackendError(f"TensorRT execution failed: {self._shared.last_error() or 'no reason logged'}")
         for spec in self._outputs:
-            nbytes = _nbytes(spec.dtype, shapes[spec.name])
-            cuda.copy_to_host(self._host[spec.name], self._dev[spec.name], nbytes, self._stream)
+            if spec.name in into:
+                cuda.copy_to_array(into[spec.name], self._dev[spec.name], self._stream)
+            else:
+                nbytes = _nbytes(spec.dtype, shapes[spec.name])
+                cuda.copy_to_host(self._host[spec.name], self._dev[spec.name], nbytes, self._stream)
         self._stream.synchronize()
         # Copies: the pinned buffers are overwritten by the next request.
-        return {spec.name: self._host[spec.name].view(spec.dtype, shapes[spec.name]).copy()
+        return {spec.name: into[spec.name] if spec.name in into
+                else self._host[spec.name].view(spec.dtype, shapes[spec.name]).copy()
                 for spec in self._outputs}
 
     def _output_shape(self, name: str) -> tuple[int, ...]:
@@ -178,6 +193,17 @@ class TensorRTContext:
                 resource.close()
             except BackendError:
                 log.exception("TensorRT context: releasing %s failed", type(resource).__name__)
+
+
+def _check_into(into: Mapping[str, np.ndarray], outputs: Sequence[TensorSpec],
+                shapes: dict[str, tuple[int, ...]]) -> None:
+    """OutputsMismatch unless every array in `into` is an output of this run's shape and dtype."""
+    dtypes = {spec.name: spec.dtype for spec in outputs}
+    for name, array in into.items():
+        if name not in shapes or array.shape != shapes[name] or array.dtype.name != dtypes[name] \
+                or not (array.flags.c_contiguous and array.flags.writeable):
+            raise OutputsMismatch(f"output {name!r} of this run is {dtypes.get(name)}{list(shapes.get(name, ()))}; "
+                                  f"the array given is {array.dtype.name}{list(array.shape)}")
 
 
 class TensorRTEngine:

@@ -42,6 +42,35 @@ def test_outputs_match_onnxruntime(precision, atol, rtol, request, reference):
     engine.close()
 
 
+def test_outputs_copied_into_a_shared_memory_slot_match(plan_fp32, reference, tmp_path):
+    # What a cold worker does (slotoutputs.py): the outputs go from the device straight into
+    # views on a /dev/shm slot; shapes that are not the run's are refused before it runs.
+    import os
+
+    from infermux.plugins.base import OutputsMismatch
+    from infermux.shm import Slot
+
+    engine = load(plan_fp32)
+    ctx = engine.create_context()
+    slot = Slot.create(f"infermux-gputest-{os.getpid()}", 1 << 20)
+    try:
+        for batch in (1, 5):
+            x = images(batch, seed=batch)
+            probs = np.ndarray((batch, 10), np.float32, buffer=slot.mm, offset=4096)
+            out = ctx.infer_into({"images": x}, {"probs": probs})
+            assert out["probs"] is probs
+            np.testing.assert_allclose(probs, reference(x), atol=1e-3, rtol=1e-3)
+            del out, probs
+        with pytest.raises(OutputsMismatch):
+            ctx.infer_into({"images": images(2)}, {"probs": np.zeros((3, 10), np.float32)})
+        assert ctx.infer({"images": images(2)})["probs"].shape == (2, 10)
+    finally:
+        slot.unlink()
+        slot.close()
+        ctx.close()
+        engine.close()
+
+
 def test_specs_come_from_the_profile(plan_fp32):
     engine = load(plan_fp32)
     [spec] = engine.inputs
