@@ -3,7 +3,8 @@
 Without this a worker copies every output into the slot after computing it:
 a second memcpy of the tensor on the cold path (~200 µs at 4.9 MB on the
 2-core box). A backend that can write into arrays it is given
-(base.WritesOutputs: onnxruntime through an IOBinding) computes into views
+(base.WritesOutputs: onnxruntime through an IOBinding, TensorRT by copying
+from the device straight into them) computes into views
 on the slot instead, placed after the request's inputs, which it still reads
 while it writes.
 
