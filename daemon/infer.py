@@ -73,9 +73,14 @@ def parse_inputs(files: list[str], shapes: list[str], dtype: str) -> dict[str, n
             shape = tuple(int(d) for d in dims.lower().split("x"))
         except ValueError:
             raise SystemExit(f"infermux: --shape {item!r}: expected NAME=1x3x64x64") from None
-        array = rng.random(shape) if dtype.startswith("float") else rng.integers(0, 100, shape)
-        inputs[name] = array.astype(dtype)
+        inputs[name] = _random_array(rng, shape, np.dtype(dtype))
     return inputs
+
+
+def _random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Random data of `dtype`: floats in [0, 1), anything else integers in [0, 100) cast to it."""
+    array = rng.random(shape) if dtype.kind == "f" else rng.integers(0, 100, shape)
+    return array.astype(dtype)
 
 
 def inputs_for(args: argparse.Namespace) -> dict[str, np.ndarray]:
@@ -112,14 +117,7 @@ def random_inputs(specs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     for spec in specs:
         low = spec.get("min_shape") or [1] * len(spec["shape"])
         shape = tuple(d if d > 0 else max(1, lo) for d, lo in zip(spec["shape"], low))
-        dtype = np.dtype(spec["dtype"])
-        if dtype.kind == "b":
-            array = rng.random(shape) < 0.5
-        elif dtype.kind in "iu":
-            array = rng.integers(0, 100, shape)
-        else:
-            array = rng.random(shape)
-        inputs[spec["name"]] = array.astype(dtype)
+        inputs[spec["name"]] = _random_array(rng, shape, np.dtype(spec["dtype"]))
     return inputs
 
 
