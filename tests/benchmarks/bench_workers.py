@@ -1,6 +1,6 @@
 """Issue 5: cold models in worker processes against the same models hot.
 
-    python tests/benchmarks/bench_workers.py [--duration 2] [--rounds 3] [--starts 5] [--no-write]
+    python tests/benchmarks/bench_workers.py [--duration 2] [--rounds 3] [--starts 5] [--no-write] [--section H]
 
 1. Latency at concurrency 1, client round trip, for an identity model on
    [1, 12288] float32 (49 KB in and out) and on [1, 1225000] float32
@@ -167,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--starts", type=int, default=5, help="cold starts per case")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--section", default=SECTION,
+                        help="RESULTS.md heading to write, e.g. for a run on another machine")
     args = parser.parse_args(argv)
 
     with tempfile.TemporaryDirectory(prefix="bench-workers-") as tmp:
@@ -198,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     body = report(runs, with_spare, without, args)
     print(body)
     if not args.no_write:
-        write_section(SECTION, body)
+        write_section(args.section, body)
     return 0
 
 

@@ -17,13 +17,26 @@ RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 def machine() -> str:
     """One line naming what the figures were measured on."""
-    parts = [f"nproc {os.cpu_count()}", f"{platform.machine()}", f"Python {platform.python_version()}"]
+    usable, total = len(os.sched_getaffinity(0)), os.cpu_count()
+    cpus = f"nproc {usable}" + (f" of {total} (taskset)" if usable != total else "")
+    parts = [cpus, f"{platform.machine()}", *cpu_model(), f"Python {platform.python_version()}"]
     for module in ("onnxruntime", "zmq", "numpy"):
         try:
             parts.append(f"{module} {__import__(module).__version__}")
         except ImportError:
             pass
     return ", ".join(parts)
+
+
+def cpu_model() -> list[str]:
+    """The processor's name from /proc/cpuinfo, where it has one (x86 does; many Arm boards do not)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return [" ".join(line.split(":", 1)[1].split())]
+    except OSError:
+        pass
+    return []
 
 
 def stamp() -> str:
