@@ -40,6 +40,7 @@ log = logging.getLogger("infermux.server")
 MAX_ENVELOPE = 8  # identity frames a proxy chain may add before the delimiter
 BURST = 64  # messages handled per socket before looking at the other one
 QUIET_MS = 50  # at shutdown: how long the socket must stay empty before it is closed
+REFUSE_S = 1.0  # ... and the longest it goes on refusing requests before closing anyway
 # Frames from this size on are parsed in place in ZeroMQ's buffer (no copy into a bytes
 # object); smaller ones, headers and envelopes, are cheaper as bytes.
 BIG_FRAME = 4096
@@ -204,8 +205,11 @@ class Server:
             self._turn(10, refuse=True)  # workers' lanes too: their replies finish the drain
         self._forward_replies()
         # Requests clients sent before the signal may still sit in the socket's
-        # queue: refuse them too, until the socket has been quiet for a moment.
-        while self.frontend is not None and self.frontend.poll(QUIET_MS):
+        # queue: refuse them too, until the socket has been quiet for a moment,
+        # or for REFUSE_S at most: clients that retry every few ms never let it
+        # be quiet, and the daemon must still end (systemd would SIGKILL it).
+        refuse_until = time.monotonic() + REFUSE_S
+        while self.frontend is not None and time.monotonic() < refuse_until and self.frontend.poll(QUIET_MS):
             self._read_requests(refuse=True)
         self.close()
 

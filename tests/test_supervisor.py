@@ -258,3 +258,33 @@ def test_sigterm_when_idle_exits_promptly(start):
     assert d.proc.wait(15) == 0, d.output()
     assert time.monotonic() - t0 < 10
     assert "STOPPING=1" in d.lines()
+
+
+def test_sigterm_ends_the_daemon_even_while_clients_retry_without_pause(start):
+    # Refused requests are answered 503 until the socket is quiet; clients that retry at once
+    # never let it be quiet, and the daemon must still end (REFUSE_S), not wait for systemd's SIGKILL.
+    d = start(config_text(CLASSIFIER))
+    d.wait_for("READY=1")
+    stop = threading.Event()
+
+    def hammer() -> None:
+        with Client(d.endpoint, timeout_s=0.5) as client:
+            while not stop.is_set():
+                try:
+                    client.infer("classifier", image())
+                except TimeoutError:
+                    pass
+
+    threads = [threading.Thread(target=hammer, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    d.proc.send_signal(signal.SIGTERM)
+    try:
+        assert d.proc.wait(15) == 0, d.output()
+        assert time.monotonic() - t0 < 10
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(5)
