@@ -89,6 +89,9 @@ class Executor:
                     break
                 with self._busy:
                     self._guarded(jobs)
+                # Waiting for the next batch must not keep this one's inputs alive: they can be
+                # a client's shared-memory region that its client has let go (regions.py).
+                del jobs
         finally:
             try:
                 self._context.close()
