@@ -4,6 +4,14 @@
     reply = Client("ipc:///run/infermux/infer.sock").infer("classifier", {"images": x})
     reply.outputs["probs"], reply.header["timing_us"]
 
+On the same machine, inputs can stay in shared memory instead of travelling
+through the socket (regions.py):
+
+    with SharedMemory.beside(endpoint, 8 << 20) as shm:
+        x = shm.ndarray((1, 3, 224, 224), "float32")
+        x[:] = frame
+        reply = client.infer("classifier", {"images": shm.ref(x)})
+
 `Client` is blocking (a REQ-like exchange on a DEALER socket, so a lost
 reply never wedges the socket). `Pipeline` keeps many requests in flight on
 one DEALER socket and matches replies by `id`.
@@ -18,7 +26,10 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import zmq
 
-from infermux.protocol import Reply, decode_reply, encode_request
+from infermux.protocol import Reply, SharedTensor, decode_reply, encode_request
+from infermux.regions import SharedMemory
+
+__all__ = ["AdminClient", "AdminError", "Client", "InferError", "Pipeline", "SharedMemory", "SharedTensor"]
 
 
 class InferError(Exception):
@@ -86,7 +97,7 @@ class Client:
         self.timeout_s = timeout_s
         self.retries = retries
 
-    def infer(self, model: str, inputs: Mapping[str, np.ndarray], *, version: str | None = None,
+    def infer(self, model: str, inputs: Mapping[str, np.ndarray | SharedTensor], *, version: str | None = None,
               outputs: Sequence[str] | None = None, timeout_ms: int | None = None,
               key: str | None = None, check: bool = False) -> Reply:
         """Send one request and wait for its reply (stale replies are skipped)."""
@@ -145,7 +156,7 @@ class Pipeline:
         self.in_flight = 0
         self.timeout_s = timeout_s
 
-    def submit(self, model: str, inputs: Mapping[str, np.ndarray], **fields: Any) -> int:
+    def submit(self, model: str, inputs: Mapping[str, np.ndarray | SharedTensor], **fields: Any) -> int:
         """Send a request without waiting; returns its id."""
         ident = next(self._ids)
         self._dealer.send(encode_request(model, inputs, id=ident, **fields))

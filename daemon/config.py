@@ -61,6 +61,7 @@ class DaemonConfig:
     watch_rescan_s: float = 5.0     # full rescan even without events (lost events, NFS); 0 = never
     spare_worker: bool = True  # keep one worker started ahead for the next cold model
     worker_hang_s: float = 10.0  # a worker silent this long is killed and replaced
+    shared_memory: str = "regions.sock"  # where local clients register input regions (regions.py); "" = off
 
 
 @dataclass(frozen=True)
@@ -182,6 +183,8 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
                 raise ConfigError(file, f"daemon.{key}", f"must be > 0, got {raw[key]}")
     if "spare_worker" in raw:
         _check_type(file, "daemon.spare_worker", raw["spare_worker"], bool)
+    if "shared_memory" in raw:
+        _check_type(file, "daemon.shared_memory", raw["shared_memory"], str)
     for key in ("metrics_port", "inline_max_us", "inline_busy_max_us"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 0)

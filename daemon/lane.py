@@ -14,17 +14,23 @@ paths may overtake each other; requests and replies are matched by their
 sequence number, so that is harmless (docs/decisions.md).
 
 A packet is: frame count (u16), each frame's length (u32), the frames.
+A packet may also carry one file descriptor (`send_fd`): the daemon hands
+its worker a client's shared-memory region that way (regions.py).
 """
 
 from __future__ import annotations
 
+import array
+import os
 import select
 import socket
 import struct
+from collections import deque
 from typing import Any, Sequence
 
 MAX_PACKET = 96 * 1024  # inline tensors (workerwire.INLINE_MAX_BYTES) plus their meta fit
 _COUNT = struct.Struct("<H")
+_FD_SPACE = socket.CMSG_SPACE(array.array("i").itemsize)  # room for one descriptor
 _SNDBUF = 1 << 20  # the kernel caps this at net.core.wmem_max; more room only means fewer refusals
 
 
@@ -42,6 +48,7 @@ class Lane:
         except OSError:
             pass
         self.sock = sock
+        self.fds: deque[int] = deque()  # descriptors that came with packets, oldest first (take_fd)
         self._poll = select.poll()
         self._poll.register(sock, select.POLLIN)
 
@@ -61,13 +68,20 @@ class Lane:
 
     def send(self, frames: Sequence[Any]) -> bool:
         """Send `frames` as one packet; False if they do not fit now (use the slow path)."""
+        return self._send(frames, [])
+
+    def send_fd(self, frames: Sequence[Any], fd: int) -> bool:
+        """Send `frames` with a duplicate of `fd` (SCM_RIGHTS); False if it cannot go now."""
+        return self._send(frames, [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+
+    def _send(self, frames: Sequence[Any], ancillary: list[Any]) -> bool:
         views = [memoryview(f) for f in frames]
         sizes = [v.nbytes for v in views]
         head = _COUNT.pack(len(views)) + struct.pack(f"<{len(views)}I", *sizes)
         if len(head) + sum(sizes) > MAX_PACKET:
             return False
         try:
-            self.sock.sendmsg([head, *views], [], socket.MSG_DONTWAIT)
+            self.sock.sendmsg([head, *views], ancillary, socket.MSG_DONTWAIT)
         except (BlockingIOError, InterruptedError):
             return False  # the buffer is full: the slow path queues it
         except OSError:
@@ -79,11 +93,16 @@ class Lane:
 
         Raises LaneClosed once the other end is closed and every packet was read."""
         try:
-            data = self.sock.recv(MAX_PACKET)
+            data, ancillary, _, _ = self.sock.recvmsg(MAX_PACKET, _FD_SPACE)
         except (BlockingIOError, InterruptedError):
             return None
         except OSError as exc:
             raise LaneClosed(str(exc)) from None
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                fds = array.array("i")
+                fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+                self.fds.extend(fds)
         if not data:
             raise LaneClosed("the other end closed")
         count = _COUNT.unpack_from(data)[0]
@@ -101,5 +120,11 @@ class Lane:
         """Whether a packet (or the end) is waiting, without reading it."""
         return bool(self._poll.poll(0))
 
+    def take_fd(self) -> int | None:
+        """The oldest descriptor received and not yet taken (the caller closes it)."""
+        return self.fds.popleft() if self.fds else None
+
     def close(self) -> None:
         self.sock.close()
+        while self.fds:
+            os.close(self.fds.popleft())

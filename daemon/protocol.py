@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -100,9 +100,37 @@ class TensorMeta:
         return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
 
 
+@dataclass(frozen=True)
+class SharedTensor:
+    """An input that lies in a registered shared-memory region instead of a frame (regions.py).
+
+    On the wire it is the input's entry in the header with `"region"` and
+    `"offset"` added, and no frame of its own."""
+
+    region: str
+    offset: int
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
+
+
+class RegionLookup(Protocol):
+    """Where the daemon finds the bytes a SharedTensor points at (regions.RegionTable)."""
+
+    def view(self, token: str, offset: int, nbytes: int) -> memoryview:
+        """The bytes, or ProtocolError when the region is unknown or too small."""
+        ...
+
+
 @dataclass
 class Request:
-    """A parsed, validated inference request."""
+    """A parsed, validated inference request.
+
+    `shared` names the inputs that came from shared-memory regions; their
+    arrays in `inputs` are views on the daemon's mapping of the region."""
 
     model: str
     inputs: dict[str, np.ndarray]
@@ -111,6 +139,7 @@ class Request:
     outputs: tuple[str, ...] | None = None
     timeout_ms: int | None = None
     key: str | None = None
+    shared: dict[str, SharedTensor] = field(default_factory=dict)
 
 
 @dataclass
@@ -198,10 +227,12 @@ def parse_header(raw: bytes | memoryview, limits: Limits = Limits()) -> dict[str
     return header
 
 
-def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits()) -> Request:
+def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(),
+                  regions: RegionLookup | None = None) -> Request:
     """Validate `[header, tensors...]` and return the request with numpy inputs.
 
-    The arrays are read-only views on the frames: no copy is made.
+    The arrays are read-only views on the frames, or on shared-memory
+    regions for inputs that name one: no copy is made.
     """
     if not frames or (len(frames) == 1 and not len(frames[0])):
         raise _bad("empty message: expected a JSON header frame, then one frame per input tensor")
@@ -216,18 +247,27 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
     metas = header.get("inputs", [])
     if not isinstance(metas, list) or len(metas) > limits.max_tensors:
         raise _bad(f"header field 'inputs' must be a list of at most {limits.max_tensors} tensors (max_tensors)")
-    if len(frames) - 1 != len(metas):
-        raise _bad(f"header lists {len(metas)} inputs but {len(frames) - 1} tensor frames follow")
+    in_frames = sum(1 for m in metas if not (isinstance(m, dict) and "region" in m))
+    if len(frames) - 1 != in_frames:
+        shared = f" (and {len(metas) - in_frames} in shared memory)" if in_frames < len(metas) else ""
+        raise _bad(f"header lists {in_frames} inputs{shared} but {len(frames) - 1} tensor frames follow")
     inputs: dict[str, np.ndarray] = {}
-    for index, (item, frame) in enumerate(zip(metas, frames[1:])):
+    shared: dict[str, SharedTensor] = {}
+    next_frame = iter(frames[1:])
+    for index, item in enumerate(metas):
         meta = _parse_meta(item, index, limits)
         dtype = DTYPES[meta.dtype]
         want = math.prod(meta.shape) * dtype.itemsize
-        if len(frame) != want:
-            raise _bad(f"input {meta.name!r}: {meta.dtype}{list(meta.shape)} needs {want} bytes, "
-                       f"frame has {len(frame)}")
         if meta.name in inputs:
             raise _bad(f"input {meta.name!r} is listed twice")
+        if "region" in item:
+            shared[meta.name] = ref = _parse_shared(item, meta, regions)
+            frame = regions.view(ref.region, ref.offset, want)  # type: ignore[union-attr]
+        else:
+            frame = next(next_frame)
+            if len(frame) != want:
+                raise _bad(f"input {meta.name!r}: {meta.dtype}{list(meta.shape)} needs {want} bytes, "
+                           f"frame has {len(frame)}")
         inputs[meta.name] = np.frombuffer(frame, dtype=dtype).reshape(meta.shape)
     outputs = header.get("outputs")
     if outputs is not None and (not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs)):
@@ -243,8 +283,18 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
         model=model, inputs=inputs, id=ident,
         version=None if version is None else str(version),
         outputs=None if outputs is None else tuple(outputs),
-        timeout_ms=timeout_ms, key=_optional(header, "key", (str, int)),
+        timeout_ms=timeout_ms, key=_optional(header, "key", (str, int)), shared=shared,
     )
+
+
+def _parse_shared(item: dict[str, Any], meta: TensorMeta, regions: RegionLookup | None) -> SharedTensor:
+    if regions is None:
+        raise _bad(f"input {meta.name!r} names a shared-memory region, which this daemon does not take "
+                   "([daemon] shared_memory is off); send the tensor in a frame")
+    token, offset = item["region"], item.get("offset", 0)
+    if not isinstance(token, str) or type(offset) is not int or offset < 0:
+        raise _bad(f"input {meta.name!r}: 'region' must be a string and 'offset' a non-negative integer")
+    return SharedTensor(token, offset, meta.dtype, meta.shape)
 
 
 def request_id(frames: Sequence[bytes | memoryview], limits: Limits = Limits()) -> Any:
@@ -280,13 +330,17 @@ def _frame(array: np.ndarray) -> memoryview | bytes:
     return memoryview(np.ascontiguousarray(array)).cast("B")
 
 
-def encode_request(model: str, inputs: Mapping[str, np.ndarray], *, id: Any = None,
+def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor], *, id: Any = None,
                    version: str | None = None, outputs: Sequence[str] | None = None,
                    timeout_ms: int | None = None, key: str | None = None) -> list[Any]:
-    """Frames of a request: the header, then one raw frame per input."""
+    """Frames of a request: the header, then one raw frame per input (none for a SharedTensor)."""
     header: dict[str, Any] = {"model": model, "inputs": []}
     frames: list[Any] = [b""]
     for name, value in inputs.items():
+        if isinstance(value, SharedTensor):  # no frame: the daemon reads it in the region
+            header["inputs"].append({**TensorMeta(name, value.dtype, value.shape).as_json(),
+                                     "region": value.region, "offset": value.offset})
+            continue
         array = np.asarray(value)
         dtype = dtype_name(array.dtype)
         if dtype not in DTYPES:

@@ -31,6 +31,7 @@ from infermux.events import EventLog
 from infermux.inline import InlinePolicy
 from infermux.job import Job
 from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_request, request_id
+from infermux.regions import RegionServer, RegionTable
 from infermux.registry import Registry, State
 from infermux.router import Router
 from infermux.workers import Workers
@@ -76,8 +77,13 @@ class Server:
         self.ticks: list[Callable[[], None]] = []
         self.poll_ms = 100  # the longest the loop sleeps: ticks (watchdog) run at least this often
         self._frontend_thread = threading.get_ident()
+        # Inputs that local clients leave in shared memory (regions.py); bound in bind().
+        self.regions = RegionTable()
+        self.region_server: RegionServer | None = None
+        self._lookup: RegionTable | None = None
         # Cold models run in worker processes; the memory budget is kept there too (workers.py).
-        self.registry.workers = Workers(self.registry, run_dir, self.reply, self._on_late, self.watch)
+        self.registry.workers = Workers(self.registry, run_dir, self.reply, self._on_late, self.watch,
+                                        self.regions)
         self.ticks.append(self.registry.workers.tick)
 
     # -- replies from any thread -------------------------------------------
@@ -153,6 +159,20 @@ class Server:
         self.frontend = sock
         self._poller.register(sock, zmq.POLLIN)
         self._poller.register(self._bell, zmq.POLLIN)
+        self._bind_regions()
+
+    def _bind_regions(self) -> None:
+        name = self.config.daemon.shared_memory
+        if not name:
+            return
+        path = self.run_dir / name
+        try:
+            self.region_server = RegionServer(path, self.regions, self.watch, self.events)
+        except OSError as exc:
+            raise RuntimeError(f"cannot listen for shared-memory regions on {path}: {exc}; "
+                               "set [daemon] shared_memory to another name, or \"\" to turn it off") from None
+        self._lookup = self.regions
+        self.events.emit("listening", endpoint=f"unix://{path}", what="shared-memory regions")
 
     def start_models(self, done: Callable[[], None] | None = None) -> threading.Thread:
         """Load every configured hot model in the background (requests get 503 meanwhile)."""
@@ -219,6 +239,8 @@ class Server:
             self.frontend.close(linger=500)
         if self.curve is not None:
             self.curve.stop()
+        if self.region_server is not None:
+            self.region_server.close()
         os.close(self._bell)
         for endpoint in self.endpoints:
             ipc.remove(endpoint)
@@ -311,7 +333,7 @@ class Server:
             if len(body) > self.limits.max_tensors + 1:
                 raise ProtocolError(Status.BAD_REQUEST, f"{len(body)} frames; at most "
                                     f"{self.limits.max_tensors} tensors may follow the header (max_tensors)")
-            request = parse_request(body, self.limits)
+            request = parse_request(body, self.limits, self._lookup)
         except ProtocolError as exc:
             ident = request_id(body, self.limits)
             self._send(envelope + encode_reply(error_header(exc.status, exc.message, ident)))

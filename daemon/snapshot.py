@@ -86,6 +86,9 @@ def daemon_view(server: "Server") -> dict[str, Any]:
         "states": {k: v for k, v in states.items() if v},
         "routing": {"strategy": server.config.routing.strategy,
                     "version_mismatch": server.config.routing.version_mismatch},
+        # Clients' input regions (regions.py): mapped, not owned; they count in no budget.
+        "shared_memory": {"socket": str(server.region_server.path) if server.region_server else "",
+                          **server.regions.info()},
     }
 
 

@@ -35,6 +35,7 @@ from infermux.budget import limit_malloc_arenas
 from infermux.inline import InlinePolicy
 from infermux.job import Job
 from infermux.lane import Lane, LaneClosed
+from infermux.regions import MappedRegions
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError
 from infermux.protocol import DTYPES, Request, Status, encode_reply, error_header
@@ -93,6 +94,7 @@ class Worker:
         self._send_lock = threading.Lock()  # executors and the I/O thread share `up`
         self.lane = Lane.from_fd(args.lane)
         self.slots = SlotCache()
+        self.regions = MappedRegions()  # clients' shared-memory regions (regions.py)
         self.shapes = ShapeMemory()
         self.scheduler: Scheduler | None = None
         self.engine: Any = None
@@ -158,6 +160,12 @@ class Worker:
             self._infer(frames)
         elif kind == wire.FORGET:
             self.slots.forget(frames[0][1:].decode())
+        elif kind == wire.MAP:
+            fd = self.lane.take_fd()
+            if fd is not None:
+                self.regions.map(frames[0][1:].decode(), fd)
+        elif kind == wire.UNMAP:
+            self.regions.unmap(frames[0][1:].decode())
         elif kind == wire.LOAD:
             self._load(frames[0][1:])
         elif kind == wire.SET:
@@ -227,11 +235,12 @@ class Worker:
         slot = None if meta["slot"] is None else self.slots.get(meta["slot"])
         envelope: list[Any] = [meta["s"], slot, None]
         try:
-            request = _request(meta, frames[1:] if slot is None else
-                               [slot.view[offset:offset + n] for offset, n in meta["off"]])
+            buffers = frames[1:] if slot is None else [slot.view[offset:offset + n] for offset, n in meta["off"]]
+            if "rg" in meta:
+                buffers = self._with_regions(buffers, meta["rg"], len(meta["t"]))
+            request = _request(meta, buffers)
             if slot is not None:  # the outputs may be computed straight into it (slotoutputs.py)
-                offset, n = meta["off"][-1]
-                envelope[2] = SlotOutputs(slot, offset + n, ShapeMemory.kind(meta["t"], meta["o"]), self.shapes)
+                envelope[2] = SlotOutputs(slot, meta["oo"], ShapeMemory.kind(meta["t"], meta["o"]), self.shapes)
         except (KeyError, TypeError, ValueError, IndexError) as exc:  # a daemon bug, not the client's
             header = error_header(Status.BACKEND_ERROR, f"worker cannot read the request: {exc}", meta.get("id"))
             self._reply(envelope, encode_reply(header))
@@ -243,6 +252,12 @@ class Worker:
             header = error_header(Status.NOT_READY, f"{why}; retry", request.id, retry_after_ms=50,
                                   model=self.name, version=self.version)
             self._reply(envelope, encode_reply(header))
+
+    def _with_regions(self, buffers: list[Any], regions: list[list[Any]], count: int) -> list[Any]:
+        """All inputs in order: those in mapped client regions between the copied ones."""
+        in_region = {index: self.regions.view(token, offset, n) for index, token, offset, n in regions}
+        copied = iter(buffers)
+        return [in_region[i] if i in in_region else next(copied) for i in range(count)]
 
     def _reply(self, envelope: list[Any], frames: list[Any]) -> None:
         """An executor's reply. Outputs the backend computed into the request's slot are only

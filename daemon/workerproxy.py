@@ -36,6 +36,7 @@ from infermux.job import Job
 from infermux.lane import LaneClosed
 from infermux.plugins.base import BackendError, TensorSpec
 from infermux.protocol import Status, dtype_name, encode_reply, error_header
+from infermux.regions import RegionTable
 from infermux.shm import ALIGN, Slot, SlotPool, layout, segment_name
 from infermux.workerproc import WorkerProcess
 
@@ -129,7 +130,8 @@ class WorkerProxy:
     """Forwards one model version's jobs to its worker process and its replies to clients."""
 
     def __init__(self, process: WorkerProcess, config: ModelConfig, ready: dict[str, Any], reply: ReplyFn,
-                 on_late: LateFn, on_exit: ExitFn, stats: Any, strategy: str, watch: Watch) -> None:
+                 on_late: LateFn, on_exit: ExitFn, stats: Any, strategy: str, watch: Watch,
+                 regions: RegionTable | None = None) -> None:
         self.process = process
         self.name, self.version = config.name, config.version
         self._max_queue = config.max_queue
@@ -156,6 +158,11 @@ class WorkerProxy:
                               on_drop=self._forget)
         self._lane = process.take_lane()
         watch(self._lane.fileno(), self._read_lane)
+        # Client regions this worker has mapped (regions.py): their inputs are not copied.
+        self._regions = regions
+        self._mapped: set[str] = set()
+        if regions is not None:
+            regions.subscribe(id(self), self._unmap)
         self._reader = threading.Thread(target=self._read, name=f"worker-{self.name}-{self.version}", daemon=True)
         self._reader.start()
 
@@ -181,8 +188,7 @@ class WorkerProxy:
         return successor.submit(job) if successor is not None else False
 
     def _send_job(self, job: Job) -> bool:
-        body = job.frames[len(job.envelope):]
-        tensors = body[1:]
+        tensors, regions = self._sources(job)
         sizes = [len(t) for t in tensors]
         offsets, span = layout(sizes)
         rows = batcher.rows(job.request.inputs)
@@ -193,15 +199,18 @@ class WorkerProxy:
             "id": req.id, "o": req.outputs, "k": req.key, "m": req.model,
             # Already parsed and checked here: the worker only wraps the bytes, in this order.
             "t": [[name, dtype_name(a.dtype), a.shape] for name, a in req.inputs.items()]}
-        if sum(sizes) > wire.INLINE_MAX_BYTES:
+        if regions:
+            meta["rg"] = regions
+        outputs = self._out_row_bytes * rows
+        if sum(sizes) > wire.INLINE_MAX_BYTES or (regions and outputs > wire.INLINE_MAX_BYTES):
             # The outputs go after the inputs: the worker computes into the slot (slotoutputs.py).
-            need = span + self._out_row_bytes * rows + ALIGN * self._outputs
-            slot = self.slots.acquire(need)  # None: no room in /dev/shm (or zmq still sends them): inline
+            slot = self.slots.acquire(span + outputs + ALIGN * self._outputs)
+            # None: no room in /dev/shm (or zmq still sends them): inline
         if slot is not None:
             view = slot.view
             for offset, size, tensor in zip(offsets, sizes, tensors):
                 view[offset:offset + size] = tensor
-            meta["slot"], meta["off"] = slot.name, [[o, n] for o, n in zip(offsets, sizes)]
+            meta["slot"], meta["off"], meta["oo"] = slot.name, [[o, n] for o, n in zip(offsets, sizes)], span
         seq = meta["s"] = next(self._seq)
         message = [wire.INFER + wire.dumps(meta).encode()]
         if slot is None:
@@ -213,6 +222,46 @@ class WorkerProxy:
             return False
         self._pending[seq] = (job, slot, rows)
         return True
+
+    def _sources(self, job: Job) -> tuple[list[Any], list[list[Any]]]:
+        """The tensors to copy (frames, in input order) and [index, region, offset, nbytes] of the
+        inputs the worker reads in a client's region itself. A region the worker cannot be given
+        (the lane is full) is copied like a frame."""
+        req = job.request
+        frames = job.frames[len(job.envelope) + 1:]
+        if not req.shared:
+            return list(frames), []
+        tensors: list[Any] = []
+        regions: list[list[Any]] = []
+        next_frame = iter(frames)
+        for index, (name, array) in enumerate(req.inputs.items()):
+            ref = req.shared.get(name)
+            if ref is None:
+                tensors.append(next(next_frame))
+            elif self._map(ref.region):
+                regions.append([index, ref.region, ref.offset, ref.nbytes])
+            else:
+                tensors.append(memoryview(array).cast("B"))
+        return tensors, regions
+
+    def _map(self, token: str) -> bool:
+        """Whether the worker has region `token` mapped, handing it the fd first if not."""
+        if token in self._mapped:
+            return True
+        fd = self._regions.fd_of(token) if self._regions is not None else None
+        if fd is None or not self._lane.send_fd([wire.MAP + token.encode()], fd):
+            return False
+        self._mapped.add(token)
+        return True
+
+    def _unmap(self, token: str) -> None:
+        """The client's region is gone (regions.RegionTable.drop): the worker lets go of it too."""
+        with self._lock:
+            if token in self._mapped:
+                self._mapped.discard(token)
+                message = [wire.UNMAP + token.encode()]
+                if not self._lane.send(message):
+                    self.process.send(message)
 
     def _new_view(self, index: int) -> ContextView:
         view = ContextView(index)
@@ -284,7 +333,8 @@ class WorkerProxy:
         return {"pid": self.pid, "state": state, "rss_bytes": self.process.rss(), "gpu_bytes": self.gpu_bytes,
                 "uptime_s": round(time.monotonic() - self.process.started, 1),
                 "heartbeat_age_ms": round((time.monotonic() - self.last_beat) * 1000),
-                "in_flight": len(self._pending), "slots": len(self.slots), "load_ms": self.load_ms}
+                "in_flight": len(self._pending), "slots": len(self.slots), "regions": len(self._mapped),
+                "load_ms": self.load_ms}
 
     # -- the reader thread ---------------------------------------------------------------
 
@@ -425,6 +475,8 @@ class WorkerProxy:
             self._stats.router.record(int(Status.NOT_READY), (time.perf_counter_ns() - job.received_ns) // 1000)
         for view in self.executors:
             self._stats.remove_context(view.stats)
+        if self._regions is not None:
+            self._regions.unsubscribe(id(self))
         self.slots.close()
         self._lane.close()  # the frontend's next poll of it reports it closed, and it lets go
         self.process.close()

@@ -34,6 +34,7 @@ from infermux.executor import LateFn, ReplyFn
 from infermux.inline import InlinePolicy
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError
+from infermux.regions import RegionTable
 from infermux.workerproc import WorkerExited, WorkerProcess, sweep_sockets
 from infermux.memory import MemoryKeeper
 from infermux.workerproxy import RemoteEngine, Watch, WorkerProxy
@@ -55,8 +56,10 @@ SLOT_IDLE_S = 5.0
 class Workers:
     """Starts, watches and stops worker processes."""
 
-    def __init__(self, registry: "Registry", run_dir: Path, reply: ReplyFn, on_late: LateFn, watch: Watch) -> None:
+    def __init__(self, registry: "Registry", run_dir: Path, reply: ReplyFn, on_late: LateFn, watch: Watch,
+                 regions: RegionTable | None = None) -> None:
         self.registry = registry
+        self.regions = regions
         self.events = registry.events
         self.run_dir = run_dir
         self._reply, self._on_late, self._watch_fd = reply, on_late, watch
@@ -180,7 +183,7 @@ class Workers:
             return self.registry._failed(mv, exc, during=getattr(exc, "during", "load"))
         strategy = mc.strategy or self.registry.config.routing.strategy
         proxy = WorkerProxy(process, mc, ready, self._reply, self._on_late, self._exited, mv.stats, strategy,
-                            self._watch_fd)
+                            self._watch_fd, self.regions)
         proxy.unseen_bytes = self.memory.unseen(process, free_before)
         mv.engine = RemoteEngine(wire.specs_from_json(ready["inputs"]), wire.specs_from_json(ready["outputs"]),
                                  int(ready.get("memory_bytes", 0)))

@@ -14,7 +14,11 @@ daemon → worker
            meta: {"s": seq, "slot": name|null, "off": [[offset, nbytes], ...], "r": received_ns,
                   "d": deadline_ns, "fb": fallback|null, "id", "o": outputs, "k": key, "m": model,
                   "t": [[name, dtype, shape], ...]}: the request as the daemon parsed and checked it
+           optional: "oo": where outputs may start in the slot; "rg": [[input index, region token,
+           offset, nbytes], ...]: inputs read in a mapped region, not in "off" or the frames
     FORGET [b"F" slot name]                 the daemon unlinked that slot: unmap it
+    MAP    [b"M" region token] + fd         a client's shared-memory region (regions.py), lane only
+    UNMAP  [b"U" region token]              that client let go of it
     SET    [b"C" JSON]                      contexts / max_batch / batch_delay_us
     EXIT   [b"X"]                           finish what is queued, then exit
 
@@ -47,7 +51,7 @@ from typing import Any
 from infermux.config import ModelConfig
 from infermux.plugins.base import TensorSpec
 
-LOAD, INFER, FORGET, SET, EXIT = b"l", b"I", b"F", b"C", b"X"
+LOAD, INFER, FORGET, SET, EXIT, MAP, UNMAP = b"l", b"I", b"F", b"C", b"X", b"M", b"U"
 HELLO, STAGE, READY, ERROR, REPLY, LATE, BEAT, BYE = b"h", b"s", b"r", b"e", b"R", b"L", b"H", b"b"
 
 _SEQ = struct.Struct("<Q")

@@ -94,3 +94,17 @@ def test_a_child_process_talks_through_the_inherited_end() -> None:
     finally:
         child.kill()
         mine.close()
+
+
+def test_a_descriptor_travels_with_its_packet_and_waits_to_be_taken(lanes) -> None:
+    a, b = lanes
+    fd = os.memfd_create("lane-test")
+    os.write(fd, b"region bytes")
+    assert a.send_fd([b"Mtoken"], fd)
+    assert a.send([b"I{}"])  # a packet without one takes none
+    os.close(fd)  # the receiver holds its own duplicate
+    assert b.recv() == [b"Mtoken"] and b.recv() == [b"I{}"]
+    got = b.take_fd()
+    assert got is not None and b.take_fd() is None
+    assert os.pread(got, 12, 0) == b"region bytes"
+    os.close(got)

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from infermux.protocol import (DTYPES, Limits, ProtocolError, Status, decode_reply, encode_reply,
-                               encode_request, parse_request)
+from infermux.protocol import (DTYPES, Limits, ProtocolError, SharedTensor, Status, decode_reply,
+                               encode_reply, encode_request, parse_request)
 
 
 def frames_of(header: dict, *tensors: bytes) -> list[bytes]:
@@ -91,3 +91,44 @@ def test_big_endian_arrays_go_on_the_wire_little_endian() -> None:
     big = np.arange(3, dtype=">f4")
     frames = encode_request("m", {"x": big})
     assert bytes(frames[1]) == np.arange(3, dtype="<f4").tobytes()
+
+
+class Regions:
+    """A RegionLookup over one bytes object called "r1"."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = memoryview(data)
+
+    def view(self, token: str, offset: int, nbytes: int) -> memoryview:
+        if token != "r1" or offset + nbytes > len(self.data):
+            raise ProtocolError(Status.BAD_REQUEST, "outside")
+        return self.data[offset:offset + nbytes]
+
+
+def test_an_input_in_shared_memory_has_no_frame_and_is_read_in_its_region() -> None:
+    x = np.arange(8, dtype=np.float32)
+    region = Regions(b"\0" * 16 + x.tobytes())
+    frames = encode_request("m", {"a": SharedTensor("r1", 16, "float32", (2, 4)), "b": x})
+    header = json.loads(frames[0])
+    assert len(frames) == 2  # the header and b's frame
+    assert header["inputs"][0] == {"name": "a", "dtype": "float32", "shape": [2, 4], "region": "r1", "offset": 16}
+    request = parse_request(frames, Limits(), region)
+    np.testing.assert_array_equal(request.inputs["a"], x.reshape(2, 4))
+    np.testing.assert_array_equal(request.inputs["b"], x)
+    assert list(request.inputs) == ["a", "b"] and request.shared == {"a": SharedTensor("r1", 16, "float32", (2, 4))}
+    assert np.shares_memory(request.inputs["a"], np.frombuffer(region.data, np.uint8))
+
+
+def test_shared_memory_inputs_are_checked_like_frames() -> None:
+    meta = {"name": "a", "dtype": "float32", "shape": [2], "region": "r1", "offset": 0}
+    region = Regions(b"\0" * 8)
+    with pytest.raises(ProtocolError, match="does not take"):
+        parse_request(frames_of({"model": "m", "inputs": [meta]}), Limits(), None)
+    for bad in ({"offset": -1}, {"offset": "0"}, {"region": 7}):
+        with pytest.raises(ProtocolError, match="non-negative integer"):
+            parse_request(frames_of({"model": "m", "inputs": [{**meta, **bad}]}), Limits(), region)
+    with pytest.raises(ProtocolError, match="outside"):
+        parse_request(frames_of({"model": "m", "inputs": [{**meta, "shape": [3]}]}), Limits(), region)
+    framed = {"name": "b", "dtype": "float32", "shape": [2]}
+    with pytest.raises(ProtocolError, match=r"1 inputs \(and 1 in shared memory\) but 0 tensor frames"):
+        parse_request(frames_of({"model": "m", "inputs": [meta, framed]}), Limits(), region)

@@ -25,8 +25,12 @@ def budget_text(snapshot: dict[str, Any]) -> str:
     mem = (snapshot.get("daemon") or {}).get("memory") or {}
     used, budget = mem.get("models_bytes", 0), mem.get("budget_bytes", 0)
     share = f"{100 * used / budget:.1f}%" if budget else "-"
+    regions = (snapshot.get("daemon") or {}).get("shared_memory") or {}
+    shared = (f" · clients' shared memory {fmt.size(regions['bytes'])} in {regions['regions']} regions"
+              if regions.get("regions") else "")
     return (f"models {bar(used, budget, 30)} {fmt.size(used)} of {fmt.size(budget)} budget ({share})\n"
-            f"[dim]daemon RSS {fmt.size(mem.get('rss_bytes'))} · host memory {fmt.size(mem.get('total_bytes'))}[/]")
+            f"[dim]daemon RSS {fmt.size(mem.get('rss_bytes'))} · host memory {fmt.size(mem.get('total_bytes'))}"
+            f"{shared}[/]")
 
 
 class MemoryTable(KeyedTable):

@@ -1,0 +1,373 @@
+"""Shared-memory inputs: a local client hands the daemon sealed memory, requests point into it.
+
+A camera pipeline on the same box need not push every frame through the
+socket: it registers a region of its own memory once, writes frames into
+it, and each request names a region and an offset for an input instead of
+sending its bytes (Triton's "system shared memory" extension does the
+same). Hot models read the inputs where they lie; cold workers map the
+same region, so a 4.9 MB tensor crosses no process boundary by copy.
+
+Regions are memfds passed as file descriptors, not names in /dev/shm
+(docs/decisions.md):
+- the daemon accepts only a memfd sealed against shrinking (F_SEAL_SHRINK),
+  so its owner cannot truncate it under a read: with a named segment that
+  would be SIGBUS, and the daemon would die mid-request;
+- there is no file to name, guess or leave behind, and no permissions but
+  the registration socket's own (mode 0660, like the inference socket);
+- a region lives as long as the connection that registered it: a client
+  that exits or crashes takes its regions with it.
+
+Registration, one JSON object per SOCK_SEQPACKET packet on the socket
+`[daemon] shared_memory` (default `regions.sock` in the runtime directory):
+
+    → {"op": "register", "name": "cam0"}  with the fd as SCM_RIGHTS
+    ← {"ok": true, "region": "<token>", "bytes": N}   or   {"ok": false, "error": "..."}
+    → {"op": "unregister", "region": "<token>"}
+    ← {"ok": true}
+
+The token is random: a request can name only regions its client was told
+of. Inputs then carry `"region": token, "offset": bytes` in the request
+header and have no frame (protocol.py).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import mmap
+import os
+import secrets
+import socket
+import stat
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from infermux import ipc
+from infermux.protocol import DTYPES, ProtocolError, SharedTensor, Status, dtype_name
+
+log = logging.getLogger("infermux.regions")
+
+MAX_CLIENTS = 64
+MAX_REGIONS_PER_CLIENT = 64
+MAX_REGION_BYTES = 1 << 32
+_PACKET = 4096
+
+Watch = Callable[[int, Callable[[], bool]], None]
+
+
+@dataclass
+class Region:
+    """One registered memfd, mapped read-only in the daemon."""
+
+    token: str
+    name: str
+    size: int
+    fd: int
+    view: memoryview  # read-only, on the mapping; numpy arrays on it keep the mapping alive
+    owner: int  # the registering connection's fd
+
+
+@dataclass
+class RegionTable:
+    """Every registered region by token; looked up on the frontend thread for each request."""
+
+    regions: dict[str, Region] = field(default_factory=dict)
+    _listeners: dict[int, Callable[[str], None]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def view(self, token: str, offset: int, nbytes: int) -> memoryview:
+        """`nbytes` at `offset` in region `token` (protocol.RegionLookup)."""
+        region = self.regions.get(token)
+        if region is None:
+            raise ProtocolError(Status.BAD_REQUEST, f"no shared-memory region {token[:40]!r}: it was never "
+                                "registered or its client closed it; register it again (client.SharedMemory)")
+        if offset < 0 or offset + nbytes > region.size:
+            raise ProtocolError(Status.BAD_REQUEST, f"bytes {offset}..{offset + nbytes} are outside region "
+                                f"{region.name or token[:8]!r} of {region.size} bytes")
+        return region.view[offset:offset + nbytes]
+
+    def fd_of(self, token: str) -> int | None:
+        region = self.regions.get(token)
+        return None if region is None else region.fd
+
+    def add(self, region: Region) -> None:
+        self.regions[region.token] = region
+
+    def drop(self, token: str) -> None:
+        """Forget a region: workers that mapped it are told, the fd is closed. Arrays still
+        being read keep the daemon's mapping until they are done."""
+        region = self.regions.pop(token, None)
+        if region is None:
+            return
+        with self._lock:
+            listeners = list(self._listeners.values())
+        for listener in listeners:
+            listener(token)
+        os.close(region.fd)
+
+    def owned_by(self, owner: int) -> list[str]:
+        return [t for t, r in self.regions.items() if r.owner == owner]
+
+    def subscribe(self, key: int, on_drop: Callable[[str], None]) -> None:
+        """Call `on_drop(token)` whenever a region goes (a worker proxy unmaps it in its worker)."""
+        with self._lock:
+            self._listeners[key] = on_drop
+
+    def unsubscribe(self, key: int) -> None:
+        with self._lock:
+            self._listeners.pop(key, None)
+
+    def info(self) -> dict[str, Any]:
+        """For the admin `status` view: how many regions, and their bytes."""
+        regions = list(self.regions.values())
+        return {"regions": len(regions), "bytes": sum(r.size for r in regions),
+                "clients": len({r.owner for r in regions})}
+
+
+class RegionServer:
+    """The registration socket; every handler runs on the frontend thread (Server.watch)."""
+
+    def __init__(self, path: Path, table: RegionTable, watch: Watch, events: Any = None) -> None:
+        self.path = path
+        self.table = table
+        self.events = events
+        self._watch = watch
+        self._clients: dict[int, socket.socket] = {}
+        path.unlink(missing_ok=True)  # a stale file from a daemon that was killed
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock.bind(str(path))
+        ipc.secure(f"ipc://{path}")  # 0660 and group infermux, like the inference socket
+        self.sock.listen(16)
+        self.sock.setblocking(False)
+        watch(self.sock.fileno(), self._accept)
+
+    def _accept(self) -> bool:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                return False  # closed at shutdown
+            if len(self._clients) >= MAX_CLIENTS:
+                _answer(conn, {"ok": False, "error": f"{MAX_CLIENTS} clients hold shared memory already; "
+                                                     "close one, or send tensors in frames"})
+                conn.close()
+                continue
+            conn.setblocking(False)
+            fd = conn.fileno()
+            self._clients[fd] = conn
+            self._watch(fd, lambda fd=fd: self._serve(fd))
+
+    def _serve(self, fd: int) -> bool:
+        conn = self._clients[fd]
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(conn, _PACKET, 4)
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                self._closed(fd)
+                return False
+            try:
+                answer = self._handle(fd, data, fds)
+            finally:
+                for extra in fds:
+                    os.close(extra)  # the handler dup()s what it keeps
+            _answer(conn, answer)
+
+    def _handle(self, owner: int, data: bytes, fds: list[int]) -> dict[str, Any]:
+        try:
+            message = json.loads(data)
+            op = message.get("op")
+        except (ValueError, AttributeError):
+            return {"ok": False, "error": "expected a JSON object with \"op\": register or unregister"}
+        if op == "unregister":
+            token = message.get("region")
+            if token not in self.table.owned_by(owner):
+                return {"ok": False, "error": f"no region {str(token)[:40]!r} registered on this connection"}
+            self._drop(token, "unregistered")
+            return {"ok": True}
+        if op != "register":
+            return {"ok": False, "error": f"unknown op {str(op)[:40]!r}: register or unregister"}
+        if len(fds) != 1:
+            return {"ok": False, "error": f"register takes exactly one file descriptor (SCM_RIGHTS), got {len(fds)}"}
+        if len(self.table.owned_by(owner)) >= MAX_REGIONS_PER_CLIENT:
+            return {"ok": False, "error": f"{MAX_REGIONS_PER_CLIENT} regions per connection at most; "
+                                          "unregister one or use one bigger region"}
+        try:
+            region = _map(fds[0], str(message.get("name") or "")[:64], owner)
+        except (OSError, ValueError) as exc:
+            return {"ok": False, "error": str(exc)}
+        self.table.add(region)
+        self._emit("region_registered", name=region.name, bytes=region.size, regions=len(self.table.regions))
+        return {"ok": True, "region": region.token, "bytes": region.size}
+
+    def _closed(self, fd: int) -> None:
+        for token in self.table.owned_by(fd):
+            self._drop(token, "client closed its connection")
+        self._clients.pop(fd).close()
+
+    def _drop(self, token: str, reason: str) -> None:
+        region = self.table.regions[token]
+        self.table.drop(token)
+        self._emit("region_released", name=region.name, bytes=region.size, reason=reason)
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self.events is not None:
+            self.events.emit(kind, **fields)
+        else:
+            log.info("%s %s", kind, fields)
+
+    def close(self) -> None:
+        """Stop taking registrations and forget every region (at shutdown)."""
+        for fd in list(self._clients):
+            self._closed(fd)
+        self.sock.close()
+        self.path.unlink(missing_ok=True)
+
+
+class MappedRegions:
+    """A worker's mappings of its clients' regions, by token (MAP and UNMAP from the daemon)."""
+
+    def __init__(self) -> None:
+        self._views: dict[str, memoryview] = {}
+        self._gone: deque[str] = deque(maxlen=256)  # an UNMAP that overtook its MAP (lane vs pipe)
+
+    def map(self, token: str, fd: int) -> None:
+        try:
+            if token not in self._gone:
+                size = os.fstat(fd).st_size  # the daemon checked the seal: it cannot shrink
+                self._views[token] = memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ))
+        finally:
+            os.close(fd)
+
+    def unmap(self, token: str) -> None:
+        """Drop the mapping; requests still reading it keep it until they are done."""
+        if self._views.pop(token, None) is None:
+            self._gone.append(token)
+
+    def view(self, token: str, offset: int, nbytes: int) -> memoryview:
+        return self._views[token][offset:offset + nbytes]
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+
+def _map(fd: int, name: str, owner: int) -> Region:
+    """Check that `fd` is a memfd sealed against shrinking, and map it read-only."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError("the descriptor is not a memfd (os.memfd_create with MFD_ALLOW_SEALING)")
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        raise ValueError("the descriptor cannot be sealed: create it with "
+                         "os.memfd_create(name, os.MFD_ALLOW_SEALING)") from None
+    if not seals & fcntl.F_SEAL_SHRINK:
+        raise ValueError("seal the memfd against shrinking first (fcntl F_ADD_SEALS, F_SEAL_SHRINK): "
+                         "a region cut short under a read would crash the daemon")
+    if not 0 < info.st_size <= MAX_REGION_BYTES:
+        raise ValueError(f"a region holds 1 to {MAX_REGION_BYTES} bytes; this one has {info.st_size}")
+    mapping = mmap.mmap(fd, info.st_size, prot=mmap.PROT_READ)
+    return Region(secrets.token_hex(16), name, info.st_size, os.dup(fd), memoryview(mapping), owner)
+
+
+def _answer(conn: socket.socket, answer: dict[str, Any]) -> None:
+    try:
+        conn.send(json.dumps(answer).encode())
+    except OSError:
+        pass  # the client is gone; its close is seen next
+
+
+def regions_path(endpoint: str) -> Path:
+    """Where a daemon listening on ipc `endpoint` takes registrations by default: beside it."""
+    if not endpoint.startswith("ipc://"):
+        raise ValueError(f"shared memory needs a local ipc:// endpoint, not {endpoint}")
+    return Path(endpoint[len("ipc://"):]).parent / "regions.sock"
+
+
+class SharedMemory:
+    """A client's region: sealed memory that requests can point into.
+
+        with SharedMemory.beside("ipc:///run/infermux/infer.sock", 8 << 20) as shm:
+            frame = shm.ndarray((1, 3, 640, 640), "float32")
+            frame[:] = camera.read()
+            client.infer("detector", {"images": shm.ref(frame)})
+
+    Do not write an array while a request that points at it is in flight.
+    """
+
+    def __init__(self, path: str | Path, nbytes: int, name: str = "infermux") -> None:
+        self.size = nbytes
+        self._fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            os.ftruncate(self._fd, nbytes)
+            fcntl.fcntl(self._fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
+            self._map = mmap.mmap(self._fd, nbytes)
+            self._sock.settimeout(10)
+            try:
+                self._sock.connect(str(path))
+            except OSError as exc:
+                raise ConnectionError(f"cannot register shared memory at {path}: {exc}; is `infermux serve` "
+                                      "running, with [daemon] shared_memory on?") from None
+            socket.send_fds(self._sock, [json.dumps({"op": "register", "name": name}).encode()], [self._fd])
+            answer = json.loads(self._sock.recv(_PACKET) or b"{}")
+        except BaseException:
+            self.close()
+            raise
+        if not answer.get("ok"):
+            self.close()
+            raise ConnectionError(f"the daemon refused the region: {answer.get('error', 'no answer')}")
+        self.token: str = answer["region"]
+        self._base = np.frombuffer(self._map, dtype=np.uint8)
+
+    @classmethod
+    def beside(cls, endpoint: str, nbytes: int, name: str = "infermux") -> "SharedMemory":
+        """A region registered with the daemon that listens on ipc `endpoint` (default layout)."""
+        return cls(regions_path(endpoint), nbytes, name)
+
+    def ndarray(self, shape: tuple[int, ...], dtype: Any = "float32", offset: int = 0) -> np.ndarray:
+        """A writable array in the region at `offset` bytes."""
+        dt = np.dtype(dtype)
+        count = int(np.prod(shape, dtype=np.int64))
+        return self._base[offset:offset + count * dt.itemsize].view(dt).reshape(shape)
+
+    def ref(self, array: np.ndarray) -> SharedTensor:
+        """What a request sends instead of `array`, which must lie in this region."""
+        start = array.__array_interface__["data"][0] - self._base.__array_interface__["data"][0]
+        if not array.flags.c_contiguous or start < 0 or start + array.nbytes > self.size:
+            raise ValueError("ref() takes a C-contiguous array made by this region's ndarray()")
+        dtype = dtype_name(array.dtype)
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {array.dtype} cannot go on the wire; use one of {', '.join(DTYPES)}")
+        return SharedTensor(self.token, start, dtype, tuple(array.shape))
+
+    def close(self) -> None:
+        """Unregister (closing the connection does it) and unmap; arrays on it must be dropped first."""
+        self._sock.close()
+        mapping = getattr(self, "_map", None)
+        self._base = None
+        if mapping is not None:
+            try:
+                mapping.close()
+            except BufferError:
+                pass  # arrays on it still live: the mapping goes with the last of them
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def __enter__(self) -> "SharedMemory":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

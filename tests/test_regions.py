@@ -1,0 +1,255 @@
+"""Inputs in clients' shared memory (regions.py), against real daemons, workers and memfds."""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from harness import Daemon
+from infermux.client import SharedMemory, SharedTensor
+from infermux.regions import MAX_REGIONS_PER_CLIENT, MappedRegions, RegionTable, regions_path
+from test_workers import start, stop_clean, until_200, worker
+
+X = np.random.default_rng(9).random((64, 512), dtype=np.float32)  # 128 KB: a worker would copy it into a slot
+MODELS = """
+[[models]]
+name = "hot"
+engine = "fast512/1/model.onnx"
+
+[[models]]
+name = "cold"
+engine = "fast512/1/model.onnx"
+mode = "multiproc"
+preload = true
+"""
+
+
+def mapped(pid: int, name: str) -> bool:
+    """Whether process `pid` maps the memfd called `name` (its /proc maps show `/memfd:name`)."""
+    return f"/memfd:{name} " in Path(f"/proc/{pid}/maps").read_text()
+
+
+def eventually(check, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def register(path: Path, fds: list[int], message: object = None) -> dict:
+    """One raw registration exchange, as a client in another language would do it."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+        sock.settimeout(5)
+        sock.connect(str(path))
+        body = json.dumps(message if message is not None else {"op": "register", "name": "raw"}).encode()
+        socket.send_fds(sock, [body], fds)
+        return json.loads(sock.recv(4096))
+
+
+def sealed_memfd(size: int, seals: int = fcntl.F_SEAL_SHRINK) -> int:
+    fd = os.memfd_create("raw", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    if seals:
+        fcntl.fcntl(fd, fcntl.F_ADD_SEALS, seals)
+    return fd
+
+
+def test_inputs_in_shared_memory_give_the_outputs_of_frames_hot_and_cold(make_daemon) -> None:
+    d = start(make_daemon, MODELS)
+    with d.client() as client, SharedMemory.beside(d.endpoint, 1 << 20, "infer-test") as shm:
+        x = shm.ndarray(X.shape, X.dtype, offset=4096)
+        x[:] = X
+        by_frame = client.infer("hot", {"x": X})
+        hot = client.infer("hot", {"x": shm.ref(x)})
+        cold = [until_200(client, "cold", shm.ref(x)) for _ in range(3)]  # the later ones computed into a slot
+        x[:2] *= 3  # the client rewrites its region between requests, as a camera would
+        small = client.infer("cold", {"x": shm.ref(x[:2])})
+        small_hot = client.infer("hot", {"x": X[:2] * 3})
+        pid = worker(d, "cold")["pid"]
+        assert worker(d, "cold")["regions"] == 1
+        assert mapped(pid, "infer-test"), "the worker should read the client's region itself, not a copy"
+        with d.admin() as admin:
+            shared = admin.call("status")["daemon"]["shared_memory"]
+        assert shared["regions"] == 1 and shared["bytes"] == 1 << 20
+    assert hot.status == 200, hot.header
+    np.testing.assert_array_equal(hot.outputs["y"], by_frame.outputs["y"])
+    for reply in cold:
+        assert reply.status == 200, reply.header
+        np.testing.assert_array_equal(reply.outputs["y"], by_frame.outputs["y"])
+    np.testing.assert_array_equal(small.outputs["y"], small_hot.outputs["y"])
+    # The client closed its region: the daemon and the worker let go of it.
+    assert eventually(lambda: "region_released name=infer-test" in d.log())
+    assert eventually(lambda: not mapped(pid, "infer-test"))
+    assert not mapped(d.proc.pid, "infer-test")
+    stop_clean(d)
+
+
+def test_an_input_in_a_region_and_another_in_a_frame_travel_together(make_daemon) -> None:
+    d = start(make_daemon, '[[models]]\nname = "hot"\nengine = "reshaper/1/model.onnx"\n'
+                           '[[models]]\nname = "cold"\nengine = "reshaper/1/model.onnx"\nmode = "multiproc"\n')
+    x = np.arange(24, dtype=np.float32).reshape(6, 4)
+    shape = np.array([3, 8], dtype=np.int64)
+    with d.client() as client, SharedMemory.beside(d.endpoint, 4096) as shm:
+        rx, rshape = shm.ndarray(x.shape, x.dtype), shm.ndarray(shape.shape, shape.dtype, offset=1024)
+        rx[:], rshape[:] = x, shape
+        until_200_model(client, "cold", {"x": x, "shape": shape})
+        replies = [client.infer(model, inputs) for model in ("hot", "cold")
+                   for inputs in ({"x": shm.ref(rx), "shape": shape}, {"x": x, "shape": shm.ref(rshape)},
+                                  {"shape": shm.ref(rshape), "x": shm.ref(rx)})]
+    for reply in replies:
+        assert reply.status == 200, reply.header
+        np.testing.assert_array_equal(reply.outputs["y"], x.reshape(3, 8))
+    stop_clean(d)
+
+
+def until_200_model(client, model: str, inputs: dict, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while client.infer(model, inputs).status != 200:
+        assert time.monotonic() < deadline, f"{model} never answered 200"
+        time.sleep(0.05)
+
+
+def test_a_region_ends_with_its_client_even_when_the_client_is_killed(make_daemon) -> None:
+    d = start(make_daemon, MODELS)
+    script = (f"import sys, time; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+              "from infermux.client import SharedMemory\n"
+              f"shm = SharedMemory.beside({d.endpoint!r}, 1 << 20, 'doomed')\n"
+              "print(shm.ref(shm.ndarray((64, 512))).region, flush=True)\ntime.sleep(60)\n")
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    token = child.stdout.readline().strip()
+    ref = SharedTensor(token, 0, "float32", (64, 512))
+    with d.client() as client:
+        assert client.infer("hot", {"x": ref}).status == 200  # another client may use a token it was given
+        until_200(client, "cold", ref)
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+        assert eventually(lambda: "region_released name=doomed" in d.log())
+        for model in ("hot", "cold"):
+            reply = client.infer(model, {"x": ref})
+            assert reply.status == 400 and "no shared-memory region" in reply.error, reply.header
+            assert "register it again" in reply.error
+    assert eventually(lambda: not mapped(worker(d, "cold")["pid"], "doomed"))
+    stop_clean(d)
+
+
+def test_requests_pointing_outside_a_region_get_400_and_the_daemon_serves_on(make_daemon) -> None:
+    d = start(make_daemon, MODELS)
+    with d.client() as client, SharedMemory.beside(d.endpoint, 65536, "small") as shm:
+        ref = shm.ref(shm.ndarray((8, 512)))
+        cases = {"outside": dataclasses.replace(ref, offset=65536 - 100),
+                 "too big": dataclasses.replace(ref, shape=(64, 512)),
+                 "negative offset": dataclasses.replace(ref, offset=-4),
+                 "not a token": dataclasses.replace(ref, region="0" * 32)}
+        for case, bad in cases.items():
+            for model in ("hot", "cold"):
+                reply = client.infer(model, {"x": bad})
+                assert reply.status == 400, (case, model, reply.header)
+        assert "outside region 'small' of 65536 bytes" in client.infer("hot", {"x": cases["outside"]}).error
+        assert until_200(client, "cold", ref).status == 200
+    stop_clean(d)
+
+
+def test_registrations_without_a_sealed_memfd_are_refused_with_what_to_do(make_daemon) -> None:
+    d = start(make_daemon, MODELS)
+    path = Path(d.endpoint[len("ipc://"):]).parent / "regions.sock"
+    assert path == regions_path(d.endpoint)
+    unsealed, empty, pipe_r = sealed_memfd(4096, 0), sealed_memfd(0), os.pipe()[0]
+    try:
+        assert "F_SEAL_SHRINK" in register(path, [unsealed])["error"]
+        assert "1 to" in register(path, [empty])["error"]
+        assert "not a memfd" in register(path, [pipe_r])["error"]
+        assert "exactly one file descriptor" in register(path, [])["error"]
+        assert "unknown op" in register(path, [], {"op": "steal"})["error"]
+        assert "JSON object" in register(path, [], ["register"])["error"]
+        assert "no region" in register(path, [], {"op": "unregister", "region": "x"})["error"]
+    finally:
+        for fd in (unsealed, empty, pipe_r):
+            os.close(fd)
+    with d.client() as client:
+        assert client.infer("hot", {"x": X}).status == 200
+    assert "region_registered" not in d.log()
+    stop_clean(d)
+
+
+def test_one_connection_holds_a_bounded_number_of_regions_and_can_unregister(make_daemon) -> None:
+    d = start(make_daemon, MODELS)
+    fds = [sealed_memfd(4096) for _ in range(MAX_REGIONS_PER_CLIENT + 1)]
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+            sock.connect(str(regions_path(d.endpoint)))
+
+            def ask(message: dict, fd_list: list[int]) -> dict:
+                socket.send_fds(sock, [json.dumps(message).encode()], fd_list)
+                return json.loads(sock.recv(4096))
+
+            answers = [ask({"op": "register"}, [fd]) for fd in fds]
+            assert all(a["ok"] for a in answers[:-1])
+            assert not answers[-1]["ok"] and "regions per connection" in answers[-1]["error"]
+            assert ask({"op": "unregister", "region": answers[0]["region"]}, []) == {"ok": True}
+            assert ask({"op": "register"}, [fds[-1]])["ok"]
+            with d.client() as client:
+                gone = SharedTensor(answers[0]["region"], 0, "float32", (1, 512))
+                assert client.infer("hot", {"x": gone}).status == 400
+    finally:
+        for fd in fds:
+            os.close(fd)
+    stop_clean(d)
+
+
+def test_with_shared_memory_off_a_client_is_told_and_region_inputs_get_400(make_daemon) -> None:
+    from test_workers import HEAD
+    head = HEAD.replace("{hang}", "10").replace("{budget}", "80%") + 'shared_memory = ""\n'
+    d = make_daemon(MODELS, head=head)
+    with pytest.raises(ConnectionError, match="shared_memory"):
+        SharedMemory.beside(d.endpoint, 4096)
+    with d.client() as client:
+        reply = client.infer("hot", {"x": SharedTensor("0" * 32, 0, "float32", (1, 512))})
+    assert reply.status == 400 and "send the tensor in a frame" in reply.error
+    stop_clean(d)
+
+
+def test_a_worker_that_crashes_with_a_region_mapped_is_given_it_again(make_daemon) -> None:
+    d = start(make_daemon, MODELS)
+    with d.client() as client, SharedMemory.beside(d.endpoint, 1 << 20, "survivor") as shm:
+        x = shm.ndarray(X.shape, X.dtype)
+        x[:] = X
+        first = until_200(client, "cold", shm.ref(x))
+        pid = worker(d, "cold")["pid"]
+        os.kill(pid, signal.SIGKILL)
+        again = until_200(client, "cold", shm.ref(x))
+        new_pid = worker(d, "cold")["pid"]
+        assert new_pid != pid and mapped(new_pid, "survivor")
+    np.testing.assert_array_equal(first.outputs["y"], again.outputs["y"])
+    stop_clean(d)
+
+
+def test_a_worker_ignores_an_unmap_that_overtook_its_map() -> None:
+    regions = MappedRegions()
+    regions.unmap("late")  # UNMAP by the pipe, before the MAP still in the lane
+    fd = sealed_memfd(4096)
+    regions.map("late", os.dup(fd))
+    assert len(regions) == 0
+    regions.map("fresh", fd)  # map() closes the descriptor it is given, mapped or not
+    assert regions.view("fresh", 1024, 16).nbytes == 16
+    with pytest.raises(OSError):
+        os.fstat(fd)
+
+
+def test_the_region_table_names_what_is_wrong() -> None:
+    table = RegionTable()
+    with pytest.raises(Exception, match="never registered or its client closed it"):
+        table.view("nope", 0, 4)
+    assert table.info() == {"regions": 0, "bytes": 0, "clients": 0}
