@@ -4,13 +4,15 @@
     reply = Client("ipc:///run/infermux/infer.sock").infer("classifier", {"images": x})
     reply.outputs["probs"], reply.header["timing_us"]
 
-On the same machine, inputs can stay in shared memory instead of travelling
-through the socket (regions.py):
+On the same machine, inputs and outputs can stay in shared memory instead
+of travelling through the socket (regions.py):
 
     with SharedMemory.beside(endpoint, 8 << 20) as shm:
         x = shm.ndarray((1, 3, 224, 224), "float32")
+        probs = shm.ndarray((1, 1000), "float32", offset=x.nbytes)
         x[:] = frame
-        reply = client.infer("classifier", {"images": shm.ref(x)})
+        reply = client.infer("classifier", {"images": shm.ref(x)}, output_regions={"probs": shm.ref(probs)})
+        # reply.outputs["probs"] is a view on `probs`
 
 `Client` is blocking (a REQ-like exchange on a DEALER socket, so a lost
 reply never wedges the socket). `Pipeline` keeps many requests in flight on
@@ -27,7 +29,7 @@ import numpy as np
 import zmq
 
 from infermux.protocol import Reply, SharedTensor, decode_reply, encode_request
-from infermux.regions import SharedMemory
+from infermux.regions import SharedMemory, local_view
 
 __all__ = ["AdminClient", "AdminError", "Client", "InferError", "Pipeline", "SharedMemory", "SharedTensor"]
 
@@ -73,7 +75,7 @@ class _Dealer:
         frames = self.socket.recv_multipart(copy=False)
         if frames and len(frames[0]) == 0:
             frames = frames[1:]
-        return decode_reply([f.buffer for f in frames])
+        return decode_reply([f.buffer for f in frames], local_view)
 
     def close(self) -> None:
         self.socket.close(0)
@@ -99,13 +101,17 @@ class Client:
 
     def infer(self, model: str, inputs: Mapping[str, np.ndarray | SharedTensor], *, version: str | None = None,
               outputs: Sequence[str] | None = None, timeout_ms: int | None = None,
-              key: str | None = None, check: bool = False) -> Reply:
-        """Send one request and wait for its reply (stale replies are skipped)."""
+              key: str | None = None, check: bool = False,
+              output_regions: Mapping[str, SharedTensor] | None = None) -> Reply:
+        """Send one request and wait for its reply (stale replies are skipped).
+
+        `output_regions`: outputs to be written into this process's shared memory
+        (`SharedMemory.ref` of the array to fill); the reply's arrays are then views there."""
         for attempt in range(self.retries + 1):
             ident = next(self._ids)
             try:
                 self._dealer.send(encode_request(model, inputs, id=ident, version=version, outputs=outputs,
-                                                 timeout_ms=timeout_ms, key=key))
+                                                 timeout_ms=timeout_ms, key=key, output_regions=output_regions))
                 reply = self._await(ident)
                 break
             except TimeoutError:

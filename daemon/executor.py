@@ -18,7 +18,8 @@ from infermux.fairqueue import Closed, FairQueue
 from infermux.inline import track_compute
 from infermux.job import Job
 from infermux.plugins.base import Context, InputRejected, OutputsMismatch
-from infermux.protocol import Status, encode_reply, error_header
+from infermux.protocol import Status, dtype_name, encode_reply, error_header
+from infermux.slotoutputs import RegionOutputs, ShapeMemory, kind_of
 from infermux.stats import Stats
 
 log = logging.getLogger("infermux.executor")
@@ -63,6 +64,7 @@ class Executor:
         self.stats = Stats()  # replaced by the scheduler with this context's share of the model's stats
         self._policy = policy
         self._busy = threading.Lock()  # held while the context computes, by whichever thread
+        self._shapes = ShapeMemory()  # output shapes by kind of request, for RegionOutputs
         self._thread = threading.Thread(target=self._run, name=f"exec-{name}-{version}-{index}", daemon=True)
 
     def start(self) -> None:
@@ -210,14 +212,18 @@ class Executor:
         self.served += len(jobs)
 
     def _infer_one(self, job: Job) -> dict[str, Any]:
-        """One request alone: into the arrays its placement offers where the backend can (base.WritesOutputs)."""
+        """One request alone: into the arrays its placement offers where the backend can (base.WritesOutputs):
+        a worker's slot, or the client's own regions (slotoutputs.py)."""
         into = getattr(self._context, "infer_into", None)
-        arrays = job.place.arrays() if job.place is not None and into is not None else None
+        place = job.place
+        if place is None and job.request.output_regions:
+            place = RegionOutputs(job.request, self._shapes)
+        arrays = place.arrays() if place is not None and into is not None else None
         if arrays:
             try:
                 return into(job.request.inputs, arrays)
             except OutputsMismatch:
-                job.place.mismatch()  # type: ignore[union-attr]
+                place.mismatch()  # type: ignore[union-attr]
         return self._context.infer(job.request.inputs)
 
     def _succeed(self, job: Job, outputs: dict, start: int, end: int, batch: int) -> None:
@@ -225,6 +231,9 @@ class Executor:
         req = job.request
         if req.outputs is not None:
             outputs = {name: outputs[name] for name in req.outputs}
+        if req.output_regions and not batch:  # the next request of its kind goes straight there
+            self._shapes.learn(kind_of(req), [{"name": n, "dtype": dtype_name(a.dtype), "shape": list(a.shape)}
+                                              for n, a in outputs.items()])
         queue_us, compute_us = (start - job.received_ns) // 1000, (end - start) // 1000
         total_us = (time.perf_counter_ns() - job.received_ns) // 1000
         header: dict[str, Any] = {
@@ -235,7 +244,7 @@ class Executor:
             header["batch"] = batch
         if job.fallback:
             header["fallback"] = job.fallback
-        self._reply(job.envelope, encode_reply(header, outputs))
+        self._reply(job.envelope, encode_reply(header, outputs, req.output_regions))
         self.stats.record(200, total_us, queue_us, compute_us, batch)
 
     def _fail(self, jobs: list[Job], status: Status, message: str) -> None:

@@ -12,7 +12,7 @@ import json
 import math
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -124,13 +124,28 @@ class RegionLookup(Protocol):
         """The bytes, or ProtocolError when the region is unknown or too small."""
         ...
 
+    def writable(self, token: str, offset: int) -> memoryview:
+        """The region from `offset` to its end, writable; ProtocolError when it cannot be written."""
+        ...
+
+
+@dataclass(frozen=True)
+class OutputRegion:
+    """Where a request asked for one output to be written: `view` is its region from `offset` on."""
+
+    region: str
+    offset: int
+    view: memoryview
+
 
 @dataclass
 class Request:
     """A parsed, validated inference request.
 
     `shared` names the inputs that came from shared-memory regions; their
-    arrays in `inputs` are views on the daemon's mapping of the region."""
+    arrays in `inputs` are views on the daemon's mapping of the region.
+    `output_regions` names the outputs the client wants written into its
+    regions instead of sent in frames (when they fit)."""
 
     model: str
     inputs: dict[str, np.ndarray]
@@ -140,6 +155,7 @@ class Request:
     timeout_ms: int | None = None
     key: str | None = None
     shared: dict[str, SharedTensor] = field(default_factory=dict)
+    output_regions: dict[str, OutputRegion] = field(default_factory=dict)
 
 
 @dataclass
@@ -284,7 +300,29 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
         version=None if version is None else str(version),
         outputs=None if outputs is None else tuple(outputs),
         timeout_ms=timeout_ms, key=_optional(header, "key", (str, int)), shared=shared,
+        output_regions=_parse_output_regions(header, regions),
     )
+
+
+def _parse_output_regions(header: dict[str, Any], regions: RegionLookup | None) -> dict[str, OutputRegion]:
+    wanted = header.get("output_regions")
+    if wanted is None:
+        return {}
+    if not isinstance(wanted, dict) or len(wanted) > 64:
+        raise _bad("header field 'output_regions' must map at most 64 output names to "
+                   "{\"region\": token, \"offset\": bytes}")
+    if regions is None:
+        raise _bad("'output_regions' needs shared memory, which this daemon does not take "
+                   "([daemon] shared_memory is off); leave it out to get outputs in frames")
+    out = {}
+    for name, place in wanted.items():
+        token = place.get("region") if isinstance(place, dict) else None
+        offset = place.get("offset", 0) if isinstance(place, dict) else None
+        if not isinstance(token, str) or type(offset) is not int or offset < 0:
+            raise _bad(f"output_regions[{_short(name)}] must be {{\"region\": token, \"offset\": a "
+                       "non-negative integer}")
+        out[name] = OutputRegion(token, offset, regions.writable(token, offset))
+    return out
 
 
 def _parse_shared(item: dict[str, Any], meta: TensorMeta, regions: RegionLookup | None) -> SharedTensor:
@@ -332,8 +370,12 @@ def _frame(array: np.ndarray) -> memoryview | bytes:
 
 def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor], *, id: Any = None,
                    version: str | None = None, outputs: Sequence[str] | None = None,
-                   timeout_ms: int | None = None, key: str | None = None) -> list[Any]:
-    """Frames of a request: the header, then one raw frame per input (none for a SharedTensor)."""
+                   timeout_ms: int | None = None, key: str | None = None,
+                   output_regions: Mapping[str, SharedTensor] | None = None) -> list[Any]:
+    """Frames of a request: the header, then one raw frame per input (none for a SharedTensor).
+
+    `output_regions`: outputs to be written into the client's regions, each at
+    the offset of the given SharedTensor (its dtype and shape are not sent)."""
     header: dict[str, Any] = {"model": model, "inputs": []}
     frames: list[Any] = [b""]
     for name, value in inputs.items():
@@ -352,12 +394,19 @@ def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor], 
             header[key_] = value
     if outputs is not None:
         header["outputs"] = list(outputs)
+    if output_regions:
+        header["output_regions"] = {name: {"region": ref.region, "offset": ref.offset}
+                                    for name, ref in output_regions.items()}
     frames[0] = encode_header(header)
     return frames
 
 
-def encode_reply(header: dict[str, Any], outputs: Mapping[str, np.ndarray] | None = None) -> list[Any]:
-    """Frames of a reply; `header['outputs']` is filled from `outputs`."""
+def encode_reply(header: dict[str, Any], outputs: Mapping[str, np.ndarray] | None = None,
+                 into: Mapping[str, OutputRegion] | None = None) -> list[Any]:
+    """Frames of a reply; `header['outputs']` is filled from `outputs`.
+
+    An output named in `into` that fits its region is copied there and gets
+    no frame; its entry in the header says where it is."""
     frames: list[Any] = [b""]
     if outputs:
         metas = []
@@ -366,11 +415,26 @@ def encode_reply(header: dict[str, Any], outputs: Mapping[str, np.ndarray] | Non
             if array.dtype.kind not in _REPLY_KINDS:
                 raise ValueError(f"output {name!r} has dtype {array.dtype}, which the wire cannot carry "
                                  f"(numeric and bool dtypes only)")
-            metas.append({"name": name, "dtype": dtype_name(array.dtype), "shape": list(array.shape)})
-            frames.append(_frame(array))
+            meta = {"name": name, "dtype": dtype_name(array.dtype), "shape": list(array.shape)}
+            place = into.get(name) if into else None
+            if place is not None and array.nbytes <= place.view.nbytes:
+                _write(place.view, array)
+                meta["region"], meta["offset"] = place.region, place.offset
+            else:  # no region asked for, or too small for it: in a frame as usual
+                frames.append(_frame(array))
+            metas.append(meta)
         header["outputs"] = metas
     frames[0] = encode_header(header)
     return frames
+
+
+def _write(view: memoryview, array: np.ndarray) -> None:
+    """Copy `array` to the start of `view` as raw little-endian bytes."""
+    dtype = array.dtype.newbyteorder("<") if array.dtype.itemsize > 1 else array.dtype
+    target = np.frombuffer(view, dtype=np.uint8, count=array.nbytes).view(dtype).reshape(array.shape)
+    if target.ctypes.data == array.ctypes.data and target.dtype == array.dtype:
+        return  # computed straight into the region (slotoutputs.RegionOutputs)
+    np.copyto(target, array, casting="equiv")  # "equiv": a big-endian array is swapped on the way
 
 
 def error_header(status: Status, message: str, id: Any = None, **extra: Any) -> dict[str, Any]:
@@ -401,9 +465,23 @@ def _reply_dtype(name: Any) -> np.dtype:
     return dtype.newbyteorder("<")
 
 
-def decode_reply(frames: Sequence[bytes | memoryview]) -> Reply:
+def _region_output(item: dict[str, Any], name: str, nbytes: int,
+                   regions: Callable[[str, int, int], memoryview] | None) -> memoryview:
+    token, offset = item.get("region"), item.get("offset")
+    if not isinstance(token, str) or type(offset) is not int or regions is None:
+        raise MalformedReply(f"output {name!r} was written to a shared-memory region this client cannot read")
+    try:
+        return regions(token, offset, nbytes)
+    except (KeyError, ValueError) as exc:
+        raise MalformedReply(f"output {name!r}: {exc}") from None
+
+
+def decode_reply(frames: Sequence[bytes | memoryview],
+                 regions: Callable[[str, int, int], memoryview] | None = None) -> Reply:
     """Parse a reply's frames (client side); outputs become numpy arrays.
 
+    Outputs the daemon wrote into the client's regions are views on them,
+    found by `regions(token, offset, nbytes)` (regions.local_view).
     Raises MalformedReply (a ProtocolError, and a ValueError) for frames
     that are not a well-formed reply, and nothing else.
     """
@@ -417,16 +495,20 @@ def decode_reply(frames: Sequence[bytes | memoryview]) -> Reply:
     if type(status) is not int:
         raise MalformedReply(f"status {_short(status)} is not an integer")
     metas = header.get("outputs") or []
-    if not isinstance(metas, list) or len(metas) != len(frames) - 1:
+    in_frames = sum(1 for m in metas if not (isinstance(m, dict) and "region" in m)) \
+        if isinstance(metas, list) else -1
+    if in_frames != len(frames) - 1:
         raise MalformedReply(f"header lists {_short(metas)} as outputs but {len(frames) - 1} frames follow")
     outputs: dict[str, np.ndarray] = {}
-    for index, (item, frame) in enumerate(zip(metas, frames[1:])):
+    next_frame = iter(frames[1:])
+    for index, item in enumerate(metas):
         dtype = _reply_dtype(item.get("dtype") if isinstance(item, dict) else None)
         try:
             meta = _parse_meta({**item, "dtype": "uint8"}, index, _REPLY_LIMITS, "outputs")
         except ProtocolError as exc:
             raise MalformedReply(exc.message) from None
         want = math.prod(meta.shape) * dtype.itemsize
+        frame = _region_output(item, meta.name, want, regions) if "region" in item else next(next_frame)
         if len(frame) != want:
             raise MalformedReply(f"output {meta.name!r} needs {want} bytes, frame has {len(frame)}")
         outputs[meta.name] = np.frombuffer(frame, dtype=dtype).reshape(meta.shape)

@@ -1,11 +1,14 @@
-"""Shared-memory inputs: a local client hands the daemon sealed memory, requests point into it.
+"""Shared memory for tensors: a local client hands the daemon sealed memory, requests point into it.
 
 A camera pipeline on the same box need not push every frame through the
 socket: it registers a region of its own memory once, writes frames into
 it, and each request names a region and an offset for an input instead of
 sending its bytes (Triton's "system shared memory" extension does the
 same). Hot models read the inputs where they lie; cold workers map the
-same region, so a 4.9 MB tensor crosses no process boundary by copy.
+same region, so a 4.9 MB tensor crosses no process boundary by copy. A
+request may also name regions for its outputs (`output_regions`): the
+daemon, or the worker, writes them there when they fit, and the reply
+says where they are instead of carrying them.
 
 Regions are memfds passed as file descriptors, not names in /dev/shm
 (docs/decisions.md):
@@ -27,7 +30,10 @@ Registration, one JSON object per SOCK_SEQPACKET packet on the socket
 
 The token is random: a request can name only regions its client was told
 of. Inputs then carry `"region": token, "offset": bytes` in the request
-header and have no frame (protocol.py).
+header and have no frame; `"output_regions": {name: {"region", "offset"}}`
+asks for outputs there, and their entries in the reply header carry the
+same two fields and no frame (protocol.py). A memfd sealed against writes
+(F_SEAL_WRITE) is mapped read-only: it takes inputs, not outputs.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ import secrets
 import socket
 import stat
 import threading
+import weakref
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -63,14 +70,15 @@ Watch = Callable[[int, Callable[[], bool]], None]
 
 @dataclass
 class Region:
-    """One registered memfd, mapped read-only in the daemon."""
+    """One registered memfd, mapped in the daemon: writable unless its owner sealed it (F_SEAL_WRITE)."""
 
     token: str
     name: str
     size: int
     fd: int
-    view: memoryview  # read-only, on the mapping; numpy arrays on it keep the mapping alive
+    view: memoryview  # read-only, for inputs; numpy arrays on it keep the mapping alive
     owner: int  # the registering connection's fd
+    out: memoryview | None = None  # the same mapping, writable, for outputs
 
 
 @dataclass
@@ -91,6 +99,20 @@ class RegionTable:
             raise ProtocolError(Status.BAD_REQUEST, f"bytes {offset}..{offset + nbytes} are outside region "
                                 f"{region.name or token[:8]!r} of {region.size} bytes")
         return region.view[offset:offset + nbytes]
+
+    def writable(self, token: str, offset: int) -> memoryview:
+        """The region from `offset` on, for outputs (protocol.RegionLookup)."""
+        region = self.regions.get(token)
+        if region is None:
+            self.view(token, offset, 0)  # raises, saying why
+        assert region is not None
+        if region.out is None:
+            raise ProtocolError(Status.BAD_REQUEST, f"region {region.name or token[:8]!r} is sealed against "
+                                "writes (F_SEAL_WRITE): outputs cannot go there; register one without that seal")
+        if not 0 <= offset < region.size:
+            raise ProtocolError(Status.BAD_REQUEST, f"output offset {offset} is outside region "
+                                f"{region.name or token[:8]!r} of {region.size} bytes")
+        return region.out[offset:]
 
     def fd_of(self, token: str) -> int | None:
         region = self.regions.get(token)
@@ -239,14 +261,14 @@ class MappedRegions:
     """A worker's mappings of its clients' regions, by token (MAP and UNMAP from the daemon)."""
 
     def __init__(self) -> None:
-        self._views: dict[str, memoryview] = {}
+        self._views: dict[str, tuple[memoryview, memoryview | None]] = {}
         self._gone: deque[str] = deque(maxlen=256)  # an UNMAP that overtook its MAP (lane vs pipe)
 
     def map(self, token: str, fd: int) -> None:
         try:
             if token not in self._gone:
-                size = os.fstat(fd).st_size  # the daemon checked the seal: it cannot shrink
-                self._views[token] = memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ))
+                # The daemon checked the seal: it cannot shrink.
+                self._views[token] = _mapped(fd, os.fstat(fd).st_size)
         finally:
             os.close(fd)
 
@@ -256,7 +278,13 @@ class MappedRegions:
             self._gone.append(token)
 
     def view(self, token: str, offset: int, nbytes: int) -> memoryview:
-        return self._views[token][offset:offset + nbytes]
+        return self._views[token][0][offset:offset + nbytes]
+
+    def writable(self, token: str, offset: int) -> memoryview:
+        out = self._views[token][1]
+        if out is None:
+            raise KeyError(f"region {token[:8]} is sealed against writes")
+        return out[offset:]
 
     def __len__(self) -> int:
         return len(self._views)
@@ -277,8 +305,17 @@ def _map(fd: int, name: str, owner: int) -> Region:
                          "a region cut short under a read would crash the daemon")
     if not 0 < info.st_size <= MAX_REGION_BYTES:
         raise ValueError(f"a region holds 1 to {MAX_REGION_BYTES} bytes; this one has {info.st_size}")
-    mapping = mmap.mmap(fd, info.st_size, prot=mmap.PROT_READ)
-    return Region(secrets.token_hex(16), name, info.st_size, os.dup(fd), memoryview(mapping), owner)
+    view, out = _mapped(fd, info.st_size)
+    return Region(secrets.token_hex(16), name, info.st_size, os.dup(fd), view, owner, out)
+
+
+def _mapped(fd: int, size: int) -> tuple[memoryview, memoryview | None]:
+    """A read-only view for inputs and, unless the memfd is sealed against writes, a writable one."""
+    try:
+        out = memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ | mmap.PROT_WRITE))
+    except PermissionError:  # F_SEAL_WRITE (EPERM), or a descriptor opened read-only (EACCES)
+        return memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ)), None
+    return out.toreadonly(), out
 
 
 def _answer(conn: socket.socket, answer: dict[str, Any]) -> None:
@@ -295,6 +332,19 @@ def regions_path(endpoint: str) -> Path:
     return Path(endpoint[len("ipc://"):]).parent / "regions.sock"
 
 
+_OPEN: "weakref.WeakValueDictionary[str, SharedMemory]" = weakref.WeakValueDictionary()
+
+
+def local_view(token: str, offset: int, nbytes: int) -> memoryview:
+    """Bytes in one of this process's open regions (decode_reply's outputs written there)."""
+    shm = _OPEN.get(token)
+    if shm is None or shm._map is None:
+        raise KeyError(f"region {token[:8]} is not open in this process (closed before the reply?)")
+    if offset < 0 or offset + nbytes > shm.size:
+        raise ValueError(f"bytes {offset}..{offset + nbytes} are outside the region of {shm.size} bytes")
+    return memoryview(shm._map)[offset:offset + nbytes]
+
+
 class SharedMemory:
     """A client's region: sealed memory that requests can point into.
 
@@ -308,6 +358,7 @@ class SharedMemory:
 
     def __init__(self, path: str | Path, nbytes: int, name: str = "infermux") -> None:
         self.size = nbytes
+        self._map: mmap.mmap | None = None
         self._fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -330,6 +381,7 @@ class SharedMemory:
             raise ConnectionError(f"the daemon refused the region: {answer.get('error', 'no answer')}")
         self.token: str = answer["region"]
         self._base = np.frombuffer(self._map, dtype=np.uint8)
+        _OPEN[self.token] = self
 
     @classmethod
     def beside(cls, endpoint: str, nbytes: int, name: str = "infermux") -> "SharedMemory":
@@ -355,7 +407,7 @@ class SharedMemory:
     def close(self) -> None:
         """Unregister (closing the connection does it) and unmap; arrays on it must be dropped first."""
         self._sock.close()
-        mapping = getattr(self, "_map", None)
+        mapping, self._map = self._map, None
         self._base = None
         if mapping is not None:
             try:

@@ -38,7 +38,7 @@ from infermux.lane import Lane, LaneClosed
 from infermux.regions import MappedRegions
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError
-from infermux.protocol import DTYPES, Request, Status, encode_reply, error_header
+from infermux.protocol import DTYPES, OutputRegion, Request, Status, encode_reply, error_header
 from infermux.registry import rss_bytes, warm_up
 from infermux.scheduler import Scheduler
 from infermux.shm import Slot, SlotCache, layout
@@ -239,7 +239,9 @@ class Worker:
             if "rg" in meta:
                 buffers = self._with_regions(buffers, meta["rg"], len(meta["t"]))
             request = _request(meta, buffers)
-            if slot is not None:  # the outputs may be computed straight into it (slotoutputs.py)
+            for name, token, offset in meta.get("or", ()):  # outputs the client wants in its region
+                request.output_regions[name] = OutputRegion(token, offset, self.regions.writable(token, offset))
+            if slot is not None and not request.output_regions:  # outputs straight into it (slotoutputs.py)
                 envelope[2] = SlotOutputs(slot, meta["oo"], ShapeMemory.kind(meta["t"], meta["o"]), self.shapes)
         except (KeyError, TypeError, ValueError, IndexError) as exc:  # a daemon bug, not the client's
             header = error_header(Status.BACKEND_ERROR, f"worker cannot read the request: {exc}", meta.get("id"))

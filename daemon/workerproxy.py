@@ -201,7 +201,11 @@ class WorkerProxy:
             "t": [[name, dtype_name(a.dtype), a.shape] for name, a in req.inputs.items()]}
         if regions:
             meta["rg"] = regions
-        outputs = self._out_row_bytes * rows
+        into = [[name, place.region, place.offset] for name, place in req.output_regions.items()
+                if self._map(place.region)]  # the others come back in frames
+        if into:
+            meta["or"] = into
+        outputs = 0 if into else self._out_row_bytes * rows
         if sum(sizes) > wire.INLINE_MAX_BYTES or (regions and outputs > wire.INLINE_MAX_BYTES):
             # The outputs go after the inputs: the worker computes into the slot (slotoutputs.py).
             slot = self.slots.acquire(span + outputs + ALIGN * self._outputs)

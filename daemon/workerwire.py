@@ -15,7 +15,8 @@ daemon → worker
                   "d": deadline_ns, "fb": fallback|null, "id", "o": outputs, "k": key, "m": model,
                   "t": [[name, dtype, shape], ...]}: the request as the daemon parsed and checked it
            optional: "oo": where outputs may start in the slot; "rg": [[input index, region token,
-           offset, nbytes], ...]: inputs read in a mapped region, not in "off" or the frames
+           offset, nbytes], ...]: inputs read in a mapped region, not in "off" or the frames;
+           "or": [[output name, region token, offset], ...]: outputs to write into a mapped region
     FORGET [b"F" slot name]                 the daemon unlinked that slot: unmap it
     MAP    [b"M" region token] + fd         a client's shared-memory region (regions.py), lane only
     UNMAP  [b"U" region token]              that client let go of it

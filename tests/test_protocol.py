@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from infermux.protocol import (DTYPES, Limits, ProtocolError, SharedTensor, Status, decode_reply,
-                               encode_reply, encode_request, parse_request)
+from infermux.protocol import (DTYPES, Limits, MalformedReply, OutputRegion, ProtocolError, SharedTensor, Status,
+                               decode_reply, encode_reply, encode_request, parse_request)
 
 
 def frames_of(header: dict, *tensors: bytes) -> list[bytes]:
@@ -132,3 +132,42 @@ def test_shared_memory_inputs_are_checked_like_frames() -> None:
     framed = {"name": "b", "dtype": "float32", "shape": [2]}
     with pytest.raises(ProtocolError, match=r"1 inputs \(and 1 in shared memory\) but 0 tensor frames"):
         parse_request(frames_of({"model": "m", "inputs": [meta, framed]}), Limits(), region)
+
+
+def test_outputs_asked_into_a_region_are_written_there_and_read_back_from_it() -> None:
+    y = np.arange(6, dtype=np.float32).reshape(2, 3)
+    memory = bytearray(64)
+    request = encode_request("m", {}, output_regions={"y": SharedTensor("r1", 8, "float32", (2, 3))})
+    assert json.loads(request[0])["output_regions"] == {"y": {"region": "r1", "offset": 8}}
+    into = {"y": OutputRegion("r1", 8, memoryview(memory)[8:]), "z": OutputRegion("r1", 60, memoryview(memory)[60:])}
+    frames = encode_reply({"status": 200}, {"y": y, "z": y}, into)
+    assert len(frames) == 2  # y in the region; z did not fit its 4 bytes and came in a frame
+    metas = json.loads(frames[0])["outputs"]
+    assert metas[0]["region"] == "r1" and metas[0]["offset"] == 8 and "region" not in metas[1]
+    reply = decode_reply(frames, lambda token, offset, n: memoryview(memory)[offset:offset + n])
+    np.testing.assert_array_equal(reply.outputs["y"], y)
+    np.testing.assert_array_equal(reply.outputs["z"], y)
+    with pytest.raises(MalformedReply, match="cannot read"):
+        decode_reply(frames)
+
+
+def test_output_regions_in_a_request_are_checked() -> None:
+    class Writable(Regions):
+        def writable(self, token: str, offset: int) -> memoryview:
+            if token != "r1":
+                raise ProtocolError(Status.BAD_REQUEST, "no such region")
+            return self.data[offset:]
+
+    regions = Writable(bytes(16))
+    x = np.zeros(2, np.float32)
+    ok = encode_request("m", {"x": x}, output_regions={"y": SharedTensor("r1", 4, "float32", (1,))})
+    assert parse_request(ok, Limits(), regions).output_regions["y"].offset == 4
+    with pytest.raises(ProtocolError, match="shared_memory is off"):
+        parse_request(ok, Limits(), None)
+    header = json.loads(ok[0])
+    for bad in (["y"], {"y": {"region": "r1", "offset": -1}}, {"y": "r1"}):
+        with pytest.raises(ProtocolError, match="output_regions"):
+            parse_request([json.dumps({**header, "output_regions": bad}).encode(), *ok[1:]], Limits(), regions)
+    with pytest.raises(ProtocolError, match="no such region"):
+        parse_request([json.dumps({**header, "output_regions": {"y": {"region": "r2"}}}).encode(), *ok[1:]],
+                      Limits(), regions)

@@ -97,6 +97,50 @@ def test_inputs_in_shared_memory_give_the_outputs_of_frames_hot_and_cold(make_da
     stop_clean(d)
 
 
+def test_outputs_are_written_into_the_clients_region_hot_and_cold(make_daemon) -> None:
+    d = start(make_daemon, MODELS)
+    with d.client() as client, SharedMemory.beside(d.endpoint, 1 << 20, "outputs") as shm:
+        x = shm.ndarray(X.shape, X.dtype)
+        y = shm.ndarray(X.shape, X.dtype, offset=X.nbytes)
+        x[:] = X
+        expected = client.infer("hot", {"x": X}).outputs["y"]
+        until_200(client, "cold", X)
+        for model in ("hot", "cold", "cold", "hot"):
+            y[:] = -1
+            reply = client.infer(model, {"x": shm.ref(x)}, output_regions={"y": shm.ref(y)})
+            assert reply.status == 200, reply.header
+            assert reply.header["outputs"][0]["region"] == shm.token  # no frame: it is in the region
+            np.testing.assert_array_equal(y, expected)
+            assert np.shares_memory(reply.outputs["y"], y)
+        # A region too small for the output: it comes back in a frame, as without output_regions.
+        tail = shm.ndarray((4,), "float32", offset=(1 << 20) - 16)
+        for model in ("hot", "cold"):
+            reply = client.infer(model, {"x": X}, output_regions={"y": shm.ref(tail)})
+            assert reply.status == 200 and "region" not in reply.header["outputs"][0], reply.header
+            np.testing.assert_array_equal(reply.outputs["y"], expected)
+    stop_clean(d)
+
+
+def test_a_region_sealed_against_writes_takes_inputs_but_not_outputs(make_daemon) -> None:
+    d = start(make_daemon, MODELS)
+    fd = sealed_memfd(X.nbytes, 0)
+    os.pwrite(fd, X.tobytes(), 0)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_WRITE)
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock, d.client() as client:
+            sock.connect(str(regions_path(d.endpoint)))
+            socket.send_fds(sock, [b'{"op": "register", "name": "frozen"}'], [fd])
+            token = json.loads(sock.recv(4096))["region"]
+            ref = SharedTensor(token, 0, "float32", X.shape)
+            assert client.infer("hot", {"x": ref}).status == 200
+            assert until_200(client, "cold", ref).status == 200
+            refused = client.infer("hot", {"x": X}, output_regions={"y": ref})
+            assert refused.status == 400 and "F_SEAL_WRITE" in refused.error, refused.header
+    finally:
+        os.close(fd)
+    stop_clean(d)
+
+
 def test_an_input_in_a_region_and_another_in_a_frame_travel_together(make_daemon) -> None:
     d = start(make_daemon, '[[models]]\nname = "hot"\nengine = "reshaper/1/model.onnx"\n'
                            '[[models]]\nname = "cold"\nengine = "reshaper/1/model.onnx"\nmode = "multiproc"\n')

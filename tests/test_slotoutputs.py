@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import itertools
+import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -11,6 +13,9 @@ import pytest
 
 from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend
 from infermux.plugins.base import OutputsMismatch, WritesOutputs
+from infermux.executor import BatchPolicy, Executor
+from infermux.job import Job
+from infermux.protocol import OutputRegion, Request
 from infermux.shm import ALIGN, Slot
 from infermux.slotoutputs import ShapeMemory, SlotOutputs
 
@@ -99,4 +104,37 @@ def test_onnxruntime_computes_into_the_slot_and_refuses_shapes_that_are_not_the_
         context.infer_into({"x": x}, wrong)
     np.testing.assert_array_equal(context.infer({"x": x})["y"], x)  # the context still serves
     context.close()
+    engine.close()
+
+
+class Spy:
+    """A real onnxruntime context that notes which way each request was computed."""
+
+    def __init__(self, context) -> None:
+        self.context, self.calls = context, []
+
+    def infer(self, inputs):
+        self.calls.append("infer")
+        return self.context.infer(inputs)
+
+    def infer_into(self, inputs, outputs):
+        self.calls.append("into")
+        return self.context.infer_into(inputs, outputs)
+
+
+def test_an_executor_computes_into_the_clients_region_once_it_knows_the_shapes(engines: Path) -> None:
+    engine = OnnxRuntimeBackend().load(engines / "fast512/1/model.onnx", {})
+    spy = Spy(engine.create_context())
+    replies = []
+    executor = Executor("m", "1", 0, spy, lambda envelope, frames: replies.append(frames), lambda job: None,
+                        BatchPolicy(1, 0, (), False))
+    region = bytearray(1 << 20)
+    y = np.frombuffer(region, np.float32, count=4 * 512, offset=4096).reshape(4, 512)
+    for k in range(3):
+        x = np.full((4, 512), k, np.float32)
+        request = Request("m", {"x": x}, output_regions={"y": OutputRegion("r1", 4096, memoryview(region)[4096:])})
+        assert executor.try_inline(Job([b"c"], request, [], time.perf_counter_ns(), time.perf_counter_ns() + 10**9))
+        np.testing.assert_array_equal(y, x)  # the identity's output, in the region either way
+        assert "region" in json.loads(replies[-1][0])["outputs"][0] and len(replies[-1]) == 1
+    assert spy.calls == ["infer", "into", "into"]  # the first run taught the shape; no copy after it
     engine.close()
