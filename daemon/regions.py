@@ -62,6 +62,9 @@ log = logging.getLogger("infermux.regions")
 
 MAX_CLIENTS = 64
 MAX_REGIONS_PER_CLIENT = 64
+# Each region holds a descriptor in the daemon (to hand to workers); the bound keeps
+# clients from spending the daemon's RLIMIT_NOFILE (1024 under systemd by default).
+MAX_REGIONS = 256
 MAX_REGION_BYTES = 1 << 32
 _PACKET = 4096
 
@@ -225,6 +228,9 @@ class RegionServer:
         if len(self.table.owned_by(owner)) >= MAX_REGIONS_PER_CLIENT:
             return {"ok": False, "error": f"{MAX_REGIONS_PER_CLIENT} regions per connection at most; "
                                           "unregister one or use one bigger region"}
+        if len(self.table.regions) >= MAX_REGIONS:
+            return {"ok": False, "error": f"the daemon holds {MAX_REGIONS} regions, its limit; "
+                                          "unregister some, or use fewer, bigger regions"}
         try:
             region = _map(fds[0], str(message.get("name") or "")[:64], owner)
         except (OSError, ValueError) as exc:

@@ -18,7 +18,7 @@ import pytest
 
 from harness import Daemon
 from infermux.client import SharedMemory, SharedTensor
-from infermux.regions import MAX_REGIONS_PER_CLIENT, MappedRegions, RegionTable, regions_path
+from infermux.regions import MAX_REGIONS, MAX_REGIONS_PER_CLIENT, MappedRegions, RegionTable, regions_path
 from test_workers import start, stop_clean, until_200, worker
 
 X = np.random.default_rng(9).random((64, 512), dtype=np.float32)  # 128 KB: a worker would copy it into a slot
@@ -297,3 +297,62 @@ def test_the_region_table_names_what_is_wrong() -> None:
     with pytest.raises(Exception, match="never registered or its client closed it"):
         table.view("nope", 0, 4)
     assert table.info() == {"regions": 0, "bytes": 0, "clients": 0}
+
+
+def test_garbage_on_the_registration_socket_costs_the_daemon_no_descriptor(make_daemon) -> None:
+    d = start(make_daemon, MODELS)
+    path = regions_path(d.endpoint)
+
+    def open_fds() -> int:
+        return len(os.listdir(f"/proc/{d.proc.pid}/fd"))
+
+    with d.client() as client:
+        assert client.infer("hot", {"x": X}).status == 200
+    before = open_fds()
+    rng = np.random.default_rng(3)
+    makers = [lambda: os.open("/dev/null", os.O_RDONLY), lambda: os.pipe()[0], lambda: sealed_memfd(4096, 0),
+              lambda: sealed_memfd(4096), lambda: sealed_memfd(0)]
+    for round_ in range(150):
+        fds = [makers[rng.integers(len(makers))]() for _ in range(rng.choice([0, 1, 1, 1, 3, 8]))]
+        body = rng.choice([json.dumps({"op": "register", "name": "x" * int(rng.integers(0, 200))}).encode(),
+                           json.dumps({"op": rng.choice(["unregister", "register", 7, None])}).encode(),
+                           rng.bytes(int(rng.integers(1, 6000))), b"{}", b"null"])
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+            sock.connect(str(path))
+            socket.send_fds(sock, [body], fds)
+            if round_ % 3:  # the others hang up without reading the answer
+                sock.settimeout(5)
+                answer = json.loads(sock.recv(4096))
+                assert set(answer) <= {"ok", "error", "region", "bytes"}
+        for fd in fds:
+            os.close(fd)
+    # Every region went with its connection, and every descriptor that came with the garbage is closed.
+    assert eventually(lambda: open_fds() <= before), (open_fds(), before)
+    with d.client() as client, d.admin() as admin:
+        assert client.infer("hot", {"x": X}).status == 200
+        assert admin.call("status")["daemon"]["shared_memory"]["regions"] == 0
+    stop_clean(d)
+
+
+def test_the_daemon_holds_a_bounded_number_of_regions_in_all(make_daemon) -> None:
+    d = start(make_daemon, MODELS)
+    fd = sealed_memfd(4096)
+    socks = []
+    try:
+        answers = []
+        for _ in range(MAX_REGIONS // MAX_REGIONS_PER_CLIENT + 1):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            socks.append(sock)
+            sock.connect(str(regions_path(d.endpoint)))
+            for _ in range(MAX_REGIONS_PER_CLIENT if len(answers) < MAX_REGIONS else 1):
+                socket.send_fds(sock, [b'{"op": "register"}'], [fd])
+                answers.append(json.loads(sock.recv(4096)))
+        assert all(a["ok"] for a in answers[:MAX_REGIONS])
+        assert not answers[-1]["ok"] and f"holds {MAX_REGIONS} regions" in answers[-1]["error"]
+    finally:
+        for sock in socks:
+            sock.close()
+        os.close(fd)
+    with d.admin() as admin:
+        assert eventually(lambda: admin.call("status")["daemon"]["shared_memory"]["regions"] == 0)
+    stop_clean(d)
