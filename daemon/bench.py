@@ -26,7 +26,7 @@ import zmq
 
 from infermux.client import Client
 from infermux.infer import add_endpoint_arguments, endpoint_from, inputs_for
-from infermux.protocol import DTYPES, Reply, Status, encode_request, parse_header
+from infermux.protocol import DTYPES, Reply, SharedTensor, Status, encode_request, parse_header
 from infermux.stats import percentiles
 
 # progress(replies so far, seconds so far), called about once a second
@@ -256,6 +256,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
                         help="first wait up to SECONDS for the model to answer 200 (it says 503 while loading)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--shared-memory", action="store_true",
+                        help="keep inputs and outputs in a shared-memory region registered with the daemon "
+                        "(ipc endpoints only; README, \"Tensors in shared memory\"); every request reads "
+                        "the same inputs and writes the same outputs, which are not checked")
     from infermux import curve
 
     curve.add_arguments(parser)
@@ -296,25 +300,60 @@ def run(args: argparse.Namespace) -> int:
     except curve.CurveError as exc:
         print(f"infermux bench: {exc}", file=sys.stderr)
         return 2
+    if args.shared_memory and not endpoint.startswith("ipc://"):
+        print(f"infermux bench: --shared-memory needs the daemon's local ipc:// endpoint, not {endpoint}",
+              file=sys.stderr)
+        return 2
     count = None if args.duration is not None else (args.requests or 1000)
     progress = _StderrProgress(args.duration, " s") if args.duration else _StderrProgress(count, " replies")
-    fields = {"version": args.version, "key": args.key}
+    fields: dict[str, Any] = {"version": args.version, "key": args.key}
+    region = None
     try:
-        if args.wait:
-            ready = wait_ready(endpoint, args.model, inputs, timeout_s=args.wait, fields=fields, curve=keys)
+        if args.wait or args.shared_memory:
+            ready = wait_ready(endpoint, args.model, inputs, timeout_s=args.wait or 5.0, fields=fields, curve=keys)
             if not ready.ok:
                 print(f"infermux bench: {ready.status} {ready.error}", file=sys.stderr)
                 return 1
+            if args.shared_memory:
+                region, inputs, fields["output_regions"] = in_shared_memory(endpoint, inputs, ready)
         result = run_load(endpoint, args.model, inputs, concurrency=args.concurrency, count=count,
                           duration_s=args.duration, warmup=args.warmup, progress=progress,
                           fields=fields, timeout_s=args.timeout, curve=keys)
-    except (TimeoutError, ValueError) as exc:
+    except (TimeoutError, ValueError, ConnectionError) as exc:
         progress.finish()
         print(f"infermux bench: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if region is not None:
+            inputs = fields = {}  # drop the arrays on the region before it is closed
+            region.close()
     progress.finish()
     print(json.dumps(result.as_json(), indent=2) if args.json else result.summary())
     return 0 if result.errors == 0 else 1
+
+
+def in_shared_memory(endpoint: str, inputs: Mapping[str, np.ndarray],
+                     sample: Reply) -> tuple[Any, dict[str, Any], dict[str, Any]]:
+    """A region registered beside `endpoint` holding `inputs`, with room after them for the outputs
+    `sample` (a served reply) had: the region, the inputs as references, the output_regions field."""
+    from infermux.regions import SharedMemory
+    from infermux.shm import aligned
+
+    arrays = [np.ascontiguousarray(a) for a in inputs.values()] + list(sample.outputs.values())
+    offsets, end = [], 0
+    for array in arrays:
+        offsets.append(end)
+        end = aligned(end + array.nbytes)
+    region = SharedMemory.beside(endpoint, max(end, 1), "infermux-bench")
+    refs = []
+    for array, offset in zip(arrays[:len(inputs)], offsets):
+        view = region.ndarray(array.shape, array.dtype, offset)
+        view[...] = array
+        refs.append(region.ref(view))
+    # An output place needs only its offset: the daemon writes what the model gives.
+    places = [SharedTensor(region.token, offset, "uint8", (a.nbytes,))
+              for a, offset in zip(arrays[len(inputs):], offsets[len(inputs):])]
+    return region, dict(zip(inputs, refs)), dict(zip(sample.outputs, places))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -27,6 +27,7 @@ from infermux.shm import Slot, aligned, layout
 
 Kind = tuple[Any, ...]
 _MAX_KINDS = 256  # kinds remembered; past this the memory starts over (clients sending every shape)
+PLACE_MIN_BYTES = 64 * 1024  # smaller outputs are computed the ordinary way and copied into a region
 
 
 class ShapeMemory:
@@ -113,13 +114,15 @@ class RegionOutputs:
         shapes = self.memory.shapes(self.kind)
         if not shapes:
             return None
-        arrays = {}
+        arrays, total = {}, 0
         for name, dtype, shape in shapes:
             place, count = self.into.get(name), math.prod(shape)
             if place is None or count * dtype.itemsize > place.view.nbytes:
                 return None
             arrays[name] = np.frombuffer(place.view, dtype=dtype, count=count).reshape(shape)
-        return arrays
+            total += count * dtype.itemsize
+        # An IOBinding costs tens of µs more than a plain run: only worth it where it saves a big copy.
+        return arrays if total >= PLACE_MIN_BYTES else None
 
     def mismatch(self) -> None:
         self.memory.varies(self.kind)

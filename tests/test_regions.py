@@ -356,3 +356,19 @@ def test_the_daemon_holds_a_bounded_number_of_regions_in_all(make_daemon) -> Non
     with d.admin() as admin:
         assert eventually(lambda: admin.call("status")["daemon"]["shared_memory"]["regions"] == 0)
     stop_clean(d)
+
+
+def test_infermux_bench_can_measure_with_tensors_in_shared_memory(make_daemon, capsys) -> None:
+    from infermux import bench
+
+    d = start(make_daemon, MODELS)
+    for model in ("hot", "cold"):
+        code = bench.main(["--endpoint", d.endpoint, "--model", model, "--shape", "x=64x512", "-n", "50",
+                           "--warmup", "5", "--shared-memory", "--json"])
+        assert code == 0 and json.loads(capsys.readouterr().out)["ok"] == 50
+    assert d.log().count("region_registered name=infermux-bench") == 2
+    assert eventually(lambda: d.log().count("region_released name=infermux-bench") == 2)
+    code = bench.main(["--endpoint", "tcp://127.0.0.1:1", "--model", "hot", "--shape", "x=1x512", "-n", "1",
+                       "--shared-memory", "--timeout", "0.5"])
+    assert code == 2 and "needs the daemon's local ipc:// endpoint" in capsys.readouterr().err
+    stop_clean(d)

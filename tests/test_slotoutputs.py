@@ -17,7 +17,7 @@ from infermux.executor import BatchPolicy, Executor
 from infermux.job import Job
 from infermux.protocol import OutputRegion, Request
 from infermux.shm import ALIGN, Slot
-from infermux.slotoutputs import ShapeMemory, SlotOutputs
+from infermux.slotoutputs import PLACE_MIN_BYTES, ShapeMemory, SlotOutputs
 
 _names = itertools.count()
 
@@ -122,19 +122,31 @@ class Spy:
         return self.context.infer_into(inputs, outputs)
 
 
-def test_an_executor_computes_into_the_clients_region_once_it_knows_the_shapes(engines: Path) -> None:
+def run_with_output_region(engines: Path, rows: int) -> list[str]:
+    """Three requests of `rows` rows through an executor, outputs asked into a region; how each ran."""
     engine = OnnxRuntimeBackend().load(engines / "fast512/1/model.onnx", {})
     spy = Spy(engine.create_context())
     replies = []
     executor = Executor("m", "1", 0, spy, lambda envelope, frames: replies.append(frames), lambda job: None,
                         BatchPolicy(1, 0, (), False))
     region = bytearray(1 << 20)
-    y = np.frombuffer(region, np.float32, count=4 * 512, offset=4096).reshape(4, 512)
+    y = np.frombuffer(region, np.float32, count=rows * 512, offset=4096).reshape(rows, 512)
     for k in range(3):
-        x = np.full((4, 512), k, np.float32)
+        x = np.full((rows, 512), k, np.float32)
         request = Request("m", {"x": x}, output_regions={"y": OutputRegion("r1", 4096, memoryview(region)[4096:])})
         assert executor.try_inline(Job([b"c"], request, [], time.perf_counter_ns(), time.perf_counter_ns() + 10**9))
         np.testing.assert_array_equal(y, x)  # the identity's output, in the region either way
         assert "region" in json.loads(replies[-1][0])["outputs"][0] and len(replies[-1]) == 1
-    assert spy.calls == ["infer", "into", "into"]  # the first run taught the shape; no copy after it
     engine.close()
+    return spy.calls
+
+
+def test_an_executor_computes_into_the_clients_region_once_it_knows_the_shapes(engines: Path) -> None:
+    # 128 KB of output: the first run teaches the shape, the next ones write the region directly.
+    assert run_with_output_region(engines, 64) == ["infer", "into", "into"]
+
+
+def test_small_outputs_are_copied_into_the_region_rather_than_bound(engines: Path) -> None:
+    # 8 KB: an IOBinding would cost more than the copy it saves (PLACE_MIN_BYTES).
+    assert 4 * 512 * 4 < PLACE_MIN_BYTES
+    assert run_with_output_region(engines, 4) == ["infer", "infer", "infer"]
