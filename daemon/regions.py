@@ -117,24 +117,28 @@ class RegionTable:
                                 f"{region.name or token[:8]!r} of {region.size} bytes")
         return region.out[offset:]
 
-    def fd_of(self, token: str) -> int | None:
-        region = self.regions.get(token)
-        return None if region is None else region.fd
+    def with_fd(self, token: str, use: Callable[[int], bool]) -> bool:
+        """`use(fd)` with region `token`'s descriptor, which stays open meanwhile (a request may be
+        submitted on another thread while the frontend drops the region); False if it is gone."""
+        with self._lock:
+            region = self.regions.get(token)
+            return region is not None and use(region.fd)
 
     def add(self, region: Region) -> None:
-        self.regions[region.token] = region
+        with self._lock:
+            self.regions[region.token] = region
 
     def drop(self, token: str) -> None:
-        """Forget a region: workers that mapped it are told, the fd is closed. Arrays still
+        """Forget a region: the fd is closed, workers that mapped it are told. Arrays still
         being read keep the daemon's mapping until they are done."""
-        region = self.regions.pop(token, None)
-        if region is None:
-            return
         with self._lock:
+            region = self.regions.pop(token, None)
+            if region is None:
+                return
+            os.close(region.fd)
             listeners = list(self._listeners.values())
-        for listener in listeners:
+        for listener in listeners:  # outside the lock: a listener takes its proxy's lock
             listener(token)
-        os.close(region.fd)
 
     def owned_by(self, owner: int) -> list[str]:
         return [t for t, r in self.regions.items() if r.owner == owner]
@@ -275,6 +279,8 @@ class MappedRegions:
             if token not in self._gone:
                 # The daemon checked the seal: it cannot shrink.
                 self._views[token] = _mapped(fd, os.fstat(fd).st_size)
+        except (OSError, ValueError) as exc:  # requests naming it then fail, not the worker
+            log.warning("cannot map region %s: %s", token[:8], exc)
         finally:
             os.close(fd)
 

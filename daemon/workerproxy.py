@@ -252,8 +252,8 @@ class WorkerProxy:
         """Whether the worker has region `token` mapped, handing it the fd first if not."""
         if token in self._mapped:
             return True
-        fd = self._regions.fd_of(token) if self._regions is not None else None
-        if fd is None or not self._lane.send_fd([wire.MAP + token.encode()], fd):
+        message = [wire.MAP + token.encode()]
+        if self._regions is None or not self._regions.with_fd(token, lambda fd: self._lane.send_fd(message, fd)):
             return False
         self._mapped.add(token)
         return True

@@ -372,3 +372,13 @@ def test_infermux_bench_can_measure_with_tensors_in_shared_memory(make_daemon, c
                        "--shared-memory", "--timeout", "0.5"])
     assert code == 2 and "needs the daemon's local ipc:// endpoint" in capsys.readouterr().err
     stop_clean(d)
+
+
+def test_a_worker_given_a_descriptor_it_cannot_map_carries_on() -> None:
+    regions = MappedRegions()
+    read_end, write_end = os.pipe()
+    regions.map("pipe", read_end)  # logs why; requests naming it then fail alone
+    assert len(regions) == 0
+    with pytest.raises(OSError):
+        os.fstat(read_end)  # closed all the same
+    os.close(write_end)
