@@ -252,3 +252,12 @@ async def test_the_keyboard_moves_the_selection_and_scrolls_a_long_table() -> No
         assert "model00" in screen_text(app) and "MODEL" in screen_text(app)  # the header stays
         await pilot.press("enter")
         await until(pilot, lambda: isinstance(app.screen, ModelScreen) and app.screen.key == "model00:1")
+
+
+def test_the_memory_view_shows_clients_shared_memory_only_when_there_is_some() -> None:
+    from infermux.tui.views.memory import budget_text
+
+    daemon = {"memory": {"budget_bytes": 1 << 30, "models_bytes": 1 << 28, "rss_bytes": 1 << 27, "total_bytes": 1 << 32}}
+    assert "shared memory" not in budget_text({"daemon": {**daemon, "shared_memory": {"regions": 0, "bytes": 0}}})
+    text = budget_text({"daemon": {**daemon, "shared_memory": {"regions": 3, "bytes": 3 << 20, "clients": 2}}})
+    assert "clients' shared memory 3.0M in 3 regions" in text
