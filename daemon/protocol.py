@@ -142,7 +142,7 @@ class OutputRegion:
 class Request:
     """A parsed, validated inference request.
 
-    `shared` names the inputs that came from shared-memory regions; their
+    `input_regions` names the inputs that came from shared-memory regions; their
     arrays in `inputs` are views on the daemon's mapping of the region.
     `output_regions` names the outputs the client wants written into its
     regions instead of sent in frames (when they fit)."""
@@ -154,7 +154,7 @@ class Request:
     outputs: tuple[str, ...] | None = None
     timeout_ms: int | None = None
     key: str | None = None
-    shared: dict[str, SharedTensor] = field(default_factory=dict)
+    input_regions: dict[str, SharedTensor] = field(default_factory=dict)
     output_regions: dict[str, OutputRegion] = field(default_factory=dict)
 
 
@@ -268,7 +268,7 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
         shared = f" (and {len(metas) - in_frames} in shared memory)" if in_frames < len(metas) else ""
         raise _bad(f"header lists {in_frames} inputs{shared} but {len(frames) - 1} tensor frames follow")
     inputs: dict[str, np.ndarray] = {}
-    shared: dict[str, SharedTensor] = {}
+    input_regions: dict[str, SharedTensor] = {}
     next_frame = iter(frames[1:])
     for index, item in enumerate(metas):
         meta = _parse_meta(item, index, limits)
@@ -277,7 +277,7 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
         if meta.name in inputs:
             raise _bad(f"input {meta.name!r} is listed twice")
         if "region" in item:
-            shared[meta.name] = ref = _parse_shared(item, meta, regions)
+            input_regions[meta.name] = ref = _parse_shared(item, meta, regions)
             frame = regions.view(ref.region, ref.offset, want)  # type: ignore[union-attr]
         else:
             frame = next(next_frame)
@@ -299,7 +299,7 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
         model=model, inputs=inputs, id=ident,
         version=None if version is None else str(version),
         outputs=None if outputs is None else tuple(outputs),
-        timeout_ms=timeout_ms, key=_optional(header, "key", (str, int)), shared=shared,
+        timeout_ms=timeout_ms, key=_optional(header, "key", (str, int)), input_regions=input_regions,
         output_regions=_parse_output_regions(header, regions),
     )
 

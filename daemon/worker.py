@@ -35,10 +35,10 @@ from infermux.budget import limit_malloc_arenas
 from infermux.inline import InlinePolicy
 from infermux.job import Job
 from infermux.lane import Lane, LaneClosed
-from infermux.regions import MappedRegions
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError
 from infermux.protocol import DTYPES, OutputRegion, Request, Status, encode_reply, error_header
+from infermux.regions import MappedRegions
 from infermux.registry import rss_bytes, warm_up
 from infermux.scheduler import Scheduler
 from infermux.shm import Slot, SlotCache, layout

@@ -233,13 +233,13 @@ class WorkerProxy:
         (the lane is full) is copied like a frame."""
         req = job.request
         frames = job.frames[len(job.envelope) + 1:]
-        if not req.shared:
+        if not req.input_regions:
             return list(frames), []
         tensors: list[Any] = []
         regions: list[list[Any]] = []
         next_frame = iter(frames)
         for index, (name, array) in enumerate(req.inputs.items()):
-            ref = req.shared.get(name)
+            ref = req.input_regions.get(name)
             if ref is None:
                 tensors.append(next(next_frame))
             elif self._map(ref.region):

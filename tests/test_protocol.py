@@ -115,7 +115,7 @@ def test_an_input_in_shared_memory_has_no_frame_and_is_read_in_its_region() -> N
     request = parse_request(frames, Limits(), region)
     np.testing.assert_array_equal(request.inputs["a"], x.reshape(2, 4))
     np.testing.assert_array_equal(request.inputs["b"], x)
-    assert list(request.inputs) == ["a", "b"] and request.shared == {"a": SharedTensor("r1", 16, "float32", (2, 4))}
+    assert list(request.inputs) == ["a", "b"] and request.input_regions == {"a": SharedTensor("r1", 16, "float32", (2, 4))}
     assert np.shares_memory(request.inputs["a"], np.frombuffer(region.data, np.uint8))
 
 
