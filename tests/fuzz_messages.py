@@ -95,7 +95,7 @@ class MessageFactory:
             (self.frame_count, 5), (self.lying_size, 5), (self.odd_dtype, 4), (self.huge_dims, 4),
             (self.garbage, 5), (self.truncated, 4), (self.duplicated, 4), (self.deep_nesting, 3),
             (self.enormous_numbers, 5), (self.unicode, 6), (self.engine_mismatch, 5), (self.unknown_model, 2),
-            (self.over_limits, 2), (self.mutated, 10), (self.zero_rows, 2), (self.bom, 1),
+            (self.over_limits, 2), (self.mutated, 10), (self.zero_rows, 2), (self.bom, 1), (self.bad_regions, 3),
         ]
         self._weights = [w for _, w in self.families]
 
@@ -177,6 +177,22 @@ class MessageFactory:
             header[key] = value
         trusted = header["id"] if key != "id" else None
         return Message(f"wrong_{key}", [_dumps(header), *tensors], MALFORMED, trusted)
+
+    def bad_regions(self) -> Message:
+        """Shared-memory references (regions.py) to regions no client registered, or badly formed."""
+        _, _, header, tensors = self._valid_parts()
+        tensors = list(tensors)
+        if self.rng.random() < 0.5:
+            index = self.rng.randrange(len(header["inputs"]))
+            header["inputs"][index].update(self.rng.choice([
+                {"region": "0" * 32, "offset": 0}, {"region": 5}, {"region": None}, {"region": "r", "offset": -1},
+                {"region": "r", "offset": "0"}, {"region": "", "offset": 2**70}, {"region": ["r"], "offset": 0.5}]))
+            del tensors[index]
+        else:
+            header["output_regions"] = self.rng.choice([
+                {"y": {"region": "0" * 32}}, {"y": "r"}, ["y"], {"y": {"region": "r", "offset": -3}}, 5,
+                {str(i): {"region": "r"} for i in range(100)}, {"y": {"region": "r", "offset": 2**70}}])
+        return Message("bad_regions", [_dumps(header), *tensors], MALFORMED, header["id"])
 
     def frame_count(self) -> Message:
         _, _, header, tensors = self._valid_parts()
