@@ -382,3 +382,30 @@ def test_a_worker_given_a_descriptor_it_cannot_map_carries_on() -> None:
     with pytest.raises(OSError):
         os.fstat(read_end)  # closed all the same
     os.close(write_end)
+
+
+def test_batched_requests_each_read_and_write_their_own_part_of_a_region(make_daemon) -> None:
+    batched = "max_batch = 16\nbatch_delay_us = 5000\n"
+    d = start(make_daemon, f'[[models]]\nname = "hot"\nengine = "fast512/1/model.onnx"\n{batched}'
+                           f'[[models]]\nname = "cold"\nengine = "fast512/1/model.onnx"\nmode = "multiproc"\n'
+                           f'preload = true\n{batched}')
+    rows = [np.full((2, 512), k, np.float32) for k in range(16)]
+    with SharedMemory.beside(d.endpoint, 1 << 20, "batched") as shm, d.pipeline() as pipe:
+        ins = [shm.ndarray((2, 512), "float32", offset=k * 4096) for k in range(16)]
+        outs = [shm.ndarray((2, 512), "float32", offset=(16 + k) * 4096) for k in range(16)]
+        for x, r in zip(ins, rows):
+            x[:] = r
+        with d.client() as client:
+            until_200(client, "cold", rows[0])
+        for model in ("hot", "cold"):
+            for out in outs:
+                out[:] = -1
+            ids = [pipe.submit(model, {"x": shm.ref(x)}, output_regions={"y": shm.ref(out)})
+                   for x, out in zip(ins, outs)]
+            replies = pipe.gather(ids)
+            assert all(r.status == 200 for r in replies), [r.header for r in replies if r.status != 200]
+            assert max(r.header.get("batch", 1) for r in replies) > 1, model  # they shared runs
+            for out, r in zip(outs, rows):
+                np.testing.assert_array_equal(out, r)
+            del replies
+    stop_clean(d)
