@@ -300,17 +300,18 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
         version=None if version is None else str(version),
         outputs=None if outputs is None else tuple(outputs),
         timeout_ms=timeout_ms, key=_optional(header, "key", (str, int)), input_regions=input_regions,
-        output_regions=_parse_output_regions(header, regions),
+        output_regions=_parse_output_regions(header, regions, limits),
     )
 
 
-def _parse_output_regions(header: dict[str, Any], regions: RegionLookup | None) -> dict[str, OutputRegion]:
+def _parse_output_regions(header: dict[str, Any], regions: RegionLookup | None,
+                          limits: Limits) -> dict[str, OutputRegion]:
     wanted = header.get("output_regions")
     if wanted is None:
         return {}
-    if not isinstance(wanted, dict) or len(wanted) > 64:
-        raise _bad("header field 'output_regions' must map at most 64 output names to "
-                   "{\"region\": token, \"offset\": bytes}")
+    if not isinstance(wanted, dict) or len(wanted) > limits.max_tensors:
+        raise _bad(f"header field 'output_regions' must map at most {limits.max_tensors} output names "
+                   "(max_tensors) to {\"region\": token, \"offset\": bytes}")
     if regions is None:
         raise _bad("'output_regions' needs shared memory, which this daemon does not take "
                    "([daemon] shared_memory is off); leave it out to get outputs in frames")
