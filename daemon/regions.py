@@ -236,7 +236,8 @@ class RegionServer:
             return {"ok": False, "error": f"the daemon holds {MAX_REGIONS} regions, its limit; "
                                           "unregister some, or use fewer, bigger regions"}
         try:
-            region = _map(fds[0], str(message.get("name") or "")[:64], owner)
+            name = "".join(c for c in str(message.get("name") or "")[:64] if c.isprintable())  # it is logged
+            region = _map(fds[0], name, owner)
         except (OSError, ValueError) as exc:
             return {"ok": False, "error": str(exc)}
         self.table.add(region)
@@ -303,7 +304,7 @@ class MappedRegions:
 
 
 def _map(fd: int, name: str, owner: int) -> Region:
-    """Check that `fd` is a memfd sealed against shrinking, and map it read-only."""
+    """Check that `fd` is a memfd sealed against shrinking, and map it (_mapped)."""
     info = os.fstat(fd)
     if not stat.S_ISREG(info.st_mode):
         raise ValueError("the descriptor is not a memfd (os.memfd_create with MFD_ALLOW_SEALING)")
