@@ -337,13 +337,10 @@ def in_shared_memory(endpoint: str, inputs: Mapping[str, np.ndarray],
     """A region registered beside `endpoint` holding `inputs`, with room after them for the outputs
     `sample` (a served reply) had: the region, the inputs as references, the output_regions field."""
     from infermux.regions import SharedMemory
-    from infermux.shm import aligned
+    from infermux.shm import layout
 
     arrays = [np.ascontiguousarray(a) for a in inputs.values()] + list(sample.outputs.values())
-    offsets, end = [], 0
-    for array in arrays:
-        offsets.append(end)
-        end = aligned(end + array.nbytes)
+    offsets, end = layout([a.nbytes for a in arrays])
     region = SharedMemory.beside(endpoint, max(end, 1), "infermux-bench")
     refs = []
     for array, offset in zip(arrays[:len(inputs)], offsets):
