@@ -61,7 +61,7 @@ class DaemonConfig:
     watch_rescan_s: float = 5.0     # full rescan even without events (lost events, NFS); 0 = never
     spare_worker: bool = True  # keep one worker started ahead for the next cold model
     worker_hang_s: float = 10.0  # a worker silent this long is killed and replaced
-    shared_memory: str = "regions.sock"  # where local clients register input regions (regions.py); "" = off
+    shared_memory: str = "regions.sock"  # where local clients register tensor regions (regions.py); "" = off
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ from infermux.fairqueue import Closed, FairQueue
 from infermux.inline import track_compute
 from infermux.job import Job
 from infermux.plugins.base import Context, InputRejected, OutputsMismatch
-from infermux.protocol import Status, dtype_name, encode_reply, error_header
-from infermux.slotoutputs import RegionOutputs, ShapeMemory, kind_of
+from infermux.protocol import Status, encode_reply, error_header
+from infermux.slotoutputs import RegionOutputs, ShapeMemory
 from infermux.stats import Stats
 
 log = logging.getLogger("infermux.executor")
@@ -215,9 +215,9 @@ class Executor:
         """One request alone: into the arrays its placement offers where the backend can (base.WritesOutputs):
         a worker's slot, or the client's own regions (slotoutputs.py)."""
         into = getattr(self._context, "infer_into", None)
+        if job.place is None and job.request.output_regions:
+            job.place = RegionOutputs(job.request, self._shapes)  # _succeed teaches it the shapes
         place = job.place
-        if place is None and job.request.output_regions:
-            place = RegionOutputs(job.request, self._shapes)
         arrays = place.arrays() if place is not None and into is not None else None
         if arrays:
             try:
@@ -231,9 +231,8 @@ class Executor:
         req = job.request
         if req.outputs is not None:
             outputs = {name: outputs[name] for name in req.outputs}
-        if req.output_regions and not batch:  # the next request of its kind goes straight there
-            self._shapes.learn(kind_of(req), [{"name": n, "dtype": dtype_name(a.dtype), "shape": list(a.shape)}
-                                              for n, a in outputs.items()])
+        if isinstance(job.place, RegionOutputs):  # ran alone: the next of its kind goes straight there
+            job.place.learn(outputs)
         queue_us, compute_us = (start - job.received_ns) // 1000, (end - start) // 1000
         total_us = (time.perf_counter_ns() - job.received_ns) // 1000
         header: dict[str, Any] = {

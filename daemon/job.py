@@ -13,7 +13,7 @@ from infermux.protocol import Request
 
 
 class OutputPlacement(Protocol):
-    """Where a request's outputs may be computed into (a worker's shared-memory slot)."""
+    """Where a request's outputs may be computed into (a worker's slot, a client's regions: slotoutputs.py)."""
 
     def arrays(self) -> dict[str, np.ndarray] | None:
         """Arrays to compute the outputs into, or None where they are not known to fit."""
@@ -41,7 +41,7 @@ class Job:
     fallback: dict[str, str] | None = None
     hops: int = 0
     target: Any = None  # the ModelVersion the router chose, for its statistics
-    place: OutputPlacement | None = None  # set by a worker: outputs may go straight into the slot
+    place: OutputPlacement | None = None  # outputs may go straight into a worker's slot or the client's regions
 
     @property
     def key(self) -> Any:

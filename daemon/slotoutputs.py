@@ -45,6 +45,10 @@ class ShapeMemory:
     def shapes(self, kind: Kind) -> list[tuple[str, np.dtype, tuple[int, ...]]] | None:
         return self._known.get(kind)
 
+    def knows(self, kind: Kind) -> bool:
+        """Whether `kind` was learnt (or found to vary): nothing more to learn from it."""
+        return kind in self._known
+
     def learn(self, kind: Kind, metas: list[dict[str, Any]]) -> None:
         """Remember a served reply's outputs ({"name", "dtype", "shape"} as in its header)."""
         if kind in self._known:
@@ -126,6 +130,12 @@ class RegionOutputs:
 
     def mismatch(self) -> None:
         self.memory.varies(self.kind)
+
+    def learn(self, outputs: dict[str, np.ndarray]) -> None:
+        """Teach the memory this run's output shapes, so the next request of its kind is placed."""
+        if not self.memory.knows(self.kind):
+            self.memory.learn(self.kind, [{"name": n, "dtype": dtype_name(a.dtype), "shape": list(a.shape)}
+                                          for n, a in outputs.items()])
 
 
 def kind_of(request: Request) -> Kind:
