@@ -75,9 +75,11 @@ class MemoryView(Vertical):
         yield MemoryTable(id="memory-table")
 
     def update_from(self, snapshot: dict[str, Any]) -> None:
+        budget = self.query("#budget")
+        if not budget:  # not composed yet, or being removed as the console closes: the next snapshot
+            return
         text = budget_text(snapshot)
-        budget = self.query_one("#budget", Static)
         if getattr(self, "_budget", None) != text:
             self._budget = text
-            budget.update(text, layout=False)
+            budget.first(Static).update(text, layout=False)
         self.query_one(MemoryTable).update_from(snapshot)

@@ -64,11 +64,14 @@ class RoutingView(Vertical):
         yield RoutingTable(id="routing-table")
 
     def update_from(self, snapshot: dict[str, Any]) -> None:
+        head = self.query("#routing-head")
+        if not head:  # not composed yet, or being removed as the console closes: the next snapshot
+            return
         routing = (snapshot.get("daemon") or {}).get("routing") or {}
         text = (f"strategy [b]{routing.get('strategy', '-')}[/] · version mismatch "
                 f"[b]{routing.get('version_mismatch', '-')}[/]\n"
                 "[dim]w weights · f fallback · p pin/unpin the selected version[/]")
         if getattr(self, "_head", None) != text:
             self._head = text
-            self.query_one("#routing-head", Static).update(text, layout=False)
+            head.first(Static).update(text, layout=False)
         self.query_one(RoutingTable).update_from(snapshot)
