@@ -482,7 +482,7 @@ def decode_reply(frames: Sequence[bytes | memoryview],
     """Parse a reply's frames (client side); outputs become numpy arrays.
 
     Outputs the daemon wrote into the client's regions are views on them,
-    found by `regions(token, offset, nbytes)` (regions.local_view).
+    found by `regions(token, offset, nbytes)` (client.shared_memory.local_view).
     Raises MalformedReply (a ProtocolError, and a ValueError) for frames
     that are not a well-formed reply, and nothing else.
     """

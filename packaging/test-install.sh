@@ -209,7 +209,7 @@ print("classifier via", type(engine).__name__, "->", out["probs"].shape)'
 
 daemon_in_build() {
     [ -f "$ROOT/usr/lib/python3/dist-packages/infermux/serve.py" ] && return 0
-    echo "SKIP: infermux.serve is not in this build (the daemon is not merged yet)"
+    echo "SKIP: infermux.cli.serve is not in this build (the daemon is not merged yet)"
     return 77
 }
 

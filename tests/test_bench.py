@@ -1,4 +1,4 @@
-"""Behaviour of the load generator (infermux.bench) against the bare-loop baseline server."""
+"""Behaviour of the load generator (infermux.cli.bench) against the bare-loop baseline server."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from infermux import bench
-from infermux.bench import BenchResult, run_load, wait_ready
+from infermux.cli import bench
+from infermux.cli.bench import BenchResult, run_load, wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 BASELINES = ROOT / "tests" / "benchmarks" / "baselines.py"

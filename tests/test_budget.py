@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 
 import models
-from infermux import budget
+from infermux.models import budget
 from infermux import config as cfg
 from infermux.events import EventLog
 from infermux.config import ConfigError, ModelConfig
-from infermux.registry import Registry
-from infermux.workerproc import exit_reason
+from infermux.models.registry import Registry
+from infermux.workers.process import exit_reason
 
 
 def engine_of(tmp_path: Path, size: int, suffix: str = ".onnx") -> Path:
@@ -73,7 +73,7 @@ def test_worker_settings_are_validated_with_their_field_path() -> None:
 # Eight threads, alive together, each allocating: how many malloc arenas glibc ends up with.
 _ARENAS_SCRIPT = """
 import ctypes, os, sys, tempfile, threading
-from infermux import budget
+from infermux.models import budget
 if sys.argv[1] == "capped":
     assert budget.limit_malloc_arenas(2)
 allocated, release = threading.Barrier(9), threading.Event()

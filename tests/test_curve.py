@@ -17,8 +17,8 @@ import zmq.auth
 
 from infermux import config as cfg
 from infermux.client import Client
-from infermux.curve import CurveError, client_options
-from infermux.keygen import make_keypair
+from infermux.transport.curve import CurveError, client_options
+from infermux.cli.keygen import make_keypair
 
 X4 = np.ones((1, 4), np.float32)
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from infermux.fairqueue import Closed, FairQueue
+from infermux.serving.fairqueue import Closed, FairQueue
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """When the reading thread computes a request itself (inline.py)."""
 
-from infermux.inline import InlinePolicy, track_compute
+from infermux.serving.inline import InlinePolicy, track_compute
 
 POLICY = InlinePolicy(idle_max_us=500, busy_max_us=100)
 

@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from infermux.lane import MAX_PACKET, Lane, LaneClosed
+from infermux.workers.lane import MAX_PACKET, Lane, LaneClosed
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def test_the_end_of_the_other_process_reads_as_lane_closed(lanes) -> None:
 def test_a_child_process_talks_through_the_inherited_end() -> None:
     mine, theirs = Lane.pair()
     assert not os.get_inheritable(mine.fileno())  # workers started later must not hold the daemon's end
-    code = ("import sys; from infermux.lane import Lane; import select\n"
+    code = ("import sys; from infermux.workers.lane import Lane; import select\n"
             "lane = Lane.from_fd(int(sys.argv[1]))\n"
             "select.select([lane.fileno()], [], [], 10)\n"
             "frames = lane.recv(); lane.send([b'R' + frames[0][1:], frames[1]])\n")

@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-from infermux.notify import Notifier
+from infermux.admin.notify import Notifier
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sd_notify is Linux-only")
 

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from infermux import config as cfg
-from infermux import swap
+from infermux.swap import swapper as swap
 from infermux.client import Client
-from infermux.server import Server
+from infermux.serving.server import Server
 from publish import publish
 
 X = np.ones((1, 4), np.float32)

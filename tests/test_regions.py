@@ -18,7 +18,8 @@ import pytest
 
 from harness import Daemon
 from infermux.client import SharedMemory, SharedTensor
-from infermux.regions import MAX_REGIONS, MAX_REGIONS_PER_CLIENT, MappedRegions, RegionTable, regions_path
+from infermux.client import regions_path
+from infermux.transport.regions import MAX_REGIONS, MAX_REGIONS_PER_CLIENT, MappedRegions, RegionTable
 from test_workers import start, stop_clean, until_200, worker
 
 X = np.random.default_rng(9).random((64, 512), dtype=np.float32)  # 128 KB: a worker would copy it into a slot
@@ -359,7 +360,7 @@ def test_the_daemon_holds_a_bounded_number_of_regions_in_all(make_daemon) -> Non
 
 
 def test_infermux_bench_can_measure_with_tensors_in_shared_memory(make_daemon, capsys) -> None:
-    from infermux import bench
+    from infermux.cli import bench
 
     d = start(make_daemon, MODELS)
     for model in ("hot", "cold"):

@@ -11,7 +11,7 @@ import pytest
 
 from harness import REPO
 from infermux import config as cfg
-from infermux.server import limits_from
+from infermux.serving.server import limits_from
 
 FILE = Path("/etc/infermux/test.toml")
 

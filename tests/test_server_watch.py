@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 
 from infermux import config as cfg
-from infermux.server import Server
+from infermux.serving.server import Server
 
 
 @pytest.fixture

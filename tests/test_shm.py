@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import zmq
 
-from infermux import shm
+from infermux.workers import slots as shm
 
 
 def names_on_disk(tag: str) -> list[str]:

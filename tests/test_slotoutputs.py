@@ -13,11 +13,11 @@ import pytest
 
 from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend
 from infermux.plugins.base import OutputsMismatch, WritesOutputs
-from infermux.executor import BatchPolicy, Executor
-from infermux.job import Job
+from infermux.serving.executor import BatchPolicy, Executor
+from infermux.serving.job import Job
 from infermux.protocol import OutputRegion, Request
-from infermux.shm import ALIGN, Slot
-from infermux.slotoutputs import PLACE_MIN_BYTES, ShapeMemory, SlotOutputs
+from infermux.workers.slots import ALIGN, Slot
+from infermux.workers.outputs import PLACE_MIN_BYTES, ShapeMemory, SlotOutputs
 
 _names = itertools.count()
 

@@ -12,7 +12,7 @@ $WATCHDOG_USEC set) and listens on a real datagram socket. The contract:
 - SIGTERM: STOPPING=1, every request sent before the signal is answered
   (served, or 503 once draining), exit status 0.
 
-Skipped until the daemon (`infermux.serve`) exists.
+Skipped until the daemon (`infermux.cli.serve`) exists.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("infermux.serve")
+pytest.importorskip("infermux.cli.serve")
 pytest.importorskip("onnxruntime")
 
 from infermux.client import Client, Pipeline  # noqa: E402

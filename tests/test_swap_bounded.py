@@ -12,8 +12,8 @@ import pytest
 
 from infermux import config as cfg
 from infermux.events import EventLog
-from infermux.registry import Registry
-from infermux.swap import Swapper
+from infermux.models.registry import Registry
+from infermux.swap.swapper import Swapper
 from publish import publish
 
 CONFIG = """

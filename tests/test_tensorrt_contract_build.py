@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infermux import build
+from infermux.cli import build
 from infermux.plugins import backends
 from infermux.plugins.backends import trtlib
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from infermux.tune import Step, judge, recommend
+from infermux.cli.tune import Step, judge, recommend
 
 CLASSIFIER = """
 [[models]]

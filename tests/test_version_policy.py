@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from infermux import config as cfg
-from infermux.repository import Policy, SettingsCache, plan
-from infermux.watcher import EngineFile, FileSig, Snapshot
+from infermux.swap.repository import Policy, SettingsCache, plan
+from infermux.swap.watcher import EngineFile, FileSig, Snapshot
 
 FILE = Path("/etc/infermux/test.toml")
 MODEL = '[[models]]\nname = "a"\nengine = "a/1/model.onnx"\n'

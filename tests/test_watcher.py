@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from infermux.watcher import FileSig, Settler, ignored, scan
+from infermux.swap.watcher import FileSig, Settler, ignored, scan
 
 
 @pytest.mark.parametrize("name, skip", [

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from harness import Daemon
-from infermux import lane, shm
+from infermux.workers import lane, slots as shm
 from infermux.client import Client
 
 HEAD = """

@@ -31,7 +31,7 @@ def _contexts(delta: int) -> Callable[[dict[str, Any], str], Request]:
 
 
 def _weights(m: dict[str, Any], text: str) -> Request:
-    from infermux.ctl import parse_value
+    from infermux.cli.ctl import parse_value
 
     try:
         weights = parse_value("weights", text.strip())

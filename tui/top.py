@@ -29,7 +29,7 @@ def endpoints(args: argparse.Namespace) -> tuple[str, str, str]:
     """(admin, stats, config path): --admin/--stats, else the configuration's sockets."""
     import os
 
-    from infermux.infer import endpoint_from
+    from infermux.cli.infer import endpoint_from
 
     config = args.config or os.environ.get("INFERMUX_CONFIG", "/etc/infermux/infermux.toml")
     found = {}

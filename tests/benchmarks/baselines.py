@@ -26,7 +26,7 @@ from typing import Callable
 
 import zmq
 
-from infermux.infer import parse_inputs
+from infermux.cli.infer import parse_inputs
 from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend
 from infermux.plugins.base import BackendError, InputRejected
 from infermux.protocol import ProtocolError, Status, encode_reply, error_header, parse_request, request_id

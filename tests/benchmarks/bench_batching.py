@@ -7,7 +7,7 @@ Throughput: the sample MLP (features [1,256]) and classifier (images
 the same models with `max_batch = 1`, at concurrency 16 and 32. All four
 are served by one daemon for the whole run and the rounds interleave them,
 so load from elsewhere on the box hits every case alike; the table shows
-the median round (by QPS). The load generator (`infermux.bench.run_load`)
+the median round (by QPS). The load generator (`infermux.cli.bench.run_load`)
 runs in its own process.
 
 Fairness: three cameras (keys cam0..cam2) sending open loop at a fixed
@@ -45,9 +45,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from results import markdown_table, stamp, stop_server, write_section  # noqa: E402
 
 from infermux import config as cfg  # noqa: E402
-from infermux.bench import BenchResult, run_load, wait_ready  # noqa: E402
+from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
 from infermux.client import AdminClient  # noqa: E402
-from infermux.infer import parse_inputs  # noqa: E402
+from infermux.cli.infer import parse_inputs  # noqa: E402
 from infermux.protocol import encode_request, parse_header  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]

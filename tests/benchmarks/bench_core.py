@@ -13,7 +13,7 @@ concurrency 1 and 16:
                the baseline the daemon must reach ≥ 0.7× of
   d  daemon    `python -m infermux serve` (2 contexts), end to end
 
-b, c and d are driven by the same load generator (`infermux.bench.run_load`)
+b, c and d are driven by the same load generator (`infermux.cli.bench.run_load`)
 in its own process, so it never shares a GIL with the server under test; a
 runs in that process too. Every server runs for the whole script and the
 rounds interleave them, so a burst of load from elsewhere on the box hits
@@ -42,8 +42,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results import markdown_table, stamp, stop_server, write_section  # noqa: E402
 
-from infermux.bench import BenchResult, run_load, wait_ready  # noqa: E402
-from infermux.infer import parse_inputs  # noqa: E402
+from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
+from infermux.cli.infer import parse_inputs  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "engines" / "classifier" / "1" / "model.onnx"
@@ -128,10 +128,10 @@ def daemon_command(tmp: Path) -> tuple[list[str], str]:
 
 
 def daemon_available() -> bool:
-    """The daemon core (infermux.serve) is in this checkout."""
+    """The daemon core (infermux.cli.serve) is in this checkout."""
     import importlib.util
 
-    return importlib.util.find_spec("infermux.serve") is not None
+    return importlib.util.find_spec("infermux.cli.serve") is not None
 
 
 @dataclass
@@ -216,7 +216,7 @@ def report(measured: list[Measured], args: argparse.Namespace, load: tuple[float
         "",
         "a = onnxruntime in-process (c threads, one context each); b = ROUTER echo process (transport + "
         "generator ceiling); c = ROUTER + protocol parse + onnxruntime, one process, no routing; "
-        "d = `infermux serve`, 2 contexts. b–d share one load generator (`infermux.bench.run_load`: one "
+        "d = `infermux serve`, 2 contexts. b–d share one load generator (`infermux.cli.bench.run_load`: one "
         "DEALER, c requests in flight) in its own process.",
         "Reproduce: `python tests/benchmarks/bench_core.py`.",
     ])

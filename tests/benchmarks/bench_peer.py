@@ -7,7 +7,7 @@ Serves the sample classifier (engines/classifier/1/model.onnx, one
 
   infermux   `infermux serve`, 2 contexts, over tcp://127.0.0.1 (the same
              loopback TCP MLServer gets) and over ipc (how it is meant to be
-             used), driven by `infermux.bench.run_load` (one DEALER socket,
+             used), driven by `infermux.cli.bench.run_load` (one DEALER socket,
              c requests in flight);
   MLServer   1.7.1 in its OWN virtual environment (made once under
              ~/.cache/infermux/bench-peer/, `pip install mlserver==1.7.1
@@ -54,7 +54,7 @@ import onnxruntime as ort  # noqa: E402
 from harness import REPO, Daemon  # noqa: E402
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-from infermux.bench import BenchResult, run_load, wait_ready  # noqa: E402
+from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
 
 SECTION = "Peer comparison: MLServer (issue 10)"
 ENGINE = REPO / "engines" / "classifier" / "1" / "model.onnx"
@@ -345,7 +345,7 @@ def report(rounds: dict[tuple[str, int], list[BenchResult]], mlserver_note: str,
         f"MLServer: {mlserver_note}",
         "",
         "infermux: `infermux serve`, 2 contexts, 1 intra-op thread each, raw tensor frames over ZeroMQ; "
-        "driven by `infermux.bench.run_load` (one DEALER socket, c in flight). MLServer: default settings "
+        "driven by `infermux.cli.bench.run_load` (one DEALER socket, c in flight). MLServer: default settings "
         "(`parallel_workers` 1: requests go through one inference worker process), HTTP V2 inference protocol "
         "with the tensor as a JSON list (its standard REST encoding), custom runtime calling onnxruntime with "
         "1 intra-op thread; driven by c threads with a keep-alive `http.client` connection each. Both answers "

@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-from infermux.bench import BenchResult, run_load, wait_ready  # noqa: E402
+from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
 from infermux.client import AdminClient, Client, SharedMemory  # noqa: E402
 
 SECTION = "Cold workers (issue 5)"

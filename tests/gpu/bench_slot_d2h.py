@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_support import gpu_missing  # noqa: E402
 
 from infermux.plugins.backends import cuda  # noqa: E402
-from infermux.shm import Slot  # noqa: E402
+from infermux.workers.slots import Slot  # noqa: E402
 
 SIZES = {"49 KB": 12288 * 4, "4.9 MB": 1225000 * 4}
 

@@ -19,7 +19,7 @@ import os
 
 import pytest
 
-from infermux import budget
+from infermux.models import budget
 from infermux.plugins.backends import cuda
 
 pytestmark = pytest.mark.gpu

@@ -48,7 +48,7 @@ def test_outputs_copied_into_a_shared_memory_slot_match(plan_fp32, reference, tm
     import os
 
     from infermux.plugins.base import OutputsMismatch
-    from infermux.shm import Slot
+    from infermux.workers.slots import Slot
 
     engine = load(plan_fp32)
     ctx = engine.create_context()

@@ -1,0 +1,1 @@
+"""Operators and the service manager: the admin socket and stats stream, commands, snapshots, metrics, sd_notify."""

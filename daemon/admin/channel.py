@@ -1,0 +1,179 @@
+"""The admin socket and the stats stream (DESIGN §8), on their own thread.
+
+Admin: a ROUTER on a local ipc socket (mode 0660, group `infermux` when it
+exists), one JSON object in, one out. Commands that block (load, drain...)
+run on a short-lived thread so `status` keeps answering meanwhile. Every
+command that changes the daemon is audited: an `admin` event naming the
+command, its arguments and, on ipc, the peer's uid and pid.
+
+Stats: a PUB socket; topic `snapshot` carries the whole daemon a few times
+a second, topic `event` each event as it happens.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from typing import TYPE_CHECKING, Any
+
+import zmq
+
+from infermux.transport import ipc
+from infermux.admin import snapshot
+from infermux.admin.commands import COMMANDS, CommandError
+from infermux.config import resolve_endpoint
+from infermux.events import Event
+
+if TYPE_CHECKING:
+    from infermux.serving.server import Server
+
+log = logging.getLogger("infermux.admin")
+
+MAX_REQUEST_BYTES = 64 * 1024
+
+
+def peer(frame: zmq.Frame) -> dict[str, Any]:
+    """uid/gid/pid of an ipc peer: libzmq appends them to Peer-Address ("host:uid:gid:pid")."""
+    try:
+        parts = frame.get("Peer-Address").split(":")
+    except (zmq.ZMQError, AttributeError):
+        return {}
+    if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
+        return {"uid": int(parts[1]), "gid": int(parts[2]), "pid": int(parts[3])}
+    return {"address": ":".join(parts)}
+
+
+class AdminServer:
+    """Owns the admin ROUTER and the stats PUB; both live on this object's thread."""
+
+    def __init__(self, server: "Server", interval_s: float = 0.25) -> None:
+        self.server = server
+        self.interval_s = interval_s
+        daemon = server.config.daemon
+        self.admin_endpoint = resolve_endpoint(daemon.admin, server.run_dir) if daemon.admin else ""
+        self.stats_endpoint = resolve_endpoint(daemon.stats, server.run_dir) if daemon.stats else ""
+        self._ctx = server.ctx
+        self._done: deque[list[bytes]] = deque()  # replies of slow commands, sent by our thread
+        self._events: deque[Event] = deque(maxlen=10000)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="admin", daemon=True)
+        self.admin: zmq.Socket | None = None
+        self.stats: zmq.Socket | None = None
+
+    def start(self) -> None:
+        """Bind both sockets and start the thread."""
+        if self.admin_endpoint:
+            self.admin = self._bind(zmq.ROUTER, self.admin_endpoint)
+            self.admin.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
+        if self.stats_endpoint:
+            self.stats = self._bind(zmq.PUB, self.stats_endpoint)
+            self.stats.setsockopt(zmq.SNDHWM, 100)  # a slow console drops snapshots, never blocks us
+        self.server.events.subscribe(self._events.append)
+        self._thread.start()
+
+    def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
+        sock = self._ctx.socket(kind)
+        sock.setsockopt(zmq.LINGER, 0)
+        ipc.prepare(endpoint)
+        try:
+            sock.bind(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(0)
+            raise RuntimeError(f"cannot bind {endpoint}: {exc}") from None
+        ipc.secure(endpoint)
+        self.server.events.emit("listening", endpoint=endpoint)
+        return sock
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(2)
+        for sock, endpoint in ((self.admin, self.admin_endpoint), (self.stats, self.stats_endpoint)):
+            if sock is not None:
+                sock.close(0)
+                ipc.remove(endpoint)
+
+    # -- the thread --------------------------------------------------------------
+
+    def _run(self) -> None:
+        next_snapshot = 0.0
+        while not self._stop.is_set():
+            if self.admin is not None and self.admin.poll(20):
+                self._serve_one()
+            while self._done and self.admin is not None:
+                self.admin.send_multipart(self._done.popleft())
+            self._publish_events()
+            if self.stats is not None and time.monotonic() >= next_snapshot:
+                next_snapshot = time.monotonic() + self.interval_s
+                self._publish("snapshot", snapshot.full(self.server))
+            if self.admin is None:
+                time.sleep(0.02)
+
+    def _publish(self, topic: str, body: dict[str, Any]) -> None:
+        try:
+            self.stats.send_multipart([topic.encode(), json.dumps(body).encode()], zmq.NOBLOCK)  # type: ignore[union-attr]
+        except zmq.Again:
+            pass
+
+    def _publish_events(self) -> None:
+        while self._events:
+            event = self._events.popleft()
+            if self.stats is not None:
+                self._publish("event", event.as_json())
+
+    def _serve_one(self) -> None:
+        assert self.admin is not None
+        frames = self.admin.recv_multipart(copy=False)
+        split = next((i + 1 for i, f in enumerate(frames) if len(f) == 0), 1)
+        envelope = [f.bytes for f in frames[:split]]
+        who = peer(frames[-1])
+        try:
+            request = _parse(frames[split:])
+            name = request.get("cmd")
+            command = COMMANDS.get(name) if isinstance(name, str) else None
+            if command is None:
+                raise CommandError(f"unknown command {name!r}; commands: {', '.join(COMMANDS)}")
+        except CommandError as exc:
+            self.admin.send_multipart(envelope + [_reply({"ok": False, "error": str(exc)})])
+            return
+        if command.changes:
+            args = {k: v for k, v in request.items() if k != "cmd"}
+            self.server.events.emit("admin", cmd=name, args=json.dumps(args, sort_keys=True), **who)
+        if command.slow:
+            threading.Thread(target=self._finish, args=(envelope, command, request), daemon=True,
+                             name=f"admin-{name}").start()
+        else:
+            self.admin.send_multipart(envelope + [_reply(_execute(self.server, command, request))])
+
+    def _finish(self, envelope: list[bytes], command: Any, request: dict[str, Any]) -> None:
+        self._done.append(envelope + [_reply(_execute(self.server, command, request))])
+
+
+def _parse(body: list[zmq.Frame]) -> dict[str, Any]:
+    if len(body) != 1:
+        raise CommandError(f"expected one JSON frame, got {len(body)}")
+    try:
+        request = json.loads(body[0].bytes)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise CommandError(f"request is not JSON: {exc}") from None
+    if not isinstance(request, dict):
+        raise CommandError("request must be a JSON object like {\"cmd\": \"status\"}")
+    return request
+
+
+def _execute(server: "Server", command: Any, request: dict[str, Any]) -> dict[str, Any]:
+    try:
+        return {"ok": True, **command.run(server, request)}
+    except CommandError as exc:
+        return {"ok": False, "error": str(exc)}
+    except Exception as exc:  # a bug in a command must not kill the admin thread
+        log.exception("admin command %r failed", request.get("cmd"))
+        return {"ok": False, "error": f"internal error: {exc}"}
+
+
+def _reply(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, default=str).encode()

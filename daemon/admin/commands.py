@@ -1,0 +1,254 @@
+"""Admin commands (DESIGN §8): each takes the server and the request's
+arguments and returns the reply fields, or raises CommandError.
+
+`admin.py` owns the socket; this module owns what the commands mean.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable
+
+from infermux import config as cfg
+from infermux.swap import reload
+from infermux.admin import snapshot
+from infermux.models.registry import ModelVersion, State
+
+if TYPE_CHECKING:
+    from infermux.serving.server import Server
+
+
+class CommandError(Exception):
+    """A command that cannot be done; the message tells the operator why and what to do."""
+
+
+@dataclass(frozen=True)
+class Command:
+    """One admin command: what it does, whether it changes the daemon, whether it blocks."""
+
+    run: Callable[["Server", dict[str, Any]], dict[str, Any]]
+    help: str
+    changes: bool = True
+    slow: bool = False
+
+
+def _str(args: dict[str, Any], key: str, required: bool = True) -> str | None:
+    value = args.get(key)
+    if value is None:
+        if required:
+            raise CommandError(f"'{key}' is required")
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        value = str(value)
+    if not isinstance(value, str) or not value:
+        raise CommandError(f"'{key}' must be a non-empty string")
+    return value
+
+
+def _int(args: dict[str, Any], key: str, minimum: int) -> int | None:
+    value = args.get(key)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise CommandError(f"'{key}' must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+def target(server: "Server", args: dict[str, Any]) -> ModelVersion:
+    """The version a command names: `model` and optional `version` (default: the model's default)."""
+    name = _str(args, "model")
+    model = server.registry.model(name or "")
+    if model is None:
+        raise CommandError(f"unknown model {name!r}; models: {', '.join(sorted(server.registry.models)) or 'none'}")
+    version = _str(args, "version", required=False)
+    if version is None:
+        mv = model.default()
+        assert mv is not None
+        return mv
+    if version not in model.versions:
+        raise CommandError(f"model {name!r} has no version {version!r}; versions: "
+                           f"{', '.join(v.version for v in model.ordered())}")
+    return model.versions[version]
+
+
+def _label(mv: ModelVersion) -> dict[str, str]:
+    return {"model": mv.name, "version": mv.version, "state": mv.state.value}
+
+
+# -- read-only ----------------------------------------------------------------
+
+def cmd_status(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    models = [{k: v[k] for k in ("name", "version", "state", "placement", "default", "contexts",
+                                  "queue_depth", "in_flight", "memory_bytes", "reason")}
+              for v in snapshot.models_view(server)]
+    return {"daemon": snapshot.daemon_view(server), "models": models}
+
+
+def cmd_models(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    return {"models": snapshot.models_view(server)}
+
+
+def cmd_events(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    limit = _int(args, "limit", 1) or 100
+    return {"events": [e.as_json() for e in server.events.recent(limit)]}
+
+
+# -- changes ------------------------------------------------------------------
+
+def cmd_load(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    mv = target(server, args)
+    if mv.state is State.READY:
+        return {**_label(mv), "message": "already loaded"}
+    if mv.state in (State.LOADING, State.WARMING):
+        _wait_loaded(mv, timeout_s=600)
+    elif not server.registry.load(mv):
+        raise CommandError(f"{mv.name}:{mv.version} failed to load: {mv.reason}")
+    return {**_label(mv), "load_ms": round(mv.last_load_s * 1000)}
+
+
+def _wait_loaded(mv: ModelVersion, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while mv.state in (State.LOADING, State.WARMING) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    if mv.state is not State.READY:
+        raise CommandError(f"{mv.name}:{mv.version} is {mv.state.value}: {mv.reason}")
+
+
+def cmd_unload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    mv = target(server, args)
+    if mv.state is State.UNLOADED:
+        return {**_label(mv), "message": "not loaded"}
+    queued = mv.scheduler.depth() if mv.scheduler is not None else 0
+    server.registry.unload(mv, server.config.daemon.drain_timeout_s)
+    return {**_label(mv), "drained": queued}
+
+
+def _placement(method: str) -> Callable[["Server", dict[str, Any]], dict[str, Any]]:
+    def run(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+        mv = target(server, args)
+        move = getattr(server.registry, method, None)
+        if move is None:
+            raise CommandError(f"{method} needs cold worker processes (mode = \"multiproc\"), "
+                               f"which this build does not have")
+        try:
+            message = move(mv.name, mv.version)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        return {**_label(mv), "message": message or f"{method}d"}
+    return run
+
+
+SETTABLE = {"contexts": 1, "max_queue": 1, "timeout_ms": 1, "max_batch": 1, "batch_delay_us": 0}
+
+
+def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    mv = target(server, args)
+    changes = {k: _int(args, k, minimum) for k, minimum in SETTABLE.items() if k in args}
+    unknown = set(args) - set(SETTABLE) - {"cmd", "model", "version", "fallback", "weights"}
+    if unknown:
+        raise CommandError(f"cannot set {', '.join(sorted(unknown))}; settable: "
+                           f"{', '.join([*SETTABLE, 'fallback', 'weights'])}")
+    done: dict[str, Any] = {}
+    if "fallback" in args:
+        done["fallback"] = _set_fallback(server, mv.name, args["fallback"])
+    if "weights" in args:
+        done["weights"] = _set_weights(server, mv.name, args["weights"])
+    if changes:
+        server.registry.configure(mv, **changes)
+        done.update(changes)
+    if not done:
+        raise CommandError(f"nothing to set; settable: {', '.join([*SETTABLE, 'fallback', 'weights'])}")
+    return {**_label(mv), "set": done}
+
+
+def _set_fallback(server: "Server", name: str, fallback: Any) -> str:
+    if not isinstance(fallback, str):
+        raise CommandError("'fallback' must be a model name, or \"\" to remove it")
+    if fallback and server.registry.model(fallback) is None:
+        raise CommandError(f"unknown fallback model {fallback!r}")
+    chain = {n: m.fallback for n, m in server.registry.models.items() if m.fallback}
+    chain.pop(name, None)
+    if fallback:
+        chain[name] = fallback
+    problem = cfg.fallback_problem(chain)
+    if problem:
+        raise CommandError(problem[1])
+    server.registry.model(name).fallback = fallback  # type: ignore[union-attr]
+    return fallback
+
+
+def _set_weights(server: "Server", name: str, weights: Any) -> dict[str, int]:
+    model = server.registry.model(name)
+    assert model is not None
+    if not isinstance(weights, dict) or not weights:
+        raise CommandError("'weights' must be an object of version -> weight, e.g. {\"2.1\": 90, \"2.2\": 10}")
+    for version, weight in weights.items():
+        if version not in model.versions:
+            raise CommandError(f"model {name!r} has no version {version!r}")
+        if not isinstance(weight, int) or isinstance(weight, bool) or weight < 0:
+            raise CommandError(f"weight of {version!r} must be an integer >= 0")
+    server.router.weights = {**server.router.weights, name: dict(weights)}
+    return dict(weights)
+
+
+def cmd_drain(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    if "model" in args:
+        return cmd_unload(server, args)
+    server.draining = True
+    deadline = time.monotonic() + server.config.daemon.drain_timeout_s
+    while time.monotonic() < deadline and any(
+            mv.scheduler is not None and mv.scheduler.load() for mv in server.registry.all_versions()):
+        time.sleep(0.02)
+    return {"accepting": False, "message": "new requests get 503 until `resume`"}
+
+
+def cmd_resume(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    server.draining = False
+    return {"accepting": True}
+
+
+def cmd_pin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    name, version = _str(args, "model") or "", _str(args, "version") or ""
+    try:  # the registry also accepts a version only on disk (rollback): the watcher loads it
+        server.registry.pin(name, version)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    mv = server.registry.model(name).versions.get(version)  # type: ignore[union-attr]
+    return _label(mv) if mv is not None else {"model": name, "version": version, "state": "loading"}
+
+
+def cmd_unpin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    name = _str(args, "model") or ""
+    try:
+        server.registry.unpin(name)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    default = server.registry.model(name).default()  # type: ignore[union-attr]
+    return {"model": name, "default": default.version if default else None}
+
+
+def cmd_reload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    try:
+        new = cfg.load(server.config.path)
+    except cfg.ConfigError as exc:
+        raise CommandError(f"configuration not reloaded, the running one stays: {exc}") from None
+    return {"changes": reload.apply(server, new).summary()}
+
+
+COMMANDS: dict[str, Command] = {
+    "status": Command(cmd_status, "daemon summary and one line per model version", changes=False),
+    "models": Command(cmd_models, "every model version with settings and live statistics", changes=False),
+    "events": Command(cmd_events, "recent events (limit=N)", changes=False),
+    "load": Command(cmd_load, "load a version (model, version?)", slow=True),
+    "unload": Command(cmd_unload, "drain and unload a version (model, version?)", slow=True),
+    "promote": Command(_placement("promote"), "move a version to the daemon process (hot)", slow=True),
+    "demote": Command(_placement("demote"), "move a version to a worker process (cold)", slow=True),
+    "set": Command(cmd_set, "change contexts, max_queue, timeout_ms, max_batch, batch_delay_us, fallback, weights",
+                   slow=True),
+    "drain": Command(cmd_drain, "with model: drain and unload it; alone: stop accepting requests", slow=True),
+    "resume": Command(cmd_resume, "accept requests again after `drain`"),
+    "pin": Command(cmd_pin, "serve this version by default, ignore newer ones (model, version)"),
+    "unpin": Command(cmd_unpin, "let the newest ready version serve again (model)"),
+    "reload": Command(cmd_reload, "re-read the configuration file and apply the difference", slow=True),
+}

@@ -1,0 +1,151 @@
+"""Prometheus text exposition on an optional loopback HTTP port.
+
+Off unless `[daemon] metrics_port` is set. Names follow Triton's
+(`nv_inference_request_success` → `infermux_inference_request_success_total`)
+so existing dashboards translate; every series carries model and version
+labels. Everything is read from the same snapshot the console sees.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import TYPE_CHECKING, Any, Iterable
+
+from infermux.admin import snapshot
+from infermux.events import Event
+from infermux.serving.stats import LATENCY_BUCKETS_US
+
+if TYPE_CHECKING:
+    from infermux.serving.server import Server
+
+log = logging.getLogger("infermux.metrics")
+
+FAILURE_REASONS = {400: "bad_request", 404: "not_found", 413: "too_large", 429: "queue_full",
+                   500: "backend_error", 503: "not_ready", 504: "deadline"}
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def _labels(**labels: Any) -> str:
+    text = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
+                    for k, v in labels.items())
+    return "{" + text + "}" if text else ""
+
+
+class Exposition:
+    """Builds the text format: HELP and TYPE once per family, then its samples."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def family(self, name: str, kind: str, help_text: str, samples: Iterable[tuple[dict, float]]) -> None:
+        self.lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+        for labels, value in samples:
+            self.lines.append(f"{name}{_labels(**labels)} {value:g}" if isinstance(value, float)
+                              else f"{name}{_labels(**labels)} {value}")
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+class EventCounter:
+    """Counts events by (kind, model): worker restarts and swaps have no other counter."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[tuple[str, str]] = Counter()
+
+    def __call__(self, event: Event) -> None:
+        self.counts[(event.kind, event.model)] += 1
+
+    def of(self, kind: str) -> list[tuple[dict, float]]:
+        return [({"model": model}, n) for (k, model), n in sorted(self.counts.items()) if k == kind]
+
+
+def render(server: "Server", events: EventCounter) -> str:
+    """The whole exposition for one scrape."""
+    models = snapshot.models_view(server)
+    daemon = snapshot.daemon_view(server)
+    out = Exposition()
+    mv = lambda m: {"model": m["name"], "version": m["version"]}  # noqa: E731
+    out.family("infermux_inference_request_success_total", "counter", "Requests served (status 200).",
+               [(mv(m), m["stats"]["served"]) for m in models])
+    out.family("infermux_inference_request_failure_total", "counter", "Requests answered with an error, by reason.",
+               [({**mv(m), "reason": FAILURE_REASONS.get(int(code), code)}, n)
+                for m in models for code, n in m["stats"]["by_status"].items() if code != "200"])
+    _histogram(out, models, mv)
+    for part in ("queue", "compute"):
+        out.family(f"infermux_inference_{part}_duration_us_total", "counter",
+                   f"Cumulative {part} time of served requests, microseconds.",
+                   [(mv(m), float(m["stats"]["sums_us"].get(part, 0.0))) for m in models])
+    out.family("infermux_inference_batches_total", "counter", "Backend calls, by batch size.",
+               [({**mv(m), "size": size}, n) for m in models for size, n in m["stats"]["batches"].items()])
+    out.family("infermux_inference_pending_requests", "gauge", "Requests queued or running.",
+               [(mv(m), m["queue_depth"] + m["in_flight"]) for m in models])
+    out.family("infermux_model_state", "gauge", "1 for the state each model version is in.",
+               [({**mv(m), "state": m["state"]}, 1) for m in models])
+    out.family("infermux_model_contexts", "gauge", "Execution contexts per model version.",
+               [(mv(m), m["contexts"]) for m in models])
+    out.family("infermux_model_memory_bytes", "gauge", "Measured memory footprint per model version.",
+               [(mv(m), m["memory_bytes"]) for m in models])
+    out.family("infermux_worker_restarts_total", "counter", "Cold worker processes that crashed and were restarted.",
+               events.of("crashed"))
+    out.family("infermux_model_swaps_total", "counter", "Versions swapped in without downtime.", events.of("swapped"))
+    memory = daemon["memory"]
+    out.family("infermux_memory_budget_bytes", "gauge", "Memory budget for models.", [({}, memory["budget_bytes"])])
+    out.family("infermux_memory_models_bytes", "gauge", "Memory used by loaded models.", [({}, memory["models_bytes"])])
+    out.family("infermux_process_resident_bytes", "gauge", "Daemon resident memory.", [({}, memory["rss_bytes"])])
+    out.family("infermux_uptime_seconds", "gauge", "Seconds since the daemon started.", [({}, float(daemon["uptime_s"]))])
+    return out.text()
+
+
+def _histogram(out: Exposition, models: list[dict], mv: Any) -> None:
+    name = "infermux_inference_request_duration_us"
+    out.lines += [f"# HELP {name} Latency of served requests in the daemon, microseconds.", f"# TYPE {name} histogram"]
+    for m in models:
+        stats, labels = m["stats"], mv(m)
+        counts = stats.get("latency_le_us", {})
+        running = 0
+        for bound in [*map(str, LATENCY_BUCKETS_US), "+Inf"]:
+            running += counts.get(bound, 0)
+            out.lines.append(f"{name}_bucket{_labels(**labels, le=bound)} {running}")
+        out.lines.append(f"{name}_sum{_labels(**labels)} {stats['sums_us'].get('total', 0.0):g}")
+        out.lines.append(f"{name}_count{_labels(**labels)} {running}")
+
+
+class MetricsServer:
+    """A loopback HTTP server answering GET /metrics."""
+
+    def __init__(self, server: "Server", port: int, host: str = "127.0.0.1") -> None:
+        self.events = EventCounter()
+        server.events.subscribe(self.events)
+        daemon_server, counter = server, self.events
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+                if self.path.split("?")[0] != "/metrics":
+                    self.send_error(404, "only /metrics is served here")
+                    return
+                body = render(daemon_server, counter).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", CONTENT_TYPE)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, fmt: str, *args: Any) -> None:
+                log.debug(fmt, *args)
+
+        self.httpd = ThreadingHTTPServer((host, port), Handler)
+        self.httpd.daemon_threads = True
+        self.port = self.httpd.server_address[1]
+        self._thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
+        server.events.emit("listening", endpoint=f"http://{host}:{self.port}/metrics")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

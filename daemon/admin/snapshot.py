@@ -1,0 +1,97 @@
+"""What the daemon looks like right now, as JSON-ready dicts.
+
+One place builds the view that the admin `status`/`models` commands, the
+stats stream, the console and the Prometheus exporter all read, so they
+never disagree.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import asdict
+from typing import TYPE_CHECKING, Any
+
+from infermux import __version__
+from infermux.config import parse_budget
+from infermux.models.registry import ModelVersion, State, rss_bytes
+
+if TYPE_CHECKING:
+    from infermux.serving.server import Server
+
+
+def host_memory_total() -> int:
+    """Physical memory in bytes (the budget's base on CPU-only boxes and on Jetson)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError):
+        return 0
+
+
+def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
+    """One model version: settings, state, queues and live statistics."""
+    model = server.registry.model(mv.name)
+    scheduler = mv.scheduler
+    executors = scheduler.executors if scheduler is not None else []
+    default = model.default() if model is not None else None
+    mc = mv.config
+    view: dict[str, Any] = {
+        "name": mv.name, "version": mv.version, "state": mv.state.value, "reason": mv.reason,
+        "placement": "hot" if mc.mode == "inproc" else "cold",
+        "default": default is mv, "pinned": model is not None and model.pinned == mv.version,
+        "contexts": len(executors) if executors else mc.contexts,
+        "queues": [len(ex.queue) for ex in executors],
+        "queue_depth": sum(len(ex.queue) for ex in executors),
+        "in_flight": sum(ex.in_flight for ex in executors),
+        "max_queue": scheduler.max_queue if scheduler is not None else mc.max_queue,
+        "timeout_ms": mc.timeout_ms, "fallback": model.fallback if model is not None else "",
+        "weight": server.router.weights.get(mv.name, {}).get(mv.version, 0),
+        "strategy": server.router.strategy(model) if model is not None else "",
+        "max_batch": scheduler.policy.max_batch if scheduler is not None else mc.max_batch,
+        "batch_delay_us": int(scheduler.policy.delay_s * 1e6) if scheduler is not None else mc.batch_delay_us,
+        "memory_bytes": mv.memory_bytes, "engine": str(mc.engine),
+        "backend": mc.backend or mc.engine.suffix.lstrip("."),
+        "last_load_ms": round(mv.last_load_s * 1000),
+        "stats": mv.stats.snapshot().as_json(),
+    }
+    engine = mv.engine
+    if engine is not None:  # model metadata, as Triton's: what to send and what comes back
+        view["inputs"] = [asdict(spec) for spec in engine.inputs]
+        view["outputs"] = [asdict(spec) for spec in engine.outputs]
+    worker = getattr(mv, "worker_info", None)
+    if callable(worker):
+        view["worker"] = worker()
+    return view
+
+
+def models_view(server: "Server") -> list[dict[str, Any]]:
+    return [version_view(server, mv) for mv in server.registry.all_versions()]
+
+
+def daemon_view(server: "Server") -> dict[str, Any]:
+    """The daemon as a whole: identity, uptime, memory, request count."""
+    versions = server.registry.all_versions()
+    total = host_memory_total()
+    budget = parse_budget(server.config.path, server.config.daemon.memory_budget, total)
+    workers = server.registry.workers
+    if workers is not None:  # the budget the daemon enforces: of GPU memory where NVML reads it
+        total, budget = workers.budget.total, workers.budget.limit
+    states = {s.value: sum(1 for mv in versions if mv.state is s) for s in State}
+    return {
+        "version": __version__, "pid": os.getpid(), "uptime_s": round(time.time() - server.started, 1),
+        "endpoints": server.endpoints, "config": str(server.config.path),
+        "requests": server.requests, "accepting": not server.draining,
+        "memory": {"budget_bytes": budget, "models_bytes": server.registry.memory_used(),
+                   "rss_bytes": rss_bytes(), "total_bytes": total},
+        "states": {k: v for k, v in states.items() if v},
+        "routing": {"strategy": server.config.routing.strategy,
+                    "version_mismatch": server.config.routing.version_mismatch},
+        # Clients' input regions (regions.py): mapped, not owned; they count in no budget.
+        "shared_memory": {"socket": str(server.region_server.path) if server.region_server else "",
+                          **server.regions.info()},
+    }
+
+
+def full(server: "Server") -> dict[str, Any]:
+    """Everything the stats stream publishes in one snapshot."""
+    return {"time": time.time(), "daemon": daemon_view(server), "models": models_view(server)}

@@ -1,0 +1,78 @@
+"""systemd integration: what the service manager hears, and when (DESIGN §2).
+
+READY=1 only once every hot model is loaded and warm; STATUS= every few
+seconds; WATCHDOG=1 from the frontend loop itself, so a wedged loop stops
+the pings and systemd restarts us; EXTEND_TIMEOUT_USEC while engines load;
+RELOADING=1 / READY=1 around SIGHUP; STOPPING=1 on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from typing import TYPE_CHECKING
+
+from infermux.admin.notify import Notifier
+
+if TYPE_CHECKING:
+    from infermux.serving.server import Server
+
+STATUS_EVERY_S = 2.0
+EXTEND_EVERY_S = 10.0
+EXTEND_BY_USEC = 30_000_000  # each extension covers three periods: a slow load never races it
+
+
+class Supervisor:
+    """Feeds sd_notify from the server's loop and turns signals into server actions."""
+
+    def __init__(self, server: "Server", notifier: Notifier | None = None) -> None:
+        self.server = server
+        # The daemon's own children (cold workers) must not inherit NOTIFY_SOCKET.
+        self.notifier = notifier or Notifier(unset_environment=True)
+        self.watchdog_s = self.notifier.watchdog_interval_s()
+        self.ready = False
+        self._last = {"watchdog": 0.0, "status": 0.0, "extend": 0.0}
+        server.ticks.append(self.tick)
+        if self.watchdog_s:
+            server.poll_ms = min(server.poll_ms, max(1, int(self.watchdog_s * 1000 / 2)))
+
+    def install_signals(self) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: self.stop())
+        signal.signal(signal.SIGINT, lambda *_: self.stop())
+        signal.signal(signal.SIGHUP, lambda *_: self.reload())
+
+    def models_ready(self) -> None:
+        """Every hot model is ready or failed: tell systemd we serve."""
+        self.ready = True
+        status = self.server.summary()
+        self.server.events.emit("ready", status=status)
+        self.notifier.ready(status)
+
+    def tick(self) -> None:
+        """Called by the frontend loop on every turn (at most `poll_ms` apart)."""
+        now = time.monotonic()
+        last = self._last
+        if self.watchdog_s and now - last["watchdog"] >= self.watchdog_s:
+            last["watchdog"] = now
+            self.notifier.watchdog()
+        if now - last["status"] >= STATUS_EVERY_S:
+            last["status"] = now
+            self.notifier.status(self.server.summary())
+        if not self.ready and now - last["extend"] >= EXTEND_EVERY_S:
+            last["extend"] = now
+            self.notifier.extend_timeout(EXTEND_BY_USEC)
+
+    def stop(self) -> None:
+        """SIGTERM: stop accepting, answer what was accepted, exit 0."""
+        self.notifier.stopping()
+        self.server.stop()
+
+    def reload(self) -> None:
+        """SIGHUP: re-read the configuration on a thread, bracketed by RELOADING/READY."""
+        def run() -> None:
+            self.notifier.reloading()
+            self.server.reload()
+            self.notifier.ready(self.server.summary())
+
+        threading.Thread(target=run, name="reload", daemon=True).start()

@@ -1,0 +1,55 @@
+"""`infermux status`: the daemon and its models, once (`--json` for scripts)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+from infermux.cli.infer import add_endpoint_arguments, endpoint_from
+from infermux.tui import format as fmt  # plain functions; importing it does not load Textual
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_endpoint_arguments(parser)
+    parser.add_argument("--json", action="store_true", help="print the raw JSON reply")
+
+
+def table(models: list[dict[str, Any]]) -> str:
+    """The models as a fixed-width table."""
+    head = ("MODEL", "VERSION", "PLACE", "STATE", "CTX", "QUEUE", "INFL", "QPS", "P50", "P99", "MEMORY")
+    rows = [head]
+    for m in models:
+        st = m.get("stats", {})
+        name = m["name"] + (" *" if m.get("default") else "") + (" (pinned)" if m.get("pinned") else "")
+        rows.append((name, m["version"], m["placement"], m["state"], str(m["contexts"]), str(m["queue_depth"]),
+                     str(m["in_flight"]), fmt.rate(st.get("qps")), fmt.us(st.get("p50_us")),
+                     fmt.us(st.get("p99_us")), fmt.size(m["memory_bytes"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    for m in models:
+        if m.get("reason"):
+            lines.append(f"  {m['name']}:{m['version']}: {m['reason']}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from infermux.client import AdminClient
+
+    try:
+        with AdminClient(endpoint_from(args, "admin"), timeout_s=5) as admin:
+            daemon = admin.call("status")["daemon"]
+            models = admin.call("models")["models"]
+    except TimeoutError as exc:
+        print(f"infermux: {exc}", file=sys.stderr)
+        return 3
+    if args.json:
+        print(json.dumps({"daemon": daemon, "models": models}, indent=2))
+        return 0
+    mem = daemon["memory"]
+    print(f"infermux {daemon['version']}  pid {daemon['pid']}  up {fmt.duration(daemon['uptime_s'])}  "
+          f"{daemon['requests']} requests  {'accepting' if daemon['accepting'] else 'DRAINING'}  "
+          f"models {fmt.size(mem['models_bytes'])} of budget {fmt.size(mem['budget_bytes'])}")
+    print(table(models))
+    return 0

@@ -1,0 +1,248 @@
+"""Client library for the inference socket.
+
+    from infermux.client import Client
+    reply = Client("ipc:///run/infermux/infer.sock").infer("classifier", {"images": x})
+    reply.outputs["probs"], reply.header["timing_us"]
+
+On the same machine, inputs and outputs can stay in shared memory instead
+of travelling through the socket (regions.py):
+
+    with SharedMemory.beside(endpoint, 8 << 20) as shm:
+        x = shm.ndarray((1, 3, 224, 224), "float32")
+        probs = shm.ndarray((1, 1000), "float32", offset=x.nbytes)
+        x[:] = frame
+        reply = client.infer("classifier", {"images": shm.ref(x)}, output_regions={"probs": shm.ref(probs)})
+        # reply.outputs["probs"] is a view on `probs`
+
+`Client` is blocking (a REQ-like exchange on a DEALER socket, so a lost
+reply never wedges the socket). `Pipeline` keeps many requests in flight on
+one DEALER socket and matches replies by `id`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+import zmq
+
+from infermux.protocol import Reply, SharedTensor, decode_reply, encode_request
+from infermux.client.shared_memory import SharedMemory, local_view
+
+__all__ = ["AdminClient", "AdminError", "Client", "InferError", "Pipeline", "SharedMemory", "SharedTensor"]
+
+
+class InferError(Exception):
+    """A reply whose status is not 200 (raised only with `check=True`)."""
+
+    def __init__(self, reply: Reply) -> None:
+        super().__init__(f"{reply.status}: {reply.error}")
+        self.reply = reply
+
+
+class _Dealer:
+    """A DEALER socket that speaks REQ's envelope (empty delimiter first)."""
+
+    def __init__(self, endpoint: str, context: zmq.Context | None,
+                 curve: Mapping[str, bytes] | None, timeout_s: float | None) -> None:
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._ctx = context or zmq.Context.instance()
+        self.socket = self._ctx.socket(zmq.DEALER)
+        self.socket.setsockopt(zmq.LINGER, 0)
+        if timeout_s is not None:
+            # A DEALER with no connection blocks on send: after a refused handshake (CURVE keys
+            # that do not match) libzmq drops the pipe, and the send would wait for ever.
+            self.socket.setsockopt(zmq.SNDTIMEO, max(1, int(timeout_s * 1000)))
+        for option, value in (curve or {}).items():
+            setattr(self.socket, option, value)
+        self.socket.connect(endpoint)
+
+    def send(self, frames: list[Any]) -> None:
+        copy = sum(len(f) for f in frames) < 1 << 20  # zero-copy only pays from ~1 MiB
+        try:
+            self.socket.send_multipart([b"", *frames], copy=copy)
+        except zmq.Again:
+            raise TimeoutError(f"cannot send to {self.endpoint} within {self.timeout_s:.1f} s: no connection "
+                               f"(is `infermux serve` running, and do the CURVE keys match?)") from None
+
+    def recv(self, timeout_s: float | None) -> Reply:
+        if timeout_s is not None and not self.socket.poll(int(timeout_s * 1000)):
+            raise TimeoutError(f"no reply from {self.endpoint} within {timeout_s:.1f} s "
+                               f"(is `infermux serve` running?)")
+        frames = self.socket.recv_multipart(copy=False)
+        if frames and len(frames[0]) == 0:
+            frames = frames[1:]
+        return decode_reply([f.buffer for f in frames], local_view)
+
+    def close(self) -> None:
+        self.socket.close(0)
+
+
+class Client:
+    """Blocking inference calls: one request, one reply.
+
+    `retries`: when no reply comes within `timeout_s`, reconnect on a fresh
+    socket and send again, up to this many times. Inference is idempotent,
+    and a request written into a connection that then broke (a daemon
+    restart) is lost in transit, never seen by the daemon: resending is the
+    only way to get it answered.
+    """
+
+    def __init__(self, endpoint: str, *, timeout_s: float | None = 10.0, retries: int = 0,
+                 context: zmq.Context | None = None, curve: Mapping[str, bytes] | None = None) -> None:
+        self._connect = lambda: _Dealer(endpoint, context, curve, timeout_s)
+        self._dealer = self._connect()
+        self._ids = itertools.count(1)
+        self.timeout_s = timeout_s
+        self.retries = retries
+
+    def infer(self, model: str, inputs: Mapping[str, np.ndarray | SharedTensor], *, version: str | None = None,
+              outputs: Sequence[str] | None = None, timeout_ms: int | None = None,
+              key: str | None = None, check: bool = False,
+              output_regions: Mapping[str, SharedTensor] | None = None) -> Reply:
+        """Send one request and wait for its reply (stale replies are skipped).
+
+        `output_regions`: outputs to be written into this process's shared memory
+        (`SharedMemory.ref` of the array to fill); the reply's arrays are then views there."""
+        for attempt in range(self.retries + 1):
+            ident = next(self._ids)
+            try:
+                self._dealer.send(encode_request(model, inputs, id=ident, version=version, outputs=outputs,
+                                                 timeout_ms=timeout_ms, key=key, output_regions=output_regions))
+                reply = self._await(ident)
+                break
+            except TimeoutError:
+                if attempt == self.retries:
+                    raise
+                self._dealer.close()  # a late reply must not pair with the resent request
+                self._dealer = self._connect()
+        if check and not reply.ok:
+            raise InferError(reply)
+        return reply
+
+    def _await(self, ident: int) -> Reply:
+        deadline = None if self.timeout_s is None else time.monotonic() + self.timeout_s
+        while True:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            reply = self._dealer.recv(left)
+            if reply.header.get("id") in (ident, None):
+                return reply
+
+    def send_raw(self, frames: list[Any]) -> Reply:
+        """Send frames exactly as given (tests and fuzzers) and wait for a reply."""
+        self._dealer.send(frames)
+        return self._dealer.recv(self.timeout_s)
+
+    def close(self) -> None:
+        self._dealer.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Pipeline:
+    """Many requests in flight on one DEALER socket, matched by `id`.
+
+        with Pipeline(endpoint) as p:
+            ids = [p.submit("mlp", {"features": x}) for x in batch]
+            replies = p.gather(ids)
+    """
+
+    def __init__(self, endpoint: str, *, timeout_s: float | None = 10.0,
+                 context: zmq.Context | None = None, curve: Mapping[str, bytes] | None = None) -> None:
+        self._dealer = _Dealer(endpoint, context, curve, timeout_s)
+        self._ids = itertools.count(1)
+        self._done: dict[Any, Reply] = {}
+        self.in_flight = 0
+        self.timeout_s = timeout_s
+
+    def submit(self, model: str, inputs: Mapping[str, np.ndarray | SharedTensor], **fields: Any) -> int:
+        """Send a request without waiting; returns its id."""
+        ident = next(self._ids)
+        self._dealer.send(encode_request(model, inputs, id=ident, **fields))
+        self.in_flight += 1
+        return ident
+
+    def next_reply(self) -> Reply:
+        """The next reply to arrive, whichever request it answers."""
+        reply = self._dealer.recv(self.timeout_s)
+        self.in_flight -= 1
+        return reply
+
+    def result(self, ident: int) -> Reply:
+        """The reply to request `ident`, keeping others that arrive first."""
+        while ident not in self._done:
+            reply = self.next_reply()
+            self._done[reply.header.get("id")] = reply
+        return self._done.pop(ident)
+
+    def gather(self, idents: Sequence[int]) -> list[Reply]:
+        return [self.result(i) for i in idents]
+
+    def replies(self) -> Iterator[Reply]:
+        """Every outstanding reply, in arrival order."""
+        while self.in_flight:
+            yield self.next_reply()
+
+    def close(self) -> None:
+        self._dealer.close()
+
+    def __enter__(self) -> "Pipeline":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AdminError(Exception):
+    """The daemon refused an admin command; the message says why."""
+
+
+class AdminClient:
+    """Talks to the admin socket: one JSON request, one JSON reply.
+
+        AdminClient(endpoint).call("set", model="det_v2", contexts=3)
+    """
+
+    def __init__(self, endpoint: str, *, timeout_s: float = 30.0, context: zmq.Context | None = None) -> None:
+        self.endpoint = endpoint
+        self.timeout_s = timeout_s
+        self._ctx = context or zmq.Context.instance()
+        self._socket = self._connect()
+
+    def _connect(self) -> zmq.Socket:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(self.endpoint)
+        return sock
+
+    def call(self, cmd: str, check: bool = True, **args: Any) -> dict[str, Any]:
+        """Send a command; raises AdminError on `ok: false` when `check`."""
+        import json
+
+        self._socket.send_multipart([b"", json.dumps({"cmd": cmd, **args}).encode()])
+        if not self._socket.poll(int(self.timeout_s * 1000)):
+            # A late reply would pair with the next request: start on a fresh socket.
+            self._socket.close(0)
+            self._socket = self._connect()
+            raise TimeoutError(f"no answer from {self.endpoint} within {self.timeout_s:.0f} s "
+                               f"(is `infermux serve` running?)")
+        reply = json.loads(self._socket.recv_multipart()[-1])
+        if check and not reply.get("ok"):
+            raise AdminError(reply.get("error", "unknown error"))
+        return reply
+
+    def close(self) -> None:
+        self._socket.close(0)
+
+    def __enter__(self) -> "AdminClient":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

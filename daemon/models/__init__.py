@@ -1,0 +1,1 @@
+"""What the daemon holds: the registry of models and versions, promotion and demotion, the memory budget."""

@@ -1,0 +1,138 @@
+"""Keeping placed models within the memory budget.
+
+Before every load, hot or cold, `make_room` compares the version's estimated
+need (budget.py) with what the placed models take and the memory free right
+now; if it does not fit it stops idle cold workers, least recently used
+first, or refuses the load saying who holds the memory, without stopping
+anything in vain. After a load, `settle` corrects for an estimate that was
+too low. Footprints are measured here too: a worker's RSS plus the GPU
+memory NVML gives its pid, or what its load visibly took (`unseen`).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import TYPE_CHECKING, Callable
+
+from infermux.models import budget as mem
+from infermux.workers.process import WorkerProcess
+from infermux.workers.proxy import WorkerProxy
+
+if TYPE_CHECKING:
+    from infermux.models.registry import ModelVersion, Registry
+
+log = logging.getLogger("infermux.memory")
+
+
+class MemoryKeeper:
+    """Estimates, room before a load, LRU eviction of idle cold workers."""
+
+    def __init__(self, registry: "Registry", budget: mem.MemoryBudget, stop: Callable[["ModelVersion"], None],
+                 busy: Callable[[tuple[str, str]], bool]) -> None:
+        self.registry = registry
+        self.events = registry.events
+        self.budget = budget
+        self._stop, self._busy = stop, busy
+        self.footprints: dict[tuple[str, str], int] = {}  # last measured, kept after an unload
+        self.worker_base = 0  # RSS of a fresh worker, from its HELLO
+        self._lock = threading.Lock()
+
+    def estimate(self, mv: "ModelVersion") -> int:
+        return mem.estimate(mv.config, self.footprints.get(mv.config.key, 0), self.worker_base)
+
+    def used(self, exclude: "ModelVersion | None" = None) -> int:
+        """Bytes placed models take, counting versions still loading at their estimate."""
+        from infermux.models.registry import State
+
+        total = 0
+        for mv in self.registry.all_versions():
+            if mv is exclude:
+                continue
+            if mv.memory_bytes:
+                total += mv.memory_bytes
+            elif mv.state in (State.LOADING, State.WARMING):
+                total += self.estimate(mv)
+        return total
+
+    def make_room(self, mv: "ModelVersion") -> None:
+        """Stop least recently used idle cold workers until `mv` fits; BudgetExceeded if it cannot."""
+        need = self.estimate(mv)
+        config = self.registry.config
+        self.budget.follow(config.daemon.memory_budget, config.path)  # SIGHUP may have changed it
+        with self._lock:
+            while True:
+                used, free = self.used(exclude=mv), self.budget.available()
+                if used + need <= self.budget.limit and need <= free:
+                    return
+                idle = self._idle_workers(exclude=mv)
+                reclaimable = sum(v.memory_bytes for v in idle)
+                fits = used - reclaimable + need <= self.budget.limit and need <= free + reclaimable
+                victim = min(idle, key=self._last_use) if idle and fits else None
+                if victim is None:  # stopping every idle worker would not be enough: stop none
+                    why = self._why(mv, need, used, free)
+                    self.events.emit("refused", mv.name, mv.version, reason=why)
+                    raise mem.BudgetExceeded(why)
+                self._evict(victim, f"making room for {mv.name}:{mv.version}")
+
+    def _why(self, mv: "ModelVersion", need: int, used: int, free: int) -> str:
+        if need > free:
+            return (f"{mv.name}:{mv.version} needs about {mem.mb(need)} but only {mem.mb(free)} of "
+                    f"{self.budget.source} memory is free")
+        holders = sorted((v for v in self.registry.all_versions() if v.memory_bytes and v is not mv),
+                         key=lambda v: -v.memory_bytes)[:3]
+        held = ", ".join(f"{v.name}:{v.version} {mem.mb(v.memory_bytes)}" for v in holders) or "nothing"
+        return (f"memory budget: {mv.name}:{mv.version} needs about {mem.mb(need)}, {mem.mb(used)} of the "
+                f"{mem.mb(self.budget.limit)} budget is in use ({held}) and no idle cold model is left to stop")
+
+    def _idle_workers(self, exclude: "ModelVersion") -> list["ModelVersion"]:
+        """Cold versions serving nothing right now: what may be stopped to make room."""
+        from infermux.models.registry import State
+
+        return [mv for mv in self.registry.all_versions()
+                if mv is not exclude and isinstance(mv.scheduler, WorkerProxy) and mv.state is State.READY
+                and mv.scheduler.load() == 0 and not self._busy(mv.config.key)]
+
+    @staticmethod
+    def _last_use(mv: "ModelVersion") -> float:
+        return max(mv.last_used, getattr(mv.scheduler, "created", 0.0))
+
+    def _evict(self, victim: "ModelVersion", why: str) -> None:
+        self.events.emit("evicted", victim.name, victim.version, reason=why,
+                         freed_mb=round(victim.memory_bytes / 2**20, 1), pid=getattr(victim.scheduler, "pid", 0))
+        self._stop(victim)
+
+    def settle(self, loaded: "ModelVersion") -> None:
+        """After a load measured more than estimated: stop idle cold workers until under budget."""
+        with self._lock:
+            while self.used() > self.budget.limit:
+                idle = self._idle_workers(exclude=loaded)
+                victim = min(idle, key=self._last_use) if idle else None
+                if victim is None:
+                    log.warning("memory budget exceeded: %s in use, budget %s", mem.mb(self.used()),
+                                mem.mb(self.budget.limit))
+                    return
+                self._evict(victim, f"over budget after loading {loaded.name}:{loaded.version}")
+
+    def unseen(self, process: WorkerProcess, free_before: int) -> int:
+        """Memory the load took that the worker's RSS does not show (an estimate; concurrent loads blur it).
+
+        GPU budget: the drop in free GPU memory, for when NVML cannot attribute it to the pid
+        (containers). Jetson: the drop in available memory beyond the RSS growth, which is where
+        CUDA allocations (nvmap) show up. Elsewhere RSS says it all.
+        """
+        if self.budget.source == "host" and not self.budget.jetson:
+            return 0  # RSS is the whole story, and other processes' churn would only add noise
+        drop = max(0, free_before - self.budget.available())
+        if self.budget.source == "gpu":
+            return drop
+        grown = max(0, process.rss() - int(process.hello.get("rss", 0)))
+        return max(0, drop - grown)
+
+    def measure(self, key: tuple[str, str], proxy: WorkerProxy, gpu: dict[int, int] | None = None) -> int:
+        if gpu is not None:
+            proxy.gpu_bytes = gpu.get(proxy.pid, 0)
+        footprint = proxy.footprint()
+        if footprint:
+            self.footprints[key] = footprint
+        return footprint

@@ -1,0 +1,432 @@
+"""The registry: every model, its versions, their states and engines.
+
+States (DESIGN §2): unloaded → loading → warming → ready → draining →
+unloaded, plus failed. Loads run on a loader thread; the frontend reads
+states and schedulers without locks (each is replaced in one assignment).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+import numpy as np
+
+from infermux.models.budget import release_freed_memory
+from infermux.config import Config, ModelConfig
+from infermux.events import EventLog
+from infermux.serving.executor import LateFn, ReplyFn
+from infermux.plugins import backends
+from infermux.plugins.base import BackendError, Engine, TensorSpec
+from infermux.serving.inline import HoldFn, InlineGate
+from infermux.serving.scheduler import Scheduler
+from infermux.serving.stats import ModelStats
+
+log = logging.getLogger("infermux.registry")
+
+
+class State(str, enum.Enum):
+    UNLOADED = "unloaded"
+    LOADING = "loading"
+    WARMING = "warming"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+def version_key(version: str) -> tuple:
+    """Sort key that puts "2.10" after "2.9" and numbers before names."""
+    parts = version.replace("-", ".").split(".")
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts)
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (Linux), or 0 where it cannot be read."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def warmup_inputs(specs: list[TensorSpec] | tuple[TensorSpec, ...], engine_path: Path) -> dict[str, np.ndarray]:
+    """`warmup.npz` beside the engine if present, else zeros at the smallest accepted shape."""
+    npz = engine_path.parent / "warmup.npz"
+    if npz.exists():
+        with np.load(npz, allow_pickle=False) as data:
+            return {name: data[name] for name in data.files}
+    inputs = {}
+    for spec in specs:
+        low = spec.min_shape or ()
+        shape = [d if d >= 0 else (max(low[i], 1) if low else 1) for i, d in enumerate(spec.shape)]
+        inputs[spec.name] = np.zeros(shape, dtype=spec.dtype)
+    return inputs
+
+
+def warm_up(engine: Engine, mc: ModelConfig) -> float:
+    """Run the engine before any client is sent to it; returns µs per input row.
+
+    The first call pays one-off set-up, so the second one is timed.
+    """
+    context = engine.create_context()
+    inputs = warmup_inputs(engine.inputs, mc.engine)
+    try:
+        context.infer(inputs)
+        start = time.perf_counter()
+        context.infer(inputs)
+        elapsed_us = (time.perf_counter() - start) * 1e6
+    finally:
+        context.close()
+    first = next(iter(inputs.values()), None)
+    rows = first.shape[0] if first is not None and first.ndim else 1
+    return elapsed_us / max(1, rows)
+
+
+@dataclass
+class ModelVersion:
+    """One version of one model, loaded or not."""
+
+    config: ModelConfig
+    state: State = State.UNLOADED
+    reason: str = ""
+    engine: Engine | None = None
+    scheduler: Scheduler | None = None
+    stats: ModelStats = field(init=False)
+    memory_bytes: int = 0
+    load_started: float = 0.0
+    last_load_s: float = 0.0
+    last_used: float = 0.0
+
+    def __post_init__(self) -> None:
+        self.stats = ModelStats(self.config.name, self.config.version, queue_depth=self._queued)
+
+    def _queued(self) -> int:
+        scheduler = self.scheduler
+        return scheduler.depth() if scheduler is not None else 0
+
+    @property
+    def name(self) -> str:
+        return self.config.name
+
+    @property
+    def version(self) -> str:
+        return self.config.version
+
+    @property
+    def ready(self) -> bool:
+        return self.state is State.READY
+
+    def worker_info(self) -> dict[str, Any] | None:
+        """pid, RSS, state... of the worker process serving this version (None when hot or unloaded)."""
+        info = getattr(self.scheduler, "worker_info", None)
+        return info() if info is not None else None
+
+    def eta_ms(self) -> int:
+        """When a client should retry while this version loads (never 0)."""
+        if self.state in (State.LOADING, State.WARMING):
+            expected = self.last_load_s or _load_guess_s(self.config.engine)
+            left = expected - (time.monotonic() - self.load_started)
+            return max(50, int(left * 1000))
+        return 1000 if self.state is State.FAILED else 200
+
+
+def _load_guess_s(path: Path) -> float:
+    try:
+        size = path.stat().st_size
+    except OSError:
+        size = 0
+    return 0.2 + size / 200e6  # a first load: ~200 MB/s deserialisation plus start-up
+
+
+class Model:
+    """All versions of one model name, and which one serves by default."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._versions: dict[str, ModelVersion] = {}
+        self._ordered: list[ModelVersion] = []
+        self.pinned: str | None = None
+        self.fallback: str = ""
+
+    @property
+    def versions(self) -> dict[str, ModelVersion]:
+        return self._versions
+
+    @versions.setter
+    def versions(self, versions: dict[str, ModelVersion]) -> None:
+        # Sorted once here, not per request: the hot path reads `ordered()`.
+        self._ordered = sorted(versions.values(), key=lambda v: version_key(v.version))
+        self._versions = versions
+
+    def ordered(self) -> list[ModelVersion]:
+        return self._ordered
+
+    def default(self) -> ModelVersion | None:
+        """Pinned (once ready), else marked default, else the newest ready, else the newest."""
+        pinned = self._versions.get(self.pinned) if self.pinned is not None else None
+        if pinned is not None and pinned.state is State.READY:
+            return pinned  # a pin still loading leaves the serving version in place (rollback without 503s)
+        newest_ready = None
+        for mv in self._ordered:
+            if mv.config.default:
+                return mv
+            if mv.state is State.READY:
+                newest_ready = mv
+        return newest_ready or (self._ordered[-1] if self._ordered else None)
+
+    def ready_versions(self) -> list[ModelVersion]:
+        return [mv for mv in self._ordered if mv.state is State.READY]
+
+
+class Catalog(Protocol):
+    """What pin/unpin need from the engine-directory watcher (swap.py)."""
+
+    def versions_on_disk(self, name: str) -> set[str]: ...
+
+    def pins_changed(self, name: str) -> None: ...
+
+
+class Registry:
+    """Models by name; loads and unloads versions on a loader thread."""
+
+    def __init__(self, config: Config, events: EventLog, reply: ReplyFn, on_late: LateFn,
+                 inline: InlineGate | None = None, hold: HoldFn | None = None) -> None:
+        self.config = config
+        self.inline, self.hold = inline, hold
+        self.events = events
+        self._reply, self._on_late = reply, on_late
+        self.models: dict[str, Model] = {}
+        self.catalog: Catalog | None = None  # the engine-directory watcher, when there is one
+        self._lock = threading.Lock()
+        self.workers: Any = None  # workers.Workers, set by the Server: cold placements, memory budget
+        for mc in config.models:
+            self.add(mc)
+
+    def add(self, mc: ModelConfig) -> ModelVersion:
+        """Register a version (not loaded yet)."""
+        mv = ModelVersion(mc)
+        self.put(mv)
+        return mv
+
+    def put(self, mv: ModelVersion) -> ModelVersion | None:
+        """Make `mv` its version's entry in one assignment; returns the entry it replaced."""
+        mc = mv.config
+        with self._lock:
+            models = dict(self.models)
+            model = models.get(mc.name) or Model(mc.name)
+            previous = model.versions.get(mc.version)
+            model.versions = {**model.versions, mc.version: mv}
+            if mc.fallback and (not model.fallback or mc.default):
+                model.fallback = mc.fallback
+            models[mc.name] = model
+            self.models = models
+        return previous
+
+    def discard(self, mv: ModelVersion) -> None:
+        """Forget `mv` (if it is still its version's entry), and its model once no version is left."""
+        with self._lock:
+            model = self.models.get(mv.name)
+            if model is None or model.versions.get(mv.version) is not mv:
+                return
+            versions = {v: other for v, other in model.versions.items() if other is not mv}
+            if versions:
+                model.versions = versions
+            else:
+                self.models = {name: m for name, m in self.models.items() if name != mv.name}
+
+    def pin(self, name: str, version: str) -> None:
+        """Serve `version` of `name` by default, whatever newer versions appear, until `unpin`.
+
+        A version that is not loaded but whose engine is in engine_dir is loaded
+        first; the serving version answers meanwhile.
+        """
+        model = self.models.get(name)
+        if model is None:
+            raise ValueError(f"unknown model {name!r}; models: {', '.join(sorted(self.models)) or 'none'}")
+        known = set(model.versions) | (self.catalog.versions_on_disk(name) if self.catalog else set())
+        if version not in known:
+            raise ValueError(f"model {name!r} has no version {version!r}; versions: "
+                             f"{', '.join(sorted(known, key=version_key))}")
+        model.pinned = version
+        self.events.emit("pinned", name, version)
+        if self.catalog:
+            self.catalog.pins_changed(name)
+
+    def unpin(self, name: str) -> None:
+        """Undo `pin`: the version policy chooses again (newer versions catch up)."""
+        model = self.models.get(name)
+        if model is None:
+            raise ValueError(f"unknown model {name!r}; models: {', '.join(sorted(self.models)) or 'none'}")
+        model.pinned = None
+        self.events.emit("unpinned", name)
+        if self.catalog:
+            self.catalog.pins_changed(name)
+
+    def model(self, name: str) -> Model | None:
+        return self.models.get(name)
+
+    def all_versions(self) -> list[ModelVersion]:
+        return [mv for m in self.models.values() for mv in m.ordered()]
+
+    def start_loading(self, versions: list[ModelVersion], done: Callable[[], None] | None = None) -> threading.Thread:
+        """Load `versions` in parallel, one thread each, so a slow engine delays no other.
+
+        `done` runs once every one of them is ready or failed.
+        """
+        for mv in versions:
+            self._mark_loading(mv)
+        loaders = [threading.Thread(target=self.load, args=(mv,), name=f"load-{mv.name}-{mv.version}", daemon=True)
+                   for mv in versions]
+
+        def run() -> None:
+            for thread in loaders:
+                thread.start()
+            for thread in loaders:
+                thread.join()
+            if done:
+                done()
+
+        waiter = threading.Thread(target=run, name="loader", daemon=True)
+        waiter.start()
+        return waiter
+
+    def on_demand(self, mv: ModelVersion) -> None:
+        """A request wants `mv`: start loading it if it is a cold model that is not loaded.
+
+        Hot models load at start and stay unloaded once an operator unloads them.
+        """
+        if mv.config.mode != "multiproc":
+            return
+        if mv.state is State.UNLOADED or (mv.state is State.FAILED and self.workers and self.workers.may_retry(mv)):
+            self.start_loading([mv])
+
+    def _mark_loading(self, mv: ModelVersion) -> None:
+        mv.state, mv.reason, mv.load_started = State.LOADING, "", time.monotonic()
+
+    def load(self, mv: ModelVersion) -> bool:
+        """Load, warm up and start serving one version; False (state failed) on error."""
+        mc = mv.config
+        if mv.state is not State.LOADING:
+            if self.workers is not None:
+                self.workers.forgive(mv)  # not on demand: an operator's load forgets past crashes
+            self._mark_loading(mv)
+        self.events.emit("loading", mc.name, mc.version, engine=str(mc.engine))
+        if mc.mode == "multiproc" and self.workers is not None:
+            return self.workers.load(mv)
+        rss_before = rss_bytes()
+        try:
+            if self.workers is not None:
+                self.workers.make_room(mv)  # may stop idle cold workers; raises if it cannot fit
+            if mc.mode != "inproc":
+                raise BackendError(f"mode {mc.mode!r} is not available in this build; use mode = \"inproc\"")
+            if not mc.engine.exists():
+                raise BackendError(f"engine file {mc.engine} does not exist")
+            backend = backends.for_path(mc.engine, mc.backend or None)
+            engine = backend.load(mc.engine, dict(mc.options))
+        except Exception as exc:
+            return self._failed(mv, exc)
+        try:
+            mv.state = State.WARMING
+            self.events.emit("warming", mc.name, mc.version)
+            row_us = warm_up(engine, mc)
+            strategy = mc.strategy or self.config.routing.strategy
+            scheduler = Scheduler(mc, engine, self._reply, self._on_late, mv.stats, strategy, self.inline, row_us,
+                                  self.hold)
+        except Exception as exc:
+            engine.close()
+            return self._failed(mv, exc, during="warm-up")
+        mv.engine, mv.scheduler = engine, scheduler
+        mv.memory_bytes = max(engine.memory_bytes(), rss_bytes() - rss_before)
+        mv.last_load_s = time.monotonic() - mv.load_started
+        mv.state = State.READY
+        self.events.emit("loaded", mc.name, mc.version, backend=backend.name, contexts=mc.contexts,
+                         load_ms=round(mv.last_load_s * 1000), memory_mb=round(mv.memory_bytes / 2**20, 1))
+        return True
+
+    def _failed(self, mv: ModelVersion, exc: BaseException, during: str = "load") -> bool:
+        mv.state, mv.reason = State.FAILED, f"{during} failed: {exc}"
+        self.events.emit("failed", mv.name, mv.version, reason=mv.reason)
+        return False
+
+    def unload(self, mv: ModelVersion, timeout: float | None = None) -> None:
+        """Drain the version's queue, then release its engine."""
+        if mv.scheduler is None:
+            mv.state = State.UNLOADED
+            return
+        mv.state = State.DRAINING
+        self.events.emit("draining", mv.name, mv.version, queued=mv.scheduler.depth())
+        scheduler, mv.scheduler = mv.scheduler, None
+        scheduler.stop(timeout)
+        if mv.engine is not None:
+            mv.engine.close()
+        mv.engine, mv.memory_bytes, mv.state = None, 0, State.UNLOADED
+        release_freed_memory()
+        self.events.emit("unloaded", mv.name, mv.version)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Drain and unload everything (daemon shutdown)."""
+        for mv in self.all_versions():
+            if mv.scheduler is not None:
+                self.unload(mv, timeout)
+        if self.workers is not None:
+            self.workers.close()
+
+    def replace(self, old: ModelVersion, mc: ModelConfig) -> bool:
+        """Load `mc` beside `old`, swap it in with one assignment, then drain `old`.
+
+        If the new one fails to load or warm up, `old` keeps serving.
+        """
+        shadow = ModelVersion(mc)
+        if not self.load(shadow):
+            return False
+        with self._lock:
+            model = self.models[old.name]
+            model.versions = {**model.versions, mc.version: shadow}
+        self.events.emit("swapped", mc.name, mc.version, engine=str(mc.engine))
+        self.unload(old)
+        return True
+
+    def remove(self, mv: ModelVersion, timeout: float | None = None) -> None:
+        """Drain and unload `mv`, then forget it (its model too, once it has no versions)."""
+        self.unload(mv, timeout)
+        self.discard(mv)
+        self.events.emit("removed", mv.name, mv.version)
+
+    def configure(self, mv: ModelVersion, **changes: Any) -> None:
+        """Change settings of a version live; the scheduler picks them up at once."""
+        mv.config = replace(mv.config, **changes)
+        scheduler = mv.scheduler
+        if scheduler is None:
+            return
+        if "contexts" in changes:
+            scheduler.resize(changes["contexts"])
+        if "max_queue" in changes:
+            scheduler.max_queue = changes["max_queue"]
+        if "max_batch" in changes and scheduler.policy.allowed:
+            scheduler.policy.max_batch = changes["max_batch"]
+        if "batch_delay_us" in changes:
+            scheduler.policy.delay_s = changes["batch_delay_us"] / 1e6
+        if "preferred_batch" in changes:
+            scheduler.policy.preferred = tuple(changes["preferred_batch"])
+
+    def promote(self, name: str, version: str) -> str:
+        """Move a version from its worker process into the daemon (cold → hot), losing no request."""
+        from infermux.models import promote as placement
+
+        return placement.promote(self, name, version)
+
+    def demote(self, name: str, version: str) -> str:
+        """Move a version from the daemon into a worker process (hot → cold), losing no request."""
+        from infermux.models import promote as placement
+
+        return placement.demote(self, name, version)
+
+    def memory_used(self) -> int:
+        return sum(mv.memory_bytes for mv in self.all_versions())
+

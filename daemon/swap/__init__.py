@@ -1,0 +1,1 @@
+"""Keeping what is served in step with the engine directory and the configuration: watcher, repository, swapper, reload."""

@@ -1,0 +1,136 @@
+"""What the engine directory asks the daemon to serve (DESIGN §5 discovery).
+
+Pure decisions, no side effects: given a scan of `<engine_dir>`, the main
+configuration, a model's `model.toml` and its pin, which versions should be
+served and with which settings. swap.py makes it so.
+
+Rules (docs/hot-swap.md):
+- a model in engine_dir but not in the configuration is served with the
+  settings of its `model.toml` (defaults without one);
+- a version listed in the configuration is always served while its file
+  exists (it is what the operator wrote); the version policy chooses among
+  the *other* versions found on disk, which inherit the settings of the
+  model's configured default version (else its newest);
+- a pin overrides the policy: only the pinned version (and configured ones).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from infermux.config import Config, ConfigError, ModelConfig, parse_model_settings, policy_key
+from infermux.models.registry import version_key
+from infermux.swap.watcher import ENGINE_NAMES, EngineFile, FileSig, Snapshot
+
+
+@dataclass(frozen=True)
+class Policy:
+    """Triton's version policy: the `latest_n` newest, `all`, or `specific` versions."""
+
+    kind: str = "latest"
+    latest_n: int = 1
+    versions: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, mc: ModelConfig) -> "Policy":
+        return cls(*policy_key(mc))
+
+    def select(self, versions: Iterable[str]) -> set[str]:
+        found = sorted(set(versions), key=version_key)
+        if self.kind == "all":
+            return set(found)
+        if self.kind == "specific":
+            return set(found) & set(self.versions)
+        return set(found[-self.latest_n:])
+
+
+def config_policy(entries: Sequence[ModelConfig]) -> Policy:
+    """The policy the configuration sets for a model (config.py checked that entries agree)."""
+    default = Policy()
+    for mc in entries:
+        if Policy.of(mc) != default:
+            return Policy.of(mc)
+    return default
+
+
+def config_template(entries: Sequence[ModelConfig]) -> ModelConfig:
+    """Settings a discovered version of a configured model inherits: its default entry, else its newest."""
+    marked = [mc for mc in entries if mc.default]
+    return marked[0] if marked else max(entries, key=lambda mc: version_key(mc.version))
+
+
+def in_layout(engine_dir: Path, mc: ModelConfig) -> bool:
+    """Whether a configured version's engine sits at `<engine_dir>/<name>/<version>/model.<ext>`."""
+    return mc.engine.name in ENGINE_NAMES and mc.engine.parent == engine_dir / mc.name / mc.version
+
+
+@dataclass
+class ModelPlan:
+    """What one model should serve now."""
+
+    name: str
+    wanted: dict[str, tuple[ModelConfig, EngineFile]] = field(default_factory=dict)
+    configured: set[str] = field(default_factory=set)  # wanted versions the configuration lists
+    on_disk: set[str] = field(default_factory=set)     # every version with an engine file, complete or not
+    error: str = ""                                     # model.toml is broken: change nothing
+
+
+class SettingsCache:
+    """Parsed `model.toml` files, re-read only when they change."""
+
+    def __init__(self, engine_dir: Path) -> None:
+        self.engine_dir = engine_dir
+        self._cache: dict[str, tuple[FileSig, ModelConfig | ConfigError]] = {}
+
+    def get(self, name: str, snapshot: Snapshot) -> ModelConfig | ConfigError:
+        found = snapshot.settings.get(name)
+        if found is None:
+            self._cache.pop(name, None)
+            return ModelConfig(name=name, engine=self.engine_dir / name)
+        path, sig = found
+        cached = self._cache.get(name)
+        if cached is not None and cached[0] == sig:
+            return cached[1]
+        try:
+            result: ModelConfig | ConfigError = parse_model_settings(path.read_text(encoding="utf-8"), path,
+                                                                     name, self.engine_dir)
+        except ConfigError as exc:
+            result = exc
+        except (OSError, UnicodeDecodeError) as exc:
+            result = ConfigError(path, "", f"cannot read: {exc}")
+        self._cache[name] = (sig, result)
+        return result
+
+
+def plan(name: str, snapshot: Snapshot, config: Config, settings: SettingsCache,
+         pinned: str | None) -> ModelPlan:
+    """The versions of `name` to serve, each with its settings and file."""
+    files = snapshot.versions(name)
+    result = ModelPlan(name, on_disk=set(files))
+    entries = config.versions(name)
+    listed = {mc.version for mc in entries}
+    for mc in entries:
+        f = files.get(mc.version)
+        if f is not None and in_layout(config.daemon.engine_dir, mc) and f.path == mc.engine:
+            result.wanted[mc.version] = (mc, f)
+            result.configured.add(mc.version)
+    discovered = {v: f for v, f in files.items() if v not in listed}
+    if entries:
+        template, policy = config_template(entries), config_policy(entries)
+    else:
+        found = settings.get(name, snapshot)
+        if isinstance(found, ConfigError):
+            result.error = str(found)
+            return result
+        template, policy = found, Policy.of(found)
+    if pinned is not None and (pinned in discovered or pinned in listed):
+        chosen = {pinned} & set(discovered)
+    else:
+        chosen = policy.select(discovered)
+    for version in chosen:
+        f = discovered[version]
+        mc = replace(template, version=version, engine=f.path, default=False, weight=0)
+        result.wanted[version] = (mc, f)
+    return result

@@ -1,0 +1,328 @@
+"""Hot swap (DESIGN §7): make the registry serve what the engine directory holds.
+
+For every change the watcher reports, per model: load each wanted version
+whose file is new or changed beside the serving one (same settings, so the
+same placement), warm it up (registry.load), and let it take over in one
+step; then retire what is no longer wanted: out of the routing tables
+first, then — once the frontend has finished any request it was admitting
+(`_quiesce`) — drain its queue and unload it. So no request ever finds a
+version gone between being routed and being queued, and a swap loses none.
+
+A file that fails its checksum, its load or its warm-up never replaces
+what serves: the failure is an event and a state (`failed`, or the serving
+version's `reason` when it replaced a serving file), and that exact file
+is not tried again; the next file written is.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from infermux.config import Config, ModelConfig
+from infermux.models.registry import Model, ModelVersion, Registry, State, version_key
+from infermux.swap.repository import ModelPlan, SettingsCache, plan
+from infermux.swap.watcher import EngineFile, EngineWatcher, Snapshot
+
+if TYPE_CHECKING:
+    from infermux.serving.server import Server
+
+log = logging.getLogger("infermux.swap")
+
+Key = tuple[Any, ...]  # what an entry was made from: (file sig, checksum sig, settings)
+
+
+def file_key(mc: ModelConfig, f: EngineFile) -> Key:
+    return (f.sig, f.checksum_sig, mc)
+
+
+def checksum_problem(f: EngineFile) -> str:
+    """'' if the file matches its `model.<ext>.sha256` (or has none), else why not."""
+    if f.checksum is None:
+        return ""
+    try:
+        words = f.checksum.read_text(encoding="ascii", errors="replace").split()
+    except OSError as exc:
+        return f"cannot read {f.checksum.name}: {exc.strerror}"
+    want = words[0].lower() if words else ""
+    if len(want) != 64:
+        return f"{f.checksum.name} holds no sha256 (expected 64 hex digits, as sha256sum writes)"
+    digest = hashlib.sha256()
+    try:
+        with open(f.path, "rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        return f"cannot read {f.path.name}: {exc.strerror}"
+    have = digest.hexdigest()
+    return "" if have == want else f"sha256 of {f.path.name} is {have[:16]}…, {f.checksum.name} says {want[:16]}…"
+
+
+class Swapper:
+    """Keeps the registry in step with the engine directory; pin/unpin ask it to catch up."""
+
+    def __init__(self, server: "Server") -> None:
+        self.server = server
+        self.registry: Registry = server.registry
+        self.events = server.events
+        daemon = server.config.daemon
+        self.engine_dir = daemon.engine_dir
+        self.settings = SettingsCache(self.engine_dir)
+        self.watcher = EngineWatcher(self.engine_dir, self.apply, daemon.watch_settle_s,
+                                     daemon.watch_debounce_s, daemon.watch_rescan_s)
+        self._made_from: dict[tuple[str, str], Key] = {}  # managed entries: what each was made from
+        self._announced: dict[tuple[str, str], Key] = {}  # what "detected" last said per version
+        self._reported: dict[str, str] = {}               # model.toml errors already reported
+        self._last = Snapshot()
+        self._barriers: deque[threading.Event] = deque()
+        server.ticks.append(self._release_barriers)
+        self.registry.catalog = self
+        # A reload changes which versions the configuration lists: look again.
+        self.events.subscribe(lambda event: self.watcher.poke() if event.kind == "reloaded" else None)
+
+    @property
+    def config(self) -> Config:
+        """The configuration in force (SIGHUP replaces it)."""
+        return self.server.config
+
+    # -- start and stop --------------------------------------------------------
+
+    def initial_scan(self) -> None:
+        """Register what engine_dir holds before the hot models load (so READY includes it).
+
+        Files still being written at start get up to `watch_settle_s` to finish.
+        """
+        self.watcher.watch()
+        snapshot = self._scan_settled()
+        for name in sorted(snapshot.models()):
+            model = self.registry.model(name)
+            p = plan(name, snapshot, self.config, self.settings, model.pinned if model else None)
+            if self._report(p):
+                continue
+            self._announce_ignored(p, snapshot, model.pinned if model else None)
+            for version, (mc, f) in p.wanted.items():
+                if version in p.configured:  # the registry has it from the configuration already
+                    self._made_from[(name, version)] = file_key(mc, f)
+                    entry = self.registry.model(name).versions[version]  # type: ignore[union-attr]
+                    self._check_before_start(entry, f)
+                elif f.stable:
+                    self._detected(f)
+                    self._made_from[(name, version)] = file_key(mc, f)
+                    self._check_before_start(self.registry.add(mc), f)
+        self._last = snapshot
+
+    def _scan_settled(self) -> Snapshot:
+        try:
+            snapshot = self.watcher.scan()
+            for _ in range(3):
+                wait = self.watcher.settler.next_check(time.monotonic())
+                if wait is None:
+                    break
+                time.sleep(wait + 0.01)
+                snapshot = self.watcher.scan()
+        except OSError as exc:
+            log.warning("engine directory not scanned: %s; watching for it", exc)
+            return Snapshot()
+        return snapshot
+
+    def _check_before_start(self, mv: ModelVersion, f: EngineFile) -> None:
+        problem = checksum_problem(f)
+        if problem:  # start_models loads only unloaded versions: this one stays failed
+            self._fail(mv, f"checksum failed: {problem}")
+
+    def start(self) -> None:
+        """Handle changes from now on (call once the initial loads are done)."""
+        self.watcher.start()
+
+    def stop(self) -> None:
+        self.watcher.stop()
+
+    # -- the Catalog the registry's pin/unpin use ------------------------------
+
+    def versions_on_disk(self, name: str) -> set[str]:
+        return set(self._last.versions(name))
+
+    def pins_changed(self, name: str) -> None:
+        self.watcher.poke()
+
+    # -- one pass -----------------------------------------------------------------
+
+    def apply(self, snapshot: Snapshot) -> None:
+        """Bring every model in line with `snapshot` (runs on the watcher thread)."""
+        self._last = snapshot
+        managed = {name for name, _ in self._made_from}
+        for name in sorted(snapshot.models() | managed, key=str):
+            model = self.registry.model(name)
+            pinned = model.pinned if model else None
+            p = plan(name, snapshot, self.config, self.settings, pinned)
+            if self._report(p):
+                continue
+            self._announce_ignored(p, snapshot, pinned)
+            for version in sorted(p.wanted, key=version_key):
+                self._update(p, version)
+            self._retire_unwanted(p)
+        self._forget_gone(snapshot)
+
+    def _forget_gone(self, snapshot: Snapshot) -> None:
+        """Drop what was announced about files no longer on disk (one published again is news again).
+
+        Without this `_announced` kept an entry for every version ever
+        published, however many were deleted since: unbounded under churn.
+        """
+        for key in [key for key in self._announced if key not in snapshot.engines]:
+            del self._announced[key]
+
+    def _report(self, p: ModelPlan) -> bool:
+        """Report a broken model.toml once; True if the model must be left as it is."""
+        if not p.error:
+            self._reported.pop(p.name, None)
+            return False
+        if self._reported.get(p.name) != p.error:
+            self._reported[p.name] = p.error
+            self.events.emit("failed", p.name, reason=f"settings not applied: {p.error}")
+        return True
+
+    def _update(self, p: ModelPlan, version: str) -> None:
+        """Load `version` if its file or settings changed since its entry was made."""
+        mc, f = p.wanted[version]
+        key, made = file_key(mc, f), self._made_from.get((p.name, version))
+        if made == key:
+            return  # serving from this very file, or failed on it: wait for the next one
+        model = self.registry.model(p.name)
+        current = model.versions.get(version) if model else None
+        if made is not None and made[:2] == key[:2] and current is not None and current.config == mc:
+            self._made_from[(p.name, version)] = key  # a reload already applied these settings
+            return
+        if not f.stable:
+            return  # still being written: the watcher looks again once it settles
+        self._detected(f)
+        if current is not None and current.state in (State.LOADING, State.WARMING):
+            return  # someone else is loading it (on demand); look again on the next pass
+        self._made_from[(p.name, version)] = key
+        self._load(mc, f, current)
+
+    def _detected(self, f: EngineFile, ignored: str = "") -> None:
+        """Announce each complete engine file once (again when it changes), and whether it will be served."""
+        key = (f.sig, f.checksum_sig)
+        if self._announced.get((f.model, f.version)) != key:
+            self._announced[(f.model, f.version)] = key
+            extra = {"ignored": ignored} if ignored else {}
+            self.events.emit("detected", f.model, f.version, file=f.path.name, bytes=f.sig.size, **extra)
+
+    def _announce_ignored(self, p: ModelPlan, snapshot: Snapshot, pinned: str | None) -> None:
+        for version, f in snapshot.versions(p.name).items():
+            if version not in p.wanted and f.stable:
+                self._detected(f, f"pinned to {pinned}" if pinned is not None else "outside version_policy")
+
+    def _load(self, mc: ModelConfig, f: EngineFile, current: ModelVersion | None) -> None:
+        """Load beside what serves; take over only once warm; never make things worse."""
+        started = time.monotonic()
+        model = self.registry.model(mc.name)
+        before = model.default() if model else None
+        replacing = current is not None and current.state is State.READY
+        mv = ModelVersion(mc)
+        problem = checksum_problem(f)
+        if not problem and not replacing and mc.mode != "inproc" and not mc.preload:
+            self.registry.put(mv)  # a cold model: registered now, loaded by the first request for it
+            return
+        if problem:
+            self._fail(mv, f"checksum failed: {problem}")
+            loaded = False
+        else:
+            if not replacing:
+                self.registry.put(mv)  # visible as loading: requests naming it get 503 + retry
+            loaded = self.registry.load(mv)
+        if not loaded:
+            if replacing:
+                assert current is not None
+                current.reason = f"new engine file rejected ({mv.reason}); serving the previous file"
+            else:
+                self.registry.put(mv)  # the failure is this version's state
+            return
+        if replacing:
+            assert current is not None
+            self.registry.put(mv)  # one assignment: every request from now on gets the new engine
+        after = self.registry.model(mc.name)
+        if after is not None and after.default() is mv:
+            self.events.emit("swapped", mc.name, mc.version, previous=_label(before, mv),
+                             took_ms=round((time.monotonic() - started) * 1000))
+        if replacing:
+            assert current is not None
+            self._drain(current)
+
+    def _retire_unwanted(self, p: ModelPlan) -> None:
+        """Drain versions the plan dropped: at once if their file is gone, else once the wanted ones serve."""
+        model = self.registry.model(p.name)
+        if model is None:
+            return
+        wanted_ready = all(_ready(model, v) for v in p.wanted)
+        for mv in model.ordered():
+            if (p.name, mv.version) not in self._made_from or mv.version in p.wanted:
+                continue
+            removed = mv.version not in p.on_disk
+            if not (removed or wanted_ready):
+                continue  # e.g. the new version failed: the old one keeps serving
+            del self._made_from[(p.name, mv.version)]
+            if mv.version in {mc.version for mc in self.config.versions(p.name)}:
+                # A configured version stays known (requests naming it get 503) until its file is back.
+                gone = ModelVersion(mv.config, reason="engine file removed")
+                self.registry.put(gone)
+            else:
+                self.registry.discard(mv)
+            self._drain(mv, "engine file removed" if removed else "superseded")
+
+    def _drain(self, mv: ModelVersion, why: str = "replaced") -> None:
+        """Unload a version no request can reach any more, once the frontend has let go of it."""
+        self._quiesce()
+        if mv.scheduler is None:
+            mv.state = State.UNLOADED
+            self.events.emit("unloaded", mv.name, mv.version, reason=why)
+            return
+        self.registry.unload(mv, self.config.daemon.drain_timeout_s)
+
+    def _fail(self, mv: ModelVersion, reason: str) -> None:
+        mv.state, mv.reason = State.FAILED, reason
+        self.events.emit("failed", mv.name, mv.version, reason=reason)
+
+    # -- the frontend barrier ----------------------------------------------------
+
+    def _quiesce(self, timeout: float = 1.0) -> None:
+        """Wait until the frontend thread finishes the admission it may be in the middle of.
+
+        The router picks a version and queues on it in one frontend turn; a
+        version taken out of the routing tables before this call is therefore
+        out of reach once it returns. (The loop turns at least every 100 ms.)
+        """
+        done = threading.Event()
+        self._barriers.append(done)
+        done.wait(timeout)
+
+    def _release_barriers(self) -> None:
+        """A Server tick: runs on the frontend thread between admissions."""
+        while self._barriers:
+            self._barriers.popleft().set()
+
+
+def _ready(model: Model, version: str) -> bool:
+    mv = model.versions.get(version)
+    return mv is not None and mv.state is State.READY
+
+
+def _label(before: ModelVersion | None, mv: ModelVersion) -> str:
+    if before is None:
+        return "none"
+    return f"{before.version} (previous file)" if before.version == mv.version else before.version
+
+
+def attach(server: "Server") -> Swapper | None:
+    """serve.py's hook: scan engine_dir into the registry; None when `[daemon] watch = false`."""
+    if not server.config.daemon.watch:
+        return None
+    swapper = Swapper(server)
+    swapper.initial_scan()
+    return swapper

@@ -1,0 +1,335 @@
+"""Shared memory for tensors: a local client hands the daemon sealed memory, requests point into it.
+
+A camera pipeline on the same box need not push every frame through the
+socket: it registers a region of its own memory once, writes frames into
+it, and each request names a region and an offset for an input instead of
+sending its bytes (Triton's "system shared memory" extension does the
+same). Hot models read the inputs where they lie; cold workers map the
+same region, so a 4.9 MB tensor crosses no process boundary by copy. A
+request may also name regions for its outputs (`output_regions`): the
+daemon, or the worker, writes them there when they fit, and the reply
+says where they are instead of carrying them.
+
+Regions are memfds passed as file descriptors, not names in /dev/shm
+(docs/decisions.md):
+- the daemon accepts only a memfd sealed against shrinking (F_SEAL_SHRINK),
+  so its owner cannot truncate it under a read: with a named segment that
+  would be SIGBUS, and the daemon would die mid-request;
+- there is no file to name, guess or leave behind, and no permissions but
+  the registration socket's own (mode 0660, like the inference socket);
+- a region lives as long as the connection that registered it: a client
+  that exits or crashes takes its regions with it.
+
+Registration, one JSON object per SOCK_SEQPACKET packet on the socket
+`[daemon] shared_memory` (default `regions.sock` in the runtime directory):
+
+    → {"op": "register", "name": "cam0"}  with the fd as SCM_RIGHTS
+    ← {"ok": true, "region": "<token>", "bytes": N}   or   {"ok": false, "error": "..."}
+    → {"op": "unregister", "region": "<token>"}
+    ← {"ok": true}
+
+The token is random: a request can name only regions its client was told
+of. Inputs then carry `"region": token, "offset": bytes` in the request
+header and have no frame; `"output_regions": {name: {"region", "offset"}}`
+asks for outputs there, and their entries in the reply header carry the
+same two fields and no frame (protocol.py). A memfd sealed against writes
+(F_SEAL_WRITE) is mapped read-only: it takes inputs, not outputs.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import mmap
+import os
+import secrets
+import socket
+import stat
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from infermux.transport import ipc
+from infermux.protocol import ProtocolError, Status
+
+log = logging.getLogger("infermux.regions")
+
+MAX_CLIENTS = 64
+MAX_REGIONS_PER_CLIENT = 64
+# Each region holds a descriptor in the daemon (to hand to workers); the bound keeps
+# clients from spending the daemon's RLIMIT_NOFILE (1024 under systemd by default).
+MAX_REGIONS = 256
+MAX_REGION_BYTES = 1 << 32
+_PACKET = 4096
+
+Watch = Callable[[int, Callable[[], bool]], None]
+
+
+@dataclass
+class Region:
+    """One registered memfd, mapped in the daemon: writable unless its owner sealed it (F_SEAL_WRITE)."""
+
+    token: str
+    name: str
+    size: int
+    fd: int
+    view: memoryview  # read-only, for inputs; numpy arrays on it keep the mapping alive
+    owner: int  # the registering connection's fd
+    out: memoryview | None = None  # the same mapping, writable, for outputs
+
+
+@dataclass
+class RegionTable:
+    """Every registered region by token; looked up on the frontend thread for each request."""
+
+    regions: dict[str, Region] = field(default_factory=dict)
+    _listeners: dict[int, Callable[[str], None]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def view(self, token: str, offset: int, nbytes: int) -> memoryview:
+        """`nbytes` at `offset` in region `token` (protocol.RegionLookup)."""
+        region = self.regions.get(token)
+        if region is None:
+            raise ProtocolError(Status.BAD_REQUEST, f"no shared-memory region {token[:40]!r}: it was never "
+                                "registered or its client closed it; register it again (client.SharedMemory)")
+        if offset < 0 or offset + nbytes > region.size:
+            raise ProtocolError(Status.BAD_REQUEST, f"bytes {offset}..{offset + nbytes} are outside region "
+                                f"{region.name or token[:8]!r} of {region.size} bytes")
+        return region.view[offset:offset + nbytes]
+
+    def writable(self, token: str, offset: int) -> memoryview:
+        """The region from `offset` on, for outputs (protocol.RegionLookup)."""
+        region = self.regions.get(token)
+        if region is None:
+            self.view(token, offset, 0)  # raises, saying why
+        assert region is not None
+        if region.out is None:
+            raise ProtocolError(Status.BAD_REQUEST, f"region {region.name or token[:8]!r} is sealed against "
+                                "writes (F_SEAL_WRITE): outputs cannot go there; register one without that seal")
+        if not 0 <= offset < region.size:
+            raise ProtocolError(Status.BAD_REQUEST, f"output offset {offset} is outside region "
+                                f"{region.name or token[:8]!r} of {region.size} bytes")
+        return region.out[offset:]
+
+    def with_fd(self, token: str, use: Callable[[int], bool]) -> bool:
+        """`use(fd)` with region `token`'s descriptor, which stays open meanwhile (a request may be
+        submitted on another thread while the frontend drops the region); False if it is gone."""
+        with self._lock:
+            region = self.regions.get(token)
+            return region is not None and use(region.fd)
+
+    def add(self, region: Region) -> None:
+        with self._lock:
+            self.regions[region.token] = region
+
+    def drop(self, token: str) -> None:
+        """Forget a region: the fd is closed, workers that mapped it are told. Arrays still
+        being read keep the daemon's mapping until they are done."""
+        with self._lock:
+            region = self.regions.pop(token, None)
+            if region is None:
+                return
+            os.close(region.fd)
+            listeners = list(self._listeners.values())
+        for listener in listeners:  # outside the lock: a listener takes its proxy's lock
+            listener(token)
+
+    def owned_by(self, owner: int) -> list[str]:
+        return [t for t, r in self.regions.items() if r.owner == owner]
+
+    def subscribe(self, key: int, on_drop: Callable[[str], None]) -> None:
+        """Call `on_drop(token)` whenever a region goes (a worker proxy unmaps it in its worker)."""
+        with self._lock:
+            self._listeners[key] = on_drop
+
+    def unsubscribe(self, key: int) -> None:
+        with self._lock:
+            self._listeners.pop(key, None)
+
+    def info(self) -> dict[str, Any]:
+        """For the admin `status` view: how many regions, and their bytes."""
+        regions = list(self.regions.values())
+        return {"regions": len(regions), "bytes": sum(r.size for r in regions),
+                "clients": len({r.owner for r in regions})}
+
+
+class RegionServer:
+    """The registration socket; every handler runs on the frontend thread (Server.watch)."""
+
+    def __init__(self, path: Path, table: RegionTable, watch: Watch, events: Any = None) -> None:
+        self.path = path
+        self.table = table
+        self.events = events
+        self._watch = watch
+        self._clients: dict[int, socket.socket] = {}
+        path.unlink(missing_ok=True)  # a stale file from a daemon that was killed
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.sock.bind(str(path))
+        ipc.secure(f"ipc://{path}")  # 0660 and group infermux, like the inference socket
+        self.sock.listen(16)
+        self.sock.setblocking(False)
+        watch(self.sock.fileno(), self._accept)
+
+    def _accept(self) -> bool:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                return False  # closed at shutdown
+            if len(self._clients) >= MAX_CLIENTS:
+                _answer(conn, {"ok": False, "error": f"{MAX_CLIENTS} clients hold shared memory already; "
+                                                     "close one, or send tensors in frames"})
+                conn.close()
+                continue
+            conn.setblocking(False)
+            fd = conn.fileno()
+            self._clients[fd] = conn
+            self._watch(fd, lambda fd=fd: self._serve(fd))
+
+    def _serve(self, fd: int) -> bool:
+        conn = self._clients[fd]
+        while True:
+            try:
+                data, fds, _, _ = socket.recv_fds(conn, _PACKET, 4)
+            except (BlockingIOError, InterruptedError):
+                return True
+            except OSError:
+                data, fds = b"", []
+            if not data:
+                self._closed(fd)
+                return False
+            try:
+                answer = self._handle(fd, data, fds)
+            finally:
+                for extra in fds:
+                    os.close(extra)  # the handler dup()s what it keeps
+            _answer(conn, answer)
+
+    def _handle(self, owner: int, data: bytes, fds: list[int]) -> dict[str, Any]:
+        try:
+            message = json.loads(data)
+            op = message.get("op")
+        except (ValueError, AttributeError):
+            return {"ok": False, "error": "expected a JSON object with \"op\": register or unregister"}
+        if op == "unregister":
+            token = message.get("region")
+            if token not in self.table.owned_by(owner):
+                return {"ok": False, "error": f"no region {str(token)[:40]!r} registered on this connection"}
+            self._drop(token, "unregistered")
+            return {"ok": True}
+        if op != "register":
+            return {"ok": False, "error": f"unknown op {str(op)[:40]!r}: register or unregister"}
+        if len(fds) != 1:
+            return {"ok": False, "error": f"register takes exactly one file descriptor (SCM_RIGHTS), got {len(fds)}"}
+        if len(self.table.owned_by(owner)) >= MAX_REGIONS_PER_CLIENT:
+            return {"ok": False, "error": f"{MAX_REGIONS_PER_CLIENT} regions per connection at most; "
+                                          "unregister one or use one bigger region"}
+        if len(self.table.regions) >= MAX_REGIONS:
+            return {"ok": False, "error": f"the daemon holds {MAX_REGIONS} regions, its limit; "
+                                          "unregister some, or use fewer, bigger regions"}
+        try:
+            name = "".join(c for c in str(message.get("name") or "")[:64] if c.isprintable())  # it is logged
+            region = _map(fds[0], name, owner)
+        except (OSError, ValueError) as exc:
+            return {"ok": False, "error": str(exc)}
+        self.table.add(region)
+        self._emit("region_registered", name=region.name, bytes=region.size, regions=len(self.table.regions))
+        return {"ok": True, "region": region.token, "bytes": region.size}
+
+    def _closed(self, fd: int) -> None:
+        for token in self.table.owned_by(fd):
+            self._drop(token, "client closed its connection")
+        self._clients.pop(fd).close()
+
+    def _drop(self, token: str, reason: str) -> None:
+        region = self.table.regions[token]
+        self.table.drop(token)
+        self._emit("region_released", name=region.name, bytes=region.size, reason=reason)
+
+    def _emit(self, kind: str, **fields: Any) -> None:
+        if self.events is not None:
+            self.events.emit(kind, **fields)
+        else:
+            log.info("%s %s", kind, fields)
+
+    def close(self) -> None:
+        """Stop taking registrations and forget every region (at shutdown)."""
+        for fd in list(self._clients):
+            self._closed(fd)
+        self.sock.close()
+        self.path.unlink(missing_ok=True)
+
+
+class MappedRegions:
+    """A worker's mappings of its clients' regions, by token (MAP and UNMAP from the daemon)."""
+
+    def __init__(self) -> None:
+        self._views: dict[str, tuple[memoryview, memoryview | None]] = {}
+        self._gone: deque[str] = deque(maxlen=256)  # an UNMAP that overtook its MAP (lane vs pipe)
+
+    def map(self, token: str, fd: int) -> None:
+        try:
+            if token not in self._gone:
+                # The daemon checked the seal: it cannot shrink.
+                self._views[token] = _mapped(fd, os.fstat(fd).st_size)
+        except (OSError, ValueError) as exc:  # requests naming it then fail, not the worker
+            log.warning("cannot map region %s: %s", token[:8], exc)
+        finally:
+            os.close(fd)
+
+    def unmap(self, token: str) -> None:
+        """Drop the mapping; requests still reading it keep it until they are done."""
+        if self._views.pop(token, None) is None:
+            self._gone.append(token)
+
+    def view(self, token: str, offset: int, nbytes: int) -> memoryview:
+        return self._views[token][0][offset:offset + nbytes]
+
+    def writable(self, token: str, offset: int) -> memoryview:
+        out = self._views[token][1]
+        if out is None:
+            raise KeyError(f"region {token[:8]} is sealed against writes")
+        return out[offset:]
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+
+def _map(fd: int, name: str, owner: int) -> Region:
+    """Check that `fd` is a memfd sealed against shrinking, and map it (_mapped)."""
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode):
+        raise ValueError("the descriptor is not a memfd (os.memfd_create with MFD_ALLOW_SEALING)")
+    try:
+        seals = fcntl.fcntl(fd, fcntl.F_GET_SEALS)
+    except OSError:
+        raise ValueError("the descriptor cannot be sealed: create it with "
+                         "os.memfd_create(name, os.MFD_ALLOW_SEALING)") from None
+    if not seals & fcntl.F_SEAL_SHRINK:
+        raise ValueError("seal the memfd against shrinking first (fcntl F_ADD_SEALS, F_SEAL_SHRINK): "
+                         "a region cut short under a read would crash the daemon")
+    if not 0 < info.st_size <= MAX_REGION_BYTES:
+        raise ValueError(f"a region holds 1 to {MAX_REGION_BYTES} bytes; this one has {info.st_size}")
+    view, out = _mapped(fd, info.st_size)
+    return Region(secrets.token_hex(16), name, info.st_size, os.dup(fd), view, owner, out)
+
+
+def _mapped(fd: int, size: int) -> tuple[memoryview, memoryview | None]:
+    """A read-only view for inputs and, unless the memfd is sealed against writes, a writable one."""
+    try:
+        out = memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ | mmap.PROT_WRITE))
+    except PermissionError:  # F_SEAL_WRITE (EPERM), or a descriptor opened read-only (EACCES)
+        return memoryview(mmap.mmap(fd, size, prot=mmap.PROT_READ)), None
+    return out.toreadonly(), out
+
+
+def _answer(conn: socket.socket, answer: dict[str, Any]) -> None:
+    try:
+        conn.send(json.dumps(answer).encode())
+    except OSError:
+        pass  # the client is gone; its close is seen next

@@ -1,0 +1,361 @@
+"""The worker process of a cold model (`python -m infermux.workers.child`, started by the daemon).
+
+It runs the same backend plugins, the same `Scheduler` and `Executor`s
+(`contexts = N` threads, batching, deadlines) as a hot model, behind the
+pipes of workerwire.py instead of the daemon's ROUTER. It is started with
+`subprocess`, never `fork`: a CUDA context does not survive a fork.
+
+A worker starts as a spare: libraries imported, no model, waiting for LOAD.
+It exits when the daemon says EXIT, and also when the daemon vanishes (the
+lifeline pipe it inherited reads EOF), unlinking the shared-memory slots
+the dead daemon can no longer remove. SIGTERM and SIGINT are ignored: on
+`systemctl stop` the whole cgroup gets SIGTERM, and the daemon still needs
+its workers to answer what is in flight while it drains.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import logging
+import math
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import zmq
+
+from infermux.workers import wire as wire
+from infermux.models.budget import limit_malloc_arenas
+from infermux.serving.inline import InlinePolicy
+from infermux.serving.job import Job
+from infermux.workers.lane import Lane, LaneClosed
+from infermux.plugins import backends
+from infermux.plugins.base import BackendError
+from infermux.protocol import DTYPES, OutputRegion, Request, Status, encode_reply, error_header
+from infermux.transport.regions import MappedRegions
+from infermux.models.registry import rss_bytes, warm_up
+from infermux.serving.scheduler import Scheduler
+from infermux.workers.slots import Slot, SlotCache, layout
+from infermux.workers.outputs import ShapeMemory, SlotOutputs
+from infermux.serving.stats import ModelStats
+
+log = logging.getLogger("infermux.worker")
+
+# Libraries a backend imports lazily on its first load: a spare imports them
+# ahead so that a cold start costs the engine load alone.
+HEAVY_IMPORTS = {"onnxruntime": ("onnxruntime",), "tensorrt": ("tensorrt",)}
+BURST = 64
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m infermux.workers.child", description=__doc__.splitlines()[0])
+    p.add_argument("--id", type=int, required=True, help="worker number (names its slots)")
+    p.add_argument("--down", required=True, help="endpoint the daemon sends on")
+    p.add_argument("--up", required=True, help="endpoint the daemon receives on")
+    p.add_argument("--lifeline", type=int, required=True, help="fd that reads EOF when the daemon dies")
+    p.add_argument("--lane", type=int, required=True, help="fd of the fast lane's socket (lane.py)")
+    p.add_argument("--preload", default="", help="comma-separated backend names to import ahead")
+    p.add_argument("--heartbeat-s", type=float, default=0.25)
+    p.add_argument("--inline-max-us", type=int, default=500)
+    p.add_argument("--inline-busy-max-us", type=int, default=100)
+    p.add_argument("--log-level", default="info")
+    return p.parse_args(argv)
+
+
+def preload(names: list[str]) -> None:
+    """Import backends and the libraries they load lazily; a missing one is not an error here."""
+    for name in names:
+        try:
+            backends.get(name)
+            for module in HEAVY_IMPORTS.get(name, ()):
+                importlib.import_module(module)
+        except (BackendError, ImportError) as exc:
+            log.debug("preload of %s skipped: %s", name, exc)
+
+
+class Worker:
+    """One worker's loop: the I/O thread reads the daemon's pipe; executors reply."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.inline = InlinePolicy(args.inline_max_us, args.inline_busy_max_us)
+        self.ctx = zmq.Context()
+        self.down = self.ctx.socket(zmq.PULL)
+        self.down.connect(args.down)
+        self.up = self.ctx.socket(zmq.PUSH)
+        self.up.setsockopt(zmq.LINGER, 2000)
+        self.up.connect(args.up)
+        self._send_lock = threading.Lock()  # executors and the I/O thread share `up`
+        self.lane = Lane.from_fd(args.lane)
+        self.slots = SlotCache()
+        self.regions = MappedRegions()  # clients' shared-memory regions (regions.py)
+        self.shapes = ShapeMemory()
+        self.scheduler: Scheduler | None = None
+        self.engine: Any = None
+        self.name = self.version = ""
+
+    def send(self, frames: list[Any], copy: bool = True) -> None:
+        with self._send_lock:
+            self.up.send_multipart(frames, copy=copy)
+
+    def send_fast(self, frames: list[Any], copy: bool = True) -> None:
+        """Replies: by the fast lane when they fit, else through ZeroMQ (lane.py)."""
+        if not self.lane.send(frames):
+            self.send(frames, copy)
+
+    # -- main loop ---------------------------------------------------------------
+
+    def run(self) -> int:
+        self.send(wire.control(wire.HELLO, {"pid": os.getpid(), "rss": rss_bytes()}))
+        poller = zmq.Poller()
+        poller.register(self.down, zmq.POLLIN)
+        poller.register(self.args.lifeline, zmq.POLLIN)
+        poller.register(self.lane.fileno(), zmq.POLLIN)
+        beat_s = self.args.heartbeat_s
+        next_beat = time.monotonic()
+        while True:
+            wait_ms = max(0, math.ceil((next_beat - time.monotonic()) * 1000))  # 0 would spin until the beat
+            events = dict(poller.poll(wait_ms))
+            if self.args.lifeline in events:
+                self._orphaned()
+                return 0
+            if self.lane.fileno() in events and not self._read_lane():
+                self._orphaned()
+                return 0
+            if self.down in events:
+                for _ in range(BURST):
+                    try:
+                        frames = self.down.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    if wire.kind_of(frames[0]) == wire.EXIT:
+                        self._read_lane()  # requests that overtook EXIT are still served
+                        return self._exit()
+                    self._handle(frames)
+            if time.monotonic() >= next_beat:
+                self._beat()
+                next_beat = time.monotonic() + beat_s
+
+    def _read_lane(self) -> bool:
+        """Handle what waits on the fast lane; False once the daemon's end is closed."""
+        for _ in range(BURST):
+            try:
+                frames = self.lane.recv()
+            except LaneClosed:
+                return False
+            if frames is None:
+                break
+            self._handle(frames)
+        return True
+
+    def _handle(self, frames: list[bytes]) -> None:
+        kind = wire.kind_of(frames[0])
+        if kind == wire.INFER:
+            self._infer(frames)
+        elif kind == wire.FORGET:
+            self.slots.forget(frames[0][1:].decode())
+        elif kind == wire.MAP:
+            fd = self.lane.take_fd()
+            if fd is not None:
+                self.regions.map(frames[0][1:].decode(), fd)
+        elif kind == wire.UNMAP:
+            self.regions.unmap(frames[0][1:].decode())
+        elif kind == wire.LOAD:
+            self._load(frames[0][1:])
+        elif kind == wire.SET:
+            self._set(wire.body_of(frames[0]))
+        else:
+            log.warning("unknown message %r from the daemon", kind[:16])
+
+    def _beat(self) -> None:
+        if self.scheduler is None:
+            return  # a spare: nobody reads its pipe yet, and unread beats would fill it
+        ctx = [[len(ex.queue), ex.in_flight, ex.served] for ex in self.scheduler.executors]
+        self.send(wire.control(wire.BEAT, {"ctx": ctx}))
+
+    # -- load --------------------------------------------------------------------
+
+    def _load(self, raw: bytes) -> None:
+        started = time.monotonic()
+        try:
+            mc = wire.config_from_json(raw)
+            self.name, self.version = mc.name, mc.version
+            if not mc.engine.exists():
+                raise BackendError(f"engine file {mc.engine} does not exist")
+            backend = backends.for_path(mc.engine, mc.backend or None)
+            engine = backend.load(mc.engine, dict(mc.options))
+        except Exception as exc:
+            self.send(wire.control(wire.ERROR, {"reason": str(exc), "during": "load"}))
+            return
+        self.send(wire.control(wire.STAGE, {"state": "warming", "backend": backend.name}))
+        try:
+            row_us = warm_up(engine, mc)
+            self.scheduler = Scheduler(mc, engine, self._reply, self._late, ModelStats(mc.name, mc.version),
+                                       mc.strategy or "least_queue", self._inline_ok, row_us)
+        except Exception as exc:
+            engine.close()
+            self.send(wire.control(wire.ERROR, {"reason": str(exc), "during": "warm-up"}))
+            return
+        self.engine = engine
+        ready = {"inputs": wire.specs_to_json(engine.inputs), "outputs": wire.specs_to_json(engine.outputs),
+                 "memory_bytes": engine.memory_bytes(), "row_us": row_us, "backend": backend.name,
+                 "load_ms": round((time.monotonic() - started) * 1000), "allowed": self.scheduler.policy.allowed}
+        self.send(wire.control(wire.READY, ready))
+
+    def _set(self, changes: dict[str, Any]) -> None:
+        scheduler = self.scheduler
+        if scheduler is None:
+            return
+        if "contexts" in changes:
+            scheduler.resize(int(changes["contexts"]))
+        if "max_batch" in changes and scheduler.policy.allowed:
+            scheduler.policy.max_batch = int(changes["max_batch"])
+        if "batch_delay_us" in changes:
+            scheduler.policy.delay_s = changes["batch_delay_us"] / 1e6
+        if "max_queue" in changes:
+            scheduler.max_queue = int(changes["max_queue"])
+
+    def _inline_ok(self, service_time_us: float, batching: bool) -> bool:
+        """May the I/O thread compute this request itself? (inline.py)"""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        waiting = self.lane.readable() or bool(self.down.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        return self.inline.allows(service_time_us, batching, waiting)
+
+    # -- requests ------------------------------------------------------------------
+
+    def _infer(self, frames: list[bytes]) -> None:
+        meta = json.loads(frames[0][1:])
+        slot = None if meta["slot"] is None else self.slots.get(meta["slot"])
+        envelope: list[Any] = [meta["s"], slot, None]
+        try:
+            buffers = frames[1:] if slot is None else [slot.view[offset:offset + n] for offset, n in meta["off"]]
+            if "rg" in meta:
+                buffers = self._with_regions(buffers, meta["rg"], len(meta["t"]))
+            request = _request(meta, buffers)
+            for name, token, offset in meta.get("or", ()):  # outputs the client wants in its region
+                request.output_regions[name] = OutputRegion(token, offset, self.regions.writable(token, offset))
+            if slot is not None and not request.output_regions:  # outputs straight into it (slotoutputs.py)
+                envelope[2] = SlotOutputs(slot, meta["oo"], ShapeMemory.kind(meta["t"], meta["o"]), self.shapes)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:  # a daemon bug, not the client's
+            header = error_header(Status.BACKEND_ERROR, f"worker cannot read the request: {exc}", meta.get("id"))
+            self._reply(envelope, encode_reply(header))
+            return
+        job = Job(envelope, request, [], meta["r"], meta["d"], meta["fb"], place=envelope[2])
+        scheduler = self.scheduler
+        if scheduler is None or not scheduler.submit(job):
+            why = "no model loaded" if scheduler is None else "worker queue full"
+            header = error_header(Status.NOT_READY, f"{why}; retry", request.id, retry_after_ms=50,
+                                  model=self.name, version=self.version)
+            self._reply(envelope, encode_reply(header))
+
+    def _with_regions(self, buffers: list[Any], regions: list[list[Any]], count: int) -> list[Any]:
+        """All inputs in order: those in mapped client regions between the copied ones."""
+        in_region = {index: self.regions.view(token, offset, n) for index, token, offset, n in regions}
+        copied = iter(buffers)
+        return [in_region[i] if i in in_region else next(copied) for i in range(count)]
+
+    def _reply(self, envelope: list[Any], frames: list[Any]) -> None:
+        """An executor's reply. Outputs the backend computed into the request's slot are only
+        pointed at; others are copied there when they fit (and teach the slot outputs their
+        shapes, for the next request of this kind), else sent inline."""
+        seq, slot, placement = envelope
+        header, outputs = frames[0], frames[1:]
+        parsed = json.loads(header)
+        stats = _stats_of(parsed)
+        places = None
+        if slot is not None and outputs:
+            metas = parsed.get("outputs") or []
+            places = placement.where(metas) if placement is not None else None
+            if places is None:
+                if stats[0] == 200 and placement is not None:
+                    self.shapes.learn(placement.kind, metas)
+                places = _copy_into(slot, outputs)
+        if places is not None:
+            self.send_fast([wire.reply_head(seq, *stats, layout=wire.dumps(places).encode()), header])
+        else:
+            sizes = sum(memoryview(f).nbytes for f in outputs)
+            self.send_fast([wire.reply_head(seq, *stats), header, *outputs], copy=sizes < 1 << 20)
+
+    def _late(self, job: Job) -> None:
+        self.send_fast(wire.seq_message(wire.LATE, job.envelope[0]))
+
+    # -- endings ---------------------------------------------------------------------
+
+    def _exit(self) -> int:
+        if self.scheduler is not None:
+            self.scheduler.stop(30.0)
+        if self.engine is not None:
+            self.engine.close()
+        self.send(wire.control(wire.BYE))
+        self.up.close(linger=2000)
+        self.down.close(linger=0)
+        self.lane.close()
+        return 0
+
+    def _orphaned(self) -> None:
+        log.warning("worker %d: the daemon is gone; removing its shared memory and exiting", os.getpid())
+        self.slots.unlink_all()
+        logging.shutdown()
+        os._exit(0)  # executors may be inside the backend: do not wait for them
+
+
+def _request(meta: dict[str, Any], buffers: list[Any]) -> Request:
+    """The request the daemon already parsed and checked, with numpy views on `buffers`."""
+    inputs = {name: np.frombuffer(buf, dtype=DTYPES[dtype]).reshape(shape)
+              for (name, dtype, shape), buf in zip(meta["t"], buffers, strict=True)}
+    outputs = meta.get("o")
+    return Request(model=meta.get("m", ""), inputs=inputs, id=meta.get("id"), key=meta.get("k"),
+                   outputs=None if outputs is None else tuple(outputs))
+
+
+def _copy_into(slot: Slot, outputs: list[Any]) -> list[list[int]] | None:
+    """Copy big outputs into the slot (the inputs are dead by now); their [offset, nbytes], or None
+    to send them inline (small, or too big for the slot)."""
+    sizes = [memoryview(f).nbytes for f in outputs]
+    offsets, span = layout(sizes)
+    if span > slot.size or sum(sizes) <= wire.INLINE_MAX_BYTES:
+        return None
+    view = slot.view
+    for offset, size, frame in zip(offsets, sizes, outputs):
+        view[offset:offset + size] = memoryview(frame).cast("B")
+    return [[o, n] for o, n in zip(offsets, sizes)]
+
+
+def _stats_of(h: dict[str, Any]) -> tuple[int, int, int, int, int]:
+    """(status, batch, queue µs, compute µs, total µs) of a reply header, for the daemon's statistics."""
+    timing = h.get("timing_us") or {}
+    return (int(h.get("status", 0)), int(h.get("batch", 1)), int(timing.get("queue", 0)),
+            int(timing.get("compute", 0)), int(timing.get("total", 0)))
+
+
+def _prefer_me_for_oom() -> None:
+    """Out of memory, the kernel should kill a worker (the daemon restarts it), not the daemon."""
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("500")
+    except OSError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format=f"%(levelname)s infermux.workers.child[{os.getpid()}]: %(message)s")
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, signal.SIG_IGN)
+    _prefer_me_for_oom()
+    limit_malloc_arenas()  # as in the daemon, before any thread (budget.MALLOC_ARENAS)
+    sys.setswitchinterval(1e-4)  # as in the daemon: executors get the GIL back promptly
+    preload([n for n in args.preload.split(",") if n])
+    return Worker(args).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,508 @@
+"""The daemon's side of a cold model: a scheduler whose contexts live in a worker.
+
+To the router a `WorkerProxy` is a `Scheduler` (`submit`, `depth`, `load`,
+`in_flight`, `max_queue`, `executors`, `policy`, `resize`, `stop`) and a
+`RemoteEngine` is an engine (its `inputs`/`outputs` come from the worker's
+READY message). `submit` copies the request's tensors into a shared-memory
+slot (or inline when small) and sends one message by the fast lane
+(lane.py). Replies come back by the lane too: the frontend thread polls it
+(`Watch`), builds the client's reply frames (big outputs go to the client
+straight from the slot, zero-copy) and sends them, with no other thread in
+between. A reader thread takes what travels through the ZeroMQ pipe
+(heartbeats, and whatever did not fit the lane).
+
+When the worker process ends, the reader sees it at once (pidfd) and
+answers every request still in flight with 503 + retry_after_ms, so no
+client waits for a timeout.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import threading
+import time
+from typing import Any, Callable
+
+import zmq
+
+from infermux.serving import batcher
+from infermux.workers import wire as wire
+from infermux.config import ModelConfig
+from infermux.serving.executor import LateFn, ReplyFn
+from infermux.serving.job import Job
+from infermux.workers.lane import LaneClosed
+from infermux.plugins.base import BackendError, TensorSpec
+from infermux.protocol import Status, dtype_name, encode_reply, error_header
+from infermux.transport.regions import RegionTable
+from infermux.workers.slots import ALIGN, Slot, SlotPool, layout, segment_name
+from infermux.workers.process import WorkerProcess
+
+log = logging.getLogger("infermux.workers")
+
+ZERO_COPY_MIN = 1 << 20  # outputs this big go to the client straight from the slot (DESIGN §10)
+
+
+class RemoteEngine:
+    """A worker's engine as the daemon sees it: tensor specs and footprint, no contexts."""
+
+    def __init__(self, inputs: list[TensorSpec], outputs: list[TensorSpec], memory: int) -> None:
+        self.inputs = inputs
+        self.outputs = outputs
+        self.memory = memory
+
+    def create_context(self) -> Any:
+        raise BackendError("a cold model's contexts live in its worker process")
+
+    def memory_bytes(self) -> int:
+        return self.memory
+
+    def close(self) -> None:
+        """Nothing here: stopping the proxy stops the process that holds the engine."""
+
+
+class _Depth:
+    """A queue length reported by the worker (what `len(ex.queue)` reads)."""
+
+    __slots__ = ("n",)
+
+    def __init__(self) -> None:
+        self.n = 0
+
+    def __len__(self) -> int:
+        return self.n
+
+
+class ContextView:
+    """One execution context inside the worker, as its last heartbeat described it."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.queue = _Depth()
+        self.in_flight = 0
+        self.served = 0
+        self.row_us = 0.0
+        self.stats: Any = None  # this context's share of the version's ModelStats
+
+    @property
+    def load(self) -> int:
+        return len(self.queue) + self.in_flight
+
+
+class RemotePolicy:
+    """The worker's batching policy; setting a field sends it to the worker (admin `set`)."""
+
+    def __init__(self, send: Callable[[dict[str, Any]], None], config: ModelConfig, allowed: bool) -> None:
+        self._send = send
+        self.allowed = allowed
+        self.preferred = config.preferred_batch
+        self._max_batch = config.max_batch if allowed else 1
+        self._delay_s = config.batch_delay_us / 1e6
+
+    @property
+    def max_batch(self) -> int:
+        return self._max_batch
+
+    @max_batch.setter
+    def max_batch(self, value: int) -> None:
+        self._max_batch = value
+        self._send({"max_batch": value})
+
+    @property
+    def delay_s(self) -> float:
+        return self._delay_s
+
+    @delay_s.setter
+    def delay_s(self, value: float) -> None:
+        self._delay_s = value
+        self._send({"batch_delay_us": int(value * 1e6)})
+
+
+ExitFn = Callable[["WorkerProxy", str, bool], None]
+# watch(fd, on_ready): call on_ready() on the frontend thread whenever fd is
+# readable, until it returns False (Server.watch).
+Watch = Callable[[int, Callable[[], bool]], None]
+
+
+class WorkerProxy:
+    """Forwards one model version's jobs to its worker process and its replies to clients."""
+
+    def __init__(self, process: WorkerProcess, config: ModelConfig, ready: dict[str, Any], reply: ReplyFn,
+                 on_late: LateFn, on_exit: ExitFn, stats: Any, strategy: str, watch: Watch,
+                 regions: RegionTable | None = None) -> None:
+        self.process = process
+        self.name, self.version = config.name, config.version
+        self._max_queue = config.max_queue
+        self.strategy = strategy
+        self.policy = RemotePolicy(self._set, config, bool(ready.get("allowed", True)))
+        self._stats = stats
+        self.executors: list[ContextView] = [self._new_view(i) for i in range(config.contexts)]
+        self.load_ms = int(ready.get("load_ms", 0))
+        self.stop_reason = ""
+        self.forward_to: Any = None  # promote/demote: where jobs go once this one stops taking them
+        self.created = self.last_beat = time.monotonic()
+        self.gpu_bytes = 0  # this process's GPU memory as NVML reports it (0 where it cannot)
+        self.unseen_bytes = 0  # what its load took that neither RSS nor NVML shows (workers._unseen)
+        self._reply, self._on_late, self._on_exit = reply, on_late, on_exit
+        self._outputs = len(ready["outputs"])
+        self._out_row_bytes = _row_bytes(ready["outputs"])
+        self._pending: dict[int, tuple[Job, Slot | None, int]] = {}
+        self._seq = itertools.count(1)
+        self._lock = threading.Lock()
+        self._idle = threading.Condition(self._lock)
+        self._closing = False  # no new jobs
+        self._stopping = False  # the end of the process is expected
+        self.slots = SlotPool(segment_name(os.getpid(), process.wid), config.max_queue + config.contexts,
+                              on_drop=self._forget)
+        self._lane = process.take_lane()
+        watch(self._lane.fileno(), self._read_lane)
+        # Client regions this worker has mapped (regions.py): their inputs are not copied.
+        self._regions = regions
+        self._mapped: set[str] = set()
+        if regions is not None:
+            regions.subscribe(id(self), self._unmap)
+        self._reader = threading.Thread(target=self._read, name=f"worker-{self.name}-{self.version}", daemon=True)
+        self._reader.start()
+
+    # -- the Scheduler interface ------------------------------------------------------
+
+    @property
+    def max_queue(self) -> int:
+        return self._max_queue
+
+    @max_queue.setter
+    def max_queue(self, value: int) -> None:  # admin `set`: more may be in flight, so more slots
+        self._max_queue = value
+        self.slots.max_slots = value + len(self.executors)
+
+    def submit(self, job: Job) -> bool:
+        """Send `job` to the worker; False when its queue is full or it is stopping."""
+        with self._lock:
+            if not self._closing:
+                if len(self._pending) >= self._max_queue + len(self.executors):
+                    return False
+                return self._send_job(job)  # under the lock: the reply cannot overtake `_pending`
+            successor = self.forward_to
+        return successor.submit(job) if successor is not None else False
+
+    def _send_job(self, job: Job) -> bool:
+        tensors, regions = self._sources(job)
+        sizes = [len(t) for t in tensors]
+        offsets, span = layout(sizes)
+        rows = batcher.rows(job.request.inputs)
+        slot = None
+        req = job.request
+        meta: dict[str, Any] = {
+            "s": 0, "slot": None, "r": job.received_ns, "d": job.deadline_ns, "fb": job.fallback,
+            "id": req.id, "o": req.outputs, "k": req.key, "m": req.model,
+            # Already parsed and checked here: the worker only wraps the bytes, in this order.
+            "t": [[name, dtype_name(a.dtype), a.shape] for name, a in req.inputs.items()]}
+        if regions:
+            meta["rg"] = regions
+        into = [[name, place.region, place.offset] for name, place in req.output_regions.items()
+                if self._map(place.region)]  # the others come back in frames
+        if into:
+            meta["or"] = into
+        outputs = 0 if into else self._out_row_bytes * rows
+        if sum(sizes) > wire.INLINE_MAX_BYTES or (regions and outputs > wire.INLINE_MAX_BYTES):
+            # The outputs go after the inputs: the worker computes into the slot (slotoutputs.py).
+            slot = self.slots.acquire(span + outputs + ALIGN * self._outputs)
+            # None: no room in /dev/shm (or zmq still sends them): inline
+        if slot is not None:
+            view = slot.view
+            for offset, size, tensor in zip(offsets, sizes, tensors):
+                view[offset:offset + size] = tensor
+            meta["slot"], meta["off"], meta["oo"] = slot.name, [[o, n] for o, n in zip(offsets, sizes)], span
+        seq = meta["s"] = next(self._seq)
+        message = [wire.INFER + wire.dumps(meta).encode()]
+        if slot is None:
+            message += tensors
+        if not self._lane.send(message) and \
+                not self.process.send(message, copy=slot is not None or sum(sizes) < 1 << 20):
+            if slot is not None:
+                self.slots.release(slot)
+            return False
+        self._pending[seq] = (job, slot, rows)
+        return True
+
+    def _sources(self, job: Job) -> tuple[list[Any], list[list[Any]]]:
+        """The tensors to copy (frames, in input order) and [index, region, offset, nbytes] of the
+        inputs the worker reads in a client's region itself. A region the worker cannot be given
+        (the lane is full) is copied like a frame."""
+        req = job.request
+        frames = job.frames[len(job.envelope) + 1:]
+        if not req.input_regions:
+            return list(frames), []
+        tensors: list[Any] = []
+        regions: list[list[Any]] = []
+        next_frame = iter(frames)
+        for index, (name, array) in enumerate(req.inputs.items()):
+            ref = req.input_regions.get(name)
+            if ref is None:
+                tensors.append(next(next_frame))
+            elif self._map(ref.region):
+                regions.append([index, ref.region, ref.offset, ref.nbytes])
+            else:
+                tensors.append(memoryview(array).cast("B"))
+        return tensors, regions
+
+    def _map(self, token: str) -> bool:
+        """Whether the worker has region `token` mapped, handing it the fd first if not."""
+        if token in self._mapped:
+            return True
+        message = [wire.MAP + token.encode()]
+        if self._regions is None or not self._regions.with_fd(token, lambda fd: self._lane.send_fd(message, fd)):
+            return False
+        self._mapped.add(token)
+        return True
+
+    def _unmap(self, token: str) -> None:
+        """The client's region is gone (regions.RegionTable.drop): the worker lets go of it too."""
+        with self._lock:
+            if token in self._mapped:
+                self._mapped.discard(token)
+                message = [wire.UNMAP + token.encode()]
+                if not self._lane.send(message):
+                    self.process.send(message)
+
+    def _new_view(self, index: int) -> ContextView:
+        view = ContextView(index)
+        view.stats = self._stats.add_context(in_flight=lambda: view.in_flight, queue_depth=lambda: len(view.queue))
+        return view
+
+    def depth(self) -> int:
+        """Requests waiting for a context (in the worker or on the way to it)."""
+        return max(0, len(self._pending) - len(self.executors))
+
+    def load(self) -> int:
+        return len(self._pending)
+
+    def in_flight(self) -> int:
+        return min(len(self._pending), len(self.executors))
+
+    def full(self) -> bool:
+        return self.load() >= self.max_queue + len(self.executors)
+
+    def resize(self, contexts: int) -> None:
+        if contexts < 1:
+            raise ValueError("a loaded model needs at least one context")
+        self._set({"contexts": contexts})
+        views, removed = self.executors[:contexts], self.executors[contexts:]
+        views += [self._new_view(i) for i in range(len(views), contexts)]
+        self.executors = views
+        for view in removed:
+            self._stats.remove_context(view.stats)
+        self.slots.max_slots = self._max_queue + contexts
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Take no new jobs, wait for those in flight, then stop the worker; True if all were answered."""
+        self.stop_reason = self.stop_reason or "unloaded"
+        with self._lock:
+            self._closing = True
+            deadline = None if timeout is None else time.monotonic() + timeout
+            while self._pending:
+                left = None if deadline is None else deadline - time.monotonic()
+                if left is not None and left <= 0:
+                    break
+                self._idle.wait(left)
+            drained = not self._pending
+            self._stopping = True
+        self.process.stop()
+        self._reader.join(10)
+        return drained
+
+    def kill(self, reason: str) -> None:
+        """End a worker that no longer answers; the reader then fails what it held."""
+        self.stop_reason = reason
+        self.process.kill()
+
+    # -- what the stats and admin views read ---------------------------------------------
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    @property
+    def alive(self) -> bool:
+        return not self._closing and not self.process.exited()
+
+    def footprint(self) -> int:
+        """Memory this worker costs: its resident memory plus its GPU memory where readable."""
+        return self.process.rss() + (self.gpu_bytes or self.unseen_bytes)
+
+    def worker_info(self) -> dict[str, Any]:
+        state = "exited" if self.process.exited() else "stopping" if self._closing else "ready"
+        return {"pid": self.pid, "state": state, "rss_bytes": self.process.rss(), "gpu_bytes": self.gpu_bytes,
+                "uptime_s": round(time.monotonic() - self.process.started, 1),
+                "heartbeat_age_ms": round((time.monotonic() - self.last_beat) * 1000),
+                "in_flight": len(self._pending), "slots": len(self.slots), "regions": len(self._mapped),
+                "load_ms": self.load_ms}
+
+    # -- the reader thread ---------------------------------------------------------------
+
+    def _read(self) -> None:
+        up, pidfd = self.process.up, self.process.pidfd
+        poller = zmq.Poller()
+        poller.register(up, zmq.POLLIN)
+        if pidfd is not None:
+            poller.register(pidfd, zmq.POLLIN)
+        try:
+            while True:
+                events = dict(poller.poll(1000 if pidfd is not None else 50))
+                if up in events:
+                    self._drain(up)
+                if (pidfd is not None and pidfd in events) or (pidfd is None and self.process.exited()):
+                    self._drain(up)  # what the worker sent before it ended still counts
+                    self._read_lane()
+                    break
+        except Exception:  # a bug here must not leave clients waiting: fail them below
+            log.exception("worker reader failed model=%s version=%s", self.name, self.version)
+            self.process.kill()
+        self._ended()
+
+    def _drain(self, up: zmq.Socket) -> None:
+        while True:
+            try:
+                frames = up.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._dispatch(frames)
+
+    def _read_lane(self) -> bool:
+        """Handle the replies waiting on the lane; False once it is closed (the worker ended)."""
+        while True:
+            try:
+                frames = self._lane.recv()
+            except LaneClosed:
+                return False
+            if frames is None:
+                return True
+            try:
+                self._dispatch(frames)
+            except Exception:  # on the frontend thread: a bug here ends this worker, not the daemon
+                log.exception("worker reply failed model=%s version=%s", self.name, self.version)
+                self.process.kill()  # the reader then answers what it held with 503
+                return False
+
+    def _dispatch(self, frames: list[Any]) -> None:
+        kind = wire.kind_of(frames[0])
+        if kind == wire.REPLY:
+            self._replied(frames)
+        elif kind == wire.BEAT:
+            self._beat(wire.body_of(frames[0]))
+        elif kind == wire.LATE:
+            entry = self._take(wire.seq_of(frames[0]))
+            if entry is not None:
+                self._release(entry[1])
+                self._on_late(entry[0])
+
+    def _take(self, seq: int) -> tuple[Job, Slot | None, int] | None:
+        with self._lock:
+            entry = self._pending.pop(seq, None)
+            if not self._pending:
+                self._idle.notify_all()
+        return entry
+
+    def _replied(self, frames: list[bytes]) -> None:
+        (seq, status, batch, queue_us, compute_us, total_us), placement = wire.parse_reply_head(frames[0])
+        entry = self._take(seq)
+        if entry is None:
+            return
+        job, slot, rows = entry
+        header = frames[1]
+        tracker = None
+        if placement:
+            outputs, tracker, nbytes = self._from_slot(slot, json.loads(placement))
+        else:
+            outputs = frames[2:]
+            nbytes = layout([len(f) for f in outputs])[1]
+        if nbytes > self._out_row_bytes * rows:  # learn the output size, so the next slot fits it
+            self._out_row_bytes = -(-nbytes // max(rows, 1))
+        self._release(slot, tracker)
+        self._reply(job.envelope, [header, *outputs])
+        # Which of the worker's contexts served it is not reported: spread the records over
+        # them, so the totals and the parallel service time come out right.
+        views = self.executors
+        stats = views[seq % len(views)].stats if views else self._stats.router
+        if status == 200:
+            stats.record_batch(batch, compute_us)
+        stats.record(status, total_us, queue_us, compute_us, batch)
+
+    @staticmethod
+    def _from_slot(slot: Slot | None, places: list[list[int]]) -> tuple[list[Any], Any, int]:
+        """The outputs at `places` as reply frames, the tracker of the zero-copy ones, and the
+        bytes they need laid out in a slot."""
+        assert slot is not None, "the worker wrote outputs into a slot the request did not have"
+        outputs: list[Any] = []
+        trackers = []
+        for offset, size in places:
+            part = slot.view[offset:offset + size]
+            if size >= ZERO_COPY_MIN:
+                frame = zmq.Frame(part, copy=False, track=True)
+                trackers.append(frame.tracker)
+                outputs.append(frame)
+            else:
+                outputs.append(bytes(part))
+        tracker = zmq.MessageTracker(*trackers) if trackers else None
+        return outputs, tracker, layout([size for _, size in places])[1]
+
+    def _release(self, slot: Slot | None, tracker: Any = None) -> None:
+        if slot is not None:
+            self.slots.release(slot, tracker)
+
+    def _beat(self, beat: dict[str, Any]) -> None:
+        self.last_beat = time.monotonic()
+        views = self.executors
+        for view, (queued, running, served) in zip(views, beat.get("ctx", ())):
+            view.queue.n, view.in_flight, view.served = queued, running, served
+
+    def _ended(self) -> None:
+        """The process is gone: tell the manager (the version stops being ready), answer what
+        it held with 503, free the slots."""
+        crashed = not self._stopping
+        how = self.process.reason()
+        reason = f"crashed ({how})" if crashed and not self.stop_reason else (self.stop_reason or how)
+        self._on_exit(self, how, crashed)
+        with self._lock:
+            self._closing = True
+            pending, self._pending = self._pending, {}
+            self._idle.notify_all()
+        retry_ms = max(100, self.load_ms + 100)
+        for job, slot, _ in pending.values():
+            self._release(slot)
+            header = error_header(Status.NOT_READY, f"model {self.name!r} version {self.version!r}: worker "
+                                  f"{self.pid} {reason}; retry", job.request.id, retry_after_ms=retry_ms,
+                                  model=self.name, version=self.version)
+            self._reply(job.envelope, encode_reply(header))
+            self._stats.router.record(int(Status.NOT_READY), (time.perf_counter_ns() - job.received_ns) // 1000)
+        for view in self.executors:
+            self._stats.remove_context(view.stats)
+        if self._regions is not None:
+            self._regions.unsubscribe(id(self))
+        self.slots.close()
+        self._lane.close()  # the frontend's next poll of it reports it closed, and it lets go
+        self.process.close()
+
+    def _set(self, changes: dict[str, Any]) -> None:
+        self.process.send(wire.control(wire.SET, changes))
+
+    def _forget(self, name: str) -> None:
+        self.process.send(wire.control(wire.FORGET, name.encode()))
+
+
+def _row_bytes(outputs: list[dict[str, Any]]) -> int:
+    """Bytes per input row the outputs need, by their specs (dynamic dims count as 1)."""
+    total = 0
+    for spec in outputs:
+        count = 1
+        for d in spec["shape"]:
+            count *= d if d > 0 else 1
+        total += count * _itemsize(spec["dtype"])
+    return total
+
+
+def _itemsize(dtype: str) -> int:
+    return {"float16": 2, "int8": 1, "uint8": 1, "bool": 1, "int32": 4, "float32": 4}.get(dtype, 8)
+
