@@ -1,6 +1,6 @@
 """Issue 2: the daemon against a bare ROUTER + onnxruntime loop, in one run on one machine.
 
-    python tests/benchmarks/bench_core.py [--duration 3] [--rounds 3] [--no-write]
+    python tests/benchmarks/bench_core.py [--duration 3] [--rounds 3] [--no-write] [--against REV]
 
 The sample classifier, one [1,3,64,64] float32 image per request, at
 concurrency 1 and 16:
@@ -12,6 +12,8 @@ concurrency 1 and 16:
   c  bare      ROUTER + parse + onnxruntime + reply, no routing, one process:
                the baseline the daemon must reach ≥ 0.7× of
   d  daemon    `python -m infermux serve` (2 contexts), end to end
+  e  daemon@REV with --against REV: the same daemon at another git revision,
+               run beside d, so a change's cost is a ratio from one run
 
 b, c and d are driven by the same load generator (`infermux.cli.bench.run_load`)
 in its own process, so it never shares a GIL with the server under test; a
@@ -41,6 +43,7 @@ from typing import Callable, Iterator
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results import markdown_table, stamp, stop_server, write_section  # noqa: E402
+from revision import describe, package_env  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
 from infermux.cli.infer import parse_inputs  # noqa: E402
@@ -100,10 +103,12 @@ def backend_direct(concurrency: int, duration_s: float, warmup: int) -> BenchRes
 
 
 @contextlib.contextmanager
-def serving(name: str, command: list[str], endpoint: str, log_dir: Path) -> Iterator[str]:
+def serving(name: str, command: list[str], endpoint: str, log_dir: Path,
+            env: dict[str, str] | None = None) -> Iterator[str]:
     """Run a server process until the block ends; yield its endpoint once it answers 200."""
     log = open(log_dir / f"{name}.log", "wb")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
+                               env={**os.environ, **(env or {})})
     try:
         reply = wait_ready(endpoint, MODEL, parse_inputs([], [SHAPE], "float32"), timeout_s=60)
         if not reply.ok:
@@ -118,11 +123,11 @@ def serving(name: str, command: list[str], endpoint: str, log_dir: Path) -> Iter
         log.close()
 
 
-def daemon_command(tmp: Path) -> tuple[list[str], str]:
+def daemon_command(tmp: Path, name: str = "daemon") -> tuple[list[str], str]:
     """The daemon with the issue-2 config, and where its socket will be."""
-    config = tmp / "infermux.toml"
+    config = tmp / f"{name}.toml"
     config.write_text(DAEMON_TOML.format(engines=ROOT / "engines"))
-    run_dir = tmp / "run"
+    run_dir = tmp / f"run-{name}"
     command = [sys.executable, "-m", "infermux", "serve", "--config", str(config), "--runtime-dir", str(run_dir)]
     return command, f"ipc://{run_dir}/infer.sock"
 
@@ -169,6 +174,11 @@ def measure_all(args: argparse.Namespace, tmp: Path) -> list[Measured]:
             command, daemon_ep = daemon_command(tmp)
             stack.enter_context(serving("daemon", command, daemon_ep, tmp))
             cases["d daemon"] = load(daemon_ep)
+        if args.against:
+            old_env = package_env(args.against, tmp / "against")
+            command, old_ep = daemon_command(tmp, "against")
+            stack.enter_context(serving("against", command, old_ep, tmp, old_env))
+            cases["e daemon@REV"] = load(old_ep)
         results = {(case, c): Measured(case, c, []) for case in cases for c in CONCURRENCY}
         for round_ in range(args.rounds):
             for c in CONCURRENCY:
@@ -201,6 +211,10 @@ def report(measured: list[Measured], args: argparse.Namespace, load: tuple[float
         verdict = f"Daemon / bare loop (medians): {ratios}. Target: ≥ 0.7× QPS."
     else:
         verdict = "Daemon / bare loop: not run (the daemon core is not in this checkout)."
+    if ("e daemon@REV", 1) in by_key:
+        verdict += "\n\nThis checkout / " + describe(args.against) + " (e, same run): " + ", ".join(
+            f"c={c}: **{by_key['d daemon', c].qps / by_key['e daemon@REV', c].qps:.2f}×** QPS, "
+            f"p99 {by_key['d daemon', c].p99_us / by_key['e daemon@REV', c].p99_us:.2f}×" for c in CONCURRENCY) + "."
     return "\n".join([
         stamp(),
         f"1-min load average {load[0]:.2f} before the run, {load[1]:.2f} after (this script keeps ~2 busy); "
@@ -228,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--warmup", type=int, default=200, help="warm-up requests per case and round")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--against", metavar="REV", help="also run the daemon at git revision REV (case e)")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()[0]
     started = time.monotonic()

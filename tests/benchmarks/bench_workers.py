@@ -1,6 +1,7 @@
 """Issue 5: cold models in worker processes against the same models hot.
 
     python tests/benchmarks/bench_workers.py [--duration 2] [--rounds 3] [--starts 5] [--no-write] [--section H]
+                                             [--against REV]
 
 1. Latency at concurrency 1, client round trip, for an identity model on
    [1, 12288] float32 (49 KB in and out) and on [1, 1225000] float32
@@ -14,6 +15,9 @@
    with and without the spare worker; `engine` is the worker's own load +
    warm-up time as its `loaded` event reports it. Between starts the
    version is unloaded by the admin socket and the next spare awaited.
+
+4. With --against REV, the hot and cold cases of 1. also run on the daemon
+   at git revision REV, in the same rounds: a change's cost as a ratio.
 
 Writes the "## Cold workers (issue 5)" section of RESULTS.md.
 """
@@ -37,6 +41,7 @@ from onnx import TensorProto, helper
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
+from revision import describe, package_env  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
 from infermux.client import AdminClient, Client, SharedMemory  # noqa: E402
@@ -171,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup", type=int, default=100)
     parser.add_argument("--starts", type=int, default=5, help="cold starts per case")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--against", metavar="REV", help="also run the hot and cold cases at git revision REV")
     parser.add_argument("--section", default=SECTION,
                         help="RESULTS.md heading to write, e.g. for a run on another machine")
     args = parser.parse_args(argv)
@@ -179,8 +185,9 @@ def main(argv: list[str] | None = None) -> int:
         root = Path(tmp)
         for size, width in SIZES.items():
             identity(root / "engines" / size / "1" / "model.onnx", width)
-        main_d = Daemon(root, "main", models(*[(f"{m}{s}", f"{s}/1/model.onnx", mode)
-                                               for s in SIZES for m, mode in (("hot", "inproc"), ("cold", "multiproc"))]))
+        main_models = models(*[(f"{m}{s}", f"{s}/1/model.onnx", mode)
+                               for s in SIZES for m, mode in (("hot", "inproc"), ("cold", "multiproc"))])
+        main_d = Daemon(root, "main", main_models)
         slot_d = Daemon(root, "slot", models(("cold49k", "49k/1/model.onnx", "multiproc")),
                         env={"INFERMUX_WORKER_INLINE_BYTES": "0"})
         inline_d = Daemon(root, "inline", models(("cold49k", "49k/1/model.onnx", "multiproc")),
@@ -189,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
         spare_d = Daemon(root, "spare", start_models, spare=True)
         bare_d = Daemon(root, "nospare", start_models, spare=False)
         daemons = [main_d, slot_d, inline_d, spare_d, bare_d]
+        if args.against:
+            daemons.append(Daemon(root, "against", main_models, env=package_env(args.against, root / "rev")))
         shm = None
         try:
             for d in daemons:
@@ -199,8 +208,11 @@ def main(argv: list[str] | None = None) -> int:
             region[:] = big["x"]
             in_shm = {"x": shm.ref(region)}
             out_shm = {"output_regions": {"y": shm.ref(shm.ndarray(big["x"].shape, offset=big["x"].nbytes))}}
+            against = {f"{s} {m}@REV": (daemons[-1], f"{m}{s}", x, {})
+                       for s, x in (("49k", small), ("4m9", big)) for m in ("hot", "cold")} if args.against else {}
             runs = latency({"49k hot": (main_d, "hot49k", small, {}), "49k cold": (main_d, "cold49k", small, {}),
                             "4m9 hot": (main_d, "hot4m9", big, {}), "4m9 cold": (main_d, "cold4m9", big, {}),
+                            **against,
                             "4m9 hot, input in shared memory": (main_d, "hot4m9", in_shm, {}),
                             "4m9 cold, input in shared memory": (main_d, "cold4m9", in_shm, {}),
                             "4m9 hot, input and output in shared memory": (main_d, "hot4m9", in_shm, out_shm),
@@ -261,8 +273,18 @@ def report(runs: dict[str, list[BenchResult]], with_spare: list[tuple[float, flo
                        [["spare worker", *starts(with_spare)], ["no spare", *starts(without)]]), "",
         "Goal with the spare: engine load + 150 ms. `engine` is the worker's own load and warm-up; the rest is "
         "the LOAD message, the proxy, the client's 2 ms retry loop and the first request.",
+        *against_lines(best, args.against),
         "Reproduce: `python tests/benchmarks/bench_workers.py`.",
     ])
+
+
+def against_lines(best: dict[str, BenchResult], rev: str | None) -> list[str]:
+    """This checkout's p50 over the revision's, per case, from the same rounds."""
+    if not rev:
+        return []
+    ratios = ", ".join(f"{case} {best[case].p50_us / best[f'{case}@REV'].p50_us:.2f}×"
+                       for case in ("49k hot", "49k cold", "4m9 hot", "4m9 cold"))
+    return ["", f"p50 of this checkout / {describe(rev)} (the @REV rows, same rounds): {ratios}."]
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""Another git revision of the package, importable beside this checkout: before/after in one run.
+
+    env = package_env("631f6e7", tmp)      # PYTHONPATH for `python -m infermux ...` at that revision
+    subprocess.Popen([sys.executable, "-m", "infermux", "serve", ...], env={**os.environ, **env})
+
+Ratios between two builds are only fair when both run in the same minutes on
+the same box, so the benchmark scripts start the old daemon beside the new
+one (`--against REV`) and interleave their rounds. The revision's daemon/,
+tui/ and plugins/ are exported with `git archive` and laid out as the
+installed package is (daemon/ is `infermux`, tui/ and plugins/ inside it);
+PYTHONPATH wins over this checkout's editable install.
+"""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def package_env(rev: str, dest: Path) -> dict[str, str]:
+    """Export `rev`'s package under `dest` and return the environment that imports it first."""
+    archive = subprocess.run(["git", "archive", "--format=tar", rev, "daemon", "tui", "plugins"],
+                             cwd=ROOT, capture_output=True, check=True).stdout
+    src = dest / "src"
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(src, filter="data")
+    package = dest / "path" / "infermux"
+    package.mkdir(parents=True)
+    for entry in (src / "daemon").iterdir():
+        (package / entry.name).symlink_to(entry)
+    (package / "tui").symlink_to(src / "tui")
+    (package / "plugins").symlink_to(src / "plugins")
+    return {"PYTHONPATH": str(dest / "path")}
+
+
+def describe(rev: str) -> str:
+    """`rev` as a short hash and subject, for the results table."""
+    return subprocess.run(["git", "log", "-1", "--format=%h (%s)", rev], cwd=ROOT, capture_output=True,
+                          text=True, check=True).stdout.strip()
