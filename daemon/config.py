@@ -1,4 +1,4 @@
-"""Configuration (DESIGN §5): TOML in, typed and validated dataclasses out.
+"""Configuration (docs/architecture.md#configuration): TOML in, typed and validated dataclasses out.
 
 Every error names the file, the field path (`models[1].contexts`) and the
 reason; the daemon refuses to start on it and keeps the old configuration

@@ -1,4 +1,4 @@
-"""Wire protocol v1 (DESIGN §4), shared by the daemon and the client.
+"""Wire protocol v1 (docs/protocol.md), shared by the daemon and the client.
 
 A message is `[header JSON, tensor bytes, ...]`, one raw C-contiguous
 little-endian frame per tensor, in the order the header lists them. This

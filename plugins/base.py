@@ -1,4 +1,4 @@
-"""The backend plugin interface (DESIGN §6).
+"""The backend plugin interface (docs/architecture.md#backends).
 
 A backend turns an engine file into an `Engine`; an engine hands out
 `Context`s, one per executor thread. Contexts are never shared between

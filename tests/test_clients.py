@@ -1,4 +1,4 @@
-"""Clients: plain pyzmq from DESIGN §4 alone, the blocking client, the pipelined one, the CLI."""
+"""Clients: plain pyzmq from docs/protocol.md alone, the blocking client, the pipelined one, the CLI."""
 
 from __future__ import annotations
 

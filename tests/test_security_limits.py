@@ -103,7 +103,7 @@ UNSAFE = [re.compile(p) for p in (r"\b(c?[Pp]ickle|dill|shelve|jsonpickle)\b", r
 
 
 def test_nothing_unpickles_or_loads_code_from_data() -> None:
-    # Unpickling untrusted bytes runs code (DESIGN §10): no pickle, recv_pyobj or allow_pickle=True anywhere.
+    # Unpickling untrusted bytes runs code: no pickle, recv_pyobj or allow_pickle=True anywhere.
     this = Path(__file__).resolve()
     sources = [p for d in ("daemon", "plugins", "tui", "tests", "engines", "packaging")
                for p in (REPO / d).rglob("*.py") if p.resolve() != this]

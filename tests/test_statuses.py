@@ -1,4 +1,4 @@
-"""Every status code of DESIGN §4, produced end to end over a real socket."""
+"""Every status code of docs/protocol.md, produced end to end over a real socket."""
 
 from __future__ import annotations
 

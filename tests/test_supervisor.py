@@ -164,7 +164,7 @@ def test_ready_only_after_every_hot_model_is_warm(start):
     d = start(config_text(CLASSIFIER, MLP))
     ready = d.wait_for("READY=1")
     # The very first requests after READY are served: nothing is still loading.
-    # (A model that is loading answers 503, DESIGN section 4, so an early READY shows here.)
+    # (A model that is loading answers 503, docs/protocol.md#statuses, so an early READY shows here.)
     with Client(d.endpoint, timeout_s=5) as c:
         assert c.infer("classifier", image()).status == 200
         assert c.infer("mlp", features()).status == 200

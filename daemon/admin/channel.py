@@ -1,4 +1,4 @@
-"""The admin socket and the stats stream (DESIGN §8), on their own thread.
+"""The admin socket and the stats stream (docs/architecture.md#admin-and-stats), on their own thread.
 
 Admin: a ROUTER on a local ipc socket (mode 0660, group `infermux` when it
 exists), one JSON object in, one out. Commands that block (load, drain...)

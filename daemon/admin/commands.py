@@ -1,4 +1,4 @@
-"""Admin commands (DESIGN §8): each takes the server and the request's
+"""Admin commands (docs/protocol.md#the-admin-socket): each takes the server and the request's
 arguments and returns the reply fields, or raises CommandError.
 
 `admin.py` owns the socket; this module owns what the commands mean.

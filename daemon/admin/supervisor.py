@@ -1,4 +1,4 @@
-"""systemd integration: what the service manager hears, and when (DESIGN §2).
+"""systemd integration: what the service manager hears, and when (docs/architecture.md#systemd).
 
 READY=1 only once every hot model is loaded and warm; STATUS= every few
 seconds; WATCHDOG=1 from the frontend loop itself, so a wedged loop stops

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     setup_logging(args.log_level or config.daemon.log_level)
     budget.limit_malloc_arenas()  # before any thread: see budget.MALLOC_ARENAS
     # The default 5 ms switch interval lets the frontend sit on the GIL while
-    # an executor with a finished inference waits (DESIGN §10: 0.52x -> 0.74x).
+    # an executor with a finished inference waits (docs/architecture.md#measured-facts: 0.52x -> 0.74x).
     sys.setswitchinterval(1e-4)
     run_dir = cfg.runtime_dir(config.daemon, args.runtime_dir)
     server = Server(config, run_dir)

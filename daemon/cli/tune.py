@@ -3,7 +3,7 @@
     infermux tune classifier --shape images=1x3x64x64
     infermux tune det_v2 --version 2.1 --input images=frame.npy --duration 5 --apply
 
-The sizing rule from the source notes (DESIGN §1): measure one context
+The sizing rule (docs/architecture.md#sizing-contexts): measure one context
 (QPS, p99), add contexts one at a time, and stop when QPS grows by less
 than 30 % while p99 grows by more than 20 %; the count before that step is
 the recommendation. If no step trips the rule up to --max-contexts, the

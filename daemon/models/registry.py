@@ -1,6 +1,6 @@
 """The registry: every model, its versions, their states and engines.
 
-States (DESIGN §2): unloaded → loading → warming → ready → draining →
+States (docs/architecture.md#states-of-a-model-version): unloaded → loading → warming → ready → draining →
 unloaded, plus failed. Loads run on a loader thread; the frontend reads
 states and schedulers without locks (each is replaced in one assignment).
 """

@@ -1,6 +1,6 @@
 """The router: where each request goes, or why it is answered at once.
 
-Policy, in order (DESIGN §2, §4): unknown model (404); version asked for
+Policy, in order (docs/protocol.md#statuses): unknown model (404); version asked for
 and missing (404, or the default version under `version_mismatch =
 "fallback"`); which version serves (default, `weighted` split, or `hash`
 on the request's key); not ready (503 with retry time, or the fallback);

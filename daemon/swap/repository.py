@@ -1,4 +1,4 @@
-"""What the engine directory asks the daemon to serve (DESIGN §5 discovery).
+"""What the engine directory asks the daemon to serve (docs/hot-swap.md).
 
 Pure decisions, no side effects: given a scan of `<engine_dir>`, the main
 configuration, a model's `model.toml` and its pin, which versions should be

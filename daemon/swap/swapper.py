@@ -1,4 +1,4 @@
-"""Hot swap (DESIGN §7): make the registry serve what the engine directory holds.
+"""Hot swap (docs/architecture.md#hot-swap): make the registry serve what the engine directory holds.
 
 For every change the watcher reports, per model: load each wanted version
 whose file is new or changed beside the serving one (same settings, so the

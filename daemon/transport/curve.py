@@ -1,4 +1,4 @@
-"""CURVE for tcp:// listeners (DESIGN §10, docs/security.md).
+"""CURVE for tcp:// listeners (docs/security.md).
 
 ipc sockets are guarded by file permissions; a TCP port is not, so a tcp://
 listener encrypts and authenticates with CURVE: the daemon holds a secret

@@ -42,7 +42,7 @@ from infermux.workers.process import WorkerProcess
 
 log = logging.getLogger("infermux.workers")
 
-ZERO_COPY_MIN = 1 << 20  # outputs this big go to the client straight from the slot (DESIGN §10)
+ZERO_COPY_MIN = 1 << 20  # outputs this big go to the client straight from the slot (docs/architecture.md)
 
 
 class RemoteEngine:

@@ -5,7 +5,7 @@ request's input frames into a free slot and sends only the slot's name and
 offsets over ZeroMQ; the worker computes on numpy views of the mapping and
 writes the outputs back into the same slot (the inputs are dead by then).
 A 4.9 MB tensor then costs one memcpy each way instead of two socket copies
-(DESIGN §1, §10).
+(docs/architecture.md#measured-facts).
 
 Slots are reused (their pages stay faulted in), bounded by the number of
 requests a worker may have in flight, trimmed when idle, and unlinked on

@@ -5,7 +5,7 @@ directly with one thread per context (no daemon, no sockets).
 
 Without --engine it builds the sample classifier with `infermux build`.
 Prints one `BENCH ...` line per context count (run.sh collects them) and the
-DESIGN §1 sizing verdict: stop adding contexts when QPS grows by less than
+sizing verdict (docs/architecture.md#sizing-contexts): stop adding contexts when QPS grows by less than
 30 % while p99 grows by more than 20 %. Exits 0 with "skipped" where there
 is no GPU or no TensorRT.
 """
@@ -72,7 +72,7 @@ def verdict(previous: Result, current: Result) -> str:
     p99_gain = current.p99_us / previous.p99_us - 1
     stop = qps_gain < 0.30 and p99_gain > 0.20
     return (f"{previous.contexts} -> {current.contexts} contexts: QPS {qps_gain:+.0%}, p99 {p99_gain:+.0%}: "
-            + ("stop here (DESIGN §1 rule)" if stop else "worth it"))
+            + ("stop here (the sizing rule)" if stop else "worth it"))
 
 
 def main(argv: list[str] | None = None) -> int:
