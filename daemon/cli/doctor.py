@@ -19,6 +19,7 @@ import importlib.metadata as md
 import json
 import os
 import platform
+import re
 import resource
 import sys
 from dataclasses import asdict, dataclass
@@ -28,6 +29,7 @@ from typing import Iterable
 
 from infermux import config as cfg
 from infermux.cli.serve import DEFAULT_CONFIG
+from infermux.plugins.base import BackendError
 
 # cuda-bindings releases the GIL around its C calls from these versions on
 # (docs/tensorrt.md): with older ones every stream synchronize stalls the daemon.
@@ -133,15 +135,17 @@ def _onnxruntime() -> Check:
 
 
 def _tensorrt() -> Check:
-    trt = _import("tensorrt")
-    if trt is None:
+    from infermux.plugins.backends import trtlib
+
+    if _import("tensorrt") is None:
         return Check("TensorRT", "WARN", "not installed (needed for .plan engines)",
                      "Jetson: apt install python3-libnvinfer (JetPack); dGPU: NVIDIA's CUDA repository "
                      "or pip install 'tensorrt-cu12>=10.3,<11' (README.Debian)")
-    version = str(getattr(trt, "__version__", "?"))
-    if _release(version) < (10, 1):
-        return Check("TensorRT", "FAIL", f"{version} is too old", "infermux needs TensorRT 10.1 or newer")
-    return Check("TensorRT", "OK", version)
+    try:
+        trt = trtlib.import_tensorrt()  # the backend's own version rules
+    except BackendError as exc:
+        return Check("TensorRT", "FAIL", str(exc).split(";")[0], "install TensorRT 10.1 or newer (README.Debian)")
+    return Check("TensorRT", "OK", str(trt.__version__))
 
 
 def _cuda_python(tensorrt_ok: bool) -> Check:
@@ -160,16 +164,9 @@ def _cuda_python(tensorrt_ok: bool) -> Check:
 
 
 def _release(version: str) -> tuple[int, ...]:
-    """(12, 9, 1) from "12.9.1.post2": the leading numbers only."""
-    parts = []
-    for piece in version.split("."):
-        digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
-        if not digits:
-            break
-        parts.append(int(digits))
-        if not piece.isdigit():
-            break
-    return tuple(parts)
+    """(12, 9, 1) from "12.9.1.post2" or "12.9.1rc1": the leading dotted numbers."""
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(n) for n in match.group(0).split(".")) if match else ()
 
 
 def _device() -> list[Check]:
@@ -246,21 +243,21 @@ def _engine(name: str, version: str, engine: Path, tensorrt_ok: bool) -> Check:
 
 def _plan(what: str, engine: Path, tensorrt_ok: bool) -> Check:
     """A TensorRT plan is only good on the TensorRT version (and GPU) that built it: try it."""
+    from infermux.plugins.backends import trtlib
+
     if not tensorrt_ok:
         return Check(what, "FAIL", f"{engine} is a TensorRT plan and TensorRT is missing", "see the TensorRT line")
-    trt = importlib.import_module("tensorrt")
+    shared = trtlib.shared()
     try:
-        logger = trt.Logger(trt.Logger.ERROR)
-        runtime = trt.Runtime(logger)
-        plan = runtime.deserialize_cuda_engine(engine.read_bytes())
+        plan = shared.runtime.deserialize_cuda_engine(engine.read_bytes())
+        error = shared.last_error() or "TensorRT returned no engine"
     except Exception as exc:  # the bindings raise their own types (and RuntimeError on CUDA errors)
         plan, error = None, str(exc)
-    else:
-        error = "TensorRT returned no engine"
+    version = shared.trt.__version__
     if plan is None:
-        return Check(what, "FAIL", f"{engine} does not deserialize on TensorRT {trt.__version__}: {error}",
+        return Check(what, "FAIL", f"{engine} does not deserialize on TensorRT {version}: {error}",
                      f"rebuild it on this device: infermux build MODEL.onnx -o {engine}")
-    return Check(what, "OK", f"{engine} deserializes on TensorRT {trt.__version__}")
+    return Check(what, "OK", f"{engine} deserializes on TensorRT {version}")
 
 
 def _engine_dir(path: Path) -> Check:
