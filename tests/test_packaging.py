@@ -25,9 +25,9 @@ import pytest
 
 import system_packages
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:  # Python 3.10 (JetPack 6)
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parent.parent
