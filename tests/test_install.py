@@ -32,6 +32,7 @@ def test_the_deb_builds_installs_upgrades_and_purges_cleanly() -> None:
     proc = subprocess.run(["bash", str(REPO / "packaging/test-install.sh")], capture_output=True, text=True,
                           timeout=1200)
     summary = proc.stdout[proc.stdout.rfind("== summary"):]
+    print(summary)  # each step's verdict and seconds: pytest -rP shows it
     assert proc.returncode == 0, summary or proc.stdout[-3000:] + proc.stderr[-3000:]
     passed = [line for line in summary.splitlines() if line.startswith("PASS")]
     for step in ("build 0.1.0 and 0.1.1", "daemon as infermux answers 200", "not started",
