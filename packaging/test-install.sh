@@ -154,6 +154,7 @@ builder() {
       apt_in "$BUILDER" build-dep /tmp/control; } >"$WORK/builder.log" 2>&1 || { tail -30 "$WORK/builder.log"; return 1; }
     rm -rf "$BUILDER/tmp/control"
     unmount_all "$BUILDER"
+    find "$CACHE" -maxdepth 1 -name 'bookworm-builder-*.tar' -delete  # made for an older debian/control
     tar -C "$BUILDER" --numeric-owner -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball" && mounts "$BUILDER" &&
         echo "made $tarball: $(in_chroot "$BUILDER" dpkg-query -W -f='.\n' | wc -l) packages"
 }

@@ -119,6 +119,16 @@ def test_tensorrt_lines_against_the_stand_in(fake_trt, tmp_path: Path) -> None:
     assert old.status == "FAIL" and "not compatible" in old.detail and "infermux build" in old.fix
 
 
+def test_plans_found_in_the_engine_dir_are_checked_too(fake_trt, tmp_path: Path) -> None:
+    # After a JetPack upgrade, the operator's deployed plans are what stops working.
+    (tmp_path / "cam/3").mkdir(parents=True)
+    (tmp_path / "cam/3/model.plan").write_bytes(b"an older TensorRT's plan" + bytes(64))
+    config = tmp_path / "infermux.toml"
+    config.write_text(f'[daemon]\nengine_dir = "{tmp_path}"\n')
+    check = _by_name(doctor.diagnose(config))["engine cam 3"]
+    assert check.status == "FAIL" and str(tmp_path / "cam/3/model.plan") in check.detail
+
+
 def test_a_tensorrt_too_old_fails(fake_trt) -> None:
     fake_trt.__version__ = "8.6.1"
     check = doctor._tensorrt()

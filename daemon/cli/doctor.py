@@ -224,6 +224,8 @@ def _configuration(path: Path, runtime_dir: str | None, tensorrt_ok: bool) -> li
     checks = [Check("configuration", "OK", f"{path}: {len(config.models)} model(s)")]
     checks += [_engine(m.name, m.version, m.engine, tensorrt_ok) for m in config.models]
     checks.append(_engine_dir(config.daemon.engine_dir))
+    if config.daemon.watch:
+        checks += _discovered(config, tensorrt_ok)
     checks.append(_sockets(config, cfg.runtime_dir(config.daemon, runtime_dir)))
     checks.append(_budget(config))
     return checks
@@ -258,6 +260,19 @@ def _plan(what: str, engine: Path, tensorrt_ok: bool) -> Check:
         return Check(what, "FAIL", f"{engine} does not deserialize on TensorRT {version}: {error}",
                      f"rebuild it on this device: infermux build MODEL.onnx -o {engine}")
     return Check(what, "OK", f"{engine} deserializes on TensorRT {version}")
+
+
+def _discovered(config: cfg.Config, tensorrt_ok: bool) -> list[Check]:
+    """The engines the daemon would find in engine_dir beyond [[models]] (an upgrade invalidates plans there)."""
+    from infermux.swap import watcher
+
+    configured = {m.engine.resolve() for m in config.models}
+    try:
+        found = watcher.scan(config.daemon.engine_dir, watcher.Settler(0.0)).engines.values()
+    except OSError:
+        return []  # the engine_dir line says why
+    return [_engine(e.model, e.version, e.path, tensorrt_ok) for e in sorted(found, key=lambda e: str(e.path))
+            if e.path.resolve() not in configured]
 
 
 def _engine_dir(path: Path) -> Check:
