@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import resource
+import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -140,3 +142,29 @@ def test_release_numbers() -> None:
     assert doctor._release("12.9.2.post1") == (12, 9, 2)
     assert doctor._release("13.0.0rc1") == (13, 0, 0)
     assert doctor._release("10.3.0.30") == (10, 3, 0, 30)
+
+
+def test_a_caller_outside_the_sockets_folder_is_told_to_join_the_group(tmp_path: Path) -> None:
+    # Run as nobody (setpriv, so root only) against a runtime folder like /run/infermux: 0750, not theirs.
+    import os
+
+    from test_runtime_dir import _infermux_as
+
+    if os.geteuid() != 0:
+        pytest.skip("running doctor as another user needs root")
+    top = Path(tempfile.mkdtemp(prefix="infermux-doctor-"))
+    try:
+        top.chmod(0o755)
+        run = top / "run"
+        run.mkdir(mode=0o750)
+        run.chmod(0o750)
+        (run / "infer.sock").touch()
+        config = top / "infermux.toml"
+        config.write_text(f'[daemon]\nruntime_dir = "{run}"\nengine_dir = "{top}"\n')
+        r = subprocess.run([*_infermux_as("nobody"), "doctor", "--config", str(config)], capture_output=True,
+                           text=True, timeout=120)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    assert r.returncode == 1, r.stdout + r.stderr
+    line = next(line for line in r.stdout.splitlines() if " sockets: " in line)
+    assert line.startswith("FAIL") and "adduser" in line
