@@ -502,6 +502,26 @@ def runtime_dir(config: DaemonConfig, override: str | None = None) -> Path:
     return Path(f"/tmp/infermux-{os.getuid()}")
 
 
+def regions_path(daemon: DaemonConfig, run_dir: Path) -> Path | None:
+    """Where the shared-memory registration socket goes; None when it is off.
+
+    A relative `shared_memory` lies beside the first ipc:// listener, where
+    clients look for it (client.shared_memory.regions_path), whether that
+    listener is relative or absolute; without one (tcp only) it goes in the
+    runtime directory. An absolute name is used as written.
+    """
+    name = daemon.shared_memory
+    if not name:
+        return None
+    if os.path.isabs(name):
+        return Path(name)
+    for endpoint in daemon.listen:
+        resolved = resolve_endpoint(endpoint, run_dir)
+        if resolved.startswith("ipc://") and not resolved.startswith("ipc://@"):
+            return Path(resolved[len("ipc://"):]).parent / name
+    return run_dir / name
+
+
 def resolve_endpoint(endpoint: str, run_dir: Path) -> str:
     """`ipc://name.sock` (relative) -> `ipc://<run_dir>/name.sock`; others unchanged."""
     if endpoint.startswith("ipc://") and not endpoint[len("ipc://"):].startswith(("/", "@")):

@@ -2,6 +2,7 @@
 # Build the infermux .deb from this working tree, without touching it.
 #
 #   packaging/build-deb.sh [OUTDIR]        (default: /tmp/infermux-deb)
+#   packaging/build-deb.sh --prepare OUTDIR
 #
 # Copies the tracked and untracked-but-not-ignored files (your edits
 # included, no .venv or build leftovers) to OUTDIR/src and runs
@@ -11,14 +12,18 @@
 # The console's wheels are cached in $INFERMUX_WHEEL_CACHE (default
 # /var/cache/infermux-build/wheels) and checked against their pinned hashes.
 # Prints the path of the .deb on its last line.
+# --prepare only copies the tree and fetches the wheels, then prints the
+# wheels' folder: packaging/test-install.sh builds in a clean chroot from there.
 set -eu
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
+prepare=0
+if [ "${1:-}" = --prepare ]; then prepare=1; shift; fi
 out=${1:-/tmp/infermux-deb}
 wheels=${INFERMUX_WHEEL_CACHE:-/var/cache/infermux-build/wheels}
 export PATH="/usr/sbin:/usr/bin:/sbin:/bin"
 
-for tool in dpkg-buildpackage dh pybuild; do
+[ $prepare = 1 ] || for tool in dpkg-buildpackage dh pybuild; do
     command -v "$tool" >/dev/null || {
         echo "build-deb: $tool missing; apt-get install build-essential debhelper dh-python pybuild-plugin-pyproject python3-all python3-setuptools python3-pip python3-packaging python3-pytest" >&2
         exit 1
@@ -33,6 +38,7 @@ rm -f "$out"/infermux_*
 
 # Fetch (or re-verify) the pinned wheels; the build itself then runs offline.
 sh "$repo/packaging/fetch-vendor.sh" "$wheels" >/dev/null
+if [ $prepare = 1 ]; then echo "$wheels"; exit 0; fi
 
 cd "$out/src"
 INFERMUX_VENDOR_WHEELS="$wheels" dpkg-buildpackage -us -uc -b

@@ -1,16 +1,22 @@
 #!/bin/bash
-# The install test: build the .deb, install it into a fresh Debian 12
-# chroot, check what it set up, run the daemon from it, purge it.
+# The install test: build the .deb as sbuild would (a clean chroot holding
+# only build-essential and debian/control's Build-Depends, no network, an
+# unprivileged user), install it into another fresh Debian 12 chroot, check
+# what it set up, run the daemon from it, upgrade to a second build
+# (0.1.1: a changed default in the shipped config, a new sample engine)
+# over an operator's edits, downgrade, remove, purge.
 #
 #   sudo packaging/test-install.sh            (KEEP=1 keeps the work dir)
 #
 # Needs root, debootstrap and network access to deb.debian.org and PyPI.
-# The minbase chroot is cached as a tarball and the downloaded .debs and
-# wheels are cached too (INFERMUX_TEST_CACHE, default
-# /var/cache/infermux-test), so reruns take a minute or two, not ten.
+# The minbase chroot and the build chroot (keyed by debian/control) are
+# cached as tarballs and the downloaded .debs and wheels are cached too
+# (INFERMUX_TEST_CACHE, default /var/cache/infermux-test), so reruns skip
+# debootstrap and the build dependencies' installation.
 #
 # No systemd runs in a chroot: the daemon is started directly, as user
-# infermux (setpriv), the way the unit would start it.
+# infermux (setpriv), the way the unit would start it; the service's restart
+# on upgrade is checked in the maintainer scripts, not on a running systemd.
 #
 # Exit status: 0 every step passed; 1 a step failed; 2 nothing failed but
 # steps were skipped (the daemon, `infermux serve`, is not in this build yet).
@@ -22,13 +28,17 @@ MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 ORT=${INFERMUX_ORT_SPEC:-onnxruntime}
 WORK=$(mktemp -d /tmp/infermux-install.XXXXXX)
 ROOT=$WORK/root
+BUILDER=$WORK/builder
+NOBODY=65534   # nobody:nogroup in Debian's base-passwd: the unprivileged builder
 DAEMON_PID=
 declare -a SUMMARY=()
 FAILED=0 SKIPPED=0
 T0=$SECONDS
 
 log() { printf '\n== %s\n' "$*"; }
-in_root() { chroot "$ROOT" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LC_ALL=C.UTF-8 "$@"; }
+in_chroot() { local r=$1; shift; chroot "$r" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin HOME=/root LC_ALL=C.UTF-8 "$@"; }
+in_root() { in_chroot "$ROOT" "$@"; }
+apt_in() { local r=$1; shift; in_chroot "$r" env DEBIAN_FRONTEND=noninteractive apt-get -y -q --no-install-recommends "$@"; }
 
 # step NAME COMMAND...: run one check, record PASS/FAIL and its seconds.
 step() {
@@ -49,15 +59,24 @@ step() {
     return $rc
 }
 
+unmount_all() {
+    local m
+    for m in dev/pts dev/shm dev proc sys var/cache/apt/archives root/.cache/pip; do
+        mountpoint -q "$1/$m" 2>/dev/null && { umount "$1/$m" 2>/dev/null || umount -l "$1/$m"; }
+    done
+    return 0
+}
+
 finish() {
     local mounted
     [ -n "$DAEMON_PID" ] && kill -KILL "$DAEMON_PID" 2>/dev/null
-    for m in dev/pts dev/shm dev proc sys var/cache/apt/archives root/.cache/pip; do
-        mountpoint -q "$ROOT/$m" 2>/dev/null && { umount "$ROOT/$m" 2>/dev/null || umount -l "$ROOT/$m"; }
-    done
-    mounted=$(awk -v r="$ROOT" 'index($2, r) == 1' /proc/mounts)
+    [ -s "$ROOT/run/fake-systemd/infermux.pid" ] && kill -KILL "$(cat "$ROOT/run/fake-systemd/infermux.pid")" 2>/dev/null
+    mountpoint -q "$ROOT/usr/bin/systemctl" 2>/dev/null && umount "$ROOT/usr/bin/systemctl"
+    unmount_all "$ROOT"
+    unmount_all "$BUILDER"
+    mounted=$(awk -v r="$WORK/" 'index($2, r) == 1' /proc/mounts)
     if [ -n "$mounted" ]; then
-        echo "still mounted under $ROOT, not deleting $WORK:" >&2
+        echo "still mounted under $WORK, not deleting it:" >&2
         echo "$mounted" >&2
     elif [ "${KEEP:-0}" = 1 ]; then
         echo "kept $WORK"
@@ -80,14 +99,17 @@ trap 'exit 1' INT TERM
 
 # --- steps -----------------------------------------------------------------
 
-build() {
-    "$REPO/packaging/build-deb.sh" "$WORK/deb" >"$WORK/build.log" 2>&1 || { tail -40 "$WORK/build.log"; return 1; }
-    DEB=$(ls "$WORK"/deb/infermux_*_all.deb) && echo "built $DEB"
+prepare() {
+    # The tree as build-deb.sh copies it (your edits, no .venv) and the
+    # console's pinned wheels, fetched here: the build itself runs offline.
+    WHEELS=$("$REPO/packaging/build-deb.sh" --prepare "$WORK/deb" 2>"$WORK/prepare.log" | tail -1) &&
+        [ -d "$WHEELS" ] || { tail -20 "$WORK/prepare.log"; return 1; }
+    echo "source $WORK/deb/src, wheels $WHEELS"
 }
 
 base() {
     local tarball=$CACHE/bookworm-minbase.tar
-    mkdir -p "$CACHE/apt-archives/partial" "$CACHE/pip" "$ROOT"
+    mkdir -p "$CACHE/apt-archives/partial" "$CACHE/pip"
     if [ ! -s "$tarball" ]; then
         command -v debootstrap >/dev/null || { echo "apt-get install debootstrap"; return 1; }
         debootstrap --variant=minbase --cache-dir="$CACHE/apt-archives" bookworm "$WORK/base" "$MIRROR" \
@@ -95,26 +117,82 @@ base() {
         tar -C "$WORK/base" --numeric-owner -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball"
         rm -rf "$WORK/base"
     fi
-    tar -C "$ROOT" --numeric-owner -xf "$tarball"
+    mkdir -p "$ROOT" && tar -C "$ROOT" --numeric-owner -xf "$tarball"
 }
 
+# mounts DIR: /proc, /sys, a private /dev, the shared apt and pip caches.
 mounts() {
-    mount -t proc proc "$ROOT/proc" &&
-    mount -t sysfs -o ro sysfs "$ROOT/sys" &&
+    local r=$1
+    mount -t proc proc "$r/proc" &&
+    mount -t sysfs -o ro sysfs "$r/sys" &&
     # A private /dev with the usual nodes: nothing from the host's /dev leaks in.
-    mount -t tmpfs -o mode=755,nosuid dev "$ROOT/dev" &&
+    mount -t tmpfs -o mode=755,nosuid dev "$r/dev" &&
     for n in "null 1 3" "zero 1 5" "full 1 7" "random 1 8" "urandom 1 9" "tty 5 0"; do
-        set -- $n; mknod -m 666 "$ROOT/dev/$1" c "$2" "$3" || return 1
+        set -- $n; mknod -m 666 "$r/dev/$1" c "$2" "$3" || return 1
     done &&
-    mkdir -p "$ROOT/dev/shm" "$ROOT/dev/pts" && mount -t tmpfs -o mode=1777,nosuid,nodev shm "$ROOT/dev/shm" &&
-    ln -s /proc/self/fd "$ROOT/dev/fd" &&
-    mount --bind "$CACHE/apt-archives" "$ROOT/var/cache/apt/archives" &&
-    mkdir -p "$ROOT/root/.cache/pip" && mount --bind "$CACHE/pip" "$ROOT/root/.cache/pip" &&
-    cp /etc/resolv.conf "$ROOT/etc/resolv.conf"
+    mkdir -p "$r/dev/shm" "$r/dev/pts" && mount -t tmpfs -o mode=1777,nosuid,nodev shm "$r/dev/shm" &&
+    ln -s /proc/self/fd "$r/dev/fd" &&
+    mount --bind "$CACHE/apt-archives" "$r/var/cache/apt/archives" &&
+    mkdir -p "$r/root/.cache/pip" && mount --bind "$CACHE/pip" "$r/root/.cache/pip" &&
+    cp /etc/resolv.conf "$r/etc/resolv.conf"
+}
+
+builder() {
+    # The image sbuild would use: minbase + build-essential + exactly the
+    # Build-Depends of debian/control (apt-get build-dep on the source tree).
+    # Cached per debian/control, so an edit to the list rebuilds it.
+    local key tarball
+    key=$(sha256sum "$WORK/deb/src/debian/control" | cut -c1-16)
+    tarball=$CACHE/bookworm-builder-$key.tar
+    mkdir -p "$BUILDER"
+    if [ -s "$tarball" ]; then
+        tar -C "$BUILDER" --numeric-owner -xf "$tarball" && mounts "$BUILDER" && echo "cached $tarball" && return
+    fi
+    tar -C "$BUILDER" --numeric-owner -xf "$CACHE/bookworm-minbase.tar" && mounts "$BUILDER" || return 1
+    mkdir -p "$BUILDER/tmp/control/debian" && cp "$WORK/deb/src/debian/control" "$BUILDER/tmp/control/debian/"
+    { apt_in "$BUILDER" update && apt_in "$BUILDER" install build-essential &&
+      apt_in "$BUILDER" build-dep /tmp/control; } >"$WORK/builder.log" 2>&1 || { tail -30 "$WORK/builder.log"; return 1; }
+    rm -rf "$BUILDER/tmp/control"
+    unmount_all "$BUILDER"
+    find "$CACHE" -maxdepth 1 -name 'bookworm-builder-*.tar' -delete  # made for an older debian/control
+    tar -C "$BUILDER" --numeric-owner -cf "$tarball.tmp" . && mv "$tarball.tmp" "$tarball" && mounts "$BUILDER" &&
+        echo "made $tarball: $(in_chroot "$BUILDER" dpkg-query -W -f='.\n' | wc -l) packages"
+}
+
+# next_version SRC: the second build an upgrade goes to. A changed default
+# in the shipped config (which the operator will also have edited) and a new
+# sample engine under /usr/share/infermux/engines.
+next_version() {
+    local src=$1
+    { printf 'infermux (0.1.1) bookworm; urgency=medium\n\n  * Upgrade test build.\n\n'
+      printf ' -- infermux developers <infermux@example.org>  %s\n\n' "$(date -R)"
+      cat "$src/debian/changelog"; } >"$src/debian/changelog.new" && mv "$src/debian/changelog.new" "$src/debian/changelog"
+    sed -i 's/^contexts = 2$/contexts = 3/' "$src/packaging/infermux.toml" &&
+        grep -q '^contexts = 3$' "$src/packaging/infermux.toml" &&
+    echo "engines/mlp usr/share/infermux/engines/" >>"$src/debian/infermux.install"
+}
+
+# build_in DIR: dpkg-buildpackage in the build chroot, as nobody, with no network.
+build_in() {
+    unshare --net chroot "$BUILDER" /usr/bin/env -i PATH=/usr/bin:/bin HOME=/build LC_ALL=C.UTF-8 \
+        INFERMUX_VENDOR_WHEELS=/build/wheels \
+        setpriv --reuid=$NOBODY --regid=$NOBODY --clear-groups \
+        sh -c "cd /build/$1 && dpkg-buildpackage -us -uc -b" >"$WORK/build-$1.log" 2>&1 ||
+        { tail -40 "$WORK/build-$1.log"; return 1; }
+    grep -E '^(dpkg-deb: building|[0-9]+ passed)|passed' "$WORK/build-$1.log" | tail -3
+}
+
+build() {
+    mkdir -p "$BUILDER/build/wheels" && cp "$WHEELS"/*.whl "$BUILDER/build/wheels/" &&
+    cp -a "$WORK/deb/src" "$BUILDER/build/v1" && cp -a "$WORK/deb/src" "$BUILDER/build/v2" &&
+    next_version "$BUILDER/build/v2" && chown -R $NOBODY:$NOBODY "$BUILDER/build" || return 1
+    build_in v1 && build_in v2 || return 1
+    DEB=$(ls "$BUILDER"/build/infermux_0.1.0_all.deb) && DEB2=$(ls "$BUILDER"/build/infermux_0.1.1_all.deb) &&
+        echo "built $(basename "$DEB") and $(basename "$DEB2")"
 }
 
 install_deb() {
-    cp "$DEB" "$ROOT/tmp/" &&
+    cp "$DEB" "$DEB2" "$ROOT/tmp/" &&
     in_root apt-get update -q >/dev/null &&
     in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
         "/tmp/$(basename "$DEB")" >"$WORK/apt.log" 2>&1 || { tail -30 "$WORK/apt.log"; return 1; }
@@ -208,7 +286,7 @@ print("classifier via", type(engine).__name__, "->", out["probs"].shape)'
 }
 
 daemon_in_build() {
-    [ -f "$ROOT/usr/lib/python3/dist-packages/infermux/serve.py" ] && return 0
+    [ -f "$ROOT/usr/lib/python3/dist-packages/infermux/cli/serve.py" ] && return 0
     echo "SKIP: infermux.cli.serve is not in this build (the daemon is not merged yet)"
     return 77
 }
@@ -233,7 +311,38 @@ install_backend() {
     in_root python3 -c 'import onnxruntime, numpy; print("onnxruntime", onnxruntime.__version__, "numpy", numpy.__version__)'
 }
 
-run_daemon() {
+# answers MODEL...: a 200 from each model on /run/infermux/infer.sock within 60 s
+# (the client as root, on the socket the unit's clients use).
+answers() {
+    in_root timeout 90 python3 - "$@" <<'EOF'
+import sys, time
+import numpy as np
+from infermux.client import Client
+x = np.random.default_rng(0).random((1, 3, 64, 64), dtype=np.float32)
+deadline = time.monotonic() + 60
+with Client("ipc:///run/infermux/infer.sock", timeout_s=2) as c:
+    for model in sys.argv[1:]:
+        last = None
+        while time.monotonic() < deadline:
+            try:
+                r = c.infer(model, {"images": x})
+            except TimeoutError as e:   # not listening yet
+                last = e
+                continue
+            last = (r.status, r.error)
+            if r.status == 200:
+                print("200 from", r.model, r.version, "probs", r.outputs["probs"].shape, r.header.get("timing_us"))
+                break
+            time.sleep(0.2)             # 503 while loading (404 until discovery found it)
+        else:
+            print(f"no 200 from {model} within 60 s; last:", last)
+            sys.exit(1)
+EOF
+}
+
+# serve MODEL...: start the installed daemon as infermux, get a 200 from each
+# model, SIGTERM it and expect exit 0.
+serve() {
     daemon_in_build || return $?
     # What RuntimeDirectory= would make.
     mkdir -p "$ROOT/run/infermux" && in_root chown infermux:infermux /run/infermux && chmod 0750 "$ROOT/run/infermux"
@@ -243,32 +352,7 @@ run_daemon() {
         >"$WORK/daemon.log" 2>&1 &
     DAEMON_PID=$!
     echo "daemon pid $DAEMON_PID"
-    # The client: root in the chroot, on the socket the unit's clients use.
-    if ! in_root timeout 90 python3 - <<'EOF'
-import sys, time
-import numpy as np
-from infermux.client import Client
-x = np.random.default_rng(0).random((1, 3, 64, 64), dtype=np.float32)
-deadline = time.monotonic() + 60
-last = None
-with Client("ipc:///run/infermux/infer.sock", timeout_s=2) as c:
-    while time.monotonic() < deadline:
-        try:
-            r = c.infer("classifier", {"images": x})
-        except TimeoutError as e:   # not listening yet
-            last = e
-            continue
-        last = (r.status, r.error)
-        if r.status == 200:
-            print("200 from", r.model, r.version, "probs", r.outputs["probs"].shape, r.header.get("timing_us"))
-            sys.exit(0)
-        time.sleep(0.2)             # 503 while loading
-print("no 200 within 60 s; last:", last)
-sys.exit(1)
-EOF
-    then
-        tail -30 "$WORK/daemon.log"; return 1
-    fi
+    answers "$@" || { tail -30 "$WORK/daemon.log"; return 1; }
     # SIGTERM: drain and exit 0.
     kill -TERM "$DAEMON_PID"
     local rc
@@ -278,6 +362,97 @@ EOF
     DAEMON_PID=
     echo "exit status after SIGTERM: $rc"
     [ $rc -eq 0 ] || { tail -30 "$WORK/daemon.log"; return 1; }
+}
+
+run_daemon() { serve classifier; }
+
+doctor() {
+    # What an operator runs after apt install: no GPU here, so warnings, no failure.
+    in_root infermux doctor --config /etc/infermux/infermux.toml
+}
+
+operator_edits() {
+    # As an operator would: a setting changed in the conffile, an engine deployed.
+    sed -i 's/^contexts = 2$/contexts = 1  # edited by the operator/' "$ROOT/etc/infermux/infermux.toml" &&
+    grep -q 'edited by the operator' "$ROOT/etc/infermux/infermux.toml" &&
+    cp "$ROOT/etc/infermux/infermux.toml" "$WORK/operator.toml" &&
+    in_root install -d -o infermux -g infermux /var/lib/infermux/engines/mine/1 &&
+    in_root install -o infermux -g infermux -m 0644 /usr/share/infermux/engines/classifier/1/model.onnx \
+        /var/lib/infermux/engines/mine/1/model.onnx &&
+    sha256sum "$ROOT/var/lib/infermux/engines/mine/1/model.onnx" | cut -d' ' -f1 >"$WORK/mine.sha256" &&
+    echo "config edited, engine mine/1 deployed"
+}
+
+# kept_by_operator: the operator's config and engine are what they left.
+kept_by_operator() {
+    cmp "$ROOT/etc/infermux/infermux.toml" "$WORK/operator.toml" &&
+    [ "$(sha256sum "$ROOT/var/lib/infermux/engines/mine/1/model.onnx" | cut -d' ' -f1)" = "$(cat "$WORK/mine.sha256")" ] &&
+    echo "operator's config and engine kept"
+}
+
+# apt_deb DEB [apt options]: install a built .deb keeping the operator's conffile
+# (what answering "N" to dpkg's prompt does; the package's is left as .dpkg-dist).
+apt_deb() {
+    local deb=$1; shift
+    apt_in "$ROOT" -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "$@" \
+        install "/tmp/$(basename "$deb")" >"$WORK/apt-$(basename "$deb").log" 2>&1 ||
+        { tail -30 "$WORK/apt-$(basename "$deb").log"; return 1; }
+    in_root dpkg-query -W -f='${Status} ${Version}\n' infermux
+}
+
+fake_systemd() {
+    # The maintainer scripts act on the unit only where systemd runs: make
+    # them see one (packaging/fake-systemctl does what they ask, for real).
+    mkdir -p "$ROOT/run/systemd/system" && touch "$ROOT/usr/bin/systemctl" &&
+    mount --bind "$REPO/packaging/fake-systemctl" "$ROOT/usr/bin/systemctl" && in_root systemctl --version
+}
+
+unit_pid() { cat "$ROOT/run/fake-systemd/infermux.pid" 2>/dev/null; }
+unit_stopped() {
+    local pid; pid=$(unit_pid)
+    if [ -n "$pid" ] && kill -0 "$pid" 2>/dev/null; then echo "the unit runs (pid $pid)"; return 1; fi
+    echo "the unit is stopped"
+}
+
+installed_is() {
+    [ "$(in_root dpkg-query -W -f='${Version}' infermux)" = "$1" ] || { echo "not version $1"; return 1; }
+}
+
+upgrade_disabled() {
+    apt_deb "$DEB2" && installed_is 0.1.1 && kept_by_operator &&
+    grep -q '^contexts = 3$' "$ROOT/etc/infermux/infermux.toml.dpkg-dist" && echo "new default offered as .dpkg-dist" &&
+    in_root test -f /usr/share/infermux/engines/mlp/1/model.onnx && echo "new sample engine installed" &&
+    grep -q "is-enabled" "$ROOT/run/fake-systemd/calls" && unit_stopped
+}
+
+downgrade_disabled() {
+    apt_deb "$DEB" --allow-downgrades && installed_is 0.1.0 && kept_by_operator &&
+    ! in_root test -e /usr/share/infermux/engines/mlp && echo "0.1.1's sample engine removed" && unit_stopped
+}
+
+enable_and_start() {
+    # systemctl enable --now infermux, as README.Debian says.
+    mkdir -p "$ROOT/etc/systemd/system/multi-user.target.wants" &&
+    ln -s /lib/systemd/system/infermux.service "$ROOT/etc/systemd/system/multi-user.target.wants/" &&
+    in_root systemctl start infermux.service && answers classifier mine || { tail -30 "$ROOT/run/fake-systemd/infermux.log"; return 1; }
+    echo "running, pid $(unit_pid)"
+}
+
+upgrade_running() {
+    local before; before=$(unit_pid)
+    apt_deb "$DEB2" && installed_is 0.1.1 && kept_by_operator || return 1
+    [ -n "$(unit_pid)" ] && [ "$(unit_pid)" != "$before" ] || { echo "not restarted (pid $before -> $(unit_pid))"; return 1; }
+    echo "restarted: pid $before -> $(unit_pid)"
+    answers classifier mine ||
+        { tail -30 "$ROOT/run/fake-systemd/infermux.log"; return 1; }
+}
+
+remove() {
+    apt_in "$ROOT" remove infermux >"$WORK/remove.log" 2>&1 || { tail -20 "$WORK/remove.log"; return 1; }
+    # Debian policy: remove stops the service and keeps the configuration, the
+    # state and the user.
+    unit_stopped && ! in_root test -e /usr/bin/infermux && kept_by_operator && in_root getent passwd infermux >/dev/null &&
+    in_root dpkg-query -W -f='${Status}\n' infermux | grep -q config-files && echo "binaries gone; config, engines, user kept"
 }
 
 purge() {
@@ -299,10 +474,12 @@ purge() {
 
 # --- run -------------------------------------------------------------------
 
-step "build the .deb (packaging/build-deb.sh)" build || exit
+step "copy the tree, fetch the pinned wheels" prepare || exit
 step "Debian 12 minbase chroot (cached: $CACHE)" base || exit
-step "mount /proc /sys /dev in the chroot" mounts || exit
-step "apt install ./infermux_*.deb" install_deb || exit
+step "build chroot: build-essential + Build-Depends only (cached per debian/control)" builder || exit
+step "build 0.1.0 and 0.1.1 there, as nobody, offline (tests included)" build || exit
+step "mount /proc /sys /dev in the install chroot" mounts "$ROOT" || exit
+step "apt install ./infermux_0.1.0_all.deb" install_deb || exit
 step "system user and group infermux" check_user
 step "/var/lib/infermux{,/engines} owned by infermux" check_dirs
 step "unit installed, not enabled, systemd-analyze verify clean" check_unit
@@ -313,5 +490,14 @@ step "infermux --version / --help" check_cli
 step "onnxruntime from PyPI ($ORT)" install_backend
 step "packaged backend runs the sample engine as infermux" run_backend
 step "daemon as infermux answers 200, exits 0 on SIGTERM" run_daemon
+step "infermux doctor: no failure on a CPU-only box" doctor
+step "operator edits the config and deploys an engine" operator_edits || exit
+step "systemctl stand-in for the maintainer scripts" fake_systemd || exit
+step "upgrade to 0.1.1 (disabled): config kept, .dpkg-dist offered, engine untouched, not started" upgrade_disabled
+step "after the upgrade the daemon serves the sample and the operator's engine" serve classifier mine
+step "downgrade to 0.1.0 (disabled): stays stopped" downgrade_disabled
+step "systemctl enable --now: serves" enable_and_start
+step "upgrade to 0.1.1 (enabled, running): restarted, serves" upgrade_running
+step "apt remove stops it, keeps config, engines and user" remove
 step "apt purge leaves nothing behind" purge
 exit

@@ -23,9 +23,11 @@ from pathlib import Path
 
 import pytest
 
-try:
+import system_packages
+
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
+else:  # Python 3.10 (JetPack 6)
     import tomli as tomllib
 
 REPO = Path(__file__).resolve().parent.parent
@@ -46,10 +48,11 @@ def _host_units() -> Path | None:
 @pytest.fixture
 def verify_root(tmp_path):
     """A filesystem root for `systemd-analyze --root` and a MANPATH with our page."""
+    system_packages.require({"systemd-analyze": "systemd"})
     analyze = shutil.which("systemd-analyze")
     units = _host_units()
     if not analyze or not units:
-        pytest.skip("systemd-analyze or systemd's units missing (apt-get install systemd)")
+        pytest.skip("systemd's units missing (apt-get install systemd)")
     root = tmp_path / "root"
     shutil.copytree(units, root / "usr/lib/systemd/system", symlinks=True)
     (root / "etc/systemd/system").mkdir(parents=True)
@@ -132,11 +135,11 @@ def test_unit_follows_the_design():
 
 @linux_only
 def test_sysusers_and_tmpfiles_make_the_user_and_tree(tmp_path):
-    sysusers, tmpfiles = shutil.which("systemd-sysusers"), shutil.which("systemd-tmpfiles")
-    if not sysusers or not tmpfiles:
-        pytest.skip("systemd-sysusers/systemd-tmpfiles missing")
     if os.geteuid() != 0:
         pytest.skip("chown in a scratch root needs root")
+    system_packages.require({"systemd-sysusers": "systemd", "systemd-tmpfiles": "systemd"})
+    sysusers, tmpfiles = shutil.which("systemd-sysusers"), shutil.which("systemd-tmpfiles")
+    assert sysusers and tmpfiles
     root = tmp_path
     (root / "etc").mkdir()
     for f in ("passwd", "group", "shadow", "gshadow"):
@@ -209,11 +212,9 @@ def _complete(words: list[str], *, path: str, cwd: Path | None = None, helpers: 
     helpers=True loads the bash-completion package first, as interactive
     shells do; without it the script's plain fallback runs.
     """
+    system_packages.require({"bash": "bash", **({str(BASH_COMPLETION): "bash-completion"} if helpers else {})})
     bash = shutil.which("bash")
-    if not bash:
-        pytest.skip("bash missing")
-    if helpers and not BASH_COMPLETION.exists():
-        pytest.skip("bash-completion missing")
+    assert bash
     line = " ".join(words).replace(" = ", "=")
     script = ((f"source {BASH_COMPLETION}\n" if helpers else "") +
               f"source {COMPLETION}\n"
@@ -229,7 +230,7 @@ def _complete(words: list[str], *, path: str, cwd: Path | None = None, helpers: 
 def test_completion_offers_subcommands():
     assert _complete(["infermux", "t"], path="/usr/bin:/bin") == ["top", "tune"]
     assert set(_complete(["infermux", ""], path="/usr/bin:/bin")) == {
-        "serve", "infer", "bench", "build", "status", "ctl", "top", "tune", "keygen"}
+        "serve", "infer", "bench", "build", "status", "ctl", "top", "tune", "keygen", "doctor"}
 
 
 def test_completion_reads_options_from_the_commands_help(tmp_path):
@@ -278,9 +279,9 @@ def test_every_cli_subcommand_is_completed_and_documented():
 
 
 def test_man_page_renders_without_warnings():
+    system_packages.require({"man": "man-db"})
     man = shutil.which("man")
-    if not man:
-        pytest.skip("man missing")
+    assert man
     r = subprocess.run([man, "--warnings", "-E", "UTF-8", "-l", "-Tutf8", "-Z", str(PKG / "infermux.1")],
                        capture_output=True, text=True, env={**os.environ, "LC_ALL": "C.UTF-8"})
     assert r.returncode == 0 and r.stderr == "", r.stderr

@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "build": ("infermux.cli.build", "build a TensorRT engine from an ONNX model on this device"),
     "keygen": ("infermux.cli.keygen", "make a CURVE keypair for a tcp:// listener or a client"),
     "tune": ("infermux.cli.tune", "find how many contexts a model should run (the sizing rule)"),
+    "doctor": ("infermux.cli.doctor", "check what this device lacks to serve: libraries, GPU, config, sockets"),
 }
 
 

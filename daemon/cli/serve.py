@@ -35,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
     from infermux.admin.metrics import MetricsServer
     from infermux.serving.server import Server
     from infermux.admin.supervisor import Supervisor
+    from infermux.transport import ipc
 
     try:
         config = cfg.load(args.config)
@@ -48,6 +49,12 @@ def run(args: argparse.Namespace) -> int:
     # an executor with a finished inference waits (docs/architecture.md#measured-facts: 0.52x -> 0.74x).
     sys.setswitchinterval(1e-4)
     run_dir = cfg.runtime_dir(config.daemon, args.runtime_dir)
+    try:
+        ipc.make_dir(run_dir)  # started by hand, no RuntimeDirectory= made it (workers' sockets go there too)
+    except OSError as exc:
+        print(f"infermux: cannot create the runtime directory {run_dir}: {exc.strerror}; "
+              "pass --runtime-dir DIR (a folder you may write)", file=sys.stderr)
+        return 1
     server = Server(config, run_dir)
     admin = AdminServer(server)
     metrics = None

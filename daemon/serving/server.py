@@ -162,11 +162,11 @@ class Server:
         self._bind_regions()
 
     def _bind_regions(self) -> None:
-        name = self.config.daemon.shared_memory
-        if not name:
+        path = cfg.regions_path(self.config.daemon, self.run_dir)
+        if path is None:
             return
-        path = self.run_dir / name
         try:
+            ipc.prepare(f"ipc://{path}")
             self.region_server = RegionServer(path, self.regions, self.watch, self.events)
         except OSError as exc:
             raise RuntimeError(f"cannot listen for shared-memory regions on {path}: {exc}; "

@@ -11,6 +11,9 @@ import os
 from pathlib import Path
 
 GROUP = "infermux"
+# What the unit's RuntimeDirectory= makes (/run/infermux, 0750): members of
+# the group reach the sockets, nobody else lists them.
+DIR_MODE = 0o750
 
 
 def path_of(endpoint: str) -> Path | None:
@@ -24,7 +27,25 @@ def prepare(endpoint: str) -> None:
     """Create the folder the socket file goes in."""
     path = path_of(endpoint)
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        make_dir(path.parent)
+
+
+def make_dir(path: Path) -> None:
+    """Create a folder for socket files as systemd would: mode 0750, group `infermux`.
+
+    Started by hand (no RuntimeDirectory=), the daemon makes its runtime
+    folder itself. A folder that exists is left as it is: systemd or the
+    operator chose its mode and owner.
+    """
+    if path.is_dir():
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(mode=DIR_MODE)
+    except FileExistsError:
+        return  # another process made it meanwhile
+    os.chmod(path, DIR_MODE)  # mkdir's mode went through the umask
+    _give_to_group(path)
 
 
 def secure(endpoint: str) -> None:
@@ -33,6 +54,10 @@ def secure(endpoint: str) -> None:
     if path is None:
         return
     os.chmod(path, 0o660)
+    _give_to_group(path)
+
+
+def _give_to_group(path: Path) -> None:
     try:
         os.chown(path, -1, grp.getgrnam(GROUP).gr_gid)
     except (KeyError, PermissionError):

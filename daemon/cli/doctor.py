@@ -1,0 +1,335 @@
+"""`infermux doctor`: what this device lacks to serve, one line per check, with the fix.
+
+Run it after `apt install infermux` (or a pip install): Python and the
+libraries, the backends (onnxruntime and its providers, TensorRT,
+cuda-python and whether it releases the GIL), the GPU (Jetson model, or
+name and driver through NVML), the configuration and its engines, the
+sockets' folder and the caller's group, the limits. Each line is OK, WARN
+(works, but something is missing or unusual) or FAIL (the daemon will not
+serve as configured). Exit status: 0 no FAIL, 1 at least one FAIL,
+2 usage. `--json` prints the same checks as a JSON list.
+"""
+
+from __future__ import annotations
+
+import argparse
+import grp
+import importlib
+import importlib.metadata as md
+import json
+import os
+import platform
+import re
+import resource
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Iterable
+
+from infermux import config as cfg
+from infermux.cli.serve import DEFAULT_CONFIG
+from infermux.plugins.base import BackendError
+
+# cuda-bindings releases the GIL around its C calls from these versions on
+# (docs/tensorrt.md): with older ones every stream synchronize stalls the daemon.
+GIL_RELEASED_FROM = {12: (12, 9, 1), 13: (13, 0, 0)}
+CUDA_PYTHON_PIN = "cuda-python>=12.9.1,<13"
+MIN_NOFILE = 4096
+GROUP = "infermux"
+
+
+@dataclass(frozen=True)
+class Check:
+    """One line of the report: what was checked, its status, what was found and what to do."""
+
+    name: str
+    status: str  # "OK", "WARN" or "FAIL"
+    detail: str
+    fix: str = ""
+
+    def line(self) -> str:
+        return f"{self.status:<4}  {self.name}: {self.detail}" + (f" -> {self.fix}" if self.fix else "")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", "-c", default=os.environ.get("INFERMUX_CONFIG", DEFAULT_CONFIG),
+                        help=f"configuration file (default: $INFERMUX_CONFIG or {DEFAULT_CONFIG})")
+    parser.add_argument("--runtime-dir", help="where the daemon's sockets are (as for `infermux serve`)")
+    parser.add_argument("--json", action="store_true", help="print the checks as a JSON list")
+
+
+def run(args: argparse.Namespace) -> int:
+    checks = diagnose(Path(args.config), args.runtime_dir)
+    if args.json:
+        print(json.dumps([asdict(c) for c in checks], indent=2))
+    else:
+        print("\n".join(c.line() for c in checks))
+    return 1 if any(c.status == "FAIL" for c in checks) else 0
+
+
+def diagnose(config_path: Path, runtime_dir: str | None = None) -> list[Check]:
+    """Every check, in the order an operator would fix things."""
+    checks = [_python(), *_libraries()]
+    backends = _backends()
+    checks += backends
+    checks += _device()
+    checks += _configuration(config_path, runtime_dir, tensorrt_ok=_passed(backends, "TensorRT"))
+    checks += [_group(), _nofile()]
+    return checks
+
+
+def _passed(checks: Iterable[Check], name: str) -> bool:
+    return any(c.name == name and c.status == "OK" for c in checks)
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def _import(name: str) -> ModuleType | None:
+    try:
+        return importlib.import_module(name)
+    except Exception:  # a broken install raises anything (ImportError, OSError from a missing .so, ...)
+        return None
+
+
+def _python() -> Check:
+    v = sys.version_info
+    detail = f"{platform.python_implementation()} {v.major}.{v.minor}.{v.micro} ({sys.executable})"
+    if v < (3, 10):
+        return Check("Python", "FAIL", detail, "infermux needs Python 3.10 or newer")
+    return Check("Python", "OK", detail)
+
+
+def _libraries() -> list[Check]:
+    checks = []
+    numpy = _import("numpy")
+    checks.append(Check("numpy", "OK", numpy.__version__) if numpy else
+                  Check("numpy", "FAIL", "not importable", "apt install python3-numpy (or pip install numpy)"))
+    zmq = _import("zmq")
+    checks.append(Check("pyzmq", "OK", f"pyzmq {zmq.pyzmq_version()}, libzmq {zmq.zmq_version()}") if zmq else
+                  Check("pyzmq", "FAIL", "not importable", "apt install python3-zmq (or pip install pyzmq)"))
+    return checks
+
+
+def _backends() -> list[Check]:
+    checks = [_onnxruntime(), _tensorrt()]
+    checks.append(_cuda_python(tensorrt_ok=checks[1].status == "OK"))
+    if not any(c.status == "OK" for c in checks[:2]):
+        checks.append(Check("backend", "FAIL", "neither onnxruntime nor TensorRT is importable",
+                            "install one (README.Debian, docs/tensorrt.md)"))
+    return checks
+
+
+def _onnxruntime() -> Check:
+    ort = _import("onnxruntime")
+    if ort is None:
+        return Check("onnxruntime", "WARN", "not installed (needed for .onnx engines)",
+                     "pip install onnxruntime (onnxruntime-gpu for CUDA; NVIDIA's wheel on Jetson)")
+    providers = ", ".join(ort.get_available_providers())
+    return Check("onnxruntime", "OK", f"{ort.__version__}, providers: {providers}")
+
+
+def _tensorrt() -> Check:
+    from infermux.plugins.backends import trtlib
+
+    if _import("tensorrt") is None:
+        return Check("TensorRT", "WARN", "not installed (needed for .plan engines)",
+                     "Jetson: apt install python3-libnvinfer (JetPack); dGPU: NVIDIA's CUDA repository "
+                     "or pip install 'tensorrt-cu12>=10.3,<11' (README.Debian)")
+    try:
+        trt = trtlib.import_tensorrt()  # the backend's own version rules
+    except BackendError as exc:
+        return Check("TensorRT", "FAIL", str(exc).split(";")[0], "install TensorRT 10.1 or newer (README.Debian)")
+    return Check("TensorRT", "OK", str(trt.__version__))
+
+
+def _cuda_python(tensorrt_ok: bool) -> Check:
+    version = _version("cuda-bindings") or _version("cuda-python")
+    if version is None or (_import("cuda.bindings.runtime") is None and _import("cuda.cudart") is None):
+        status = "FAIL" if tensorrt_ok else "WARN"
+        return Check("cuda-python", status, "not installed (the TensorRT backend's CUDA binding)",
+                     f"pip install '{CUDA_PYTHON_PIN}' for this Python ({sys.executable})")
+    release = _release(version)
+    needed = GIL_RELEASED_FROM.get(release[0], (999,))
+    if release < needed:
+        return Check("cuda-python", "FAIL" if tensorrt_ok else "WARN",
+                     f"{version} holds the GIL in every CUDA call (frontend and executors stall)",
+                     f"pip install '{CUDA_PYTHON_PIN}'")
+    return Check("cuda-python", "OK", f"{version}, releases the GIL around CUDA calls")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """(12, 9, 1) from "12.9.1.post2" or "12.9.1rc1": the leading dotted numbers."""
+    match = re.match(r"\d+(?:\.\d+)*", version)
+    return tuple(int(n) for n in match.group(0).split(".")) if match else ()
+
+
+def _device() -> list[Check]:
+    from infermux.models import budget
+
+    model = _read("/proc/device-tree/model").strip("\0 \n")
+    if budget.is_jetson():
+        return [Check("GPU", "OK", f"Jetson: {model or 'model unknown'} ({_read('/etc/nv_tegra_release')[:60].strip()})")]
+    nvml = budget.Nvml.open()
+    if nvml is None:
+        return [Check("GPU", "WARN", "no NVIDIA GPU found (no NVML driver library, not a Jetson): "
+                      "onnxruntime runs on the CPU", "on a GPU machine: install the NVIDIA driver")]
+    total, _ = nvml.memory()
+    return [Check("GPU", "OK", f"{nvml_name()}, driver {nvml_driver()}, {total >> 20} MiB")]
+
+
+def nvml_name() -> str:
+    """The first visible GPU's name (NVML is initialised by budget.Nvml.open)."""
+    return _nvml_string("nvmlDeviceGetName", device=True)
+
+
+def nvml_driver() -> str:
+    return _nvml_string("nvmlSystemGetDriverVersion", device=False)
+
+
+def _nvml_string(call: str, device: bool) -> str:
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL("libnvidia-ml.so.1")
+        buf = ctypes.create_string_buffer(96)
+        if device:
+            handle = ctypes.c_void_p()
+            lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(handle))
+            rc = getattr(lib, call)(handle, buf, 96)
+        else:
+            rc = getattr(lib, call)(buf, 96)
+        return buf.value.decode() if rc == 0 else "?"
+    except (OSError, AttributeError):
+        return "?"
+
+
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _configuration(path: Path, runtime_dir: str | None, tensorrt_ok: bool) -> list[Check]:
+    try:
+        config = cfg.load(path)
+    except cfg.ConfigError as exc:
+        return [Check("configuration", "FAIL", str(exc), "fix the file (infermux(1) lists every setting)")]
+    checks = [Check("configuration", "OK", f"{path}: {len(config.models)} model(s)")]
+    checks += [_engine(m.name, m.version, m.engine, tensorrt_ok) for m in config.models]
+    checks.append(_engine_dir(config.daemon.engine_dir))
+    if config.daemon.watch:
+        checks += _discovered(config, tensorrt_ok)
+    checks.append(_sockets(config, cfg.runtime_dir(config.daemon, runtime_dir)))
+    checks.append(_budget(config))
+    return checks
+
+
+def _engine(name: str, version: str, engine: Path, tensorrt_ok: bool) -> Check:
+    what = f"engine {name} {version}"
+    if not engine.is_file():
+        return Check(what, "FAIL", f"{engine} does not exist", "put the engine there, or fix `engine =`")
+    if not os.access(engine, os.R_OK):
+        return Check(what, "FAIL", f"{engine} is not readable by uid {os.getuid()}",
+                     f"chmod g+r {engine} (the daemon runs as user {GROUP})")
+    if engine.suffix in (".plan", ".engine"):
+        return _plan(what, engine, tensorrt_ok)
+    return Check(what, "OK", str(engine))
+
+
+def _plan(what: str, engine: Path, tensorrt_ok: bool) -> Check:
+    """A TensorRT plan is only good on the TensorRT version (and GPU) that built it: try it."""
+    from infermux.plugins.backends import trtlib
+
+    if not tensorrt_ok:
+        return Check(what, "FAIL", f"{engine} is a TensorRT plan and TensorRT is missing", "see the TensorRT line")
+    shared = trtlib.shared()
+    try:
+        plan = shared.runtime.deserialize_cuda_engine(engine.read_bytes())
+        error = shared.last_error() or "TensorRT returned no engine"
+    except Exception as exc:  # the bindings raise their own types (and RuntimeError on CUDA errors)
+        plan, error = None, str(exc)
+    version = shared.trt.__version__
+    if plan is None:
+        return Check(what, "FAIL", f"{engine} does not deserialize on TensorRT {version}: {error}",
+                     f"rebuild it on this device: infermux build MODEL.onnx -o {engine}")
+    return Check(what, "OK", f"{engine} deserializes on TensorRT {version}")
+
+
+def _discovered(config: cfg.Config, tensorrt_ok: bool) -> list[Check]:
+    """The engines the daemon would find in engine_dir beyond [[models]] (an upgrade invalidates plans there)."""
+    from infermux.swap import watcher
+
+    configured = {m.engine.resolve() for m in config.models}
+    try:
+        found = watcher.scan(config.daemon.engine_dir, watcher.Settler(0.0)).engines.values()
+    except OSError:
+        return []  # the engine_dir line says why
+    return [_engine(e.model, e.version, e.path, tensorrt_ok) for e in sorted(found, key=lambda e: str(e.path))
+            if e.path.resolve() not in configured]
+
+
+def _engine_dir(path: Path) -> Check:
+    if not path.is_dir():
+        return Check("engine_dir", "WARN", f"{path} does not exist (nothing to discover)",
+                     f"sudo install -d -o {GROUP} -g {GROUP} -m 2775 {path}")
+    if not os.access(path, os.R_OK | os.X_OK):
+        return Check("engine_dir", "FAIL", f"{path} is not readable by uid {os.getuid()}", f"chmod 2775 {path}")
+    return Check("engine_dir", "OK", str(path))
+
+
+def _sockets(config: cfg.Config, run_dir: Path) -> Check:
+    endpoints = [cfg.resolve_endpoint(e, run_dir) for e in config.daemon.listen]
+    sockets = [Path(e[len("ipc://"):]) for e in endpoints if e.startswith("ipc:///")]
+    if not sockets:
+        return Check("sockets", "OK", f"tcp only: {', '.join(endpoints)}")
+    folder = sockets[0].parent
+    if not folder.is_dir():
+        return Check("sockets", "WARN", f"{folder} does not exist: the daemon is not running",
+                     "sudo systemctl enable --now infermux (it makes the folder)")
+    if not os.access(folder, os.X_OK) or (sockets[0].exists() and not os.access(sockets[0], os.R_OK | os.W_OK)):
+        return Check("sockets", "FAIL", f"{sockets[0]}: no access for uid {os.getuid()}",
+                     f"sudo adduser $USER {GROUP}, then log in again")
+    state = "listening" if sockets[0].exists() else "no socket yet (daemon not running?)"
+    return Check("sockets", "OK", f"{sockets[0]}: {state}")
+
+
+def _group() -> Check:
+    try:
+        gid = grp.getgrnam(GROUP).gr_gid
+    except KeyError:
+        return Check("group", "WARN", f"no group {GROUP} (the package's sysusers file makes it)",
+                     "install the .deb, or sudo groupadd --system infermux")
+    if os.geteuid() == 0 or gid in os.getgroups():
+        return Check("group", "OK", f"uid {os.getuid()} may use the daemon's sockets")
+    return Check("group", "WARN", f"uid {os.getuid()} is not in group {GROUP}: no access to the sockets",
+                 f"sudo adduser $USER {GROUP}, then log in again")
+
+
+def _nofile() -> Check:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < MIN_NOFILE:
+        return Check("RLIMIT_NOFILE", "WARN", f"{soft} open files (hard {hard}): many clients run out",
+                     f"ulimit -n {MIN_NOFILE} (the unit sets LimitNOFILE=)")
+    return Check("RLIMIT_NOFILE", "OK", f"{soft} (hard {hard})")
+
+
+def _budget(config: cfg.Config) -> Check:
+    from infermux.models import budget
+
+    total = budget.meminfo("MemTotal")
+    nvml = None if budget.is_jetson() else budget.Nvml.open()
+    where = "host memory"
+    if nvml is not None:
+        total, where = nvml.memory()[0], "GPU memory"
+    allowed = cfg.parse_budget(config.path, config.daemon.memory_budget, total)
+    detail = f"{config.daemon.memory_budget} = {allowed >> 20} MiB of {total >> 20} MiB {where}"
+    if total and allowed > total:
+        return Check("memory budget", "FAIL", detail, "lower [daemon] memory_budget")
+    return Check("memory budget", "OK", detail)
