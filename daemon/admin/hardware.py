@@ -220,7 +220,8 @@ class JetsonSource:
                 if "GPU" not in _text(label).upper():
                     continue
                 channel = label.name[2:-len("_label")]
-                millivolts, milliamps = _int_file(hwmon / f"in{channel}_input"), _int_file(hwmon / f"curr{channel}_input")
+                millivolts = _int_file(hwmon / f"in{channel}_input")
+                milliamps = _int_file(hwmon / f"curr{channel}_input")
                 if millivolts is not None and milliamps is not None:
                     return millivolts * milliamps / 1e6
         return None

@@ -1,6 +1,6 @@
-"""Prometheus text exposition on an optional loopback HTTP port.
+"""Prometheus text exposition, and the health probes, on an optional loopback HTTP port.
 
-Off unless `[daemon] metrics_port` is set. Names follow Triton's
+Off unless `[daemon] metrics_port` is set; docs/fleet.md lists the paths and names. Names follow Triton's
 (`nv_inference_request_success` → `infermux_inference_request_success_total`)
 so existing dashboards translate; every series carries model and version
 labels. Everything is read from the same snapshot the console sees.
