@@ -3,7 +3,10 @@ processes from the real /proc (a daemon and its cold worker)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import shutil
+import subprocess
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -12,7 +15,7 @@ import pytest
 
 from harness import DAEMON_HEAD
 from infermux.admin import hardware
-from infermux.admin.hardware import GpuSample, JetsonSource, NvmlSource
+from infermux.admin.hardware import CtypesNvml, GpuSample, JetsonSource, NvmlSource
 from infermux.admin.metrics import Exposition, _gpus
 from test_metrics import SAMPLE, free_port, scrape
 
@@ -71,6 +74,40 @@ class GoneNvml(StandInNvml):
 
 def test_an_nvml_that_fails_gives_no_gpu_rows() -> None:
     assert NvmlSource(GoneNvml()).samples() == []
+
+
+# libnvidia-ml's entry points CtypesNvml calls, over the same two devices as StandInNvml.
+NVML_STAND_IN_C = r"""
+#include <string.h>
+typedef struct { unsigned int gpu, memory; } util_t;
+typedef struct { unsigned long long total, free, used; } mem_t;
+static int inited;
+int nvmlInit_v2(void) { inited = 1; return 0; }
+int nvmlDeviceGetCount_v2(unsigned int *n) { if (!inited) return 1; *n = 2; return 0; }
+int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **h) { if (i > 1) return 2; *h = (void *)(long)(i + 1); return 0; }
+static int idx(void *h) { return (int)(long)h - 1; }
+int nvmlDeviceGetName(void *h, char *name, unsigned int len) {
+    strncpy(name, idx(h) ? "NVIDIA T4" : "NVIDIA A2", len); return 0; }
+int nvmlDeviceGetUtilizationRates(void *h, util_t *u) { u->gpu = idx(h) ? 0 : 37; u->memory = 0; return 0; }
+int nvmlDeviceGetMemoryInfo(void *h, mem_t *m) {
+    m->total = idx(h) ? 15ULL << 30 : 16ULL << 30; m->used = idx(h) ? 0 : 3ULL << 30;
+    m->free = m->total - m->used; return 0; }
+int nvmlDeviceGetTemperature(void *h, int sensor, unsigned int *t) {
+    if (sensor != 0) return 2; *t = idx(h) ? 31 : 54; return 0; }
+int nvmlDeviceGetPowerUsage(void *h, unsigned int *mw) {
+    if (idx(h)) return 3; *mw = 41250; return 0; }  /* 3: NVML_ERROR_NOT_SUPPORTED */
+"""
+
+
+def test_the_ctypes_path_reads_a_stand_in_libnvidia_ml_like_pynvml(tmp_path: Path) -> None:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        pytest.skip("no C compiler to build the stand-in libnvidia-ml (apt-get install gcc)")
+    source, library = tmp_path / "nvml.c", tmp_path / "libnvidia-ml-standin.so"
+    source.write_text(NVML_STAND_IN_C)
+    subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
+    through_ctypes = NvmlSource(CtypesNvml(ctypes.CDLL(str(library)))).samples()
+    assert through_ctypes == NvmlSource(StandInNvml()).samples()
 
 
 def test_gpu_families_parse_and_skip_missing_readings() -> None:
