@@ -99,3 +99,9 @@ def test_every_metric_the_dashboard_queries_is_exposed(make_daemon) -> None:
     assert {"infermux_inference_request_duration_us_bucket", "infermux_gpu_utilization_ratio",
             "infermux_worker_restarts_total", "infermux_model_swaps_total"} <= wanted  # the queries were read
     assert sorted(wanted - exposed_names(port)) == []
+
+
+def test_the_package_installs_the_dashboard() -> None:
+    install = (REPO / "debian/infermux.install").read_text().splitlines()
+    assert "packaging/grafana/infermux.json usr/share/infermux/grafana/" in install
+    assert dashboard_metric_names()  # and it is JSON with queries in it
