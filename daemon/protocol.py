@@ -366,7 +366,7 @@ def _frame(array: np.ndarray) -> memoryview | bytes:
         array = array.astype(array.dtype.newbyteorder("<"))
     if array.nbytes < 1 << 16:
         return array.tobytes()  # cheaper than a buffer view for small tensors
-    return memoryview(np.ascontiguousarray(array)).cast("B")
+    return np.ascontiguousarray(array).data.cast("B")
 
 
 def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor], *, id: Any = None,
@@ -390,9 +390,9 @@ def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor], 
             raise ValueError(f"input {name!r} has dtype {dtype}; the wire takes {', '.join(DTYPES)}")
         header["inputs"].append(TensorMeta(name, dtype, tuple(array.shape)).as_json())
         frames.append(_frame(array))
-    for key_, value in (("id", id), ("version", version), ("timeout_ms", timeout_ms), ("key", key)):
-        if value is not None:
-            header[key_] = value
+    for key_, given in (("id", id), ("version", version), ("timeout_ms", timeout_ms), ("key", key)):
+        if given is not None:
+            header[key_] = given
     if outputs is not None:
         header["outputs"] = list(outputs)
     if output_regions:
@@ -416,7 +416,8 @@ def encode_reply(header: dict[str, Any], outputs: Mapping[str, np.ndarray] | Non
             if array.dtype.kind not in _REPLY_KINDS:
                 raise ValueError(f"output {name!r} has dtype {array.dtype}, which the wire cannot carry "
                                  f"(numeric and bool dtypes only)")
-            meta = {"name": name, "dtype": dtype_name(array.dtype), "shape": list(array.shape)}
+            meta: dict[str, Any] = {"name": name, "dtype": dtype_name(array.dtype),
+                                    "shape": list(array.shape)}
             place = into.get(name) if into else None
             if place is not None and array.nbytes <= place.view.nbytes:
                 _write(place.view, array)

@@ -15,7 +15,6 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper
 
-import models
 HEAD = """
 [daemon]
 listen = ["ipc://infer.sock"]

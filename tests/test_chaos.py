@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from chaos import WATCHED, Load
 from harness import Daemon

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 
-import numpy as np
 import pytest
 
 from fuzz_messages import FUZZ_MODELS, MALFORMED, VALID, MessageFactory, fuzz_specs, run_fuzz

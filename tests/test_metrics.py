@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import socket
 import urllib.error
@@ -10,7 +11,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from harness import DAEMON_HEAD
+from harness import DAEMON_HEAD, REPO
 
 SAMPLE = re.compile(r'^([a-z_:][a-z0-9_:]*)(\{([a-z_]+="(?:[^"\\]|\\.)*",?)*\})? (-?[0-9.e+]+|\+Inf|NaN)$')
 
@@ -37,6 +38,21 @@ def scrape(port: int) -> dict[str, float]:
         samples[line.rsplit(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
     assert "infermux_inference_request_success_total" in families
     return samples
+
+
+def exposed_names(port: int) -> set[str]:
+    """Every family a scrape declares and every sample name in it (`..._bucket` and the like)."""
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    declared = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    return declared | {line.split("{")[0].split(" ")[0] for line in text.splitlines() if not line.startswith("#")}
+
+
+def dashboard_metric_names() -> set[str]:
+    """The infermux_* names in every query of the shipped Grafana dashboard (panels and variables)."""
+    dashboard = json.loads((REPO / "packaging/grafana/infermux.json").read_text())
+    queries = [t["expr"] for p in dashboard["panels"] for t in p.get("targets", [])]
+    queries += [v["definition"] for v in dashboard["templating"]["list"] if "definition" in v]
+    return {name for query in queries for name in re.findall(r"\binfermux_[a-z0-9_]+", query)}
 
 
 @pytest.fixture
@@ -72,3 +88,20 @@ def test_only_metrics_is_served_and_only_on_loopback(port_and_daemon) -> None:
         urllib.request.urlopen(f"http://127.0.0.1:{port}/other", timeout=5)
     assert info.value.code == 404
     assert f"http://127.0.0.1:{port}/metrics" in d.log()
+
+
+def test_every_metric_the_dashboard_queries_is_exposed(make_daemon) -> None:
+    port = free_port()
+    make_daemon('[[models]]\nname = "hot"\nengine = "addone/1/model.onnx"\n'
+                '[[models]]\nname = "cold"\nengine = "addone/2/model.onnx"\nmode = "multiproc"\npreload = true\n',
+                head=DAEMON_HEAD + f"metrics_port = {port}\n")
+    wanted = dashboard_metric_names()
+    assert {"infermux_inference_request_duration_us_bucket", "infermux_gpu_utilization_ratio",
+            "infermux_worker_restarts_total", "infermux_model_swaps_total"} <= wanted  # the queries were read
+    assert sorted(wanted - exposed_names(port)) == []
+
+
+def test_the_package_installs_the_dashboard() -> None:
+    install = (REPO / "debian/infermux.install").read_text().splitlines()
+    assert "packaging/grafana/infermux.json usr/share/infermux/grafana/" in install
+    assert dashboard_metric_names()  # and it is JSON with queries in it

@@ -16,7 +16,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from harness import Daemon
 from infermux.client import SharedMemory, SharedTensor
 from infermux.client import regions_path
 from infermux.transport.regions import MAX_REGIONS, MAX_REGIONS_PER_CLIENT, MappedRegions, RegionTable

@@ -147,9 +147,11 @@ class TopApp(App):
         # Widgets of a covered screen are not touched: Textual would repaint the whole
         # top screen for them.
         self.status_line.update(status_text(self.snapshot), layout=False)  # one fixed line: no relayout
-        active = self._tab
-        {"models": self.models_table, "memory": self.memory_view,
-         "routing": self.routing_view}.get(active, _Nothing).update_from(self.snapshot)
+        views: dict[str, ModelsTable | MemoryView | RoutingView] = {
+            "models": self.models_table, "memory": self.memory_view, "routing": self.routing_view}
+        view = views.get(self._tab)  # the events tab has nothing to update
+        if view is not None:
+            view.update_from(self.snapshot)
 
     def on_events_arrived(self, message: EventsArrived) -> None:
         new = self.events.add(message.events)
@@ -226,7 +228,7 @@ class TopApp(App):
             return
         self.push_screen(ModelScreen(key, self.events))
 
-    def action_back(self) -> None:
+    async def action_back(self) -> None:  # async like the App.action_back it overrides
         """Leave the detail screen; the tables underneath catch up at once, not at the next snapshot."""
         if isinstance(self.screen, ModelScreen):
             self.pop_screen()
@@ -269,7 +271,12 @@ class TopApp(App):
         current = weights_text(self.snapshot, target["name"]) if action.name == "weights" else target.get("fallback", "")
         hint = "enter to apply, escape to cancel"
         screen = PromptScreen(action.prompt.format(model=target["name"]), current, hint)
-        self.push_screen(screen, lambda text: text is not None and self._confirm(action, target, text))
+
+        def entered(text: str | None) -> None:
+            if text is not None:  # None: escape
+                self._confirm(action, target, text)
+
+        self.push_screen(screen, entered)
 
     def _confirm(self, action: Any, target: dict[str, Any], text: str) -> None:
         try:
@@ -283,7 +290,12 @@ class TopApp(App):
             return
         question = action.confirm.format(target=fmt.version_key(target) if target else "",
                                          config=self.config_path or "the configuration file")
-        self.push_screen(ConfirmScreen(question), lambda yes: yes and self.send(label, cmd, args))
+
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.send(label, cmd, args)
+
+        self.push_screen(ConfirmScreen(question), answered)
 
     @work(thread=True, group="admin", exit_on_error=False)
     def send(self, label: str, cmd: str, args: dict[str, Any]) -> None:
@@ -305,8 +317,3 @@ class TopApp(App):
             where = "" if action.scope == "daemon" else f" ({key})"
             yield SystemCommand(action.title + where, action.help, partial(self.action_do, action.name))
 
-
-class _Nothing:
-    @staticmethod
-    def update_from(snapshot: dict[str, Any]) -> None:
-        pass

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
+from typing import Callable
 
 from textual.command import Hit, Hits, Provider
 
@@ -13,16 +14,20 @@ from infermux.tui.actions import ACTIONS
 class ModelCommands(Provider):
     """Searches `<action> <model>:<version>` over the versions of the latest snapshot."""
 
-    def _commands(self) -> list[tuple[str, str, object]]:
+    def _commands(self) -> list[tuple[str, str, Callable[[], None]]]:
+        from infermux.tui.app import TopApp  # here: app.py imports this module
+
         app = self.app
-        snapshot = getattr(app, "snapshot", {}) or {}
-        commands = []
+        if not isinstance(app, TopApp):  # only TopApp lists this provider
+            return []
+        snapshot = app.snapshot or {}
+        commands: list[tuple[str, str, Callable[[], None]]] = []
         for m in snapshot.get("models", []):
             key = fmt.version_key(m)
             for action in ACTIONS.values():
                 if action.scope == "version":
                     commands.append((f"{action.title} {key}", action.help,
-                                     partial(app.action_do, action.name, key)))  # type: ignore[attr-defined]
+                                     partial(app.action_do, action.name, key)))
         return commands
 
     async def search(self, query: str) -> Hits:
@@ -30,4 +35,4 @@ class ModelCommands(Provider):
         for text, help_text, callback in self._commands():
             score = matcher.match(text)
             if score > 0:
-                yield Hit(score, matcher.highlight(text), callback, text=text, help=help_text)  # type: ignore[arg-type]
+                yield Hit(score, matcher.highlight(text), callback, text=text, help=help_text)

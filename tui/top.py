@@ -45,8 +45,9 @@ def run(args: argparse.Namespace) -> int:
 
     vendor.activate()  # before the first textual import: the Debian package's vendored copy wins
     from infermux.config import ConfigError
-    from infermux.tui.feed import Endpoints, LiveFeed, StaticFeed
+    from infermux.tui.feed import Endpoints, Feed, LiveFeed, StaticFeed
 
+    feed: Feed
     if args.from_file:
         try:
             feed = StaticFeed.from_file(args.from_file)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -39,9 +38,12 @@ MAX_REQUEST_BYTES = 64 * 1024
 def peer(frame: zmq.Frame) -> dict[str, Any]:
     """uid/gid/pid of an ipc peer: libzmq appends them to Peer-Address ("host:uid:gid:pid")."""
     try:
-        parts = frame.get("Peer-Address").split(":")
+        address = frame.get("Peer-Address")
     except (zmq.ZMQError, AttributeError):
         return {}
+    if not isinstance(address, str):  # get() is typed for int properties too
+        return {}
+    parts = address.split(":")
     if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):
         return {"uid": int(parts[1]), "gid": int(parts[2]), "pid": int(parts[3])}
     return {"address": ":".join(parts)}

@@ -1,6 +1,6 @@
-"""Prometheus text exposition on an optional loopback HTTP port.
+"""Prometheus text exposition, and the health probes, on an optional loopback HTTP port.
 
-Off unless `[daemon] metrics_port` is set. Names follow Triton's
+Off unless `[daemon] metrics_port` is set; docs/fleet.md lists the paths and names. Names follow Triton's
 (`nv_inference_request_success` → `infermux_inference_request_success_total`)
 so existing dashboards translate; every series carries model and version
 labels. Everything is read from the same snapshot the console sees.
@@ -9,14 +9,17 @@ labels. Everything is read from the same snapshot the console sees.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
-from infermux.admin import snapshot
+from infermux.admin import hardware, snapshot
+from infermux.admin.health import Liveness, Verdict, readiness
 from infermux.events import Event
 from infermux.serving.stats import LATENCY_BUCKETS_US
+from infermux.workers.proxy import WorkerProxy
 
 if TYPE_CHECKING:
     from infermux.serving.server import Server
@@ -26,6 +29,15 @@ log = logging.getLogger("infermux.metrics")
 FAILURE_REASONS = {400: "bad_request", 404: "not_found", 413: "too_large", 429: "queue_full",
                    500: "backend_error", 503: "not_ready", 504: "deadline"}
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+PROBE_TYPE = "text/plain; charset=utf-8"
+# (sample field, metric, help): DCGM's and node_exporter's names, with our prefix.
+GPU_FAMILIES = (
+    ("utilization_ratio", "infermux_gpu_utilization_ratio", "GPU busy fraction over the driver's last sample period."),
+    ("memory_used_bytes", "infermux_gpu_memory_used_bytes", "GPU memory in use (on Jetson: the shared system memory)."),
+    ("memory_total_bytes", "infermux_gpu_memory_total_bytes", "GPU memory in all."),
+    ("temperature_celsius", "infermux_gpu_temperature_celsius", "GPU die temperature."),
+    ("power_watts", "infermux_gpu_power_watts", "GPU power draw (on Jetson: its INA3221 rail)."),
+)
 
 
 def _labels(**labels: Any) -> str:
@@ -63,7 +75,7 @@ class EventCounter:
         return [({"model": model}, n) for (k, model), n in sorted(self.counts.items()) if k == kind]
 
 
-def render(server: "Server", events: EventCounter) -> str:
+def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | None = None) -> str:
     """The whole exposition for one scrape."""
     models = snapshot.models_view(server)
     daemon = snapshot.daemon_view(server)
@@ -97,7 +109,33 @@ def render(server: "Server", events: EventCounter) -> str:
     out.family("infermux_memory_models_bytes", "gauge", "Memory used by loaded models.", [({}, memory["models_bytes"])])
     out.family("infermux_process_resident_bytes", "gauge", "Daemon resident memory.", [({}, memory["rss_bytes"])])
     out.family("infermux_uptime_seconds", "gauge", "Seconds since the daemon started.", [({}, float(daemon["uptime_s"]))])
+    _gpus(out, gpu.samples() if gpu is not None else [])
+    _processes(out, _process_samples(server))
     return out.text()
+
+
+def _gpus(out: Exposition, samples: list[hardware.GpuSample]) -> None:
+    """Every GPU family, declared even on a box without a GPU (dashboards find the names)."""
+    for field, name, help_text in GPU_FAMILIES:
+        out.family(name, "gauge", help_text,
+                   [({"gpu": s.gpu, "name": s.name}, float(value)) for s in samples
+                    if (value := getattr(s, field)) is not None])
+
+
+def _process_samples(server: "Server") -> list[hardware.ProcessSample]:
+    """The daemon, and the worker process of every cold version that has one."""
+    found = [hardware.process_sample("daemon", os.getpid())]
+    for mv in server.registry.all_versions():
+        if isinstance(mv.scheduler, WorkerProxy):
+            found.append(hardware.process_sample(f"worker {mv.name}:{mv.version}", mv.scheduler.pid))
+    return [p for p in found if p is not None]
+
+
+def _processes(out: Exposition, samples: list[hardware.ProcessSample]) -> None:
+    out.family("infermux_process_cpu_seconds_total", "counter", "CPU time (user + system) of each infermux process.",
+               [({"process": p.process, "pid": p.pid}, p.cpu_seconds) for p in samples])
+    out.family("infermux_process_resident_memory_bytes", "gauge", "Resident memory of each infermux process.",
+               [({"process": p.process, "pid": p.pid}, p.resident_bytes) for p in samples])
 
 
 def _histogram(out: Exposition, models: list[dict], mv: Any) -> None:
@@ -114,22 +152,32 @@ def _histogram(out: Exposition, models: list[dict], mv: Any) -> None:
         out.lines.append(f"{name}_count{_labels(**labels)} {running}")
 
 
-class MetricsServer:
-    """A loopback HTTP server answering GET /metrics."""
+Reply = tuple[int, str, str]  # status, content type, body
 
-    def __init__(self, server: "Server", port: int, host: str = "127.0.0.1") -> None:
+
+class MetricsServer:
+    """A loopback HTTP server answering GET /metrics, /healthz and /readyz."""
+
+    def __init__(self, server: "Server", port: int, host: str = "127.0.0.1",
+                 gpu: hardware.GpuSource | None = None) -> None:
+        self.server = server
         self.events = EventCounter()
         server.events.subscribe(self.events)
-        daemon_server, counter = server, self.events
+        self.liveness = Liveness()
+        server.ticks.append(self.liveness.tick)  # the loop turn that also feeds the systemd watchdog
+        self.gpu = gpu if gpu is not None else hardware.gpu_source()
+        routes = self.routes()
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-                if self.path.split("?")[0] != "/metrics":
-                    self.send_error(404, "only /metrics is served here")
+                route = routes.get(self.path.split("?")[0])
+                if route is None:
+                    self.send_error(404, f"served here: {', '.join(routes)}")
                     return
-                body = render(daemon_server, counter).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", CONTENT_TYPE)
+                status, content_type, text = route()
+                body = text.encode()
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
@@ -143,9 +191,19 @@ class MetricsServer:
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
         server.events.emit("listening", endpoint=f"http://{host}:{self.port}/metrics")
 
+    def routes(self) -> dict[str, Callable[[], Reply]]:
+        """Path -> what answers it (each called on the HTTP server's own thread)."""
+        return {"/metrics": lambda: (200, CONTENT_TYPE, render(self.server, self.events, self.gpu)),
+                "/healthz": lambda: _probe(self.liveness.verdict(self.server.stopping)),
+                "/readyz": lambda: _probe(readiness(self.server))}
+
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+def _probe(verdict: Verdict) -> Reply:
+    return verdict.status, PROBE_TYPE, verdict.reason + "\n"

@@ -118,7 +118,7 @@ class _Stream:
         self._tensors = [bytes(f) for f in frames[1:]]
         self._endpoint = endpoint
         self._timeout_s = timeout_s
-        self._socket = zmq.Context.instance().socket(zmq.DEALER)
+        self._socket: zmq.Socket[bytes] = zmq.Context.instance().socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))  # no poll() per reply
         for option, value in (curve or {}).items():  # CURVE keys for a tcp:// listener
@@ -304,8 +304,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"infermux bench: --shared-memory needs the daemon's local ipc:// endpoint, not {endpoint}",
               file=sys.stderr)
         return 2
-    count = None if args.duration is not None else (args.requests or 1000)
-    progress = _StderrProgress(args.duration, " s") if args.duration else _StderrProgress(count, " replies")
+    count: int | None = None if args.duration is not None else (args.requests or 1000)
+    progress = _StderrProgress(args.duration, " s") if count is None else _StderrProgress(count, " replies")
     fields: dict[str, Any] = {"version": args.version, "key": args.key}
     region = None
     try:

@@ -70,13 +70,14 @@ def batch_profile(inputs: Sequence[tuple[str, Shape]],
 
     Other dynamic dimensions are refused: a batch range cannot size them.
     """
-    profiles = {}
+    profiles: dict[str, tuple[Shape, Shape, Shape]] = {}
     for name, shape in inputs:
         if any(d < 0 for d in shape[1:]):
             raise BuildError(f"input {name!r} {list(shape)} has dynamic dimensions besides the batch; "
                              f"export the ONNX model with fixed sizes for them")
         if shape and shape[0] < 0:
-            profiles[name] = tuple((b, *shape[1:]) for b in batch)  # type: ignore[misc]
+            low, opt, high = ((b, *shape[1:]) for b in batch)
+            profiles[name] = (low, opt, high)
     return profiles
 
 
@@ -142,7 +143,7 @@ def _progress_monitor(trt: Any, status: _Status) -> Any | None:
 
     class Monitor(base):  # type: ignore[misc, valid-type]
         def __init__(self) -> None:
-            base.__init__(self)
+            super().__init__()  # the binding's own __init__ must run (pybind11 trampoline)
             self._phases: dict[str, str] = {}
             self._lock = threading.Lock()  # TensorRT calls it from several threads
 
@@ -196,7 +197,7 @@ def _set_precision(trt: Any, config: Any, opts: BuildOptions, profile: Any) -> N
 def _cache_calibrator(trt: Any, cache: bytes) -> Any:
     """A calibrator that only replays an existing calibration cache (no data needed)."""
 
-    class CacheCalibrator(trt.IInt8EntropyCalibrator2):  # type: ignore[misc, name-defined]
+    class CacheCalibrator(trt.IInt8EntropyCalibrator2):
         def __init__(self) -> None:
             trt.IInt8EntropyCalibrator2.__init__(self)
 

@@ -56,6 +56,7 @@ class SharedMemory:
     def __init__(self, path: str | Path, nbytes: int, name: str = "infermux") -> None:
         self.size = nbytes
         self._map: mmap.mmap | None = None
+        self._base: np.ndarray | None = None  # the region's bytes while it is open
         self._fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
@@ -89,17 +90,23 @@ class SharedMemory:
         """A writable array in the region at `offset` bytes."""
         dt = np.dtype(dtype)
         count = int(np.prod(shape, dtype=np.int64))
-        return self._base[offset:offset + count * dt.itemsize].view(dt).reshape(shape)
+        return self._bytes()[offset:offset + count * dt.itemsize].view(dt).reshape(shape)
 
     def ref(self, array: np.ndarray) -> SharedTensor:
         """What a request sends instead of `array`, which must lie in this region."""
-        start = array.__array_interface__["data"][0] - self._base.__array_interface__["data"][0]
+        start = array.__array_interface__["data"][0] - self._bytes().__array_interface__["data"][0]
         if not array.flags.c_contiguous or start < 0 or start + array.nbytes > self.size:
             raise ValueError("ref() takes a C-contiguous array made by this region's ndarray()")
         dtype = dtype_name(array.dtype)
         if dtype not in DTYPES:
             raise ValueError(f"dtype {array.dtype} cannot go on the wire; use one of {', '.join(DTYPES)}")
         return SharedTensor(self.token, start, dtype, tuple(array.shape))
+
+    def _bytes(self) -> np.ndarray:
+        """The region as uint8; a closed region has none, and says so."""
+        if self._base is None:
+            raise ValueError("this SharedMemory is closed; open a new one")
+        return self._base
 
     def close(self) -> None:
         """Unregister (closing the connection does it) and unmap; arrays on it must be dropped first."""

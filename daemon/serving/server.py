@@ -21,7 +21,7 @@ from collections import deque
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import zmq
 
@@ -129,7 +129,9 @@ class Server:
 
     def _others_waiting(self) -> bool:
         """Whether more requests sit in the socket right now (what the inline limits depend on)."""
-        return self.frontend is not None and bool(self.frontend.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        if self.frontend is None:
+            return False
+        return bool(cast(int, self.frontend.getsockopt(zmq.EVENTS)) & zmq.POLLIN)  # EVENTS is an int option
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -339,9 +341,9 @@ class Server:
             self._send(envelope + encode_reply(error_header(exc.status, exc.message, ident)))
             return
         job = Job(envelope, request, frames, received, deadline_ns=0)  # the router sets the deadline
-        header = self.router.admit(job)
-        if header is not None:
-            self._send(envelope + encode_reply(header))
+        refused = self.router.admit(job)  # None: admitted; else the error reply
+        if refused is not None:
+            self._send(envelope + encode_reply(refused))
 
     # -- status for notify/admin ------------------------------------------------
 

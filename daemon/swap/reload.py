@@ -17,6 +17,7 @@ from infermux.config import ModelConfig
 from infermux.serving.server import limits_from
 
 if TYPE_CHECKING:
+    from infermux.models.registry import ModelVersion
     from infermux.serving.server import Server
 
 log = logging.getLogger("infermux.reload")
@@ -115,13 +116,15 @@ def _reread_client_keys(server: "Server") -> None:
     """A client key added to (or removed from) curve_authorized_dir counts from this reload on."""
     from infermux.transport.curve import CurveError
 
+    if server.curve is None:  # no CURVE listener: no client keys to reread
+        return
     try:
         server.curve.reload()
     except CurveError as exc:
         log.warning("%s; the keys read before stay authorised", exc)
 
 
-def _version(server: "Server", name: str, version: str):
+def _version(server: "Server", name: str, version: str) -> "ModelVersion | None":
     model = server.registry.model(name)
     return model.versions.get(version) if model is not None else None
 

@@ -21,7 +21,6 @@ import logging
 import threading
 import time
 from collections import deque
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infermux.config import Config, ModelConfig

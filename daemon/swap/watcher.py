@@ -28,6 +28,7 @@ from typing import Callable
 
 from watchdog.events import FileSystemEvent, FileSystemEventHandler
 from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
 
 log = logging.getLogger("infermux.watcher")
 
@@ -180,7 +181,9 @@ def scan(root: Path, settler: Settler) -> Snapshot:
     return Snapshot(engines, settings)
 
 
-def _engine_in(folder: Path, settler: Settler, now: float):
+def _engine_in(folder: Path, settler: Settler,
+               now: float) -> tuple[Path, FileSig, bool, Path | None, FileSig | None] | None:
+    """The folder's engine file: (path, sig, stable, checksum file, its sig), or None."""
     for name in ENGINE_NAMES:
         path = folder / name
         st = _stat(path)
@@ -264,7 +267,8 @@ class EngineWatcher:
         self._on_snapshot = on_snapshot
         self._bell = threading.Event()
         self._stopping = False
-        self._observer: Observer | None = None
+        # Observer is a variable naming the platform's class; BaseObserver is the type.
+        self._observer: BaseObserver | None = None
         self._thread = threading.Thread(target=self._run, name="engine-watcher", daemon=True)
         self._last_poke = 0.0
 

@@ -39,6 +39,7 @@ same two fields and no frame (protocol.py). A memfd sealed against writes
 from __future__ import annotations
 
 import fcntl
+import functools
 import json
 import logging
 import mmap
@@ -189,7 +190,7 @@ class RegionServer:
             conn.setblocking(False)
             fd = conn.fileno()
             self._clients[fd] = conn
-            self._watch(fd, lambda fd=fd: self._serve(fd))
+            self._watch(fd, functools.partial(self._serve, fd))
 
     def _serve(self, fd: int) -> bool:
         conn = self._clients[fd]

@@ -222,7 +222,7 @@ def _bytes_at(ptr: int, nbytes: int) -> np.ndarray:
     """A uint8 numpy view of `nbytes` of host memory at `ptr` (no copy)."""
     if nbytes == 0:
         return np.empty(0, np.uint8)
-    return np.frombuffer((ctypes.c_char * nbytes).from_address(ptr), dtype=np.uint8)
+    return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
 
 
 def _load_api() -> _Api:

@@ -123,7 +123,8 @@ class OnnxRuntimeEngine:
     """An ONNX model file; each context gets its own session."""
 
     def __init__(self, path: Path, options: Mapping[str, Any]) -> None:
-        import onnxruntime as ort
+        # onnxruntime ships neither stubs nor py.typed: its calls are checked by the tests.
+        import onnxruntime as ort  # type: ignore[import-untyped]
 
         self._ort = ort
         self.path = path

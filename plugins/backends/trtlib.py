@@ -62,7 +62,7 @@ def _new_logger(trt: ModuleType) -> Any:
     levels = {sev.INTERNAL_ERROR: logging.ERROR, sev.ERROR: logging.ERROR,
               sev.WARNING: logging.WARNING, sev.INFO: logging.DEBUG, sev.VERBOSE: logging.DEBUG}
 
-    class Logger(trt.ILogger):  # type: ignore[misc, name-defined]
+    class Logger(trt.ILogger):  # type: ignore[name-defined]  # a base taken from the module object
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
             self._local = threading.local()
