@@ -7,6 +7,7 @@ Contexts can be added or removed live; a removed one finishes its queue.
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Callable
 
@@ -20,6 +21,33 @@ from infermux.serving.job import Job
 from infermux.plugins.base import Engine
 from infermux.serving.stats import ModelStats
 
+log = logging.getLogger("infermux.executor")
+
+
+class CappedPolicy(BatchPolicy):
+    """A BatchPolicy whose `max_batch`, configured or set live, never exceeds the engine's own batch
+    maximum (`limit`, batcher.row_limit): a merged batch above it would be refused with 400 to every
+    request in it, for a shape none of them sent. Clamping is logged once."""
+
+    def __init__(self, max_batch: int, delay_us: int, preferred: tuple[int, ...], allowed: bool,
+                 limit: int | None, name: str) -> None:
+        self.limit, self.name, self._logged = limit, name, False
+        super().__init__(max_batch, delay_us, preferred, allowed)
+
+    @property
+    def max_batch(self) -> int:
+        return self._max_batch
+
+    @max_batch.setter
+    def max_batch(self, value: int) -> None:
+        if self.limit is not None and value > self.limit:
+            if not self._logged:
+                log.warning("max_batch %d of %s is above the engine's batch maximum %d: batches are "
+                            "capped at %d rows", value, self.name, self.limit, self.limit)
+                self._logged = True
+            value = self.limit
+        self._max_batch = value
+
 
 class Scheduler:
     """Bounded queues and executors for one loaded model version."""
@@ -30,8 +58,9 @@ class Scheduler:
         self.name, self.version = config.name, config.version
         self.max_queue = config.max_queue
         self.strategy = strategy
-        self.policy = BatchPolicy(config.max_batch, config.batch_delay_us, config.preferred_batch,
-                                  batcher.batchable(engine.inputs, engine.outputs))
+        self.policy = CappedPolicy(config.max_batch, config.batch_delay_us, config.preferred_batch,
+                                   batcher.batchable(engine.inputs, engine.outputs),
+                                   batcher.row_limit(engine.inputs), f"{config.name}:{config.version}")
         self._engine = engine
         self._reply, self._on_late, self._stats = reply, on_late, stats
         self._inline = inline
