@@ -31,6 +31,7 @@ from infermux.plugins.backends import trtlib
 PLAN_MAGIC = b"FAKEPLAN"
 ACTIVATION_BYTES = 4096
 PROFILE = ((1, 4), (2, 4), (8, 4))
+BINDINGS_VERSION = "12.9.1"  # the first 12.x cuda-bindings that releases the GIL
 
 
 class FakeCudart:
@@ -396,6 +397,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeCudart:
     gpu = FakeCudart()
     package, bindings = ModuleType("cuda"), ModuleType("cuda.bindings")
     package.bindings, bindings.runtime = bindings, gpu
+    bindings.__version__ = BINDINGS_VERSION  # cuda.bindings.__version__, as cuda-bindings sets it
     for name, module in (("cuda", package), ("cuda.bindings", bindings), ("cuda.bindings.runtime", gpu)):
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(cuda_layer, "_api_cache", None)

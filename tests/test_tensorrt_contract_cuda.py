@@ -77,9 +77,25 @@ def test_no_gpu_counts_as_zero_devices(fake_gpu):
         cuda.device_count()
 
 
-def test_legacy_cudart_module_is_used_when_bindings_are_missing(monkeypatch):
-    """Checks our code's import fallback, not the API: older cuda-python only has
-    `cuda.cudart`."""
+@pytest.mark.parametrize("version", ["12.6.2", "12.8.0", "12.9.0", "11.8.7"])
+def test_contract_cuda_bindings_that_hold_the_gil_are_refused(fake_gpu, monkeypatch, version):
+    """Checks our code's version check, not the API: cuda-bindings older than 12.9.1 hold the GIL
+    through every cudaStreamSynchronize, so the first CUDA call refuses them, saying what to install."""
+    monkeypatch.setattr(sys.modules["cuda.bindings"], "__version__", version)
+    with pytest.raises(BackendError, match=rf"cuda-bindings\) {version} holds the Python GIL.*cuda-python>=12.9.1"):
+        cuda.mem_info()
+
+
+@pytest.mark.parametrize("version", ["12.9.1", "12.9.4.post1", "13.0.0", "13.3.1"])
+def test_contract_cuda_bindings_that_release_the_gil_are_used(fake_gpu, monkeypatch, version):
+    """Checks our code's version check, not the API: 12.9.1+ and 13.0.0+ are accepted."""
+    monkeypatch.setattr(sys.modules["cuda.bindings"], "__version__", version)
+    assert cuda.mem_info().total == fake_gpu.total
+
+
+def test_contract_legacy_cudart_module_is_refused_as_holding_the_gil(monkeypatch):
+    """Checks our code's import fallback, not the API: cuda-python that only has `cuda.cudart`
+    (before 12.6) holds the GIL, so it is refused rather than used."""
     legacy = FakeCudart()
     package = ModuleType("cuda")
     package.cudart = legacy
@@ -87,9 +103,9 @@ def test_legacy_cudart_module_is_used_when_bindings_are_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)
     monkeypatch.setitem(sys.modules, "cuda.cudart", legacy)
     monkeypatch.setattr(cuda, "_api_cache", None)
-    assert cuda.binding_name() == "cuda-python (cuda.cudart)"
-    cuda.DeviceBuffer(8)
-    assert len(legacy.device) == 1
+    with pytest.raises(BackendError, match="holds the Python GIL"):
+        cuda.binding_name()
+    assert not legacy.device
 
 
 def test_missing_bindings_say_what_to_install(monkeypatch):
@@ -98,7 +114,7 @@ def test_missing_bindings_say_what_to_install(monkeypatch):
     for name in ("cuda", "cuda.bindings", "pycuda", "pycuda.driver"):
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setattr(cuda, "_api_cache", None)
-    with pytest.raises(BackendError, match=r"cuda-python>=12,<13"):
+    with pytest.raises(BackendError, match=r"cuda-python>=12.9.1,<13"):
         cuda.mem_info()
 
 

@@ -18,20 +18,25 @@ DRAM, and other processes' use of RAM moves that figure too.
 from __future__ import annotations
 
 import ctypes
+import itertools
+import logging
 import threading
 import warnings
 from dataclasses import dataclass
+from importlib import metadata
 from typing import Any, Protocol
 
 import numpy as np
 
 from infermux.plugins.base import BackendError
 
+log = logging.getLogger("infermux.cuda")
+
 # Error names that mean "this machine has no usable GPU", not "something broke".
 NO_GPU_ERRORS = frozenset({"cudaErrorNoDevice", "cudaErrorInsufficientDriver"})
 
-INSTALL_HINT = ("install cuda-python for this Python: `pip install 'cuda-python>=12,<13'` "
-                "(the 13.x line needs NVIDIA driver >= 580, which JetPack 6 does not have), "
+INSTALL_HINT = ("install cuda-python for this Python: `pip install 'cuda-python>=12.9.1,<13'` "
+                "(the 13.x line, >= 13.0.0, needs NVIDIA driver >= 580, which JetPack 6 does not have), "
                 "or pycuda")
 
 
@@ -225,24 +230,71 @@ def _bytes_at(ptr: int, nbytes: int) -> np.ndarray:
     return np.frombuffer((ctypes.c_char * nbytes).from_address(ptr), dtype=np.uint8)
 
 
+# The first cuda-bindings releases that drop the GIL around their C calls (12.x line, 13.x line).
+# Older ones hold it through every cudaStreamSynchronize, freezing every other Python thread.
+GIL_FREE = (12, 9, 1)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """(12, 9, 1) from "12.9.1", "12.9.1.post2" or "13.0.0rc1": the leading numbers."""
+    parts = []
+    for part in text.split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def bindings_version() -> str:
+    """The installed cuda-bindings version ("" if it cannot be told)."""
+    try:
+        import cuda.bindings as bindings
+        return str(getattr(bindings, "__version__", "") or metadata.version("cuda-bindings"))
+    except (ImportError, metadata.PackageNotFoundError):
+        return ""
+
+
+def check_releases_gil(version: str) -> None:
+    """BackendError unless cuda-bindings `version` releases the GIL during CUDA calls."""
+    if not version:
+        log.warning("cannot tell the cuda-bindings version: if it is older than 12.9.1, every CUDA "
+                    "synchronisation stalls the daemon's other threads")
+        return
+    if _version(version) < GIL_FREE:
+        raise BackendError(f"cuda-python (cuda-bindings) {version} holds the Python GIL during every CUDA "
+                           f"call, so one synchronising request would freeze the whole daemon: "
+                           f"{INSTALL_HINT}")
+
+
 def _load_api() -> _Api:
     try:
         from cuda.bindings import runtime as rt  # cuda-python >= 12.6
-        return _CudaPython(rt, "cuda-python (cuda.bindings.runtime)")
     except ImportError:
         pass
+    else:
+        check_releases_gil(bindings_version())
+        return _CudaPython(rt, "cuda-python (cuda.bindings.runtime)")
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # "cuda.cudart is deprecated"
-            from cuda import cudart  # older cuda-python
-        return _CudaPython(cudart, "cuda-python (cuda.cudart)")
+            from cuda import cudart  # noqa: F401  (cuda-python < 12.6: holds the GIL)
     except ImportError:
         pass
+    else:
+        check_releases_gil(_distribution_version("cuda-python") or "12.5 or older")
     try:
         import pycuda.driver as driver
     except ImportError as exc:
         raise BackendError(f"no CUDA binding for Python found: {INSTALL_HINT}") from exc
     return _PyCuda(driver)
+
+
+def _distribution_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return ""
 
 
 _api_lock = threading.Lock()
