@@ -163,6 +163,9 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
     trt.DataType = enum.Enum("DataType", "FLOAT HALF INT8 INT32 INT64 BOOL UINT8 BF16")
     trt.TensorIOMode = enum.Enum("TensorIOMode", "NONE INPUT OUTPUT")
     trt.TensorLocation = enum.Enum("TensorLocation", "DEVICE HOST")
+    trt.TensorFormat = enum.Enum("TensorFormat", "LINEAR CHW2 HWC8 CHW4 CHW16 CHW32 DHWC8 CDHW32 HWC "
+                                 "DLA_LINEAR DLA_HWC4 HWC16 DHWC")
+    trt.formats = {}  # tensor name -> TensorFormat, for engines built with --inputIOFormats
 
     class ILogger:
         Severity = enum.Enum("Severity", "INTERNAL_ERROR ERROR WARNING INFO VERBOSE")
@@ -250,6 +253,13 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
 
         def get_tensor_shape(self, name: str) -> tuple:
             return tensors[name][2]
+
+        def get_tensor_format(self, name: str) -> Any:
+            return trt.formats.get(name, trt.TensorFormat.LINEAR)
+
+        def get_tensor_components_per_element(self, name: str) -> int:
+            digits = "".join(c for c in self.get_tensor_format(name).name if c.isdigit())
+            return int(digits or 1)
 
         def get_tensor_location(self, name: str) -> Any:
             return trt.TensorLocation.DEVICE

@@ -155,3 +155,15 @@ def test_unload_releases_everything(fake_trt, fake_gpu, tmp_path):
         engine.create_context()
     with pytest.raises(BackendError, match="after close"):
         contexts[1].infer({"x": np.ones((1, 4), np.float32)})
+
+
+@pytest.mark.parametrize("tensor, fmt", [("x", "CHW32"), ("x", "HWC8"), ("total", "CHW4"), ("x", "HWC")])
+def test_contract_vectorized_or_channel_last_tensors_are_refused(fake_trt, fake_gpu, tmp_path, tensor, fmt):
+    """Checks our code's use of get_tensor_format, not the API itself: an engine whose I/O is bound in a
+    non-LINEAR format (--inputIOFormats, DLA) would get buffers sized for a dense layout and wrong bytes,
+    so it is refused at load, naming the tensor and format, with nothing left allocated."""
+    fake_trt.formats[tensor] = fake_trt.TensorFormat[fmt]
+    with pytest.raises(BackendError, match=rf"tensor '{tensor}' is bound in TensorRT format {fmt}.*only LINEAR"):
+        load(write_plan(tmp_path))
+    gc.collect()
+    assert not fake_gpu.device and not fake_gpu.host and not fake_gpu.streams

@@ -272,11 +272,24 @@ class TensorRTEngine:
         if self._engine.get_tensor_location(name) == trt.TensorLocation.HOST:
             raise BackendError(f"tensor {name!r} lives in host memory (a shape tensor); "
                                f"infermux serves only engines whose inputs and outputs are on the GPU")
+        self._check_linear(name)
         dtype = trtlib.numpy_dtype(trt, self._engine.get_tensor_dtype(name))
         if dtype is None:
             raise BackendError(f"tensor {name!r} has TensorRT type {self._engine.get_tensor_dtype(name)}, "
                                f"which the wire protocol cannot carry; cast it in the ONNX model")
         return dtype
+
+    def _check_linear(self, name: str) -> None:
+        # Clients send and receive dense row-major tensors; a vectorized or channel-last
+        # binding (--inputIOFormats/--outputIOFormats, some DLA builds) would need a buffer
+        # padded to its components per element and a reformat the backend does not do.
+        fmt = self._engine.get_tensor_format(name)
+        if fmt != self._shared.trt.TensorFormat.LINEAR:
+            per = self._engine.get_tensor_components_per_element(name)
+            raise BackendError(f"tensor {name!r} is bound in TensorRT format {getattr(fmt, 'name', fmt)} "
+                               f"({per} components per element); infermux serves only LINEAR (row-major) "
+                               f"I/O tensors: rebuild the engine without --inputIOFormats/--outputIOFormats "
+                               f"or with a linear format (`infermux build` does), {REBUILD.format(path=self.path)}")
 
     def _input_spec(self, name: str) -> TensorSpec:
         # Profile 0 is the one every new context starts with.
