@@ -166,6 +166,7 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
     trt.TensorFormat = enum.Enum("TensorFormat", "LINEAR CHW2 HWC8 CHW4 CHW16 CHW32 DHWC8 CDHW32 HWC "
                                  "DLA_LINEAR DLA_HWC4 HWC16 DHWC")
     trt.formats = {}  # tensor name -> TensorFormat, for engines built with --inputIOFormats
+    trt.load_overhead = 0  # device bytes a deserialization takes beyond the plan's size
 
     class ILogger:
         Severity = enum.Enum("Severity", "INTERNAL_ERROR ERROR WARNING INFO VERBOSE")
@@ -234,8 +235,9 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
 
         def __init__(self, logger: Any, plan_bytes: int) -> None:
             self.logger = logger
-            self.plan_bytes = plan_bytes
-            gpu.reserved += plan_bytes
+            # Real TensorRT also loads kernels and libraries onto the device (`trt.load_overhead`).
+            self.plan_bytes = plan_bytes + trt.load_overhead
+            gpu.reserved += self.plan_bytes
 
         def __del__(self) -> None:
             gpu.reserved -= self.plan_bytes

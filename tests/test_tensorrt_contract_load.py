@@ -18,7 +18,7 @@ from fakes_tensorrt import ACTIVATION_BYTES, write_plan
 from infermux.plugins import backends
 from infermux.plugins.backends import trtlib
 from infermux.plugins.backends.tensorrt import TensorRTBackend
-from infermux.plugins.base import BackendError
+from infermux.plugins.base import BackendError, OnDevice
 
 pytest_plugins = ["fakes_tensorrt"]  # fake_gpu, fake_trt fixtures
 
@@ -167,3 +167,32 @@ def test_contract_vectorized_or_channel_last_tensors_are_refused(fake_trt, fake_
         load(write_plan(tmp_path))
     gc.collect()
     assert not fake_gpu.device and not fake_gpu.host and not fake_gpu.streams
+
+
+def test_contract_memory_counts_the_measured_load_where_it_is_larger(fake_trt, fake_gpu, tmp_path):
+    """Checks our code's use of cudaMemGetInfo, not the API itself: when deserializing took more
+    device memory than the plan's size (kernels, libraries), memory_bytes() reports the measured
+    drop plus the later contexts; the engine names its device (base.OnDevice) so the registry
+    charges that figure, not the host RSS the load added."""
+    fake_trt.load_overhead = 1 << 20
+    engine = load(write_plan(tmp_path, size=1000), device=0)
+    per_context = ACTIVATION_BYTES + IO_BYTES
+    assert isinstance(engine, OnDevice) and engine.device == 0
+    assert engine.measured_load_bytes == (1 << 20) + 1000 + per_context
+    assert engine.memory_bytes() == engine.measured_load_bytes
+    extra = engine.create_context(), engine.create_context()  # the first reuses the load's context
+    assert engine.memory_bytes() == engine.measured_load_bytes + per_context
+    for ctx in extra:
+        ctx.close()
+    engine.close()
+
+
+def test_contract_jetson_keeps_the_estimate_since_its_measure_moves_with_every_process(fake_trt, fake_gpu,
+                                                                                         tmp_path):
+    """Checks our code, not the API: on an integrated GPU the free figure is system RAM, so the
+    measured drop is not charged."""
+    fake_gpu.integrated = True
+    fake_trt.load_overhead = 1 << 20
+    engine = load(write_plan(tmp_path, size=1000))
+    assert engine.memory_bytes() == 1000 + engine.context_bytes()
+    engine.close()

@@ -216,7 +216,7 @@ class TensorRTEngine:
 
     def __init__(self, path: Path, options: Mapping[str, Any]) -> None:
         self.path = path
-        self._device = int(options.get("device", 0))
+        self.device = self._device = int(options.get("device", 0))  # base.OnDevice
         self._lock = threading.Lock()
         self._contexts: set[TensorRTContext] = set()
         self._spare: TensorRTContext | None = None
@@ -353,10 +353,16 @@ class TensorRTEngine:
         return self._activation_bytes + io * (2 if self.integrated else 1)
 
     def memory_bytes(self) -> int:
-        """Engine (its plan size) plus `context_bytes()` for every open context."""
+        """Device memory of this engine on `device`: its plan size plus `context_bytes()` per open
+        context, or, where more, what the load measured (`measured_load_bytes`: engine and first
+        context, plus the libraries and kernels TensorRT loads lazily) plus the later contexts.
+        On Jetson the measured drop moves with every process's RAM use, so only the estimate counts."""
         with self._lock:
             contexts = len(self._contexts)
-        return self._plan_bytes + contexts * self.context_bytes()
+        estimate = self._plan_bytes + contexts * self.context_bytes()
+        if self.integrated or not contexts:
+            return estimate
+        return max(estimate, self.measured_load_bytes + (contexts - 1) * self.context_bytes())
 
     def close(self) -> None:
         """Close every context still open, then drop the engine (idempotent)."""
