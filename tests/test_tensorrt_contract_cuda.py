@@ -108,9 +108,27 @@ def test_contract_legacy_cudart_module_is_refused_as_holding_the_gil(monkeypatch
     assert not legacy.device
 
 
+def test_contract_pycuda_alone_is_not_used(monkeypatch):
+    """Checks our code's import choice, not pycuda's API: with pycuda installed and cuda-python
+    missing, the first CUDA call says to install cuda-python instead of driving pycuda, whose
+    per-thread context pushes were never popped (docs/tensorrt.md, "Why not pycuda")."""
+    driver = ModuleType("pycuda.driver")
+    calls: list[str] = []
+    driver.init = lambda: calls.append("init")
+    driver.mem_get_info = lambda: (calls.append("mem_get_info"), (1, 2))[1]
+    package = ModuleType("pycuda")
+    package.driver = driver
+    for name, module in (("cuda", None), ("cuda.bindings", None), ("pycuda", package), ("pycuda.driver", driver)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(cuda, "_api_cache", None)
+    with pytest.raises(BackendError, match=r"cuda-python>=12.9.1.*pycuda is not used"):
+        cuda.mem_info()
+    assert calls == []
+
+
 def test_missing_bindings_say_what_to_install(monkeypatch):
-    """Checks our code's import fallback, not the API: with neither cuda-python nor
-    pycuda the first CUDA call raises a BackendError naming the package."""
+    """Checks our code's import fallback, not the API: without cuda-python the first CUDA
+    call raises a BackendError naming the package."""
     for name in ("cuda", "cuda.bindings", "pycuda", "pycuda.driver"):
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setattr(cuda, "_api_cache", None)

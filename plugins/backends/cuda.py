@@ -1,9 +1,10 @@
 """CUDA streams, memory and copies, as the TensorRT backend needs them.
 
-The binding is cuda-python (`cuda.bindings.runtime`, or the older
-`cuda.cudart`), and pycuda where cuda-python is missing. Both talk to the
-device's primary CUDA context, the one TensorRT's runtime API uses too, so
-pointers and streams made here are valid for TensorRT.
+The binding is cuda-python's `cuda.bindings.runtime`, 12.9.1 or newer (older
+releases hold the GIL through every call). Its runtime API talks to the
+device's primary CUDA context, the one TensorRT's runtime uses too, so
+pointers and streams made here are valid for TensorRT. pycuda is not used:
+docs/tensorrt.md says why.
 
 Every CUDA failure surfaces as `CudaError` (a `BackendError`) that names
 the CUDA error, so the daemon answers 500 or marks the model failed instead
@@ -36,8 +37,8 @@ log = logging.getLogger("infermux.cuda")
 NO_GPU_ERRORS = frozenset({"cudaErrorNoDevice", "cudaErrorInsufficientDriver"})
 
 INSTALL_HINT = ("install cuda-python for this Python: `pip install 'cuda-python>=12.9.1,<13'` "
-                "(the 13.x line, >= 13.0.0, needs NVIDIA driver >= 580, which JetPack 6 does not have), "
-                "or pycuda")
+                "(the 13.x line, >= 13.0.0, needs NVIDIA driver >= 580, which JetPack 6 does not have); "
+                "pycuda is not used (docs/tensorrt.md)")
 
 
 class CudaError(BackendError):
@@ -141,88 +142,6 @@ class _CudaPython:
         return MemInfo(int(free), int(total))
 
 
-class _PyCuda:
-    """pycuda (driver API): objects own the memory, so they are kept by pointer.
-
-    pycuda needs a context current on each calling thread; it pushes the
-    device's primary context, the same one TensorRT uses.
-    """
-
-    def __init__(self, driver: Any) -> None:
-        self._drv = driver
-        self._device = 0
-        self._local = threading.local()
-        self._owned: dict[int, Any] = {}
-        self.name = "pycuda"
-
-    def _call(self, op: str, fn: Any, *args: Any) -> Any:
-        try:
-            self._ensure_context()
-            return fn(*args)
-        except self._drv.Error as exc:
-            raise CudaError(op, str(exc)) from exc
-
-    def _ensure_context(self) -> None:
-        if getattr(self._local, "device", None) != self._device:
-            self._drv.init()
-            self._drv.Device(self._device).retain_primary_context().push()
-            self._local.device = self._device
-
-    def device_count(self) -> int:
-        try:
-            self._drv.init()
-        except self._drv.Error:
-            return 0  # cuInit fails without a driver or a device
-        return int(self._drv.Device.count())
-
-    def set_device(self, device: int) -> None:
-        self._device = device
-        self._call("cuDevicePrimaryCtxRetain", lambda: None)  # _call makes it current
-
-    def integrated(self, device: int) -> bool:
-        attr = self._drv.device_attribute.INTEGRATED
-        return bool(self._call("cuDeviceGetAttribute", lambda: self._drv.Device(device).get_attribute(attr)))
-
-    def malloc(self, nbytes: int) -> int:
-        alloc = self._call("cuMemAlloc", self._drv.mem_alloc, nbytes)
-        self._owned[int(alloc)] = alloc
-        return int(alloc)
-
-    def free(self, ptr: int) -> None:
-        self._call("cuMemFree", self._owned.pop(ptr).free)
-
-    def malloc_host(self, nbytes: int) -> int:
-        array = self._call("cuMemHostAlloc", self._drv.pagelocked_empty, nbytes, np.uint8)
-        self._owned[array.ctypes.data] = array
-        return int(array.ctypes.data)
-
-    def free_host(self, ptr: int) -> None:
-        array = self._owned.pop(ptr)
-        self._call("cuMemFreeHost", array.base.free)
-
-    def stream_create(self) -> int:
-        stream = self._call("cuStreamCreate", self._drv.Stream)
-        self._owned[stream.handle] = stream
-        return int(stream.handle)
-
-    def stream_destroy(self, stream: int) -> None:
-        self._owned.pop(stream)  # pycuda destroys the stream when the object goes
-
-    def stream_sync(self, stream: int) -> None:
-        self._call("cuStreamSynchronize", self._owned[stream].synchronize)
-
-    def copy_async(self, dst: int, src: int, nbytes: int, to_device: bool, stream: int) -> None:
-        s = self._owned[stream]
-        if to_device:
-            self._call("cuMemcpyHtoDAsync", self._drv.memcpy_htod_async, dst, _bytes_at(src, nbytes), s)
-        else:
-            self._call("cuMemcpyDtoHAsync", self._drv.memcpy_dtoh_async, _bytes_at(dst, nbytes), src, s)
-
-    def mem_info(self) -> MemInfo:
-        free, total = self._call("cuMemGetInfo", self._drv.mem_get_info)
-        return MemInfo(int(free), int(total))
-
-
 def _bytes_at(ptr: int, nbytes: int) -> np.ndarray:
     """A uint8 numpy view of `nbytes` of host memory at `ptr` (no copy)."""
     if nbytes == 0:
@@ -283,11 +202,8 @@ def _load_api() -> _Api:
         pass
     else:
         check_releases_gil(_distribution_version("cuda-python") or "12.5 or older")
-    try:
-        import pycuda.driver as driver
-    except ImportError as exc:
-        raise BackendError(f"no CUDA binding for Python found: {INSTALL_HINT}") from exc
-    return _PyCuda(driver)
+    # No pycuda fallback: docs/tensorrt.md ("Why not pycuda") says why.
+    raise BackendError(f"no CUDA binding for Python found: {INSTALL_HINT}")
 
 
 def _distribution_version(name: str) -> str:
