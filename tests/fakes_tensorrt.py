@@ -29,6 +29,7 @@ from infermux.plugins.backends import cuda as cuda_layer
 from infermux.plugins.backends import trtlib
 
 PLAN_MAGIC = b"FAKEPLAN"
+VC_PLAN_MAGIC = b"FAKEVCPLAN"  # a version-compatible plan (BuilderFlag.VERSION_COMPATIBLE)
 ACTIVATION_BYTES = 4096
 PROFILE = ((1, 4), (2, 4), (8, 4))
 BINDINGS_VERSION = "12.9.1"  # the first 12.x cuda-bindings that releases the GIL
@@ -285,8 +286,15 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
             assert isinstance(logger, ILogger)
             Runtime.instances += 1
             self.logger = logger
+            self.engine_host_code_allowed = False  # IRuntime's default
 
         def deserialize_cuda_engine(self, plan: bytes) -> Engine | None:
+            if bytes(plan).startswith(VC_PLAN_MAGIC):  # version-compatible: embeds its lean runtime
+                if not self.engine_host_code_allowed:
+                    self.logger.log(ILogger.Severity.ERROR, "Error Code 1: Serialization (Cannot deserialize "
+                                    "version compatible engine without engine host code allowed)")
+                    return None
+                plan = PLAN_MAGIC + bytes(plan)[len(VC_PLAN_MAGIC):]
             if not bytes(plan).startswith(PLAN_MAGIC):
                 self.logger.log(ILogger.Severity.ERROR, "Error Code 6: The engine plan file is not "
                                 "compatible with this version of TensorRT")
@@ -396,10 +404,10 @@ def _add_fake_builder(trt: ModuleType) -> None:
     trt.Builder, trt.OnnxParser = Builder, OnnxParser
 
 
-def write_plan(directory: Path, name: str = "model.plan", size: int = 1000) -> Path:
-    """A plan file the fake runtime accepts."""
+def write_plan(directory: Path, name: str = "model.plan", size: int = 1000, magic: bytes = PLAN_MAGIC) -> Path:
+    """A plan file the fake runtime accepts (`magic=VC_PLAN_MAGIC`: a version-compatible one)."""
     path = directory / name
-    path.write_bytes(PLAN_MAGIC + bytes(size - len(PLAN_MAGIC)))
+    path.write_bytes(magic + bytes(size - len(magic)))
     return path
 
 

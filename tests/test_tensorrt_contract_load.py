@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fakes_tensorrt import ACTIVATION_BYTES, write_plan
+from fakes_tensorrt import ACTIVATION_BYTES, VC_PLAN_MAGIC, write_plan
 
 from infermux.plugins import backends
 from infermux.plugins.backends import trtlib
@@ -195,4 +195,14 @@ def test_contract_jetson_keeps_the_estimate_since_its_measure_moves_with_every_p
     fake_trt.load_overhead = 1 << 20
     engine = load(write_plan(tmp_path, size=1000))
     assert engine.memory_bytes() == 1000 + engine.context_bytes()
+    engine.close()
+
+
+def test_contract_version_compatible_plans_load(fake_trt, tmp_path):
+    """Checks our code's use of the runtime API, not the API itself: a plan built VERSION_COMPATIBLE
+    embeds host code, which deserializes only with runtime.engine_host_code_allowed set."""
+    engine = load(write_plan(tmp_path, magic=VC_PLAN_MAGIC))
+    ctx = engine.create_context()
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(ctx.infer({"x": x})["total"], x.sum(axis=1))
     engine.close()

@@ -110,5 +110,15 @@ def shared() -> Shared:
             # Plugin layers (NMS and friends) must be registered before an
             # engine that uses them is deserialized.
             trt.init_libnvinfer_plugins(logger, "")
-            _shared = Shared(trt, logger, trt.Runtime(logger))
+            _shared = Shared(trt, logger, _new_runtime(trt, logger))
         return _shared
+
+
+def _new_runtime(trt: ModuleType, logger: Any) -> Any:
+    """The one IRuntime. Version-compatible plans (built with VERSION_COMPATIBLE, to run on later
+    TensorRT releases of the same major) embed their lean runtime as host code, which a runtime
+    refuses unless `engine_host_code_allowed`: engine files are the operator's, trusted like the
+    config (docs/tensorrt.md#engines-belong-to-one-device)."""
+    runtime = trt.Runtime(logger)
+    runtime.engine_host_code_allowed = True
+    return runtime
