@@ -17,6 +17,8 @@ from __future__ import annotations
 import ctypes
 import enum
 import sys
+import threading
+import warnings
 import weakref
 from pathlib import Path
 from types import ModuleType
@@ -35,6 +37,24 @@ PROFILE = ((1, 4), (2, 4), (8, 4))
 BINDINGS_VERSION = "12.9.1"  # the first 12.x cuda-bindings that releases the GIL
 
 
+class FakeStream:
+    """cudaStream_t: a handle object; int() of it is deprecated in favour of
+    cuda.bindings.utils.get_cuda_native_handle (cuda-bindings 12.9.1+)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __int__(self) -> int:
+        warnings.warn("int(cudaStream_t) is deprecated: use get_cuda_native_handle", DeprecationWarning,
+                      stacklevel=2)
+        return self.handle
+
+
+def get_cuda_native_handle(obj: Any) -> int:
+    """cuda.bindings.utils.get_cuda_native_handle."""
+    return obj.handle
+
+
 class FakeCudart:
     """cuda.bindings.runtime: calls return (cudaError_t, *results) as cuda-python does."""
 
@@ -43,6 +63,7 @@ class FakeCudart:
         cudaErrorInvalidValue = 1
         cudaErrorMemoryAllocation = 2
         cudaErrorNoDevice = 100
+        cudaErrorInvalidDevice = 101
         cudaErrorLaunchFailure = 719
 
     class cudaMemcpyKind(enum.IntEnum):
@@ -56,6 +77,10 @@ class FakeCudart:
 
     def __init__(self, total: int = 1 << 30) -> None:
         self.total = total
+        self.device_count = 1
+        self._current = threading.local()  # CUDA's current device is per thread (0 until set)
+        self.owner: dict[int, int] = {}    # pointer or stream -> the device current when it was made
+        self.wrong_device: list[str] = []  # releases made while another device was current
         self.device: dict[int, ctypes.Array] = {}
         self.host: dict[int, ctypes.Array] = {}
         self.streams: set[int] = set()
@@ -80,6 +105,7 @@ class FakeCudart:
             return err, None
         buf = ctypes.create_string_buffer(nbytes)
         table[ctypes.addressof(buf)] = buf
+        self.owner[ctypes.addressof(buf)] = self.current()
         return err, ctypes.addressof(buf)
 
     def _release(self, call: str, table: dict[int, ctypes.Array], ptr: int) -> tuple:
@@ -87,13 +113,28 @@ class FakeCudart:
         if not err:
             assert ptr in table, f"{call} of a pointer that {call} did not allocate"
             del table[ptr]
+            self.released(call, ptr)
         return (err,)
 
     def cudaGetDeviceCount(self) -> tuple:
-        return self._error("cudaGetDeviceCount"), 1
+        return self._error("cudaGetDeviceCount"), self.device_count
 
     def cudaSetDevice(self, device: int) -> tuple:
-        return (self._error("cudaSetDevice"),)
+        err = self._error("cudaSetDevice")
+        if not err and not 0 <= device < self.device_count:
+            err = self.cudaError_t.cudaErrorInvalidDevice
+        if not err:
+            self._current.device = device
+        return (err,)
+
+    def current(self) -> int:
+        return getattr(self._current, "device", 0)
+
+    def released(self, what: str, key: int) -> None:
+        """Note a release made while the device that owns `key` was not current."""
+        device = self.owner.pop(key, self.current())
+        if device != self.current():
+            self.wrong_device.append(f"{what} of device {device} with device {self.current()} current")
 
     def cudaDeviceGetAttribute(self, attr: Any, device: int) -> tuple:
         return self._error("cudaDeviceGetAttribute"), int(self.integrated)
@@ -113,10 +154,12 @@ class FakeCudart:
     def cudaStreamCreateWithFlags(self, flags: int) -> tuple:
         self._next_stream += 1
         self.streams.add(self._next_stream)
-        return self._error("cudaStreamCreateWithFlags"), self._next_stream
+        self.owner[self._next_stream] = self.current()
+        return self._error("cudaStreamCreateWithFlags"), FakeStream(self._next_stream)
 
     def cudaStreamDestroy(self, stream: int) -> tuple:
         self.streams.remove(stream)
+        self.released("cudaStreamDestroy", stream)
         return (self._error("cudaStreamDestroy"),)
 
     def cudaStreamSynchronize(self, stream: int) -> tuple:
@@ -168,9 +211,11 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
                                  "DLA_LINEAR DLA_HWC4 HWC16 DHWC")
     trt.formats = {}  # tensor name -> TensorFormat, for engines built with --inputIOFormats
     trt.load_overhead = 0  # device bytes a deserialization takes beyond the plan's size
+    trt.verbose_per_load = 20  # VERBOSE messages each deserialization logs
 
     class ILogger:
-        Severity = enum.Enum("Severity", "INTERNAL_ERROR ERROR WARNING INFO VERBOSE")
+        # pybind11's arithmetic enum: int(severity) is 0 (INTERNAL_ERROR) .. 4 (VERBOSE).
+        Severity = enum.IntEnum("Severity", "INTERNAL_ERROR ERROR WARNING INFO VERBOSE", start=0)
 
         def __init__(self) -> None:
             pass
@@ -191,9 +236,11 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
             self.executions = 0
             self.gate: Callable[[], None] | None = None
             gpu.reserved += ACTIVATION_BYTES
+            gpu.owner[id(self)] = gpu.current()
 
         def __del__(self) -> None:
             gpu.reserved -= ACTIVATION_BYTES
+            gpu.released("execution context release", id(self))
 
         def set_input_shape(self, name: str, shape: Any) -> bool:
             shape = tuple(shape)
@@ -239,9 +286,11 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
             # Real TensorRT also loads kernels and libraries onto the device (`trt.load_overhead`).
             self.plan_bytes = plan_bytes + trt.load_overhead
             gpu.reserved += self.plan_bytes
+            gpu.owner[id(self)] = gpu.current()
 
         def __del__(self) -> None:
             gpu.reserved -= self.plan_bytes
+            gpu.released("engine release", id(self))
 
         num_io_tensors = len(tensors)
 
@@ -289,6 +338,8 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
             self.engine_host_code_allowed = False  # IRuntime's default
 
         def deserialize_cuda_engine(self, plan: bytes) -> Engine | None:
+            for i in range(trt.verbose_per_load):  # real TensorRT narrates every load
+                self.logger.log(ILogger.Severity.VERBOSE, f"fake: deserializing layer {i}")
             if bytes(plan).startswith(VC_PLAN_MAGIC):  # version-compatible: embeds its lean runtime
                 if not self.engine_host_code_allowed:
                     self.logger.log(ILogger.Severity.ERROR, "Error Code 1: Serialization (Cannot deserialize "
@@ -415,10 +466,12 @@ def write_plan(directory: Path, name: str = "model.plan", size: int = 1000, magi
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeCudart:
     """The fake CUDA runtime, installed as `cuda.bindings.runtime` for this test."""
     gpu = FakeCudart()
-    package, bindings = ModuleType("cuda"), ModuleType("cuda.bindings")
-    package.bindings, bindings.runtime = bindings, gpu
+    package, bindings, utils = ModuleType("cuda"), ModuleType("cuda.bindings"), ModuleType("cuda.bindings.utils")
+    package.bindings, bindings.runtime, bindings.utils = bindings, gpu, utils
+    utils.get_cuda_native_handle = get_cuda_native_handle
     bindings.__version__ = BINDINGS_VERSION  # cuda.bindings.__version__, as cuda-bindings sets it
-    for name, module in (("cuda", package), ("cuda.bindings", bindings), ("cuda.bindings.runtime", gpu)):
+    for name, module in (("cuda", package), ("cuda.bindings", bindings), ("cuda.bindings.runtime", gpu),
+                         ("cuda.bindings.utils", utils)):
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(cuda_layer, "_api_cache", None)
     return gpu

@@ -25,7 +25,7 @@ import threading
 import warnings
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
@@ -84,10 +84,11 @@ class _Api(Protocol):
 class _CudaPython:
     """cuda-python: every call returns `(cudaError_t, *results)`."""
 
-    def __init__(self, rt: Any, name: str) -> None:
+    def __init__(self, rt: Any, name: str, native: Callable[[Any], int] = int) -> None:
         self._rt = rt
         self._ok = rt.cudaError_t.cudaSuccess
         self.name = name
+        self._native = native  # handle object -> int: cuda.bindings.utils.get_cuda_native_handle
 
     def _call(self, op: str, result: Any) -> Any:
         err, *values = result
@@ -124,7 +125,8 @@ class _CudaPython:
         # Non-blocking: never implicitly synchronises with the legacy default
         # stream, so contexts on other threads do not serialise each other.
         flags = self._rt.cudaStreamNonBlocking
-        return int(self._call("cudaStreamCreateWithFlags", self._rt.cudaStreamCreateWithFlags(flags)))
+        # int(cudaStream_t) is deprecated; the native-handle accessor is the supported way.
+        return self._native(self._call("cudaStreamCreateWithFlags", self._rt.cudaStreamCreateWithFlags(flags)))
 
     def stream_destroy(self, stream: int) -> None:
         self._call("cudaStreamDestroy", self._rt.cudaStreamDestroy(stream))
@@ -193,7 +195,7 @@ def _load_api() -> _Api:
         pass
     else:
         check_releases_gil(bindings_version())
-        return _CudaPython(rt, "cuda-python (cuda.bindings.runtime)")
+        return _CudaPython(rt, "cuda-python (cuda.bindings.runtime)", _native_handle())
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # "cuda.cudart is deprecated"
@@ -204,6 +206,15 @@ def _load_api() -> _Api:
         check_releases_gil(_distribution_version("cuda-python") or "12.5 or older")
     # No pycuda fallback: docs/tensorrt.md ("Why not pycuda") says why.
     raise BackendError(f"no CUDA binding for Python found: {INSTALL_HINT}")
+
+
+def _native_handle() -> Callable[[Any], int]:
+    """cuda.bindings.utils.get_cuda_native_handle (12.9.1+, 13.0.0+), else int() for a build that lacks it."""
+    try:
+        from cuda.bindings.utils import get_cuda_native_handle
+    except ImportError:
+        return int
+    return lambda handle: int(get_cuda_native_handle(handle))
 
 
 def _distribution_version(name: str) -> str:

@@ -178,6 +178,8 @@ class TensorRTContext:
     def close(self) -> None:
         """Release the stream, the buffers and the TensorRT context (idempotent)."""
         with self._owner:  # waits for a request running on another thread
+            if self._raw is not None or self._stream is not None:
+                _use_device(self._device)
             self._release()
         self._on_close(self)
 
@@ -193,6 +195,15 @@ class TensorRTContext:
                 resource.close()
             except BackendError:
                 log.exception("TensorRT context: releasing %s failed", type(resource).__name__)
+
+
+def _use_device(device: int) -> None:
+    """Make `device` current before releasing memory on it: freeing from a thread whose current
+    device is another (GPU 0 by default) would create a CUDA context there."""
+    try:
+        cuda.set_device(device)
+    except BackendError:
+        log.exception("TensorRT: cannot make device %d current to release its memory", device)
 
 
 def _check_into(into: Mapping[str, np.ndarray], outputs: Sequence[TensorSpec],
@@ -242,10 +253,12 @@ class TensorRTEngine:
         self._activation_bytes = int(self._engine.device_memory_size_v2)
         names = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
         is_input = {n: self._engine.get_tensor_mode(n) == self._shared.trt.TensorIOMode.INPUT for n in names}
+        self._opt_shapes: dict[str, tuple[int, ...]] = {}
         self.inputs = [self._input_spec(n) for n in names if is_input[n]]
         raw = self._new_raw_context()
         self.outputs = self._output_specs(raw, [n for n in names if not is_input[n]])
         self._spare = self._wrap(raw)
+        self._warm(self._spare)
         self.measured_load_bytes = free_before - cuda.mem_info().free
         log.info("loaded %s: TensorRT %s, activation %.1f MiB per context, measured %.1f MiB",
                  self.path, self._shared.trt.__version__, self._activation_bytes / 2**20,
@@ -293,7 +306,8 @@ class TensorRTEngine:
 
     def _input_spec(self, name: str) -> TensorSpec:
         # Profile 0 is the one every new context starts with.
-        low, _opt, high = (tuple(d) for d in self._engine.get_tensor_profile_shape(name, 0))
+        low, opt, high = (tuple(d) for d in self._engine.get_tensor_profile_shape(name, 0))
+        self._opt_shapes[name] = opt
         return TensorSpec(name, self._dtype(name), tuple(self._engine.get_tensor_shape(name)), low, high)
 
     def _output_specs(self, raw: Any, names: list[str]) -> list[TensorSpec]:
@@ -313,6 +327,19 @@ class TensorRTEngine:
         if dynamic:
             raise BackendError(f"outputs {dynamic} have data-dependent shapes, which infermux does not serve")
         return shapes
+
+    def _warm(self, ctx: TensorRTContext) -> None:
+        """Run profile 0's opt and max shapes once: kernels load lazily (CUDA_MODULE_LOADING=LAZY)
+        and differ by shape, so the first large batch would otherwise pay for loading them. The
+        registry's own warm-up runs the smallest shape (docs/tensorrt.md#what-the-backend-does)."""
+        for shapes in (self._opt_shapes, {s.name: s.max_shape or () for s in self.inputs}):
+            zeros = {s.name: np.zeros(shapes[s.name], s.dtype) for s in self.inputs}
+            try:
+                ctx.infer(zeros)
+            except BackendError as exc:  # the load stands; the registry's warm-up decides
+                log.warning("warming %s at %s failed: %s", self.path,
+                            {n: list(v.shape) for n, v in zeros.items()}, exc)
+                return
 
     def _new_raw_context(self) -> Any:
         raw = self._engine.create_execution_context()
@@ -371,6 +398,8 @@ class TensorRTEngine:
             self._spare = None
         for ctx in contexts:
             ctx.close()
+        if self._engine is not None:
+            _use_device(self._device)
         self._engine = None  # TensorRT frees it with the last reference
 
 

@@ -57,18 +57,28 @@ def numpy_dtype(trt: ModuleType, dtype: Any) -> str | None:
 
 
 def _new_logger(trt: ModuleType) -> Any:
-    """An ILogger that forwards to `logging` and remembers the last error per thread."""
+    """An ILogger that forwards to `logging` and remembers the last error per thread.
+
+    TensorRT calls `log` for every message, VERBOSE ones included (hundreds per engine load),
+    and the bindings' ILogger filters nothing itself: so `log` first drops, by comparing the
+    severity's number, every message `logging` would discard, before any logging call.
+    """
     sev = trt.ILogger.Severity
     levels = {sev.INTERNAL_ERROR: logging.ERROR, sev.ERROR: logging.ERROR,
               sev.WARNING: logging.WARNING, sev.INFO: logging.DEBUG, sev.VERBOSE: logging.DEBUG}
+    # Severities are numbered INTERNAL_ERROR 0 .. VERBOSE 4: pass up to WARNING, or all when
+    # the daemon logs at DEBUG (`--log-level debug`, read when the first engine loads).
+    highest = int(sev.VERBOSE if log.isEnabledFor(logging.DEBUG) else sev.WARNING)
 
-    class Logger(trt.ILogger):  # type: ignore[misc, name-defined]
+    class Logger(trt.ILogger):  # type: ignore[name-defined]
         def __init__(self) -> None:
             trt.ILogger.__init__(self)
             self._local = threading.local()
             self._last = ""  # for errors TensorRT logs from its own threads
 
         def log(self, severity: Any, msg: str) -> None:
+            if int(severity) > highest:
+                return
             level = levels.get(severity, logging.DEBUG)
             if level >= logging.ERROR:
                 self._local.last = self._last = msg
