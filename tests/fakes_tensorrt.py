@@ -9,7 +9,10 @@ APIs themselves: tests/gpu/ does that on a real GPU.
 "Device" memory is host memory here, so the fake engine can compute real
 outputs from what the backend copied in: one input `x` float32 [N, 4] with
 profile 0 = [1,4] / [2,4] / [8,4]; outputs `total` float32 [N] = x.sum(1)
-and `argmax` int32 [N] = x.argmax(1).
+and `argmax` int32 [N] = x.argmax(1). `trt.profiles` gives the next engines
+several profiles, `trt.fixed_batch = n` makes them fixed-shape ([n, 4], no
+profile: the usual batch-1 camera detector). Copies and executions complete
+only at cudaStreamSynchronize, as on a GPU, so ordering bugs show.
 """
 
 from __future__ import annotations
@@ -90,6 +93,9 @@ class FakeCudart:
         self.copies: list[tuple[str, int]] = []             # ("H2D"|"D2H", nbytes)
         self.pageable: dict[int, ctypes.Array] = {}          # ordinary host memory a test hands over
         self._next_stream = 0x1000
+        # Work queued per stream: copies and executions happen only at synchronize (or at a free,
+        # which synchronises implicitly), as on a GPU, so reading results early shows.
+        self.pending: dict[int, list[Callable[[], None]]] = {}
 
     def _error(self, call: str) -> "FakeCudart.cudaError_t":
         return self.fail.pop(call, self.cudaError_t.cudaSuccess)
@@ -108,7 +114,17 @@ class FakeCudart:
         self.owner[ctypes.addressof(buf)] = self.current()
         return err, ctypes.addressof(buf)
 
+    def enqueue(self, stream: int, work: Callable[[], None]) -> None:
+        """Queue `work` on `stream`: it runs at the stream's next synchronize."""
+        self.pending.setdefault(stream, []).append(work)
+
+    def _complete(self, stream: int) -> None:
+        for work in self.pending.pop(stream, []):
+            work()
+
     def _release(self, call: str, table: dict[int, ctypes.Array], ptr: int) -> tuple:
+        for stream in list(self.pending):  # cudaFree waits for the device's queued work
+            self._complete(stream)
         err = self._error(call)
         if not err:
             assert ptr in table, f"{call} of a pointer that {call} did not allocate"
@@ -158,12 +174,14 @@ class FakeCudart:
         return self._error("cudaStreamCreateWithFlags"), FakeStream(self._next_stream)
 
     def cudaStreamDestroy(self, stream: int) -> tuple:
+        self._complete(stream)  # work queued before the destroy still completes
         self.streams.remove(stream)
         self.released("cudaStreamDestroy", stream)
         return (self._error("cudaStreamDestroy"),)
 
     def cudaStreamSynchronize(self, stream: int) -> tuple:
         assert stream in self.streams
+        self._complete(stream)
         return (self._error("cudaStreamSynchronize"),)
 
     def cudaMemGetInfo(self) -> tuple:
@@ -177,7 +195,7 @@ class FakeCudart:
         self.check(src, nbytes, self.host if to_device else self.device)
         err = self._error("cudaMemcpyAsync")
         if not err:
-            ctypes.memmove(dst, src, nbytes)
+            self.enqueue(stream, lambda: ctypes.memmove(dst, src, nbytes))
             self.copies.append(("H2D" if to_device else "D2H", nbytes))
         return (err,)
 
@@ -220,16 +238,23 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
         def __init__(self) -> None:
             pass
 
-    tensors = {"x": (trt.TensorIOMode.INPUT, trt.DataType.FLOAT, (-1, 4)),
-               "total": (trt.TensorIOMode.OUTPUT, trt.DataType.FLOAT, (-1,)),
-               "argmax": (trt.TensorIOMode.OUTPUT, trt.DataType.INT32, (-1,))}
+    trt.profiles = [PROFILE]   # the x ranges of the engines deserialized next, one per profile
+    trt.fixed_batch = None     # an int: the next engines have fixed shapes x [n, 4] (no profile)
+
+    def io_tensors() -> dict[str, tuple]:
+        n = -1 if trt.fixed_batch is None else trt.fixed_batch
+        return {"x": (trt.TensorIOMode.INPUT, trt.DataType.FLOAT, (n, 4)),
+                "total": (trt.TensorIOMode.OUTPUT, trt.DataType.FLOAT, (n,)),
+                "argmax": (trt.TensorIOMode.OUTPUT, trt.DataType.INT32, (n,))}
 
     class Context:
         """IExecutionContext; `gate` lets a test hold a request inside execute."""
 
         def __init__(self, engine: "Engine") -> None:
             self.engine = engine
-            self.shapes: dict[str, tuple] = {}
+            self.profile = 0  # a new context starts on profile 0
+            fixed = engine.tensors["x"][2]
+            self.shapes: dict[str, tuple] = {} if -1 in fixed else {"x": fixed}
             self.addresses: dict[str, int] = {}
             self.address_calls = 0
             self.shape_calls: list[tuple] = []
@@ -245,7 +270,8 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
         def set_input_shape(self, name: str, shape: Any) -> bool:
             shape = tuple(shape)
             self.shape_calls.append(shape)
-            low, _, high = PROFILE
+            fixed = self.engine.tensors["x"][2]
+            low, _, high = (fixed, fixed, fixed) if -1 not in fixed else self.engine.profiles[self.profile]
             if name != "x" or len(shape) != 2 or not all(a <= s <= b for a, s, b in zip(low, shape, high)):
                 self.engine.logger.log(ILogger.Severity.ERROR, f"shape {shape} outside profile")
                 return False
@@ -255,6 +281,13 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
         def get_tensor_shape(self, name: str) -> tuple:
             batch = self.shapes.get("x", (-1,))[0]
             return self.shapes.get("x", (-1, 4)) if name == "x" else (batch,)
+
+        def set_optimization_profile_async(self, index: int, stream_handle: int) -> bool:
+            assert stream_handle in gpu.streams
+            if not 0 <= index < self.engine.num_optimization_profiles:
+                return False
+            self.profile, self.shapes = index, {}
+            return True
 
         def set_tensor_address(self, name: str, ptr: int) -> bool:
             self.address_calls += 1
@@ -269,20 +302,27 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
                 return False
             if self.gate:
                 self.gate()
-            n = self.shapes["x"][0]
-            x = gpu.read(self.addresses["x"], n * 16).view(np.float32).reshape(n, 4)
-            gpu.write(self.addresses["total"], x.sum(axis=1, dtype=np.float32))
-            gpu.write(self.addresses["argmax"], x.argmax(axis=1).astype(np.int32))
+            n, addresses = self.shapes["x"][0], dict(self.addresses)  # as enqueued
+
+            def kernel() -> None:
+                x = gpu.read(addresses["x"], n * 16).view(np.float32).reshape(n, 4)
+                gpu.write(addresses["total"], x.sum(axis=1, dtype=np.float32))
+                gpu.write(addresses["argmax"], x.argmax(axis=1).astype(np.int32))
+
+            gpu.enqueue(stream_handle, kernel)
             return True
 
     class Engine:
         """ICudaEngine for the toy model in the module docstring."""
 
-        num_optimization_profiles = 1
         device_memory_size_v2 = ACTIVATION_BYTES
 
         def __init__(self, logger: Any, plan_bytes: int) -> None:
             self.logger = logger
+            self.tensors = io_tensors()
+            self.profiles = [] if trt.fixed_batch is not None else list(trt.profiles)
+            self.num_optimization_profiles = max(1, len(self.profiles))
+            self.num_io_tensors = len(self.tensors)
             # Real TensorRT also loads kernels and libraries onto the device (`trt.load_overhead`).
             self.plan_bytes = plan_bytes + trt.load_overhead
             gpu.reserved += self.plan_bytes
@@ -292,19 +332,17 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
             gpu.reserved -= self.plan_bytes
             gpu.released("engine release", id(self))
 
-        num_io_tensors = len(tensors)
-
         def get_tensor_name(self, index: int) -> str:
-            return list(tensors)[index]
+            return list(self.tensors)[index]
 
         def get_tensor_mode(self, name: str) -> Any:
-            return tensors[name][0]
+            return self.tensors[name][0]
 
         def get_tensor_dtype(self, name: str) -> Any:
-            return tensors[name][1]
+            return self.tensors[name][1]
 
         def get_tensor_shape(self, name: str) -> tuple:
-            return tensors[name][2]
+            return self.tensors[name][2]
 
         def get_tensor_format(self, name: str) -> Any:
             return trt.formats.get(name, trt.TensorFormat.LINEAR)
@@ -317,8 +355,11 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
             return trt.TensorLocation.DEVICE
 
         def get_tensor_profile_shape(self, name: str, profile: int) -> list:
-            assert tensors[name][0] == trt.TensorIOMode.INPUT and profile == 0
-            return list(PROFILE)
+            assert self.tensors[name][0] == trt.TensorIOMode.INPUT
+            if not self.profiles or not 0 <= profile < len(self.profiles):
+                # A fixed-shape engine has no profile ranges to give (C++: Dims with nbDims -1).
+                raise RuntimeError(f"fake: no optimization profile {profile} for {name!r}")
+            return list(self.profiles[profile])
 
         def create_execution_context(self) -> Context | None:
             if gpu.fail.pop("create_execution_context", None):

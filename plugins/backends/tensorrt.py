@@ -305,10 +305,13 @@ class TensorRTEngine:
                                f"or with a linear format (`infermux build` does), {REBUILD.format(path=self.path)}")
 
     def _input_spec(self, name: str) -> TensorSpec:
-        # Profile 0 is the one every new context starts with.
-        low, opt, high = (tuple(d) for d in self._engine.get_tensor_profile_shape(name, 0))
+        shape = tuple(self._engine.get_tensor_shape(name))
+        if -1 not in shape:  # a fixed-shape input (a batch-1 detector): no profile range to ask for
+            low = opt = high = shape
+        else:  # profile 0 is the one every new context starts with
+            low, opt, high = (tuple(d) for d in self._engine.get_tensor_profile_shape(name, 0))
         self._opt_shapes[name] = opt
-        return TensorSpec(name, self._dtype(name), tuple(self._engine.get_tensor_shape(name)), low, high)
+        return TensorSpec(name, self._dtype(name), shape, low, high)
 
     def _output_specs(self, raw: Any, names: list[str]) -> list[TensorSpec]:
         dtypes = {n: self._dtype(n) for n in names}
