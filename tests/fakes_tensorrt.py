@@ -377,6 +377,7 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
             Runtime.instances += 1
             self.logger = logger
             self.engine_host_code_allowed = False  # IRuntime's default
+            self.device = gpu.current()  # creating a runtime initialises CUDA on the current device
 
         def deserialize_cuda_engine(self, plan: bytes) -> Engine | None:
             for i in range(trt.verbose_per_load):  # real TensorRT narrates every load

@@ -40,6 +40,14 @@ def test_contract_teardown_on_another_thread_makes_the_engines_device_current(fa
     assert fake_gpu.wrong_device == []
 
 
+def test_contract_the_shared_runtime_is_created_on_the_models_device(fake_trt, fake_gpu, tmp_path):
+    """Checks our code's use of cudaSetDevice, not the API: the first model, on GPU 1, makes its
+    device current before the process-wide runtime is created, so GPU 0 is never initialised."""
+    fake_gpu.device_count = 2
+    load(write_plan(tmp_path), device=1).close()
+    assert trtlib.shared().runtime.device == 1
+
+
 def test_contract_stream_handles_come_from_the_native_handle_accessor(fake_trt, fake_gpu, tmp_path):
     """Checks our code's use of cuda-bindings, not the API: the int handle TensorRT takes is read
     with get_cuda_native_handle, not the deprecated int(cudaStream_t)."""

@@ -244,8 +244,9 @@ class TensorRTEngine:
             raise
 
     def _load(self, plan: bytes) -> None:
+        trtlib.import_tensorrt()  # a missing TensorRT says so before CUDA is asked anything
+        cuda.set_device(self._device)  # before the runtime is created, which would touch GPU 0
         self._shared = trtlib.shared()
-        cuda.set_device(self._device)
         self.integrated = cuda.is_integrated(self._device)
         free_before = cuda.mem_info().free
         self._engine = self._deserialize(plan)
