@@ -158,3 +158,25 @@ def test_contract_the_slot_copy_benchmark_runs_every_case(fake_gpu, monkeypatch)
     for case in ("pinned", "pinned + memcpy", "pageable slot", "registered slot", "register + unregister"):
         assert f"| {case} |" in text and "n/a" not in text
     assert registered == []  # every slot registered was unregistered
+
+
+@pytest.mark.parametrize("stage", ["cap", "memory", "teardown", "pycuda", "standin"])
+def test_contract_the_run_sh_stages_run_on_the_stand_in(fake_trt, fake_gpu, monkeypatch, tmp_path, capsys, stage):
+    """Checks tests/gpu/stages.py's use of the backend on the stand-in (whose profile is the classifier's
+    batch range 1..8), so the stages a lent GPU machine runs do not rot; their figures come from the GPU."""
+    from pathlib import Path
+
+    import fakes_tensorrt
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+    try:
+        import stages
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setattr(stages, "gpu_missing", lambda: None)
+    monkeypatch.setattr(stages, "build_plan", lambda out: fakes_tensorrt.write_plan(tmp_path, out.parent.name + ".plan"))
+    monkeypatch.setattr(stages, "images", lambda n, seed=0: np.ones((n, 4), np.float32))
+    monkeypatch.setattr(stages, "INPUT", "x")
+    assert stages.main([stage, str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert ("FIGURE: " in out) != out.startswith("SKIP: ")
