@@ -38,7 +38,8 @@ def _cupy_launcher() -> tuple[str, Callable[[int], int]] | None:
     stream = cupy.cuda.Stream(non_blocking=True)
 
     def launch(cycles: int) -> int:
-        kernel((1,), (1,), (cupy.int64(cycles),), stream=stream)
+        with stream:  # RawKernel launches on the current stream (it takes no stream argument)
+            kernel((1,), (1,), (cupy.int64(cycles),))
         return int(stream.ptr)
 
     return f"cupy {cupy.__version__}", launch
