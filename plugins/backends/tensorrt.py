@@ -336,7 +336,8 @@ class TensorRTEngine:
         """Run profile 0's opt and max shapes once: kernels load lazily (CUDA_MODULE_LOADING=LAZY)
         and differ by shape, so the first large batch would otherwise pay for loading them. The
         registry's own warm-up runs the smallest shape (docs/tensorrt.md#what-the-backend-does)."""
-        for shapes in (self._opt_shapes, {s.name: s.max_shape or () for s in self.inputs}):
+        largest = {s.name: s.max_shape or () for s in self.inputs}
+        for shapes in [self._opt_shapes] + ([largest] if largest != self._opt_shapes else []):
             zeros = {s.name: np.zeros(shapes[s.name], s.dtype) for s in self.inputs}
             try:
                 ctx.infer(zeros)
