@@ -230,6 +230,7 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
     trt.formats = {}  # tensor name -> TensorFormat, for engines built with --inputIOFormats
     trt.load_overhead = 0  # device bytes a deserialization takes beyond the plan's size
     trt.verbose_per_load = 20  # VERBOSE messages each deserialization logs
+    trt.host_load_bytes = 0  # host memory a deserialization keeps (TensorRT's libraries, the plan)
 
     class ILogger:
         # pybind11's arithmetic enum: int(severity) is 0 (INTERNAL_ERROR) .. 4 (VERBOSE).
@@ -326,6 +327,7 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
             # Real TensorRT also loads kernels and libraries onto the device (`trt.load_overhead`).
             self.plan_bytes = plan_bytes + trt.load_overhead
             gpu.reserved += self.plan_bytes
+            self.host = np.ones(trt.host_load_bytes, np.uint8)  # touched: it shows in the RSS
             gpu.owner[id(self)] = gpu.current()
 
         def __del__(self) -> None:

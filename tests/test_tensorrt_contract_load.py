@@ -206,3 +206,26 @@ def test_contract_version_compatible_plans_load(fake_trt, tmp_path):
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     np.testing.assert_array_equal(ctx.infer({"x": x})["total"], x.sum(axis=1))
     engine.close()
+
+
+def test_contract_a_hot_tensorrt_model_is_charged_its_device_memory_not_the_host_rss_its_load_added(
+        fake_trt, tmp_path):
+    """Checks our code, not the API: loading a TensorRT engine grows the daemon's RSS (TensorRT's
+    libraries, the plan read), which is host memory; the registry charges the model the engine's
+    own device figure (base.OnDevice), which is what a GPU budget measures."""
+    from infermux import config as cfg
+    from infermux.events import EventLog
+    from infermux.models.registry import Registry
+
+    fake_trt.host_load_bytes = 64 << 20
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    write_plan(tmp_path / "m" / "1", size=1000)
+    (tmp_path / "infermux.toml").write_text(f'[daemon]\nengine_dir = "{tmp_path}"\nwatch = false\n'
+                                            '[[models]]\nname = "m"\nengine = "m/1/model.plan"\n')
+    registry = Registry(cfg.load(tmp_path / "infermux.toml"), EventLog(), lambda *a: None, lambda job: None)
+    mv = registry.model("m").versions["1"]
+    assert registry.load(mv), mv.reason
+    try:
+        assert mv.memory_bytes == mv.engine.memory_bytes() < 1 << 20
+    finally:
+        registry.unload(mv, timeout=5)
