@@ -190,7 +190,7 @@ def check_releases_gil(version: str) -> None:
 
 def _load_api() -> _Api:
     try:
-        from cuda.bindings import runtime as rt  # cuda-python >= 12.6
+        from cuda.bindings import runtime as rt  # cuda-python >= 12.6 (>= 12.9.1 checked below)
     except ImportError:
         pass
     else:

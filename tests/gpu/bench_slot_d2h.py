@@ -54,7 +54,7 @@ def timed(fn, repeat: int) -> float:
 
 
 def runtime():
-    """cuda-python's runtime module, for cudaHostRegister (None where only pycuda is there)."""
+    """cuda-python's runtime module, for cudaHostRegister (None where it is missing)."""
     try:
         from cuda.bindings import runtime as rt
     except ImportError:

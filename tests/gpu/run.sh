@@ -77,7 +77,7 @@ warnings.simplefilter("ignore")
 print(f"python     {sys.version.split()[0]} ({sys.executable}), {platform.machine()}")
 for label, names in [("numpy", ["numpy"]), ("pyzmq", ["zmq"]), ("onnxruntime", ["onnxruntime"]),
                      ("pytest", ["pytest"]),
-                     ("cuda-py", ["cuda.bindings.runtime", "cuda.cudart", "pycuda.driver"]),
+                     ("cuda-py", ["cuda.bindings.runtime", "cuda.cudart"]),
                      ("tensorrt", ["tensorrt"])]:
     found = "missing"
     for name in names:
