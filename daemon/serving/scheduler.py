@@ -7,46 +7,19 @@ Contexts can be added or removed live; a removed one finishes its queue.
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Callable
 
 from infermux.serving import batcher
 from infermux.config import ModelConfig
 from infermux.serving.fairqueue import Closed
-from infermux.serving.executor import BatchPolicy, Executor, LateFn, ReplyFn
+from infermux.serving.batchcap import CappedPolicy
+from infermux.serving.executor import Executor, LateFn, ReplyFn
 from infermux.serving.hashring import HashRing
 from infermux.serving.inline import HoldFn, InlineGate
 from infermux.serving.job import Job
 from infermux.plugins.base import Engine
 from infermux.serving.stats import ModelStats
-
-log = logging.getLogger("infermux.executor")
-
-
-class CappedPolicy(BatchPolicy):
-    """A BatchPolicy whose `max_batch`, configured or set live, never exceeds the engine's own batch
-    maximum (`limit`, batcher.row_limit): a merged batch above it would be refused with 400 to every
-    request in it, for a shape none of them sent. Clamping is logged once."""
-
-    def __init__(self, max_batch: int, delay_us: int, preferred: tuple[int, ...], allowed: bool,
-                 limit: int | None, name: str) -> None:
-        self.limit, self.name, self._logged = limit, name, False
-        super().__init__(max_batch, delay_us, preferred, allowed)
-
-    @property
-    def max_batch(self) -> int:
-        return self._max_batch
-
-    @max_batch.setter
-    def max_batch(self, value: int) -> None:
-        if self.limit is not None and value > self.limit:
-            if not self._logged:
-                log.warning("max_batch %d of %s is above the engine's batch maximum %d: batches are "
-                            "capped at %d rows", value, self.name, self.limit, self.limit)
-                self._logged = True
-            value = self.limit
-        self._max_batch = value
 
 
 class Scheduler:
