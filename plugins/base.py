@@ -101,6 +101,15 @@ class Engine(Protocol):
 
 
 @runtime_checkable
+class OnDevice(Protocol):
+    """An engine whose memory lives on a GPU: `memory_bytes()` counts that GPU's memory, measured
+    where the backend could (docs/tensorrt.md#memory-accounting), and the host RSS its load adds
+    (libraries, the file read) must not be charged to it."""
+
+    device: int
+
+
+@runtime_checkable
 class Backend(Protocol):
     """Loads engine files with one of `suffixes`."""
 

@@ -9,7 +9,10 @@ APIs themselves: tests/gpu/ does that on a real GPU.
 "Device" memory is host memory here, so the fake engine can compute real
 outputs from what the backend copied in: one input `x` float32 [N, 4] with
 profile 0 = [1,4] / [2,4] / [8,4]; outputs `total` float32 [N] = x.sum(1)
-and `argmax` int32 [N] = x.argmax(1).
+and `argmax` int32 [N] = x.argmax(1). `trt.profiles` gives the next engines
+several profiles, `trt.fixed_batch = n` makes them fixed-shape ([n, 4], no
+profile: the usual batch-1 camera detector). Copies and executions complete
+only at cudaStreamSynchronize, as on a GPU, so ordering bugs show.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from __future__ import annotations
 import ctypes
 import enum
 import sys
+import threading
+import warnings
 import weakref
 from pathlib import Path
 from types import ModuleType
@@ -29,8 +34,28 @@ from infermux.plugins.backends import cuda as cuda_layer
 from infermux.plugins.backends import trtlib
 
 PLAN_MAGIC = b"FAKEPLAN"
+VC_PLAN_MAGIC = b"FAKEVCPLAN"  # a version-compatible plan (BuilderFlag.VERSION_COMPATIBLE)
 ACTIVATION_BYTES = 4096
 PROFILE = ((1, 4), (2, 4), (8, 4))
+BINDINGS_VERSION = "12.9.1"  # the first 12.x cuda-bindings that releases the GIL
+
+
+class FakeStream:
+    """cudaStream_t: a handle object; int() of it is deprecated in favour of
+    cuda.bindings.utils.get_cuda_native_handle (cuda-bindings 12.9.1+)."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle
+
+    def __int__(self) -> int:
+        warnings.warn("int(cudaStream_t) is deprecated: use get_cuda_native_handle", DeprecationWarning,
+                      stacklevel=2)
+        return self.handle
+
+
+def get_cuda_native_handle(obj: Any) -> int:
+    """cuda.bindings.utils.get_cuda_native_handle."""
+    return obj.handle
 
 
 class FakeCudart:
@@ -41,6 +66,7 @@ class FakeCudart:
         cudaErrorInvalidValue = 1
         cudaErrorMemoryAllocation = 2
         cudaErrorNoDevice = 100
+        cudaErrorInvalidDevice = 101
         cudaErrorLaunchFailure = 719
 
     class cudaMemcpyKind(enum.IntEnum):
@@ -54,6 +80,10 @@ class FakeCudart:
 
     def __init__(self, total: int = 1 << 30) -> None:
         self.total = total
+        self.device_count = 1
+        self._current = threading.local()  # CUDA's current device is per thread (0 until set)
+        self.owner: dict[int, int] = {}    # pointer or stream -> the device current when it was made
+        self.wrong_device: list[str] = []  # releases made while another device was current
         self.device: dict[int, ctypes.Array] = {}
         self.host: dict[int, ctypes.Array] = {}
         self.streams: set[int] = set()
@@ -63,6 +93,9 @@ class FakeCudart:
         self.copies: list[tuple[str, int]] = []             # ("H2D"|"D2H", nbytes)
         self.pageable: dict[int, ctypes.Array] = {}          # ordinary host memory a test hands over
         self._next_stream = 0x1000
+        # Work queued per stream: copies and executions happen only at synchronize (or at a free,
+        # which synchronises implicitly), as on a GPU, so reading results early shows.
+        self.pending: dict[int, list[Callable[[], None]]] = {}
 
     def _error(self, call: str) -> "FakeCudart.cudaError_t":
         return self.fail.pop(call, self.cudaError_t.cudaSuccess)
@@ -78,20 +111,46 @@ class FakeCudart:
             return err, None
         buf = ctypes.create_string_buffer(nbytes)
         table[ctypes.addressof(buf)] = buf
+        self.owner[ctypes.addressof(buf)] = self.current()
         return err, ctypes.addressof(buf)
 
+    def enqueue(self, stream: int, work: Callable[[], None]) -> None:
+        """Queue `work` on `stream`: it runs at the stream's next synchronize."""
+        self.pending.setdefault(stream, []).append(work)
+
+    def _complete(self, stream: int) -> None:
+        for work in self.pending.pop(stream, []):
+            work()
+
     def _release(self, call: str, table: dict[int, ctypes.Array], ptr: int) -> tuple:
+        for stream in list(self.pending):  # cudaFree waits for the device's queued work
+            self._complete(stream)
         err = self._error(call)
         if not err:
             assert ptr in table, f"{call} of a pointer that {call} did not allocate"
             del table[ptr]
+            self.released(call, ptr)
         return (err,)
 
     def cudaGetDeviceCount(self) -> tuple:
-        return self._error("cudaGetDeviceCount"), 1
+        return self._error("cudaGetDeviceCount"), self.device_count
 
     def cudaSetDevice(self, device: int) -> tuple:
-        return (self._error("cudaSetDevice"),)
+        err = self._error("cudaSetDevice")
+        if not err and not 0 <= device < self.device_count:
+            err = self.cudaError_t.cudaErrorInvalidDevice
+        if not err:
+            self._current.device = device
+        return (err,)
+
+    def current(self) -> int:
+        return getattr(self._current, "device", 0)
+
+    def released(self, what: str, key: int) -> None:
+        """Note a release made while the device that owns `key` was not current."""
+        device = self.owner.pop(key, self.current())
+        if device != self.current():
+            self.wrong_device.append(f"{what} of device {device} with device {self.current()} current")
 
     def cudaDeviceGetAttribute(self, attr: Any, device: int) -> tuple:
         return self._error("cudaDeviceGetAttribute"), int(self.integrated)
@@ -111,14 +170,18 @@ class FakeCudart:
     def cudaStreamCreateWithFlags(self, flags: int) -> tuple:
         self._next_stream += 1
         self.streams.add(self._next_stream)
-        return self._error("cudaStreamCreateWithFlags"), self._next_stream
+        self.owner[self._next_stream] = self.current()
+        return self._error("cudaStreamCreateWithFlags"), FakeStream(self._next_stream)
 
     def cudaStreamDestroy(self, stream: int) -> tuple:
+        self._complete(stream)  # work queued before the destroy still completes
         self.streams.remove(stream)
+        self.released("cudaStreamDestroy", stream)
         return (self._error("cudaStreamDestroy"),)
 
     def cudaStreamSynchronize(self, stream: int) -> tuple:
         assert stream in self.streams
+        self._complete(stream)
         return (self._error("cudaStreamSynchronize"),)
 
     def cudaMemGetInfo(self) -> tuple:
@@ -132,7 +195,7 @@ class FakeCudart:
         self.check(src, nbytes, self.host if to_device else self.device)
         err = self._error("cudaMemcpyAsync")
         if not err:
-            ctypes.memmove(dst, src, nbytes)
+            self.enqueue(stream, lambda: ctypes.memmove(dst, src, nbytes))
             self.copies.append(("H2D" if to_device else "D2H", nbytes))
         return (err,)
 
@@ -162,37 +225,54 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
     trt.DataType = enum.Enum("DataType", "FLOAT HALF INT8 INT32 INT64 BOOL UINT8 BF16")
     trt.TensorIOMode = enum.Enum("TensorIOMode", "NONE INPUT OUTPUT")
     trt.TensorLocation = enum.Enum("TensorLocation", "DEVICE HOST")
+    trt.TensorFormat = enum.Enum("TensorFormat", "LINEAR CHW2 HWC8 CHW4 CHW16 CHW32 DHWC8 CDHW32 HWC "
+                                 "DLA_LINEAR DLA_HWC4 HWC16 DHWC")
+    trt.formats = {}  # tensor name -> TensorFormat, for engines built with --inputIOFormats
+    trt.load_overhead = 0  # device bytes a deserialization takes beyond the plan's size
+    trt.verbose_per_load = 20  # VERBOSE messages each deserialization logs
+    trt.host_load_bytes = 0  # host memory a deserialization keeps (TensorRT's libraries, the plan)
 
     class ILogger:
-        Severity = enum.Enum("Severity", "INTERNAL_ERROR ERROR WARNING INFO VERBOSE")
+        # pybind11's arithmetic enum: int(severity) is 0 (INTERNAL_ERROR) .. 4 (VERBOSE).
+        Severity = enum.IntEnum("Severity", "INTERNAL_ERROR ERROR WARNING INFO VERBOSE", start=0)
 
         def __init__(self) -> None:
             pass
 
-    tensors = {"x": (trt.TensorIOMode.INPUT, trt.DataType.FLOAT, (-1, 4)),
-               "total": (trt.TensorIOMode.OUTPUT, trt.DataType.FLOAT, (-1,)),
-               "argmax": (trt.TensorIOMode.OUTPUT, trt.DataType.INT32, (-1,))}
+    trt.profiles = [PROFILE]   # the x ranges of the engines deserialized next, one per profile
+    trt.fixed_batch = None     # an int: the next engines have fixed shapes x [n, 4] (no profile)
+
+    def io_tensors() -> dict[str, tuple]:
+        n = -1 if trt.fixed_batch is None else trt.fixed_batch
+        return {"x": (trt.TensorIOMode.INPUT, trt.DataType.FLOAT, (n, 4)),
+                "total": (trt.TensorIOMode.OUTPUT, trt.DataType.FLOAT, (n,)),
+                "argmax": (trt.TensorIOMode.OUTPUT, trt.DataType.INT32, (n,))}
 
     class Context:
         """IExecutionContext; `gate` lets a test hold a request inside execute."""
 
         def __init__(self, engine: "Engine") -> None:
             self.engine = engine
-            self.shapes: dict[str, tuple] = {}
+            self.profile = 0  # a new context starts on profile 0
+            fixed = engine.tensors["x"][2]
+            self.shapes: dict[str, tuple] = {} if -1 in fixed else {"x": fixed}
             self.addresses: dict[str, int] = {}
             self.address_calls = 0
             self.shape_calls: list[tuple] = []
             self.executions = 0
             self.gate: Callable[[], None] | None = None
             gpu.reserved += ACTIVATION_BYTES
+            gpu.owner[id(self)] = gpu.current()
 
         def __del__(self) -> None:
             gpu.reserved -= ACTIVATION_BYTES
+            gpu.released("execution context release", id(self))
 
         def set_input_shape(self, name: str, shape: Any) -> bool:
             shape = tuple(shape)
             self.shape_calls.append(shape)
-            low, _, high = PROFILE
+            fixed = self.engine.tensors["x"][2]
+            low, _, high = (fixed, fixed, fixed) if -1 not in fixed else self.engine.profiles[self.profile]
             if name != "x" or len(shape) != 2 or not all(a <= s <= b for a, s, b in zip(low, shape, high)):
                 self.engine.logger.log(ILogger.Severity.ERROR, f"shape {shape} outside profile")
                 return False
@@ -202,6 +282,13 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
         def get_tensor_shape(self, name: str) -> tuple:
             batch = self.shapes.get("x", (-1,))[0]
             return self.shapes.get("x", (-1, 4)) if name == "x" else (batch,)
+
+        def set_optimization_profile_async(self, index: int, stream_handle: int) -> bool:
+            assert stream_handle in gpu.streams
+            if not 0 <= index < self.engine.num_optimization_profiles:
+                return False
+            self.profile, self.shapes = index, {}
+            return True
 
         def set_tensor_address(self, name: str, ptr: int) -> bool:
             self.address_calls += 1
@@ -216,46 +303,65 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
                 return False
             if self.gate:
                 self.gate()
-            n = self.shapes["x"][0]
-            x = gpu.read(self.addresses["x"], n * 16).view(np.float32).reshape(n, 4)
-            gpu.write(self.addresses["total"], x.sum(axis=1, dtype=np.float32))
-            gpu.write(self.addresses["argmax"], x.argmax(axis=1).astype(np.int32))
+            n, addresses = self.shapes["x"][0], dict(self.addresses)  # as enqueued
+
+            def kernel() -> None:
+                x = gpu.read(addresses["x"], n * 16).view(np.float32).reshape(n, 4)
+                gpu.write(addresses["total"], x.sum(axis=1, dtype=np.float32))
+                gpu.write(addresses["argmax"], x.argmax(axis=1).astype(np.int32))
+
+            gpu.enqueue(stream_handle, kernel)
             return True
 
     class Engine:
         """ICudaEngine for the toy model in the module docstring."""
 
-        num_optimization_profiles = 1
         device_memory_size_v2 = ACTIVATION_BYTES
 
         def __init__(self, logger: Any, plan_bytes: int) -> None:
             self.logger = logger
-            self.plan_bytes = plan_bytes
-            gpu.reserved += plan_bytes
+            self.tensors = io_tensors()
+            self.profiles = [] if trt.fixed_batch is not None else list(trt.profiles)
+            self.num_optimization_profiles = max(1, len(self.profiles))
+            self.num_io_tensors = len(self.tensors)
+            # Real TensorRT also loads kernels and libraries onto the device (`trt.load_overhead`).
+            self.plan_bytes = plan_bytes + trt.load_overhead
+            gpu.reserved += self.plan_bytes
+            self.host = np.ones(trt.host_load_bytes, np.uint8)  # touched: it shows in the RSS
+            gpu.owner[id(self)] = gpu.current()
 
         def __del__(self) -> None:
             gpu.reserved -= self.plan_bytes
-
-        num_io_tensors = len(tensors)
+            gpu.released("engine release", id(self))
 
         def get_tensor_name(self, index: int) -> str:
-            return list(tensors)[index]
+            return list(self.tensors)[index]
 
         def get_tensor_mode(self, name: str) -> Any:
-            return tensors[name][0]
+            return self.tensors[name][0]
 
         def get_tensor_dtype(self, name: str) -> Any:
-            return tensors[name][1]
+            return self.tensors[name][1]
 
         def get_tensor_shape(self, name: str) -> tuple:
-            return tensors[name][2]
+            return self.tensors[name][2]
+
+        def get_tensor_format(self, name: str) -> Any:
+            return trt.formats.get(name, trt.TensorFormat.LINEAR)
+
+        def get_tensor_components_per_element(self, name: str) -> int:
+            digits = "".join(c for c in self.get_tensor_format(name).name if c.isdigit())
+            return int(digits or 1)
 
         def get_tensor_location(self, name: str) -> Any:
             return trt.TensorLocation.DEVICE
 
         def get_tensor_profile_shape(self, name: str, profile: int) -> list:
-            assert tensors[name][0] == trt.TensorIOMode.INPUT and profile == 0
-            return list(PROFILE)
+            assert self.tensors[name][0] == trt.TensorIOMode.INPUT
+            if not self.profiles or not 0 <= profile < len(self.profiles):
+                # A fixed-shape engine has no profile ranges to give (C++: Dims with nbDims -1).
+                raise RuntimeError(f"fake: no optimization profile {profile} for {name!r}")
+            return list(self.profiles[profile])
 
         def create_execution_context(self) -> Context | None:
             if gpu.fail.pop("create_execution_context", None):
@@ -272,8 +378,18 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
             assert isinstance(logger, ILogger)
             Runtime.instances += 1
             self.logger = logger
+            self.engine_host_code_allowed = False  # IRuntime's default
+            self.device = gpu.current()  # creating a runtime initialises CUDA on the current device
 
         def deserialize_cuda_engine(self, plan: bytes) -> Engine | None:
+            for i in range(trt.verbose_per_load):  # real TensorRT narrates every load
+                self.logger.log(ILogger.Severity.VERBOSE, f"fake: deserializing layer {i}")
+            if bytes(plan).startswith(VC_PLAN_MAGIC):  # version-compatible: embeds its lean runtime
+                if not self.engine_host_code_allowed:
+                    self.logger.log(ILogger.Severity.ERROR, "Error Code 1: Serialization (Cannot deserialize "
+                                    "version compatible engine without engine host code allowed)")
+                    return None
+                plan = PLAN_MAGIC + bytes(plan)[len(VC_PLAN_MAGIC):]
             if not bytes(plan).startswith(PLAN_MAGIC):
                 self.logger.log(ILogger.Severity.ERROR, "Error Code 6: The engine plan file is not "
                                 "compatible with this version of TensorRT")
@@ -383,10 +499,10 @@ def _add_fake_builder(trt: ModuleType) -> None:
     trt.Builder, trt.OnnxParser = Builder, OnnxParser
 
 
-def write_plan(directory: Path, name: str = "model.plan", size: int = 1000) -> Path:
-    """A plan file the fake runtime accepts."""
+def write_plan(directory: Path, name: str = "model.plan", size: int = 1000, magic: bytes = PLAN_MAGIC) -> Path:
+    """A plan file the fake runtime accepts (`magic=VC_PLAN_MAGIC`: a version-compatible one)."""
     path = directory / name
-    path.write_bytes(PLAN_MAGIC + bytes(size - len(PLAN_MAGIC)))
+    path.write_bytes(magic + bytes(size - len(magic)))
     return path
 
 
@@ -394,9 +510,12 @@ def write_plan(directory: Path, name: str = "model.plan", size: int = 1000) -> P
 def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeCudart:
     """The fake CUDA runtime, installed as `cuda.bindings.runtime` for this test."""
     gpu = FakeCudart()
-    package, bindings = ModuleType("cuda"), ModuleType("cuda.bindings")
-    package.bindings, bindings.runtime = bindings, gpu
-    for name, module in (("cuda", package), ("cuda.bindings", bindings), ("cuda.bindings.runtime", gpu)):
+    package, bindings, utils = ModuleType("cuda"), ModuleType("cuda.bindings"), ModuleType("cuda.bindings.utils")
+    package.bindings, bindings.runtime, bindings.utils = bindings, gpu, utils
+    utils.get_cuda_native_handle = get_cuda_native_handle
+    bindings.__version__ = BINDINGS_VERSION  # cuda.bindings.__version__, as cuda-bindings sets it
+    for name, module in (("cuda", package), ("cuda.bindings", bindings), ("cuda.bindings.runtime", gpu),
+                         ("cuda.bindings.utils", utils)):
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(cuda_layer, "_api_cache", None)
     return gpu

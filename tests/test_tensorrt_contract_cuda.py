@@ -77,9 +77,25 @@ def test_no_gpu_counts_as_zero_devices(fake_gpu):
         cuda.device_count()
 
 
-def test_legacy_cudart_module_is_used_when_bindings_are_missing(monkeypatch):
-    """Checks our code's import fallback, not the API: older cuda-python only has
-    `cuda.cudart`."""
+@pytest.mark.parametrize("version", ["12.6.2", "12.8.0", "12.9.0", "11.8.7"])
+def test_contract_cuda_bindings_that_hold_the_gil_are_refused(fake_gpu, monkeypatch, version):
+    """Checks our code's version check, not the API: cuda-bindings older than 12.9.1 hold the GIL
+    through every cudaStreamSynchronize, so the first CUDA call refuses them, saying what to install."""
+    monkeypatch.setattr(sys.modules["cuda.bindings"], "__version__", version)
+    with pytest.raises(BackendError, match=rf"cuda-bindings\) {version} holds the Python GIL.*cuda-python>=12.9.1"):
+        cuda.mem_info()
+
+
+@pytest.mark.parametrize("version", ["12.9.1", "12.9.4.post1", "13.0.0", "13.3.1"])
+def test_contract_cuda_bindings_that_release_the_gil_are_used(fake_gpu, monkeypatch, version):
+    """Checks our code's version check, not the API: 12.9.1+ and 13.0.0+ are accepted."""
+    monkeypatch.setattr(sys.modules["cuda.bindings"], "__version__", version)
+    assert cuda.mem_info().total == fake_gpu.total
+
+
+def test_contract_legacy_cudart_module_is_refused_as_holding_the_gil(monkeypatch):
+    """Checks our code's import fallback, not the API: cuda-python that only has `cuda.cudart`
+    (before 12.6) holds the GIL, so it is refused rather than used."""
     legacy = FakeCudart()
     package = ModuleType("cuda")
     package.cudart = legacy
@@ -87,18 +103,36 @@ def test_legacy_cudart_module_is_used_when_bindings_are_missing(monkeypatch):
     monkeypatch.setitem(sys.modules, "cuda.bindings", None)
     monkeypatch.setitem(sys.modules, "cuda.cudart", legacy)
     monkeypatch.setattr(cuda, "_api_cache", None)
-    assert cuda.binding_name() == "cuda-python (cuda.cudart)"
-    cuda.DeviceBuffer(8)
-    assert len(legacy.device) == 1
+    with pytest.raises(BackendError, match="holds the Python GIL"):
+        cuda.binding_name()
+    assert not legacy.device
+
+
+def test_contract_pycuda_alone_is_not_used(monkeypatch):
+    """Checks our code's import choice, not pycuda's API: with pycuda installed and cuda-python
+    missing, the first CUDA call says to install cuda-python instead of driving pycuda, whose
+    per-thread context pushes were never popped (docs/tensorrt.md, "Why not pycuda")."""
+    driver = ModuleType("pycuda.driver")
+    calls: list[str] = []
+    driver.init = lambda: calls.append("init")
+    driver.mem_get_info = lambda: (calls.append("mem_get_info"), (1, 2))[1]
+    package = ModuleType("pycuda")
+    package.driver = driver
+    for name, module in (("cuda", None), ("cuda.bindings", None), ("pycuda", package), ("pycuda.driver", driver)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.setattr(cuda, "_api_cache", None)
+    with pytest.raises(BackendError, match=r"cuda-python>=12.9.1.*pycuda is not used"):
+        cuda.mem_info()
+    assert calls == []
 
 
 def test_missing_bindings_say_what_to_install(monkeypatch):
-    """Checks our code's import fallback, not the API: with neither cuda-python nor
-    pycuda the first CUDA call raises a BackendError naming the package."""
+    """Checks our code's import fallback, not the API: without cuda-python the first CUDA
+    call raises a BackendError naming the package."""
     for name in ("cuda", "cuda.bindings", "pycuda", "pycuda.driver"):
         monkeypatch.setitem(sys.modules, name, None)
     monkeypatch.setattr(cuda, "_api_cache", None)
-    with pytest.raises(BackendError, match=r"cuda-python>=12,<13"):
+    with pytest.raises(BackendError, match=r"cuda-python>=12.9.1,<13"):
         cuda.mem_info()
 
 
@@ -124,3 +158,25 @@ def test_contract_the_slot_copy_benchmark_runs_every_case(fake_gpu, monkeypatch)
     for case in ("pinned", "pinned + memcpy", "pageable slot", "registered slot", "register + unregister"):
         assert f"| {case} |" in text and "n/a" not in text
     assert registered == []  # every slot registered was unregistered
+
+
+@pytest.mark.parametrize("stage", ["cap", "memory", "teardown", "pycuda", "standin"])
+def test_contract_the_run_sh_stages_run_on_the_stand_in(fake_trt, fake_gpu, monkeypatch, tmp_path, capsys, stage):
+    """Checks tests/gpu/stages.py's use of the backend on the stand-in (whose profile is the classifier's
+    batch range 1..8), so the stages a lent GPU machine runs do not rot; their figures come from the GPU."""
+    from pathlib import Path
+
+    import fakes_tensorrt
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent / "gpu"))
+    try:
+        import stages
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setattr(stages, "gpu_missing", lambda: None)
+    monkeypatch.setattr(stages, "build_plan", lambda out: fakes_tensorrt.write_plan(tmp_path, out.parent.name + ".plan"))
+    monkeypatch.setattr(stages, "images", lambda n, seed=0: np.ones((n, 4), np.float32))
+    monkeypatch.setattr(stages, "INPUT", "x")
+    assert stages.main([stage, str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert ("FIGURE: " in out) != out.startswith("SKIP: ")

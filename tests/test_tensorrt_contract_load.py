@@ -13,12 +13,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from fakes_tensorrt import ACTIVATION_BYTES, write_plan
+from fakes_tensorrt import ACTIVATION_BYTES, VC_PLAN_MAGIC, write_plan
 
 from infermux.plugins import backends
 from infermux.plugins.backends import trtlib
 from infermux.plugins.backends.tensorrt import TensorRTBackend
-from infermux.plugins.base import BackendError
+from infermux.plugins.base import BackendError, OnDevice
 
 pytest_plugins = ["fakes_tensorrt"]  # fake_gpu, fake_trt fixtures
 
@@ -155,3 +155,77 @@ def test_unload_releases_everything(fake_trt, fake_gpu, tmp_path):
         engine.create_context()
     with pytest.raises(BackendError, match="after close"):
         contexts[1].infer({"x": np.ones((1, 4), np.float32)})
+
+
+@pytest.mark.parametrize("tensor, fmt", [("x", "CHW32"), ("x", "HWC8"), ("total", "CHW4"), ("x", "HWC")])
+def test_contract_vectorized_or_channel_last_tensors_are_refused(fake_trt, fake_gpu, tmp_path, tensor, fmt):
+    """Checks our code's use of get_tensor_format, not the API itself: an engine whose I/O is bound in a
+    non-LINEAR format (--inputIOFormats, DLA) would get buffers sized for a dense layout and wrong bytes,
+    so it is refused at load, naming the tensor and format, with nothing left allocated."""
+    fake_trt.formats[tensor] = fake_trt.TensorFormat[fmt]
+    with pytest.raises(BackendError, match=rf"tensor '{tensor}' is bound in TensorRT format {fmt}.*only LINEAR"):
+        load(write_plan(tmp_path))
+    gc.collect()
+    assert not fake_gpu.device and not fake_gpu.host and not fake_gpu.streams
+
+
+def test_contract_memory_counts_the_measured_load_where_it_is_larger(fake_trt, fake_gpu, tmp_path):
+    """Checks our code's use of cudaMemGetInfo, not the API itself: when deserializing took more
+    device memory than the plan's size (kernels, libraries), memory_bytes() reports the measured
+    drop plus the later contexts; the engine names its device (base.OnDevice) so the registry
+    charges that figure, not the host RSS the load added."""
+    fake_trt.load_overhead = 1 << 20
+    engine = load(write_plan(tmp_path, size=1000), device=0)
+    per_context = ACTIVATION_BYTES + IO_BYTES
+    assert isinstance(engine, OnDevice) and engine.device == 0
+    assert engine.measured_load_bytes == (1 << 20) + 1000 + per_context
+    assert engine.memory_bytes() == engine.measured_load_bytes
+    extra = engine.create_context(), engine.create_context()  # the first reuses the load's context
+    assert engine.memory_bytes() == engine.measured_load_bytes + per_context
+    for ctx in extra:
+        ctx.close()
+    engine.close()
+
+
+def test_contract_jetson_keeps_the_estimate_since_its_measure_moves_with_every_process(fake_trt, fake_gpu,
+                                                                                         tmp_path):
+    """Checks our code, not the API: on an integrated GPU the free figure is system RAM, so the
+    measured drop is not charged."""
+    fake_gpu.integrated = True
+    fake_trt.load_overhead = 1 << 20
+    engine = load(write_plan(tmp_path, size=1000))
+    assert engine.memory_bytes() == 1000 + engine.context_bytes()
+    engine.close()
+
+
+def test_contract_version_compatible_plans_load(fake_trt, tmp_path):
+    """Checks our code's use of the runtime API, not the API itself: a plan built VERSION_COMPATIBLE
+    embeds host code, which deserializes only with runtime.engine_host_code_allowed set."""
+    engine = load(write_plan(tmp_path, magic=VC_PLAN_MAGIC))
+    ctx = engine.create_context()
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    np.testing.assert_array_equal(ctx.infer({"x": x})["total"], x.sum(axis=1))
+    engine.close()
+
+
+def test_contract_a_hot_tensorrt_model_is_charged_its_device_memory_not_the_host_rss_its_load_added(
+        fake_trt, tmp_path):
+    """Checks our code, not the API: loading a TensorRT engine grows the daemon's RSS (TensorRT's
+    libraries, the plan read), which is host memory; the registry charges the model the engine's
+    own device figure (base.OnDevice), which is what a GPU budget measures."""
+    from infermux import config as cfg
+    from infermux.events import EventLog
+    from infermux.models.registry import Registry
+
+    fake_trt.host_load_bytes = 64 << 20
+    (tmp_path / "m" / "1").mkdir(parents=True)
+    write_plan(tmp_path / "m" / "1", size=1000)
+    (tmp_path / "infermux.toml").write_text(f'[daemon]\nengine_dir = "{tmp_path}"\nwatch = false\n'
+                                            '[[models]]\nname = "m"\nengine = "m/1/model.plan"\n')
+    registry = Registry(cfg.load(tmp_path / "infermux.toml"), EventLog(), lambda *a: None, lambda job: None)
+    mv = registry.model("m").versions["1"]
+    assert registry.load(mv), mv.reason
+    try:
+        assert mv.memory_bytes == mv.engine.memory_bytes() < 1 << 20
+    finally:
+        registry.unload(mv, timeout=5)

@@ -14,7 +14,7 @@ import threading
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -23,7 +23,7 @@ from infermux.config import Config, ModelConfig
 from infermux.events import EventLog
 from infermux.serving.executor import LateFn, ReplyFn
 from infermux.plugins import backends
-from infermux.plugins.base import BackendError, Engine, TensorSpec
+from infermux.plugins.base import BackendError, Engine, OnDevice, TensorSpec
 from infermux.serving.inline import HoldFn, InlineGate
 from infermux.serving.scheduler import Scheduler
 from infermux.serving.stats import ModelStats
@@ -55,7 +55,7 @@ def rss_bytes() -> int:
         return 0
 
 
-def warmup_inputs(specs: list[TensorSpec] | tuple[TensorSpec, ...], engine_path: Path) -> dict[str, np.ndarray]:
+def warmup_inputs(specs: Sequence[TensorSpec], engine_path: Path) -> dict[str, np.ndarray]:
     """`warmup.npz` beside the engine if present, else zeros at the smallest accepted shape."""
     npz = engine_path.parent / "warmup.npz"
     if npz.exists():
@@ -342,7 +342,9 @@ class Registry:
             engine.close()
             return self._failed(mv, exc, during="warm-up")
         mv.engine, mv.scheduler = engine, scheduler
-        mv.memory_bytes = max(engine.memory_bytes(), rss_bytes() - rss_before)
+        # A GPU engine's own figure is its device memory; the RSS its load adds is host memory.
+        mv.memory_bytes = engine.memory_bytes() if isinstance(engine, OnDevice) \
+            else max(engine.memory_bytes(), rss_bytes() - rss_before)
         mv.last_load_s = time.monotonic() - mv.load_started
         mv.state = State.READY
         self.events.emit("loaded", mc.name, mc.version, backend=backend.name, contexts=mc.contexts,

@@ -19,6 +19,13 @@ def batchable(inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> bo
     return all(s.shape and s.shape[0] == -1 for s in (*inputs, *outputs))
 
 
+def row_limit(inputs: Sequence[TensorSpec]) -> int | None:
+    """The most rows one call may carry: the smallest batch maximum the engine states
+    (a TensorRT profile's max shape), or None where the engine sets no bound."""
+    limits = [s.max_shape[0] for s in inputs if s.max_shape and s.shape and s.shape[0] == -1]
+    return min(limits) if limits else None
+
+
 def signature(inputs: Mapping[str, np.ndarray]) -> tuple:
     """What two requests must share to be merged: names, dtypes, non-batch dims."""
     return tuple((name, a.dtype.str, a.shape[1:]) for name, a in inputs.items())

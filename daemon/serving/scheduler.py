@@ -13,7 +13,8 @@ from typing import Callable
 from infermux.serving import batcher
 from infermux.config import ModelConfig
 from infermux.serving.fairqueue import Closed
-from infermux.serving.executor import BatchPolicy, Executor, LateFn, ReplyFn
+from infermux.serving.batchcap import CappedPolicy
+from infermux.serving.executor import Executor, LateFn, ReplyFn
 from infermux.serving.hashring import HashRing
 from infermux.serving.inline import HoldFn, InlineGate
 from infermux.serving.job import Job
@@ -30,8 +31,9 @@ class Scheduler:
         self.name, self.version = config.name, config.version
         self.max_queue = config.max_queue
         self.strategy = strategy
-        self.policy = BatchPolicy(config.max_batch, config.batch_delay_us, config.preferred_batch,
-                                  batcher.batchable(engine.inputs, engine.outputs))
+        self.policy = CappedPolicy(config.max_batch, config.batch_delay_us, config.preferred_batch,
+                                   batcher.batchable(engine.inputs, engine.outputs),
+                                   batcher.row_limit(engine.inputs), f"{config.name}:{config.version}")
         self._engine = engine
         self._reply, self._on_late, self._stats = reply, on_late, stats
         self._inline = inline

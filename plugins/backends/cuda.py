@@ -1,9 +1,10 @@
 """CUDA streams, memory and copies, as the TensorRT backend needs them.
 
-The binding is cuda-python (`cuda.bindings.runtime`, or the older
-`cuda.cudart`), and pycuda where cuda-python is missing. Both talk to the
-device's primary CUDA context, the one TensorRT's runtime API uses too, so
-pointers and streams made here are valid for TensorRT.
+The binding is cuda-python's `cuda.bindings.runtime`, 12.9.1 or newer (older
+releases hold the GIL through every call). Its runtime API talks to the
+device's primary CUDA context, the one TensorRT's runtime uses too, so
+pointers and streams made here are valid for TensorRT. pycuda is not used:
+docs/tensorrt.md says why.
 
 Every CUDA failure surfaces as `CudaError` (a `BackendError`) that names
 the CUDA error, so the daemon answers 500 or marks the model failed instead
@@ -18,21 +19,26 @@ DRAM, and other processes' use of RAM moves that figure too.
 from __future__ import annotations
 
 import ctypes
+import itertools
+import logging
 import threading
 import warnings
 from dataclasses import dataclass
-from typing import Any, Protocol
+from importlib import metadata
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from infermux.plugins.base import BackendError
 
+log = logging.getLogger("infermux.cuda")
+
 # Error names that mean "this machine has no usable GPU", not "something broke".
 NO_GPU_ERRORS = frozenset({"cudaErrorNoDevice", "cudaErrorInsufficientDriver"})
 
-INSTALL_HINT = ("install cuda-python for this Python: `pip install 'cuda-python>=12,<13'` "
-                "(the 13.x line needs NVIDIA driver >= 580, which JetPack 6 does not have), "
-                "or pycuda")
+INSTALL_HINT = ("install cuda-python for this Python: `pip install 'cuda-python>=12.9.1,<13'` "
+                "(the 13.x line, >= 13.0.0, needs NVIDIA driver >= 580, which JetPack 6 does not have); "
+                "pycuda is not used (docs/tensorrt.md)")
 
 
 class CudaError(BackendError):
@@ -78,10 +84,11 @@ class _Api(Protocol):
 class _CudaPython:
     """cuda-python: every call returns `(cudaError_t, *results)`."""
 
-    def __init__(self, rt: Any, name: str) -> None:
+    def __init__(self, rt: Any, name: str, native: Callable[[Any], int] = int) -> None:
         self._rt = rt
         self._ok = rt.cudaError_t.cudaSuccess
         self.name = name
+        self._native = native  # handle object -> int: cuda.bindings.utils.get_cuda_native_handle
 
     def _call(self, op: str, result: Any) -> Any:
         err, *values = result
@@ -118,7 +125,8 @@ class _CudaPython:
         # Non-blocking: never implicitly synchronises with the legacy default
         # stream, so contexts on other threads do not serialise each other.
         flags = self._rt.cudaStreamNonBlocking
-        return int(self._call("cudaStreamCreateWithFlags", self._rt.cudaStreamCreateWithFlags(flags)))
+        # int(cudaStream_t) is deprecated; the native-handle accessor is the supported way.
+        return self._native(self._call("cudaStreamCreateWithFlags", self._rt.cudaStreamCreateWithFlags(flags)))
 
     def stream_destroy(self, stream: int) -> None:
         self._call("cudaStreamDestroy", self._rt.cudaStreamDestroy(stream))
@@ -136,88 +144,6 @@ class _CudaPython:
         return MemInfo(int(free), int(total))
 
 
-class _PyCuda:
-    """pycuda (driver API): objects own the memory, so they are kept by pointer.
-
-    pycuda needs a context current on each calling thread; it pushes the
-    device's primary context, the same one TensorRT uses.
-    """
-
-    def __init__(self, driver: Any) -> None:
-        self._drv = driver
-        self._device = 0
-        self._local = threading.local()
-        self._owned: dict[int, Any] = {}
-        self.name = "pycuda"
-
-    def _call(self, op: str, fn: Any, *args: Any) -> Any:
-        try:
-            self._ensure_context()
-            return fn(*args)
-        except self._drv.Error as exc:
-            raise CudaError(op, str(exc)) from exc
-
-    def _ensure_context(self) -> None:
-        if getattr(self._local, "device", None) != self._device:
-            self._drv.init()
-            self._drv.Device(self._device).retain_primary_context().push()
-            self._local.device = self._device
-
-    def device_count(self) -> int:
-        try:
-            self._drv.init()
-        except self._drv.Error:
-            return 0  # cuInit fails without a driver or a device
-        return int(self._drv.Device.count())
-
-    def set_device(self, device: int) -> None:
-        self._device = device
-        self._call("cuDevicePrimaryCtxRetain", lambda: None)  # _call makes it current
-
-    def integrated(self, device: int) -> bool:
-        attr = self._drv.device_attribute.INTEGRATED
-        return bool(self._call("cuDeviceGetAttribute", lambda: self._drv.Device(device).get_attribute(attr)))
-
-    def malloc(self, nbytes: int) -> int:
-        alloc = self._call("cuMemAlloc", self._drv.mem_alloc, nbytes)
-        self._owned[int(alloc)] = alloc
-        return int(alloc)
-
-    def free(self, ptr: int) -> None:
-        self._call("cuMemFree", self._owned.pop(ptr).free)
-
-    def malloc_host(self, nbytes: int) -> int:
-        array = self._call("cuMemHostAlloc", self._drv.pagelocked_empty, nbytes, np.uint8)
-        self._owned[array.ctypes.data] = array
-        return int(array.ctypes.data)
-
-    def free_host(self, ptr: int) -> None:
-        array = self._owned.pop(ptr)
-        self._call("cuMemFreeHost", array.base.free)
-
-    def stream_create(self) -> int:
-        stream = self._call("cuStreamCreate", self._drv.Stream)
-        self._owned[stream.handle] = stream
-        return int(stream.handle)
-
-    def stream_destroy(self, stream: int) -> None:
-        self._owned.pop(stream)  # pycuda destroys the stream when the object goes
-
-    def stream_sync(self, stream: int) -> None:
-        self._call("cuStreamSynchronize", self._owned[stream].synchronize)
-
-    def copy_async(self, dst: int, src: int, nbytes: int, to_device: bool, stream: int) -> None:
-        s = self._owned[stream]
-        if to_device:
-            self._call("cuMemcpyHtoDAsync", self._drv.memcpy_htod_async, dst, _bytes_at(src, nbytes), s)
-        else:
-            self._call("cuMemcpyDtoHAsync", self._drv.memcpy_dtoh_async, _bytes_at(dst, nbytes), src, s)
-
-    def mem_info(self) -> MemInfo:
-        free, total = self._call("cuMemGetInfo", self._drv.mem_get_info)
-        return MemInfo(int(free), int(total))
-
-
 def _bytes_at(ptr: int, nbytes: int) -> np.ndarray:
     """A uint8 numpy view of `nbytes` of host memory at `ptr` (no copy)."""
     if nbytes == 0:
@@ -225,24 +151,77 @@ def _bytes_at(ptr: int, nbytes: int) -> np.ndarray:
     return np.ctypeslib.as_array((ctypes.c_uint8 * nbytes).from_address(ptr))
 
 
+# The first cuda-bindings releases that drop the GIL around their C calls (12.x line, 13.x line).
+# Older ones hold it through every cudaStreamSynchronize, freezing every other Python thread.
+GIL_FREE = (12, 9, 1)
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """(12, 9, 1) from "12.9.1", "12.9.1.post2" or "13.0.0rc1": the leading numbers."""
+    parts = []
+    for part in text.split("."):
+        digits = "".join(itertools.takewhile(str.isdigit, part))
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts)
+
+
+def bindings_version() -> str:
+    """The installed cuda-bindings version ("" if it cannot be told)."""
+    try:
+        import cuda.bindings as bindings
+        return str(getattr(bindings, "__version__", "") or metadata.version("cuda-bindings"))
+    except (ImportError, metadata.PackageNotFoundError):
+        return ""
+
+
+def check_releases_gil(version: str) -> None:
+    """BackendError unless cuda-bindings `version` releases the GIL during CUDA calls."""
+    if not version:
+        log.warning("cannot tell the cuda-bindings version: if it is older than 12.9.1, every CUDA "
+                    "synchronisation stalls the daemon's other threads")
+        return
+    if _version(version) < GIL_FREE:
+        raise BackendError(f"cuda-python (cuda-bindings) {version} holds the Python GIL during every CUDA "
+                           f"call, so one synchronising request would freeze the whole daemon: "
+                           f"{INSTALL_HINT}")
+
+
 def _load_api() -> _Api:
     try:
-        from cuda.bindings import runtime as rt  # cuda-python >= 12.6
-        return _CudaPython(rt, "cuda-python (cuda.bindings.runtime)")
+        from cuda.bindings import runtime as rt  # cuda-python >= 12.6 (>= 12.9.1 checked below)
     except ImportError:
         pass
+    else:
+        check_releases_gil(bindings_version())
+        return _CudaPython(rt, "cuda-python (cuda.bindings.runtime)", _native_handle())
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # "cuda.cudart is deprecated"
-            from cuda import cudart  # older cuda-python
-        return _CudaPython(cudart, "cuda-python (cuda.cudart)")
+            from cuda import cudart  # noqa: F401  (cuda-python < 12.6: holds the GIL)
     except ImportError:
         pass
+    else:
+        check_releases_gil(_distribution_version("cuda-python") or "12.5 or older")
+    # No pycuda fallback: docs/tensorrt.md ("Why not pycuda") says why.
+    raise BackendError(f"no CUDA binding for Python found: {INSTALL_HINT}")
+
+
+def _native_handle() -> Callable[[Any], int]:
+    """cuda.bindings.utils.get_cuda_native_handle (12.9.1+, 13.0.0+), else int() for a build that lacks it."""
     try:
-        import pycuda.driver as driver
-    except ImportError as exc:
-        raise BackendError(f"no CUDA binding for Python found: {INSTALL_HINT}") from exc
-    return _PyCuda(driver)
+        from cuda.bindings.utils import get_cuda_native_handle
+    except ImportError:
+        return int
+    return lambda handle: int(get_cuda_native_handle(handle))
+
+
+def _distribution_version(name: str) -> str:
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return ""
 
 
 _api_lock = threading.Lock()

@@ -178,6 +178,8 @@ class TensorRTContext:
     def close(self) -> None:
         """Release the stream, the buffers and the TensorRT context (idempotent)."""
         with self._owner:  # waits for a request running on another thread
+            if self._raw is not None or self._stream is not None:
+                _use_device(self._device)
             self._release()
         self._on_close(self)
 
@@ -193,6 +195,15 @@ class TensorRTContext:
                 resource.close()
             except BackendError:
                 log.exception("TensorRT context: releasing %s failed", type(resource).__name__)
+
+
+def _use_device(device: int) -> None:
+    """Make `device` current before releasing memory on it: freeing from a thread whose current
+    device is another (GPU 0 by default) would create a CUDA context there."""
+    try:
+        cuda.set_device(device)
+    except BackendError:
+        log.exception("TensorRT: cannot make device %d current to release its memory", device)
 
 
 def _check_into(into: Mapping[str, np.ndarray], outputs: Sequence[TensorSpec],
@@ -216,7 +227,7 @@ class TensorRTEngine:
 
     def __init__(self, path: Path, options: Mapping[str, Any]) -> None:
         self.path = path
-        self._device = int(options.get("device", 0))
+        self.device = self._device = int(options.get("device", 0))  # base.OnDevice
         self._lock = threading.Lock()
         self._contexts: set[TensorRTContext] = set()
         self._spare: TensorRTContext | None = None
@@ -233,8 +244,9 @@ class TensorRTEngine:
             raise
 
     def _load(self, plan: bytes) -> None:
+        trtlib.import_tensorrt()  # a missing TensorRT says so before CUDA is asked anything
+        cuda.set_device(self._device)  # before the runtime is created, which would touch GPU 0
         self._shared = trtlib.shared()
-        cuda.set_device(self._device)
         self.integrated = cuda.is_integrated(self._device)
         free_before = cuda.mem_info().free
         self._engine = self._deserialize(plan)
@@ -242,10 +254,12 @@ class TensorRTEngine:
         self._activation_bytes = int(self._engine.device_memory_size_v2)
         names = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
         is_input = {n: self._engine.get_tensor_mode(n) == self._shared.trt.TensorIOMode.INPUT for n in names}
+        self._opt_shapes: dict[str, tuple[int, ...]] = {}
         self.inputs = [self._input_spec(n) for n in names if is_input[n]]
         raw = self._new_raw_context()
         self.outputs = self._output_specs(raw, [n for n in names if not is_input[n]])
         self._spare = self._wrap(raw)
+        self._warm(self._spare)
         self.measured_load_bytes = free_before - cuda.mem_info().free
         log.info("loaded %s: TensorRT %s, activation %.1f MiB per context, measured %.1f MiB",
                  self.path, self._shared.trt.__version__, self._activation_bytes / 2**20,
@@ -272,16 +286,33 @@ class TensorRTEngine:
         if self._engine.get_tensor_location(name) == trt.TensorLocation.HOST:
             raise BackendError(f"tensor {name!r} lives in host memory (a shape tensor); "
                                f"infermux serves only engines whose inputs and outputs are on the GPU")
+        self._check_linear(name)
         dtype = trtlib.numpy_dtype(trt, self._engine.get_tensor_dtype(name))
         if dtype is None:
             raise BackendError(f"tensor {name!r} has TensorRT type {self._engine.get_tensor_dtype(name)}, "
                                f"which the wire protocol cannot carry; cast it in the ONNX model")
         return dtype
 
+    def _check_linear(self, name: str) -> None:
+        # Clients send and receive dense row-major tensors; a vectorized or channel-last
+        # binding (--inputIOFormats/--outputIOFormats, some DLA builds) would need a buffer
+        # padded to its components per element and a reformat the backend does not do.
+        fmt = self._engine.get_tensor_format(name)
+        if fmt != self._shared.trt.TensorFormat.LINEAR:
+            per = self._engine.get_tensor_components_per_element(name)
+            raise BackendError(f"tensor {name!r} is bound in TensorRT format {getattr(fmt, 'name', fmt)} "
+                               f"({per} components per element); infermux serves only LINEAR (row-major) "
+                               f"I/O tensors: rebuild the engine without --inputIOFormats/--outputIOFormats "
+                               f"or with a linear format (`infermux build` does), {REBUILD.format(path=self.path)}")
+
     def _input_spec(self, name: str) -> TensorSpec:
-        # Profile 0 is the one every new context starts with.
-        low, _opt, high = (tuple(d) for d in self._engine.get_tensor_profile_shape(name, 0))
-        return TensorSpec(name, self._dtype(name), tuple(self._engine.get_tensor_shape(name)), low, high)
+        shape = tuple(self._engine.get_tensor_shape(name))
+        if -1 not in shape:  # a fixed-shape input (a batch-1 detector): no profile range to ask for
+            low = opt = high = shape
+        else:  # profile 0 is the one every new context starts with
+            low, opt, high = (tuple(d) for d in self._engine.get_tensor_profile_shape(name, 0))
+        self._opt_shapes[name] = opt
+        return TensorSpec(name, self._dtype(name), shape, low, high)
 
     def _output_specs(self, raw: Any, names: list[str]) -> list[TensorSpec]:
         dtypes = {n: self._dtype(n) for n in names}
@@ -300,6 +331,20 @@ class TensorRTEngine:
         if dynamic:
             raise BackendError(f"outputs {dynamic} have data-dependent shapes, which infermux does not serve")
         return shapes
+
+    def _warm(self, ctx: TensorRTContext) -> None:
+        """Run profile 0's opt and max shapes once: kernels load lazily (CUDA_MODULE_LOADING=LAZY)
+        and differ by shape, so the first large batch would otherwise pay for loading them. The
+        registry's own warm-up runs the smallest shape (docs/tensorrt.md#what-the-backend-does)."""
+        largest = {s.name: s.max_shape or () for s in self.inputs}
+        for shapes in [self._opt_shapes] + ([largest] if largest != self._opt_shapes else []):
+            zeros = {s.name: np.zeros(shapes[s.name], s.dtype) for s in self.inputs}
+            try:
+                ctx.infer(zeros)
+            except BackendError as exc:  # the load stands; the registry's warm-up decides
+                log.warning("warming %s at %s failed: %s", self.path,
+                            {n: list(v.shape) for n, v in zeros.items()}, exc)
+                return
 
     def _new_raw_context(self) -> Any:
         raw = self._engine.create_execution_context()
@@ -340,10 +385,16 @@ class TensorRTEngine:
         return self._activation_bytes + io * (2 if self.integrated else 1)
 
     def memory_bytes(self) -> int:
-        """Engine (its plan size) plus `context_bytes()` for every open context."""
+        """Device memory of this engine on `device`: its plan size plus `context_bytes()` per open
+        context, or, where more, what the load measured (`measured_load_bytes`: engine and first
+        context, plus the libraries and kernels TensorRT loads lazily) plus the later contexts.
+        On Jetson the measured drop moves with every process's RAM use, so only the estimate counts."""
         with self._lock:
             contexts = len(self._contexts)
-        return self._plan_bytes + contexts * self.context_bytes()
+        estimate = self._plan_bytes + contexts * self.context_bytes()
+        if self.integrated or not contexts:
+            return estimate
+        return max(estimate, self.measured_load_bytes + (contexts - 1) * self.context_bytes())
 
     def close(self) -> None:
         """Close every context still open, then drop the engine (idempotent)."""
@@ -352,6 +403,8 @@ class TensorRTEngine:
             self._spare = None
         for ctx in contexts:
             ctx.close()
+        if self._engine is not None:
+            _use_device(self._device)
         self._engine = None  # TensorRT frees it with the last reference
 
 

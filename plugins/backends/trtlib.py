@@ -57,10 +57,18 @@ def numpy_dtype(trt: ModuleType, dtype: Any) -> str | None:
 
 
 def _new_logger(trt: ModuleType) -> Any:
-    """An ILogger that forwards to `logging` and remembers the last error per thread."""
+    """An ILogger that forwards to `logging` and remembers the last error per thread.
+
+    TensorRT calls `log` for every message, VERBOSE ones included (hundreds per engine load),
+    and the bindings' ILogger filters nothing itself: so `log` first drops, by comparing the
+    severity's number, every message `logging` would discard, before any logging call.
+    """
     sev = trt.ILogger.Severity
     levels = {sev.INTERNAL_ERROR: logging.ERROR, sev.ERROR: logging.ERROR,
               sev.WARNING: logging.WARNING, sev.INFO: logging.DEBUG, sev.VERBOSE: logging.DEBUG}
+    # Severities are numbered INTERNAL_ERROR 0 .. VERBOSE 4: pass up to WARNING, or all when
+    # the daemon logs at DEBUG (`--log-level debug`, read when the first engine loads).
+    highest = int(sev.VERBOSE if log.isEnabledFor(logging.DEBUG) else sev.WARNING)
 
     class Logger(trt.ILogger):  # type: ignore[name-defined]  # a base taken from the module object
         def __init__(self) -> None:
@@ -69,6 +77,8 @@ def _new_logger(trt: ModuleType) -> Any:
             self._last = ""  # for errors TensorRT logs from its own threads
 
         def log(self, severity: Any, msg: str) -> None:
+            if int(severity) > highest:
+                return
             level = levels.get(severity, logging.DEBUG)
             if level >= logging.ERROR:
                 self._local.last = self._last = msg
@@ -110,5 +120,15 @@ def shared() -> Shared:
             # Plugin layers (NMS and friends) must be registered before an
             # engine that uses them is deserialized.
             trt.init_libnvinfer_plugins(logger, "")
-            _shared = Shared(trt, logger, trt.Runtime(logger))
+            _shared = Shared(trt, logger, _new_runtime(trt, logger))
         return _shared
+
+
+def _new_runtime(trt: ModuleType, logger: Any) -> Any:
+    """The one IRuntime. Version-compatible plans (built with VERSION_COMPATIBLE, to run on later
+    TensorRT releases of the same major) embed their lean runtime as host code, which a runtime
+    refuses unless `engine_host_code_allowed`: engine files are the operator's, trusted like the
+    config (docs/tensorrt.md#engines-belong-to-one-device)."""
+    runtime = trt.Runtime(logger)
+    runtime.engine_host_code_allowed = True
+    return runtime

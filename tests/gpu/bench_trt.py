@@ -6,8 +6,8 @@ directly with one thread per context (no daemon, no sockets).
 Without --engine it builds the sample classifier with `infermux build`.
 Prints one `BENCH ...` line per context count (run.sh collects them) and the
 sizing verdict (docs/architecture.md#sizing-contexts): stop adding contexts when QPS grows by less than
-30 % while p99 grows by more than 20 %. Exits 0 with "skipped" where there
-is no GPU or no TensorRT.
+30 % while p99 grows by more than 20 %. Ends with a `FIGURE:` line for run.sh;
+exits 0 with a `SKIP:` line where there is no GPU or no TensorRT.
 """
 
 from __future__ import annotations
@@ -84,12 +84,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     missing = gpu_missing()
     if missing:
-        print(f"bench: skipped ({missing})")
+        print(f"SKIP: bench: {missing}")
         return 0
     try:
         import tensorrt  # noqa: F401
     except ImportError:
-        print("bench: skipped (TensorRT is not installed for this Python)")
+        print("SKIP: bench: TensorRT is not installed for this Python")
         return 0
     with tempfile.TemporaryDirectory() as tmp:
         plan = args.engine or build_plan(Path(tmp) / "model.plan")
@@ -99,6 +99,7 @@ def main(argv: list[str] | None = None) -> int:
               f"p50_us={r.p50_us:.0f} p99_us={r.p99_us:.0f}")
     for previous, current in zip(results, results[1:]):
         print(verdict(previous, current))
+    print("FIGURE: " + ", ".join(f"{r.contexts} ctx {r.qps:.0f} QPS p99 {r.p99_us / 1000:.2f} ms" for r in results))
     return 0
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import functools
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -30,11 +32,23 @@ def gpu_missing() -> str | None:
 
 
 def build_plan(out: Path, *extra: str) -> Path:
-    """Run `infermux build` on the sample classifier, as an operator would."""
+    """Run `infermux build` on the sample classifier, as an operator would.
+
+    Where $INFERMUX_GPU_PLANS names a folder (run.sh sets one), a plan built there with the same
+    arguments is copied instead: a Jetson takes a minute or more per build.
+    """
+    cache = os.environ.get("INFERMUX_GPU_PLANS")
+    key = Path(cache, "classifier" + "".join(extra).replace("-", "_") + ".plan") if cache else None
+    if key is not None and key.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(key, out)
+        return out
     cmd = [sys.executable, "-m", "infermux.cli.build", str(CLASSIFIER_ONNX), "-o", str(out),
            "--min-batch", str(BATCH[0]), "--opt-batch", str(BATCH[1]), "--max-batch", str(BATCH[2]), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}"
+    if key is not None:
+        shutil.copyfile(out, key)
     return out
 
 

@@ -1,15 +1,19 @@
 #!/usr/bin/env bash
 # GPU checks on a fresh machine: environment report, offline install, the
-# tests marked `gpu`, a short TensorRT benchmark and the device-to-slot
-# copies (bench_slot_d2h.py), then a summary.
+# tests marked `gpu`, a short TensorRT benchmark, the device-to-slot copies
+# (bench_slot_d2h.py), the GIL probe (gil_probe.py) and one stage per fix of
+# issue 18 (stages.py), then a table: stage, status, seconds, figure.
 #
 #   tests/gpu/run.sh [PYTHON]        (default: $PYTHON, else python3)
 #
 # Needs no package index: the project is installed with pip's --no-index
 # --no-deps editable install, or, where that fails (old setuptools without
 # `wheel`, an externally managed system Python), made importable through a
-# PYTHONPATH shim. Every stage has a time limit (about 5 minutes in all);
-# TensorRT or onnxruntime missing means skipped tests, not a failure.
+# PYTHONPATH shim. Every stage has a time limit sized for a Jetson Orin, and
+# the whole run a budget ($INFERMUX_GPU_BUDGET seconds, default 840): a stage
+# gets at most what is left of it, so the script ends within 15 minutes there
+# (about 3 on a discrete GPU). TensorRT, cupy/torch or a second GPU missing
+# means skipped stages, not failures.
 set -u
 
 cd "$(dirname "$0")/../.." || exit 2
@@ -18,28 +22,51 @@ PY=${1:-${PYTHON:-python3}}
 WORK=$(mktemp -d "${TMPDIR:-/tmp}/infermux-gpu.XXXXXX") || exit 2
 trap 'rm -rf "$WORK"' EXIT
 export PIP_NO_INDEX=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+# One engine build per set of options for the whole run (a Jetson takes a minute or more each);
+# CUDA numbers GPUs as NVML does, so "GPU 0" means the same to both.
+export INFERMUX_GPU_PLANS="$WORK/plans" CUDA_DEVICE_ORDER=PCI_BUS_ID
+mkdir -p "$INFERMUX_GPU_PLANS"
+BUDGET=${INFERMUX_GPU_BUDGET:-840}
+STARTED=$(date +%s)
 
 ROWS=()
 FAILED=0
 command -v timeout >/dev/null || { echo "run.sh: needs coreutils timeout" >&2; exit 2; }
 
-# stage NAME LIMIT_S CMD...: run CMD with a time limit, output to a log file
-# (a pipe could be held open by a stray child and hang us), then show it.
+row() {  # row NAME STATUS SECONDS FIGURE (cut to 110 characters: the full line is in the stage's output)
+    ROWS+=("$(printf '%-9s %-28s %7s s  %s' "$1" "$2" "$3" "${4:0:110}")")
+}
+
+# stage NAME LIMIT_S CMD...: run CMD with a time limit (capped by what is left of the budget),
+# output to a log file (a pipe could be held open by a stray child and hang us), then show it.
+# The stage's figure is its last `FIGURE: ` line; a `SKIP: ` line with exit 0 makes it skipped.
 stage() {
-    local name=$1 limit=$2 start rc status secs
+    local name=$1 limit=$2 start rc status secs figure left
     shift 2
+    left=$((BUDGET - ($(date +%s) - STARTED)))
+    if [ "$left" -lt 10 ]; then
+        echo "=== $name: not run, the ${BUDGET} s budget is spent"
+        row "$name" "not run (budget spent)" 0 ""; FAILED=1
+        return 1
+    fi
+    [ "$limit" -gt "$left" ] && limit=$left
     echo "=== $name (limit ${limit} s)"
     start=$(date +%s.%N)
     timeout -k 5 "$limit" "$@" >"$WORK/$name.log" 2>&1 </dev/null
     rc=$?
     secs=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
     cat "$WORK/$name.log"
+    figure=$(grep -E '^FIGURE: ' "$WORK/$name.log" | tail -n 1 | cut -c 9-)
+    [ -n "$figure" ] || figure=$(grep -v '^[[:space:]]*$' "$WORK/$name.log" | tail -n 1 | tr -d '=' | xargs | cut -c 1-90)
     case $rc in
-        0) status=ok ;;
+        0) if grep -qE '^SKIP: ' "$WORK/$name.log"; then
+               status=skipped; figure=$(grep -E '^SKIP: ' "$WORK/$name.log" | tail -n 1 | cut -c 7-)
+           else status=ok; fi ;;
         124|137) status="TIMEOUT after ${limit} s"; FAILED=1 ;;
         *) status="FAILED (exit $rc)"; FAILED=1 ;;
     esac
-    ROWS+=("$(printf '%-8s %-26s %7s s' "$name" "$status" "$secs")")
+    echo "--- $name: $status${figure:+: $figure}"
+    row "$name" "$status" "$secs" "$figure"
     return $rc
 }
 
@@ -50,7 +77,7 @@ warnings.simplefilter("ignore")
 print(f"python     {sys.version.split()[0]} ({sys.executable}), {platform.machine()}")
 for label, names in [("numpy", ["numpy"]), ("pyzmq", ["zmq"]), ("onnxruntime", ["onnxruntime"]),
                      ("pytest", ["pytest"]),
-                     ("cuda-py", ["cuda.bindings.runtime", "cuda.cudart", "pycuda.driver"]),
+                     ("cuda-py", ["cuda.bindings.runtime", "cuda.cudart"]),
                      ("tensorrt", ["tensorrt"])]:
     found = "missing"
     for name in names:
@@ -106,8 +133,8 @@ stage env 20 bash -c "$(declare -f report_env); PY='$PY' report_env"
 echo "=== install"
 install_start=$(date +%s.%N)
 if install; then install_status=ok; else install_status=FAILED; FAILED=1; fi
-ROWS+=("$(printf '%-8s %-26s %7s s' install "$install_status" \
-    "$(awk -v a="$install_start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')")")
+row install "$install_status" \
+    "$(awk -v a="$install_start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')" ""
 
 TESTS_LINE="not run"
 if [ "$install_status" != ok ]; then
@@ -116,18 +143,26 @@ elif ! "$PY" -c "import numpy" 2>/dev/null; then
     echo "numpy is missing: install python3-numpy; skipping tests and benchmark"; FAILED=1
 else
     if "$PY" -c "import pytest" 2>/dev/null; then
-        stage tests 180 "$PY" -m pytest tests/gpu -m gpu -v -rs -p no:cacheprovider
+        stage tests 420 "$PY" -m pytest tests/gpu -m gpu -v -rs -p no:cacheprovider
         TESTS_LINE=$(grep -E '(passed|failed|skipped|error)' "$WORK/tests.log" | tail -n 1 | tr -d '=' | xargs)
     else
         echo "pytest is missing (python3-pytest): GPU tests not run"; TESTS_LINE="not run: no pytest"
     fi
-    stage bench 75 "$PY" tests/gpu/bench_trt.py --seconds 3 --contexts 1,2
+    stage bench 120 "$PY" tests/gpu/bench_trt.py --seconds 3 --contexts 1,2
     stage slot 60 "$PY" tests/gpu/bench_slot_d2h.py
+    # Issue 18, one stage per item: 1 cap, 2 gil, 3 pycuda, 4 memory, 5 formats, 6 vcompat,
+    # 7 teardown, 8 standin (stages.py and gil_probe.py say what each proves).
+    stage gil 60 "$PY" tests/gpu/gil_probe.py
+    for item in cap pycuda memory formats vcompat teardown standin; do
+        case $item in formats) limit=240 ;; cap|vcompat) limit=180 ;; *) limit=90 ;; esac
+        stage "$item" "$limit" "$PY" tests/gpu/stages.py "$item" "$WORK/stages"
+    done
 fi
 
 TRT=$("$PY" -c "import tensorrt; print(tensorrt.__version__)" 2>/dev/null || echo "skipped (not installed)")
 echo
 echo "================ infermux GPU summary ================"
+printf '%-9s %-28s %9s  %s\n' stage status seconds figure
 printf '%s\n' "${ROWS[@]}"
 echo "TensorRT: $TRT"
 echo "tests:    $TESTS_LINE"

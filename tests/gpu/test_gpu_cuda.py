@@ -45,3 +45,22 @@ def test_cuda_errors_are_named():
         cuda.DeviceBuffer(1 << 50)  # 1 PiB
     assert err.value.out_of_memory
     cuda.DeviceBuffer(MiB).close()  # an allocation failure does not poison later calls
+
+
+def test_stream_handles_are_native_ints_without_deprecation_warnings():
+    # cuda-bindings 12.9.1+ deprecates int(cudaStream_t); the layer reads get_cuda_native_handle.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        stream = cuda.Stream()
+        assert isinstance(stream.handle, int) and stream.handle != 0
+        stream.synchronize()
+        stream.close()
+
+
+def test_the_installed_bindings_pass_the_gil_version_rule():
+    # The load refuses older ones (conftest would have skipped with that reason); state the version.
+    version = cuda.bindings_version()
+    assert version, "cuda.bindings.__version__ is missing: the version rule cannot be applied"
+    cuda.check_releases_gil(version)

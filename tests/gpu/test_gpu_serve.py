@@ -1,12 +1,9 @@
 """A TensorRT engine served end to end: `infermux serve` in a subprocess, the
 Client on its ipc socket, outputs compared with onnxruntime (atol 1e-3).
-
-Skips until the daemon (`infermux.cli.serve`) is part of this tree.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import signal
 import subprocess
 import sys
@@ -38,8 +35,6 @@ device = 0
 @pytest.fixture
 def daemon(plan_fp32: Path, tmp_path: Path):
     """`infermux serve` with the built classifier engine; yields its endpoint."""
-    if importlib.util.find_spec("infermux.cli.serve") is None:
-        pytest.skip("the daemon (infermux.cli.serve) is not in this tree yet")
     engine_dir = tmp_path / "engines"
     (engine_dir / "classifier" / "1").mkdir(parents=True)
     (engine_dir / "classifier" / "1" / "model.plan").write_bytes(plan_fp32.read_bytes())

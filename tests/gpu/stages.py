@@ -1,0 +1,287 @@
+"""Hardware proofs of the TensorRT fixes of issue 18, one run.sh stage each.
+
+    python tests/gpu/stages.py STAGE WORKDIR     STAGE: cap memory formats vcompat teardown pycuda standin
+
+Each stage prints what it did, then one `FIGURE: ...` line, and exits 0 when the fix holds on
+this machine and 1 when it does not; it prints `SKIP: reason` and exits 0 where it cannot run
+(no GPU, no TensorRT, one GPU only). The GIL probe (item 2) is gil_probe.py: it needs no
+TensorRT. Plans come from gpu_support.build_plan (reused from $INFERMUX_GPU_PLANS).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import statistics
+import sys
+import threading
+import time
+import warnings
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from gpu_support import BATCH, CLASSIFIER_ONNX, build_plan, gpu_missing, images
+
+from infermux.config import ModelConfig
+from infermux.plugins import backends
+from infermux.plugins.backends import cuda, trtlib
+from infermux.plugins.base import BackendError
+from infermux.protocol import Request
+from infermux.serving.executor import Executor
+from infermux.serving.job import Job
+from infermux.serving.scheduler import Scheduler
+from infermux.serving.stats import ModelStats
+
+MiB = 1 << 20
+INPUT, OUTPUT = "images", "probs"  # the classifier's tensors (the stand-in test swaps in its own)
+
+
+class Skip(Exception):
+    """The stage cannot run here; the message says why."""
+
+
+def _trt() -> Any:
+    reason = gpu_missing()
+    if reason:
+        raise Skip(reason)
+    try:
+        import tensorrt
+    except ImportError as exc:
+        raise Skip(f"TensorRT is not installed for this Python ({exc})") from exc
+    return tensorrt
+
+
+def _load(plan: Path, **options: Any) -> Any:
+    return backends.for_path(plan).load(plan, options)
+
+
+def stage_cap(work: Path) -> int:
+    """Item 1: max_batch 16 on an engine whose profile stops at 8 rows; two 5-row requests both served."""
+    _trt()
+    engine = _load(build_plan(work / "cap" / "model.plan"))
+    try:
+        scheduler = Scheduler(ModelConfig("classifier", engine.path, max_batch=16), engine, lambda e, f: None,
+                              lambda job: None, ModelStats("classifier", "1"), "least_loaded")
+        scheduler.stop(30)
+        replies: list[dict] = []
+        executor = Executor("classifier", "1", 0, engine.create_context(),
+                            lambda envelope, frames: replies.append(json.loads(frames[0])), lambda job: None,
+                            scheduler.policy)
+        now = time.perf_counter_ns()
+        for k in range(2):
+            executor.queue.put(Job([b"c%d" % k], Request("classifier", {INPUT: images(5, k)}), [], now,
+                                   now + 60 * 10**9))
+        executor.row_us = 1.0  # run_queued runs only once a row time is known
+        executor.run_queued(lambda batch_us, requests: True)
+    finally:
+        engine.close()
+    statuses = [r["status"] for r in replies]
+    print(f"FIGURE: max_batch 16 capped at {scheduler.policy.max_batch} (profile max {BATCH[2]}); "
+          f"two 5-row requests answered {statuses}")
+    return 0 if scheduler.policy.max_batch == BATCH[2] and statuses == [200, 200] else 1
+
+
+def stage_memory(work: Path) -> int:
+    """Item 4: the figure charged for a model on the last GPU, against what cudaMemGetInfo measured there."""
+    _trt()
+    device = cuda.device_count() - 1
+    plan = build_plan(work / "memory" / "model.plan")
+    engine = _load(plan, device=device)
+    try:
+        estimate = plan.stat().st_size + engine.context_bytes()
+        measured, charged = engine.measured_load_bytes, engine.memory_bytes()
+        engine.create_context(), engine.create_context()  # the first reuses the load's context
+        two = engine.memory_bytes()
+    finally:
+        engine.close()
+    integrated = engine.integrated
+    print(f"FIGURE: GPU {device}{' (integrated)' if integrated else ''}: estimate {estimate / MiB:.1f} MiB, "
+          f"measured {measured / MiB:.1f} MiB, charged {charged / MiB:.1f} MiB, with 2 contexts {two / MiB:.1f} MiB")
+    want = estimate if integrated else max(estimate, measured)
+    return 0 if engine.device == device and charged == want and two > charged else 1
+
+
+def _build(trt: Any, out: Path, tweak: Callable[[Any, Any, Any], None]) -> Path | None:
+    """The classifier built with TensorRT's API directly, `tweak(trt, network, config)` applied; None if refused."""
+    logger = trt.Logger(trt.Logger.ERROR)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(CLASSIFIER_ONNX)):
+        raise RuntimeError(f"cannot parse {CLASSIFIER_ONNX}: {parser.get_error(0)}")
+    config = builder.create_builder_config()
+    profile = builder.create_optimization_profile()
+    name = network.get_input(0).name
+    profile.set_shape(name, *[(b, 3, 64, 64) for b in BATCH])
+    config.add_optimization_profile(profile)
+    tweak(trt, network, config)
+    plan = builder.build_serialized_network(network, config)
+    if plan is None:
+        return None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_bytes(bytes(plan))
+    return out
+
+
+def _io_format(fmt: str, half: bool) -> Callable[[Any, Any, Any], None]:
+    def tweak(trt: Any, network: Any, config: Any) -> None:
+        tensor = network.get_input(0)
+        if half:
+            tensor.dtype = trt.float16
+            if hasattr(trt.BuilderFlag, "FP16"):
+                config.set_flag(trt.BuilderFlag.FP16)
+        tensor.allowed_formats = 1 << int(getattr(trt.TensorFormat, fmt))
+    return tweak
+
+
+def stage_formats(work: Path) -> int:
+    """Item 5: an engine whose input is bound vectorized (--inputIOFormats) is refused at load, clearly."""
+    trt = _trt()
+    for fmt, half in (("HWC8", True), ("CHW32", False), ("CHW4", True), ("HWC", False)):
+        try:
+            plan = _build(trt, work / "formats" / f"{fmt}.plan", _io_format(fmt, half))
+        except (AttributeError, TypeError, RuntimeError) as exc:
+            print(f"{fmt}: cannot build ({exc})")
+            continue
+        if plan is None:
+            print(f"{fmt}: TensorRT would not build the input in this format")
+            continue
+        try:
+            _load(plan).close()
+        except BackendError as exc:
+            print(f"FIGURE: {fmt} input refused at load: {str(exc)[:110]}")
+            return 0 if "only LINEAR" in str(exc) else 1
+        print(f"FIGURE: {fmt} input LOADED: its buffers would be sized for a dense layout")
+        return 1
+    raise Skip("this TensorRT built none of HWC8, CHW32, CHW4, HWC for the classifier's input")
+
+
+def stage_vcompat(work: Path) -> int:
+    """Item 6: a version-compatible plan loads (engine_host_code_allowed) and matches onnxruntime."""
+    trt = _trt()
+    if not hasattr(trt.BuilderFlag, "VERSION_COMPATIBLE"):
+        raise Skip(f"TensorRT {trt.__version__} has no BuilderFlag.VERSION_COMPATIBLE")
+    plan = _build(trt, work / "vcompat" / "model.plan",
+                  lambda trt, network, config: config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE))
+    if plan is None:
+        raise Skip("TensorRT would not build the classifier version-compatible")
+    strict = trt.Runtime(trt.Logger(trt.Logger.INTERNAL_ERROR))  # engine_host_code_allowed left False
+    refused = strict.deserialize_cuda_engine(plan.read_bytes()) is None
+    engine = _load(plan)
+    try:
+        x = images(4, seed=3)
+        probs = engine.create_context().infer({INPUT: x})[OUTPUT]
+    finally:
+        engine.close()
+    diff = _diff_from_onnxruntime(x, probs)
+    print(f"FIGURE: version-compatible plan served (max |diff| vs onnxruntime {diff}); "
+          f"a runtime without engine_host_code_allowed {'refuses' if refused else 'also loads'} it")
+    return 0 if diff == "n/a" or float(diff) < 1e-2 else 1
+
+
+def _diff_from_onnxruntime(x: np.ndarray, probs: np.ndarray) -> str:
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return "n/a"
+    session = ort.InferenceSession(str(CLASSIFIER_ONNX), providers=["CPUExecutionProvider"])
+    return f"{float(np.abs(session.run(['probs'], {'images': x})[0] - probs).max()):.1e}"
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.levels: list[int] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.getMessage().startswith("TensorRT: "):  # TensorRT's own, not the backend's
+            self.levels.append(record.levelno)
+
+
+def stage_teardown(work: Path) -> int:
+    """Item 7 on the last GPU: no DeprecationWarning for stream handles, no INFO/VERBOSE TensorRT
+    record at the daemon's default level, the first max batch warm, and (with 2+ GPUs) GPU 0 untouched."""
+    _trt()
+    device = cuda.device_count() - 1
+    cuda.set_device(device)
+    plan = build_plan(work / "teardown" / "model.plan")
+    records = _Records()
+    tensorrt_log = logging.getLogger("infermux.tensorrt")
+    tensorrt_log.addHandler(records)
+    level = tensorrt_log.level
+    try:
+        first, steady = _warm_and_release(plan, device, tensorrt_log)
+    finally:
+        tensorrt_log.removeHandler(records)
+        tensorrt_log.setLevel(level)
+    quiet = sum(lv < logging.WARNING for lv in records.levels)
+    on_gpu0 = _pid_on_gpu0() if device > 0 else None
+    print(f"FIGURE: first max batch {first:.1f} ms, steady {steady:.1f} ms; {quiet} INFO/VERBOSE records; "
+          f"GPU 0 {'not applicable (one GPU)' if on_gpu0 is None else ('TOUCHED' if on_gpu0 else 'untouched')}")
+    return 0 if quiet == 0 and not on_gpu0 else 1
+
+
+def _warm_and_release(plan: Path, device: int, tensorrt_log: logging.Logger) -> tuple[float, float]:
+    """Load on `device`, time the first and steady max batches, close from another thread."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)  # int(cudaStream_t) would raise here
+        trtlib.shared()  # created at the default level: the severity filter is WARNING
+        tensorrt_log.setLevel(logging.DEBUG)  # whatever gets past the filter is now recorded
+        engine = _load(plan, device=device)
+        first, steady = _first_and_steady(engine.create_context())
+        closer = threading.Thread(target=engine.close)  # as the unloader does: GPU 0 is current there
+        closer.start()
+        closer.join(60)
+    return first, steady
+
+
+def _first_and_steady(ctx: Any) -> tuple[float, float]:
+    """ms of the first max-batch request after load, and the median of the next 20."""
+    x = images(BATCH[2])
+    times = []
+    for _ in range(21):
+        start = time.perf_counter()
+        ctx.infer({INPUT: x})
+        times.append((time.perf_counter() - start) * 1000)
+    return times[0], statistics.median(times[1:])
+
+
+def _pid_on_gpu0() -> bool:
+    """Whether NVML lists this process on GPU 0 (run.sh sets CUDA_DEVICE_ORDER=PCI_BUS_ID to match)."""
+    from infermux.models.budget import Nvml
+
+    nvml = Nvml.open()
+    if nvml is None:
+        raise Skip("NVML is not readable here: cannot tell whether GPU 0 was touched")
+    return os.getpid() in nvml.used_by()
+
+
+def stage_pycuda(work: Path) -> int:
+    """Item 3: nothing to run: the pycuda fallback was removed."""
+    raise Skip("the pycuda fallback was removed (docs/tensorrt.md#why-not-pycuda): nothing to prove on a GPU")
+
+
+def stage_standin(work: Path) -> int:
+    """Item 8: the stand-in is CPU-only."""
+    raise Skip("the stand-in (tests/fakes_tensorrt.py) is CPU-only: its tests run in `pytest tests`")
+
+
+STAGES = {"cap": stage_cap, "memory": stage_memory, "formats": stage_formats, "vcompat": stage_vcompat,
+          "teardown": stage_teardown, "pycuda": stage_pycuda, "standin": stage_standin}
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2 or argv[0] not in STAGES:
+        print(f"usage: stages.py {{{','.join(STAGES)}}} WORKDIR", file=sys.stderr)
+        return 2
+    try:
+        return STAGES[argv[0]](Path(argv[1]))
+    except Skip as why:
+        print(f"SKIP: {why}")
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
