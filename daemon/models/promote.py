@@ -69,13 +69,14 @@ def _move(registry: "Registry", mv: "ModelVersion", mode: str) -> str:
         mv.scheduler = shadow.scheduler  # the switch: the router takes this from the next request on
         mv.memory_bytes, mv.last_load_s = shadow.memory_bytes, shadow.last_load_s
         if old is not None:
-            if hasattr(old, "forward_to"):
-                old.forward_to, old.stop_reason = shadow.scheduler, "promoted"
+            if shadow.scheduler is not None:
+                old.hand_over(shadow.scheduler, "promoted" if mode == HOT else "demoted")
             registry.workers.wait_turns()
             old.stop(registry.config.daemon.drain_timeout_s)
         if old_engine is not None:
             old_engine.close()
     ms = round((time.monotonic() - started) * 1000)
+    worker = mv.worker_info()
     registry.events.emit("promoted" if mode == HOT else "demoted", mv.name, mv.version, took_ms=ms,
-                         **({"pid": mv.scheduler.pid} if mode == COLD else {}))  # type: ignore[union-attr]
+                         **({"pid": worker["pid"]} if worker is not None else {}))
     return f"{label} is now {where} (moved in {ms} ms)"

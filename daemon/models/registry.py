@@ -25,6 +25,7 @@ from infermux.serving.executor import LateFn, ReplyFn
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError, Engine, TensorSpec
 from infermux.serving.inline import HoldFn, InlineGate
+from infermux.serving.placement import Change, Placement
 from infermux.serving.scheduler import Scheduler
 from infermux.serving.stats import ModelStats
 
@@ -96,7 +97,7 @@ class ModelVersion:
     state: State = State.UNLOADED
     reason: str = ""
     engine: Engine | None = None
-    scheduler: Scheduler | None = None
+    scheduler: Placement | None = None  # where it runs once loaded: hot Scheduler or cold WorkerProxy
     stats: ModelStats = field(init=False)
     memory_bytes: int = 0
     load_started: float = 0.0
@@ -124,8 +125,8 @@ class ModelVersion:
 
     def worker_info(self) -> dict[str, Any] | None:
         """pid, RSS, state... of the worker process serving this version (None when hot or unloaded)."""
-        info = getattr(self.scheduler, "worker_info", None)
-        return info() if info is not None else None
+        placement = self.scheduler
+        return placement.worker_info() if placement is not None else None
 
     def eta_ms(self) -> int:
         """When a client should retry while this version loads (never 0)."""
@@ -399,21 +400,11 @@ class Registry:
         self.events.emit("removed", mv.name, mv.version)
 
     def configure(self, mv: ModelVersion, **changes: Any) -> None:
-        """Change settings of a version live; the scheduler picks them up at once."""
+        """Change settings of a version live; its placement (hot or cold) applies them at once."""
         mv.config = replace(mv.config, **changes)
-        scheduler = mv.scheduler
-        if scheduler is None:
-            return
-        if "contexts" in changes:
-            scheduler.resize(changes["contexts"])
-        if "max_queue" in changes:
-            scheduler.max_queue = changes["max_queue"]
-        if "max_batch" in changes and scheduler.policy.allowed:
-            scheduler.policy.max_batch = changes["max_batch"]
-        if "batch_delay_us" in changes:
-            scheduler.policy.delay_s = changes["batch_delay_us"] / 1e6
-        if "preferred_batch" in changes:
-            scheduler.policy.preferred = tuple(changes["preferred_batch"])
+        placement = mv.scheduler
+        if placement is not None:
+            placement.apply(Change.of(changes))
 
     def promote(self, name: str, version: str) -> str:
         """Move a version from its worker process into the daemon (cold → hot), losing no request."""

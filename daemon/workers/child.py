@@ -40,6 +40,7 @@ from infermux.plugins.base import BackendError
 from infermux.protocol import DTYPES, OutputRegion, Request, Status, encode_reply, error_header
 from infermux.transport.regions import MappedRegions
 from infermux.models.registry import rss_bytes, warm_up
+from infermux.serving.placement import Admission, Change
 from infermux.serving.scheduler import Scheduler
 from infermux.workers.slots import Slot, SlotCache, layout
 from infermux.workers.outputs import ShapeMemory, SlotOutputs
@@ -209,17 +210,8 @@ class Worker:
         self.send(wire.control(wire.READY, ready))
 
     def _set(self, changes: dict[str, Any]) -> None:
-        scheduler = self.scheduler
-        if scheduler is None:
-            return
-        if "contexts" in changes:
-            scheduler.resize(int(changes["contexts"]))
-        if "max_batch" in changes and scheduler.policy.allowed:
-            scheduler.policy.max_batch = int(changes["max_batch"])
-        if "batch_delay_us" in changes:
-            scheduler.policy.delay_s = changes["batch_delay_us"] / 1e6
-        if "max_queue" in changes:
-            scheduler.max_queue = int(changes["max_queue"])
+        if self.scheduler is not None:
+            self.scheduler.apply(Change.of(changes))
 
     def _inline_ok(self, service_time_us: float, batching: bool) -> bool:
         """May the I/O thread compute this request itself? (inline.py)"""
@@ -249,7 +241,7 @@ class Worker:
             return
         job = Job(envelope, request, [], meta["r"], meta["d"], meta["fb"], place=envelope[2])
         scheduler = self.scheduler
-        if scheduler is None or not scheduler.submit(job):
+        if scheduler is None or scheduler.submit(job) is not Admission.QUEUED:
             why = "no model loaded" if scheduler is None else "worker queue full"
             header = error_header(Status.NOT_READY, f"{why}; retry", request.id, retry_after_ms=50,
                                   model=self.name, version=self.version)

@@ -1,9 +1,8 @@
-"""The daemon's side of a cold model: a scheduler whose contexts live in a worker.
+"""The cold placement (serving/placement.py): a version whose contexts live in a worker process.
 
-To the router a `WorkerProxy` is a `Scheduler` (`submit`, `depth`, `load`,
-`in_flight`, `max_queue`, `executors`, `policy`, `resize`, `stop`) and a
-`RemoteEngine` is an engine (its `inputs`/`outputs` come from the worker's
-READY message). `submit` copies the request's tensors into a shared-memory
+`WorkerProxy` implements `Placement` as `Scheduler` does for a hot version,
+and a `RemoteEngine` is an engine (its `inputs`/`outputs` come from the
+worker's READY message). `submit` copies the request's tensors into a shared-memory
 slot (or inline when small) and sends one message by the fast lane
 (lane.py). Replies come back by the lane too: the frontend thread polls it
 (`Watch`), builds the client's reply frames (big outputs go to the client
@@ -24,6 +23,7 @@ import logging
 import os
 import threading
 import time
+from dataclasses import asdict, replace
 from typing import Any, Callable
 
 import zmq
@@ -33,6 +33,7 @@ from infermux.workers import wire as wire
 from infermux.config import ModelConfig
 from infermux.serving.executor import LateFn, ReplyFn
 from infermux.serving.job import Job
+from infermux.serving.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
 from infermux.workers.lane import LaneClosed
 from infermux.plugins.base import BackendError, TensorSpec
 from infermux.protocol import Status, dtype_name, encode_reply, error_header
@@ -91,35 +92,6 @@ class ContextView:
         return len(self.queue) + self.in_flight
 
 
-class RemotePolicy:
-    """The worker's batching policy; setting a field sends it to the worker (admin `set`)."""
-
-    def __init__(self, send: Callable[[dict[str, Any]], None], config: ModelConfig, allowed: bool) -> None:
-        self._send = send
-        self.allowed = allowed
-        self.preferred = config.preferred_batch
-        self._max_batch = config.max_batch if allowed else 1
-        self._delay_s = config.batch_delay_us / 1e6
-
-    @property
-    def max_batch(self) -> int:
-        return self._max_batch
-
-    @max_batch.setter
-    def max_batch(self, value: int) -> None:
-        self._max_batch = value
-        self._send({"max_batch": value})
-
-    @property
-    def delay_s(self) -> float:
-        return self._delay_s
-
-    @delay_s.setter
-    def delay_s(self, value: float) -> None:
-        self._delay_s = value
-        self._send({"batch_delay_us": int(value * 1e6)})
-
-
 ExitFn = Callable[["WorkerProxy", str, bool], None]
 # watch(fd, on_ready): call on_ready() on the frontend thread whenever fd is
 # readable, until it returns False (Server.watch).
@@ -134,14 +106,16 @@ class WorkerProxy:
                  regions: RegionTable | None = None) -> None:
         self.process = process
         self.name, self.version = config.name, config.version
-        self._max_queue = config.max_queue
         self.strategy = strategy
-        self.policy = RemotePolicy(self._set, config, bool(ready.get("allowed", True)))
+        allowed = bool(ready.get("allowed", True))
+        # What the worker runs with; `apply` changes both sides (SET).
+        self._settings = Settings(config.contexts, config.max_queue, config.max_batch if allowed else 1,
+                                  config.batch_delay_us, config.preferred_batch, allowed)
         self._stats = stats
         self.executors: list[ContextView] = [self._new_view(i) for i in range(config.contexts)]
         self.load_ms = int(ready.get("load_ms", 0))
         self.stop_reason = ""
-        self.forward_to: Any = None  # promote/demote: where jobs go once this one stops taking them
+        self.forward_to: Placement | None = None  # promote/demote: where jobs go once this one stops taking them
         self.created = self.last_beat = time.monotonic()
         self.gpu_bytes = 0  # this process's GPU memory as NVML reports it (0 where it cannot)
         self.unseen_bytes = 0  # what its load took that neither RSS nor NVML shows (workers._unseen)
@@ -149,6 +123,7 @@ class WorkerProxy:
         self._outputs = len(ready["outputs"])
         self._out_row_bytes = _row_bytes(ready["outputs"])
         self._pending: dict[int, tuple[Job, Slot | None, int]] = {}
+        self._rows = 0  # input rows of the requests in `_pending`
         self._seq = itertools.count(1)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -166,26 +141,51 @@ class WorkerProxy:
         self._reader = threading.Thread(target=self._read, name=f"worker-{self.name}-{self.version}", daemon=True)
         self._reader.start()
 
-    # -- the Scheduler interface ------------------------------------------------------
+    # -- the Placement interface ------------------------------------------------------
 
-    @property
-    def max_queue(self) -> int:
-        return self._max_queue
-
-    @max_queue.setter
-    def max_queue(self, value: int) -> None:  # admin `set`: more may be in flight, so more slots
-        self._max_queue = value
-        self.slots.max_slots = value + len(self.executors)
-
-    def submit(self, job: Job) -> bool:
-        """Send `job` to the worker; False when its queue is full or it is stopping."""
+    def submit(self, job: Job) -> Admission:
+        """Send `job` to the worker, or say why not: full, or stopping, or the worker is gone."""
         with self._lock:
             if not self._closing:
-                if len(self._pending) >= self._max_queue + len(self.executors):
-                    return False
-                return self._send_job(job)  # under the lock: the reply cannot overtake `_pending`
+                if len(self._pending) >= self._settings.max_queue + len(self.executors):
+                    return Admission.FULL
+                # Under the lock: the reply cannot overtake `_pending`.
+                return Admission.QUEUED if self._send_job(job) else Admission.CLOSED
             successor = self.forward_to
-        return successor.submit(job) if successor is not None else False
+        return successor.submit(job) if successor is not None else Admission.CLOSED
+
+    def push_out(self, job: Job) -> Job | None:
+        """None: the queue lives in the worker, whose requests are on their way or running there,
+        so a full cold queue refuses the newcomer (429 or the fallback) instead of a queued one."""
+        return None
+
+    def expected_wait_us(self) -> float:
+        return wait_us(self._rows, self._stats.service_time_us())
+
+    def rows(self) -> int:
+        return self._rows
+
+    def contexts(self) -> list[ContextLoad]:
+        return [ContextLoad(len(view.queue), view.in_flight) for view in self.executors]
+
+    def settings(self) -> Settings:
+        return self._settings
+
+    def apply(self, change: Change) -> None:
+        """Change settings here and in the worker (one SET message, applied there in order)."""
+        if change.contexts is not None and change.contexts < 1:
+            raise ValueError("a loaded model needs at least one context")
+        if not self._settings.batching_allowed:
+            change = replace(change, max_batch=None)
+        self._settings = replace(self._settings, **{k: v for k, v in asdict(change).items() if v is not None})
+        # max_queue is kept here: the worker's own queue never refuses (pool.Workers._send_load).
+        self._set(replace(change, max_queue=None))
+        if change.contexts is not None:
+            self._resize(change.contexts)
+        self.slots.max_slots = self._settings.max_queue + len(self.executors)  # more in flight, more slots
+
+    def hand_over(self, successor: Placement, reason: str) -> None:
+        self.forward_to, self.stop_reason = successor, reason
 
     def _send_job(self, job: Job) -> bool:
         tensors, regions = self._sources(job)
@@ -225,6 +225,7 @@ class WorkerProxy:
                 self.slots.release(slot)
             return False
         self._pending[seq] = (job, slot, rows)
+        self._rows += rows
         return True
 
     def _sources(self, job: Job) -> tuple[list[Any], list[list[Any]]]:
@@ -279,22 +280,12 @@ class WorkerProxy:
     def load(self) -> int:
         return len(self._pending)
 
-    def in_flight(self) -> int:
-        return min(len(self._pending), len(self.executors))
-
-    def full(self) -> bool:
-        return self.load() >= self.max_queue + len(self.executors)
-
-    def resize(self, contexts: int) -> None:
-        if contexts < 1:
-            raise ValueError("a loaded model needs at least one context")
-        self._set({"contexts": contexts})
+    def _resize(self, contexts: int) -> None:
         views, removed = self.executors[:contexts], self.executors[contexts:]
         views += [self._new_view(i) for i in range(len(views), contexts)]
         self.executors = views
         for view in removed:
             self._stats.remove_context(view.stats)
-        self.slots.max_slots = self._max_queue + contexts
 
     def stop(self, timeout: float | None = None) -> bool:
         """Take no new jobs, wait for those in flight, then stop the worker; True if all were answered."""
@@ -401,6 +392,8 @@ class WorkerProxy:
     def _take(self, seq: int) -> tuple[Job, Slot | None, int] | None:
         with self._lock:
             entry = self._pending.pop(seq, None)
+            if entry is not None:
+                self._rows -= entry[2]
             if not self._pending:
                 self._idle.notify_all()
         return entry
@@ -467,7 +460,7 @@ class WorkerProxy:
         self._on_exit(self, how, crashed)
         with self._lock:
             self._closing = True
-            pending, self._pending = self._pending, {}
+            pending, self._pending, self._rows = self._pending, {}, 0
             self._idle.notify_all()
         retry_ms = max(100, self.load_ms + 100)
         for job, slot, _ in pending.values():
@@ -485,8 +478,9 @@ class WorkerProxy:
         self._lane.close()  # the frontend's next poll of it reports it closed, and it lets go
         self.process.close()
 
-    def _set(self, changes: dict[str, Any]) -> None:
-        self.process.send(wire.control(wire.SET, changes))
+    def _set(self, change: Change) -> None:
+        if change:
+            self.process.send(wire.control(wire.SET, wire.change_to_json(change)))
 
     def _forget(self, name: str) -> None:
         self.process.send(wire.control(wire.FORGET, name.encode()))

@@ -20,7 +20,8 @@ daemon → worker
     FORGET [b"F" slot name]                 the daemon unlinked that slot: unmap it
     MAP    [b"M" region token] + fd         a client's shared-memory region (regions.py), lane only
     UNMAP  [b"U" region token]              that client let go of it
-    SET    [b"C" JSON]                      contexts / max_batch / batch_delay_us
+    SET    [b"C" JSON]                      a placement.Change: contexts / max_batch / batch_delay_us /
+                                            preferred_batch (the fields that change)
     EXIT   [b"X"]                           finish what is queued, then exit
 
 worker → daemon
@@ -51,6 +52,7 @@ from typing import Any
 
 from infermux.config import ModelConfig
 from infermux.plugins.base import TensorSpec
+from infermux.serving.placement import Change
 
 LOAD, INFER, FORGET, SET, EXIT, MAP, UNMAP = b"l", b"I", b"F", b"C", b"X", b"M", b"U"
 HELLO, STAGE, READY, ERROR, REPLY, LATE, BEAT, BYE = b"h", b"s", b"r", b"e", b"R", b"L", b"H", b"b"
@@ -100,6 +102,11 @@ def reply_head(seq: int, status: int, batch: int, queue_us: int, compute_us: int
 def parse_reply_head(frame: bytes) -> tuple[tuple[int, int, int, int, int, int], bytes]:
     """((seq, status, batch, queue µs, compute µs, total µs), layout JSON or b"")."""
     return _REPLY.unpack_from(frame, 1), frame[REPLY_HEAD:]
+
+
+def change_to_json(change: Change) -> dict[str, Any]:
+    """The fields of `change` that change something (SET)."""
+    return {name: value for name, value in asdict(change).items() if value is not None}
 
 
 def config_to_json(mc: ModelConfig) -> bytes:
