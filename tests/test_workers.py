@@ -462,3 +462,34 @@ def test_requests_while_a_worker_dies_get_503_with_a_retry_time_or_200(make_daem
         assert worker(d, "c")["pid"] != pid
     assert "Traceback" not in d.log()
     stop_clean(d)
+
+
+def _batches(d: Daemon, n: int) -> list[int]:
+    """The batch each of `n` pipelined one-row requests to "c" ran in (1: alone)."""
+    with d.pipeline(timeout_s=30) as pipe:
+        replies = pipe.gather([pipe.submit("c", {"x": X_INLINE[:1] * k}) for k in range(n)])
+    assert all(r.status == 200 for r in replies), [r.header for r in replies]
+    for k, reply in enumerate(replies):
+        np.testing.assert_array_equal(reply.outputs["y"], X_INLINE[:1] * k)
+    return [r.header.get("batch", 1) for r in replies]
+
+
+def test_preferred_batch_set_live_or_by_reload_changes_how_the_worker_batches(make_daemon) -> None:
+    # A batch waits up to batch_delay_us (10 s) for max_batch rows unless it reaches the largest
+    # preferred size, which goes at once: so the sizes the worker runs say which preferred sizes
+    # it was told. The I/O thread computes nothing itself (inline_max_us = 0): every request
+    # meets the batcher.
+    head = HEAD.replace("{hang}", "10.0").replace("{budget}", "80%") + "inline_max_us = 0\n"
+    model = cold("c", preload=True, max_batch=8, batch_delay_us=10_000_000, timeout_ms=60000)
+    d = make_daemon(model + 'preferred_batch = [4]\n', head=head)
+    assert _batches(d, 4) == [4] * 4
+    with d.admin() as admin:
+        admin.call("set", model="c", preferred_batch=[2])
+    assert row(d, "c")["preferred_batch"] == [2]
+    assert _batches(d, 4) == [2] * 4
+    d.config_path.write_text(d.config_path.read_text().replace("preferred_batch = [4]", "preferred_batch = [3]"))
+    with d.admin() as admin:
+        admin.call("reload")
+    assert row(d, "c")["preferred_batch"] == [3]
+    assert _batches(d, 6) == [3] * 6
+    stop_clean(d)

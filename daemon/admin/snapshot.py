@@ -50,6 +50,7 @@ def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
         "strategy": server.router.strategy(model) if model is not None else "",
         "max_batch": settings.max_batch if settings is not None else mc.max_batch,
         "batch_delay_us": settings.batch_delay_us if settings is not None else mc.batch_delay_us,
+        "preferred_batch": list(settings.preferred_batch if settings is not None else mc.preferred_batch),
         "memory_bytes": mv.memory_bytes, "engine": str(mc.engine),
         "backend": mc.backend or mc.engine.suffix.lstrip("."),
         "last_load_ms": round(mv.last_load_s * 1000),

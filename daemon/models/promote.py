@@ -14,13 +14,15 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from infermux.models.version import ModelVersion, State
+
 if TYPE_CHECKING:
-    from infermux.models.registry import ModelVersion, Registry
+    from infermux.models.registry import Registry
 
 HOT, COLD = "inproc", "multiproc"
 
 
-def find(registry: "Registry", name: str, version: str) -> "ModelVersion":
+def find(registry: "Registry", name: str, version: str) -> ModelVersion:
     model = registry.model(name)
     if model is None:
         raise ValueError(f"unknown model {name!r}; models: {', '.join(sorted(registry.models)) or 'none'}")
@@ -41,9 +43,7 @@ def demote(registry: "Registry", name: str, version: str) -> str:
     return _move(registry, find(registry, name, version), COLD)
 
 
-def _move(registry: "Registry", mv: "ModelVersion", mode: str) -> str:
-    from infermux.models.registry import ModelVersion, State
-
+def _move(registry: "Registry", mv: ModelVersion, mode: str) -> str:
     label, where = f"{mv.name}:{mv.version}", "hot (in the daemon)" if mode == HOT else "cold (in a worker)"
     if registry.workers is None:
         raise ValueError("this daemon has no worker processes")

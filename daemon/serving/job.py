@@ -24,6 +24,18 @@ class OutputPlacement(Protocol):
         ...
 
 
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a request ended, in the numbers statistics keep (Stats.record): a worker sends them
+    with its reply so that the daemon need not parse the reply header (workers/wire.py)."""
+
+    status: int
+    batch: int  # rows of the backend call it shared, 1 when it ran alone
+    queue_us: int
+    compute_us: int
+    total_us: int
+
+
 @dataclass(slots=True)
 class Job:
     """One accepted request.

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING
 
 from infermux import config as cfg
 from infermux.config import ModelConfig
-from infermux.serving.server import limits_from
+from infermux.serving.limits import limits_from
+from infermux.transport.curve import CurveError
 
 if TYPE_CHECKING:
     from infermux.serving.server import Server
@@ -113,8 +114,6 @@ def apply(server: "Server", new: cfg.Config) -> ReloadPlan:
 
 def _reread_client_keys(server: "Server") -> None:
     """A client key added to (or removed from) curve_authorized_dir counts from this reload on."""
-    from infermux.transport.curve import CurveError
-
     try:
         server.curve.reload()
     except CurveError as exc:

@@ -24,7 +24,7 @@ import os
 import threading
 import time
 from dataclasses import asdict, replace
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import zmq
 
@@ -35,8 +35,8 @@ from infermux.serving.executor import LateFn, ReplyFn
 from infermux.serving.job import Job
 from infermux.serving.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
 from infermux.workers.lane import LaneClosed
-from infermux.plugins.base import BackendError, TensorSpec
-from infermux.protocol import Status, dtype_name, encode_reply, error_header
+from infermux.plugins.base import BackendError, Context, TensorSpec
+from infermux.protocol import Status, encode_reply, error_header
 from infermux.transport.regions import RegionTable
 from infermux.workers.slots import ALIGN, Slot, SlotPool, layout, segment_name
 from infermux.workers.process import WorkerProcess
@@ -49,12 +49,12 @@ ZERO_COPY_MIN = 1 << 20  # outputs this big go to the client straight from the s
 class RemoteEngine:
     """A worker's engine as the daemon sees it: tensor specs and footprint, no contexts."""
 
-    def __init__(self, inputs: list[TensorSpec], outputs: list[TensorSpec], memory: int) -> None:
-        self.inputs = inputs
-        self.outputs = outputs
+    def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], memory: int) -> None:
+        self.inputs: Sequence[TensorSpec] = inputs
+        self.outputs: Sequence[TensorSpec] = outputs
         self.memory = memory
 
-    def create_context(self) -> Any:
+    def create_context(self) -> Context:
         raise BackendError("a cold model's contexts live in its worker process")
 
     def memory_bytes(self) -> int:
@@ -194,18 +194,13 @@ class WorkerProxy:
         rows = batcher.rows(job.request.inputs)
         slot = None
         req = job.request
-        meta: dict[str, Any] = {
-            "s": 0, "slot": None, "r": job.received_ns, "d": job.deadline_ns, "fb": job.fallback,
-            "id": req.id, "o": req.outputs, "k": req.key, "m": req.model,
-            # Already parsed and checked here: the worker only wraps the bytes, in this order.
-            "t": [[name, dtype_name(a.dtype), a.shape] for name, a in req.inputs.items()]}
-        if regions:
-            meta["rg"] = regions
-        into = [[name, place.region, place.offset] for name, place in req.output_regions.items()
-                if self._map(place.region)]  # the others come back in frames
-        if into:
-            meta["or"] = into
-        outputs = 0 if into else self._out_row_bytes * rows
+        # Already parsed and checked here: the worker only wraps the bytes, in this order.
+        message = wire.Infer.of(next(self._seq), job.received_ns, job.deadline_ns, job.fallback, req)
+        message.regions = regions
+        message.output_regions = [wire.RegionOutput(name, place.region, place.offset)
+                                  for name, place in req.output_regions.items()
+                                  if self._map(place.region)]  # the others come back in frames
+        outputs = 0 if message.output_regions else self._out_row_bytes * rows
         if sum(sizes) > wire.INLINE_MAX_BYTES or (regions and outputs > wire.INLINE_MAX_BYTES):
             # The outputs go after the inputs: the worker computes into the slot (slotoutputs.py).
             slot = self.slots.acquire(span + outputs + ALIGN * self._outputs)
@@ -214,39 +209,38 @@ class WorkerProxy:
             view = slot.view
             for offset, size, tensor in zip(offsets, sizes, tensors):
                 view[offset:offset + size] = tensor
-            meta["slot"], meta["off"], meta["oo"] = slot.name, [[o, n] for o, n in zip(offsets, sizes)], span
-        seq = meta["s"] = next(self._seq)
-        message = [wire.INFER + wire.dumps(meta).encode()]
+            message.slot, message.offsets, message.outputs_at = slot.name, [[o, n] for o, n in zip(offsets, sizes)], span
+        frames = [message.encode()]
         if slot is None:
-            message += tensors
-        if not self._lane.send(message) and \
-                not self.process.send(message, copy=slot is not None or sum(sizes) < 1 << 20):
+            frames += tensors
+        if not self._lane.send(frames) and \
+                not self.process.send(frames, copy=slot is not None or sum(sizes) < 1 << 20):
             if slot is not None:
                 self.slots.release(slot)
             return False
-        self._pending[seq] = (job, slot, rows)
+        self._pending[message.seq] = (job, slot, rows)
         self._rows += rows
         return True
 
-    def _sources(self, job: Job) -> tuple[list[Any], list[list[Any]]]:
-        """The tensors to copy (frames, in input order) and [index, region, offset, nbytes] of the
-        inputs the worker reads in a client's region itself. A region the worker cannot be given
-        (the lane is full) is copied like a frame."""
+    def _sources(self, job: Job) -> tuple[list[Any], list[wire.RegionInput]]:
+        """The tensors to copy (frames, in input order) and the inputs the worker reads in a
+        client's region itself. A region the worker cannot be given (the lane is full) is
+        copied like a frame."""
         req = job.request
         frames = job.frames[len(job.envelope) + 1:]
         if not req.input_regions:
             return list(frames), []
         tensors: list[Any] = []
-        regions: list[list[Any]] = []
+        regions: list[wire.RegionInput] = []
         next_frame = iter(frames)
         for index, (name, array) in enumerate(req.inputs.items()):
             ref = req.input_regions.get(name)
             if ref is None:
                 tensors.append(next(next_frame))
             elif self._map(ref.region):
-                regions.append([index, ref.region, ref.offset, ref.nbytes])
+                regions.append(wire.RegionInput(index, ref.region, ref.offset, ref.nbytes))
             else:
-                tensors.append(memoryview(array).cast("B"))
+                tensors.append(array.data.cast("B"))
         return tensors, regions
 
     def _map(self, token: str) -> bool:
@@ -399,7 +393,7 @@ class WorkerProxy:
         return entry
 
     def _replied(self, frames: list[bytes]) -> None:
-        (seq, status, batch, queue_us, compute_us, total_us), placement = wire.parse_reply_head(frames[0])
+        seq, outcome, placement = wire.parse_reply_head(frames[0])
         entry = self._take(seq)
         if entry is None:
             return
@@ -419,9 +413,9 @@ class WorkerProxy:
         # them, so the totals and the parallel service time come out right.
         views = self.executors
         stats = views[seq % len(views)].stats if views else self._stats.router
-        if status == 200:
-            stats.record_batch(batch, compute_us)
-        stats.record(status, total_us, queue_us, compute_us, batch)
+        if outcome.status == 200:
+            stats.record_batch(outcome.batch, outcome.compute_us)
+        stats.record(outcome.status, outcome.total_us, outcome.queue_us, outcome.compute_us, outcome.batch)
 
     @staticmethod
     def _from_slot(slot: Slot | None, places: list[list[int]]) -> tuple[list[Any], Any, int]:
@@ -479,8 +473,11 @@ class WorkerProxy:
         self.process.close()
 
     def _set(self, change: Change) -> None:
+        """Tell the worker; by the lane when it fits, so that requests sent after it find it applied."""
         if change:
-            self.process.send(wire.control(wire.SET, wire.change_to_json(change)))
+            message = wire.control(wire.SET, wire.change_to_json(change))
+            if not self._lane.send(message):
+                self.process.send(message)
 
     def _forget(self, name: str) -> None:
         self.process.send(wire.control(wire.FORGET, name.encode()))
