@@ -81,7 +81,7 @@ def warm_up(engine: Engine, mc: ModelConfig) -> float:
 
 
 class Catalog(Protocol):
-    """What pin/unpin need from the engine-directory watcher (swap.py)."""
+    """What pin/unpin need from the engine-directory watcher (swap/swapper.py)."""
 
     def versions_on_disk(self, name: str) -> set[str]: ...
 

@@ -222,7 +222,7 @@ class Executor:
 
     def _infer_one(self, job: Job) -> dict[str, Any]:
         """One request alone: into the arrays its placement offers where the backend can (base.WritesOutputs):
-        a worker's slot, or the client's own regions (slotoutputs.py)."""
+        a worker's slot, or the client's own regions (workers/outputs.py)."""
         into = getattr(self._context, "infer_into", None)
         if job.place is None and job.request.output_regions:
             job.place = RegionOutputs(job.request, self._shapes)  # _succeed teaches it the shapes

@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from infermux.protocol import Request
 
+if TYPE_CHECKING:
+    from infermux.models.version import ModelVersion
+
 
 class OutputPlacement(Protocol):
-    """Where a request's outputs may be computed into (a worker's slot, a client's regions: slotoutputs.py)."""
+    """Where a request's outputs may be computed into (a worker's slot, a client's regions: workers/outputs.py)."""
 
     def arrays(self) -> dict[str, np.ndarray] | None:
         """Arrays to compute the outputs into, or None where they are not known to fit."""
@@ -52,7 +55,7 @@ class Job:
     deadline_ns: int
     fallback: dict[str, str] | None = None
     hops: int = 0
-    target: Any = None  # the ModelVersion the router chose, for its statistics
+    target: ModelVersion | None = None  # the version the router chose, for its statistics
     place: OutputPlacement | None = None  # outputs may go straight into a worker's slot or the client's regions
 
     @property

@@ -89,7 +89,8 @@ class Placement(Protocol):
 
     def push_out(self, job: Job) -> Job | None:
         """The queue is full: a queued request of the key that holds the most of it, removed to
-        make room for `job` (the caller refuses it), or None when `job`'s key holds as much."""
+        make room for `job` (the caller refuses it); None when `job`'s key holds as much, or
+        where queued requests cannot be taken back (cold: they are in the worker already)."""
         ...
 
     def expected_wait_us(self) -> float:

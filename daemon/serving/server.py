@@ -131,7 +131,8 @@ class Server:
 
     def _others_waiting(self) -> bool:
         """Whether more requests sit in the socket right now (what the inline limits depend on)."""
-        return self.frontend is not None and bool(self.frontend.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        events = self.frontend.getsockopt(zmq.EVENTS) if self.frontend is not None else 0  # an int for EVENTS
+        return isinstance(events, int) and bool(events & zmq.POLLIN)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -339,9 +340,9 @@ class Server:
             self._send(envelope + encode_reply(error_header(exc.status, exc.message, ident)))
             return
         job = Job(envelope, request, frames, received, deadline_ns=0)  # the router sets the deadline
-        header = self.router.admit(job)
-        if header is not None:
-            self._send(envelope + encode_reply(header))
+        refused = self.router.admit(job)
+        if refused is not None:
+            self._send(envelope + encode_reply(refused))
 
     # -- status for notify/admin ------------------------------------------------
 

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from infermux import config as cfg
 from infermux.config import ModelConfig
+from infermux.models.version import ModelVersion
 from infermux.serving.limits import limits_from
 from infermux.transport.curve import CurveError
 
@@ -114,13 +115,15 @@ def apply(server: "Server", new: cfg.Config) -> ReloadPlan:
 
 def _reread_client_keys(server: "Server") -> None:
     """A client key added to (or removed from) curve_authorized_dir counts from this reload on."""
+    if server.curve is None:
+        return
     try:
         server.curve.reload()
     except CurveError as exc:
         log.warning("%s; the keys read before stay authorised", exc)
 
 
-def _version(server: "Server", name: str, version: str):
+def _version(server: "Server", name: str, version: str) -> ModelVersion | None:
     model = server.registry.model(name)
     return model.versions.get(version) if model is not None else None
 

@@ -2,7 +2,7 @@
 
 It runs the same backend plugins, the same `Scheduler` and `Executor`s
 (`contexts = N` threads, batching, deadlines) as a hot model, behind the
-pipes of workerwire.py instead of the daemon's ROUTER. It is started with
+pipes of wire.py instead of the daemon's ROUTER. It is started with
 `subprocess`, never `fork`: a CUDA context does not survive a fork.
 
 A worker starts as a spare: libraries imported, no model, waiting for LOAD.
@@ -234,7 +234,7 @@ class Worker:
         try:
             request = self._request(message, frames[1:] if slot is None else
                                     [slot.view[offset:offset + n] for offset, n in message.offsets])
-            if slot is not None and not request.output_regions:  # outputs straight into it (slotoutputs.py)
+            if slot is not None and not request.output_regions:  # outputs straight into it (workers/outputs.py)
                 kind = ShapeMemory.kind([[t.name, t.dtype, t.shape] for t in message.tensors], message.outputs)
                 envelope[2] = SlotOutputs(slot, message.outputs_at, kind, self.shapes)
         except (KeyError, TypeError, ValueError, IndexError) as exc:  # a daemon bug, not the client's

@@ -33,6 +33,7 @@ from infermux.workers import wire as wire
 from infermux.config import ModelConfig
 from infermux.serving.executor import LateFn, ReplyFn
 from infermux.serving.job import Job
+from infermux.serving.stats import ModelStats, Stats
 from infermux.serving.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
 from infermux.workers.lane import LaneClosed
 from infermux.plugins.base import BackendError, Context, TensorSpec
@@ -85,7 +86,7 @@ class ContextView:
         self.in_flight = 0
         self.served = 0
         self.row_us = 0.0
-        self.stats: Any = None  # this context's share of the version's ModelStats
+        self.stats = Stats()  # replaced by this context's share of the version's ModelStats
 
     @property
     def load(self) -> int:
@@ -102,7 +103,7 @@ class WorkerProxy:
     """Forwards one model version's jobs to its worker process and its replies to clients."""
 
     def __init__(self, process: WorkerProcess, config: ModelConfig, ready: dict[str, Any], reply: ReplyFn,
-                 on_late: LateFn, on_exit: ExitFn, stats: Any, strategy: str, watch: Watch,
+                 on_late: LateFn, on_exit: ExitFn, stats: ModelStats, strategy: str, watch: Watch,
                  regions: RegionTable | None = None) -> None:
         self.process = process
         self.name, self.version = config.name, config.version
@@ -118,7 +119,7 @@ class WorkerProxy:
         self.forward_to: Placement | None = None  # promote/demote: where jobs go once this one stops taking them
         self.created = self.last_beat = time.monotonic()
         self.gpu_bytes = 0  # this process's GPU memory as NVML reports it (0 where it cannot)
-        self.unseen_bytes = 0  # what its load took that neither RSS nor NVML shows (workers._unseen)
+        self.unseen_bytes = 0  # what its load took that neither RSS nor NVML shows (MemoryKeeper.unseen)
         self._reply, self._on_late, self._on_exit = reply, on_late, on_exit
         self._outputs = len(ready["outputs"])
         self._out_row_bytes = _row_bytes(ready["outputs"])
@@ -202,7 +203,7 @@ class WorkerProxy:
                                   if self._map(place.region)]  # the others come back in frames
         outputs = 0 if message.output_regions else self._out_row_bytes * rows
         if sum(sizes) > wire.INLINE_MAX_BYTES or (regions and outputs > wire.INLINE_MAX_BYTES):
-            # The outputs go after the inputs: the worker computes into the slot (slotoutputs.py).
+            # The outputs go after the inputs: the worker computes into the slot (workers/outputs.py).
             slot = self.slots.acquire(span + outputs + ALIGN * self._outputs)
             # None: no room in /dev/shm (or zmq still sends them): inline
         if slot is not None:
@@ -418,7 +419,7 @@ class WorkerProxy:
         stats.record(outcome.status, outcome.total_us, outcome.queue_us, outcome.compute_us, outcome.batch)
 
     @staticmethod
-    def _from_slot(slot: Slot | None, places: list[list[int]]) -> tuple[list[Any], Any, int]:
+    def _from_slot(slot: Slot | None, places: list[list[int]]) -> tuple[list[Any], zmq.MessageTracker | None, int]:
         """The outputs at `places` as reply frames, the tracker of the zero-copy ones, and the
         bytes they need laid out in a slot."""
         assert slot is not None, "the worker wrote outputs into a slot the request did not have"
@@ -435,7 +436,7 @@ class WorkerProxy:
         tracker = zmq.MessageTracker(*trackers) if trackers else None
         return outputs, tracker, layout([size for _, size in places])[1]
 
-    def _release(self, slot: Slot | None, tracker: Any = None) -> None:
+    def _release(self, slot: Slot | None, tracker: zmq.MessageTracker | None = None) -> None:
         if slot is not None:
             self.slots.release(slot, tracker)
 
