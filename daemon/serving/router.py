@@ -69,8 +69,7 @@ class Router:
             self.registry.on_demand(mv)
             if model.fallback and self._fallback(job, model, "not_ready"):
                 return
-            raise _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is {mv.state.value}"
-                         + (f" ({mv.reason})" if mv.reason else "") + "; retry later", mv.eta_ms())
+            raise _not_ready(mv, mv.state.value)
         self._check_tensors(mv, job)
         placement = mv.scheduler
         if placement is None:  # unloaded between the state check and here
@@ -95,9 +94,7 @@ class Router:
             return
         if admitted is Admission.CLOSED or not mv.ready:
             self.registry.on_demand(mv)
-            state = mv.state.value if not mv.ready else "restarting"
-            raise _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is {state}"
-                         + (f" ({mv.reason})" if mv.reason else "") + "; retry later", mv.eta_ms())
+            raise _not_ready(mv, mv.state.value if not mv.ready else "restarting")
         raise _retry(Status.TOO_MANY, f"model {mv.name!r} queue is full ({placement.settings().max_queue} "
                      f"requests); retry later", self._retry_ms(placement))
 
@@ -230,6 +227,12 @@ class Router:
         """Retry-After for a full queue: the time to work through it, at least 1 ms."""
         return max(1, int(placement.expected_wait_us() / 1000))
 
+
+
+def _not_ready(mv: ModelVersion, state: str) -> ProtocolError:
+    """503 with the time to retry after, and why."""
+    return _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is {state}"
+                  + (f" ({mv.reason})" if mv.reason else "") + "; retry later", mv.eta_ms())
 
 
 def _retry(status: Status, message: str, retry_after_ms: int) -> ProtocolError:
