@@ -2,11 +2,14 @@
 
 Two ZeroMQ ipc pipes per worker, both bound by the daemon in its runtime
 directory: `down` (daemon PUSH → worker PULL) and `up` (worker PUSH →
-daemon PULL), plus the fast lane (lane.py), a socketpair that INFER, REPLY
-and LATE take whenever they fit one packet; everything else, and whatever
-the lane refuses, goes by the pipes. Every message is multipart; frame 0 is
-one kind byte followed by that kind's payload (fewer frames: pyzmq costs a
-few µs per frame).
+daemon PULL), plus the fast lane (lane.py), a socketpair that INFER, REPLY,
+LATE and SET take whenever they fit one packet (SET there so that requests
+sent after it find it applied); everything else, and whatever the lane
+refuses, goes by the pipes. Every message is multipart; frame 0 is one kind
+byte followed by that kind's payload (fewer frames: pyzmq costs a few µs
+per frame). The messages with more than a few fields are dataclasses
+below (`Infer`; `Outcome` in REPLY; `placement.Change` in SET), defined
+here once for both sides.
 
 daemon → worker
     LOAD   [b"l" config JSON]               load, warm up, then READY or ERROR
