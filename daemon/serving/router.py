@@ -21,7 +21,7 @@ from infermux.serving.hashring import HashRing
 from infermux.serving.job import Job
 from infermux.serving.placement import Admission, Placement
 from infermux.protocol import ProtocolError, Status, dtype_name, encode_reply, error_header
-from infermux.models.registry import Model, ModelVersion, Registry, State
+from infermux.models.registry import Model, ModelVersion, Registry
 
 log = logging.getLogger("infermux.router")
 
