@@ -281,3 +281,13 @@ def test_a_non_blocking_take_takes_what_is_queued_without_waiting_for_company() 
     start = time.monotonic()
     assert names(q.take(8, 0.0, block=False)) == ["r0", "r1", "r2"]
     assert time.monotonic() - start < 0.5
+
+
+def test_wait_returns_once_an_item_is_queued_and_raises_once_closed_and_empty() -> None:
+    q: FairQueue[int] = FairQueue(key=lambda item: None)
+    q.put(1)
+    q.wait()  # an item is there: at once, and it stays queued
+    assert len(q) == 1 and q.get() == 1
+    q.close()
+    with pytest.raises(Closed):
+        q.wait()

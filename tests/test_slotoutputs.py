@@ -127,7 +127,8 @@ def run_with_output_region(engines: Path, rows: int) -> list[str]:
     engine = OnnxRuntimeBackend().load(engines / "fast512/1/model.onnx", {})
     spy = Spy(engine.create_context())
     replies = []
-    executor = Executor("m", "1", 0, spy, lambda envelope, frames: replies.append(frames), lambda job: None,
+    executor = Executor("m", "1", 0, spy, lambda envelope, frames, outcome=None: replies.append(frames),
+                        lambda job: None,
                         BatchPolicy(1, 0, (), False))
     region = bytearray(1 << 20)
     y = np.frombuffer(region, np.float32, count=rows * 512, offset=4096).reshape(rows, 512)

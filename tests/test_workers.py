@@ -387,3 +387,109 @@ def test_sigterm_answers_what_the_workers_hold_then_stops_them(make_daemon) -> N
     daemon_pid = d.proc.pid
     assert d.proc.wait(20) == 0, d.log()
     assert gone(pid) and shm.leftovers(daemon_pid) == []
+
+
+# -- a cold placement answers what a hot one does (issue 16) ---------------------------------
+
+HOT_H = '[[models]]\nname = "h"\nengine = "fast512/1/model.onnx"\n'
+
+
+def test_a_cold_model_with_a_fallback_is_served_itself_once_its_worker_is_up(make_daemon) -> None:
+    # The router asks a fallback model's placement for its expected wait (deadline fallback):
+    # a cold one used to fail that with a 500 on every request once its worker was up.
+    d = start(make_daemon, cold("c", preload=True, fallback="h") + HOT_H)
+    with d.client() as client:
+        replies = [client.infer("c", {"x": X_INLINE * k}) for k in (1, 2, 3)]
+    for k, reply in zip((1, 2, 3), replies):
+        assert reply.status == 200 and reply.model == "c" and reply.fallback is None, reply.header
+        np.testing.assert_array_equal(reply.outputs["y"], X_INLINE * k)
+    stop_clean(d)
+
+
+def test_a_full_cold_queue_answers_429_with_a_retry_time(make_daemon) -> None:
+    # The worker is stopped (SIGSTOP), so nothing it holds can be answered before the rest
+    # arrive: max_queue + contexts requests are in flight, every later one finds the queue full.
+    d = start(make_daemon, cold("s", preload=True, max_queue=2, timeout_ms=20000))
+    pid = worker(d, "s")["pid"]
+    with d.pipeline(timeout_s=15) as pipe:
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            ids = [pipe.submit("s", {"x": X_INLINE}) for _ in range(8)]
+            refused = [pipe.next_reply() for _ in range(5)]
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        served = list(pipe.replies())
+    assert [r.status for r in refused] == [429] * 5, [r.header for r in refused]
+    assert all(r.retry_after_ms >= 1 and "queue is full" in r.error for r in refused)
+    assert [r.status for r in served] == [200] * 3 and len(ids) == 8
+    assert "Traceback" not in d.log()
+    stop_clean(d)
+
+
+def _kill_under_load(d: Daemon, pipe, pid: int) -> list[int]:
+    """Statuses of requests sent while worker `pid` is killed, up to the first 200 from its successor.
+
+    Every request read after the death gets a 503 until a new worker is up (it starts on that
+    demand), and each reply sends one more: so a 503 and then a 200 come, certainly."""
+    statuses: list[int] = []
+    killed_at = None
+    for _ in range(16):
+        pipe.submit("c", {"x": X_INLINE})
+    while killed_at is None or 503 not in statuses[killed_at:] or statuses[-1] != 200:
+        reply = pipe.next_reply()
+        statuses.append(reply.status)
+        assert reply.status in (200, 503) and (reply.status == 200 or reply.retry_after_ms > 0), reply.header
+        if len(statuses) == 40:
+            os.kill(pid, signal.SIGKILL)
+            killed_at = len(statuses)
+            for _ in range(200):  # a burst, so that many arrive while the proxy learns of the death
+                pipe.submit("c", {"x": X_INLINE})
+        pipe.submit("c", {"x": X_INLINE})
+    statuses += [r.status for r in pipe.replies()]
+    return statuses
+
+
+def test_requests_while_a_worker_dies_get_503_with_a_retry_time_or_200(make_daemon) -> None:
+    # Those that reach the proxy between the worker's death and the moment the proxy sees it
+    # (the lane and the pipe refuse them) used to get a 500. Twice: a third crash within a
+    # minute would mark the version failed.
+    d = start(make_daemon, cold("c", preload=True, max_queue=512))
+    for _ in range(2):
+        pid = worker(d, "c")["pid"]
+        with d.pipeline(timeout_s=15) as pipe:
+            statuses = _kill_under_load(d, pipe, pid)
+        assert set(statuses) == {200, 503}, statuses
+        assert worker(d, "c")["pid"] != pid
+    assert "Traceback" not in d.log()
+    stop_clean(d)
+
+
+def _batches(d: Daemon, n: int) -> list[int]:
+    """The batch each of `n` pipelined one-row requests to "c" ran in (1: alone)."""
+    with d.pipeline(timeout_s=30) as pipe:
+        replies = pipe.gather([pipe.submit("c", {"x": X_INLINE[:1] * k}) for k in range(n)])
+    assert all(r.status == 200 for r in replies), [r.header for r in replies]
+    for k, reply in enumerate(replies):
+        np.testing.assert_array_equal(reply.outputs["y"], X_INLINE[:1] * k)
+    return [r.header.get("batch", 1) for r in replies]
+
+
+def test_preferred_batch_set_live_or_by_reload_changes_how_the_worker_batches(make_daemon) -> None:
+    # A batch waits up to batch_delay_us (10 s) for max_batch rows unless it reaches the largest
+    # preferred size, which goes at once: so the sizes the worker runs say which preferred sizes
+    # it was told. The I/O thread computes nothing itself (inline_max_us = 0): every request
+    # meets the batcher.
+    head = HEAD.replace("{hang}", "10.0").replace("{budget}", "80%") + "inline_max_us = 0\n"
+    model = cold("c", preload=True, max_batch=8, batch_delay_us=10_000_000, timeout_ms=60000)
+    d = make_daemon(model + 'preferred_batch = [4]\n', head=head)
+    assert _batches(d, 4) == [4] * 4
+    with d.admin() as admin:
+        admin.call("set", model="c", preferred_batch=[2])
+    assert row(d, "c")["preferred_batch"] == [2]
+    assert _batches(d, 4) == [2] * 4
+    d.config_path.write_text(d.config_path.read_text().replace("preferred_batch = [4]", "preferred_batch = [3]"))
+    with d.admin() as admin:
+        admin.call("reload")
+    assert row(d, "c")["preferred_batch"] == [3]
+    assert _batches(d, 6) == [3] * 6
+    stop_clean(d)

@@ -144,11 +144,13 @@ SETTABLE = {"contexts": 1, "max_queue": 1, "timeout_ms": 1, "max_batch": 1, "bat
 
 def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     mv = target(server, args)
-    changes = {k: _int(args, k, minimum) for k, minimum in SETTABLE.items() if k in args}
-    unknown = set(args) - set(SETTABLE) - {"cmd", "model", "version", "fallback", "weights"}
+    changes: dict[str, Any] = {k: _int(args, k, minimum) for k, minimum in SETTABLE.items() if k in args}
+    if "preferred_batch" in args:  # reaches a cold version's worker too (Placement.apply)
+        changes["preferred_batch"] = _sizes(args, "preferred_batch")
+    unknown = set(args) - set(SETTABLE) - {"cmd", "model", "version", "fallback", "weights", "preferred_batch"}
     if unknown:
         raise CommandError(f"cannot set {', '.join(sorted(unknown))}; settable: "
-                           f"{', '.join([*SETTABLE, 'fallback', 'weights'])}")
+                           f"{', '.join([*SETTABLE, 'preferred_batch', 'fallback', 'weights'])}")
     done: dict[str, Any] = {}
     if "fallback" in args:
         done["fallback"] = _set_fallback(server, mv.name, args["fallback"])
@@ -160,6 +162,19 @@ def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     if not done:
         raise CommandError(f"nothing to set; settable: {', '.join([*SETTABLE, 'fallback', 'weights'])}")
     return {**_label(mv), "set": done}
+
+
+def _sizes(args: dict[str, Any], key: str) -> tuple[int, ...]:
+    """Batch sizes as [4, 8] or "4,8" (what `ctl set ... preferred_batch=4,8` sends), sorted."""
+    value = args[key]
+    items = value.split(",") if isinstance(value, str) else [value] if isinstance(value, int) else value
+    try:
+        sizes = sorted(int(item) for item in items if not isinstance(item, (bool, float)))
+    except (TypeError, ValueError):
+        sizes = []
+    if not sizes or len(sizes) != len(items) or sizes[0] < 1:
+        raise CommandError(f"'{key}' must be batch sizes >= 1 like 4,8 or [4, 8], got {value!r}")
+    return tuple(sizes)
 
 
 def _set_fallback(server: "Server", name: str, fallback: Any) -> str:
@@ -244,7 +259,8 @@ COMMANDS: dict[str, Command] = {
     "unload": Command(cmd_unload, "drain and unload a version (model, version?)", slow=True),
     "promote": Command(_placement("promote"), "move a version to the daemon process (hot)", slow=True),
     "demote": Command(_placement("demote"), "move a version to a worker process (cold)", slow=True),
-    "set": Command(cmd_set, "change contexts, max_queue, timeout_ms, max_batch, batch_delay_us, fallback, weights",
+    "set": Command(cmd_set, "change contexts, max_queue, timeout_ms, max_batch, batch_delay_us, preferred_batch, "
+                   "fallback, weights",
                    slow=True),
     "drain": Command(cmd_drain, "with model: drain and unload it; alone: stop accepting requests", slow=True),
     "resume": Command(cmd_resume, "accept requests again after `drain`"),

@@ -31,24 +31,26 @@ def host_memory_total() -> int:
 def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
     """One model version: settings, state, queues and live statistics."""
     model = server.registry.model(mv.name)
-    scheduler = mv.scheduler
-    executors = scheduler.executors if scheduler is not None else []
+    placement = mv.scheduler
+    contexts = placement.contexts() if placement is not None else []
+    settings = placement.settings() if placement is not None else None
     default = model.default() if model is not None else None
     mc = mv.config
     view: dict[str, Any] = {
         "name": mv.name, "version": mv.version, "state": mv.state.value, "reason": mv.reason,
         "placement": "hot" if mc.mode == "inproc" else "cold",
         "default": default is mv, "pinned": model is not None and model.pinned == mv.version,
-        "contexts": len(executors) if executors else mc.contexts,
-        "queues": [len(ex.queue) for ex in executors],
-        "queue_depth": sum(len(ex.queue) for ex in executors),
-        "in_flight": sum(ex.in_flight for ex in executors),
-        "max_queue": scheduler.max_queue if scheduler is not None else mc.max_queue,
+        "contexts": len(contexts) if contexts else mc.contexts,
+        "queues": [c.queued for c in contexts],
+        "queue_depth": sum(c.queued for c in contexts),
+        "in_flight": sum(c.in_flight for c in contexts),
+        "max_queue": settings.max_queue if settings is not None else mc.max_queue,
         "timeout_ms": mc.timeout_ms, "fallback": model.fallback if model is not None else "",
         "weight": server.router.weights.get(mv.name, {}).get(mv.version, 0),
         "strategy": server.router.strategy(model) if model is not None else "",
-        "max_batch": scheduler.policy.max_batch if scheduler is not None else mc.max_batch,
-        "batch_delay_us": int(scheduler.policy.delay_s * 1e6) if scheduler is not None else mc.batch_delay_us,
+        "max_batch": settings.max_batch if settings is not None else mc.max_batch,
+        "batch_delay_us": settings.batch_delay_us if settings is not None else mc.batch_delay_us,
+        "preferred_batch": list(settings.preferred_batch if settings is not None else mc.preferred_batch),
         "memory_bytes": mv.memory_bytes, "engine": str(mc.engine),
         "backend": mc.backend or mc.engine.suffix.lstrip("."),
         "last_load_ms": round(mv.last_load_s * 1000),

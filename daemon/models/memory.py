@@ -16,11 +16,12 @@ import threading
 from typing import TYPE_CHECKING, Callable
 
 from infermux.models import budget as mem
+from infermux.models.version import ModelVersion, State
 from infermux.workers.process import WorkerProcess
 from infermux.workers.proxy import WorkerProxy
 
 if TYPE_CHECKING:
-    from infermux.models.registry import ModelVersion, Registry
+    from infermux.models.registry import Registry
 
 log = logging.getLogger("infermux.memory")
 
@@ -28,7 +29,7 @@ log = logging.getLogger("infermux.memory")
 class MemoryKeeper:
     """Estimates, room before a load, LRU eviction of idle cold workers."""
 
-    def __init__(self, registry: "Registry", budget: mem.MemoryBudget, stop: Callable[["ModelVersion"], None],
+    def __init__(self, registry: "Registry", budget: mem.MemoryBudget, stop: Callable[[ModelVersion], None],
                  busy: Callable[[tuple[str, str]], bool]) -> None:
         self.registry = registry
         self.events = registry.events
@@ -38,13 +39,11 @@ class MemoryKeeper:
         self.worker_base = 0  # RSS of a fresh worker, from its HELLO
         self._lock = threading.Lock()
 
-    def estimate(self, mv: "ModelVersion") -> int:
+    def estimate(self, mv: ModelVersion) -> int:
         return mem.estimate(mv.config, self.footprints.get(mv.config.key, 0), self.worker_base)
 
-    def used(self, exclude: "ModelVersion | None" = None) -> int:
+    def used(self, exclude: ModelVersion | None = None) -> int:
         """Bytes placed models take, counting versions still loading at their estimate."""
-        from infermux.models.registry import State
-
         total = 0
         for mv in self.registry.all_versions():
             if mv is exclude:
@@ -55,7 +54,7 @@ class MemoryKeeper:
                 total += self.estimate(mv)
         return total
 
-    def make_room(self, mv: "ModelVersion") -> None:
+    def make_room(self, mv: ModelVersion) -> None:
         """Stop least recently used idle cold workers until `mv` fits; BudgetExceeded if it cannot."""
         need = self.estimate(mv)
         config = self.registry.config
@@ -75,7 +74,7 @@ class MemoryKeeper:
                     raise mem.BudgetExceeded(why)
                 self._evict(victim, f"making room for {mv.name}:{mv.version}")
 
-    def _why(self, mv: "ModelVersion", need: int, used: int, free: int) -> str:
+    def _why(self, mv: ModelVersion, need: int, used: int, free: int) -> str:
         if need > free:
             return (f"{mv.name}:{mv.version} needs about {mem.mb(need)} but only {mem.mb(free)} of "
                     f"{self.budget.source} memory is free")
@@ -85,24 +84,22 @@ class MemoryKeeper:
         return (f"memory budget: {mv.name}:{mv.version} needs about {mem.mb(need)}, {mem.mb(used)} of the "
                 f"{mem.mb(self.budget.limit)} budget is in use ({held}) and no idle cold model is left to stop")
 
-    def _idle_workers(self, exclude: "ModelVersion") -> list["ModelVersion"]:
+    def _idle_workers(self, exclude: ModelVersion) -> list[ModelVersion]:
         """Cold versions serving nothing right now: what may be stopped to make room."""
-        from infermux.models.registry import State
-
         return [mv for mv in self.registry.all_versions()
                 if mv is not exclude and isinstance(mv.scheduler, WorkerProxy) and mv.state is State.READY
                 and mv.scheduler.load() == 0 and not self._busy(mv.config.key)]
 
     @staticmethod
-    def _last_use(mv: "ModelVersion") -> float:
+    def _last_use(mv: ModelVersion) -> float:
         return max(mv.last_used, getattr(mv.scheduler, "created", 0.0))
 
-    def _evict(self, victim: "ModelVersion", why: str) -> None:
+    def _evict(self, victim: ModelVersion, why: str) -> None:
         self.events.emit("evicted", victim.name, victim.version, reason=why,
                          freed_mb=round(victim.memory_bytes / 2**20, 1), pid=getattr(victim.scheduler, "pid", 0))
         self._stop(victim)
 
-    def settle(self, loaded: "ModelVersion") -> None:
+    def settle(self, loaded: ModelVersion) -> None:
         """After a load measured more than estimated: stop idle cold workers until under budget."""
         with self._lock:
             while self.used() > self.budget.limit:

@@ -14,13 +14,15 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from infermux.models.version import ModelVersion, State
+
 if TYPE_CHECKING:
-    from infermux.models.registry import ModelVersion, Registry
+    from infermux.models.registry import Registry
 
 HOT, COLD = "inproc", "multiproc"
 
 
-def find(registry: "Registry", name: str, version: str) -> "ModelVersion":
+def find(registry: "Registry", name: str, version: str) -> ModelVersion:
     model = registry.model(name)
     if model is None:
         raise ValueError(f"unknown model {name!r}; models: {', '.join(sorted(registry.models)) or 'none'}")
@@ -41,9 +43,7 @@ def demote(registry: "Registry", name: str, version: str) -> str:
     return _move(registry, find(registry, name, version), COLD)
 
 
-def _move(registry: "Registry", mv: "ModelVersion", mode: str) -> str:
-    from infermux.models.registry import ModelVersion, State
-
+def _move(registry: "Registry", mv: ModelVersion, mode: str) -> str:
     label, where = f"{mv.name}:{mv.version}", "hot (in the daemon)" if mode == HOT else "cold (in a worker)"
     if registry.workers is None:
         raise ValueError("this daemon has no worker processes")
@@ -69,13 +69,14 @@ def _move(registry: "Registry", mv: "ModelVersion", mode: str) -> str:
         mv.scheduler = shadow.scheduler  # the switch: the router takes this from the next request on
         mv.memory_bytes, mv.last_load_s = shadow.memory_bytes, shadow.last_load_s
         if old is not None:
-            if hasattr(old, "forward_to"):
-                old.forward_to, old.stop_reason = shadow.scheduler, "promoted"
+            if shadow.scheduler is not None:
+                old.hand_over(shadow.scheduler, "promoted" if mode == HOT else "demoted")
             registry.workers.wait_turns()
             old.stop(registry.config.daemon.drain_timeout_s)
         if old_engine is not None:
             old_engine.close()
     ms = round((time.monotonic() - started) * 1000)
+    worker = mv.worker_info()
     registry.events.emit("promoted" if mode == HOT else "demoted", mv.name, mv.version, took_ms=ms,
-                         **({"pid": mv.scheduler.pid} if mode == COLD else {}))  # type: ignore[union-attr]
+                         **({"pid": worker["pid"]} if worker is not None else {}))
     return f"{label} is now {where} (moved in {ms} ms)"

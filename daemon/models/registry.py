@@ -1,20 +1,20 @@
-"""The registry: every model, its versions, their states and engines.
+"""The registry: every model, its versions (models/version.py), their engines and placements.
 
-States (docs/architecture.md#states-of-a-model-version): unloaded → loading → warming → ready → draining →
-unloaded, plus failed. Loads run on a loader thread; the frontend reads
-states and schedulers without locks (each is replaced in one assignment).
+Loads run on a loader thread; the frontend reads states and placements
+without locks (each is replaced in one assignment). Cold versions are
+loaded by the worker pool (workers/pool.py), which the Server hands in.
+The states of a version: docs/architecture.md#states-of-a-model-version.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 
 import numpy as np
 
@@ -25,25 +25,18 @@ from infermux.serving.executor import LateFn, ReplyFn
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError, Engine, OnDevice, TensorSpec
 from infermux.serving.inline import HoldFn, InlineGate
+from infermux.models import promote as moves
+from infermux.models.version import Model, ModelVersion, State, version_key
+from infermux.serving.placement import Change
 from infermux.serving.scheduler import Scheduler
-from infermux.serving.stats import ModelStats
+
+if TYPE_CHECKING:
+    from infermux.workers.pool import Workers
+
+__all__ = ["Catalog", "Model", "ModelVersion", "Registry", "State", "rss_bytes", "version_key", "warm_up",
+           "warmup_inputs"]
 
 log = logging.getLogger("infermux.registry")
-
-
-class State(str, enum.Enum):
-    UNLOADED = "unloaded"
-    LOADING = "loading"
-    WARMING = "warming"
-    READY = "ready"
-    DRAINING = "draining"
-    FAILED = "failed"
-
-
-def version_key(version: str) -> tuple:
-    """Sort key that puts "2.10" after "2.9" and numbers before names."""
-    parts = version.replace("-", ".").split(".")
-    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts)
 
 
 def rss_bytes() -> int:
@@ -88,104 +81,8 @@ def warm_up(engine: Engine, mc: ModelConfig) -> float:
     return elapsed_us / max(1, rows)
 
 
-@dataclass
-class ModelVersion:
-    """One version of one model, loaded or not."""
-
-    config: ModelConfig
-    state: State = State.UNLOADED
-    reason: str = ""
-    engine: Engine | None = None
-    scheduler: Scheduler | None = None
-    stats: ModelStats = field(init=False)
-    memory_bytes: int = 0
-    load_started: float = 0.0
-    last_load_s: float = 0.0
-    last_used: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.stats = ModelStats(self.config.name, self.config.version, queue_depth=self._queued)
-
-    def _queued(self) -> int:
-        scheduler = self.scheduler
-        return scheduler.depth() if scheduler is not None else 0
-
-    @property
-    def name(self) -> str:
-        return self.config.name
-
-    @property
-    def version(self) -> str:
-        return self.config.version
-
-    @property
-    def ready(self) -> bool:
-        return self.state is State.READY
-
-    def worker_info(self) -> dict[str, Any] | None:
-        """pid, RSS, state... of the worker process serving this version (None when hot or unloaded)."""
-        info = getattr(self.scheduler, "worker_info", None)
-        return info() if info is not None else None
-
-    def eta_ms(self) -> int:
-        """When a client should retry while this version loads (never 0)."""
-        if self.state in (State.LOADING, State.WARMING):
-            expected = self.last_load_s or _load_guess_s(self.config.engine)
-            left = expected - (time.monotonic() - self.load_started)
-            return max(50, int(left * 1000))
-        return 1000 if self.state is State.FAILED else 200
-
-
-def _load_guess_s(path: Path) -> float:
-    try:
-        size = path.stat().st_size
-    except OSError:
-        size = 0
-    return 0.2 + size / 200e6  # a first load: ~200 MB/s deserialisation plus start-up
-
-
-class Model:
-    """All versions of one model name, and which one serves by default."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self._versions: dict[str, ModelVersion] = {}
-        self._ordered: list[ModelVersion] = []
-        self.pinned: str | None = None
-        self.fallback: str = ""
-
-    @property
-    def versions(self) -> dict[str, ModelVersion]:
-        return self._versions
-
-    @versions.setter
-    def versions(self, versions: dict[str, ModelVersion]) -> None:
-        # Sorted once here, not per request: the hot path reads `ordered()`.
-        self._ordered = sorted(versions.values(), key=lambda v: version_key(v.version))
-        self._versions = versions
-
-    def ordered(self) -> list[ModelVersion]:
-        return self._ordered
-
-    def default(self) -> ModelVersion | None:
-        """Pinned (once ready), else marked default, else the newest ready, else the newest."""
-        pinned = self._versions.get(self.pinned) if self.pinned is not None else None
-        if pinned is not None and pinned.state is State.READY:
-            return pinned  # a pin still loading leaves the serving version in place (rollback without 503s)
-        newest_ready = None
-        for mv in self._ordered:
-            if mv.config.default:
-                return mv
-            if mv.state is State.READY:
-                newest_ready = mv
-        return newest_ready or (self._ordered[-1] if self._ordered else None)
-
-    def ready_versions(self) -> list[ModelVersion]:
-        return [mv for mv in self._ordered if mv.state is State.READY]
-
-
 class Catalog(Protocol):
-    """What pin/unpin need from the engine-directory watcher (swap.py)."""
+    """What pin/unpin need from the engine-directory watcher (swap/swapper.py)."""
 
     def versions_on_disk(self, name: str) -> set[str]: ...
 
@@ -204,7 +101,7 @@ class Registry:
         self.models: dict[str, Model] = {}
         self.catalog: Catalog | None = None  # the engine-directory watcher, when there is one
         self._lock = threading.Lock()
-        self.workers: Any = None  # workers.Workers, set by the Server: cold placements, memory budget
+        self.workers: Workers | None = None  # set by the Server: cold placements, the memory budget
         for mc in config.models:
             self.add(mc)
 
@@ -330,7 +227,7 @@ class Registry:
             backend = backends.for_path(mc.engine, mc.backend or None)
             engine = backend.load(mc.engine, dict(mc.options))
         except Exception as exc:
-            return self._failed(mv, exc)
+            return self.fail(mv, exc)
         try:
             mv.state = State.WARMING
             self.events.emit("warming", mc.name, mc.version)
@@ -340,7 +237,7 @@ class Registry:
                                   self.hold)
         except Exception as exc:
             engine.close()
-            return self._failed(mv, exc, during="warm-up")
+            return self.fail(mv, exc, during="warm-up")
         mv.engine, mv.scheduler = engine, scheduler
         # A GPU engine's own figure is its device memory; the RSS its load adds is host memory.
         mv.memory_bytes = engine.memory_bytes() if isinstance(engine, OnDevice) \
@@ -351,7 +248,8 @@ class Registry:
                          load_ms=round(mv.last_load_s * 1000), memory_mb=round(mv.memory_bytes / 2**20, 1))
         return True
 
-    def _failed(self, mv: ModelVersion, exc: BaseException, during: str = "load") -> bool:
+    def fail(self, mv: ModelVersion, exc: BaseException, during: str = "load") -> bool:
+        """Mark `mv` failed by `exc` (its reason says during what) and say so; returns False."""
         mv.state, mv.reason = State.FAILED, f"{during} failed: {exc}"
         self.events.emit("failed", mv.name, mv.version, reason=mv.reason)
         return False
@@ -401,33 +299,19 @@ class Registry:
         self.events.emit("removed", mv.name, mv.version)
 
     def configure(self, mv: ModelVersion, **changes: Any) -> None:
-        """Change settings of a version live; the scheduler picks them up at once."""
+        """Change settings of a version live; its placement (hot or cold) applies them at once."""
         mv.config = replace(mv.config, **changes)
-        scheduler = mv.scheduler
-        if scheduler is None:
-            return
-        if "contexts" in changes:
-            scheduler.resize(changes["contexts"])
-        if "max_queue" in changes:
-            scheduler.max_queue = changes["max_queue"]
-        if "max_batch" in changes and scheduler.policy.allowed:
-            scheduler.policy.max_batch = changes["max_batch"]
-        if "batch_delay_us" in changes:
-            scheduler.policy.delay_s = changes["batch_delay_us"] / 1e6
-        if "preferred_batch" in changes:
-            scheduler.policy.preferred = tuple(changes["preferred_batch"])
+        placement = mv.scheduler
+        if placement is not None:
+            placement.apply(Change.of(changes))
 
     def promote(self, name: str, version: str) -> str:
         """Move a version from its worker process into the daemon (cold → hot), losing no request."""
-        from infermux.models import promote as placement
-
-        return placement.promote(self, name, version)
+        return moves.promote(self, name, version)
 
     def demote(self, name: str, version: str) -> str:
         """Move a version from the daemon into a worker process (hot → cold), losing no request."""
-        from infermux.models import promote as placement
-
-        return placement.demote(self, name, version)
+        return moves.demote(self, name, version)
 
     def memory_used(self) -> int:
         return sum(mv.memory_bytes for mv in self.all_versions())

@@ -11,12 +11,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Protocol
 
 from infermux.serving import batcher
 from infermux.serving.fairqueue import Closed, FairQueue
 from infermux.serving.inline import track_compute
-from infermux.serving.job import Job
+from infermux.serving.job import Job, Outcome
 from infermux.plugins.base import Context, InputRejected, OutputsMismatch
 from infermux.protocol import Status, encode_reply, error_header
 from infermux.workers.outputs import RegionOutputs, ShapeMemory
@@ -24,7 +24,14 @@ from infermux.serving.stats import Stats
 
 log = logging.getLogger("infermux.executor")
 
-ReplyFn = Callable[[list[Any], list[Any]], None]
+
+
+class ReplyFn(Protocol):
+    """Send a reply's `frames` to `envelope`; `outcome` says how it ended, where known."""
+
+    def __call__(self, envelope: list[Any], frames: list[Any], outcome: Outcome | None = None) -> None: ...
+
+
 LateFn = Callable[[Job], None]
 
 
@@ -154,9 +161,11 @@ class Executor:
 
     def _take(self) -> list[Job]:
         """The next request, plus whatever mergeable ones arrive within the batch delay."""
+        self.queue.wait()  # then read the policy: a change made while this thread waited counts now
         policy = self._policy
         if policy.max_batch <= 1:
-            return [self.queue.get()]
+            job = self.queue.get()  # blocks until there is one (or raises Closed)
+            return [job] if job is not None else []
         return self.queue.take(policy.max_batch, policy.delay_s, preferred=policy.preferred,
                                fits=_mergeable)
 
@@ -213,17 +222,18 @@ class Executor:
 
     def _infer_one(self, job: Job) -> dict[str, Any]:
         """One request alone: into the arrays its placement offers where the backend can (base.WritesOutputs):
-        a worker's slot, or the client's own regions (slotoutputs.py)."""
+        a worker's slot, or the client's own regions (workers/outputs.py)."""
         into = getattr(self._context, "infer_into", None)
         if job.place is None and job.request.output_regions:
             job.place = RegionOutputs(job.request, self._shapes)  # _succeed teaches it the shapes
         place = job.place
         arrays = place.arrays() if place is not None and into is not None else None
-        if arrays:
+        if arrays and into is not None and place is not None:
             try:
-                return into(job.request.inputs, arrays)
+                outputs: dict[str, Any] = into(job.request.inputs, arrays)
+                return outputs
             except OutputsMismatch:
-                place.mismatch()  # type: ignore[union-attr]
+                place.mismatch()
         return self._context.infer(job.request.inputs)
 
     def _succeed(self, job: Job, outputs: dict, start: int, end: int, batch: int) -> None:
@@ -243,14 +253,16 @@ class Executor:
             header["batch"] = batch
         if job.fallback:
             header["fallback"] = job.fallback
-        self._reply(job.envelope, encode_reply(header, outputs, req.output_regions))
+        outcome = Outcome(200, batch or 1, queue_us, compute_us, total_us)
+        self._reply(job.envelope, encode_reply(header, outputs, req.output_regions), outcome)
         self.stats.record(200, total_us, queue_us, compute_us, batch)
 
     def _fail(self, jobs: list[Job], status: Status, message: str) -> None:
         for job in jobs:
             header = error_header(status, message, job.request.id, model=self.name, version=self.version)
-            self._reply(job.envelope, encode_reply(header))
-            self.stats.record(int(status), (time.perf_counter_ns() - job.received_ns) // 1000)
+            total_us = (time.perf_counter_ns() - job.received_ns) // 1000
+            self._reply(job.envelope, encode_reply(header), Outcome(int(status), 1, 0, 0, total_us))
+            self.stats.record(int(status), total_us)
 
 
 def _mergeable(first: Job, job: Job) -> bool:

@@ -157,6 +157,14 @@ class FairQueue(Generic[T]):
                 return key
         return NONE
 
+    def wait(self) -> None:
+        """Block until an item is queued; raises Closed once closed and empty."""
+        with self._ready:
+            while not self._size:
+                if self._closed:
+                    raise Closed
+                self._wait(None)
+
     def get(self, timeout: float | None = None) -> T | None:
         """The next item in turn; None on timeout; raises Closed once closed and empty."""
         with self._ready:

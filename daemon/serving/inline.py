@@ -26,16 +26,24 @@ docs/decisions.md has the measurements behind both limits.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable, Protocol
 
 # Asked by a scheduler with a request's expected compute time and whether its
 # model batches: may the calling thread compute it itself?
 InlineGate = Callable[[float, bool], bool]
 
+
+
+class HeldBatches(Protocol):
+    """A hot placement whose queued requests the reading thread may compute (Scheduler.run_held)."""
+
+    def run_held(self, gate: Callable[[float, int], bool]) -> None: ...
+
+
 # Asked by a batched model's scheduler: will the calling thread run this
 # scheduler's queue at the end of its burst of reads (Scheduler.run_held)?
 # If so the request is queued without waking the executor thread.
-HoldFn = Callable[[Any], bool]
+HoldFn = Callable[[HeldBatches], bool]
 
 
 @dataclass(frozen=True)

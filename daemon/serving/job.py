@@ -5,15 +5,18 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
 from infermux.protocol import Request
 
+if TYPE_CHECKING:
+    from infermux.models.version import ModelVersion
+
 
 class OutputPlacement(Protocol):
-    """Where a request's outputs may be computed into (a worker's slot, a client's regions: slotoutputs.py)."""
+    """Where a request's outputs may be computed into (a worker's slot, a client's regions: workers/outputs.py)."""
 
     def arrays(self) -> dict[str, np.ndarray] | None:
         """Arrays to compute the outputs into, or None where they are not known to fit."""
@@ -22,6 +25,18 @@ class OutputPlacement(Protocol):
     def mismatch(self) -> None:
         """The backend refused the arrays: their shapes were not this run's."""
         ...
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a request ended, in the numbers statistics keep (Stats.record): a worker sends them
+    with its reply so that the daemon need not parse the reply header (workers/wire.py)."""
+
+    status: int
+    batch: int  # rows of the backend call it shared, 1 when it ran alone
+    queue_us: int
+    compute_us: int
+    total_us: int
 
 
 @dataclass(slots=True)
@@ -40,7 +55,7 @@ class Job:
     deadline_ns: int
     fallback: dict[str, str] | None = None
     hops: int = 0
-    target: Any = None  # the ModelVersion the router chose, for its statistics
+    target: ModelVersion | None = None  # the version the router chose, for its statistics
     place: OutputPlacement | None = None  # outputs may go straight into a worker's slot or the client's regions
 
     @property

@@ -19,14 +19,15 @@ from infermux.config import MAX_FALLBACK_DEPTH, RoutingConfig
 from infermux.serving.executor import ReplyFn
 from infermux.serving.hashring import HashRing
 from infermux.serving.job import Job
+from infermux.serving.placement import Admission, Placement
 from infermux.protocol import ProtocolError, Status, dtype_name, encode_reply, error_header
-from infermux.models.registry import Model, ModelVersion, Registry, State
+from infermux.models.registry import Model, ModelVersion, Registry
 
 log = logging.getLogger("infermux.router")
 
 
 class Router:
-    """Admits jobs to schedulers; returns an error header for those it cannot."""
+    """Admits jobs to placements (placement.py); returns an error header for those it cannot."""
 
     def __init__(self, registry: Registry, routing: RoutingConfig, reply: ReplyFn) -> None:
         self.registry = registry
@@ -68,27 +69,34 @@ class Router:
             self.registry.on_demand(mv)
             if model.fallback and self._fallback(job, model, "not_ready"):
                 return
-            raise _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is {mv.state.value}"
-                         + (f" ({mv.reason})" if mv.reason else "") + "; retry later", mv.eta_ms())
+            raise _not_ready(mv, mv.state.value)
         self._check_tensors(mv, job)
-        scheduler = mv.scheduler
-        if scheduler is None:  # unloaded between the state check and here
+        placement = mv.scheduler
+        if placement is None:  # unloaded between the state check and here
             raise _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is {mv.state.value}",
                          mv.eta_ms())
-        if model.fallback and self._wait_us(mv) > job.remaining_us():
+        if model.fallback and placement.expected_wait_us() > job.remaining_us():
             if self._fallback(job, model, "deadline"):
                 return
-        if not scheduler.submit(job):
-            if self._push_out(job, mv):
-                return
-            if model.fallback and self._fallback(job, model, "queue_full"):
-                return
-            if not mv.ready:
-                raise _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is "
-                             f"{mv.state.value}", mv.eta_ms())
-            raise _retry(Status.TOO_MANY, f"model {mv.name!r} queue is full ({scheduler.max_queue} "
-                         f"requests); retry later", self._retry_ms(mv))
+        admitted = placement.submit(job)
+        if admitted is Admission.FULL and self._push_out(job, mv, placement):
+            return
+        if admitted is not Admission.QUEUED:
+            self._refused(job, model, mv, placement, admitted)
         mv.last_used = time.monotonic()
+
+    def _refused(self, job: Job, model: Model, mv: ModelVersion, placement: Placement,
+                 admitted: Admission) -> None:
+        """The placement did not take `job`: the fallback, else 429 (full) or 503 (closed: it is
+        stopping, or its worker ended and restarts on demand)."""
+        reason = "queue_full" if admitted is Admission.FULL else "not_ready"
+        if model.fallback and self._fallback(job, model, reason):
+            return
+        if admitted is Admission.CLOSED or not mv.ready:
+            self.registry.on_demand(mv)
+            raise _not_ready(mv, mv.state.value if not mv.ready else "restarting")
+        raise _retry(Status.TOO_MANY, f"model {mv.name!r} queue is full ({placement.settings().max_queue} "
+                     f"requests); retry later", self._retry_ms(placement))
 
     def _choose_version(self, model: Model, job: Job) -> ModelVersion:
         req = job.request
@@ -180,20 +188,19 @@ class Router:
             job.fallback, job.request.model, job.request.version, job.hops, job.target = previous
             return False
 
-    def _push_out(self, job: Job, mv: ModelVersion) -> bool:
-        """Per-key fairness at a full queue (Scheduler.push_out): queue `job` in place of the
+    def _push_out(self, job: Job, mv: ModelVersion, placement: Placement) -> bool:
+        """Per-key fairness at a full queue (Placement.push_out): queue `job` in place of the
         flooding key's newest request, which is refused as if it had found the queue full."""
-        scheduler = mv.scheduler
-        victim = scheduler.push_out(job) if scheduler is not None else None
+        victim = placement.push_out(job)
         if victim is None:
             return False
-        queued = scheduler.submit(job)  # type: ignore[union-attr]
+        queued = placement.submit(job) is Admission.QUEUED
         model = self.registry.model(victim.request.model)
         if not (model is not None and model.fallback and self._fallback(victim, model, "queue_full")):
             self._count(victim, Status.TOO_MANY)
             header = error_header(Status.TOO_MANY, f"model {mv.name!r} queue is full and key "
                                   f"{victim.request.key!r} holds the most of it; retry later",
-                                  victim.request.id, retry_after_ms=self._retry_ms(mv))
+                                  victim.request.id, retry_after_ms=self._retry_ms(placement))
             self._reply(victim.envelope, encode_reply(header))
         if queued:
             mv.last_used = time.monotonic()
@@ -215,18 +222,17 @@ class Router:
                               f"model {job.request.model!r}; not computed", job.request.id)
         self._reply(job.envelope, encode_reply(header))
 
-    def _wait_us(self, mv: ModelVersion) -> float:
-        """Expected queueing plus service time for a request admitted now."""
-        scheduler = mv.scheduler
-        if scheduler is None:
-            return 0.0
-        # The contexts' combined time per row: they work the queue side by side.
-        return (scheduler.rows() + 1) * mv.stats.service_time_us()
-
-    def _retry_ms(self, mv: ModelVersion) -> int:
+    @staticmethod
+    def _retry_ms(placement: Placement) -> int:
         """Retry-After for a full queue: the time to work through it, at least 1 ms."""
-        return max(1, int(self._wait_us(mv) / 1000))
+        return max(1, int(placement.expected_wait_us() / 1000))
 
+
+
+def _not_ready(mv: ModelVersion, state: str) -> ProtocolError:
+    """503 with the time to retry after, and why."""
+    return _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is {state}"
+                  + (f" ({mv.reason})" if mv.reason else "") + "; retry later", mv.eta_ms())
 
 
 def _retry(status: Status, message: str, retry_after_ms: int) -> ProtocolError:

@@ -1,8 +1,9 @@
-"""One scheduler per model version: its contexts, their queues, dispatch.
+"""The hot placement (placement.py): one version's contexts on executor threads in the daemon.
 
 `submit` puts a request on one context's queue (least loaded, or the one
 its key hashes to) unless the version's total queue is at `max_queue`.
 Contexts can be added or removed live; a removed one finishes its queue.
+A worker process runs the same class for its cold version (workers/child.py).
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ from infermux.serving.executor import Executor, LateFn, ReplyFn
 from infermux.serving.hashring import HashRing
 from infermux.serving.inline import HoldFn, InlineGate
 from infermux.serving.job import Job
+from infermux.serving.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
 from infermux.plugins.base import Engine
 from infermux.serving.stats import ModelStats
 
 
 class Scheduler:
-    """Bounded queues and executors for one loaded model version."""
+    """Bounded queues and executors for one loaded model version: a `Placement`, hot."""
 
     def __init__(self, config: ModelConfig, engine: Engine, reply: ReplyFn, on_late: LateFn,
                  stats: ModelStats, strategy: str, inline: InlineGate | None = None,
@@ -43,6 +45,7 @@ class Scheduler:
         self.executors: list[Executor] = []
         self._ring: HashRing[int] | None = None
         self._next = 0
+        self._successor: Placement | None = None  # promote/demote: who takes new requests once stopped
         self.resize(config.contexts)
 
     def _new_executor(self, index: int) -> Executor:
@@ -79,11 +82,36 @@ class Scheduler:
         """Input rows queued or running: what the expected wait is measured in."""
         return sum(ex.queue.rows + ex.in_flight_rows for ex in self.executors)
 
-    def in_flight(self) -> int:
-        return sum(ex.in_flight for ex in self.executors)
+    def expected_wait_us(self) -> float:
+        return wait_us(self.rows(), self._stats.service_time_us())
 
-    def full(self) -> bool:
-        return self.depth() >= self.max_queue
+    def contexts(self) -> list[ContextLoad]:
+        return [ContextLoad(len(ex.queue), ex.in_flight) for ex in self.executors]
+
+    def settings(self) -> Settings:
+        policy = self.policy
+        return Settings(len(self.executors), self.max_queue, policy.max_batch, round(policy.delay_s * 1e6),
+                        policy.preferred, policy.allowed)
+
+    def apply(self, change: Change) -> None:
+        """Change settings live; the executors read the policy at their next batch."""
+        if change.contexts is not None:
+            self.resize(change.contexts)
+        if change.max_queue is not None:
+            self.max_queue = change.max_queue
+        policy = self.policy
+        if change.max_batch is not None and policy.allowed:
+            policy.max_batch = change.max_batch
+        if change.batch_delay_us is not None:
+            policy.delay_s = change.batch_delay_us / 1e6
+        if change.preferred_batch is not None:
+            policy.preferred = change.preferred_batch
+
+    def hand_over(self, successor: Placement, reason: str) -> None:
+        self._successor = successor
+
+    def worker_info(self) -> dict[str, object] | None:
+        return None  # it runs in the daemon
 
     def _pick(self, executors: list[Executor], job: Job) -> Executor:
         if self.strategy == "hash" and job.request.key is not None and self._ring is not None:
@@ -98,27 +126,30 @@ class Scheduler:
                 best = ex
         return best
 
-    def submit(self, job: Job) -> bool:
-        """Queue `job` on a context; False when the queue is full or the version is stopping."""
+    def submit(self, job: Job) -> Admission:
+        """Queue `job` on a context, or say why not (full, or the version is stopping)."""
         executors = self.executors
-        if not executors or self.depth() >= self.max_queue:
-            return False
+        if not executors:
+            successor = self._successor
+            return successor.submit(job) if successor is not None else Admission.CLOSED
+        if self.depth() >= self.max_queue:
+            return Admission.FULL
         executor = self._pick(executors, job)
         if self.policy.max_batch > 1 and self._hold is not None and self._hold(self):
             try:  # the reading thread runs it with the rest of its burst (run_held)
                 executor.queue.put(job, wake=False)
             except Closed:
-                return False
-            return True
+                return Admission.CLOSED
+            return Admission.QUEUED
         if self._inline is not None and executor.load == 0 and executor.row_us:
             expected_us = executor.row_us * batcher.rows(job.request.inputs)
             if self._inline(expected_us, self.policy.max_batch > 1) and executor.try_inline(job):
-                return True
+                return Admission.QUEUED
         try:
             executor.queue.put(job)
         except Closed:  # the context is being removed: this version no longer takes work
-            return False
-        return True
+            return Admission.CLOSED
+        return Admission.QUEUED
 
     def run_held(self, gate: Callable[[float, int], bool]) -> None:
         """Compute what was held for the calling thread (while `gate` allows), wake the executors for the rest."""

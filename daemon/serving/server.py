@@ -29,11 +29,13 @@ from infermux import config as cfg
 from infermux.transport import curve, ipc
 from infermux.events import EventLog
 from infermux.serving.inline import InlinePolicy
-from infermux.serving.job import Job
-from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_request, request_id
+from infermux.serving.job import Job, Outcome
+from infermux.protocol import ProtocolError, Status, encode_reply, error_header, parse_request, request_id
 from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.registry import Registry, State
 from infermux.serving.router import Router
+from infermux.serving.limits import limits_from
+from infermux.swap import reload
 from infermux.workers.pool import Workers
 
 log = logging.getLogger("infermux.server")
@@ -88,8 +90,8 @@ class Server:
 
     # -- replies from any thread -------------------------------------------
 
-    def reply(self, envelope: list[Any], frames: list[Any]) -> None:
-        """Send a reply: directly on the frontend thread, else through the outbox."""
+    def reply(self, envelope: list[Any], frames: list[Any], outcome: Outcome | None = None) -> None:
+        """Send a reply: directly on the frontend thread, else through the outbox (executor.ReplyFn)."""
         if threading.get_ident() == self._frontend_thread:
             self._send(envelope + frames)
             return
@@ -129,9 +131,8 @@ class Server:
 
     def _others_waiting(self) -> bool:
         """Whether more requests sit in the socket right now (what the inline limits depend on)."""
-        if self.frontend is None:
-            return False
-        return bool(cast(int, self.frontend.getsockopt(zmq.EVENTS)) & zmq.POLLIN)  # EVENTS is an int option
+        events = self.frontend.getsockopt(zmq.EVENTS) if self.frontend is not None else 0  # an int for EVENTS
+        return isinstance(events, int) and bool(events & zmq.POLLIN)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -201,8 +202,6 @@ class Server:
 
     def reload(self) -> bool:
         """Apply the configuration file again; an invalid file changes nothing."""
-        from infermux.swap import reload
-
         with self._reload_lock:
             return self._reload(reload)
 
@@ -359,12 +358,6 @@ class Server:
             parts.append(f"{count[State.FAILED]} failed")
         parts.append(f"{self.requests} requests")
         return ", ".join(parts)
-
-
-def limits_from(daemon: cfg.DaemonConfig) -> Limits:
-    """The request limits a `[daemon]` table sets (docs/security.md)."""
-    return Limits(max_message_bytes=daemon.max_message_bytes, max_header_bytes=daemon.max_header_bytes,
-                  max_tensors=daemon.max_tensors, max_rank=daemon.max_rank, max_elements=daemon.max_elements)
 
 
 def _delimiter(frames: list[Any]) -> int:

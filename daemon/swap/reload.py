@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING
 
 from infermux import config as cfg
 from infermux.config import ModelConfig
-from infermux.serving.server import limits_from
+from infermux.models.version import ModelVersion
+from infermux.serving.limits import limits_from
+from infermux.transport.curve import CurveError
 
 if TYPE_CHECKING:
-    from infermux.models.registry import ModelVersion
     from infermux.serving.server import Server
 
 log = logging.getLogger("infermux.reload")
@@ -114,9 +115,7 @@ def apply(server: "Server", new: cfg.Config) -> ReloadPlan:
 
 def _reread_client_keys(server: "Server") -> None:
     """A client key added to (or removed from) curve_authorized_dir counts from this reload on."""
-    from infermux.transport.curve import CurveError
-
-    if server.curve is None:  # no CURVE listener: no client keys to reread
+    if server.curve is None:
         return
     try:
         server.curve.reload()
@@ -124,7 +123,7 @@ def _reread_client_keys(server: "Server") -> None:
         log.warning("%s; the keys read before stay authorised", exc)
 
 
-def _version(server: "Server", name: str, version: str) -> "ModelVersion | None":
+def _version(server: "Server", name: str, version: str) -> ModelVersion | None:
     model = server.registry.model(name)
     return model.versions.get(version) if model is not None else None
 

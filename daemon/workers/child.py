@@ -2,7 +2,7 @@
 
 It runs the same backend plugins, the same `Scheduler` and `Executor`s
 (`contexts = N` threads, batching, deadlines) as a hot model, behind the
-pipes of workerwire.py instead of the daemon's ROUTER. It is started with
+pipes of wire.py instead of the daemon's ROUTER. It is started with
 `subprocess`, never `fork`: a CUDA context does not survive a fork.
 
 A worker starts as a spare: libraries imported, no model, waiting for LOAD.
@@ -33,13 +33,14 @@ import zmq
 from infermux.workers import wire as wire
 from infermux.models.budget import limit_malloc_arenas
 from infermux.serving.inline import InlinePolicy
-from infermux.serving.job import Job
+from infermux.serving.job import Job, Outcome
 from infermux.workers.lane import Lane, LaneClosed
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError
 from infermux.protocol import DTYPES, OutputRegion, Request, Status, encode_reply, error_header
 from infermux.transport.regions import MappedRegions
 from infermux.models.registry import rss_bytes, warm_up
+from infermux.serving.placement import Admission, Change
 from infermux.serving.scheduler import Scheduler
 from infermux.workers.slots import Slot, SlotCache, layout
 from infermux.workers.outputs import ShapeMemory, SlotOutputs
@@ -209,79 +210,84 @@ class Worker:
         self.send(wire.control(wire.READY, ready))
 
     def _set(self, changes: dict[str, Any]) -> None:
-        scheduler = self.scheduler
-        if scheduler is None:
-            return
-        if "contexts" in changes:
-            scheduler.resize(int(changes["contexts"]))
-        if "max_batch" in changes and scheduler.policy.allowed:
-            scheduler.policy.max_batch = int(changes["max_batch"])
-        if "batch_delay_us" in changes:
-            scheduler.policy.delay_s = changes["batch_delay_us"] / 1e6
-        if "max_queue" in changes:
-            scheduler.max_queue = int(changes["max_queue"])
+        if self.scheduler is not None:
+            self.scheduler.apply(Change.of(changes))
 
     def _inline_ok(self, service_time_us: float, batching: bool) -> bool:
         """May the I/O thread compute this request itself? (inline.py)"""
         if threading.current_thread() is not threading.main_thread():
             return False
-        waiting = self.lane.readable() or bool(self.down.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        events = self.down.getsockopt(zmq.EVENTS)  # an int for this option
+        waiting = self.lane.readable() or (isinstance(events, int) and bool(events & zmq.POLLIN))
         return self.inline.allows(service_time_us, batching, waiting)
 
     # -- requests ------------------------------------------------------------------
 
     def _infer(self, frames: list[bytes]) -> None:
-        meta = json.loads(frames[0][1:])
-        slot = None if meta["slot"] is None else self.slots.get(meta["slot"])
-        envelope: list[Any] = [meta["s"], slot, None]
         try:
-            buffers = frames[1:] if slot is None else [slot.view[offset:offset + n] for offset, n in meta["off"]]
-            if "rg" in meta:
-                buffers = self._with_regions(buffers, meta["rg"], len(meta["t"]))
-            request = _request(meta, buffers)
-            for name, token, offset in meta.get("or", ()):  # outputs the client wants in its region
-                request.output_regions[name] = OutputRegion(token, offset, self.regions.writable(token, offset))
-            if slot is not None and not request.output_regions:  # outputs straight into it (slotoutputs.py)
-                envelope[2] = SlotOutputs(slot, meta["oo"], ShapeMemory.kind(meta["t"], meta["o"]), self.shapes)
-        except (KeyError, TypeError, ValueError, IndexError) as exc:  # a daemon bug, not the client's
-            header = error_header(Status.BACKEND_ERROR, f"worker cannot read the request: {exc}", meta.get("id"))
-            self._reply(envelope, encode_reply(header))
+            message = wire.Infer.decode(frames[0])
+        except (TypeError, ValueError) as exc:  # a daemon bug, not the client's: nobody to answer
+            log.error("unreadable INFER message from the daemon: %s", exc)
             return
-        job = Job(envelope, request, [], meta["r"], meta["d"], meta["fb"], place=envelope[2])
+        slot = None if message.slot is None else self.slots.get(message.slot)
+        envelope: list[Any] = [message.seq, slot, None]
+        try:
+            request = self._request(message, frames[1:] if slot is None else
+                                    [slot.view[offset:offset + n] for offset, n in message.offsets])
+            if slot is not None and not request.output_regions:  # outputs straight into it (workers/outputs.py)
+                kind = ShapeMemory.kind([[t.name, t.dtype, t.shape] for t in message.tensors], message.outputs)
+                envelope[2] = SlotOutputs(slot, message.outputs_at, kind, self.shapes)
+        except (KeyError, TypeError, ValueError, IndexError) as exc:  # a daemon bug, not the client's
+            self._refuse(envelope, Status.BACKEND_ERROR, f"worker cannot read the request: {exc}",
+                         message.request_id)
+            return
+        job = Job(envelope, request, [], message.received_ns, message.deadline_ns, message.fallback,
+                  place=envelope[2])
         scheduler = self.scheduler
-        if scheduler is None or not scheduler.submit(job):
+        if scheduler is None or scheduler.submit(job) is not Admission.QUEUED:
             why = "no model loaded" if scheduler is None else "worker queue full"
-            header = error_header(Status.NOT_READY, f"{why}; retry", request.id, retry_after_ms=50,
-                                  model=self.name, version=self.version)
-            self._reply(envelope, encode_reply(header))
+            self._refuse(envelope, Status.NOT_READY, f"{why}; retry", request.id, retry_after_ms=50)
 
-    def _with_regions(self, buffers: list[Any], regions: list[list[Any]], count: int) -> list[Any]:
-        """All inputs in order: those in mapped client regions between the copied ones."""
-        in_region = {index: self.regions.view(token, offset, n) for index, token, offset, n in regions}
-        copied = iter(buffers)
-        return [in_region[i] if i in in_region else next(copied) for i in range(count)]
+    def _request(self, message: wire.Infer, buffers: list[Any]) -> Request:
+        """The request the daemon already parsed and checked, with numpy views on its tensors."""
+        if message.regions:  # inputs in mapped client regions, between the copied ones
+            in_region = {r.index: self.regions.view(r.region, r.offset, r.nbytes) for r in message.regions}
+            copied = iter(buffers)
+            buffers = [in_region[i] if i in in_region else next(copied) for i in range(len(message.tensors))]
+        inputs = {t.name: np.frombuffer(buf, dtype=DTYPES[t.dtype]).reshape(t.shape)
+                  for t, buf in zip(message.tensors, buffers, strict=True)}
+        request = Request(model=message.model, inputs=inputs, id=message.request_id, key=message.key,
+                          outputs=None if message.outputs is None else tuple(message.outputs))
+        for out in message.output_regions:  # outputs the client wants in its region
+            request.output_regions[out.name] = OutputRegion(out.region, out.offset,
+                                                            self.regions.writable(out.region, out.offset))
+        return request
 
-    def _reply(self, envelope: list[Any], frames: list[Any]) -> None:
+    def _refuse(self, envelope: list[Any], status: Status, message: str, request_id: Any,
+                **fields: Any) -> None:
+        header = error_header(status, message, request_id, model=self.name, version=self.version, **fields)
+        self._reply(envelope, encode_reply(header), Outcome(int(status), 1, 0, 0, 0))
+
+    def _reply(self, envelope: list[Any], frames: list[Any], outcome: Outcome | None = None) -> None:
         """An executor's reply. Outputs the backend computed into the request's slot are only
         pointed at; others are copied there when they fit (and teach the slot outputs their
         shapes, for the next request of this kind), else sent inline."""
         seq, slot, placement = envelope
         header, outputs = frames[0], frames[1:]
-        parsed = json.loads(header)
-        stats = _stats_of(parsed)
+        outcome = outcome or Outcome(0, 1, 0, 0, 0)
         places = None
         if slot is not None and outputs:
-            metas = parsed.get("outputs") or []
+            metas = json.loads(header).get("outputs") or []  # names, dtypes and shapes of the outputs
             places = placement.where(metas) if placement is not None else None
             if places is None:
-                if stats[0] == 200 and placement is not None:
+                if outcome.status == 200 and placement is not None:
                     self.shapes.learn(placement.kind, metas)
                 places = _copy_into(slot, outputs)
         if places is not None:
-            self.send_fast([wire.reply_head(seq, *stats, layout=wire.dumps(places).encode()), header])
+            self.send_fast([wire.reply_head(seq, outcome, layout=wire.dumps(places).encode()), header])
         else:
             sizes = sum(memoryview(f).nbytes for f in outputs)
-            self.send_fast([wire.reply_head(seq, *stats), header, *outputs], copy=sizes < 1 << 20)
+            self.send_fast([wire.reply_head(seq, outcome), header, *outputs], copy=sizes < 1 << 20)
 
     def _late(self, job: Job) -> None:
         self.send_fast(wire.seq_message(wire.LATE, job.envelope[0]))
@@ -306,15 +312,6 @@ class Worker:
         os._exit(0)  # executors may be inside the backend: do not wait for them
 
 
-def _request(meta: dict[str, Any], buffers: list[Any]) -> Request:
-    """The request the daemon already parsed and checked, with numpy views on `buffers`."""
-    inputs = {name: np.frombuffer(buf, dtype=DTYPES[dtype]).reshape(shape)
-              for (name, dtype, shape), buf in zip(meta["t"], buffers, strict=True)}
-    outputs = meta.get("o")
-    return Request(model=meta.get("m", ""), inputs=inputs, id=meta.get("id"), key=meta.get("k"),
-                   outputs=None if outputs is None else tuple(outputs))
-
-
 def _copy_into(slot: Slot, outputs: list[Any]) -> list[list[int]] | None:
     """Copy big outputs into the slot (the inputs are dead by now); their [offset, nbytes], or None
     to send them inline (small, or too big for the slot)."""
@@ -326,13 +323,6 @@ def _copy_into(slot: Slot, outputs: list[Any]) -> list[list[int]] | None:
     for offset, size, frame in zip(offsets, sizes, outputs):
         view[offset:offset + size] = memoryview(frame).cast("B")
     return [[o, n] for o, n in zip(offsets, sizes)]
-
-
-def _stats_of(h: dict[str, Any]) -> tuple[int, int, int, int, int]:
-    """(status, batch, queue µs, compute µs, total µs) of a reply header, for the daemon's statistics."""
-    timing = h.get("timing_us") or {}
-    return (int(h.get("status", 0)), int(h.get("batch", 1)), int(timing.get("queue", 0)),
-            int(timing.get("compute", 0)), int(timing.get("total", 0)))
 
 
 def _prefer_me_for_oom() -> None:

@@ -1,6 +1,6 @@
 """The fast lane: one SOCK_SEQPACKET socketpair between the daemon and a worker.
 
-The worker's ZeroMQ pipes (workerwire.py) carry a message across four
+The worker's ZeroMQ pipes (wire.py) carry a message across four
 threads: the sender, its ZeroMQ I/O thread, the receiver's I/O thread and
 the receiver. On a 2-core edge box every one of those wake-ups waits for a
 CPU. Requests and replies, the messages on every cold request's path, take
@@ -28,7 +28,7 @@ import struct
 from collections import deque
 from typing import Any, Sequence
 
-MAX_PACKET = 96 * 1024  # inline tensors (workerwire.INLINE_MAX_BYTES) plus their meta fit
+MAX_PACKET = 96 * 1024  # inline tensors (wire.INLINE_MAX_BYTES) plus their meta fit
 _COUNT = struct.Struct("<H")
 _FD_SPACE = socket.CMSG_SPACE(array.array("i").itemsize)  # room for one descriptor
 _SNDBUF = 1 << 20  # the kernel caps this at net.core.wmem_max; more room only means fewer refusals

@@ -37,10 +37,11 @@ from infermux.plugins.base import BackendError
 from infermux.transport.regions import RegionTable
 from infermux.workers.process import WorkerExited, WorkerProcess, sweep_sockets
 from infermux.models.memory import MemoryKeeper
+from infermux.models.version import ModelVersion, State
 from infermux.workers.proxy import RemoteEngine, Watch, WorkerProxy
 
 if TYPE_CHECKING:
-    from infermux.models.registry import ModelVersion, Registry
+    from infermux.models.registry import Registry
 
 log = logging.getLogger("infermux.workers")
 
@@ -153,10 +154,8 @@ class Workers:
 
     # -- loading ----------------------------------------------------------------------
 
-    def load(self, mv: "ModelVersion") -> bool:
+    def load(self, mv: ModelVersion) -> bool:
         """Serve `mv` from a worker process; False (state failed) on error. Runs on a loader thread."""
-        from infermux.models.registry import State
-
         mc = mv.config
         delay = self._backoff(mc.key)
         if delay:
@@ -170,7 +169,7 @@ class Workers:
             spare = process is not None
             process = process or self._spawn()
         except Exception as exc:
-            return self.registry._failed(mv, exc, during="worker start")
+            return self.registry.fail(mv, exc, during="worker start")
         self.events.emit("worker_started", mc.name, mc.version, pid=process.pid, spare=spare)
         free_before = self.budget.available()
         try:
@@ -180,7 +179,7 @@ class Workers:
             process.close()
             self.events.emit("worker_stopped", mc.name, mc.version, pid=process.pid, reason="load failed")
             self._refill()
-            return self.registry._failed(mv, exc, during=getattr(exc, "during", "load"))
+            return self.registry.fail(mv, exc, during=getattr(exc, "during", "load"))
         strategy = mc.strategy or self.registry.config.routing.strategy
         proxy = WorkerProxy(process, mc, ready, self._reply, self._on_late, self._exited, mv.stats, strategy,
                             self._watch_fd, self.regions)
@@ -199,9 +198,7 @@ class Workers:
         self._refill()
         return True
 
-    def _send_load(self, process: WorkerProcess, mv: "ModelVersion") -> dict[str, Any]:
-        from infermux.models.registry import State
-
+    def _send_load(self, process: WorkerProcess, mv: ModelVersion) -> dict[str, Any]:
         # The daemon's proxy bounds what is in flight; the worker's own queue must never refuse.
         config = replace(mv.config, max_queue=1 << 30,
                          strategy=mv.config.strategy or self.registry.config.routing.strategy)
@@ -218,14 +215,12 @@ class Workers:
             else:
                 return body
 
-    def _refuse(self, mv: "ModelVersion", exc: Exception) -> bool:
-        from infermux.models.registry import State
-
+    def _refuse(self, mv: ModelVersion, exc: Exception) -> bool:
         self._retry_at[mv.config.key] = time.monotonic() + REFUSED_RETRY_S
         mv.state, mv.reason = State.FAILED, f"refused: {exc}"
         return False
 
-    def may_retry(self, mv: "ModelVersion") -> bool:
+    def may_retry(self, mv: ModelVersion) -> bool:
         """Whether a failed cold version may be loaded again on demand (a refusal, after a pause)."""
         at = self._retry_at.get(mv.config.key)
         return at is not None and time.monotonic() >= at
@@ -245,13 +240,11 @@ class Workers:
             times.popleft()
         return len(times)
 
-    def _owner(self, proxy: WorkerProxy) -> "ModelVersion | None":
+    def _owner(self, proxy: WorkerProxy) -> ModelVersion | None:
         return next((mv for mv in self.registry.all_versions() if mv.scheduler is proxy), None)
 
     def _exited(self, proxy: WorkerProxy, how: str, crashed: bool) -> None:
         """A worker ended (its proxy already answered what it held)."""
-        from infermux.models.registry import State
-
         mv = self._owner(proxy)
         name, version = proxy.name, proxy.version
         reason = proxy.stop_reason or (f"crashed ({how})" if crashed else how)
@@ -271,14 +264,14 @@ class Workers:
         else:
             mv.state, mv.reason = State.UNLOADED, f"worker {reason}; it restarts on the next request"
 
-    def forgive(self, mv: "ModelVersion") -> None:
+    def forgive(self, mv: ModelVersion) -> None:
         """An operator loads a version by hand: forget its crashes and refusals."""
         self._crashes.pop(mv.config.key, None)
         self._retry_at.pop(mv.config.key, None)
 
     # -- memory -------------------------------------------------------------------------
 
-    def make_room(self, mv: "ModelVersion") -> None:
+    def make_room(self, mv: ModelVersion) -> None:
         """Before any load, hot or cold: see memory.py."""
         self.memory.make_room(mv)
 
@@ -300,9 +293,7 @@ class Workers:
             except Exception:  # the watcher must outlive any one surprise
                 log.exception("worker watcher")
 
-    def _check(self, mv: "ModelVersion", proxy: WorkerProxy, now: float, gpu: dict[int, int] | None) -> None:
-        from infermux.models.registry import State
-
+    def _check(self, mv: ModelVersion, proxy: WorkerProxy, now: float, gpu: dict[int, int] | None) -> None:
         if not proxy.alive:
             return
         mv.memory_bytes = self.memory.measure(mv.config.key, proxy, gpu) or mv.memory_bytes
@@ -318,12 +309,12 @@ class Workers:
             return
         proxy.slots.trim(SLOT_IDLE_S, keep=len(proxy.executors) * max(1, mv.config.max_batch) + 1)
 
-    def _evicted(self, mv: "ModelVersion") -> None:
+    def _evicted(self, mv: ModelVersion) -> None:
         if isinstance(mv.scheduler, WorkerProxy):
             mv.scheduler.stop_reason = "evicted"
         self._stop(mv)
 
-    def _stop(self, mv: "ModelVersion", wait: bool = True) -> None:
+    def _stop(self, mv: ModelVersion, wait: bool = True) -> None:
         """Unload a cold version (idle, evicted), unless something else is already moving it."""
         key = mv.config.key
         with self._lock:
@@ -366,7 +357,7 @@ class Workers:
             time.sleep(0.002)
 
     @contextmanager
-    def moving(self, mv: "ModelVersion") -> Iterator[None]:
+    def moving(self, mv: ModelVersion) -> Iterator[None]:
         """Keep the watcher (idle unload, eviction) off a version while it changes placement."""
         key = mv.config.key
         with self._lock:

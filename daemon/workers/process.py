@@ -24,6 +24,7 @@ from infermux.transport import ipc
 from infermux.workers import wire as wire
 from infermux.serving.inline import InlinePolicy
 from infermux.workers.lane import Lane
+from infermux.workers.slots import pid_alive
 
 
 class WorkerExited(Exception):
@@ -199,8 +200,6 @@ class WorkerProcess:
 
 def sweep_sockets(run_dir: Path) -> None:
     """Remove pipe files of workers whose daemon was killed (`w<pid>-<id>.d|.u`)."""
-    from infermux.workers.slots import pid_alive
-
     try:
         entries = list(run_dir.iterdir())
     except OSError:

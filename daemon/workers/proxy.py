@@ -1,9 +1,8 @@
-"""The daemon's side of a cold model: a scheduler whose contexts live in a worker.
+"""The cold placement (serving/placement.py): a version whose contexts live in a worker process.
 
-To the router a `WorkerProxy` is a `Scheduler` (`submit`, `depth`, `load`,
-`in_flight`, `max_queue`, `executors`, `policy`, `resize`, `stop`) and a
-`RemoteEngine` is an engine (its `inputs`/`outputs` come from the worker's
-READY message). `submit` copies the request's tensors into a shared-memory
+`WorkerProxy` implements `Placement` as `Scheduler` does for a hot version,
+and a `RemoteEngine` is an engine (its `inputs`/`outputs` come from the
+worker's READY message). `submit` copies the request's tensors into a shared-memory
 slot (or inline when small) and sends one message by the fast lane
 (lane.py). Replies come back by the lane too: the frontend thread polls it
 (`Watch`), builds the client's reply frames (big outputs go to the client
@@ -24,7 +23,8 @@ import logging
 import os
 import threading
 import time
-from typing import Any, Callable
+from dataclasses import asdict, replace
+from typing import Any, Callable, Sequence
 
 import zmq
 
@@ -33,9 +33,11 @@ from infermux.workers import wire as wire
 from infermux.config import ModelConfig
 from infermux.serving.executor import LateFn, ReplyFn
 from infermux.serving.job import Job
+from infermux.serving.stats import ModelStats, Stats
+from infermux.serving.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
 from infermux.workers.lane import LaneClosed
-from infermux.plugins.base import BackendError, TensorSpec
-from infermux.protocol import Status, dtype_name, encode_reply, error_header
+from infermux.plugins.base import BackendError, Context, TensorSpec
+from infermux.protocol import Status, encode_reply, error_header
 from infermux.transport.regions import RegionTable
 from infermux.workers.slots import ALIGN, Slot, SlotPool, layout, segment_name
 from infermux.workers.process import WorkerProcess
@@ -48,12 +50,12 @@ ZERO_COPY_MIN = 1 << 20  # outputs this big go to the client straight from the s
 class RemoteEngine:
     """A worker's engine as the daemon sees it: tensor specs and footprint, no contexts."""
 
-    def __init__(self, inputs: list[TensorSpec], outputs: list[TensorSpec], memory: int) -> None:
-        self.inputs = inputs
-        self.outputs = outputs
+    def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], memory: int) -> None:
+        self.inputs: Sequence[TensorSpec] = inputs
+        self.outputs: Sequence[TensorSpec] = outputs
         self.memory = memory
 
-    def create_context(self) -> Any:
+    def create_context(self) -> Context:
         raise BackendError("a cold model's contexts live in its worker process")
 
     def memory_bytes(self) -> int:
@@ -84,40 +86,11 @@ class ContextView:
         self.in_flight = 0
         self.served = 0
         self.row_us = 0.0
-        self.stats: Any = None  # this context's share of the version's ModelStats
+        self.stats = Stats()  # replaced by this context's share of the version's ModelStats
 
     @property
     def load(self) -> int:
         return len(self.queue) + self.in_flight
-
-
-class RemotePolicy:
-    """The worker's batching policy; setting a field sends it to the worker (admin `set`)."""
-
-    def __init__(self, send: Callable[[dict[str, Any]], None], config: ModelConfig, allowed: bool) -> None:
-        self._send = send
-        self.allowed = allowed
-        self.preferred = config.preferred_batch
-        self._max_batch = config.max_batch if allowed else 1
-        self._delay_s = config.batch_delay_us / 1e6
-
-    @property
-    def max_batch(self) -> int:
-        return self._max_batch
-
-    @max_batch.setter
-    def max_batch(self, value: int) -> None:
-        self._max_batch = value
-        self._send({"max_batch": value})
-
-    @property
-    def delay_s(self) -> float:
-        return self._delay_s
-
-    @delay_s.setter
-    def delay_s(self, value: float) -> None:
-        self._delay_s = value
-        self._send({"batch_delay_us": int(value * 1e6)})
 
 
 ExitFn = Callable[["WorkerProxy", str, bool], None]
@@ -130,25 +103,28 @@ class WorkerProxy:
     """Forwards one model version's jobs to its worker process and its replies to clients."""
 
     def __init__(self, process: WorkerProcess, config: ModelConfig, ready: dict[str, Any], reply: ReplyFn,
-                 on_late: LateFn, on_exit: ExitFn, stats: Any, strategy: str, watch: Watch,
+                 on_late: LateFn, on_exit: ExitFn, stats: ModelStats, strategy: str, watch: Watch,
                  regions: RegionTable | None = None) -> None:
         self.process = process
         self.name, self.version = config.name, config.version
-        self._max_queue = config.max_queue
         self.strategy = strategy
-        self.policy = RemotePolicy(self._set, config, bool(ready.get("allowed", True)))
+        allowed = bool(ready.get("allowed", True))
+        # What the worker runs with; `apply` changes both sides (SET).
+        self._settings = Settings(config.contexts, config.max_queue, config.max_batch if allowed else 1,
+                                  config.batch_delay_us, config.preferred_batch, allowed)
         self._stats = stats
         self.executors: list[ContextView] = [self._new_view(i) for i in range(config.contexts)]
         self.load_ms = int(ready.get("load_ms", 0))
         self.stop_reason = ""
-        self.forward_to: Any = None  # promote/demote: where jobs go once this one stops taking them
+        self.forward_to: Placement | None = None  # promote/demote: where jobs go once this one stops taking them
         self.created = self.last_beat = time.monotonic()
         self.gpu_bytes = 0  # this process's GPU memory as NVML reports it (0 where it cannot)
-        self.unseen_bytes = 0  # what its load took that neither RSS nor NVML shows (workers._unseen)
+        self.unseen_bytes = 0  # what its load took that neither RSS nor NVML shows (MemoryKeeper.unseen)
         self._reply, self._on_late, self._on_exit = reply, on_late, on_exit
         self._outputs = len(ready["outputs"])
         self._out_row_bytes = _row_bytes(ready["outputs"])
         self._pending: dict[int, tuple[Job, Slot | None, int]] = {}
+        self._rows = 0  # input rows of the requests in `_pending`
         self._seq = itertools.count(1)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -166,26 +142,51 @@ class WorkerProxy:
         self._reader = threading.Thread(target=self._read, name=f"worker-{self.name}-{self.version}", daemon=True)
         self._reader.start()
 
-    # -- the Scheduler interface ------------------------------------------------------
+    # -- the Placement interface ------------------------------------------------------
 
-    @property
-    def max_queue(self) -> int:
-        return self._max_queue
-
-    @max_queue.setter
-    def max_queue(self, value: int) -> None:  # admin `set`: more may be in flight, so more slots
-        self._max_queue = value
-        self.slots.max_slots = value + len(self.executors)
-
-    def submit(self, job: Job) -> bool:
-        """Send `job` to the worker; False when its queue is full or it is stopping."""
+    def submit(self, job: Job) -> Admission:
+        """Send `job` to the worker, or say why not: full, or stopping, or the worker is gone."""
         with self._lock:
             if not self._closing:
-                if len(self._pending) >= self._max_queue + len(self.executors):
-                    return False
-                return self._send_job(job)  # under the lock: the reply cannot overtake `_pending`
+                if len(self._pending) >= self._settings.max_queue + len(self.executors):
+                    return Admission.FULL
+                # Under the lock: the reply cannot overtake `_pending`.
+                return Admission.QUEUED if self._send_job(job) else Admission.CLOSED
             successor = self.forward_to
-        return successor.submit(job) if successor is not None else False
+        return successor.submit(job) if successor is not None else Admission.CLOSED
+
+    def push_out(self, job: Job) -> Job | None:
+        """None: the queue lives in the worker, whose requests are on their way or running there,
+        so a full cold queue refuses the newcomer (429 or the fallback) instead of a queued one."""
+        return None
+
+    def expected_wait_us(self) -> float:
+        return wait_us(self._rows, self._stats.service_time_us())
+
+    def rows(self) -> int:
+        return self._rows
+
+    def contexts(self) -> list[ContextLoad]:
+        return [ContextLoad(len(view.queue), view.in_flight) for view in self.executors]
+
+    def settings(self) -> Settings:
+        return self._settings
+
+    def apply(self, change: Change) -> None:
+        """Change settings here and in the worker (one SET message, applied there in order)."""
+        if change.contexts is not None and change.contexts < 1:
+            raise ValueError("a loaded model needs at least one context")
+        if not self._settings.batching_allowed:
+            change = replace(change, max_batch=None)
+        self._settings = replace(self._settings, **{k: v for k, v in asdict(change).items() if v is not None})
+        # max_queue is kept here: the worker's own queue never refuses (pool.Workers._send_load).
+        self._set(replace(change, max_queue=None))
+        if change.contexts is not None:
+            self._resize(change.contexts)
+        self.slots.max_slots = self._settings.max_queue + len(self.executors)  # more in flight, more slots
+
+    def hand_over(self, successor: Placement, reason: str) -> None:
+        self.forward_to, self.stop_reason = successor, reason
 
     def _send_job(self, job: Job) -> bool:
         tensors, regions = self._sources(job)
@@ -194,58 +195,53 @@ class WorkerProxy:
         rows = batcher.rows(job.request.inputs)
         slot = None
         req = job.request
-        meta: dict[str, Any] = {
-            "s": 0, "slot": None, "r": job.received_ns, "d": job.deadline_ns, "fb": job.fallback,
-            "id": req.id, "o": req.outputs, "k": req.key, "m": req.model,
-            # Already parsed and checked here: the worker only wraps the bytes, in this order.
-            "t": [[name, dtype_name(a.dtype), a.shape] for name, a in req.inputs.items()]}
-        if regions:
-            meta["rg"] = regions
-        into = [[name, place.region, place.offset] for name, place in req.output_regions.items()
-                if self._map(place.region)]  # the others come back in frames
-        if into:
-            meta["or"] = into
-        outputs = 0 if into else self._out_row_bytes * rows
+        # Already parsed and checked here: the worker only wraps the bytes, in this order.
+        message = wire.Infer.of(next(self._seq), job.received_ns, job.deadline_ns, job.fallback, req)
+        message.regions = regions
+        message.output_regions = [wire.RegionOutput(name, place.region, place.offset)
+                                  for name, place in req.output_regions.items()
+                                  if self._map(place.region)]  # the others come back in frames
+        outputs = 0 if message.output_regions else self._out_row_bytes * rows
         if sum(sizes) > wire.INLINE_MAX_BYTES or (regions and outputs > wire.INLINE_MAX_BYTES):
-            # The outputs go after the inputs: the worker computes into the slot (slotoutputs.py).
+            # The outputs go after the inputs: the worker computes into the slot (workers/outputs.py).
             slot = self.slots.acquire(span + outputs + ALIGN * self._outputs)
             # None: no room in /dev/shm (or zmq still sends them): inline
         if slot is not None:
             view = slot.view
             for offset, size, tensor in zip(offsets, sizes, tensors):
                 view[offset:offset + size] = tensor
-            meta["slot"], meta["off"], meta["oo"] = slot.name, [[o, n] for o, n in zip(offsets, sizes)], span
-        seq = meta["s"] = next(self._seq)
-        message = [wire.INFER + wire.dumps(meta).encode()]
+            message.slot, message.offsets, message.outputs_at = slot.name, [[o, n] for o, n in zip(offsets, sizes)], span
+        frames = [message.encode()]
         if slot is None:
-            message += tensors
-        if not self._lane.send(message) and \
-                not self.process.send(message, copy=slot is not None or sum(sizes) < 1 << 20):
+            frames += tensors
+        if not self._lane.send(frames) and \
+                not self.process.send(frames, copy=slot is not None or sum(sizes) < 1 << 20):
             if slot is not None:
                 self.slots.release(slot)
             return False
-        self._pending[seq] = (job, slot, rows)
+        self._pending[message.seq] = (job, slot, rows)
+        self._rows += rows
         return True
 
-    def _sources(self, job: Job) -> tuple[list[Any], list[list[Any]]]:
-        """The tensors to copy (frames, in input order) and [index, region, offset, nbytes] of the
-        inputs the worker reads in a client's region itself. A region the worker cannot be given
-        (the lane is full) is copied like a frame."""
+    def _sources(self, job: Job) -> tuple[list[Any], list[wire.RegionInput]]:
+        """The tensors to copy (frames, in input order) and the inputs the worker reads in a
+        client's region itself. A region the worker cannot be given (the lane is full) is
+        copied like a frame."""
         req = job.request
         frames = job.frames[len(job.envelope) + 1:]
         if not req.input_regions:
             return list(frames), []
         tensors: list[Any] = []
-        regions: list[list[Any]] = []
+        regions: list[wire.RegionInput] = []
         next_frame = iter(frames)
         for index, (name, array) in enumerate(req.inputs.items()):
             ref = req.input_regions.get(name)
             if ref is None:
                 tensors.append(next(next_frame))
             elif self._map(ref.region):
-                regions.append([index, ref.region, ref.offset, ref.nbytes])
+                regions.append(wire.RegionInput(index, ref.region, ref.offset, ref.nbytes))
             else:
-                tensors.append(memoryview(array).cast("B"))
+                tensors.append(array.data.cast("B"))
         return tensors, regions
 
     def _map(self, token: str) -> bool:
@@ -279,22 +275,12 @@ class WorkerProxy:
     def load(self) -> int:
         return len(self._pending)
 
-    def in_flight(self) -> int:
-        return min(len(self._pending), len(self.executors))
-
-    def full(self) -> bool:
-        return self.load() >= self.max_queue + len(self.executors)
-
-    def resize(self, contexts: int) -> None:
-        if contexts < 1:
-            raise ValueError("a loaded model needs at least one context")
-        self._set({"contexts": contexts})
+    def _resize(self, contexts: int) -> None:
         views, removed = self.executors[:contexts], self.executors[contexts:]
         views += [self._new_view(i) for i in range(len(views), contexts)]
         self.executors = views
         for view in removed:
             self._stats.remove_context(view.stats)
-        self.slots.max_slots = self._max_queue + contexts
 
     def stop(self, timeout: float | None = None) -> bool:
         """Take no new jobs, wait for those in flight, then stop the worker; True if all were answered."""
@@ -401,12 +387,14 @@ class WorkerProxy:
     def _take(self, seq: int) -> tuple[Job, Slot | None, int] | None:
         with self._lock:
             entry = self._pending.pop(seq, None)
+            if entry is not None:
+                self._rows -= entry[2]
             if not self._pending:
                 self._idle.notify_all()
         return entry
 
     def _replied(self, frames: list[bytes]) -> None:
-        (seq, status, batch, queue_us, compute_us, total_us), placement = wire.parse_reply_head(frames[0])
+        seq, outcome, placement = wire.parse_reply_head(frames[0])
         entry = self._take(seq)
         if entry is None:
             return
@@ -426,12 +414,12 @@ class WorkerProxy:
         # them, so the totals and the parallel service time come out right.
         views = self.executors
         stats = views[seq % len(views)].stats if views else self._stats.router
-        if status == 200:
-            stats.record_batch(batch, compute_us)
-        stats.record(status, total_us, queue_us, compute_us, batch)
+        if outcome.status == 200:
+            stats.record_batch(outcome.batch, outcome.compute_us)
+        stats.record(outcome.status, outcome.total_us, outcome.queue_us, outcome.compute_us, outcome.batch)
 
     @staticmethod
-    def _from_slot(slot: Slot | None, places: list[list[int]]) -> tuple[list[Any], Any, int]:
+    def _from_slot(slot: Slot | None, places: list[list[int]]) -> tuple[list[Any], zmq.MessageTracker | None, int]:
         """The outputs at `places` as reply frames, the tracker of the zero-copy ones, and the
         bytes they need laid out in a slot."""
         assert slot is not None, "the worker wrote outputs into a slot the request did not have"
@@ -448,7 +436,7 @@ class WorkerProxy:
         tracker = zmq.MessageTracker(*trackers) if trackers else None
         return outputs, tracker, layout([size for _, size in places])[1]
 
-    def _release(self, slot: Slot | None, tracker: Any = None) -> None:
+    def _release(self, slot: Slot | None, tracker: zmq.MessageTracker | None = None) -> None:
         if slot is not None:
             self.slots.release(slot, tracker)
 
@@ -467,7 +455,7 @@ class WorkerProxy:
         self._on_exit(self, how, crashed)
         with self._lock:
             self._closing = True
-            pending, self._pending = self._pending, {}
+            pending, self._pending, self._rows = self._pending, {}, 0
             self._idle.notify_all()
         retry_ms = max(100, self.load_ms + 100)
         for job, slot, _ in pending.values():
@@ -485,8 +473,12 @@ class WorkerProxy:
         self._lane.close()  # the frontend's next poll of it reports it closed, and it lets go
         self.process.close()
 
-    def _set(self, changes: dict[str, Any]) -> None:
-        self.process.send(wire.control(wire.SET, changes))
+    def _set(self, change: Change) -> None:
+        """Tell the worker; by the lane when it fits, so that requests sent after it find it applied."""
+        if change:
+            message = wire.control(wire.SET, wire.change_to_json(change))
+            if not self._lane.send(message):
+                self.process.send(message)
 
     def _forget(self, name: str) -> None:
         self.process.send(wire.control(wire.FORGET, name.encode()))

@@ -246,7 +246,7 @@ def pid_alive(pid: int) -> bool:
 
 def sweep_stale(directory: Path = SHM_DIR) -> list[str]:
     """Unlink slots left by daemons that no longer run (a SIGKILL gives no chance to clean)."""
-    removed = []
+    removed: list[str] = []
     try:
         entries = list(directory.iterdir())
     except OSError:
