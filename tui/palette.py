@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Callable
+from typing import Any, Callable, Protocol, runtime_checkable
 
 from textual.command import Hit, Hits, Provider
 
@@ -11,14 +11,21 @@ from infermux.tui import format as fmt
 from infermux.tui.actions import ACTIONS
 
 
+@runtime_checkable
+class Commanded(Protocol):
+    """What the palette needs of the app (TopApp): the latest snapshot and a way to run an action."""
+
+    snapshot: dict[str, Any]
+
+    def action_do(self, name: str, key: str | None = None) -> None: ...
+
+
 class ModelCommands(Provider):
     """Searches `<action> <model>:<version>` over the versions of the latest snapshot."""
 
     def _commands(self) -> list[tuple[str, str, Callable[[], None]]]:
-        from infermux.tui.app import TopApp  # here: app.py imports this module
-
         app = self.app
-        if not isinstance(app, TopApp):  # only TopApp lists this provider
+        if not isinstance(app, Commanded):  # only TopApp lists this provider
             return []
         snapshot = app.snapshot or {}
         commands: list[tuple[str, str, Callable[[], None]]] = []
