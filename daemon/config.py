@@ -52,6 +52,7 @@ class DaemonConfig:
     allow_insecure_tcp: bool = False
     drain_timeout_s: float = 10.0
     log_level: str = "info"
+    traceback_interval_s: float = 10.0  # a repeated traceback: logged once, then a count per interval (events.py)
     metrics_port: int = 0
     inline_max_us: int = 500        # compute on the frontend thread when idle and this short (inline.py)
     inline_busy_max_us: int = 100   # ... and when other requests wait, only this short
@@ -190,7 +191,7 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
             _positive(file, f"daemon.{key}", raw[key], 0)
     if "watch" in raw:
         _check_type(file, "daemon.watch", raw["watch"], bool)
-    for key in ("watch_settle_s", "watch_debounce_s", "watch_rescan_s"):
+    for key in ("watch_settle_s", "watch_debounce_s", "watch_rescan_s", "traceback_interval_s"):
         if key in raw:
             _check_type(file, f"daemon.{key}", raw[key], (int, float))
             if raw[key] < 0:
