@@ -8,7 +8,7 @@ commands run on worker threads so a slow `load` never freezes the screen.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
 from rich.markup import escape
 from textual import work
@@ -22,6 +22,7 @@ from infermux.tui.actions import ACTIONS, Refused, summary
 from infermux.tui.dialogs import ConfirmScreen, PromptScreen
 from infermux.tui.feed import EventsArrived, Feed, LinkChanged, SnapshotReady
 from infermux.tui.history import History
+from infermux.tui.keys import KeysScreen
 from infermux.tui.palette import ModelCommands
 from infermux.tui.views.detail import ModelScreen
 from infermux.tui.views.events import EventsLog, EventStore
@@ -33,18 +34,25 @@ from infermux.tui.views.table import KeyedTable
 TABS = ("models", "memory", "routing", "events")
 
 
-def status_text(snapshot: dict[str, Any]) -> str:
-    """The one-line summary above the tabs; least useful last, since 80 columns cut the end."""
+def status_text(snapshot: dict[str, Any], stale: bool = False) -> str:
+    """The one-line summary above the tabs; least useful last, since 80 columns cut the end.
+
+    `stale`: the daemon stopped answering; the figures are the last ones seen, greyed, with their time."""
     d = snapshot.get("daemon") or {}
     mem = d.get("memory") or {}
     states = d.get("states") or {}
     accepting = "[green]accepting[/]" if d.get("accepting", True) else "[b reverse red] DRAINING [/]"
-    parts = [f"up {fmt.duration(d.get('uptime_s', 0))}", f"{d.get('requests', 0)} req", accepting,
-             f"{states.get('ready', 0)}/{sum(states.values())} ready"]
+    parts = [f"up {fmt.duration(d.get('uptime_s', 0))}", f"pid {d.get('pid', '?')}", f"{d.get('requests', 0)} req",
+             accepting, f"{states.get('ready', 0)}/{sum(states.values())} ready"]
     if states.get("failed"):
         parts.append(f"[b red]{states['failed']} failed[/]")
+    if d.get("internal_errors"):
+        parts.append(f"[b red]{d['internal_errors']} err[/]")
     parts += [f"mem {fmt.size(mem.get('models_bytes'))}/{fmt.size(mem.get('budget_bytes'))}",
-              f"[b]infermux[/] {escape(str(d.get('version', '?')))} pid {d.get('pid', '?')}"]
+              f"[b]infermux[/] {escape(str(d.get('version', '?')))}"]
+    if stale:
+        when = fmt.clock(float(snapshot["time"])) if snapshot.get("time") else "?"
+        return f"[b reverse red] STALE [/] as of {when} · [dim]" + " · ".join(parts[:3]) + "[/]"
     return " · ".join(parts)
 
 
@@ -91,6 +99,7 @@ class TopApp(App):
         self.history = History()
         self.events = EventStore()
         self.link_ok = False
+        self.stale = False  # the daemon went away: the status line says the figures are old
         self.snapshots_seen = 0
         self._shown_tab = "models"
         self._last_key: str | None = None
@@ -132,6 +141,7 @@ class TopApp(App):
         if snapshot is None:
             return
         self.snapshot = snapshot
+        self.stale = False
         self.snapshots_seen += 1
         self.history.add(snapshot)
         self.refresh_views()
@@ -146,10 +156,12 @@ class TopApp(App):
             return
         # Widgets of a covered screen are not touched: Textual would repaint the whole
         # top screen for them.
-        self.status_line.update(status_text(self.snapshot), layout=False)  # one fixed line: no relayout
-        active = self._tab
-        {"models": self.models_table, "memory": self.memory_view,
-         "routing": self.routing_view}.get(active, _Nothing).update_from(self.snapshot)
+        self.status_line.update(status_text(self.snapshot, self.stale), layout=False)  # one fixed line: no relayout
+        views: dict[str, _Updates] = {"models": self.models_table, "memory": self.memory_view,
+                                      "routing": self.routing_view}
+        view = views.get(self._tab)
+        if view is not None:  # the events tab fills itself from EventsArrived
+            view.update_from(self.snapshot)
 
     def on_events_arrived(self, message: EventsArrived) -> None:
         new = self.events.add(message.events)
@@ -162,6 +174,9 @@ class TopApp(App):
         self.link_ok = message.ok
         self.banner.update(escape(message.text))
         self.banner.display = not message.ok
+        if not message.ok and self.snapshot:
+            self.stale = True
+            self.status_line.update(status_text(self.snapshot, stale=True), layout=False)
 
     # -- navigation ---------------------------------------------------------------
 
@@ -192,11 +207,11 @@ class TopApp(App):
                 "routing": self.routing_view.query_one(RoutingTable)}.get(tab)
 
     def action_keys(self) -> None:
-        """Toggle the panel listing every key (the footer has room for the common ones only)."""
+        """infermux's keys and what each does (the footer has room for the common ones only)."""
         if self.screen.query("HelpPanel"):
             self.action_hide_help_panel()
-        else:
-            self.action_show_help_panel()
+        elif not isinstance(self.screen, KeysScreen):
+            self.push_screen(KeysScreen(self.BINDINGS))
 
     def action_tab(self, tab: str) -> None:
         if self.screen is self.main:
@@ -226,7 +241,7 @@ class TopApp(App):
             return
         self.push_screen(ModelScreen(key, self.events))
 
-    def action_back(self) -> None:
+    async def action_back(self) -> None:
         """Leave the detail screen; the tables underneath catch up at once, not at the next snapshot."""
         if isinstance(self.screen, ModelScreen):
             self.pop_screen()
@@ -257,7 +272,7 @@ class TopApp(App):
         if action.scope == "version" and target is None:
             self.notify("no model selected (is the daemon connected?)", severity="warning")
             return
-        target = target or {}
+        target = (target or {}) if action.scope == "version" else {}  # "Drain daemon", not "... classifier:1"
         if action.prompt:
             self._prompt(action, target)
         else:
@@ -269,7 +284,11 @@ class TopApp(App):
         current = weights_text(self.snapshot, target["name"]) if action.name == "weights" else target.get("fallback", "")
         hint = "enter to apply, escape to cancel"
         screen = PromptScreen(action.prompt.format(model=target["name"]), current, hint)
-        self.push_screen(screen, lambda text: text is not None and self._confirm(action, target, text))
+        def edited(text: str | None) -> None:
+            if text is not None:
+                self._confirm(action, target, text)
+
+        self.push_screen(screen, edited)
 
     def _confirm(self, action: Any, target: dict[str, Any], text: str) -> None:
         try:
@@ -283,7 +302,11 @@ class TopApp(App):
             return
         question = action.confirm.format(target=fmt.version_key(target) if target else "",
                                          config=self.config_path or "the configuration file")
-        self.push_screen(ConfirmScreen(question), lambda yes: yes and self.send(label, cmd, args))
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.send(label, cmd, args)
+
+        self.push_screen(ConfirmScreen(question), answered)
 
     @work(thread=True, group="admin", exit_on_error=False)
     def send(self, label: str, cmd: str, args: dict[str, Any]) -> None:
@@ -306,7 +329,7 @@ class TopApp(App):
             yield SystemCommand(action.title + where, action.help, partial(self.action_do, action.name))
 
 
-class _Nothing:
-    @staticmethod
-    def update_from(snapshot: dict[str, Any]) -> None:
-        pass
+class _Updates(Protocol):
+    """A view that redraws itself from a snapshot."""
+
+    def update_from(self, snapshot: dict[str, Any]) -> None: ...

@@ -16,7 +16,7 @@ class ModelCommands(Provider):
     def _commands(self) -> list[tuple[str, str, object]]:
         app = self.app
         snapshot = getattr(app, "snapshot", {}) or {}
-        commands = []
+        commands: list[tuple[str, str, object]] = []
         for m in snapshot.get("models", []):
             key = fmt.version_key(m)
             for action in ACTIONS.values():

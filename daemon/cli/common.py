@@ -49,12 +49,13 @@ def add_endpoint_arguments(parser: argparse.ArgumentParser, admin: bool = False)
     parser.add_argument("--runtime-dir", help="the daemon's --runtime-dir, if it was started with one")
 
 
-def endpoint_from(args: argparse.Namespace, which: str = "listen") -> str:
+def endpoint_from(args: argparse.Namespace, which: str = "listen", check: bool = True) -> str:
     """The socket to talk to: `which` is "listen" (inference), "admin" or "stats".
 
     The flags win (--endpoint for the command's own socket, --admin for the
     admin one); else the configuration's [daemon] socket, resolved in the
-    runtime directory. Raises CliError (exit 2) when there is no configuration to read."""
+    runtime directory. Raises CliError (exit 2) when there is no configuration to read, and
+    (with `check`) NoDaemon when an ipc:// socket file is missing."""
     endpoint = _given_endpoint(args, which)
     if not endpoint:
         from infermux import config as cfg
@@ -62,7 +63,8 @@ def endpoint_from(args: argparse.Namespace, which: str = "listen") -> str:
         daemon = _socket_config(args)
         raw = daemon.listen[0] if which == "listen" else str(getattr(daemon, which))
         endpoint = cfg.resolve_endpoint(raw, cfg.runtime_dir(daemon, args.runtime_dir))
-    present(endpoint)
+    if check:
+        present(endpoint)
     return endpoint
 
 
@@ -80,11 +82,10 @@ def present(endpoint: str) -> None:
 
 def _given_endpoint(args: argparse.Namespace, which: str) -> str | None:
     """What the command line says about socket `which`, if anything."""
-    admin_only = not hasattr(args, "admin")
     endpoint = getattr(args, "endpoint", None)
+    if not hasattr(args, "admin"):  # status, ctl (and top, per socket): --endpoint is the socket asked for
+        return endpoint
     if which == "admin":
-        if admin_only:  # status, ctl: --endpoint is the admin socket
-            return endpoint
         if args.admin:
             return str(args.admin)
         if endpoint and endpoint.startswith("ipc://") and not args.config:

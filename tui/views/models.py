@@ -22,13 +22,13 @@ def queue_style(depth: int, limit: int) -> str:
 
 
 class ModelsTable(KeyedTable):
-    """name, version, placement, state, contexts, queue, in flight, QPS, p50, p99, memory."""
+    """name, version, placement, state, contexts, queue, in flight, QPS, p50, p99, 500s, memory."""
 
     COLUMNS = (
-        Col("model", "MODEL", 16), Col("version", "VER", 5), Col("place", "PLACE", 6),
+        Col("model", "MODEL", 15), Col("version", "VER", 5), Col("place", "PLACE", 6),
         Col("state", "STATE", 9), Col("contexts", "CTX", 4, True), Col("queue", "QUEUE", 6, True),
-        Col("in_flight", "INFL", 5, True), Col("qps", "QPS", 7, True), Col("p50", "P50", 7, True),
-        Col("p99", "P99", 7, True), Col("memory", "MEM", 6, True),
+        Col("in_flight", "INFL", 5, True), Col("qps", "QPS", 6, True), Col("p50", "P50", 6, True),
+        Col("p99", "P99", 6, True), Col("errors", "ERR", 5, True), Col("memory", "MEM", 6, True),
     )
 
     def update_from(self, snapshot: dict[str, Any]) -> None:
@@ -39,6 +39,7 @@ class ModelsTable(KeyedTable):
         for m in snapshot.get("models", []):
             st = m.get("stats") or {}
             errors = (st.get("error_qps") or 0) > 0
+            failed = int((st.get("by_status") or {}).get("500", 0))  # the backend or infermux failed
             yield fmt.version_key(m), {
                 "model": (m["name"], "bold" if m.get("default") else ""),
                 "version": (version_label(m), ""),
@@ -50,5 +51,6 @@ class ModelsTable(KeyedTable):
                 "qps": (fmt.rate(st.get("qps")), "red" if errors else ""),
                 "p50": (fmt.us(st.get("p50_us")), ""),
                 "p99": (fmt.us(st.get("p99_us")), ""),
+                "errors": (fmt.count(failed), "bold red" if failed else "dim"),
                 "memory": (fmt.size(m.get("memory_bytes")), ""),
             }

@@ -128,7 +128,8 @@ class KeyedTable(ScrollView, can_focus=True):
         self._order = [key for key, _ in rows]
         self._index = {key: i for i, key in enumerate(self._order)}
         self.virtual_size = Size(sum(self._widths), len(self._order) + 1)
-        self.cursor_row = self._index.get(selected, min(self.cursor_row, max(0, len(self._order) - 1)))
+        keep = min(self.cursor_row, max(0, len(self._order) - 1))
+        self.cursor_row = self._index.get(selected, keep) if selected is not None else keep
         self.refresh()
 
     def _render_row(self, cells: dict[str, Cell]) -> list[Segment]:
