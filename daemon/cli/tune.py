@@ -180,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"{first.status} {first.error}")
         except (ValueError, TimeoutError, AdminError) as exc:
             print(f"infermux tune: {exc}", file=sys.stderr)
-            return 2
+            return 3 if isinstance(exc, TimeoutError) else 2
         return _tune(target, args, concurrency, original)
 
 
