@@ -9,6 +9,7 @@ no traceback.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -175,6 +176,15 @@ def test_ctl_models_is_short_and_json_is_whole(d: Daemon) -> None:
     assert len(lines) < 20
     whole = infermux(["ctl", "models", "--json", "-e", d.admin_endpoint])
     assert '"stats"' in whole.stdout and len(whole.stdout.splitlines()) > 100
+
+
+def test_ctl_events_lines_carry_an_iso_time_and_the_admin_commands_model(d: Daemon) -> None:
+    assert infermux(["ctl", "set", "addone", "max_queue=50", "-e", d.admin_endpoint]).returncode == 0
+    proc = infermux(["ctl", "events", "-e", d.admin_endpoint])
+    assert proc.returncode == 0, proc.stderr
+    (line,) = [x for x in proc.stdout.splitlines() if " admin " in x and "max_queue" in x]
+    stamp, kind, target = line.split()[:3]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z", stamp) and (kind, target) == ("admin", "addone")
 
 
 def test_infer_prints_a_classifiers_top_classes(d: Daemon) -> None:

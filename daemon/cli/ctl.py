@@ -5,6 +5,7 @@
     infermux ctl pin det_v2 2.1
     infermux ctl drain            # stop accepting; `infermux ctl resume` to reopen
     infermux ctl models           # each version's inputs and outputs (--json: everything)
+    infermux ctl events           # recent events, one line each with an ISO time (--json: as sent)
 
 Exit codes: 0 done, 1 the daemon refused (the reason is printed), 2 usage,
 3 the daemon did not answer (within 5 s; a command it has accepted may then
@@ -80,10 +81,38 @@ def short_models(models: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def event_target(event: dict[str, Any]) -> str:
+    """`model:version` of an event; an admin entry names its model only in its arguments."""
+    model, version = event.get("model") or "", event.get("version") or ""
+    if not model and isinstance(event.get("args"), str):
+        try:
+            args = json.loads(event["args"])
+        except ValueError:
+            args = {}
+        if isinstance(args, dict):
+            model, version = str(args.get("model") or ""), str(args.get("version") or "")
+    return f"{model}:{version}" if model and version else model
+
+
+def short_events(events: list[dict[str, Any]]) -> str:
+    """One line per event: ISO time (UTC), kind, model:version, the rest as key=value."""
+    from datetime import datetime, timezone
+
+    skip = ("time", "kind", "model", "version")
+    lines = []
+    for e in events:
+        when = datetime.fromtimestamp(float(e.get("time", 0)), timezone.utc).isoformat(timespec="milliseconds")
+        rest = " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in e.items() if k not in skip)
+        lines.append(f"{when.replace('+00:00', 'Z')}  {e.get('kind', '?'):<9} {event_target(e) or '-'}  {rest}")
+    return "\n".join(lines)
+
+
 def show(cmd: str, reply: dict[str, Any], as_json: bool) -> None:
     """Print a successful reply: JSON for scripts and the data commands, else one `ok:` line."""
     if cmd == "models" and not as_json:
         print(short_models(reply.get("models", [])))
+    elif cmd == "events" and not as_json:
+        print(short_events(reply.get("events", [])))
     elif as_json or cmd in ("models", "events", "status"):
         print(json.dumps(reply, indent=2))
     else:
