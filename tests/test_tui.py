@@ -362,3 +362,20 @@ def test_the_batch_histogram_keeps_each_count_on_its_line() -> None:
 
     text = batches_text({"1": 123_456, "8": 99})
     assert all(len(Text.from_markup(line).plain) <= BATCHES_WIDTH - 2 for line in text.splitlines())
+
+
+async def test_slash_filters_the_models_table_and_an_empty_filter_shows_all() -> None:
+    import tui_data
+
+    app = TopApp(StaticFeed(tui_data.snapshot()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: len(app.models_table.keys()) == 6)
+        await pilot.press("slash")
+        await until(pilot, lambda: isinstance(app.screen, PromptScreen))
+        await pilot.press(*"det", "enter")
+        await until(pilot, lambda: app.models_table.keys() == ["detector:2", "detector:1", "detector_lite:1"],
+                    what="the filtered rows")
+        await pilot.press("slash")
+        await until(pilot, lambda: isinstance(app.screen, PromptScreen))
+        await pilot.press("ctrl+a", "ctrl+k", "enter")
+        await until(pilot, lambda: len(app.models_table.keys()) == 6, what="every row again")

@@ -82,6 +82,7 @@ class TopApp(App):
         Binding("p", "do('pin_toggle')", "pin"),
         Binding("R", "do('reload')", "reload"),
         Binding("question_mark", "keys", "keys", key_display="?"),
+        Binding("slash", "filter", "filter", key_display="/", show=False),
         Binding("w", "do('weights')", "weights", show=False),
         Binding("d", "do('drain')", "drain", show=False),
         Binding("f", "do('fallback')", "fallback", show=False),
@@ -212,6 +213,20 @@ class TopApp(App):
             self.action_hide_help_panel()
         elif not isinstance(self.screen, KeysScreen):
             self.push_screen(KeysScreen(self.BINDINGS))
+
+    def action_filter(self) -> None:
+        """Show only the models whose name:version holds the text typed (`/`, then enter; empty: all)."""
+        if self.screen is not self.main:
+            return
+
+        def chosen(text: str | None) -> None:
+            if text is not None:
+                self.models_table.filter_text = text.strip()
+                self.query_one(TabbedContent).active = "models"
+                self.refresh_views()
+
+        hint = "enter to apply, empty for every model, escape to cancel"
+        self.push_screen(PromptScreen("Show models matching", self.models_table.filter_text, hint), chosen)
 
     def action_tab(self, tab: str) -> None:
         if self.screen is self.main:

@@ -15,6 +15,7 @@ from textual.widgets import Static
 from infermux.tui.actions import ACTIONS
 
 VIEW_KEYS = (("1 2 3 4", "models, memory, routing, events tab"), ("enter", "the selected version in depth"),
+             ("/", "show only the models matching a text (empty: all)"),
              ("escape", "back from the detail screen"), ("↑ ↓ j k", "move the selection"),
              ("ctrl+p", "command palette: every action by name"), ("q", "quit"))
 

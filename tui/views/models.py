@@ -31,8 +31,12 @@ class ModelsTable(KeyedTable):
         Col("p99", "P99", 6, True), Col("errors", "ERR", 5, True), Col("memory", "MEM", 6, True),
     )
 
+    #: Only rows whose model:version holds this text (the `/` key); "" shows all.
+    filter_text = ""
+
     def update_from(self, snapshot: dict[str, Any]) -> None:
-        self.sync(self.row_cells(snapshot))
+        needle = self.filter_text.lower()
+        self.sync((key, cells) for key, cells in self.row_cells(snapshot) if needle in key.lower())
 
     @staticmethod
     def row_cells(snapshot: dict[str, Any]) -> Iterator[tuple[str, dict[str, Cell]]]:
