@@ -379,3 +379,17 @@ async def test_slash_filters_the_models_table_and_an_empty_filter_shows_all() ->
         await until(pilot, lambda: isinstance(app.screen, PromptScreen))
         await pilot.press("ctrl+a", "ctrl+k", "enter")
         await until(pilot, lambda: len(app.models_table.keys()) == 6, what="every row again")
+
+
+async def test_s_sorts_the_models_by_qps_then_cycles_back() -> None:
+    import tui_data
+
+    app = TopApp(StaticFeed(tui_data.snapshot()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: len(app.models_table.keys()) == 6)
+        daemon_order = app.models_table.keys()
+        await pilot.press("s")
+        await until(pilot, lambda: app.models_table.keys()[:3] == ["detector:2", "plates:3", "detector:1"],
+                    what="rows by QPS")
+        await pilot.press("s", "s", "s", "s")
+        await until(pilot, lambda: app.models_table.keys() == daemon_order, what="the daemon's order again")

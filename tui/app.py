@@ -27,7 +27,7 @@ from infermux.tui.palette import ModelCommands
 from infermux.tui.views.detail import ModelScreen
 from infermux.tui.views.events import EventsLog, EventStore
 from infermux.tui.views.memory import MemoryTable, MemoryView
-from infermux.tui.views.models import ModelsTable
+from infermux.tui.views.models import SORTS, ModelsTable
 from infermux.tui.views.routing import RoutingTable, RoutingView
 from infermux.tui.views.table import KeyedTable
 
@@ -83,6 +83,7 @@ class TopApp(App):
         Binding("R", "do('reload')", "reload"),
         Binding("question_mark", "keys", "keys", key_display="?"),
         Binding("slash", "filter", "filter", key_display="/", show=False),
+        Binding("s", "sort", "sort", show=False),
         Binding("w", "do('weights')", "weights", show=False),
         Binding("d", "do('drain')", "drain", show=False),
         Binding("f", "do('fallback')", "fallback", show=False),
@@ -227,6 +228,15 @@ class TopApp(App):
 
         hint = "enter to apply, empty for every model, escape to cancel"
         self.push_screen(PromptScreen("Show models matching", self.models_table.filter_text, hint), chosen)
+
+    def action_sort(self) -> None:
+        """Cycle the models table's order: the daemon's, then QPS, p99, 500s, memory (largest first)."""
+        order = ["", *SORTS]
+        table = self.models_table
+        table.sort_by = order[(order.index(table.sort_by) + 1) % len(order)]
+        self.notify(f"models sorted by {table.sort_by}, largest first" if table.sort_by else
+                    "models in the daemon's order", timeout=2)
+        self.refresh_views()
 
     def action_tab(self, tab: str) -> None:
         if self.screen is self.main:

@@ -16,6 +16,7 @@ from infermux.tui.actions import ACTIONS
 
 VIEW_KEYS = (("1 2 3 4", "models, memory, routing, events tab"), ("enter", "the selected version in depth"),
              ("/", "show only the models matching a text (empty: all)"),
+             ("s", "sort the models by QPS, p99, 500s, memory, then back to the daemon's order"),
              ("escape", "back from the detail screen"), ("↑ ↓ j k", "move the selection"),
              ("ctrl+p", "command palette: every action by name"), ("q", "quit"))
 

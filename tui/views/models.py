@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from infermux.tui import format as fmt
 from infermux.tui.views.table import Cell, Col, KeyedTable
@@ -21,6 +21,17 @@ def queue_style(depth: int, limit: int) -> str:
     return ""
 
 
+def _stat(name: str) -> Callable[[dict[str, Any]], float]:
+    return lambda m: float((m.get("stats") or {}).get(name) or 0)
+
+
+SORTS: dict[str, Callable[[dict[str, Any]], float]] = {
+    "qps": _stat("qps"), "p99": _stat("p99_us"),
+    "errors": lambda m: float(((m.get("stats") or {}).get("by_status") or {}).get("500", 0)),
+    "memory": lambda m: float(m.get("memory_bytes") or 0),
+}
+
+
 class ModelsTable(KeyedTable):
     """name, version, placement, state, contexts, queue, in flight, QPS, p50, p99, 500s, memory."""
 
@@ -33,10 +44,15 @@ class ModelsTable(KeyedTable):
 
     #: Only rows whose model:version holds this text (the `/` key); "" shows all.
     filter_text = ""
+    #: The column rows are sorted by, largest first (the `s` key cycles SORTS); "" keeps the daemon's order.
+    sort_by = ""
 
     def update_from(self, snapshot: dict[str, Any]) -> None:
         needle = self.filter_text.lower()
-        self.sync((key, cells) for key, cells in self.row_cells(snapshot) if needle in key.lower())
+        models = [m for m in snapshot.get("models", []) if needle in fmt.version_key(m).lower()]
+        if self.sort_by:
+            models.sort(key=SORTS[self.sort_by], reverse=True)
+        self.sync(self.row_cells({"models": models}))
 
     @staticmethod
     def row_cells(snapshot: dict[str, Any]) -> Iterator[tuple[str, dict[str, Cell]]]:
