@@ -109,6 +109,8 @@ def _field(text: str, key: str) -> str:
 class TracebackLimiter(logging.Filter):
     """Passes the first record of each kind that carries a traceback; counts the rest per interval.
 
+    A warning's first record loses its traceback and names the exception
+    instead (one line, as before); an error's keeps it.
     A kind is the logger, the formatted message and the exception type: each
     context of a broken model is its own kind, each request is not. While a
     kind repeats, one line every `interval_s` says how many more there were;
@@ -140,6 +142,9 @@ class TracebackLimiter(logging.Filter):
                 return False
             kind = self._kinds[key] = _Repeats(record.name, record.levelno, message)
             self._arm(key, kind)
+        if record.levelno < logging.ERROR:
+            # A warning (a backend that raised on a request) keeps to one line: its reason, no traceback.
+            record.msg, record.args, record.exc_info, record.exc_text = message, (), None, None
         self._event(kind, 0)
         return True
 
@@ -175,8 +180,8 @@ class TracebackLimiter(logging.Filter):
             self._report(kind, count)
 
     def _report(self, kind: _Repeats, count: int) -> None:
-        logging.getLogger(kind.logger).log(kind.level, "%s: %d more like this (traceback above, not repeated)",
-                                           kind.message, count)
+        where = "traceback above, not repeated" if kind.level >= logging.ERROR else "the first is above"
+        logging.getLogger(kind.logger).log(kind.level, "%s: %d more like this (%s)", kind.message, count, where)
         self._event(kind, count)
 
     def _event(self, kind: _Repeats, repeated: int) -> None:

@@ -84,6 +84,21 @@ def test_the_limiter_passes_one_of_each_kind_and_counts_the_rest() -> None:
     assert kinds == [("a", "1", 0), ("b", "2", 0), ("a", "1", 0), ("a", "1", 4)]
 
 
+def test_a_warning_with_an_exception_is_one_line_naming_it_then_counts() -> None:
+    logger, out, limiter, _ = _limited()
+    for _ in range(3):
+        try:
+            raise RuntimeError("engine lost")
+        except RuntimeError:
+            logger.warning("inference failed model=m version=1 context=0", exc_info=True)
+    limiter.flush()
+    assert "Traceback" not in out.getvalue() and limiter.total == 3
+    assert out.getvalue().splitlines() == [
+        "inference failed model=m version=1 context=0: RuntimeError: engine lost",
+        "inference failed model=m version=1 context=0: RuntimeError: engine lost: 2 more like this "
+        "(the first is above)"]
+
+
 def test_after_a_flush_the_next_of_a_kind_shows_its_traceback_again() -> None:
     logger, out, limiter, _ = _limited()
     _fail(logger, "failed", ValueError("x"))

@@ -196,7 +196,7 @@ class Executor:
             return
         except Exception as exc:
             log.warning("inference failed model=%s version=%s context=%d", self.name, self.version, self.index,
-                        exc_info=True)  # the first of a kind with its traceback, then counts (events.py)
+                        exc_info=True)  # the first of a kind names its exception, then counts (events.py)
             self._fail(jobs, Status.BACKEND_ERROR, f"backend error: {str(exc)[:500]}")
             return
         finally:
