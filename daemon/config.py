@@ -16,7 +16,7 @@ from typing import Any, Mapping
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[import-not-found]
 
 STRATEGIES = ("least_queue", "weighted", "hash")
 MODES = ("inproc", "multiproc")
@@ -52,6 +52,7 @@ class DaemonConfig:
     allow_insecure_tcp: bool = False
     drain_timeout_s: float = 10.0
     log_level: str = "info"
+    traceback_interval_s: float = 10.0  # a repeated traceback: logged once, then a count per interval (events.py)
     metrics_port: int = 0
     inline_max_us: int = 500        # compute on the frontend thread when idle and this short (inline.py)
     inline_busy_max_us: int = 100   # ... and when other requests wait, only this short
@@ -190,7 +191,7 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
             _positive(file, f"daemon.{key}", raw[key], 0)
     if "watch" in raw:
         _check_type(file, "daemon.watch", raw["watch"], bool)
-    for key in ("watch_settle_s", "watch_debounce_s", "watch_rescan_s"):
+    for key in ("watch_settle_s", "watch_debounce_s", "watch_rescan_s", "traceback_interval_s"):
         if key in raw:
             _check_type(file, f"daemon.{key}", raw[key], (int, float))
             if raw[key] < 0:
@@ -527,3 +528,34 @@ def resolve_endpoint(endpoint: str, run_dir: Path) -> str:
     if endpoint.startswith("ipc://") and not endpoint[len("ipc://"):].startswith(("/", "@")):
         return f"ipc://{run_dir / endpoint[len('ipc://'):]}"
     return endpoint
+
+
+# What a client command needs from the [daemon] table: where the sockets are.
+SOCKET_FIELDS = ("listen", "admin", "stats", "runtime_dir", "shared_memory")
+
+
+def load_sockets(path: str | os.PathLike[str]) -> DaemonConfig:
+    """Only the socket settings of a configuration file, for `status`, `ctl`, `infer`, `bench` and `tune`.
+
+    Nothing else is validated: an operator who has just broken a model's
+    settings must still reach the daemon to see `status` and to `ctl reload`
+    (which the daemon then refuses with the reason). A socket field of the
+    wrong type keeps its default. Raises ConfigError when the file cannot be
+    read or is not TOML.
+    """
+    file = Path(path).expanduser().resolve()
+    try:
+        data = tomllib.loads(file.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(file, "", f"cannot read: {exc.strerror}") from None
+    except (UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(file, "", f"not valid TOML: {exc}") from None
+    table = data.get("daemon")
+    table = table if isinstance(table, dict) else {}
+    raw: dict[str, Any] = {k: table[k] for k in SOCKET_FIELDS if isinstance(table.get(k), str)}
+    listen = table.get("listen")
+    if isinstance(listen, list) and listen and all(isinstance(ep, str) for ep in listen):
+        raw["listen"] = tuple(listen)
+    elif isinstance(listen, str):
+        raw["listen"] = (listen,)
+    return DaemonConfig(**raw)

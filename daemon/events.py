@@ -3,11 +3,19 @@
 Loads, swaps, failures, evictions and admin actions go through `emit`; the
 log gets a `key=value` line, the ring keeps recent history for the admin
 `events` command, and subscribers (the stats publisher) see each event.
+
+Errors logged with a traceback (a backend that raises, a bug answered 500)
+go through TRACEBACKS, a filter on the daemon's log handler: the first of a
+kind is written with its traceback and becomes an `error` event; repeats
+are counted and written as one line (and one event) per interval, so a
+plugin that fails every request cannot flood the journal.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
+import re
 import threading
 import time
 from collections import deque
@@ -46,7 +54,7 @@ def _quote(value: Any) -> str:
     return f'"{text}"' if (" " in text or not text) else text
 
 
-_LEVELS = {"failed": logging.ERROR, "crashed": logging.ERROR, "evicted": logging.WARNING,
+_LEVELS = {"error": logging.ERROR, "failed": logging.ERROR, "crashed": logging.ERROR, "evicted": logging.WARNING,
            "refused": logging.WARNING, "rejected": logging.WARNING}
 
 
@@ -61,6 +69,10 @@ class EventLog:
     def emit(self, kind: str, model: str = "", version: str = "", **detail: Any) -> Event:
         event = Event(kind, model, version, detail)
         log.log(_LEVELS.get(kind, logging.INFO), event.line())
+        return self.record(event)
+
+    def record(self, event: Event) -> Event:
+        """Keep and publish `event` without a log line (its record is already in the log)."""
         with self._lock:
             self._recent.append(event)
             subscribers = list(self._subscribers)
@@ -75,3 +87,119 @@ class EventLog:
     def subscribe(self, callback: Callable[[Event], None]) -> None:
         with self._lock:
             self._subscribers.append(callback)
+
+
+@dataclass
+class _Repeats:
+    """One kind of traceback: where it was logged and how often since the last line about it."""
+
+    logger: str
+    level: int
+    message: str
+    count: int = 0
+    timer: threading.Timer | None = None
+
+
+def _field(text: str, key: str) -> str:
+    """`model=bad version=1 ...` -> the value of `key`, or ""."""
+    found = re.search(rf"\b{key}=(\S+)", text)
+    return found.group(1) if found else ""
+
+
+class TracebackLimiter(logging.Filter):
+    """Passes the first record of each kind that carries a traceback; counts the rest per interval.
+
+    A warning's first record loses its traceback and names the exception
+    instead (one line, as before); an error's keeps it.
+    A kind is the logger, the formatted message and the exception type: each
+    context of a broken model is its own kind, each request is not. While a
+    kind repeats, one line every `interval_s` says how many more there were;
+    an interval without any ends the kind, so the next one shows its
+    traceback again. `total` counts every such record (the daemon's
+    internal errors, shown by `status` and /metrics).
+    """
+
+    def __init__(self, interval_s: float = 10.0) -> None:
+        super().__init__()
+        self.interval_s = interval_s
+        self.total = 0
+        self.events: EventLog | None = None  # set by `infermux serve`: errors become events too
+        self._kinds: dict[tuple[str, str, str], _Repeats] = {}
+        self._lock = threading.Lock()
+        atexit.register(self.flush)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.exc_info or record.exc_info[0] is None:
+            return True
+        exc = record.exc_info[1]
+        message = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
+        key = (record.name, record.getMessage(), type(exc).__name__)
+        with self._lock:
+            self.total += 1
+            kind = self._kinds.get(key)
+            if kind is not None:
+                kind.count += 1
+                return False
+            kind = self._kinds[key] = _Repeats(record.name, record.levelno, message)
+            self._arm(key, kind)
+        if record.levelno < logging.ERROR:
+            # A warning (a backend that raised on a request) keeps to one line: its reason, no traceback.
+            record.msg, record.args, record.exc_info, record.exc_text = message, (), None, None
+        self._event(kind, 0)
+        return True
+
+    def _arm(self, key: tuple[str, str, str], kind: _Repeats) -> None:
+        kind.timer = threading.Timer(self.interval_s, self._close_interval, (key,))
+        kind.timer.daemon = True
+        kind.timer.start()
+
+    def _close_interval(self, key: tuple[str, str, str]) -> None:
+        """The interval of `key` ended: write its count, or forget it after a quiet interval."""
+        with self._lock:
+            kind = self._kinds.get(key)
+            if kind is None:
+                return
+            count, kind.count = kind.count, 0
+            if count:
+                self._arm(key, kind)
+            else:
+                del self._kinds[key]
+        if count:
+            self._report(kind, count)
+
+    def flush(self) -> None:
+        """Write every pending count now (at exit: no repeat goes unsaid)."""
+        with self._lock:
+            pending = [(kind, kind.count) for kind in self._kinds.values() if kind.count]
+            for kind in self._kinds.values():
+                kind.count = 0
+                if kind.timer is not None:
+                    kind.timer.cancel()
+            self._kinds.clear()
+        for kind, count in pending:
+            self._report(kind, count)
+
+    def _report(self, kind: _Repeats, count: int) -> None:
+        where = "traceback above, not repeated" if kind.level >= logging.ERROR else "the first is above"
+        logging.getLogger(kind.logger).log(kind.level, "%s: %d more like this (%s)", kind.message, count, where)
+        self._event(kind, count)
+
+    def _event(self, kind: _Repeats, repeated: int) -> None:
+        if self.events is not None:
+            detail: dict[str, Any] = {"reason": kind.message[:300]}
+            if repeated:
+                detail["repeated"] = repeated
+            self.events.record(Event("error", _field(kind.message, "model"), _field(kind.message, "version"),
+                                     detail))
+
+
+#: The daemon's one limiter: `infermux serve` puts it on the log handler (the log is process-wide too).
+TRACEBACKS = TracebackLimiter()
+
+
+def limit_tracebacks() -> TracebackLimiter:
+    """Put TRACEBACKS on every handler of the root logger (after logging is configured)."""
+    for handler in logging.getLogger().handlers:
+        if TRACEBACKS not in handler.filters:
+            handler.addFilter(TRACEBACKS)
+    return TRACEBACKS

@@ -278,6 +278,23 @@ def test_every_cli_subcommand_is_completed_and_documented():
     assert set(listed) <= set(documented), "document every subcommand in packaging/infermux.1"
 
 
+def test_completion_offers_the_admin_commands_after_ctl():
+    from infermux.admin.commands import COMMANDS
+
+    assert _complete(["infermux", "ctl", "re"], path="/usr/bin:/bin") == ["resume", "reload"]
+    listed = re.search(r'_infermux_ctl_commands="([^"]*)"', COMPLETION.read_text()).group(1).split()
+    assert set(listed) == set(COMMANDS), "list every admin command in the bash completion"
+
+
+def test_completion_reads_the_client_commands_new_flags_from_their_help():
+    if not shutil.which("infermux", path=str(Path(sys.executable).parent)):
+        pytest.skip("the infermux console script is not installed beside this Python")
+    got = _complete(["infermux", "status", "--"], path=f"{Path(sys.executable).parent}:/usr/bin:/bin")
+    assert {"--check", "--json", "--endpoint", "--admin", "--config"} <= set(got)
+    got = _complete(["infermux", "ctl", "--t"], path=f"{Path(sys.executable).parent}:/usr/bin:/bin")
+    assert got == ["--timeout"]
+
+
 def test_man_page_renders_without_warnings():
     system_packages.require({"man": "man-db"})
     man = shutil.which("man")

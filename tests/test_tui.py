@@ -270,3 +270,125 @@ def test_views_skip_a_snapshot_that_arrives_before_they_are_composed_or_after_th
 
     for view in (MemoryView(), RoutingView()):
         view.update_from({"daemon": {"memory": {}, "routing": {}}, "models": []})
+
+
+# -- what an operator at 80 columns must be able to read (issue 21) ---------------------------------------
+
+
+async def test_the_status_line_says_the_figures_are_stale_when_the_daemon_goes() -> None:
+    import tui_data
+    from infermux.tui.feed import LinkChanged
+
+    app = TopApp(StaticFeed(tui_data.snapshot()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: "accepting" in screen_text(app), what="the live status line")
+        assert "pid 4242" in screen_text(app).splitlines()[0]  # the pid survives 80 columns
+        app.post_message(LinkChanged(False, "daemon not reachable at ipc:///x, retrying"))
+        await until(pilot, lambda: "STALE" in screen_text(app), what="the stale marker")
+        status = screen_text(app).splitlines()[0]
+        assert "as of" in status and "accepting" not in status
+
+
+async def test_question_mark_opens_infermuxs_keys_first() -> None:
+    import tui_data
+    from infermux.tui.keys import KeysScreen
+
+    app = TopApp(StaticFeed(tui_data.snapshot()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.models_table.keys())
+        await pilot.press("question_mark")
+        await until(pilot, lambda: isinstance(app.screen, KeysScreen), what="the keys screen")
+        text = screen_text(app)
+        assert "drain and unload the selected version" in text and "Scroll Left" not in text
+        await pilot.press("escape")
+        assert app.screen is app.main
+
+
+async def test_a_daemon_action_is_titled_for_the_daemon_not_the_selected_row() -> None:
+    import tui_data
+
+    app = TopApp(StaticFeed(tui_data.snapshot()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.models_table.keys())
+        await pilot.press("D")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await until(pilot, lambda: notified(app, "read-only"), what="the (refused) answer")
+        assert [n.title for n in app._notifications] == ["Drain daemon"]
+
+
+def test_a_set_answer_reads_as_the_operator_typed_it() -> None:
+    from infermux.tui.actions import summary
+
+    assert summary("set", {"ok": True, "set": {"weights": {"1": 7, "2": 3}}}) == "set weights=1:7,2:3"
+
+
+async def test_the_models_table_counts_500s_in_its_own_column() -> None:
+    import tui_data
+
+    snap = tui_data.snapshot()
+    snap["models"][0]["stats"]["by_status"] = {"200": 18_000, "500": 12_345}
+    app = TopApp(StaticFeed(snap))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.models_table.keys())
+        assert app.models_table.cell_text("detector:2", "errors") == "12k"
+        assert app.models_table.cell_text("detector:1", "errors") == "0"
+        assert "ERR" in screen_text(app) and "detector_lite" in screen_text(app)  # the longest name fits
+
+
+async def test_long_reasons_wrap_in_events_and_in_the_detail_at_80_columns() -> None:
+    import tui_data
+
+    reason = "engine built for TensorRT 10.3, this device has 8.6: rebuild it with infermux build"
+    events = [{"time": tui_data.T0, "kind": "failed", "model": "segmenter", "version": "1", "reason": reason}]
+    app = TopApp(StaticFeed(tui_data.snapshot(), events))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.models_table.keys())
+        await pilot.press("4")
+        await until(pilot, lambda: "with infermux build" in screen_text(app), what="the event's whole reason")
+        await pilot.press("1")
+        app.models_table.select("segmenter:1")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ModelScreen))
+        await until(pilot, lambda: "rebuild it with infermux build" in screen_text(app).replace("\n", " "),
+                    what="the whole failure reason in the detail")
+
+
+def test_the_batch_histogram_keeps_each_count_on_its_line() -> None:
+    from rich.text import Text
+
+    from infermux.tui.views.detail import BATCHES_WIDTH, batches_text
+
+    text = batches_text({"1": 123_456, "8": 99})
+    assert all(len(Text.from_markup(line).plain) <= BATCHES_WIDTH - 2 for line in text.splitlines())
+
+
+async def test_slash_filters_the_models_table_and_an_empty_filter_shows_all() -> None:
+    import tui_data
+
+    app = TopApp(StaticFeed(tui_data.snapshot()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: len(app.models_table.keys()) == 6)
+        await pilot.press("slash")
+        await until(pilot, lambda: isinstance(app.screen, PromptScreen))
+        await pilot.press(*"det", "enter")
+        await until(pilot, lambda: app.models_table.keys() == ["detector:2", "detector:1", "detector_lite:1"],
+                    what="the filtered rows")
+        await pilot.press("slash")
+        await until(pilot, lambda: isinstance(app.screen, PromptScreen))
+        await pilot.press("ctrl+a", "ctrl+k", "enter")
+        await until(pilot, lambda: len(app.models_table.keys()) == 6, what="every row again")
+
+
+async def test_s_sorts_the_models_by_qps_then_cycles_back() -> None:
+    import tui_data
+
+    app = TopApp(StaticFeed(tui_data.snapshot()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: len(app.models_table.keys()) == 6)
+        daemon_order = app.models_table.keys()
+        await pilot.press("s")
+        await until(pilot, lambda: app.models_table.keys()[:3] == ["detector:2", "plates:3", "detector:1"],
+                    what="rows by QPS")
+        await pilot.press("s", "s", "s", "s")
+        await until(pilot, lambda: app.models_table.keys() == daemon_order, what="the daemon's order again")

@@ -92,6 +92,13 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
 )}
 
 
+def _text(value: Any) -> str:
+    """A setting as the operator typed it: weights {"1": 7, "2": 3} -> 1:7,2:3, not a Python repr."""
+    if isinstance(value, dict):
+        return ",".join(f"{k}:{v}" for k, v in value.items())
+    return str(value)
+
+
 def summary(cmd: str, reply: dict[str, Any]) -> str:
     """The daemon's answer in one line for a notification."""
     if not reply.get("ok"):
@@ -99,7 +106,7 @@ def summary(cmd: str, reply: dict[str, Any]) -> str:
     if reply.get("message"):
         return str(reply["message"])
     if cmd == "set":
-        return "set " + ", ".join(f"{k}={v}" for k, v in (reply.get("set") or {}).items())
+        return "set " + ", ".join(f"{k}={_text(v)}" for k, v in (reply.get("set") or {}).items())
     if cmd == "load":
         return f"loaded in {reply.get('load_ms', '?')} ms"
     if cmd == "unload":

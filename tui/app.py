@@ -8,7 +8,7 @@ commands run on worker threads so a slow `load` never freezes the screen.
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Iterable
+from typing import Any, Iterable, Protocol
 
 from rich.markup import escape
 from textual import work
@@ -22,29 +22,37 @@ from infermux.tui.actions import ACTIONS, Refused, summary
 from infermux.tui.dialogs import ConfirmScreen, PromptScreen
 from infermux.tui.feed import EventsArrived, Feed, LinkChanged, SnapshotReady
 from infermux.tui.history import History
+from infermux.tui.keys import KeysScreen
 from infermux.tui.palette import ModelCommands
 from infermux.tui.views.detail import ModelScreen
 from infermux.tui.views.events import EventsLog, EventStore
 from infermux.tui.views.memory import MemoryTable, MemoryView
-from infermux.tui.views.models import ModelsTable
+from infermux.tui.views.models import SORTS, ModelsTable
 from infermux.tui.views.routing import RoutingTable, RoutingView
 from infermux.tui.views.table import KeyedTable
 
 TABS = ("models", "memory", "routing", "events")
 
 
-def status_text(snapshot: dict[str, Any]) -> str:
-    """The one-line summary above the tabs; least useful last, since 80 columns cut the end."""
+def status_text(snapshot: dict[str, Any], stale: bool = False) -> str:
+    """The one-line summary above the tabs; least useful last, since 80 columns cut the end.
+
+    `stale`: the daemon stopped answering; the figures are the last ones seen, greyed, with their time."""
     d = snapshot.get("daemon") or {}
     mem = d.get("memory") or {}
     states = d.get("states") or {}
     accepting = "[green]accepting[/]" if d.get("accepting", True) else "[b reverse red] DRAINING [/]"
-    parts = [f"up {fmt.duration(d.get('uptime_s', 0))}", f"{d.get('requests', 0)} req", accepting,
-             f"{states.get('ready', 0)}/{sum(states.values())} ready"]
+    parts = [f"up {fmt.duration(d.get('uptime_s', 0))}", f"pid {d.get('pid', '?')}", f"{d.get('requests', 0)} req",
+             accepting, f"{states.get('ready', 0)}/{sum(states.values())} ready"]
     if states.get("failed"):
         parts.append(f"[b red]{states['failed']} failed[/]")
+    if d.get("internal_errors"):
+        parts.append(f"[b red]{d['internal_errors']} err[/]")
     parts += [f"mem {fmt.size(mem.get('models_bytes'))}/{fmt.size(mem.get('budget_bytes'))}",
-              f"[b]infermux[/] {escape(str(d.get('version', '?')))} pid {d.get('pid', '?')}"]
+              f"[b]infermux[/] {escape(str(d.get('version', '?')))}"]
+    if stale:
+        when = fmt.clock(float(snapshot["time"])) if snapshot.get("time") else "?"
+        return f"[b reverse red] STALE [/] as of {when} · [dim]" + " · ".join(parts[:3]) + "[/]"
     return " · ".join(parts)
 
 
@@ -74,6 +82,8 @@ class TopApp(App):
         Binding("p", "do('pin_toggle')", "pin"),
         Binding("R", "do('reload')", "reload"),
         Binding("question_mark", "keys", "keys", key_display="?"),
+        Binding("slash", "filter", "filter", key_display="/", show=False),
+        Binding("s", "sort", "sort", show=False),
         Binding("w", "do('weights')", "weights", show=False),
         Binding("d", "do('drain')", "drain", show=False),
         Binding("f", "do('fallback')", "fallback", show=False),
@@ -91,6 +101,7 @@ class TopApp(App):
         self.history = History()
         self.events = EventStore()
         self.link_ok = False
+        self.stale = False  # the daemon went away: the status line says the figures are old
         self.snapshots_seen = 0
         self._shown_tab = "models"
         self._last_key: str | None = None
@@ -132,6 +143,7 @@ class TopApp(App):
         if snapshot is None:
             return
         self.snapshot = snapshot
+        self.stale = False
         self.snapshots_seen += 1
         self.history.add(snapshot)
         self.refresh_views()
@@ -146,11 +158,11 @@ class TopApp(App):
             return
         # Widgets of a covered screen are not touched: Textual would repaint the whole
         # top screen for them.
-        self.status_line.update(status_text(self.snapshot), layout=False)  # one fixed line: no relayout
-        views: dict[str, ModelsTable | MemoryView | RoutingView] = {
-            "models": self.models_table, "memory": self.memory_view, "routing": self.routing_view}
-        view = views.get(self._tab)  # the events tab has nothing to update
-        if view is not None:
+        self.status_line.update(status_text(self.snapshot, self.stale), layout=False)  # one fixed line: no relayout
+        views: dict[str, _Updates] = {"models": self.models_table, "memory": self.memory_view,
+                                      "routing": self.routing_view}
+        view = views.get(self._tab)
+        if view is not None:  # the events tab fills itself from EventsArrived
             view.update_from(self.snapshot)
 
     def on_events_arrived(self, message: EventsArrived) -> None:
@@ -164,6 +176,9 @@ class TopApp(App):
         self.link_ok = message.ok
         self.banner.update(escape(message.text))
         self.banner.display = not message.ok
+        if not message.ok and self.snapshot:
+            self.stale = True
+            self.status_line.update(status_text(self.snapshot, stale=True), layout=False)
 
     # -- navigation ---------------------------------------------------------------
 
@@ -194,11 +209,34 @@ class TopApp(App):
                 "routing": self.routing_view.query_one(RoutingTable)}.get(tab)
 
     def action_keys(self) -> None:
-        """Toggle the panel listing every key (the footer has room for the common ones only)."""
+        """infermux's keys and what each does (the footer has room for the common ones only)."""
         if self.screen.query("HelpPanel"):
             self.action_hide_help_panel()
-        else:
-            self.action_show_help_panel()
+        elif not isinstance(self.screen, KeysScreen):
+            self.push_screen(KeysScreen(self.BINDINGS))
+
+    def action_filter(self) -> None:
+        """Show only the models whose name:version holds the text typed (`/`, then enter; empty: all)."""
+        if self.screen is not self.main:
+            return
+
+        def chosen(text: str | None) -> None:
+            if text is not None:
+                self.models_table.filter_text = text.strip()
+                self.query_one(TabbedContent).active = "models"
+                self.refresh_views()
+
+        hint = "enter to apply, empty for every model, escape to cancel"
+        self.push_screen(PromptScreen("Show models matching", self.models_table.filter_text, hint), chosen)
+
+    def action_sort(self) -> None:
+        """Cycle the models table's order: the daemon's, then QPS, p99, 500s, memory (largest first)."""
+        order = ["", *SORTS]
+        table = self.models_table
+        table.sort_by = order[(order.index(table.sort_by) + 1) % len(order)]
+        self.notify(f"models sorted by {table.sort_by}, largest first" if table.sort_by else
+                    "models in the daemon's order", timeout=2)
+        self.refresh_views()
 
     def action_tab(self, tab: str) -> None:
         if self.screen is self.main:
@@ -259,7 +297,7 @@ class TopApp(App):
         if action.scope == "version" and target is None:
             self.notify("no model selected (is the daemon connected?)", severity="warning")
             return
-        target = target or {}
+        target = (target or {}) if action.scope == "version" else {}  # "Drain daemon", not "... classifier:1"
         if action.prompt:
             self._prompt(action, target)
         else:
@@ -317,3 +355,8 @@ class TopApp(App):
             where = "" if action.scope == "daemon" else f" ({key})"
             yield SystemCommand(action.title + where, action.help, partial(self.action_do, action.name))
 
+
+class _Updates(Protocol):
+    """A view that redraws itself from a snapshot."""
+
+    def update_from(self, snapshot: dict[str, Any]) -> None: ...

@@ -30,6 +30,15 @@ def rate(value: float | None) -> str:
     return f"{value / 1000:.1f}k"
 
 
+def count(n: int) -> str:
+    """A cumulative count in at most 4 characters: 7 / 1234 / 12k / 3.4M."""
+    if n < 10_000:
+        return str(n)
+    if n < 1_000_000:
+        return f"{n // 1000}k"
+    return f"{n / 1e6:.1f}M"
+
+
 def size(n: float | None) -> str:
     """Bytes in binary units, at most 5 characters: 512B / 31M / 1.2G."""
     if not n:

@@ -36,7 +36,7 @@ def endpoints(args: argparse.Namespace) -> tuple[str, str, str]:
     for which in ("admin", "stats"):
         given = getattr(args, which)
         ns = argparse.Namespace(endpoint=given, config=config, runtime_dir=args.runtime_dir)
-        found[which] = endpoint_from(ns, which)
+        found[which] = endpoint_from(ns, which, check=False)  # the console waits for the daemon: no check
     return found["admin"], found["stats"], config
 
 

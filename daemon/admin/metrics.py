@@ -108,6 +108,8 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
     out.family("infermux_memory_budget_bytes", "gauge", "Memory budget for models.", [({}, memory["budget_bytes"])])
     out.family("infermux_memory_models_bytes", "gauge", "Memory used by loaded models.", [({}, memory["models_bytes"])])
     out.family("infermux_process_resident_bytes", "gauge", "Daemon resident memory.", [({}, memory["rss_bytes"])])
+    out.family("infermux_internal_errors_total", "counter", "Errors logged with a traceback (500s among them).",
+               [({}, daemon["internal_errors"])])
     out.family("infermux_uptime_seconds", "gauge", "Seconds since the daemon started.", [({}, float(daemon["uptime_s"]))])
     _gpus(out, gpu.samples() if gpu is not None else [])
     _processes(out, _process_samples(server))

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from infermux import __version__
 from infermux.config import parse_budget
+from infermux.events import TRACEBACKS
 from infermux.models.registry import ModelVersion, State, rss_bytes
 
 if TYPE_CHECKING:
@@ -83,6 +84,8 @@ def daemon_view(server: "Server") -> dict[str, Any]:
         "version": __version__, "pid": os.getpid(), "uptime_s": round(time.time() - server.started, 1),
         "endpoints": server.endpoints, "config": str(server.config.path),
         "requests": server.requests, "accepting": not server.draining,
+        # Errors logged with a traceback (500s among them), repeats included: events.TRACEBACKS.
+        "internal_errors": TRACEBACKS.total,
         "memory": {"budget_bytes": budget, "models_bytes": server.registry.memory_used(),
                    "rss_bytes": rss_bytes(), "total_bytes": total},
         "states": {k: v for k, v in states.items() if v},

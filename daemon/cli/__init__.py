@@ -3,6 +3,7 @@
 Each subcommand lives in the module named for it and exposes
 `add_arguments(parser)` and `run(args) -> int`; this file only wires them,
 so `infermux --help` stays fast (heavy imports happen inside `run`).
+Failures reach the user as one line and an exit code (common.guarded).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 # subcommand -> (module, one-line help)
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -26,13 +28,20 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line that points at --help, not the whole usage block."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: {message} (see `{self.prog} --help`)\n")
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The top-level parser; only `command`'s module is imported (all when None)."""
     from infermux import __version__
 
-    parser = argparse.ArgumentParser(prog="infermux", description="Multi-model inference daemon for edge GPUs.")
+    parser = Parser(prog="infermux", description="Multi-model inference daemon for edge GPUs.")
     parser.add_argument("--version", action="version", version=f"infermux {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     for name, (module, help_text) in COMMANDS.items():
         if command is not None and name != command:
             sub.add_parser(name, help=help_text)
@@ -53,10 +62,9 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "_run", None):
         parser.print_help()
         return 2
-    try:
-        return int(args._run(args) or 0)
-    except KeyboardInterrupt:
-        return 130
+    from infermux.cli.common import guarded
+
+    return guarded(args._run, args)
 
 
 if __name__ == "__main__":

@@ -25,8 +25,9 @@ import numpy as np
 import zmq
 
 from infermux.client import Client
+from infermux.cli.common import NO_DAEMON, CliError, add_input_arguments, add_model_arguments, model_of
 from infermux.cli.infer import add_endpoint_arguments, endpoint_from, inputs_for
-from infermux.protocol import DTYPES, Reply, SharedTensor, Status, encode_request, parse_header
+from infermux.protocol import Reply, SharedTensor, Status, encode_request, parse_header
 from infermux.serving.stats import percentiles
 
 # progress(replies so far, seconds so far), called about once a second
@@ -237,20 +238,14 @@ def wait_ready(endpoint: str, model: str, inputs: Mapping[str, np.ndarray], *, t
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `infermux bench` (endpoint options shared with the other client commands)."""
+    add_model_arguments(parser, old_flag=True)  # `bench MODEL`, as infer and tune; `--model MODEL` still works
     add_endpoint_arguments(parser)
-    parser.add_argument("--model", required=True)
-    parser.add_argument("--version", help="model version (default: the model's default)")
     parser.add_argument("--concurrency", type=int, default=1, help="requests kept in flight (default 1)")
     stop = parser.add_mutually_exclusive_group()
     stop.add_argument("--requests", "-n", type=int, help="measure this many requests (default 1000)")
     stop.add_argument("--duration", "-d", type=float, help="measure for this many seconds")
     parser.add_argument("--warmup", type=int, default=100, help="unmeasured requests first (default 100)")
-    parser.add_argument("--shape", "-s", action="append", default=[], metavar="NAME=DIMS",
-                        help="an input of random data, e.g. images=1x3x64x64 (repeatable; with neither this "
-                        "nor --input, random inputs of the shapes the daemon reports for the model)")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="dtype of --shape inputs")
-    parser.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy",
-                        help="an input read from a .npy file (repeatable)")
+    add_input_arguments(parser)
     parser.add_argument("--key", help="affinity key for hash routing")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for any reply (default 10)")
     parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
@@ -289,11 +284,15 @@ def run(args: argparse.Namespace) -> int:
     from infermux.transport import curve
     from infermux.config import ConfigError
 
+    model_of(args)
     inputs = inputs_for(args)  # exits with a message on bad specs
     try:
         endpoint = endpoint_from(args)
-    except (ConfigError, OSError) as exc:
-        print(f"infermux bench: no endpoint: {exc} (give --endpoint or --config)", file=sys.stderr)
+    except TimeoutError:  # NoDaemon, an OSError too: exit 3, not a configuration problem
+        raise
+    except (ConfigError, OSError, CliError) as exc:
+        print(f"infermux bench: no endpoint: {getattr(exc, 'message', exc)} (give --endpoint or --config)",
+              file=sys.stderr)
         return 2
     try:
         keys = curve.options_from(args)
@@ -322,7 +321,7 @@ def run(args: argparse.Namespace) -> int:
     except (TimeoutError, ValueError, ConnectionError) as exc:
         progress.finish()
         print(f"infermux bench: {exc}", file=sys.stderr)
-        return 2
+        return NO_DAEMON if isinstance(exc, TimeoutError) else 2
     finally:
         if region is not None:
             inputs = fields = {}  # drop the arrays on the region before it is closed

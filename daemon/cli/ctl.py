@@ -4,9 +4,12 @@
     infermux ctl set det_v2 weights=2.1:90,2.2:10
     infermux ctl pin det_v2 2.1
     infermux ctl drain            # stop accepting; `infermux ctl resume` to reopen
+    infermux ctl models           # each version's inputs and outputs (--json: everything)
+    infermux ctl events           # recent events, one line each with an ISO time (--json: as sent)
 
 Exit codes: 0 done, 1 the daemon refused (the reason is printed), 2 usage,
-3 the daemon did not answer.
+3 the daemon did not answer (within 5 s; a command it has accepted may then
+take up to --timeout).
 """
 
 from __future__ import annotations
@@ -16,7 +19,9 @@ import json
 import sys
 from typing import Any
 
-from infermux.cli.infer import add_endpoint_arguments, endpoint_from
+from infermux.cli.common import USAGE, CliError, add_endpoint_arguments, endpoint_from
+
+PING_S = 5.0  # how long an absent daemon may keep an operator waiting
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,16 +30,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.epilog = "commands:\n" + "\n".join(f"  {n:<8} {c.help}" for n, c in COMMANDS.items())
     parser.add_argument("cmd", metavar="COMMAND", choices=sorted(COMMANDS), help="admin command")
-    parser.add_argument("words", nargs="*", metavar="ARG", help="MODEL, VERSION and key=value settings")
-    add_endpoint_arguments(parser)
+    parser.add_argument("words", nargs="*", default=[], metavar="ARG", help="MODEL, VERSION and key=value settings")
+    add_endpoint_arguments(parser, admin=True)
     parser.add_argument("--json", action="store_true", help="print the raw JSON reply")
+    parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
+                        help="how long a command the daemon answers may take (a load, a drain; default 600)")
 
 
 def parse_value(key: str, text: str) -> Any:
     """`3` -> 3, `2.1:90,2.2:10` -> {"2.1": 90, "2.2": 10} for weights, JSON where it parses, else text."""
     if key == "weights" and not text.startswith("{"):
-        pairs = (item.rsplit(":", 1) for item in text.split(",") if item)
-        return {version: int(weight) for version, weight in pairs}
+        try:
+            pairs = (item.rsplit(":", 1) for item in text.split(",") if item)
+            return {version: int(weight) for version, weight in pairs}
+        except ValueError:
+            raise ValueError(f"weights={text!r}: write VERSION:WEIGHT,... (e.g. 2.1:90,2.2:10)") from None
     try:
         return json.loads(text)
     except ValueError:
@@ -56,25 +66,73 @@ def request_args(words: list[str]) -> dict[str, Any]:
     return args
 
 
+def short_models(models: list[dict[str, Any]]) -> str:
+    """Per version: state and placement, then each input and output as `name dtype shape` (-1: any size)."""
+    lines = []
+    for m in models:
+        marks = ", ".join(filter(None, [m.get("placement"), m.get("state"), "default" if m.get("default") else "",
+                                        "pinned" if m.get("pinned") else ""]))
+        lines.append(f"{m['name']}:{m['version']}  ({marks})")
+        for kind in ("inputs", "outputs"):
+            for spec in m.get(kind, []):
+                lines.append(f"  {kind[:-1]:<6} {spec['name']:<16} {spec['dtype']:<8} {spec['shape']}")
+        if "inputs" not in m:
+            lines.append(f"  (tensors known once loaded{': ' + m['reason'] if m.get('reason') else ''})")
+    return "\n".join(lines)
+
+
+def event_target(event: dict[str, Any]) -> str:
+    """`model:version` of an event; an admin entry names its model only in its arguments."""
+    model, version = event.get("model") or "", event.get("version") or ""
+    if not model and isinstance(event.get("args"), str):
+        try:
+            args = json.loads(event["args"])
+        except ValueError:
+            args = {}
+        if isinstance(args, dict):
+            model, version = str(args.get("model") or ""), str(args.get("version") or "")
+    return f"{model}:{version}" if model and version else model
+
+
+def short_events(events: list[dict[str, Any]]) -> str:
+    """One line per event: ISO time (UTC), kind, model:version, the rest as key=value."""
+    from datetime import datetime, timezone
+
+    skip = ("time", "kind", "model", "version")
+    lines = []
+    for e in events:
+        when = datetime.fromtimestamp(float(e.get("time", 0)), timezone.utc).isoformat(timespec="milliseconds")
+        rest = " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in e.items() if k not in skip)
+        lines.append(f"{when.replace('+00:00', 'Z')}  {e.get('kind', '?'):<9} {event_target(e) or '-'}  {rest}")
+    return "\n".join(lines)
+
+
+def show(cmd: str, reply: dict[str, Any], as_json: bool) -> None:
+    """Print a successful reply: JSON for scripts and the data commands, else one `ok:` line."""
+    if cmd == "models" and not as_json:
+        print(short_models(reply.get("models", [])))
+    elif cmd == "events" and not as_json:
+        print(short_events(reply.get("events", [])))
+    elif as_json or cmd in ("models", "events", "status"):
+        print(json.dumps(reply, indent=2))
+    else:
+        print("ok: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in reply.items() if k != "ok"))
+
+
 def run(args: argparse.Namespace) -> int:
     from infermux.client import AdminClient
 
     try:
         request = request_args(args.words)
     except ValueError as exc:
-        print(f"infermux ctl: {exc}", file=sys.stderr)
-        return 2
-    try:
-        with AdminClient(endpoint_from(args, "admin"), timeout_s=600) as admin:
-            reply = admin.call(args.cmd, check=False, **request)
-    except TimeoutError as exc:
-        print(f"infermux: {exc}", file=sys.stderr)
-        return 3
-    if args.json or args.cmd in ("models", "events", "status"):
-        print(json.dumps(reply, indent=2))
-    elif reply.get("ok"):
-        print("ok: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in reply.items() if k != "ok"))
+        raise CliError(f"infermux ctl: {exc}", USAGE) from None
+    with AdminClient(endpoint_from(args, "admin"), timeout_s=args.timeout) as admin:
+        admin.ping(min(PING_S, args.timeout))  # an absent daemon fails now, not after --timeout
+        reply = admin.call(args.cmd, check=False, **request)
     if not reply.get("ok"):
+        if args.json:
+            print(json.dumps(reply, indent=2))
         print(f"infermux ctl {args.cmd}: {reply.get('error')}", file=sys.stderr)
         return 1
+    show(args.cmd, reply, args.json)
     return 0

@@ -15,49 +15,30 @@ from typing import Any
 
 import numpy as np
 
-from infermux.protocol import DTYPES
+from infermux.cli.common import (NO_DAEMON, USAGE, CliError, add_endpoint_arguments, add_input_arguments,
+                                 add_model_arguments, endpoint_from, model_of)
+from infermux.client.inference import AdminError
+
+__all__ = ["add_endpoint_arguments", "endpoint_from", "inputs_for", "parse_inputs", "random_inputs", "run"]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", help="model name")
+    add_model_arguments(parser)
     add_endpoint_arguments(parser)
-    parser.add_argument("--version", help="model version (default: the model's default)")
-    parser.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy",
-                        help="an input from a .npy file (repeatable)")
-    parser.add_argument("--shape", "-s", action="append", default=[], metavar="NAME=1x3x64x64",
-                        help="a random input of this shape (repeatable; with neither this nor --input, "
-                        "random inputs of the shapes the daemon reports for the model)")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="dtype of --shape inputs")
+    add_input_arguments(parser)
     parser.add_argument("--timeout-ms", type=int, help="deadline for this request")
     parser.add_argument("--key", help="affinity key for hash routing")
     parser.add_argument("--output", "-o", action="append", help="only return these outputs")
+    parser.add_argument("--top", type=int, default=5, metavar="K",
+                        help="for a 2-D float output (a classifier's scores), print each row's K best "
+                        "classes (default 5; 0: none)")
     parser.add_argument("--save", metavar="DIR", help="write each output to DIR/NAME.npy")
     parser.add_argument("--json", action="store_true", help="print the reply header as JSON only")
+    parser.add_argument("--timeout", type=float, default=10.0, metavar="SECONDS",
+                        help="seconds to wait for the reply (default 10)")
     from infermux.transport import curve
 
     curve.add_arguments(parser)
-
-
-def add_endpoint_arguments(parser: argparse.ArgumentParser) -> None:
-    """--endpoint / --config / --runtime-dir, shared by every client command."""
-    parser.add_argument("--endpoint", "-e", help="inference socket (default: the first `listen` of --config)")
-    parser.add_argument("--config", "-c", help="daemon configuration to take the endpoint from "
-                        "(default: $INFERMUX_CONFIG or /etc/infermux/infermux.toml)")
-    parser.add_argument("--runtime-dir", help="the daemon's --runtime-dir, if it was started with one")
-
-
-def endpoint_from(args: argparse.Namespace, which: str = "listen") -> str:
-    """The socket to talk to: --endpoint, else the config's `listen` (or admin/stats) resolved."""
-    import os
-
-    from infermux import config as cfg
-
-    if getattr(args, "endpoint", None):
-        return args.endpoint
-    path = args.config or os.environ.get("INFERMUX_CONFIG", "/etc/infermux/infermux.toml")
-    config = cfg.load(path)
-    raw = config.daemon.listen[0] if which == "listen" else getattr(config.daemon, which)
-    return cfg.resolve_endpoint(raw, cfg.runtime_dir(config.daemon, args.runtime_dir))
 
 
 def parse_inputs(files: list[str], shapes: list[str], dtype: str) -> dict[str, np.ndarray]:
@@ -65,14 +46,17 @@ def parse_inputs(files: list[str], shapes: list[str], dtype: str) -> dict[str, n
     inputs: dict[str, np.ndarray] = {}
     for item in files:
         name, _, file = item.partition("=")
-        inputs[name] = np.load(Path(file), allow_pickle=False)
+        try:
+            inputs[name] = np.load(Path(file), allow_pickle=False)
+        except (OSError, ValueError) as exc:
+            raise CliError(f"infermux: --input {item!r}: {exc}", USAGE) from None
     rng = np.random.default_rng(0)
     for item in shapes:
         name, _, dims = item.partition("=")
         try:
             shape = tuple(int(d) for d in dims.lower().split("x"))
         except ValueError:
-            raise SystemExit(f"infermux: --shape {item!r}: expected NAME=1x3x64x64") from None
+            raise CliError(f"infermux: --shape {item!r}: expected NAME=1x3x64x64", USAGE) from None
         inputs[name] = _random_array(rng, shape, np.dtype(dtype))
     return inputs
 
@@ -88,11 +72,16 @@ def inputs_for(args: argparse.Namespace) -> dict[str, np.ndarray]:
     inputs = parse_inputs(args.input, args.shape, args.dtype)
     if inputs:
         return inputs
+    hint = "give --shape NAME=DIMS or --input NAME=FILE.npy"
     try:
         specs = model_inputs(args)
-    except Exception as exc:  # no config, no daemon, no such model: say what to do instead
-        raise SystemExit(f"infermux: cannot ask the daemon for {args.model!r}'s inputs ({exc}); "
-                         f"give --shape NAME=DIMS or --input NAME=FILE.npy") from None
+    except TimeoutError as exc:
+        raise CliError(f"infermux: cannot ask the daemon for {args.model!r}'s inputs: {exc}; or {hint}",
+                       NO_DAEMON) from None
+    except (LookupError, AdminError) as exc:
+        raise CliError(f"infermux: cannot ask the daemon for {args.model!r}'s inputs: {exc}; {hint}") from None
+    except CliError as exc:  # no configuration to find the admin socket in
+        raise CliError(f"{exc.message}; or {hint}", exc.exit_code) from None
     return random_inputs(specs)
 
 
@@ -100,7 +89,10 @@ def model_inputs(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The input specs the admin socket reports for args.model (its default version, or args.version)."""
     from infermux.client import AdminClient
 
-    with AdminClient(getattr(args, "admin", None) or endpoint_from(args, "admin"), timeout_s=5.0) as admin:
+    admin_endpoint = endpoint_from(args, "admin")
+    if not admin_endpoint:
+        raise LookupError("no admin socket to ask (give --admin or --config)")
+    with AdminClient(admin_endpoint, timeout_s=5.0) as admin:
         rows = [m for m in admin.call("models")["models"] if m["name"] == args.model]
     if not rows:
         raise LookupError(f"no model {args.model!r} is configured")
@@ -121,17 +113,38 @@ def random_inputs(specs: list[dict[str, Any]]) -> dict[str, np.ndarray]:
     return inputs
 
 
+def top_k(scores: np.ndarray, k: int) -> list[str]:
+    """Each row's `k` highest classes as `class (score)`, best first; a line per row (the first 8 rows)."""
+    k = min(k, scores.shape[1])
+    lines = []
+    for row, values in enumerate(scores[:8]):
+        best = np.argsort(values)[::-1][:k]
+        lines.append(f"  [{row}] top {k}: " + ", ".join(f"{c} ({values[c]:.4g})" for c in best))
+    if len(scores) > 8:
+        lines.append(f"  ... {len(scores) - 8} more rows (--save DIR keeps them all)")
+    return lines
+
+
+def describe(name: str, value: np.ndarray, k: int) -> list[str]:
+    """An output as the terminal shows it: dtype, shape, range, and a classifier's best classes."""
+    lines = [f"{name}: {value.dtype}{list(value.shape)}"
+             + (f"  min={value.min():.4g} max={value.max():.4g}" if value.size else "")]
+    if k > 0 and value.ndim == 2 and value.dtype.kind == "f" and value.size:
+        lines += top_k(value, k)
+    return lines
+
+
 def run(args: argparse.Namespace) -> int:
     from infermux.transport import curve
     from infermux.client import Client
 
+    model_of(args)
     inputs = inputs_for(args)
     try:
         keys = curve.options_from(args)
     except curve.CurveError as exc:
-        print(f"infermux infer: {exc}", file=sys.stderr)
-        return 2
-    with Client(endpoint_from(args), curve=keys) as client:
+        raise CliError(f"infermux infer: {exc}", USAGE) from None
+    with Client(endpoint_from(args), curve=keys, timeout_s=args.timeout) as client:
         reply = client.infer(args.model, inputs, version=args.version, timeout_ms=args.timeout_ms,
                              key=args.key, outputs=args.output)
     if args.json:
@@ -139,7 +152,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(json.dumps(reply.header))
         for name, value in reply.outputs.items():
-            print(f"{name}: {value.dtype}{list(value.shape)}  min={value.min():.4g} max={value.max():.4g}")
+            print("\n".join(describe(name, value, args.top)))
     if args.save:
         out = Path(args.save)
         out.mkdir(parents=True, exist_ok=True)

@@ -7,6 +7,8 @@ import logging
 import os
 import sys
 
+from infermux.events import TRACEBACKS, limit_tracebacks
+
 DEFAULT_CONFIG = "/etc/infermux/infermux.toml"
 
 
@@ -25,6 +27,7 @@ def setup_logging(level: str) -> None:
     if not os.environ.get("JOURNAL_STREAM"):
         fmt = "%(asctime)s " + fmt
     logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr, force=True)
+    limit_tracebacks()  # a request that fails the same way each time logs its traceback once (events.py)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -44,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
         print("infermux: fix the file and start again; nothing was started.", file=sys.stderr)
         return 2
     setup_logging(args.log_level or config.daemon.log_level)
+    TRACEBACKS.interval_s = config.daemon.traceback_interval_s or TRACEBACKS.interval_s
     budget.limit_malloc_arenas()  # before any thread: see budget.MALLOC_ARENAS
     # The default 5 ms switch interval lets the frontend sit on the GIL while
     # an executor with a finished inference waits (docs/architecture.md#measured-facts: 0.52x -> 0.74x).
@@ -56,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
               "pass --runtime-dir DIR (a folder you may write)", file=sys.stderr)
         return 1
     server = Server(config, run_dir)
+    TRACEBACKS.events = server.events
     admin = AdminServer(server)
     metrics = None
     try:

@@ -1,4 +1,8 @@
-"""`infermux status`: the daemon and its models, once (`--json` for scripts)."""
+"""`infermux status`: the daemon and its models, once (`--json` for scripts, `--check` for monitors).
+
+Exit codes: 0 shown, 1 with --check when a model version has failed, 2
+usage, 3 the daemon did not answer.
+"""
 
 from __future__ import annotations
 
@@ -7,25 +11,32 @@ import json
 import sys
 from typing import Any
 
-from infermux.cli.infer import add_endpoint_arguments, endpoint_from
+from infermux.cli.common import add_endpoint_arguments, endpoint_from
 from infermux.tui import format as fmt  # plain functions; importing it does not load Textual
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    add_endpoint_arguments(parser)
+    add_endpoint_arguments(parser, admin=True)
     parser.add_argument("--json", action="store_true", help="print the raw JSON reply")
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 when a model version has failed (its reason goes to stderr)")
+
+
+def errors(stats: dict[str, Any]) -> int:
+    """Replies of 500 (the backend or infermux failed on the request) since the version was loaded."""
+    return int((stats.get("by_status") or {}).get("500", 0))
 
 
 def table(models: list[dict[str, Any]]) -> str:
     """The models as a fixed-width table."""
-    head = ("MODEL", "VERSION", "PLACE", "STATE", "CTX", "QUEUE", "INFL", "QPS", "P50", "P99", "MEMORY")
+    head = ("MODEL", "VERSION", "PLACE", "STATE", "CTX", "QUEUE", "INFL", "QPS", "P50", "P99", "ERR", "MEMORY")
     rows = [head]
     for m in models:
         st = m.get("stats", {})
         name = m["name"] + (" *" if m.get("default") else "") + (" (pinned)" if m.get("pinned") else "")
         rows.append((name, m["version"], m["placement"], m["state"], str(m["contexts"]), str(m["queue_depth"]),
                      str(m["in_flight"]), fmt.rate(st.get("qps")), fmt.us(st.get("p50_us")),
-                     fmt.us(st.get("p99_us")), fmt.size(m["memory_bytes"])))
+                     fmt.us(st.get("p99_us")), str(errors(st)), fmt.size(m["memory_bytes"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     for m in models:
@@ -34,22 +45,26 @@ def table(models: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def failed(models: list[dict[str, Any]]) -> list[str]:
+    """`name:version: reason` of each failed version."""
+    return [f"{m['name']}:{m['version']}: {m.get('reason') or 'failed'}" for m in models if m["state"] == "failed"]
+
+
 def run(args: argparse.Namespace) -> int:
     from infermux.client import AdminClient
 
-    try:
-        with AdminClient(endpoint_from(args, "admin"), timeout_s=5) as admin:
-            daemon = admin.call("status")["daemon"]
-            models = admin.call("models")["models"]
-    except TimeoutError as exc:
-        print(f"infermux: {exc}", file=sys.stderr)
-        return 3
+    with AdminClient(endpoint_from(args, "admin"), timeout_s=5) as admin:
+        daemon = admin.call("status")["daemon"]
+        models = admin.call("models")["models"]
     if args.json:
         print(json.dumps({"daemon": daemon, "models": models}, indent=2))
-        return 0
-    mem = daemon["memory"]
-    print(f"infermux {daemon['version']}  pid {daemon['pid']}  up {fmt.duration(daemon['uptime_s'])}  "
-          f"{daemon['requests']} requests  {'accepting' if daemon['accepting'] else 'DRAINING'}  "
-          f"models {fmt.size(mem['models_bytes'])} of budget {fmt.size(mem['budget_bytes'])}")
-    print(table(models))
+    else:
+        mem = daemon["memory"]
+        print(f"infermux {daemon['version']}  pid {daemon['pid']}  up {fmt.duration(daemon['uptime_s'])}  "
+              f"{daemon['requests']} requests  {'accepting' if daemon['accepting'] else 'DRAINING'}  "
+              f"models {fmt.size(mem['models_bytes'])} of budget {fmt.size(mem['budget_bytes'])}")
+        print(table(models))
+    if args.check and failed(models):
+        print("\n".join(f"infermux status: failed: {line}" for line in failed(models)), file=sys.stderr)
+        return 1
     return 0

@@ -74,18 +74,11 @@ def recommend(steps: Sequence[Step], qps_gain: float = QPS_GAIN, p99_growth: flo
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from infermux.transport import curve
-    from infermux.cli.infer import add_endpoint_arguments
-    from infermux.protocol import DTYPES
+    from infermux.cli.common import add_endpoint_arguments, add_input_arguments, add_model_arguments
 
-    parser.add_argument("model", help="model name")
-    parser.add_argument("--version", help="model version (default: the model's default)")
+    add_model_arguments(parser)
     add_endpoint_arguments(parser)
-    parser.add_argument("--admin", metavar="ENDPOINT", help="admin socket (default: [daemon] admin of --config)")
-    parser.add_argument("--shape", "-s", action="append", default=[], metavar="NAME=DIMS",
-                        help="a random input of this shape, e.g. images=1x3x64x64 (repeatable)")
-    parser.add_argument("--input", "-i", action="append", default=[], metavar="NAME=FILE.npy",
-                        help="an input read from a .npy file (repeatable)")
-    parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="dtype of --shape inputs")
+    add_input_arguments(parser)
     parser.add_argument("--duration", "-d", type=float, default=3.0, help="seconds measured per step (default 3)")
     parser.add_argument("--warmup", type=int, default=100, help="unmeasured requests per step (default 100)")
     parser.add_argument("--concurrency", type=int, help="requests in flight (default: 2 x --max-contexts)")
@@ -169,8 +162,10 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         endpoint = endpoint_from(args)
-        admin_endpoint = args.admin or endpoint_from(args, "admin")
+        admin_endpoint = endpoint_from(args, "admin")
         keys = curve.options_from(args)
+    except TimeoutError:  # NoDaemon, an OSError too: exit 3, not a configuration problem
+        raise
     except (ConfigError, OSError, curve.CurveError) as exc:
         print(f"infermux tune: {exc} (give --endpoint and --admin, or --config)", file=sys.stderr)
         return 2
@@ -185,7 +180,7 @@ def run(args: argparse.Namespace) -> int:
                 raise ValueError(f"{first.status} {first.error}")
         except (ValueError, TimeoutError, AdminError) as exc:
             print(f"infermux tune: {exc}", file=sys.stderr)
-            return 2
+            return 3 if isinstance(exc, TimeoutError) else 2
         return _tune(target, args, concurrency, original)
 
 

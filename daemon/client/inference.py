@@ -31,7 +31,8 @@ import zmq
 from infermux.protocol import Reply, SharedTensor, decode_reply, encode_request
 from infermux.client.shared_memory import SharedMemory, local_view
 
-__all__ = ["AdminClient", "AdminError", "Client", "InferError", "Pipeline", "SharedMemory", "SharedTensor"]
+__all__ = ["AdminClient", "AdminError", "Client", "InferError", "NotAdminSocket", "Pipeline", "SharedMemory",
+           "SharedTensor"]
 
 
 class InferError(Exception):
@@ -204,6 +205,10 @@ class AdminError(Exception):
     """The daemon refused an admin command; the message says why."""
 
 
+class NotAdminSocket(AdminError):
+    """The socket answered, but as the inference socket does: the wrong endpoint was given."""
+
+
 class AdminClient:
     """Talks to the admin socket: one JSON request, one JSON reply.
 
@@ -222,21 +227,39 @@ class AdminClient:
         sock.connect(self.endpoint)
         return sock
 
-    def call(self, cmd: str, check: bool = True, **args: Any) -> dict[str, Any]:
-        """Send a command; raises AdminError on `ok: false` when `check`."""
+    def call(self, cmd: str, check: bool = True, *, timeout_s: float | None = None,
+             **args: Any) -> dict[str, Any]:
+        """Send a command; raises AdminError on `ok: false` when `check`.
+
+        `timeout_s` overrides the client's for this call. TimeoutError when
+        nothing answers in time; NotAdminSocket when the endpoint is another
+        of the daemon's sockets (the inference one answers with a status
+        header, not `ok`)."""
         import json
 
+        wait = self.timeout_s if timeout_s is None else timeout_s
         self._socket.send_multipart([b"", json.dumps({"cmd": cmd, **args}).encode()])
-        if not self._socket.poll(int(self.timeout_s * 1000)):
+        if not self._socket.poll(int(wait * 1000)):
             # A late reply would pair with the next request: start on a fresh socket.
             self._socket.close(0)
             self._socket = self._connect()
-            raise TimeoutError(f"no answer from {self.endpoint} within {self.timeout_s:.0f} s "
+            raise TimeoutError(f"no answer from {self.endpoint} within {wait:.0f} s "
                                f"(is `infermux serve` running?)")
-        reply = json.loads(self._socket.recv_multipart()[-1])
+        try:
+            reply = json.loads(self._socket.recv_multipart()[-1])
+        except ValueError:
+            reply = None
+        if not isinstance(reply, dict) or "ok" not in reply:
+            what = "the inference socket" if isinstance(reply, dict) and "status" in reply else "something else"
+            raise NotAdminSocket(f"{self.endpoint} is not the admin socket (it answered as {what}); "
+                                 f"give the admin socket ([daemon] admin, usually admin.sock)")
         if check and not reply.get("ok"):
             raise AdminError(reply.get("error", "unknown error"))
         return reply
+
+    def ping(self, timeout_s: float = 5.0) -> None:
+        """Check within `timeout_s` that the daemon answers (TimeoutError if not), before a long command."""
+        self.call("status", timeout_s=timeout_s)
 
     def close(self) -> None:
         self._socket.close(0)

@@ -204,8 +204,8 @@ class Executor:
             self._fail(jobs, Status.BAD_REQUEST, str(exc))
             return
         except Exception as exc:
-            log.warning("inference failed model=%s version=%s context=%d reason=%r",
-                        self.name, self.version, self.index, str(exc)[:300])
+            log.warning("inference failed model=%s version=%s context=%d", self.name, self.version, self.index,
+                        exc_info=True)  # the first of a kind names its exception, then counts (events.py)
             self._fail(jobs, Status.BACKEND_ERROR, f"backend error: {str(exc)[:500]}")
             return
         finally:

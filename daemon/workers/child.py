@@ -31,6 +31,7 @@ import numpy as np
 import zmq
 
 from infermux.workers import wire as wire
+from infermux.events import limit_tracebacks
 from infermux.models.budget import limit_malloc_arenas
 from infermux.serving.inline import InlinePolicy
 from infermux.serving.job import Job, Outcome
@@ -338,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     args = _parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
                         format=f"%(levelname)s infermux.workers.child[{os.getpid()}]: %(message)s")
+    limit_tracebacks()  # as in the daemon: one traceback per kind, then counts (events.py)
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, signal.SIG_IGN)
     _prefer_me_for_oom()

@@ -17,6 +17,9 @@ from infermux.tui.views.events import EventStore, EventsLog
 from infermux.tui.views.table import Cell, Col, KeyedTable
 
 
+BATCHES_WIDTH = 30  # the histogram's column, padding included
+
+
 def head_text(m: dict[str, Any]) -> str:
     role = "pinned" if m.get("pinned") else "default" if m.get("default") else "not default"
     state = m.get("state", "")
@@ -24,9 +27,12 @@ def head_text(m: dict[str, Any]) -> str:
              f"{m.get('placement', '')} · {role} · {m.get('contexts', 0)} context(s)",
              f"memory {fmt.size(m.get('memory_bytes'))} · loaded in {m.get('last_load_ms', 0)} ms · "
              f"[dim]{escape(str(m.get('backend', '')))} {escape(str(m.get('engine', '')))}[/]"]
-    if m.get("reason"):
-        lines.append(f"[red]{escape(str(m['reason']))}[/]")
     return "\n".join(lines)
+
+
+def reason_text(m: dict[str, Any]) -> str:
+    """Why the version failed or is not serving, whole: it wraps instead of being cut at 80 columns."""
+    return f"[red]{escape(str(m['reason']))}[/]" if m.get("reason") else ""
 
 
 def settings_text(m: dict[str, Any]) -> str:
@@ -57,11 +63,12 @@ def tensor_lines(m: dict[str, Any]) -> list[str]:
     return lines
 
 
-def batches_text(batches: dict[str, int], width: int = 18) -> str:
-    """Batch-size histogram, one bar per size seen in the stats window."""
+def batches_text(batches: dict[str, int], room: int = BATCHES_WIDTH - 2) -> str:
+    """Batch-size histogram, one bar per size seen; bars leave `room` cells for the largest count."""
     if not batches:
         return "batch sizes\n[dim]no batches yet[/]"
     peak = max(batches.values()) or 1
+    width = max(4, room - 6 - len(str(peak)))  # "  16 " before the bar, " 12345" after it
     lines = ["batch sizes"]
     for size, count in sorted(batches.items(), key=lambda kv: int(kv[0])):
         lines.append(f"{size:>4} [cyan]{'█' * max(1, round(width * count / peak))}[/] {count}")
@@ -101,6 +108,7 @@ class ModelScreen(Screen):
     ModelScreen #middle { height: auto; }
     ModelScreen #settings { width: 1fr; padding: 0 1; }
     ModelScreen #batches { width: 30; padding: 0 1; }
+    ModelScreen #detail-reason { height: auto; padding: 0 1; background: $boost; display: none; }
     ModelScreen ContextsTable { height: auto; max-height: 8; margin: 1 1 0 1; }
     ModelScreen EventsLog { height: 6; margin: 0 1; overflow-x: hidden; }
     """
@@ -121,6 +129,7 @@ class ModelScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Static("", id="detail-head")
+        yield Static("", id="detail-reason")
         with VerticalScroll():
             with Horizontal(id="trends"):
                 with Vertical():
@@ -153,6 +162,8 @@ class ModelScreen(Screen):
             return
         st = m.get("stats") or {}
         self._set("detail-head", head_text(m))
+        self._set("detail-reason", reason_text(m))
+        self.query_one("#detail-reason").display = bool(m.get("reason"))
         qps, p99 = history.qps.get(self.key, ()), history.p99_ms.get(self.key, ())
         self._set("qps-label", f"QPS now [b]{fmt.rate(st.get('qps'))}[/] · peak {fmt.rate(max(qps, default=0))}")
         self._set("p99-label", f"p99 now [b]{fmt.us(st.get('p99_us'))}[/] · "

@@ -46,7 +46,8 @@ class EventsLog(RichLog):
     """Appends lines; never redraws what is already there."""
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(max_lines=500, markup=True, wrap=False, min_width=60, **kwargs)
+        # Wrapped: at 80 columns a failure's reason is the end of a long line, and it must be readable.
+        super().__init__(max_lines=500, markup=True, wrap=True, min_width=40, **kwargs)
 
     def add(self, events: Iterable[dict[str, Any]]) -> None:
         for event in events:
