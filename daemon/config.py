@@ -16,7 +16,7 @@ from typing import Any, Mapping
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[import-not-found]
+    import tomli as tomllib
 
 STRATEGIES = ("least_queue", "weighted", "hash")
 MODES = ("inproc", "multiproc")

@@ -20,6 +20,9 @@ ALLOWED_LOCAL = {
                                       "and the other subcommands start fast"
        for cmd in ("serve", "ctl", "status", "infer", "bench", "tune", "build", "keygen", "doctor")},
     ("infermux.cli", "infermux"): "`infermux --version` reads the version without importing the daemon",
+    ("infermux.cli", "infermux.cli.common"): "the error guard is imported once a subcommand runs, not for --help",
+    ("infermux.cli.common", "*"): "shared by the subcommands' parsers: numpy, zmq and the config parser load "
+                                  "only when a command runs, so `infermux --help` stays fast",
     ("infermux.tui.top", "*"): "`infermux top` imports the console (textual) only when it runs",
     ("infermux.tui.app", "infermux.tui.views.routing"): "a view module loaded when its view is first shown",
     ("infermux.tui.actions", "infermux.cli.ctl"): "the console's command line parses values as `ctl` does, "
