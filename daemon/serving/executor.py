@@ -153,7 +153,13 @@ class Executor:
         return gate(self.row_us * rows, min(len(self.queue), max(1, rows)))
 
     def _take(self) -> list[Job]:
-        """The next request, plus whatever mergeable ones arrive within the batch delay."""
+        """The next request, plus whatever mergeable ones arrive within the batch delay.
+
+        The policy is read once a request is queued, not while the context
+        idles: a setting changed live (admin `set`, reload) counts from the
+        very next batch.
+        """
+        self.queue.wait_for_item()
         policy = self._policy
         if policy.max_batch <= 1:
             return [self.queue.get()]

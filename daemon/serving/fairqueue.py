@@ -157,6 +157,14 @@ class FairQueue(Generic[T]):
                 return key
         return NONE
 
+    def wait_for_item(self) -> None:
+        """Block until an item is queued, leaving it queued; raises Closed once closed and empty."""
+        with self._ready:
+            while not self._size and not self._closed:
+                self._wait(None)
+            if not self._size:
+                raise Closed
+
     def get(self, timeout: float | None = None) -> T | None:
         """The next item in turn; None on timeout; raises Closed once closed and empty."""
         with self._ready:
