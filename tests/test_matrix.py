@@ -6,7 +6,7 @@ worker process), `promoted` (configured cold, moved hot live by admin
 `demote`). Each placement gets one real daemon (module-scoped, so the
 cells share it), serving one model per behaviour with the settings that
 behaviour needs; a cell that changes state changes only its own model, and
-drain/resume, the one daemon-wide cell, runs last and reopens intake.
+drain/resume, the one daemon-wide cell, reopens intake whatever happens.
 
 Each cell checks the status and outputs the README and docs/ document,
 outputs against onnxruntime run here on the same engine file, and that the
