@@ -23,11 +23,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
-import time
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Iterator
 
 import numpy as np
 import onnxruntime as ort
@@ -37,6 +36,7 @@ from harness import Daemon
 from infermux.client import Reply, SharedMemory
 from publish import publish
 from test_hot_swap import wait_served
+from test_regions import eventually
 from test_workers import until_200, worker
 
 PLACEMENTS = ("hot", "cold", "promoted", "demoted")
@@ -107,7 +107,9 @@ class Placement:
         """The engine file `model` (and `version`) is served from."""
         if model == "sw":  # the swap cell publishes its version 2 beside the first
             return self.watched / "sw" / version / "model.onnx"
-        return self.engines / (IDENTITY if model == "fb" else next(e for n, v, e, _ in PLACED if (n, v) == (model, version)))
+        if model == "fb":
+            return self.engines / IDENTITY
+        return self.engines / next(e for n, v, e, _ in PLACED if (n, v) == (model, version))
 
 
 def config_text(placement: str, engines: Path, watched: Path) -> str:
@@ -178,13 +180,6 @@ def assert_served(reply: Reply, placed: Placement, model: str, x: np.ndarray, ve
     assert reply.status == 200, reply.header
     assert (reply.model, reply.version) == (model, version), reply.header
     np.testing.assert_allclose(reply.outputs["y"], computed(placed.engine(model, version), x), rtol=1e-4, atol=1e-5)
-
-
-def wait_until(check: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.01)
 
 
 def late_behind_a_long_compute(placed: Placement, model: str) -> Reply:
@@ -404,7 +399,7 @@ def test_sigkill_of_the_worker_answers_what_it_held_and_the_next_restarts_it(cel
     try:
         with d.pipeline(timeout_s=30) as pipe:
             ids = [pipe.submit("kl", {"x": SLAB}) for _ in range(4)]
-            wait_until(lambda: worker(d, "kl")["in_flight"] == 4)
+            assert eventually(lambda: worker(d, "kl")["in_flight"] == 4), worker(d, "kl")
             os.kill(pid, signal.SIGKILL)
             killed = True
             racing = [pipe.submit("kl", {"x": SLAB}) for _ in range(4)]  # before or after the daemon notices
