@@ -162,7 +162,9 @@ class Executor:
         self.queue.wait_for_item()
         policy = self._policy
         if policy.max_batch <= 1:
-            return [self.queue.get()]
+            job = self.queue.get()
+            assert job is not None  # without a timeout, get() returns an item or raises Closed
+            return [job]
         return self.queue.take(policy.max_batch, policy.delay_s, preferred=policy.preferred,
                                fits=_mergeable)
 
@@ -225,7 +227,7 @@ class Executor:
             job.place = RegionOutputs(job.request, self._shapes)  # _succeed teaches it the shapes
         place = job.place
         arrays = place.arrays() if place is not None and into is not None else None
-        if arrays:
+        if arrays and into is not None:
             try:
                 return into(job.request.inputs, arrays)
             except OutputsMismatch:
