@@ -183,12 +183,16 @@ def assert_served(reply: Reply, placed: Placement, model: str, x: np.ndarray, ve
 
 
 def late_behind_a_long_compute(placed: Placement, model: str) -> Reply:
-    """A 5 ms request sent right behind LONG to `model` (one context): LONG's 200 is checked, its reply returned."""
+    """A 5 ms request sent right behind three LONG ones to `model` (one context, max_queue = 4).
+
+    It is computed in time only if all three were done before the frontend read it; their 200s
+    are checked, its reply returned."""
     with placed.daemon.pipeline(timeout_s=30) as pipe:
-        first = pipe.submit(model, {"x": LONG})
-        late = pipe.submit(model, {"x": ROW}, timeout_ms=5)  # queued behind tens of ms of compute
-        done, reply = pipe.gather([first, late])
-    assert_served(done, placed, model, LONG)
+        first = [pipe.submit(model, {"x": LONG}) for _ in range(3)]
+        late = pipe.submit(model, {"x": ROW}, timeout_ms=5)
+        *done, reply = pipe.gather([*first, late])
+    for reply_to_long in done:
+        assert_served(reply_to_long, placed, model, LONG)
     return reply
 
 
@@ -221,9 +225,10 @@ def test_fallback_when_not_ready(cell: Placement) -> None:
 
 @every_placement
 def test_fallback_when_the_queue_is_full(cell: Placement) -> None:
-    # max_queue = 4: a burst of 12 finds it full whatever the placement (at most 4 queued, 1 running).
+    # max_queue = 4 (at most 4 queued and 1 running): 24 in a burst find it full unless 19 of them are
+    # computed while the frontend reads the burst. Those it refuses cost the fallback's copy alone.
     with cell.daemon.pipeline(timeout_s=30) as pipe:
-        replies = pipe.gather([pipe.submit("slowfb", {"x": HEAVY}) for _ in range(12)])
+        replies = pipe.gather([pipe.submit("slowfb", {"x": HEAVY}) for _ in range(24)])
     served = [r for r in replies if r.model == "slowfb"]
     stand_ins = [r for r in replies if r.model != "slowfb"]
     assert served and stand_ins, [r.header for r in replies]
@@ -252,10 +257,12 @@ def test_fallback_to_the_default_for_an_unknown_version(cell: Placement) -> None
 
 @every_placement
 def test_429_pushes_out_the_newest_request_of_the_key_holding_most(cell: Placement) -> None:
+    # 32 from the flooding key fill the queue (max_queue = 4) unless 27 are computed while the frontend
+    # reads them; the flood's next request finds it full, then the camera's does.
     with cell.daemon.pipeline(timeout_s=30) as pipe:
-        flood = [pipe.submit("slow", {"x": HEAVY}, key="flood") for _ in range(8)]
-        camera = pipe.submit("slow", {"x": ROW}, key="camera")
+        flood = [pipe.submit("slow", {"x": HEAVY}, key="flood") for _ in range(32)]
         same_key = pipe.submit("slow", {"x": ROW}, key="flood")
+        camera = pipe.submit("slow", {"x": ROW}, key="camera")
         replies = {r.header["id"]: r for r in pipe.replies()}
     assert_served(replies[camera], cell, "slow", ROW)  # the flood's newest queued request made way for it
     pushed = [replies[i] for i in flood if "holds the most" in (replies[i].error or "")]
