@@ -411,3 +411,13 @@ def test_ctc_matches_rapidocr_on_the_same_output(tmp_path: Path) -> None:
     create("ctc", {"dictionary": str(tmp_path / "dict.txt")})(sample)
     assert [t for t, _ in sample.texts] == [t for t, _ in reference]
     assert np.allclose([s for _, s in sample.texts], [s for _, s in reference], atol=1e-6)
+
+
+def test_nothing_found_is_an_empty_list_not_an_error() -> None:
+    yolo = Sample(outputs={"out": np.zeros((1, 6, 10), np.float32)})
+    create("yolo")(yolo)
+    dbnet = Sample(outputs={"map": np.zeros((1, 1, 32, 32), np.float32)})
+    create("dbnet")(dbnet)
+    crops = Sample(image=np.zeros((8, 8, 3), np.uint8))
+    create("crop")(crops)
+    assert yolo.regions == [] and dbnet.regions == [] and crops.crops == []
