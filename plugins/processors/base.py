@@ -203,10 +203,8 @@ def _as_type(want: Any, value: Any) -> tuple[bool, Any]:
 
 def _describe(want: Any) -> str:
     origin, args = typing.get_origin(want), typing.get_args(want)
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_describe(a) for a in args)
-    if want is type(None):
-        return "absent"
+    if origin in (typing.Union, types.UnionType):  # an optional field: leaving it out is the None
+        return " or ".join(_describe(a) for a in args if a is not type(None))
     if origin is tuple:
         if len(args) == 2 and args[1] is Ellipsis:
             return "a list of " + {int: "integers", float: "numbers", str: "strings"}.get(args[0], "values")
