@@ -421,3 +421,31 @@ def test_nothing_found_is_an_empty_list_not_an_error() -> None:
     crops = Sample(image=np.zeros((8, 8, 3), np.uint8))
     create("crop")(crops)
     assert yolo.regions == [] and dbnet.regions == [] and crops.crops == []
+
+
+def test_an_image_declaring_too_many_pixels_is_refused_before_decoding() -> None:
+    from infermux.plugins.processors.base import FrameTooLarge
+    from infermux.plugins.processors.frames import encoded_size
+    image = np.zeros((40, 60, 3), np.uint8)
+    for ext in (".png", ".jpg"):
+        encoded = cv2.imencode(ext, image)[1].reshape(-1)
+        assert encoded_size(encoded.tobytes()) == (60, 40)
+        with pytest.raises(FrameTooLarge, match="frame 60x40 is over the 2000 pixels"):
+            create("decode", {"max_pixels": 2000})(Sample(data=encoded, format=ext[1:]))
+    # A PNG header claiming 100000 x 100000 with nothing behind it: refused by its header.
+    bomb = bytearray(cv2.imencode(".png", image)[1].tobytes())
+    bomb[16:24] = (100_000).to_bytes(4, "big") * 2
+    with pytest.raises(FrameTooLarge):
+        create("decode")(Sample(data=np.frombuffer(bytes(bomb), np.uint8), format="png"))
+
+
+@pytest.mark.slow
+def test_the_processors_benchmark_runs_every_case() -> None:
+    import subprocess
+    import sys
+    script = Path(__file__).resolve().parent / "benchmarks" / "bench_processors.py"
+    out = subprocess.run([sys.executable, str(script), "--no-write", "--seconds", "0.01", "--rounds", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for kind in ("decode", "resize", "normalize", "layout", "chain", "dbnet", "yolo", "ctc", "classify", "crop"):
+        assert f"| {kind} |" in out.stdout

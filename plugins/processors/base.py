@@ -31,6 +31,10 @@ class ProcessorError(Exception):
         self.reason = reason
 
 
+class FrameTooLarge(ProcessorError):
+    """The frame is over the step's pixel limit (the pipeline answers 413, as for an oversized tensor)."""
+
+
 class ProcessorConfigError(ProcessorError):
     """A step's options are invalid (the configuration is refused; the message names the field)."""
 

@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import cv2
 import numpy as np
 
-from infermux.plugins.processors.base import ProcessorError, Sample, parse_config
+from infermux.plugins.processors.base import FrameTooLarge, ProcessorError, Sample, parse_config
 
 ENCODED = ("jpeg", "jpg", "png")
 RAW = ("bgr", "rgb", "gray", "nv12", "i420")
@@ -73,6 +73,9 @@ class Decode:
         sample.image = sample.tensor = image
 
     def _encoded(self, data: np.ndarray) -> np.ndarray:
+        declared = encoded_size(data.tobytes()[:65536])
+        if declared is not None:  # refused before decoding allocates it
+            self._check_pixels(*declared)
         flag = cv2.IMREAD_GRAYSCALE if self.config.to == "gray" else cv2.IMREAD_COLOR
         image = cv2.imdecode(data, flag) if data.size else None
         if image is None:
@@ -100,8 +103,8 @@ class Decode:
 
     def _check_pixels(self, width: int, height: int) -> None:
         if width * height > self.config.max_pixels:
-            raise ProcessorError(self.step, f"frame {width}x{height} is over the {self.config.max_pixels} "
-                                 f"pixels this step accepts")
+            raise FrameTooLarge(self.step, f"frame {width}x{height} is over the {self.config.max_pixels} "
+                                f"pixels this step accepts")
 
     def _packed(self, data: np.ndarray, fmt: str, width: int, height: int, stride: int) -> np.ndarray:
         channels = _CHANNELS[fmt]
@@ -130,6 +133,25 @@ class Decode:
         if data.size != needed:
             raise ProcessorError(self.step, f"frame is {data.size} bytes but {fmt} {width}x{height} with stride "
                                  f"{stride} is {needed} bytes")
+
+
+def encoded_size(head: bytes) -> tuple[int, int] | None:
+    """(width, height) a PNG or JPEG declares in its header, or None where it declares none readable.
+
+    Read before decoding so that a small file declaring a huge image (a
+    decompression bomb) is refused without allocating it.
+    """
+    if head[:8] == b"\x89PNG\r\n\x1a\n" and len(head) >= 24:
+        return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
+    if head[:2] != b"\xff\xd8":
+        return None
+    at = 2
+    while at + 9 <= len(head) and head[at] == 0xFF:
+        marker, length = head[at + 1], int.from_bytes(head[at + 2:at + 4], "big")
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a start-of-frame segment
+            return int.from_bytes(head[at + 7:at + 9], "big"), int.from_bytes(head[at + 5:at + 7], "big")
+        at += 2 + length
+    return None
 
 
 def _packed_yuv(data: np.ndarray, fmt: str, width: int, height: int, stride: int) -> np.ndarray:
