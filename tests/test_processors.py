@@ -449,3 +449,53 @@ def test_the_processors_benchmark_runs_every_case() -> None:
     assert out.returncode == 0, out.stderr[-2000:]
     for kind in ("decode", "resize", "normalize", "layout", "chain", "dbnet", "yolo", "ctc", "classify", "crop"):
         assert f"| {kind} |" in out.stdout
+
+
+def rendered_page(seed: int) -> np.ndarray:
+    """A white BGR page with three lines of text at different sizes and places."""
+    rng = np.random.default_rng(seed)
+    page = np.full((360, 800, 3), 255, np.uint8)
+    words = ["INFERMUX", "camera 42", "hello world", "Jetson Orin", "batch 16", "pipeline ok"]
+    for i in range(3):
+        cv2.putText(page, str(rng.choice(words)), (30 + 40 * i, 80 + 110 * i), cv2.FONT_HERSHEY_SIMPLEX,
+                    1.6 + 0.3 * i, (0, 0, 0), 3)
+    return page
+
+
+@pytest.mark.slow
+def test_the_ppocr_steps_match_rapidocr_with_its_own_models(tmp_path: Path) -> None:
+    """decode -> resize -> normalize -> PP-OCR det -> dbnet -> crop -> resize -> normalize -> rec -> ctc,
+    the models run by onnxruntime here, against rapidocr's own detector and recogniser."""
+    package = rapidocr_module("main")
+    ort = pytest.importorskip("onnxruntime")
+    models = Path(package.__file__).parent / "models"
+    engine = package.RapidOCR()
+    det = ort.InferenceSession(str(models / "ch_PP-OCRv4_det_infer.onnx"), providers=["CPUExecutionProvider"])
+    rec = ort.InferenceSession(str(models / "ch_PP-OCRv4_rec_infer.onnx"), providers=["CPUExecutionProvider"])
+    (tmp_path / "dict.txt").write_text(rec.get_modelmeta().custom_metadata_map["character"] + "\n")
+    pre = [create("decode", {"to": "bgr"}), create("resize", {"mode": "multiple", "limit_side": 736, "limit": "min"}),
+           create("normalize", {"mean": [0.5], "std": [0.5]})]
+    rec_pre = [create("resize", {"mode": "height", "height": 48}), create("normalize", {"mean": [0.5], "std": [0.5]})]
+    dbnet, crop, ctc = create("dbnet"), create("crop"), create("ctc", {"dictionary": str(tmp_path / "dict.txt")})
+    texts = 0
+    for seed in range(4):
+        page = rendered_page(seed)
+        sample = Sample(data=cv2.imencode(".png", page)[1].reshape(-1), format="png")
+        for step in pre:
+            step(sample)
+        sample.outputs = {"maps": det.run(None, {det.get_inputs()[0].name: sample.tensor})[0]}
+        dbnet(sample)
+        ours = sorted((r.box for r in sample.regions), key=lambda b: (b[0][1], b[0][0]))
+        reference = sorted(engine.text_det(page)[0], key=lambda b: (b[0][1], b[0][0]))
+        assert len(ours) == len(reference) >= 3
+        assert max(np.abs(a - b).max() for a, b in zip(ours, reference)) <= 2
+        crop(sample)
+        for image in sample.crops:
+            line = Sample(image=image)
+            for step in rec_pre:
+                step(line)
+            line.outputs = {"probs": rec.run(None, {rec.get_inputs()[0].name: line.tensor})[0]}
+            ctc(line)
+            assert line.texts[0][0] == engine.text_rec(image)[0][0][0]
+            texts += 1
+    assert texts >= 12
