@@ -1,0 +1,64 @@
+"""Processor discovery: built-ins plus the entry-point group `infermux.processors` (docs/pipelines.md).
+
+Found and loaded the way backends are (infermux.plugins.backends): a name
+maps to "module:Class", imported on first use; "module:Class" itself is
+accepted as a name, for a processor not installed as a package.
+"""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import entry_points
+from typing import Any, Mapping
+
+from infermux.plugins.processors.base import (Processor, ProcessorConfigError, ProcessorError,
+                                              ProcessorFactory, Sample)
+
+__all__ = ["Processor", "ProcessorConfigError", "ProcessorError", "ProcessorFactory", "Sample",
+           "available", "create", "factory"]
+
+# Listed here as well as in pyproject's entry points so that a source
+# checkout without `pip install` still finds them.
+BUILTIN = {
+    "decode": "infermux.plugins.processors.frames:Decode",
+    "resize": "infermux.plugins.processors.geometry:Resize",
+    "normalize": "infermux.plugins.processors.tensor:Normalize",
+    "layout": "infermux.plugins.processors.tensor:Layout",
+    "cast": "infermux.plugins.processors.tensor:Cast",
+    "classify": "infermux.plugins.processors.classify:Classify",
+    "ctc": "infermux.plugins.processors.ctc:Ctc",
+    "dbnet": "infermux.plugins.processors.dbnet:Dbnet",
+    "yolo": "infermux.plugins.processors.detect:Yolo",
+    "crop": "infermux.plugins.processors.crop:Crop",
+}
+
+_cache: dict[str, ProcessorFactory] = {}
+
+
+def available() -> dict[str, str]:
+    """Processor kind -> 'module:Class' for every processor that can be tried."""
+    specs = dict(BUILTIN)
+    for ep in entry_points(group="infermux.processors"):
+        specs[ep.name] = ep.value
+    return specs
+
+
+def factory(kind: str) -> ProcessorFactory:
+    """The class (factory) of processor `kind` (or "module:Class"), imported once."""
+    if kind not in _cache:
+        specs = available()
+        if ":" in kind:
+            specs[kind] = kind
+        if kind not in specs:
+            raise ProcessorConfigError(kind, f"unknown processor; installed: {', '.join(sorted(specs))}")
+        module, _, attr = specs[kind].partition(":")
+        try:
+            _cache[kind] = getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as exc:
+            raise ProcessorConfigError(kind, f"processor is not usable here: {exc}") from exc
+    return _cache[kind]
+
+
+def create(kind: str, options: Mapping[str, Any] | None = None, step: str | None = None) -> Processor:
+    """A processor of `kind` built from `options`; `step` names it in errors (default: the kind)."""
+    return factory(kind)(options or {}, step or kind)
