@@ -62,6 +62,8 @@ class DaemonConfig:
     spare_worker: bool = True  # keep one worker started ahead for the next cold model
     worker_hang_s: float = 10.0  # a worker silent this long is killed and replaced
     shared_memory: str = "regions.sock"  # where local clients register tensor regions (regions.py); "" = off
+    max_connections: int = 4096  # live connections to the inference socket; more are refused (peers.py)
+    reserved_fds: int = 384  # descriptors kept free of connections: engines, workers, regions (peers.py)
 
 
 @dataclass(frozen=True)
@@ -185,6 +187,9 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
         _check_type(file, "daemon.spare_worker", raw["spare_worker"], bool)
     if "shared_memory" in raw:
         _check_type(file, "daemon.shared_memory", raw["shared_memory"], str)
+    for key in ("max_connections", "reserved_fds"):
+        if key in raw:
+            _positive(file, f"daemon.{key}", raw[key], 1 if key == "max_connections" else 64)
     for key in ("metrics_port", "inline_max_us", "inline_busy_max_us"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 0)
