@@ -63,7 +63,7 @@ class DaemonConfig:
     worker_hang_s: float = 10.0  # a worker silent this long is killed and replaced
     shared_memory: str = "regions.sock"  # where local clients register tensor regions (regions.py); "" = off
     max_connections: int = 4096  # live connections to the inference socket; more are refused (peers.py)
-    reserved_fds: int = 384  # descriptors kept free of connections: engines, workers, regions (peers.py)
+    reserved_fds: int = 512  # descriptors kept free of connections: engines, workers, regions (peers.py)
 
 
 @dataclass(frozen=True)

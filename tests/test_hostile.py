@@ -9,6 +9,8 @@ never sleeps standing in for synchronisation.
 from __future__ import annotations
 
 import json
+import os
+import socket
 import time
 
 import numpy as np
@@ -68,4 +70,93 @@ def test_a_client_that_never_reads_its_replies_costs_only_its_own(make_daemon) -
     finally:
         hostile.close()
     assert _served(daemon)
+    assert daemon.stop() == 0
+
+
+# -- descriptors ---------------------------------------------------------------
+
+NOFILE_1024 = ["prlimit", "--nofile=1024", "--"]  # systemd's default soft limit, soft = hard here
+
+
+def _fds(daemon) -> int:
+    return len(os.listdir(f"/proc/{daemon.proc.pid}/fd"))
+
+
+def _raw_connections(path: str, count: int) -> list[socket.socket]:
+    """`count` plain connections to a unix socket that never speak ZMTP (as a scanner or a leak would)."""
+    conns = []
+    for _ in range(count):
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(path)
+        conns.append(conn)
+    return conns
+
+
+def test_more_connections_than_descriptors_are_refused_not_fatal(make_daemon) -> None:
+    daemon = make_daemon(FAST, prefix=NOFILE_1024)
+    soft, hard = (int(n) for n in open(f"/proc/{daemon.proc.pid}/limits").read()
+                  .split("Max open files")[1].split()[:2])
+    assert (soft, hard) == (1024, 1024)
+    bound = _daemon_view(daemon)["clients"]["max_connections"]
+    assert bound == 1024 - 512  # reserved_fds stay free for engines, workers and regions
+    conns = _raw_connections(daemon.endpoint[len("ipc://"):], 1100)
+    try:
+        _until(lambda: _daemon_view(daemon)["clients"]["refused_connections"] >= 1100 - bound,
+               what="refusing the connections over the bound")
+        assert daemon.alive()
+        assert _fds(daemon) < 1024 - 256  # the refused ones were given back
+    finally:
+        for conn in conns:
+            conn.close()
+    _until(lambda: _daemon_view(daemon)["clients"]["connections"] == 0, what="forgetting closed connections")
+    assert _served(daemon)
+    assert "refused a connection to the inference socket" in daemon.log()
+    assert daemon.stop() == 0
+
+
+METRICS_HEAD = """
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{engines}"
+watch = false
+metrics_port = {port}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _connecting(port: int) -> socket.socket:
+    """A TCP connection started without waiting for the daemon to accept it."""
+    conn = socket.socket()
+    conn.setblocking(False)
+    conn.connect_ex(("127.0.0.1", port))
+    conn.setblocking(True)
+    return conn
+
+
+def _scrape(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as conn:
+        conn.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        return b"".join(iter(lambda: conn.recv(65536), b""))
+
+
+def test_idle_connections_to_the_metrics_port_cost_a_bounded_few_descriptors(make_daemon) -> None:
+    port = _free_port()
+    daemon = make_daemon(FAST, head=METRICS_HEAD, prefix=NOFILE_1024, port=str(port))
+    idle = [_connecting(port) for _ in range(1100)]
+    try:
+        assert _fds(daemon) < 1024 - 256
+        assert _served(daemon)  # the inference socket still accepts
+        assert daemon.alive()
+        # A connection that says nothing is let go: the daemon closes its end (EOF here).
+        idle[0].settimeout(60)
+        assert idle[0].recv(1) == b""
+    finally:
+        for conn in idle:
+            conn.close()
+    _until(lambda: _scrape(port).startswith(b"HTTP/1.0 200"), what="scraped")
     assert daemon.stop() == 0

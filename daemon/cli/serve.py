@@ -27,6 +27,15 @@ def setup_logging(level: str) -> None:
     logging.basicConfig(level=level.upper(), format=fmt, stream=sys.stderr, force=True)
 
 
+def _raise_fd_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard one before anything opens: systemd's soft default (1024)
+    is what a few hundred clients would exhaust (docs/security.md)."""
+    from infermux.transport.peers import raise_fd_limit
+
+    soft, hard = raise_fd_limit()
+    logging.getLogger("infermux").info("file descriptors: limit %d (hard %d)", soft, hard)
+
+
 def run(args: argparse.Namespace) -> int:
     from infermux.models import budget
     from infermux import config as cfg
@@ -43,6 +52,7 @@ def run(args: argparse.Namespace) -> int:
         print("infermux: fix the file and start again; nothing was started.", file=sys.stderr)
         return 2
     setup_logging(args.log_level or config.daemon.log_level)
+    _raise_fd_limit()
     budget.limit_malloc_arenas()  # before any thread: see budget.MALLOC_ARENAS
     # The default 5 ms switch interval lets the frontend sit on the GIL while
     # an executor with a finished inference waits (DESIGN §10: 0.52x -> 0.74x).
