@@ -8,9 +8,11 @@ never sleeps standing in for synchronisation.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
+import subprocess
 import time
 
 import numpy as np
@@ -159,4 +161,98 @@ def test_idle_connections_to_the_metrics_port_cost_a_bounded_few_descriptors(mak
         for conn in idle:
             conn.close()
     _until(lambda: _scrape(port).startswith(b"HTTP/1.0 200"), what="scraped")
+    assert daemon.stop() == 0
+
+
+# -- the shared-memory registration socket -------------------------------------------
+
+def _regions(daemon) -> str:
+    return str(daemon.run_dir / "regions.sock")
+
+
+def _seqpacket(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(20)
+    sock.connect(path)
+    return sock
+
+
+def _memfd(size: int = 4096) -> int:
+    fd = os.memfd_create("hostile", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    return fd
+
+
+def test_descriptors_sent_with_an_empty_packet_are_closed(make_daemon) -> None:
+    daemon = make_daemon(FAST)
+    assert _served(daemon)
+    before = _fds(daemon)
+    for _ in range(100):
+        fds = [_memfd() for _ in range(4)]
+        with _seqpacket(_regions(daemon)) as sock:
+            socket.send_fds(sock, [b""], fds)
+            assert sock.recv(4096) == b""  # the daemon took it as the end and hung up: handled
+        for fd in fds:
+            os.close(fd)
+    assert _fds(daemon) < before + 20  # not +400
+    assert daemon.stop() == 0
+
+
+def test_deeply_nested_json_on_the_registration_socket_is_answered(make_daemon) -> None:
+    daemon = make_daemon(FAST)
+    fd = _memfd()
+    with _seqpacket(_regions(daemon)) as sock:
+        socket.send_fds(sock, [json.dumps({"op": "register", "name": "nest"}).encode()], [fd])
+        token = json.loads(sock.recv(4096))["region"]
+        sock.send(b"[" * 4000)
+        answer = json.loads(sock.recv(4096))
+        assert answer["ok"] is False and "JSON object" in answer["error"]
+        sock.send(json.dumps({"op": "unregister", "region": "nope"}).encode())  # still served
+        assert json.loads(sock.recv(4096))["ok"] is False
+    os.close(fd)
+    # The region went with its connection: a request naming it is refused.
+    _until(lambda: _daemon_view(daemon)["shared_memory"]["regions"] == 0, what="releasing the region")
+    header = {"model": "fast512", "id": 1,
+              "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 512], "region": token, "offset": 0}]}
+    with daemon.client() as client:
+        assert client.send_raw([json.dumps(header).encode()]).status == 400
+    assert "internal error" not in daemon.log()
+    assert daemon.stop() == 0
+
+
+def _refused(sock: socket.socket) -> bool:
+    """Ask something; True if the daemon said it is out of descriptors. It answers a refused
+    client on accept and hangs up without reading, so our question may meet a reset instead
+    (only a refusal closes a connection unread); no answer at all times out: a failure."""
+    try:
+        sock.send(json.dumps({"op": "unregister", "region": "x"}).encode())
+        return "out of file descriptors" in json.loads(sock.recv(4096))["error"]
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+
+
+def test_a_full_descriptor_table_pauses_registrations_and_never_ends_them(make_daemon) -> None:
+    daemon = make_daemon(FAST)
+    assert _served(daemon)
+    pid = str(daemon.proc.pid)
+    # Soft limit only (a lowered hard one could not be raised again), a few above what is open.
+    subprocess.run(["prlimit", "--pid", pid, f"--nofile={_fds(daemon) + 4}:"], check=True)
+    held, refused = [], 0
+    try:
+        while refused < 3:  # each accepted connection holds a descriptor until the table is full
+            assert len(held) < 40, "the table never filled"
+            sock = _seqpacket(_regions(daemon))
+            held.append(sock)
+            refused += _refused(sock)
+    finally:
+        subprocess.run(["prlimit", "--pid", pid, "--nofile=4096:"], check=True)
+        for sock in held:
+            sock.close()
+    fd = _memfd()
+    with _seqpacket(_regions(daemon)) as sock:  # the socket still serves
+        socket.send_fds(sock, [json.dumps({"op": "register", "name": "after"}).encode()], [fd])
+        assert json.loads(sock.recv(4096))["ok"] is True
+    os.close(fd)
+    assert "shared-memory registrations refused for now" in daemon.log()
     assert daemon.stop() == 0
