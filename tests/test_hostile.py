@@ -256,3 +256,54 @@ def test_a_full_descriptor_table_pauses_registrations_and_never_ends_them(make_d
     os.close(fd)
     assert "shared-memory registrations refused for now" in daemon.log()
     assert daemon.stop() == 0
+
+
+# -- the admin socket ------------------------------------------------------------------
+
+def _admin_raw(daemon, frame: bytes) -> zmq.Socket:
+    """A DEALER on the admin socket that has sent `frame`, with a monitor on its connection."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, -1)  # a dropped connection stays dropped: we wait for it
+    sock.connect(daemon.admin_endpoint)
+    sock.send_multipart([b"", frame])
+    return sock
+
+
+def test_a_deeply_nested_admin_request_is_answered_and_admin_serves_on(make_daemon) -> None:
+    daemon = make_daemon(FAST)
+    sock = _admin_raw(daemon, b'{"cmd": ' + b"[" * 20000 + b"]" * 20000 + b"}")
+    try:
+        assert sock.poll(20000), "admin did not answer"
+        assert b"nested too deeply" in sock.recv_multipart()[-1]
+    finally:
+        sock.close()
+    assert _daemon_view(daemon)["requests"] == 0  # admin still answers
+    assert daemon.stop() == 0
+
+
+def test_an_admin_request_over_its_size_cap_is_never_read(make_daemon) -> None:
+    daemon = make_daemon(FAST)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, -1)
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    sock.connect(daemon.admin_endpoint)
+    try:
+        sock.send_multipart([b"", b'{"cmd": "status", "pad": "' + b"p" * (1 << 20) + b'"}'])
+        # libzmq drops a peer whose frame passes MAXMSGSIZE: the connection ends, unanswered.
+        assert monitor.poll(20000), "the 1 MiB admin request was read (MAXMSGSIZE had no effect)"
+        assert not sock.poll(0)
+    finally:
+        monitor.close()
+        sock.close()
+    assert _daemon_view(daemon)["requests"] == 0
+    assert daemon.stop() == 0
+
+
+def test_set_with_a_huge_value_is_a_validation_error(make_daemon) -> None:
+    daemon = make_daemon(FAST)
+    reply = daemon.admin().call("set", check=False, model="fast512", batch_delay_us=10**400)
+    assert reply["ok"] is False and "batch_delay_us' must be an integer from 0 to" in reply["error"]
+    assert "internal error" not in reply["error"]
+    assert daemon.stop() == 0
