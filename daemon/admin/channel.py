@@ -39,7 +39,7 @@ MAX_REQUEST_BYTES = 64 * 1024
 def peer(frame: zmq.Frame) -> dict[str, Any]:
     """uid/gid/pid of an ipc peer: libzmq appends them to Peer-Address ("host:uid:gid:pid")."""
     try:
-        parts = frame.get("Peer-Address").split(":")
+        parts = str(frame.get("Peer-Address")).split(":")
     except (zmq.ZMQError, AttributeError):
         return {}
     if len(parts) == 4 and all(p.isdigit() for p in parts[1:]):

@@ -21,7 +21,7 @@ from collections import deque
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import zmq
 
@@ -133,7 +133,7 @@ class Server:
 
     def _others_waiting(self) -> bool:
         """Whether more requests sit in the socket right now (what the inline limits depend on)."""
-        return self.frontend is not None and bool(self.frontend.getsockopt(zmq.EVENTS) & zmq.POLLIN)
+        return self.frontend is not None and bool(cast(int, self.frontend.getsockopt(zmq.EVENTS)) & zmq.POLLIN)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -352,9 +352,9 @@ class Server:
             self._send(envelope + encode_reply(error_header(exc.status, exc.message, ident)))
             return
         job = Job(envelope, request, frames, received, deadline_ns=0)  # the router sets the deadline
-        header = self.router.admit(job)
-        if header is not None:
-            self._send(envelope + encode_reply(header))
+        refused = self.router.admit(job)
+        if refused is not None:
+            self._send(envelope + encode_reply(refused))
 
     # -- status for notify/admin ------------------------------------------------
 
