@@ -51,7 +51,7 @@ def _int(args: dict[str, Any], key: str, minimum: int, maximum: int = 2**31 - 1)
     if value is None:
         return None
     if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
-        raise CommandError(f"'{key}' must be an integer from {minimum} to {maximum}, got {str(value)[:40]}")
+        raise CommandError(f"'{key}' must be an integer >= {minimum} and <= {maximum}, got {str(value)[:40]}")
     return value
 
 
