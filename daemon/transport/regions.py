@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import functools
 import json
 import logging
 import mmap
@@ -200,7 +201,7 @@ class RegionServer:
             conn.setblocking(False)
             fd = conn.fileno()
             self._clients[fd] = conn
-            self._watch(fd, lambda fd=fd: self._serve(fd))
+            self._watch(fd, functools.partial(self._serve, fd))
 
     def _refuse_one(self, exc: OSError) -> bool:
         """The descriptor table is full (EMFILE...): spend the spare fd to take one waiting client
