@@ -165,6 +165,9 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
     if str(raw.get("admin", "")).startswith("tcp://"):
         raise ConfigError(file, "daemon.admin", "the admin socket changes the daemon, so it listens on ipc:// "
                           "only (guarded by file permissions); reach it over SSH")
+    if str(raw.get("admin", "")).startswith("ipc://@"):
+        raise ConfigError(file, "daemon.admin", "an abstract ipc://@ socket has no file permissions, so any "
+                          "local user could drain the daemon; use a path (ipc://admin.sock)")
     if "engine_dir" in raw:
         _check_type(file, "daemon.engine_dir", raw["engine_dir"], str)
         raw["engine_dir"] = _resolve(file, raw["engine_dir"])

@@ -15,6 +15,8 @@ import socket
 import subprocess
 import time
 
+from pathlib import Path
+
 import numpy as np
 import zmq
 
@@ -307,3 +309,14 @@ def test_set_with_a_huge_value_is_a_validation_error(make_daemon) -> None:
     assert reply["ok"] is False and "batch_delay_us' must be an integer >= 0 and <= " in reply["error"]
     assert "internal error" not in reply["error"]
     assert daemon.stop() == 0
+
+
+def test_an_abstract_admin_endpoint_is_a_configuration_error() -> None:
+    from infermux import config as cfg
+
+    try:
+        cfg.parse('[daemon]\nadmin = "ipc://@infermux-admin"\n', Path("/etc/infermux/test.toml"))
+    except cfg.ConfigError as exc:
+        assert exc.path == "daemon.admin" and "any local user could drain" in str(exc)
+    else:
+        raise AssertionError("an abstract admin socket, open to every local user, was accepted")
