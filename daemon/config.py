@@ -63,6 +63,8 @@ class DaemonConfig:
     spare_worker: bool = True  # keep one worker started ahead for the next cold model
     worker_hang_s: float = 10.0  # a worker silent this long is killed and replaced
     shared_memory: str = "regions.sock"  # where local clients register tensor regions (regions.py); "" = off
+    max_connections: int = 4096  # live connections to the inference socket; more are refused (peers.py)
+    reserved_fds: int = 512  # descriptors kept free of connections: engines, workers, regions (peers.py)
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,9 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
     if str(raw.get("admin", "")).startswith("tcp://"):
         raise ConfigError(file, "daemon.admin", "the admin socket changes the daemon, so it listens on ipc:// "
                           "only (guarded by file permissions); reach it over SSH")
+    if str(raw.get("admin", "")).startswith("ipc://@"):
+        raise ConfigError(file, "daemon.admin", "an abstract ipc://@ socket has no file permissions, so any "
+                          "local user could drain the daemon; use a path (ipc://admin.sock)")
     if "engine_dir" in raw:
         _check_type(file, "daemon.engine_dir", raw["engine_dir"], str)
         raw["engine_dir"] = _resolve(file, raw["engine_dir"])
@@ -186,6 +191,9 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
         _check_type(file, "daemon.spare_worker", raw["spare_worker"], bool)
     if "shared_memory" in raw:
         _check_type(file, "daemon.shared_memory", raw["shared_memory"], str)
+    for key in ("max_connections", "reserved_fds"):
+        if key in raw:
+            _positive(file, f"daemon.{key}", raw[key], 1 if key == "max_connections" else 64)
     for key in ("metrics_port", "inline_max_us", "inline_busy_max_us"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 0)

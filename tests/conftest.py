@@ -81,10 +81,10 @@ def make_daemon(tmp_path: Path, engines: Path) -> Iterator[Callable[..., Daemon]
     started: list[Daemon] = []
 
     def start(models_toml: str, head: str = DAEMON_HEAD, wait_ready: bool = True, env: dict[str, str] | None = None,
-              **fmt: str) -> Daemon:
+              prefix: list[str] | None = None, **fmt: str) -> Daemon:
         workdir = tmp_path / f"daemon{len(started)}"
         workdir.mkdir()
-        daemon = Daemon(workdir, (head + models_toml).format(engines=engines, **fmt), env=env)
+        daemon = Daemon(workdir, (head + models_toml).format(engines=engines, **fmt), env=env, prefix=prefix)
         started.append(daemon)
         return daemon.start(wait_ready=wait_ready)
 

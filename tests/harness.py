@@ -57,13 +57,15 @@ engine = "fast512/1/model.onnx"
 class Daemon:
     """One daemon process with its own config, runtime dir and log file."""
 
-    def __init__(self, workdir: Path, config_text: str, env: dict[str, str] | None = None) -> None:
+    def __init__(self, workdir: Path, config_text: str, env: dict[str, str] | None = None,
+                 prefix: list[str] | None = None) -> None:
         self.workdir = workdir
         self.run_dir = workdir / "run"
         self.config_path = workdir / "infermux.toml"
         self.log_path = workdir / "daemon.log"
         self.config_path.write_text(config_text)
         self.env = env or {}
+        self.prefix = prefix or []  # e.g. ["prlimit", "--nofile=1024", "--"]: the command runs under it
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -87,7 +89,7 @@ class Daemon:
         env["PYTHONUNBUFFERED"] = "1"
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "infermux", "serve", "--config", str(self.config_path),
+            [*self.prefix, sys.executable, "-m", "infermux", "serve", "--config", str(self.config_path),
              "--runtime-dir", str(self.run_dir)],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
         self.wait_for("listening", timeout)

@@ -69,17 +69,19 @@ class AdminServer:
     def start(self) -> None:
         """Bind both sockets and start the thread."""
         if self.admin_endpoint:
-            self.admin = self._bind(zmq.ROUTER, self.admin_endpoint)
-            self.admin.setsockopt(zmq.MAXMSGSIZE, MAX_REQUEST_BYTES)
+            # MAXMSGSIZE before bind: libzmq copies a listener's options when it binds.
+            self.admin = self._bind(zmq.ROUTER, self.admin_endpoint, {zmq.MAXMSGSIZE: MAX_REQUEST_BYTES})
         if self.stats_endpoint:
             self.stats = self._bind(zmq.PUB, self.stats_endpoint)
             self.stats.setsockopt(zmq.SNDHWM, 100)  # a slow console drops snapshots, never blocks us
         self.server.events.subscribe(self._events.append)
         self._thread.start()
 
-    def _bind(self, kind: int, endpoint: str) -> zmq.Socket:
+    def _bind(self, kind: int, endpoint: str, options: dict[int, int] | None = None) -> zmq.Socket:
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
+        for option, value in (options or {}).items():
+            sock.setsockopt(option, value)
         ipc.prepare(endpoint)
         try:
             sock.bind(endpoint)
@@ -105,7 +107,10 @@ class AdminServer:
         next_snapshot = 0.0
         while not self._stop.is_set():
             if self.admin is not None and self.admin.poll(20):
-                self._serve_one()
+                try:
+                    self._serve_one()
+                except Exception:  # one bad request must not end admin and stats for good
+                    log.exception("internal error on an admin request; serving on")
             while self._done and self.admin is not None:
                 self.admin.send_multipart(self._done.popleft())
             self._publish_events()
@@ -162,6 +167,8 @@ def _parse(body: list[zmq.Frame]) -> dict[str, Any]:
         request = json.loads(body[0].bytes)
     except (UnicodeDecodeError, ValueError) as exc:
         raise CommandError(f"request is not JSON: {exc}") from None
+    except RecursionError:
+        raise CommandError("request JSON is nested too deeply") from None
     if not isinstance(request, dict):
         raise CommandError("request must be a JSON object like {\"cmd\": \"status\"}")
     return request

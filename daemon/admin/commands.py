@@ -46,12 +46,12 @@ def _str(args: dict[str, Any], key: str, required: bool = True) -> str | None:
     return value
 
 
-def _int(args: dict[str, Any], key: str, minimum: int) -> int | None:
+def _int(args: dict[str, Any], key: str, minimum: int, maximum: int = 2**31 - 1) -> int | None:
     value = args.get(key)
     if value is None:
         return None
-    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-        raise CommandError(f"'{key}' must be an integer >= {minimum}, got {value!r}")
+    if not isinstance(value, int) or isinstance(value, bool) or not minimum <= value <= maximum:
+        raise CommandError(f"'{key}' must be an integer >= {minimum} and <= {maximum}, got {str(value)[:40]}")
     return value
 
 
@@ -139,12 +139,14 @@ def _placement(method: str) -> Callable[["Server", dict[str, Any]], dict[str, An
     return run
 
 
-SETTABLE = {"contexts": 1, "max_queue": 1, "timeout_ms": 1, "max_batch": 1, "batch_delay_us": 0}
+# (smallest, largest): past the largest a value is a typo, and may not even fit a float.
+SETTABLE = {"contexts": (1, 1024), "max_queue": (1, 1 << 24), "timeout_ms": (1, 2**31 - 1),
+            "max_batch": (1, 1 << 16), "batch_delay_us": (0, 60_000_000)}
 
 
 def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     mv = target(server, args)
-    changes: dict[str, Any] = {k: _int(args, k, minimum) for k, minimum in SETTABLE.items() if k in args}
+    changes: dict[str, Any] = {k: _int(args, k, *bounds) for k, bounds in SETTABLE.items() if k in args}
     if "preferred_batch" in args:  # reaches a cold version's worker too (Placement.apply)
         changes["preferred_batch"] = _sizes(args, "preferred_batch")
     unknown = set(args) - set(SETTABLE) - {"cmd", "model", "version", "fallback", "weights", "preferred_batch"}

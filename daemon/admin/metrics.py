@@ -38,6 +38,10 @@ GPU_FAMILIES = (
     ("temperature_celsius", "infermux_gpu_temperature_celsius", "GPU die temperature."),
     ("power_watts", "infermux_gpu_power_watts", "GPU power draw (on Jetson: its INA3221 rail)."),
 )
+# Any local user can reach the port, and each connection costs a thread and a descriptor:
+# a few scrapers at once is plenty, and one that says nothing is let go soon.
+MAX_CONNECTIONS = 8
+IDLE_TIMEOUT_S = 5.0
 
 
 def _labels(**labels: Any) -> str:
@@ -157,6 +161,37 @@ def _histogram(out: Exposition, models: list[dict], mv: Any) -> None:
 Reply = tuple[int, str, str]  # status, content type, body
 
 
+class BoundedHTTPServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with at most `max_connections` at once; one more is closed on accept."""
+
+    daemon_threads = True
+    request_queue_size = 64  # the listen backlog: refusing fast beats SYN retries for everyone
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 max_connections: int = MAX_CONNECTIONS) -> None:
+        self._slots = threading.BoundedSemaphore(max_connections)
+        self.refused = 0
+        super().__init__(address, handler)
+
+    def verify_request(self, request: Any, client_address: Any) -> bool:
+        if self._slots.acquire(blocking=False):
+            return True
+        self.refused += 1  # socketserver closes it for us
+        if self.refused in (1, 10, 100, 1000) or self.refused % 10000 == 0:
+            log.warning("metrics port: %d connections at once already; refused one (%d so far)",
+                        MAX_CONNECTIONS, self.refused)
+        return False
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        log.debug("metrics request from %s failed", client_address, exc_info=True)
+
+
 class MetricsServer:
     """A loopback HTTP server answering GET /metrics, /healthz and /readyz."""
 
@@ -171,6 +206,8 @@ class MetricsServer:
         routes = self.routes()
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = IDLE_TIMEOUT_S  # per read: a client that sends nothing is dropped
+
             def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
                 route = routes.get(self.path.split("?")[0])
                 if route is None:
@@ -187,8 +224,7 @@ class MetricsServer:
             def log_message(self, fmt: str, *args: Any) -> None:
                 log.debug(fmt, *args)
 
-        self.httpd = ThreadingHTTPServer((host, port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = BoundedHTTPServer((host, port), Handler)
         self.port = self.httpd.server_address[1]
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
         server.events.emit("listening", endpoint=f"http://{host}:{self.port}/metrics")

@@ -94,6 +94,8 @@ def daemon_view(server: "Server") -> dict[str, Any]:
         # Clients' input regions (regions.py): mapped, not owned; they count in no budget.
         "shared_memory": {"socket": str(server.region_server.path) if server.region_server else "",
                           **server.regions.info()},
+        # Inference connections, refusals, replies dropped for peers that do not read (peers.py).
+        "clients": server.peers.info(),
     }
 
 

@@ -30,6 +30,15 @@ def setup_logging(level: str) -> None:
     limit_tracebacks()  # a request that fails the same way each time logs its traceback once (events.py)
 
 
+def _raise_fd_limit() -> None:
+    """Soft RLIMIT_NOFILE up to the hard one before anything opens: systemd's soft default (1024)
+    is what a few hundred clients would exhaust (docs/security.md)."""
+    from infermux.transport.peers import raise_fd_limit
+
+    soft, hard = raise_fd_limit()
+    logging.getLogger("infermux").info("file descriptors: limit %d (hard %d)", soft, hard)
+
+
 def run(args: argparse.Namespace) -> int:
     from infermux.models import budget
     from infermux import config as cfg
@@ -48,6 +57,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
     setup_logging(args.log_level or config.daemon.log_level)
     TRACEBACKS.interval_s = config.daemon.traceback_interval_s or TRACEBACKS.interval_s
+    _raise_fd_limit()
     budget.limit_malloc_arenas()  # before any thread: see budget.MALLOC_ARENAS
     # The default 5 ms switch interval lets the frontend sit on the GIL while
     # an executor with a finished inference waits (docs/architecture.md#measured-facts: 0.52x -> 0.74x).

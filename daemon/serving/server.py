@@ -27,6 +27,7 @@ import zmq
 
 from infermux import config as cfg
 from infermux.transport import curve, ipc
+from infermux.transport.peers import PeerGuard
 from infermux.events import EventLog
 from infermux.serving.inline import InlinePolicy
 from infermux.serving.job import Job, Outcome
@@ -47,6 +48,7 @@ REFUSE_S = 1.0  # ... and the longest it goes on refusing requests before closin
 # Frames from this size on are parsed in place in ZeroMQ's buffer (no copy into a bytes
 # object); smaller ones, headers and envelopes, are cheaper as bytes.
 BIG_FRAME = 4096
+MAXMSGSIZE_SLACK = 64 << 10  # libzmq's per-frame cap above max_message_bytes (bind)
 
 
 class Server:
@@ -83,6 +85,8 @@ class Server:
         self.regions = RegionTable()
         self.region_server: RegionServer | None = None
         self._lookup: RegionTable | None = None
+        # Connections the ROUTER takes, and replies dropped for peers that do not read (peers.py).
+        self.peers = PeerGuard(config.daemon.max_connections, config.daemon.reserved_fds)
         # Cold models run in worker processes; the memory budget is kept there too (workers.py).
         self.registry.workers = Workers(self.registry, run_dir, self.reply, self._on_late, self.watch,
                                         self.regions)
@@ -141,13 +145,15 @@ class Server:
         if self.curve is not None:
             self.curve.start()  # before any bind: without a ZAP handler libzmq admits every key
         sock = self.ctx.socket(zmq.ROUTER)
-        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full pipe says EAGAIN (we drop), a gone peer EHOSTUNREACH
         sock.setsockopt(zmq.LINGER, 1000)
-        # The socket's own cap drops the peer silently, so it sits well above
-        # max_message_bytes: oversize messages get a 413 from us instead.
-        sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.config.daemon.max_message_bytes + (1 << 16))
+        # libzmq's cap is per frame and drops the peer silently; it sits just above
+        # max_message_bytes so that a frame a little over gets our 413 naming the
+        # setting, while no single frame can make us hold much more than the limit.
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.daemon.max_message_bytes + MAXMSGSIZE_SLACK)
         sock.setsockopt(zmq.RCVHWM, 10000)
         sock.setsockopt(zmq.SNDHWM, 10000)
+        self._poller.register(self.peers.attach(self.ctx, sock), zmq.POLLIN)  # before bind: every accept
         for endpoint in self.endpoints:
             ipc.prepare(endpoint)
             curve.secure_listener(sock, endpoint, self.curve, self.events)
@@ -242,6 +248,7 @@ class Server:
             self.curve.stop()
         if self.region_server is not None:
             self.region_server.close()
+        self.peers.close()
         os.close(self._bell)
         for endpoint in self.endpoints:
             ipc.remove(endpoint)
@@ -251,6 +258,8 @@ class Server:
     def _turn(self, timeout_ms: int, refuse: bool = False) -> None:
         """One wait on the sockets, then whatever became ready."""
         ready = dict(self._poller.poll(timeout_ms))
+        if self.peers.monitor in ready:  # first: a connection over the bound goes before it costs more
+            self.peers.on_events()
         if self._bell in ready:
             self._forward_replies()
         if self._watched:
@@ -285,9 +294,13 @@ class Server:
             self._send(outbox.popleft())
 
     def _send(self, frames: list[Any]) -> None:
+        """Queue a reply without ever waiting: the frontend serves everyone, so a peer whose
+        pipe is full (it does not read) loses this reply instead of stalling the others."""
         assert self.frontend is not None
         try:
-            self.frontend.send_multipart(frames, copy=sum(len(f) for f in frames) < 1 << 20)
+            self.frontend.send_multipart(frames, zmq.NOBLOCK, copy=sum(len(f) for f in frames) < 1 << 20)
+        except zmq.Again:  # only the identity frame can meet a full pipe: nothing was queued
+            self.peers.dropped(frames[0])
         except zmq.ZMQError as exc:
             if exc.errno != errno.EHOSTUNREACH:
                 raise

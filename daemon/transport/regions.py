@@ -38,6 +38,7 @@ same two fields and no frame (protocol.py). A memfd sealed against writes
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import functools
 import json
@@ -48,6 +49,7 @@ import secrets
 import socket
 import stat
 import threading
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -65,6 +67,9 @@ MAX_REGIONS_PER_CLIENT = 64
 MAX_REGIONS = 256
 MAX_REGION_BYTES = 1 << 32
 _PACKET = 4096
+# accept() errors that say "not now", not "closed": the socket stays watched (a full
+# descriptor table must not end registrations for good).
+_TRANSIENT_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EPROTO}
 
 Watch = Callable[[int, Callable[[], bool]], None]
 
@@ -166,6 +171,10 @@ class RegionServer:
         self.events = events
         self._watch = watch
         self._clients: dict[int, socket.socket] = {}
+        # A descriptor kept free for the moment the table is full: closing it lets accept()
+        # take the waiting client so it can be told why, instead of the listener spinning.
+        self._spare: int | None = _open_spare()
+        self._full_logged = 0.0
         path.unlink(missing_ok=True)  # a stale file from a daemon that was killed
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock.bind(str(path))
@@ -180,8 +189,10 @@ class RegionServer:
                 conn, _ = self.sock.accept()
             except (BlockingIOError, InterruptedError):
                 return True
-            except OSError:
-                return False  # closed at shutdown
+            except OSError as exc:
+                if exc.errno not in _TRANSIENT_ACCEPT:
+                    return False  # closed at shutdown
+                return self._refuse_one(exc)
             if len(self._clients) >= MAX_CLIENTS:
                 _answer(conn, {"ok": False, "error": f"{MAX_CLIENTS} clients hold shared memory already; "
                                                      "close one, or send tensors in frames"})
@@ -192,6 +203,29 @@ class RegionServer:
             self._clients[fd] = conn
             self._watch(fd, functools.partial(self._serve, fd))
 
+    def _refuse_one(self, exc: OSError) -> bool:
+        """The descriptor table is full (EMFILE...): spend the spare fd to take one waiting client
+        and tell it so; the listener stays watched and serves again once fds are free."""
+        now = time.monotonic()
+        if now - self._full_logged >= 60:
+            self._full_logged = now
+            log.warning("shared-memory registrations refused for now: %s (the daemon's descriptor table "
+                        "is full; see LimitNOFILE and [daemon] reserved_fds)", exc.strerror)
+        if self._spare is None:
+            self._spare = _open_spare()
+            return True
+        os.close(self._spare)
+        try:
+            conn, _ = self.sock.accept()
+            _answer(conn, {"ok": False, "error": "the daemon is out of file descriptors; retry later, "
+                                                 "or send tensors in frames"})
+            conn.close()
+        except OSError:
+            pass
+        finally:  # the slot just freed again: keep it for the next one
+            self._spare = _open_spare()
+        return True
+
     def _serve(self, fd: int) -> bool:
         conn = self._clients[fd]
         while True:
@@ -201,21 +235,31 @@ class RegionServer:
                 return True
             except OSError:
                 data, fds = b"", []
-            if not data:
-                self._closed(fd)
-                return False
             try:
-                answer = self._handle(fd, data, fds)
+                # A zero-length packet may still carry descriptors: they are closed here too.
+                answer = self._handle_safely(fd, data, fds) if data else None
             finally:
                 for extra in fds:
                     os.close(extra)  # the handler dup()s what it keeps
+            if answer is None:  # end of file (or an empty packet, which SEQPACKET cannot tell apart)
+                self._closed(fd)
+                return False
             _answer(conn, answer)
+
+    def _handle_safely(self, owner: int, data: bytes, fds: list[int]) -> dict[str, Any]:
+        """`_handle`, but a bug there answers this packet instead of unwatching the connection,
+        which would leave its regions served after it is gone."""
+        try:
+            return self._handle(owner, data, fds)
+        except Exception:
+            log.exception("internal error on a shared-memory registration; answered it")
+            return {"ok": False, "error": "internal error in infermux (logged)"}
 
     def _handle(self, owner: int, data: bytes, fds: list[int]) -> dict[str, Any]:
         try:
             message = json.loads(data)
             op = message.get("op")
-        except (ValueError, AttributeError):
+        except (ValueError, AttributeError, RecursionError):  # RecursionError: JSON nested too deep
             return {"ok": False, "error": "expected a JSON object with \"op\": register or unregister"}
         if op == "unregister":
             token = message.get("region")
@@ -262,6 +306,9 @@ class RegionServer:
         """Stop taking registrations and forget every region (at shutdown)."""
         for fd in list(self._clients):
             self._closed(fd)
+        if self._spare is not None:
+            os.close(self._spare)
+            self._spare = None
         self.sock.close()
         self.path.unlink(missing_ok=True)
 
@@ -299,6 +346,13 @@ class MappedRegions:
 
     def __len__(self) -> int:
         return len(self._views)
+
+
+def _open_spare() -> int | None:
+    try:
+        return os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
 
 
 def _map(fd: int, name: str, owner: int) -> Region:

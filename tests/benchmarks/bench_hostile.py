@@ -1,0 +1,231 @@
+"""Hostile clients against one daemon (issue 17) while well-behaved clients keep measuring.
+
+    python tests/benchmarks/bench_hostile.py [--seconds 4] [--no-write]
+
+One daemon runs under `prlimit --nofile=1024` (systemd's default soft
+limit) with a metrics port. Each scenario starts an attacker, and two
+well-behaved clients send requests meanwhile; their answered share and
+p99 are compared with a run without attacker. The daemon's RSS and open
+descriptors are read before and after each scenario. Goal: 100 % answered
+and p99 within 2x of the baseline. Writes the "Hostile clients (issue 17)"
+section of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import zmq
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from results import markdown_table, stamp, write_section  # noqa: E402
+
+from harness import Daemon  # noqa: E402
+from infermux.client import Client  # noqa: E402
+
+HEAD = """
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{engines}"
+watch = false
+metrics_port = {port}
+
+[[models]]
+name = "fast512"
+engine = "fast512/1/model.onnx"
+max_queue = 100000
+"""
+X = np.ones((1, 512), np.float32)
+CLIENTS = 2
+
+
+def well_behaved(endpoint: str, stop: threading.Event, latencies: list[float], failures: list[int]) -> None:
+    """One client in a loop: each request answered 200 within 5 s counts, with its latency."""
+    with Client(endpoint, timeout_s=5) as client:
+        while not stop.is_set():
+            start = time.perf_counter()
+            try:
+                ok = client.infer("fast512", {"x": X}).status == 200
+            except TimeoutError:
+                ok = False
+            if ok:
+                latencies.append(time.perf_counter() - start)
+            else:
+                failures.append(1)
+
+
+def measure(endpoint: str, seconds: float, attack: Callable[[threading.Event], None] | None) -> dict:
+    stop = threading.Event()
+    latencies: list[float] = []
+    failures: list[int] = []
+    threads = [threading.Thread(target=well_behaved, args=(endpoint, stop, latencies, failures))
+               for _ in range(CLIENTS)]
+    attacker = threading.Thread(target=attack, args=(stop,)) if attack else None
+    if attacker:
+        attacker.start()
+    for t in threads:
+        t.start()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    if attacker:
+        attacker.join()
+    total = len(latencies) + len(failures)
+    return {"answered": 100.0 * len(latencies) / max(1, total), "requests": total,
+            "p99_ms": 1000 * float(np.percentile(latencies, 99)) if latencies else float("nan")}
+
+
+def proc_facts(pid: int) -> tuple[float, int]:
+    rss = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+               if line.startswith("VmRSS"))
+    return rss / 1024, len(os.listdir(f"/proc/{pid}/fd"))
+
+
+# -- attackers -------------------------------------------------------------------------
+
+def non_reader(endpoint: str) -> Callable[[threading.Event], None]:
+    def attack(stop: threading.Event) -> None:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        for option, value in ((zmq.LINGER, 0), (zmq.RCVHWM, 1), (zmq.RCVBUF, 4096), (zmq.SNDHWM, 0)):
+            sock.setsockopt(option, value)
+        sock.connect(endpoint)
+        header = json.dumps({"model": "fast512", "id": 0,
+                             "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 512]}]}).encode()
+        for _ in range(30000):
+            sock.send_multipart([b"", header, X.tobytes()])
+        stop.wait()
+        sock.close()
+    return attack
+
+
+def connection_flood(path: str, count: int = 1100) -> Callable[[threading.Event], None]:
+    def attack(stop: threading.Event) -> None:
+        conns = []
+        for _ in range(count):
+            conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                conn.connect(path)
+            except OSError:
+                conn.close()
+                continue
+            conns.append(conn)
+        stop.wait()
+        for conn in conns:
+            conn.close()
+    return attack
+
+
+def metrics_flood(port: int, count: int = 1100) -> Callable[[threading.Event], None]:
+    def attack(stop: threading.Event) -> None:
+        conns = []
+        for _ in range(count):
+            conn = socket.socket()
+            conn.setblocking(False)
+            conn.connect_ex(("127.0.0.1", port))
+            conns.append(conn)
+        stop.wait()
+        for conn in conns:
+            conn.close()
+    return attack
+
+
+def empty_packets(path: str) -> Callable[[threading.Event], None]:
+    def attack(stop: threading.Event) -> None:
+        while not stop.is_set():
+            fds = [os.memfd_create("x") for _ in range(4)]
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
+                sock.connect(path)
+                socket.send_fds(sock, [b""], fds)
+                sock.recv(16)
+            for fd in fds:
+                os.close(fd)
+    return attack
+
+
+def nested_admin(endpoint: str) -> Callable[[threading.Event], None]:
+    def attack(stop: threading.Event) -> None:
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        while not stop.is_set():
+            sock.send_multipart([b"", b'{"cmd": ' + b"[" * 20000 + b"]" * 20000 + b"}"])
+            sock.poll(5000)
+            if sock.poll(0):
+                sock.recv_multipart()
+        sock.close()
+    return attack
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=4.0)
+    parser.add_argument("--no-write", action="store_true", help="print the table, leave RESULTS.md alone")
+    args = parser.parse_args()
+    import models
+
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        models.add_one(work / "engines/fast512/1/model.onnx", width=512, offset=0.0)
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        (work / "d").mkdir()
+        daemon = Daemon(work / "d", HEAD.format(engines=work / "engines", port=port),
+                        prefix=["prlimit", "--nofile=1024", "--"]).start()
+        try:
+            rows = run_scenarios(daemon, port, args.seconds)
+        finally:
+            daemon.stop()
+    table = markdown_table(["scenario", "answered %", "p99 ms", "p99 vs none", "RSS MiB before → after",
+                            "fds before → after"], rows)
+    body = "\n".join([stamp(), "", "Daemon under `prlimit --nofile=1024`; 2 well-behaved clients, "
+                      f"{args.seconds:g} s per scenario, run alone on the 2-core box shared with other "
+                      "sessions (figures noisy; ratios are from one run).", "", table])
+    print(body)
+    if not args.no_write:
+        write_section("Hostile clients (issue 17)", body)
+    return 0
+
+
+def run_scenarios(daemon: Daemon, port: int, seconds: float) -> list[list[str]]:
+    regions = str(daemon.run_dir / "regions.sock")
+    scenarios: list[tuple[str, Callable[[threading.Event], None] | None]] = [
+        ("none (baseline)", None),
+        ("30,000 pipelined requests, replies never read", non_reader(daemon.endpoint)),
+        ("1,100 idle connections to infer.sock", connection_flood(daemon.endpoint[len("ipc://"):])),
+        ("1,100 idle connections to the metrics port", metrics_flood(port)),
+        ("empty packets with 4 fds on regions.sock", empty_packets(regions)),
+        ("nested-JSON admin requests", nested_admin(daemon.admin_endpoint)),
+    ]
+    rows, base = [], None
+    for name, attack in scenarios:
+        assert daemon.proc is not None
+        rss0, fds0 = proc_facts(daemon.proc.pid)
+        result = measure(daemon.endpoint, seconds, attack)
+        time.sleep(0.5)  # let the daemon close what the attacker left, for the "after" figures
+        rss1, fds1 = proc_facts(daemon.proc.pid)
+        base = base or result
+        ratio = result["p99_ms"] / base["p99_ms"] if base["p99_ms"] else float("nan")
+        rows.append([name, f"{result['answered']:.1f} ({result['requests']})", f"{result['p99_ms']:.2f}",
+                     f"{ratio:.2f}x", f"{rss0:.0f} → {rss1:.0f}", f"{fds0} → {fds1}"])
+        if not daemon.alive():
+            raise SystemExit(f"the daemon died in scenario {name!r}:\n{daemon.log()[-2000:]}")
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,322 @@
+"""Slow, hostile and careless clients cannot stop the daemon serving the others (docs/security.md).
+
+Each test plays one attacker against a real daemon on real sockets and then
+checks that a well-behaved client is still answered and the daemon still
+stops on SIGTERM. Waits are bounded polls on the daemon's own counters,
+never sleeps standing in for synchronisation.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import subprocess
+import time
+
+from pathlib import Path
+
+import numpy as np
+import zmq
+
+from harness import TESTS  # noqa: F401  (tests/ on sys.path, as for every test)
+
+FAST = """
+[[models]]
+name = "fast512"
+engine = "fast512/1/model.onnx"
+max_queue = 100000
+"""
+
+
+def _request(i: int, width: int = 512) -> list[bytes]:
+    header = {"model": "fast512", "id": i, "inputs": [{"name": "x", "dtype": "float32", "shape": [1, width]}]}
+    return [b"", json.dumps(header).encode(), np.ones((1, width), np.float32).tobytes()]
+
+
+def _until(check, timeout_s: float = 60.0, what: str = "") -> None:
+    """Poll `check()` until true; fail after `timeout_s` (a liveness bound, not a timing outcome)."""
+    deadline = time.monotonic() + timeout_s
+    while not check():
+        assert time.monotonic() < deadline, f"still not {what} after {timeout_s} s"
+        time.sleep(0.05)
+
+
+def _served(daemon) -> bool:
+    x = np.ones((1, 512), np.float32)
+    with daemon.client(timeout_s=20) as client:
+        reply = client.infer("fast512", {"x": x})
+    return reply.status == 200
+
+
+def _daemon_view(daemon) -> dict:
+    return daemon.admin().call("status")["daemon"]
+
+
+def test_a_client_that_never_reads_its_replies_costs_only_its_own(make_daemon) -> None:
+    daemon = make_daemon(FAST)
+    hostile = zmq.Context.instance().socket(zmq.DEALER)
+    hostile.setsockopt(zmq.LINGER, 0)
+    hostile.setsockopt(zmq.RCVHWM, 1)
+    hostile.setsockopt(zmq.RCVBUF, 4096)  # the kernel buffer fills after a reply or two
+    hostile.setsockopt(zmq.SNDHWM, 0)
+    hostile.connect(daemon.endpoint)
+    try:
+        for i in range(30000):
+            hostile.send_multipart(_request(i))
+        # Every request read means the pipe to this peer (SNDHWM 10000) filled long ago.
+        _until(lambda: _daemon_view(daemon)["requests"] >= 30000, what="reading every request")
+        assert _served(daemon)
+        view = _daemon_view(daemon)["clients"]
+        assert view["dropped_replies"] >= 1 and view["slow_peers"] >= 1
+        assert daemon.log().count("is not reading its replies") == 1  # once per peer
+    finally:
+        hostile.close()
+    assert _served(daemon)
+    assert daemon.stop() == 0
+
+
+# -- descriptors ---------------------------------------------------------------
+
+NOFILE_1024 = ["prlimit", "--nofile=1024", "--"]  # systemd's default soft limit, soft = hard here
+
+
+def _fds(daemon) -> int:
+    return len(os.listdir(f"/proc/{daemon.proc.pid}/fd"))
+
+
+def _raw_connections(path: str, count: int) -> list[socket.socket]:
+    """`count` plain connections to a unix socket that never speak ZMTP (as a scanner or a leak would)."""
+    conns = []
+    for _ in range(count):
+        conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        conn.connect(path)
+        conns.append(conn)
+    return conns
+
+
+def test_more_connections_than_descriptors_are_refused_not_fatal(make_daemon) -> None:
+    daemon = make_daemon(FAST, prefix=NOFILE_1024)
+    soft, hard = (int(n) for n in open(f"/proc/{daemon.proc.pid}/limits").read()
+                  .split("Max open files")[1].split()[:2])
+    assert (soft, hard) == (1024, 1024)
+    bound = _daemon_view(daemon)["clients"]["max_connections"]
+    assert bound == 1024 - 512  # reserved_fds stay free for engines, workers and regions
+    conns = _raw_connections(daemon.endpoint[len("ipc://"):], 1100)
+    try:
+        _until(lambda: _daemon_view(daemon)["clients"]["refused_connections"] >= 1100 - bound,
+               what="refusing the connections over the bound")
+        assert daemon.alive()
+        assert _fds(daemon) < 1024 - 256  # the refused ones were given back
+    finally:
+        for conn in conns:
+            conn.close()
+    _until(lambda: _daemon_view(daemon)["clients"]["connections"] == 0, what="forgetting closed connections")
+    assert _served(daemon)
+    assert "refused a connection to the inference socket" in daemon.log()
+    assert daemon.stop() == 0
+
+
+METRICS_HEAD = """
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{engines}"
+watch = false
+metrics_port = {port}
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _connecting(port: int) -> socket.socket:
+    """A TCP connection started without waiting for the daemon to accept it."""
+    conn = socket.socket()
+    conn.setblocking(False)
+    conn.connect_ex(("127.0.0.1", port))
+    conn.setblocking(True)
+    return conn
+
+
+def _scrape(port: int) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=20) as conn:
+        conn.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        return b"".join(iter(lambda: conn.recv(65536), b""))
+
+
+def test_idle_connections_to_the_metrics_port_cost_a_bounded_few_descriptors(make_daemon) -> None:
+    port = _free_port()
+    daemon = make_daemon(FAST, head=METRICS_HEAD, prefix=NOFILE_1024, port=str(port))
+    idle = [_connecting(port) for _ in range(1100)]
+    try:
+        assert _fds(daemon) < 1024 - 256
+        assert _served(daemon)  # the inference socket still accepts
+        assert daemon.alive()
+        # A connection that says nothing is let go: the daemon closes its end (EOF here).
+        idle[0].settimeout(60)
+        assert idle[0].recv(1) == b""
+    finally:
+        for conn in idle:
+            conn.close()
+    _until(lambda: _scrape(port).startswith(b"HTTP/1.0 200"), what="scraped")
+    assert daemon.stop() == 0
+
+
+# -- the shared-memory registration socket -------------------------------------------
+
+def _regions(daemon) -> str:
+    return str(daemon.run_dir / "regions.sock")
+
+
+def _seqpacket(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.settimeout(20)
+    sock.connect(path)
+    return sock
+
+
+def _memfd(size: int = 4096) -> int:
+    fd = os.memfd_create("hostile", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, size)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    return fd
+
+
+def test_descriptors_sent_with_an_empty_packet_are_closed(make_daemon) -> None:
+    daemon = make_daemon(FAST)
+    assert _served(daemon)
+    before = _fds(daemon)
+    for _ in range(100):
+        fds = [_memfd() for _ in range(4)]
+        with _seqpacket(_regions(daemon)) as sock:
+            socket.send_fds(sock, [b""], fds)
+            assert sock.recv(4096) == b""  # the daemon took it as the end and hung up: handled
+        for fd in fds:
+            os.close(fd)
+    assert _fds(daemon) < before + 20  # not +400
+    assert daemon.stop() == 0
+
+
+def test_deeply_nested_json_on_the_registration_socket_is_answered(make_daemon) -> None:
+    daemon = make_daemon(FAST)
+    fd = _memfd()
+    with _seqpacket(_regions(daemon)) as sock:
+        socket.send_fds(sock, [json.dumps({"op": "register", "name": "nest"}).encode()], [fd])
+        token = json.loads(sock.recv(4096))["region"]
+        sock.send(b"[" * 4000)
+        answer = json.loads(sock.recv(4096))
+        assert answer["ok"] is False and "JSON object" in answer["error"]
+        sock.send(json.dumps({"op": "unregister", "region": "nope"}).encode())  # still served
+        assert json.loads(sock.recv(4096))["ok"] is False
+    os.close(fd)
+    # The region went with its connection: a request naming it is refused.
+    _until(lambda: _daemon_view(daemon)["shared_memory"]["regions"] == 0, what="releasing the region")
+    header = {"model": "fast512", "id": 1,
+              "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 512], "region": token, "offset": 0}]}
+    with daemon.client() as client:
+        assert client.send_raw([json.dumps(header).encode()]).status == 400
+    assert "internal error" not in daemon.log()
+    assert daemon.stop() == 0
+
+
+def _refused(sock: socket.socket) -> bool:
+    """Ask something; True if the daemon said it is out of descriptors. It answers a refused
+    client on accept and hangs up without reading, so our question may meet a reset instead
+    (only a refusal closes a connection unread); no answer at all times out: a failure."""
+    try:
+        sock.send(json.dumps({"op": "unregister", "region": "x"}).encode())
+        return "out of file descriptors" in json.loads(sock.recv(4096))["error"]
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+
+
+def test_a_full_descriptor_table_pauses_registrations_and_never_ends_them(make_daemon) -> None:
+    daemon = make_daemon(FAST)
+    assert _served(daemon)
+    pid = str(daemon.proc.pid)
+    # Soft limit only (a lowered hard one could not be raised again), a few above what is open.
+    subprocess.run(["prlimit", "--pid", pid, f"--nofile={_fds(daemon) + 4}:"], check=True)
+    held, refused = [], 0
+    try:
+        while refused < 3:  # each accepted connection holds a descriptor until the table is full
+            assert len(held) < 40, "the table never filled"
+            sock = _seqpacket(_regions(daemon))
+            held.append(sock)
+            refused += _refused(sock)
+    finally:
+        subprocess.run(["prlimit", "--pid", pid, "--nofile=4096:"], check=True)
+        for sock in held:
+            sock.close()
+    fd = _memfd()
+    with _seqpacket(_regions(daemon)) as sock:  # the socket still serves
+        socket.send_fds(sock, [json.dumps({"op": "register", "name": "after"}).encode()], [fd])
+        assert json.loads(sock.recv(4096))["ok"] is True
+    os.close(fd)
+    assert "shared-memory registrations refused for now" in daemon.log()
+    assert daemon.stop() == 0
+
+
+# -- the admin socket ------------------------------------------------------------------
+
+def _admin_raw(daemon, frame: bytes) -> zmq.Socket:
+    """A DEALER on the admin socket that has sent `frame`, with a monitor on its connection."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, -1)  # a dropped connection stays dropped: we wait for it
+    sock.connect(daemon.admin_endpoint)
+    sock.send_multipart([b"", frame])
+    return sock
+
+
+def test_a_deeply_nested_admin_request_is_answered_and_admin_serves_on(make_daemon) -> None:
+    daemon = make_daemon(FAST)
+    sock = _admin_raw(daemon, b'{"cmd": ' + b"[" * 20000 + b"]" * 20000 + b"}")
+    try:
+        assert sock.poll(20000), "admin did not answer"
+        assert b"nested too deeply" in sock.recv_multipart()[-1]
+    finally:
+        sock.close()
+    assert _daemon_view(daemon)["requests"] == 0  # admin still answers
+    assert daemon.stop() == 0
+
+
+def test_an_admin_request_over_its_size_cap_is_never_read(make_daemon) -> None:
+    daemon = make_daemon(FAST)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, -1)
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    sock.connect(daemon.admin_endpoint)
+    try:
+        sock.send_multipart([b"", b'{"cmd": "status", "pad": "' + b"p" * (1 << 20) + b'"}'])
+        # libzmq drops a peer whose frame passes MAXMSGSIZE: the connection ends, unanswered.
+        assert monitor.poll(20000), "the 1 MiB admin request was read (MAXMSGSIZE had no effect)"
+        assert not sock.poll(0)
+    finally:
+        monitor.close()
+        sock.close()
+    assert _daemon_view(daemon)["requests"] == 0
+    assert daemon.stop() == 0
+
+
+def test_set_with_a_huge_value_is_a_validation_error(make_daemon) -> None:
+    daemon = make_daemon(FAST)
+    reply = daemon.admin().call("set", check=False, model="fast512", batch_delay_us=10**400)
+    assert reply["ok"] is False and "batch_delay_us' must be an integer >= 0 and <= " in reply["error"]
+    assert "internal error" not in reply["error"]
+    assert daemon.stop() == 0
+
+
+def test_an_abstract_admin_endpoint_is_a_configuration_error() -> None:
+    from infermux import config as cfg
+
+    try:
+        cfg.parse('[daemon]\nadmin = "ipc://@infermux-admin"\n', Path("/etc/infermux/test.toml"))
+    except cfg.ConfigError as exc:
+        assert exc.path == "daemon.admin" and "any local user could drain" in str(exc)
+    else:
+        raise AssertionError("an abstract admin socket, open to every local user, was accepted")
