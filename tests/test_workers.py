@@ -340,14 +340,20 @@ def test_a_new_daemon_sweeps_segments_a_killed_one_left(make_daemon, tmp_path) -
     import subprocess
     import sys
 
+    # A directory of its own (INFERMUX_SHM_DIR): in /dev/shm any other daemon starting on
+    # the box meanwhile (another test run) may sweep the stale segment before this one does.
+    private = tmp_path / "shm"
+    private.mkdir()
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                           text=True).stdout.strip()
-    stale = shm.SHM_DIR / f"{shm.PREFIX}{dead}-1-0"
+    stale = private / f"{shm.PREFIX}{dead}-1-0"
     stale.write_bytes(b"\0" * 64)
-    d = start(make_daemon, cold("c"))
+    d = start(make_daemon, cold("c"), env={"INFERMUX_SHM_DIR": str(private)})
     assert not stale.exists()
-    assert "swept model" not in d.log() and "swept segments=" in d.log()
-    stop_clean(d)
+    assert "swept model" not in d.log() and "swept segments=1 " in d.log()
+    pid = d.proc.pid
+    assert d.stop() == 0, d.log()
+    assert [p.name for p in private.iterdir() if p.name.startswith(f"{shm.PREFIX}{pid}-")] == []
 
 
 def test_admin_settings_reach_the_worker_and_it_batches_and_honours_deadlines(make_daemon) -> None:
