@@ -41,7 +41,7 @@ def mapped(pid: int, name: str) -> bool:
     return f"/memfd:{name} " in Path(f"/proc/{pid}/maps").read_text()
 
 
-def eventually(check, timeout_s: float = 5.0) -> bool:
+def eventually(check, timeout_s: float = 20.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while not check():
         if time.monotonic() > deadline:
