@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zmq
 
 from infermux.workers import slots as shm
@@ -98,6 +99,7 @@ def test_a_slot_zmq_still_sends_from_is_reused_only_once_zmq_is_done() -> None:
     assert names_on_disk(p.tag) == []
 
 
+@pytest.mark.timing
 def test_sweep_removes_the_segments_of_dead_daemons_only(tmp_path: Path) -> None:
     # A directory of its own: in /dev/shm any daemon starting on the box meanwhile
     # (another test run) may sweep the stale segment first.
