@@ -175,10 +175,10 @@ async def test_banner_when_the_daemon_goes_and_reconnect_when_it_is_back(make_da
         d.stop()
         # The banner's text, not only its display flag: the flag can be set a frame before the text is drawn.
         message = f"daemon not reachable at {d.admin_endpoint}, retrying"
-        await until(pilot, lambda: app.banner.display and message in screen_text(app), timeout=8, what="the banner")
+        await until(pilot, lambda: app.banner.display and message in screen_text(app), timeout=20, what="the banner")
         d.start()
         await until(pilot, lambda: not app.banner.display and app.snapshot["daemon"]["pid"] != first_pid,
-                    timeout=15, what="reconnect to the new daemon")
+                    timeout=30, what="reconnect to the new daemon")
         await until(pilot, lambda: app.models_table.cell_text("fast:1", "state") == "ready")
 
 
@@ -188,7 +188,7 @@ async def test_stalled_statistics_show_the_banner_even_when_admin_answers(make_d
     d = make_daemon(MODELS, head=DAEMON_HEAD + 'stats = ""\n')  # the daemon publishes nothing
     app = console(d)
     async with app.run_test(size=(200, 24)) as pilot:
-        await until(pilot, lambda: app.banner.display and "no statistics" in screen_text(app), timeout=8)
+        await until(pilot, lambda: app.banner.display and "no statistics" in screen_text(app), timeout=20)
         assert f"no statistics from {d.stats_endpoint}" in screen_text(app)
         assert "answers on its admin socket" in screen_text(app)
 
