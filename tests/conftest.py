@@ -70,6 +70,7 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
     models.two_outputs(root / "pair/1/model.onnx")
     models.reshaper(root / "reshaper/1/model.onnx")
     models.slow(root / "slow/1/model.onnx")
+    models.slow(root / "slower/1/model.onnx", layers=48)  # 4x: a flood stays queued (test_fairness.py)
     models.add_one(root / "fast512/1/model.onnx", width=512, offset=0.0)
     models.nonzero(root / "nonzero/1/model.onnx")
     return root

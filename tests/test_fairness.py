@@ -7,13 +7,17 @@ them in a known order; what we look at is the order the replies come back.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-BIG = np.ones((64, 512), np.float32)  # milliseconds per call through the slow model
-HEAVY = np.ones((256, 512), np.float32)  # tens of ms: the flood is all queued before the first is done
+BIG = np.ones((64, 512), np.float32)
+# Over 100 ms per call through the slower model (48 layers): the whole flood and the camera are
+# queued before the first is done, even if the client is held off the CPU for a while.
+HEAVY = np.ones((256, 512), np.float32)
+pytestmark = pytest.mark.timing
 
 
 def model(contexts: int) -> str:
-    return (f'[[models]]\nname = "slow"\nengine = "slow/1/model.onnx"\ncontexts = {contexts}\n'
+    return (f'[[models]]\nname = "slow"\nengine = "slower/1/model.onnx"\ncontexts = {contexts}\n'
             "max_queue = 64\ntimeout_ms = 20000\n")
 
 
@@ -51,7 +55,7 @@ def test_fairness_holds_with_least_queue_over_several_contexts(make_daemon):
 
 
 def test_a_full_queue_makes_room_for_a_key_that_holds_less_of_it(make_daemon):
-    d = make_daemon('[[models]]\nname = "slow"\nengine = "slow/1/model.onnx"\nmax_queue = 4\ntimeout_ms = 20000\n')
+    d = make_daemon('[[models]]\nname = "slow"\nengine = "slower/1/model.onnx"\nmax_queue = 4\ntimeout_ms = 20000\n')
     with d.pipeline(timeout_s=30) as pipe:
         flood = [pipe.submit("slow", {"x": HEAVY}, key="flood") for _ in range(10)]
         camera = pipe.submit("slow", {"x": BIG[:1]}, key="camera")

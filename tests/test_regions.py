@@ -40,7 +40,7 @@ def mapped(pid: int, name: str) -> bool:
     return f"/memfd:{name} " in Path(f"/proc/{pid}/maps").read_text()
 
 
-def eventually(check, timeout_s: float = 5.0) -> bool:
+def eventually(check, timeout_s: float = 20.0) -> bool:
     deadline = time.monotonic() + timeout_s
     while not check():
         if time.monotonic() > deadline:
@@ -384,19 +384,27 @@ def test_a_worker_given_a_descriptor_it_cannot_map_carries_on() -> None:
     os.close(write_end)
 
 
+@pytest.mark.timing
 def test_batched_requests_each_read_and_write_their_own_part_of_a_region(make_daemon) -> None:
-    batched = "max_batch = 16\nbatch_delay_us = 5000\n"
-    d = start(make_daemon, f'[[models]]\nname = "hot"\nengine = "fast512/1/model.onnx"\n{batched}'
-                           f'[[models]]\nname = "cold"\nengine = "fast512/1/model.onnx"\nmode = "multiproc"\n'
-                           f'preload = true\n{batched}')
+    # Merging is made certain, not likely: nothing is computed on the reading thread
+    # (inline_max_us = 0, inline.py), so every request waits in the executor's take,
+    # which holds the batch open until it has max_batch rows (8 of these requests)
+    # or the delay runs out. The delay is far longer than a stalled client, and
+    # each batch fills long before it: the test does not wait it out.
+    from test_workers import HEAD
+    head = HEAD.replace("{hang}", "10").replace("{budget}", "80%") + "inline_max_us = 0\n"
+    batched = "max_batch = 16\nbatch_delay_us = 10000000\ntimeout_ms = 60000\n"
+    d = make_daemon(f'[[models]]\nname = "hot"\nengine = "fast512/1/model.onnx"\n{batched}'
+                    f'[[models]]\nname = "cold"\nengine = "fast512/1/model.onnx"\nmode = "multiproc"\n'
+                    f'preload = true\n{batched}', head=head)
     rows = [np.full((2, 512), k, np.float32) for k in range(16)]
-    with SharedMemory.beside(d.endpoint, 1 << 20, "batched") as shm, d.pipeline() as pipe:
+    with SharedMemory.beside(d.endpoint, 1 << 20, "batched") as shm, d.pipeline(timeout_s=60) as pipe:
         ins = [shm.ndarray((2, 512), "float32", offset=k * 4096) for k in range(16)]
         outs = [shm.ndarray((2, 512), "float32", offset=(16 + k) * 4096) for k in range(16)]
         for x, r in zip(ins, rows):
             x[:] = r
-        with d.client() as client:
-            until_200(client, "cold", rows[0])
+        with d.client(timeout_s=60) as client:
+            until_200(client, "cold", np.zeros((16, 512), np.float32))  # a full batch: it never waits
         for model in ("hot", "cold"):
             for out in outs:
                 out[:] = -1

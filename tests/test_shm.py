@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
+import pytest
 import zmq
 
 from infermux.workers import slots as shm
@@ -97,16 +99,15 @@ def test_a_slot_zmq_still_sends_from_is_reused_only_once_zmq_is_done() -> None:
     assert names_on_disk(p.tag) == []
 
 
-def test_sweep_removes_the_segments_of_dead_daemons_only() -> None:
+@pytest.mark.timing
+def test_sweep_removes_the_segments_of_dead_daemons_only(tmp_path: Path) -> None:
+    # A directory of its own: in /dev/shm any daemon starting on the box meanwhile
+    # (another test run) may sweep the stale segment first.
     dead = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                               capture_output=True, text=True).stdout)
-    stale = shm.SHM_DIR / f"{shm.segment_name(dead, 1)}-0"
-    live = shm.SHM_DIR / f"{shm.segment_name(os.getpid(), 999)}-0"
+    stale = tmp_path / f"{shm.segment_name(dead, 1)}-0"
+    live = tmp_path / f"{shm.segment_name(os.getpid(), 999)}-0"
     stale.write_bytes(b"x")
     live.write_bytes(b"x")
-    try:
-        removed = shm.sweep_stale()
-        assert stale.name in removed and not stale.exists() and live.exists()
-    finally:
-        live.unlink(missing_ok=True)
-        stale.unlink(missing_ok=True)
+    removed = shm.sweep_stale(tmp_path)
+    assert removed == [stale.name] and not stale.exists() and live.exists()

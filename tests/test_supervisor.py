@@ -173,6 +173,7 @@ def test_ready_only_after_every_hot_model_is_warm(start):
     assert "STOPPING=1" not in before_ready
 
 
+@pytest.mark.timing
 def test_watchdog_keeps_pinging_while_requests_flow(start):
     d = start(config_text(CLASSIFIER))
     ready = d.wait_for("READY=1")
@@ -250,6 +251,7 @@ def test_sigterm_drains_then_exits_zero(start):
     assert "READY=1" not in after[after.index("STOPPING=1"):]
 
 
+@pytest.mark.timing
 def test_sigterm_when_idle_exits_promptly(start):
     d = start(config_text(CLASSIFIER))
     d.wait_for("READY=1")
@@ -260,6 +262,7 @@ def test_sigterm_when_idle_exits_promptly(start):
     assert "STOPPING=1" in d.lines()
 
 
+@pytest.mark.timing
 def test_sigterm_ends_the_daemon_even_while_clients_retry_without_pause(start):
     # Refused requests are answered 503 until the socket is quiet; clients that retry at once
     # never let it be quiet, and the daemon must still end (REFUSE_S), not wait for systemd's SIGKILL.

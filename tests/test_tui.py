@@ -145,18 +145,21 @@ async def test_routing_edits_palette_drain_and_reload(make_daemon) -> None:
         await until(pilot, lambda: notified(app, "configuration reloaded: added ['extra:1']"))
 
 
+@pytest.mark.timing
 async def test_a_slow_admin_command_does_not_freeze_the_console(make_daemon) -> None:
+    # A 4 s load against 3 s for two key presses: a console that waited for the load is caught,
+    # one merely slowed by a busy box is not.
     d = make_daemon('[[models]]\nname = "late"\nengine = "addone/1/model.onnx"\n'
-                    'backend = "slow_load:SlowLoadBackend"\n[models.options]\nload_delay_s = 1.0\n')
+                    'backend = "slow_load:SlowLoadBackend"\n[models.options]\nload_delay_s = 4.0\n')
     with d.admin() as admin:
         admin.call("unload", model="late")
     app = console(d)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: app.models_table.cell_text("late:1", "state") == "unloaded")
         started = time.monotonic()
-        await pilot.press("l", "2")  # load takes a second; the tab switch must not wait for it
+        await pilot.press("l", "2")  # the load takes 4 s; the tab switch must not wait for it
         assert app.query_one("TabbedContent").active == "memory"
-        assert time.monotonic() - started < 0.8 and not notified(app, "loaded in")
+        assert time.monotonic() - started < 3.0 and not notified(app, "loaded in")
         await until(pilot, lambda: notified(app, "loaded in", "information"), what="the load's answer")
         assert row(d, "late", "1")["state"] == "ready"
 
@@ -171,10 +174,10 @@ async def test_banner_when_the_daemon_goes_and_reconnect_when_it_is_back(make_da
         d.stop()
         # The banner's text, not only its display flag: the flag can be set a frame before the text is drawn.
         message = f"daemon not reachable at {d.admin_endpoint}, retrying"
-        await until(pilot, lambda: app.banner.display and message in screen_text(app), timeout=8, what="the banner")
+        await until(pilot, lambda: app.banner.display and message in screen_text(app), timeout=20, what="the banner")
         d.start()
         await until(pilot, lambda: not app.banner.display and app.snapshot["daemon"]["pid"] != first_pid,
-                    timeout=15, what="reconnect to the new daemon")
+                    timeout=30, what="reconnect to the new daemon")
         await until(pilot, lambda: app.models_table.cell_text("fast:1", "state") == "ready")
 
 
@@ -184,7 +187,7 @@ async def test_stalled_statistics_show_the_banner_even_when_admin_answers(make_d
     d = make_daemon(MODELS, head=DAEMON_HEAD + 'stats = ""\n')  # the daemon publishes nothing
     app = console(d)
     async with app.run_test(size=(200, 24)) as pilot:
-        await until(pilot, lambda: app.banner.display and "no statistics" in screen_text(app), timeout=8)
+        await until(pilot, lambda: app.banner.display and "no statistics" in screen_text(app), timeout=20)
         assert f"no statistics from {d.stats_endpoint}" in screen_text(app)
         assert "answers on its admin socket" in screen_text(app)
 

@@ -20,7 +20,7 @@ def screen_text(app: App) -> str:
     return console.export_text()
 
 
-async def until(pilot: Pilot, condition: Callable[[], object], timeout: float = 8.0, what: str = "") -> None:
+async def until(pilot: Pilot, condition: Callable[[], object], timeout: float = 20.0, what: str = "") -> None:
     """Let the app run until `condition()` is true; fail with the screen if it never is."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -29,7 +29,9 @@ from typing import Any, Callable, Sequence
 
 log = logging.getLogger("infermux.shm")
 
-SHM_DIR = Path("/dev/shm")
+# INFERMUX_SHM_DIR: a test gives its daemon a directory of its own, out of reach of the
+# sweep of every other daemon starting on the box (sweep_stale).
+SHM_DIR = Path(os.environ.get("INFERMUX_SHM_DIR") or "/dev/shm")
 PREFIX = "infermux-"
 ALIGN = 64  # offsets of tensors inside a slot: cache-line and SIMD friendly
 GRAIN = 64 * 1024  # slot sizes are rounded up to this, so near sizes share slots
