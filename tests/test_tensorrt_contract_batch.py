@@ -38,7 +38,7 @@ def engine(fake_trt, tmp_path):
 def scheduler_policy(engine, max_batch: int):
     """The batching policy a hot placement builds for `engine`, its executor stopped again."""
     config = ModelConfig("det", engine.path, max_batch=max_batch, batch_delay_us=0)
-    scheduler = Scheduler(config, engine, lambda envelope, frames: None, lambda job: None,
+    scheduler = Scheduler(config, engine, lambda envelope, frames, outcome=None: None, lambda job: None,
                           ModelStats("det", "1"), "least_loaded")
     scheduler.stop(5)
     return scheduler.policy
@@ -64,7 +64,7 @@ def test_contract_two_valid_requests_are_never_merged_past_the_profile(engine):
     policy = scheduler_policy(engine, 16)
     replies: list[dict] = []
     executor = Executor("det", "1", 0, engine.create_context(),
-                        lambda envelope, frames: replies.append(json.loads(frames[0])), lambda job: None, policy)
+                        lambda envelope, frames, outcome=None: replies.append(json.loads(frames[0])), lambda job: None, policy)
     now = time.perf_counter_ns()
     for k in range(2):
         request = Request("det", {"x": np.full((5, 4), k, np.float32)})

@@ -147,10 +147,10 @@ class Server:
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full pipe says EAGAIN (we drop), a gone peer EHOSTUNREACH
         sock.setsockopt(zmq.LINGER, 1000)
-        # libzmq's cap is per frame and drops the peer silently; it sits just above
-        # max_message_bytes so that a frame a little over gets our 413 naming the
-        # setting, while no single frame can make us hold much more than the limit.
-        sock.setsockopt(zmq.MAXMSGSIZE, self.config.daemon.max_message_bytes + MAXMSGSIZE_SLACK)
+        # libzmq's cap is per frame and drops the peer silently; it sits at twice
+        # max_message_bytes so that an oversize frame gets our 413 naming the setting
+        # (the documented answer), and no single frame can make us hold more than that.
+        sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.config.daemon.max_message_bytes + MAXMSGSIZE_SLACK)
         sock.setsockopt(zmq.RCVHWM, 10000)
         sock.setsockopt(zmq.SNDHWM, 10000)
         self._poller.register(self.peers.attach(self.ctx, sock), zmq.POLLIN)  # before bind: every accept

@@ -62,12 +62,12 @@ def stage_cap(work: Path) -> int:
     _trt()
     engine = _load(build_plan(work / "cap" / "model.plan"))
     try:
-        scheduler = Scheduler(ModelConfig("classifier", engine.path, max_batch=16), engine, lambda e, f: None,
+        scheduler = Scheduler(ModelConfig("classifier", engine.path, max_batch=16), engine, lambda e, f, outcome=None: None,
                               lambda job: None, ModelStats("classifier", "1"), "least_loaded")
         scheduler.stop(30)
         replies: list[dict] = []
         executor = Executor("classifier", "1", 0, engine.create_context(),
-                            lambda envelope, frames: replies.append(json.loads(frames[0])), lambda job: None,
+                            lambda envelope, frames, outcome=None: replies.append(json.loads(frames[0])), lambda job: None,
                             scheduler.policy)
         now = time.perf_counter_ns()
         for k in range(2):
