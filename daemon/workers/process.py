@@ -150,7 +150,12 @@ class WorkerProcess:
         return self.proc.poll() is not None
 
     def reason(self) -> str:
-        return exit_reason(self.proc.poll())
+        """How the child ended. Its pipes close a moment before the kernel records its exit,
+        so a crash seen on a pipe waits briefly for the status instead of saying 'running'."""
+        try:
+            return exit_reason(self.proc.wait(timeout=0.2))
+        except subprocess.TimeoutExpired:
+            return exit_reason(None)
 
     def rss(self) -> int:
         return read_rss(self.pid)
