@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import importlib
 import logging
-from importlib.metadata import entry_points
 from pathlib import Path
+from typing import cast
 
+from infermux.plugins import discovery
 from infermux.plugins.base import Backend, BackendError
 
 log = logging.getLogger("infermux.plugins")
@@ -22,24 +22,18 @@ _cache: dict[str, Backend] = {}
 
 
 def _load_object(spec: str) -> Backend:
-    module, _, attr = spec.partition(":")
-    return getattr(importlib.import_module(module), attr)()
+    return cast(Backend, cast(type, discovery.resolve(spec))())
 
 
 def available() -> dict[str, str]:
     """Backend name -> 'module:Class' for every backend that can be tried."""
-    specs = dict(BUILTIN)
-    for ep in entry_points(group="infermux.backends"):
-        specs[ep.name] = ep.value
-    return specs
+    return discovery.specs("infermux.backends", BUILTIN)
 
 
 def get(name: str) -> Backend:
     """The backend called `name` (or given as "module:Class"), imported once."""
     if name not in _cache:
-        specs = available()
-        if ":" in name:
-            specs[name] = name
+        specs = discovery.specs("infermux.backends", BUILTIN, name)
         if name not in specs:
             raise BackendError(f"unknown backend {name!r}; installed: {', '.join(sorted(specs))}")
         try:

@@ -7,9 +7,9 @@ accepted as a name, for a processor not installed as a package.
 
 from __future__ import annotations
 
-import importlib
-from importlib.metadata import entry_points
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
+
+from infermux.plugins import discovery
 
 from infermux.plugins.processors.base import (Processor, ProcessorConfigError, ProcessorError,
                                               ProcessorFactory, Sample)
@@ -37,23 +37,17 @@ _cache: dict[str, ProcessorFactory] = {}
 
 def available() -> dict[str, str]:
     """Processor kind -> 'module:Class' for every processor that can be tried."""
-    specs = dict(BUILTIN)
-    for ep in entry_points(group="infermux.processors"):
-        specs[ep.name] = ep.value
-    return specs
+    return discovery.specs("infermux.processors", BUILTIN)
 
 
 def factory(kind: str) -> ProcessorFactory:
     """The class (factory) of processor `kind` (or "module:Class"), imported once."""
     if kind not in _cache:
-        specs = available()
-        if ":" in kind:
-            specs[kind] = kind
+        specs = discovery.specs("infermux.processors", BUILTIN, kind)
         if kind not in specs:
             raise ProcessorConfigError(kind, f"unknown processor; installed: {', '.join(sorted(specs))}")
-        module, _, attr = specs[kind].partition(":")
         try:
-            _cache[kind] = getattr(importlib.import_module(module), attr)
+            _cache[kind] = cast(ProcessorFactory, discovery.resolve(specs[kind]))
         except (ImportError, AttributeError) as exc:
             raise ProcessorConfigError(kind, f"processor is not usable here: {exc}") from exc
     return _cache[kind]
