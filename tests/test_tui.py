@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 import numpy as np
+import pytest
 
 from harness import TWO_VERSIONS_AND_FAST, Daemon
 from infermux.tui.app import TopApp

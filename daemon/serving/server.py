@@ -21,7 +21,7 @@ from collections import deque
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, Callable
 
 import zmq
 
