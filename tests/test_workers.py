@@ -449,6 +449,20 @@ def test_a_cold_model_with_a_fallback_is_served_itself_once_its_worker_is_up(mak
     stop_clean(d)
 
 
+def test_a_cold_model_learns_its_time_per_row_from_requests_that_ran_alone(make_daemon) -> None:
+    # The worker used to report a request that ran alone as one row: the daemon then took a whole
+    # 64-row compute for the time of one row, and a burst's expected wait (Retry-After, the deadline
+    # fallback) came out 64 times too long.
+    d = start(make_daemon, cold("c", preload=True))
+    with d.client() as client:
+        replies = [until_200(client, "c", X_SLOT) for _ in range(3)]
+    assert all(r.status == 200 and "batch" not in r.header for r in replies), [r.header for r in replies]
+    per_row = row(d, "c")["stats"]["service_time_us"]
+    fastest = min(r.header["timing_us"]["compute"] for r in replies)
+    assert per_row is not None and per_row * len(X_SLOT) <= 4 * max(fastest, 1), (per_row, fastest)
+    stop_clean(d)
+
+
 def test_a_full_cold_queue_answers_429_with_a_retry_time(make_daemon) -> None:
     # The worker is stopped (SIGSTOP), so nothing it holds can be answered before the rest
     # arrive: max_queue + contexts requests are in flight, every later one finds the queue full.

@@ -217,7 +217,7 @@ class Executor:
         self.row_us = track_compute(self.row_us, (end - start) / 1000 / max(1, rows))
         shared = rows if len(jobs) > 1 else 0
         for job, outputs in zip(jobs, results):
-            self._succeed(job, outputs, start, end, shared)
+            self._succeed(job, outputs, start, end, shared, rows)
         self.served += len(jobs)
 
     def _infer_one(self, job: Job) -> dict[str, Any]:
@@ -236,8 +236,10 @@ class Executor:
                 place.mismatch()
         return self._context.infer(job.request.inputs)
 
-    def _succeed(self, job: Job, outputs: dict, start: int, end: int, batch: int) -> None:
-        """Reply 200; `batch` is the rows of a call shared with other requests (0: ran alone)."""
+    def _succeed(self, job: Job, outputs: dict, start: int, end: int, batch: int, rows: int) -> None:
+        """Reply 200; `batch` is the rows of a call shared with other requests (0: ran alone), `rows`
+        those of the call whatever it was (the worker's Outcome, from which the daemon learns the
+        time per row)."""
         req = job.request
         if req.outputs is not None:
             outputs = {name: outputs[name] for name in req.outputs}
@@ -253,7 +255,7 @@ class Executor:
             header["batch"] = batch
         if job.fallback:
             header["fallback"] = job.fallback
-        outcome = Outcome(200, batch or 1, queue_us, compute_us, total_us)
+        outcome = Outcome(200, rows, queue_us, compute_us, total_us)
         self._reply(job.envelope, encode_reply(header, outputs, req.output_regions), outcome)
         self.stats.record(200, total_us, queue_us, compute_us, batch)
 

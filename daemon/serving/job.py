@@ -33,7 +33,7 @@ class Outcome:
     with its reply so that the daemon need not parse the reply header (workers/wire.py)."""
 
     status: int
-    batch: int  # rows of the backend call it shared, 1 when it ran alone
+    batch: int  # rows of the backend call it ran in (its own rows when it ran alone)
     queue_us: int
     compute_us: int
     total_us: int

@@ -60,7 +60,7 @@ HELLO, STAGE, READY, ERROR, REPLY, LATE, BEAT, BYE = b"h", b"s", b"r", b"e", b"R
 _SEQ = struct.Struct("<Q")
 # seq, status, batch, queue µs, compute µs, total µs: what the daemon's statistics
 # need, without parsing the reply header.
-_REPLY = struct.Struct("<QHHqqq")
+_REPLY = struct.Struct("<QHIqqq")  # rows as uint32: one request may hold more than 65535
 REPLY_HEAD = 1 + _REPLY.size
 
 # Requests whose tensors total at most this many bytes travel inside the
