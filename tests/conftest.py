@@ -2,13 +2,24 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 
+# Test modules import it and also name it in pytest_plugins (its fixtures): rewrite its asserts
+# at the first import, or pytest warns that it came too late to.
+pytest.register_assert_rewrite("fakes_tensorrt")
+
 from harness import DAEMON_HEAD, REPO, Daemon
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto`: a worker per core this process may use, at most 4 (each runs daemons with threads
+    of their own; more would only queue them behind each other)."""
+    return max(1, min(4, len(os.sched_getaffinity(0))))
 
 SESSION_MODELS = """
 [routing]

@@ -11,10 +11,13 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from chaos import WATCHED, Load
 from harness import Daemon
 from publish import publish, write_atomically
+
+pytestmark = pytest.mark.timing  # load, kills and swaps racing each other: tests/stress.sh runs them
 
 X = np.ones((1, 4), np.float32)
 

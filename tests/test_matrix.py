@@ -46,6 +46,8 @@ MOVES = {"promoted": "promote", "demoted": "demote"}
 # Every cell takes every placement, so that pytest runs each placement's cells together on one daemon;
 # the SIGKILL cell skips the two without a worker.
 every_placement = pytest.mark.parametrize("placed", PLACEMENTS, indirect=True)
+# Bursts that fill queues and deadlines that wait behind computes: tests/stress.sh runs the matrix.
+pytestmark = pytest.mark.timing
 
 RNG = np.random.default_rng(16)
 ROW = RNG.random((1, 512), dtype=np.float32)  # one row: quick through any model

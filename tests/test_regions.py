@@ -265,6 +265,7 @@ def test_with_shared_memory_off_a_client_is_told_and_region_inputs_get_400(make_
     stop_clean(d)
 
 
+@pytest.mark.timing
 def test_a_worker_that_crashes_with_a_region_mapped_is_given_it_again(make_daemon) -> None:
     d = start(make_daemon, MODELS)
     with d.client() as client, SharedMemory.beside(d.endpoint, 1 << 20, "survivor") as shm:

@@ -248,6 +248,7 @@ def retry_hints(d: Daemon, burst: int) -> list[int]:
     return sorted(r.retry_after_ms for r in replies if r.status == 429)
 
 
+@pytest.mark.timing
 def test_retry_after_grows_with_the_queue_depth(make_daemon):
     d = make_daemon('[[models]]\nname = "slow"\nengine = "slow/1/model.onnx"\nmax_queue = 2\ntimeout_ms = 10000\n')
     with d.client() as client:

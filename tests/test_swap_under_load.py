@@ -61,6 +61,7 @@ class LoadClient(threading.Thread):
 
 
 @pytest.mark.slow
+@pytest.mark.timing
 def test_twenty_swaps_under_pipelined_load_lose_nothing(tmp_path: Path) -> None:
     root = tmp_path / "engines"
     publish(root, "z", 1, offset=1)
