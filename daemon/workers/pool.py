@@ -54,6 +54,7 @@ REFUSED_RETRY_S = 1.0  # a load refused for memory is tried again on demand afte
 LOAD_TIMEOUT_S = 600.0  # a TensorRT plan of several GB takes a while to deserialize
 WATCH_S = 0.1
 SLOT_IDLE_S = 5.0
+SPARE_STOP_S = 2.0  # at shutdown, the spare's time to exit before it is killed (packaging/k8s's grace period counts it)
 
 
 class Workers:
@@ -393,7 +394,7 @@ class Workers:
         with self._lock:
             spare, self._spare = self._spare, None
         if spare is not None:
-            spare.stop(2.0)
+            spare.stop(SPARE_STOP_S)
             spare.close()
         for mv in self.registry.all_versions():
             proxy = mv.scheduler
