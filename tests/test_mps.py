@@ -76,8 +76,14 @@ def test_standin_auto_joins_only_a_running_control_daemon(standin: Path, tmp_pat
 def test_standin_on_fails_a_worker_start_with_the_reason(standin: Path, tmp_path: Path,
                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FAKE_MPS_REFUSE", "1")
+    keeper = mps.Mps()
     with pytest.raises(mps.MpsUnavailable, match=r"-d started no control daemon .*already running"):
-        mps.Mps().environment("on", tmp_path / "pipes", 0)
+        keeper.environment("on", tmp_path / "pipes", 0)
+    assert keeper.refused("on"), "no spare worker is started (and fails) on every watcher turn"
+    assert "already running" in keeper.view("on")["detail"]
+    with pytest.raises(mps.MpsUnavailable):  # the cached verdict: the tool is not run again at once
+        keeper.environment("on", tmp_path / "pipes", 0)
+    assert standin.read_text().count("-d|") == 1
     monkeypatch.setenv("PATH", "/nonexistent")
     with pytest.raises(mps.MpsUnavailable, match="not on PATH"):
         mps.Mps().environment("on", tmp_path / "pipes", 0)
@@ -99,11 +105,15 @@ def _worker_pid(log: str, model: str) -> int:
 def test_standin_cold_workers_start_as_mps_clients_shown_in_status_and_doctor(make_daemon, standin: Path,
                                                                               tmp_path: Path) -> None:
     pipes = tmp_path / "pipes"
-    head = DAEMON_HEAD + f'spare_worker = false\nmps = "on"\nmps_pipe_dir = "{pipes}"\n'
+    # The spare starts with the daemon, without a percentage: "quarter" (loaded at start) must not take it;
+    # "whole" (loaded after) takes it or its successor.
+    head = DAEMON_HEAD + f'spare_worker = true\nmps = "on"\nmps_pipe_dir = "{pipes}"\n'
     models = ('[[models]]\nname = "quarter"\nengine = "addone/1/model.onnx"\nmode = "multiproc"\n'
               'preload = true\nmps_thread_percentage = 25\n'
-              '[[models]]\nname = "whole"\nengine = "addone/1/model.onnx"\nmode = "multiproc"\npreload = true\n')
+              '[[models]]\nname = "whole"\nengine = "addone/1/model.onnx"\nmode = "multiproc"\n')
     d = make_daemon(models, head=head, env={"PATH": os.environ["PATH"], "FAKE_MPS_LOG": str(standin)})
+    with d.admin() as admin:
+        admin.call("load", model="whole")
     quarter, whole = _environ(_worker_pid(d.log(), "quarter")), _environ(_worker_pid(d.log(), "whole"))
     assert quarter["CUDA_MPS_PIPE_DIRECTORY"] == whole["CUDA_MPS_PIPE_DIRECTORY"] == str(pipes)
     assert quarter["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"

@@ -129,6 +129,7 @@ class Mps:
         self._state: MpsState | None = None
         self._key: tuple[str, Path] | None = None
         self._decided = 0.0
+        self._started: list[Path] = []  # control daemons infermux started: quit at close, not before
 
     def state(self, mode: str, pipe_dir: Path) -> MpsState:
         """The state for these settings (joining or starting the control daemon the first time)."""
@@ -136,10 +137,18 @@ class Mps:
             stale = self._state is not None and not self._state.active and mode != "off" \
                 and time.monotonic() - self._decided > RETRY_S
             if self._state is None or self._key != (mode, pipe_dir) or stale:
-                self._quit_own()
+                # A control daemon started before a reload stays: workers started then still use it.
                 self._state, self._key = self._decide(mode, pipe_dir), (mode, pipe_dir)
                 self._decided = time.monotonic()
+                if self._state.started:
+                    self._started.append(pipe_dir)
             return self._state
+
+    def refused(self, mode: str) -> bool:
+        """`mode` is "on" and MPS could not be had within the last RETRY_S: start no spare meanwhile
+        (it would fail again at once, and again on every turn of the workers' watcher)."""
+        state = self._state
+        return mode == "on" and state is not None and not state.active and time.monotonic() - self._decided <= RETRY_S
 
     def view(self, mode: str) -> dict[str, Any]:
         """For the admin `status` reply: what the last worker start found under the configured `mode`."""
@@ -162,9 +171,13 @@ class Mps:
         return env
 
     def close(self) -> None:
-        """Quit the control daemon if infermux started it (the workers are gone by now)."""
+        """Quit the control daemons infermux started (the workers are gone by now)."""
+        binary = control_binary()
         with self._lock:
-            self._quit_own()
+            started, self._started = self._started, []
+        for pipe_dir in started:
+            if binary is not None:
+                ask(binary, pipe_dir, "quit")
 
     def _decide(self, mode: str, pipe_dir: Path) -> MpsState:
         found = probe(mode, pipe_dir)
@@ -174,9 +187,3 @@ class Mps:
             return start(pipe_dir)
         except MpsUnavailable as exc:
             return MpsState(mode, False, str(pipe_dir), False, str(exc))
-
-    def _quit_own(self) -> None:
-        state, binary = self._state, control_binary()
-        if state is not None and state.started and binary is not None:
-            ask(binary, Path(state.pipe_dir), "quit")
-        self._state = None

@@ -97,7 +97,7 @@ class Workers:
 
     def _want_spare(self) -> bool:
         config = self.registry.config
-        return (not self._closed and config.daemon.spare_worker
+        return (not self._closed and config.daemon.spare_worker and not self.mps.refused(config.daemon.mps)
                 and any(mc.mode == "multiproc" for mc in config.models))
 
     def _preload(self) -> list[str]:
