@@ -136,9 +136,13 @@ def test_the_daemonsets_mount_what_the_configuration_names(daemonset: dict[str, 
     writable = [ep[len("ipc://"):] for ep in (*config.daemon.listen, config.daemon.admin, config.daemon.stats)
                 if ep.startswith("ipc://")]
     writable.append(str(config.daemon.mps_pipe_dir))
+    prepared = {m["name"] for c in daemonset["spec"]["template"]["spec"].get("initContainers", [])
+                for m in c["volumeMounts"]}
     for path in writable:
-        mount, _ = _mount_of(daemonset, path)
+        mount, volume = _mount_of(daemonset, path)
         assert read_only_root and not mount.get("readOnly"), f"{path}: the daemon writes there"
+        # The kubelet makes a missing hostPath root's: an init container hands it to the daemon's user.
+        assert "hostPath" not in volume or volume["name"] in prepared, f"{path}: not writable by the daemon"
 
 
 def test_probes_and_scrape_point_at_the_metrics_server(daemonset: dict[str, Any], tmp_path: Path) -> None:
