@@ -10,6 +10,7 @@ listens on, and give SIGTERM's drain the time it takes.
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 import shutil
@@ -41,9 +42,11 @@ CONTAINER = REPO / "packaging/container"
 KUBERNETES_VERSIONS = ("1.28.0", kubernetes_validate.latest_version())
 
 
-def _documents() -> list[tuple[Path, dict[str, Any]]]:
-    return [(path, doc) for path in sorted(K8S.rglob("*.yaml"))
-            for doc in yaml.safe_load_all(path.read_text()) if doc]
+@functools.lru_cache(maxsize=None)
+def _documents() -> tuple[tuple[Path, dict[str, Any]], ...]:
+    """Every manifest under packaging/k8s (read once; the tests only read them)."""
+    return tuple((path, doc) for path in sorted(K8S.rglob("*.yaml"))
+                 for doc in yaml.safe_load_all(path.read_text()) if doc)
 
 
 def _kind(kind: str) -> list[dict[str, Any]]:
@@ -300,6 +303,9 @@ def test_the_cpu_image_builds_and_answers_a_request(podman: dict[str, str], tmp_
         user = subprocess.run(["podman", "exec", name, "id", "-u"], env=podman, capture_output=True, text=True,
                               timeout=60).stdout.strip()
         assert user == "10001"
+        status = subprocess.run(["podman", "exec", name, "infermux", "status"], env=podman, capture_output=True,
+                                text=True, timeout=60)  # $INFERMUX_CONFIG in the image names the sockets
+        assert status.returncode == 0 and "classifier" in status.stdout, status.stdout + status.stderr
         subprocess.run(["podman", "stop", "-t", "20", name], env=podman, check=True, capture_output=True,
                        timeout=60)
         code = subprocess.run(["podman", "inspect", name, "--format", "{{.State.ExitCode}}"], env=podman,
