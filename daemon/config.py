@@ -22,6 +22,7 @@ STRATEGIES = ("least_queue", "weighted", "hash")
 MODES = ("inproc", "multiproc")
 VERSION_POLICIES = ("latest", "all", "specific")
 MAX_FALLBACK_DEPTH = 4
+MPS_MODES = ("off", "auto", "on")
 
 
 class ConfigError(Exception):
@@ -54,6 +55,7 @@ class DaemonConfig:
     log_level: str = "info"
     traceback_interval_s: float = 10.0  # a repeated traceback: logged once, then a count per interval (events.py)
     metrics_port: int = 0
+    metrics_host: str = "127.0.0.1"  # 0.0.0.0 for a pod's probes and scrapes (docs/deployment.md)
     inline_max_us: int = 500        # compute on the frontend thread when idle and this short (inline.py)
     inline_busy_max_us: int = 100   # ... and when other requests wait, only this short
     watch: bool = True              # discover and hot-swap engines under engine_dir (docs/hot-swap.md)
@@ -65,6 +67,10 @@ class DaemonConfig:
     shared_memory: str = "regions.sock"  # where local clients register tensor regions (regions.py); "" = off
     max_connections: int = 4096  # live connections to the inference socket; more are refused (peers.py)
     reserved_fds: int = 512  # descriptors kept free of connections: engines, workers, regions (peers.py)
+    # Cold workers as CUDA MPS clients (workers/mps.py): "auto" joins a running control daemon.
+    mps: str = "off"
+    mps_pipe_dir: Path = Path("/tmp/nvidia-mps")  # CUDA's default CUDA_MPS_PIPE_DIRECTORY
+    mps_thread_percentage: int = 0  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of each worker; 0 = MPS's own (100)
 
 
 @dataclass(frozen=True)
@@ -102,6 +108,7 @@ class ModelConfig:
     version_policy: str = "latest"
     latest_n: int = 1
     versions: tuple[str, ...] = ()
+    mps_thread_percentage: int = 0  # a cold worker's share of the GPU's SMs under MPS; 0 = [daemon]'s
 
     @property
     def key(self) -> tuple[str, str]:
@@ -205,9 +212,29 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
             if raw[key] < 0:
                 raise ConfigError(file, f"daemon.{key}", f"must be >= 0, got {raw[key]}")
             raw[key] = float(raw[key])
+    _check_mps(file, raw)
+    if "metrics_host" in raw:
+        _check_type(file, "daemon.metrics_host", raw["metrics_host"], str)
     if raw.get("log_level", "info") not in ("debug", "info", "warning", "error"):
         raise ConfigError(file, "daemon.log_level", "must be debug, info, warning or error")
     return DaemonConfig(**raw)
+
+
+def _check_mps(file: Path, raw: dict[str, Any]) -> None:
+    if raw.get("mps", "off") not in MPS_MODES:
+        raise ConfigError(file, "daemon.mps", f"must be one of {', '.join(MPS_MODES)}, got {raw['mps']!r}")
+    if "mps_pipe_dir" in raw:
+        _check_type(file, "daemon.mps_pipe_dir", raw["mps_pipe_dir"], str)
+        raw["mps_pipe_dir"] = _resolve(file, raw["mps_pipe_dir"])
+    if "mps_thread_percentage" in raw:
+        _percentage(file, "daemon.mps_thread_percentage", raw["mps_thread_percentage"])
+
+
+def _percentage(file: Path, where: str, value: Any) -> None:
+    """An MPS active-thread percentage: 1-100, or 0 for "not set"."""
+    _positive(file, where, value, 0)
+    if value > 100:
+        raise ConfigError(file, where, f"must be a percentage (1-100, 0 = not set), got {value}")
 
 
 # Request limits: (smallest, largest) allowed. numpy arrays have at most 64
@@ -338,6 +365,8 @@ def _parse_model(file: Path, index: int, table: Any, engine_dir: Path) -> ModelC
         raw["preferred_batch"] = tuple(sorted(raw["preferred_batch"]))
     if "options" in raw:
         _check_type(file, f"{where}.options", raw["options"], dict)
+    if "mps_thread_percentage" in raw:
+        _percentage(file, f"{where}.mps_thread_percentage", raw["mps_thread_percentage"])
     _parse_version_policy(file, where, raw)
     engine = Path(raw["engine"]).expanduser()
     raw["engine"] = engine if engine.is_absolute() else engine_dir / engine

@@ -52,7 +52,7 @@ def test_json_lists_every_check() -> None:
     assert {c["status"] for c in checks} <= {"OK", "WARN", "FAIL"}
     names = {c["name"] for c in checks}
     assert {"Python", "numpy", "pyzmq", "onnxruntime", "TensorRT", "cuda-python", "GPU", "configuration",
-            "engine_dir", "sockets", "group", "RLIMIT_NOFILE", "memory budget"} <= names
+            "engine_dir", "sockets", "group", "RLIMIT_NOFILE", "memory budget", "MPS"} <= names
     assert all(c["fix"] for c in checks if c["status"] != "OK")
 
 

@@ -96,6 +96,8 @@ def daemon_view(server: "Server") -> dict[str, Any]:
                           **server.regions.info()},
         # Inference connections, refusals, replies dropped for peers that do not read (peers.py).
         "clients": server.peers.info(),
+        # Cold workers as CUDA MPS clients (workers/mps.py).
+        "mps": workers.mps.view(server.config.daemon.mps) if workers is not None else {"mode": "off"},
     }
 
 

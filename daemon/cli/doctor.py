@@ -228,7 +228,30 @@ def _configuration(path: Path, runtime_dir: str | None, tensorrt_ok: bool) -> li
         checks += _discovered(config, tensorrt_ok)
     checks.append(_sockets(config, cfg.runtime_dir(config.daemon, runtime_dir)))
     checks.append(_budget(config))
+    checks.append(_mps(config))
     return checks
+
+
+def _mps(config: cfg.Config) -> Check:
+    """`[daemon] mps`: whether cold workers would run as MPS clients, asked of the control daemon now."""
+    from infermux.workers import mps
+
+    daemon = config.daemon
+    shares = [m for m in config.models if m.mps_thread_percentage] or daemon.mps_thread_percentage
+    if daemon.mps == "off":
+        if shares:
+            return Check("MPS", "WARN", "mps_thread_percentage is set but [daemon] mps = \"off\": it has no effect",
+                         'set [daemon] mps = "auto" or "on"')
+        return Check("MPS", "OK", "off ([daemon] mps): cold workers are plain CUDA processes")
+    found = mps.probe(daemon.mps, daemon.mps_pipe_dir)
+    if found.active:
+        return Check("MPS", "OK", f"{daemon.mps}: cold workers join the control daemon in {daemon.mps_pipe_dir}")
+    if daemon.mps == "auto":
+        return Check("MPS", "OK", f"auto: {found.detail}, so cold workers run without MPS")
+    if mps.control_binary() is None:
+        return Check("MPS", "FAIL", f"on: {found.detail}; cold workers will not start",
+                     'install the NVIDIA driver\'s utilities (nvidia-cuda-mps-control), or set mps = "auto"')
+    return Check("MPS", "OK", f"on: {found.detail}; the daemon starts `{mps.CONTROL} -d` at the first cold worker")
 
 
 def _engine(name: str, version: str, engine: Path, tensorrt_ok: bool) -> Check:

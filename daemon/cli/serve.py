@@ -77,7 +77,7 @@ def run(args: argparse.Namespace) -> int:
         server.bind()
         admin.start()
         if config.daemon.metrics_port:
-            metrics = MetricsServer(server, config.daemon.metrics_port)
+            metrics = MetricsServer(server, config.daemon.metrics_port, config.daemon.metrics_host)
             metrics.start()
     except (RuntimeError, OSError) as exc:
         logging.getLogger("infermux").error("%s", exc)

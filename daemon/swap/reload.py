@@ -61,7 +61,7 @@ def plan(old: cfg.Config, new: cfg.Config) -> ReloadPlan:
             result.reloaded.append(after[k])
         elif diff:
             result.changed.append((after[k], diff))
-    for name in ("listen", "admin", "stats", "runtime_dir", "metrics_port", "curve_secret_key",
+    for name in ("listen", "admin", "stats", "runtime_dir", "metrics_port", "metrics_host", "curve_secret_key",
                  "curve_authorized_dir", "allow_insecure_tcp"):
         if getattr(old.daemon, name) != getattr(new.daemon, name):
             result.restart_needed.append(f"daemon.{name}")

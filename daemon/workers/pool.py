@@ -23,7 +23,7 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 import zmq
 
@@ -35,8 +35,10 @@ from infermux.serving.inline import InlinePolicy
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError
 from infermux.transport.regions import RegionTable
+from infermux.workers.mps import Mps
 from infermux.workers.process import WorkerExited, WorkerProcess, sweep_sockets
 from infermux.models.memory import MemoryKeeper
+from infermux.config import ModelConfig
 from infermux.models.version import ModelVersion, State
 from infermux.workers.proxy import RemoteEngine, Watch, WorkerProxy
 
@@ -52,6 +54,7 @@ REFUSED_RETRY_S = 1.0  # a load refused for memory is tried again on demand afte
 LOAD_TIMEOUT_S = 600.0  # a TensorRT plan of several GB takes a while to deserialize
 WATCH_S = 0.1
 SLOT_IDLE_S = 5.0
+SPARE_STOP_S = 2.0  # at shutdown, the spare's time to exit before it is killed (packaging/k8s's grace period counts it)
 
 
 class Workers:
@@ -77,6 +80,7 @@ class Workers:
         self._busy: set[tuple[str, str]] = set()  # being moved or stopped: the watcher keeps off
         self.turns = 0
         self._closed = False
+        self.mps = Mps()
         removed = shm.sweep_stale()
         sweep_sockets(run_dir)
         if removed:
@@ -93,7 +97,7 @@ class Workers:
 
     def _want_spare(self) -> bool:
         config = self.registry.config
-        return (not self._closed and config.daemon.spare_worker
+        return (not self._closed and config.daemon.spare_worker and not self.mps.refused(config.daemon.mps)
                 and any(mc.mode == "multiproc" for mc in config.models))
 
     def _preload(self) -> list[str]:
@@ -105,12 +109,18 @@ class Workers:
 
     # -- processes ----------------------------------------------------------------------
 
-    def _spawn(self) -> WorkerProcess:
+    def mps_env(self, mc: ModelConfig | None = None) -> dict[str, str]:
+        """The MPS client variables a worker for `mc` (None: the spare) starts with; raises MpsUnavailable."""
+        daemon = self.registry.config.daemon
+        percentage = (mc.mps_thread_percentage if mc is not None else 0) or daemon.mps_thread_percentage
+        return self.mps.environment(daemon.mps, daemon.mps_pipe_dir, percentage)
+
+    def _spawn(self, env: Mapping[str, str]) -> WorkerProcess:
         daemon = self.registry.config.daemon
         process = WorkerProcess(self.ctx, self.run_dir, next(self._ids), self._preload(),
                                 heartbeat_s=min(0.25, self.hang_s / 4),
                                 inline=InlinePolicy(daemon.inline_max_us, daemon.inline_busy_max_us),
-                                log_level=daemon.log_level)
+                                log_level=daemon.log_level, env=env)
         try:
             process.hello = process.wait_for((wire.HELLO,), 60)[1]
         except BaseException:
@@ -130,7 +140,7 @@ class Workers:
     def _start_spare(self) -> None:
         process = None
         try:
-            process = self._spawn()
+            process = self._spawn(self.mps_env())
         except Exception as exc:
             log.warning("spare worker failed to start: %s", exc)
         with self._lock:
@@ -142,10 +152,14 @@ class Workers:
         if process is not None:
             process.close()
 
-    def _take_spare(self) -> WorkerProcess | None:
-        """The spare (waiting for one being started: cheaper than starting a second)."""
+    def _take_spare(self, env: Mapping[str, str]) -> WorkerProcess | None:
+        """The spare (waiting for one being started: cheaper than starting a second), if it started with
+        `env`: CUDA reads an MPS thread percentage only when the worker makes its context, so a model with
+        its own percentage gets a worker of its own and the spare waits for the next."""
         with self._lock:
             self._lock.wait_for(lambda: not self._spare_starting, timeout=60)
+            if self._spare is None or self._spare.env != env:
+                return None
             process, self._spare = self._spare, None
         if process is not None and process.exited():
             process.close()
@@ -165,12 +179,14 @@ class Workers:
         except mem.BudgetExceeded as exc:
             return self._refuse(mv, exc)
         try:
-            process = self._take_spare()
+            env = self.mps_env(mc)
+            process = self._take_spare(env)
             spare = process is not None
-            process = process or self._spawn()
+            process = process or self._spawn(env)
         except Exception as exc:
             return self.registry.fail(mv, exc, during="worker start")
-        self.events.emit("worker_started", mc.name, mc.version, pid=process.pid, spare=spare)
+        self.events.emit("worker_started", mc.name, mc.version, pid=process.pid, spare=spare,
+                         mps=env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "on") if env else "off")
         free_before = self.budget.available()
         try:
             ready = self._send_load(process, mv)
@@ -378,7 +394,7 @@ class Workers:
         with self._lock:
             spare, self._spare = self._spare, None
         if spare is not None:
-            spare.stop(2.0)
+            spare.stop(SPARE_STOP_S)
             spare.close()
         for mv in self.registry.all_versions():
             proxy = mv.scheduler
@@ -386,3 +402,4 @@ class Workers:
                 proxy.stop_reason = "daemon stopping"
                 proxy.stop(0)
         self._watcher.join(1.0)
+        self.mps.close()

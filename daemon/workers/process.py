@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
 import zmq
 
@@ -60,8 +60,9 @@ class WorkerProcess:
     poll ever sees a closed fd; `close` closes it only if nobody took it."""
 
     def __init__(self, ctx: zmq.Context, run_dir: Path, wid: int, preload: list[str], heartbeat_s: float,
-                 inline: InlinePolicy, log_level: str = "info") -> None:
+                 inline: InlinePolicy, log_level: str = "info", env: Mapping[str, str] | None = None) -> None:
         self.wid = wid
+        self.env = dict(env or {})  # on top of the daemon's: the MPS client variables (mps.py)
         self.tag = f"w{os.getpid()}-{wid}"
         self.down_endpoint = f"ipc://{run_dir / (self.tag + '.d')}"
         self.up_endpoint = f"ipc://{run_dir / (self.tag + '.u')}"
@@ -88,7 +89,8 @@ class WorkerProcess:
                  "--preload", ",".join(preload), "--heartbeat-s", str(heartbeat_s),
                  "--inline-max-us", str(inline.idle_max_us), "--inline-busy-max-us", str(inline.busy_max_us),
                  "--log-level", log_level],
-                pass_fds=(read_end, theirs.fileno()), stdin=subprocess.DEVNULL)
+                pass_fds=(read_end, theirs.fileno()), stdin=subprocess.DEVNULL,
+                env={**os.environ, **self.env} if self.env else None)
         except BaseException:
             os.close(self._lifeline)
             lane.close()

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # GPU checks on a fresh machine: environment report, offline install, the
 # tests marked `gpu`, a short TensorRT benchmark, the device-to-slot copies
-# (bench_slot_d2h.py), the GIL probe (gil_probe.py) and one stage per fix of
+# (bench_slot_d2h.py), the GIL probe (gil_probe.py), two cold workers without
+# and with MPS (mps_compare.py) and one stage per fix of
 # issue 18 (stages.py), then a table: stage, status, seconds, figure.
 #
 #   tests/gpu/run.sh [PYTHON]        (default: $PYTHON, else python3)
@@ -157,6 +158,8 @@ else
         case $item in formats) limit=240 ;; cap|vcompat) limit=180 ;; *) limit=90 ;; esac
         stage "$item" "$limit" "$PY" tests/gpu/stages.py "$item" "$WORK/stages"
     done
+    # Issue 23 item 7: two cold workers without and with MPS ([daemon] mps; mps_compare.py).
+    stage mps 120 "$PY" tests/gpu/mps_compare.py "$WORK/mps" 5
 fi
 
 TRT=$("$PY" -c "import tensorrt; print(tensorrt.__version__)" 2>/dev/null || echo "skipped (not installed)")
