@@ -9,15 +9,33 @@ root) the test skips and says which command would make it run.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
 _updated = False
 APT_TIMEOUT_S = 600
+# The suite runs in several worker processes (pytest-xdist): one apt-get at a time among them,
+# and one chroot or image build at a time (they share the apt and debootstrap caches).
+APT_LOCK = Path("/tmp/infermux-test-apt.lock")
+BUILD_LOCK = Path("/tmp/infermux-test-build.lock")
+
+
+@contextlib.contextmanager
+def exclusive(lock: Path) -> Iterator[None]:
+    """Hold `lock` (a file lock across the suite's worker processes) while the block runs."""
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def missing(needs: dict[str, str]) -> list[str]:
@@ -47,10 +65,11 @@ def require(needs: dict[str, str]) -> None:
 
 def _apt(*args: str) -> None:
     global _updated
-    if not _updated:
-        _run("update")
-        _updated = True
-    _run(*args)
+    with exclusive(APT_LOCK):
+        if not _updated:
+            _run("update")
+            _updated = True
+        _run(*args)
 
 
 def _run(*args: str) -> None:

@@ -29,8 +29,9 @@ def test_the_deb_builds_installs_upgrades_and_purges_cleanly() -> None:
     if os.geteuid() != 0:
         pytest.skip("needs root (debootstrap, chroot): sudo packaging/test-install.sh")
     system_packages.require(HOST_TOOLS)
-    proc = subprocess.run(["bash", str(REPO / "packaging/test-install.sh")], capture_output=True, text=True,
-                          timeout=1200)
+    with system_packages.exclusive(system_packages.BUILD_LOCK):  # the container test shares its caches
+        proc = subprocess.run(["bash", str(REPO / "packaging/test-install.sh")], capture_output=True, text=True,
+                              timeout=1200)
     summary = proc.stdout[proc.stdout.rfind("== summary"):]
     print(summary)  # each step's verdict and seconds: pytest -rP shows it
     assert proc.returncode == 0, summary or proc.stdout[-3000:] + proc.stderr[-3000:]
