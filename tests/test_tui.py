@@ -293,7 +293,8 @@ async def test_the_status_line_says_the_figures_are_stale_when_the_daemon_goes()
     import tui_data
     from infermux.tui.feed import LinkChanged
 
-    app = TopApp(StaticFeed(tui_data.snapshot()))
+    feed = StaticFeed(tui_data.snapshot())
+    app = TopApp(feed)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: "accepting" in screen_text(app), what="the live status line")
         assert "pid 4242" in screen_text(app).splitlines()[0]  # the pid survives 80 columns
@@ -301,6 +302,9 @@ async def test_the_status_line_says_the_figures_are_stale_when_the_daemon_goes()
         await until(pilot, lambda: "STALE" in screen_text(app), what="the stale marker")
         status = screen_text(app).splitlines()[0]
         assert "as of" in status and "accepting" not in status
+        assert app.main.has_class("-stale")  # the tables are greyed with it
+        feed.push(tui_data.snapshot(1))  # the daemon is back
+        await until(pilot, lambda: "accepting" in screen_text(app) and not app.main.has_class("-stale"))
 
 
 async def test_question_mark_opens_infermuxs_keys_first() -> None:

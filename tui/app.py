@@ -47,6 +47,7 @@ class TopApp(App):
     #status { height: 2; padding: 0 1; background: $boost; text-wrap: nowrap; text-overflow: ellipsis; }
     #banner { height: auto; padding: 0 1; background: $error; color: $text; text-style: bold; }
     TabbedContent { height: 1fr; }
+    .-stale KeyedTable, .-stale #status { text-opacity: 60%; }
     TabPane { padding: 0; }
     """
 
@@ -126,7 +127,9 @@ class TopApp(App):
         if snapshot is None:
             return
         self.snapshot = snapshot
-        self.stale = False
+        if self.stale:
+            self.stale = False
+            self.main.remove_class("-stale")
         self.snapshots_seen += 1
         self.history.add(snapshot)
         self.refresh_views()
@@ -162,6 +165,7 @@ class TopApp(App):
         self.banner.display = not message.ok
         if not message.ok and self.snapshot:
             self.stale = True
+            self.main.add_class("-stale")  # the tables' figures are old too: greyed with the status line
             self.status_line.update(status_text(self.snapshot, stale=True), layout=False)
 
     # -- navigation ---------------------------------------------------------------
