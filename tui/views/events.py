@@ -73,7 +73,8 @@ class LogPane(EventsLog):
         self.empty = True
 
     def on_mount(self) -> None:
-        self.write(self.EMPTY)
+        if self.empty:  # events can reach the pane before its own mount does
+            self.write(self.EMPTY)
 
     def shows(self, event: dict[str, Any]) -> bool:
         return event.get("kind") in LOG_KINDS
