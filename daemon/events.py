@@ -8,7 +8,9 @@ Errors logged with a traceback (a backend that raises, a bug answered 500)
 go through TRACEBACKS, a filter on the daemon's log handler: the first of a
 kind is written with its traceback and becomes an `error` event; repeats
 are counted and written as one line (and one event) per interval, so a
-plugin that fails every request cannot flood the journal.
+plugin that fails every request cannot flood the journal. Other warnings
+and errors the daemon logs become `log` events (the console's Log tab), at
+most one per message per interval, the repeats counted in the next one.
 """
 
 from __future__ import annotations
@@ -89,6 +91,16 @@ class EventLog:
             self._subscribers.append(callback)
 
 
+MESSAGE_KINDS = 256  # distinct warning messages remembered for the `log` events' repeat counts
+
+
+class _Inside(threading.local):
+    active = False  # this thread is recording a `log` event: what a subscriber logs meanwhile is not one
+
+
+_inside = _Inside()
+
+
 @dataclass
 class _Repeats:
     """One kind of traceback: where it was logged and how often since the last line about it."""
@@ -125,11 +137,14 @@ class TracebackLimiter(logging.Filter):
         self.total = 0
         self.events: EventLog | None = None  # set by `infermux serve`: errors become events too
         self._kinds: dict[tuple[str, str, str], _Repeats] = {}
+        self._messages: dict[tuple[str, str], tuple[float, int]] = {}  # (logger, msg): (last event, skipped)
         self._lock = threading.Lock()
         atexit.register(self.flush)
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not record.exc_info or record.exc_info[0] is None:
+            if record.levelno >= logging.WARNING:
+                self._logged(record)
             return True
         exc = record.exc_info[1]
         message = f"{record.getMessage()}: {type(exc).__name__}: {exc}"
@@ -147,6 +162,33 @@ class TracebackLimiter(logging.Filter):
             record.msg, record.args, record.exc_info, record.exc_text = message, (), None, None
         self._event(kind, 0)
         return True
+
+    def _logged(self, record: logging.LogRecord) -> None:
+        """A warning or error without a traceback as a `log` event; repeats of its message within
+        `interval_s` are only counted (the count rides on the next one), so a warning per request
+        cannot push the other events out of the ring."""
+        events = self.events
+        if events is None or record.name == log.name or getattr(record, "infermux_event", False) or _inside.active:
+            return  # an event's own line, a count line of ours, or logged while recording one
+        key, now = (record.name, str(record.msg)), time.monotonic()
+        with self._lock:
+            last, skipped = self._messages.get(key, (float("-inf"), 0))
+            if now - last < self.interval_s:
+                self._messages[key] = (last, skipped + 1)
+                return
+            if len(self._messages) >= MESSAGE_KINDS:  # bounded: forget the old kinds
+                self._messages.clear()
+            self._messages[key] = (now, 0)
+        message = record.getMessage()
+        detail: dict[str, Any] = {"level": record.levelname.lower(), "logger": record.name,
+                                  "message": message[:300]}
+        if skipped:
+            detail["repeated"] = skipped
+        _inside.active = True
+        try:
+            events.record(Event("log", _field(message, "model"), _field(message, "version"), detail))
+        finally:
+            _inside.active = False
 
     def _arm(self, key: tuple[str, str, str], kind: _Repeats) -> None:
         kind.timer = threading.Timer(self.interval_s, self._close_interval, (key,))
@@ -181,7 +223,8 @@ class TracebackLimiter(logging.Filter):
 
     def _report(self, kind: _Repeats, count: int) -> None:
         where = "traceback above, not repeated" if kind.level >= logging.ERROR else "the first is above"
-        logging.getLogger(kind.logger).log(kind.level, "%s: %d more like this (%s)", kind.message, count, where)
+        logging.getLogger(kind.logger).log(kind.level, "%s: %d more like this (%s)", kind.message, count, where,
+                                           extra={"infermux_event": True})  # its event follows: no `log` event
         self._event(kind, count)
 
     def _event(self, kind: _Repeats, repeated: int) -> None:

@@ -80,8 +80,9 @@ def test_the_limiter_passes_one_of_each_kind_and_counts_the_rest() -> None:
     assert "never held back" in out.getvalue()
     limiter.flush()
     assert "executor error model=a version=1 context=0: ValueError: boom: 4 more like this" in out.getvalue()
-    kinds = [(e.model, e.version, e.detail.get("repeated", 0)) for e in events.recent()]
+    kinds = [(e.model, e.version, e.detail.get("repeated", 0)) for e in events.recent() if e.kind == "error"]
     assert kinds == [("a", "1", 0), ("b", "2", 0), ("a", "1", 0), ("a", "1", 4)]
+    assert [e.kind for e in events.recent()].count("log") == 1  # the plain warning: the console's Log tab
 
 
 def test_a_warning_with_an_exception_is_one_line_naming_it_then_counts() -> None:

@@ -13,8 +13,9 @@ import pytest
 from harness import TWO_VERSIONS_AND_FAST, Daemon
 from infermux.tui.app import TopApp
 from infermux.tui.dialogs import ConfirmScreen, PromptScreen
-from infermux.tui.feed import Endpoints, LiveFeed, StaticFeed
+from infermux.tui.feed import Endpoints, EventsArrived, LiveFeed, StaticFeed
 from infermux.tui.views.detail import ModelScreen
+from infermux.tui.views.events import EventStore
 from tui_support import screen_text, until
 
 X4 = np.ones((1, 4), np.float32)
@@ -82,7 +83,8 @@ async def test_keys_change_the_daemon_and_show_its_answer(make_daemon) -> None:
         await pilot.press("plus")
         await until(pilot, lambda: table.cell_text("addone:2", "contexts") == "2", what="2 contexts in the table")
         assert row(d, "addone", "2")["contexts"] == 2
-        await until(pilot, lambda: notified(app, "set contexts=2", "information"), what="the daemon's answer")
+        await until(pilot, lambda: notified(app, "contexts 2", "information"), what="the daemon's answer")
+        assert "Added a context to addone v2" in [n.title for n in app._notifications]
 
         table.select("addone:1")
         await pilot.press("p")
@@ -137,13 +139,22 @@ async def test_routing_edits_palette_drain_and_reload(make_daemon) -> None:
         await pilot.press("D")
         await until(pilot, lambda: "accepting" in screen_text(app))
 
-        with open(d.config_path, "a") as config:
-            config.write('\n[[models]]\nname = "extra"\nengine = "addone/1/model.onnx"\n')
+        # A listen socket added too: the daemon logs that it needs a restart, and the Log tab shows it.
+        text = d.config_path.read_text().replace('listen = ["ipc://infer.sock"]',
+                                                 'listen = ["ipc://infer.sock", "ipc://infer-2.sock"]')
+        assert "infer-2.sock" in text
+        d.config_path.write_text(text + '\n[[models]]\nname = "extra"\nengine = "addone/1/model.onnx"\n')
         await pilot.press("1", "R")
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.press("y")
         await until(pilot, lambda: "extra:1" in app.models_table.keys(), what="the reloaded model")
         await until(pilot, lambda: notified(app, "configuration reloaded: added ['extra:1']"))
+        await pilot.press("5")
+        await until(pilot, lambda: "daemon.listen changed: restart the daemon" in screen_text(app).replace("\n", " "),
+                    what="the daemon's warning in the Log tab")
+        # The daemon publishes its GPU readings for the header; this box's are whatever it has.
+        gpu = app.snapshot["daemon"]["gpu"]
+        assert ("no GPU" in screen_text(app)) == (not gpu["devices"] and not gpu["source"])
 
 
 @pytest.mark.timing
@@ -274,6 +285,13 @@ def test_views_skip_a_snapshot_that_arrives_before_they_are_composed_or_after_th
 
     for view in (MemoryView(), RoutingView()):
         view.update_from({"daemon": {"memory": {}, "routing": {}}, "models": []})
+    # The detail screen, as bench_tui.py caught it once at exit: mounted, its widgets already gone.
+    import tui_data
+    from infermux.tui.history import History
+
+    detail = ModelScreen("detector:2", EventStore())
+    detail._mounted = True
+    detail.update_from(tui_data.snapshot(), History())
 
 
 # -- what an operator at 80 columns must be able to read (issue 21) ---------------------------------------
@@ -283,7 +301,8 @@ async def test_the_status_line_says_the_figures_are_stale_when_the_daemon_goes()
     import tui_data
     from infermux.tui.feed import LinkChanged
 
-    app = TopApp(StaticFeed(tui_data.snapshot()))
+    feed = StaticFeed(tui_data.snapshot())
+    app = TopApp(feed)
     async with app.run_test(size=(80, 24)) as pilot:
         await until(pilot, lambda: "accepting" in screen_text(app), what="the live status line")
         assert "pid 4242" in screen_text(app).splitlines()[0]  # the pid survives 80 columns
@@ -291,6 +310,9 @@ async def test_the_status_line_says_the_figures_are_stale_when_the_daemon_goes()
         await until(pilot, lambda: "STALE" in screen_text(app), what="the stale marker")
         status = screen_text(app).splitlines()[0]
         assert "as of" in status and "accepting" not in status
+        assert app.main.has_class("-stale")  # the tables are greyed with it
+        feed.push(tui_data.snapshot(1))  # the daemon is back
+        await until(pilot, lambda: "accepting" in screen_text(app) and not app.main.has_class("-stale"))
 
 
 async def test_question_mark_opens_infermuxs_keys_first() -> None:
@@ -304,6 +326,9 @@ async def test_question_mark_opens_infermuxs_keys_first() -> None:
         await until(pilot, lambda: isinstance(app.screen, KeysScreen), what="the keys screen")
         text = screen_text(app)
         assert "drain and unload the selected version" in text and "Scroll Left" not in text
+        # grouped: what acts on the row, on the whole daemon, and moving about; all of it fits 80x24
+        assert text.index("On the selected version") < text.index("On the whole daemon") < text.index("Views and")
+        assert "ctrl+p" in text and "escape closes" in text
         await pilot.press("escape")
         assert app.screen is app.main
 
@@ -318,13 +343,14 @@ async def test_a_daemon_action_is_titled_for_the_daemon_not_the_selected_row() -
         await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         await pilot.press("y")
         await until(pilot, lambda: notified(app, "read-only"), what="the (refused) answer")
-        assert [n.title for n in app._notifications] == ["Drain daemon"]
+        assert [n.title for n in app._notifications] == ["Drain daemon failed"]
 
 
 def test_a_set_answer_reads_as_the_operator_typed_it() -> None:
     from infermux.tui.actions import summary
 
-    assert summary("set", {"ok": True, "set": {"weights": {"1": 7, "2": 3}}}) == "set weights=1:7,2:3"
+    assert summary("set", {"ok": True, "set": {"weights": {"1": 7, "2": 3}}}) == "weights 1=7, 2=3"
+    assert summary("set", {"ok": True, "set": {"fallback": ""}}) == "fallback none"
 
 
 async def test_the_models_table_counts_500s_in_its_own_column() -> None:
@@ -378,6 +404,7 @@ async def test_slash_filters_the_models_table_and_an_empty_filter_shows_all() ->
         await pilot.press(*"det", "enter")
         await until(pilot, lambda: app.models_table.keys() == ["detector:2", "detector:1", "detector_lite:1"],
                     what="the filtered rows")
+        assert "1 Models /det" in screen_text(app)  # the tab says rows are hidden
         await pilot.press("slash")
         await until(pilot, lambda: isinstance(app.screen, PromptScreen))
         await pilot.press("ctrl+a", "ctrl+k", "enter")
@@ -394,5 +421,107 @@ async def test_s_sorts_the_models_by_qps_then_cycles_back() -> None:
         await pilot.press("s")
         await until(pilot, lambda: app.models_table.keys()[:3] == ["detector:2", "plates:3", "detector:1"],
                     what="rows by QPS")
-        await pilot.press("s", "s", "s", "s")
+        assert "QPS▼" in screen_text(app)  # the header marks the sort column
+        await pilot.press("s", "s", "s", "s", "s")
         await until(pilot, lambda: app.models_table.keys() == daemon_order, what="the daemon's order again")
+        assert "▼" not in screen_text(app)
+
+
+# -- what htop, k9s and nvtop users look for ------------------------------------------------------------
+
+
+def test_the_header_shows_each_gpu_or_says_there_is_none() -> None:
+    import tui_data
+    from rich.text import Text
+
+    from infermux.tui.header import status_text
+
+    def lines(gpu: dict[str, Any] | None) -> list[str]:
+        snap = tui_data.snapshot()
+        if gpu is None:
+            del snap["daemon"]["gpu"]  # a daemon from before the readings, or a saved status file
+        else:
+            snap["daemon"]["gpu"] = gpu
+        return Text.from_markup(status_text(snap)).plain.splitlines()
+
+    assert "gpu 37% 5.2G/15G 54°C" in lines({"source": "nvml", "devices": [tui_data.GPU]})[1]
+    two = lines({"source": "nvml", "devices": [tui_data.GPU, dict(tui_data.GPU, gpu="1", temperature_celsius=None)]})
+    assert "gpu0 37% 5.2G/15G 54°C · gpu1 37% 5.2G/15G ·" in two[1]  # a reading the device lacks is left out
+    assert "no GPU ·" in lines({"source": "", "devices": []})[1] and "no GPU ·" in lines(None)[1]
+    assert "no GPU reading (nvml)" in lines({"source": "nvml", "devices": []})[1]  # the driver read nothing
+
+
+async def test_the_models_table_has_an_error_rate_and_a_qps_trend_per_row() -> None:
+    import tui_data
+
+    feed = StaticFeed(tui_data.snapshot(0))
+    app = TopApp(feed)
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.models_table
+        for step in range(1, 8):  # a rising and falling wave on the detectors
+            await until(pilot, lambda: app.snapshots_seen == step)
+            feed.push(tui_data.snapshot(step))
+        await until(pilot, lambda: app.snapshots_seen == 8)
+        assert table.cell_text("detector_lite:1", "error_rate") == "10%"  # 0.5 errors/s of 5 replies/s
+        assert table.cell_text("detector:2", "error_rate") == "0%" and table.cell_text("reid:1", "error_rate") == "-"
+        trend = table.cell_text("detector:2", "trend")
+        assert len(trend) == 6 and len(set(trend.strip())) > 1, trend  # the wave, not a flat line
+        assert table.cell_text("reid:1", "trend").strip() == ""  # idle: blank
+        text = screen_text(app)
+        assert "ERR%" in text and "TREND" in text and trend.strip() in text
+        await pilot.press("s", "s", "s", "s")  # qps, p99, 500s, error rate
+        await until(pilot, lambda: table.keys()[0] == "detector_lite:1", what="rows by error rate")
+        assert "ERR%▼" in screen_text(app)
+
+
+def test_a_sparkline_scales_to_its_peak_and_leaves_idle_stretches_blank() -> None:
+    from infermux.tui.format import spark
+
+    assert spark([], 6) == "      "
+    assert spark([0, 0, 1, 2, 4, 8], 6) == "  ▂▃▅█"
+    assert spark([1.0] * 120, 6) == "██████"  # 120 points, 20 per bar
+    assert spark([5, 10], 6) == "    ▅█"  # fewer points than bars fill from the right
+
+
+async def test_the_log_tab_shows_the_daemons_warnings_and_errors_and_events_keep_the_rest() -> None:
+    import tui_data
+
+    app = TopApp(StaticFeed(tui_data.snapshot()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.models_table.keys())
+        await pilot.press("5")
+        await until(pilot, lambda: "no warnings or errors logged" in screen_text(app), what="the empty log")
+        app.post_message(EventsArrived(tui_data.EVENTS))
+        await until(pilot, lambda: "is not reading its replies" in screen_text(app), what="the warning")
+        text = screen_text(app).replace("\n", " ")
+        assert "no warnings or errors logged" not in text
+        assert "warning   infermux.peers" in text and "(+12 like it before)" in text
+        assert "CUDA out of memory" in text and "failed    segmenter:1" in text  # errors and failures too
+        assert "loaded" not in text and "evicted" not in text  # state changes stay in Events
+        await pilot.press("4")
+        await until(pilot, lambda: "evicted" in screen_text(app))
+        assert "is not reading its replies" not in screen_text(app)
+
+
+async def test_notifications_are_titled_for_a_person() -> None:
+    import tui_data
+    from tui_support import AnsweringFeed
+
+    answers = {"drain": {"ok": True, "model": "detector", "version": "1", "state": "unloaded", "drained": 3},
+               "set": {"ok": True, "model": "detector", "version": "2", "set": {"weights": {"1": 7, "2": 3}}}}
+    feed = AnsweringFeed(tui_data.snapshot(), answers)
+    app = TopApp(feed)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.models_table.keys())
+        app.models_table.select("detector:1")
+        await pilot.press("d")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await until(pilot, lambda: notified(app, "unloaded after answering 3 queued request(s)"))
+        await pilot.press("w")
+        await until(pilot, lambda: isinstance(app.screen, PromptScreen))
+        await pilot.press("end", "ctrl+u", *"1:7,2:3", "enter")
+        await until(pilot, lambda: notified(app, "weights 1=7, 2=3"))
+        assert [n.title for n in app._notifications] == ["Drained detector v1", "Weights of detector changed"]
+        assert feed.calls == [("drain", {"model": "detector", "version": "1"}),
+                              ("set", {"model": "detector", "weights": {"1": 7, "2": 3}})]

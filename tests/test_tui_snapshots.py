@@ -15,7 +15,7 @@ import pytest
 
 import tui_data
 from infermux.tui.app import TopApp
-from infermux.tui.feed import StaticFeed
+from infermux.tui.feed import LinkChanged, StaticFeed
 
 STEPS = 10  # snapshots fed before the screenshot: enough for a sparkline
 
@@ -29,7 +29,7 @@ def utc(monkeypatch: pytest.MonkeyPatch) -> Any:
     time.tzset()
 
 
-def console() -> tuple[TopApp, Callable[[Any], Awaitable[None]]]:
+def console(stale: bool = False) -> tuple[TopApp, Callable[[Any], Awaitable[None]]]:
     feed = StaticFeed(tui_data.snapshot(0), tui_data.EVENTS)
     app = TopApp(feed, config_path="/etc/infermux/infermux.toml")
 
@@ -39,12 +39,19 @@ def console() -> tuple[TopApp, Callable[[Any], Awaitable[None]]]:
                 await pilot.pause(0.01)
             if step + 1 < STEPS:
                 feed.push(tui_data.snapshot(step + 1))
+        if stale:  # the daemon went away after the last snapshot
+            app.post_message(LinkChanged(False, "daemon not reachable at ipc:///run/infermux/admin.sock, retrying"))
+            while not app.stale:
+                await pilot.pause(0.01)
 
     return app, fill
 
 
-@pytest.mark.parametrize("view,keys", [("models", ()), ("memory", ("2",)), ("routing", ("3",)),
-                                       ("events", ("4",)), ("detail", ("enter",))])
+VIEWS = {"models": (), "memory": ("2",), "routing": ("3",), "events": ("4",), "log": ("5",), "detail": ("enter",),
+         "failed": ("end", "enter"), "keys": ("question_mark",), "stale": ()}  # failed: segmenter's whole reason
+
+
+@pytest.mark.parametrize("view,keys", [pytest.param(v, k, id=v) for v, k in VIEWS.items()])
 def test_view_at_80x24(snap_compare: Any, view: str, keys: tuple[str, ...]) -> None:
-    app, fill = console()
+    app, fill = console(stale=view == "stale")
     assert snap_compare(app, terminal_size=(80, 24), run_before=fill, press=keys)

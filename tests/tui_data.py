@@ -8,8 +8,8 @@ T0 = 1_800_000_000.0  # a fixed "now": nothing on screen depends on the wall clo
 
 
 def stats(qps: float = 0.0, p50: float | None = None, p99: float | None = None, served: int = 0,
-          batches: dict[str, int] | None = None, contexts: int = 1) -> dict[str, Any]:
-    one = {"window_s": 10.0, "queue_depth": 0, "in_flight": 0, "qps": qps, "error_qps": 0.0,
+          batches: dict[str, int] | None = None, contexts: int = 1, error_qps: float = 0.0) -> dict[str, Any]:
+    one = {"window_s": 10.0, "queue_depth": 0, "in_flight": 0, "qps": qps, "error_qps": error_qps,
            "samples": served, "p50_us": p50, "p90_us": p99, "p99_us": p99, "max_us": p99,
            "queue_us": 12.0 if served else None, "compute_us": 80.0 if served else None,
            "service_time_us": None, "served": served, "by_status": {"200": served} if served else {},
@@ -31,6 +31,10 @@ def version(name: str, ver: str, *, state: str = "ready", placement: str = "hot"
             "last_load_ms": 840, "stats": stats(contexts=contexts, **st)}
 
 
+GPU = {"gpu": "0", "name": "NVIDIA A2", "utilization_ratio": 0.37, "memory_used_bytes": 5_583_457_484,
+       "memory_total_bytes": 16_106_127_360, "temperature_celsius": 54.0, "power_watts": 31.5}
+
+
 def snapshot(step: int = 0) -> dict[str, Any]:
     """The daemon at `step` snapshots in: traffic on the detector rises and falls."""
     wave = [120, 180, 260, 310, 290, 240, 300, 420, 380, 350][step % 10]
@@ -42,7 +46,7 @@ def snapshot(step: int = 0) -> dict[str, Any]:
         version("detector", "1", memory=398 * mib, weight=10, qps=wave / 9, p50=900.0, p99=3100.0,
                 served=2_000 + 10 * step, batches={"1": 12, "4": 9}),
         version("detector_lite", "1", default=True, memory=96 * mib, qps=4.5, p50=310.0, p99=780.0,
-                served=640, batches={"1": 45}),
+                served=640, batches={"1": 45}, error_qps=0.5),
         version("plates", "3", placement="cold", default=True, pinned=True, memory=210 * mib, qps=22.0,
                 p50=1400.0, p99=5200.0, served=3_100, batches={"1": 30, "2": 10}),
         version("reid", "1", state="unloaded", placement="cold", default=True),
@@ -54,7 +58,8 @@ def snapshot(step: int = 0) -> dict[str, Any]:
               "memory": {"budget_bytes": 6 * 1024 * mib, "models_bytes": 1116 * mib, "rss_bytes": 1480 * mib,
                          "total_bytes": 8 * 1024 * mib},
               "states": {"ready": 4, "unloaded": 1, "failed": 1},
-              "routing": {"strategy": "least_queue", "version_mismatch": "fallback"}}
+              "routing": {"strategy": "least_queue", "version_mismatch": "fallback"},
+              "gpu": {"source": "nvml", "devices": [GPU]}}
     return {"time": T0 + step / 4, "daemon": daemon, "models": models}
 
 
@@ -65,4 +70,9 @@ EVENTS = [
     {"time": T0 - 120, "kind": "failed", "model": "segmenter", "version": "1", "reason": "engine built for TensorRT 10.3"},
     {"time": T0 - 60, "kind": "evicted", "model": "reid", "version": "1", "idle_s": 600},
     {"time": T0 - 30, "kind": "admin", "cmd": "set", "args": '{"contexts": 2, "model": "detector"}', "uid": 1000},
+    {"time": T0 - 20, "kind": "log", "model": "", "version": "", "level": "warning", "logger": "infermux.peers",
+     "message": "client 7f3a is not reading its replies (its queue is full): dropping them until it reads",
+     "repeated": 12},
+    {"time": T0 - 10, "kind": "error", "model": "detector_lite", "version": "1",
+     "reason": "inference failed model=detector_lite version=1 context=0: RuntimeError: CUDA out of memory"},
 ]

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import io
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from rich.console import Console
 from textual.app import App
 from textual.pilot import Pilot
+
+from infermux.tui.feed import StaticFeed
 
 
 def screen_text(app: App) -> str:
@@ -28,3 +30,18 @@ async def until(pilot: Pilot, condition: Callable[[], object], timeout: float = 
             return
         await pilot.pause(0.05)
     raise AssertionError(f"timed out after {timeout} s waiting for {what or condition}:\n{screen_text(pilot.app)}")
+
+
+class AnsweringFeed(StaticFeed):
+    """A stand-in for the daemon's admin socket: fixed snapshots, and `answers[cmd]` as each command's reply.
+
+    For what the console makes of a reply (titles, texts); what the daemon replies is tested against real daemons."""
+
+    def __init__(self, snapshot: dict[str, Any], answers: dict[str, dict[str, Any]]) -> None:
+        super().__init__(snapshot)
+        self.answers = answers
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+
+    def call(self, cmd: str, **args: Any) -> dict[str, Any]:
+        self.calls.append((cmd, args))
+        return self.answers.get(cmd, {"ok": False, "error": f"no answer for {cmd}"})

@@ -47,6 +47,7 @@ class Action:
     `scope`: "version" acts on the selected model version, "daemon" on the
     whole daemon. `confirm`: the question asked first ({target} is filled in).
     `prompt`: the editor's title when the action needs a value first.
+    `done`: the notification's title when the daemon did it ({target}: `classifier v1`, {model}).
     """
 
     name: str
@@ -56,47 +57,71 @@ class Action:
     scope: str = "version"
     confirm: str = ""
     prompt: str = ""
+    done: str = ""
+
+    def outcome(self, target: dict[str, Any], ok: bool) -> str:
+        """The notification's title: `Drained classifier v1`, or `Drain model failed: classifier v1`."""
+        if not target:
+            return self.done if ok else f"{self.title} failed"
+        names = {"target": f"{target['name']} v{target['version']}", "model": target["name"]}
+        if ok:
+            return self.done.format(**names)
+        return f"{self.title} failed: " + names["target" if "{target}" in self.done else "model"]
 
 
 ACTIONS: dict[str, Action] = {a.name: a for a in (
-    Action("load", "Load", "load the selected version", lambda m, _: ("load", _version(m))),
+    Action("load", "Load", "load the selected version", lambda m, _: ("load", _version(m)),
+           done="Loaded {target}"),
     Action("unload", "Unload", "drain and unload the selected version", lambda m, _: ("unload", _version(m)),
-           confirm="Unload {target}?\nQueued requests are answered first; new ones get 503 or its fallback."),
+           confirm="Unload {target}?\nQueued requests are answered first; new ones get 503 or its fallback.",
+           done="Unloaded {target}"),
     Action("promote", "Promote to hot", "move the selected version into the daemon process",
-           lambda m, _: ("promote", _version(m))),
+           lambda m, _: ("promote", _version(m)),
+           done="Promoted {target} to hot"),
     Action("demote", "Demote to cold", "move the selected version to a worker process",
            lambda m, _: ("demote", _version(m)),
-           confirm="Demote {target} to a worker process?\nIt is reloaded there; requests wait meanwhile."),
-    Action("more", "Add a context", "one more execution context for the selected version", _contexts(+1)),
-    Action("fewer", "Remove a context", "one execution context fewer for the selected version", _contexts(-1)),
+           confirm="Demote {target} to a worker process?\nIt is reloaded there; requests wait meanwhile.",
+           done="Demoted {target} to cold"),
+    Action("more", "Add a context", "one more execution context for the selected version", _contexts(+1),
+           done="Added a context to {target}"),
+    Action("fewer", "Remove a context", "one execution context fewer for the selected version", _contexts(-1),
+           done="Removed a context from {target}"),
     Action("pin", "Pin version", "serve the selected version by default, ignore newer ones",
-           lambda m, _: ("pin", _version(m))),
+           lambda m, _: ("pin", _version(m)),
+           done="Pinned {target}"),
     Action("unpin", "Unpin model", "let the newest ready version serve again",
-           lambda m, _: ("unpin", {"model": m["name"]})),
+           lambda m, _: ("unpin", {"model": m["name"]}),
+           done="Unpinned {model}"),
     Action("weights", "Edit weights", "traffic split between the selected model's versions", _weights,
-           prompt="Weights of {model} (VERSION:WEIGHT, comma-separated)"),
+           prompt="Weights of {model} (VERSION:WEIGHT, comma-separated)",
+           done="Weights of {model} changed"),
     Action("fallback", "Edit fallback", "the model that takes the selected model's overflow",
            lambda m, text: ("set", {"model": m["name"], "fallback": text.strip()}),
-           prompt="Fallback model of {model} (empty: none)"),
-    Action("drain", "Drain model", "stop the selected version taking requests, finish its queue, unload it",
+           prompt="Fallback model of {model} (empty: none)",
+           done="Fallback of {model} changed"),
+    Action("drain", "Drain model", "stop its traffic, finish its queue, then unload it",
            lambda m, _: ("drain", _version(m)),
-           confirm="Drain {target}?\nIt finishes its queue, then unloads; load it again with l."),
+           confirm="Drain {target}?\nIt finishes its queue, then unloads; load it again with l.",
+           done="Drained {target}"),
     Action("drain_all", "Drain daemon", "refuse new requests on the whole daemon until resumed",
            lambda m, _: ("drain", {}), scope="daemon",
-           confirm="Drain the whole daemon?\nEvery new request gets 503 until you resume (D)."),
+           confirm="Drain the whole daemon?\nEvery new request gets 503 until you resume (D).",
+           done="Daemon drained"),
     Action("resume", "Resume daemon", "accept requests again after a drain", lambda m, _: ("resume", {}),
-           scope="daemon"),
+           scope="daemon",
+           done="Daemon resumed"),
     Action("reload", "Reload configuration", "re-read the configuration file and apply the difference",
            lambda m, _: ("reload", {}), scope="daemon",
-           confirm="Reload the configuration from {config}?\nModels added, removed or changed there are applied now."),
+           confirm="Reload the configuration from {config}?\nModels added, removed or changed there are applied now.",
+           done="Configuration reloaded"),
 )}
 
 
 def _text(value: Any) -> str:
-    """A setting as the operator typed it: weights {"1": 7, "2": 3} -> 1:7,2:3, not a Python repr."""
+    """A setting for a person: weights {"1": 7, "2": 3} -> 1=7, 2=3 (not a Python repr); no fallback -> none."""
     if isinstance(value, dict):
-        return ",".join(f"{k}:{v}" for k, v in value.items())
-    return str(value)
+        return ", ".join(f"{k}={v}" for k, v in value.items())
+    return str(value) if value not in ("", None) else "none"
 
 
 def summary(cmd: str, reply: dict[str, Any]) -> str:
@@ -106,10 +131,10 @@ def summary(cmd: str, reply: dict[str, Any]) -> str:
     if reply.get("message"):
         return str(reply["message"])
     if cmd == "set":
-        return "set " + ", ".join(f"{k}={_text(v)}" for k, v in (reply.get("set") or {}).items())
+        return "; ".join(f"{k} {_text(v)}" for k, v in (reply.get("set") or {}).items()) or "nothing changed"
     if cmd == "load":
         return f"loaded in {reply.get('load_ms', '?')} ms"
-    if cmd == "unload":
+    if cmd in ("unload", "drain") and "drained" in reply:  # drain of a version: unload after its queue
         return f"unloaded after answering {reply.get('drained', 0)} queued request(s)"
     if cmd == "pin":
         return f"{reply.get('model')}:{reply.get('version')} pinned"

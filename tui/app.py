@@ -18,42 +18,21 @@ from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from infermux.tui import format as fmt
-from infermux.tui.actions import ACTIONS, Refused, summary
+from infermux.tui.actions import ACTIONS, Action, Refused, summary
 from infermux.tui.dialogs import ConfirmScreen, PromptScreen
 from infermux.tui.feed import EventsArrived, Feed, LinkChanged, SnapshotReady
+from infermux.tui.header import status_text
 from infermux.tui.history import History
 from infermux.tui.keys import KeysScreen
 from infermux.tui.palette import ModelCommands
 from infermux.tui.views.detail import ModelScreen
-from infermux.tui.views.events import EventsLog, EventStore
+from infermux.tui.views.events import EventsLog, EventStore, LogPane
 from infermux.tui.views.memory import MemoryTable, MemoryView
-from infermux.tui.views.models import SORTS, ModelsTable
+from infermux.tui.views.models import SORT_NAMES, SORTS, ModelsTable
 from infermux.tui.views.routing import RoutingTable, RoutingView
 from infermux.tui.views.table import KeyedTable
 
-TABS = ("models", "memory", "routing", "events")
-
-
-def status_text(snapshot: dict[str, Any], stale: bool = False) -> str:
-    """The one-line summary above the tabs; least useful last, since 80 columns cut the end.
-
-    `stale`: the daemon stopped answering; the figures are the last ones seen, greyed, with their time."""
-    d = snapshot.get("daemon") or {}
-    mem = d.get("memory") or {}
-    states = d.get("states") or {}
-    accepting = "[green]accepting[/]" if d.get("accepting", True) else "[b reverse red] DRAINING [/]"
-    parts = [f"up {fmt.duration(d.get('uptime_s', 0))}", f"pid {d.get('pid', '?')}", f"{d.get('requests', 0)} req",
-             accepting, f"{states.get('ready', 0)}/{sum(states.values())} ready"]
-    if states.get("failed"):
-        parts.append(f"[b red]{states['failed']} failed[/]")
-    if d.get("internal_errors"):
-        parts.append(f"[b red]{d['internal_errors']} err[/]")
-    parts += [f"mem {fmt.size(mem.get('models_bytes'))}/{fmt.size(mem.get('budget_bytes'))}",
-              f"[b]infermux[/] {escape(str(d.get('version', '?')))}"]
-    if stale:
-        when = fmt.clock(float(snapshot["time"])) if snapshot.get("time") else "?"
-        return f"[b reverse red] STALE [/] as of {when} · [dim]" + " · ".join(parts[:3]) + "[/]"
-    return " · ".join(parts)
+TABS = ("models", "memory", "routing", "events", "log")
 
 
 class TopApp(App):
@@ -65,9 +44,10 @@ class TopApp(App):
     TITLE = "infermux top"
     COMMANDS = App.COMMANDS | {ModelCommands}
     CSS = """
-    #status { height: 1; padding: 0 1; background: $boost; }
+    #status { height: 2; padding: 0 1; background: $boost; text-wrap: nowrap; text-overflow: ellipsis; }
     #banner { height: auto; padding: 0 1; background: $error; color: $text; text-style: bold; }
     TabbedContent { height: 1fr; }
+    .-stale KeyedTable, .-stale #status { text-opacity: 60%; }
     TabPane { padding: 0; }
     """
 
@@ -119,7 +99,9 @@ class TopApp(App):
             with TabPane("3 Routing", id="routing"):
                 yield RoutingView()
             with TabPane("4 Events", id="events"):
-                yield EventsLog(id="events-log")
+                yield EventsLog(id="events-log", skip=frozenset({"log"}))  # those are the Log tab's
+            with TabPane("5 Log", id="log"):
+                yield LogPane(id="log-pane")
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -128,6 +110,8 @@ class TopApp(App):
         self.memory_view = self.query_one(MemoryView)
         self.routing_view = self.query_one(RoutingView)
         self.events_log = self.query_one("#events-log", EventsLog)
+        self.log_pane = self.query_one(LogPane)
+        self.models_table.history = self.history
         self.banner = self.query_one("#banner", Static)
         self.status_line = self.query_one("#status", Static)
         self.models_table.focus()
@@ -143,7 +127,9 @@ class TopApp(App):
         if snapshot is None:
             return
         self.snapshot = snapshot
-        self.stale = False
+        if self.stale:
+            self.stale = False
+            self.main.remove_class("-stale")
         self.snapshots_seen += 1
         self.history.add(snapshot)
         self.refresh_views()
@@ -158,7 +144,7 @@ class TopApp(App):
             return
         # Widgets of a covered screen are not touched: Textual would repaint the whole
         # top screen for them.
-        self.status_line.update(status_text(self.snapshot, self.stale), layout=False)  # one fixed line: no relayout
+        self.status_line.update(status_text(self.snapshot, self.stale), layout=False)  # fixed height: no relayout
         views: dict[str, _Updates] = {"models": self.models_table, "memory": self.memory_view,
                                       "routing": self.routing_view}
         view = views.get(self._tab)
@@ -168,6 +154,7 @@ class TopApp(App):
     def on_events_arrived(self, message: EventsArrived) -> None:
         new = self.events.add(message.events)
         self.events_log.add(new)
+        self.log_pane.add(new)
         base = self.base_screen()
         if isinstance(base, ModelScreen):
             base.add_events(new)
@@ -178,6 +165,7 @@ class TopApp(App):
         self.banner.display = not message.ok
         if not message.ok and self.snapshot:
             self.stale = True
+            self.main.add_class("-stale")  # the tables' figures are old too: greyed with the status line
             self.status_line.update(status_text(self.snapshot, stale=True), layout=False)
 
     # -- navigation ---------------------------------------------------------------
@@ -198,7 +186,7 @@ class TopApp(App):
         self.refresh_views()  # hidden tabs are stale: fill this one before selecting in it
         table = self._table(self._shown_tab)
         if table is None:
-            self.events_log.focus()
+            (self.log_pane if self._shown_tab == "log" else self.events_log).focus()
             return
         if key:
             table.select(key)
@@ -223,19 +211,24 @@ class TopApp(App):
         def chosen(text: str | None) -> None:
             if text is not None:
                 self.models_table.filter_text = text.strip()
-                self.query_one(TabbedContent).active = "models"
+                tabs = self.query_one(TabbedContent)
+                # the tab says a filter hides rows: "1 Models /det"
+                tabs.get_tab("models").label = "1 Models" + (f" /{self.models_table.filter_text}"
+                                                              if self.models_table.filter_text else "")
+                tabs.active = "models"
                 self.refresh_views()
 
         hint = "enter to apply, empty for every model, escape to cancel"
         self.push_screen(PromptScreen("Show models matching", self.models_table.filter_text, hint), chosen)
 
     def action_sort(self) -> None:
-        """Cycle the models table's order: the daemon's, then QPS, p99, 500s, memory (largest first)."""
+        """Cycle the models table's order: the daemon's, then QPS, p99, 500s, error rate, memory (largest first)."""
         order = ["", *SORTS]
         table = self.models_table
         table.sort_by = order[(order.index(table.sort_by) + 1) % len(order)]
-        self.notify(f"models sorted by {table.sort_by}, largest first" if table.sort_by else
+        self.notify(f"models sorted by {SORT_NAMES[table.sort_by]}, largest first" if table.sort_by else
                     "models in the daemon's order", timeout=2)
+        table.refresh()  # the header's ▼ moves even when the rows keep their order
         self.refresh_views()
 
     def action_tab(self, tab: str) -> None:
@@ -303,7 +296,7 @@ class TopApp(App):
         else:
             self._confirm(action, target, "")
 
-    def _prompt(self, action: Any, target: dict[str, Any]) -> None:
+    def _prompt(self, action: Action, target: dict[str, Any]) -> None:
         from infermux.tui.views.routing import weights_text
 
         current = weights_text(self.snapshot, target["name"]) if action.name == "weights" else target.get("fallback", "")
@@ -316,35 +309,35 @@ class TopApp(App):
 
         self.push_screen(screen, entered)
 
-    def _confirm(self, action: Any, target: dict[str, Any], text: str) -> None:
+    def _confirm(self, action: Action, target: dict[str, Any], text: str) -> None:
         try:
             cmd, args = action.build(target, text)
         except Refused as exc:
             self.notify(str(exc), severity="warning")
             return
-        label = action.title + (f" {fmt.version_key(target)}" if target else "")
         if not action.confirm:
-            self.send(label, cmd, args)
+            self.send(action, target, cmd, args)
             return
         question = action.confirm.format(target=fmt.version_key(target) if target else "",
                                          config=self.config_path or "the configuration file")
 
         def answered(yes: bool | None) -> None:
             if yes:
-                self.send(label, cmd, args)
+                self.send(action, target, cmd, args)
 
         self.push_screen(ConfirmScreen(question), answered)
 
     @work(thread=True, group="admin", exit_on_error=False)
-    def send(self, label: str, cmd: str, args: dict[str, Any]) -> None:
+    def send(self, action: Action, target: dict[str, Any], cmd: str, args: dict[str, Any]) -> None:
         """Ask the daemon on a worker thread; the answer comes back as a notification."""
         reply = self.feed.call(cmd, **args)
-        self.call_from_thread(self._answer, label, cmd, reply)
+        self.call_from_thread(self._answer, action, target, cmd, reply)
 
-    def _answer(self, label: str, cmd: str, reply: dict[str, Any]) -> None:
+    def _answer(self, action: Action, target: dict[str, Any], cmd: str, reply: dict[str, Any]) -> None:
         ok = bool(reply.get("ok"))
-        self.notify(escape(summary(cmd, reply)), title=label, severity="information" if ok else "error",
-                    timeout=4 if ok else 10)
+        # Titled for a person ("Drained classifier v1"), the daemon's own words below it.
+        self.notify(escape(summary(cmd, reply)), title=escape(action.outcome(target, ok)),
+                    severity="information" if ok else "error", timeout=4 if ok else 10)
 
     # -- command palette -----------------------------------------------------------
 

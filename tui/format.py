@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Sequence
+
+from rich.markup import escape
 
 
 def us(value: float | None) -> str:
@@ -50,6 +52,32 @@ def size(n: float | None) -> str:
     return f"{n:.0f}T"
 
 
+def percent(part: float, whole: float) -> str:
+    """A share as 0% / 2.5% / 12% / 100%; "-" when there is no whole."""
+    if not whole:
+        return "-"
+    share = 100 * part / whole
+    if not share:
+        return "0%"
+    return f"{share:.1f}%" if share < 10 else f"{share:.0f}%"
+
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def spark(points: Sequence[float], cells: int) -> str:
+    """`points` in `cells` bars, each the peak of its stretch, scaled to the largest: "▁▃▇█▅▂".
+
+    Blank where nothing happened, so an idle row stays quiet; fewer points than cells fill from the right."""
+    if not points:
+        return " " * cells
+    per = max(1, -(-len(points) // cells))  # points per bar, rounded up
+    peaks = [max(points[i:i + per]) for i in range(max(0, len(points) - per * cells), len(points), per)]
+    top = max(peaks) or 1.0
+    bars = "".join(SPARK[min(7, int(7 * p / top + 0.5))] if p > 0 else " " for p in peaks)
+    return bars.rjust(cells)
+
+
 def duration(seconds: float) -> str:
     """Uptime as 42s / 12m05s / 3h02m / 4d03h."""
     s = int(seconds)
@@ -82,11 +110,23 @@ EVENT_STYLE = {"failed": "bold red", "crashed": "bold red", "evicted": "yellow",
 EVENT_FIELDS = ("time", "kind", "model", "version")
 
 
+LEVEL_STYLE = {"warning": "yellow", "error": "bold red", "critical": "bold reverse red"}
+
+
+def log_line(event: dict[str, Any]) -> str:
+    """A `log` event (a warning or error the daemon logged): time, level, logger, message, repeats."""
+    level = str(event.get("level", "warning"))
+    style = LEVEL_STYLE.get(level, "")
+    repeated = f" [dim](+{event['repeated']} like it before)[/]" if event.get("repeated") else ""
+    return (f"[dim]{clock(float(event.get('time', 0)))}[/] [{style}]{escape(level):<9}[/] "
+            f"[dim]{escape(str(event.get('logger', '')))}[/] {escape(str(event.get('message', '')))}{repeated}")
+
+
 def event_line(event: dict[str, Any]) -> str:
     """An event as one line of Rich markup: time, kind, model:version, details."""
-    from rich.markup import escape
-
     kind = str(event.get("kind", "?"))
+    if kind == "log":
+        return log_line(event)
     target = event.get("model") or ""
     if target and event.get("version"):
         target += f":{event['version']}"

@@ -1,4 +1,4 @@
-"""The `?` screen: infermux's own keys first, each with what it does (Textual's generic panel is one key further)."""
+"""The `?` screen: infermux's own keys first, grouped, each with what it does (Textual's generic panel is one key further)."""
 
 from __future__ import annotations
 
@@ -14,32 +14,48 @@ from textual.widgets import Static
 
 from infermux.tui.actions import ACTIONS
 
-VIEW_KEYS = (("1 2 3 4", "models, memory, routing, events tab"), ("enter", "the selected version in depth"),
+VIEW_KEYS = (("1-5", "models, memory, routing, events, log tab"),
+             ("enter", "the selected version in depth (escape: back)"),
              ("/", "show only the models matching a text (empty: all)"),
-             ("s", "sort the models by QPS, p99, 500s, memory, then back to the daemon's order"),
-             ("escape", "back from the detail screen"), ("↑ ↓ j k", "move the selection"),
-             ("ctrl+p", "command palette: every action by name"), ("q", "quit"))
+             ("s", "sort the models: QPS, p99, 500s, error rate, memory, daemon's"),
+             ("↑ ↓ j k", "move the selection"), ("ctrl+p", "command palette: every action by name"),
+             ("q", "quit"))
+
+#: Keys whose line is not their action's help: the toggles (not in ACTIONS under their own name) and
+#: the +/- pair, shown once. (scope, what it does); None: no line of its own.
+SPECIAL: dict[str, tuple[str, str] | None] = {
+    "pin_toggle": ("version", "pin it (its model's default); on a pinned one: unpin"),
+    "drain_toggle": ("daemon", "drain the whole daemon (new requests get 503); again: resume"),
+    "more": ("version", "one execution context more / fewer"), "fewer": None}
+
+KEY_NAMES = {"question_mark": "?", "plus": "+ -", "slash": "/"}
 
 
 def key_name(binding: Binding) -> str:
-    """What the key looks like on a keyboard: `+/-`, `R`, `D`."""
-    if binding.key_display:
-        return binding.key_display
-    return {"question_mark": "?", "plus": "+", "minus": "-"}.get(binding.key.split(",")[0], binding.key.split(",")[0])
+    """What the key looks like on a keyboard: `?`, `R`, `D`."""
+    first = binding.key.split(",")[0]
+    return KEY_NAMES.get(first, first)
 
 
-def action_lines(bindings: Iterable[BindingType]) -> list[str]:
-    """One line per action key: the key, then the action's help from actions.ACTIONS."""
+def action_lines(bindings: Iterable[BindingType], scope: str) -> list[str]:
+    """One line per action key of `scope` ("version" or "daemon"): the key, then what it does."""
     lines = []
     for binding in bindings:
         if not isinstance(binding, Binding):
             continue
         found = re.fullmatch(r"do\('(\w+)'\)", binding.action)
-        if found and found.group(1) in ACTIONS:
-            lines.append(f"  [b]{escape(key_name(binding)):<7}[/] {escape(ACTIONS[found.group(1)].help)}")
-        elif found:  # the toggles: pin/unpin, drain/resume
-            lines.append(f"  [b]{escape(key_name(binding)):<7}[/] {escape(binding.description)}")
+        name = found.group(1) if found else ""
+        if name in SPECIAL:
+            special = SPECIAL[name]
+            if special is not None and special[0] == scope:
+                lines.append(_line(key_name(binding), special[1]))
+        elif name in ACTIONS and ACTIONS[name].scope == scope:
+            lines.append(_line(key_name(binding), ACTIONS[name].help))
     return lines
+
+
+def _line(key: str, what: str) -> str:
+    return f"  [b]{escape(key):<7}[/] {escape(what)}"
 
 
 class KeysScreen(ModalScreen[None]):
@@ -57,13 +73,15 @@ class KeysScreen(ModalScreen[None]):
         self.bindings = list(bindings)
 
     def text(self) -> str:
-        views = [f"  [b]{escape(k):<7}[/] {escape(what)}" for k, what in VIEW_KEYS]
-        return "\n".join(["[b]infermux top: keys[/] (on the selected version unless it says daemon)",
-                          *action_lines(self.bindings), "", *views, "",
-                          "[dim]? or escape closes · t: every key Textual knows (scrolling, focus)[/]"])
+        return "\n".join(["[b]On the selected version[/]", *action_lines(self.bindings, "version"),
+                          "[b]On the whole daemon[/]", *action_lines(self.bindings, "daemon"),
+                          "[b]Views and moving[/]", *(_line(k, what) for k, what in VIEW_KEYS)])
 
     def compose(self) -> ComposeResult:
-        with VerticalScroll():
+        scroll = VerticalScroll()
+        scroll.border_title = "infermux top: keys"
+        scroll.border_subtitle = "? or escape closes · t: Textual's own keys"
+        with scroll:
             yield Static(self.text(), id="keys-text")
 
     def action_close(self) -> None:

@@ -8,11 +8,13 @@ never disagree.
 from __future__ import annotations
 
 import os
+import threading
 import time
 from dataclasses import asdict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from infermux import __version__
+from infermux.admin import hardware
 from infermux.config import parse_budget
 from infermux.events import TRACEBACKS
 from infermux.models.registry import ModelVersion, State, rss_bytes
@@ -27,6 +29,38 @@ def host_memory_total() -> int:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError):
         return 0
+
+
+class GpuReadings:
+    """The GPUs for the snapshot (the console's header): the source is chosen on first use, and read
+    at most every `every_s`, since the stats stream asks four times a second and NVML takes milliseconds."""
+
+    def __init__(self, choose: Callable[[], "hardware.GpuSource | None"] = hardware.gpu_source,
+                 every_s: float = 1.0) -> None:
+        self.choose, self.every_s = choose, every_s
+        self._source: hardware.GpuSource | None = None
+        self._chosen = False
+        self._view: dict[str, Any] = {}
+        self._next = 0.0
+        self._lock = threading.Lock()
+
+    def view(self) -> dict[str, Any]:
+        """{"source": "nvml" | "jetson" | "" (none), "devices": [GpuSample as a dict, ...]}."""
+        with self._lock:
+            now = time.monotonic()
+            if now >= self._next:
+                if not self._chosen:
+                    self._source, self._chosen = self.choose(), True
+                source = self._source
+                devices = source.samples() if source is not None else []
+                self._view = {"source": source.kind if source is not None else "",
+                              "devices": [asdict(d) for d in devices]}
+                self._next = now + self.every_s
+            return self._view
+
+
+#: The daemon's GPU readings (one source per process, like the metrics exporter's).
+GPUS = GpuReadings()
 
 
 def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
@@ -98,6 +132,7 @@ def daemon_view(server: "Server") -> dict[str, Any]:
         "clients": server.peers.info(),
         # Cold workers as CUDA MPS clients (workers/mps.py).
         "mps": workers.mps.view(server.config.daemon.mps) if workers is not None else {"mode": "off"},
+        "gpu": GPUS.view(),
     }
 
 

@@ -8,6 +8,7 @@ from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Sparkline, Static
 
@@ -156,6 +157,12 @@ class ModelScreen(Screen):
     def update_from(self, snapshot: dict[str, Any], history: History) -> None:
         if not self._mounted:
             return
+        try:
+            self._update(snapshot, history)
+        except NoMatches:  # the console is closing and took the widgets first: nothing to show it on
+            pass
+
+    def _update(self, snapshot: dict[str, Any], history: History) -> None:
         m = next((m for m in snapshot.get("models", []) if fmt.version_key(m) == self.key), None)
         if m is None:
             self._set("detail-head", f"[b]{escape(self.key)}[/] [red]is no longer known to the daemon[/]")

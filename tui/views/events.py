@@ -43,12 +43,45 @@ class EventStore:
 
 
 class EventsLog(RichLog):
-    """Appends lines; never redraws what is already there."""
+    """Appends lines; never redraws what is already there. `skip`: event kinds left to another pane."""
 
-    def __init__(self, **kwargs: Any) -> None:
+    def __init__(self, *, skip: frozenset[str] = frozenset(), **kwargs: Any) -> None:
         # Wrapped: at 80 columns a failure's reason is the end of a long line, and it must be readable.
         super().__init__(max_lines=500, markup=True, wrap=True, min_width=40, **kwargs)
+        self.skip = skip
+
+    def shows(self, event: dict[str, Any]) -> bool:
+        return event.get("kind") not in self.skip
 
     def add(self, events: Iterable[dict[str, Any]]) -> None:
         for event in events:
-            self.write(fmt.event_line(event))
+            if self.shows(event):
+                self.write(fmt.event_line(event))
+
+
+#: What the Log tab shows: the daemon's logged warnings and errors, failures and crashes.
+LOG_KINDS = frozenset({"log", "error", "failed", "crashed"})
+
+
+class LogPane(EventsLog):
+    """The Log tab: recent warnings and errors the daemon logged (`log` and `error` events), newest last."""
+
+    EMPTY = "[dim]no warnings or errors logged (the daemon's last 50 events are read on connect)[/]"
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.empty = True
+
+    def on_mount(self) -> None:
+        if self.empty:  # events can reach the pane before its own mount does
+            self.write(self.EMPTY)
+
+    def shows(self, event: dict[str, Any]) -> bool:
+        return event.get("kind") in LOG_KINDS
+
+    def add(self, events: Iterable[dict[str, Any]]) -> None:
+        shown = [e for e in events if self.shows(e)]
+        if shown and self.empty:
+            self.empty = False
+            self.clear()
+        super().add(shown)

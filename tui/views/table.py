@@ -29,12 +29,31 @@ Cell = tuple[str, str]
 
 @dataclass(frozen=True)
 class Col:
-    """A column: key, header, width in cells (including the gap before it), alignment."""
+    """A column: key, header, width in cells (including the gap before it), alignment.
+
+    `optional`: shown only where the terminal has room for it after every other column (not at 80)."""
 
     key: str
     label: str
     width: int
     right: bool = False
+    optional: bool = False
+
+
+def layout(columns: tuple[Col, ...], room: int) -> tuple[tuple[Col, ...], list[int]]:
+    """The columns that fit `room` cells and their widths: every required one, then the optional
+    ones in order while they fit; what is left widens a left-aligned first column by up to 24 cells."""
+    shown = [c for c in columns if not c.optional]
+    used = sum(c.width for c in shown)
+    for col in columns:
+        if col.optional and used + col.width <= room:
+            shown.append(col)
+            used += col.width
+    ordered = tuple(c for c in columns if c in shown)
+    widths = [c.width for c in ordered]
+    if ordered and not ordered[0].right:
+        widths[0] += max(0, min(room - used, 24))
+    return ordered, widths
 
 
 @lru_cache(maxsize=256)
@@ -91,17 +110,13 @@ class KeyedTable(ScrollView, can_focus=True):
         self._order: list[str] = []
         self._index: dict[str, int] = {}
         self.cursor_row = 0
-        self._widths = [c.width for c in self.COLUMNS]
+        self._columns, self._widths = layout(self.COLUMNS, 79)  # 80 columns until the first resize
 
     def on_resize(self) -> None:
-        """Wider terminals give a name column on the left up to 24 more cells."""
-        base = [c.width for c in self.COLUMNS]
-        spare = self.size.width - 1 - sum(base)  # 1: the scrollbar
-        if not base or self.COLUMNS[0].right:
-            return
-        widths = [base[0] + max(0, min(spare, 24)), *base[1:]]
-        if widths != self._widths:
-            self._widths = widths
+        """Wider terminals show the optional columns, then give the name column up to 24 more cells."""
+        columns, widths = layout(self.COLUMNS, self.size.width - 1)  # 1: the scrollbar
+        if (columns, widths) != (self._columns, self._widths):
+            self._columns, self._widths = columns, widths
             self._segments = {key: self._render_row(cells) for key, cells in self._cells.items()}
             self.virtual_size = Size(sum(widths), len(self._order) + 1)
             self.refresh()
@@ -134,12 +149,20 @@ class KeyedTable(ScrollView, can_focus=True):
 
     def _render_row(self, cells: dict[str, Cell]) -> list[Segment]:
         segments = []
-        for i, col in enumerate(self.COLUMNS):
+        for i, col in enumerate(self._columns):
             text, style = cells.get(col.key, ("", ""))
             if not col.right and i:
                 text = " " + text  # the gap before a left-aligned column
             segments.append(Segment(fit(text, self._widths[i], col.right), _style(style)))
         return segments
+
+    def header(self, col: Col) -> str:
+        """A column's header text (a table that sorts marks its sort column here)."""
+        return col.label
+
+    def shown_columns(self) -> list[str]:
+        """The keys of the columns that fit the terminal now."""
+        return [c.key for c in self._columns]
 
     def selected_key(self) -> str | None:
         """The key of the row under the cursor, or None when the table is empty."""
@@ -166,7 +189,7 @@ class KeyedTable(ScrollView, can_focus=True):
         base = self.rich_style
         if y == 0:
             header = self.get_component_rich_style("keyed-table--header")
-            segments = self._render_row({c.key: (c.label, "") for c in self.COLUMNS})
+            segments = self._render_row({c.key: (self.header(c), "") for c in self._columns})
             return Strip(segments).apply_style(base + header).extend_cell_length(width, base + header).crop(0, width)
         index = self.scroll_offset.y + y - 1
         if index >= len(self._order):
