@@ -293,7 +293,7 @@ class Registry:
         scheduler.stop(timeout)
         if mv.engine is not None:
             mv.engine.close()
-        mv.engine, mv.memory_bytes, mv.state = None, 0, State.UNLOADED
+        mv.engine, mv.memory_bytes, mv.state, mv.reason = None, 0, State.UNLOADED, ""  # a past reason is stale
         release_freed_memory()
         self.events.emit("unloaded", mv.name, mv.version)
 

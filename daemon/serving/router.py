@@ -94,8 +94,10 @@ class Router:
         why = self._fallback_why(job, model, "unloaded") if model.fallback else "it has no fallback"
         if why is None:
             return
-        raise _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is unloaded and does not "
-                     f"come back by itself (`infermux ctl load {mv.name}` loads it); {why}", mv.eta_ms())
+        stays = f" ({mv.reason})" if mv.reason else \
+            f" and does not come back by itself (`infermux ctl load {mv.name}` loads it)"
+        raise _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is unloaded{stays}; {why}",
+                     mv.eta_ms())
 
     def _refused(self, job: Job, model: Model, mv: ModelVersion, placement: Placement,
                  admitted: Admission) -> None:
