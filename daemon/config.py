@@ -9,6 +9,7 @@ refuses to start on it and keeps the old configuration on reload.
 from __future__ import annotations
 
 import difflib
+import json
 import os
 import sys
 from dataclasses import dataclass, field, fields, replace
@@ -314,17 +315,17 @@ def model_labels(entries: list[tuple[Any, Any]]) -> list[str]:
     def text(value: Any) -> str | None:
         return str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) and value != "" else None
 
-    keys = [(text(n), text(v) or "1") for n, v in entries]
+    keys = [(n if isinstance(n, str) and n else None, text(v) or "1") for n, v in entries]  # a name is a string
     labels = []
     for i, (name, version) in enumerate(keys):
         if name is None:
             labels.append(f"models[{i}]")
         elif sum(1 for n, _ in keys if n == name) == 1:
-            labels.append(f'models[name="{name}"]')
+            labels.append(f"models[name={json.dumps(name)}]")
         elif keys.count((name, version)) == 1:
-            labels.append(f'models[name="{name}", version="{version}"]')
+            labels.append(f"models[name={json.dumps(name)}, version={json.dumps(version)}]")
         else:
-            labels.append(f'models[{i}, name="{name}"]')
+            labels.append(f"models[{i}, name={json.dumps(name)}]")
     return labels
 
 

@@ -106,3 +106,8 @@ def test_daemon_refuses_to_start_on_a_broken_file(tmp_path: Path) -> None:
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
     assert f'{bad}: models[name="a"].contexts: must be >= 1, got -1' in proc.stderr
+
+
+def test_an_entry_without_a_usable_name_is_named_by_its_index() -> None:
+    assert 'models[1].name: must be str, got int 3' in error(MODEL + "[[models]]\nname = 3\nengine = \"b.onnx\"\n")
+    assert 'models[name="a \\"b\\""].contexts' in error('[[models]]\nname = \'a "b"\'\nengine = "a.onnx"\ncontexts = 0\n')
