@@ -1,12 +1,15 @@
 """Configuration (docs/architecture.md#configuration): TOML in, typed and validated dataclasses out.
 
-Every error names the file, the field path (`models[1].contexts`) and the
-reason; the daemon refuses to start on it and keeps the old configuration
-on reload.
+Every error names the file, the field path (`models[name="a"].contexts`:
+a model entry by its name, and its version where the name is shared) and
+the reason; a misspelled field gets the nearest known one. The daemon
+refuses to start on it and keeps the old configuration on reload.
 """
 
 from __future__ import annotations
 
+import difflib
+import json
 import os
 import sys
 from dataclasses import dataclass, field, fields, replace
@@ -144,7 +147,10 @@ def _known_fields(file: Path, where: str, table: Mapping[str, Any], cls: type) -
     unknown = sorted(set(table) - names)
     if unknown:
         prefix = f"{where}." if where else ""
-        raise ConfigError(file, f"{prefix}{unknown[0]}", f"unknown field; known fields: {', '.join(sorted(names))}")
+        near = difflib.get_close_matches(unknown[0], names, n=1)
+        hint = f"did you mean `{near[0]}`? " if near else ""
+        raise ConfigError(file, f"{prefix}{unknown[0]}",
+                          f"unknown field; {hint}known fields: {', '.join(sorted(names))}")
     return dict(table)
 
 
@@ -330,8 +336,27 @@ _INT_FIELDS = {"contexts": 1, "max_queue": 1, "timeout_ms": 1, "max_batch": 1, "
                "latest_n": 1}
 
 
-def _parse_model(file: Path, index: int, table: Any, engine_dir: Path) -> ModelConfig:
-    where = f"models[{index}]"
+def model_labels(entries: list[tuple[Any, Any]]) -> list[str]:
+    """How errors name each `[[models]]` entry, from its (name, version): `models[name="a"]`, with
+    the version where entries share the name, the index where that is not enough (or no name)."""
+    def text(value: Any) -> str | None:
+        return str(value) if isinstance(value, (str, int)) and not isinstance(value, bool) and value != "" else None
+
+    keys = [(n if isinstance(n, str) and n else None, text(v) or "1") for n, v in entries]  # a name is a string
+    labels = []
+    for i, (name, version) in enumerate(keys):
+        if name is None:
+            labels.append(f"models[{i}]")
+        elif sum(1 for n, _ in keys if n == name) == 1:
+            labels.append(f"models[name={json.dumps(name)}]")
+        elif keys.count((name, version)) == 1:
+            labels.append(f"models[name={json.dumps(name)}, version={json.dumps(version)}]")
+        else:
+            labels.append(f"models[{i}, name={json.dumps(name)}]")
+    return labels
+
+
+def _parse_model(file: Path, where: str, table: Any, engine_dir: Path) -> ModelConfig:
     _check_type(file, where, table, dict)
     raw = _known_fields(file, where, table, ModelConfig)
     for key in ("name", "engine"):
@@ -418,36 +443,37 @@ def parse_model_settings(text: str, file: Path, name: str, engine_dir: Path) -> 
     if data.get("fallback") == name:
         raise ConfigError(file, "fallback", f"model {name!r} cannot fall back to itself")
     try:
-        mc = _parse_model(file, 0, {**data, "name": name, "engine": name}, engine_dir)
-    except ConfigError as exc:  # the path inside model.toml has no models[0] prefix
-        raise ConfigError(file, exc.path.removeprefix("models[0]").lstrip("."), exc.reason) from None
+        mc = _parse_model(file, "", {**data, "name": name, "engine": name}, engine_dir)
+    except ConfigError as exc:  # the path inside model.toml has no models[...] prefix
+        raise ConfigError(file, exc.path.lstrip("."), exc.reason) from None
     return replace(mc, version="")
 
 
 def _check_models(file: Path, models: list[ModelConfig], routing: RoutingConfig) -> None:
+    labels = model_labels([(m.name, m.version) for m in models])
     seen: dict[tuple[str, str], int] = {}
     for i, m in enumerate(models):
         if m.key in seen:
-            raise ConfigError(file, f"models[{i}]", f"model {m.name!r} version {m.version!r} "
+            raise ConfigError(file, labels[i], f"model {m.name!r} version {m.version!r} "
                               f"is already defined by models[{seen[m.key]}]")
         seen[m.key] = i
     names = {m.name for m in models}
     for name in names:
         defaults = [i for i, m in enumerate(models) if m.name == name and m.default]
         if len(defaults) > 1:
-            raise ConfigError(file, f"models[{defaults[1]}].default",
-                              f"model {name!r} already has a default version (models[{defaults[0]}])")
+            raise ConfigError(file, f"{labels[defaults[1]]}.default",
+                              f"model {name!r} already has a default version ({labels[defaults[0]]})")
     for i, m in enumerate(models):
         if m.fallback and m.fallback not in names:
-            raise ConfigError(file, f"models[{i}].fallback", f"unknown model {m.fallback!r}; "
+            raise ConfigError(file, f"{labels[i]}.fallback", f"unknown model {m.fallback!r}; "
                               f"known models: {', '.join(sorted(names))}")
         if m.fallback == m.name:
-            raise ConfigError(file, f"models[{i}].fallback", f"model {m.name!r} cannot fall back to itself")
-    _check_policies(file, models)
-    _check_fallback_cycles(file, models)
+            raise ConfigError(file, f"{labels[i]}.fallback", f"model {m.name!r} cannot fall back to itself")
+    _check_policies(file, models, labels)
+    _check_fallback_cycles(file, models, labels)
 
 
-def _check_policies(file: Path, models: list[ModelConfig]) -> None:
+def _check_policies(file: Path, models: list[ModelConfig], labels: list[str]) -> None:
     """A version policy belongs to the model: entries that set one must agree."""
     default = policy_key(ModelConfig(name="", engine=Path()))
     first: dict[str, int] = {}
@@ -456,8 +482,8 @@ def _check_policies(file: Path, models: list[ModelConfig]) -> None:
             continue
         j = first.setdefault(m.name, i)
         if policy_key(models[j]) != policy_key(m):
-            raise ConfigError(file, f"models[{i}].version_policy", f"model {m.name!r} already has another "
-                              f"version policy (models[{j}]); set it once, or the same on every entry")
+            raise ConfigError(file, f"{labels[i]}.version_policy", f"model {m.name!r} already has another "
+                              f"version policy ({labels[j]}); set it once, or the same on every entry")
 
 
 def fallback_of(models: list[ModelConfig] | tuple[ModelConfig, ...]) -> dict[str, str]:
@@ -483,12 +509,12 @@ def fallback_problem(chain: Mapping[str, str]) -> tuple[str, str] | None:
     return None
 
 
-def _check_fallback_cycles(file: Path, models: list[ModelConfig]) -> None:
+def _check_fallback_cycles(file: Path, models: list[ModelConfig], labels: list[str]) -> None:
     problem = fallback_problem(fallback_of(models))
     if problem:
         start, why = problem
         index = next(i for i, m in enumerate(models) if m.name == start and m.fallback)
-        raise ConfigError(file, f"models[{index}].fallback", why)
+        raise ConfigError(file, f"{labels[index]}.fallback", why)
 
 
 def parse(text: str, file: Path) -> Config:
@@ -505,7 +531,9 @@ def parse(text: str, file: Path) -> Config:
     routing = _parse_routing(file, data.get("routing", {}))
     raw_models = data.get("models", [])
     _check_type(file, "models", raw_models, list)
-    models = [_parse_model(file, i, m, daemon.engine_dir) for i, m in enumerate(raw_models)]
+    labels = model_labels([(m.get("name"), m.get("version")) if isinstance(m, dict) else (None, None)
+                           for m in raw_models])
+    models = [_parse_model(file, label, m, daemon.engine_dir) for label, m in zip(labels, raw_models)]
     _check_models(file, models, routing)
     return Config(path=file, daemon=daemon, routing=routing, models=tuple(models))
 

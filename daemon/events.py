@@ -16,6 +16,7 @@ most one per message per interval, the repeats counted in the next one.
 from __future__ import annotations
 
 import atexit
+import json
 import logging
 import re
 import threading
@@ -44,20 +45,24 @@ class Event:
     def line(self) -> str:
         parts = [self.kind]
         if self.model:
-            parts.append(f"model={self.model}")
+            parts.append(f"model={_quote(self.model)}")
         if self.version:
-            parts.append(f"version={self.version}")
+            parts.append(f"version={_quote(self.version)}")
         parts += [f"{k}={_quote(v)}" for k, v in self.detail.items()]
         return " ".join(parts)
 
 
 def _quote(value: Any) -> str:
+    """A logfmt value: bare when it can be, else double-quoted with `"`, `\\` and control
+    characters escaped (as JSON does), so a value holding quotes or `=` still parses."""
     text = str(value)
-    return f'"{text}"' if (" " in text or not text) else text
+    if text and not any(c in text for c in ' ="\\') and text.isprintable():
+        return text
+    return json.dumps(text, ensure_ascii=False)
 
 
 _LEVELS = {"error": logging.ERROR, "failed": logging.ERROR, "crashed": logging.ERROR, "evicted": logging.WARNING,
-           "refused": logging.WARNING, "rejected": logging.WARNING}
+           "refused": logging.WARNING, "rejected": logging.WARNING, "fallback_refused": logging.WARNING}
 
 
 class EventLog:

@@ -49,20 +49,23 @@ def test_defaults_fill_what_the_file_leaves_out() -> None:
     ('[routing]\nstrategy = "random"\n', "routing.strategy: must be one of least_queue, weighted, hash"),
     ('[routing]\nversion_mismatch = "maybe"\n', "routing.version_mismatch"),
     ('[[models]]\nengine = "a.onnx"\n', "models[0].name: is required"),
-    ('[[models]]\nname = "a"\n', "models[0].engine: is required"),
-    (MODEL + "contexts = 0\n", "models[0].contexts: must be >= 1, got 0"),
-    (MODEL + 'contexts = "2"\n', "models[0].contexts: must be int, got str"),
-    (MODEL + "max_queue = true\n", "models[0].max_queue: must be int, got bool"),
-    (MODEL + 'mode = "remote"\n', "models[0].mode: must be inproc or multiproc"),
-    (MODEL + "colour = 1\n", "models[0].colour: unknown field"),
-    (MODEL + "preferred_batch = [4, 0]\n", "models[0].preferred_batch[1]: must be >= 1"),
-    (MODEL + MODEL, "models[1]: model 'a' version '1' is already defined by models[0]"),
-    (MODEL + 'fallback = "b"\n', "models[0].fallback: unknown model 'b'"),
-    (MODEL + 'fallback = "a"\n', "models[0].fallback: model 'a' cannot fall back to itself"),
+    ('[[models]]\nname = "a"\n', 'models[name="a"].engine: is required'),
+    (MODEL + "contexts = 0\n", "models[name=\"a\"].contexts: must be >= 1, got 0"),
+    (MODEL + 'contexts = "2"\n', "models[name=\"a\"].contexts: must be int, got str"),
+    (MODEL + "max_queue = true\n", "models[name=\"a\"].max_queue: must be int, got bool"),
+    (MODEL + 'mode = "remote"\n', "models[name=\"a\"].mode: must be inproc or multiproc"),
+    (MODEL + "colour = 1\n", "models[name=\"a\"].colour: unknown field; known fields"),
+    (MODEL + "contxts = 2\n", "models[name=\"a\"].contxts: unknown field; did you mean `contexts`?"),
+    ('[daemon]\nmemory_bugdet = "1GiB"\n', "daemon.memory_bugdet: unknown field; did you mean `memory_budget`?"),
+    (MODEL + "preferred_batch = [4, 0]\n", "models[name=\"a\"].preferred_batch[1]: must be >= 1"),
+    (MODEL + MODEL, "models[1, name=\"a\"]: model 'a' version '1' is already defined by models[0]"),
+    (MODEL + 'fallback = "b"\n', "models[name=\"a\"].fallback: unknown model 'b'"),
+    (MODEL + 'fallback = "a"\n', "models[name=\"a\"].fallback: model 'a' cannot fall back to itself"),
     (MODEL + 'fallback = "b"\n[[models]]\nname = "b"\nengine = "b.onnx"\nfallback = "a"\n',
-     "models[0].fallback: fallback cycle: a -> b -> a"),
+     "models[name=\"a\"].fallback: fallback cycle: a -> b -> a"),
     (MODEL + 'default = true\n[[models]]\nname = "a"\nversion = "2"\nengine = "a2.onnx"\ndefault = true\n',
-     "models[1].default: model 'a' already has a default version"),
+     'models[name="a", version="2"].default: model \'a\' already has a default version '
+     '(models[name="a", version="1"])'),
 ])
 def test_each_kind_of_error_names_the_field_and_reason(text: str, fragment: str) -> None:
     assert fragment in error(text)
@@ -102,4 +105,9 @@ def test_daemon_refuses_to_start_on_a_broken_file(tmp_path: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "infermux", "serve", "--config", str(bad)],
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2
-    assert f"{bad}: models[0].contexts: must be >= 1, got -1" in proc.stderr
+    assert f'{bad}: models[name="a"].contexts: must be >= 1, got -1' in proc.stderr
+
+
+def test_an_entry_without_a_usable_name_is_named_by_its_index() -> None:
+    assert 'models[1].name: must be str, got int 3' in error(MODEL + "[[models]]\nname = 3\nengine = \"b.onnx\"\n")
+    assert 'models[name="a \\"b\\""].contexts' in error('[[models]]\nname = \'a "b"\'\nengine = "a.onnx"\ncontexts = 0\n')

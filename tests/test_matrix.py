@@ -223,8 +223,19 @@ def test_fallback_when_not_ready(cell: Placement) -> None:
         admin.call("unload", model="nr")  # cold: the worker stops; the next request starts it again
     with cell.daemon.client() as client:
         reply = client.infer("nr", {"x": SLAB})
-    assert reply.fallback == {"from": "nr", "reason": "not_ready"}, reply.header
+    # Hot, it stays unloaded until `ctl load`: the fallback says so. Cold, the request starts it again.
+    reason = "not_ready" if cell.name in WITH_WORKER else "unloaded"
+    assert reply.fallback == {"from": "nr", "reason": reason}, reply.header
     assert_served(reply, cell, "fb", SLAB)
+    if cell.name in WITH_WORKER:
+        return
+    with cell.daemon.admin() as admin:
+        admin.call("set", model="nr", fallback="")
+        with cell.daemon.client() as client:
+            alone = client.infer("nr", {"x": SLAB})
+        admin.call("set", model="nr", fallback="fb")
+    assert alone.status == 503 and "does not come back by itself" in alone.error, alone.header
+    assert "ctl load nr" in alone.error and "no fallback" in alone.error
 
 
 @every_placement

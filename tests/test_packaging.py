@@ -302,3 +302,38 @@ def test_man_page_renders_without_warnings():
     r = subprocess.run([man, "--warnings", "-E", "UTF-8", "-l", "-Tutf8", "-Z", str(PKG / "infermux.1")],
                        capture_output=True, text=True, env={**os.environ, "LC_ALL": "C.UTF-8"})
     assert r.returncode == 0 and r.stderr == "", r.stderr
+
+
+def _man_section(name: str) -> str:
+    """The text of one `.SH name` section of the man page."""
+    page = (PKG / "infermux.1").read_text()
+    return page.split(f".SH {name}\n", 1)[1].split("\n.SH ", 1)[0]
+
+
+def test_man_page_documents_exit_status_every_variable_read_and_examples():
+    exit_status = _man_section("EXIT STATUS")
+    assert all(f".B {code}\n" in exit_status for code in "0123")
+    read = set()
+    for tree in ("daemon", "tui", "plugins"):
+        for path in (REPO / tree).rglob("*.py"):
+            read |= set(re.findall(r'environ(?:\.get)?[\[(]"([A-Z][A-Z0-9_]+)"', path.read_text()))
+    environment = _man_section("ENVIRONMENT")
+    documented = set(re.findall(r"^\.B ([A-Z][A-Z0-9_]+)$", environment, re.M))
+    assert {"INFERMUX_CONFIG", "NO_COLOR"} <= documented
+    assert read - documented == set(), "document every environment variable the code reads"
+    examples = _man_section("EXAMPLES")
+    for command in ("status", "ctl", "top"):
+        assert f"infermux {command} " in examples
+
+
+def test_package_ships_the_readme_and_docs_the_man_page_names():
+    shipped = (REPO / "debian" / "infermux.docs").read_text().split()
+    assert "README.md" in shipped and "docs" in shipped  # dh_installdocs copies docs/ as a folder
+    assert (REPO / "README.md").is_file() and list((REPO / "docs").glob("*.md"))
+    assert "dh_compress -X.md" in (REPO / "debian" / "rules").read_text()  # links between them keep working
+    page = (PKG / "infermux.1").read_text()
+    assert "/usr/share/doc/infermux/README.md" in page and "/usr/share/doc/infermux/docs/" in page
+    for doc in re.findall(r"^\.BR? ([a-z\\-]+)\.md", page, re.M):
+        assert (REPO / "docs" / f"{doc.replace(chr(92), '')}.md").is_file(), doc
+    for named in re.findall(r"/usr/share/doc/infermux/([\w/.-]+\.md)", (REPO / "debian/README.Debian").read_text()):
+        assert (REPO / named).is_file(), f"README.Debian names {named}, which the package does not ship"

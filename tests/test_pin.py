@@ -139,3 +139,44 @@ def test_pin_and_unpin_refuse_unknown_models_and_versions(tmp_path: Path) -> Non
         with pytest.raises(ValueError, match=r"unknown model 'nosuch'"):
             server.registry.unpin("nosuch")
         assert server.registry.model("m").pinned is None
+
+
+def test_unpin_with_a_corrupt_newest_version_settles_on_the_newest_that_loads(tmp_path: Path) -> None:
+    root = tmp_path / "engines"
+    publish(root, "m", 1, offset=1)
+    publish(root, "m", 2, offset=2)
+    with running(tmp_path, root) as server:
+        server.registry.pin("m", "1")
+        wait_until(lambda: version_served(server) == "1")
+        corrupt = root / "m" / ".3.tmp" / "model.onnx"  # published the documented way, but not an ONNX model
+        corrupt.parent.mkdir(parents=True)
+        corrupt.write_bytes(b"\x08\x07 this is not an onnx model" * 50)
+        corrupt.parent.rename(root / "m" / "3")
+        wait_until(lambda: "detected" in kinds(server, "m", "3"))
+        server.registry.unpin("m")  # the policy wants 3, which cannot load: 2 is the newest that does
+        wait_until(lambda: version_served(server) == "2")
+        wait_until(lambda: kinds(server, "m", "1")[-1:] == ["unloaded"])
+        settled = [e for e in server.events.recent(1000) if e.kind == "settled"]
+        assert [(e.model, e.version) for e in settled] == [("m", "2")]
+        assert "version 3: load failed" in settled[0].detail["reason"]
+        assert "serving version 2, the newest that loads" in settled[0].detail["reason"]
+        server.registry.pin("m", "1")  # the failed file is not tried again, pinned or not
+        wait_until(lambda: version_served(server) == "1")
+        server.registry.unpin("m")
+        wait_until(lambda: version_served(server) == "2")
+        assert kinds(server, "m", "3").count("loading") == 1
+        assert server.registry.model("m").versions["3"].state.value == "failed"
+
+
+def test_a_misspelt_engine_path_says_the_configured_file_is_missing_and_where_it_looked(tmp_path: Path) -> None:
+    root = tmp_path / "engines"
+    publish(root, "m", 1, offset=1)
+    models = '[[models]]\nname = "m"\nversion = "1"\nengine = "m/1/modle.onnx"\n'
+    with running(tmp_path, root, models) as server:
+        mv = server.registry.model("m").versions["1"]
+        assert mv.state.value == "failed"
+        assert f"configured engine {root}/m/1/modle.onnx is missing: looked in {root}/m/1; it holds model.onnx" \
+            in mv.reason
+        detected = next(e for e in server.events.recent(1000) if e.kind == "detected" and e.model == "m")
+        assert detected.detail["ignored"] == (f"the configuration names engine {root}/m/1/modle.onnx for this "
+                                              f"version, which is missing")

@@ -33,17 +33,18 @@ def test_policy_fields_parse() -> None:
 
 
 @pytest.mark.parametrize("text, fragment", [
-    (MODEL + 'version_policy = "newest"\n', "models[0].version_policy: must be one of latest, all, specific, got 'newest'"),
-    (MODEL + "latest_n = 0\n", "models[0].latest_n: must be >= 1, got 0"),
-    (MODEL + 'latest_n = "2"\n', "models[0].latest_n: must be int"),
-    (MODEL + 'version_policy = "all"\nlatest_n = 2\n', "models[0].latest_n: only applies to version_policy = \"latest\""),
-    (MODEL + 'versions = ["1"]\n', "models[0].versions: only applies to version_policy = \"specific\""),
-    (MODEL + 'version_policy = "specific"\n', "models[0].versions: version_policy = \"specific\" needs a non-empty list"),
-    (MODEL + 'version_policy = "specific"\nversions = []\n', "models[0].versions: version_policy = \"specific\" needs"),
-    (MODEL + 'version_policy = "specific"\nversions = "1"\n', "models[0].versions: must be list"),
-    (MODEL + 'version_policy = "specific"\nversions = [1.5]\n', "models[0].versions[0]: must be str or int"),
+    (MODEL + 'version_policy = "newest"\n', "models[name=\"a\"].version_policy: must be one of latest, all, specific, got 'newest'"),
+    (MODEL + "latest_n = 0\n", "models[name=\"a\"].latest_n: must be >= 1, got 0"),
+    (MODEL + 'latest_n = "2"\n', "models[name=\"a\"].latest_n: must be int"),
+    (MODEL + 'version_policy = "all"\nlatest_n = 2\n', "models[name=\"a\"].latest_n: only applies to version_policy = \"latest\""),
+    (MODEL + 'versions = ["1"]\n', "models[name=\"a\"].versions: only applies to version_policy = \"specific\""),
+    (MODEL + 'version_policy = "specific"\n', "models[name=\"a\"].versions: version_policy = \"specific\" needs a non-empty list"),
+    (MODEL + 'version_policy = "specific"\nversions = []\n', "models[name=\"a\"].versions: version_policy = \"specific\" needs"),
+    (MODEL + 'version_policy = "specific"\nversions = "1"\n', "models[name=\"a\"].versions: must be list"),
+    (MODEL + 'version_policy = "specific"\nversions = [1.5]\n', "models[name=\"a\"].versions[0]: must be str or int"),
     (MODEL + 'version_policy = "all"\n' + MODEL.replace('engine = "a/1', 'version = "2"\nengine = "a/2')
-     + "latest_n = 2\n", "models[1].version_policy: model 'a' already has another version policy (models[0])"),
+     + "latest_n = 2\n", 'models[name="a", version="2"].version_policy: model \'a\' already has another version policy '
+     '(models[name="a", version="1"])'),
     ('[daemon]\nwatch = "yes"\n', "daemon.watch: must be bool"),
     ("[daemon]\nwatch_settle_s = -1\n", "daemon.watch_settle_s: must be >= 0"),
     ('[daemon]\nwatch_rescan_s = "often"\n', "daemon.watch_rescan_s: must be int or number"),

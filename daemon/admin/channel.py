@@ -3,8 +3,8 @@
 Admin: a ROUTER on a local ipc socket (mode 0660, group `infermux` when it
 exists), one JSON object in, one out. Commands that block (load, drain...)
 run on a short-lived thread so `status` keeps answering meanwhile. Every
-command that changes the daemon is audited: an `admin` event naming the
-command, its arguments and, on ipc, the peer's uid and pid.
+command that changes the daemon is audited once done: an `admin` event naming the
+command, its model, its arguments, its outcome and, on ipc, the peer's uid and pid.
 
 Stats: a PUB socket; topic `snapshot` carries the whole daemon a few times
 a second, topic `event` each event as it happens.
@@ -23,7 +23,7 @@ import zmq
 
 from infermux.transport import ipc
 from infermux.admin import snapshot
-from infermux.admin.commands import COMMANDS, CommandError
+from infermux.admin.commands import COMMANDS, CommandError, audit
 from infermux.config import resolve_endpoint
 from infermux.events import Event
 
@@ -147,17 +147,20 @@ class AdminServer:
         except CommandError as exc:
             self.admin.send_multipart(envelope + [_reply({"ok": False, "error": str(exc)})])
             return
-        if command.changes:
-            args = {k: v for k, v in request.items() if k != "cmd"}
-            self.server.events.emit("admin", cmd=name, args=json.dumps(args, sort_keys=True), **who)
         if command.slow:
-            threading.Thread(target=self._finish, args=(envelope, command, request), daemon=True,
+            threading.Thread(target=self._finish, args=(envelope, command, request, who), daemon=True,
                              name=f"admin-{name}").start()
         else:
-            self.admin.send_multipart(envelope + [_reply(_execute(self.server, command, request))])
+            self.admin.send_multipart(envelope + [_reply(self._audited(command, request, who))])
 
-    def _finish(self, envelope: list[bytes], command: Any, request: dict[str, Any]) -> None:
-        self._done.append(envelope + [_reply(_execute(self.server, command, request))])
+    def _finish(self, envelope: list[bytes], command: Any, request: dict[str, Any], who: dict[str, Any]) -> None:
+        self._done.append(envelope + [_reply(self._audited(command, request, who))])
+
+    def _audited(self, command: Any, request: dict[str, Any], who: dict[str, Any]) -> dict[str, Any]:
+        reply = _execute(self.server, command, request)
+        if command.changes:  # after the fact, so the audit says whether it was done
+            audit(self.server.events, request, reply, who)
+        return reply
 
 
 def _parse(body: list[zmq.Frame]) -> dict[str, Any]:

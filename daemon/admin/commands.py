@@ -6,6 +6,7 @@ arguments and returns the reply fields, or raises CommandError.
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
@@ -13,6 +14,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from infermux import config as cfg
 from infermux.swap import reload
 from infermux.admin import snapshot
+from infermux.events import EventLog
+from infermux.models import fallback as fallbacks
 from infermux.models.registry import ModelVersion, State
 
 if TYPE_CHECKING:
@@ -70,6 +73,20 @@ def target(server: "Server", args: dict[str, Any]) -> ModelVersion:
         raise CommandError(f"model {name!r} has no version {version!r}; versions: "
                            f"{', '.join(v.version for v in model.ordered())}")
     return model.versions[version]
+
+
+def audit(events: EventLog, request: dict[str, Any], reply: dict[str, Any], who: dict[str, Any]) -> None:
+    """The `admin` event of a command that changes the daemon, once it is done: what was asked,
+    by whom, on which model, and whether it was `accepted` or `refused` (with the reason)."""
+    args = {k: v for k, v in request.items() if k != "cmd"}
+    model, version = (args.get(k) for k in ("model", "version"))
+    detail: dict[str, Any] = {"cmd": request.get("cmd"), "outcome": "accepted" if reply.get("ok") else "refused"}
+    if not reply.get("ok"):
+        detail["reason"] = str(reply.get("error", ""))[:300]
+    detail["args"] = json.dumps(args, sort_keys=True, default=str)
+    events.emit("admin", model if isinstance(model, str) else "",
+                str(version) if isinstance(version, (str, int)) and not isinstance(version, bool) else "",
+                **detail, **who)
 
 
 def _label(mv: ModelVersion) -> dict[str, str]:
@@ -154,8 +171,10 @@ def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
         raise CommandError(f"cannot set {', '.join(sorted(unknown))}; settable: "
                            f"{', '.join([*SETTABLE, 'preferred_batch', 'fallback', 'weights'])}")
     done: dict[str, Any] = {}
+    note = ""
     if "fallback" in args:
         done["fallback"] = _set_fallback(server, mv.name, args["fallback"])
+        note = _unchecked(server, mv.name, done["fallback"])
     if "weights" in args:
         done["weights"] = _set_weights(server, mv.name, args["weights"])
     if changes:
@@ -163,7 +182,7 @@ def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
         done.update(changes)
     if not done:
         raise CommandError(f"nothing to set; settable: {', '.join([*SETTABLE, 'fallback', 'weights'])}")
-    return {**_label(mv), "set": done}
+    return {**_label(mv), "set": done, **({"note": note} if note else {})}
 
 
 def _sizes(args: dict[str, Any], key: str) -> tuple[int, ...]:
@@ -191,8 +210,23 @@ def _set_fallback(server: "Server", name: str, fallback: Any) -> str:
     problem = cfg.fallback_problem(chain)
     if problem:
         raise CommandError(problem[1])
-    server.registry.model(name).fallback = fallback  # type: ignore[union-attr]
+    model = server.registry.model(name)
+    assert model is not None
+    target = server.registry.model(fallback) if fallback else None
+    why = fallbacks.refusal(model, target) if target is not None else ""
+    if why:
+        raise CommandError(why)
+    model.fallback = fallback
     return fallback
+
+
+def _unchecked(server: "Server", name: str, fallback: str) -> str:
+    """A note when a new fallback's inputs could not be compared with its model's yet."""
+    model, target = server.registry.model(name), server.registry.model(fallback) if fallback else None
+    if model is None or target is None or (fallbacks.inputs_of(model) and fallbacks.inputs_of(target)):
+        return ""
+    return (f"inputs of {name!r} and {fallback!r} not compared yet (one is not loaded): compared when it loads, "
+            f"and the fallback removed with a fallback_refused event if they differ")
 
 
 def _set_weights(server: "Server", name: str, weights: Any) -> dict[str, int]:

@@ -8,8 +8,8 @@ no CUDA context (that alone would cost the daemon 300–500 MB).
 Before a load the registry asks for room (`Workers.make_room`): the estimate
 is the version's last measured footprint, else the engine file's size times
 `FILE_FACTOR` (plus a worker's base cost for a cold model). The loaded
-footprint is measured afterwards: hot, the daemon's RSS growth or the
-engine's own figure; cold, the worker's RSS plus its GPU memory.
+footprint is taken afterwards (memory.py): hot, the engine's own figure;
+cold, the worker's RSS plus its GPU memory.
 """
 
 from __future__ import annotations

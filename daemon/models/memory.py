@@ -5,8 +5,15 @@ need (budget.py) with what the placed models take and the memory free right
 now; if it does not fit it stops idle cold workers, least recently used
 first, or refuses the load saying who holds the memory, without stopping
 anything in vain. After a load, `settle` corrects for an estimate that was
-too low. Footprints are measured here too: a worker's RSS plus the GPU
-memory NVML gives its pid, or what its load visibly took (`unseen`).
+too low.
+
+Footprints (docs/architecture.md#memory-footprints) are taken one way per
+placement, whichever path put the version there. Hot (first load,
+unload/load, promote, hot swap, reload): the engine's own figure
+(`hot_footprint`), never the daemon's RSS growth, which counts libraries
+loaded once for all, allocator reuse and concurrent loads. Cold (load on
+demand, demote, restart): what the worker process costs, its RSS plus the
+GPU memory NVML gives its pid, or what its load visibly took (`unseen`).
 """
 
 from __future__ import annotations
@@ -15,8 +22,10 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Callable
 
+from infermux.config import ModelConfig
 from infermux.models import budget as mem
 from infermux.models.version import ModelVersion, State
+from infermux.plugins.base import Engine, OnDevice
 from infermux.workers.process import WorkerProcess
 from infermux.workers.proxy import WorkerProxy
 
@@ -24,6 +33,17 @@ if TYPE_CHECKING:
     from infermux.models.registry import Registry
 
 log = logging.getLogger("infermux.memory")
+
+
+def hot_footprint(engine: Engine, mc: ModelConfig) -> int:
+    """A hot version's footprint: its engine's own figure, the same whichever path loaded it.
+
+    A GPU engine reports its device memory, contexts included. onnxruntime
+    reports its weights (the file's size) for one session, and holds one
+    session per context, so that is counted `contexts` times.
+    """
+    copies = mc.contexts if mem._per_context_copies(mc) and not isinstance(engine, OnDevice) else 1
+    return engine.memory_bytes() * max(1, copies)
 
 
 class MemoryKeeper:

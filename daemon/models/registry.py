@@ -19,12 +19,14 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
 import numpy as np
 
 from infermux.models.budget import release_freed_memory
+from infermux.models.memory import hot_footprint
 from infermux.config import Config, ModelConfig
 from infermux.events import EventLog
 from infermux.serving.executor import LateFn, ReplyFn
 from infermux.plugins import backends
-from infermux.plugins.base import BackendError, Engine, OnDevice, TensorSpec
+from infermux.plugins.base import BackendError, Engine, TensorSpec
 from infermux.serving.inline import HoldFn, InlineGate
+from infermux.models import fallback as fallbacks
 from infermux.models import promote as moves
 from infermux.models.version import Model, ModelVersion, State, version_key
 from infermux.serving.placement import Change
@@ -33,8 +35,8 @@ from infermux.serving.scheduler import Scheduler
 if TYPE_CHECKING:
     from infermux.workers.pool import Workers
 
-__all__ = ["Catalog", "Model", "ModelVersion", "Registry", "State", "rss_bytes", "version_key", "warm_up",
-           "warmup_inputs"]
+__all__ = ["Catalog", "Model", "ModelVersion", "Registry", "State", "missing_engine", "rss_bytes", "version_key",
+           "warm_up", "warmup_inputs"]
 
 log = logging.getLogger("infermux.registry")
 
@@ -46,6 +48,17 @@ def rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+def missing_engine(path: Path) -> str:
+    """The configured engine file is not there: say where it was looked for and what is there."""
+    folder = path.parent
+    try:
+        there = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
+    except OSError:
+        return f"configured engine {path} is missing: looked in {folder}, which does not exist"
+    found = f"it holds {', '.join(there[:8])}{' ...' if len(there) > 8 else ''}" if there else "it is empty"
+    return f"configured engine {path} is missing: looked in {folder}; {found}"
 
 
 def warmup_inputs(specs: Sequence[TensorSpec], engine_path: Path) -> dict[str, np.ndarray]:
@@ -215,15 +228,19 @@ class Registry:
             self._mark_loading(mv)
         self.events.emit("loading", mc.name, mc.version, engine=str(mc.engine))
         if mc.mode == "multiproc" and self.workers is not None:
-            return self.workers.load(mv)
-        rss_before = rss_bytes()
+            if not mc.engine.exists():  # say it here, not as whatever the worker makes of it
+                return self.fail(mv, BackendError(missing_engine(mc.engine)))
+            loaded = self.workers.load(mv)
+            if loaded:
+                self.check_fallbacks(mc.name)
+            return loaded
         try:
             if self.workers is not None:
                 self.workers.make_room(mv)  # may stop idle cold workers; raises if it cannot fit
             if mc.mode != "inproc":
                 raise BackendError(f"mode {mc.mode!r} is not available in this build; use mode = \"inproc\"")
             if not mc.engine.exists():
-                raise BackendError(f"engine file {mc.engine} does not exist")
+                raise BackendError(missing_engine(mc.engine))
             backend = backends.for_path(mc.engine, mc.backend or None)
             engine = backend.load(mc.engine, dict(mc.options))
         except Exception as exc:
@@ -239,14 +256,25 @@ class Registry:
             engine.close()
             return self.fail(mv, exc, during="warm-up")
         mv.engine, mv.scheduler = engine, scheduler
-        # A GPU engine's own figure is its device memory; the RSS its load adds is host memory.
-        mv.memory_bytes = engine.memory_bytes() if isinstance(engine, OnDevice) \
-            else max(engine.memory_bytes(), rss_bytes() - rss_before)
+        mv.memory_bytes = hot_footprint(engine, mc)  # one method for every hot path (memory.py)
         mv.last_load_s = time.monotonic() - mv.load_started
         mv.state = State.READY
         self.events.emit("loaded", mc.name, mc.version, backend=backend.name, contexts=mc.contexts,
                          load_ms=round(mv.last_load_s * 1000), memory_mb=round(mv.memory_bytes / 2**20, 1))
+        self.check_fallbacks(mc.name)
         return True
+
+    def check_fallbacks(self, name: str | None = None) -> None:
+        """Remove each fallback (of or to `name`; all without) that does not take its model's
+        inputs, saying why (models/fallback.py): it would only answer 400 in the model's place."""
+        for model in list(self.models.values()):
+            target = self.models.get(model.fallback) if model.fallback else None
+            if target is None or (name is not None and name not in (model.name, target.name)):
+                continue
+            why = fallbacks.refusal(model, target)
+            if why:
+                model.fallback = ""
+                self.events.emit("fallback_refused", model.name, fallback=target.name, reason=why)
 
     def fail(self, mv: ModelVersion, exc: BaseException, during: str = "load") -> bool:
         """Mark `mv` failed by `exc` (its reason says during what) and say so; returns False."""
@@ -265,7 +293,7 @@ class Registry:
         scheduler.stop(timeout)
         if mv.engine is not None:
             mv.engine.close()
-        mv.engine, mv.memory_bytes, mv.state = None, 0, State.UNLOADED
+        mv.engine, mv.memory_bytes, mv.state, mv.reason = None, 0, State.UNLOADED, ""  # a past reason is stale
         release_freed_memory()
         self.events.emit("unloaded", mv.name, mv.version)
 
@@ -290,6 +318,7 @@ class Registry:
             model.versions = {**model.versions, mc.version: shadow}
         self.events.emit("swapped", mc.name, mc.version, engine=str(mc.engine))
         self.unload(old)
+        self.check_fallbacks(mc.name)  # the new engine may take other inputs
         return True
 
     def remove(self, mv: ModelVersion, timeout: float | None = None) -> None:
@@ -304,6 +333,8 @@ class Registry:
         placement = mv.scheduler
         if placement is not None:
             placement.apply(Change.of(changes))
+        if mv.config.mode == "inproc" and mv.engine is not None and mv.ready:  # contexts: more copies
+            mv.memory_bytes = hot_footprint(mv.engine, mv.config)
 
     def promote(self, name: str, version: str) -> str:
         """Move a version from its worker process into the daemon (cold → hot), losing no request."""

@@ -21,7 +21,7 @@ from infermux.serving.hashring import HashRing
 from infermux.serving.job import Job
 from infermux.serving.placement import Admission, Placement
 from infermux.protocol import ProtocolError, Status, dtype_name, encode_reply, error_header
-from infermux.models.registry import Model, ModelVersion, Registry
+from infermux.models.registry import Model, ModelVersion, Registry, State
 
 log = logging.getLogger("infermux.router")
 
@@ -67,6 +67,9 @@ class Router:
             job.deadline_ns = job.received_ns + (job.request.timeout_ms or mv.config.timeout_ms) * 1_000_000
         if not mv.ready:
             self.registry.on_demand(mv)
+            if mv.state is State.UNLOADED:  # hot, unloaded by an operator: it stays so
+                self._unloaded(job, model, mv)
+                return
             if model.fallback and self._fallback(job, model, "not_ready"):
                 return
             raise _not_ready(mv, mv.state.value)
@@ -84,6 +87,17 @@ class Router:
         if admitted is not Admission.QUEUED:
             self._refused(job, model, mv, placement, admitted)
         mv.last_used = time.monotonic()
+
+    def _unloaded(self, job: Job, model: Model, mv: ModelVersion) -> None:
+        """An unloaded hot version does not come back by itself: its fallback serves
+        (`reason: unloaded`), else the 503 says so and why the fallback did not serve."""
+        why = self._fallback_why(job, model, "unloaded") if model.fallback else "it has no fallback"
+        if why is None:
+            return
+        stays = f" ({mv.reason})" if mv.reason else \
+            f" and does not come back by itself (`infermux ctl load {mv.name}` loads it)"
+        raise _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is unloaded{stays}; {why}",
+                     mv.eta_ms())
 
     def _refused(self, job: Job, model: Model, mv: ModelVersion, placement: Placement,
                  admitted: Admission) -> None:
@@ -173,20 +187,24 @@ class Router:
 
     def _fallback(self, job: Job, model: Model, reason: str) -> bool:
         """Send `job` to `model`'s fallback; False if the chain is exhausted or it fails there."""
+        return self._fallback_why(job, model, reason) is None
+
+    def _fallback_why(self, job: Job, model: Model, reason: str) -> str | None:
+        """Send `job` to `model`'s fallback; None once it is admitted there, else why it was not."""
         if job.hops >= MAX_FALLBACK_DEPTH:
-            return False
+            return f"the fallback chain is longer than {MAX_FALLBACK_DEPTH}"
         target = self.registry.model(model.fallback)
         if target is None:
-            return False
+            return f"its fallback {model.fallback!r} is not served"
         previous = (job.fallback, job.request.model, job.request.version, job.hops, job.target)
         job.fallback = {"from": (job.fallback or {}).get("from", job.request.model), "reason": reason}
         job.request.model, job.request.version, job.hops = target.name, None, job.hops + 1
         try:
             self._admit(job)
-            return True
-        except ProtocolError:
+            return None
+        except ProtocolError as exc:
             job.fallback, job.request.model, job.request.version, job.hops, job.target = previous
-            return False
+            return f"its fallback {target.name!r} did not take the request ({int(exc.status)}: {exc.message})"
 
     def _push_out(self, job: Job, mv: ModelVersion, placement: Placement) -> bool:
         """Per-key fairness at a full queue (Placement.push_out): queue `job` in place of the

@@ -132,3 +132,4 @@ def _refresh_fallbacks(server: "Server", new: cfg.Config) -> None:
     chain = cfg.fallback_of(new.models)
     for name, model in server.registry.models.items():
         model.fallback = chain.get(name, "")
+    server.registry.check_fallbacks()  # loaded models: a fallback must take the same inputs

@@ -11,7 +11,10 @@ version gone between being routed and being queued, and a swap loses none.
 A file that fails its checksum, its load or its warm-up never replaces
 what serves: the failure is an event and a state (`failed`, or the serving
 version's `reason` when it replaced a serving file), and that exact file
-is not tried again; the next file written is.
+is not tried again, even after a pin and unpin; the next file written is.
+Under `version_policy = "latest"` the policy then settles on the newest
+version that loads: the next newer one on disk is served in the failed
+one's place, with a `settled` event saying why.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import logging
 import threading
 import time
 from collections import deque
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from infermux.config import Config, ModelConfig
@@ -77,6 +81,9 @@ class Swapper:
         self._made_from: dict[tuple[str, str], Key] = {}  # managed entries: what each was made from
         self._announced: dict[tuple[str, str], Key] = {}  # what "detected" last said per version
         self._reported: dict[str, str] = {}               # model.toml errors already reported
+        self._bad: dict[tuple[str, str], tuple[Key, str]] = {}  # files that failed to load, and why
+        self._settled: dict[str, tuple[str, ...]] = {}    # stand-ins for failed versions, last announced
+        self._failures = 0                                # loads that failed in _load, ever
         self._last = Snapshot()
         self._barriers: deque[threading.Event] = deque()
         server.ticks.append(self._release_barriers)
@@ -156,16 +163,63 @@ class Swapper:
         self._last = snapshot
         managed = {name for name, _ in self._made_from}
         for name in sorted(snapshot.models() | managed, key=str):
-            model = self.registry.model(name)
-            pinned = model.pinned if model else None
-            p = plan(name, snapshot, self.config, self.settings, pinned)
-            if self._report(p):
-                continue
-            self._announce_ignored(p, snapshot, pinned)
-            for version in sorted(p.wanted, key=version_key):
-                self._update(p, version)
-            self._retire_unwanted(p)
+            for _ in range(len(snapshot.versions(name)) + 1):  # each failed load may settle one further
+                if not self._apply_model(name, snapshot):
+                    break
         self._forget_gone(snapshot)
+
+    def _apply_model(self, name: str, snapshot: Snapshot) -> bool:
+        """One pass over one model; True if a version failed to load in it (plan again: it settles)."""
+        model = self.registry.model(name)
+        pinned = model.pinned if model else None
+        p = self._settle(plan(name, snapshot, self.config, self.settings, pinned), snapshot, pinned)
+        if self._report(p):
+            return False
+        self._announce_ignored(p, snapshot, pinned)
+        failures = self._failures
+        for version in sorted(p.wanted, key=version_key):
+            self._update(p, version)
+        if self._failures > failures:
+            return True
+        self._retire_unwanted(p)
+        return False
+
+    def _is_bad(self, name: str, version: str, f: EngineFile) -> bool:
+        """Whether this very file of `version` failed to load (here, or in the loads at start)."""
+        sig = (f.sig, f.checksum_sig)
+        if (name, version) in self._bad:
+            return self._bad[(name, version)][0][:2] == sig
+        model = self.registry.model(name)
+        mv = model.versions.get(version) if model else None
+        made = self._made_from.get((name, version))
+        if mv is not None and mv.state is State.FAILED and made is not None and made[:2] == sig:
+            self._bad[(name, version)] = (made, mv.reason)
+            return True
+        return False
+
+    def _settle(self, p: ModelPlan, snapshot: Snapshot, pinned: str | None) -> ModelPlan:
+        """Under "latest", serve the newest versions that load: one more per failed one (it stays listed)."""
+        files = snapshot.versions(p.name)
+        chosen = [v for v in p.wanted if v not in p.configured]
+        failed = [v for v in chosen if self._is_bad(p.name, v, p.wanted[v][1])]
+        if pinned is not None or not failed or p.wanted[failed[0]][0].version_policy != "latest":
+            self._settled.pop(p.name, None)
+            return p
+        listed = {mc.version for mc in self.config.versions(p.name)}
+        older = [v for v in sorted(files, key=version_key, reverse=True)
+                 if v not in p.wanted and v not in listed and files[v].stable and not self._is_bad(p.name, v, files[v])
+                 and version_key(v) < max(version_key(x) for x in failed)]
+        stand_ins = older[:len(failed)]
+        template = p.wanted[failed[0]][0]
+        for v in stand_ins:
+            p.wanted[v] = (replace(template, version=v, engine=files[v].path), files[v])
+        if self._settled.get(p.name) != tuple(stand_ins):
+            self._settled[p.name] = tuple(stand_ins)
+            reasons = "; ".join(f"version {v}: {self._bad[(p.name, v)][1]}" for v in failed)
+            serving = f"serving version {', '.join(stand_ins)}, the newest that loads" if stand_ins \
+                else "no older version is on disk to serve instead"
+            self.events.emit("settled", p.name, ",".join(stand_ins), reason=f"{reasons}; {serving}")
+        return p
 
     def _forget_gone(self, snapshot: Snapshot) -> None:
         """Drop what was announced about files no longer on disk (one published again is news again).
@@ -175,6 +229,8 @@ class Swapper:
         """
         for key in [key for key in self._announced if key not in snapshot.engines]:
             del self._announced[key]
+        for key in [key for key in self._bad if key not in snapshot.engines]:
+            del self._bad[key]
 
     def _report(self, p: ModelPlan) -> bool:
         """Report a broken model.toml once; True if the model must be left as it is."""
@@ -203,6 +259,12 @@ class Swapper:
         if current is not None and current.state in (State.LOADING, State.WARMING):
             return  # someone else is loading it (on demand); look again on the next pass
         self._made_from[(p.name, version)] = key
+        bad = self._bad.get((p.name, version))
+        if bad is not None and bad[0][:2] == key[:2]:  # failed before (say, until a pin retired it): not again
+            if current is None or current.state is not State.READY:
+                self.registry.put(ModelVersion(mc, state=State.FAILED, reason=bad[1]))
+            return
+        self._bad.pop((p.name, version), None)
         self._load(mc, f, current)
 
     def _detected(self, f: EngineFile, ignored: str = "") -> None:
@@ -214,9 +276,10 @@ class Swapper:
             self.events.emit("detected", f.model, f.version, file=f.path.name, bytes=f.sig.size, **extra)
 
     def _announce_ignored(self, p: ModelPlan, snapshot: Snapshot, pinned: str | None) -> None:
+        configured = {mc.version: mc for mc in self.config.versions(p.name)}
         for version, f in snapshot.versions(p.name).items():
             if version not in p.wanted and f.stable:
-                self._detected(f, f"pinned to {pinned}" if pinned is not None else "outside version_policy")
+                self._detected(f, _why_ignored(configured.get(version), pinned))
 
     def _load(self, mc: ModelConfig, f: EngineFile, current: ModelVersion | None) -> None:
         """Load beside what serves; take over only once warm; never make things worse."""
@@ -241,6 +304,8 @@ class Swapper:
                 assert current is not None
                 current.reason = f"new engine file rejected ({mv.reason}); serving the previous file"
             else:
+                self._bad[mc.key] = (file_key(mc, f), mv.reason)
+                self._failures += 1
                 self.registry.put(mv)  # the failure is this version's state
             return
         if replacing:
@@ -259,7 +324,9 @@ class Swapper:
         model = self.registry.model(p.name)
         if model is None:
             return
-        wanted_ready = all(_ready(model, v) for v in p.wanted)
+        # A version whose file failed does not hold the others back once one wanted version serves.
+        wanted_ready = all(_ready(model, v) or self._is_bad(p.name, v, f) for v, (_, f) in p.wanted.items()) \
+            and any(_ready(model, v) for v in p.wanted)
         for mv in model.ordered():
             if (p.name, mv.version) not in self._made_from or mv.version in p.wanted:
                 continue
@@ -305,6 +372,15 @@ class Swapper:
         """A Server tick: runs on the frontend thread between admissions."""
         while self._barriers:
             self._barriers.popleft().set()
+
+
+def _why_ignored(configured: ModelConfig | None, pinned: str | None) -> str:
+    """The `ignored` of a file on disk that is not served."""
+    if configured is not None:  # the configuration names another file for this version
+        where = configured.engine
+        state = "which is missing" if not where.exists() else "which is served instead"
+        return f"the configuration names engine {where} for this version, {state}"
+    return f"pinned to {pinned}" if pinned is not None else "outside version_policy"
 
 
 def _ready(model: Model, version: str) -> bool:
