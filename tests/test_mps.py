@@ -47,8 +47,8 @@ def test_the_settings_are_checked() -> None:
     assert _parse("").daemon.mps == "off"
     for daemon, model, where in (('mps = "yes"', "", "daemon.mps"), ("mps = true", "", "daemon.mps"),
                                  ("mps_thread_percentage = 101", "", "daemon.mps_thread_percentage"),
-                                 ("", "mps_thread_percentage = -1", "models[0].mps_thread_percentage"),
-                                 ("", 'mps_thread_percentage = "50%"', "models[0].mps_thread_percentage")):
+                                 ("", "mps_thread_percentage = -1", 'models[name="m"].mps_thread_percentage'),
+                                 ("", 'mps_thread_percentage = "50%"', 'models[name="m"].mps_thread_percentage')):
         with pytest.raises(cfg.ConfigError) as exc:
             _parse(daemon, model)
         assert exc.value.path == where
