@@ -116,3 +116,9 @@ def test_each_client_is_documented_with_the_command_the_test_runs(language: str)
     assert f"({language}/)" in readme, f"examples/clients/README.md does not link {language}/"
     for needed in NEEDS[language].values():
         assert needed in readme, f"examples/clients/README.md does not name the package {needed}"
+
+
+def test_the_links_in_the_clients_readme_lead_somewhere() -> None:
+    readme = CLIENTS / "README.md"
+    targets = re.findall(r"\]\(([^)\s#]+)", readme.read_text())
+    assert targets and not [t for t in targets if not (readme.parent / t).exists()]
