@@ -91,23 +91,37 @@ def build_go(src: Path, out: Path) -> list[str]:
 BUILDERS = {"node": build_node, "cpp": build_cpp, "go": build_go}
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("language", list(BUILDERS))
-def test_the_example_client_answers_a_sample_request(language: str, sample_daemon: Daemon,
-                                                     expected: dict[str, tuple[int, float]], tmp_path: Path) -> None:
+@pytest.fixture(scope="module", params=list(BUILDERS))
+def client(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> list[str]:
+    """The command that runs one example client, built; skipped (before any daemon starts) without its toolchain."""
+    language = request.param
     system_packages.require(NEEDS[language])
-    command = BUILDERS[language](CLIENTS / language, tmp_path)
-    proc = subprocess.run([*command, sample_daemon.endpoint], capture_output=True, text=True, timeout=60)
+    return BUILDERS[language](CLIENTS / language, tmp_path_factory.mktemp(language))
+
+
+@pytest.mark.slow
+def test_the_example_client_answers_a_sample_request(client: list[str], sample_daemon: Daemon,
+                                                     expected: dict[str, tuple[int, float]]) -> None:
+    proc = subprocess.run([*client, sample_daemon.endpoint], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert not proc.stderr, proc.stderr
     got = {}
     for line in proc.stdout.splitlines():
         match = LINE.match(line)
-        assert match, f"unexpected line from the {language} client: {line!r}"
+        assert match, f"unexpected line from {client[-1]}: {line!r}"
         got[match[1]] = (int(match[2]), float(match[3]))
     assert set(got) == set(expected), proc.stdout
     for model, (top, score) in expected.items():
         assert got[model][0] == top and got[model][1] == pytest.approx(score, rel=1e-5), (model, got[model])
+
+
+@pytest.mark.slow
+def test_the_example_client_reports_a_refused_request_and_exits_1(client: list[str], daemon: Daemon) -> None:
+    # The session daemon serves the classifier but no `mlp`: one reply is a 404.
+    proc = subprocess.run([*client, daemon.endpoint], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "mlp: status 404: unknown model 'mlp'" in proc.stdout
+    assert "classifier: status 200" in proc.stdout and "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("language", list(BUILDERS))
