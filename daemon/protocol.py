@@ -8,6 +8,7 @@ only place that knows the header's field names.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from dataclasses import dataclass, field
@@ -30,6 +31,18 @@ DTYPES: dict[str, np.dtype] = {
     name: np.dtype(name).newbyteorder("<") if np.dtype(name).itemsize > 1 else np.dtype(name)
     for name in ("float32", "float16", "uint8", "int8", "int32", "int64", "bool")
 }
+
+
+# The fields each part of a request header may carry, in the order the docs list
+# them. Anything else is refused (400 naming it) rather than ignored, so that a
+# typo such as `timout_ms` or a field from another server's protocol
+# (`deadline_ms`) is seen instead of silently changing nothing.
+REQUEST_FIELDS = ("model", "inputs", "id", "version", "outputs", "timeout_ms", "key", "output_regions")
+INPUT_FIELDS = ("name", "dtype", "shape", "region", "offset")
+REGION_FIELDS = ("region", "offset")
+_REQUEST_SET, _INPUT_SET, _REGION_SET = frozenset(REQUEST_FIELDS), frozenset(INPUT_FIELDS), frozenset(REGION_FIELDS)
+# Names that other protocols give a field, too far from ours in spelling for difflib to find.
+_ALIASES = {"deadline": "timeout_ms", "deadline_ms": "timeout_ms", "request_id": "id", "model_version": "version"}
 
 
 # dtype -> wire name; numpy's own `dtype.name` costs microseconds per call.
@@ -220,6 +233,18 @@ def _short(value: Any, limit: int = 80) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+def _unknown_fields(where: str, item: Mapping[str, Any], known: tuple[str, ...]) -> ProtocolError:
+    """The 400 for fields of `item` outside `known`: each named, with the closest known field."""
+    extra = sorted(k for k in item if k not in known)
+    named = []
+    for name in extra[:4]:  # a header of thousands of keys gets four guesses, not thousands
+        guess = _ALIASES.get(name.lower()) or next(iter(difflib.get_close_matches(name.lower(), known, 1)), None)
+        named.append(_short(name, 40) + (f" (did you mean {guess!r}?)" if guess else ""))
+    more = f" and {len(extra) - 4} more" if len(extra) > 4 else ""
+    return _bad(f"unknown {where} field{'s' if len(extra) > 1 else ''} {', '.join(named)}{more}; "
+                f"it takes {', '.join(known)}")
+
+
 def _optional(header: dict[str, Any], key: str, types: tuple[type, ...]) -> Any:
     value = header.get(key)
     if value is not None and (not isinstance(value, types) or isinstance(value, bool)):
@@ -257,6 +282,8 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
         raise ProtocolError(Status.TOO_LARGE, f"message is {total} bytes; "
                             f"the limit is {limits.max_message_bytes} (max_message_bytes)")
     header = parse_header(frames[0], limits)
+    if not _REQUEST_SET.issuperset(header):  # no set built on the common path
+        raise _unknown_fields("header", header, REQUEST_FIELDS)
     model = header.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("header field 'model' (a non-empty string) is required")
@@ -271,6 +298,8 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
     input_regions: dict[str, SharedTensor] = {}
     next_frame = iter(frames[1:])
     for index, item in enumerate(metas):
+        if isinstance(item, dict) and not _INPUT_SET.issuperset(item):  # before a misspelt dtype reads as absent
+            raise _unknown_fields(f"inputs[{index}]", item, INPUT_FIELDS)
         meta = _parse_meta(item, index, limits)
         dtype = DTYPES[meta.dtype]
         want = math.prod(meta.shape) * dtype.itemsize
@@ -319,6 +348,8 @@ def _parse_output_regions(header: dict[str, Any], regions: RegionLookup | None,
     for name, place in wanted.items():
         token = place.get("region") if isinstance(place, dict) else None
         offset = place.get("offset", 0) if isinstance(place, dict) else None
+        if isinstance(place, dict) and not _REGION_SET.issuperset(place):
+            raise _unknown_fields(f"output_regions[{_short(name)}]", place, REGION_FIELDS)
         if not isinstance(token, str) or type(offset) is not int or offset < 0:
             raise _bad(f"output_regions[{_short(name)}] must be {{\"region\": token, \"offset\": a "
                        "non-negative integer}")

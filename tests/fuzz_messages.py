@@ -74,6 +74,7 @@ class Message:
     ident: int | None = None           # the id the reply must echo, when the header carries one we trust
     model: ModelSpec | None = None     # for VALID: whose reference to compare with
     inputs: dict[str, np.ndarray] | None = None
+    mentions: str | None = None        # for MALFORMED: text the error must hold (the field at fault)
 
 
 def _dumps(header: Any, ascii_only: bool = False) -> bytes:
@@ -96,6 +97,7 @@ class MessageFactory:
             (self.garbage, 5), (self.truncated, 4), (self.duplicated, 4), (self.deep_nesting, 3),
             (self.enormous_numbers, 5), (self.unicode, 6), (self.engine_mismatch, 5), (self.unknown_model, 2),
             (self.over_limits, 2), (self.mutated, 10), (self.zero_rows, 2), (self.bom, 1), (self.bad_regions, 3),
+            (self.unknown_field, 4),
         ]
         self._weights = [w for _, w in self.families]
 
@@ -134,7 +136,7 @@ class MessageFactory:
     def valid(self) -> Message:
         spec, arrays, header, tensors = self._valid_parts()
         extra = self.rng.choice([{}, {}, {"timeout_ms": self.rng.randint(1000, 60000)}, {"key": "cam1"},
-                                 {"outputs": [o.name for o in self._outputs(spec)]}, {"note": "ignored"}])
+                                 {"outputs": [o.name for o in self._outputs(spec)]}, {"version": "1"}])
         header.update(extra)
         return Message("valid", [_dumps(header), *tensors], VALID, header["id"], spec, arrays)
 
@@ -177,6 +179,15 @@ class MessageFactory:
             header[key] = value
         trusted = header["id"] if key != "id" else None
         return Message(f"wrong_{key}", [_dumps(header), *tensors], MALFORMED, trusted)
+
+    def unknown_field(self) -> Message:
+        """A field the protocol does not have, in the header or an input: refused and named, never ignored."""
+        _, _, header, tensors = self._valid_parts()
+        name = self.rng.choice(["deadline_ms", "timout_ms", "note", "Model", "priority", "", "\u00e9", "id ",
+                                "inputs\u0000", "trace_id"])
+        where = header if self.rng.random() < 0.7 else self.rng.choice(header["inputs"])
+        where[name] = self.rng.choice([5, "x", None, [], {"a": 1}, True])
+        return Message("unknown_field", [_dumps(header), *tensors], MALFORMED, header["id"], mentions=repr(name))
 
     def bad_regions(self) -> Message:
         """Shared-memory references (regions.py) to regions no client registered, or badly formed."""
@@ -475,6 +486,8 @@ class Checker:
         self.report.malformed += 1
         if status in ANSWERS_4XX and header.get("error"):
             self.report.malformed_4xx += 1
+            if message.mentions is not None and message.mentions not in header["error"]:
+                self.report.fail("error does not name the fault", message, str(header["error"])[:200])
         else:
             self.report.fail(f"malformed answered {status}", message, str(header.get("error"))[:200])
 

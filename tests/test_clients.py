@@ -10,7 +10,7 @@ import numpy as np
 import onnxruntime as ort
 import zmq
 
-from harness import REPO, Daemon
+from harness import REPO, Daemon, exchange
 
 
 def test_a_plain_pyzmq_req_client_written_from_the_design_doc(daemon: Daemon) -> None:
@@ -31,6 +31,17 @@ def test_a_plain_pyzmq_req_client_written_from_the_design_doc(daemon: Daemon) ->
     assert reply["outputs"] == [{"name": "y", "dtype": "float32", "shape": [3, 4]}]
     y = np.frombuffer(frames[1], dtype="<f4").reshape(3, 4)
     np.testing.assert_array_equal(y, x + 1)
+
+
+def test_an_unknown_header_field_is_a_400_naming_it_not_a_200(daemon: Daemon) -> None:
+    # `deadline_ms: 5` was served as if absent: a client never learnt its deadline was not one.
+    header = {"model": "addone", "version": "1", "id": 12, "deadline_ms": 5,
+              "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 4]}]}
+    frames = exchange(daemon.endpoint, zmq.DEALER, [b"", json.dumps(header).encode(), bytes(16)])
+    reply = json.loads(frames[1])
+    assert frames[0] == b"" and len(frames) == 2  # the delimiter back, and no output frame
+    assert reply["status"] == 400 and reply["id"] == 12
+    assert "unknown header field 'deadline_ms' (did you mean 'timeout_ms'?)" in reply["error"]
 
 
 def test_pipelined_dealer_matches_many_replies_by_id(daemon: Daemon) -> None:

@@ -171,3 +171,53 @@ def test_output_regions_in_a_request_are_checked() -> None:
     with pytest.raises(ProtocolError, match="no such region"):
         parse_request([json.dumps({**header, "output_regions": {"y": {"region": "r2"}}}).encode(), *ok[1:]],
                       Limits(), regions)
+
+
+X1 = {"name": "x", "dtype": "float32", "shape": [1]}
+
+
+class WritableRegions(Regions):
+    """Regions whose "r1" takes outputs too."""
+
+    def writable(self, token: str, offset: int) -> memoryview:
+        return self.data[offset:]
+
+
+@pytest.mark.parametrize("extra, named, guess", [
+    ({"deadline_ms": 5}, "'deadline_ms'", "'timeout_ms'"),    # another server's name for it
+    ({"timout_ms": 5}, "'timout_ms'", "'timeout_ms'"),        # a typo
+    ({"Version": "2"}, "'Version'", "'version'"),
+    ({"output": ["y"]}, "'output'", "'outputs'"),
+    ({"note": "hi"}, "'note'", None),                          # nothing close: no guess
+])
+def test_an_unknown_header_field_is_refused_naming_it(extra: dict, named: str, guess: str | None) -> None:
+    error = refused(frames_of({"model": "m", "id": 3, "inputs": [X1], **extra}, b"\0" * 4))
+    assert error.status == Status.BAD_REQUEST
+    assert f"unknown header field {named}" in error.message and "it takes model, inputs, id" in error.message
+    assert (f"did you mean {guess}?" in error.message) if guess else "did you mean" not in error.message
+
+
+def test_an_unknown_field_is_found_before_the_field_it_misspells_reads_as_missing() -> None:
+    assert "did you mean 'model'" in refused(frames_of({"modle": "m"})).message
+    typo = {"name": "x", "dtpye": "float32", "shape": [1]}
+    message = refused(frames_of({"model": "m", "inputs": [X1, typo]}, b"\0" * 4, b"\0" * 4)).message
+    assert "unknown inputs[1] field 'dtpye' (did you mean 'dtype'?)" in message
+
+
+def test_many_unknown_fields_are_counted_not_all_listed() -> None:
+    message = refused(frames_of({"model": "m", **{f"f{i}": i for i in range(500)}})).message
+    assert "unknown header fields 'f0', 'f1', 'f10', 'f100' and 496 more;" in message
+
+
+def test_an_unknown_field_in_an_output_region_is_refused() -> None:
+    ok = encode_request("m", {"x": np.zeros(1, np.float32)}, output_regions={"y": SharedTensor("r1", 0, "float32", (1,))})
+    header = {**json.loads(ok[0]), "output_regions": {"y": {"region": "r1", "ofset": 8}}}
+    with pytest.raises(ProtocolError, match=r"unknown output_regions\['y'\] field 'ofset' \(did you mean 'offset'\?\)"):
+        parse_request([json.dumps(header).encode(), *ok[1:]], Limits(), WritableRegions(bytearray(16)))
+
+
+def test_every_field_the_encoder_writes_is_one_the_parser_takes() -> None:
+    frames = encode_request("m", {"x": np.zeros(1, np.float32)}, id=1, version="2", outputs=["y"], timeout_ms=9,
+                            key="cam", output_regions={"y": SharedTensor("r1", 0, "float32", (1,))})
+    request = parse_request(frames, Limits(), WritableRegions(bytearray(16)))
+    assert (request.id, request.version, request.outputs, request.timeout_ms, request.key) == (1, "2", ("y",), 9, "cam")

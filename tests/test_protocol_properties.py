@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from infermux.protocol import (DTYPES, MAX_TIMEOUT_MS, Limits, MalformedReply, ProtocolError, Status, decode_reply,
-                               encode_reply, encode_request, error_header, parse_header, parse_request,
-                               request_id)
+from infermux.protocol import (DTYPES, INPUT_FIELDS, MAX_TIMEOUT_MS, REQUEST_FIELDS, Limits, MalformedReply,
+                               ProtocolError, Status, decode_reply, encode_reply, encode_request, error_header,
+                               parse_header, parse_request, request_id)
 
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -69,6 +69,7 @@ def test_parse_request_on_request_shaped_headers_raises_only_protocol_errors(hea
     result = only_protocol_errors(parse_request, [dumps(header), *tensors])
     if not isinstance(result, ProtocolError):
         assert result.model == header["model"] and len(result.inputs) == len(tensors)
+        assert set(header) <= set(REQUEST_FIELDS)  # whatever else it carried was refused
 
 
 @FAST
@@ -111,6 +112,24 @@ def test_decode_reply_on_arbitrary_frames_raises_only_protocol_errors(frames):
     tensor_metas | json_values, max_size=3) | json_values}), st.lists(st.binary(max_size=32), max_size=3))
 def test_decode_reply_on_reply_shaped_headers_raises_only_protocol_errors(header, tensors):
     only_protocol_errors(decode_reply, [dumps(header), *tensors])
+
+
+@FAST
+@given(st.dictionaries(st.text(max_size=12).filter(lambda k: k not in REQUEST_FIELDS), json_values,
+                       min_size=1, max_size=3), st.booleans())
+def test_any_field_outside_the_protocol_is_refused_and_named(extra, in_an_input):
+    x = np.zeros((1, 2), np.float32)
+    header = json.loads(encode_request("m", {"x": x}, id=4, timeout_ms=9)[0])
+    if in_an_input:
+        extra = {k: v for k, v in extra.items() if k not in INPUT_FIELDS}
+        assume(extra)
+        header["inputs"][0].update(extra)
+    else:
+        header.update(extra)
+    error = only_protocol_errors(parse_request, [dumps(header), x.tobytes()])
+    assert isinstance(error, ProtocolError) and error.status == Status.BAD_REQUEST
+    assert repr(min(extra))[:40] in error.message and "unknown" in error.message
+    assert request_id([dumps(header)]) == 4  # the refusal still reaches a pipelined client
 
 
 wire_arrays = st.sampled_from(list(DTYPES)).flatmap(

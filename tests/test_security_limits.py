@@ -72,7 +72,7 @@ def test_each_limit_refuses_a_message_over_it_and_names_itself(make_daemon) -> N
     with daemon.client() as client:
         cases = {
             "max_message_bytes": _send(client, {"x": np.ones((1, 1100), np.float32)}),
-            "max_header_bytes": _send(client, {"x": x}, pad="p" * 600),
+            "max_header_bytes": _send(client, {"x": x}, key="p" * 600),
             "max_tensors": _send(client, {"x": x, "y": x, "z": x}),
             "max_rank": _send(client, {"x": np.ones((1, 1, 1, 4), np.float32)}),
             "max_elements": _send(client, {"x": np.ones((1, 601), np.uint8)}),
@@ -91,11 +91,11 @@ def test_limits_change_on_reload(make_daemon) -> None:
     daemon = make_daemon(ADDONE, head=LIMITS_HEAD)
     x = np.ones((1, 4), np.float32)
     with daemon.client() as client:
-        assert _send(client, {"x": x}, pad="p" * 600)[0] == 400
+        assert _send(client, {"x": x}, key="p" * 600)[0] == 400
         daemon.config_path.write_text(daemon.config_path.read_text().replace("max_header_bytes = 512",
                                                                              "max_header_bytes = 2048"))
         daemon.admin().call("reload")
-        assert _send(client, {"x": x}, pad="p" * 600)[0] == 200
+        assert _send(client, {"x": x}, key="p" * 600)[0] == 200
 
 
 UNSAFE = [re.compile(p) for p in (r"\b(c?[Pp]ickle|dill|shelve|jsonpickle)\b", r"\b(recv|send)_pyobj\b",

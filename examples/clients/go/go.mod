@@ -1,0 +1,3 @@
+module infermux.example/client
+
+go 1.19

@@ -1,0 +1,103 @@
+package main
+
+// The few libzmq calls a client needs, through cgo. Debian 12 packages no Go
+// ZeroMQ binding, so this talks to libzmq (libzmq3-dev) directly; with
+// github.com/pebbe/zmq4 instead, main.go stays the same but for these calls.
+
+/*
+#cgo pkg-config: libzmq
+#include <errno.h>
+#include <stdlib.h>
+#include <zmq.h>
+
+// cgo cannot take the address of a Go int for a void* option, nor call a macro:
+// these small wrappers do it on the C side.
+static int set_int(void *s, int option, int value) { return zmq_setsockopt(s, option, &value, sizeof value); }
+static int more(void *s) { int m = 0; size_t n = sizeof m; zmq_getsockopt(s, ZMQ_RCVMORE, &m, &n); return m; }
+*/
+import "C"
+
+import (
+	"errors"
+	"unsafe"
+)
+
+// ErrTimeout: no message within the socket's receive timeout.
+var ErrTimeout = errors.New("timed out")
+
+// Socket is one ZeroMQ socket of its own context.
+type Socket struct {
+	ctx, sock unsafe.Pointer
+}
+
+func lastError() error {
+	if C.zmq_errno() == C.EAGAIN {
+		return ErrTimeout
+	}
+	return errors.New(C.GoString(C.zmq_strerror(C.zmq_errno())))
+}
+
+// NewDealer opens a DEALER socket with a receive timeout, and LINGER 0 so an
+// unsent request does not hold the process at exit.
+func NewDealer(timeoutMs int) (*Socket, error) {
+	ctx := C.zmq_ctx_new()
+	sock := C.zmq_socket(ctx, C.ZMQ_DEALER)
+	if sock == nil {
+		return nil, lastError()
+	}
+	C.set_int(sock, C.ZMQ_LINGER, 0)
+	C.set_int(sock, C.ZMQ_RCVTIMEO, C.int(timeoutMs))
+	return &Socket{ctx, sock}, nil
+}
+
+// Connect connects to an endpoint such as ipc:///run/infermux/infer.sock.
+func (s *Socket) Connect(endpoint string) error {
+	c := C.CString(endpoint)
+	defer C.free(unsafe.Pointer(c))
+	if C.zmq_connect(s.sock, c) != 0 {
+		return lastError()
+	}
+	return nil
+}
+
+// Send sends the frames as one multipart message (libzmq copies each frame).
+func (s *Socket) Send(frames [][]byte) error {
+	for i, f := range frames {
+		flags := C.int(0)
+		if i < len(frames)-1 {
+			flags = C.ZMQ_SNDMORE
+		}
+		var p unsafe.Pointer
+		if len(f) > 0 {
+			p = unsafe.Pointer(&f[0])
+		}
+		if C.zmq_send(s.sock, p, C.size_t(len(f)), flags) < 0 {
+			return lastError()
+		}
+	}
+	return nil
+}
+
+// Receive returns the frames of the next message, or ErrTimeout.
+func (s *Socket) Receive() ([][]byte, error) {
+	var frames [][]byte
+	for {
+		var msg C.zmq_msg_t
+		C.zmq_msg_init(&msg)
+		if C.zmq_msg_recv(&msg, s.sock, 0) < 0 {
+			C.zmq_msg_close(&msg)
+			return nil, lastError()
+		}
+		frames = append(frames, C.GoBytes(C.zmq_msg_data(&msg), C.int(C.zmq_msg_size(&msg))))
+		C.zmq_msg_close(&msg)
+		if C.more(s.sock) == 0 {
+			return frames, nil
+		}
+	}
+}
+
+// Close closes the socket and its context.
+func (s *Socket) Close() {
+	C.zmq_close(s.sock)
+	C.zmq_ctx_term(s.ctx)
+}
