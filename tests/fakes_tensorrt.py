@@ -410,11 +410,15 @@ def _add_fake_builder(trt: ModuleType) -> None:
     """Builder, ONNX parser and builder config: records what `infermux build` asks for.
 
     The parser "reads" a model whose inputs are `trt.onnx_inputs`; a file that starts
-    with b"BAD" fails to parse; `trt.fail_build = True` makes the build return None.
+    with b"BAD" fails to parse; `trt.fail_build = True` makes the build return None;
+    `trt.build_gate` (an Event) holds builds until it is set. A timing cache whose bytes start
+    with b"OTHERGPU" is refused as TensorRT refuses one from another device.
     """
     trt.BuilderFlag = enum.Enum("BuilderFlag", "FP16 INT8 TF32")
     trt.MemoryPoolType = enum.Enum("MemoryPoolType", "WORKSPACE")
     trt.onnx_inputs, trt.fail_build, trt.configs = [("x", (-1, 4))], False, []
+    trt.build_gate = None          # a threading.Event: builds wait for it
+    trt.timing_caches_seen = []    # the timing cache each build started from
 
     class Base:  # IProgressMonitor and IInt8EntropyCalibrator2: subclassed by the code under test
         def __init__(self) -> None:
@@ -453,11 +457,35 @@ def _add_fake_builder(trt: ModuleType) -> None:
         def set_shape(self, name: str, low: Any, opt: Any, high: Any) -> None:
             self.shapes[name] = (tuple(low), tuple(opt), tuple(high))
 
+    class TimingCache:
+        """ITimingCache: kernel timings; serialize() gives what create_timing_cache takes back."""
+
+        def __init__(self, data: bytes) -> None:
+            self.data = bytes(data)
+
+        def serialize(self) -> bytes:
+            return self.data
+
     class Config:
         def __init__(self) -> None:
             self.flags, self.pools, self.profiles = set(), {}, []
             self.progress_monitor = self.int8_calibrator = self.calibration_profile = None
+            self.timing_cache: TimingCache | None = None
             trt.configs.append(self)
+
+        def create_timing_cache(self, serialized: bytes) -> TimingCache:
+            return TimingCache(serialized)
+
+        def set_timing_cache(self, cache: TimingCache, ignore_mismatch: bool) -> bool:
+            # A cache made on another GPU or TensorRT version is refused unless mismatches are ignored.
+            if cache.data.startswith(b"OTHERGPU") and not ignore_mismatch:
+                return False
+            self.timing_cache = cache
+            return True
+
+        def get_timing_cache(self) -> TimingCache:
+            assert self.timing_cache is not None, "get_timing_cache without set_timing_cache"
+            return self.timing_cache
 
         def set_flag(self, flag: Any) -> None:
             self.flags.add(flag)
@@ -486,6 +514,11 @@ def _add_fake_builder(trt: ModuleType) -> None:
             return Profile()
 
         def build_serialized_network(self, network: Network, config: Config) -> bytes | None:
+            if trt.build_gate is not None:  # a test holds the build here (a real one takes minutes)
+                assert trt.build_gate.wait(30), "fake: build_gate never opened"
+            if config.timing_cache is not None:  # every build times a tactic more
+                trt.timing_caches_seen.append(config.timing_cache.data)
+                config.timing_cache.data += b"t"
             if trt.fail_build:
                 self.logger.log(trt.ILogger.Severity.ERROR, "fake: no implementation for layer conv1")
                 return None

@@ -76,7 +76,7 @@ def test_build_sets_profile_workspace_precision_and_writes_atomically(fake_trt, 
     assert config.pools == {fake_trt.MemoryPoolType.WORKSPACE: 256 << 20}
     assert [p.shapes for p in config.profiles] == [{"x": ((1, 4), (4, 4), (16, 4))}]
     assert status.phase == "finishing"  # the monitor saw a phase start and finish
-    assert report.bytes == out.stat().st_size and sorted(p.name for p in out.parent.iterdir()) == ["model.plan"]
+    assert report.bytes == out.stat().st_size and sorted(p.name for p in out.parent.iterdir()) == ["model.plan", "model.plan.build.json"]
     backends.for_path(out).load(out, {}).close()
 
 

@@ -2,17 +2,22 @@
 
     infermux build model.onnx -o model.plan [--fp16 | --int8 --calib-cache FILE]
                    [--min-batch 1] [--opt-batch N] [--max-batch N] [--workspace MiB]
+                   [--timing-cache FILE]
 
 An engine only runs on the GPU model and TensorRT version that built it, so
 build on the device that serves it, and again after a JetPack or TensorRT
 upgrade. Every input whose first dimension is dynamic gets one optimization
 profile over the batch range; the output is written under a temporary name
-and renamed, so the engine watcher never loads half a file.
+and renamed, so the engine watcher never loads half a file. Beside it go the
+settings it was built with (`model.plan.build.json`), which the TensorRT
+backend reuses to rebuild a plan that an upgrade made unloadable.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import os
 import sys
 import threading
@@ -24,6 +29,10 @@ from typing import Any, Sequence, TextIO
 from infermux.plugins.base import BackendError
 
 Shape = tuple[int, ...]
+
+log = logging.getLogger("infermux.build")
+
+SETTINGS_SUFFIX = ".build.json"  # model.plan -> model.plan.build.json
 
 
 class BuildError(Exception):
@@ -43,6 +52,26 @@ class BuildOptions:
     opt_batch: int | None = None   # None: max_batch
     max_batch: int = 8
     workspace_mib: int = 1024
+    timing_cache: Path | None = None  # read before the build if it exists, written after
+
+    def settings(self) -> dict[str, Any]:
+        """What a rebuild needs besides the two paths (settings_path), as JSON."""
+        return {"fp16": self.fp16, "int8": self.int8, "calib_cache": _text(self.calib_cache),
+                "min_batch": self.min_batch, "opt_batch": self.opt_batch, "max_batch": self.max_batch,
+                "workspace_mib": self.workspace_mib, "timing_cache": _text(self.timing_cache)}
+
+    @classmethod
+    def from_settings(cls, onnx: Path, output: Path, settings: dict[str, Any]) -> "BuildOptions":
+        """The options a stored `settings()` describes, for `onnx` -> `output`; BuildError if bad."""
+        known = {k: v for k, v in settings.items() if k in cls.__dataclass_fields__}
+        for key in ("calib_cache", "timing_cache"):
+            known[key] = Path(known[key]) if known.get(key) else None
+        try:
+            opts = cls(onnx, output, **known)
+        except TypeError as exc:
+            raise BuildError(f"stored build settings {settings} are not usable: {exc}") from exc
+        opts.batch_range()
+        return opts
 
     def batch_range(self) -> tuple[int, int, int]:
         """(min, opt, max) batch, checked to be 1 <= min <= opt <= max."""
@@ -62,6 +91,24 @@ class BuildReport:
     seconds: float
     tensorrt_version: str
     profiles: dict[str, tuple[Shape, Shape, Shape]]
+
+
+def _text(path: Path | None) -> str | None:
+    return None if path is None else os.fspath(path)
+
+
+def settings_path(plan: Path) -> Path:
+    """Where the settings a plan was built with are kept: beside it."""
+    return plan.with_name(plan.name + SETTINGS_SUFFIX)
+
+
+def stored_settings(plan: Path) -> dict[str, Any]:
+    """The settings `plan` was built with ({} if none were stored or they cannot be read)."""
+    try:
+        settings = json.loads(settings_path(plan).read_text())
+    except (OSError, ValueError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
 
 
 def batch_profile(inputs: Sequence[tuple[str, Shape]],
@@ -246,6 +293,8 @@ def build_engine(opts: BuildOptions, status: _Status | None = None) -> BuildRepo
             profile.set_shape(name, low, opt, high)
         config.add_optimization_profile(profile)
     _set_precision(trt, config, opts, profile)
+    if opts.timing_cache is not None:
+        _use_timing_cache(config, opts.timing_cache)
     monitor = _progress_monitor(trt, status)
     if monitor is not None:
         config.progress_monitor = monitor
@@ -253,8 +302,27 @@ def build_engine(opts: BuildOptions, status: _Status | None = None) -> BuildRepo
         plan = builder.build_serialized_network(network, config)
     if plan is None:
         raise BuildError(f"TensorRT could not build {opts.onnx}: {shared.last_error() or 'no reason logged'}")
+    if opts.timing_cache is not None:
+        _write_atomically(opts.timing_cache, config.get_timing_cache().serialize())
     size = _write_atomically(opts.output, plan)
+    _write_atomically(settings_path(opts.output), json.dumps(opts.settings(), indent=1).encode())
     return BuildReport(opts.output, size, status.elapsed(), trt.__version__, profiles)
+
+
+def _use_timing_cache(config: Any, path: Path) -> None:
+    """Start from the kernel timings an earlier build saved (`--timing-cache`): a rebuild after an
+    upgrade, or of a similar model, skips timing the tactics it already timed. A cache from another
+    GPU or TensorRT version is refused by TensorRT (ignore_mismatch=False), then a new one starts."""
+    try:
+        saved = path.read_bytes()
+    except FileNotFoundError:
+        saved = b""
+    except OSError as exc:
+        raise BuildError(f"cannot read the timing cache {path}: {exc.strerror or exc}") from exc
+    cache = config.create_timing_cache(saved)
+    if not config.set_timing_cache(cache, False):
+        log.warning("timing cache %s was made on another GPU or TensorRT version: starting a new one", path)
+        config.set_timing_cache(config.create_timing_cache(b""), False)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -270,6 +338,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch", type=int, default=8, help="largest batch served (default 8)")
     parser.add_argument("--workspace", type=int, default=1024, metavar="MiB",
                         help="builder scratch memory limit in MiB (default 1024)")
+    parser.add_argument("--timing-cache", type=Path, metavar="FILE",
+                        help="kernel timings to start from, and to save the build's timings to")
 
 
 def options_from_args(args: argparse.Namespace) -> BuildOptions:
@@ -281,7 +351,7 @@ def options_from_args(args: argparse.Namespace) -> BuildOptions:
     if args.workspace < 1:
         raise BuildError("--workspace must be at least 1 MiB")
     opts = BuildOptions(args.onnx, args.output, args.fp16, args.int8, args.calib_cache,
-                        args.min_batch, args.opt_batch, args.max_batch, args.workspace)
+                        args.min_batch, args.opt_batch, args.max_batch, args.workspace, args.timing_cache)
     opts.batch_range()
     return opts
 

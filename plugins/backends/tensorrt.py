@@ -23,12 +23,17 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from infermux.plugins.backends import cuda, trtlib
+from infermux.plugins.backends import cuda, tensorrt_rebuild, trtlib
 from infermux.plugins.base import BackendError, InputRejected, OutputsMismatch, TensorSpec
 
 log = logging.getLogger("infermux.tensorrt")
 
 REBUILD = "rebuild the engine on this device with `infermux build MODEL.onnx -o {path}`"
+
+
+class PlanRejected(BackendError):
+    """TensorRT read the file and refused it: another TensorRT version or GPU built it, or it is
+    not a plan. With its ONNX source at hand the backend rebuilds it (tensorrt_rebuild.py)."""
 
 
 def _nbytes(dtype: str, shape: Sequence[int]) -> int:
@@ -276,7 +281,7 @@ class TensorRTEngine:
         if engine is None:
             reason = shared.last_error() or ("not a TensorRT engine, or one built by another "
                                              "TensorRT version or for another GPU")
-            raise BackendError(f"TensorRT {shared.trt.__version__} cannot load {self.path}: {reason}. "
+            raise PlanRejected(f"TensorRT {shared.trt.__version__} cannot load {self.path}: {reason}. "
                                f"Engines only run on the GPU model and TensorRT version that built "
                                f"them: {REBUILD.format(path=self.path)}")
         return engine
@@ -414,5 +419,10 @@ class TensorRTBackend:
     name = "tensorrt"
     suffixes = (".plan", ".engine")
 
-    def load(self, path: Path, options: Mapping[str, Any]) -> TensorRTEngine:
-        return TensorRTEngine(Path(path), options)
+    def load(self, path: Path, options: Mapping[str, Any]) -> "TensorRTEngine | tensorrt_rebuild.RebuildingEngine":
+        """The engine; a plan TensorRT refuses is rebuilt from its ONNX model where one is known
+        (docs/tensorrt.md#rebuilding-after-an-upgrade)."""
+        try:
+            return TensorRTEngine(Path(path), options)
+        except PlanRejected as exc:
+            return tensorrt_rebuild.serve_while_rebuilding(Path(path), options, exc, TensorRTEngine)

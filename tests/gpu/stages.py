@@ -1,6 +1,7 @@
 """Hardware proofs of the TensorRT fixes of issue 18, one run.sh stage each.
 
     python tests/gpu/stages.py STAGE WORKDIR     STAGE: cap memory formats vcompat teardown pycuda standin
+                                                        budget rebuild (profiles graphs dla zerocopy)
 
 Each stage prints what it did, then one `FIGURE: ...` line, and exits 0 when the fix holds on
 this machine and 1 when it does not; it prints `SKIP: reason` and exits 0 where it cannot run
@@ -258,6 +259,66 @@ def _pid_on_gpu0() -> bool:
     return os.getpid() in nvml.used_by()
 
 
+def stage_budget(work: Path) -> int:
+    """Per-GPU budget: NVML is read for every GPU CUDA sees, each total matching cudaMemGetInfo's there."""
+    from infermux.models.budget import MemoryBudget
+
+    reason = gpu_missing()
+    if reason:
+        raise Skip(reason)
+    if cuda.is_integrated(0):
+        raise Skip("integrated GPU (Jetson): the budget is the system's memory, one for all models")
+    budget = MemoryBudget("80%", "run.sh")
+    totals = []
+    for device in range(cuda.device_count()):
+        cuda.set_device(device)
+        totals.append(cuda.mem_info().total)
+    print(f"NVML totals {[t // MiB for t in budget.totals]} MiB, CUDA totals {[t // MiB for t in totals]} MiB")
+    match = len(budget.totals) == len(totals) and all(0.9 * n <= c <= n for n, c in zip(budget.totals, totals))
+    print(f"FIGURE: {len(budget.gpus)} GPU(s) in the budget for {len(totals)} CUDA device(s), limits "
+          f"{[lim // MiB for lim in budget.limits]} MiB, totals {'match' if match else 'DIFFER'}")
+    return 0 if match else 1
+
+
+def stage_rebuild(work: Path) -> int:
+    """Item 9: a plan TensorRT refuses is rebuilt from model.onnx with the stored settings while
+    onnxruntime serves; then again from the timing cache the first rebuild left."""
+    from infermux.cli import build
+    from infermux.plugins.backends import tensorrt_rebuild
+
+    _trt()
+    folder = work / "rebuild" / "1"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.onnx").write_bytes(CLASSIFIER_ONNX.read_bytes())
+    plan = folder / "model.plan"
+    build.settings_path(plan).write_text(json.dumps({"min_batch": BATCH[0], "opt_batch": BATCH[1],
+                                                     "max_batch": BATCH[2]}))
+    seconds, served = [], []
+    for attempt in range(2):  # the second starts from the timing cache the first wrote
+        plan.write_bytes(b"a plan from another TensorRT version" + bytes(4096))
+        start = time.monotonic()
+        engine = _load(plan)
+        try:
+            ctx = engine.create_context()
+            served.append(type(engine).__name__)
+            x = images(4, seed=attempt)
+            ctx.infer({INPUT: x})
+            if isinstance(engine, tensorrt_rebuild.RebuildingEngine):
+                if not engine.switched.wait(600):
+                    print(f"FIGURE: rebuild {attempt + 1} did not finish: {engine.rebuild.progress()}")
+                    return 1
+            seconds.append(time.monotonic() - start)
+            diff = _diff_from_onnxruntime(x, ctx.infer({INPUT: x})[OUTPUT])
+            ctx.close()
+        finally:
+            engine.close()
+        tensorrt_rebuild._rebuilds.clear()
+    timing = folder / "model.plan.timing"
+    print(f"FIGURE: rebuilt in {seconds[0]:.1f} s, again from the timing cache ({timing.stat().st_size // 1024} KiB) "
+          f"in {seconds[1]:.1f} s; meanwhile {served[0]}; max |diff| vs onnxruntime {diff}")
+    return 0 if diff == "n/a" or float(diff) < 1e-2 else 1
+
+
 def stage_pycuda(work: Path) -> int:
     """Item 3: nothing to run: the pycuda fallback was removed."""
     raise Skip("the pycuda fallback was removed (docs/tensorrt.md#why-not-pycuda): nothing to prove on a GPU")
@@ -269,7 +330,8 @@ def stage_standin(work: Path) -> int:
 
 
 STAGES = {"cap": stage_cap, "memory": stage_memory, "formats": stage_formats, "vcompat": stage_vcompat,
-          "teardown": stage_teardown, "pycuda": stage_pycuda, "standin": stage_standin}
+          "teardown": stage_teardown, "pycuda": stage_pycuda, "standin": stage_standin,
+          "budget": stage_budget, "rebuild": stage_rebuild}
 
 
 def main(argv: list[str]) -> int:
