@@ -5,10 +5,11 @@ that is deprecated or gone in 11: tensors are found by name, shapes are set
 per request with `set_input_shape`, buffers bound with `set_tensor_address`,
 work queued with `execute_async_v3`; memory sizes come from the `_v2` calls.
 
-Each context owns a CUDA stream and, for every input and output, a pinned
-host buffer and a device buffer sized for optimization profile 0's largest
-shapes. They are bound once and reused by every request, so serving a
-request allocates nothing on the GPU.
+Each context owns a CUDA stream and one TensorRT execution context per
+optimization profile (tensorrt_profiles.py), each with, for every input and
+output, a pinned host buffer and a device buffer sized for its profile's
+largest shapes. They are bound once and reused by every request, so serving
+a request allocates nothing on the GPU.
 
 Engines are specific to the GPU model and TensorRT version that built them,
 so every load failure says how to rebuild.
@@ -24,6 +25,7 @@ from typing import Any, Callable, Mapping, Sequence
 import numpy as np
 
 from infermux.plugins.backends import cuda, tensorrt_rebuild, trtlib
+from infermux.plugins.backends.tensorrt_profiles import Lane, Profile, by_tightness, choose, nbytes, read_profiles, span
 from infermux.plugins.base import BackendError, InputRejected, OutputsMismatch, TensorSpec
 
 log = logging.getLogger("infermux.tensorrt")
@@ -36,8 +38,7 @@ class PlanRejected(BackendError):
     not a plan. With its ONNX source at hand the backend rebuilds it (tensorrt_rebuild.py)."""
 
 
-def _nbytes(dtype: str, shape: Sequence[int]) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+_nbytes = nbytes
 
 
 def _cuda_advice(exc: cuda.CudaError) -> str:
@@ -60,43 +61,41 @@ def _read_plan(path: Path) -> bytes:
 
 
 class TensorRTContext:
-    """One execution context with its own stream and buffers.
+    """One executor's context: a TensorRT execution context per optimization profile (a Lane, each
+    with its own buffers), all on one CUDA stream (tensorrt_profiles.py).
 
     Used by one thread at a time: a second thread calling `infer` while a
     request runs gets a BackendError instead of corrupting the buffers.
     """
 
-    def __init__(self, raw: Any, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                 device: int, shared: trtlib.Shared, on_close: Callable[["TensorRTContext"], None]) -> None:
-        self._raw = raw
+    def __init__(self, raws: Sequence[Any], profiles: Sequence[Profile], inputs: Sequence[TensorSpec],
+                 outputs: Sequence[tuple[str, str]], device: int, shared: trtlib.Shared,
+                 on_close: Callable[["TensorRTContext"], None]) -> None:
         self._inputs = list(inputs)
-        self._outputs = list(outputs)
+        self._dtypes = {**{s.name: s.dtype for s in inputs}, **dict(outputs)}
+        self._output_names = [name for name, _ in outputs]
         self._device = device
         self._shared = shared
         self._on_close = on_close
         self._owner = threading.Lock()
         self._stream: cuda.Stream | None = None
-        self._host: dict[str, cuda.HostBuffer] = {}
-        self._dev: dict[str, cuda.DeviceBuffer] = {}
+        self._lanes: list[Lane] = []
+        self._closed = False
         try:
             self._stream = cuda.Stream()
-            for spec in (*self._inputs, *self._outputs):
-                self._bind(spec)
+            for raw, profile in zip(raws, profiles):
+                self._lanes.append(Lane(raw, profile, self._dtypes, self._output_names, self._stream, shared))
+            self._lanes = by_tightness(self._lanes)
         except BaseException:
             self._release()
             raise
 
-    def _bind(self, spec: TensorSpec) -> None:
-        assert spec.max_shape is not None
-        nbytes = _nbytes(spec.dtype, spec.max_shape)
-        self._host[spec.name] = cuda.HostBuffer(nbytes)
-        self._dev[spec.name] = dev = cuda.DeviceBuffer(nbytes)
-        if not self._raw.set_tensor_address(spec.name, dev.ptr):
-            raise BackendError(f"TensorRT refused the buffer for tensor {spec.name!r}: "
-                               f"{self._shared.last_error() or 'no reason logged'}")
+    def lanes(self) -> list[Lane]:
+        """The lanes, tightest profile first."""
+        return list(self._lanes)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run one request; InputRejected if the tensors do not fit profile 0."""
+        """Run one request; InputRejected if the tensors fit no optimization profile."""
         return self._serve(inputs, None)
 
     def infer_into(self, inputs: Mapping[str, np.ndarray],
@@ -111,7 +110,7 @@ class TensorRTContext:
             raise BackendError("execution context used by two threads at once: each executor "
                                "thread must own its own context (engine.create_context())")
         try:
-            if self._raw is None:
+            if self._closed:
                 raise BackendError("execution context used after close")
             arrays = self._checked(inputs)
             try:
@@ -139,37 +138,26 @@ class TensorRTContext:
     def _run(self, arrays: dict[str, np.ndarray], into: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         assert self._stream is not None
         cuda.set_device(self._device)  # CUDA's current device is per thread
-        for spec in self._inputs:
-            array = arrays[spec.name]
-            host = self._host[spec.name]
+        lane = choose(self._lanes, {n: a.shape for n, a in arrays.items()})
+        shapes = lane.output_shapes({n: a.shape for n, a in arrays.items()}, self._output_names)
+        _check_into(into, self._dtypes, shapes)
+        for name, array in arrays.items():
+            host = lane.host[name]
             # "equiv" allows only byte-order changes: the wire is little-endian anyway.
-            np.copyto(host.view(spec.dtype, array.shape), array, casting="equiv")
-            if not self._raw.set_input_shape(spec.name, array.shape):
-                raise InputRejected(f"TensorRT rejected shape {list(array.shape)} for input {spec.name!r}; "
-                                    f"the engine accepts {list(spec.min_shape or ())}..{list(spec.max_shape or ())}")
-            cuda.copy_to_device(self._dev[spec.name], host, array.nbytes, self._stream)
-        shapes = {spec.name: self._output_shape(spec.name) for spec in self._outputs}
-        _check_into(into, self._outputs, shapes)
-        if not self._raw.execute_async_v3(self._stream.handle):
+            np.copyto(host.view(self._dtypes[name], array.shape), array, casting="equiv")
+            cuda.copy_to_device(lane.dev[name], host, array.nbytes, self._stream)
+        if not lane.raw.execute_async_v3(self._stream.handle):
             raise BackendError(f"TensorRT execution failed: {self._shared.last_error() or 'no reason logged'}")
-        for spec in self._outputs:
-            if spec.name in into:
-                cuda.copy_to_array(into[spec.name], self._dev[spec.name], self._stream)
+        for name in self._output_names:
+            if name in into:
+                cuda.copy_to_array(into[name], lane.dev[name], self._stream)
             else:
-                nbytes = _nbytes(spec.dtype, shapes[spec.name])
-                cuda.copy_to_host(self._host[spec.name], self._dev[spec.name], nbytes, self._stream)
+                size = _nbytes(self._dtypes[name], shapes[name])
+                cuda.copy_to_host(lane.host[name], lane.dev[name], size, self._stream)
         self._stream.synchronize()
         # Copies: the pinned buffers are overwritten by the next request.
-        return {spec.name: into[spec.name] if spec.name in into
-                else self._host[spec.name].view(spec.dtype, shapes[spec.name]).copy()
-                for spec in self._outputs}
-
-    def _output_shape(self, name: str) -> tuple[int, ...]:
-        shape = tuple(self._raw.get_tensor_shape(name))
-        if any(d < 0 for d in shape):
-            raise BackendError(f"output {name!r} has no shape before execution ({list(shape)}): "
-                               f"data-dependent output shapes are not supported")
-        return shape
+        return {name: into[name] if name in into else lane.host[name].view(self._dtypes[name], shapes[name]).copy()
+                for name in self._output_names}
 
     def _drain(self) -> None:
         # After a failed request, wait for copies already queued: the next
@@ -181,19 +169,21 @@ class TensorRTContext:
             log.exception("TensorRT context: stream did not drain after a failed request")
 
     def close(self) -> None:
-        """Release the stream, the buffers and the TensorRT context (idempotent)."""
+        """Release the stream, the buffers and the TensorRT contexts (idempotent)."""
         with self._owner:  # waits for a request running on another thread
-            if self._raw is not None or self._stream is not None:
+            if self._lanes or self._stream is not None:
                 _use_device(self._device)
             self._release()
         self._on_close(self)
 
     def _release(self) -> None:
         self._drain()
-        self._raw = None  # the TensorRT context goes before the memory it points at
-        buffers: list[cuda.HostBuffer | cuda.DeviceBuffer] = [*self._dev.values(), *self._host.values()]
-        self._dev.clear()
-        self._host.clear()
+        self._closed = True
+        buffers: list[cuda.HostBuffer | cuda.DeviceBuffer] = []
+        for lane in self._lanes:
+            lane.raw = None  # the TensorRT context goes before the memory it points at
+            buffers += lane.buffers()
+        self._lanes = []
         stream, self._stream = self._stream, None
         for resource in (*buffers, *([stream] if stream else [])):
             try:
@@ -211,10 +201,9 @@ def _use_device(device: int) -> None:
         log.exception("TensorRT: cannot make device %d current to release its memory", device)
 
 
-def _check_into(into: Mapping[str, np.ndarray], outputs: Sequence[TensorSpec],
+def _check_into(into: Mapping[str, np.ndarray], dtypes: Mapping[str, str],
                 shapes: dict[str, tuple[int, ...]]) -> None:
     """OutputsMismatch unless every array in `into` is an output of this run's shape and dtype."""
-    dtypes = {spec.name: spec.dtype for spec in outputs}
     for name, array in into.items():
         if name not in shapes or array.shape != shapes[name] or array.dtype.name != dtypes[name] \
                 or not (array.flags.c_contiguous and array.flags.writeable):
@@ -259,11 +248,13 @@ class TensorRTEngine:
         self._activation_bytes = int(self._engine.device_memory_size_v2)
         names = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
         is_input = {n: self._engine.get_tensor_mode(n) == self._shared.trt.TensorIOMode.INPUT for n in names}
-        self._opt_shapes: dict[str, tuple[int, ...]] = {}
-        self.inputs = [self._input_spec(n) for n in names if is_input[n]]
-        raw = self._new_raw_context()
-        self.outputs = self._output_specs(raw, [n for n in names if not is_input[n]])
-        self._spare = self._wrap(raw)
+        inputs = [n for n in names if is_input[n]]
+        self._outputs = [(n, self._dtype(n)) for n in names if not is_input[n]]
+        self._profiles = read_profiles(self._engine, inputs)
+        self.inputs = [self._input_spec(n) for n in inputs]
+        self._spare = self._wrap()
+        self.outputs = self._output_specs(self._spare)
+        self._io_bytes = sum(lane.io_bytes for lane in self._spare.lanes())
         self._warm(self._spare)
         self.measured_load_bytes = free_before - cuda.mem_info().free
         log.info("loaded %s: TensorRT %s, activation %.1f MiB per context, measured %.1f MiB",
@@ -311,45 +302,34 @@ class TensorRTEngine:
                                f"or with a linear format (`infermux build` does), {REBUILD.format(path=self.path)}")
 
     def _input_spec(self, name: str) -> TensorSpec:
-        shape = tuple(self._engine.get_tensor_shape(name))
-        if -1 not in shape:  # a fixed-shape input (a batch-1 detector): no profile range to ask for
-            low = opt = high = shape
-        else:  # profile 0 is the one every new context starts with
-            low, opt, high = (tuple(d) for d in self._engine.get_tensor_profile_shape(name, 0))
-        self._opt_shapes[name] = opt
-        return TensorSpec(name, self._dtype(name), shape, low, high)
+        """The input over every profile: the range from the smallest min to the largest max."""
+        low, _ = span([p.ranges[name][0] for p in self._profiles])
+        _, high = span([p.ranges[name][2] for p in self._profiles])
+        return TensorSpec(name, self._dtype(name), tuple(self._engine.get_tensor_shape(name)), low, high)
 
-    def _output_specs(self, raw: Any, names: list[str]) -> list[TensorSpec]:
-        dtypes = {n: self._dtype(n) for n in names}
-        low = self._output_shapes_at(raw, names, [s.min_shape for s in self.inputs])
-        high = self._output_shapes_at(raw, names, [s.max_shape for s in self.inputs])
-        return [TensorSpec(n, dtypes[n], tuple(self._engine.get_tensor_shape(n)), low[n], high[n])
-                for n in names]
-
-    def _output_shapes_at(self, raw: Any, names: list[str], input_shapes: list[Any]) -> dict[str, tuple[int, ...]]:
-        for spec, shape in zip(self.inputs, input_shapes):
-            if not raw.set_input_shape(spec.name, shape):
-                raise BackendError(f"TensorRT rejected profile 0's own shape {list(shape)} for "
-                                   f"{spec.name!r}: {self._shared.last_error()}")
-        shapes = {n: tuple(raw.get_tensor_shape(n)) for n in names}
-        dynamic = [n for n, s in shapes.items() if any(d < 0 for d in s)]
-        if dynamic:
-            raise BackendError(f"outputs {dynamic} have data-dependent shapes, which infermux does not serve")
-        return shapes
+    def _output_specs(self, ctx: TensorRTContext) -> list[TensorSpec]:
+        lanes = ctx.lanes()
+        specs = []
+        for name, dtype in self._outputs:
+            low, _ = span([lane.low[name] for lane in lanes])
+            _, high = span([lane.high[name] for lane in lanes])
+            specs.append(TensorSpec(name, dtype, tuple(self._engine.get_tensor_shape(name)), low, high))
+        return specs
 
     def _warm(self, ctx: TensorRTContext) -> None:
-        """Run profile 0's opt and max shapes once: kernels load lazily (CUDA_MODULE_LOADING=LAZY)
-        and differ by shape, so the first large batch would otherwise pay for loading them. The
-        registry's own warm-up runs the smallest shape (docs/tensorrt.md#what-the-backend-does)."""
-        largest = {s.name: s.max_shape or () for s in self.inputs}
-        for shapes in [self._opt_shapes] + ([largest] if largest != self._opt_shapes else []):
-            zeros = {s.name: np.zeros(shapes[s.name], s.dtype) for s in self.inputs}
-            try:
-                ctx.infer(zeros)
-            except BackendError as exc:  # the load stands; the registry's warm-up decides
-                log.warning("warming %s at %s failed: %s", self.path,
-                            {n: list(v.shape) for n, v in zeros.items()}, exc)
-                return
+        """Run every profile's opt and max shapes once: kernels load lazily (CUDA_MODULE_LOADING=LAZY)
+        and differ by shape and profile, so the first large batch would otherwise pay for loading them.
+        The registry's own warm-up runs the smallest shape (docs/tensorrt.md#what-the-backend-does)."""
+        dtypes = {s.name: s.dtype for s in self.inputs}
+        for profile in self._profiles:
+            for shapes in [profile.shapes(1)] + ([profile.shapes(2)] if profile.shapes(2) != profile.shapes(1) else []):
+                zeros = {name: np.zeros(shape, dtypes[name]) for name, shape in shapes.items()}
+                try:
+                    ctx.infer(zeros)
+                except BackendError as exc:  # the load stands; the registry's warm-up decides
+                    log.warning("warming %s at %s failed: %s", self.path,
+                                {n: list(v.shape) for n, v in zeros.items()}, exc)
+                    return
 
     def _new_raw_context(self) -> Any:
         raw = self._engine.create_execution_context()
@@ -360,8 +340,11 @@ class TensorRTEngine:
                                f"models or lower `contexts`")
         return raw
 
-    def _wrap(self, raw: Any) -> TensorRTContext:
-        ctx = TensorRTContext(raw, self.inputs, self.outputs, self._device, self._shared, self._forget)
+    def _wrap(self) -> TensorRTContext:
+        """A context with one TensorRT execution context per profile."""
+        raws = [self._new_raw_context() for _ in self._profiles]
+        ctx = TensorRTContext(raws, self._profiles, self.inputs, self._outputs, self._device, self._shared,
+                              self._forget)
         with self._lock:
             self._contexts.add(ctx)
         return ctx
@@ -379,15 +362,12 @@ class TensorRTEngine:
         if spare is not None:
             return spare
         cuda.set_device(self._device)
-        return self._wrap(self._new_raw_context())
+        return self._wrap()
 
     def context_bytes(self) -> int:
-        """GPU memory one context costs: activation memory plus its I/O buffers at profile max.
-
-        On Jetson the pinned host buffers come from the same DRAM, so they count too.
-        """
-        io = sum(_nbytes(s.dtype, s.max_shape or ()) for s in (*self.inputs, *self.outputs))
-        return self._activation_bytes + io * (2 if self.integrated else 1)
+        """GPU memory one context costs: per profile, activation memory plus the I/O buffers at that
+        profile's max. On Jetson the pinned host buffers come from the same DRAM, so they count too."""
+        return self._activation_bytes * len(self._profiles) + self._io_bytes * (2 if self.integrated else 1)
 
     def memory_bytes(self) -> int:
         """Device memory of this engine on `device`: its plan size plus `context_bytes()` per open

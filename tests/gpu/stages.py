@@ -319,6 +319,43 @@ def stage_rebuild(work: Path) -> int:
     return 0 if diff == "n/a" or float(diff) < 1e-2 else 1
 
 
+def stage_profiles(work: Path) -> int:
+    """Item 12: an engine built with two profiles (1..4 and 5..16 rows) serves 2 and 12 rows each on
+    its own profile, matches onnxruntime, and two contexts run the same profile at once."""
+    _trt()
+    plan = build_plan(work / "profiles" / "model.plan", "--profile", "1:2:4", "--profile", "5:8:16")
+    engine = _load(plan)
+    try:
+        [spec] = engine.inputs
+        contexts = [engine.create_context(), engine.create_context()]
+        diffs, ms = [], {}
+        for rows in (2, 12):
+            x = images(rows, seed=rows)
+            start = time.perf_counter()
+            diffs.append(_diff_from_onnxruntime(x, contexts[0].infer({INPUT: x})[OUTPUT]))
+            ms[rows] = (time.perf_counter() - start) * 1000
+        errors: list[BaseException] = []
+
+        def hammer(ctx: Any) -> None:
+            try:
+                for _ in range(20):
+                    ctx.infer({INPUT: images(12)})
+            except BaseException as exc:  # reported below: the stage fails on it
+                errors.append(exc)
+        threads = [threading.Thread(target=hammer, args=(c,)) for c in contexts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        engine.close()
+    print(f"FIGURE: range {list(spec.min_shape or ())}..{list(spec.max_shape or ())}; 2 rows {ms[2]:.1f} ms, "
+          f"12 rows {ms[12]:.1f} ms; max |diff| vs onnxruntime {diffs}; two contexts on one profile: "
+          f"{'ok' if not errors else errors[0]}")
+    close = all(d == "n/a" or float(d) < 1e-2 for d in diffs)
+    return 0 if close and not errors and spec.max_shape and spec.max_shape[0] == 16 else 1
+
+
 def stage_pycuda(work: Path) -> int:
     """Item 3: nothing to run: the pycuda fallback was removed."""
     raise Skip("the pycuda fallback was removed (docs/tensorrt.md#why-not-pycuda): nothing to prove on a GPU")
@@ -331,7 +368,7 @@ def stage_standin(work: Path) -> int:
 
 STAGES = {"cap": stage_cap, "memory": stage_memory, "formats": stage_formats, "vcompat": stage_vcompat,
           "teardown": stage_teardown, "pycuda": stage_pycuda, "standin": stage_standin,
-          "budget": stage_budget, "rebuild": stage_rebuild}
+          "budget": stage_budget, "rebuild": stage_rebuild, "profiles": stage_profiles}
 
 
 def main(argv: list[str]) -> int:
