@@ -12,7 +12,9 @@ profile 0 = [1,4] / [2,4] / [8,4]; outputs `total` float32 [N] = x.sum(1)
 and `argmax` int32 [N] = x.argmax(1). `trt.profiles` gives the next engines
 several profiles, `trt.fixed_batch = n` makes them fixed-shape ([n, 4], no
 profile: the usual batch-1 camera detector). Copies and executions complete
-only at cudaStreamSynchronize, as on a GPU, so ordering bugs show.
+only at cudaStreamSynchronize, as on a GPU, so ordering bugs show. CUDA graphs are modelled:
+work queued while a stream captures is recorded, not run, and each cudaGraphLaunch replays it;
+an enqueue captured right after a shape change fails, as TensorRT's one-off set-up would.
 """
 
 from __future__ import annotations
@@ -58,6 +60,13 @@ def get_cuda_native_handle(obj: Any) -> int:
     return obj.handle
 
 
+class FakeGraph:
+    """cudaGraph_t / cudaGraphExec_t: the work a capture recorded."""
+
+    def __init__(self, work: list[Callable[[], None]]) -> None:
+        self.work = list(work)
+
+
 class FakeCudart:
     """cuda.bindings.runtime: calls return (cudaError_t, *results) as cuda-python does."""
 
@@ -75,6 +84,11 @@ class FakeCudart:
 
     class cudaDeviceAttr(enum.IntEnum):
         cudaDevAttrIntegrated = 18
+
+    class cudaStreamCaptureMode(enum.IntEnum):
+        cudaStreamCaptureModeGlobal = 0
+        cudaStreamCaptureModeThreadLocal = 1
+        cudaStreamCaptureModeRelaxed = 2
 
     cudaStreamNonBlocking = 1
 
@@ -96,6 +110,10 @@ class FakeCudart:
         # Work queued per stream: copies and executions happen only at synchronize (or at a free,
         # which synchronises implicitly), as on a GPU, so reading results early shows.
         self.pending: dict[int, list[Callable[[], None]]] = {}
+        self.capturing: dict[int, list[Callable[[], None]]] = {}  # stream -> work captured so far
+        self.graphs: set[FakeGraph] = set()
+        self.graph_execs: set[FakeGraph] = set()
+        self.launches = 0
 
     def _error(self, call: str) -> "FakeCudart.cudaError_t":
         return self.fail.pop(call, self.cudaError_t.cudaSuccess)
@@ -115,8 +133,52 @@ class FakeCudart:
         return err, ctypes.addressof(buf)
 
     def enqueue(self, stream: int, work: Callable[[], None]) -> None:
-        """Queue `work` on `stream`: it runs at the stream's next synchronize."""
+        """Queue `work` on `stream`: it runs at the stream's next synchronize; while the stream
+        captures, it is recorded into the graph instead and does not run."""
+        if stream in self.capturing:
+            self.capturing[stream].append(work)
+            return
         self.pending.setdefault(stream, []).append(work)
+
+    # CUDA graphs: capture records a stream's work, launch queues a replay of it.
+    def cudaStreamBeginCapture(self, stream: int, mode: Any) -> tuple:
+        assert stream in self.streams and stream not in self.capturing, "capture on a bad or capturing stream"
+        assert mode == self.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal, "use thread-local capture"
+        self.capturing[stream] = []
+        return (self._error("cudaStreamBeginCapture"),)
+
+    def cudaStreamEndCapture(self, stream: int) -> tuple:
+        work = self.capturing.pop(stream)  # the capture ends, whether or not it succeeded
+        err = self._error("cudaStreamEndCapture")
+        if err:
+            return err, None
+        graph = FakeGraph(work)
+        self.graphs.add(graph)
+        return err, graph
+
+    def cudaGraphInstantiate(self, graph: "FakeGraph", flags: int) -> tuple:
+        assert graph in self.graphs
+        err = self._error("cudaGraphInstantiate")
+        if err:
+            return err, None
+        graph_exec = FakeGraph(graph.work)
+        self.graph_execs.add(graph_exec)
+        return err, graph_exec
+
+    def cudaGraphLaunch(self, graph_exec: "FakeGraph", stream: int) -> tuple:
+        assert graph_exec in self.graph_execs and stream in self.streams
+        self.launches += 1
+        for work in graph_exec.work:
+            self.enqueue(stream, work)
+        return (self._error("cudaGraphLaunch"),)
+
+    def cudaGraphExecDestroy(self, graph_exec: "FakeGraph") -> tuple:
+        self.graph_execs.remove(graph_exec)
+        return (self._error("cudaGraphExecDestroy"),)
+
+    def cudaGraphDestroy(self, graph: "FakeGraph") -> tuple:
+        self.graphs.remove(graph)
+        return (self._error("cudaGraphDestroy"),)
 
     def _complete(self, stream: int) -> None:
         for work in self.pending.pop(stream, []):
@@ -260,6 +322,7 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
             self.address_calls = 0
             self.shape_calls: list[tuple] = []
             self.executions = 0
+            self.settled = False  # an enqueue ran since the last shape change
             self.gate: Callable[[], None] | None = None
             gpu.reserved += ACTIVATION_BYTES
             gpu.owner[id(self)] = gpu.current()
@@ -271,6 +334,8 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
         def set_input_shape(self, name: str, shape: Any) -> bool:
             shape = tuple(shape)
             self.shape_calls.append(shape)
+            if self.shapes.get(name) != shape:
+                self.settled = False  # the next enqueue does one-off set-up, which cannot be captured
             fixed = self.engine.tensors["x"][2]
             low, _, high = (fixed, fixed, fixed) if -1 not in fixed else self.engine.profiles[self.profile]
             if name != "x" or len(shape) != 2 or not all(a <= s <= b for a, s, b in zip(low, shape, high)):
@@ -298,6 +363,11 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
         def execute_async_v3(self, stream_handle: int) -> bool:
             assert stream_handle in gpu.streams
             self.executions += 1
+            if stream_handle in gpu.capturing and not self.settled:
+                self.engine.logger.log(ILogger.Severity.ERROR, "fake: enqueueV3 captured right after a "
+                                       "shape change (run it once outside the capture first)")
+                return False
+            self.settled = True
             if gpu.fail.pop("execute_async_v3", None):
                 self.engine.logger.log(ILogger.Severity.ERROR, "fake kernel launch failure")
                 return False

@@ -79,6 +79,11 @@ class _Api(Protocol):
     def stream_sync(self, stream: int) -> None: ...
     def copy_async(self, dst: int, src: int, nbytes: int, to_device: bool, stream: int) -> None: ...
     def mem_info(self) -> MemInfo: ...
+    def begin_capture(self, stream: int) -> None: ...
+    def end_capture(self, stream: int) -> Any: ...
+    def instantiate(self, graph: Any) -> Any: ...
+    def launch(self, graph_exec: Any, stream: int) -> None: ...
+    def destroy_graph(self, graph: Any, graph_exec: Any) -> None: ...
 
 
 class _CudaPython:
@@ -142,6 +147,25 @@ class _CudaPython:
     def mem_info(self) -> MemInfo:
         free, total = self._call("cudaMemGetInfo", self._rt.cudaMemGetInfo())
         return MemInfo(int(free), int(total))
+
+    def begin_capture(self, stream: int) -> None:
+        # Thread-local: another thread's cudaMalloc (a model loading) does not break this capture.
+        mode = self._rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+        self._call("cudaStreamBeginCapture", self._rt.cudaStreamBeginCapture(stream, mode))
+
+    def end_capture(self, stream: int) -> Any:
+        return self._call("cudaStreamEndCapture", self._rt.cudaStreamEndCapture(stream))
+
+    def instantiate(self, graph: Any) -> Any:
+        return self._call("cudaGraphInstantiate", self._rt.cudaGraphInstantiate(graph, 0))
+
+    def launch(self, graph_exec: Any, stream: int) -> None:
+        self._call("cudaGraphLaunch", self._rt.cudaGraphLaunch(graph_exec, stream))
+
+    def destroy_graph(self, graph: Any, graph_exec: Any) -> None:
+        if graph_exec is not None:
+            self._call("cudaGraphExecDestroy", self._rt.cudaGraphExecDestroy(graph_exec))
+        self._call("cudaGraphDestroy", self._rt.cudaGraphDestroy(graph))
 
 
 def _bytes_at(ptr: int, nbytes: int) -> np.ndarray:
@@ -284,6 +308,41 @@ class Stream:
         handle, self.handle = self.handle, None
         if handle is not None:
             _api().stream_destroy(handle)
+
+
+class Graph:
+    """A CUDA graph captured from the work one call queues on a stream, replayed by `launch`."""
+
+    def __init__(self, stream: Stream, enqueue: Callable[[], None]) -> None:
+        """Capture what `enqueue()` queues on `stream` (it does not run); CudaError if capture fails."""
+        api, handle = _api(), stream._live()
+        api.begin_capture(handle)
+        try:
+            enqueue()
+        except BaseException:
+            try:
+                api.destroy_graph(api.end_capture(handle), None)  # leave the stream capturing nothing
+            except CudaError:
+                pass
+            raise
+        self._graph: Any = api.end_capture(handle)
+        try:
+            self._exec: Any = api.instantiate(self._graph)
+        except BaseException:
+            api.destroy_graph(self._graph, None)
+            raise
+
+    def launch(self, stream: Stream) -> None:
+        """Queue one replay of the captured work on `stream`."""
+        if self._graph is None:
+            raise BackendError("CUDA graph used after close")
+        _api().launch(self._exec, stream._live())
+
+    def close(self) -> None:
+        """Destroy the graph (idempotent)."""
+        graph, self._graph = self._graph, None
+        if graph is not None:
+            _api().destroy_graph(graph, self._exec)
 
 
 class DeviceBuffer:

@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from infermux.plugins.backends import cuda, tensorrt_rebuild, trtlib
+from infermux.plugins.backends import cuda, tensorrt_graphs, tensorrt_rebuild, trtlib
 from infermux.plugins.backends.tensorrt_profiles import Lane, Profile, by_tightness, choose, nbytes, read_profiles, span
 from infermux.plugins.base import BackendError, InputRejected, OutputsMismatch, TensorSpec
 
@@ -81,6 +81,7 @@ class TensorRTContext:
         self._stream: cuda.Stream | None = None
         self._lanes: list[Lane] = []
         self._closed = False
+        self.graphs = False  # cuda_graph: set by the engine (tensorrt_graphs.py)
         try:
             self._stream = cuda.Stream()
             for raw, profile in zip(raws, profiles):
@@ -146,8 +147,7 @@ class TensorRTContext:
             # "equiv" allows only byte-order changes: the wire is little-endian anyway.
             np.copyto(host.view(self._dtypes[name], array.shape), array, casting="equiv")
             cuda.copy_to_device(lane.dev[name], host, array.nbytes, self._stream)
-        if not lane.raw.execute_async_v3(self._stream.handle):
-            raise BackendError(f"TensorRT execution failed: {self._shared.last_error() or 'no reason logged'}")
+        tensorrt_graphs.execute(lane, self._stream, self._shared, self.graphs)
         for name in self._output_names:
             if name in into:
                 cuda.copy_to_array(into[name], lane.dev[name], self._stream)
@@ -181,6 +181,10 @@ class TensorRTContext:
         self._closed = True
         buffers: list[cuda.HostBuffer | cuda.DeviceBuffer] = []
         for lane in self._lanes:
+            try:
+                lane.close_graph()  # the graph replays the context's kernels: it goes first
+            except BackendError:
+                log.exception("TensorRT context: destroying its CUDA graph failed")
             lane.raw = None  # the TensorRT context goes before the memory it points at
             buffers += lane.buffers()
         self._lanes = []
@@ -222,6 +226,7 @@ class TensorRTEngine:
     def __init__(self, path: Path, options: Mapping[str, Any]) -> None:
         self.path = path
         self.device = self._device = int(options.get("device", 0))  # base.OnDevice
+        self._options = dict(options)
         self._lock = threading.Lock()
         self._contexts: set[TensorRTContext] = set()
         self._spare: TensorRTContext | None = None
@@ -251,6 +256,7 @@ class TensorRTEngine:
         inputs = [n for n in names if is_input[n]]
         self._outputs = [(n, self._dtype(n)) for n in names if not is_input[n]]
         self._profiles = read_profiles(self._engine, inputs)
+        self._graphs = tensorrt_graphs.wanted(self._options, self._profiles, self.path)
         self.inputs = [self._input_spec(n) for n in inputs]
         self._spare = self._wrap()
         self.outputs = self._output_specs(self._spare)
@@ -345,6 +351,7 @@ class TensorRTEngine:
         raws = [self._new_raw_context() for _ in self._profiles]
         ctx = TensorRTContext(raws, self._profiles, self.inputs, self._outputs, self._device, self._shared,
                               self._forget)
+        ctx.graphs = self._graphs
         with self._lock:
             self._contexts.add(ctx)
         return ctx

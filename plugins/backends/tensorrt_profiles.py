@@ -81,6 +81,11 @@ class Lane:
     def __init__(self, raw: Any, profile: Profile, dtypes: Mapping[str, str], outputs: Sequence[str],
                  stream: cuda.Stream, shared: trtlib.Shared) -> None:
         self.raw, self.profile, self._shared = raw, profile, shared
+        # One shape only: a CUDA graph captured once replays every request (tensorrt_graphs.py).
+        self.fixed = all(low == high for low, _, high in profile.ranges.values())
+        self.graph: cuda.Graph | None = None
+        self.graph_failed = False
+        self.runs = 0
         self.host: dict[str, cuda.HostBuffer] = {}
         self.dev: dict[str, cuda.DeviceBuffer] = {}
         # A new context starts on profile 0; switching is queued on the stream (the _async call).
@@ -119,6 +124,12 @@ class Lane:
             raise BackendError(f"outputs {dynamic} have no shape before execution ({[list(shapes[n]) for n in dynamic]}): "
                                f"data-dependent output shapes are not supported")
         return shapes
+
+    def close_graph(self) -> None:
+        """Destroy the captured graph, if any: before the TensorRT context whose kernels it replays."""
+        graph, self.graph = self.graph, None
+        if graph is not None:
+            graph.close()
 
     def buffers(self) -> list[cuda.HostBuffer | cuda.DeviceBuffer]:
         """The buffers, emptied from this lane (to be released after the context)."""

@@ -356,6 +356,33 @@ def stage_profiles(work: Path) -> int:
     return 0 if close and not errors and spec.max_shape and spec.max_shape[0] == 16 else 1
 
 
+def stage_graphs(work: Path) -> int:
+    """Item 11: a batch-1 fixed-shape profile served with and without cuda_graph = true: same
+    outputs, and the median latency of each (the saving is the figure; no threshold is asserted)."""
+    _trt()
+    plan = build_plan(work / "graphs" / "model.plan", "--profile", "1:1:1")
+    x = images(1, seed=11)
+    medians, outputs = {}, {}
+    for graphs in (False, True):
+        engine = _load(plan, cuda_graph=graphs)
+        try:
+            ctx = engine.create_context()
+            times = []
+            for _ in range(200):
+                start = time.perf_counter()
+                outputs[graphs] = ctx.infer({INPUT: x})[OUTPUT]
+                times.append((time.perf_counter() - start) * 1e6)
+            captured = any(lane.graph is not None for lane in ctx.lanes())
+            ctx.close()
+        finally:
+            engine.close()
+        medians[graphs] = statistics.median(times[10:])
+    diff = float(np.abs(outputs[True] - outputs[False]).max())
+    print(f"FIGURE: batch 1 median {medians[False]:.0f} us without a graph, {medians[True]:.0f} us with "
+          f"({medians[False] - medians[True]:+.0f} us saved); graph captured: {captured}; max |diff| {diff:.1e}")
+    return 0 if captured and diff < 1e-5 else 1
+
+
 def stage_pycuda(work: Path) -> int:
     """Item 3: nothing to run: the pycuda fallback was removed."""
     raise Skip("the pycuda fallback was removed (docs/tensorrt.md#why-not-pycuda): nothing to prove on a GPU")
@@ -368,7 +395,8 @@ def stage_standin(work: Path) -> int:
 
 STAGES = {"cap": stage_cap, "memory": stage_memory, "formats": stage_formats, "vcompat": stage_vcompat,
           "teardown": stage_teardown, "pycuda": stage_pycuda, "standin": stage_standin,
-          "budget": stage_budget, "rebuild": stage_rebuild, "profiles": stage_profiles}
+          "budget": stage_budget, "rebuild": stage_rebuild, "profiles": stage_profiles,
+          "graphs": stage_graphs}
 
 
 def main(argv: list[str]) -> int:
