@@ -36,7 +36,8 @@ from infermux.plugins.backends import cuda as cuda_layer
 from infermux.plugins.backends import trtlib
 
 PLAN_MAGIC = b"FAKEPLAN"
-VC_PLAN_MAGIC = b"FAKEVCPLAN"  # a version-compatible plan (BuilderFlag.VERSION_COMPATIBLE)
+VC_PLAN_MAGIC = b"FAKEVCPLAN"
+DLA_MARK = b"DLA"  # after PLAN_MAGIC: a plan built for the DLA  # a version-compatible plan (BuilderFlag.VERSION_COMPATIBLE)
 ACTIVATION_BYTES = 4096
 PROFILE = ((1, 4), (2, 4), (8, 4))
 BINDINGS_VERSION = "12.9.1"  # the first 12.x cuda-bindings that releases the GIL
@@ -91,6 +92,7 @@ class FakeCudart:
         cudaStreamCaptureModeRelaxed = 2
 
     cudaStreamNonBlocking = 1
+    cudaHostAllocMapped = 2
 
     def __init__(self, total: int = 1 << 30) -> None:
         self.total = total
@@ -106,6 +108,7 @@ class FakeCudart:
         self.fail: dict[str, FakeCudart.cudaError_t] = {}   # call name -> error, once
         self.copies: list[tuple[str, int]] = []             # ("H2D"|"D2H", nbytes)
         self.pageable: dict[int, ctypes.Array] = {}          # ordinary host memory a test hands over
+        self.mapped: dict[int, ctypes.Array] = {}            # pinned host memory mapped for the device
         self._next_stream = 0x1000
         # Work queued per stream: copies and executions happen only at synchronize (or at a free,
         # which synchronises implicitly), as on a GPU, so reading results early shows.
@@ -226,7 +229,19 @@ class FakeCudart:
     def cudaMallocHost(self, nbytes: int) -> tuple:
         return self._alloc("cudaMallocHost", self.host, nbytes)
 
+    def cudaHostAlloc(self, nbytes: int, flags: int) -> tuple:
+        err, ptr = self._alloc("cudaHostAlloc", self.host, nbytes)
+        if not err and flags & self.cudaHostAllocMapped:
+            self.mapped[ptr] = self.host[ptr]  # the device may read and write it in place
+        return err, ptr
+
+    def cudaHostGetDevicePointer(self, ptr: int, flags: int) -> tuple:
+        if ptr not in self.mapped:
+            return self.cudaError_t.cudaErrorInvalidValue, None
+        return self._error("cudaHostGetDevicePointer"), ptr  # unified addressing: the same address
+
     def cudaFreeHost(self, ptr: int) -> tuple:
+        self.mapped.pop(ptr, None)
         return self._release("cudaFreeHost", self.host, ptr)
 
     def cudaStreamCreateWithFlags(self, flags: int) -> tuple:
@@ -272,11 +287,12 @@ class FakeCudart:
             f"{nbytes} bytes at {ptr:#x} are not inside one allocation of the expected kind"
 
     def read(self, ptr: int, nbytes: int) -> np.ndarray:
-        self.check(ptr, nbytes, self.device)
+        """What a kernel reads: device memory, or mapped pinned host memory (zero-copy)."""
+        self.check(ptr, nbytes, {**self.device, **self.mapped})
         return np.frombuffer((ctypes.c_char * nbytes).from_address(ptr), np.uint8).copy()
 
     def write(self, ptr: int, array: np.ndarray) -> None:
-        self.check(ptr, array.nbytes, self.device)
+        self.check(ptr, array.nbytes, {**self.device, **self.mapped})
         ctypes.memmove(ptr, array.ctypes.data, array.nbytes)
 
 
@@ -450,6 +466,9 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
             self.logger = logger
             self.engine_host_code_allowed = False  # IRuntime's default
             self.device = gpu.current()  # creating a runtime initialises CUDA on the current device
+            self.DLA_core = 0
+
+        num_DLA_cores = property(lambda self: trt.dla_cores)
 
         def deserialize_cuda_engine(self, plan: bytes) -> Engine | None:
             for i in range(trt.verbose_per_load):  # real TensorRT narrates every load
@@ -464,11 +483,21 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
                 self.logger.log(ILogger.Severity.ERROR, "Error Code 6: The engine plan file is not "
                                 "compatible with this version of TensorRT")
                 return None
+            dla = bytes(plan)[len(PLAN_MAGIC):].startswith(DLA_MARK)
+            if dla and not trt.dla_cores:
+                self.logger.log(ILogger.Severity.ERROR, "fake: the engine needs a DLA and this device has none")
+                return None
+            if trt.on_deserialize is not None:  # a test looks at what else happens meanwhile
+                trt.on_deserialize()
             engine = Engine(self.logger, len(plan))
+            engine.dla_core = self.DLA_core if dla else None  # the core the runtime was set to
             trt.engines.append(weakref.ref(engine))
             return engine
 
     trt.ILogger = ILogger
+    trt.dla_cores = 0          # DLA cores of the device (Jetson Orin AGX/NX: 2)
+    trt.on_deserialize = None  # called inside deserialize_cuda_engine
+    trt.DeviceType = enum.Enum("DeviceType", "GPU DLA")
     trt.engines, trt.contexts = [], []  # weak references to what was made, for the tests
     trt.Runtime, trt.ICudaEngine = Runtime, Engine
     trt.init_libnvinfer_plugins = lambda logger, namespace: True
@@ -484,7 +513,7 @@ def _add_fake_builder(trt: ModuleType) -> None:
     `trt.build_gate` (an Event) holds builds until it is set. A timing cache whose bytes start
     with b"OTHERGPU" is refused as TensorRT refuses one from another device.
     """
-    trt.BuilderFlag = enum.Enum("BuilderFlag", "FP16 INT8 TF32")
+    trt.BuilderFlag = enum.Enum("BuilderFlag", "FP16 INT8 TF32 GPU_FALLBACK")
     trt.MemoryPoolType = enum.Enum("MemoryPoolType", "WORKSPACE")
     trt.onnx_inputs, trt.fail_build, trt.configs = [("x", (-1, 4))], False, []
     trt.build_gate = None          # a threading.Event: builds wait for it
@@ -541,6 +570,7 @@ def _add_fake_builder(trt: ModuleType) -> None:
             self.flags, self.pools, self.profiles = set(), {}, []
             self.progress_monitor = self.int8_calibrator = self.calibration_profile = None
             self.timing_cache: TimingCache | None = None
+            self.default_device_type, self.DLA_core = trt.DeviceType.GPU, -1
             trt.configs.append(self)
 
         def create_timing_cache(self, serialized: bytes) -> TimingCache:
@@ -574,6 +604,8 @@ def _add_fake_builder(trt: ModuleType) -> None:
         def __init__(self, logger: Any) -> None:
             self.logger = logger
 
+        num_DLA_cores = property(lambda self: trt.dla_cores)
+
         def create_network(self, flags: int) -> Network:
             return Network()
 
@@ -597,6 +629,8 @@ def _add_fake_builder(trt: ModuleType) -> None:
                 monitor.phase_start("Building engine", None, 2)
                 assert monitor.step_complete("Building engine", 0) is True
                 monitor.phase_finish("Building engine")
+            if config.default_device_type == trt.DeviceType.DLA:
+                return PLAN_MAGIC + DLA_MARK + bytes(100 - len(DLA_MARK))
             return PLAN_MAGIC + bytes(100)
 
     trt.Builder, trt.OnnxParser = Builder, OnnxParser

@@ -3,6 +3,7 @@
     infermux build model.onnx -o model.plan [--fp16 | --int8 --calib-cache FILE]
                    [--min-batch 1] [--opt-batch N] [--max-batch N] [--workspace MiB]
                    [--profile MIN:OPT:MAX ...] [--timing-cache FILE]
+                   [--dla-core N [--gpu-fallback]]
 
 An engine only runs on the GPU model and TensorRT version that built it, so
 build on the device that serves it, and again after a JetPack or TensorRT
@@ -54,13 +55,16 @@ class BuildOptions:
     workspace_mib: int = 1024
     timing_cache: Path | None = None  # read before the build if it exists, written after
     profiles: tuple[tuple[int, int, int], ...] = ()  # several batch ranges (--profile); () = the one above
+    dla_core: int | None = None  # Jetson's DLA (plugins/backends/tensorrt_dla.py)
+    gpu_fallback: bool = False
 
     def settings(self) -> dict[str, Any]:
         """What a rebuild needs besides the two paths (settings_path), as JSON."""
         return {"fp16": self.fp16, "int8": self.int8, "calib_cache": _text(self.calib_cache),
                 "min_batch": self.min_batch, "opt_batch": self.opt_batch, "max_batch": self.max_batch,
                 "workspace_mib": self.workspace_mib, "timing_cache": _text(self.timing_cache),
-                "profiles": [list(r) for r in self.profiles]}
+                "profiles": [list(r) for r in self.profiles], "dla_core": self.dla_core,
+                "gpu_fallback": self.gpu_fallback}
 
     @classmethod
     def from_settings(cls, onnx: Path, output: Path, settings: dict[str, Any]) -> "BuildOptions":
@@ -330,6 +334,10 @@ def build_engine(opts: BuildOptions, status: _Status | None = None) -> BuildRepo
         if first is None:  # no truthiness test on a binding object
             first = profile
     _set_precision(trt, config, opts, first)  # INT8 calibrates with the first profile
+    if opts.dla_core is not None:
+        from infermux.plugins.backends import tensorrt_dla
+
+        tensorrt_dla.configure_build(trt, builder, config, opts.dla_core, opts.gpu_fallback)
     if opts.timing_cache is not None:
         _use_timing_cache(config, opts.timing_cache)
     monitor = _progress_monitor(trt, status)
@@ -377,6 +385,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="builder scratch memory limit in MiB (default 1024)")
     parser.add_argument("--profile", type=parse_profile, action="append", default=[], metavar="MIN:OPT:MAX",
                         help="one optimization profile per batch range (repeat; replaces --min/--opt/--max-batch)")
+    parser.add_argument("--dla-core", type=int, metavar="N", help="run on DLA core N (Jetson Orin); needs "
+                        "--fp16 or --int8")
+    parser.add_argument("--gpu-fallback", action="store_true",
+                        help="with --dla-core: layers the DLA cannot run go to the GPU")
     parser.add_argument("--timing-cache", type=Path, metavar="FILE",
                         help="kernel timings to start from, and to save the build's timings to")
 
@@ -389,9 +401,14 @@ def options_from_args(args: argparse.Namespace) -> BuildOptions:
         raise BuildError(f"no calibration cache at {args.calib_cache}")
     if args.workspace < 1:
         raise BuildError("--workspace must be at least 1 MiB")
+    if args.gpu_fallback and args.dla_core is None:
+        raise BuildError("--gpu-fallback needs --dla-core N: it lets DLA layers fall back to the GPU")
+    if args.dla_core is not None and (args.dla_core < 0 or not (args.fp16 or args.int8)):
+        raise BuildError("--dla-core needs a core number >= 0 and --fp16 or --int8: the DLA runs FP16 and "
+                         "INT8 only")
     opts = BuildOptions(args.onnx, args.output, args.fp16, args.int8, args.calib_cache,
                         args.min_batch, args.opt_batch, args.max_batch, args.workspace, args.timing_cache,
-                        tuple(args.profile))
+                        tuple(args.profile), args.dla_core, args.gpu_fallback)
     opts.batch_ranges()
     return opts
 

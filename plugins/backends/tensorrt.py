@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from infermux.plugins.backends import cuda, tensorrt_graphs, tensorrt_rebuild, trtlib
+from infermux.plugins.backends import cuda, tensorrt_dla, tensorrt_graphs, tensorrt_rebuild, trtlib
 from infermux.plugins.backends.tensorrt_profiles import Lane, Profile, by_tightness, choose, nbytes, read_profiles, span
 from infermux.plugins.base import BackendError, InputRejected, OutputsMismatch, TensorSpec
 
@@ -70,7 +70,7 @@ class TensorRTContext:
 
     def __init__(self, raws: Sequence[Any], profiles: Sequence[Profile], inputs: Sequence[TensorSpec],
                  outputs: Sequence[tuple[str, str]], device: int, shared: trtlib.Shared,
-                 on_close: Callable[["TensorRTContext"], None]) -> None:
+                 on_close: Callable[["TensorRTContext"], None], mapped: bool = False) -> None:
         self._inputs = list(inputs)
         self._dtypes = {**{s.name: s.dtype for s in inputs}, **dict(outputs)}
         self._output_names = [name for name, _ in outputs]
@@ -85,7 +85,8 @@ class TensorRTContext:
         try:
             self._stream = cuda.Stream()
             for raw, profile in zip(raws, profiles):
-                self._lanes.append(Lane(raw, profile, self._dtypes, self._output_names, self._stream, shared))
+                self._lanes.append(Lane(raw, profile, self._dtypes, self._output_names, self._stream, shared,
+                                        mapped))
             self._lanes = by_tightness(self._lanes)
         except BaseException:
             self._release()
@@ -146,18 +147,25 @@ class TensorRTContext:
             host = lane.host[name]
             # "equiv" allows only byte-order changes: the wire is little-endian anyway.
             np.copyto(host.view(self._dtypes[name], array.shape), array, casting="equiv")
-            cuda.copy_to_device(lane.dev[name], host, array.nbytes, self._stream)
+            if not lane.mapped:  # zero-copy: TensorRT reads the pinned buffer itself
+                cuda.copy_to_device(lane.dev[name], host, array.nbytes, self._stream)
         tensorrt_graphs.execute(lane, self._stream, self._shared, self.graphs)
-        for name in self._output_names:
+        for name in self._output_names if not lane.mapped else ():
             if name in into:
                 cuda.copy_to_array(into[name], lane.dev[name], self._stream)
             else:
                 size = _nbytes(self._dtypes[name], shapes[name])
                 cuda.copy_to_host(lane.host[name], lane.dev[name], size, self._stream)
         self._stream.synchronize()
-        # Copies: the pinned buffers are overwritten by the next request.
-        return {name: into[name] if name in into else lane.host[name].view(self._dtypes[name], shapes[name]).copy()
-                for name in self._output_names}
+        return {name: self._result(lane, name, shapes[name], into) for name in self._output_names}
+
+    def _result(self, lane: Lane, name: str, shape: tuple[int, ...], into: Mapping[str, np.ndarray]) -> np.ndarray:
+        view = lane.host[name].view(self._dtypes[name], shape)
+        if name not in into:
+            return view.copy()  # a copy: the pinned buffer is overwritten by the next request
+        if lane.mapped:  # zero-copy wrote the output in the pinned buffer, not in `into`
+            np.copyto(into[name], view)
+        return into[name]
 
     def _drain(self) -> None:
         # After a failed request, wait for copies already queued: the next
@@ -194,6 +202,14 @@ class TensorRTContext:
                 resource.close()
             except BackendError:
                 log.exception("TensorRT context: releasing %s failed", type(resource).__name__)
+
+
+def _zero_copy_option(options: Mapping[str, Any], path: Path) -> bool:
+    """The `zero_copy` option (default true: used only on integrated GPUs), checked to be a bool."""
+    value = options.get("zero_copy", True)
+    if not isinstance(value, bool):
+        raise BackendError(f"option zero_copy of {path} must be true or false, not {value!r}")
+    return value
 
 
 def _use_device(device: int) -> None:
@@ -247,6 +263,7 @@ class TensorRTEngine:
         cuda.set_device(self._device)  # before the runtime is created, which would touch GPU 0
         self._shared = trtlib.shared()
         self.integrated = cuda.is_integrated(self._device)
+        self.zero_copy = self.integrated and _zero_copy_option(self._options, self.path)
         free_before = cuda.mem_info().free
         self._engine = self._deserialize(plan)
         self._plan_bytes = len(plan)
@@ -270,8 +287,14 @@ class TensorRTEngine:
     def _deserialize(self, plan: bytes) -> Any:
         shared = self._shared
         shared.last_error()  # drop anything stale
+        core = tensorrt_dla.core_for(self.path, self._options)
         try:
-            engine = shared.runtime.deserialize_cuda_engine(plan)
+            with shared.runtime_lock:  # the DLA core is the shared runtime's: set and used together
+                if core is not None:
+                    tensorrt_dla.select(shared, core, self.path)
+                engine = shared.runtime.deserialize_cuda_engine(plan)
+        except BackendError:
+            raise
         except Exception as exc:  # some builds raise instead of returning None
             log.debug("deserialize_cuda_engine raised", exc_info=exc)
             engine = None
@@ -350,7 +373,7 @@ class TensorRTEngine:
         """A context with one TensorRT execution context per profile."""
         raws = [self._new_raw_context() for _ in self._profiles]
         ctx = TensorRTContext(raws, self._profiles, self.inputs, self._outputs, self._device, self._shared,
-                              self._forget)
+                              self._forget, self.zero_copy)
         ctx.graphs = self._graphs
         with self._lock:
             self._contexts.add(ctx)
@@ -374,7 +397,9 @@ class TensorRTEngine:
     def context_bytes(self) -> int:
         """GPU memory one context costs: per profile, activation memory plus the I/O buffers at that
         profile's max. On Jetson the pinned host buffers come from the same DRAM, so they count too."""
-        return self._activation_bytes * len(self._profiles) + self._io_bytes * (2 if self.integrated else 1)
+        # On Jetson a buffer pair (pinned + device) is twice the DRAM; zero-copy binds one buffer.
+        pair = self.integrated and not self.zero_copy
+        return self._activation_bytes * len(self._profiles) + self._io_bytes * (2 if pair else 1)
 
     def memory_bytes(self) -> int:
         """Device memory of this engine on `device`: its plan size plus `context_bytes()` per open

@@ -79,8 +79,10 @@ class Lane:
     that profile's largest shapes. Owned by one TensorRTContext, used by its one thread."""
 
     def __init__(self, raw: Any, profile: Profile, dtypes: Mapping[str, str], outputs: Sequence[str],
-                 stream: cuda.Stream, shared: trtlib.Shared) -> None:
+                 stream: cuda.Stream, shared: trtlib.Shared, mapped: bool = False) -> None:
         self.raw, self.profile, self._shared = raw, profile, shared
+        # Zero-copy (integrated GPUs): TensorRT reads and writes the pinned buffers in place.
+        self.mapped = mapped
         # One shape only: a CUDA graph captured once replays every request (tensorrt_graphs.py).
         self.fixed = all(low == high for low, _, high in profile.ranges.values())
         self.graph: cuda.Graph | None = None
@@ -106,9 +108,13 @@ class Lane:
         self.io_bytes = sum(sizes.values())
 
     def _bind(self, name: str, size: int) -> None:
-        self.host[name] = cuda.HostBuffer(size)
-        self.dev[name] = dev = cuda.DeviceBuffer(size)
-        if not self.raw.set_tensor_address(name, dev.ptr):
+        self.host[name] = host = cuda.HostBuffer(size, mapped=self.mapped)
+        if self.mapped:
+            ptr = host.device_ptr
+        else:
+            self.dev[name] = dev = cuda.DeviceBuffer(size)
+            ptr = dev.ptr
+        if not self.raw.set_tensor_address(name, ptr):
             raise BackendError(f"TensorRT refused the buffer for tensor {name!r}: "
                                f"{self._shared.last_error() or 'no reason logged'}")
 

@@ -154,8 +154,8 @@ else
     # 7 teardown, 8 standin (stages.py and gil_probe.py say what each proves).
     stage gil 60 "$PY" tests/gpu/gil_probe.py
     # Then the features: budget (one per GPU), 9 rebuild, 12 profiles, 11 graphs, 10 dla, 13 zerocopy.
-    for item in cap pycuda memory formats vcompat teardown standin budget rebuild profiles graphs; do
-        case $item in formats|rebuild) limit=240 ;; cap|vcompat|profiles) limit=180 ;; *) limit=90 ;; esac
+    for item in cap pycuda memory formats vcompat teardown standin budget rebuild profiles graphs dla zerocopy; do
+        case $item in formats|rebuild|dla) limit=240 ;; cap|vcompat|profiles|graphs|zerocopy) limit=180 ;; *) limit=90 ;; esac
         stage "$item" "$limit" "$PY" tests/gpu/stages.py "$item" "$WORK/stages"
     done
 fi

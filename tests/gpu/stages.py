@@ -1,7 +1,7 @@
 """Hardware proofs of the TensorRT fixes of issue 18, one run.sh stage each.
 
     python tests/gpu/stages.py STAGE WORKDIR     STAGE: cap memory formats vcompat teardown pycuda standin
-                                                        budget rebuild (profiles graphs dla zerocopy)
+                                                        budget rebuild profiles graphs dla zerocopy
 
 Each stage prints what it did, then one `FIGURE: ...` line, and exits 0 when the fix holds on
 this machine and 1 when it does not; it prints `SKIP: reason` and exits 0 where it cannot run
@@ -383,6 +383,60 @@ def stage_graphs(work: Path) -> int:
     return 0 if captured and diff < 1e-5 else 1
 
 
+def stage_dla(work: Path) -> int:
+    """Item 10: the classifier built for each DLA core (FP16, GPU fallback) loads on that core
+    under the shared runtime and matches onnxruntime within FP16's tolerance."""
+    trt = _trt()
+    cores = int(trt.Runtime(trt.Logger(trt.Logger.ERROR)).num_DLA_cores)
+    if cores == 0:
+        raise Skip("this device has no DLA (Jetson Orin AGX and NX have 2; Orin Nano and dGPUs none)")
+    figures, worst = [], 0.0
+    for core in range(cores):
+        plan = build_plan(work / "dla" / f"core{core}.plan", "--fp16", "--dla-core", str(core), "--gpu-fallback")
+        engine = _load(plan, dla_core=core)
+        try:
+            x = images(4, seed=core)
+            start = time.perf_counter()
+            probs = engine.create_context().infer({INPUT: x})[OUTPUT]
+            figures.append(f"core {core} {(time.perf_counter() - start) * 1000:.1f} ms")
+        finally:
+            engine.close()
+        diff = _diff_from_onnxruntime(x, probs)
+        worst = max(worst, 0.0 if diff == "n/a" else float(diff))
+    print(f"FIGURE: {cores} DLA core(s): {', '.join(figures)}; max |diff| vs onnxruntime {worst:.1e}")
+    return 0 if worst < 5e-2 else 1
+
+
+def stage_zerocopy(work: Path) -> int:
+    """Item 13: on an integrated GPU the engine binds mapped pinned memory (no device buffers, no
+    copies), matches onnxruntime, and is charged half the I/O memory of the copying way."""
+    _trt()
+    if not cuda.is_integrated(0):
+        raise Skip("not an integrated GPU (Jetson): zero-copy is used only where host and GPU share DRAM")
+    plan = build_plan(work / "zerocopy" / "model.plan")
+    timings, charged, outputs = {}, {}, {}
+    x = images(BATCH[2], seed=13)
+    for zero_copy in (False, True):
+        engine = _load(plan, zero_copy=zero_copy)
+        try:
+            ctx = engine.create_context()
+            times = []
+            for _ in range(50):
+                start = time.perf_counter()
+                outputs[zero_copy] = ctx.infer({INPUT: x})[OUTPUT]
+                times.append((time.perf_counter() - start) * 1000)
+            timings[zero_copy], charged[zero_copy] = statistics.median(times[5:]), engine.context_bytes()
+            mapped = all(lane.mapped for lane in ctx.lanes())
+            ctx.close()
+        finally:
+            engine.close()
+    diff = _diff_from_onnxruntime(x, outputs[True])
+    print(f"FIGURE: batch {BATCH[2]} median {timings[False]:.2f} ms copying, {timings[True]:.2f} ms zero-copy; "
+          f"context charged {charged[False] / MiB:.2f} -> {charged[True] / MiB:.2f} MiB; mapped {mapped}; "
+          f"max |diff| vs onnxruntime {diff}")
+    return 0 if mapped and charged[True] < charged[False] and (diff == "n/a" or float(diff) < 1e-2) else 1
+
+
 def stage_pycuda(work: Path) -> int:
     """Item 3: nothing to run: the pycuda fallback was removed."""
     raise Skip("the pycuda fallback was removed (docs/tensorrt.md#why-not-pycuda): nothing to prove on a GPU")
@@ -396,7 +450,7 @@ def stage_standin(work: Path) -> int:
 STAGES = {"cap": stage_cap, "memory": stage_memory, "formats": stage_formats, "vcompat": stage_vcompat,
           "teardown": stage_teardown, "pycuda": stage_pycuda, "standin": stage_standin,
           "budget": stage_budget, "rebuild": stage_rebuild, "profiles": stage_profiles,
-          "graphs": stage_graphs}
+          "graphs": stage_graphs, "dla": stage_dla, "zerocopy": stage_zerocopy}
 
 
 def main(argv: list[str]) -> int:
