@@ -643,16 +643,29 @@ def write_plan(directory: Path, name: str = "model.plan", size: int = 1000, magi
     return path
 
 
-@pytest.fixture
-def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeCudart:
-    """The fake CUDA runtime, installed as `cuda.bindings.runtime` for this test."""
-    gpu = FakeCudart()
+def _cuda_modules(gpu: FakeCudart) -> dict[str, Any]:
+    """`cuda`, `cuda.bindings`, `cuda.bindings.runtime` (the fake) and `cuda.bindings.utils`."""
     package, bindings, utils = ModuleType("cuda"), ModuleType("cuda.bindings"), ModuleType("cuda.bindings.utils")
     package.bindings, bindings.runtime, bindings.utils = bindings, gpu, utils
     utils.get_cuda_native_handle = get_cuda_native_handle
     bindings.__version__ = BINDINGS_VERSION  # cuda.bindings.__version__, as cuda-bindings sets it
-    for name, module in (("cuda", package), ("cuda.bindings", bindings), ("cuda.bindings.runtime", gpu),
-                         ("cuda.bindings.utils", utils)):
+    return {"cuda": package, "cuda.bindings": bindings, "cuda.bindings.runtime": gpu, "cuda.bindings.utils": utils}
+
+
+def install() -> ModuleType:
+    """Install the stand-in for the whole process: tests/fakes_tensorrt_site/sitecustomize.py does
+    this in a daemon, and its workers, started with INFERMUX_FAKE_TRT=1."""
+    gpu = FakeCudart()
+    trt = make_fake_tensorrt(gpu)
+    sys.modules.update({**_cuda_modules(gpu), "tensorrt": trt})
+    return trt
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeCudart:
+    """The fake CUDA runtime, installed as `cuda.bindings.runtime` for this test."""
+    gpu = FakeCudart()
+    for name, module in _cuda_modules(gpu).items():
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(cuda_layer, "_api_cache", None)
     return gpu
