@@ -105,3 +105,28 @@ def test_contract_a_model_is_charged_on_the_gpu_it_runs_on(two_gpus: StandInNvml
     keeper.make_room(registry.model("new1").versions["1"])
     with pytest.raises(budget.BudgetExceeded, match="GPU 0"):
         keeper.make_room(registry.model("new0").versions["1"])
+
+
+def test_contract_settling_after_a_load_looks_at_that_gpu_only(two_gpus: StandInNvml, tmp_path: Path,
+                                                               caplog: pytest.LogCaptureFixture) -> None:
+    """Checks our code: after a 6 GiB load on GPU 1 (8 GiB budget), the 3.5 GiB on GPU 0 do not
+    count against GPU 1, so nothing is over budget; GPU 0's own sum is compared with its own limit."""
+    from infermux import config as cfg
+    from infermux.events import EventLog
+    from infermux.models.memory import MemoryKeeper
+    from infermux.models.registry import Registry
+    from infermux.models.version import State
+
+    plan = tmp_path / "m.plan"
+    plan.write_bytes(b"x")
+    config = cfg.Config(tmp_path / "infermux.toml", cfg.DaemonConfig(), cfg.RoutingConfig(), models=(
+        ModelConfig("held", plan, options={"device": 0}), ModelConfig("new1", plan, options={"device": 1})))
+    registry = Registry(config, EventLog(), lambda *a, **k: None, lambda *a: None)
+    held, new1 = registry.model("held").versions["1"], registry.model("new1").versions["1"]
+    held.memory_bytes, held.state = int(3.5 * GiB), State.READY
+    new1.memory_bytes, new1.state = 6 * GiB, State.READY
+    b = budget.MemoryBudget("50%", "test.toml", gpus=budget.Nvml.open_all(two_gpus))
+    keeper = MemoryKeeper(registry, b, stop=lambda mv: None, busy=lambda key: False)
+    assert keeper.used(device=1) == 6 * GiB and keeper.used(device=0) == int(3.5 * GiB)
+    keeper.settle(new1)
+    assert not [r for r in caplog.records if "memory budget exceeded" in r.getMessage()]

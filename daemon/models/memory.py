@@ -67,8 +67,7 @@ class MemoryKeeper:
                 used, free = self.used(exclude=mv, device=device), self.budget.available(device)
                 if used + need <= limit and need <= free:
                     return
-                idle = [v for v in self._idle_workers(exclude=mv)
-                        if device is None or self.budget.device_for(v.config) == device]
+                idle = self._same_device(self._idle_workers(exclude=mv), device)
                 reclaimable = sum(v.memory_bytes for v in idle)
                 fits = used - reclaimable + need <= limit and need <= free + reclaimable
                 victim = min(idle, key=self._last_use) if idle and fits else None
@@ -89,6 +88,9 @@ class MemoryKeeper:
         return (f"memory budget: {mv.name}:{mv.version} needs about {mem.mb(need)}, {mem.mb(used)} of the "
                 f"{mem.mb(self.budget.limit_of(device))}{'' if device is None else ' ' + where} budget is in use ({held}) and no idle cold model is left to stop")
 
+    def _same_device(self, versions: list[ModelVersion], device: int | None) -> list[ModelVersion]:
+        return [v for v in versions if device is None or self.budget.device_for(v.config) == device]
+
     def _idle_workers(self, exclude: ModelVersion) -> list[ModelVersion]:
         """Cold versions serving nothing right now: what may be stopped to make room."""
         return [mv for mv in self.registry.all_versions()
@@ -106,13 +108,15 @@ class MemoryKeeper:
 
     def settle(self, loaded: ModelVersion) -> None:
         """After a load measured more than estimated: stop idle cold workers until under budget."""
+        device = self.budget.device_for(loaded.config)  # only the GPU it loaded on can be over
+        limit = self.budget.limit_of(device)
         with self._lock:
-            while self.used() > self.budget.limit:
-                idle = self._idle_workers(exclude=loaded)
+            while self.used(device=device) > limit:
+                idle = self._same_device(self._idle_workers(exclude=loaded), device)
                 victim = min(idle, key=self._last_use) if idle else None
                 if victim is None:
-                    log.warning("memory budget exceeded: %s in use, budget %s", mem.mb(self.used()),
-                                mem.mb(self.budget.limit))
+                    log.warning("memory budget exceeded: %s in use, budget %s", mem.mb(self.used(device=device)),
+                                mem.mb(limit))
                     return
                 self._evict(victim, f"over budget after loading {loaded.name}:{loaded.version}")
 
