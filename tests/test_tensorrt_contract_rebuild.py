@@ -8,6 +8,7 @@ of the builder and runtime APIs, not TensorRT itself (tests/gpu/ rebuilds a real
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import sys
@@ -52,6 +53,7 @@ def stale(fake_trt, tmp_path: Path) -> Path:
     plan = folder / "model.plan"
     plan.write_bytes(b"a plan TensorRT 8.6 built" + bytes(100))
     build.settings_path(plan).write_text(json.dumps({"max_batch": 4, "opt_batch": 2, "fp16": True}))
+    (folder / "model.plan.sha256").write_text(hashlib.sha256(plan.read_bytes()).hexdigest() + "  model.plan\n")
     fake_trt.build_gate = threading.Event()
     yield plan
     fake_trt.build_gate.set()
@@ -80,6 +82,8 @@ def test_contract_a_stale_plan_is_served_by_onnxruntime_and_swapped_once_rebuilt
     assert fake_trt.BuilderFlag.FP16 in settings.flags and settings.profiles[0].shapes["x"][2] == (4, 4)
     assert (stale.parent / "model.plan.timing").read_bytes() == b"t"
     assert json.loads(build.settings_path(stale).read_text())["max_batch"] == 4
+    digest = hashlib.sha256(stale.read_bytes()).hexdigest()
+    assert (stale.parent / "model.plan.sha256").read_text() == f"{digest}  model.plan\n"  # refreshed
     ctx.close()
     engine.close()
 

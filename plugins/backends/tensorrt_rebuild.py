@@ -21,8 +21,10 @@ docs/tensorrt.md#rebuilding-after-an-upgrade.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import logging
+import os
 import threading
 import time
 from pathlib import Path
@@ -134,11 +136,24 @@ class Rebuild:
             log.error("%s", self.error)
             self._say("rebuild_failed", self.error)
         else:
+            _refresh_checksum(self.plan)
             self.seconds = time.monotonic() - self.started
             log.warning("rebuilt %s in %.1f s", self.plan, self.seconds)
             self._say("rebuilt", f"rebuilt {self.plan.name} from {self.onnx.name} in {self.seconds:.1f} s")
         finally:
             self.done.set()
+
+
+def _refresh_checksum(plan: Path) -> None:
+    """Rewrite `model.plan.sha256` for the rebuilt plan where one was kept beside the old plan
+    (docs/hot-swap.md): a stale one would make the engine watcher, and the next start, refuse it."""
+    checksum = plan.with_name(plan.name + ".sha256")
+    if not checksum.exists():
+        return
+    digest = hashlib.sha256(plan.read_bytes()).hexdigest()
+    tmp = checksum.with_name(f".{checksum.name}.partial")
+    tmp.write_text(f"{digest}  {plan.name}\n")
+    os.replace(tmp, checksum)
 
 
 _lock = threading.Lock()
