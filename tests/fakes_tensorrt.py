@@ -12,7 +12,9 @@ profile 0 = [1,4] / [2,4] / [8,4]; outputs `total` float32 [N] = x.sum(1)
 and `argmax` int32 [N] = x.argmax(1). `trt.profiles` gives the next engines
 several profiles, `trt.fixed_batch = n` makes them fixed-shape ([n, 4], no
 profile: the usual batch-1 camera detector). Copies and executions complete
-only at cudaStreamSynchronize, as on a GPU, so ordering bugs show.
+only at cudaStreamSynchronize, as on a GPU, so ordering bugs show. CUDA graphs are modelled:
+work queued while a stream captures is recorded, not run, and each cudaGraphLaunch replays it;
+an enqueue captured right after a shape change fails, as TensorRT's one-off set-up would.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from infermux.plugins.backends import cuda as cuda_layer
 from infermux.plugins.backends import trtlib
 
 PLAN_MAGIC = b"FAKEPLAN"
-VC_PLAN_MAGIC = b"FAKEVCPLAN"  # a version-compatible plan (BuilderFlag.VERSION_COMPATIBLE)
+VC_PLAN_MAGIC = b"FAKEVCPLAN"
+DLA_MARK = b"DLA"  # after PLAN_MAGIC: a plan built for the DLA  # a version-compatible plan (BuilderFlag.VERSION_COMPATIBLE)
 ACTIVATION_BYTES = 4096
 PROFILE = ((1, 4), (2, 4), (8, 4))
 BINDINGS_VERSION = "12.9.1"  # the first 12.x cuda-bindings that releases the GIL
@@ -58,6 +61,13 @@ def get_cuda_native_handle(obj: Any) -> int:
     return obj.handle
 
 
+class FakeGraph:
+    """cudaGraph_t / cudaGraphExec_t: the work a capture recorded."""
+
+    def __init__(self, work: list[Callable[[], None]]) -> None:
+        self.work = list(work)
+
+
 class FakeCudart:
     """cuda.bindings.runtime: calls return (cudaError_t, *results) as cuda-python does."""
 
@@ -76,7 +86,13 @@ class FakeCudart:
     class cudaDeviceAttr(enum.IntEnum):
         cudaDevAttrIntegrated = 18
 
+    class cudaStreamCaptureMode(enum.IntEnum):
+        cudaStreamCaptureModeGlobal = 0
+        cudaStreamCaptureModeThreadLocal = 1
+        cudaStreamCaptureModeRelaxed = 2
+
     cudaStreamNonBlocking = 1
+    cudaHostAllocMapped = 2
 
     def __init__(self, total: int = 1 << 30) -> None:
         self.total = total
@@ -92,10 +108,15 @@ class FakeCudart:
         self.fail: dict[str, FakeCudart.cudaError_t] = {}   # call name -> error, once
         self.copies: list[tuple[str, int]] = []             # ("H2D"|"D2H", nbytes)
         self.pageable: dict[int, ctypes.Array] = {}          # ordinary host memory a test hands over
+        self.mapped: dict[int, ctypes.Array] = {}            # pinned host memory mapped for the device
         self._next_stream = 0x1000
         # Work queued per stream: copies and executions happen only at synchronize (or at a free,
         # which synchronises implicitly), as on a GPU, so reading results early shows.
         self.pending: dict[int, list[Callable[[], None]]] = {}
+        self.capturing: dict[int, list[Callable[[], None]]] = {}  # stream -> work captured so far
+        self.graphs: set[FakeGraph] = set()
+        self.graph_execs: set[FakeGraph] = set()
+        self.launches = 0
 
     def _error(self, call: str) -> "FakeCudart.cudaError_t":
         return self.fail.pop(call, self.cudaError_t.cudaSuccess)
@@ -115,8 +136,52 @@ class FakeCudart:
         return err, ctypes.addressof(buf)
 
     def enqueue(self, stream: int, work: Callable[[], None]) -> None:
-        """Queue `work` on `stream`: it runs at the stream's next synchronize."""
+        """Queue `work` on `stream`: it runs at the stream's next synchronize; while the stream
+        captures, it is recorded into the graph instead and does not run."""
+        if stream in self.capturing:
+            self.capturing[stream].append(work)
+            return
         self.pending.setdefault(stream, []).append(work)
+
+    # CUDA graphs: capture records a stream's work, launch queues a replay of it.
+    def cudaStreamBeginCapture(self, stream: int, mode: Any) -> tuple:
+        assert stream in self.streams and stream not in self.capturing, "capture on a bad or capturing stream"
+        assert mode == self.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal, "use thread-local capture"
+        self.capturing[stream] = []
+        return (self._error("cudaStreamBeginCapture"),)
+
+    def cudaStreamEndCapture(self, stream: int) -> tuple:
+        work = self.capturing.pop(stream)  # the capture ends, whether or not it succeeded
+        err = self._error("cudaStreamEndCapture")
+        if err:
+            return err, None
+        graph = FakeGraph(work)
+        self.graphs.add(graph)
+        return err, graph
+
+    def cudaGraphInstantiate(self, graph: "FakeGraph", flags: int) -> tuple:
+        assert graph in self.graphs
+        err = self._error("cudaGraphInstantiate")
+        if err:
+            return err, None
+        graph_exec = FakeGraph(graph.work)
+        self.graph_execs.add(graph_exec)
+        return err, graph_exec
+
+    def cudaGraphLaunch(self, graph_exec: "FakeGraph", stream: int) -> tuple:
+        assert graph_exec in self.graph_execs and stream in self.streams
+        self.launches += 1
+        for work in graph_exec.work:
+            self.enqueue(stream, work)
+        return (self._error("cudaGraphLaunch"),)
+
+    def cudaGraphExecDestroy(self, graph_exec: "FakeGraph") -> tuple:
+        self.graph_execs.remove(graph_exec)
+        return (self._error("cudaGraphExecDestroy"),)
+
+    def cudaGraphDestroy(self, graph: "FakeGraph") -> tuple:
+        self.graphs.remove(graph)
+        return (self._error("cudaGraphDestroy"),)
 
     def _complete(self, stream: int) -> None:
         for work in self.pending.pop(stream, []):
@@ -164,7 +229,19 @@ class FakeCudart:
     def cudaMallocHost(self, nbytes: int) -> tuple:
         return self._alloc("cudaMallocHost", self.host, nbytes)
 
+    def cudaHostAlloc(self, nbytes: int, flags: int) -> tuple:
+        err, ptr = self._alloc("cudaHostAlloc", self.host, nbytes)
+        if not err and flags & self.cudaHostAllocMapped:
+            self.mapped[ptr] = self.host[ptr]  # the device may read and write it in place
+        return err, ptr
+
+    def cudaHostGetDevicePointer(self, ptr: int, flags: int) -> tuple:
+        if ptr not in self.mapped:
+            return self.cudaError_t.cudaErrorInvalidValue, None
+        return self._error("cudaHostGetDevicePointer"), ptr  # unified addressing: the same address
+
     def cudaFreeHost(self, ptr: int) -> tuple:
+        self.mapped.pop(ptr, None)
         return self._release("cudaFreeHost", self.host, ptr)
 
     def cudaStreamCreateWithFlags(self, flags: int) -> tuple:
@@ -210,11 +287,12 @@ class FakeCudart:
             f"{nbytes} bytes at {ptr:#x} are not inside one allocation of the expected kind"
 
     def read(self, ptr: int, nbytes: int) -> np.ndarray:
-        self.check(ptr, nbytes, self.device)
+        """What a kernel reads: device memory, or mapped pinned host memory (zero-copy)."""
+        self.check(ptr, nbytes, {**self.device, **self.mapped})
         return np.frombuffer((ctypes.c_char * nbytes).from_address(ptr), np.uint8).copy()
 
     def write(self, ptr: int, array: np.ndarray) -> None:
-        self.check(ptr, array.nbytes, self.device)
+        self.check(ptr, array.nbytes, {**self.device, **self.mapped})
         ctypes.memmove(ptr, array.ctypes.data, array.nbytes)
 
 
@@ -260,6 +338,7 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
             self.address_calls = 0
             self.shape_calls: list[tuple] = []
             self.executions = 0
+            self.settled = False  # an enqueue ran since the last shape change
             self.gate: Callable[[], None] | None = None
             gpu.reserved += ACTIVATION_BYTES
             gpu.owner[id(self)] = gpu.current()
@@ -271,6 +350,8 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
         def set_input_shape(self, name: str, shape: Any) -> bool:
             shape = tuple(shape)
             self.shape_calls.append(shape)
+            if self.shapes.get(name) != shape:
+                self.settled = False  # the next enqueue does one-off set-up, which cannot be captured
             fixed = self.engine.tensors["x"][2]
             low, _, high = (fixed, fixed, fixed) if -1 not in fixed else self.engine.profiles[self.profile]
             if name != "x" or len(shape) != 2 or not all(a <= s <= b for a, s, b in zip(low, shape, high)):
@@ -298,6 +379,11 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
         def execute_async_v3(self, stream_handle: int) -> bool:
             assert stream_handle in gpu.streams
             self.executions += 1
+            if stream_handle in gpu.capturing and not self.settled:
+                self.engine.logger.log(ILogger.Severity.ERROR, "fake: enqueueV3 captured right after a "
+                                       "shape change (run it once outside the capture first)")
+                return False
+            self.settled = True
             if gpu.fail.pop("execute_async_v3", None):
                 self.engine.logger.log(ILogger.Severity.ERROR, "fake kernel launch failure")
                 return False
@@ -380,6 +466,9 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
             self.logger = logger
             self.engine_host_code_allowed = False  # IRuntime's default
             self.device = gpu.current()  # creating a runtime initialises CUDA on the current device
+            self.DLA_core = 0
+
+        num_DLA_cores = property(lambda self: trt.dla_cores)
 
         def deserialize_cuda_engine(self, plan: bytes) -> Engine | None:
             for i in range(trt.verbose_per_load):  # real TensorRT narrates every load
@@ -394,11 +483,21 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
                 self.logger.log(ILogger.Severity.ERROR, "Error Code 6: The engine plan file is not "
                                 "compatible with this version of TensorRT")
                 return None
+            dla = bytes(plan)[len(PLAN_MAGIC):].startswith(DLA_MARK)
+            if dla and not trt.dla_cores:
+                self.logger.log(ILogger.Severity.ERROR, "fake: the engine needs a DLA and this device has none")
+                return None
+            if trt.on_deserialize is not None:  # a test looks at what else happens meanwhile
+                trt.on_deserialize()
             engine = Engine(self.logger, len(plan))
+            engine.dla_core = self.DLA_core if dla else None  # the core the runtime was set to
             trt.engines.append(weakref.ref(engine))
             return engine
 
     trt.ILogger = ILogger
+    trt.dla_cores = 0          # DLA cores of the device (Jetson Orin AGX/NX: 2)
+    trt.on_deserialize = None  # called inside deserialize_cuda_engine
+    trt.DeviceType = enum.Enum("DeviceType", "GPU DLA")
     trt.engines, trt.contexts = [], []  # weak references to what was made, for the tests
     trt.Runtime, trt.ICudaEngine = Runtime, Engine
     trt.init_libnvinfer_plugins = lambda logger, namespace: True
@@ -410,11 +509,15 @@ def _add_fake_builder(trt: ModuleType) -> None:
     """Builder, ONNX parser and builder config: records what `infermux build` asks for.
 
     The parser "reads" a model whose inputs are `trt.onnx_inputs`; a file that starts
-    with b"BAD" fails to parse; `trt.fail_build = True` makes the build return None.
+    with b"BAD" fails to parse; `trt.fail_build = True` makes the build return None;
+    `trt.build_gate` (an Event) holds builds until it is set. A timing cache whose bytes start
+    with b"OTHERGPU" is refused as TensorRT refuses one from another device.
     """
-    trt.BuilderFlag = enum.Enum("BuilderFlag", "FP16 INT8 TF32")
+    trt.BuilderFlag = enum.Enum("BuilderFlag", "FP16 INT8 TF32 GPU_FALLBACK")
     trt.MemoryPoolType = enum.Enum("MemoryPoolType", "WORKSPACE")
     trt.onnx_inputs, trt.fail_build, trt.configs = [("x", (-1, 4))], False, []
+    trt.build_gate = None          # a threading.Event: builds wait for it
+    trt.timing_caches_seen = []    # the timing cache each build started from
 
     class Base:  # IProgressMonitor and IInt8EntropyCalibrator2: subclassed by the code under test
         def __init__(self) -> None:
@@ -453,11 +556,36 @@ def _add_fake_builder(trt: ModuleType) -> None:
         def set_shape(self, name: str, low: Any, opt: Any, high: Any) -> None:
             self.shapes[name] = (tuple(low), tuple(opt), tuple(high))
 
+    class TimingCache:
+        """ITimingCache: kernel timings; serialize() gives what create_timing_cache takes back."""
+
+        def __init__(self, data: bytes) -> None:
+            self.data = bytes(data)
+
+        def serialize(self) -> bytes:
+            return self.data
+
     class Config:
         def __init__(self) -> None:
             self.flags, self.pools, self.profiles = set(), {}, []
             self.progress_monitor = self.int8_calibrator = self.calibration_profile = None
+            self.timing_cache: TimingCache | None = None
+            self.default_device_type, self.DLA_core = trt.DeviceType.GPU, -1
             trt.configs.append(self)
+
+        def create_timing_cache(self, serialized: bytes) -> TimingCache:
+            return TimingCache(serialized)
+
+        def set_timing_cache(self, cache: TimingCache, ignore_mismatch: bool) -> bool:
+            # A cache made on another GPU or TensorRT version is refused unless mismatches are ignored.
+            if cache.data.startswith(b"OTHERGPU") and not ignore_mismatch:
+                return False
+            self.timing_cache = cache
+            return True
+
+        def get_timing_cache(self) -> TimingCache:
+            assert self.timing_cache is not None, "get_timing_cache without set_timing_cache"
+            return self.timing_cache
 
         def set_flag(self, flag: Any) -> None:
             self.flags.add(flag)
@@ -476,6 +604,8 @@ def _add_fake_builder(trt: ModuleType) -> None:
         def __init__(self, logger: Any) -> None:
             self.logger = logger
 
+        num_DLA_cores = property(lambda self: trt.dla_cores)
+
         def create_network(self, flags: int) -> Network:
             return Network()
 
@@ -486,6 +616,11 @@ def _add_fake_builder(trt: ModuleType) -> None:
             return Profile()
 
         def build_serialized_network(self, network: Network, config: Config) -> bytes | None:
+            if trt.build_gate is not None:  # a test holds the build here (a real one takes minutes)
+                assert trt.build_gate.wait(30), "fake: build_gate never opened"
+            if config.timing_cache is not None:  # every build times a tactic more
+                trt.timing_caches_seen.append(config.timing_cache.data)
+                config.timing_cache.data += b"t"
             if trt.fail_build:
                 self.logger.log(trt.ILogger.Severity.ERROR, "fake: no implementation for layer conv1")
                 return None
@@ -494,6 +629,8 @@ def _add_fake_builder(trt: ModuleType) -> None:
                 monitor.phase_start("Building engine", None, 2)
                 assert monitor.step_complete("Building engine", 0) is True
                 monitor.phase_finish("Building engine")
+            if config.default_device_type == trt.DeviceType.DLA:
+                return PLAN_MAGIC + DLA_MARK + bytes(100 - len(DLA_MARK))
             return PLAN_MAGIC + bytes(100)
 
     trt.Builder, trt.OnnxParser = Builder, OnnxParser
@@ -506,16 +643,29 @@ def write_plan(directory: Path, name: str = "model.plan", size: int = 1000, magi
     return path
 
 
-@pytest.fixture
-def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeCudart:
-    """The fake CUDA runtime, installed as `cuda.bindings.runtime` for this test."""
-    gpu = FakeCudart()
+def _cuda_modules(gpu: FakeCudart) -> dict[str, Any]:
+    """`cuda`, `cuda.bindings`, `cuda.bindings.runtime` (the fake) and `cuda.bindings.utils`."""
     package, bindings, utils = ModuleType("cuda"), ModuleType("cuda.bindings"), ModuleType("cuda.bindings.utils")
     package.bindings, bindings.runtime, bindings.utils = bindings, gpu, utils
     utils.get_cuda_native_handle = get_cuda_native_handle
     bindings.__version__ = BINDINGS_VERSION  # cuda.bindings.__version__, as cuda-bindings sets it
-    for name, module in (("cuda", package), ("cuda.bindings", bindings), ("cuda.bindings.runtime", gpu),
-                         ("cuda.bindings.utils", utils)):
+    return {"cuda": package, "cuda.bindings": bindings, "cuda.bindings.runtime": gpu, "cuda.bindings.utils": utils}
+
+
+def install() -> ModuleType:
+    """Install the stand-in for the whole process: tests/fakes_tensorrt_site/sitecustomize.py does
+    this in a daemon, and its workers, started with INFERMUX_FAKE_TRT=1."""
+    gpu = FakeCudart()
+    trt = make_fake_tensorrt(gpu)
+    sys.modules.update({**_cuda_modules(gpu), "tensorrt": trt})
+    return trt
+
+
+@pytest.fixture
+def fake_gpu(monkeypatch: pytest.MonkeyPatch) -> FakeCudart:
+    """The fake CUDA runtime, installed as `cuda.bindings.runtime` for this test."""
+    gpu = FakeCudart()
+    for name, module in _cuda_modules(gpu).items():
         monkeypatch.setitem(sys.modules, name, module)
     monkeypatch.setattr(cuda_layer, "_api_cache", None)
     return gpu

@@ -76,7 +76,7 @@ def test_build_sets_profile_workspace_precision_and_writes_atomically(fake_trt, 
     assert config.pools == {fake_trt.MemoryPoolType.WORKSPACE: 256 << 20}
     assert [p.shapes for p in config.profiles] == [{"x": ((1, 4), (4, 4), (16, 4))}]
     assert status.phase == "finishing"  # the monitor saw a phase start and finish
-    assert report.bytes == out.stat().st_size and sorted(p.name for p in out.parent.iterdir()) == ["model.plan"]
+    assert report.bytes == out.stat().st_size and sorted(p.name for p in out.parent.iterdir()) == ["model.plan", "model.plan.build.json"]
     backends.for_path(out).load(out, {}).close()
 
 
@@ -121,3 +121,21 @@ def test_run_reports_what_was_built(fake_trt, onnx, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "m.plan" in out and "x [1, 4]..[4, 4]" in out and "only on this GPU model" in out
 
+
+
+def test_contract_several_profiles_are_built_in_order(fake_trt, onnx: Path, tmp_path: Path):
+    """Checks our code's use of the builder API (issue 18, item 12): each `--profile MIN:OPT:MAX`
+    becomes one optimization profile over the dynamic batch, in order; INT8 calibrates with the first;
+    the ranges are stored for a rebuild; a gap between ranges or a bad range is refused (exit 2)."""
+    out = tmp_path / "model.plan"
+    args = [str(onnx), "-o", str(out), "--profile", "1:2:8", "--profile", "9:16:32"]
+    assert build.main(args) == 0
+    config = fake_trt.configs[-1]
+    assert [p.shapes["x"] for p in config.profiles] == [((1, 4), (2, 4), (8, 4)), ((9, 4), (16, 4), (32, 4))]
+    stored = build.stored_settings(out)
+    assert stored["profiles"] == [[1, 2, 8], [9, 16, 32]]
+    assert build.BuildOptions.from_settings(onnx, out, stored).batch_range() == (1, 2, 32)
+    assert build.main([str(onnx), "-o", str(out), "--profile", "1:2:4", "--profile", "9:16:32"]) == 2
+    assert build.main([str(onnx), "-o", str(out), "--profile", "8:2:4"]) == 2
+    with pytest.raises(SystemExit):
+        build.main([str(onnx), "-o", str(out), "--profile", "1-8"])

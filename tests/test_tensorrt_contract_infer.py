@@ -200,3 +200,54 @@ def test_contract_infer_into_refuses_arrays_of_another_shape_before_running(engi
             ctx.infer_into({"x": x}, wrong)
         assert raw.executions == runs and not any(kind == "D2H" for kind, _ in fake_gpu.copies)
     np.testing.assert_array_equal(ctx.infer({"x": x})["total"], expected(x)["total"])
+
+
+def test_contract_a_fixed_shape_context_replays_a_cuda_graph(fake_trt, fake_gpu, tmp_path):
+    """Checks our code's use of the CUDA graph API (issue 18, item 11), not the API itself: with
+    cuda_graph = true on a fixed-shape engine, the warm-up runs outside any capture, the next
+    request captures execute_async_v3 once (thread-local mode), every later one replays it with
+    its own inputs (copies stay outside the graph), and unloading destroys the graph."""
+    fake_trt.fixed_batch = 2
+    path = write_plan(tmp_path)
+    engine = backends.for_path(path).load(path, {"cuda_graph": True})
+    ctx = engine.create_context()
+    raw = next(c() for c in fake_trt.contexts if c() is not None)
+    rng = np.random.default_rng(3)
+    for k in range(4):
+        x = rng.normal(size=(2, 4)).astype(np.float32)
+        out = ctx.infer({"x": x})
+        np.testing.assert_array_equal(out["total"], x.sum(axis=1, dtype=np.float32))
+    assert len(fake_gpu.graph_execs) == 1
+    executions = raw.executions
+    for k in range(3):
+        x = rng.normal(size=(2, 4)).astype(np.float32)
+        np.testing.assert_array_equal(ctx.infer({"x": x})["argmax"], x.argmax(axis=1).astype(np.int32))
+    assert raw.executions == executions and fake_gpu.launches >= 3  # replays, no new enqueue
+    engine.close()
+    assert not fake_gpu.graphs and not fake_gpu.graph_execs
+
+
+def test_contract_cuda_graph_needs_a_fixed_shape_and_a_bool(fake_trt, tmp_path):
+    """Checks our code: cuda_graph on an engine whose profiles all span several shapes, or a
+    non-bool value, is refused at load with what to do; without the option nothing is captured."""
+    path = write_plan(tmp_path)
+    with pytest.raises(BackendError, match=r"cuda_graph = true needs a fixed-shape engine.*--profile N:N:N"):
+        backends.for_path(path).load(path, {"cuda_graph": True})
+    with pytest.raises(BackendError, match="cuda_graph .* must be true or false"):
+        backends.for_path(path).load(path, {"cuda_graph": "yes"})
+
+
+def test_contract_a_failed_capture_falls_back_to_plain_execution(fake_trt, fake_gpu, tmp_path, caplog):
+    """Checks our code: a capture CUDA refuses is logged once, the request still succeeds, and the
+    context runs without a graph from then on."""
+    fake_trt.fixed_batch = 2
+    path = write_plan(tmp_path)
+    engine = backends.for_path(path).load(path, {"cuda_graph": True})
+    ctx = engine.create_context()
+    fake_gpu.fail["cudaStreamEndCapture"] = fake_gpu.cudaError_t.cudaErrorLaunchFailure
+    x = np.ones((2, 4), np.float32)
+    for _ in range(3):
+        assert ctx.infer({"x": x})["total"].tolist() == [4.0, 4.0]
+    assert [r for r in caplog.records if "CUDA graph capture failed" in r.getMessage()].__len__() == 1
+    assert not fake_gpu.graph_execs
+    engine.close()

@@ -132,7 +132,8 @@ def test_jetson_counts_pinned_buffers_as_gpu_memory(fake_trt, fake_gpu, tmp_path
     """Checks our code's use of the API, not the API itself: on an integrated GPU
     (cudaDevAttrIntegrated) pinned host buffers come from the same DRAM and count."""
     fake_gpu.integrated = True
-    engine = load(write_plan(tmp_path))
+    path = write_plan(tmp_path)
+    engine = backends.for_path(path).load(path, {"zero_copy": False})
     assert engine.context_bytes() == ACTIVATION_BYTES + 2 * IO_BYTES
     engine.close()
 

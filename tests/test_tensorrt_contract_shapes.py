@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from fakes_tensorrt import PROFILE, write_plan
+from fakes_tensorrt import ACTIVATION_BYTES, PROFILE, write_plan
 
 from infermux.plugins import backends
 from infermux.plugins.backends import cuda
@@ -52,20 +52,38 @@ def test_contract_fixed_shape_engine_serves_its_one_shape(fake_trt, tmp_path):
     engine.close()
 
 
-def test_contract_an_engine_with_several_profiles_is_served_within_profile_0(fake_trt, fake_gpu, tmp_path):
-    """Checks our code's use of the API, not the API itself: with a second profile for large batches,
-    specs, buffers and admission follow profile 0 (the one a new context starts on); a batch only
-    profile 1 admits is refused with profile 0's range, not run against buffers sized for 8 rows."""
+def test_contract_each_profile_has_its_own_context_and_requests_go_where_they_fit(fake_trt, fake_gpu, tmp_path):
+    """Checks our code's use of the API, not the API itself (issue 18, item 12): with profiles for
+    1..8 and 9..32 rows, a context holds one TensorRT context per profile, each switched to its
+    profile once and bound to buffers sized for that profile's max; 16 rows run on profile 1's,
+    5 rows on profile 0's, and the engine admits 1..32 rows."""
     fake_trt.profiles = [PROFILE, ((9, 4), (16, 4), (32, 4))]
     engine = load(write_plan(tmp_path))
     [x] = engine.inputs
-    assert (x.min_shape, x.max_shape) == ((1, 4), (8, 4))
+    assert (x.min_shape, x.max_shape) == ((1, 4), (32, 4))
+    ctx = engine.create_context()  # the one made at load
+    raws = {c().profile: c() for c in fake_trt.contexts if c() is not None}
+    assert sorted(raws) == [0, 1]
+    assert len(fake_gpu.device[raws[0].addresses["x"]]) == 8 * 16
+    assert len(fake_gpu.device[raws[1].addresses["x"]]) == 32 * 16
+    runs = {k: raw.executions for k, raw in raws.items()}
+    assert list(ctx.infer({"x": np.ones((16, 4), np.float32)})["total"]) == [4.0] * 16
+    assert list(ctx.infer({"x": np.ones((5, 4), np.float32)})["total"]) == [4.0] * 5
+    assert {k: raw.executions - runs[k] for k, raw in raws.items()} == {0: 1, 1: 1}
+    assert engine.context_bytes() == 2 * ACTIVATION_BYTES + (8 + 32) * (16 + 4 + 4)
+    engine.close()
+
+
+def test_contract_a_shape_between_profiles_is_refused_naming_them(fake_trt, tmp_path):
+    """Checks our code: profiles 1..4 and 16..32 rows leave 5..15 to none; 8 rows get a 400 that
+    names both profiles, not a TensorRT failure."""
+    fake_trt.profiles = [((1, 4), (2, 4), (4, 4)), ((16, 4), (16, 4), (32, 4))]
+    engine = load(write_plan(tmp_path))
     ctx = engine.create_context()
-    raw = fake_trt.contexts[-1]()
-    assert raw.profile == 0 and len(fake_gpu.device[raw.addresses["x"]]) == 8 * 16
-    with pytest.raises(InputRejected, match=r"\[16, 4\] is outside the engine's range \[1, 4\]\.\.\[8, 4\]"):
-        ctx.infer({"x": np.ones((16, 4), np.float32)})
-    assert list(ctx.infer({"x": np.ones((8, 4), np.float32)})["total"]) == [4.0] * 8
+    with pytest.raises(InputRejected, match=r"fit none of the engine's optimization profiles "
+                                            r"\(profile 0: x \[1, 4\]\.\.\[4, 4\]; profile 1: x \[16, 4\]\.\.\[32, 4\]\)"):
+        ctx.infer({"x": np.ones((8, 4), np.float32)})
+    assert list(ctx.infer({"x": np.ones((20, 4), np.float32)})["total"]) == [4.0] * 20
     engine.close()
 
 

@@ -2,17 +2,23 @@
 
     infermux build model.onnx -o model.plan [--fp16 | --int8 --calib-cache FILE]
                    [--min-batch 1] [--opt-batch N] [--max-batch N] [--workspace MiB]
+                   [--profile MIN:OPT:MAX ...] [--timing-cache FILE]
+                   [--dla-core N [--gpu-fallback]]
 
 An engine only runs on the GPU model and TensorRT version that built it, so
 build on the device that serves it, and again after a JetPack or TensorRT
 upgrade. Every input whose first dimension is dynamic gets one optimization
-profile over the batch range; the output is written under a temporary name
-and renamed, so the engine watcher never loads half a file.
+profile over the batch range, or one per `--profile` batch range; the output is written under a temporary name
+and renamed, so the engine watcher never loads half a file. Beside it go the
+settings it was built with (`model.plan.build.json`), which the TensorRT
+backend reuses to rebuild a plan that an upgrade made unloadable.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import logging
 import os
 import sys
 import threading
@@ -24,6 +30,10 @@ from typing import Any, Sequence, TextIO
 from infermux.plugins.base import BackendError
 
 Shape = tuple[int, ...]
+
+log = logging.getLogger("infermux.build")
+
+SETTINGS_SUFFIX = ".build.json"  # model.plan -> model.plan.build.json
 
 
 class BuildError(Exception):
@@ -43,14 +53,71 @@ class BuildOptions:
     opt_batch: int | None = None   # None: max_batch
     max_batch: int = 8
     workspace_mib: int = 1024
+    timing_cache: Path | None = None  # read before the build if it exists, written after
+    profiles: tuple[tuple[int, int, int], ...] = ()  # several batch ranges (--profile); () = the one above
+    dla_core: int | None = None  # Jetson's DLA (plugins/backends/tensorrt_dla.py)
+    gpu_fallback: bool = False
+
+    def settings(self) -> dict[str, Any]:
+        """What a rebuild needs besides the two paths (settings_path), as JSON."""
+        return {"fp16": self.fp16, "int8": self.int8, "calib_cache": _text(self.calib_cache),
+                "min_batch": self.min_batch, "opt_batch": self.opt_batch, "max_batch": self.max_batch,
+                "workspace_mib": self.workspace_mib, "timing_cache": _text(self.timing_cache),
+                "profiles": [list(r) for r in self.profiles], "dla_core": self.dla_core,
+                "gpu_fallback": self.gpu_fallback}
+
+    @classmethod
+    def from_settings(cls, onnx: Path, output: Path, settings: dict[str, Any]) -> "BuildOptions":
+        """The options a stored `settings()` describes, for `onnx` -> `output`; BuildError if bad."""
+        known = {k: v for k, v in settings.items() if k in cls.__dataclass_fields__}
+        for key in ("calib_cache", "timing_cache"):
+            known[key] = Path(known[key]) if known.get(key) else None
+        known["profiles"] = tuple(tuple(r) for r in known.get("profiles") or ())
+        try:
+            opts = cls(onnx, output, **known)
+        except TypeError as exc:
+            raise BuildError(f"stored build settings {settings} are not usable: {exc}") from exc
+        opts.batch_range()
+        return opts
 
     def batch_range(self) -> tuple[int, int, int]:
-        """(min, opt, max) batch, checked to be 1 <= min <= opt <= max."""
+        """(min, opt, max) batch over every profile, each checked to be 1 <= min <= opt <= max."""
+        ranges = self.batch_ranges()
+        return min(r[0] for r in ranges), ranges[0][1], max(r[2] for r in ranges)
+
+    def batch_ranges(self) -> list[tuple[int, int, int]]:
+        """One (min, opt, max) batch per optimization profile, checked; several must leave no gap."""
+        if self.profiles:
+            for low, opt, high in self.profiles:
+                if not 1 <= low <= opt <= high:
+                    raise BuildError(f"--profile needs 1 <= MIN <= OPT <= MAX, got {low}:{opt}:{high}")
+            _no_gaps(self.profiles)
+            return list(self.profiles)
         opt = self.max_batch if self.opt_batch is None else self.opt_batch
         if not 1 <= self.min_batch <= opt <= self.max_batch:
             raise BuildError(f"need 1 <= --min-batch <= --opt-batch <= --max-batch, "
                              f"got {self.min_batch}, {opt}, {self.max_batch}")
-        return self.min_batch, opt, self.max_batch
+        return [(self.min_batch, opt, self.max_batch)]
+
+
+def _no_gaps(ranges: Sequence[tuple[int, int, int]]) -> None:
+    """Dynamic batching merges requests into any row count up to the largest max: a count no
+    profile admits would refuse valid requests, so the ranges must join up."""
+    covered = 0
+    for low, _, high in sorted(ranges):
+        if covered and low > covered + 1:
+            raise BuildError(f"--profile ranges leave batches {covered + 1}..{low - 1} to no profile; "
+                             f"merged requests of that size would be refused: close the gap")
+        covered = max(covered, high)
+
+
+def parse_profile(text: str) -> tuple[int, int, int]:
+    """`--profile MIN:OPT:MAX` (argparse type)."""
+    parts = text.split(":")
+    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"expected MIN:OPT:MAX batch sizes, e.g. 1:4:8, got {text!r}")
+    low, opt, high = (int(p) for p in parts)
+    return low, opt, high
 
 
 @dataclass(frozen=True)
@@ -61,7 +128,26 @@ class BuildReport:
     bytes: int
     seconds: float
     tensorrt_version: str
-    profiles: dict[str, tuple[Shape, Shape, Shape]]
+    profiles: dict[str, tuple[Shape, Shape, Shape]]  # the first optimization profile
+    all_profiles: list[dict[str, tuple[Shape, Shape, Shape]]]
+
+
+def _text(path: Path | None) -> str | None:
+    return None if path is None else os.fspath(path)
+
+
+def settings_path(plan: Path) -> Path:
+    """Where the settings a plan was built with are kept: beside it."""
+    return plan.with_name(plan.name + SETTINGS_SUFFIX)
+
+
+def stored_settings(plan: Path) -> dict[str, Any]:
+    """The settings `plan` was built with ({} if none were stored or they cannot be read)."""
+    try:
+        settings = json.loads(settings_path(plan).read_text())
+    except (OSError, ValueError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
 
 
 def batch_profile(inputs: Sequence[tuple[str, Shape]],
@@ -229,23 +315,31 @@ def build_engine(opts: BuildOptions, status: _Status | None = None) -> BuildRepo
     """Build and write the engine; BuildError (or BackendError without TensorRT) on failure."""
     from infermux.plugins.backends import trtlib
 
-    batch = opts.batch_range()
+    ranges = opts.batch_ranges()
     if not opts.onnx.is_file():
         raise BuildError(f"no ONNX model at {opts.onnx}")
     shared = trtlib.shared()
     trt, status = shared.trt, status or _Status()
     builder, network, _parser = _parse(trt, shared.logger, opts.onnx)
     inputs = [(t.name, tuple(t.shape)) for t in (network.get_input(i) for i in range(network.num_inputs))]
-    profiles = batch_profile(inputs, batch)
+    shapes = [batch_profile(inputs, batch) for batch in ranges]
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, opts.workspace_mib << 20)
-    profile = None
-    if profiles:
+    first = None
+    for profiles in shapes if shapes[0] else []:  # static shapes: no profile at all
         profile = builder.create_optimization_profile()
         for name, (low, opt, high) in profiles.items():
             profile.set_shape(name, low, opt, high)
         config.add_optimization_profile(profile)
-    _set_precision(trt, config, opts, profile)
+        if first is None:  # no truthiness test on a binding object
+            first = profile
+    _set_precision(trt, config, opts, first)  # INT8 calibrates with the first profile
+    if opts.dla_core is not None:
+        from infermux.plugins.backends import tensorrt_dla
+
+        tensorrt_dla.configure_build(trt, builder, config, opts.dla_core, opts.gpu_fallback)
+    if opts.timing_cache is not None:
+        _use_timing_cache(config, opts.timing_cache)
     monitor = _progress_monitor(trt, status)
     if monitor is not None:
         config.progress_monitor = monitor
@@ -253,8 +347,27 @@ def build_engine(opts: BuildOptions, status: _Status | None = None) -> BuildRepo
         plan = builder.build_serialized_network(network, config)
     if plan is None:
         raise BuildError(f"TensorRT could not build {opts.onnx}: {shared.last_error() or 'no reason logged'}")
+    if opts.timing_cache is not None:
+        _write_atomically(opts.timing_cache, config.get_timing_cache().serialize())
     size = _write_atomically(opts.output, plan)
-    return BuildReport(opts.output, size, status.elapsed(), trt.__version__, profiles)
+    _write_atomically(settings_path(opts.output), json.dumps(opts.settings(), indent=1).encode())
+    return BuildReport(opts.output, size, status.elapsed(), trt.__version__, shapes[0], shapes)
+
+
+def _use_timing_cache(config: Any, path: Path) -> None:
+    """Start from the kernel timings an earlier build saved (`--timing-cache`): a rebuild after an
+    upgrade, or of a similar model, skips timing the tactics it already timed. A cache from another
+    GPU or TensorRT version is refused by TensorRT (ignore_mismatch=False), then a new one starts."""
+    try:
+        saved = path.read_bytes()
+    except FileNotFoundError:
+        saved = b""
+    except OSError as exc:
+        raise BuildError(f"cannot read the timing cache {path}: {exc.strerror or exc}") from exc
+    cache = config.create_timing_cache(saved)
+    if not config.set_timing_cache(cache, False):
+        log.warning("timing cache %s was made on another GPU or TensorRT version: starting a new one", path)
+        config.set_timing_cache(config.create_timing_cache(b""), False)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -270,6 +383,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-batch", type=int, default=8, help="largest batch served (default 8)")
     parser.add_argument("--workspace", type=int, default=1024, metavar="MiB",
                         help="builder scratch memory limit in MiB (default 1024)")
+    parser.add_argument("--profile", type=parse_profile, action="append", default=[], metavar="MIN:OPT:MAX",
+                        help="one optimization profile per batch range (repeat; replaces --min/--opt/--max-batch)")
+    parser.add_argument("--dla-core", type=int, metavar="N", help="run on DLA core N (Jetson Orin); needs "
+                        "--fp16 or --int8")
+    parser.add_argument("--gpu-fallback", action="store_true",
+                        help="with --dla-core: layers the DLA cannot run go to the GPU")
+    parser.add_argument("--timing-cache", type=Path, metavar="FILE",
+                        help="kernel timings to start from, and to save the build's timings to")
 
 
 def options_from_args(args: argparse.Namespace) -> BuildOptions:
@@ -280,9 +401,15 @@ def options_from_args(args: argparse.Namespace) -> BuildOptions:
         raise BuildError(f"no calibration cache at {args.calib_cache}")
     if args.workspace < 1:
         raise BuildError("--workspace must be at least 1 MiB")
+    if args.gpu_fallback and args.dla_core is None:
+        raise BuildError("--gpu-fallback needs --dla-core N: it lets DLA layers fall back to the GPU")
+    if args.dla_core is not None and (args.dla_core < 0 or not (args.fp16 or args.int8)):
+        raise BuildError("--dla-core needs a core number >= 0 and --fp16 or --int8: the DLA runs FP16 and "
+                         "INT8 only")
     opts = BuildOptions(args.onnx, args.output, args.fp16, args.int8, args.calib_cache,
-                        args.min_batch, args.opt_batch, args.max_batch, args.workspace)
-    opts.batch_range()
+                        args.min_batch, args.opt_batch, args.max_batch, args.workspace, args.timing_cache,
+                        tuple(args.profile), args.dla_core, args.gpu_fallback)
+    opts.batch_ranges()
     return opts
 
 
@@ -300,7 +427,8 @@ def run(args: argparse.Namespace) -> int:
     except (BuildError, BackendError) as exc:
         print(f"infermux build: {exc}", file=sys.stderr)
         return 1
-    batch = ", ".join(f"{n} {list(lo)}..{list(hi)}" for n, (lo, _, hi) in report.profiles.items()) or "static shapes"
+    batch = "; ".join(", ".join(f"{n} {list(lo)}..{list(hi)}" for n, (lo, _, hi) in profile.items())
+                      for profile in report.all_profiles if profile) or "static shapes"
     print(f"wrote {report.output} ({report.bytes / 2**20:.1f} MiB) in {report.seconds:.1f} s with "
           f"TensorRT {report.tensorrt_version}; {batch}. It runs only on this GPU model with this "
           f"TensorRT version.")

@@ -20,6 +20,7 @@ import gc
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 from infermux.config import ModelConfig, parse_budget
 
@@ -68,23 +69,34 @@ class _Process(ctypes.Structure):  # nvmlProcessInfo_t as the _v3 call fills it
 
 
 class Nvml:
-    """The first visible GPU through NVML (libnvidia-ml), without CUDA."""
+    """One GPU through NVML (libnvidia-ml), without CUDA."""
 
-    def __init__(self, lib: ctypes.CDLL, handle: ctypes.c_void_p) -> None:
+    def __init__(self, lib: Any, handle: ctypes.c_void_p) -> None:
         self._lib, self._handle = lib, handle
 
     @classmethod
     def open(cls) -> "Nvml | None":
+        """The first visible GPU (CUDA device 0), or None without NVML."""
+        gpus = cls.open_all()
+        return gpus[0] if gpus else None
+
+    @classmethod
+    def open_all(cls, lib: Any = None) -> "list[Nvml]":
+        """Every GPU CUDA makes visible, in CUDA's device order (`device = N` is the N-th); [] without
+        NVML. `lib` is libnvidia-ml, or a stand-in with its calls (tests)."""
         try:
-            lib = ctypes.CDLL("libnvidia-ml.so.1")
+            lib = lib if lib is not None else ctypes.CDLL("libnvidia-ml.so.1")
             if lib.nvmlInit_v2() != 0:
-                return None
-            handle = ctypes.c_void_p()
-            if lib.nvmlDeviceGetHandleByIndex_v2(_first_visible_gpu(), ctypes.byref(handle)) != 0:
-                return None
+                return []
+            gpus = []
+            for index in _visible_gpus(lib):
+                handle = ctypes.c_void_p()
+                if lib.nvmlDeviceGetHandleByIndex_v2(index, ctypes.byref(handle)) != 0:
+                    break  # CUDA numbers the visible devices densely: stop at the first NVML cannot open
+                gpus.append(cls(lib, handle))
         except (OSError, AttributeError):
-            return None
-        return cls(lib, handle)
+            return []
+        return gpus
 
     def memory(self) -> tuple[int, int]:
         """(total, free) bytes."""
@@ -108,37 +120,91 @@ class Nvml:
                 if infos[i].usedGpuMemory < (1 << 63)}
 
 
+def _visible_gpus(lib: Any) -> list[int]:
+    """NVML indices of the GPUs CUDA sees, CUDA device 0 first: CUDA_VISIBLE_DEVICES' numbers where
+    it is set, else every GPU NVML counts. NVML numbers GPUs in PCI bus order; CUDA does too only
+    with CUDA_DEVICE_ORDER=PCI_BUS_ID (docs/tensorrt.md#several-gpus)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is None:
+        count = ctypes.c_uint(0)
+        if lib.nvmlDeviceGetCount_v2(ctypes.byref(count)) != 0:
+            return [0]
+        return list(range(count.value))
+    indices = []
+    for part in visible.split(","):
+        if not part.strip().isdigit():
+            break  # CUDA stops at the first entry it cannot parse
+        indices.append(int(part))
+    if not indices and visible.strip():
+        return [0]  # UUIDs or MIG names: not mapped to NVML indices here; read the first GPU as before
+    return indices
+
+
 def _first_visible_gpu() -> int:
+    """The NVML index of CUDA device 0 (tests/gpu)."""
     first = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
     return int(first) if first.isdigit() else 0
 
 
-class MemoryBudget:
-    """The limit in bytes and where it is measured (GPU or host)."""
+def device_of(mc: ModelConfig) -> int:
+    """The CUDA device a model's engine runs on: its `device` option (the TensorRT backend's), else 0."""
+    try:
+        return max(0, int(mc.options.get("device", 0)))
+    except (TypeError, ValueError):
+        return 0
 
-    def __init__(self, setting: object, config_path: Path | str) -> None:
+
+class MemoryBudget:
+    """The limit in bytes and where it is measured (GPU or host).
+
+    With several GPUs each has its own limit, `memory_budget` taken of its own total, and a model
+    is charged on the GPU it runs on (`device_of`): `limit` and `total` are GPU 0's.
+    """
+
+    def __init__(self, setting: object, config_path: Path | str, gpus: "list[Nvml] | None" = None) -> None:
         self.jetson = is_jetson()
-        self.gpu = None if self.jetson else Nvml.open()
+        self.gpus = gpus if gpus is not None else ([] if self.jetson else Nvml.open_all())
+        self.gpu = self.gpus[0] if self.gpus else None
+        self.totals = [gpu.memory()[0] for gpu in self.gpus]
         if self.gpu is not None:
-            self.total, self.source = self.gpu.memory()[0], "gpu"
+            self.total, self.source = self.totals[0], "gpu"
         else:
             self.total, self.source = meminfo("MemTotal"), "host"
-        self.limit = parse_budget(config_path, setting, self.total)
-        self._setting = setting
+        self._setting: object = None
+        self.follow(setting, config_path)
 
     def follow(self, setting: object, config_path: Path | str) -> None:
         """Take a reloaded configuration's `memory_budget` (validated with the file already)."""
-        if setting != self._setting:
-            self.limit, self._setting = parse_budget(config_path, setting, self.total), setting
+        if setting != self._setting or not hasattr(self, "limits"):
+            totals = self.totals or [self.total]
+            self.limits = [parse_budget(config_path, setting, total) for total in totals]
+            self.limit, self._setting = self.limits[0], setting
 
-    def available(self) -> int:
-        """Free memory right now where the budget is measured."""
+    def device_for(self, mc: ModelConfig) -> int | None:
+        """The GPU a model is charged on, or None where one budget covers every model
+        (host memory, Jetson, a single GPU)."""
+        if len(self.gpus) < 2:
+            return None
+        device = device_of(mc)
+        return device if device < len(self.gpus) else 0
+
+    def limit_of(self, device: int | None) -> int:
+        """The limit of one GPU (None: the one budget)."""
+        return self.limit if device is None else self.limits[device]
+
+    def available(self, device: int | None = None) -> int:
+        """Free memory right now where the budget is measured (on GPU `device`; None: GPU 0)."""
         if self.gpu is not None:
-            return self.gpu.memory()[1]
+            return self.gpus[device or 0].memory()[1]
         return meminfo("MemAvailable") or self.total
 
     def gpu_used(self) -> dict[int, int]:
-        return self.gpu.used_by() if self.gpu is not None else {}
+        """GPU memory per process id, summed over every GPU (a worker may hold memory on several)."""
+        used: dict[int, int] = {}
+        for gpu in self.gpus:
+            for pid, nbytes in gpu.used_by().items():
+                used[pid] = used.get(pid, 0) + nbytes
+        return used
 
 
 def estimate(mc: ModelConfig, measured: int, worker_base: int) -> int:

@@ -62,11 +62,12 @@ class MemoryKeeper:
     def estimate(self, mv: ModelVersion) -> int:
         return mem.estimate(mv.config, self.footprints.get(mv.config.key, 0), self.worker_base)
 
-    def used(self, exclude: ModelVersion | None = None) -> int:
-        """Bytes placed models take, counting versions still loading at their estimate."""
+    def used(self, exclude: ModelVersion | None = None, device: int | None = None) -> int:
+        """Bytes placed models take (on GPU `device`; None: all), counting versions still loading
+        at their estimate."""
         total = 0
         for mv in self.registry.all_versions():
-            if mv is exclude:
+            if mv is exclude or (device is not None and self.budget.device_for(mv.config) != device):
                 continue
             if mv.memory_bytes:
                 total += mv.memory_bytes
@@ -79,30 +80,36 @@ class MemoryKeeper:
         need = self.estimate(mv)
         config = self.registry.config
         self.budget.follow(config.daemon.memory_budget, config.path)  # SIGHUP may have changed it
+        device = self.budget.device_for(mv.config)  # several GPUs: each has its own budget
+        limit = self.budget.limit_of(device)
         with self._lock:
             while True:
-                used, free = self.used(exclude=mv), self.budget.available()
-                if used + need <= self.budget.limit and need <= free:
+                used, free = self.used(exclude=mv, device=device), self.budget.available(device)
+                if used + need <= limit and need <= free:
                     return
-                idle = self._idle_workers(exclude=mv)
+                idle = self._same_device(self._idle_workers(exclude=mv), device)
                 reclaimable = sum(v.memory_bytes for v in idle)
-                fits = used - reclaimable + need <= self.budget.limit and need <= free + reclaimable
+                fits = used - reclaimable + need <= limit and need <= free + reclaimable
                 victim = min(idle, key=self._last_use) if idle and fits else None
                 if victim is None:  # stopping every idle worker would not be enough: stop none
-                    why = self._why(mv, need, used, free)
+                    why = self._why(mv, need, used, free, device)
                     self.events.emit("refused", mv.name, mv.version, reason=why)
                     raise mem.BudgetExceeded(why)
                 self._evict(victim, f"making room for {mv.name}:{mv.version}")
 
-    def _why(self, mv: ModelVersion, need: int, used: int, free: int) -> str:
+    def _why(self, mv: ModelVersion, need: int, used: int, free: int, device: int | None) -> str:
+        where = self.budget.source if device is None else f"GPU {device}"
         if need > free:
             return (f"{mv.name}:{mv.version} needs about {mem.mb(need)} but only {mem.mb(free)} of "
-                    f"{self.budget.source} memory is free")
+                    f"{where} memory is free")
         holders = sorted((v for v in self.registry.all_versions() if v.memory_bytes and v is not mv),
                          key=lambda v: -v.memory_bytes)[:3]
         held = ", ".join(f"{v.name}:{v.version} {mem.mb(v.memory_bytes)}" for v in holders) or "nothing"
         return (f"memory budget: {mv.name}:{mv.version} needs about {mem.mb(need)}, {mem.mb(used)} of the "
-                f"{mem.mb(self.budget.limit)} budget is in use ({held}) and no idle cold model is left to stop")
+                f"{mem.mb(self.budget.limit_of(device))}{'' if device is None else ' ' + where} budget is in use ({held}) and no idle cold model is left to stop")
+
+    def _same_device(self, versions: list[ModelVersion], device: int | None) -> list[ModelVersion]:
+        return [v for v in versions if device is None or self.budget.device_for(v.config) == device]
 
     def _idle_workers(self, exclude: ModelVersion) -> list[ModelVersion]:
         """Cold versions serving nothing right now: what may be stopped to make room."""
@@ -121,13 +128,15 @@ class MemoryKeeper:
 
     def settle(self, loaded: ModelVersion) -> None:
         """After a load measured more than estimated: stop idle cold workers until under budget."""
+        device = self.budget.device_for(loaded.config)  # only the GPU it loaded on can be over
+        limit = self.budget.limit_of(device)
         with self._lock:
-            while self.used() > self.budget.limit:
-                idle = self._idle_workers(exclude=loaded)
+            while self.used(device=device) > limit:
+                idle = self._same_device(self._idle_workers(exclude=loaded), device)
                 victim = min(idle, key=self._last_use) if idle else None
                 if victim is None:
-                    log.warning("memory budget exceeded: %s in use, budget %s", mem.mb(self.used()),
-                                mem.mb(self.budget.limit))
+                    log.warning("memory budget exceeded: %s in use, budget %s", mem.mb(self.used(device=device)),
+                                mem.mb(limit))
                     return
                 self._evict(victim, f"over budget after loading {loaded.name}:{loaded.version}")
 

@@ -262,6 +262,9 @@ class Registry:
         self.events.emit("loaded", mc.name, mc.version, backend=backend.name, contexts=mc.contexts,
                          load_ms=round(mv.last_load_s * 1000), memory_mb=round(mv.memory_bytes / 2**20, 1))
         self.check_fallbacks(mc.name)
+        watch = getattr(engine, "watch", None)
+        if callable(watch):  # an engine that changes while it serves: a TensorRT plan rebuilding
+            watch(lambda kind, reason: self._engine_news(mv, kind, reason))
         return True
 
     def check_fallbacks(self, name: str | None = None) -> None:
@@ -275,6 +278,13 @@ class Registry:
             if why:
                 model.fallback = ""
                 self.events.emit("fallback_refused", model.name, fallback=target.name, reason=why)
+
+    def _engine_news(self, mv: ModelVersion, kind: str, reason: str) -> None:
+        """Progress an engine reports after its load: the version's status reason, and an event
+        for each step (not for each builder phase)."""
+        mv.reason = "" if kind == "rebuilt" else reason
+        if kind != "progress":
+            self.events.emit(kind, mv.name, mv.version, reason=reason)
 
     def fail(self, mv: ModelVersion, exc: BaseException, during: str = "load") -> bool:
         """Mark `mv` failed by `exc` (its reason says during what) and say so; returns False."""

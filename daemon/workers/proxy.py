@@ -109,8 +109,10 @@ class WorkerProxy:
         self.name, self.version = config.name, config.version
         self.strategy = strategy
         allowed = bool(ready.get("allowed", True))
+        # The worker caps max_batch at the engine's batch maximum (batchcap.py): show what it runs with.
+        self._row_limit = batcher.row_limit(wire.specs_from_json(ready["inputs"]))
         # What the worker runs with; `apply` changes both sides (SET).
-        self._settings = Settings(config.contexts, config.max_queue, config.max_batch if allowed else 1,
+        self._settings = Settings(config.contexts, config.max_queue, self._capped(config.max_batch) if allowed else 1,
                                   config.batch_delay_us, config.preferred_batch, allowed)
         self._stats = stats
         self.executors: list[ContextView] = [self._new_view(i) for i in range(config.contexts)]
@@ -178,12 +180,16 @@ class WorkerProxy:
             raise ValueError("a loaded model needs at least one context")
         if not self._settings.batching_allowed:
             change = replace(change, max_batch=None)
-        self._settings = replace(self._settings, **{k: v for k, v in asdict(change).items() if v is not None})
+        shown = change if change.max_batch is None else replace(change, max_batch=self._capped(change.max_batch))
+        self._settings = replace(self._settings, **{k: v for k, v in asdict(shown).items() if v is not None})
         # max_queue is kept here: the worker's own queue never refuses (pool.Workers._send_load).
         self._set(replace(change, max_queue=None))
         if change.contexts is not None:
             self._resize(change.contexts)
         self.slots.max_slots = self._settings.max_queue + len(self.executors)  # more in flight, more slots
+
+    def _capped(self, max_batch: int) -> int:
+        return max_batch if self._row_limit is None else min(max_batch, self._row_limit)
 
     def hand_over(self, successor: Placement, reason: str) -> None:
         self.forward_to, self.stop_reason = successor, reason

@@ -79,6 +79,12 @@ class _Api(Protocol):
     def stream_sync(self, stream: int) -> None: ...
     def copy_async(self, dst: int, src: int, nbytes: int, to_device: bool, stream: int) -> None: ...
     def mem_info(self) -> MemInfo: ...
+    def host_alloc_mapped(self, nbytes: int) -> tuple[int, int]: ...
+    def begin_capture(self, stream: int) -> None: ...
+    def end_capture(self, stream: int) -> Any: ...
+    def instantiate(self, graph: Any) -> Any: ...
+    def launch(self, graph_exec: Any, stream: int) -> None: ...
+    def destroy_graph(self, graph: Any, graph_exec: Any) -> None: ...
 
 
 class _CudaPython:
@@ -142,6 +148,35 @@ class _CudaPython:
     def mem_info(self) -> MemInfo:
         free, total = self._call("cudaMemGetInfo", self._rt.cudaMemGetInfo())
         return MemInfo(int(free), int(total))
+
+    def host_alloc_mapped(self, nbytes: int) -> tuple[int, int]:
+        """(host pointer, device pointer) of pinned host memory the GPU reads and writes in place."""
+        ptr = int(self._call("cudaHostAlloc", self._rt.cudaHostAlloc(nbytes, self._rt.cudaHostAllocMapped)))
+        try:
+            device = int(self._call("cudaHostGetDevicePointer", self._rt.cudaHostGetDevicePointer(ptr, 0)))
+        except CudaError:
+            self.free_host(ptr)
+            raise
+        return ptr, device
+
+    def begin_capture(self, stream: int) -> None:
+        # Thread-local: another thread's cudaMalloc (a model loading) does not break this capture.
+        mode = self._rt.cudaStreamCaptureMode.cudaStreamCaptureModeThreadLocal
+        self._call("cudaStreamBeginCapture", self._rt.cudaStreamBeginCapture(stream, mode))
+
+    def end_capture(self, stream: int) -> Any:
+        return self._call("cudaStreamEndCapture", self._rt.cudaStreamEndCapture(stream))
+
+    def instantiate(self, graph: Any) -> Any:
+        return self._call("cudaGraphInstantiate", self._rt.cudaGraphInstantiate(graph, 0))
+
+    def launch(self, graph_exec: Any, stream: int) -> None:
+        self._call("cudaGraphLaunch", self._rt.cudaGraphLaunch(graph_exec, stream))
+
+    def destroy_graph(self, graph: Any, graph_exec: Any) -> None:
+        if graph_exec is not None:
+            self._call("cudaGraphExecDestroy", self._rt.cudaGraphExecDestroy(graph_exec))
+        self._call("cudaGraphDestroy", self._rt.cudaGraphDestroy(graph))
 
 
 def _bytes_at(ptr: int, nbytes: int) -> np.ndarray:
@@ -286,6 +321,41 @@ class Stream:
             _api().stream_destroy(handle)
 
 
+class Graph:
+    """A CUDA graph captured from the work one call queues on a stream, replayed by `launch`."""
+
+    def __init__(self, stream: Stream, enqueue: Callable[[], None]) -> None:
+        """Capture what `enqueue()` queues on `stream` (it does not run); CudaError if capture fails."""
+        api, handle = _api(), stream._live()
+        api.begin_capture(handle)
+        try:
+            enqueue()
+        except BaseException:
+            try:
+                api.destroy_graph(api.end_capture(handle), None)  # leave the stream capturing nothing
+            except CudaError:
+                pass
+            raise
+        self._graph: Any = api.end_capture(handle)
+        try:
+            self._exec: Any = api.instantiate(self._graph)
+        except BaseException:
+            api.destroy_graph(self._graph, None)
+            raise
+
+    def launch(self, stream: Stream) -> None:
+        """Queue one replay of the captured work on `stream`."""
+        if self._graph is None:
+            raise BackendError("CUDA graph used after close")
+        _api().launch(self._exec, stream._live())
+
+    def close(self) -> None:
+        """Destroy the graph (idempotent)."""
+        graph, self._graph = self._graph, None
+        if graph is not None:
+            _api().destroy_graph(graph, self._exec)
+
+
 class DeviceBuffer:
     """`nbytes` of device memory at `ptr`."""
 
@@ -302,12 +372,21 @@ class DeviceBuffer:
 
 
 class HostBuffer:
-    """`nbytes` of pinned (page-locked) host memory: the staging area for async copies."""
+    """`nbytes` of pinned (page-locked) host memory: the staging area for async copies.
 
-    def __init__(self, nbytes: int) -> None:
+    `mapped`: memory the GPU reads and writes in place at `device_ptr` (zero-copy: on an
+    integrated GPU host and device memory are the same DRAM, so no copy is needed)."""
+
+    def __init__(self, nbytes: int, mapped: bool = False) -> None:
         self.nbytes = nbytes
-        self.ptr: int | None = _api().malloc_host(max(nbytes, 1))
-        self._bytes = _bytes_at(self.ptr, nbytes)
+        self.device_ptr: int | None = None
+        self.ptr: int | None
+        if mapped:
+            ptr, self.device_ptr = _api().host_alloc_mapped(max(nbytes, 1))
+        else:
+            ptr = _api().malloc_host(max(nbytes, 1))
+        self.ptr = ptr
+        self._bytes = _bytes_at(ptr, nbytes)
 
     def view(self, dtype: np.dtype | str, shape: tuple[int, ...]) -> np.ndarray:
         """A numpy view of the first bytes as `dtype` and `shape` (no copy; valid until close)."""
@@ -322,7 +401,7 @@ class HostBuffer:
 
     def close(self) -> None:
         """Free the memory (idempotent); views taken earlier must not be used after this."""
-        ptr, self.ptr = self.ptr, None
+        ptr, self.ptr, self.device_ptr = self.ptr, None, None
         self._bytes = np.empty(0, np.uint8)
         if ptr is not None:
             _api().free_host(ptr)

@@ -5,10 +5,11 @@ that is deprecated or gone in 11: tensors are found by name, shapes are set
 per request with `set_input_shape`, buffers bound with `set_tensor_address`,
 work queued with `execute_async_v3`; memory sizes come from the `_v2` calls.
 
-Each context owns a CUDA stream and, for every input and output, a pinned
-host buffer and a device buffer sized for optimization profile 0's largest
-shapes. They are bound once and reused by every request, so serving a
-request allocates nothing on the GPU.
+Each context owns a CUDA stream and one TensorRT execution context per
+optimization profile (tensorrt_profiles.py), each with, for every input and
+output, a pinned host buffer and a device buffer sized for its profile's
+largest shapes. They are bound once and reused by every request, so serving
+a request allocates nothing on the GPU.
 
 Engines are specific to the GPU model and TensorRT version that built them,
 so every load failure says how to rebuild.
@@ -23,7 +24,8 @@ from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-from infermux.plugins.backends import cuda, trtlib
+from infermux.plugins.backends import cuda, tensorrt_dla, tensorrt_graphs, tensorrt_rebuild, trtlib
+from infermux.plugins.backends.tensorrt_profiles import Lane, Profile, by_tightness, choose, nbytes, read_profiles, span
 from infermux.plugins.base import BackendError, InputRejected, OutputsMismatch, TensorSpec
 
 log = logging.getLogger("infermux.tensorrt")
@@ -31,8 +33,12 @@ log = logging.getLogger("infermux.tensorrt")
 REBUILD = "rebuild the engine on this device with `infermux build MODEL.onnx -o {path}`"
 
 
-def _nbytes(dtype: str, shape: Sequence[int]) -> int:
-    return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+class PlanRejected(BackendError):
+    """TensorRT read the file and refused it: another TensorRT version or GPU built it, or it is
+    not a plan. With its ONNX source at hand the backend rebuilds it (tensorrt_rebuild.py)."""
+
+
+_nbytes = nbytes
 
 
 def _cuda_advice(exc: cuda.CudaError) -> str:
@@ -55,43 +61,43 @@ def _read_plan(path: Path) -> bytes:
 
 
 class TensorRTContext:
-    """One execution context with its own stream and buffers.
+    """One executor's context: a TensorRT execution context per optimization profile (a Lane, each
+    with its own buffers), all on one CUDA stream (tensorrt_profiles.py).
 
     Used by one thread at a time: a second thread calling `infer` while a
     request runs gets a BackendError instead of corrupting the buffers.
     """
 
-    def __init__(self, raw: Any, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                 device: int, shared: trtlib.Shared, on_close: Callable[["TensorRTContext"], None]) -> None:
-        self._raw = raw
+    def __init__(self, raws: Sequence[Any], profiles: Sequence[Profile], inputs: Sequence[TensorSpec],
+                 outputs: Sequence[tuple[str, str]], device: int, shared: trtlib.Shared,
+                 on_close: Callable[["TensorRTContext"], None], mapped: bool = False) -> None:
         self._inputs = list(inputs)
-        self._outputs = list(outputs)
+        self._dtypes = {**{s.name: s.dtype for s in inputs}, **dict(outputs)}
+        self._output_names = [name for name, _ in outputs]
         self._device = device
         self._shared = shared
         self._on_close = on_close
         self._owner = threading.Lock()
         self._stream: cuda.Stream | None = None
-        self._host: dict[str, cuda.HostBuffer] = {}
-        self._dev: dict[str, cuda.DeviceBuffer] = {}
+        self._lanes: list[Lane] = []
+        self._closed = False
+        self.graphs = False  # cuda_graph: set by the engine (tensorrt_graphs.py)
         try:
             self._stream = cuda.Stream()
-            for spec in (*self._inputs, *self._outputs):
-                self._bind(spec)
+            for raw, profile in zip(raws, profiles):
+                self._lanes.append(Lane(raw, profile, self._dtypes, self._output_names, self._stream, shared,
+                                        mapped))
+            self._lanes = by_tightness(self._lanes)
         except BaseException:
             self._release()
             raise
 
-    def _bind(self, spec: TensorSpec) -> None:
-        assert spec.max_shape is not None
-        nbytes = _nbytes(spec.dtype, spec.max_shape)
-        self._host[spec.name] = cuda.HostBuffer(nbytes)
-        self._dev[spec.name] = dev = cuda.DeviceBuffer(nbytes)
-        if not self._raw.set_tensor_address(spec.name, dev.ptr):
-            raise BackendError(f"TensorRT refused the buffer for tensor {spec.name!r}: "
-                               f"{self._shared.last_error() or 'no reason logged'}")
+    def lanes(self) -> list[Lane]:
+        """The lanes, tightest profile first."""
+        return list(self._lanes)
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run one request; InputRejected if the tensors do not fit profile 0."""
+        """Run one request; InputRejected if the tensors fit no optimization profile."""
         return self._serve(inputs, None)
 
     def infer_into(self, inputs: Mapping[str, np.ndarray],
@@ -106,7 +112,7 @@ class TensorRTContext:
             raise BackendError("execution context used by two threads at once: each executor "
                                "thread must own its own context (engine.create_context())")
         try:
-            if self._raw is None:
+            if self._closed:
                 raise BackendError("execution context used after close")
             arrays = self._checked(inputs)
             try:
@@ -134,37 +140,32 @@ class TensorRTContext:
     def _run(self, arrays: dict[str, np.ndarray], into: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         assert self._stream is not None
         cuda.set_device(self._device)  # CUDA's current device is per thread
-        for spec in self._inputs:
-            array = arrays[spec.name]
-            host = self._host[spec.name]
+        lane = choose(self._lanes, {n: a.shape for n, a in arrays.items()})
+        shapes = lane.output_shapes({n: a.shape for n, a in arrays.items()}, self._output_names)
+        _check_into(into, self._dtypes, shapes)
+        for name, array in arrays.items():
+            host = lane.host[name]
             # "equiv" allows only byte-order changes: the wire is little-endian anyway.
-            np.copyto(host.view(spec.dtype, array.shape), array, casting="equiv")
-            if not self._raw.set_input_shape(spec.name, array.shape):
-                raise InputRejected(f"TensorRT rejected shape {list(array.shape)} for input {spec.name!r}; "
-                                    f"the engine accepts {list(spec.min_shape or ())}..{list(spec.max_shape or ())}")
-            cuda.copy_to_device(self._dev[spec.name], host, array.nbytes, self._stream)
-        shapes = {spec.name: self._output_shape(spec.name) for spec in self._outputs}
-        _check_into(into, self._outputs, shapes)
-        if not self._raw.execute_async_v3(self._stream.handle):
-            raise BackendError(f"TensorRT execution failed: {self._shared.last_error() or 'no reason logged'}")
-        for spec in self._outputs:
-            if spec.name in into:
-                cuda.copy_to_array(into[spec.name], self._dev[spec.name], self._stream)
+            np.copyto(host.view(self._dtypes[name], array.shape), array, casting="equiv")
+            if not lane.mapped:  # zero-copy: TensorRT reads the pinned buffer itself
+                cuda.copy_to_device(lane.dev[name], host, array.nbytes, self._stream)
+        tensorrt_graphs.execute(lane, self._stream, self._shared, self.graphs)
+        for name in self._output_names if not lane.mapped else ():
+            if name in into:
+                cuda.copy_to_array(into[name], lane.dev[name], self._stream)
             else:
-                nbytes = _nbytes(spec.dtype, shapes[spec.name])
-                cuda.copy_to_host(self._host[spec.name], self._dev[spec.name], nbytes, self._stream)
+                size = _nbytes(self._dtypes[name], shapes[name])
+                cuda.copy_to_host(lane.host[name], lane.dev[name], size, self._stream)
         self._stream.synchronize()
-        # Copies: the pinned buffers are overwritten by the next request.
-        return {spec.name: into[spec.name] if spec.name in into
-                else self._host[spec.name].view(spec.dtype, shapes[spec.name]).copy()
-                for spec in self._outputs}
+        return {name: self._result(lane, name, shapes[name], into) for name in self._output_names}
 
-    def _output_shape(self, name: str) -> tuple[int, ...]:
-        shape = tuple(self._raw.get_tensor_shape(name))
-        if any(d < 0 for d in shape):
-            raise BackendError(f"output {name!r} has no shape before execution ({list(shape)}): "
-                               f"data-dependent output shapes are not supported")
-        return shape
+    def _result(self, lane: Lane, name: str, shape: tuple[int, ...], into: Mapping[str, np.ndarray]) -> np.ndarray:
+        view = lane.host[name].view(self._dtypes[name], shape)
+        if name not in into:
+            return view.copy()  # a copy: the pinned buffer is overwritten by the next request
+        if lane.mapped:  # zero-copy wrote the output in the pinned buffer, not in `into`
+            np.copyto(into[name], view)
+        return into[name]
 
     def _drain(self) -> None:
         # After a failed request, wait for copies already queued: the next
@@ -176,25 +177,39 @@ class TensorRTContext:
             log.exception("TensorRT context: stream did not drain after a failed request")
 
     def close(self) -> None:
-        """Release the stream, the buffers and the TensorRT context (idempotent)."""
+        """Release the stream, the buffers and the TensorRT contexts (idempotent)."""
         with self._owner:  # waits for a request running on another thread
-            if self._raw is not None or self._stream is not None:
+            if self._lanes or self._stream is not None:
                 _use_device(self._device)
             self._release()
         self._on_close(self)
 
     def _release(self) -> None:
         self._drain()
-        self._raw = None  # the TensorRT context goes before the memory it points at
-        buffers: list[cuda.HostBuffer | cuda.DeviceBuffer] = [*self._dev.values(), *self._host.values()]
-        self._dev.clear()
-        self._host.clear()
+        self._closed = True
+        buffers: list[cuda.HostBuffer | cuda.DeviceBuffer] = []
+        for lane in self._lanes:
+            try:
+                lane.close_graph()  # the graph replays the context's kernels: it goes first
+            except BackendError:
+                log.exception("TensorRT context: destroying its CUDA graph failed")
+            lane.raw = None  # the TensorRT context goes before the memory it points at
+            buffers += lane.buffers()
+        self._lanes = []
         stream, self._stream = self._stream, None
         for resource in (*buffers, *([stream] if stream else [])):
             try:
                 resource.close()
             except BackendError:
                 log.exception("TensorRT context: releasing %s failed", type(resource).__name__)
+
+
+def _zero_copy_option(options: Mapping[str, Any], path: Path) -> bool:
+    """The `zero_copy` option (default true: used only on integrated GPUs), checked to be a bool."""
+    value = options.get("zero_copy", True)
+    if not isinstance(value, bool):
+        raise BackendError(f"option zero_copy of {path} must be true or false, not {value!r}")
+    return value
 
 
 def _use_device(device: int) -> None:
@@ -206,10 +221,9 @@ def _use_device(device: int) -> None:
         log.exception("TensorRT: cannot make device %d current to release its memory", device)
 
 
-def _check_into(into: Mapping[str, np.ndarray], outputs: Sequence[TensorSpec],
+def _check_into(into: Mapping[str, np.ndarray], dtypes: Mapping[str, str],
                 shapes: dict[str, tuple[int, ...]]) -> None:
     """OutputsMismatch unless every array in `into` is an output of this run's shape and dtype."""
-    dtypes = {spec.name: spec.dtype for spec in outputs}
     for name, array in into.items():
         if name not in shapes or array.shape != shapes[name] or array.dtype.name != dtypes[name] \
                 or not (array.flags.c_contiguous and array.flags.writeable):
@@ -228,6 +242,7 @@ class TensorRTEngine:
     def __init__(self, path: Path, options: Mapping[str, Any]) -> None:
         self.path = path
         self.device = self._device = int(options.get("device", 0))  # base.OnDevice
+        self._options = dict(options)
         self._lock = threading.Lock()
         self._contexts: set[TensorRTContext] = set()
         self._spare: TensorRTContext | None = None
@@ -248,17 +263,21 @@ class TensorRTEngine:
         cuda.set_device(self._device)  # before the runtime is created, which would touch GPU 0
         self._shared = trtlib.shared()
         self.integrated = cuda.is_integrated(self._device)
+        self.zero_copy = self.integrated and _zero_copy_option(self._options, self.path)
         free_before = cuda.mem_info().free
         self._engine = self._deserialize(plan)
         self._plan_bytes = len(plan)
         self._activation_bytes = int(self._engine.device_memory_size_v2)
         names = [self._engine.get_tensor_name(i) for i in range(self._engine.num_io_tensors)]
         is_input = {n: self._engine.get_tensor_mode(n) == self._shared.trt.TensorIOMode.INPUT for n in names}
-        self._opt_shapes: dict[str, tuple[int, ...]] = {}
-        self.inputs = [self._input_spec(n) for n in names if is_input[n]]
-        raw = self._new_raw_context()
-        self.outputs = self._output_specs(raw, [n for n in names if not is_input[n]])
-        self._spare = self._wrap(raw)
+        inputs = [n for n in names if is_input[n]]
+        self._outputs = [(n, self._dtype(n)) for n in names if not is_input[n]]
+        self._profiles = read_profiles(self._engine, inputs)
+        self._graphs = tensorrt_graphs.wanted(self._options, self._profiles, self.path)
+        self.inputs = [self._input_spec(n) for n in inputs]
+        self._spare = self._wrap()
+        self.outputs = self._output_specs(self._spare)
+        self._io_bytes = sum(lane.io_bytes for lane in self._spare.lanes())
         self._warm(self._spare)
         self.measured_load_bytes = free_before - cuda.mem_info().free
         log.info("loaded %s: TensorRT %s, activation %.1f MiB per context, measured %.1f MiB",
@@ -268,15 +287,21 @@ class TensorRTEngine:
     def _deserialize(self, plan: bytes) -> Any:
         shared = self._shared
         shared.last_error()  # drop anything stale
+        core = tensorrt_dla.core_for(self.path, self._options)
         try:
-            engine = shared.runtime.deserialize_cuda_engine(plan)
+            with shared.runtime_lock:  # the DLA core is the shared runtime's: set and used together
+                if core is not None:
+                    tensorrt_dla.select(shared, core, self.path)
+                engine = shared.runtime.deserialize_cuda_engine(plan)
+        except BackendError:
+            raise
         except Exception as exc:  # some builds raise instead of returning None
             log.debug("deserialize_cuda_engine raised", exc_info=exc)
             engine = None
         if engine is None:
             reason = shared.last_error() or ("not a TensorRT engine, or one built by another "
                                              "TensorRT version or for another GPU")
-            raise BackendError(f"TensorRT {shared.trt.__version__} cannot load {self.path}: {reason}. "
+            raise PlanRejected(f"TensorRT {shared.trt.__version__} cannot load {self.path}: {reason}. "
                                f"Engines only run on the GPU model and TensorRT version that built "
                                f"them: {REBUILD.format(path=self.path)}")
         return engine
@@ -306,45 +331,34 @@ class TensorRTEngine:
                                f"or with a linear format (`infermux build` does), {REBUILD.format(path=self.path)}")
 
     def _input_spec(self, name: str) -> TensorSpec:
-        shape = tuple(self._engine.get_tensor_shape(name))
-        if -1 not in shape:  # a fixed-shape input (a batch-1 detector): no profile range to ask for
-            low = opt = high = shape
-        else:  # profile 0 is the one every new context starts with
-            low, opt, high = (tuple(d) for d in self._engine.get_tensor_profile_shape(name, 0))
-        self._opt_shapes[name] = opt
-        return TensorSpec(name, self._dtype(name), shape, low, high)
+        """The input over every profile: the range from the smallest min to the largest max."""
+        low, _ = span([p.ranges[name][0] for p in self._profiles])
+        _, high = span([p.ranges[name][2] for p in self._profiles])
+        return TensorSpec(name, self._dtype(name), tuple(self._engine.get_tensor_shape(name)), low, high)
 
-    def _output_specs(self, raw: Any, names: list[str]) -> list[TensorSpec]:
-        dtypes = {n: self._dtype(n) for n in names}
-        low = self._output_shapes_at(raw, names, [s.min_shape for s in self.inputs])
-        high = self._output_shapes_at(raw, names, [s.max_shape for s in self.inputs])
-        return [TensorSpec(n, dtypes[n], tuple(self._engine.get_tensor_shape(n)), low[n], high[n])
-                for n in names]
-
-    def _output_shapes_at(self, raw: Any, names: list[str], input_shapes: list[Any]) -> dict[str, tuple[int, ...]]:
-        for spec, shape in zip(self.inputs, input_shapes):
-            if not raw.set_input_shape(spec.name, shape):
-                raise BackendError(f"TensorRT rejected profile 0's own shape {list(shape)} for "
-                                   f"{spec.name!r}: {self._shared.last_error()}")
-        shapes = {n: tuple(raw.get_tensor_shape(n)) for n in names}
-        dynamic = [n for n, s in shapes.items() if any(d < 0 for d in s)]
-        if dynamic:
-            raise BackendError(f"outputs {dynamic} have data-dependent shapes, which infermux does not serve")
-        return shapes
+    def _output_specs(self, ctx: TensorRTContext) -> list[TensorSpec]:
+        lanes = ctx.lanes()
+        specs = []
+        for name, dtype in self._outputs:
+            low, _ = span([lane.low[name] for lane in lanes])
+            _, high = span([lane.high[name] for lane in lanes])
+            specs.append(TensorSpec(name, dtype, tuple(self._engine.get_tensor_shape(name)), low, high))
+        return specs
 
     def _warm(self, ctx: TensorRTContext) -> None:
-        """Run profile 0's opt and max shapes once: kernels load lazily (CUDA_MODULE_LOADING=LAZY)
-        and differ by shape, so the first large batch would otherwise pay for loading them. The
-        registry's own warm-up runs the smallest shape (docs/tensorrt.md#what-the-backend-does)."""
-        largest = {s.name: s.max_shape or () for s in self.inputs}
-        for shapes in [self._opt_shapes] + ([largest] if largest != self._opt_shapes else []):
-            zeros = {s.name: np.zeros(shapes[s.name], s.dtype) for s in self.inputs}
-            try:
-                ctx.infer(zeros)
-            except BackendError as exc:  # the load stands; the registry's warm-up decides
-                log.warning("warming %s at %s failed: %s", self.path,
-                            {n: list(v.shape) for n, v in zeros.items()}, exc)
-                return
+        """Run every profile's opt and max shapes once: kernels load lazily (CUDA_MODULE_LOADING=LAZY)
+        and differ by shape and profile, so the first large batch would otherwise pay for loading them.
+        The registry's own warm-up runs the smallest shape (docs/tensorrt.md#what-the-backend-does)."""
+        dtypes = {s.name: s.dtype for s in self.inputs}
+        for profile in self._profiles:
+            for shapes in [profile.shapes(1)] + ([profile.shapes(2)] if profile.shapes(2) != profile.shapes(1) else []):
+                zeros = {name: np.zeros(shape, dtypes[name]) for name, shape in shapes.items()}
+                try:
+                    ctx.infer(zeros)
+                except BackendError as exc:  # the load stands; the registry's warm-up decides
+                    log.warning("warming %s at %s failed: %s", self.path,
+                                {n: list(v.shape) for n, v in zeros.items()}, exc)
+                    return
 
     def _new_raw_context(self) -> Any:
         raw = self._engine.create_execution_context()
@@ -355,8 +369,12 @@ class TensorRTEngine:
                                f"models or lower `contexts`")
         return raw
 
-    def _wrap(self, raw: Any) -> TensorRTContext:
-        ctx = TensorRTContext(raw, self.inputs, self.outputs, self._device, self._shared, self._forget)
+    def _wrap(self) -> TensorRTContext:
+        """A context with one TensorRT execution context per profile."""
+        raws = [self._new_raw_context() for _ in self._profiles]
+        ctx = TensorRTContext(raws, self._profiles, self.inputs, self._outputs, self._device, self._shared,
+                              self._forget, self.zero_copy)
+        ctx.graphs = self._graphs
         with self._lock:
             self._contexts.add(ctx)
         return ctx
@@ -374,15 +392,14 @@ class TensorRTEngine:
         if spare is not None:
             return spare
         cuda.set_device(self._device)
-        return self._wrap(self._new_raw_context())
+        return self._wrap()
 
     def context_bytes(self) -> int:
-        """GPU memory one context costs: activation memory plus its I/O buffers at profile max.
-
-        On Jetson the pinned host buffers come from the same DRAM, so they count too.
-        """
-        io = sum(_nbytes(s.dtype, s.max_shape or ()) for s in (*self.inputs, *self.outputs))
-        return self._activation_bytes + io * (2 if self.integrated else 1)
+        """GPU memory one context costs: per profile, activation memory plus the I/O buffers at that
+        profile's max. On Jetson the pinned host buffers come from the same DRAM, so they count too."""
+        # On Jetson a buffer pair (pinned + device) is twice the DRAM; zero-copy binds one buffer.
+        pair = self.integrated and not self.zero_copy
+        return self._activation_bytes * len(self._profiles) + self._io_bytes * (2 if pair else 1)
 
     def memory_bytes(self) -> int:
         """Device memory of this engine on `device`: its plan size plus `context_bytes()` per open
@@ -414,5 +431,10 @@ class TensorRTBackend:
     name = "tensorrt"
     suffixes = (".plan", ".engine")
 
-    def load(self, path: Path, options: Mapping[str, Any]) -> TensorRTEngine:
-        return TensorRTEngine(Path(path), options)
+    def load(self, path: Path, options: Mapping[str, Any]) -> "TensorRTEngine | tensorrt_rebuild.RebuildingEngine":
+        """The engine; a plan TensorRT refuses is rebuilt from its ONNX model where one is known
+        (docs/tensorrt.md#rebuilding-after-an-upgrade)."""
+        try:
+            return TensorRTEngine(Path(path), options)
+        except PlanRejected as exc:
+            return tensorrt_rebuild.serve_while_rebuilding(Path(path), options, exc, TensorRTEngine)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 import sys
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
@@ -100,6 +100,8 @@ class Shared:
     trt: ModuleType
     logger: Any
     runtime: Any
+    # Held while a runtime setting (DLA_core) is set and the plan it applies to deserialized.
+    runtime_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def last_error(self) -> str:
         """TensorRT's last logged error on this thread, for error messages ("" if none)."""

@@ -154,8 +154,9 @@ else
     # Issue 18, one stage per item: 1 cap, 2 gil, 3 pycuda, 4 memory, 5 formats, 6 vcompat,
     # 7 teardown, 8 standin (stages.py and gil_probe.py say what each proves).
     stage gil 60 "$PY" tests/gpu/gil_probe.py
-    for item in cap pycuda memory formats vcompat teardown standin; do
-        case $item in formats) limit=240 ;; cap|vcompat) limit=180 ;; *) limit=90 ;; esac
+    # Then the features: budget (one per GPU), 9 rebuild, 12 profiles, 11 graphs, 10 dla, 13 zerocopy.
+    for item in cap pycuda memory formats vcompat teardown standin budget rebuild profiles graphs dla zerocopy; do
+        case $item in formats|rebuild|dla) limit=240 ;; cap|vcompat|profiles|graphs|zerocopy) limit=180 ;; *) limit=90 ;; esac
         stage "$item" "$limit" "$PY" tests/gpu/stages.py "$item" "$WORK/stages"
     done
     # Issue 23 item 7: two cold workers without and with MPS ([daemon] mps; mps_compare.py).

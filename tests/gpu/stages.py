@@ -1,6 +1,7 @@
 """Hardware proofs of the TensorRT fixes of issue 18, one run.sh stage each.
 
     python tests/gpu/stages.py STAGE WORKDIR     STAGE: cap memory formats vcompat teardown pycuda standin
+                                                        budget rebuild profiles graphs dla zerocopy
 
 Each stage prints what it did, then one `FIGURE: ...` line, and exits 0 when the fix holds on
 this machine and 1 when it does not; it prints `SKIP: reason` and exits 0 where it cannot run
@@ -258,6 +259,184 @@ def _pid_on_gpu0() -> bool:
     return os.getpid() in nvml.used_by()
 
 
+def stage_budget(work: Path) -> int:
+    """Per-GPU budget: NVML is read for every GPU CUDA sees, each total matching cudaMemGetInfo's there."""
+    from infermux.models.budget import MemoryBudget
+
+    reason = gpu_missing()
+    if reason:
+        raise Skip(reason)
+    if cuda.is_integrated(0):
+        raise Skip("integrated GPU (Jetson): the budget is the system's memory, one for all models")
+    budget = MemoryBudget("80%", "run.sh")
+    totals = []
+    for device in range(cuda.device_count()):
+        cuda.set_device(device)
+        totals.append(cuda.mem_info().total)
+    print(f"NVML totals {[t // MiB for t in budget.totals]} MiB, CUDA totals {[t // MiB for t in totals]} MiB")
+    match = len(budget.totals) == len(totals) and all(0.9 * n <= c <= n for n, c in zip(budget.totals, totals))
+    print(f"FIGURE: {len(budget.gpus)} GPU(s) in the budget for {len(totals)} CUDA device(s), limits "
+          f"{[lim // MiB for lim in budget.limits]} MiB, totals {'match' if match else 'DIFFER'}")
+    return 0 if match else 1
+
+
+def stage_rebuild(work: Path) -> int:
+    """Item 9: a plan TensorRT refuses is rebuilt from model.onnx with the stored settings while
+    onnxruntime serves; then again from the timing cache the first rebuild left."""
+    from infermux.cli import build
+    from infermux.plugins.backends import tensorrt_rebuild
+
+    _trt()
+    folder = work / "rebuild" / "1"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.onnx").write_bytes(CLASSIFIER_ONNX.read_bytes())
+    plan = folder / "model.plan"
+    build.settings_path(plan).write_text(json.dumps({"min_batch": BATCH[0], "opt_batch": BATCH[1],
+                                                     "max_batch": BATCH[2]}))
+    seconds, served = [], []
+    for attempt in range(2):  # the second starts from the timing cache the first wrote
+        plan.write_bytes(b"a plan from another TensorRT version" + bytes(4096))
+        start = time.monotonic()
+        engine = _load(plan)
+        try:
+            ctx = engine.create_context()
+            served.append(type(engine).__name__)
+            x = images(4, seed=attempt)
+            ctx.infer({INPUT: x})
+            if isinstance(engine, tensorrt_rebuild.RebuildingEngine):
+                if not engine.switched.wait(600):
+                    print(f"FIGURE: rebuild {attempt + 1} did not finish: {engine.rebuild.progress()}")
+                    return 1
+            seconds.append(time.monotonic() - start)
+            diff = _diff_from_onnxruntime(x, ctx.infer({INPUT: x})[OUTPUT])
+            ctx.close()
+        finally:
+            engine.close()
+        tensorrt_rebuild._rebuilds.clear()
+    timing = folder / "model.plan.timing"
+    print(f"FIGURE: rebuilt in {seconds[0]:.1f} s, again from the timing cache ({timing.stat().st_size // 1024} KiB) "
+          f"in {seconds[1]:.1f} s; meanwhile {served[0]}; max |diff| vs onnxruntime {diff}")
+    return 0 if diff == "n/a" or float(diff) < 1e-2 else 1
+
+
+def stage_profiles(work: Path) -> int:
+    """Item 12: an engine built with two profiles (1..4 and 5..16 rows) serves 2 and 12 rows each on
+    its own profile, matches onnxruntime, and two contexts run the same profile at once."""
+    _trt()
+    plan = build_plan(work / "profiles" / "model.plan", "--profile", "1:2:4", "--profile", "5:8:16")
+    engine = _load(plan)
+    try:
+        [spec] = engine.inputs
+        contexts = [engine.create_context(), engine.create_context()]
+        diffs, ms = [], {}
+        for rows in (2, 12):
+            x = images(rows, seed=rows)
+            start = time.perf_counter()
+            diffs.append(_diff_from_onnxruntime(x, contexts[0].infer({INPUT: x})[OUTPUT]))
+            ms[rows] = (time.perf_counter() - start) * 1000
+        errors: list[BaseException] = []
+
+        def hammer(ctx: Any) -> None:
+            try:
+                for _ in range(20):
+                    ctx.infer({INPUT: images(12)})
+            except BaseException as exc:  # reported below: the stage fails on it
+                errors.append(exc)
+        threads = [threading.Thread(target=hammer, args=(c,)) for c in contexts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    finally:
+        engine.close()
+    print(f"FIGURE: range {list(spec.min_shape or ())}..{list(spec.max_shape or ())}; 2 rows {ms[2]:.1f} ms, "
+          f"12 rows {ms[12]:.1f} ms; max |diff| vs onnxruntime {diffs}; two contexts on one profile: "
+          f"{'ok' if not errors else errors[0]}")
+    close = all(d == "n/a" or float(d) < 1e-2 for d in diffs)
+    return 0 if close and not errors and spec.max_shape and spec.max_shape[0] == 16 else 1
+
+
+def stage_graphs(work: Path) -> int:
+    """Item 11: a batch-1 fixed-shape profile served with and without cuda_graph = true: same
+    outputs, and the median latency of each (the saving is the figure; no threshold is asserted)."""
+    _trt()
+    plan = build_plan(work / "graphs" / "model.plan", "--profile", "1:1:1")
+    x = images(1, seed=11)
+    medians, outputs = {}, {}
+    for graphs in (False, True):
+        engine = _load(plan, cuda_graph=graphs)
+        try:
+            ctx = engine.create_context()
+            times = []
+            for _ in range(200):
+                start = time.perf_counter()
+                outputs[graphs] = ctx.infer({INPUT: x})[OUTPUT]
+                times.append((time.perf_counter() - start) * 1e6)
+            captured = any(lane.graph is not None for lane in ctx.lanes())
+            ctx.close()
+        finally:
+            engine.close()
+        medians[graphs] = statistics.median(times[10:])
+    diff = float(np.abs(outputs[True] - outputs[False]).max())
+    print(f"FIGURE: batch 1 median {medians[False]:.0f} us without a graph, {medians[True]:.0f} us with "
+          f"({medians[False] - medians[True]:+.0f} us saved); graph captured: {captured}; max |diff| {diff:.1e}")
+    return 0 if captured and diff < 1e-5 else 1
+
+
+def stage_dla(work: Path) -> int:
+    """Item 10: the classifier built for each DLA core (FP16, GPU fallback) loads on that core
+    under the shared runtime and matches onnxruntime within FP16's tolerance."""
+    trt = _trt()
+    cores = int(trt.Runtime(trt.Logger(trt.Logger.ERROR)).num_DLA_cores)
+    if cores == 0:
+        raise Skip("this device has no DLA (Jetson Orin AGX and NX have 2; Orin Nano and dGPUs none)")
+    figures, worst = [], 0.0
+    for core in range(cores):
+        plan = build_plan(work / "dla" / f"core{core}.plan", "--fp16", "--dla-core", str(core), "--gpu-fallback")
+        engine = _load(plan, dla_core=core)
+        try:
+            x = images(4, seed=core)
+            start = time.perf_counter()
+            probs = engine.create_context().infer({INPUT: x})[OUTPUT]
+            figures.append(f"core {core} {(time.perf_counter() - start) * 1000:.1f} ms")
+        finally:
+            engine.close()
+        diff = _diff_from_onnxruntime(x, probs)
+        worst = max(worst, 0.0 if diff == "n/a" else float(diff))
+    print(f"FIGURE: {cores} DLA core(s): {', '.join(figures)}; max |diff| vs onnxruntime {worst:.1e}")
+    return 0 if worst < 5e-2 else 1
+
+
+def stage_zerocopy(work: Path) -> int:
+    """Item 13: on an integrated GPU the engine binds mapped pinned memory (no device buffers, no
+    copies), matches onnxruntime, and is charged half the I/O memory of the copying way."""
+    _trt()
+    if not cuda.is_integrated(0):
+        raise Skip("not an integrated GPU (Jetson): zero-copy is used only where host and GPU share DRAM")
+    plan = build_plan(work / "zerocopy" / "model.plan")
+    timings, charged, outputs = {}, {}, {}
+    x = images(BATCH[2], seed=13)
+    for zero_copy in (False, True):
+        engine = _load(plan, zero_copy=zero_copy)
+        try:
+            ctx = engine.create_context()
+            times = []
+            for _ in range(50):
+                start = time.perf_counter()
+                outputs[zero_copy] = ctx.infer({INPUT: x})[OUTPUT]
+                times.append((time.perf_counter() - start) * 1000)
+            timings[zero_copy], charged[zero_copy] = statistics.median(times[5:]), engine.context_bytes()
+            mapped = all(lane.mapped for lane in ctx.lanes())
+            ctx.close()
+        finally:
+            engine.close()
+    diff = _diff_from_onnxruntime(x, outputs[True])
+    print(f"FIGURE: batch {BATCH[2]} median {timings[False]:.2f} ms copying, {timings[True]:.2f} ms zero-copy; "
+          f"context charged {charged[False] / MiB:.2f} -> {charged[True] / MiB:.2f} MiB; mapped {mapped}; "
+          f"max |diff| vs onnxruntime {diff}")
+    return 0 if mapped and charged[True] < charged[False] and (diff == "n/a" or float(diff) < 1e-2) else 1
+
+
 def stage_pycuda(work: Path) -> int:
     """Item 3: nothing to run: the pycuda fallback was removed."""
     raise Skip("the pycuda fallback was removed (docs/tensorrt.md#why-not-pycuda): nothing to prove on a GPU")
@@ -269,7 +448,9 @@ def stage_standin(work: Path) -> int:
 
 
 STAGES = {"cap": stage_cap, "memory": stage_memory, "formats": stage_formats, "vcompat": stage_vcompat,
-          "teardown": stage_teardown, "pycuda": stage_pycuda, "standin": stage_standin}
+          "teardown": stage_teardown, "pycuda": stage_pycuda, "standin": stage_standin,
+          "budget": stage_budget, "rebuild": stage_rebuild, "profiles": stage_profiles,
+          "graphs": stage_graphs, "dla": stage_dla, "zerocopy": stage_zerocopy}
 
 
 def main(argv: list[str]) -> int:

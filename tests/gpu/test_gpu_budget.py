@@ -35,7 +35,7 @@ SLACK = 16 * MiB
 def nvml() -> budget.Nvml:
     if budget.is_jetson() or cuda.is_integrated():
         pytest.skip("integrated GPU (Jetson): the budget uses host memory, NVML has no GPU memory figures")
-    cuda.set_device(budget._first_visible_gpu())
+    cuda.set_device(0)  # CUDA device 0 is the first visible GPU, NVML index _first_visible_gpu()
     cuda.DeviceBuffer(1).close()  # the CUDA context exists before anything is measured
     reader = budget.Nvml.open()
     assert reader is not None, f"NVML unusable on a discrete GPU: {_why_no_nvml()}"
