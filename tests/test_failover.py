@@ -7,7 +7,10 @@ reply also proves it answers that request.
 
 from __future__ import annotations
 
+import json
 import signal
+import subprocess
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -17,7 +20,7 @@ import numpy as np
 import pytest
 
 from harness import DAEMON_HEAD, Daemon
-from infermux.client import Client, NoDaemon, Pipeline, Reply
+from infermux.client import Client, EndpointsDown, Pipeline, Reply
 
 MODEL = """
 [[models]]
@@ -91,11 +94,11 @@ def test_a_client_with_one_endpoint_keeps_its_single_socket(pair: Pair, tmp_path
             assert pipe.moved == 0
             with pytest.raises(ValueError, match="has one"):
                 pipe.holding(a)
-    # No daemon: the plain socket's own error after timeout_s, not a fleet's NoDaemon.
+    # No daemon: the plain socket's own error after timeout_s, not a fleet's EndpointsDown.
     with Client(f"ipc://{tmp_path}/none.sock", timeout_s=0.3) as client:
         with pytest.raises(TimeoutError, match="within 0.3 s") as caught:
             client.infer("addone", {"x": x_of(1)})
-    assert not isinstance(caught.value, NoDaemon)
+    assert not isinstance(caught.value, EndpointsDown)
 
 
 def test_requests_are_spread_over_both_daemons(pair: Pair) -> None:
@@ -140,6 +143,14 @@ def test_a_daemon_that_stops_answering_is_given_up_after_the_bound(pair: Pair) -
         b.signal(signal.SIGCONT)
 
 
+def test_cli_infer_takes_several_endpoints(pair: Pair, tmp_path: Path) -> None:
+    proc = subprocess.run([sys.executable, "-m", "infermux", "infer", "addone", "--shape", "x=1x4", "--json",
+                           "-e", pair.endpoints[1], "-e", f"ipc://{tmp_path}/gone.sock"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["status"] == 200
+
+
 def test_sigkill_under_pipelined_load_loses_no_request_and_delivers_none_twice(pair: Pair) -> None:
     """A is stopped, then SIGKILLed 50 replies later: so it certainly dies holding requests it never
     read (killed at once, it may have answered all it held, and then nothing is resent)."""
@@ -171,7 +182,7 @@ def test_sigkill_under_pipelined_load_loses_no_request_and_delivers_none_twice(p
     assert set(after_kill) == {2}
 
 
-def test_every_daemon_down_raises_no_daemon_naming_them_within_the_bound(pair_started: Pair) -> None:
+def test_every_daemon_down_raises_endpoints_down_naming_them_within_the_bound(pair_started: Pair) -> None:
     pair = pair_started  # as earlier tests left it: a daemon they killed is not started again
     with Client(pair.endpoints, timeout_s=60, failover_s=0.5) as client:
         assert client.infer("addone", {"x": x_of(3)}).status == 200
@@ -179,7 +190,7 @@ def test_every_daemon_down_raises_no_daemon_naming_them_within_the_bound(pair_st
             if daemon.alive():
                 pair.kill(which)
         start = time.monotonic()
-        with pytest.raises(NoDaemon) as caught:
+        with pytest.raises(EndpointsDown) as caught:
             client.infer("addone", {"x": x_of(4)})
         waited = time.monotonic() - start
     assert waited < 10, waited  # the bound is 2 x failover_s; timeout_s (60) would be much later
@@ -187,5 +198,5 @@ def test_every_daemon_down_raises_no_daemon_naming_them_within_the_bound(pair_st
     assert all(endpoint in str(caught.value) for endpoint in pair.endpoints)
     with Pipeline(pair.endpoints, timeout_s=60, failover_s=0.5) as pipe:
         pipe.submit("addone", {"x": x_of(5)})
-        with pytest.raises(NoDaemon, match="infermux serve"):
+        with pytest.raises(EndpointsDown, match="infermux serve"):
             pipe.next_reply()

@@ -20,7 +20,7 @@ endpoint keeps inference.py's single socket, untouched). A fleet:
 - moves a request that a draining daemon refused (503 with `"draining":
   true`) to another endpoint, and sends that one nothing new for its
   `retry_after_ms`;
-- raises `NoDaemon` (a TimeoutError) naming every endpoint and why, when
+- raises `EndpointsDown` (a TimeoutError) naming every endpoint and why, when
   every one has been down for `failover_s` with requests waiting.
 """
 
@@ -39,7 +39,7 @@ from zmq.utils.monitor import recv_monitor_message
 from infermux.client.shared_memory import local_view
 from infermux.protocol import Reply, Status, decode_reply
 
-__all__ = ["FAILOVER_S", "Fleet", "NoDaemon"]
+__all__ = ["FAILOVER_S", "EndpointsDown", "Fleet"]
 
 FAILOVER_S = 2.0  # longer than a request takes on an edge box; short enough for a camera pipeline
 
@@ -48,7 +48,7 @@ _HANDSHAKE_FAILED = (zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL | zmq.EVENT_HANDSHAKE_
 _EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | zmq.EVENT_CONNECT_RETRIED | _HANDSHAKE_FAILED
 
 
-class NoDaemon(TimeoutError):
+class EndpointsDown(TimeoutError):
     """No endpoint of a fleet answers; `reasons` maps each endpoint to why it was given up."""
 
     def __init__(self, reasons: Mapping[str, str], waiting: int, bound_s: float) -> None:
@@ -183,7 +183,7 @@ class Fleet:
 
     def recv(self, timeout_s: float | None) -> Reply:
         """The next reply to a request this fleet holds; TimeoutError after `timeout_s`,
-        NoDaemon sooner when every endpoint is down."""
+        EndpointsDown sooner when every endpoint is down."""
         start = time.monotonic()
         deadline = None if timeout_s is None else start + timeout_s
         while not self._ready:
@@ -244,7 +244,7 @@ class Fleet:
     # -- watching ------------------------------------------------------------------------
 
     def _watch(self, now: float, start: float) -> None:
-        """Give up silent endpoints, place what waits, and raise NoDaemon past the bound."""
+        """Give up silent endpoints, place what waits, and raise EndpointsDown past the bound."""
         for link in self._links:
             if link.held and now - link.quiet_since > self.failover_s:
                 self._give_up(link, f"no reply for {self.failover_s:g} s while it held {len(link.held)} "
@@ -259,7 +259,7 @@ class Fleet:
             bound = max(self._all_down_since, start) + self.failover_s
             if now >= bound:
                 reasons = {link.endpoint: link.describe(now) for link in self._links}
-                raise NoDaemon(reasons, len(self._pending), self.failover_s)
+                raise EndpointsDown(reasons, len(self._pending), self.failover_s)
 
     def _wait_ms(self, now: float, start: float, deadline: float | None) -> int:
         """How long the next poll may sleep: until the first bound that something here runs into."""

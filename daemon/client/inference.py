@@ -28,7 +28,7 @@ stopped answering (its connection broke, or no reply for `failover_s`
 while it held some) are resent to another with their `id`s, as are those a
 draining daemon refused with 503. A request may then be computed twice (it
 is delivered once). When every endpoint is down, the wait for a reply
-raises `NoDaemon` (a TimeoutError naming each endpoint and why) within
+raises `EndpointsDown` (a TimeoutError naming each endpoint and why) within
 `failover_s` of the last one going down. One endpoint keeps the plain
 single socket, as before.
 """
@@ -43,10 +43,10 @@ import numpy as np
 import zmq
 
 from infermux.protocol import Reply, SharedTensor, decode_reply, encode_request
-from infermux.client.failover import FAILOVER_S, Fleet, NoDaemon
+from infermux.client.failover import FAILOVER_S, EndpointsDown, Fleet
 from infermux.client.shared_memory import SharedMemory, local_view
 
-__all__ = ["AdminClient", "AdminError", "Client", "InferError", "NoDaemon", "NotAdminSocket", "Pipeline",
+__all__ = ["AdminClient", "AdminError", "Client", "EndpointsDown", "InferError", "NotAdminSocket", "Pipeline",
            "SharedMemory", "SharedTensor"]
 
 Endpoints = str | Sequence[str]  # one endpoint, or several daemons to fail over between
