@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from harness import DAEMON_HEAD, Daemon
-from infermux.client import Client, EndpointsDown, Pipeline, Reply
+from infermux.client import Client, EndpointsDown, Pipeline, Reply, SharedTensor
 
 MODEL = """
 [[models]]
@@ -200,3 +200,17 @@ def test_every_daemon_down_raises_endpoints_down_naming_them_within_the_bound(pa
         pipe.submit("addone", {"x": x_of(5)})
         with pytest.raises(EndpointsDown, match="infermux serve"):
             pipe.next_reply()
+
+
+def test_what_a_fleet_cannot_do_is_refused_with_a_clear_error(tmp_path: Path) -> None:
+    a, b = f"ipc://{tmp_path}/a.sock", f"ipc://{tmp_path}/b.sock"
+    with pytest.raises(ValueError, match="given twice"):
+        Pipeline([a, a])
+    with Pipeline([a, b]) as pipe:
+        region = SharedTensor("token", 0, "float32", (1, 4))
+        with pytest.raises(ValueError, match="shared-memory regions belong to one daemon"):
+            pipe.submit("addone", {"x": region})
+        assert pipe.in_flight == 0
+    with Client([a, b]) as client:
+        with pytest.raises(ValueError, match="one endpoint"):
+            client.send_raw([b"{}"])
