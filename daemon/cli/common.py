@@ -30,23 +30,38 @@ class CliError(SystemExit):
         self.exit_code = code
 
 
-def add_endpoint_arguments(parser: argparse.ArgumentParser, admin: bool = False) -> None:
+def add_endpoint_arguments(parser: argparse.ArgumentParser, admin: bool = False, several: bool = False) -> None:
     """--endpoint / --admin / --config / --runtime-dir.
 
     `admin`: the command talks to the admin socket only (`status`, `ctl`),
     so --endpoint names that socket; otherwise --endpoint is the inference
-    socket and --admin the admin one (asked for a model's inputs)."""
+    socket and --admin the admin one (asked for a model's inputs).
+    `several`: --endpoint may be given again, for a client that fails over
+    between daemons (`args.more_endpoints` holds the ones after the first)."""
     if admin:
         parser.add_argument("--endpoint", "-e", "--admin", dest="endpoint", metavar="ENDPOINT",
                             help="the admin socket (default: [daemon] admin of --config)")
     else:
-        parser.add_argument("--endpoint", "-e", metavar="ENDPOINT",
-                            help="the inference socket (default: the first [daemon] listen of --config)")
+        parser.add_argument("--endpoint", "-e", metavar="ENDPOINT", action=_Several if several else "store",
+                            help="the inference socket (default: the first [daemon] listen of --config)"
+                            + ("; again for more daemons, to fail over between" if several else ""))
         parser.add_argument("--admin", metavar="ENDPOINT", help="the admin socket (default: [daemon] admin "
                             "of --config, else admin.sock beside an ipc:// --endpoint)")
     parser.add_argument("--config", "-c", help="daemon configuration to take the sockets from "
                         f"(default: $INFERMUX_CONFIG or {DEFAULT_CONFIG}); only its socket paths are read")
     parser.add_argument("--runtime-dir", help="the daemon's --runtime-dir, if it was started with one")
+
+
+class _Several(argparse.Action):
+    """--endpoint given again: the first stays `endpoint` (admin.sock is found beside it), the others
+    go to `more_endpoints`."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: object,
+                 option_string: str | None = None) -> None:
+        if getattr(namespace, self.dest, None) is None:
+            setattr(namespace, self.dest, values)
+        else:
+            namespace.more_endpoints = [*getattr(namespace, "more_endpoints", []), values]
 
 
 def endpoint_from(args: argparse.Namespace, which: str = "listen", check: bool = True) -> str:

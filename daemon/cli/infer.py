@@ -3,6 +3,7 @@
     infermux infer classifier                       # random inputs of the shapes the daemon reports
     infermux infer classifier --shape images=1x3x64x64
     infermux infer mlp --input features=x.npy --json
+    infermux infer mlp -e tcp://box1:5555 -e tcp://box2:5555    # the first that answers
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ __all__ = ["add_endpoint_arguments", "endpoint_from", "inputs_for", "parse_input
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
-    add_endpoint_arguments(parser)
+    add_endpoint_arguments(parser, several=True)
     add_input_arguments(parser)
     parser.add_argument("--timeout-ms", type=int, help="deadline for this request")
     parser.add_argument("--key", help="affinity key for hash routing")
@@ -144,7 +145,9 @@ def run(args: argparse.Namespace) -> int:
         keys = curve.options_from(args)
     except curve.CurveError as exc:
         raise CliError(f"infermux infer: {exc}", USAGE) from None
-    with Client(endpoint_from(args), curve=keys, timeout_s=args.timeout) as client:
+    more = getattr(args, "more_endpoints", [])  # several daemons: a missing one is failed over, not fatal
+    endpoints = [endpoint_from(args, check=not more), *more]
+    with Client(endpoints, curve=keys, timeout_s=args.timeout) as client:
         reply = client.infer(args.model, inputs, version=args.version, timeout_ms=args.timeout_ms,
                              key=args.key, outputs=args.output)
     if args.json:

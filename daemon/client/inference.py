@@ -17,6 +17,20 @@ of travelling through the socket (regions.py):
 `Client` is blocking (a REQ-like exchange on a DEALER socket, so a lost
 reply never wedges the socket). `Pipeline` keeps many requests in flight on
 one DEALER socket and matches replies by `id`.
+
+Both take several endpoints, one daemon each, and then fail over between
+them (failover.py):
+
+    with Pipeline(["tcp://box1:5555", "tcp://box2:5555"]) as p: ...
+
+Requests go to the endpoint holding fewest; those an endpoint held when it
+stopped answering (its connection broke, or no reply for `failover_s`
+while it held some) are resent to another with their `id`s, as are those a
+draining daemon refused with 503. A request may then be computed twice (it
+is delivered once). When every endpoint is down, the wait for a reply
+raises `EndpointsDown` (a TimeoutError naming each endpoint and why) within
+`failover_s` of the last one going down. One endpoint keeps the plain
+single socket, as before.
 """
 
 from __future__ import annotations
@@ -29,10 +43,13 @@ import numpy as np
 import zmq
 
 from infermux.protocol import Reply, SharedTensor, decode_reply, encode_request
+from infermux.client.failover import FAILOVER_S, EndpointsDown, Fleet
 from infermux.client.shared_memory import SharedMemory, local_view
 
-__all__ = ["AdminClient", "AdminError", "Client", "InferError", "NotAdminSocket", "Pipeline", "SharedMemory",
-           "SharedTensor"]
+__all__ = ["AdminClient", "AdminError", "Client", "EndpointsDown", "InferError", "NotAdminSocket", "Pipeline",
+           "SharedMemory", "SharedTensor"]
+
+Endpoints = str | Sequence[str]  # one endpoint, or several daemons to fail over between
 
 
 class InferError(Exception):
@@ -61,7 +78,7 @@ class _Dealer:
             setattr(self.socket, option, value)
         self.socket.connect(endpoint)
 
-    def send(self, frames: list[Any]) -> None:
+    def send(self, frames: list[Any], ident: Any = None) -> None:
         copy = sum(len(f) for f in frames) < 1 << 20  # zero-copy only pays from ~1 MiB
         try:
             self.socket.send_multipart([b"", *frames], copy=copy)
@@ -78,8 +95,22 @@ class _Dealer:
             frames = frames[1:]
         return decode_reply([f.buffer for f in frames], local_view)
 
+    def forget(self) -> None:
+        """Nothing to drop: one socket keeps no request to resend (a stale reply is skipped by id)."""
+
     def close(self) -> None:
         self.socket.close(0)
+
+
+def _link(endpoint: Endpoints, context: zmq.Context | None, curve: Mapping[str, bytes] | None,
+          timeout_s: float | None, failover_s: float) -> _Dealer | Fleet:
+    """The plain socket for one endpoint; a Fleet for several."""
+    endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
+    if not endpoints:
+        raise ValueError("no endpoint given")
+    if len(endpoints) == 1:
+        return _Dealer(endpoints[0], context, curve, timeout_s)
+    return Fleet(endpoints, context, curve, failover_s)
 
 
 class Client:
@@ -90,11 +121,16 @@ class Client:
     and a request written into a connection that then broke (a daemon
     restart) is lost in transit, never seen by the daemon: resending is the
     only way to get it answered.
+
+    `endpoint` may be a list of daemons: each request then goes to the next
+    in turn, and to another when one stops answering (module docstring;
+    `failover_s` is the silence after which an endpoint is given up).
     """
 
-    def __init__(self, endpoint: str, *, timeout_s: float | None = 10.0, retries: int = 0,
-                 context: zmq.Context | None = None, curve: Mapping[str, bytes] | None = None) -> None:
-        self._connect = lambda: _Dealer(endpoint, context, curve, timeout_s)
+    def __init__(self, endpoint: Endpoints, *, timeout_s: float | None = 10.0, retries: int = 0,
+                 context: zmq.Context | None = None, curve: Mapping[str, bytes] | None = None,
+                 failover_s: float = FAILOVER_S) -> None:
+        self._connect = lambda: _link(endpoint, context, curve, timeout_s, failover_s)
         self._dealer = self._connect()
         self._ids = itertools.count(1)
         self.timeout_s = timeout_s
@@ -112,11 +148,13 @@ class Client:
             ident = next(self._ids)
             try:
                 self._dealer.send(encode_request(model, inputs, id=ident, version=version, outputs=outputs,
-                                                 timeout_ms=timeout_ms, key=key, output_regions=output_regions))
+                                                 timeout_ms=timeout_ms, key=key, output_regions=output_regions),
+                                  ident)
                 reply = self._await(ident)
                 break
             except TimeoutError:
                 if attempt == self.retries:
+                    self._dealer.forget()  # a fleet must not resend it when a daemon comes back
                     raise
                 self._dealer.close()  # a late reply must not pair with the resent request
                 self._dealer = self._connect()
@@ -133,7 +171,7 @@ class Client:
                 return reply
 
     def send_raw(self, frames: list[Any]) -> Reply:
-        """Send frames exactly as given (tests and fuzzers) and wait for a reply."""
+        """Send frames exactly as given (tests and fuzzers) and wait for a reply (one endpoint only)."""
         self._dealer.send(frames)
         return self._dealer.recv(self.timeout_s)
 
@@ -153,11 +191,17 @@ class Pipeline:
         with Pipeline(endpoint) as p:
             ids = [p.submit("mlp", {"features": x}) for x in batch]
             replies = p.gather(ids)
+
+    With several endpoints, requests are spread over them and failed over
+    (module docstring); each is still answered once. Its inputs are kept,
+    not copied, until it is answered, to be resent: do not change them
+    meanwhile.
     """
 
-    def __init__(self, endpoint: str, *, timeout_s: float | None = 10.0,
-                 context: zmq.Context | None = None, curve: Mapping[str, bytes] | None = None) -> None:
-        self._dealer = _Dealer(endpoint, context, curve, timeout_s)
+    def __init__(self, endpoint: Endpoints, *, timeout_s: float | None = 10.0,
+                 context: zmq.Context | None = None, curve: Mapping[str, bytes] | None = None,
+                 failover_s: float = FAILOVER_S) -> None:
+        self._dealer = _link(endpoint, context, curve, timeout_s, failover_s)
         self._ids = itertools.count(1)
         self._done: dict[Any, Reply] = {}
         self.in_flight = 0
@@ -166,7 +210,7 @@ class Pipeline:
     def submit(self, model: str, inputs: Mapping[str, np.ndarray | SharedTensor], **fields: Any) -> int:
         """Send a request without waiting; returns its id."""
         ident = next(self._ids)
-        self._dealer.send(encode_request(model, inputs, id=ident, **fields))
+        self._dealer.send(encode_request(model, inputs, id=ident, **fields), ident)
         self.in_flight += 1
         return ident
 
@@ -190,6 +234,17 @@ class Pipeline:
         """Every outstanding reply, in arrival order."""
         while self.in_flight:
             yield self.next_reply()
+
+    @property
+    def moved(self) -> int:
+        """Requests resent to another endpoint so far (0 with one endpoint)."""
+        return self._dealer.moved if isinstance(self._dealer, Fleet) else 0
+
+    def holding(self, endpoint: str) -> frozenset[int]:
+        """The ids of the requests waiting on `endpoint` now (several endpoints only)."""
+        if not isinstance(self._dealer, Fleet):
+            raise ValueError("holding() tells endpoints apart: this Pipeline has one")
+        return self._dealer.holding(endpoint)
 
     def close(self) -> None:
         self._dealer.close()

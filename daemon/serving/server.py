@@ -340,7 +340,8 @@ class Server:
         if refuse:
             reason = "shutting down" if self.stopping else "draining (admin `resume` reopens it)"
             header = error_header(Status.NOT_READY, f"infermux is {reason}; retry later",
-                                  request_id(body, self.limits), retry_after_ms=1000)
+                                  request_id(body, self.limits), retry_after_ms=1000,
+                                  draining=True)  # the whole daemon, not one model: clients move elsewhere
             self._send(envelope + encode_reply(header))
             return
         try:
