@@ -52,18 +52,22 @@ def failed(models: list[dict[str, Any]]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from infermux.client import AdminClient
+    from infermux.pipelines.stats import table as pipeline_table
 
     with AdminClient(endpoint_from(args, "admin"), timeout_s=5) as admin:
-        daemon = admin.call("status")["daemon"]
+        status = admin.call("status")
+        daemon, pipelines = status["daemon"], status.get("pipelines", [])
         models = admin.call("models")["models"]
     if args.json:
-        print(json.dumps({"daemon": daemon, "models": models}, indent=2))
+        print(json.dumps({"daemon": daemon, "models": models, "pipelines": pipelines}, indent=2))
     else:
         mem = daemon["memory"]
         print(f"infermux {daemon['version']}  pid {daemon['pid']}  up {fmt.duration(daemon['uptime_s'])}  "
               f"{daemon['requests']} requests  {'accepting' if daemon['accepting'] else 'DRAINING'}  "
               f"models {fmt.size(mem['models_bytes'])} of budget {fmt.size(mem['budget_bytes'])}")
         print(table(models))
+        if pipelines:
+            print(pipeline_table(pipelines))
     if args.check and failed(models):
         print("\n".join(f"infermux status: failed: {line}" for line in failed(models)), file=sys.stderr)
         return 1
