@@ -32,6 +32,7 @@ rapidocr = pytest.importorskip("rapidocr_onnxruntime", reason="rapidocr-onnxrunt
                                "installed: pip install -e '.[test]'")
 
 from harness import REPO, Daemon  # noqa: E402
+from test_metrics import free_port, scrape  # noqa: E402
 
 from infermux.config import ConfigError, parse  # noqa: E402
 from infermux.pipelines.wire import send_frame  # noqa: E402
@@ -69,10 +70,11 @@ def _camera_ocr() -> Any:
 camera_ocr = _camera_ocr()
 
 
-def ocr_config(engines: Path) -> str:
+def ocr_config(engines: Path, metrics_port: int) -> str:
     """ocr.toml served from `engines`, the detector at 320, with the cold copy and the broken pipeline."""
     text = (REPO / "etc/infermux/examples/ocr.toml").read_text()
-    text = text.replace('engine_dir = "../../../engines/ppocr"', f'engine_dir = "{engines}"')
+    text = text.replace('engine_dir = "../../../engines/ppocr"',
+                        f'engine_dir = "{engines}"\nmetrics_port = {metrics_port}')
     text = text.replace("limit_side = 736", "limit_side = 320")
     models, pipeline = text.split("[[pipelines]]", 1)
     cold = pipeline.replace('name = "ocr"', 'name = "ocr_cold"').replace('model = "ppocr_rec"',
@@ -93,7 +95,9 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iterator[Daemon]:
-    d = Daemon(tmp_path_factory.mktemp("ocr"), ocr_config(engines)).start(timeout=120)
+    port = free_port()
+    d = Daemon(tmp_path_factory.mktemp("ocr"), ocr_config(engines, port)).start(timeout=120)
+    d.metrics_port = port  # type: ignore[attr-defined]
     yield d
     d.stop()
 
@@ -240,6 +244,22 @@ def test_a_processor_that_raises_is_a_500_for_that_request_only(daemon: Daemon, 
     assert views["broken"]["frames"]["by_status"].get("500", 0) >= 1
     assert views["broken"]["steps"]["buggy"]["by_status"].get("500", 0) >= 1
     assert views["ocr"]["steps"]["rec"]["served"] >= 1 and views["ocr"]["steps"]["rec"]["p50_us"] > 0
+    metrics = scrape(daemon.metrics_port)  # type: ignore[attr-defined]
+    assert metrics['infermux_pipeline_frames_total{pipeline="broken",status="500"}'] >= 1
+    assert metrics['infermux_pipeline_step_runs_total{pipeline="ocr",step="rec",status="200"}'] >= 1
+    assert metrics['infermux_pipeline_step_duration_us_total{pipeline="ocr",step="rec"}'] > 0
+
+
+def test_infer_sends_an_image_file_and_prints_the_texts(daemon: Daemon, tmp_path: Path) -> None:
+    image = tmp_path / "frame.png"
+    image.write_bytes(png(camera_ocr.synthetic(5)))
+    out = subprocess.run([sys.executable, "-m", "infermux", "infer", "ocr", "--image", str(image),
+                          "--endpoint", daemon.endpoint], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert '"regions"' in out.stdout and "score" in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "infermux", "infer", "ocr", "--image", str(tmp_path / "x.gif"),
+                          "--endpoint", daemon.endpoint], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
 
 
 @pytest.mark.parametrize("steps, words", [
