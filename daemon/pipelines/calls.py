@@ -1,8 +1,9 @@
 """A model step's call: an internal request to the model's own placement, through the router.
 
-The request is an ordinary Job, admitted by `Router.admit` as a client's
-would be (version choice, readiness, fallback, queue bounds), so the model's
-batcher merges it with other requests; only its envelope differs:
+The request is an ordinary Job, admitted by `Router.admit` on the frontend
+thread as a client's is (version choice, readiness, fallback, queue bounds;
+the router and the registry's on-demand loading are the frontend's alone),
+so the model's batcher merges it with other requests; only its envelope differs:
 `[Internal(sink)]`, and the one reply function hands the reply to the sink
 (serving/job.py), which wakes the pipeline thread waiting here.
 """
@@ -20,7 +21,7 @@ import zmq
 from infermux.protocol import MalformedReply, Reply, Request, Status, decode_reply, encode_header
 from infermux.serving.job import Internal, Job, Outcome
 
-AdmitFn = Callable[[Job], "dict[str, Any] | None"]
+AdmitFn = Callable[[Job], None]  # Server.admit_internal: the router admits it on the frontend thread
 GRACE_S = 1.0  # past the deadline the model's own 504 is due; wait this much longer for it
 
 
@@ -60,9 +61,7 @@ def call(admit: AdmitFn, model: str, inputs: dict[str, np.ndarray], deadline_ns:
     frames = [*envelope, header, *(a.data.cast("B") for a in inputs.values())]
     job = Job(envelope, Request(model=model, inputs=inputs, id=request_id), frames,
               time.perf_counter_ns(), deadline_ns)
-    refused = admit(job)
-    if refused is not None:
-        raise StepFailed(refused["status"], refused["error"], refused.get("retry_after_ms"))
+    admit(job)  # a refusal (404, 429, 503...) comes back to the waiter as a reply, like a result
     if not waiter.wait(max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9) + GRACE_S):
         raise StepFailed(Status.DEADLINE, f"model {model!r} did not answer before the deadline")
     try:

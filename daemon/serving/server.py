@@ -72,7 +72,8 @@ class Server:
         self._to_watch: deque[tuple[int, Callable[[], bool]]] = deque()  # from other threads
         self.registry = Registry(config, self.events, self.reply, self._on_late, self._inline_ok, self._hold)
         self.router = Router(self.registry, config.routing, self.reply)
-        self.pipelines = Pipelines(config.pipelines, self.router.admit, self.reply, self._model_inputs, self.limits)
+        self._admissions: deque[Job] = deque()  # internal requests (pipelines' model steps) to admit
+        self.pipelines = Pipelines(config.pipelines, self.admit_internal, self.reply, self._model_inputs, self.limits)
         self.router.pipelines = self.pipelines.by_name
         self.frontend: zmq.Socket | None = None
         self.stopping = False
@@ -108,6 +109,12 @@ class Server:
             self._send(envelope + frames)
             return
         self._outbox.append(envelope + frames)
+        os.eventfd_write(self._bell, 1)
+
+    def admit_internal(self, job: Job) -> None:
+        """Admit a request the daemon sends itself (a pipeline's model step) as a client's is: on
+        the frontend thread, which alone runs the router; a refusal goes to the job's sink."""
+        self._admissions.append(job)
         os.eventfd_write(self._bell, 1)
 
     def watch(self, fd: int, on_ready: Callable[[], bool]) -> None:
@@ -304,6 +311,11 @@ class Server:
             fd, on_ready = self._to_watch.popleft()
             self._watched[fd] = on_ready
             self._poller.register(fd, zmq.POLLIN)
+        while self._admissions:
+            job = self._admissions.popleft()
+            refused = self.router.admit(job)
+            if refused is not None:
+                self.reply(job.envelope, encode_reply(refused))
         outbox = self._outbox
         while outbox:
             self._send(outbox.popleft())
