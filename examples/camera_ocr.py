@@ -54,11 +54,16 @@ def synthetic(seed: int, size: tuple[int, int] = (320, 240)) -> np.ndarray:
     for i in range(lines):
         text = " ".join(str(w) for w in rng.choice(WORDS, size=int(rng.integers(1, 3)), replace=False))
         points = int(rng.integers(20, 34))
-        font = (ImageFont.truetype(str(fonts[int(rng.integers(len(fonts)))]), points) if fonts
-                else ImageFont.load_default())
+        path = str(fonts[int(rng.integers(len(fonts)))]) if fonts else None
+        x = int(rng.integers(8, 40))
+        font = ImageFont.truetype(path, points) if path else ImageFont.load_default()
+        draw = ImageDraw.Draw(Image.new("L", (1, 1)))
+        while path and points > 12 and x + draw.textlength(text, font=font) > width - 16:
+            points -= 2  # the whole line inside the frame: a glyph cut at the edge reads as anything
+            font = ImageFont.truetype(path, points)
         layer = Image.new("L", (width, height), 0)
         y = 12 + i * (height - 24) // lines + int(rng.integers(0, 10))
-        ImageDraw.Draw(layer).text((int(rng.integers(8, 40)), y), text, fill=255, font=font)
+        ImageDraw.Draw(layer).text((x, y), text, fill=255, font=font)
         layer = layer.rotate(float(rng.uniform(-4, 4)), resample=Image.BILINEAR, center=(width / 2, y + points / 2))
         ink = Image.new("RGB", (width, height), tuple(int(c) for c in rng.integers(0, 70, 3)))
         image = Image.composite(ink, image, layer)
