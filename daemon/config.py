@@ -16,6 +16,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from infermux.plugins import processors
+
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # pragma: no cover - Python 3.10
@@ -118,6 +120,43 @@ class ModelConfig:
         return (self.name, self.version)
 
 
+FOR_EACH = ("", "regions")
+PATH_OPTIONS = ("dictionary", "labels")  # processor options that name a file: relative to engine_dir
+
+
+@dataclass(frozen=True)
+class StepConfig:
+    """One step of a `[[pipelines]]` entry: a processor (with its options) or a model.
+
+    `for_each = "regions"` runs the step once per region found so far, on its
+    crop; a model step there gets all of a frame's crops as one batched
+    request, each padded with `pad_value` to the largest, and the last axis
+    to a multiple of `pad_multiple` so that other frames' crops merge with
+    them in the model's batcher."""
+
+    name: str
+    processor: str = ""
+    model: str = ""
+    options: Mapping[str, Any] = field(default_factory=dict)
+    for_each: str = ""
+    input: str = ""  # the model input the step's tensor goes to (default: the model's only input)
+    pad_value: float = 0.0
+    pad_multiple: int = 1
+
+
+@dataclass(frozen=True)
+class PipelineConfig:
+    """One `[[pipelines]]` entry: steps run in order on a frame sent as input `input`
+    (docs/pipelines.md); `workers` threads run them, `max_queue` frames wait (429 beyond)."""
+
+    name: str
+    steps: tuple[StepConfig, ...]
+    input: str = "image"
+    workers: int = 2
+    max_queue: int = 16
+    timeout_ms: int = 5000
+
+
 @dataclass(frozen=True)
 class Config:
     """A whole, validated configuration file."""
@@ -126,6 +165,7 @@ class Config:
     daemon: DaemonConfig
     routing: RoutingConfig
     models: tuple[ModelConfig, ...]
+    pipelines: tuple[PipelineConfig, ...] = ()
 
     def versions(self, name: str) -> list[ModelConfig]:
         return [m for m in self.models if m.name == name]
@@ -523,7 +563,7 @@ def parse(text: str, file: Path) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(file, "", f"not valid TOML: {exc}") from None
-    top = {"daemon", "routing", "models"}
+    top = {"daemon", "routing", "models", "pipelines"}
     for key in data:
         if key not in top:
             raise ConfigError(file, key, f"unknown table; expected {', '.join(sorted(top))}")
@@ -535,7 +575,103 @@ def parse(text: str, file: Path) -> Config:
                            for m in raw_models])
     models = [_parse_model(file, label, m, daemon.engine_dir) for label, m in zip(labels, raw_models)]
     _check_models(file, models, routing)
-    return Config(path=file, daemon=daemon, routing=routing, models=tuple(models))
+    pipelines = _parse_pipelines(file, data.get("pipelines", []), models, daemon.engine_dir)
+    return Config(path=file, daemon=daemon, routing=routing, models=tuple(models), pipelines=pipelines)
+
+
+def _parse_pipelines(file: Path, raw: Any, models: list[ModelConfig],
+                     engine_dir: Path) -> tuple[PipelineConfig, ...]:
+    """Every `[[pipelines]]` entry; a name may not be a model's (both are addressed as "model")."""
+    _check_type(file, "pipelines", raw, list)
+    out: list[PipelineConfig] = []
+    names = {m.name for m in models}
+    for i, table in enumerate(raw):
+        pipeline = _parse_pipeline(file, f"pipelines[{i}]", table, names, engine_dir)
+        if pipeline.name in names:
+            raise ConfigError(file, f"pipelines[{i}].name", f"{pipeline.name!r} is already a model's or "
+                              "another pipeline's name; pipelines and models share the request's \"model\" field")
+        names.add(pipeline.name)
+        out.append(pipeline)
+    return tuple(out)
+
+
+def _parse_pipeline(file: Path, where: str, table: Any, models: set[str], engine_dir: Path) -> PipelineConfig:
+    _check_type(file, where, table, dict)
+    raw = _known_fields(file, where, table, PipelineConfig)
+    if "name" not in raw:
+        raise ConfigError(file, f"{where}.name", "is required")
+    for key in ("name", "input"):
+        if key in raw:
+            _check_type(file, f"{where}.{key}", raw[key], str)
+            if not raw[key]:
+                raise ConfigError(file, f"{where}.{key}", "must not be empty")
+    for key in ("workers", "max_queue", "timeout_ms"):
+        if key in raw:
+            _positive(file, f"{where}.{key}", raw[key])
+    steps = raw.get("steps")
+    _check_type(file, f"{where}.steps", steps, list)
+    if not steps:
+        raise ConfigError(file, f"{where}.steps", f"pipeline {raw['name']!r} needs at least one step")
+    parsed = [_parse_step(file, f"{where}.steps[{j}]", raw["name"], step, models, engine_dir)
+              for j, step in enumerate(steps)]
+    seen: set[str] = set()
+    for j, step in enumerate(parsed):
+        if step.name in seen:
+            raise ConfigError(file, f"{where}.steps[{j}].name", f"pipeline {raw['name']!r} already has a step "
+                              f"named {step.name!r}; give one a `name`")
+        seen.add(step.name)
+    raw["steps"] = tuple(parsed)
+    return PipelineConfig(**raw)
+
+
+def _parse_step(file: Path, where: str, pipeline: str, table: Any, models: set[str],
+                engine_dir: Path) -> StepConfig:
+    _check_type(file, where, table, dict)
+    raw = _known_fields(file, where, table, StepConfig)
+    for key in ("name", "processor", "model", "for_each", "input"):
+        if key in raw:
+            _check_type(file, f"{where}.{key}", raw[key], str)
+    if bool(raw.get("processor")) == bool(raw.get("model")):
+        raise ConfigError(file, where, f"pipeline {pipeline!r}: a step names either a `processor` or a `model`")
+    raw.setdefault("name", raw.get("processor") or raw.get("model"))
+    step = f"pipeline {pipeline!r} step {raw['name']!r}"
+    if raw.get("for_each", "") not in FOR_EACH:
+        raise ConfigError(file, f"{where}.for_each", f"{step}: must be \"regions\" (or left out)")
+    if raw.get("model") and raw["model"] not in models:
+        raise ConfigError(file, f"{where}.model", f"{step}: unknown model {raw['model']!r}; "
+                          f"models: {', '.join(sorted(models)) or 'none'}")
+    if raw.get("processor") and ({"input", "pad_value", "pad_multiple"} & set(raw)):
+        raise ConfigError(file, where, f"{step}: input, pad_value and pad_multiple belong to model steps")
+    if raw.get("model") and "options" in raw:
+        raise ConfigError(file, f"{where}.options", f"{step}: options belong to processor steps")
+    if "pad_value" in raw:
+        _check_type(file, f"{where}.pad_value", raw["pad_value"], (int, float))
+    if "pad_multiple" in raw:
+        _positive(file, f"{where}.pad_multiple", raw["pad_multiple"])
+    if "options" in raw:
+        _check_type(file, f"{where}.options", raw["options"], dict)
+    raw["options"] = _step_paths(raw.get("options", {}), engine_dir)
+    if raw.get("processor"):
+        _check_processor(file, f"{where}.options", step, raw["processor"], raw["name"], raw["options"])
+    return StepConfig(**raw)
+
+
+def _step_paths(options: Mapping[str, Any], engine_dir: Path) -> dict[str, Any]:
+    """File options (a dictionary, a label file) relative to engine_dir, like a model's engine."""
+    out = dict(options)
+    for key in PATH_OPTIONS:
+        value = out.get(key)
+        if isinstance(value, str) and value and not Path(value).expanduser().is_absolute():
+            out[key] = str(engine_dir / value)
+    return out
+
+
+def _check_processor(file: Path, where: str, step: str, kind: str, name: str, options: Mapping[str, Any]) -> None:
+    """Build the step's processor once, so that a bad option stops the file here, named."""
+    try:
+        processors.create(kind, options, name)
+    except processors.ProcessorError as exc:
+        raise ConfigError(file, where, f"{step}: {exc.reason}") from None
 
 
 def load(path: str | os.PathLike[str]) -> Config:

@@ -499,3 +499,31 @@ def test_the_ppocr_steps_match_rapidocr_with_its_own_models(tmp_path: Path) -> N
             assert line.texts[0][0] == engine.text_rec(image)[0][0][0]
             texts += 1
     assert texts >= 12
+
+
+def test_orient_turns_an_upside_down_crop_and_clears_the_direction() -> None:
+    from infermux.plugins.processors.base import Label, Region
+    crop = np.arange(12, dtype=np.uint8).reshape(2, 2, 3)
+    region = Region(np.zeros((4, 2), np.float32), 0.9, label="180")
+    sample = Sample(image=crop, tensor=np.ones(3), regions=[region], classes=[[Label(1, "180", 0.95)]])
+    create("orient")(sample)
+    assert np.array_equal(sample.image, crop[::-1, ::-1]) and sample.tensor is None and region.label is None
+    unsure = Sample(image=crop, classes=[[Label(1, "180", 0.85)]])
+    create("orient")(unsure)
+    assert np.array_equal(unsure.image, crop)  # 0.85 is not above rapidocr's 0.9
+
+
+def test_select_drops_unsure_regions_with_their_crops() -> None:
+    from infermux.plugins.processors.base import Region
+    box = np.zeros((4, 2), np.float32)
+    regions = [Region(box, 0.9, text="a", text_score=0.4), Region(box, 0.9, text="b", text_score=0.6),
+               Region(box, 0.2, text="c", text_score=0.9)]
+    sample = Sample(regions=regions, crops=[np.zeros(1), np.ones(1), np.full(1, 2)])
+    create("select", {"min_text_score": 0.5, "min_score": 0.5})(sample)
+    assert [r.text for r in sample.regions] == ["b"] and sample.crops[0][0] == 1
+
+
+def test_resize_to_a_height_without_padding_leaves_the_width_for_the_batch() -> None:
+    sample = Sample(image=np.zeros((24, 40, 3), np.uint8))
+    create("resize", {"mode": "height", "height": 48, "max_width": 192, "pad": False})(sample)
+    assert sample.tensor is not None and sample.tensor.shape == (48, 80, 3)

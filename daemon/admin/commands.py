@@ -99,7 +99,11 @@ def cmd_status(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     models = [{k: v[k] for k in ("name", "version", "state", "placement", "default", "contexts",
                                   "queue_depth", "in_flight", "memory_bytes", "reason")}
               for v in snapshot.models_view(server)]
-    return {"daemon": snapshot.daemon_view(server), "models": models}
+    return {"daemon": snapshot.daemon_view(server), "models": models, "pipelines": server.pipelines.view()}
+
+
+def cmd_pipelines(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    return {"pipelines": server.pipelines.view()}
 
 
 def cmd_models(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
@@ -290,6 +294,7 @@ def cmd_reload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
 COMMANDS: dict[str, Command] = {
     "status": Command(cmd_status, "daemon summary and one line per model version", changes=False),
     "models": Command(cmd_models, "every model version with settings and live statistics", changes=False),
+    "pipelines": Command(cmd_pipelines, "every pipeline with per-step counts and latencies", changes=False),
     "events": Command(cmd_events, "recent events (limit=N)", changes=False),
     "load": Command(cmd_load, "load a version (model, version?)", slow=True),
     "unload": Command(cmd_unload, "drain and unload a version (model, version?)", slow=True),

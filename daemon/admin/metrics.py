@@ -117,7 +117,21 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
     out.family("infermux_uptime_seconds", "gauge", "Seconds since the daemon started.", [({}, float(daemon["uptime_s"]))])
     _gpus(out, gpu.samples() if gpu is not None else [])
     _processes(out, _process_samples(server))
+    _pipelines(out, server.pipelines.view())
     return out.text()
+
+
+def _pipelines(out: Exposition, pipelines: list[dict]) -> None:
+    """Frames per pipeline by status, and each step's runs and time (daemon/pipelines/stats.py)."""
+    out.family("infermux_pipeline_frames_total", "counter", "Frames a pipeline answered, by status.",
+               [({"pipeline": p["name"], "status": code}, n) for p in pipelines
+                for code, n in p["frames"]["by_status"].items()])
+    steps = [({"pipeline": p["name"], "step": name}, s) for p in pipelines for name, s in p["steps"].items()]
+    out.family("infermux_pipeline_step_runs_total", "counter", "Runs of a pipeline step, by status.",
+               [({**labels, "status": code}, n) for labels, s in steps for code, n in s["by_status"].items()])
+    out.family("infermux_pipeline_step_duration_us_total", "counter",
+               "Cumulative time of a pipeline step's successful runs, microseconds.",
+               [(labels, float(s["sums_us"].get("total", 0.0))) for labels, s in steps])
 
 
 def _gpus(out: Exposition, samples: list[hardware.GpuSample]) -> None:

@@ -138,4 +138,5 @@ def daemon_view(server: "Server") -> dict[str, Any]:
 
 def full(server: "Server") -> dict[str, Any]:
     """Everything the stats stream publishes in one snapshot."""
-    return {"time": time.time(), "daemon": daemon_view(server), "models": models_view(server)}
+    return {"time": time.time(), "daemon": daemon_view(server), "models": models_view(server),
+            "pipelines": server.pipelines.view()}

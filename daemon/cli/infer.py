@@ -4,6 +4,7 @@
     infermux infer classifier --shape images=1x3x64x64
     infermux infer mlp --input features=x.npy --json
     infermux infer mlp -e tcp://box1:5555 -e tcp://box2:5555    # the first that answers
+    infermux infer ocr --image page.png             # a frame to a pipeline (docs/pipelines.md)
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     add_endpoint_arguments(parser, several=True)
     add_input_arguments(parser)
+    parser.add_argument("--image", metavar="FILE", help="send this JPEG or PNG file as the frame of a pipeline")
+    parser.add_argument("--image-input", default="image", metavar="NAME",
+                        help="the pipeline's input for --image (default: image)")
     parser.add_argument("--timeout-ms", type=int, help="deadline for this request")
     parser.add_argument("--key", help="affinity key for hash routing")
     parser.add_argument("--output", "-o", action="append", help="only return these outputs")
@@ -135,12 +139,35 @@ def describe(name: str, value: np.ndarray, k: int) -> list[str]:
     return lines
 
 
+FORMATS = {".jpg": "jpeg", ".jpeg": "jpeg", ".png": "png"}
+
+
+def image_of(path: str) -> tuple[bytes, str]:
+    """The bytes of an image file and its format, from its name."""
+    fmt = FORMATS.get(Path(path).suffix.lower())
+    if fmt is None:
+        raise CliError(f"infermux: --image {path!r}: give a .jpg, .jpeg or .png file", USAGE)
+    try:
+        return Path(path).read_bytes(), fmt
+    except OSError as exc:
+        raise CliError(f"infermux: --image {path!r}: {exc.strerror}", USAGE) from None
+
+
+def send_image(client: Any, args: argparse.Namespace, data: bytes, fmt: str) -> Any:
+    """One encoded frame to pipeline args.model, on the client's socket (pipelines/wire.py)."""
+    from infermux.pipelines.wire import send_frame
+
+    return send_frame(client._dealer.socket, args.model, data, fmt, timeout_s=args.timeout,
+                      input=args.image_input, timeout_ms=args.timeout_ms, outputs=args.output)
+
+
 def run(args: argparse.Namespace) -> int:
     from infermux.transport import curve
     from infermux.client import Client
 
     model_of(args)
-    inputs = inputs_for(args)
+    image = image_of(args.image) if args.image else None
+    inputs = inputs_for(args) if image is None else {}
     try:
         keys = curve.options_from(args)
     except curve.CurveError as exc:
@@ -148,12 +175,18 @@ def run(args: argparse.Namespace) -> int:
     more = getattr(args, "more_endpoints", [])  # several daemons: a missing one is failed over, not fatal
     endpoints = [endpoint_from(args, check=not more), *more]
     with Client(endpoints, curve=keys, timeout_s=args.timeout) as client:
-        reply = client.infer(args.model, inputs, version=args.version, timeout_ms=args.timeout_ms,
-                             key=args.key, outputs=args.output)
+        if image is not None:
+            reply = send_image(client, args, *image)
+        else:
+            reply = client.infer(args.model, inputs, version=args.version, timeout_ms=args.timeout_ms,
+                                 key=args.key, outputs=args.output)
     if args.json:
         print(json.dumps(reply.header, indent=2))
     else:
         print(json.dumps(reply.header))
+        for region in reply.header.get("regions") or []:
+            print(f"  {region.get('text', region.get('label', ''))!r}  score {region['score']:.3f}  "
+                  f"box {region['box']}")
         for name, value in reply.outputs.items():
             print("\n".join(describe(name, value, args.top)))
     if args.save:

@@ -52,12 +52,14 @@ def failed(models: list[dict[str, Any]]) -> list[str]:
 
 def run(args: argparse.Namespace) -> int:
     from infermux.client import AdminClient
+    from infermux.pipelines.stats import table as pipeline_table
 
     with AdminClient(endpoint_from(args, "admin"), timeout_s=5) as admin:
-        daemon = admin.call("status")["daemon"]
+        status = admin.call("status")
+        daemon, pipelines = status["daemon"], status.get("pipelines", [])
         models = admin.call("models")["models"]
     if args.json:
-        print(json.dumps({"daemon": daemon, "models": models}, indent=2))
+        print(json.dumps({"daemon": daemon, "models": models, "pipelines": pipelines}, indent=2))
     else:
         mem = daemon["memory"]
         print(f"infermux {daemon['version']}  pid {daemon['pid']}  up {fmt.duration(daemon['uptime_s'])}  "
@@ -67,6 +69,8 @@ def run(args: argparse.Namespace) -> int:
         if mps.get("mode", "off") != "off":  # cold workers as MPS clients (workers/mps.py)
             print(f"mps {mps['mode']}: {'active' if mps.get('active') else 'not active'}, {mps.get('detail', '')}")
         print(table(models))
+        if pipelines:
+            print(pipeline_table(pipelines))
     if args.check and failed(models):
         print("\n".join(f"infermux status: failed: {line}" for line in failed(models)), file=sys.stderr)
         return 1

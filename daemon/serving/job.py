@@ -39,6 +39,28 @@ class Outcome:
     total_us: int
 
 
+class ReplySink(Protocol):
+    """Where the reply to a request the daemon sent itself goes (a pipeline's model step,
+    daemon/pipelines/): called with the reply's frames, `[header, outputs...]`, on whichever
+    thread answers (an executor, the frontend reading a worker's lane)."""
+
+    def deliver(self, frames: list[Any], outcome: Outcome | None) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Internal:
+    """The envelope of an internal request: `[Internal(sink)]` instead of a client's identities.
+    Every reply goes through the one reply function (executor.ReplyFn), which hands it to `sink`."""
+
+    sink: ReplySink
+
+
+def internal_sink(envelope: list[Any]) -> ReplySink | None:
+    """The sink of an internal request's envelope; None for a client's."""
+    first = envelope[0] if envelope else None
+    return first.sink if type(first) is Internal else None
+
+
 @dataclass(slots=True)
 class Job:
     """One accepted request.

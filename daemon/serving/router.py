@@ -16,6 +16,7 @@ import time
 from typing import Any
 
 from infermux.config import MAX_FALLBACK_DEPTH, RoutingConfig
+from infermux.pipelines.runner import Pipeline
 from infermux.serving.executor import ReplyFn
 from infermux.serving.hashring import HashRing
 from infermux.serving.job import Job
@@ -35,6 +36,7 @@ class Router:
         self._reply = reply
         self._rings: dict[tuple[str, tuple[str, ...]], HashRing[str]] = {}
         self.weights: dict[str, dict[str, int]] = {}
+        self.pipelines: dict[str, Pipeline] = {}  # addressed like models (daemon/pipelines/)
         for mc in registry.config.models:
             if mc.weight:
                 self.weights.setdefault(mc.name, {})[mc.version] = mc.weight
@@ -57,9 +59,13 @@ class Router:
 
     def _admit(self, job: Job) -> None:
         req = job.request
+        pipeline = self.pipelines.get(req.model)
+        if pipeline is not None:  # its threads run the steps; each model step comes back through here
+            pipeline.submit(job)
+            return
         model = self.registry.model(req.model)
         if model is None:
-            names = ", ".join(sorted(self.registry.models)) or "none"
+            names = ", ".join(sorted([*self.registry.models, *self.pipelines])) or "none"
             raise ProtocolError(Status.NOT_FOUND, f"unknown model {req.model!r}; served models: {names}")
         mv = self._choose_version(model, job)
         job.target = mv

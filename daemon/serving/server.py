@@ -30,11 +30,12 @@ from infermux.transport import curve, ipc
 from infermux.transport.peers import PeerGuard
 from infermux.events import EventLog
 from infermux.serving.inline import InlinePolicy
-from infermux.serving.job import Job, Outcome
+from infermux.serving.job import Job, Outcome, internal_sink
 from infermux.protocol import ProtocolError, Status, encode_reply, error_header, parse_request, request_id
 from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.registry import Registry, State
 from infermux.serving.router import Router
+from infermux.pipelines.runner import Pipelines
 from infermux.serving.limits import limits_from
 from infermux.swap import reload
 from infermux.workers.pool import Workers
@@ -71,6 +72,9 @@ class Server:
         self._to_watch: deque[tuple[int, Callable[[], bool]]] = deque()  # from other threads
         self.registry = Registry(config, self.events, self.reply, self._on_late, self._inline_ok, self._hold)
         self.router = Router(self.registry, config.routing, self.reply)
+        self._admissions: deque[Job] = deque()  # internal requests (pipelines' model steps) to admit
+        self.pipelines = Pipelines(config.pipelines, self.admit_internal, self.reply, self._model_inputs, self.limits)
+        self.router.pipelines = self.pipelines.by_name
         self.frontend: zmq.Socket | None = None
         self.stopping = False
         self.draining = False  # admin `drain`: refuse new requests until `resume`
@@ -95,11 +99,22 @@ class Server:
     # -- replies from any thread -------------------------------------------
 
     def reply(self, envelope: list[Any], frames: list[Any], outcome: Outcome | None = None) -> None:
-        """Send a reply: directly on the frontend thread, else through the outbox (executor.ReplyFn)."""
+        """Send a reply: directly on the frontend thread, else through the outbox (executor.ReplyFn);
+        an internal request's (a pipeline step's) goes to its sink instead (job.Internal)."""
+        sink = internal_sink(envelope)
+        if sink is not None:
+            sink.deliver(frames, outcome)
+            return
         if threading.get_ident() == self._frontend_thread:
             self._send(envelope + frames)
             return
         self._outbox.append(envelope + frames)
+        os.eventfd_write(self._bell, 1)
+
+    def admit_internal(self, job: Job) -> None:
+        """Admit a request the daemon sends itself (a pipeline's model step) as a client's is: on
+        the frontend thread, which alone runs the router; a refusal goes to the job's sink."""
+        self._admissions.append(job)
         os.eventfd_write(self._bell, 1)
 
     def watch(self, fd: int, on_ready: Callable[[], bool]) -> None:
@@ -107,6 +122,13 @@ class Server:
         False (then the fd is forgotten). Safe from any thread; takes effect at the next turn."""
         self._to_watch.append((fd, on_ready))
         os.eventfd_write(self._bell, 1)
+
+    def _model_inputs(self, name: str) -> list[str] | None:
+        """The input names of model `name`'s default version, None while it is not loaded (pipelines)."""
+        model = self.registry.model(name)
+        mv = model.default() if model is not None else None
+        engine = mv.engine if mv is not None else None
+        return [s.name for s in engine.inputs] if engine is not None else None
 
     def _on_late(self, job: Job) -> None:
         self.router.on_late(job)
@@ -289,6 +311,11 @@ class Server:
             fd, on_ready = self._to_watch.popleft()
             self._watched[fd] = on_ready
             self._poller.register(fd, zmq.POLLIN)
+        while self._admissions:
+            job = self._admissions.popleft()
+            refused = self.router.admit(job)
+            if refused is not None:
+                self.reply(job.envelope, encode_reply(refused))
         outbox = self._outbox
         while outbox:
             self._send(outbox.popleft())

@@ -30,6 +30,8 @@ BUILTIN = {
     "dbnet": "infermux.plugins.processors.dbnet:Dbnet",
     "yolo": "infermux.plugins.processors.detect:Yolo",
     "crop": "infermux.plugins.processors.crop:Crop",
+    "orient": "infermux.plugins.processors.orient:Orient",
+    "select": "infermux.plugins.processors.select:Select",
 }
 
 _cache: dict[str, ProcessorFactory] = {}

@@ -32,6 +32,7 @@ class ResizeConfig:
     height: int | None = None
     max_width: int | None = None
     pad_value: int = 114
+    pad: bool = True  # `height`: pad up to max_width (false: leave it narrower; a pipeline pads the batch)
     center: bool = True
     interpolation: str = "linear"
 
@@ -75,7 +76,7 @@ class Resize:
             tw, th = self._target(w, h)
             out = self._resize(image, tw, th)
             sx, sy, px, py = tw / w, th / h, 0.0, 0.0
-            if mode == "height" and self.config.max_width and tw < self.config.max_width:
+            if mode == "height" and self.config.pad and self.config.max_width and tw < self.config.max_width:
                 out = self._pad(out, self.config.max_width, th, 0, 0)
         sample.tensor = out
         sample.transform = sample.transform.then(sx, sy, px, py)

@@ -1,0 +1,266 @@
+"""Running a pipeline: its frames wait in a bounded queue, a few threads run the steps.
+
+Processors never run on the frontend thread: the router hands the request
+to `Pipeline.submit`, which only queues it (a full queue is 429). A worker
+thread decodes the frame, runs each step in order and sends the reply. A
+model step is an internal request through the router (calls.py); a
+fan-out stage (`for_each = "regions"`) runs its processors on each crop and
+sends all of a frame's crops to a model as one batched request.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from infermux.config import PipelineConfig
+from infermux.pipelines import calls, spec
+from infermux.pipelines.calls import AdmitFn, StepFailed
+from infermux.pipelines.stats import PipelineStats
+from infermux.plugins.processors.base import FrameTooLarge, ProcessorError, Sample, working
+from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_header
+from infermux.serving.executor import ReplyFn
+from infermux.serving.job import Job
+
+log = logging.getLogger("infermux.pipelines")
+
+InputsFn = Callable[[str], "list[str] | None"]  # a model's input names, None while not loaded
+
+
+@dataclass
+class Run:
+    """One frame's way through the steps: the request, the tensors asked for, time per step."""
+
+    job: Job
+    wanted: tuple[str, ...]
+    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    timing_us: dict[str, int] = field(default_factory=dict)
+
+
+class Crashed(Exception):
+    """A step raised something other than a ProcessorError: 500 for this request only."""
+
+    def __init__(self, step: str, exc: BaseException) -> None:
+        super().__init__(f"step {step!r} failed: {type(exc).__name__}: {exc} (logged)")
+        self.step = step
+
+
+class Pipeline:
+    """One configured pipeline: its steps, its queue and threads, its statistics."""
+
+    def __init__(self, config: PipelineConfig, admit: AdmitFn, reply: ReplyFn, model_inputs: InputsFn,
+                 limits: Limits) -> None:
+        self.config = config
+        self.name = config.name
+        self.stages = spec.stages(config)
+        self.model_steps = spec.model_steps(config)
+        self.stats = PipelineStats([s.name for s in config.steps])
+        self._admit, self._reply, self._model_inputs, self._limits = admit, reply, model_inputs, limits
+        self._queue: queue.Queue[Job | None] = queue.Queue(config.max_queue)
+        self._threads = [threading.Thread(target=self._work, name=f"pipeline-{self.name}-{i}", daemon=True)
+                         for i in range(config.workers)]
+        for thread in self._threads:
+            thread.start()
+
+    # -- the frontend thread ------------------------------------------------------
+
+    def submit(self, job: Job) -> None:
+        """Queue `job` for a worker thread, or ProtocolError 429 when the queue is full."""
+        if not job.deadline_ns:
+            job.deadline_ns = job.received_ns + (job.request.timeout_ms or self.config.timeout_ms) * 1_000_000
+        try:
+            self._queue.put_nowait(job)
+        except queue.Full:
+            self.stats.frames.record(int(Status.TOO_MANY), 0)
+            per_frame_us = self.stats.frames.snapshot().p50_us or 10_000
+            raise ProtocolError(Status.TOO_MANY, f"pipeline {self.name!r} queue is full ({self.config.max_queue} "
+                                f"frames, max_queue); retry later",
+                                retry_after_ms=max(1, int(per_frame_us * self.config.max_queue
+                                                          / self.config.workers / 1000))) from None
+
+    def stop(self) -> None:
+        """Let the threads finish what is queued and end."""
+        for _ in self._threads:
+            self._queue.put(None)
+
+    # -- the worker threads ---------------------------------------------------------
+
+    def _work(self) -> None:
+        while True:
+            job = self._queue.get()
+            if job is None:
+                return
+            try:
+                status, frames = self._answer(job)
+            except Exception:  # never lose the thread: the request still gets its 500
+                log.exception("internal error in pipeline %r", self.name)
+                status, frames = Status.BACKEND_ERROR, encode_reply(error_header(
+                    Status.BACKEND_ERROR, "internal error in infermux (logged)", job.request.id))
+            self.stats.frames.record(int(status), (time.perf_counter_ns() - job.received_ns) // 1000)
+            self._reply(job.envelope, frames)
+
+    def _answer(self, job: Job) -> tuple[int, list[Any]]:
+        """The reply to one frame: 200 with its regions, or the error naming the step."""
+        req = job.request
+        where = f"pipeline {self.name!r}"
+        try:
+            run = Run(job, self._wanted(job))
+            sample = self._sample(job)
+            for stage in self.stages:
+                self._stage(stage, sample, run)
+            header: dict[str, Any] = {"id": req.id, "status": 200, "model": self.name,
+                                      "regions": [r.to_json() for r in sample.regions],
+                                      "timing_us": run.timing_us}
+            if sample.classes and not sample.regions:
+                header["classes"] = [[{"index": c.index, "label": c.label, "score": round(c.score, 6)}
+                                      for c in row] for row in sample.classes]
+            return Status.OK, encode_reply(header, {k: run.tensors[k] for k in run.wanted})
+        except FrameTooLarge as exc:
+            status, message, retry = Status.TOO_LARGE, f"{where} {exc}", None
+        except ProcessorError as exc:
+            status, message, retry = Status.BAD_REQUEST, f"{where} {exc}", None
+        except StepFailed as exc:
+            status, message, retry = Status(exc.status), f"{where} {exc.message}", exc.retry_after_ms
+        except Crashed as exc:
+            log.error("%s %s", where, exc, exc_info=exc.__cause__)
+            status, message, retry = Status.BACKEND_ERROR, f"{where} {exc}", None
+        return status, encode_reply(error_header(status, message, req.id, retry_after_ms=retry, model=self.name))
+
+    def _wanted(self, job: Job) -> tuple[str, ...]:
+        """The tensors the request asks for back: "step.output" of a model step."""
+        wanted = job.request.outputs or ()
+        for name in wanted:
+            if name.partition(".")[0] not in self.model_steps:
+                raise ProcessorError("outputs", f"{name!r} is not \"step.output\" of a model step; "
+                                     f"model steps: {', '.join(self.model_steps)}")
+        return tuple(wanted)
+
+    def _sample(self, job: Job) -> Sample:
+        """The request's frame as a Sample: its bytes, and the format and geometry its header declares."""
+        req, name = job.request, self.config.input
+        if set(req.inputs) != {name}:
+            raise ProcessorError("input", f"takes one input {name!r} (a frame), got {sorted(req.inputs)}")
+        array = req.inputs[name]
+        if array.dtype != np.uint8:
+            raise ProcessorError("input", f"input {name!r} must be uint8 bytes, got {array.dtype}")
+        metas = parse_header(job.frames[len(job.envelope)], self._limits).get("inputs", [])
+        meta = next(m for m in metas if m.get("name") == name)
+        fmt = meta.get("format")
+        if not isinstance(fmt, str):
+            raise ProcessorError("input", f"input {name!r} needs a \"format\": jpeg, png, nv12, i420, bgr, rgb, gray")
+        geometry = {k: meta.get(k) for k in ("width", "height", "stride")}
+        for key, value in geometry.items():
+            if value is not None and (type(value) is not int or value < 1):
+                raise ProcessorError("input", f"input {name!r}: {key!r} must be a positive integer, got {value!r}")
+        return Sample(data=array, format=fmt, **geometry)
+
+    def _stage(self, stage: spec.Stage, sample: Sample, run: Run) -> None:
+        if not stage.fan_out:
+            samples = [sample]
+        else:
+            if len(sample.crops) != len(sample.regions):
+                raise ProcessorError(stage.steps[0].name, "for_each = \"regions\" needs a 'crop' step before it")
+            samples = [Sample(image=crop, regions=[region]) for crop, region in zip(sample.crops, sample.regions)]
+            if not samples:  # nothing found: nothing to run (200 with no regions)
+                return
+        for step in stage.steps:
+            self._step(step, samples, run)
+
+    def _step(self, step: spec.Step, samples: list[Sample], run: Run) -> None:
+        """Run one step over `samples`, timing and counting it; errors name the step."""
+        start = time.perf_counter_ns()
+        status = Status.OK
+        try:
+            if isinstance(step, spec.ModelStep):
+                self._model(step, samples, run)
+            else:
+                for one in samples:
+                    step.processor(one)
+        except ProcessorError as exc:
+            status = Status.TOO_LARGE if isinstance(exc, FrameTooLarge) else Status.BAD_REQUEST
+            raise
+        except StepFailed as exc:
+            status = Status(exc.status)
+            exc.message = f"step {step.name!r}: {exc.message}"
+            raise
+        except Exception as exc:
+            status = Status.BACKEND_ERROR
+            raise Crashed(step.name, exc) from exc
+        finally:
+            us = (time.perf_counter_ns() - start) // 1000
+            run.timing_us[step.name] = us
+            self.stats.step(step.name, int(status), us)
+
+    def _model(self, step: spec.ModelStep, samples: list[Sample], run: Run) -> None:
+        """The samples' tensors as one request to `step.model`; each sample gets its rows of the outputs."""
+        tensors = [working(step.name, s) for s in samples]
+        batch = stack(step.name, tensors, step.pad_value, step.pad_multiple)
+        names = self._model_inputs(step.model)
+        name = step.input or (names[0] if names and len(names) == 1 else "input")
+        reply = calls.call(self._admit, step.model, {name: batch}, run.job.deadline_ns, run.job.request.id)
+        for out, value in reply.outputs.items():
+            if f"{step.name}.{out}" in run.wanted:
+                run.tensors[f"{step.name}.{out}"] = value
+        if len(samples) == 1:
+            samples[0].outputs = dict(reply.outputs)
+            return
+        cuts = np.cumsum([t.shape[0] for t in tensors])[:-1]
+        for one in samples:  # this model's outputs replace the previous model's
+            one.outputs = {}
+        for out, value in reply.outputs.items():
+            if value.shape[:1] != batch.shape[:1]:
+                raise ProcessorError(step.name, f"output {out!r} has shape {list(value.shape)}, not one row "
+                                     f"per input row ({batch.shape[0]})")
+            for one, part in zip(samples, np.split(value, cuts)):
+                one.outputs[out] = part
+
+
+def stack(step: str, tensors: list[np.ndarray], pad_value: float, multiple: int) -> np.ndarray:
+    """The tensors (each with its batch rows first) as one batch: every other axis padded with
+    `pad_value` to the largest, the last one up to a multiple of `multiple`."""
+    if len(tensors) == 1 and multiple == 1:
+        return tensors[0]
+    ranks = {t.ndim for t in tensors}
+    dtypes = {t.dtype for t in tensors}
+    if len(ranks) != 1 or len(dtypes) != 1 or min(ranks) < 2:
+        raise ProcessorError(step, f"cannot batch tensors of shapes {[list(t.shape) for t in tensors]} "
+                             f"and dtypes {sorted(str(d) for d in dtypes)}")
+    dims = [max(t.shape[axis] for t in tensors) for axis in range(1, tensors[0].ndim)]
+    dims[-1] = -(-dims[-1] // multiple) * multiple
+    rows = sum(t.shape[0] for t in tensors)
+    out = np.full((rows, *dims), pad_value, dtype=tensors[0].dtype)
+    row = 0
+    for t in tensors:
+        out[(slice(row, row + t.shape[0]),) + tuple(slice(0, n) for n in t.shape[1:])] = t
+        row += t.shape[0]
+    return out
+
+
+class Pipelines:
+    """Every configured pipeline by name (the router dispatches to them); the views read `view`."""
+
+    def __init__(self, configs: tuple[PipelineConfig, ...], admit: AdmitFn, reply: ReplyFn,
+                 model_inputs: InputsFn, limits: Limits) -> None:
+        self.by_name = {c.name: Pipeline(c, admit, reply, model_inputs, limits) for c in configs}
+
+    def view(self) -> list[dict[str, Any]]:
+        """Per pipeline: its frames' and each step's counts and latencies, and what each step runs."""
+        out = []
+        for p in self.by_name.values():
+            stats = p.stats.view()
+            for step in p.config.steps:
+                stats["steps"][step.name].update({"model": step.model} if step.model else {"processor": step.processor})
+                if step.for_each:
+                    stats["steps"][step.name]["for_each"] = step.for_each
+            out.append({"name": p.name, "queued": p._queue.qsize(), "workers": p.config.workers, **stats})
+        return out
+
+    def stop(self) -> None:
+        for pipeline in self.by_name.values():
+            pipeline.stop()

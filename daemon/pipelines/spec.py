@@ -1,0 +1,65 @@
+"""A `[[pipelines]]` entry as steps ready to run: built processors, model steps, fan-out stages."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from infermux.config import PipelineConfig, StepConfig
+from infermux.plugins import processors
+from infermux.plugins.processors import Processor
+
+
+@dataclass(frozen=True)
+class ProcessorStep:
+    """Runs `processor` on the frame's Sample (or, in a fan-out, on each crop's)."""
+
+    name: str
+    processor: Processor
+    fan_out: bool
+
+
+@dataclass(frozen=True)
+class ModelStep:
+    """Sends the working tensor to model `model` (a fan-out's crops as one batched request)."""
+
+    name: str
+    model: str
+    input: str  # "" until known: the model's only input
+    fan_out: bool
+    pad_value: float
+    pad_multiple: int
+
+
+Step = ProcessorStep | ModelStep
+
+
+@dataclass(frozen=True)
+class Stage:
+    """Consecutive steps at one level: the frame's (`fan_out` False) or each region's."""
+
+    fan_out: bool
+    steps: tuple[Step, ...]
+
+
+def build_step(config: StepConfig) -> Step:
+    """The runnable step of one step entry (its options were checked when the file was read)."""
+    fan_out = config.for_each == "regions"
+    if config.model:
+        return ModelStep(config.name, config.model, config.input, fan_out, config.pad_value, config.pad_multiple)
+    return ProcessorStep(config.name, processors.create(config.processor, config.options, config.name), fan_out)
+
+
+def stages(config: PipelineConfig) -> tuple[Stage, ...]:
+    """The steps grouped into runs at the same level, in order."""
+    out: list[Stage] = []
+    for step in map(build_step, config.steps):
+        if out and out[-1].fan_out == step.fan_out:
+            out[-1] = Stage(step.fan_out, (*out[-1].steps, step))
+        else:
+            out.append(Stage(step.fan_out, (step,)))
+    return tuple(out)
+
+
+def model_steps(config: PipelineConfig) -> list[str]:
+    """Names of the steps that call a model (whose outputs a request may ask for)."""
+    return [s.name for s in config.steps if s.model]

@@ -1,0 +1,51 @@
+"""Per-pipeline and per-step counts and latencies, on the daemon's own `Stats` (serving/stats.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from infermux.serving.stats import Stats
+from infermux.tui import format as fmt  # plain functions; importing it does not load Textual
+
+
+class PipelineStats:
+    """One `Stats` for the pipeline's replies (statuses, latency per frame) and one per step."""
+
+    def __init__(self, steps: list[str]) -> None:
+        self.frames = Stats()
+        self.steps = {name: Stats() for name in steps}
+
+    def step(self, name: str, status: int, us: int) -> None:
+        """Step `name` ran once (over one frame, or all of a frame's crops) in `us` µs."""
+        self.steps[name].record(status, us)
+
+    def view(self) -> dict[str, Any]:
+        """What `infermux status`, the admin `models` command and Prometheus show."""
+        frames = self.frames.snapshot()
+        return {"frames": _brief(frames.as_json()),
+                "steps": {name: _brief(s.snapshot().as_json()) for name, s in self.steps.items()}}
+
+
+def _brief(snap: dict[str, Any]) -> dict[str, Any]:
+    keep = ("qps", "error_qps", "p50_us", "p99_us", "served", "by_status", "sums_us", "samples")
+    return {k: snap[k] for k in keep if k in snap}
+
+
+def table(pipelines: list[dict[str, Any]]) -> str:
+    """Each pipeline and its steps as a fixed-width table (`infermux status`)."""
+    head = ("PIPELINE/STEP", "RUNS", "FPS", "P50", "P99", "ERR", "QUEUE")
+    rows = [head]
+    for p in pipelines:
+        f = p["frames"]
+        rows.append((p["name"], str(f.get("served", 0)), fmt.rate(f.get("qps")), fmt.us(f.get("p50_us")),
+                     fmt.us(f.get("p99_us")), str(_errors(f)), str(p.get("queued", 0))))
+        for name, s in p["steps"].items():
+            rows.append((f"  {name}", str(s.get("served", 0)), fmt.rate(s.get("qps")), fmt.us(s.get("p50_us")),
+                         fmt.us(s.get("p99_us")), str(_errors(s)), ""))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _errors(stats: dict[str, Any]) -> int:
+    """Replies other than 200 (counted per status in `by_status`)."""
+    return sum(n for status, n in (stats.get("by_status") or {}).items() if status != "200")
