@@ -38,7 +38,9 @@ DTYPES: dict[str, np.dtype] = {
 # typo such as `timout_ms` or a field from another server's protocol
 # (`deadline_ms`) is seen instead of silently changing nothing.
 REQUEST_FIELDS = ("model", "inputs", "id", "version", "outputs", "timeout_ms", "key", "output_regions")
-INPUT_FIELDS = ("name", "dtype", "shape", "region", "offset")
+# An input entry's last four describe a camera frame sent to a pipeline (docs/protocol.md, "Pipelines
+# on the wire"); the pipeline's first step reads and checks them.
+INPUT_FIELDS = ("name", "dtype", "shape", "region", "offset", "format", "width", "height", "stride")
 REGION_FIELDS = ("region", "offset")
 _REQUEST_SET, _INPUT_SET, _REGION_SET = frozenset(REQUEST_FIELDS), frozenset(INPUT_FIELDS), frozenset(REGION_FIELDS)
 # Names that other protocols give a field, too far from ours in spelling for difflib to find.
