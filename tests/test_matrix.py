@@ -259,7 +259,10 @@ def test_fallback_when_the_queue_is_full(cell: Placement) -> None:
 def test_fallback_when_the_deadline_would_pass(cell: Placement) -> None:
     stand_in = late_behind_a_long_compute(cell, "slowfb")
     assert stand_in.fallback == {"from": "slowfb", "reason": "deadline"}, stand_in.header
-    assert_served(stand_in, cell, "fb", ROW)
+    if stand_in.status == 504:  # it keeps its 5 ms: a box busy enough can make the stand-in late too
+        assert "waiting for model 'fb'" in stand_in.error, stand_in.header
+    else:
+        assert_served(stand_in, cell, "fb", ROW)
 
 
 @every_placement

@@ -242,8 +242,10 @@ class Router:
                 if self._fallback(job, model, "deadline"):
                     return
         self._count(job, Status.DEADLINE)
+        # A request the fallback could not serve in time either still says where it was sent.
         header = error_header(Status.DEADLINE, f"deadline passed after {waited_ms:.1f} ms waiting for "
-                              f"model {job.request.model!r}; not computed", job.request.id)
+                              f"model {job.request.model!r}; not computed", job.request.id,
+                              fallback=job.fallback)
         self._reply(job.envelope, encode_reply(header))
 
     @staticmethod
