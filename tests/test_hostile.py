@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -320,3 +321,56 @@ def test_an_abstract_admin_endpoint_is_a_configuration_error() -> None:
         assert exc.path == "daemon.admin" and "any local user could drain" in str(exc)
     else:
         raise AssertionError("an abstract admin socket, open to every local user, was accepted")
+
+
+# -- a worker that stops answering -------------------------------------------------------
+
+COLD = """
+[[models]]
+name = "cold"
+engine = "fast512/1/model.onnx"
+mode = "multiproc"
+preload = true
+"""
+
+
+def _worker(daemon, name: str) -> dict:
+    with daemon.admin() as admin:
+        return next(m for m in admin.call("models")["models"] if m["name"] == name)["worker"]
+
+
+def _cold_request(i: int, timeout_ms: int) -> list[bytes]:
+    header = {"model": "cold", "id": i, "timeout_ms": timeout_ms,
+              "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 512]}]}
+    return [b"", json.dumps(header).encode(), np.ones((1, 512), np.float32).tobytes()]
+
+
+def test_a_stopped_workers_requests_are_answered_at_their_deadline_and_its_late_replies_dropped(
+        make_daemon) -> None:
+    daemon = make_daemon(COLD)
+    pid = _worker(daemon, "cold")["pid"]
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(daemon.endpoint)
+    os.kill(pid, signal.SIGSTOP)  # it holds what it is sent from now on, and answers nothing
+    try:
+        for i in range(3):
+            sock.send_multipart(_cold_request(i, timeout_ms=300))
+        replies = []
+        for _ in range(3):
+            # Before the fix these came at worker_hang_s (10 s) as 503 "hung": the status tells.
+            assert sock.poll(30000), "a request held by a stopped worker was never answered"
+            replies.append(json.loads(sock.recv_multipart()[1]))
+        assert all(r["status"] == 504 and "not computed" in r["error"] for r in replies), replies
+        assert _worker(daemon, "cold")["pid"] == pid  # answered by its deadline, not by killing the worker
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # The worker resumes and answers (or drops as late) what it held: nothing reaches the client.
+    _until(lambda: _worker(daemon, "cold")["expired"] == 0, what="hearing back from the resumed worker")
+    sock.send_multipart(_cold_request(99, timeout_ms=20000))
+    assert sock.poll(20000)
+    assert json.loads(sock.recv_multipart()[1])["id"] == 99  # no second reply to 0..2 came first
+    sock.close()
+    log = daemon.log()
+    assert "at their deadline" in log and "Traceback" not in log
+    assert daemon.stop() == 0
