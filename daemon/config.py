@@ -65,6 +65,8 @@ class DaemonConfig:
     shared_memory: str = "regions.sock"  # where local clients register tensor regions (regions.py); "" = off
     max_connections: int = 4096  # live connections to the inference socket; more are refused (peers.py)
     reserved_fds: int = 512  # descriptors kept free of connections: engines, workers, regions (peers.py)
+    admin_group: str = "infermux-admin"  # admin.sock's group, apart from the clients' (docs/security.md)
+    follow_symlinks: bool = True  # serve engine_dir folders that link outside it (logged; docs/hot-swap.md)
 
 
 @dataclass(frozen=True)
@@ -187,8 +189,11 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
             raw[key] = float(raw[key])
             if key == "worker_hang_s" and raw[key] <= 0:
                 raise ConfigError(file, f"daemon.{key}", f"must be > 0, got {raw[key]}")
-    if "spare_worker" in raw:
-        _check_type(file, "daemon.spare_worker", raw["spare_worker"], bool)
+    for key in ("spare_worker", "follow_symlinks"):
+        if key in raw:
+            _check_type(file, f"daemon.{key}", raw[key], bool)
+    if "admin_group" in raw:
+        _check_type(file, "daemon.admin_group", raw["admin_group"], str)
     if "shared_memory" in raw:
         _check_type(file, "daemon.shared_memory", raw["shared_memory"], str)
     for key in ("max_connections", "reserved_fds"):
@@ -316,6 +321,9 @@ def _parse_model(file: Path, index: int, table: Any, engine_dir: Path) -> ModelC
     if "version" in raw:
         _check_type(file, f"{where}.version", raw["version"], (str, int))
         raw["version"] = str(raw["version"])
+    for key in ("name", "version"):  # logged and exposed as metric labels: no newline, no ESC
+        if key in raw and not raw[key].isprintable():
+            raise ConfigError(file, f"{where}.{key}", f"{ascii(raw[key])} holds control characters")
     for key, minimum in _INT_FIELDS.items():
         if key in raw:
             _positive(file, f"{where}.{key}", raw[key], minimum)

@@ -11,17 +11,21 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import time
-
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
+import pytest
 import zmq
 
-from harness import TESTS  # noqa: F401  (tests/ on sys.path, as for every test)
+from harness import Daemon
+from infermux.client import Client
 
 FAST = """
 [[models]]
@@ -374,3 +378,73 @@ def test_a_stopped_workers_requests_are_answered_at_their_deadline_and_its_late_
     log = daemon.log()
     assert "at their deadline" in log and "Traceback" not in log
     assert daemon.stop() == 0
+
+
+# -- what engine_dir's folder names and links can do ------------------------------------
+
+ODD_HEAD = """
+[daemon]
+listen = ["ipc://infer.sock", "{abstract}"]
+engine_dir = "{watched}"
+metrics_port = {port}
+watch_settle_s = 0.2
+"""
+NEWLINE, ESCAPE = "bad\nname", "esc\x1b[31mred"
+
+
+@pytest.fixture(scope="module")
+def odd_engines(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iterator[tuple[Daemon, int, Path]]:
+    """A daemon on an abstract socket too, watching an engine_dir with odd folders:
+    names with a newline and with ESC, and a model folder linking outside engine_dir."""
+    work = tmp_path_factory.mktemp("odd")
+    watched, outside = work / "engines", work / "elsewhere"
+    for name in ("fine", NEWLINE, ESCAPE):
+        (watched / name / "1").mkdir(parents=True)
+        shutil.copy(engines / "fast512/1/model.onnx", watched / name / "1/model.onnx")
+    (outside / "1").mkdir(parents=True)
+    shutil.copy(engines / "fast512/1/model.onnx", outside / "1/model.onnx")
+    (watched / "linked").symlink_to(outside)
+    port = _free_port()
+    d = Daemon(work, ODD_HEAD.format(abstract=f"ipc://@infermux-test-{os.getpid()}", watched=watched,
+                                     port=port)).start()
+    try:
+        yield d, port, outside
+    finally:
+        assert d.stop() == 0, d.log()[-4000:]
+
+
+def test_an_abstract_inference_endpoint_is_warned_about(odd_engines) -> None:
+    d, _, _ = odd_engines
+    assert f"ipc://@infermux-test-{os.getpid()} is an abstract socket: no file permission guards it" in d.log()
+    with Client(f"ipc://@infermux-test-{os.getpid()}", timeout_s=20) as client:  # and it serves
+        assert client.infer("fine", {"x": np.ones((1, 512), np.float32)}).status == 200
+
+
+def test_folder_names_with_control_characters_are_refused_and_never_logged_raw(odd_engines) -> None:
+    d, port, _ = odd_engines
+    log = d.log()
+    for name in (NEWLINE, ESCAPE):
+        assert f"refused folder {ascii(str(d.workdir / 'engines' / name))} in engine_dir: its name holds " \
+               "control characters" in log
+    assert "\x1b" not in log and "bad\n" not in log
+    with d.admin() as admin:
+        assert {m["name"] for m in admin.call("models")["models"]} == {"fine", "linked"}
+    metrics = _scrape(port).decode()
+    sample = re.compile(r'^[a-z_]+(\{([a-z_]+="([^"\\\n]|\\["\\n])*",?)*\})? \S+$')
+    for line in metrics.split("\r\n\r\n", 1)[1].splitlines():  # each line a comment or one whole sample
+        assert line.startswith("#") or sample.match(line), line
+    assert "infermux_replies_dropped_total 0" in metrics
+
+
+def test_a_model_folder_linking_outside_engine_dir_is_logged_and_served(odd_engines) -> None:
+    d, _, outside = odd_engines
+    assert f"{d.workdir / 'engines' / 'linked'} is a symlink to {outside}, outside engine_dir" in d.log()
+    with d.client(timeout_s=20) as client:
+        assert client.infer("linked", {"x": np.ones((1, 512), np.float32)}).status == 200
+    # Scanned again since (the new folder is served): the link is not logged at every scan.
+    (d.workdir / "engines/later/1").mkdir(parents=True)
+    shutil.copy(d.workdir / "engines/fine/1/model.onnx", d.workdir / "engines/later/1/model.onnx")
+    with d.client(timeout_s=20) as client:
+        _until(lambda: client.infer("later", {"x": np.ones((1, 512), np.float32)}).status == 200,
+               what="serving a folder published later")
+    assert d.log().count("is a symlink to") == 1

@@ -70,14 +70,16 @@ class AdminServer:
         """Bind both sockets and start the thread."""
         if self.admin_endpoint:
             # MAXMSGSIZE before bind: libzmq copies a listener's options when it binds.
-            self.admin = self._bind(zmq.ROUTER, self.admin_endpoint, {zmq.MAXMSGSIZE: MAX_REQUEST_BYTES})
+            self.admin = self._bind(zmq.ROUTER, self.admin_endpoint, {zmq.MAXMSGSIZE: MAX_REQUEST_BYTES},
+                                    group=self.server.config.daemon.admin_group)
         if self.stats_endpoint:
             self.stats = self._bind(zmq.PUB, self.stats_endpoint)
             self.stats.setsockopt(zmq.SNDHWM, 100)  # a slow console drops snapshots, never blocks us
         self.server.events.subscribe(self._events.append)
         self._thread.start()
 
-    def _bind(self, kind: int, endpoint: str, options: dict[int, int] | None = None) -> zmq.Socket:
+    def _bind(self, kind: int, endpoint: str, options: dict[int, int] | None = None,
+              group: str = ipc.GROUP) -> zmq.Socket:
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         for option, value in (options or {}).items():
@@ -88,7 +90,7 @@ class AdminServer:
         except zmq.ZMQError as exc:
             sock.close(0)
             raise RuntimeError(f"cannot bind {endpoint}: {exc}") from None
-        ipc.secure(endpoint)
+        ipc.secure(endpoint, group)
         self.server.events.emit("listening", endpoint=endpoint)
         return sock
 
