@@ -9,12 +9,14 @@ never sleeps standing in for synchronisation.
 from __future__ import annotations
 
 import fcntl
+import grp
 import json
 import os
 import re
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -388,6 +390,7 @@ listen = ["ipc://infer.sock", "{abstract}"]
 engine_dir = "{watched}"
 metrics_port = {port}
 watch_settle_s = 0.2
+admin_group = "{admin_group}"
 """
 NEWLINE, ESCAPE = "bad\nname", "esc\x1b[31mred"
 
@@ -406,11 +409,28 @@ def odd_engines(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iter
     (watched / "linked").symlink_to(outside)
     port = _free_port()
     d = Daemon(work, ODD_HEAD.format(abstract=f"ipc://@infermux-test-{os.getpid()}", watched=watched,
-                                     port=port)).start()
+                                     port=port, admin_group=_other_group() or "")).start()
     try:
         yield d, port, outside
     finally:
         assert d.stop() == 0, d.log()[-4000:]
+
+
+def _other_group() -> str | None:
+    """A group we may give files to (root: any) that is not our own: stands in for infermux-admin."""
+    mine = os.getgid()
+    candidates = [g for g in grp.getgrall() if g.gr_gid != mine and (os.getuid() == 0 or g.gr_gid in os.getgroups())]
+    return candidates[0].gr_name if candidates else None
+
+
+def test_admin_sock_is_given_to_the_admin_group_not_the_clients(odd_engines) -> None:
+    d, _, _ = odd_engines
+    group = _other_group()
+    if group is None:
+        pytest.skip("no second group to give admin.sock to")
+    admin, infer = (os.stat(d.run_dir / name) for name in ("admin.sock", "infer.sock"))
+    assert admin.st_gid == grp.getgrnam(group).gr_gid != infer.st_gid
+    assert stat.S_IMODE(admin.st_mode) == 0o660
 
 
 def test_an_abstract_inference_endpoint_is_warned_about(odd_engines) -> None:
