@@ -468,3 +468,40 @@ def test_a_model_folder_linking_outside_engine_dir_is_logged_and_served(odd_engi
         _until(lambda: client.infer("later", {"x": np.ones((1, 512), np.float32)}).status == 200,
                what="serving a folder published later")
     assert d.log().count("is a symlink to") == 1
+
+
+# -- what one message can make the daemon hold -----------------------------------------------
+
+def _rss_mib(daemon) -> float:
+    status = Path(f"/proc/{daemon.proc.pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]) / 1024
+
+
+def test_a_message_costs_at_most_its_frames_each_capped_at_the_limit(make_daemon) -> None:
+    daemon = make_daemon(FAST)  # max_message_bytes = 1 MiB (harness)
+    assert _served(daemon)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, -1)  # a dropped connection stays dropped: we wait for it
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    sock.connect(daemon.endpoint)
+    header = _request(1)[1]
+    try:
+        before = _rss_mib(daemon)
+        # 40 frames each under the limit, 40 MB in all: libzmq has no frame-count limit, so the
+        # daemon holds it whole, answers 413, and lets it go.
+        sock.send_multipart([b"", header, *([bytes(1_000_000)] * 40)])
+        assert sock.poll(30000), "no answer to a 40-frame message over max_message_bytes"
+        reply = json.loads(sock.recv_multipart()[1])
+        assert reply["status"] == 413 and "(max_message_bytes)" in reply["error"], reply
+        held = _rss_mib(daemon) - before
+        # One frame over the limit (and its 64 KiB slack): dropped with the connection, unread.
+        sock.send_multipart([b"", header, bytes(3 << 19)])
+        assert monitor.poll(30000), "a 1.5 MiB frame was read (the per-frame cap is not the limit)"
+        assert not sock.poll(0)
+    finally:
+        monitor.close()
+        sock.close()
+    assert held < 20, f"RSS still {held:.0f} MiB up after one 40 MB message was answered"
+    assert _served(daemon)
+    assert daemon.stop() == 0

@@ -33,6 +33,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("infermux.admin")
 
 MAX_REQUEST_BYTES = 64 * 1024
+# An admin request is a small object: more brackets than this cannot be one, and counting
+# them (bytes.count, in C) is cheaper than letting json.loads recurse into them.
+MAX_BRACKETS = 1000
+# A request that is not one (bad JSON, unknown command) is answered after this pause: a
+# peer sending garbage in a loop holds the GIL a few percent of the time, not all of it.
+BAD_REQUEST_PAUSE_S = 0.01
 
 
 def peer(frame: zmq.Frame) -> dict[str, Any]:
@@ -148,6 +154,7 @@ class AdminServer:
                 raise CommandError(f"unknown command {name!r}; commands: {', '.join(COMMANDS)}")
         except CommandError as exc:
             self.admin.send_multipart(envelope + [_reply({"ok": False, "error": str(exc)})])
+            self._stop.wait(BAD_REQUEST_PAUSE_S)
             return
         if command.changes:
             args = {k: v for k, v in request.items() if k != "cmd"}
@@ -165,8 +172,11 @@ class AdminServer:
 def _parse(body: list[zmq.Frame]) -> dict[str, Any]:
     if len(body) != 1:
         raise CommandError(f"expected one JSON frame, got {len(body)}")
+    raw = body[0].bytes
+    if raw.count(b"[") + raw.count(b"{") > MAX_BRACKETS:
+        raise CommandError(f"request JSON is nested too deeply (or holds more than {MAX_BRACKETS} brackets)")
     try:
-        request = json.loads(body[0].bytes)
+        request = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise CommandError(f"request is not JSON: {exc}") from None
     except RecursionError:
