@@ -76,6 +76,8 @@ class DaemonConfig:
     mps: str = "off"
     mps_pipe_dir: Path = Path("/tmp/nvidia-mps")  # CUDA's default CUDA_MPS_PIPE_DIRECTORY
     mps_thread_percentage: int = 0  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of each worker; 0 = MPS's own (100)
+    admin_group: str = "infermux-admin"  # admin.sock's group, apart from the clients' (docs/security.md)
+    follow_symlinks: bool = True  # serve engine_dir folders that link outside it (logged; docs/hot-swap.md)
 
 
 @dataclass(frozen=True)
@@ -240,8 +242,11 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
             raw[key] = float(raw[key])
             if key == "worker_hang_s" and raw[key] <= 0:
                 raise ConfigError(file, f"daemon.{key}", f"must be > 0, got {raw[key]}")
-    if "spare_worker" in raw:
-        _check_type(file, "daemon.spare_worker", raw["spare_worker"], bool)
+    for key in ("spare_worker", "follow_symlinks"):
+        if key in raw:
+            _check_type(file, f"daemon.{key}", raw[key], bool)
+    if "admin_group" in raw:
+        _check_type(file, "daemon.admin_group", raw["admin_group"], str)
     if "shared_memory" in raw:
         _check_type(file, "daemon.shared_memory", raw["shared_memory"], str)
     for key in ("max_connections", "reserved_fds"):
@@ -408,6 +413,9 @@ def _parse_model(file: Path, where: str, table: Any, engine_dir: Path) -> ModelC
     if "version" in raw:
         _check_type(file, f"{where}.version", raw["version"], (str, int))
         raw["version"] = str(raw["version"])
+    for key in ("name", "version"):  # logged and exposed as metric labels: no newline, no ESC
+        if key in raw and not raw[key].isprintable():
+            raise ConfigError(file, f"{where}.{key}", f"{ascii(raw[key])} holds control characters")
     for key, minimum in _INT_FIELDS.items():
         if key in raw:
             _positive(file, f"{where}.{key}", raw[key], minimum)

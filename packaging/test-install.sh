@@ -207,6 +207,8 @@ check_user() {
     IFS=: read -r _ _ uid _ _ home shell <<<"$entry"
     [ "$uid" -lt 1000 ] && [ "$home" = /var/lib/infermux ] && [ "$shell" = /usr/sbin/nologin ] &&
     in_root getent group infermux || return 1
+    # admin.sock's own group: who may drain and unload is not every client.
+    in_root getent group infermux-admin | grep -E ':(.*,)?infermux(,.*)?$' || { echo "no group infermux-admin with member infermux"; return 1; }
     # The unit's SupplementaryGroups= fail the start if a group is missing.
     local g
     for g in video render; do

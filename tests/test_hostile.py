@@ -9,18 +9,25 @@ never sleeps standing in for synchronisation.
 from __future__ import annotations
 
 import fcntl
+import grp
 import json
 import os
+import re
+import shutil
+import signal
 import socket
+import stat
 import subprocess
 import time
-
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
+import pytest
 import zmq
 
-from harness import TESTS  # noqa: F401  (tests/ on sys.path, as for every test)
+from harness import Daemon
+from infermux.client import Client
 
 FAST = """
 [[models]]
@@ -320,3 +327,181 @@ def test_an_abstract_admin_endpoint_is_a_configuration_error() -> None:
         assert exc.path == "daemon.admin" and "any local user could drain" in str(exc)
     else:
         raise AssertionError("an abstract admin socket, open to every local user, was accepted")
+
+
+# -- a worker that stops answering -------------------------------------------------------
+
+COLD = """
+[[models]]
+name = "cold"
+engine = "fast512/1/model.onnx"
+mode = "multiproc"
+preload = true
+"""
+
+
+def _worker(daemon, name: str) -> dict:
+    with daemon.admin() as admin:
+        return next(m for m in admin.call("models")["models"] if m["name"] == name)["worker"]
+
+
+def _cold_request(i: int, timeout_ms: int) -> list[bytes]:
+    header = {"model": "cold", "id": i, "timeout_ms": timeout_ms,
+              "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 512]}]}
+    return [b"", json.dumps(header).encode(), np.ones((1, 512), np.float32).tobytes()]
+
+
+def test_a_stopped_workers_requests_are_answered_at_their_deadline_and_its_late_replies_dropped(
+        make_daemon) -> None:
+    daemon = make_daemon(COLD)
+    pid = _worker(daemon, "cold")["pid"]
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(daemon.endpoint)
+    os.kill(pid, signal.SIGSTOP)  # it holds what it is sent from now on, and answers nothing
+    try:
+        for i in range(3):
+            sock.send_multipart(_cold_request(i, timeout_ms=300))
+        replies = []
+        for _ in range(3):
+            # Before the fix these came at worker_hang_s (10 s) as 503 "hung": the status tells.
+            assert sock.poll(30000), "a request held by a stopped worker was never answered"
+            replies.append(json.loads(sock.recv_multipart()[1]))
+        assert all(r["status"] == 504 and "not computed" in r["error"] for r in replies), replies
+        assert _worker(daemon, "cold")["pid"] == pid  # answered by its deadline, not by killing the worker
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # The worker resumes and answers (or drops as late) what it held: nothing reaches the client.
+    _until(lambda: _worker(daemon, "cold")["expired"] == 0, what="hearing back from the resumed worker")
+    sock.send_multipart(_cold_request(99, timeout_ms=20000))
+    assert sock.poll(20000)
+    assert json.loads(sock.recv_multipart()[1])["id"] == 99  # no second reply to 0..2 came first
+    sock.close()
+    log = daemon.log()
+    assert "at their deadline" in log and "Traceback" not in log
+    assert daemon.stop() == 0
+
+
+# -- what engine_dir's folder names and links can do ------------------------------------
+
+ODD_HEAD = """
+[daemon]
+listen = ["ipc://infer.sock", "{abstract}"]
+engine_dir = "{watched}"
+metrics_port = {port}
+watch_settle_s = 0.2
+admin_group = "{admin_group}"
+"""
+NEWLINE, ESCAPE = "bad\nname", "esc\x1b[31mred"
+
+
+@pytest.fixture(scope="module")
+def odd_engines(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iterator[tuple[Daemon, int, Path]]:
+    """A daemon on an abstract socket too, watching an engine_dir with odd folders:
+    names with a newline and with ESC, and a model folder linking outside engine_dir."""
+    work = tmp_path_factory.mktemp("odd")
+    watched, outside = work / "engines", work / "elsewhere"
+    for name in ("fine", NEWLINE, ESCAPE):
+        (watched / name / "1").mkdir(parents=True)
+        shutil.copy(engines / "fast512/1/model.onnx", watched / name / "1/model.onnx")
+    (outside / "1").mkdir(parents=True)
+    shutil.copy(engines / "fast512/1/model.onnx", outside / "1/model.onnx")
+    (watched / "linked").symlink_to(outside)
+    port = _free_port()
+    d = Daemon(work, ODD_HEAD.format(abstract=f"ipc://@infermux-test-{os.getpid()}", watched=watched,
+                                     port=port, admin_group=_other_group() or "")).start()
+    try:
+        yield d, port, outside
+    finally:
+        assert d.stop() == 0, d.log()[-4000:]
+
+
+def _other_group() -> str | None:
+    """A group we may give files to (root: any) that is not our own: stands in for infermux-admin."""
+    mine = os.getgid()
+    candidates = [g for g in grp.getgrall() if g.gr_gid != mine and (os.getuid() == 0 or g.gr_gid in os.getgroups())]
+    return candidates[0].gr_name if candidates else None
+
+
+def test_admin_sock_is_given_to_the_admin_group_not_the_clients(odd_engines) -> None:
+    d, _, _ = odd_engines
+    group = _other_group()
+    if group is None:
+        pytest.skip("no second group to give admin.sock to")
+    admin, infer = (os.stat(d.run_dir / name) for name in ("admin.sock", "infer.sock"))
+    assert admin.st_gid == grp.getgrnam(group).gr_gid != infer.st_gid
+    assert stat.S_IMODE(admin.st_mode) == 0o660
+
+
+def test_an_abstract_inference_endpoint_is_warned_about(odd_engines) -> None:
+    d, _, _ = odd_engines
+    assert f"ipc://@infermux-test-{os.getpid()} is an abstract socket: no file permission guards it" in d.log()
+    with Client(f"ipc://@infermux-test-{os.getpid()}", timeout_s=20) as client:  # and it serves
+        assert client.infer("fine", {"x": np.ones((1, 512), np.float32)}).status == 200
+
+
+def test_folder_names_with_control_characters_are_refused_and_never_logged_raw(odd_engines) -> None:
+    d, port, _ = odd_engines
+    log = d.log()
+    for name in (NEWLINE, ESCAPE):
+        assert f"refused folder {ascii(str(d.workdir / 'engines' / name))} in engine_dir: its name holds " \
+               "control characters" in log
+    assert "\x1b" not in log and "bad\n" not in log
+    with d.admin() as admin:
+        assert {m["name"] for m in admin.call("models")["models"]} == {"fine", "linked"}
+    metrics = _scrape(port).decode()
+    sample = re.compile(r'^[a-z_]+(\{([a-z_]+="([^"\\\n]|\\["\\n])*",?)*\})? \S+$')
+    for line in metrics.split("\r\n\r\n", 1)[1].splitlines():  # each line a comment or one whole sample
+        assert line.startswith("#") or sample.match(line), line
+    assert "infermux_replies_dropped_total 0" in metrics
+
+
+def test_a_model_folder_linking_outside_engine_dir_is_logged_and_served(odd_engines) -> None:
+    d, _, outside = odd_engines
+    assert f"{d.workdir / 'engines' / 'linked'} is a symlink to {outside}, outside engine_dir" in d.log()
+    with d.client(timeout_s=20) as client:
+        assert client.infer("linked", {"x": np.ones((1, 512), np.float32)}).status == 200
+    # Scanned again since (the new folder is served): the link is not logged at every scan.
+    (d.workdir / "engines/later/1").mkdir(parents=True)
+    shutil.copy(d.workdir / "engines/fine/1/model.onnx", d.workdir / "engines/later/1/model.onnx")
+    with d.client(timeout_s=20) as client:
+        _until(lambda: client.infer("later", {"x": np.ones((1, 512), np.float32)}).status == 200,
+               what="serving a folder published later")
+    assert d.log().count("is a symlink to") == 1
+
+
+# -- what one message can make the daemon hold -----------------------------------------------
+
+def _rss_mib(daemon) -> float:
+    status = Path(f"/proc/{daemon.proc.pid}/status").read_text()
+    return int(next(line for line in status.splitlines() if line.startswith("VmRSS")).split()[1]) / 1024
+
+
+def test_a_message_costs_at_most_its_frames_each_capped_at_the_limit(make_daemon) -> None:
+    daemon = make_daemon(FAST)  # max_message_bytes = 1 MiB (harness)
+    assert _served(daemon)
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, -1)  # a dropped connection stays dropped: we wait for it
+    monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    sock.connect(daemon.endpoint)
+    header = _request(1)[1]
+    try:
+        before = _rss_mib(daemon)
+        # 40 frames each under the limit, 40 MB in all: libzmq has no frame-count limit, so the
+        # daemon holds it whole, answers 413, and lets it go.
+        sock.send_multipart([b"", header, *([bytes(1_000_000)] * 40)])
+        assert sock.poll(30000), "no answer to a 40-frame message over max_message_bytes"
+        reply = json.loads(sock.recv_multipart()[1])
+        assert reply["status"] == 413 and "(max_message_bytes)" in reply["error"], reply
+        # Let go once answered (the frames are freed after the reply is sent: poll, bounded).
+        _until(lambda: _rss_mib(daemon) - before < 20, timeout_s=20, what="giving the 40 MB message back")
+        # One frame over the limit (and its 64 KiB slack): dropped with the connection, unread.
+        sock.send_multipart([b"", header, bytes(3 << 19)])
+        assert monitor.poll(30000), "a 1.5 MiB frame was read (the per-frame cap is not the limit)"
+        assert not sock.poll(0)
+    finally:
+        monitor.close()
+        sock.close()
+    assert _served(daemon)
+    assert daemon.stop() == 0

@@ -73,7 +73,9 @@ PLACED = [
     ("sm", "1", SLOW, ""),
     ("sw", "1", "sw/1/model.onnx", ""),  # relative: in the watched engine_dir, where the swap publishes
     ("kl", "1", SLOW, "max_queue = 16\ntimeout_ms = 20000\n"),  # SIGKILL: only where a worker serves it
+    ("hg", "1", IDENTITY, 'fallback = "fb"\n'),  # SIGSTOP: only where a worker serves it
 ]
+WORKER_ONLY = ("kl", "hg")
 # Always hot: the fallback of nr and slowfb (y = x, so a stand-in's outputs are its inputs).
 FALLBACK = f'[[models]]\nname = "fb"\nengine = "{{engines}}/{IDENTITY}"\nmax_queue = 256\n'
 
@@ -119,7 +121,7 @@ def config_text(placement: str, engines: Path, watched: Path) -> str:
     mode = 'mode = "multiproc"\npreload = true\n' if placement in ("cold", "promoted") else ""
     text = HEAD.format(watched=watched) + FALLBACK.format(engines=engines)
     for name, version, engine, settings in PLACED:
-        if name == "kl" and placement not in WITH_WORKER:
+        if name in WORKER_ONLY and placement not in WITH_WORKER:
             continue
         path = engine if name == "sw" else f"{engines}/{engine}"
         text += f'[[models]]\nname = "{name}"\nversion = "{version}"\nengine = "{path}"\n{mode}{settings}'
@@ -454,3 +456,24 @@ def test_sigkill_of_the_worker_answers_what_it_held_and_the_next_restarts_it(cel
     with d.client() as client:
         assert_served(until_200(client, "kl", SLAB), cell, "kl", SLAB)  # 503s while it restarts, then 200
     assert worker(d, "kl")["pid"] != pid
+
+
+@every_placement
+def test_a_stopped_workers_requests_get_the_fallback_at_their_deadline(cell: Placement) -> None:
+    if cell.name not in WITH_WORKER:
+        pytest.skip(f"{cell.name}: no worker process to stop")
+    d = cell.daemon
+    pid = worker(d, "hg")["pid"]
+    os.kill(pid, signal.SIGSTOP)  # it holds every request sent from now on, and answers none
+    try:
+        with d.pipeline(timeout_s=30) as pipe:
+            replies = pipe.gather([pipe.submit("hg", {"x": ROW}, timeout_ms=300) for _ in range(3)])
+        assert worker(d, "hg")["pid"] == pid  # answered at the deadline, not after worker_hang_s's kill (503)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for reply in replies:
+        assert reply.fallback == {"from": "hg", "reason": "deadline"}, reply.header
+        assert_served(reply, cell, "fb", ROW)
+    assert eventually(lambda: worker(d, "hg")["expired"] == 0)  # the resumed worker's late answers: dropped
+    with d.client() as client:
+        assert_served(client.infer("hg", {"x": ROW}), cell, "hg", ROW)

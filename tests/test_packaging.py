@@ -123,7 +123,7 @@ def test_unit_follows_the_design():
     assert int(s["WatchdogSec"].rstrip("s")) > 0
     assert int(s["TimeoutStartSec"].rstrip("s")) >= 120  # engine loads
     assert (s["User"], s["Group"]) == ("infermux", "infermux")
-    assert set(s["SupplementaryGroups"].split()) == {"video", "render"}
+    assert set(s["SupplementaryGroups"].split()) == {"video", "render", "infermux-admin"}
     assert (s["RuntimeDirectory"], s["StateDirectory"]) == ("infermux", "infermux")
     assert s["DevicePolicy"] == "closed"
     assert s["ProtectSystem"] == "strict" and s["NoNewPrivileges"] == "yes"
@@ -152,8 +152,8 @@ def test_sysusers_and_tmpfiles_make_the_user_and_tree(tmp_path):
     assert user[5:] == ["/var/lib/infermux", "/usr/sbin/nologin"]
     groups = {g[0]: g for g in (line.split(":") for line in (root / "etc/group").read_text().splitlines())}
     assert "infermux" in groups
-    # SupplementaryGroups=video render fails the start if either is missing.
-    for name in ("video", "render"):
+    # SupplementaryGroups=video render infermux-admin fails the start if one is missing.
+    for name in ("video", "render", "infermux-admin"):
         assert "infermux" in groups[name][3].split(","), groups.get(name)
     r = subprocess.run([tmpfiles, f"--root={root}", "--create", str(PKG / "infermux.tmpfiles")],
                        capture_output=True, text=True)

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
+import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+import zmq
 
 from harness import REPO
 from infermux import config as cfg
@@ -119,3 +122,78 @@ def test_the_scan_would_see_each_pattern() -> None:
     for line in ("import pickle", "sock.recv_pyobj()", "np.load(f, allow_pickle=True)", "marshal.loads(b)"):
         assert any(rx.search(line) for rx in UNSAFE), line
     assert not any(rx.search("np.load(f, allow_pickle=False)") for rx in UNSAFE)
+
+
+# -- names, links and refusals that reach logs and metrics (issue 17) --------------------
+
+def test_a_scanner_with_fresh_curve_keys_gets_a_few_lines_then_a_count(tmp_path: Path, caplog) -> None:
+    from infermux.events import EventLog
+    from infermux.transport.curve import CurveGuard
+
+    guard = CurveGuard(zmq.Context.instance(), tmp_path / "server.key_secret", tmp_path, EventLog())
+    guard.refusals.interval_s = 0.2  # a short interval, so that its summary comes while we wait
+    caplog.set_level(logging.WARNING, "infermux.curve")
+    for i in range(300):
+        assert guard.callback("*", b"%040d" % i) is False
+    deadline = time.monotonic() + 20
+    while "refused 295 more" not in caplog.text:  # the interval's summary line, from its timer
+        assert time.monotonic() < deadline, caplog.text
+        time.sleep(0.02)
+    guard.stop()
+    assert caplog.text.count("refused CURVE client key") == 5  # not 300 lines
+    assert caplog.text.count("refused 295 more CURVE connection(s)") == 1
+
+
+def test_prometheus_label_values_are_escaped() -> None:
+    from infermux.admin.metrics import Exposition
+
+    out = Exposition()
+    out.family("infermux_x", "gauge", "x", [({"model": 'a"b\\c\nd'}, 1)])
+    assert out.text().splitlines()[-1] == 'infermux_x{model="a\\"b\\\\c\\nd"} 1'
+
+
+@pytest.mark.parametrize("field", ["name", "version"])
+def test_a_configured_name_with_control_characters_is_a_config_error(field: str) -> None:
+    entry = {"name": "m", "version": "1", field: "x\x1b[2J"}
+    text = "[[models]]\n" + "".join(f'{k} = "{v}"\n' for k, v in entry.items()) + 'engine = "m.onnx"\n'
+    with pytest.raises(cfg.ConfigError, match="holds control characters"):
+        cfg.parse(text.replace("\x1b", "\\u001b"), FILE)
+
+
+def _linked_engine_dir(tmp_path: Path) -> tuple[Path, Path]:
+    root, outside = tmp_path / "engines", tmp_path / "elsewhere"
+    (outside / "1").mkdir(parents=True)
+    (outside / "1/model.onnx").write_bytes(b"onnx")
+    (root / "inside/1").mkdir(parents=True)
+    (root / "inside/1/model.onnx").write_bytes(b"onnx")
+    (root / "linked").symlink_to(outside)
+    (root / "alias").symlink_to(root / "inside")  # a link within engine_dir: nothing to say
+    return root, outside
+
+
+@pytest.mark.parametrize("follow", [True, False])
+def test_links_out_of_engine_dir_are_logged_once_and_refused_when_told(tmp_path: Path, caplog,
+                                                                       follow: bool) -> None:
+    from infermux.swap.repository import FolderScreen
+    from infermux.swap.watcher import Settler, scan
+
+    root, outside = _linked_engine_dir(tmp_path)
+    daemon = cfg.DaemonConfig(engine_dir=root, follow_symlinks=follow)
+    screen = FolderScreen()
+    caplog.set_level(logging.WARNING, "infermux.swap")
+    for _ in range(2):  # a rescan says nothing new
+        served = {m for m, _ in screen.apply(scan(root, Settler(0.0)), daemon).engines}
+    assert served == ({"inside", "alias", "linked"} if follow else {"inside", "alias"})
+    said = [r.getMessage() for r in caplog.records]
+    expected = (f"{root / 'linked'} is a symlink to {outside}, outside engine_dir {root}: serving it" if follow
+                else f"refused {root / 'linked'}: a symlink to {outside}, outside engine_dir {root} "
+                     f"(follow_symlinks = false)")
+    assert len(said) == 1 and said[0].startswith(expected), said
+
+
+def test_follow_symlinks_and_admin_group_are_read_and_checked() -> None:
+    daemon = cfg.parse('[daemon]\nfollow_symlinks = false\nadmin_group = "ops"\n', FILE).daemon
+    assert (daemon.follow_symlinks, daemon.admin_group) == (False, "ops")
+    assert (cfg.DaemonConfig().follow_symlinks, cfg.DaemonConfig().admin_group) == (True, "infermux-admin")
+    with pytest.raises(cfg.ConfigError, match="daemon.follow_symlinks"):
+        cfg.parse('[daemon]\nfollow_symlinks = "no"\n', FILE)

@@ -33,6 +33,12 @@ if TYPE_CHECKING:
 log = logging.getLogger("infermux.admin")
 
 MAX_REQUEST_BYTES = 64 * 1024
+# An admin request is a small object: more brackets than this cannot be one, and counting
+# them (bytes.count, in C) is cheaper than letting json.loads recurse into them.
+MAX_BRACKETS = 1000
+# A request that is not one (bad JSON, unknown command) is answered after this pause: a
+# peer sending garbage in a loop holds the GIL a few percent of the time, not all of it.
+BAD_REQUEST_PAUSE_S = 0.01
 
 
 def peer(frame: zmq.Frame) -> dict[str, Any]:
@@ -70,14 +76,16 @@ class AdminServer:
         """Bind both sockets and start the thread."""
         if self.admin_endpoint:
             # MAXMSGSIZE before bind: libzmq copies a listener's options when it binds.
-            self.admin = self._bind(zmq.ROUTER, self.admin_endpoint, {zmq.MAXMSGSIZE: MAX_REQUEST_BYTES})
+            self.admin = self._bind(zmq.ROUTER, self.admin_endpoint, {zmq.MAXMSGSIZE: MAX_REQUEST_BYTES},
+                                    group=self.server.config.daemon.admin_group)
         if self.stats_endpoint:
             self.stats = self._bind(zmq.PUB, self.stats_endpoint)
             self.stats.setsockopt(zmq.SNDHWM, 100)  # a slow console drops snapshots, never blocks us
         self.server.events.subscribe(self._events.append)
         self._thread.start()
 
-    def _bind(self, kind: int, endpoint: str, options: dict[int, int] | None = None) -> zmq.Socket:
+    def _bind(self, kind: int, endpoint: str, options: dict[int, int] | None = None,
+              group: str = ipc.GROUP) -> zmq.Socket:
         sock = self._ctx.socket(kind)
         sock.setsockopt(zmq.LINGER, 0)
         for option, value in (options or {}).items():
@@ -88,7 +96,7 @@ class AdminServer:
         except zmq.ZMQError as exc:
             sock.close(0)
             raise RuntimeError(f"cannot bind {endpoint}: {exc}") from None
-        ipc.secure(endpoint)
+        ipc.secure(endpoint, group)
         self.server.events.emit("listening", endpoint=endpoint)
         return sock
 
@@ -146,6 +154,7 @@ class AdminServer:
                 raise CommandError(f"unknown command {name!r}; commands: {', '.join(COMMANDS)}")
         except CommandError as exc:
             self.admin.send_multipart(envelope + [_reply({"ok": False, "error": str(exc)})])
+            self._stop.wait(BAD_REQUEST_PAUSE_S)
             return
         if command.slow:
             threading.Thread(target=self._finish, args=(envelope, command, request, who), daemon=True,
@@ -166,8 +175,11 @@ class AdminServer:
 def _parse(body: list[zmq.Frame]) -> dict[str, Any]:
     if len(body) != 1:
         raise CommandError(f"expected one JSON frame, got {len(body)}")
+    raw = body[0].bytes
+    if raw.count(b"[") + raw.count(b"{") > MAX_BRACKETS:
+        raise CommandError(f"request JSON is nested too deeply (or holds more than {MAX_BRACKETS} brackets)")
     try:
-        request = json.loads(body[0].bytes)
+        request = json.loads(raw)
     except (UnicodeDecodeError, ValueError) as exc:
         raise CommandError(f"request is not JSON: {exc}") from None
     except RecursionError:

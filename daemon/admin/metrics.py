@@ -44,9 +44,12 @@ MAX_CONNECTIONS = 8
 IDLE_TIMEOUT_S = 5.0
 
 
+# The exposition format's label-value escapes: a newline in a model name must not end the sample.
+_LABEL_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
+
+
 def _labels(**labels: Any) -> str:
-    text = ",".join(f'{k}="{str(v).replace(chr(92), chr(92) * 2).replace(chr(34), chr(92) + chr(34))}"'
-                    for k, v in labels.items())
+    text = ",".join(f'{k}="{str(v).translate(_LABEL_ESCAPES)}"' for k, v in labels.items())
     return "{" + text + "}" if text else ""
 
 
@@ -112,6 +115,15 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
     out.family("infermux_memory_budget_bytes", "gauge", "Memory budget for models.", [({}, memory["budget_bytes"])])
     out.family("infermux_memory_models_bytes", "gauge", "Memory used by loaded models.", [({}, memory["models_bytes"])])
     out.family("infermux_process_resident_bytes", "gauge", "Daemon resident memory.", [({}, memory["rss_bytes"])])
+    clients = daemon["clients"]
+    out.family("infermux_replies_dropped_total", "counter",
+               "Replies dropped because the client's pipe was full (it does not read them).",
+               [({}, clients["dropped_replies"])])
+    out.family("infermux_connections_refused_total", "counter",
+               "Inference connections shut down at once: over max_connections, or too near the fd limit.",
+               [({}, clients["refused_connections"])])
+    out.family("infermux_connections", "gauge", "Live connections to the inference socket.",
+               [({}, clients["connections"])])
     out.family("infermux_internal_errors_total", "counter", "Errors logged with a traceback (500s among them).",
                [({}, daemon["internal_errors"])])
     out.family("infermux_uptime_seconds", "gauge", "Seconds since the daemon started.", [({}, float(daemon["uptime_s"]))])

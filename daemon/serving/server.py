@@ -36,7 +36,7 @@ from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.registry import Registry, State
 from infermux.serving.router import Router
 from infermux.pipelines.runner import Pipelines
-from infermux.serving.limits import limits_from
+from infermux.serving.limits import frame_cap, limits_from
 from infermux.swap import reload
 from infermux.workers.pool import Workers
 
@@ -49,7 +49,6 @@ REFUSE_S = 1.0  # ... and the longest it goes on refusing requests before closin
 # Frames from this size on are parsed in place in ZeroMQ's buffer (no copy into a bytes
 # object); smaller ones, headers and envelopes, are cheaper as bytes.
 BIG_FRAME = 4096
-MAXMSGSIZE_SLACK = 64 << 10  # libzmq's per-frame cap above max_message_bytes (bind)
 
 
 class Server:
@@ -169,10 +168,7 @@ class Server:
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full pipe says EAGAIN (we drop), a gone peer EHOSTUNREACH
         sock.setsockopt(zmq.LINGER, 1000)
-        # libzmq's cap is per frame and drops the peer silently; it sits at twice
-        # max_message_bytes so that an oversize frame gets our 413 naming the setting
-        # (the documented answer), and no single frame can make us hold more than that.
-        sock.setsockopt(zmq.MAXMSGSIZE, 2 * self.config.daemon.max_message_bytes + MAXMSGSIZE_SLACK)
+        sock.setsockopt(zmq.MAXMSGSIZE, frame_cap(self.config.daemon))  # per frame: limits.py
         sock.setsockopt(zmq.RCVHWM, 10000)
         sock.setsockopt(zmq.SNDHWM, 10000)
         self._poller.register(self.peers.attach(self.ctx, sock), zmq.POLLIN)  # before bind: every accept

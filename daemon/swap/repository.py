@@ -16,13 +16,16 @@ Rules (docs/hot-swap.md):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from infermux.config import Config, ConfigError, ModelConfig, parse_model_settings, policy_key
+from infermux.config import Config, ConfigError, DaemonConfig, ModelConfig, parse_model_settings, policy_key
 from infermux.models.registry import version_key
 from infermux.swap.watcher import ENGINE_NAMES, EngineFile, FileSig, Snapshot
+
+log = logging.getLogger("infermux.swap")
 
 
 @dataclass(frozen=True)
@@ -134,3 +137,65 @@ def plan(name: str, snapshot: Snapshot, config: Config, settings: SettingsCache,
         mc = replace(template, version=version, engine=f.path, default=False, weight=0)
         result.wanted[version] = (mc, f)
     return result
+
+
+class FolderScreen:
+    """What a scan found that must not be served as it is, said once per folder (docs/security.md).
+
+    A model or version folder whose name holds a control character (a
+    newline, ESC) is refused: it would split log lines and break the
+    metrics text. A folder (or engine file) that is a symlink resolving
+    outside engine_dir is logged with where it points, and served unless
+    `[daemon] follow_symlinks = false`.
+    """
+
+    def __init__(self) -> None:
+        self._said: dict[Path, str] = {}  # folder -> what was logged about it, while it stays so
+
+    def apply(self, snapshot: Snapshot, daemon: DaemonConfig) -> Snapshot:
+        """`snapshot` without the refused folders; logs what is new since the last scan."""
+        said: dict[Path, str] = {}
+        engines = {}
+        for key, f in snapshot.engines.items():
+            folder, problem, refused = _problem(f, daemon)
+            if problem:
+                said[folder] = problem
+            if not refused:
+                engines[key] = f
+        root = daemon.engine_dir
+        settings = {name: found for name, found in snapshot.settings.items() if name.isprintable()}
+        for name in set(snapshot.settings) - set(settings):
+            said[root / name] = _bad_name(root / name)
+        for folder, problem in said.items():
+            if self._said.get(folder) != problem:
+                log.warning("%s", problem)
+        self._said = said
+        return Snapshot(engines, settings)
+
+
+def _problem(f: EngineFile, daemon: DaemonConfig) -> tuple[Path, str, bool]:
+    """(the folder concerned, what to log or "", whether it is refused) for one engine file."""
+    model_dir = daemon.engine_dir / f.model
+    for folder in (model_dir, model_dir / f.version):
+        if not folder.name.isprintable():
+            return folder, _bad_name(folder), True
+    for link in (model_dir, model_dir / f.version, f.path):
+        if link.is_symlink():
+            try:
+                target = link.resolve()
+                outside = not target.is_relative_to(daemon.engine_dir.resolve())
+            except (OSError, RuntimeError):  # a loop, or gone meanwhile: the next scan sees
+                return link, "", True
+            if not outside:
+                return link, "", False
+            if daemon.follow_symlinks:
+                return link, (f"{link} is a symlink to {target}, outside engine_dir "
+                              f"{daemon.engine_dir}: serving it (follow_symlinks = false refuses it)"), False
+            return link, (f"refused {link}: a symlink to {target}, outside engine_dir {daemon.engine_dir} "
+                          f"(follow_symlinks = false)"), True
+    return model_dir, "", False
+
+
+def _bad_name(folder: Path) -> str:
+    return (f"refused folder {ascii(str(folder))} in engine_dir: its name holds control characters "
+            f"(a newline, ESC...) that would break log lines and metrics; rename it")

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from infermux.config import Config, ModelConfig
 from infermux.models.registry import Model, ModelVersion, Registry, State, version_key
-from infermux.swap.repository import ModelPlan, SettingsCache, plan
+from infermux.swap.repository import FolderScreen, ModelPlan, SettingsCache, plan
 from infermux.swap.watcher import EngineFile, EngineWatcher, Snapshot
 
 if TYPE_CHECKING:
@@ -76,6 +76,7 @@ class Swapper:
         daemon = server.config.daemon
         self.engine_dir = daemon.engine_dir
         self.settings = SettingsCache(self.engine_dir)
+        self.screen = FolderScreen()  # refused folder names, symlinks out of engine_dir (repository.py)
         self.watcher = EngineWatcher(self.engine_dir, self.apply, daemon.watch_settle_s,
                                      daemon.watch_debounce_s, daemon.watch_rescan_s)
         self._made_from: dict[tuple[str, str], Key] = {}  # managed entries: what each was made from
@@ -134,7 +135,7 @@ class Swapper:
         except OSError as exc:
             log.warning("engine directory not scanned: %s; watching for it", exc)
             return Snapshot()
-        return snapshot
+        return self.screen.apply(snapshot, self.config.daemon)
 
     def _check_before_start(self, mv: ModelVersion, f: EngineFile) -> None:
         problem = checksum_problem(f)
@@ -160,6 +161,7 @@ class Swapper:
 
     def apply(self, snapshot: Snapshot) -> None:
         """Bring every model in line with `snapshot` (runs on the watcher thread)."""
+        snapshot = self.screen.apply(snapshot, self.config.daemon)
         self._last = snapshot
         managed = {name for name, _ in self._made_from}
         for name in sorted(snapshot.models() | managed, key=str):

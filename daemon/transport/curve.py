@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from pathlib import Path
 from typing import Any, Mapping
@@ -33,7 +34,10 @@ log = logging.getLogger("infermux.curve")
 SECRET_SUFFIX = ".key_secret"
 PUBLIC_SUFFIX = ".key"
 SERVER_NAME = "server"
-_LOG_EVERY_S = 60.0  # one refusal line per client key per minute: a scanner must not flood the journal
+# A scanner with fresh keys must not flood the journal: the first few refused keys of each
+# minute get a line each, the rest one summary line with their count at the minute's end.
+_LOG_EVERY_S = 60.0
+_LOG_FIRST = 5
 
 
 class CurveError(RuntimeError):
@@ -60,6 +64,49 @@ def load_public(public_file: Path) -> bytes:
     return public
 
 
+class RefusalLog:
+    """Refused CURVE keys, logged at most `first` a line each per interval, then counted.
+
+    The ZAP callback calls `refused`; a timer writes the interval's summary
+    line, so the count is told even when the scan stops.
+    """
+
+    def __init__(self, where: Path, interval_s: float = _LOG_EVERY_S, first: int = _LOG_FIRST) -> None:
+        self.where, self.interval_s, self.first = where, interval_s, first
+        self._lock = threading.Lock()
+        self._since = -interval_s  # monotonic start of the current interval
+        self._named: set[bytes] = set()  # keys given a line of their own this interval
+        self._counted = 0  # refusals not named this interval
+        self._timer: threading.Timer | None = None
+
+    def refused(self, key: bytes) -> None:
+        with self._lock:
+            now = time.monotonic()
+            if now - self._since >= self.interval_s and self._timer is None:
+                self._since, self._named = now, set()
+            if key not in self._named and len(self._named) < self.first:
+                self._named.add(key)
+                log.warning("refused CURVE client key %s: not in %s", key.decode("ascii", "replace"), self.where)
+                return
+            self._counted += 1
+            if self._timer is None:
+                self._timer = threading.Timer(max(0.0, self._since + self.interval_s - now), self.summary)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def summary(self) -> None:
+        """Log how many refusals were not named this interval (the timer, and `stop`)."""
+        with self._lock:
+            counted, self._counted = self._counted, 0
+            if self._timer is not None:
+                self._timer.cancel()
+            self._timer = None
+        if counted:
+            log.warning("refused %d more CURVE connection(s) in the last %.0f s with keys not in %s "
+                        "(the first %d keys of each interval are named)", counted, self.interval_s,
+                        self.where, self.first)
+
+
 class CurveGuard:
     """The daemon's side: its keypair, the authorised client keys, and the ZAP handler."""
 
@@ -70,7 +117,7 @@ class CurveGuard:
         self._events = events
         self._ctx = context
         self._keys: frozenset[bytes] = frozenset()
-        self._last_logged: dict[bytes, float] = {}
+        self.refusals = RefusalLog(authorized_dir)
         self._auth: ThreadAuthenticator | None = None
 
     @classmethod
@@ -103,13 +150,7 @@ class CurveGuard:
         """ZAP: is this (z85) client key authorised? Called on the authenticator's thread."""
         if client_key in self._keys:
             return True
-        now = time.monotonic()
-        if now - self._last_logged.get(client_key, -_LOG_EVERY_S) >= _LOG_EVERY_S:
-            if len(self._last_logged) > 10_000:
-                self._last_logged.clear()
-            self._last_logged[client_key] = now
-            log.warning("refused CURVE client key %s: not in %s", client_key.decode(errors="replace"),
-                        self.authorized_dir)
+        self.refusals.refused(client_key)
         return False
 
     def secure(self, sock: zmq.Socket, endpoint: str) -> None:
@@ -125,6 +166,7 @@ class CurveGuard:
         if self._auth is not None:
             self._auth.stop()
             self._auth = None
+        self.refusals.summary()
 
 
 def secure_listener(sock: zmq.Socket, endpoint: str, guard: CurveGuard | None, events: EventLog) -> None:

@@ -7,10 +7,16 @@ Local sockets are the daemon's access control: files mode 0660, group
 from __future__ import annotations
 
 import grp
+import logging
 import os
 from pathlib import Path
 
+log = logging.getLogger("infermux.ipc")
+
 GROUP = "infermux"
+# admin.sock's group by default: who may drain the daemon or unload models is not every
+# camera pipeline that may run them ([daemon] admin_group, docs/security.md).
+ADMIN_GROUP = "infermux-admin"
 # What the unit's RuntimeDirectory= makes (/run/infermux, 0750): members of
 # the group reach the sockets, nobody else lists them.
 DIR_MODE = 0o750
@@ -48,18 +54,28 @@ def make_dir(path: Path) -> None:
     _give_to_group(path)
 
 
-def secure(endpoint: str) -> None:
-    """Mode 0660 and group `infermux` (when it exists) on a freshly bound socket file."""
+def secure(endpoint: str, group: str = GROUP) -> None:
+    """Mode 0660 and `group` (when it exists) on a freshly bound socket file.
+
+    An abstract socket (`ipc://@name`) has no file, so nothing guards it:
+    the daemon says so at start (config.py refuses one for admin).
+    """
+    if endpoint.startswith("ipc://@"):
+        log.warning("%s is an abstract socket: no file permission guards it, so any local user "
+                    "(in this network namespace) can connect; use an ipc:// path", endpoint)
+        return
     path = path_of(endpoint)
     if path is None:
         return
     os.chmod(path, 0o660)
-    _give_to_group(path)
+    _give_to_group(path, group)
 
 
-def _give_to_group(path: Path) -> None:
+def _give_to_group(path: Path, group: str = GROUP) -> None:
+    if not group:
+        return  # configured off: the file keeps the daemon's own group
     try:
-        os.chown(path, -1, grp.getgrnam(GROUP).gr_gid)
+        os.chown(path, -1, grp.getgrnam(group).gr_gid)
     except (KeyError, PermissionError):
         pass  # no such group (a developer box), or not ours to give
 

@@ -12,7 +12,10 @@ between. A reader thread takes what travels through the ZeroMQ pipe
 
 When the worker process ends, the reader sees it at once (pidfd) and
 answers every request still in flight with 503 + retry_after_ms, so no
-client waits for a timeout.
+client waits for a timeout. While the worker is silent (stopped, hung: no
+heartbeat for SILENT_S), the reader answers each request it holds at the
+request's deadline (504 or the fallback, as the hot placement does) instead
+of after `worker_hang_s`; what the worker sends for it later is dropped.
 """
 
 from __future__ import annotations
@@ -45,6 +48,11 @@ from infermux.workers.process import WorkerProcess
 log = logging.getLogger("infermux.workers")
 
 ZERO_COPY_MIN = 1 << 20  # outputs this big go to the client straight from the slot (docs/architecture.md)
+# A worker beats every 0.25 s at most (pool.py): two missed beats and it is not going to answer
+# in time, so its requests' deadlines are enforced here. A worker that beats keeps computing
+# a late request, as a hot context does (it drops the queued late ones itself: LATE).
+SILENT_S = 0.5
+DEADLINE_POLL_MS = 50  # how often the reader looks at deadlines while requests are in flight
 
 
 class RemoteEngine:
@@ -126,6 +134,10 @@ class WorkerProxy:
         self._outputs = len(ready["outputs"])
         self._out_row_bytes = _row_bytes(ready["outputs"])
         self._pending: dict[int, tuple[Job, Slot | None, int]] = {}
+        # Answered at their deadline while the worker was silent: the worker may still write
+        # into their slots, so each is kept until its late reply (or LATE) comes, or the end.
+        self._expired: dict[int, Slot | None] = {}
+        self._warned_silence = 0.0  # the last_beat of the silence already logged
         self._rows = 0  # input rows of the requests in `_pending`
         self._seq = itertools.count(1)
         self._lock = threading.Lock()
@@ -150,7 +162,7 @@ class WorkerProxy:
         """Send `job` to the worker, or say why not: full, or stopping, or the worker is gone."""
         with self._lock:
             if not self._closing:
-                if len(self._pending) >= self._settings.max_queue + len(self.executors):
+                if len(self._pending) + len(self._expired) >= self._settings.max_queue + len(self.executors):
                     return Admission.FULL
                 # Under the lock: the reply cannot overtake `_pending`.
                 return Admission.QUEUED if self._send_job(job) else Admission.CLOSED
@@ -329,7 +341,8 @@ class WorkerProxy:
         return {"pid": self.pid, "state": state, "rss_bytes": self.process.rss(), "gpu_bytes": self.gpu_bytes,
                 "uptime_s": round(time.monotonic() - self.process.started, 1),
                 "heartbeat_age_ms": round((time.monotonic() - self.last_beat) * 1000),
-                "in_flight": len(self._pending), "slots": len(self.slots), "regions": len(self._mapped),
+                "in_flight": len(self._pending), "expired": len(self._expired), "slots": len(self.slots),
+                "regions": len(self._mapped),
                 "load_ms": self.load_ms}
 
     # -- the reader thread ---------------------------------------------------------------
@@ -342,9 +355,11 @@ class WorkerProxy:
             poller.register(pidfd, zmq.POLLIN)
         try:
             while True:
-                events = dict(poller.poll(1000 if pidfd is not None else 50))
+                idle_ms = 1000 if pidfd is not None else 50
+                events = dict(poller.poll(DEADLINE_POLL_MS if self._pending else idle_ms))
                 if up in events:
                     self._drain(up)
+                self._expire()
                 if (pidfd is not None and pidfd in events) or (pidfd is None and self.process.exited()):
                     self._drain(up)  # what the worker sent before it ended still counts
                     self._read_lane()
@@ -391,13 +406,38 @@ class WorkerProxy:
                 self._on_late(entry[0])
 
     def _take(self, seq: int) -> tuple[Job, Slot | None, int] | None:
+        """The request `seq` the worker answered; None if it was answered already (at its deadline)."""
         with self._lock:
             entry = self._pending.pop(seq, None)
             if entry is not None:
                 self._rows -= entry[2]
+            elif seq in self._expired:
+                self._release(self._expired.pop(seq))  # the worker is done with its slot now
             if not self._pending:
                 self._idle.notify_all()
         return entry
+
+    def _expire(self) -> None:
+        """Answer at their deadline (504, or the fallback) the requests a silent worker holds."""
+        silent = time.monotonic() - self.last_beat
+        if silent < SILENT_S or not self._pending:
+            return
+        now = time.perf_counter_ns()
+        with self._lock:
+            late = [seq for seq, (job, _, _) in self._pending.items() if job.late(now)]
+            jobs = []
+            for seq in late:
+                job, slot, rows = self._pending.pop(seq)
+                self._expired[seq], self._rows = slot, self._rows - rows
+                jobs.append(job)
+            if not self._pending:
+                self._idle.notify_all()
+        if jobs and self._warned_silence != self.last_beat:  # once per silence, not per request
+            self._warned_silence = self.last_beat
+            log.warning("worker %d (model=%s version=%s) silent for %.1f s: answered %d request(s) at "
+                        "their deadline", self.pid, self.name, self.version, silent, len(jobs))
+        for job in jobs:
+            self._on_late(job)
 
     def _replied(self, frames: list[bytes]) -> None:
         seq, outcome, placement = wire.parse_reply_head(frames[0])
@@ -462,7 +502,10 @@ class WorkerProxy:
         with self._lock:
             self._closing = True
             pending, self._pending, self._rows = self._pending, {}, 0
+            expired, self._expired = self._expired, {}
             self._idle.notify_all()
+        for slot in expired.values():
+            self._release(slot)
         retry_ms = max(100, self.load_ms + 100)
         for job, slot, _ in pending.values():
             self._release(slot)
