@@ -21,7 +21,7 @@ import time
 import types
 import urllib.request
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import kubernetes_validate
 import numpy as np
@@ -300,7 +300,7 @@ def test_the_cpu_image_builds_and_answers_a_request(podman: dict[str, str], tmp_
                     "-v", f"{config_dir}:/etc/infermux/config:ro", "infermux:test-cpu"],
                    env=podman, check=True, capture_output=True, timeout=120)
     try:
-        reply = _first_200(run_dir / "infer.sock")
+        reply = _first_200(run_dir / "infer.sock", lambda: _logs(podman, name))
         assert reply.outputs["probs"].shape == (1, 10)
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5) as ready:
             assert ready.status == 200
@@ -327,7 +327,13 @@ def test_the_cpu_image_builds_and_answers_a_request(podman: dict[str, str], tmp_
     print(f"container: image built in {built - started:.0f} s, served and stopped in {time.monotonic() - built:.0f} s")
 
 
-def _first_200(sock: Path, within_s: float = 60.0) -> Any:
+def _logs(podman: dict[str, str], name: str) -> str:
+    """The container's output, for a failure message."""
+    logs = subprocess.run(["podman", "logs", name], env=podman, capture_output=True, text=True, timeout=60)
+    return (logs.stdout + logs.stderr)[-3000:]
+
+
+def _first_200(sock: Path, logs: Callable[[], str], within_s: float = 60.0) -> Any:
     """The first 200 from the classifier: the container starts, discovers the engines and loads them first."""
     x = np.zeros((1, 3, 64, 64), np.float32)
     deadline = time.monotonic() + within_s
@@ -343,4 +349,4 @@ def _first_200(sock: Path, within_s: float = 60.0) -> Any:
                 return reply
             last = (reply.status, reply.error)
             time.sleep(0.2)  # 503 while loading, 404 until discovery found it: polling a state, not a race
-    pytest.fail(f"no 200 from the container within {within_s} s; last: {last}")
+    pytest.fail(f"no 200 from the container within {within_s} s; last: {last}\ncontainer log:\n{logs()}")

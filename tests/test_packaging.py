@@ -337,3 +337,17 @@ def test_package_ships_the_readme_and_docs_the_man_page_names():
         assert (REPO / "docs" / f"{doc.replace(chr(92), '')}.md").is_file(), doc
     for named in re.findall(r"/usr/share/doc/infermux/([\w/.-]+\.md)", (REPO / "debian/README.Debian").read_text()):
         assert (REPO / named).is_file(), f"README.Debian names {named}, which the package does not ship"
+
+
+def test_every_python_package_in_the_tree_is_installed() -> None:
+    # The package list is explicit (three source folders map onto one `infermux` package): a new
+    # subpackage missing from it works in the editable checkout and fails in the wheel, the .deb
+    # and the container with "No module named ...", as infermux.pipelines once did.
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    roots = {folder: name for name, folder in project["package-dir"].items()}
+    found = set()
+    for folder, name in roots.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            parts = init.parent.relative_to(REPO / folder).parts
+            found.add(".".join((name, *parts)))
+    assert found - set(project["packages"]) == set(), "add these to [tool.setuptools] packages in pyproject.toml"
