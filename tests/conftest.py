@@ -16,6 +16,7 @@ pytest.register_assert_rewrite("fakes_tensorrt")
 from harness import DAEMON_HEAD, REPO, Daemon
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the .deb's build-time tests run without it
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto`: a worker per core this process may use, at most 4 (each runs daemons with threads
     of their own; more would only queue them behind each other)."""

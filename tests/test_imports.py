@@ -172,3 +172,23 @@ def test_no_function_imports_an_infermux_module_unless_it_says_why() -> None:
                 unexplained.append(f"{path.relative_to(ROOT)}:{node.lineno} imports {target}")
     assert not unexplained, ("function-local imports of infermux modules (hiding a cycle? move them to the "
                              "top, or add them to ALLOWED_LOCAL with the reason):\n" + "\n".join(unexplained))
+
+
+def test_the_daemon_imports_without_the_console_libraries() -> None:
+    # Textual and Rich come with the `tui` extra only: the container image, a headless box and the
+    # .deb without python3-textual run the daemon without them (a Rich import in tui/format.py,
+    # which `infermux status` and the pipelines use, once stopped the container's daemon at start).
+    import subprocess
+    import sys
+    daemon_side = sorted(m for m in _modules() if not m.endswith("__main__")
+                         and (not m.startswith("infermux.tui") or m == "infermux.tui.format"))
+    script = ("import sys\n"
+              "class Block:\n"
+              "    def find_spec(self, name, path=None, target=None):\n"
+              "        if name.split('.')[0] in ('rich', 'textual'):\n"
+              "            raise ImportError(f'{name} is blocked: the daemon must not need it')\n"
+              "sys.meta_path.insert(0, Block())\n"
+              f"for m in {daemon_side!r}:\n"
+              "    __import__(m)\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]

@@ -5,7 +5,6 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
-from rich.markup import escape
 
 
 def us(value: float | None) -> str:
@@ -115,6 +114,7 @@ LEVEL_STYLE = {"warning": "yellow", "error": "bold red", "critical": "bold rever
 
 def log_line(event: dict[str, Any]) -> str:
     """A `log` event (a warning or error the daemon logged): time, level, logger, message, repeats."""
+    from rich.markup import escape  # here: the daemon imports this module, and needs no Rich
     level = str(event.get("level", "warning"))
     style = LEVEL_STYLE.get(level, "")
     repeated = f" [dim](+{event['repeated']} like it before)[/]" if event.get("repeated") else ""
@@ -124,6 +124,7 @@ def log_line(event: dict[str, Any]) -> str:
 
 def event_line(event: dict[str, Any]) -> str:
     """An event as one line of Rich markup: time, kind, model:version, details."""
+    from rich.markup import escape  # here: the daemon imports this module, and needs no Rich
     kind = str(event.get("kind", "?"))
     if kind == "log":
         return log_line(event)
