@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 
 import zmq
 
@@ -15,6 +17,16 @@ from infermux.client import AdminClient, Client, Pipeline
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
+
+
+def example(name: str) -> ModuleType:
+    """examples/<name>.py loaded as a module (examples/ is not a package), for tests and benchmarks."""
+    spec = importlib.util.spec_from_file_location(name, REPO / "examples" / f"{name}.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
 
 DAEMON_HEAD = """
 [daemon]

@@ -14,7 +14,6 @@ for rapidocr): the same models and steps, a quarter of the pixels, so that
 
 from __future__ import annotations
 
-import importlib.util
 import subprocess
 import sys
 import zlib
@@ -31,7 +30,7 @@ pytest.importorskip("PIL", reason="the frames are rendered with Pillow")
 rapidocr = pytest.importorskip("rapidocr_onnxruntime", reason="rapidocr-onnxruntime (the reference) is not "
                                "installed: pip install -e '.[test]'")
 
-from harness import REPO, Daemon  # noqa: E402
+from harness import REPO, Daemon, example  # noqa: E402
 from test_metrics import free_port, scrape  # noqa: E402
 
 from infermux.config import ConfigError, parse  # noqa: E402
@@ -59,15 +58,7 @@ processor = "raising_processor:Raising"
 """
 
 
-def _camera_ocr() -> Any:
-    spec = importlib.util.spec_from_file_location("camera_ocr", REPO / "examples" / "camera_ocr.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-camera_ocr = _camera_ocr()
+camera_ocr = example("camera_ocr")
 
 
 def ocr_config(engines: Path, metrics_port: int) -> str:

@@ -19,7 +19,6 @@ rapidocr is the reference here only. Writes "## Pipelines (issue 19)" in RESULTS
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import os
 import sys
 import tempfile
@@ -37,7 +36,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from harness import Daemon  # noqa: E402
+from harness import Daemon, example  # noqa: E402
 from results import markdown_table, stamp, write_section  # noqa: E402
 
 from infermux.pipelines.wire import send_frame  # noqa: E402
@@ -47,16 +46,8 @@ ENGINES = REPO / "engines" / "ppocr"
 NOTE = ("\n\nThe gain at one camera is already most of it: rapidocr runs onnxruntime with a thread per core, whose threads spin while they wait, on a box whose cores other processes share, and pads every recogniser batch to at least 320 px; the pipeline's contexts run one thread each. At 4 cameras two frames are detected side by side (2 detector contexts) and the text lines of several frames share recogniser calls (the batcher merges crops padded to the same width); latency per frame grows with the queue. An earlier run of 6 frames, at load 6 to 9 and before the benchmark set a long deadline (some warm-up frames then timed out), gave 1.80× at 1 camera and 1.17× at 4: on this shared box the 4-camera ratio is not yet a stable ≥ 1.5×.")
 
 
-def _camera_ocr() -> Any:
-    spec = importlib.util.spec_from_file_location("camera_ocr", REPO / "examples" / "camera_ocr.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def jpegs(count: int, size: tuple[int, int]) -> list[bytes]:
-    synthetic = _camera_ocr().synthetic
+    synthetic = example("camera_ocr").synthetic
     return [cv2.imencode(".jpg", synthetic(10_000 + i, size), [cv2.IMWRITE_JPEG_QUALITY, 92])[1].tobytes()
             for i in range(count)]
 
