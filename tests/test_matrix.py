@@ -44,8 +44,9 @@ WITH_WORKER = ("cold", "demoted")  # where the version ends up in a worker proce
 MOVES = {"promoted": "promote", "demoted": "demote"}
 
 # Every cell takes every placement, so that pytest runs each placement's cells together on one daemon;
-# the SIGKILL cell skips the two without a worker.
+# the cells that kill or stop a worker exist only for the two placements that have one.
 every_placement = pytest.mark.parametrize("placed", PLACEMENTS, indirect=True)
+worker_placements = pytest.mark.parametrize("placed", WITH_WORKER, indirect=True)
 # Bursts that fill queues and deadlines that wait behind computes: tests/stress.sh runs the matrix.
 pytestmark = pytest.mark.timing
 
@@ -426,10 +427,8 @@ def test_drain_answers_what_it_accepted_and_resume_reopens(cell: Placement) -> N
     assert_served(served, cell, "slow", ROW)
 
 
-@every_placement
+@worker_placements
 def test_sigkill_of_the_worker_answers_what_it_held_and_the_next_restarts_it(cell: Placement) -> None:
-    if cell.name not in WITH_WORKER:
-        pytest.skip(f"{cell.name}: no worker process to kill")
     d = cell.daemon
     pid = worker(d, "kl")["pid"]
     os.kill(pid, signal.SIGSTOP)  # it holds every request sent from now on, and answers none
@@ -458,10 +457,8 @@ def test_sigkill_of_the_worker_answers_what_it_held_and_the_next_restarts_it(cel
     assert worker(d, "kl")["pid"] != pid
 
 
-@every_placement
+@worker_placements
 def test_a_stopped_workers_requests_get_the_fallback_at_their_deadline(cell: Placement) -> None:
-    if cell.name not in WITH_WORKER:
-        pytest.skip(f"{cell.name}: no worker process to stop")
     d = cell.daemon
     pid = worker(d, "hg")["pid"]
     os.kill(pid, signal.SIGSTOP)  # it holds every request sent from now on, and answers none
