@@ -12,6 +12,7 @@ concurrency 1 and 16:
   c  bare      ROUTER + parse + onnxruntime + reply, no routing, one process:
                the baseline the daemon must reach ≥ 0.7× of
   d  daemon    `python -m infermux serve` (2 contexts), end to end
+  d1 daemon    the same with 1 context, like the bare loop (issue 20)
   e  daemon@REV with --against REV: the same daemon at another git revision,
                run beside d, so a change's cost is a ratio from one run
 
@@ -20,8 +21,13 @@ in its own process, so it never shares a GIL with the server under test; a
 runs in that process too. Every server runs for the whole script and the
 rounds interleave them, so a burst of load from elsewhere on the box hits
 all cases alike; the table shows the median round (by QPS) and every
-round's QPS. Writes the "## Core: daemon vs bare loop (issue 2)" section of
-RESULTS.md.
+round's QPS.
+
+A real model too (issue 20): PP-OCR's text detector [1,3,320,320] from the
+rapidocr-onnxruntime wheel (`engines/fetch_ppocr.py` puts it in
+engines/ppocr/det.onnx; skipped when it is not there), bare loop against
+the daemon with 1 context, at concurrency 4. Writes the
+"## Core: daemon vs bare loop (issue 2)" section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -53,6 +59,9 @@ ENGINE = ROOT / "engines" / "classifier" / "1" / "model.onnx"
 BASELINES = Path(__file__).resolve().parent / "baselines.py"
 MODEL, SHAPE = "classifier", "images=1x3x64x64"
 CONCURRENCY = (1, 16)
+OCR_ENGINE = ROOT / "engines" / "ppocr" / "det.onnx"
+OCR_MODEL, OCR_SHAPE, OCR_CONCURRENCY = "det", "x=1x3x320x320", 4
+OCR_WARMUP = 8  # ~0.15 s a request on the 2-core box: the classifier's 200 would take half a minute
 SECTION = "Core: daemon vs bare loop (issue 2)"
 DAEMON_TOML = """\
 [daemon]
@@ -60,10 +69,10 @@ listen = ["ipc://infer.sock"]
 engine_dir = "{engines}"
 
 [[models]]
-name = "classifier"
+name = "{model}"
 version = "1"
-engine = "classifier/1/model.onnx"
-contexts = 2
+engine = "{engine}"
+contexts = {contexts}
 """
 
 
@@ -104,13 +113,13 @@ def backend_direct(concurrency: int, duration_s: float, warmup: int) -> BenchRes
 
 @contextlib.contextmanager
 def serving(name: str, command: list[str], endpoint: str, log_dir: Path,
-            env: dict[str, str] | None = None) -> Iterator[str]:
+            env: dict[str, str] | None = None, model: str = MODEL, shape: str = SHAPE) -> Iterator[str]:
     """Run a server process until the block ends; yield its endpoint once it answers 200."""
     log = open(log_dir / f"{name}.log", "wb")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                env={**os.environ, **(env or {})})
     try:
-        reply = wait_ready(endpoint, MODEL, parse_inputs([], [SHAPE], "float32"), timeout_s=60)
+        reply = wait_ready(endpoint, model, parse_inputs([], [shape], "float32"), timeout_s=60)
         if not reply.ok:
             raise RuntimeError(f"{name} answered {reply.status}: {reply.error}")
         yield endpoint
@@ -123,10 +132,12 @@ def serving(name: str, command: list[str], endpoint: str, log_dir: Path,
         log.close()
 
 
-def daemon_command(tmp: Path, name: str = "daemon") -> tuple[list[str], str]:
-    """The daemon with the issue-2 config, and where its socket will be."""
+def daemon_command(tmp: Path, name: str = "daemon", contexts: int = 2, model: str = MODEL,
+                   engine: Path = ENGINE) -> tuple[list[str], str]:
+    """The daemon serving `engine` as `model` with `contexts` contexts, and where its socket will be."""
     config = tmp / f"{name}.toml"
-    config.write_text(DAEMON_TOML.format(engines=ROOT / "engines"))
+    config.write_text(DAEMON_TOML.format(engines=ROOT / "engines", model=model, contexts=contexts,
+                                         engine=engine.relative_to(ROOT / "engines")))
     run_dir = tmp / f"run-{name}"
     command = [sys.executable, "-m", "infermux", "serve", "--config", str(config), "--runtime-dir", str(run_dir)]
     return command, f"ipc://{run_dir}/infer.sock"
@@ -153,45 +164,99 @@ class Measured:
         return ordered[(len(ordered) - 1) // 2]
 
 
+Case = tuple[tuple[int, ...], Callable[[int], BenchResult]]  # concurrencies, run(c)
+
+
 def measure_all(args: argparse.Namespace, tmp: Path) -> list[Measured]:
     """All cases, rounds interleaved, with every server up for the whole run."""
-    inputs = parse_inputs([], [SHAPE], "float32")
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no GIL shared with anything here
     with ProcessPoolExecutor(1, mp_context=ctx) as generator, contextlib.ExitStack() as stack:
-        def load(endpoint: str) -> Callable[[int], BenchResult]:
-            return lambda c: generator.submit(run_load, endpoint, MODEL, inputs, concurrency=c,
-                                              duration_s=args.duration, warmup=args.warmup).result()
+        def load(endpoint: str, model: str = MODEL, shape: str = SHAPE,
+                 warmup: int = args.warmup) -> Callable[[int], BenchResult]:
+            inputs = parse_inputs([], [shape], "float32")
+            return lambda c: generator.submit(run_load, endpoint, model, inputs, concurrency=c,
+                                              duration_s=args.duration, warmup=warmup).result()
 
-        cases: dict[str, Callable[[int], BenchResult]] = {
-            "a backend": lambda c: generator.submit(backend_direct, c, args.duration, args.warmup).result()}
+        cases: dict[str, Case] = {
+            "a backend": (CONCURRENCY,
+                          lambda c: generator.submit(backend_direct, c, args.duration, args.warmup).result())}
         echo_ep, bare_ep = f"ipc://{tmp}/echo.sock", f"ipc://{tmp}/bare.sock"
         stack.enter_context(serving("echo", [sys.executable, str(BASELINES), "echo", echo_ep], echo_ep, tmp))
-        cases["b echo"] = load(echo_ep)
+        cases["b echo"] = (CONCURRENCY, load(echo_ep))
         stack.enter_context(serving("bare", [sys.executable, str(BASELINES), "bare", bare_ep, str(ENGINE)],
                                     bare_ep, tmp))
-        cases["c bare"] = load(bare_ep)
+        cases["c bare"] = (CONCURRENCY, load(bare_ep))
         if daemon_available():
-            command, daemon_ep = daemon_command(tmp)
-            stack.enter_context(serving("daemon", command, daemon_ep, tmp))
-            cases["d daemon"] = load(daemon_ep)
+            for case, name, contexts in (("d daemon", "daemon", 2), ("d1 daemon", "daemon1", 1)):
+                command, daemon_ep = daemon_command(tmp, name, contexts)
+                stack.enter_context(serving(name, command, daemon_ep, tmp))
+                cases[case] = (CONCURRENCY, load(daemon_ep))
         if args.against:
             old_env = package_env(args.against, tmp / "against")
             command, old_ep = daemon_command(tmp, "against")
             stack.enter_context(serving("against", command, old_ep, tmp, old_env))
-            cases["e daemon@REV"] = load(old_ep)
-        results = {(case, c): Measured(case, c, []) for case in cases for c in CONCURRENCY}
-        for round_ in range(args.rounds):
-            for c in CONCURRENCY:
-                for case, run in cases.items():
-                    result = run(c)
-                    results[case, c].rounds.append(result)
-                    print(f"  round {round_ + 1}  {case:<9} c={c:<3} {result.qps:8,.0f}/s  "
-                          f"p50 {result.p50_us:7.0f} µs  p99 {result.p99_us:7.0f} µs", file=sys.stderr)
+            cases["e daemon@REV"] = (CONCURRENCY, load(old_ep))
+        cases.update(ocr_cases(stack, tmp, load) if OCR_ENGINE.is_file() and not args.no_ocr else {})
+        return run_rounds(cases, args.rounds)
+
+
+def ocr_cases(stack: contextlib.ExitStack, tmp: Path, load: Callable[..., Callable[[int], BenchResult]]
+              ) -> dict[str, Case]:
+    """The PP-OCR detector: bare loop and daemon (1 context), both up for the whole run."""
+    ocr = (OCR_MODEL, OCR_SHAPE, OCR_WARMUP)
+    bare_ep = f"ipc://{tmp}/bare-ocr.sock"
+    stack.enter_context(serving("bare-ocr", [sys.executable, str(BASELINES), "bare", bare_ep, str(OCR_ENGINE)],
+                                bare_ep, tmp, model=OCR_MODEL, shape=OCR_SHAPE))
+    command, daemon_ep = daemon_command(tmp, "daemon-ocr", 1, OCR_MODEL, OCR_ENGINE)
+    stack.enter_context(serving("daemon-ocr", command, daemon_ep, tmp, model=OCR_MODEL, shape=OCR_SHAPE))
+    return {"f ocr bare": ((OCR_CONCURRENCY,), load(bare_ep, *ocr)),
+            "g ocr daemon": ((OCR_CONCURRENCY,), load(daemon_ep, *ocr))}
+
+
+def run_rounds(cases: dict[str, Case], rounds: int) -> list[Measured]:
+    """Every case at each of its concurrencies, `rounds` times, the rounds interleaved."""
+    results = {(case, c): Measured(case, c, []) for case, (levels, _) in cases.items() for c in levels}
+    for round_ in range(rounds):
+        for c in sorted({c for levels, _ in cases.values() for c in levels}):
+            for case, (levels, run) in cases.items():
+                if c not in levels:
+                    continue
+                result = run(c)
+                results[case, c].rounds.append(result)
+                print(f"  round {round_ + 1}  {case:<12} c={c:<3} {result.qps:8,.0f}/s  "
+                      f"p50 {result.p50_us:7.0f} µs  p99 {result.p99_us:7.0f} µs", file=sys.stderr)
     return list(results.values())
 
 
 def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
+
+
+def _ratios(by_key: dict[tuple[str, int], BenchResult], case: str, base: str, levels: tuple[int, ...]) -> str:
+    """`case` ÷ `base` at each concurrency: QPS, p50 and p99 (medians of the rounds)."""
+    return ", ".join(
+        f"c={c}: **{by_key[case, c].qps / by_key[base, c].qps:.2f}×** QPS, "
+        f"p50 {by_key[case, c].p50_us / by_key[base, c].p50_us:.2f}×, "
+        f"p99 {by_key[case, c].p99_us / by_key[base, c].p99_us:.2f}×" for c in levels)
+
+
+def ratio_lines(by_key: dict[tuple[str, int], BenchResult], args: argparse.Namespace) -> list[str]:
+    """One line per comparison the run allows."""
+    if ("d daemon", 1) not in by_key:
+        return ["Daemon / bare loop: not run (the daemon core is not in this checkout)."]
+    lines = [f"Daemon (2 contexts) / bare loop (medians): {_ratios(by_key, 'd daemon', 'c bare', CONCURRENCY)}. "
+             "Target (issue 2): ≥ 0.7× QPS.",
+             f"Daemon (1 context, as the bare loop) / bare loop: "
+             f"{_ratios(by_key, 'd1 daemon', 'c bare', CONCURRENCY)}. "
+             "Goals (issue 20): ≥ 0.9× QPS at c=1, ≥ 0.8× QPS and ≤ 1.3× p99 at c=16."]
+    if ("g ocr daemon", OCR_CONCURRENCY) in by_key:
+        lines.append(f"PP-OCR detector, daemon (1 context) / bare loop: "
+                     f"{_ratios(by_key, 'g ocr daemon', 'f ocr bare', (OCR_CONCURRENCY,))}. Goal (issue 20): ≥ 0.95×.")
+    if ("e daemon@REV", 1) in by_key:
+        lines.append("This checkout / " + describe(args.against) + " (e, same run): " + ", ".join(
+            f"c={c}: **{by_key['d daemon', c].qps / by_key['e daemon@REV', c].qps:.2f}×** QPS, "
+            f"p99 {by_key['d daemon', c].p99_us / by_key['e daemon@REV', c].p99_us:.2f}×" for c in CONCURRENCY) + ".")
+    return lines
 
 
 def report(measured: list[Measured], args: argparse.Namespace, load: tuple[float, float]) -> str:
@@ -203,24 +268,14 @@ def report(measured: list[Measured], args: argparse.Namespace, load: tuple[float
                      str(sum(x.errors for x in m.rounds)), " / ".join(f"{x.qps:,.0f}" for x in m.rounds)])
     table = markdown_table(["case", "c", "QPS", "p50 µs", "p90 µs", "p99 µs", "errors", "QPS per round"], rows)
     by_key = {(m.case, m.concurrency): m.median for m in measured}
-    if ("d daemon", 1) in by_key:
-        ratios = ", ".join(
-            f"c={c}: **{by_key['d daemon', c].qps / by_key['c bare', c].qps:.2f}×** QPS, "
-            f"p50 {by_key['d daemon', c].p50_us / by_key['c bare', c].p50_us:.2f}×"
-            for c in CONCURRENCY)
-        verdict = f"Daemon / bare loop (medians): {ratios}. Target: ≥ 0.7× QPS."
-    else:
-        verdict = "Daemon / bare loop: not run (the daemon core is not in this checkout)."
-    if ("e daemon@REV", 1) in by_key:
-        verdict += "\n\nThis checkout / " + describe(args.against) + " (e, same run): " + ", ".join(
-            f"c={c}: **{by_key['d daemon', c].qps / by_key['e daemon@REV', c].qps:.2f}×** QPS, "
-            f"p99 {by_key['d daemon', c].p99_us / by_key['e daemon@REV', c].p99_us:.2f}×" for c in CONCURRENCY) + "."
+    verdict = "\n\n".join(ratio_lines(by_key, args))
     return "\n".join([
         stamp(),
         f"1-min load average {load[0]:.2f} before the run, {load[1]:.2f} after (this script keeps ~2 busy); "
         "the box is shared, so other work can skew single rounds.",
         "",
-        f"Sample classifier, one [1,3,64,64] float32 image per request (48 KiB in, 40 B out), ipc transport. "
+        f"Sample classifier, one [1,3,64,64] float32 image per request (48 KiB in, 40 B out), ipc transport; "
+        f"f/g: PP-OCR's text detector (rapidocr-onnxruntime), one [1,3,320,320] image (1.2 MB in, 400 KB out). "
         f"{args.rounds} rounds × {args.duration:g} s per case after {args.warmup} warm-up requests; "
         "median round shown (by QPS). Latency is the client's round trip (for a: the backend call).",
         "",
@@ -230,7 +285,8 @@ def report(measured: list[Measured], args: argparse.Namespace, load: tuple[float
         "",
         "a = onnxruntime in-process (c threads, one context each); b = ROUTER echo process (transport + "
         "generator ceiling); c = ROUTER + protocol parse + onnxruntime, one process, no routing; "
-        "d = `infermux serve`, 2 contexts. b–d share one load generator (`infermux.cli.bench.run_load`: one "
+        "d = `infermux serve`, 2 contexts; d1 = the same, 1 context; f = c on the PP-OCR detector; "
+        "g = d1 on it. b–g share one load generator (`infermux.cli.bench.run_load`: one "
         "DEALER, c requests in flight) in its own process.",
         "Reproduce: `python tests/benchmarks/bench_core.py`.",
     ])
@@ -242,6 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     parser.add_argument("--warmup", type=int, default=200, help="warm-up requests per case and round")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--no-ocr", action="store_true", help="leave out the PP-OCR detector rows (f, g)")
     parser.add_argument("--against", metavar="REV", help="also run the daemon at git revision REV (case e)")
     args = parser.parse_args(argv)
     load_before = os.getloadavg()[0]
