@@ -132,7 +132,7 @@ class PeerGuard:
         finally:
             self.monitor.close(0)  # here: a socket left open would hold up the context's term()
 
-    def _judge(self, event: dict[str, Any]) -> bool:
+    def _judge(self, event: Any) -> bool:  # a zmq.utils.monitor._MonitorMessage (a TypedDict)
         """One monitor event; False once the monitor has stopped."""
         if event["event"] == zmq.EVENT_MONITOR_STOPPED:
             return False
