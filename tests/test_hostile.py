@@ -179,6 +179,10 @@ def test_a_flood_faster_than_the_guard_cannot_fill_the_descriptor_table(make_dae
         assert daemon.alive(), daemon.log()[-2000:]
     finally:
         busy.close()
+    # stats.sock (group infermux too) and admin.sock are ipc listeners as well: guarded alike.
+    _flood(str(daemon.run_dir / "stats.sock"), processes=2, each=1500)
+    assert daemon.alive(), daemon.log()[-2000:]
+    assert f"refused a connection to {daemon.stats_endpoint}" in daemon.log()
     _until(lambda: _daemon_view(daemon)["clients"]["connections"] == 0, what="forgetting closed connections")
     assert _served(daemon)
     assert "Too many open files" not in daemon.log()

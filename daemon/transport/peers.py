@@ -96,7 +96,8 @@ class PeerGuard:
     """The ROUTER's connection bound (judged on the guard's thread, `attach`) and reply drops
     (`dropped`, on the frontend thread)."""
 
-    def __init__(self, max_connections: int, reserved_fds: int) -> None:
+    def __init__(self, max_connections: int, reserved_fds: int, name: str = "the inference socket") -> None:
+        self.name = name
         self.bound = connection_bound(max_connections, reserved_fds)
         self.reserved_fds = reserved_fds
         self.counts = PeerCounts(max_connections=self.bound)
@@ -156,8 +157,8 @@ class PeerGuard:
         _shut_down(fd)
         if self.counts.refused_connections >= 2 * self._last_refusal_log:  # 1, 2, 4, 8...: never a flood
             self._last_refusal_log = self.counts.refused_connections
-            log.warning("refused a connection to the inference socket: %d are open (max_connections %d)%s; "
-                        "%d refused so far", len(self._live), self.bound,
+            log.warning("refused a connection to %s: %d are open (max_connections %d)%s; "
+                        "%d refused so far", self.name, len(self._live), self.bound,
                         ", and the descriptor table is nearly full" if table_full else "",
                         self.counts.refused_connections)
 
