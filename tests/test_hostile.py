@@ -18,6 +18,7 @@ import signal
 import socket
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Iterator
@@ -26,7 +27,7 @@ import numpy as np
 import pytest
 import zmq
 
-from harness import Daemon
+from harness import DAEMON_HEAD, Daemon
 from infermux.client import Client
 
 FAST = """
@@ -121,7 +122,70 @@ def test_more_connections_than_descriptors_are_refused_not_fatal(make_daemon) ->
             conn.close()
     _until(lambda: _daemon_view(daemon)["clients"]["connections"] == 0, what="forgetting closed connections")
     assert _served(daemon)
-    assert "refused a connection to the inference socket" in daemon.log()
+    log = daemon.log()
+    assert "refused a connection to the inference socket" in log
+    # 1024 leaves no room for the guard's lead: the daemon says a flood could still outrun it.
+    assert "the descriptor limit (1024) is too low to keep a flood of connections from exhausting it" in log
+    assert daemon.stop() == 0
+
+
+# systemd's shape: soft 1024 (raised to the hard limit at start), a hard limit with room for
+# the guard's lead (peers.MONITOR_LEAD) and reserved_fds.
+NOFILE_SOFT_1024 = ["prlimit", "--nofile=1024:2700", "--"]
+FLOODER = """
+import socket, sys
+conns = []
+for _ in range(int(sys.argv[2])):
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(sys.argv[1])
+    except OSError:
+        conn.close()
+        continue
+    conns.append(conn)
+print(len(conns), flush=True)
+sys.stdin.read()
+"""
+
+
+def _flood(path: str, processes: int, each: int) -> None:
+    """`processes` processes open `each` connections at once, as fast as they can, and hold them
+    until all have: a burst faster than Python judges connections."""
+    procs = [subprocess.Popen([sys.executable, "-c", FLOODER, path, str(each)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for _ in range(processes)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            proc.stdout.readline()
+    finally:
+        for proc in procs:
+            proc.communicate("", timeout=60)
+
+
+def test_a_flood_faster_than_the_guard_cannot_fill_the_descriptor_table(make_daemon) -> None:
+    # Before the fix the frontend judged each connection between requests while libzmq's I/O
+    # thread went on accepting: a flood filled the table and libzmq aborted (ipc_listener.cpp:297).
+    daemon = make_daemon(FAST, head=DAEMON_HEAD + "max_connections = 64\n", prefix=NOFILE_SOFT_1024)
+    assert _daemon_view(daemon)["clients"]["max_connections"] == 64
+    path = daemon.endpoint[len("ipc://"):]
+    busy = zmq.Context.instance().socket(zmq.DEALER)  # keeps the frontend computing meanwhile
+    busy.setsockopt(zmq.LINGER, 0)
+    busy.setsockopt(zmq.SNDHWM, 0)
+    busy.connect(daemon.endpoint)
+    try:
+        for i in range(5000):
+            busy.send_multipart(_request(i))
+        _flood(path, processes=4, each=1500)
+        assert daemon.alive(), daemon.log()[-2000:]
+    finally:
+        busy.close()
+    # stats.sock (group infermux too) and admin.sock are ipc listeners as well: guarded alike.
+    _flood(str(daemon.run_dir / "stats.sock"), processes=2, each=1500)
+    assert daemon.alive(), daemon.log()[-2000:]
+    assert f"refused a connection to {daemon.stats_endpoint}" in daemon.log()
+    _until(lambda: _daemon_view(daemon)["clients"]["connections"] == 0, what="forgetting closed connections")
+    assert _served(daemon)
+    assert "Too many open files" not in daemon.log()
     assert daemon.stop() == 0
 
 

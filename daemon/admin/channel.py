@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from infermux.transport import ipc
+from infermux.transport.peers import PeerGuard
 from infermux.admin import snapshot
 from infermux.admin.commands import COMMANDS, CommandError, audit
 from infermux.config import resolve_endpoint
@@ -39,6 +40,9 @@ MAX_BRACKETS = 1000
 # A request that is not one (bad JSON, unknown command) is answered after this pause: a
 # peer sending garbage in a loop holds the GIL a few percent of the time, not all of it.
 BAD_REQUEST_PAUSE_S = 0.01
+# Connections each of admin.sock and stats.sock takes (consoles, ctl): libzmq aborts when an
+# ipc accept meets a full descriptor table, so these listeners are guarded too (peers.py).
+MAX_LISTENER_CONNECTIONS = 256
 
 
 def peer(frame: zmq.Frame) -> dict[str, Any]:
@@ -71,6 +75,7 @@ class AdminServer:
         self._thread = threading.Thread(target=self._run, name="admin", daemon=True)
         self.admin: zmq.Socket | None = None
         self.stats: zmq.Socket | None = None
+        self._guards: list[PeerGuard] = []
 
     def start(self) -> None:
         """Bind both sockets and start the thread."""
@@ -90,6 +95,9 @@ class AdminServer:
         sock.setsockopt(zmq.LINGER, 0)
         for option, value in (options or {}).items():
             sock.setsockopt(option, value)
+        guard = PeerGuard(MAX_LISTENER_CONNECTIONS, self.server.config.daemon.reserved_fds, endpoint)
+        guard.attach(self._ctx, sock)  # before bind: every accept
+        self._guards.append(guard)
         ipc.prepare(endpoint)
         try:
             sock.bind(endpoint)
@@ -108,6 +116,8 @@ class AdminServer:
             if sock is not None:
                 sock.close(0)
                 ipc.remove(endpoint)
+        for guard in self._guards:
+            guard.close(1.0)
 
     # -- the thread --------------------------------------------------------------
 

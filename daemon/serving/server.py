@@ -171,7 +171,7 @@ class Server:
         sock.setsockopt(zmq.MAXMSGSIZE, frame_cap(self.config.daemon))  # per frame: limits.py
         sock.setsockopt(zmq.RCVHWM, 10000)
         sock.setsockopt(zmq.SNDHWM, 10000)
-        self._poller.register(self.peers.attach(self.ctx, sock), zmq.POLLIN)  # before bind: every accept
+        self.peers.attach(self.ctx, sock)  # before bind: every accept (its own thread: peers.py)
         for endpoint in self.endpoints:
             ipc.prepare(endpoint)
             curve.secure_listener(sock, endpoint, self.curve, self.events)
@@ -276,8 +276,6 @@ class Server:
     def _turn(self, timeout_ms: int, refuse: bool = False) -> None:
         """One wait on the sockets, then whatever became ready."""
         ready = dict(self._poller.poll(timeout_ms))
-        if self.peers.monitor in ready:  # first: a connection over the bound goes before it costs more
-            self.peers.on_events()
         if self._bell in ready:
             self._forward_replies()
         if self._watched:

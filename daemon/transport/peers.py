@@ -11,6 +11,14 @@ Two bounds, both kept on the frontend thread that owns the ROUTER:
   RLIMIT_NOFILE, is shut down at once: libzmq sees EOF and frees the fd
   itself (we never close a descriptor libzmq owns). The bound also keeps
   `reserved_fds` free for engine files, workers and shared-memory regions.
+  The events are read on a thread of their own, not the frontend's, and
+  the monitor's pipe is kept short (RCVHWM 1: libzmq's monitor pipe then
+  holds about 1,000 events): libzmq's I/O thread accepts at C speed, and
+  a guard that falls that far behind makes it wait in the event's send
+  instead of accepting on (a busy frontend let a flood fill the table
+  and the daemon abort). So at most `MONITOR_LEAD` descriptors are ever
+  held by connections the guard has not yet judged or whose shutdown
+  libzmq has not yet seen; the bound leaves room for them.
 - **Replies.** A reply to a peer whose pipe is full (it does not read) is
   dropped rather than waited for: the frontend would otherwise block in
   `send` and serve nobody. Drops are counted, and logged once per peer.
@@ -23,6 +31,7 @@ import logging
 import os
 import resource
 import socket
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +40,12 @@ from zmq.utils.monitor import parse_monitor_message
 
 log = logging.getLogger("infermux.peers")
 
-_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
+_EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
+# Descriptors connections can hold before the guard has shut them down: the monitor pipe's
+# ~1,001 unread events (our RCVHWM 1 + libzmq's SNDHWM 1000), as many again shut down but not
+# yet closed by libzmq. The connection bound stays this far under the table's end.
+MONITOR_LEAD = 2048
+MIN_GUARANTEED = 64  # below this many connections the lead is not kept: the bound would be useless
 _SLOW_PEERS_KEPT = 10_000  # peers remembered as logged; past this the memory starts over
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -51,10 +65,19 @@ def raise_fd_limit() -> tuple[int, int]:
 
 def connection_bound(max_connections: int, reserved_fds: int) -> int:
     """The live connections the inference socket takes: the configured bound, lowered so that
-    `reserved_fds` stay free under the soft RLIMIT_NOFILE (at least 1)."""
+    `reserved_fds` and `MONITOR_LEAD` stay free under the soft RLIMIT_NOFILE. A limit too low
+    for both (1024 with a hard limit of 1024) keeps only `reserved_fds` free, and says that a
+    flood can then still outrun the guard (libzmq aborts on EMFILE in an ipc accept)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft == resource.RLIM_INFINITY:
         return max_connections
+    room = soft - reserved_fds - MONITOR_LEAD
+    if room >= min(max_connections, MIN_GUARANTEED):
+        return min(max_connections, room)
+    log.warning("the descriptor limit (%d) is too low to keep a flood of connections from exhausting it "
+                "(libzmq aborts the daemon when that happens): raise LimitNOFILE to at least %d "
+                "([daemon] reserved_fds + %d + max connections)", soft,
+                reserved_fds + MONITOR_LEAD + MIN_GUARANTEED, MONITOR_LEAD)
     return max(1, min(max_connections, soft - reserved_fds))
 
 
@@ -70,9 +93,11 @@ class PeerCounts:
 
 
 class PeerGuard:
-    """The ROUTER's connection bound and reply drops; every method runs on the frontend thread."""
+    """The ROUTER's connection bound (judged on the guard's thread, `attach`) and reply drops
+    (`dropped`, on the frontend thread)."""
 
-    def __init__(self, max_connections: int, reserved_fds: int) -> None:
+    def __init__(self, max_connections: int, reserved_fds: int, name: str = "the inference socket") -> None:
+        self.name = name
         self.bound = connection_bound(max_connections, reserved_fds)
         self.reserved_fds = reserved_fds
         self.counts = PeerCounts(max_connections=self.bound)
@@ -80,34 +105,46 @@ class PeerGuard:
         self._refused: set[int] = set()
         self._slow: set[bytes] = set()
         self.monitor: zmq.Socket | None = None
+        self._thread: threading.Thread | None = None
         self._last_refusal_log = 0
 
-    def attach(self, ctx: zmq.Context, sock: zmq.Socket) -> zmq.Socket:
-        """Start monitoring `sock`; returns the monitor socket for the caller's poller."""
+    def attach(self, ctx: zmq.Context, sock: zmq.Socket) -> None:
+        """Start monitoring `sock` (before it binds) on the guard's own thread."""
         address = f"inproc://infermux-peers-{id(self)}"
         sock.monitor(address, _EVENTS)
         monitor = ctx.socket(zmq.PAIR)
-        monitor.setsockopt(zmq.RCVHWM, 0)  # a lost ACCEPTED event would be a connection never counted
+        # Short: libzmq's I/O thread waits (PAIR never drops) rather than run ~1,000 accepts ahead.
+        monitor.setsockopt(zmq.RCVHWM, 1)
         monitor.setsockopt(zmq.LINGER, 0)
         monitor.connect(address)
         self.monitor = monitor
-        return monitor
+        self._thread = threading.Thread(target=self._run, name="peers", daemon=True)
+        self._thread.start()
 
-    def on_events(self) -> None:
-        """Handle every monitor event waiting (the poller found the monitor socket readable)."""
+    def _run(self) -> None:
+        """Judge each event as it comes, until libzmq says the monitor stopped (the socket closed):
+        reading on to that end keeps libzmq's I/O thread from waiting for us forever."""
         assert self.monitor is not None
-        while True:
-            try:
-                event = parse_monitor_message(self.monitor.recv_multipart(zmq.NOBLOCK))
-            except zmq.Again:
-                return
-            fd = int(event["value"])
-            if event["event"] == zmq.EVENT_ACCEPTED:
-                self._accepted(fd)
-            else:
-                self._live.discard(fd)
-                self._refused.discard(fd)
-            self.counts.connections = len(self._live)
+        try:
+            while self._judge(parse_monitor_message(self.monitor.recv_multipart())):
+                pass
+        except zmq.ZMQError:  # the context is ending
+            pass
+        finally:
+            self.monitor.close(0)  # here: a socket left open would hold up the context's term()
+
+    def _judge(self, event: Any) -> bool:  # a zmq.utils.monitor._MonitorMessage (a TypedDict)
+        """One monitor event; False once the monitor has stopped."""
+        if event["event"] == zmq.EVENT_MONITOR_STOPPED:
+            return False
+        fd = int(event["value"])
+        if event["event"] == zmq.EVENT_ACCEPTED:
+            self._accepted(fd)
+        else:
+            self._live.discard(fd)
+            self._refused.discard(fd)
+        self.counts.connections = len(self._live)
+        return True
 
     def _accepted(self, fd: int) -> None:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -120,8 +157,8 @@ class PeerGuard:
         _shut_down(fd)
         if self.counts.refused_connections >= 2 * self._last_refusal_log:  # 1, 2, 4, 8...: never a flood
             self._last_refusal_log = self.counts.refused_connections
-            log.warning("refused a connection to the inference socket: %d are open (max_connections %d)%s; "
-                        "%d refused so far", len(self._live), self.bound,
+            log.warning("refused a connection to %s: %d are open (max_connections %d)%s; "
+                        "%d refused so far", self.name, len(self._live), self.bound,
                         ", and the descriptor table is nearly full" if table_full else "",
                         self.counts.refused_connections)
 
@@ -145,10 +182,10 @@ class PeerGuard:
                 "refused_connections": c.refused_connections, "dropped_replies": c.dropped_replies,
                 "slow_peers": c.slow_peers}
 
-    def close(self) -> None:
-        if self.monitor is not None:
-            self.monitor.close(0)
-            self.monitor = None
+    def close(self, timeout_s: float = 5.0) -> None:
+        """After the monitored socket is closed: wait for the guard to read libzmq's last event."""
+        if self._thread is not None:
+            self._thread.join(timeout_s)  # the thread closes the monitor socket itself
 
 
 def _shut_down(fd: int) -> None:
