@@ -29,10 +29,11 @@ from infermux.tui.views.detail import ModelScreen
 from infermux.tui.views.events import EventsLog, EventStore, LogPane
 from infermux.tui.views.memory import MemoryTable, MemoryView
 from infermux.tui.views.models import SORT_NAMES, SORTS, ModelsTable
+from infermux.tui.views.pipelines import PipelinesTable, PipelinesView
 from infermux.tui.views.routing import RoutingTable, RoutingView
 from infermux.tui.views.table import KeyedTable
 
-TABS = ("models", "memory", "routing", "events", "log")
+TABS = ("models", "memory", "routing", "events", "log", "pipelines")
 
 
 class TopApp(App):
@@ -102,6 +103,8 @@ class TopApp(App):
                 yield EventsLog(id="events-log", skip=frozenset({"log"}))  # those are the Log tab's
             with TabPane("5 Log", id="log"):
                 yield LogPane(id="log-pane")
+            with TabPane("6 Pipelines", id="pipelines"):
+                yield PipelinesView()
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -109,6 +112,7 @@ class TopApp(App):
         self.models_table = self.query_one(ModelsTable)
         self.memory_view = self.query_one(MemoryView)
         self.routing_view = self.query_one(RoutingView)
+        self.pipelines_view = self.query_one(PipelinesView)
         self.events_log = self.query_one("#events-log", EventsLog)
         self.log_pane = self.query_one(LogPane)
         self.models_table.history = self.history
@@ -146,7 +150,7 @@ class TopApp(App):
         # top screen for them.
         self.status_line.update(status_text(self.snapshot, self.stale), layout=False)  # fixed height: no relayout
         views: dict[str, _Updates] = {"models": self.models_table, "memory": self.memory_view,
-                                      "routing": self.routing_view}
+                                      "routing": self.routing_view, "pipelines": self.pipelines_view}
         view = views.get(self._tab)
         if view is not None:  # the events tab fills itself from EventsArrived
             view.update_from(self.snapshot)
@@ -186,7 +190,8 @@ class TopApp(App):
         self.refresh_views()  # hidden tabs are stale: fill this one before selecting in it
         table = self._table(self._shown_tab)
         if table is None:
-            (self.log_pane if self._shown_tab == "log" else self.events_log).focus()
+            {"log": self.log_pane, "pipelines": self.pipelines_view.query_one(PipelinesTable)}.get(
+                self._shown_tab, self.events_log).focus()
             return
         if key:
             table.select(key)

@@ -14,7 +14,7 @@ from textual.widgets import Static
 
 from infermux.tui.actions import ACTIONS
 
-VIEW_KEYS = (("1-5", "models, memory, routing, events, log tab"),
+VIEW_KEYS = (("1-6", "models, memory, routing, events, log, pipelines tab"),
              ("enter", "the selected version in depth (escape: back)"),
              ("/", "show only the models matching a text (empty: all)"),
              ("s", "sort the models: QPS, p99, 500s, error rate, memory, daemon's"),

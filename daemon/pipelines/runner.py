@@ -63,6 +63,11 @@ class Pipeline:
         self.stats = PipelineStats([s.name for s in config.steps])
         self._admit, self._reply, self._model_inputs, self._limits = admit, reply, model_inputs, limits
         self._queue: queue.Queue[Job | None] = queue.Queue(config.max_queue)
+        # A reload replaces or removes this pipeline while the router may still be handing it a
+        # frame: `_gate` orders the two, so no frame is queued behind the threads' last one.
+        self._gate = threading.Lock()
+        self._closed = False
+        self.successor: Pipeline | None = None  # the reload's new definition, which takes later frames
         self._threads = [threading.Thread(target=self._work, name=f"pipeline-{self.name}-{i}", daemon=True)
                          for i in range(config.workers)]
         for thread in self._threads:
@@ -71,7 +76,17 @@ class Pipeline:
     # -- the frontend thread ------------------------------------------------------
 
     def submit(self, job: Job) -> None:
-        """Queue `job` for a worker thread, or ProtocolError 429 when the queue is full."""
+        """Queue `job` for a worker thread, or ProtocolError 429 when the queue is full
+        (404 when a reload removed the pipeline; its successor's when a reload changed it)."""
+        with self._gate:
+            if not self._closed:
+                self._enqueue(job)
+                return
+        if self.successor is None:
+            raise ProtocolError(Status.NOT_FOUND, f"pipeline {self.name!r} was removed by a reload")
+        self.successor.submit(job)
+
+    def _enqueue(self, job: Job) -> None:
         if not job.deadline_ns:
             job.deadline_ns = job.received_ns + (job.request.timeout_ms or self.config.timeout_ms) * 1_000_000
         try:
@@ -84,8 +99,12 @@ class Pipeline:
                                 retry_after_ms=max(1, int(per_frame_us * self.config.max_queue
                                                           / self.config.workers / 1000))) from None
 
-    def stop(self) -> None:
-        """Let the threads finish what is queued and end."""
+    def stop(self, successor: "Pipeline | None" = None) -> None:
+        """Let the threads finish what is queued and end; frames submitted later go to `successor`."""
+        with self._gate:
+            if self._closed:
+                return
+            self.successor, self._closed = successor, True
         for _ in self._threads:
             self._queue.put(None)
 
@@ -242,12 +261,53 @@ def stack(step: str, tensors: list[np.ndarray], pad_value: float, multiple: int)
     return out
 
 
+@dataclass
+class PipelineChanges:
+    """What a reload did to the pipelines, by name."""
+
+    added: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    changed: list[str] = field(default_factory=list)
+
+
 class Pipelines:
     """Every configured pipeline by name (the router dispatches to them); the views read `view`."""
 
     def __init__(self, configs: tuple[PipelineConfig, ...], admit: AdmitFn, reply: ReplyFn,
                  model_inputs: InputsFn, limits: Limits) -> None:
-        self.by_name = {c.name: Pipeline(c, admit, reply, model_inputs, limits) for c in configs}
+        self._admit, self._reply, self._model_inputs = admit, reply, model_inputs
+        # The router holds this very dict: `apply` changes it in place.
+        self.by_name = {c.name: self._build(c, limits) for c in configs}
+
+    def _build(self, config: PipelineConfig, limits: Limits) -> Pipeline:
+        return Pipeline(config, self._admit, self._reply, self._model_inputs, limits)
+
+    def apply(self, configs: tuple[PipelineConfig, ...], limits: Limits) -> PipelineChanges:
+        """Move to `configs` (a reload): new pipelines start, removed ones stop, changed ones are
+        replaced. A stopped pipeline's threads finish the frames it holds on the old definition;
+        a frame the router hands it later goes to its replacement (or is a 404 if it was removed).
+        Everything is built before anything changes, so a step that cannot be built changes nothing."""
+        wanted = {c.name: c for c in configs}
+        changes = PipelineChanges(
+            added=[n for n in wanted if n not in self.by_name],
+            removed=[n for n in self.by_name if n not in wanted],
+            changed=[n for n in wanted if n in self.by_name and self.by_name[n].config != wanted[n]])
+        fresh: dict[str, Pipeline] = {}
+        try:
+            for name in (*changes.added, *changes.changed):
+                fresh[name] = self._build(wanted[name], limits)
+        except BaseException:
+            for pipeline in fresh.values():
+                pipeline.stop()
+            raise
+        for name in changes.removed:
+            self.by_name.pop(name).stop()
+        for name in changes.changed:
+            old, self.by_name[name] = self.by_name[name], fresh[name]
+            old.stop(successor=fresh[name])
+        for name in changes.added:
+            self.by_name[name] = fresh[name]
+        return changes
 
     def view(self) -> list[dict[str, Any]]:
         """Per pipeline: its frames' and each step's counts and latencies, and what each step runs."""

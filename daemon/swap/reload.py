@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from infermux import config as cfg
 from infermux.config import ModelConfig
 from infermux.models.version import ModelVersion
+from infermux.pipelines.runner import PipelineChanges
 from infermux.serving.limits import limits_from
 from infermux.transport.curve import CurveError
 
@@ -38,13 +39,16 @@ class ReloadPlan:
     reloaded: list[ModelConfig] = field(default_factory=list)
     changed: list[tuple[ModelConfig, dict]] = field(default_factory=list)
     restart_needed: list[str] = field(default_factory=list)
+    pipelines: PipelineChanges = field(default_factory=PipelineChanges)
 
     def summary(self) -> dict[str, list[str]]:
         key = lambda m: f"{m.name}:{m.version}"  # noqa: E731
         return {"added": [key(m) for m in self.added], "removed": [f"{n}:{v}" for n, v in self.removed],
                 "reloaded": [key(m) for m in self.reloaded],
                 "changed": [f"{key(m)} {sorted(c)}" for m, c in self.changed],
-                "restart_needed": self.restart_needed}
+                "restart_needed": self.restart_needed,
+                "pipelines_added": self.pipelines.added, "pipelines_removed": self.pipelines.removed,
+                "pipelines_changed": self.pipelines.changed}
 
 
 def plan(old: cfg.Config, new: cfg.Config) -> ReloadPlan:
@@ -107,10 +111,20 @@ def apply(server: "Server", new: cfg.Config) -> ReloadPlan:
     hot = [mv for mv in fresh if mv.config.mode == "inproc" or mv.config.preload]
     for mv in hot:
         registry.load(mv)
+    steps.pipelines = _apply_pipelines(server, new)
     for item in steps.restart_needed:
         log.warning("%s changed: restart the daemon to apply it", item)
     server.events.emit("reloaded", **{k: ",".join(v) for k, v in steps.summary().items() if v})
     return steps
+
+
+def _apply_pipelines(server: "Server", new: cfg.Config) -> PipelineChanges:
+    """Added, removed and changed `[[pipelines]]`, after the models (whose names their steps call)."""
+    changes = server.pipelines.apply(new.pipelines, server.limits)
+    for kind, names in (("added", changes.added), ("removed", changes.removed), ("changed", changes.changed)):
+        for name in names:
+            server.events.emit(f"pipeline_{kind}", pipeline=name)
+    return changes
 
 
 def _reread_client_keys(server: "Server") -> None:

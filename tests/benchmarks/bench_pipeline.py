@@ -43,7 +43,7 @@ from infermux.pipelines.wire import send_frame  # noqa: E402
 
 SECTION = "Pipelines (issue 19)"
 ENGINES = REPO / "engines" / "ppocr"
-NOTE = ("\n\nThe gain at one camera is already most of it: rapidocr runs onnxruntime with a thread per core, whose threads spin while they wait, on a box whose cores other processes share, and pads every recogniser batch to at least 320 px; the pipeline's contexts run one thread each. At 4 cameras two frames are detected side by side (2 detector contexts) and the text lines of several frames share recogniser calls (the batcher merges crops padded to the same width); latency per frame grows with the queue. An earlier run of 6 frames, at load 6 to 9 and before the benchmark set a long deadline (some warm-up frames then timed out), gave 1.80× at 1 camera and 1.17× at 4: on this shared box the 4-camera ratio is not yet a stable ≥ 1.5×.")
+NOTE = ("\n\nOn this shared 2-core box the three runs of one invocation see different loads, so the ratios swing: runs so far gave 1.48×, 1.80× and 3.66× at 1 camera and 1.59×, 1.17× and 2.63× at 4 (the last at a 1-min load of 7 to 10, where rapidocr fell to 0.35 fps). At 4 cameras the pipeline's fps does not rise over 1 camera's (0.97 → 1.05, 1.27 → 0.91): two detector contexts, two recogniser contexts, the cls model and four pipeline threads (decode, resize, DB-net, crop) compete for two cores other sessions also use; what caps it has not been profiled yet. The 4-camera ratio is not yet a stable ≥ 1.5×.")
 
 
 def jpegs(count: int, size: tuple[int, int]) -> list[bytes]:
