@@ -144,9 +144,9 @@ def compare(reply: Reply, reference: Any, tolerance: float = 3.0) -> tuple[list[
 @pytest.mark.slow
 def test_ocr_pipeline_reads_what_rapidocr_reads_on_generated_frames(daemon: Daemon) -> None:
     """Text for text and box for box, but for spaces: rapidocr pads each batch of up to 6 lines to
-    its widest (at least 320 px), the pipeline to a multiple of 320 px so that lines of different
-    frames merge in the recogniser's batcher; the extra padding (and the batch a line is merged
-    into) can change where the recogniser reads a space: "INFERMUX camera" as "INFERMUXcamera"."""
+    its widest (at least 320 px), the pipeline a frame's lines to the widest, up to a multiple of
+    32 px; the other padding (and the batch a line is merged into) can change where the recogniser
+    reads a space: "INFERMUX camera" as "INFERMUXcamera"."""
     images = [camera_ocr.synthetic(seed) for seed in range(FRAMES)]
     replies = ocr(daemon, images)
     engine = rapidocr.RapidOCR(det_limit_side_len=320)

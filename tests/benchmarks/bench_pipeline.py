@@ -24,6 +24,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -43,7 +44,17 @@ from infermux.pipelines.wire import send_frame  # noqa: E402
 
 SECTION = "Pipelines (issue 19)"
 ENGINES = REPO / "engines" / "ppocr"
-NOTE = ("\n\nOn this shared 2-core box the three runs of one invocation see different loads, so the ratios swing: runs so far gave 1.48×, 1.80× and 3.66× at 1 camera and 1.59×, 1.17× and 2.63× at 4 (the last at a 1-min load of 7 to 10, where rapidocr fell to 0.35 fps). At 4 cameras the pipeline's fps does not rise over 1 camera's (0.97 → 1.05, 1.27 → 0.91): two detector contexts, two recogniser contexts, the cls model and four pipeline threads (decode, resize, DB-net, crop) compete for two cores other sessions also use; what caps it has not been profiled yet. The 4-camera ratio is not yet a stable ≥ 1.5×.")
+NOTE = ("\n\nWhat caps the ratio is CPU time, and the detector's above all (the column \"CPU s per frame\": "
+        "the whole OCR process, every thread). onnxruntime alone, one thread, on the detector's [1,3,736,1312] input "
+        "takes about 0.63 s; batching frames does not lower that on CPU (0.70 and 0.67 s a frame at batch 2 and 4), "
+        "so the detector is about 0.65 of the pipeline's CPU per frame and cannot be batched away. The recogniser's "
+        "cost grows with the width it is padded to (43 ms a line at 320 px, 101 at 640) and not with batching "
+        "(50 ms a line at batch 2): padding a frame's lines to a multiple of 32 px instead of 320 took the pipeline "
+        "from 0.93-0.97 to 0.80-0.83 CPU s a frame. rapidocr keeps both cores busy on one frame (its detector "
+        "runs 345 ms on 2 threads against 656 ms on 1) at 1.22-1.27 CPU s a frame, so at 4 cameras the pipeline "
+        "can be at most about 1.5x rapidocr with both cores saturated, and it saturates them only in part "
+        "(1.4-1.9 cores busy). Runs on the shared box swing: earlier runs at loads of 6-10 gave 1.17x-2.63x at 4 "
+        "cameras, since rapidocr's spinning threads suffer most when other processes take the cores.")
 
 
 def jpegs(count: int, size: tuple[int, int]) -> list[bytes]:
@@ -52,29 +63,52 @@ def jpegs(count: int, size: tuple[int, int]) -> list[bytes]:
             for i in range(count)]
 
 
-def summary(latencies_ms: list[float], seconds: float) -> tuple[float, float, float]:
+@dataclass(frozen=True)
+class Run:
+    """One run's figures; `cpu_s` is the CPU time (all threads) the OCR process spent per frame."""
+
+    fps: float
+    p50_ms: float
+    p99_ms: float
+    lines: int
+    cpu_s: float
+
+
+def summary(latencies_ms: list[float], seconds: float, lines: int, cpu_s: float) -> Run:
     p50, p99 = np.percentile(latencies_ms, [50, 99])
-    return len(latencies_ms) / seconds, float(p50), float(p99)
+    return Run(len(latencies_ms) / seconds, float(p50), float(p99), lines, cpu_s / len(latencies_ms))
 
 
-def rapidocr_run(frames: list[bytes]) -> tuple[tuple[float, float, float], int]:
+def own_cpu_s() -> float:
+    t = os.times()
+    return t.user + t.system
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system time of process `pid` so far (/proc/PID/stat fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def rapidocr_run(frames: list[bytes]) -> Run:
     from rapidocr_onnxruntime import RapidOCR
 
     engine = RapidOCR()
     for data in frames[:2]:  # warm-up
         engine(data)
     latencies, lines = [], 0
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), own_cpu_s()
     for data in frames:
         t = time.perf_counter()
         result, _ = engine(data)
         latencies.append((time.perf_counter() - t) * 1000)
         lines += len(result or [])
-    return summary(latencies, time.perf_counter() - start), lines
+    return summary(latencies, time.perf_counter() - start, lines, own_cpu_s() - cpu)
 
 
-def cameras_run(endpoint: str, frames: list[bytes], cameras: int) -> tuple[tuple[float, float, float], int]:
+def cameras_run(daemon: Daemon, frames: list[bytes], cameras: int) -> Run:
     """`cameras` threads, each sending every frame once, one at a time."""
+    endpoint = daemon.endpoint
     latencies: list[float] = []
     lines = [0]
     lock = threading.Lock()
@@ -96,9 +130,11 @@ def cameras_run(endpoint: str, frames: list[bytes], cameras: int) -> tuple[tuple
         sock.close()
 
     run_threads(camera, cameras, False)  # warm-up
-    start = time.perf_counter()
+    assert daemon.proc is not None
+    start, cpu = time.perf_counter(), process_cpu_s(daemon.proc.pid)
     run_threads(camera, cameras, True)
-    return summary(latencies, time.perf_counter() - start), lines[0] // cameras
+    return summary(latencies, time.perf_counter() - start, lines[0] // cameras,
+                   process_cpu_s(daemon.proc.pid) - cpu)
 
 
 def run_threads(target: Callable[[int, bool], None], count: int, record: bool) -> None:
@@ -107,6 +143,13 @@ def run_threads(target: Callable[[int, bool], None], count: int, record: bool) -
         t.start()
     for t in threads:
         t.join()
+
+
+def progress(results: dict[str, Run]) -> None:
+    """The run just finished, as one line (each run takes tens of seconds)."""
+    name, r = list(results.items())[-1]
+    print(f"{name}: {r.fps:.2f} fps, p50 {r.p50_ms:,.0f} ms, p99 {r.p99_ms:,.0f} ms, "
+          f"{r.cpu_s:.2f} CPU s a frame", flush=True)
 
 
 def main() -> None:
@@ -120,9 +163,9 @@ def main() -> None:
     width, height = (int(v) for v in args.size.lower().split("x"))
     frames = jpegs(args.frames, (width, height))
     load = os.getloadavg()[0]
-    results: dict[str, tuple[tuple[float, float, float], int]] = {}
+    results: dict[str, Run] = {}
     results["rapidocr, one process, one frame at a time"] = rapidocr_run(frames)
-    print(results, flush=True)
+    progress(results)
     config = (REPO / "etc/infermux/examples/ocr.toml").read_text().replace(
         'engine_dir = "../../../engines/ppocr"', f'engine_dir = "{ENGINES}"')
     with tempfile.TemporaryDirectory() as tmp:
@@ -130,16 +173,17 @@ def main() -> None:
         try:
             for cameras in (1, 4):
                 results[f"infermux `ocr` pipeline, {cameras} camera{'s' if cameras > 1 else ''}"] = \
-                    cameras_run(daemon.endpoint, frames, cameras)
-                print(results, flush=True)
+                    cameras_run(daemon, frames, cameras)
+                progress(results)
         finally:
             daemon.stop()
-    base = next(iter(results.values()))[0][0]
-    rows = [[name, f"{fps:.2f}", f"{p50:,.0f}", f"{p99:,.0f}", f"{lines}", f"{fps / base:.2f}×"]
-            for name, ((fps, p50, p99), lines) in results.items()]
+    base = next(iter(results.values())).fps
+    rows = [[name, f"{r.fps:.2f}", f"{r.p50_ms:,.0f}", f"{r.p99_ms:,.0f}", f"{r.lines}", f"{r.cpu_s:.2f}",
+             f"{r.fps / base:.2f}×"] for name, r in results.items()]
     body = (f"{stamp()}\n1-min load average {load:.2f} before the run, {os.getloadavg()[0]:.2f} after (the box "
             "is shared with other sessions' tests, so figures are noisy; the ratios are of one run).\n\n"
-            + markdown_table(["run", "fps", "p50 ms", "p99 ms", "text lines per pass", "× rapidocr"], rows)
+            + markdown_table(["run", "fps", "p50 ms", "p99 ms", "text lines per pass", "CPU s per frame",
+                             "× rapidocr"], rows)
             + f"\n\n{args.frames} generated {width}x{height} JPEG frames per camera, after 2 warm-up frames. "
             "Reproduce: `python engines/fetch_ppocr.py && python tests/benchmarks/bench_pipeline.py`."
             + NOTE)
