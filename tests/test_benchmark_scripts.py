@@ -32,12 +32,13 @@ def test_a_missing_file_is_created(tmp_path):
 @pytest.mark.slow
 def test_the_core_benchmark_runs_every_case(tmp_path):
     out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_core.py"), "--no-write",
-                          "--duration", "0.3", "--rounds", "1", "--warmup", "10"],
+                          "--duration", "0.3", "--rounds", "1", "--warmup", "10", "--no-ocr"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
-    for case in ("a backend", "b echo", "c bare", "d daemon"):
+    for case in ("a backend", "b echo", "c bare", "d daemon", "d1 daemon"):
         assert f"| {case} | 1 |" in out.stdout and f"| {case} | 16 |" in out.stdout
-    assert "Daemon / bare loop (medians): c=1:" in out.stdout
+    assert "Daemon (2 contexts) / bare loop (medians): c=1:" in out.stdout
+    assert "Daemon (1 context, as the bare loop) / bare loop: c=1:" in out.stdout
 
 
 @pytest.mark.slow
