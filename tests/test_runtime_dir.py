@@ -73,6 +73,24 @@ def top() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def traversable() -> Iterator[None]:
+    """As root: every folder above the checkout and the venv's packages lets others through (o+x)
+    while this module runs, then gets its mode back. A clone in a `mktemp -d` folder (0700) would
+    otherwise hide infermux's own code from user nobody; nothing is made readable that was not."""
+    changed: list[tuple[Path, int]] = []
+    if os.geteuid() == 0:
+        for leaf in (REPO, Path(_site_packages())):
+            for folder in (leaf, *leaf.parents):
+                mode = folder.stat().st_mode
+                if not mode & stat.S_IXOTH and folder not in (f for f, _ in changed):
+                    changed.append((folder, mode))
+                    folder.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
+    yield
+    for folder, mode in reversed(changed):
+        folder.chmod(stat.S_IMODE(mode))
+
+
 def _infermux_as(user: str) -> list[str]:
     """The command that runs `infermux` as `user` ("root" or "nobody")."""
     if user == "root":
@@ -126,7 +144,7 @@ def _curve(kind: str, top: Path, uid: int) -> str:
 
 @pytest.mark.parametrize("kind", ["relative", "absolute", "tcp"])
 @pytest.mark.parametrize("user", ["root", "nobody"])
-def test_the_daemon_starts_without_its_runtime_folder(top: Path, user: str, kind: str) -> None:
+def test_the_daemon_starts_without_its_runtime_folder(top: Path, user: str, kind: str, traversable: None) -> None:
     command = _infermux_as(user)
     run = top / "work/run/infermux"          # does not exist: nobody made it
     listen, endpoint = _endpoint(kind, top)
