@@ -16,6 +16,7 @@ from fakes_tensorrt import PLAN_MAGIC, write_plan
 from harness import REPO
 from infermux.cli import doctor
 from infermux.models import budget
+from test_runtime_dir import _infermux_as, traversable  # noqa: F401 (a fixture: nobody must reach the checkout)
 
 pytest_plugins = ["fakes_tensorrt"]  # fake_gpu, fake_trt fixtures
 
@@ -144,11 +145,9 @@ def test_release_numbers() -> None:
     assert doctor._release("10.3.0.30") == (10, 3, 0, 30)
 
 
-def test_a_caller_outside_the_sockets_folder_is_told_to_join_the_group(tmp_path: Path) -> None:
+def test_a_caller_outside_the_sockets_folder_is_told_to_join_the_group(tmp_path: Path, traversable: None) -> None:
     # Run as nobody (setpriv, so root only) against a runtime folder like /run/infermux: 0750, not theirs.
     import os
-
-    from test_runtime_dir import _infermux_as
 
     if os.geteuid() != 0:
         pytest.skip("running doctor as another user needs root")
