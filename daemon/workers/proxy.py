@@ -455,14 +455,15 @@ class WorkerProxy:
         if nbytes > self._out_row_bytes * rows:  # learn the output size, so the next slot fits it
             self._out_row_bytes = -(-nbytes // max(rows, 1))
         self._release(slot, tracker)
-        self._reply(job.envelope, [header, *outputs])
         # Which of the worker's contexts served it is not reported: spread the records over
-        # them, so the totals and the parallel service time come out right.
+        # them, so the totals and the parallel service time come out right. Counted before
+        # the reply leaves: a client that has its reply finds it in the statistics.
         views = self.executors
         stats = views[seq % len(views)].stats if views else self._stats.router
         if outcome.status == 200:
             stats.record_batch(outcome.batch, outcome.compute_us)
         stats.record(outcome.status, outcome.total_us, outcome.queue_us, outcome.compute_us, outcome.batch)
+        self._reply(job.envelope, [header, *outputs])
 
     @staticmethod
     def _from_slot(slot: Slot | None, places: list[list[int]]) -> tuple[list[Any], zmq.MessageTracker | None, int]:
@@ -512,8 +513,8 @@ class WorkerProxy:
             header = error_header(Status.NOT_READY, f"model {self.name!r} version {self.version!r}: worker "
                                   f"{self.pid} {reason}; retry", job.request.id, retry_after_ms=retry_ms,
                                   model=self.name, version=self.version)
-            self._reply(job.envelope, encode_reply(header))
             self._stats.router.record(int(Status.NOT_READY), (time.perf_counter_ns() - job.received_ns) // 1000)
+            self._reply(job.envelope, encode_reply(header))
         for view in self.executors:
             self._stats.remove_context(view.stats)
         if self._regions is not None:
