@@ -256,16 +256,18 @@ class Executor:
         if job.fallback:
             header["fallback"] = job.fallback
         outcome = Outcome(200, rows, queue_us, compute_us, total_us)
+        frames = encode_reply(header, outputs, req.output_regions)  # raises on outputs it cannot send: a 500
         # Counted before it leaves: a client that has its reply finds it in the statistics.
         self.stats.record(200, total_us, queue_us, compute_us, batch)
-        self._reply(job.envelope, encode_reply(header, outputs, req.output_regions), outcome)
+        self._reply(job.envelope, frames, outcome)
 
     def _fail(self, jobs: list[Job], status: Status, message: str) -> None:
         for job in jobs:
             header = error_header(status, message, job.request.id, model=self.name, version=self.version)
             total_us = (time.perf_counter_ns() - job.received_ns) // 1000
+            frames = encode_reply(header)
             self.stats.record(int(status), total_us)
-            self._reply(job.envelope, encode_reply(header), Outcome(int(status), 1, 0, 0, total_us))
+            self._reply(job.envelope, frames, Outcome(int(status), 1, 0, 0, total_us))
 
 
 def _mergeable(first: Job, job: Job) -> bool:
