@@ -78,16 +78,16 @@ def traversable() -> Iterator[None]:
     """As root: every folder above the checkout and the venv's packages lets others through (o+x)
     while this module runs, then gets its mode back. A clone in a `mktemp -d` folder (0700) would
     otherwise hide infermux's own code from user nobody; nothing is made readable that was not."""
-    changed: list[tuple[Path, int]] = []
+    changed: dict[Path, int] = {}  # folder: its mode before
     if os.geteuid() == 0:
         for leaf in (REPO, Path(_site_packages())):
             for folder in (leaf, *leaf.parents):
                 mode = folder.stat().st_mode
-                if not mode & stat.S_IXOTH and folder not in (f for f, _ in changed):
-                    changed.append((folder, mode))
+                if not mode & stat.S_IXOTH and folder not in changed:
+                    changed[folder] = mode
                     folder.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
     yield
-    for folder, mode in reversed(changed):
+    for folder, mode in reversed(changed.items()):
         folder.chmod(stat.S_IMODE(mode))
 
 

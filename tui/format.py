@@ -94,6 +94,11 @@ def clock(timestamp: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(timestamp))
 
 
+def failures(stats: dict[str, Any]) -> int:
+    """Replies other than 200 in a statistics view (the snapshot counts them per status in `by_status`)."""
+    return sum(n for status, n in (stats.get("by_status") or {}).items() if status != "200")
+
+
 def version_key(model: dict[str, Any]) -> str:
     """The row key of a model version everywhere in the console: name:version."""
     return f"{model['name']}:{model['version']}"

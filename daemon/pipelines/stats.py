@@ -38,14 +38,9 @@ def table(pipelines: list[dict[str, Any]]) -> str:
     for p in pipelines:
         f = p["frames"]
         rows.append((p["name"], str(f.get("served", 0)), fmt.rate(f.get("qps")), fmt.us(f.get("p50_us")),
-                     fmt.us(f.get("p99_us")), str(_errors(f)), str(p.get("queued", 0))))
+                     fmt.us(f.get("p99_us")), str(fmt.failures(f)), str(p.get("queued", 0))))
         for name, s in p["steps"].items():
             rows.append((f"  {name}", str(s.get("served", 0)), fmt.rate(s.get("qps")), fmt.us(s.get("p50_us")),
-                         fmt.us(s.get("p99_us")), str(_errors(s)), ""))
+                         fmt.us(s.get("p99_us")), str(fmt.failures(s)), ""))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
-
-
-def _errors(stats: dict[str, Any]) -> int:
-    """Replies other than 200 (counted per status in `by_status`)."""
-    return sum(n for status, n in (stats.get("by_status") or {}).items() if status != "200")

@@ -40,6 +40,7 @@ sys.path.insert(0, str(HERE.parent))
 from harness import Daemon, example  # noqa: E402
 from results import markdown_table, stamp, write_section  # noqa: E402
 
+from infermux.admin import hardware  # noqa: E402
 from infermux.pipelines.wire import send_frame  # noqa: E402
 
 SECTION = "Pipelines (issue 19)"
@@ -85,9 +86,10 @@ def own_cpu_s() -> float:
 
 
 def process_cpu_s(pid: int) -> float:
-    """User + system time of process `pid` so far (/proc/PID/stat fields 14 and 15)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system time of process `pid` so far (the daemon's own /proc reader)."""
+    sample = hardware.process_sample("daemon", pid)
+    assert sample is not None, f"process {pid} is gone"
+    return sample.cpu_seconds
 
 
 def rapidocr_run(frames: list[bytes]) -> Run:

@@ -22,11 +22,6 @@ HEAD = ("{n} · a step's run is one frame (a for-each step's: all its crops)\n"
         "[dim]STATUS: the pipeline's replies by status · queue: frames waiting/threads[/]")
 
 
-def errors(stats: dict[str, Any]) -> int:
-    """Replies other than 200 (the snapshot counts them per status in `by_status`)."""
-    return sum(n for status, n in (stats.get("by_status") or {}).items() if status != "200")
-
-
 def statuses(stats: dict[str, Any]) -> str:
     """`200:40 400:2` — the replies by status, 200 first, then by code."""
     by = stats.get("by_status") or {}
@@ -58,11 +53,11 @@ class PipelinesTable(KeyedTable):
     def row_cells(snapshot: dict[str, Any]) -> Iterator[tuple[str, dict[str, Cell]]]:
         for p in snapshot.get("pipelines") or []:
             frames = p.get("frames") or {}
-            failed = errors(frames)
+            failed = fmt.failures(frames)
             queue = f"  queue {p.get('queued', 0)}/{p.get('workers', '?')}"
             yield p["name"], _cells((p["name"], "bold"), frames, failed, (statuses(frames) + queue, ""))
             for name, step in (p.get("steps") or {}).items():
-                yield f"{p['name']}/{name}", _cells((f"  {name}", ""), step, errors(step),
+                yield f"{p['name']}/{name}", _cells((f"  {name}", ""), step, fmt.failures(step),
                                                      (runs_on(step), "cyan" if step.get("model") else "dim"))
 
 
