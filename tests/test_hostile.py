@@ -73,7 +73,7 @@ def test_a_client_that_never_reads_its_replies_costs_only_its_own(make_daemon) -
     try:
         for i in range(30000):
             hostile.send_multipart(_request(i))
-        # Every request read means the pipe to this peer (SNDHWM 10000) filled long ago.
+        # Every request read means the pipe to this peer (SNDHWM 1000) filled long ago.
         _until(lambda: _daemon_view(daemon)["requests"] >= 30000, what="reading every request")
         assert _served(daemon)
         view = _daemon_view(daemon)["clients"]
@@ -82,6 +82,65 @@ def test_a_client_that_never_reads_its_replies_costs_only_its_own(make_daemon) -
     finally:
         hostile.close()
     assert _served(daemon)
+    assert daemon.stop() == 0
+
+
+def _computed(daemon) -> int:
+    """Requests fast512 answered 200: computed, whether or not the reply reached its client."""
+    views = daemon.admin().call("models")["models"]
+    return sum(v["stats"]["by_status"].get("200", 0) for v in views if v["name"] == "fast512")
+
+
+def _stalled(daemon) -> int:
+    return _daemon_view(daemon)["clients"]["stalled_requests"]
+
+
+def _reply_to(sock: zmq.Socket, ident: int, timeout_s: float) -> dict | None:
+    """The reply header for request `ident` within `timeout_s` (others are skipped), else None."""
+    deadline = time.monotonic() + timeout_s
+    while sock.poll(max(1, int(1000 * (deadline - time.monotonic())))):
+        header = json.loads(sock.recv_multipart()[1])
+        if header.get("id") == ident:
+            return header
+        if time.monotonic() >= deadline:
+            break
+    return None
+
+
+@pytest.mark.timing  # the stall must hold while the box is busy: it ends only on a reply that fits
+def test_a_stalled_clients_requests_are_not_computed_and_it_is_served_once_it_reads(make_daemon) -> None:
+    daemon = make_daemon(FAST)
+    hostile = zmq.Context.instance().socket(zmq.DEALER)
+    for option, value in ((zmq.LINGER, 0), (zmq.RCVHWM, 1), (zmq.RCVBUF, 4096), (zmq.SNDHWM, 0)):
+        hostile.setsockopt(option, value)
+    hostile.connect(daemon.endpoint)
+    try:
+        for i in range(3000):  # more than the daemon queues for one peer (SNDHWM 1000): the pipe fills
+            hostile.send_multipart(_request(i))
+        # Each request read ends computed or, once its peer is stalled, skipped: wait for all 3000.
+        _until(lambda: _computed(daemon) + _stalled(daemon) == 3000, what="settling the first requests")
+        assert _daemon_view(daemon)["clients"]["dropped_replies"] >= 1
+        before, skipped = _computed(daemon), _stalled(daemon)
+        assert skipped > 0  # fewer computed than sent: the pipe filled long before the 3000th
+        for i in range(3000, 5000):  # the peer is stalled now: read and dropped, never computed
+            hostile.send_multipart(_request(i))
+        _until(lambda: _stalled(daemon) == skipped + 2000, what="skipping the later requests")
+        assert _computed(daemon) == before
+        assert _served(daemon)  # the others are served meanwhile
+        while hostile.poll(200):  # the client reads at last
+            hostile.recv_multipart()
+        refusals, ident = [], 10_000
+        while (reply := _reply_to(hostile, ident, 2.0)) is None or reply["status"] != 200:
+            if reply is not None:
+                refusals.append(reply)
+            ident += 1
+            assert ident < 10_050, f"never served again: {refusals[-3:]}"
+            hostile.send_multipart(_request(ident))
+        assert all(r["status"] == 429 and "does not read" in r["error"] and r["retry_after_ms"] > 0
+                   for r in refusals), refusals
+        assert len(refusals) <= 1  # the first reply that fits ends the stall
+    finally:
+        hostile.close()
     assert daemon.stop() == 0
 
 

@@ -16,7 +16,8 @@ from infermux.tui import format as fmt
 
 
 def daemon_line(d: dict[str, Any]) -> list[str]:
-    """uptime, pid, requests, accepting/DRAINING, ready count, failures, internal errors."""
+    """uptime, pid, requests, accepting/DRAINING, ready count, failures, clients the daemon holds off
+    (replies dropped for those that do not read, connections refused), internal errors."""
     states = d.get("states") or {}
     accepting = "[green]accepting[/]" if d.get("accepting", True) else "[b reverse red] DRAINING [/]"
     parts = [f"up {fmt.duration(d.get('uptime_s', 0))}", f"pid {d.get('pid', '?')}",
@@ -24,6 +25,11 @@ def daemon_line(d: dict[str, Any]) -> list[str]:
              f"{states.get('ready', 0)}/{sum(states.values())} ready"]
     if states.get("failed"):
         parts.append(f"[b red]{states['failed']} failed[/]")
+    clients = d.get("clients") or {}
+    if clients.get("dropped_replies"):
+        parts.append(f"[yellow]{fmt.count(int(clients['dropped_replies']))} replies dropped[/]")
+    if clients.get("refused_connections"):
+        parts.append(f"[yellow]{fmt.count(int(clients['refused_connections']))} conns refused[/]")
     if d.get("internal_errors"):
         parts.append(f"[b red]{d['internal_errors']} err[/]")
     return parts

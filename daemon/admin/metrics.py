@@ -119,6 +119,9 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
     out.family("infermux_replies_dropped_total", "counter",
                "Replies dropped because the client's pipe was full (it does not read them).",
                [({}, clients["dropped_replies"])])
+    out.family("infermux_requests_stalled_total", "counter",
+               "Requests not computed because their client's replies were being dropped (dropped or 429).",
+               [({}, clients["stalled_requests"])])
     out.family("infermux_connections_refused_total", "counter",
                "Inference connections shut down at once: over max_connections, or too near the fd limit.",
                [({}, clients["refused_connections"])])

@@ -49,6 +49,7 @@ REFUSE_S = 1.0  # ... and the longest it goes on refusing requests before closin
 # Frames from this size on are parsed in place in ZeroMQ's buffer (no copy into a bytes
 # object); smaller ones, headers and envelopes, are cheaper as bytes.
 BIG_FRAME = 4096
+STALLED_RETRY_MS = 100  # the retry time in the 429 a peer gets while its replies are dropped (peers.py)
 
 
 class Server:
@@ -170,7 +171,7 @@ class Server:
         sock.setsockopt(zmq.LINGER, 1000)
         sock.setsockopt(zmq.MAXMSGSIZE, frame_cap(self.config.daemon))  # per frame: limits.py
         sock.setsockopt(zmq.RCVHWM, 10000)
-        sock.setsockopt(zmq.SNDHWM, 10000)
+        sock.setsockopt(zmq.SNDHWM, 1000)
         self.peers.attach(self.ctx, sock)  # before bind: every accept (its own thread: peers.py)
         for endpoint in self.endpoints:
             ipc.prepare(endpoint)
@@ -322,10 +323,14 @@ class Server:
             self.frontend.send_multipart(frames, zmq.NOBLOCK, copy=sum(len(f) for f in frames) < 1 << 20)
         except zmq.Again:  # only the identity frame can meet a full pipe: nothing was queued
             self.peers.dropped(frames[0])
+            return
         except zmq.ZMQError as exc:
             if exc.errno != errno.EHOSTUNREACH:
                 raise
             log.debug("client went away before its reply")
+            return
+        if self.peers.stalled:
+            self.peers.delivered(frames[0])
 
     def _read_requests(self, refuse: bool = False) -> None:
         try:
@@ -358,6 +363,14 @@ class Server:
         received = time.perf_counter_ns()
         split = _delimiter(frames)
         envelope, body = frames[:split], frames[split:]
+        if self.peers.stalled and frames[0] in self.peers.stalled:
+            if not self.peers.probe(frames[0]):
+                return
+            self._send(envelope + encode_reply(error_header(
+                Status.TOO_MANY, "replies to this connection are being dropped because it does not read them "
+                "(its receive queue is full); read the replies, then retry", request_id(body, self.limits),
+                retry_after_ms=STALLED_RETRY_MS)))
+            return
         if refuse:
             reason = "shutting down" if self.stopping else "draining (admin `resume` reopens it)"
             header = error_header(Status.NOT_READY, f"infermux is {reason}; retry later",

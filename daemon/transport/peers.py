@@ -22,6 +22,12 @@ Two bounds, both kept on the frontend thread that owns the ROUTER:
 - **Replies.** A reply to a peer whose pipe is full (it does not read) is
   dropped rather than waited for: the frontend would otherwise block in
   `send` and serve nobody. Drops are counted, and logged once per peer.
+  Until a reply to it goes through again, that peer is `stalled`: its
+  requests are dropped as they are read, unvalidated and uncomputed (their
+  replies would be dropped too), and one every `PROBE_S` is answered 429
+  instead, to see whether it reads again: the first 429 that fits in its
+  pipe ends the stall. A client that pipelines without reading then costs
+  the others little more than reading its messages (bench_hostile.py).
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ import os
 import resource
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +53,7 @@ _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPE
 # yet closed by libzmq. The connection bound stays this far under the table's end.
 MONITOR_LEAD = 2048
 MIN_GUARANTEED = 64  # below this many connections the lead is not kept: the bound would be useless
+PROBE_S = 0.01  # how often a stalled peer's request is answered (429), to see whether it reads again
 _SLOW_PEERS_KEPT = 10_000  # peers remembered as logged; past this the memory starts over
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -90,6 +98,7 @@ class PeerCounts:
     refused_connections: int = 0
     dropped_replies: int = 0
     slow_peers: int = 0
+    stalled_requests: int = 0  # requests of stalled peers, dropped or answered 429, never computed
 
 
 class PeerGuard:
@@ -104,6 +113,8 @@ class PeerGuard:
         self._live: set[int] = set()
         self._refused: set[int] = set()
         self._slow: set[bytes] = set()
+        # Peers whose last reply was dropped, with when the next 429 may probe them (frontend thread only).
+        self.stalled: dict[bytes, float] = {}
         self.monitor: zmq.Socket | None = None
         self._thread: threading.Thread | None = None
         self._last_refusal_log = 0
@@ -166,6 +177,9 @@ class PeerGuard:
         """A reply could not be queued: the peer's pipe is full. Count it, log the peer once."""
         self.counts.dropped_replies += 1
         key = bytes(identity)
+        if len(self.stalled) >= _SLOW_PEERS_KEPT:
+            self.stalled.clear()
+        self.stalled[key] = time.monotonic() + PROBE_S
         if key in self._slow:
             return
         if len(self._slow) >= _SLOW_PEERS_KEPT:
@@ -175,12 +189,27 @@ class PeerGuard:
         log.warning("client %s is not reading its replies (its queue is full): dropping them until it "
                     "reads again; other clients are not held up", key.hex()[:16])
 
+    def probe(self, identity: bytes) -> bool:
+        """A stalled peer's request: True if it is to be answered (429) to probe the peer's pipe,
+        False if it is dropped unanswered (and counted) until the next probe is due."""
+        now = time.monotonic()
+        self.counts.stalled_requests += 1
+        if now < self.stalled[identity]:
+            self.counts.dropped_replies += 1
+            return False
+        self.stalled[identity] = now + PROBE_S
+        return True
+
+    def delivered(self, identity: Any) -> None:
+        """A reply went into `identity`'s pipe: if it was stalled, it reads again."""
+        self.stalled.pop(bytes(identity), None)
+
     def info(self) -> dict[str, int]:
         """For the daemon view (`clients`): connections, refusals and dropped replies."""
         c = self.counts
         return {"connections": c.connections, "max_connections": c.max_connections,
                 "refused_connections": c.refused_connections, "dropped_replies": c.dropped_replies,
-                "slow_peers": c.slow_peers}
+                "slow_peers": c.slow_peers, "stalled_requests": c.stalled_requests}
 
     def close(self, timeout_s: float = 5.0) -> None:
         """After the monitored socket is closed: wait for the guard to read libzmq's last event."""
