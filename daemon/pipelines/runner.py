@@ -41,6 +41,7 @@ class Run:
     wanted: tuple[str, ...]
     tensors: dict[str, np.ndarray] = field(default_factory=dict)
     timing_us: dict[str, int] = field(default_factory=dict)
+    fallbacks: list[dict[str, str]] = field(default_factory=list)  # model steps a fallback answered
 
 
 class Crashed(Exception):
@@ -136,6 +137,8 @@ class Pipeline:
             header: dict[str, Any] = {"id": req.id, "status": 200, "model": self.name,
                                       "regions": [r.to_json() for r in sample.regions],
                                       "timing_us": run.timing_us}
+            if run.fallbacks:
+                header["fallbacks"] = run.fallbacks
             if sample.classes and not sample.regions:
                 header["classes"] = [[{"index": c.index, "label": c.label, "score": round(c.score, 6)}
                                       for c in row] for row in sample.classes]
@@ -223,6 +226,8 @@ class Pipeline:
         names = self._model_inputs(step.model)
         name = step.input or (names[0] if names and len(names) == 1 else "input")
         reply = calls.call(self._admit, step.model, {name: batch}, run.job.deadline_ns, run.job.request.id)
+        if reply.fallback:
+            run.fallbacks.append({"step": step.name, **reply.fallback})
         for out, value in reply.outputs.items():
             if f"{step.name}.{out}" in run.wanted:
                 run.tensors[f"{step.name}.{out}"] = value
