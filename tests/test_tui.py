@@ -315,6 +315,20 @@ async def test_the_status_line_says_the_figures_are_stale_when_the_daemon_goes()
         await until(pilot, lambda: "accepting" in screen_text(app) and not app.main.has_class("-stale"))
 
 
+async def test_a_snapshot_or_events_delivered_while_the_console_closes_are_ignored() -> None:
+    import tui_data
+
+    app = TopApp(StaticFeed(tui_data.snapshot()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: "accepting" in screen_text(app), what="the live status line")
+    # The app has closed: its screens are gone. A snapshot or events the feed posted just before
+    # are still delivered on a busy box (a stress round caught ScreenStackError from one).
+    assert not app.screen_stack
+    app.refresh_views()
+    app.on_events_arrived(EventsArrived([{"kind": "loaded", "model": "m", "time": time.time()}]))
+    assert app.base_screen() is None
+
+
 async def test_question_mark_opens_infermuxs_keys_first() -> None:
     import tui_data
     from infermux.tui.keys import KeysScreen

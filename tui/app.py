@@ -143,6 +143,8 @@ class TopApp(App):
         if not self.snapshot:
             return
         base = self.base_screen()
+        if base is None:
+            return
         if isinstance(base, ModelScreen):
             base.update_from(self.snapshot, self.history)
             return
@@ -174,9 +176,11 @@ class TopApp(App):
 
     # -- navigation ---------------------------------------------------------------
 
-    def base_screen(self) -> Screen:
-        """The screen under any open dialog."""
-        return next((s for s in reversed(self.screen_stack) if not isinstance(s, ModalScreen)), self.screen)
+    def base_screen(self) -> Screen | None:
+        """The screen under any open dialog; None once the app is closing (its screens are gone, but
+        a snapshot or events already posted are still delivered: a busy box showed it)."""
+        stack = self.screen_stack
+        return next((s for s in reversed(stack) if not isinstance(s, ModalScreen)), stack[-1] if stack else None)
 
     @property
     def _tab(self) -> str:
