@@ -262,3 +262,33 @@ def test_retry_after_grows_with_the_queue_depth(make_daemon):
     median: Callable[[list[int]], int] = lambda xs: xs[len(xs) // 2]  # noqa: E731
     # (queued rows + 1) × time per row: 8 queued requests against 2, plus the one running.
     assert median(deep) > 2 * median(shallow), (shallow, deep)
+
+
+def test_a_pipeline_steps_unnamed_tensor_takes_the_input_name_of_the_version_it_is_routed_to() -> None:
+    """A pipeline's step names its tensor when it sends it; while the model loads it cannot, and the
+    version may be ready by the time the router chooses it (a stress round caught the 400 this was)."""
+    from types import SimpleNamespace
+    from typing import Any
+
+    from infermux.config import RoutingConfig
+    from infermux.plugins.base import TensorSpec
+    from infermux.protocol import ProtocolError, Request
+    from infermux.serving.job import ONLY_INPUT, Internal, Job
+    from infermux.serving.router import Router
+
+    registry: Any = SimpleNamespace(config=SimpleNamespace(models=[]))
+    router = Router(registry, RoutingConfig(), lambda *args: None)
+    version: Any = SimpleNamespace(name="cls", engine=SimpleNamespace(
+        inputs=[TensorSpec("images", "float32", (-1, 4))], outputs=[]))
+    x = np.zeros((1, 4), np.float32)
+
+    def job(name: str, internal: bool) -> Job:
+        envelope: list[Any] = [Internal(SimpleNamespace(deliver=lambda *a: None))] if internal else [b"peer"]
+        return Job(envelope, Request(model="cls", inputs={name: x}), [], 0, 0)
+
+    step = job(ONLY_INPUT, internal=True)
+    router._check_tensors(version, step)
+    assert list(step.request.inputs) == ["images"] and step.request.inputs["images"] is x
+    for wrong in (job(ONLY_INPUT, internal=False), job("input", internal=True)):  # only the placeholder, only inside
+        with pytest.raises(ProtocolError, match=r"takes inputs \['images'\]"):
+            router._check_tensors(version, wrong)

@@ -26,7 +26,7 @@ from infermux.pipelines.stats import PipelineStats
 from infermux.plugins.processors.base import FrameTooLarge, ProcessorError, Sample, working
 from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_header
 from infermux.serving.executor import ReplyFn
-from infermux.serving.job import Job
+from infermux.serving.job import ONLY_INPUT, Job
 
 log = logging.getLogger("infermux.pipelines")
 
@@ -224,7 +224,7 @@ class Pipeline:
         tensors = [working(step.name, s) for s in samples]
         batch = stack(step.name, tensors, step.pad_value, step.pad_multiple)
         names = self._model_inputs(step.model)
-        name = step.input or (names[0] if names and len(names) == 1 else "input")
+        name = step.input or (names[0] if names and len(names) == 1 else ONLY_INPUT)
         reply = calls.call(self._admit, step.model, {name: batch}, run.job.deadline_ns, run.job.request.id)
         if reply.fallback:
             run.fallbacks.append({"step": step.name, **reply.fallback})

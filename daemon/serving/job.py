@@ -55,6 +55,12 @@ class Internal:
     sink: ReplySink
 
 
+# The name an internal request gives its one tensor when the model's input name is not known
+# yet (a pipeline's step while the model loads): the router names it after the input of the
+# version it chooses (router.py), which may have loaded in between.
+ONLY_INPUT = "(the model's only input)"
+
+
 def internal_sink(envelope: list[Any]) -> ReplySink | None:
     """The sink of an internal request's envelope; None for a client's."""
     first = envelope[0] if envelope else None

@@ -19,7 +19,7 @@ from infermux.config import MAX_FALLBACK_DEPTH, RoutingConfig
 from infermux.pipelines.runner import Pipeline
 from infermux.serving.executor import ReplyFn
 from infermux.serving.hashring import HashRing
-from infermux.serving.job import Job
+from infermux.serving.job import ONLY_INPUT, Job, internal_sink
 from infermux.serving.placement import Admission, Placement
 from infermux.protocol import ProtocolError, Status, dtype_name, encode_reply, error_header
 from infermux.models.registry import Model, ModelVersion, Registry, State
@@ -173,6 +173,8 @@ class Router:
             return
         inputs = job.request.inputs
         names = {s.name for s in engine.inputs}
+        if ONLY_INPUT in inputs and len(inputs) == len(names) == 1 and internal_sink(job.envelope) is not None:
+            inputs[engine.inputs[0].name] = inputs.pop(ONLY_INPUT)  # the version is chosen: its name
         if set(inputs) != names:
             raise ProtocolError(Status.BAD_REQUEST, f"model {mv.name!r} takes inputs "
                                 f"{sorted(names)}, got {sorted(inputs)}")
