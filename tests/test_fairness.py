@@ -56,13 +56,20 @@ def test_fairness_holds_with_least_queue_over_several_contexts(make_daemon):
 
 def test_a_full_queue_makes_room_for_a_key_that_holds_less_of_it(make_daemon):
     d = make_daemon('[[models]]\nname = "slow"\nengine = "slower/1/model.onnx"\nmax_queue = 4\ntimeout_ms = 20000\n')
-    with d.pipeline(timeout_s=30) as pipe:
-        flood = [pipe.submit("slow", {"x": HEAVY}, key="flood") for _ in range(10)]
-        camera = pipe.submit("slow", {"x": BIG[:1]}, key="camera")
-        same_key = pipe.submit("slow", {"x": BIG[:1]}, key="flood")
-        replies = {r.header["id"]: r for r in pipe.replies()}
-    assert replies[camera].status == 200  # the flood's newest queued request made way for it
-    pushed = [replies[i] for i in flood if "holds the most" in (replies[i].error or "")]
+    # A compute that ends between the frontend reading the flood's last request and the camera's
+    # frees a slot: the camera is then queued with nothing pushed out (stress round 17 on 98a52a9).
+    # So the burst is sent again until the camera found the queue full, at most 3 times.
+    for _ in range(3):
+        with d.pipeline(timeout_s=30) as pipe:
+            flood = [pipe.submit("slow", {"x": HEAVY}, key="flood") for _ in range(10)]
+            camera = pipe.submit("slow", {"x": BIG[:1]}, key="camera")
+            same_key = pipe.submit("slow", {"x": BIG[:1]}, key="flood")
+            replies = {r.header["id"]: r for r in pipe.replies()}
+        assert replies[camera].status == 200  # queued, or the flood's newest queued request made way for it
+        pushed = [replies[i] for i in flood if "holds the most" in (replies[i].error or "")]
+        assert len(pushed) <= 1
+        if pushed:
+            break
     assert len(pushed) == 1 and pushed[0].status == 429 and pushed[0].retry_after_ms >= 1
     assert replies[same_key].status == 429 and "holds the most" not in replies[same_key].error
     assert sum(replies[i].status == 200 for i in flood) >= 4
