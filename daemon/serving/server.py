@@ -124,21 +124,12 @@ class Server:
         os.eventfd_write(self._bell, 1)
 
     def _model_inputs(self, name: str) -> list[str] | None:
-        """The input names of model `name`'s default version (pipelines name their tensors so); while
-        it is not loaded, its fallback's, which takes the same inputs (models/fallback.py) and will
-        be the one to answer; None while neither is loaded."""
-        seen: set[str] = set()
-        while name and name not in seen:
-            seen.add(name)
-            model = self.registry.model(name)
-            if model is None:
-                return None
-            mv = model.default()
-            engine = mv.engine if mv is not None else None
-            if engine is not None:
-                return [s.name for s in engine.inputs]
-            name = model.fallback
-        return None
+        """The input names of model `name`'s default version, None while it is not loaded (pipelines:
+        their step's tensor then goes unnamed, and the router names it after the version it chooses)."""
+        model = self.registry.model(name)
+        mv = model.default() if model is not None else None
+        engine = mv.engine if mv is not None else None
+        return [s.name for s in engine.inputs] if engine is not None else None
 
     def _on_late(self, job: Job) -> None:
         self.router.on_late(job)
