@@ -306,6 +306,7 @@ def test_an_unloaded_model_is_served_by_its_fallback_or_says_it_stays_unloaded(s
     np.testing.assert_allclose(served.outputs["y"], X4 + 2)  # addtwo computed it
     assert alone.status == 503 and "is unloaded and does not come back by itself" in alone.error, alone.error
     assert "`infermux ctl load classifier`" in alone.error and "it has no fallback" in alone.error
+    assert alone.header["retry_after_ms"] == 1000, alone.header  # as failed: not back by itself
 
 
 def test_memory_footprint_is_the_same_whichever_path_loaded_it(stand_ins: Daemon, engines) -> None:

@@ -102,8 +102,10 @@ class Router:
             return
         stays = f" ({mv.reason})" if mv.reason else \
             f" and does not come back by itself (`infermux ctl load {mv.name}` loads it)"
+        # As for a failed version: only an operator brings it back, so the
+        # client is told to rest (and a failover client to use another box).
         raise _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is unloaded{stays}; {why}",
-                     mv.eta_ms())
+                     UNLOADED_RETRY_MS)
 
     def _refused(self, job: Job, model: Model, mv: ModelVersion, placement: Placement,
                  admitted: Admission) -> None:
@@ -255,6 +257,9 @@ class Router:
         """Retry-After for a full queue: the time to work through it, at least 1 ms."""
         return max(1, int(placement.expected_wait_us() / 1000))
 
+
+
+UNLOADED_RETRY_MS = 1000  # a hot version an operator unloaded
 
 
 def _not_ready(mv: ModelVersion, state: str) -> ProtocolError:
