@@ -3,7 +3,7 @@
 READY=1 only once every hot model is loaded and warm; STATUS= every few
 seconds; WATCHDOG=1 from the frontend loop itself, so a wedged loop stops
 the pings and systemd restarts us; EXTEND_TIMEOUT_USEC while engines load;
-RELOADING=1 / READY=1 around SIGHUP; STOPPING=1 on SIGTERM.
+RELOADING=1 / READY=1 around SIGHUP; STOPPING=1 when the loop stops (SIGTERM).
 """
 
 from __future__ import annotations
@@ -33,14 +33,27 @@ class Supervisor:
         self.watchdog_s = self.notifier.watchdog_interval_s()
         self.ready = False
         self._last = {"watchdog": 0.0, "status": 0.0, "extend": 0.0}
+        self._reload_asked = False  # SIGHUP arrived; the next tick reloads
         server.ticks.append(self.tick)
+        server.on_stopping.append(self.notifier.stopping)
         if self.watchdog_s:
             server.poll_ms = min(server.poll_ms, max(1, int(self.watchdog_s * 1000 / 2)))
 
     def install_signals(self) -> None:
-        signal.signal(signal.SIGTERM, lambda *_: self.stop())
-        signal.signal(signal.SIGINT, lambda *_: self.stop())
-        signal.signal(signal.SIGHUP, lambda *_: self.reload())
+        """SIGTERM and SIGINT stop the daemon, SIGHUP reloads it.
+
+        The handlers only set flags; the loop acts on them. A handler runs on
+        the main thread between two bytecodes, possibly while that thread holds
+        the notifier's lock in `tick`: a handler that sent STOPPING=1 itself
+        waited on that lock for ever, and the daemon ignored SIGTERM until
+        systemd's SIGKILL (a stress round caught it).
+        """
+        signal.signal(signal.SIGTERM, lambda *_: self.server.stop())
+        signal.signal(signal.SIGINT, lambda *_: self.server.stop())
+        signal.signal(signal.SIGHUP, lambda *_: self._ask_reload())
+
+    def _ask_reload(self) -> None:
+        self._reload_asked = True
 
     def models_ready(self) -> None:
         """Every hot model is ready or failed: tell systemd we serve."""
@@ -51,6 +64,9 @@ class Supervisor:
 
     def tick(self) -> None:
         """Called by the frontend loop on every turn (at most `poll_ms` apart)."""
+        if self._reload_asked:
+            self._reload_asked = False
+            self.reload()
         now = time.monotonic()
         last = self._last
         if self.watchdog_s and now - last["watchdog"] >= self.watchdog_s:
@@ -62,11 +78,6 @@ class Supervisor:
         if not self.ready and now - last["extend"] >= EXTEND_EVERY_S:
             last["extend"] = now
             self.notifier.extend_timeout(EXTEND_BY_USEC)
-
-    def stop(self) -> None:
-        """SIGTERM: stop accepting, answer what was accepted, exit 0."""
-        self.notifier.stopping()
-        self.server.stop()
 
     def reload(self) -> None:
         """SIGHUP: re-read the configuration on a thread, bracketed by RELOADING/READY."""

@@ -83,6 +83,7 @@ class Server:
         self.loop_turns = 0
         self.requests = 0
         self.ticks: list[Callable[[], None]] = []
+        self.on_stopping: list[Callable[[], object]] = []  # called once the loop stops, before the drain
         self.poll_ms = 100  # the longest the loop sleeps: ticks (watchdog) run at least this often
         self._frontend_thread = threading.get_ident()
         # Inputs that local clients leave in shared memory (regions.py); bound in bind().
@@ -220,6 +221,8 @@ class Server:
                 tick()
             if self._held:  # a tick may have queued requests (a worker restart)
                 self._run_held()
+        for hook in self.on_stopping:
+            hook()
         self._drain()
 
     def stop(self) -> None:
