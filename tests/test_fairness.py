@@ -72,4 +72,6 @@ def test_a_full_queue_makes_room_for_a_key_that_holds_less_of_it(make_daemon):
             break
     assert len(pushed) == 1 and pushed[0].status == 429 and pushed[0].retry_after_ms >= 1
     assert replies[same_key].status == 429 and "holds the most" not in replies[same_key].error
-    assert sum(replies[i].status == 200 for i in flood) >= 4
+    # The queue held 4 of the flood and gave one up; the executor may not have taken the first
+    # from it before the others arrived (stress round 4 on 855db96), so at least 3 are served.
+    assert sum(replies[i].status == 200 for i in flood) >= 3
