@@ -5,6 +5,10 @@ One `InferenceSession` per context. Sessions are thread-safe, but one per
 executor thread keeps each thread's scratch memory and thread pool private,
 and `intra_op_num_threads = 1` by default: with its default thread pool,
 onnxruntime's p99 spikes to several ms under concurrency on small boxes.
+A large model may take more threads per context; `allow_spinning = false`
+then lets them sleep between operators instead of spinning on cores that the
+other models and the pipelines' processors need (measured on PP-OCR's detector:
+tests/benchmarks/RESULTS.md, "Pipelines").
 
 On a GPU box, `[models.options]` chooses execution providers in order of
 preference; each entry is a name or `[name, {option = value}]`, and the
@@ -129,6 +133,9 @@ class OnnxRuntimeEngine:
         self._ort = ort
         self.path = path
         self._threads = int(options.get("intra_op_num_threads", 1))
+        self._spinning = options.get("allow_spinning", True)
+        if not isinstance(self._spinning, bool):
+            raise BackendError(f"`allow_spinning` is true or false, got {self._spinning!r}")
         self._providers = select_providers(options.get("providers") or ["CPUExecutionProvider"],
                                            ort.get_available_providers())
         self._bytes = path.stat().st_size
@@ -142,6 +149,8 @@ class OnnxRuntimeEngine:
         opts = self._ort.SessionOptions()
         opts.intra_op_num_threads = self._threads
         opts.inter_op_num_threads = 1
+        if not self._spinning:  # idle pool threads sleep instead of spinning on a core others need
+            opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3
         try:
             return self._ort.InferenceSession(os.fspath(self.path), opts, providers=self._providers)

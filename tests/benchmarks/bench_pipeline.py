@@ -46,16 +46,20 @@ from infermux.pipelines.wire import send_frame  # noqa: E402
 SECTION = "Pipelines (issue 19)"
 ENGINES = REPO / "engines" / "ppocr"
 NOTE = ("\n\nWhat caps the ratio is CPU time, and the detector's above all (the column \"CPU s per frame\": "
-        "the whole OCR process, every thread). onnxruntime alone, one thread, on the detector's [1,3,736,1312] input "
-        "takes about 0.63 s; batching frames does not lower that on CPU (0.70 and 0.67 s a frame at batch 2 and 4), "
-        "so the detector is about 0.65 of the pipeline's CPU per frame and cannot be batched away. The recogniser's "
-        "cost grows with the width it is padded to (43 ms a line at 320 px, 101 at 640) and not with batching "
-        "(50 ms a line at batch 2): padding a frame's lines to a multiple of 32 px instead of 320 took the pipeline "
-        "from 0.93-0.97 to 0.80-0.83 CPU s a frame. rapidocr keeps both cores busy on one frame (its detector "
-        "runs 345 ms on 2 threads against 656 ms on 1) at 1.22-1.27 CPU s a frame, so at 4 cameras the pipeline "
-        "can be at most about 1.5x rapidocr with both cores saturated, and it saturates them only in part "
-        "(1.4-1.9 cores busy). Runs on the shared box swing: earlier runs at loads of 6-10 gave 1.17x-2.63x at 4 "
-        "cameras, since rapidocr's spinning threads suffer most when other processes take the cores.")
+        "the whole OCR process, every thread). onnxruntime alone on the detector's [1,3,736,1312] input, quiet box: "
+        "492 ms a frame on one thread, 261 ms on two (0.49-0.52 CPU s either way); two frames side by side, 3.59 "
+        "frames/s on one thread each, 3.30 on two threads each that sleep when idle (`allow_spinning = false`), "
+        "2.50 on two that spin. Batching frames does not lower the cost on CPU, so the detector is about two thirds "
+        "of the pipeline's CPU per frame and cannot be batched away. The shipped ocr.toml runs it on 2 contexts of "
+        "one thread: in back-to-back runs (8 frames a camera, 2026-12-01) two non-spinning threads per context took "
+        "1 camera from 1.39-1.45 to 1.86-1.88 fps but 4 cameras from 2.64 to 2.35-2.45 (more CPU a frame, 0.80 "
+        "against 0.72 s), and 1 context of two threads gave 4 cameras 2.14-2.64; the example keeps the throughput. "
+        "The recogniser's cost grows with the width it is padded to (43 ms a line at 320 px, 101 at 640) and not "
+        "with batching: a frame's lines are padded to a multiple of 32 px, not 320. rapidocr keeps both cores busy "
+        "on one frame with spinning threads, at 1.1-1.3 CPU s a frame against the pipeline's 0.7-0.8, which bounds "
+        "the pipeline near 1.6x with both cores saturated. The ratio swings with the box's load and the hypervisor's "
+        "steal (up to a third of the CPU during these runs): 1.42x-1.80x at 4 cameras in this session's runs, "
+        "1.16x-2.63x in earlier ones, since spinning threads suffer most when other processes take the cores.")
 
 
 def jpegs(count: int, size: tuple[int, int]) -> list[bytes]:
