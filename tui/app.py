@@ -184,7 +184,10 @@ class TopApp(App):
 
     @property
     def _tab(self) -> str:
-        return self.main.query_one(TabbedContent).active
+        """The active tab's id; "" while the app closes: the screen's widgets go before the screen
+        does, and a snapshot delivered in between finds no tabs (a fresh-clone CI run caught it)."""
+        tabs = self.main.query(TabbedContent)
+        return tabs.first().active if tabs else ""
 
     def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         """Keep the selected version when switching tabs; focus what the new tab shows."""
