@@ -139,8 +139,15 @@ def test_corrupt_engine_keeps_the_old_version_and_the_next_good_file_wins(
     reply = ask(daemon, "m")
     assert reply.version == "1"
     np.testing.assert_array_equal(reply.outputs["y"], X + 1)
-    with daemon.admin() as admin:
-        (state,) = [m for m in admin.call("status")["models"] if m["name"] == "m"]
+    # The registry logs the failed load before the swapper records the rejection on the serving
+    # version (swapper.py), so the status may lag the log by a moment (a fresh-clone CI run saw it).
+    deadline = time.monotonic() + 10
+    while True:
+        with daemon.admin() as admin:
+            (state,) = [m for m in admin.call("status")["models"] if m["name"] == "m"]
+        if state["reason"] or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert state["state"] == "ready" and "new engine file rejected (load failed" in state["reason"]
     # A new version that does not load: the old one keeps serving, the new one shows why.
     write_atomically(root / "m" / "2" / "model.onnx", b"\x08\x07 this is not an onnx model" * 50)
