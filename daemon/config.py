@@ -62,7 +62,7 @@ class DaemonConfig:
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"  # 0.0.0.0 for a pod's probes and scrapes (docs/deployment.md)
     inline_max_us: int = 500        # compute on the frontend thread when idle and this short (inline.py)
-    inline_busy_max_us: int = 100   # ... and when other requests wait, only this short
+    inline_busy_max_us: int = 250   # ... and when other requests wait, only this short
     watch: bool = True              # discover and hot-swap engines under engine_dir (docs/hot-swap.md)
     watch_settle_s: float = 1.0     # a file written in place is taken once unchanged this long
     watch_debounce_s: float = 0.05  # events closer than this are handled as one

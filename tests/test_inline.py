@@ -1,8 +1,16 @@
 """When the reading thread computes a request itself (inline.py)."""
 
-from infermux.serving.inline import InlinePolicy, track_compute
+import queue
+import time
 
-POLICY = InlinePolicy(idle_max_us=500, busy_max_us=100)
+import numpy as np
+
+from infermux.protocol import Request
+from infermux.serving.executor import BatchPolicy, Executor
+from infermux.serving.inline import InlinePolicy, track_compute
+from infermux.serving.job import Job, Outcome
+
+POLICY = InlinePolicy(idle_max_us=500, busy_max_us=100)  # the limits given, not the defaults
 
 
 def test_with_nobody_waiting_anything_under_the_idle_limit_runs_inline():
@@ -46,6 +54,48 @@ def test_a_lasting_slowdown_shows_within_fifty_calls():
 
 def test_a_speedup_shows_at_once():
     assert track_compute(400.0, 40.0) == 220.0
+
+
+def test_a_sample_that_may_not_raise_the_estimate_can_still_lower_it():
+    assert track_compute(40.0, 5000.0, may_rise=False) == 40.0
+    assert track_compute(400.0, 40.0, may_rise=False) == 220.0
+
+
+class _Timed:
+    """A context whose calls take `seconds` (time.sleep lets go of the GIL, as a backend's call does)."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+
+    def infer(self, inputs):
+        time.sleep(self.seconds)
+        return {"y": np.zeros((1, 1), np.float32)}
+
+    def close(self) -> None:
+        pass
+
+
+def _job(tag: bytes) -> Job:
+    now = time.perf_counter_ns()
+    return Job([tag], Request("m", {"x": np.zeros((1, 1), np.float32)}), [], now, now + 10**10)
+
+
+def test_a_slow_call_on_the_executor_thread_raises_the_deadline_estimate_not_the_inline_one():
+    context, outcomes = _Timed(), queue.Queue()
+    executor = Executor("m", "1", 0, context, lambda envelope, frames, outcome=None: outcomes.put(outcome),
+                        lambda job: None, BatchPolicy(1, 0, (), False))
+    executor.row_us = executor.row_wall_us = 100.0
+    executor.start()
+    try:
+        context.seconds = 0.02  # 200 times the estimate, as a wait for the GIL can make it
+        executor.queue.put(_job(b"handed-off"))
+        assert isinstance(outcomes.get(timeout=10), Outcome)
+        assert executor.row_us == 100.0  # the inline gate is not closed by the executor's own waits
+        assert executor.row_wall_us > 100.0  # but a deadline allows for them
+        assert executor.try_inline(_job(b"inline"))  # on this thread: what inlining really costs
+        assert executor.row_us > 100.0
+    finally:
+        executor.stop(10)
 
 
 def test_a_held_batch_runs_inline_when_nothing_waits_and_it_is_under_the_idle_limit():

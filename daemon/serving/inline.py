@@ -9,8 +9,9 @@ short runs on the reading thread when its context is idle:
 
 - nothing else waits on the socket: up to `idle_max_us` (default 500 µs),
   since nobody is delayed by it;
-- other requests wait: only up to `busy_max_us` (default 100 µs, never
-  more than `idle_max_us`), about the hand-off's own cost; longer computes go to the executors, where they
+- other requests wait: only up to `busy_max_us` (default 250 µs, never
+  more than `idle_max_us`), about the hand-off's own cost in wall time
+  (~225 µs there); longer computes go to the executors, where they
   overlap with reading the next requests;
 - a batched model's request is never computed alone while others wait:
   they could join its batch. The frontend queues it without waking the
@@ -51,7 +52,7 @@ class InlinePolicy:
     """The two limits on computing a request on the thread that read it."""
 
     idle_max_us: int = 500
-    busy_max_us: int = 100
+    busy_max_us: int = 250
 
     def allows(self, expected_us: float, batching: bool, others_waiting: bool) -> bool:
         """True if a request expected to take `expected_us` should run on the reading thread."""
@@ -72,7 +73,7 @@ class InlinePolicy:
         return not others_waiting or batch_us / max(1, requests) <= self.busy_max_us
 
 
-def track_compute(estimate_us: float, sample_us: float) -> float:
+def track_compute(estimate_us: float, sample_us: float, may_rise: bool = True) -> float:
     """The next compute-time estimate: halfway to a faster sample, 1/16 of the way to a slower one.
 
     An executor thread coming back from the backend waits for the GIL while
@@ -83,9 +84,20 @@ def track_compute(estimate_us: float, sample_us: float) -> float:
     sample counts for at most 4× the estimate, and only by 1/16: a real
     slowdown still shows within ~50 calls (a new engine gets new executors
     anyway).
+
+    `may_rise=False` (a sample an executor thread took after a hand-off):
+    only a faster sample counts. That thread waits for the GIL while the
+    reading thread holds it, so its samples grow exactly when the reading
+    thread is busy; letting them raise the estimate closed the gate, which
+    sent more requests to the executor, whose samples grew more: on the
+    2-core box the classifier's estimate climbed to 250 µs and two thirds
+    of the requests at concurrency 16 were handed off. A real slowdown
+    still shows in the samples of the requests computed inline.
     """
     if not estimate_us:
         return sample_us
     if sample_us < estimate_us:
         return (estimate_us + sample_us) / 2
+    if not may_rise:
+        return estimate_us
     return estimate_us + (min(sample_us, 4 * estimate_us) - estimate_us) / 16

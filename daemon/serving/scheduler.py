@@ -52,7 +52,7 @@ class Scheduler:
         ex = Executor(self.name, self.version, index, self._engine.create_context(), self._reply,
                       self._on_late, self.policy)
         ex.stats = self._stats.add_context(in_flight=lambda: ex.in_flight, queue_depth=lambda: len(ex.queue))
-        ex.row_us = self._warm_row_us
+        ex.row_us = ex.row_wall_us = self._warm_row_us
         ex.start()
         return ex
 

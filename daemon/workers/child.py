@@ -65,7 +65,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--preload", default="", help="comma-separated backend names to import ahead")
     p.add_argument("--heartbeat-s", type=float, default=0.25)
     p.add_argument("--inline-max-us", type=int, default=500)
-    p.add_argument("--inline-busy-max-us", type=int, default=100)
+    p.add_argument("--inline-busy-max-us", type=int, default=250)
     p.add_argument("--log-level", default="info")
     return p.parse_args(argv)
 
