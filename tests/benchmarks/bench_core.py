@@ -111,10 +111,24 @@ def backend_direct(concurrency: int, duration_s: float, warmup: int) -> BenchRes
                                       (time.perf_counter_ns() - start) / 1e9)
 
 
+@dataclass(frozen=True)
+class Served:
+    """A server process under test: where it listens, and its pid (for its CPU time)."""
+
+    endpoint: str
+    pid: int
+
+
+def process_cpu_s(pid: int) -> float:
+    """User plus system CPU time of process `pid`, all its threads, in seconds (/proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
+
+
 @contextlib.contextmanager
 def serving(name: str, command: list[str], endpoint: str, log_dir: Path,
-            env: dict[str, str] | None = None, model: str = MODEL, shape: str = SHAPE) -> Iterator[str]:
-    """Run a server process until the block ends; yield its endpoint once it answers 200."""
+            env: dict[str, str] | None = None, model: str = MODEL, shape: str = SHAPE) -> Iterator[Served]:
+    """Run a server process until the block ends; yield it once it answers 200."""
     log = open(log_dir / f"{name}.log", "wb")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT,
                                env={**os.environ, **(env or {})})
@@ -122,7 +136,7 @@ def serving(name: str, command: list[str], endpoint: str, log_dir: Path,
         reply = wait_ready(endpoint, model, parse_inputs([], [shape], "float32"), timeout_s=60)
         if not reply.ok:
             raise RuntimeError(f"{name} answered {reply.status}: {reply.error}")
-        yield endpoint
+        yield Served(endpoint, process.pid)
     except Exception:
         log.flush()
         sys.stderr.write((log_dir / f"{name}.log").read_text()[-3000:])
@@ -157,6 +171,12 @@ class Measured:
     case: str
     concurrency: int
     rounds: list[BenchResult]
+    cpu_us: list[float]  # the server process's CPU time per request, each round (none for case a)
+
+    @property
+    def median_cpu_us(self) -> float | None:
+        ordered = sorted(self.cpu_us)
+        return ordered[(len(ordered) - 1) // 2] if ordered else None
 
     @property
     def median(self) -> BenchResult:
@@ -164,65 +184,79 @@ class Measured:
         return ordered[(len(ordered) - 1) // 2]
 
 
-Case = tuple[tuple[int, ...], Callable[[int], BenchResult]]  # concurrencies, run(c)
+Round = tuple[BenchResult, float | None]  # the load generator's figures, the server's CPU µs per request
+Case = tuple[tuple[int, ...], Callable[[int], Round]]  # concurrencies, run(c)
+
+
+def cpu_per_request(served: Served, warmup: int, run: Callable[[], BenchResult]) -> Round:
+    """Run one round and charge the server's CPU time over it (warm-up included) to its requests.
+
+    CPU time, unlike QPS, is not stretched by the other tenants of a shared
+    box taking the cores away (steal): it shows the serving cost itself.
+    """
+    before = process_cpu_s(served.pid)
+    result = run()
+    return result, (process_cpu_s(served.pid) - before) * 1e6 / max(1, result.requests + warmup)
 
 
 def measure_all(args: argparse.Namespace, tmp: Path) -> list[Measured]:
     """All cases, rounds interleaved, with every server up for the whole run."""
     ctx = multiprocessing.get_context("spawn")  # a fresh interpreter: no GIL shared with anything here
     with ProcessPoolExecutor(1, mp_context=ctx) as generator, contextlib.ExitStack() as stack:
-        def load(endpoint: str, model: str = MODEL, shape: str = SHAPE,
-                 warmup: int = args.warmup) -> Callable[[int], BenchResult]:
+        def load(served: Served, model: str = MODEL, shape: str = SHAPE,
+                 warmup: int = args.warmup) -> Callable[[int], Round]:
             inputs = parse_inputs([], [shape], "float32")
-            return lambda c: generator.submit(run_load, endpoint, model, inputs, concurrency=c,
-                                              duration_s=args.duration, warmup=warmup).result()
+            return lambda c: cpu_per_request(served, warmup, lambda: generator.submit(
+                run_load, served.endpoint, model, inputs, concurrency=c, duration_s=args.duration,
+                warmup=warmup).result())
 
         cases: dict[str, Case] = {
             "a backend": (CONCURRENCY,
-                          lambda c: generator.submit(backend_direct, c, args.duration, args.warmup).result())}
+                          lambda c: (generator.submit(backend_direct, c, args.duration, args.warmup).result(), None))}
         echo_ep, bare_ep = f"ipc://{tmp}/echo.sock", f"ipc://{tmp}/bare.sock"
-        stack.enter_context(serving("echo", [sys.executable, str(BASELINES), "echo", echo_ep], echo_ep, tmp))
-        cases["b echo"] = (CONCURRENCY, load(echo_ep))
-        stack.enter_context(serving("bare", [sys.executable, str(BASELINES), "bare", bare_ep, str(ENGINE)],
-                                    bare_ep, tmp))
-        cases["c bare"] = (CONCURRENCY, load(bare_ep))
+        echo = stack.enter_context(serving("echo", [sys.executable, str(BASELINES), "echo", echo_ep], echo_ep, tmp))
+        cases["b echo"] = (CONCURRENCY, load(echo))
+        bare = stack.enter_context(serving("bare", [sys.executable, str(BASELINES), "bare", bare_ep, str(ENGINE)],
+                                           bare_ep, tmp))
+        cases["c bare"] = (CONCURRENCY, load(bare))
         if daemon_available():
             for case, name, contexts in (("d daemon", "daemon", 2), ("d1 daemon", "daemon1", 1)):
                 command, daemon_ep = daemon_command(tmp, name, contexts)
-                stack.enter_context(serving(name, command, daemon_ep, tmp))
-                cases[case] = (CONCURRENCY, load(daemon_ep))
+                cases[case] = (CONCURRENCY, load(stack.enter_context(serving(name, command, daemon_ep, tmp))))
         if args.against:
             old_env = package_env(args.against, tmp / "against")
             command, old_ep = daemon_command(tmp, "against")
-            stack.enter_context(serving("against", command, old_ep, tmp, old_env))
-            cases["e daemon@REV"] = (CONCURRENCY, load(old_ep))
+            cases["e daemon@REV"] = (CONCURRENCY, load(stack.enter_context(
+                serving("against", command, old_ep, tmp, old_env))))
         cases.update(ocr_cases(stack, tmp, load) if OCR_ENGINE.is_file() and not args.no_ocr else {})
         return run_rounds(cases, args.rounds)
 
 
-def ocr_cases(stack: contextlib.ExitStack, tmp: Path, load: Callable[..., Callable[[int], BenchResult]]
+def ocr_cases(stack: contextlib.ExitStack, tmp: Path, load: Callable[..., Callable[[int], Round]]
               ) -> dict[str, Case]:
     """The PP-OCR detector: bare loop and daemon (1 context), both up for the whole run."""
     ocr = (OCR_MODEL, OCR_SHAPE, OCR_WARMUP)
     bare_ep = f"ipc://{tmp}/bare-ocr.sock"
-    stack.enter_context(serving("bare-ocr", [sys.executable, str(BASELINES), "bare", bare_ep, str(OCR_ENGINE)],
-                                bare_ep, tmp, model=OCR_MODEL, shape=OCR_SHAPE))
+    bare = stack.enter_context(serving("bare-ocr", [sys.executable, str(BASELINES), "bare", bare_ep,
+                                                    str(OCR_ENGINE)], bare_ep, tmp, model=OCR_MODEL, shape=OCR_SHAPE))
     command, daemon_ep = daemon_command(tmp, "daemon-ocr", 1, OCR_MODEL, OCR_ENGINE)
-    stack.enter_context(serving("daemon-ocr", command, daemon_ep, tmp, model=OCR_MODEL, shape=OCR_SHAPE))
-    return {"f ocr bare": ((OCR_CONCURRENCY,), load(bare_ep, *ocr)),
-            "g ocr daemon": ((OCR_CONCURRENCY,), load(daemon_ep, *ocr))}
+    daemon = stack.enter_context(serving("daemon-ocr", command, daemon_ep, tmp, model=OCR_MODEL, shape=OCR_SHAPE))
+    return {"f ocr bare": ((OCR_CONCURRENCY,), load(bare, *ocr)),
+            "g ocr daemon": ((OCR_CONCURRENCY,), load(daemon, *ocr))}
 
 
 def run_rounds(cases: dict[str, Case], rounds: int) -> list[Measured]:
     """Every case at each of its concurrencies, `rounds` times, the rounds interleaved."""
-    results = {(case, c): Measured(case, c, []) for case, (levels, _) in cases.items() for c in levels}
+    results = {(case, c): Measured(case, c, [], []) for case, (levels, _) in cases.items() for c in levels}
     for round_ in range(rounds):
         for c in sorted({c for levels, _ in cases.values() for c in levels}):
             for case, (levels, run) in cases.items():
                 if c not in levels:
                     continue
-                result = run(c)
+                result, cpu_us = run(c)
                 results[case, c].rounds.append(result)
+                if cpu_us is not None:
+                    results[case, c].cpu_us.append(cpu_us)
                 print(f"  round {round_ + 1}  {case:<12} c={c:<3} {result.qps:8,.0f}/s  "
                       f"p50 {result.p50_us:7.0f} µs  p99 {result.p99_us:7.0f} µs", file=sys.stderr)
     return list(results.values())
@@ -238,6 +272,18 @@ def _ratios(by_key: dict[tuple[str, int], BenchResult], case: str, base: str, le
         f"c={c}: **{by_key[case, c].qps / by_key[base, c].qps:.2f}×** QPS, "
         f"p50 {by_key[case, c].p50_us / by_key[base, c].p50_us:.2f}×, "
         f"p99 {by_key[case, c].p99_us / by_key[base, c].p99_us:.2f}×" for c in levels)
+
+
+def cpu_line(cpu: dict[tuple[str, int], float | None], against: bool) -> str:
+    """The server's CPU time per request, daemon ÷ bare loop (and ÷ the other revision's daemon)."""
+    pairs = [("d1 daemon", "c bare", c) for c in CONCURRENCY] + [("d daemon", "c bare", c) for c in CONCURRENCY]
+    pairs += [("g ocr daemon", "f ocr bare", OCR_CONCURRENCY)]
+    pairs += [("d daemon", "e daemon@REV", c) for c in CONCURRENCY] if against else []
+    parts = [f"{case.split()[0]} ÷ {base.split()[0]} c={c}: **{cpu[case, c] / cpu[base, c]:.2f}×** "
+             f"({cpu[case, c]:,.0f} against {cpu[base, c]:,.0f} µs)"
+             for case, base, c in pairs if cpu.get((case, c)) and cpu.get((base, c))]
+    return ("Server CPU time per request (user + system of the server process over each round, warm-up "
+            "included; median of the rounds): " + "; ".join(parts) + ".") if parts else ""
 
 
 def ratio_lines(by_key: dict[tuple[str, int], BenchResult], args: argparse.Namespace) -> list[str]:
@@ -265,10 +311,13 @@ def report(measured: list[Measured], args: argparse.Namespace, load: tuple[float
     for m in sorted(measured, key=lambda m: (m.concurrency, m.case)):
         r = m.median
         rows.append([m.case, str(m.concurrency), f"{r.qps:,.0f}", _us(r.p50_us), _us(r.p90_us), _us(r.p99_us),
-                     str(sum(x.errors for x in m.rounds)), " / ".join(f"{x.qps:,.0f}" for x in m.rounds)])
-    table = markdown_table(["case", "c", "QPS", "p50 µs", "p90 µs", "p99 µs", "errors", "QPS per round"], rows)
+                     _us(m.median_cpu_us), str(sum(x.errors for x in m.rounds)),
+                     " / ".join(f"{x.qps:,.0f}" for x in m.rounds)])
+    table = markdown_table(["case", "c", "QPS", "p50 µs", "p90 µs", "p99 µs", "server CPU µs/req", "errors",
+                            "QPS per round"], rows)
     by_key = {(m.case, m.concurrency): m.median for m in measured}
-    verdict = "\n\n".join(ratio_lines(by_key, args))
+    cpu = {(m.case, m.concurrency): m.median_cpu_us for m in measured}
+    verdict = "\n\n".join(line for line in [*ratio_lines(by_key, args), cpu_line(cpu, bool(args.against))] if line)
     return "\n".join([
         stamp(),
         f"1-min load average {load[0]:.2f} before the run, {load[1]:.2f} after (this script keeps ~2 busy); "
