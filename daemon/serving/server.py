@@ -49,6 +49,9 @@ REFUSE_S = 1.0  # ... and the longest it goes on refusing requests before closin
 # Frames from this size on are parsed in place in ZeroMQ's buffer (no copy into a bytes
 # object); smaller ones, headers and envelopes, are cheaper as bytes.
 BIG_FRAME = 4096
+# Plain ints: `getsockopt(zmq.EVENTS) & zmq.POLLIN` goes through enum conversions, 5.4 against
+# 3.1 µs a call on the 2-core box, and the frontend asks once or twice a request.
+_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 STALLED_RETRY_MS = 100  # the retry time in the 429 a peer gets while its replies are dropped (peers.py)
 
 
@@ -159,8 +162,8 @@ class Server:
 
     def _others_waiting(self) -> bool:
         """Whether more requests sit in the socket right now (what the inline limits depend on)."""
-        events = self.frontend.getsockopt(zmq.EVENTS) if self.frontend is not None else 0  # an int for EVENTS
-        return isinstance(events, int) and bool(events & zmq.POLLIN)
+        events = self.frontend.get(_EVENTS) if self.frontend is not None else 0  # an int for EVENTS
+        return isinstance(events, int) and bool(events & _POLLIN)
 
     # -- lifecycle -----------------------------------------------------------
 
