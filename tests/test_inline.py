@@ -14,24 +14,31 @@ POLICY = InlinePolicy(idle_max_us=500, busy_max_us=100)  # the limits given, not
 
 
 def test_with_nobody_waiting_anything_under_the_idle_limit_runs_inline():
-    assert POLICY.allows(400, batching=False, others_waiting=False)
-    assert POLICY.allows(400, batching=True, others_waiting=False)
-    assert not POLICY.allows(600, batching=False, others_waiting=False)
+    assert POLICY.allows(400, batching=False, others_waiting=lambda: False)
+    assert POLICY.allows(400, batching=True, others_waiting=lambda: False)
+    assert not POLICY.allows(600, batching=False, others_waiting=lambda: False)
 
 
 def test_with_others_waiting_only_computes_shorter_than_a_hand_off_run_inline():
-    assert POLICY.allows(50, batching=False, others_waiting=True)
-    assert not POLICY.allows(150, batching=False, others_waiting=True)
+    assert POLICY.allows(50, batching=False, others_waiting=lambda: True)
+    assert not POLICY.allows(150, batching=False, others_waiting=lambda: True)
+
+
+def test_the_socket_is_not_asked_about_a_request_short_enough_for_either_limit():
+    def not_to_be_asked() -> bool:
+        raise AssertionError("others_waiting was asked")
+
+    assert POLICY.allows(50, batching=False, others_waiting=not_to_be_asked)
 
 
 def test_with_others_waiting_a_batched_model_leaves_them_the_chance_to_join_a_batch():
-    assert not POLICY.allows(10, batching=True, others_waiting=True)
+    assert not POLICY.allows(10, batching=True, others_waiting=lambda: True)
 
 
 def test_a_zero_idle_limit_turns_inline_off_altogether():
     off = InlinePolicy(idle_max_us=0, busy_max_us=100)
-    assert not off.allows(1, batching=False, others_waiting=False)
-    assert not off.allows(1, batching=False, others_waiting=True)
+    assert not off.allows(1, batching=False, others_waiting=lambda: False)
+    assert not off.allows(1, batching=False, others_waiting=lambda: True)
 
 
 def test_the_first_sample_is_the_estimate():

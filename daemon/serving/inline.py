@@ -54,11 +54,18 @@ class InlinePolicy:
     idle_max_us: int = 500
     busy_max_us: int = 250
 
-    def allows(self, expected_us: float, batching: bool, others_waiting: bool) -> bool:
-        """True if a request expected to take `expected_us` should run on the reading thread."""
-        if not others_waiting:
+    def allows(self, expected_us: float, batching: bool, others_waiting: Callable[[], bool]) -> bool:
+        """True if a request expected to take `expected_us` should run on the reading thread.
+
+        `others_waiting()` is asked only when the answer depends on it: asking
+        the socket costs a few µs, and under load most requests are short
+        enough for either limit.
+        """
+        if not batching and expected_us <= min(self.busy_max_us, self.idle_max_us):
+            return True
+        if not others_waiting():
             return expected_us <= self.idle_max_us
-        return not batching and expected_us <= min(self.busy_max_us, self.idle_max_us)
+        return False
 
     def allows_batch(self, batch_us: float, requests: int, others_waiting: bool) -> bool:
         """True if a held batch of `requests` expected to take `batch_us` should run on the reading thread.

@@ -142,7 +142,7 @@ class Server:
         """May the frontend thread compute this request itself? (inline.py)"""
         if threading.get_ident() != self._frontend_thread or self.frontend is None:
             return False
-        return self.inline.allows(service_time_us, batching, self._others_waiting())
+        return self.inline.allows(service_time_us, batching, self._others_waiting)
 
     def _hold(self, scheduler: Any) -> bool:
         """Keep a batched model's request for the end of this burst (inline.py); only on the frontend."""

@@ -218,9 +218,12 @@ class Worker:
         """May the I/O thread compute this request itself? (inline.py)"""
         if threading.current_thread() is not threading.main_thread():
             return False
+        return self.inline.allows(service_time_us, batching, self._others_waiting)
+
+    def _others_waiting(self) -> bool:
+        """Whether more requests wait, on the fast lane or the socket."""
         events = self.down.getsockopt(zmq.EVENTS)  # an int for this option
-        waiting = self.lane.readable() or (isinstance(events, int) and bool(events & zmq.POLLIN))
-        return self.inline.allows(service_time_us, batching, waiting)
+        return self.lane.readable() or (isinstance(events, int) and bool(events & zmq.POLLIN))
 
     # -- requests ------------------------------------------------------------------
 
