@@ -163,19 +163,25 @@ def _raw_connections(path: str, count: int) -> list[socket.socket]:
     return conns
 
 
-def test_more_connections_than_descriptors_are_refused_not_fatal(make_daemon) -> None:
+def test_connections_over_the_bound_are_refused_and_given_back_under_a_1024_limit(make_daemon) -> None:
     daemon = make_daemon(FAST, prefix=NOFILE_1024)
     soft, hard = (int(n) for n in open(f"/proc/{daemon.proc.pid}/limits").read()
                   .split("Max open files")[1].split()[:2])
     assert (soft, hard) == (1024, 1024)
     bound = _daemon_view(daemon)["clients"]["max_connections"]
     assert bound == 1024 - 512  # reserved_fds stay free for engines, workers and regions
-    conns = _raw_connections(daemon.endpoint[len("ipc://"):], 1100)
+    # More than the bound, fewer than the table holds. A flood past the table's end is more than
+    # soft = hard = 1024 can promise, and the daemon says so at start (asserted below): libzmq's
+    # I/O thread accepts up to ~1,000 connections ahead of the guard, and with no room for that
+    # lead it can meet a full table and abort (a fresh-clone CI run on 2c2b03d did, with 1,100).
+    # The shape with room is test_a_flood_faster_than_the_guard_cannot_fill_the_descriptor_table.
+    count = bound + 200
+    conns = _raw_connections(daemon.endpoint[len("ipc://"):], count)
     try:
-        _until(lambda: _daemon_view(daemon)["clients"]["refused_connections"] >= 1100 - bound,
+        _until(lambda: _daemon_view(daemon)["clients"]["refused_connections"] >= count - bound,
                what="refusing the connections over the bound")
         assert daemon.alive()
-        assert _fds(daemon) < 1024 - 256  # the refused ones were given back
+        _until(lambda: _fds(daemon) < bound + 100, what="giving the refused connections' descriptors back")
     finally:
         for conn in conns:
             conn.close()
