@@ -43,6 +43,14 @@ def test_the_core_benchmark_runs_every_case(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_handling_benchmark_measures_both_backends():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_handling.py"), "--no-write",
+                          "--calls", "50", "--rounds", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| with onnxruntime |" in out.stdout and "| instant backend |" in out.stdout
+
+
+@pytest.mark.slow
 def test_the_batching_benchmark_runs_every_case(tmp_path):
     out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_batching.py"), "--no-write",
                           "--duration", "0.3", "--fair-duration", "0.5", "--rounds", "1", "--warmup", "10"],
