@@ -28,6 +28,7 @@ import zmq
 from infermux import config as cfg
 from infermux.transport import curve, ipc
 from infermux.transport.peers import PeerGuard
+from infermux.transport.waiting import message_waiting
 from infermux.events import EventLog
 from infermux.serving.inline import InlinePolicy
 from infermux.serving.job import Job, Outcome, internal_sink
@@ -49,9 +50,6 @@ REFUSE_S = 1.0  # ... and the longest it goes on refusing requests before closin
 # Frames from this size on are parsed in place in ZeroMQ's buffer (no copy into a bytes
 # object); smaller ones, headers and envelopes, are cheaper as bytes.
 BIG_FRAME = 4096
-# Plain ints: `getsockopt(zmq.EVENTS) & zmq.POLLIN` goes through enum conversions, 5.4 against
-# 3.1 µs a call on the 2-core box, and the frontend asks once or twice a request.
-_EVENTS, _POLLIN = int(zmq.EVENTS), int(zmq.POLLIN)
 STALLED_RETRY_MS = 100  # the retry time in the 429 a peer gets while its replies are dropped (peers.py)
 
 
@@ -162,8 +160,7 @@ class Server:
 
     def _others_waiting(self) -> bool:
         """Whether more requests sit in the socket right now (what the inline limits depend on)."""
-        events = self.frontend.get(_EVENTS) if self.frontend is not None else 0  # an int for EVENTS
-        return isinstance(events, int) and bool(events & _POLLIN)
+        return self.frontend is not None and message_waiting(self.frontend)
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -349,9 +346,7 @@ class Server:
     def _read_burst(self, refuse: bool) -> None:
         assert self.frontend is not None
         for n in range(BURST):
-            # Asked, not tried: a recv that finds nothing raises zmq.Again, whose construction
-            # (strerror, an import) was ~5 % of the frontend's time at concurrency 1.
-            if n and not self._others_waiting():
+            if n and not self._others_waiting():  # asked, not tried (waiting.py)
                 return
             try:
                 parts = self.frontend.recv_multipart(zmq.NOBLOCK, copy=False)

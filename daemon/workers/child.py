@@ -40,6 +40,7 @@ from infermux.plugins import backends
 from infermux.plugins.base import BackendError
 from infermux.protocol import DTYPES, OutputRegion, Request, Status, encode_reply, error_header
 from infermux.transport.regions import MappedRegions
+from infermux.transport.waiting import message_waiting
 from infermux.models.registry import rss_bytes, warm_up
 from infermux.serving.placement import Admission, Change
 from infermux.serving.scheduler import Scheduler
@@ -222,8 +223,7 @@ class Worker:
 
     def _others_waiting(self) -> bool:
         """Whether more requests wait, on the fast lane or the socket."""
-        events = self.down.getsockopt(zmq.EVENTS)  # an int for this option
-        return self.lane.readable() or (isinstance(events, int) and bool(events & zmq.POLLIN))
+        return self.lane.readable() or message_waiting(self.down)
 
     # -- requests ------------------------------------------------------------------
 
