@@ -48,7 +48,7 @@ from typing import Callable, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results import markdown_table, stamp, stop_server, write_section  # noqa: E402
+from results import markdown_table, process_cpu_s, stamp, stop_server, write_section  # noqa: E402
 from revision import describe, package_env  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
@@ -117,12 +117,6 @@ class Served:
 
     endpoint: str
     pid: int
-
-
-def process_cpu_s(pid: int) -> float:
-    """User plus system CPU time of process `pid`, all its threads, in seconds (/proc/PID/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime
 
 
 @contextlib.contextmanager

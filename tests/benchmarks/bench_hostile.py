@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, process_cpu_s, stamp, write_section  # noqa: E402
 
 from harness import Daemon  # noqa: E402
 from infermux.client import Client  # noqa: E402
@@ -102,7 +102,7 @@ def measure(endpoint: str, seconds: float, attack: Callable[[Stop], None] | None
     for t in threads:
         t.start()
     time.sleep(seconds)
-    attacker_cpu = cpu_seconds(attacker.pid) / seconds if attacker and attacker.pid else 0.0
+    attacker_cpu = process_cpu_s(attacker.pid) / seconds if attacker and attacker.pid else 0.0
     stop.set()
     attacker_stop.set()
     for t in threads:
@@ -112,12 +112,6 @@ def measure(endpoint: str, seconds: float, attack: Callable[[Stop], None] | None
     total = len(latencies) + len(failures)
     return {"answered": 100.0 * len(latencies) / max(1, total), "requests": total, "attacker_cpu": attacker_cpu,
             "p99_ms": 1000 * float(np.percentile(latencies, 99)) if latencies else float("nan")}
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds process `pid` has used (its threads too)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def proc_facts(pid: int) -> tuple[float, int]:

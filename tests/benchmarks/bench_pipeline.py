@@ -38,9 +38,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from harness import Daemon, example  # noqa: E402
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, process_cpu_s, stamp, write_section  # noqa: E402
 
-from infermux.admin import hardware  # noqa: E402
 from infermux.pipelines.wire import send_frame  # noqa: E402
 
 SECTION = "Pipelines (issue 19)"
@@ -87,13 +86,6 @@ def summary(latencies_ms: list[float], seconds: float, lines: int, cpu_s: float)
 def own_cpu_s() -> float:
     t = os.times()
     return t.user + t.system
-
-
-def process_cpu_s(pid: int) -> float:
-    """User + system time of process `pid` so far (the daemon's own /proc reader)."""
-    sample = hardware.process_sample("daemon", pid)
-    assert sample is not None, f"process {pid} is gone"
-    return sample.cpu_seconds
 
 
 def rapidocr_run(frames: list[bytes]) -> Run:

@@ -12,6 +12,8 @@ import platform
 import subprocess
 from pathlib import Path
 
+from infermux.admin import hardware
+
 RESULTS = Path(__file__).resolve().parent / "RESULTS.md"
 
 
@@ -75,3 +77,10 @@ def stop_server(process: subprocess.Popen, grace_s: float = 15) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
+
+
+def process_cpu_s(pid: int) -> float:
+    """User + system time of process `pid` so far, all its threads (the daemon's own /proc reader)."""
+    sample = hardware.process_sample("benchmark", pid)
+    assert sample is not None, f"process {pid} is gone"
+    return sample.cpu_seconds
