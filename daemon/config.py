@@ -70,7 +70,7 @@ class DaemonConfig:
     spare_worker: bool = True  # keep one worker started ahead for the next cold model
     worker_hang_s: float = 10.0  # a worker silent this long is killed and replaced
     shared_memory: str = "regions.sock"  # where local clients register tensor regions (regions.py); "" = off
-    max_connections: int = 4096  # live connections to the inference socket; more are refused (peers.py)
+    max_connections: int = 4096  # live connections to the inference socket; past it, silent ones make room (peers.py)
     reserved_fds: int = 512  # descriptors kept free of connections: engines, workers, regions (peers.py)
     # Cold workers as CUDA MPS clients (workers/mps.py): "auto" joins a running control daemon.
     mps: str = "off"

@@ -153,6 +153,11 @@ def _fds(daemon) -> int:
     return len(os.listdir(f"/proc/{daemon.proc.pid}/fd"))
 
 
+def _shut_down(clients: dict) -> int:
+    """Connections the guard ended: new ones refused, and silent ones closed to make room."""
+    return clients["refused_connections"] + clients["idle_closed"]
+
+
 def _raw_connections(path: str, count: int) -> list[socket.socket]:
     """`count` plain connections to a unix socket that never speak ZMTP (as a scanner or a leak would)."""
     conns = []
@@ -163,7 +168,7 @@ def _raw_connections(path: str, count: int) -> list[socket.socket]:
     return conns
 
 
-def test_connections_over_the_bound_are_refused_and_given_back_under_a_1024_limit(make_daemon) -> None:
+def test_connections_over_the_bound_are_shut_down_and_given_back_under_a_1024_limit(make_daemon) -> None:
     daemon = make_daemon(FAST, prefix=NOFILE_1024)
     soft, hard = (int(n) for n in open(f"/proc/{daemon.proc.pid}/limits").read()
                   .split("Max open files")[1].split()[:2])
@@ -178,8 +183,8 @@ def test_connections_over_the_bound_are_refused_and_given_back_under_a_1024_limi
     count = bound + 200
     conns = _raw_connections(daemon.endpoint[len("ipc://"):], count)
     try:
-        _until(lambda: _daemon_view(daemon)["clients"]["refused_connections"] >= count - bound,
-               what="refusing the connections over the bound")
+        _until(lambda: _shut_down(_daemon_view(daemon)["clients"]) >= count - bound,
+               what="shutting down the connections over the bound")
         assert daemon.alive()
         _until(lambda: _fds(daemon) < bound + 100, what="giving the refused connections' descriptors back")
     finally:
@@ -188,7 +193,7 @@ def test_connections_over_the_bound_are_refused_and_given_back_under_a_1024_limi
     _until(lambda: _daemon_view(daemon)["clients"]["connections"] == 0, what="forgetting closed connections")
     assert _served(daemon)
     log = daemon.log()
-    assert "refused a connection to the inference socket" in log
+    assert "closed a connection to the inference socket that had sent nothing" in log
     # 1024 leaves no room for the guard's lead: the daemon says a flood could still outrun it.
     assert "the descriptor limit (1024) is too low to keep a flood of connections from exhausting it" in log
     assert daemon.stop() == 0
@@ -251,6 +256,66 @@ def test_a_flood_faster_than_the_guard_cannot_fill_the_descriptor_table(make_dae
     _until(lambda: _daemon_view(daemon)["clients"]["connections"] == 0, what="forgetting closed connections")
     assert _served(daemon)
     assert "Too many open files" not in daemon.log()
+    assert daemon.stop() == 0
+
+
+def _speaking_dealer(daemon, ident: int) -> zmq.Socket:
+    """A DEALER that has been answered once: its connection has spoken."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(daemon.endpoint)
+    sock.send_multipart(_request(ident))
+    assert (_reply_to(sock, ident, 20.0) or {}).get("status") == 200
+    return sock
+
+
+def test_connections_that_never_speak_make_room_for_clients_that_do(make_daemon) -> None:
+    # Before the fix a new connection over the bound was refused whoever held the slots, so a
+    # bound full of silent connections locked every client out until libzmq dropped them at
+    # ZMQ_HANDSHAKE_IVL (30 s): well under that here, the late client must be answered.
+    daemon = make_daemon(FAST, head=DAEMON_HEAD + "max_connections = 64\n", prefix=NOFILE_SOFT_1024)
+    early = _speaking_dealer(daemon, 1)
+    watch = early.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+    silent = _raw_connections(daemon.endpoint[len("ipc://"):], 100)  # 63 slots left: 37 too many
+    try:
+        _until(lambda: _daemon_view(daemon)["clients"]["idle_closed"] >= 37, what="closing silent connections")
+        with daemon.client(timeout_s=10) as late:
+            assert late.infer("fast512", {"x": np.ones((1, 512), np.float32)}).status == 200
+        clients = _daemon_view(daemon)["clients"]
+        assert clients["refused_connections"] == 0 and clients["idle_closed"] >= 38  # one more for `late`
+        early.send_multipart(_request(2))
+        assert (_reply_to(early, 2, 20.0) or {}).get("status") == 200
+        assert not watch.poll(0), "the client that had spoken was disconnected"
+        # admin.sock alike (at most 256 connections): an operator gets through a bound full of silence.
+        silent += _raw_connections(daemon.admin_endpoint[len("ipc://"):], 300)
+        assert _daemon_view(daemon)["clients"]["refused_connections"] == 0  # answered: admin got through
+    finally:
+        for conn in silent:
+            conn.close()
+        watch.close()
+        early.close()
+    assert "closed a connection to the inference socket that had sent nothing" in daemon.log()
+    assert daemon.stop() == 0
+
+
+def test_a_bound_full_of_clients_that_speak_refuses_the_newcomer(make_daemon) -> None:
+    daemon = make_daemon(FAST, head=DAEMON_HEAD + "max_connections = 64\n", prefix=NOFILE_SOFT_1024)
+    clients = [_speaking_dealer(daemon, i) for i in range(64)]
+    try:
+        newcomer = _raw_connections(daemon.endpoint[len("ipc://"):], 1)[0]
+        _until(lambda: _daemon_view(daemon)["clients"]["refused_connections"] == 1, what="refusing the newcomer")
+        newcomer.settimeout(20)
+        while newcomer.recv(4096):  # the greeting libzmq sent, then EOF: the daemon ended it
+            pass
+        assert _daemon_view(daemon)["clients"]["idle_closed"] == 0
+        for i, sock in enumerate(clients):  # every one of them is still served on its connection
+            sock.send_multipart(_request(100 + i))
+            assert (_reply_to(sock, 100 + i, 20.0) or {}).get("status") == 200
+        newcomer.close()
+    finally:
+        for sock in clients:
+            sock.close()
+    assert "each of which has sent a message" in daemon.log()
     assert daemon.stop() == 0
 
 

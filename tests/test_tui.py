@@ -478,9 +478,10 @@ def test_the_header_shows_clients_held_off_only_when_there_are_some() -> None:
     snap = tui_data.snapshot()
     snap["daemon"]["clients"] = {"connections": 3, "dropped_replies": 0, "refused_connections": 0}
     assert "dropped" not in status_text(snap) and "refused" not in status_text(snap)
-    snap["daemon"]["clients"] = {"connections": 3, "dropped_replies": 12_345, "refused_connections": 7}
+    snap["daemon"]["clients"] = {"connections": 3, "dropped_replies": 12_345, "refused_connections": 7,
+                                 "idle_closed": 40}
     first = Text.from_markup(status_text(snap)).plain.splitlines()[0]
-    assert "12k replies dropped · 7 conns refused" in first, first
+    assert "12k replies dropped · 7 conns refused · 40 silent conns closed" in first, first
 
 
 async def test_the_models_table_has_an_error_rate_and_a_qps_trend_per_row() -> None:

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from infermux.transport import ipc
-from infermux.transport.peers import PeerGuard
+from infermux.transport.peers import SRCFD, PeerGuard
 from infermux.admin import snapshot
 from infermux.admin.commands import COMMANDS, CommandError, audit
 from infermux.config import resolve_endpoint
@@ -75,7 +75,7 @@ class AdminServer:
         self._thread = threading.Thread(target=self._run, name="admin", daemon=True)
         self.admin: zmq.Socket | None = None
         self.stats: zmq.Socket | None = None
-        self._guards: list[PeerGuard] = []
+        self._guards: dict[str, PeerGuard] = {}  # by endpoint
 
     def start(self) -> None:
         """Bind both sockets and start the thread."""
@@ -95,9 +95,10 @@ class AdminServer:
         sock.setsockopt(zmq.LINGER, 0)
         for option, value in (options or {}).items():
             sock.setsockopt(option, value)
-        guard = PeerGuard(MAX_LISTENER_CONNECTIONS, self.server.config.daemon.reserved_fds, endpoint)
+        guard = PeerGuard(MAX_LISTENER_CONNECTIONS, self.server.config.daemon.reserved_fds, endpoint,
+                          speaks=kind == zmq.ROUTER)  # a console's SUB sends us nothing we read
         guard.attach(self._ctx, sock)  # before bind: every accept
-        self._guards.append(guard)
+        self._guards[endpoint] = guard
         ipc.prepare(endpoint)
         try:
             sock.bind(endpoint)
@@ -116,7 +117,7 @@ class AdminServer:
             if sock is not None:
                 sock.close(0)
                 ipc.remove(endpoint)
-        for guard in self._guards:
+        for guard in self._guards.values():
             guard.close(1.0)
 
     # -- the thread --------------------------------------------------------------
@@ -153,6 +154,7 @@ class AdminServer:
     def _serve_one(self) -> None:
         assert self.admin is not None
         frames = self.admin.recv_multipart(copy=False)
+        self._guards[self.admin_endpoint].heard.add(frames[0].get(SRCFD))  # never closed as idle (peers.py)
         split = next((i + 1 for i, f in enumerate(frames) if len(f) == 0), 1)
         envelope = [f.bytes for f in frames[:split]]
         who = peer(frames[-1])

@@ -123,8 +123,11 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
                "Requests not computed because their client's replies were being dropped (dropped or 429).",
                [({}, clients["stalled_requests"])])
     out.family("infermux_connections_refused_total", "counter",
-               "Inference connections shut down at once: over max_connections, or too near the fd limit.",
+               "New inference connections shut down at once: over max_connections with every live one heard from, or too near the fd limit.",
                [({}, clients["refused_connections"])])
+    out.family("infermux_connections_idle_closed_total", "counter",
+               "Inference connections that had sent nothing, closed to make room for a new one at max_connections.",
+               [({}, clients["idle_closed"])])
     out.family("infermux_connections", "gauge", "Live connections to the inference socket.",
                [({}, clients["connections"])])
     out.family("infermux_internal_errors_total", "counter", "Errors logged with a traceback (500s among them).",

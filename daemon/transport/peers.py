@@ -8,8 +8,14 @@ Two bounds, both kept on the frontend thread that owns the ROUTER:
   (libzmq 4.3: `Too many open files (src/ipc_listener.cpp)`). So the
   ROUTER's monitor reports each accepted connection's fd, and one beyond
   `[daemon] max_connections` live ones, or one whose fd number comes near
-  RLIMIT_NOFILE, is shut down at once: libzmq sees EOF and frees the fd
-  itself (we never close a descriptor libzmq owns). The bound also keeps
+  RLIMIT_NOFILE, is shut down: libzmq sees EOF and frees the fd itself
+  (we never close a descriptor libzmq owns). On a socket whose owner
+  reads its peers' messages (`speaks`), a connection over the bound
+  takes the place of the oldest one that has sent nothing yet, and only
+  if every live connection has spoken is the new one refused: connections
+  that never speak (a scanner, a leak, a flood) cannot lock out clients
+  that do. The owner tells the guard which descriptors it heard from
+  (`heard`, from each message's ZMQ_SRCFD). The bound also keeps
   `reserved_fds` free for engine files, workers and shared-memory regions.
   The events are read on a thread of their own, not the frontend's, and
   the monitor's pipe is kept short (RCVHWM 1: libzmq's monitor pipe then
@@ -53,6 +59,7 @@ _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPE
 # yet closed by libzmq. The connection bound stays this far under the table's end.
 MONITOR_LEAD = 2048
 MIN_GUARANTEED = 64  # below this many connections the lead is not kept: the bound would be useless
+SRCFD = int(zmq.SRCFD)  # a message's descriptor (Frame.get); a plain int: pyzmq's enum conversion costs more
 PROBE_S = 0.01  # how often a stalled peer's request is answered (429), to see whether it reads again
 _SLOW_PEERS_KEPT = 10_000  # peers remembered as logged; past this the memory starts over
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -96,6 +103,7 @@ class PeerCounts:
     connections: int = 0
     max_connections: int = 0
     refused_connections: int = 0
+    idle_closed: int = 0  # connections that had sent nothing, closed to make room for a new one
     dropped_replies: int = 0
     slow_peers: int = 0
     stalled_requests: int = 0  # requests of stalled peers, dropped or answered 429, never computed
@@ -103,15 +111,30 @@ class PeerCounts:
 
 class PeerGuard:
     """The ROUTER's connection bound (judged on the guard's thread, `attach`) and reply drops
-    (`dropped`, on the frontend thread)."""
+    (`dropped`, on the frontend thread).
 
-    def __init__(self, max_connections: int, reserved_fds: int, name: str = "the inference socket") -> None:
+    `speaks`: the owner reads its peers' messages and adds each one's descriptor to `heard`
+    (`heard.add(frame.get(SRCFD))`, on its own thread: a set's add is atomic), so a connection
+    over the bound may take the place of the oldest silent one. A PUB's peers never speak to
+    its owner: its guard refuses the new connection instead."""
+
+    def __init__(self, max_connections: int, reserved_fds: int, name: str = "the inference socket",
+                 speaks: bool = True) -> None:
         self.name = name
         self.bound = connection_bound(max_connections, reserved_fds)
         self.reserved_fds = reserved_fds
+        self.speaks = speaks
         self.counts = PeerCounts(max_connections=self.bound)
         self._live: set[int] = set()
-        self._refused: set[int] = set()
+        # Descriptors the owner read a message from. Only DISCONNECTED takes one out, never
+        # ACCEPTED: the guard judges events late (up to MONITOR_LEAD behind), so a client's
+        # first request may be heard before the guard has seen its connection accepted. (A message
+        # read after its connection's DISCONNECTED was judged leaves a stale entry: it only spares
+        # the next connection on that descriptor once.)
+        self.heard: set[int] = set()
+        # Live connections not yet seen speaking, oldest first (guard thread only). Heard ones are
+        # taken out lazily, when they reach the front.
+        self._silent: dict[int, None] = {}
         self._slow: set[bytes] = set()
         # Peers whose last reply was dropped, with when the next 429 may probe them (frontend thread only).
         self.stalled: dict[bytes, float] = {}
@@ -153,25 +176,46 @@ class PeerGuard:
             self._accepted(fd)
         else:
             self._live.discard(fd)
-            self._refused.discard(fd)
+            self._silent.pop(fd, None)
+            self.heard.discard(fd)
         self.counts.connections = len(self._live)
         return True
 
     def _accepted(self, fd: int) -> None:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         table_full = soft != resource.RLIM_INFINITY and fd >= soft - self.reserved_fds // 2
+        if len(self._live) >= self.bound and not table_full:
+            self._close_oldest_silent()
         if len(self._live) < self.bound and not table_full:
             self._live.add(fd)
+            self._silent[fd] = None
             return
-        self._refused.add(fd)
         self.counts.refused_connections += 1
         _shut_down(fd)
-        if self.counts.refused_connections >= 2 * self._last_refusal_log:  # 1, 2, 4, 8...: never a flood
-            self._last_refusal_log = self.counts.refused_connections
-            log.warning("refused a connection to %s: %d are open (max_connections %d)%s; "
-                        "%d refused so far", self.name, len(self._live), self.bound,
-                        ", and the descriptor table is nearly full" if table_full else "",
-                        self.counts.refused_connections)
+        self._log_shutdown("refused a connection to %s: %d are open (max_connections %d)%s; %d refused so far",
+                           len(self._live), self.bound, ", and the descriptor table is nearly full" if table_full
+                           else ", each of which has sent a message" if self.speaks else "",
+                           self.counts.refused_connections)
+
+    def _close_oldest_silent(self) -> None:
+        """Shut down the oldest live connection that has sent nothing, if there is one (`speaks`)."""
+        while self.speaks and self._silent:
+            fd = next(iter(self._silent))
+            del self._silent[fd]
+            if fd in self.heard:
+                continue
+            self._live.discard(fd)
+            self.counts.idle_closed += 1
+            _shut_down(fd)
+            self._log_shutdown("closed a connection to %s that had sent nothing, to make room for a new one "
+                               "(max_connections %d are open); %d closed so far", self.bound, self.counts.idle_closed)
+            return
+
+    def _log_shutdown(self, message: str, *args: object) -> None:
+        shutdowns = self.counts.refused_connections + self.counts.idle_closed
+        if shutdowns >= 2 * self._last_refusal_log:  # 1, 2, 4, 8...: never a flood
+            self._last_refusal_log = shutdowns
+            log.warning(message, self.name, *args)
 
     def dropped(self, identity: Any) -> None:
         """A reply could not be queued: the peer's pipe is full. Count it, log the peer once."""
@@ -208,7 +252,8 @@ class PeerGuard:
         """For the daemon view (`clients`): connections, refusals and dropped replies."""
         c = self.counts
         return {"connections": c.connections, "max_connections": c.max_connections,
-                "refused_connections": c.refused_connections, "dropped_replies": c.dropped_replies,
+                "refused_connections": c.refused_connections, "idle_closed": c.idle_closed,
+                "dropped_replies": c.dropped_replies,
                 "slow_peers": c.slow_peers, "stalled_requests": c.stalled_requests}
 
     def close(self, timeout_s: float = 5.0) -> None:
