@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from infermux.transport import ipc
-from infermux.transport.peers import SRCFD, PeerGuard
+from infermux.transport.peers import PeerGuard
 from infermux.admin import snapshot
 from infermux.admin.commands import COMMANDS, CommandError, audit
 from infermux.config import resolve_endpoint
@@ -154,7 +154,7 @@ class AdminServer:
     def _serve_one(self) -> None:
         assert self.admin is not None
         frames = self.admin.recv_multipart(copy=False)
-        self._guards[self.admin_endpoint].heard.add(frames[0].get(SRCFD))  # never closed as idle (peers.py)
+        self._guards[self.admin_endpoint].hear(frames)  # never closed as idle (peers.py)
         split = next((i + 1 for i, f in enumerate(frames) if len(f) == 0), 1)
         envelope = [f.bytes for f in frames[:split]]
         who = peer(frames[-1])

@@ -27,7 +27,7 @@ import zmq
 
 from infermux import config as cfg
 from infermux.transport import curve, ipc
-from infermux.transport.peers import SRCFD, PeerGuard
+from infermux.transport.peers import PeerGuard
 from infermux.transport.waiting import message_waiting
 from infermux.events import EventLog
 from infermux.serving.inline import InlinePolicy
@@ -352,7 +352,7 @@ class Server:
                 parts = self.frontend.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:  # the poll's readiness can be stale
                 return
-            self.peers.heard.add(parts[0].get(SRCFD))  # this connection speaks: never closed as idle
+            self.peers.hear(parts)  # this connection speaks: never closed as idle
             frames = [p.bytes if len(p) < BIG_FRAME else p.buffer for p in parts]
             self.requests += 1
             if self._outbox:  # executors' replies go out between requests, not after the whole burst
