@@ -472,6 +472,11 @@ def _write(view: memoryview, array: np.ndarray) -> None:
     np.copyto(target, array, casting="equiv")  # "equiv": a big-endian array is swapped on the way
 
 
+# retry_after_ms for a state that ends only when someone acts (a failed load fixed, an unloaded
+# version loaded, a drain resumed): a client asks again each second rather than spin.
+OPERATOR_RETRY_MS = 1000
+
+
 def error_header(status: Status, message: str, id: Any = None, **extra: Any) -> dict[str, Any]:
     """A reply header for a request that was not served."""
     header: dict[str, Any] = {"id": id, "status": int(status), "error": message}

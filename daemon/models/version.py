@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from infermux.config import ModelConfig
+from infermux.protocol import OPERATOR_RETRY_MS
 from infermux.plugins.base import Engine
 from infermux.serving.placement import Placement
 from infermux.serving.stats import ModelStats
@@ -79,7 +80,7 @@ class ModelVersion:
             expected = self.last_load_s or _load_guess_s(self.config.engine)
             left = expected - (time.monotonic() - self.load_started)
             return max(50, int(left * 1000))
-        return 1000 if self.state is State.FAILED else 200
+        return OPERATOR_RETRY_MS if self.state is State.FAILED else 200
 
 
 def _load_guess_s(path: Path) -> float:

@@ -21,7 +21,7 @@ from infermux.serving.executor import ReplyFn
 from infermux.serving.hashring import HashRing
 from infermux.serving.job import ONLY_INPUT, Job, internal_sink
 from infermux.serving.placement import Admission, Placement
-from infermux.protocol import ProtocolError, Status, dtype_name, encode_reply, error_header
+from infermux.protocol import OPERATOR_RETRY_MS, ProtocolError, Status, dtype_name, encode_reply, error_header
 from infermux.models.registry import Model, ModelVersion, Registry, State
 
 log = logging.getLogger("infermux.router")
@@ -105,7 +105,7 @@ class Router:
         # As for a failed version: only an operator brings it back, so the
         # client is told to rest (and a failover client to use another box).
         raise _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is unloaded{stays}; {why}",
-                     UNLOADED_RETRY_MS)
+                     OPERATOR_RETRY_MS)
 
     def _refused(self, job: Job, model: Model, mv: ModelVersion, placement: Placement,
                  admitted: Admission) -> None:
@@ -257,9 +257,6 @@ class Router:
         """Retry-After for a full queue: the time to work through it, at least 1 ms."""
         return max(1, int(placement.expected_wait_us() / 1000))
 
-
-
-UNLOADED_RETRY_MS = 1000  # a hot version an operator unloaded
 
 
 def _not_ready(mv: ModelVersion, state: str) -> ProtocolError:

@@ -32,7 +32,8 @@ from infermux.transport.waiting import message_waiting
 from infermux.events import EventLog
 from infermux.serving.inline import InlinePolicy
 from infermux.serving.job import Job, Outcome, internal_sink
-from infermux.protocol import ProtocolError, Status, encode_reply, error_header, parse_request, request_id
+from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Status, encode_reply, error_header, parse_request,
+                               request_id)
 from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.registry import Registry, State
 from infermux.serving.router import Router
@@ -381,7 +382,7 @@ class Server:
         if refuse:
             reason = "shutting down" if self.stopping else "draining (admin `resume` reopens it)"
             header = error_header(Status.NOT_READY, f"infermux is {reason}; retry later",
-                                  request_id(body, self.limits), retry_after_ms=1000,
+                                  request_id(body, self.limits), retry_after_ms=OPERATOR_RETRY_MS,
                                   draining=True)  # the whole daemon, not one model: clients move elsewhere
             self._send(envelope + encode_reply(header))
             return
