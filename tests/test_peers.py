@@ -6,20 +6,36 @@ from __future__ import annotations
 import os
 import socket
 import stat
+from contextlib import contextmanager
+from typing import Iterator
 
 import zmq
 
 from infermux.transport.peers import PeerGuard
 
 
-def _guard(bound: int) -> PeerGuard:
+def _guard(bound: int, grace_s: float = 0.0) -> PeerGuard:
+    """A guard whose silent connections may make room after `grace_s` (0: at once)."""
     guard = PeerGuard(bound, reserved_fds=64)
     assert guard.bound == bound
+    guard.grace_s = grace_s
     return guard
 
 
 def _accept(guard: PeerGuard, fd: int) -> None:
     guard._judge({"event": zmq.EVENT_ACCEPTED, "value": fd, "endpoint": b""})
+
+
+@contextmanager
+def _pairs(count: int) -> Iterator[list[tuple[int, socket.socket]]]:
+    """`count` connected socket pairs: (our end's descriptor, as the guard sees it; the peer)."""
+    pairs = [socket.socketpair() for _ in range(count)]
+    try:
+        yield [(ours.fileno(), peer) for ours, peer in pairs]
+    finally:
+        for ours, peer in pairs:
+            ours.close()
+            peer.close()
 
 
 def _ended(peer: socket.socket) -> bool:
@@ -33,9 +49,8 @@ def _ended(peer: socket.socket) -> bool:
 
 def test_a_full_bound_shuts_down_the_oldest_silent_connection_never_one_that_spoke() -> None:
     guard = _guard(2)
-    pairs = [socket.socketpair() for _ in range(4)]
-    try:
-        ours = [ours.fileno() for ours, _ in pairs]
+    with _pairs(4) as pairs:
+        ours = [fd for fd, _ in pairs]
         _accept(guard, ours[0])
         guard.heard.add(ours[0])  # it sent a request
         _accept(guard, ours[1])
@@ -44,39 +59,48 @@ def test_a_full_bound_shuts_down_the_oldest_silent_connection_never_one_that_spo
         _accept(guard, ours[3])  # then ours[2], the oldest silent one left
         assert [_ended(peer) for _, peer in pairs] == [False, True, True, False]
         assert (guard.counts.idle_closed, guard.counts.refused_connections) == (2, 0)
-    finally:
-        for a, b in pairs:
-            a.close()
-            b.close()
+
+
+def test_silent_connections_younger_than_the_grace_are_kept_and_the_newcomer_refused() -> None:
+    # A young connection may have sent a request the frontend has not read yet: shutting it
+    # down would lose that request in flight. Refused before it spoke, the newcomer's client
+    # reconnects and sends on the new connection.
+    guard = _guard(2, grace_s=60.0)
+    with _pairs(3) as pairs:
+        for fd, _ in pairs:
+            _accept(guard, fd)
+        assert [_ended(peer) for _, peer in pairs] == [False, False, True]
+        assert (guard.counts.idle_closed, guard.counts.refused_connections) == (0, 1)
+
+
+def test_a_newcomer_heard_before_it_was_judged_is_kept_over_the_bound() -> None:
+    # The guard judges events late: a client may have been answered before its ACCEPTED is read.
+    guard = _guard(1, grace_s=60.0)
+    with _pairs(2) as pairs:
+        _accept(guard, pairs[0][0])
+        guard.heard.add(pairs[1][0])
+        _accept(guard, pairs[1][0])
+        assert [_ended(peer) for _, peer in pairs] == [False, False]
+        assert guard.counts.connections == 2
 
 
 def test_a_full_bound_that_has_heard_from_every_connection_refuses_the_newcomer() -> None:
     guard = _guard(2)
-    pairs = [socket.socketpair() for _ in range(3)]
-    try:
-        for ours, _ in pairs[:2]:
-            _accept(guard, ours.fileno())
-            guard.heard.add(ours.fileno())
-        _accept(guard, pairs[2][0].fileno())
+    with _pairs(3) as pairs:
+        for fd, _ in pairs[:2]:
+            _accept(guard, fd)
+            guard.heard.add(fd)
+        _accept(guard, pairs[2][0])
         assert [_ended(peer) for _, peer in pairs] == [False, False, True]
         assert (guard.counts.idle_closed, guard.counts.refused_connections) == (0, 1)
-    finally:
-        for a, b in pairs:
-            a.close()
-            b.close()
 
 
 def test_a_guard_whose_peers_never_speak_refuses_the_newcomer() -> None:
     guard = PeerGuard(1, reserved_fds=64, speaks=False)  # stats.sock: consoles send nothing we read
-    pairs = [socket.socketpair() for _ in range(2)]
-    try:
-        for ours, _ in pairs:
-            _accept(guard, ours.fileno())
+    with _pairs(2) as pairs:
+        for fd, _ in pairs:
+            _accept(guard, fd)
         assert [_ended(peer) for _, peer in pairs] == [False, True]
-    finally:
-        for a, b in pairs:
-            a.close()
-            b.close()
 
 
 def test_a_heard_message_names_its_connection_even_after_a_poll(tmp_path) -> None:

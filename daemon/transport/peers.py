@@ -11,11 +11,15 @@ Two bounds, both kept on the frontend thread that owns the ROUTER:
   RLIMIT_NOFILE, is shut down: libzmq sees EOF and frees the fd itself
   (we never close a descriptor libzmq owns). On a socket whose owner
   reads its peers' messages (`speaks`), a connection over the bound
-  takes the place of the oldest one that has sent nothing yet, and only
-  if every live connection has spoken is the new one refused: connections
-  that never speak (a scanner, a leak, a flood) cannot lock out clients
-  that do. The owner tells the guard which descriptors it heard from
-  (`hear`, from each message's ZMQ_SRCFD). The bound also keeps
+  takes the place of the oldest one that has sent nothing for
+  `SILENT_GRACE_S` since it was judged; only if there is none is the new
+  one refused. Connections that never speak (a scanner, a leak, a flood)
+  then lock out clients that do for that long at most, not until libzmq's
+  handshake timeout (30 s). The grace is there because the guard judges
+  events late and the frontend reads late: a young connection may have
+  sent a request not yet read, and shutting it down would lose that
+  request in flight. The owner tells the guard which descriptors it heard
+  from (`hear`, from each message's ZMQ_SRCFD). The bound also keeps
   `reserved_fds` free for engine files, workers and shared-memory regions.
   The events are read on a thread of their own, not the frontend's, and
   the monitor's pipe is kept short (RCVHWM 1: libzmq's monitor pipe then
@@ -60,6 +64,9 @@ _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPE
 MONITOR_LEAD = 2048
 MIN_GUARANTEED = 64  # below this many connections the lead is not kept: the bound would be useless
 SRCFD = int(zmq.SRCFD)  # a message's descriptor (Frame.get); a plain int: pyzmq's enum conversion costs more
+# A connection that has sent nothing this long after the guard judged it is silent, and may be
+# shut down to make room: a client's first request is read within milliseconds on a busy box.
+SILENT_GRACE_S = 0.5
 PROBE_S = 0.01  # how often a stalled peer's request is answered (429), to see whether it reads again
 _SLOW_PEERS_KEPT = 10_000  # peers remembered as logged; past this the memory starts over
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -114,8 +121,8 @@ class PeerGuard:
     (`dropped`, on the frontend thread).
 
     `speaks`: the owner reads its peers' messages and tells `hear` of each (on its own thread:
-    a set's add is atomic), so a connection
-    over the bound may take the place of the oldest silent one. A PUB's peers never speak to
+    a set's add is atomic), so a connection over the bound may take the place of the oldest
+    silent one. A PUB's peers never speak to
     its owner: its guard refuses the new connection instead."""
 
     def __init__(self, max_connections: int, reserved_fds: int, name: str = "the inference socket",
@@ -132,15 +139,16 @@ class PeerGuard:
         # read after its connection's DISCONNECTED was judged leaves a stale entry: it only spares
         # the next connection on that descriptor once.)
         self.heard: set[int] = set()
-        # Live connections not yet seen speaking, oldest first (guard thread only). Heard ones are
-        # taken out lazily, when they reach the front.
-        self._silent: dict[int, None] = {}
+        # Live connections not yet seen speaking, oldest first, with when they were judged (guard
+        # thread only). Heard ones are taken out lazily, when they reach the front.
+        self._silent: dict[int, float] = {}
+        self.grace_s = SILENT_GRACE_S
         self._slow: set[bytes] = set()
         # Peers whose last reply was dropped, with when the next 429 may probe them (frontend thread only).
         self.stalled: dict[bytes, float] = {}
         self.monitor: zmq.Socket | None = None
         self._thread: threading.Thread | None = None
-        self._last_refusal_log = 0
+        self._last_logged: dict[str, int] = {}  # by message: the count when it was last logged
 
     def attach(self, ctx: zmq.Context, sock: zmq.Socket) -> None:
         """Start monitoring `sock` (before it binds) on the guard's own thread."""
@@ -184,37 +192,46 @@ class PeerGuard:
     def _accepted(self, fd: int) -> None:
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         table_full = soft != resource.RLIM_INFINITY and fd >= soft - self.reserved_fds // 2
+        now = time.monotonic()
         if len(self._live) >= self.bound and not table_full:
-            self._close_oldest_silent()
-        if len(self._live) < self.bound and not table_full:
+            self._close_oldest_silent(now)
+        # One heard before it was judged spoke while the guard lagged: refusing it would lose its
+        # request. Such connections can pass the bound by at most the lag, which MONITOR_LEAD holds.
+        if (len(self._live) < self.bound or fd in self.heard) and not table_full:
             self._live.add(fd)
-            self._silent[fd] = None
+            self._silent[fd] = now
             return
         self.counts.refused_connections += 1
         _shut_down(fd)
-        self._log_shutdown("refused a connection to %s: %d are open (max_connections %d)%s; %d refused so far",
+        self._log_shutdown(self.counts.refused_connections,
+                           "refused a connection to %s: %d are open (max_connections %d)%s; %d refused so far",
                            len(self._live), self.bound, ", and the descriptor table is nearly full" if table_full
-                           else ", each of which has sent a message" if self.speaks else "",
+                           else f", none of them silent for {self.grace_s:g} s" if self.speaks else "",
                            self.counts.refused_connections)
 
-    def _close_oldest_silent(self) -> None:
-        """Shut down the oldest live connection that has sent nothing, if there is one (`speaks`)."""
+    def _close_oldest_silent(self, now: float) -> None:
+        """Shut down the oldest live connection that has sent nothing for `grace_s`, if there is
+        one (`speaks`)."""
         while self.speaks and self._silent:
-            fd = next(iter(self._silent))
-            del self._silent[fd]
+            fd, judged = next(iter(self._silent.items()))
             if fd in self.heard:
+                del self._silent[fd]
                 continue
+            if now - judged < self.grace_s:
+                return  # the oldest silent one is too young, and so is every one after it
+            del self._silent[fd]
             self._live.discard(fd)
             self.counts.idle_closed += 1
             _shut_down(fd)
-            self._log_shutdown("closed a connection to %s that had sent nothing, to make room for a new one "
+            self._log_shutdown(self.counts.idle_closed,
+                               "closed a connection to %s that had sent nothing, to make room for a new one "
                                "(max_connections %d are open); %d closed so far", self.bound, self.counts.idle_closed)
             return
 
-    def _log_shutdown(self, message: str, *args: object) -> None:
-        shutdowns = self.counts.refused_connections + self.counts.idle_closed
-        if shutdowns >= 2 * self._last_refusal_log:  # 1, 2, 4, 8...: never a flood
-            self._last_refusal_log = shutdowns
+    def _log_shutdown(self, count: int, message: str, *args: object) -> None:
+        """Log the 1st, 2nd, 4th, 8th... shutdown of one kind (`count` so far): never a flood."""
+        if count >= 2 * self._last_logged.get(message, 0):
+            self._last_logged[message] = count
             log.warning(message, self.name, *args)
 
     def hear(self, parts: list[zmq.Frame]) -> None:
