@@ -164,12 +164,15 @@ class LiveFeed:
         try:
             while not self._stop.is_set():
                 if sock.poll(100):
-                    got_snapshot = self._drain(sock)
-                    if got_snapshot:
+                    snapshot = self._drain(sock)
+                    if snapshot is not None:
                         last = time.monotonic()
-                        if not up:
+                        first = not up
+                        if first:  # before the snapshot: its tables never show under "connecting …"
                             up = True
                             self._offer.post(LinkChanged(True, f"connected to {self.endpoints.stats}"))
+                        self._offer.offer(snapshot)
+                        if first:
                             self._backfill()
                     continue
                 now = time.monotonic()
@@ -184,8 +187,8 @@ class LiveFeed:
         finally:
             sock.close(0)
 
-    def _drain(self, sock: zmq.Socket) -> bool:
-        """Read everything waiting; post events in order and offer the newest snapshot."""
+    def _drain(self, sock: zmq.Socket) -> dict[str, Any] | None:
+        """Read everything waiting; post events in order and return the newest snapshot."""
         snapshot: bytes | None = None
         events: list[dict[str, Any]] = []
         for _ in range(1000):
@@ -205,9 +208,8 @@ class LiveFeed:
             self._offer.post(EventsArrived(events))
         data = _json(snapshot) if snapshot is not None else None
         if isinstance(data, dict) and isinstance(data.get("models"), list):
-            self._offer.offer(data)
-            return True
-        return False
+            return data
+        return None
 
     def _diagnose(self, silent_s: float) -> str:
         reply = self._call("status", self.probe_timeout_s)
