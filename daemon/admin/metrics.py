@@ -19,6 +19,7 @@ from infermux.admin import hardware, snapshot
 from infermux.admin.health import Liveness, Verdict, readiness
 from infermux.events import Event
 from infermux.serving.stats import LATENCY_BUCKETS_US
+from infermux.transport.peers import SILENT_GRACE_S
 from infermux.workers.proxy import WorkerProxy
 
 if TYPE_CHECKING:
@@ -123,10 +124,11 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
                "Requests not computed because their client's replies were being dropped (dropped or 429).",
                [({}, clients["stalled_requests"])])
     out.family("infermux_connections_refused_total", "counter",
-               "New inference connections shut down at once: over max_connections with every live one heard from, or too near the fd limit.",
+               f"New inference connections shut down at once: over max_connections with none silent for {SILENT_GRACE_S:g} s, "
+               "or too near the fd limit.",
                [({}, clients["refused_connections"])])
     out.family("infermux_connections_idle_closed_total", "counter",
-               "Inference connections that had sent nothing, closed to make room for a new one at max_connections.",
+               f"Inference connections silent for {SILENT_GRACE_S:g} s, closed to make room for a new one at max_connections.",
                [({}, clients["idle_closed"])])
     out.family("infermux_connections", "gauge", "Live connections to the inference socket.",
                [({}, clients["connections"])])

@@ -122,8 +122,8 @@ class PeerGuard:
 
     `speaks`: the owner reads its peers' messages and tells `hear` of each (on its own thread:
     a set's add is atomic), so a connection over the bound may take the place of the oldest
-    silent one. A PUB's peers never speak to
-    its owner: its guard refuses the new connection instead."""
+    silent one. A PUB's peers never speak to its owner: its guard refuses the new connection
+    instead."""
 
     def __init__(self, max_connections: int, reserved_fds: int, name: str = "the inference socket",
                  speaks: bool = True) -> None:
