@@ -1,0 +1,148 @@
+"""Frames that lie about their size, against a real daemon's `decode` step (docs/pipelines.md#decode).
+
+The files are made here: a few hundred bytes of JPEG or PNG whose header
+declares tens of thousands of pixels a side, laid out so that a parser
+that reads only the first bytes, or the first chunk at a fixed offset,
+misses the size. Each must be refused by its header, before OpenCV
+allocates the frame: the daemon's peak RSS (VmHWM, /proc) stays flat.
+"""
+
+from __future__ import annotations
+
+import zlib
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+import zmq
+
+cv2 = pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
+
+from harness import DAEMON_HEAD, Daemon  # noqa: E402
+from procfs import peak_rss_mib, reset_peak  # noqa: E402
+
+from infermux.pipelines.wire import send_frame  # noqa: E402
+
+DECODE_ONLY = """
+[[models]]
+name = "fast512"
+engine = "fast512/1/model.onnx"
+
+[[pipelines]]
+name = "frames"
+[[pipelines.steps]]
+processor = "decode"
+"""
+
+
+def small_jpeg() -> bytearray:
+    return bytearray(cv2.imencode(".jpg", np.zeros((8, 8, 3), np.uint8))[1].tobytes())
+
+
+def declaring(jpeg: bytearray, width: int, height: int) -> bytearray:
+    """`jpeg` with its frame header (SOF0) saying `width` x `height`."""
+    at = jpeg.index(b"\xff\xc0")
+    jpeg[at + 5:at + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
+    return jpeg
+
+
+def jpeg_with_fill_byte(width: int = 32768, height: int = 32000) -> bytes:
+    """A legal 0xFF fill byte before the SOF marker (a parser that expects a marker there gives up)."""
+    jpeg = declaring(small_jpeg(), width, height)
+    at = jpeg.index(b"\xff\xc0")
+    return bytes(jpeg[:at] + b"\xff" + jpeg[at:])
+
+
+def jpeg_with_big_app_segment(width: int = 20000, height: int = 20000, pad: int = 65533) -> bytes:
+    """An APP1 segment of 65,535 bytes (the most one holds) first: the SOF lies past the first 64 KiB."""
+    jpeg = declaring(small_jpeg(), width, height)
+    return bytes(jpeg[:2] + b"\xff\xe1" + (pad + 2).to_bytes(2, "big") + bytes(pad) + jpeg[2:])
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    return len(body).to_bytes(4, "big") + kind + body + zlib.crc32(kind + body).to_bytes(4, "big")
+
+
+def png_with_a_chunk_before_ihdr(width: int = 30000, height: int = 30000) -> bytes:
+    """A tEXt chunk first whose bytes 16..24 of the file read as 1 x 1; IHDR after it says the truth."""
+    png = cv2.imencode(".png", np.zeros((1, 1, 3), np.uint8))[1].tobytes()
+    ihdr = bytearray(png[8:33])
+    ihdr[8:16] = width.to_bytes(4, "big") + height.to_bytes(4, "big")
+    ihdr[-4:] = zlib.crc32(bytes(ihdr[4:-4])).to_bytes(4, "big")
+    text = _chunk(b"tEXt", b"k\x00" + (1).to_bytes(4, "big") * 2)
+    return png[:8] + text + bytes(ihdr) + png[33:]
+
+
+def ppm_named_jpeg(width: int = 30000, height: int = 30000) -> bytes:
+    """Not a JPEG at all: a binary PPM header, which cv2.imdecode would also take."""
+    return f"P6\n{width} {height}\n255\n".encode() + bytes(64)
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iterator[Daemon]:
+    d = Daemon(tmp_path_factory.mktemp("frames"), (DAEMON_HEAD + DECODE_ONLY).format(engines=engines)).start()
+    yield d
+    assert d.stop() == 0, d.log()[-3000:]
+
+
+@pytest.fixture
+def sock(daemon: Daemon) -> Iterator[zmq.Socket]:
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(daemon.endpoint)
+    yield s
+    s.close()
+
+
+def test_the_630_byte_jpeg_with_a_fill_byte_is_small_and_declares_a_billion_pixels() -> None:
+    data = jpeg_with_fill_byte()
+    assert len(data) < 700
+    from infermux.plugins.processors.frames import header_size
+    assert header_size(data) == (32768, 32000)
+    assert header_size(jpeg_with_big_app_segment()) == (20000, 20000)
+
+
+@pytest.mark.parametrize("data, fmt, status, words", [
+    (jpeg_with_fill_byte(), "jpeg", 413, ["frame 32768x32000 is over the 67108864 pixels"]),
+    (jpeg_with_big_app_segment(), "jpeg", 413, ["frame 20000x20000 is over"]),
+    (jpeg_with_big_app_segment(9000, 9000), "jpeg", 413, ["frame 9000x9000 is over"]),
+    (png_with_a_chunk_before_ihdr(), "png", 400, ["cannot decode", "first chunk is b'tEXt'"]),
+    (ppm_named_jpeg(), "jpeg", 400, ["cannot decode", "neither a PNG nor a JPEG"]),
+], ids=["jpeg-fill-byte", "jpeg-sof-past-64k", "jpeg-just-over", "png-chunk-before-ihdr", "ppm-as-jpeg"])
+def test_a_frame_that_lies_about_its_size_is_refused_before_anything_is_allocated(
+        daemon: Daemon, sock: zmq.Socket, data: bytes, fmt: str, status: int, words: list[str]) -> None:
+    assert daemon.proc is not None
+    pid = daemon.proc.pid
+    reset_peak(pid)
+    before = peak_rss_mib(pid)
+    reply = send_frame(sock, "frames", data, fmt)
+    assert reply.status == status, reply.header
+    assert all(w in reply.header["error"] for w in words), reply.header["error"]
+    # A decoded 9000 x 9000 frame alone is 232 MiB; the one with a fill byte was 6 GiB before.
+    assert peak_rss_mib(pid) - before < 32, f"peak RSS grew {peak_rss_mib(pid) - before:.0f} MiB"
+
+
+def test_a_real_frame_still_decodes(sock: zmq.Socket) -> None:
+    frame = cv2.imencode(".jpg", np.full((48, 64, 3), 200, np.uint8))[1].tobytes()
+    assert send_frame(sock, "frames", frame, "jpeg").status == 200
+    frame = cv2.imencode(".png", np.full((48, 64, 3), 200, np.uint8))[1].tobytes()
+    assert send_frame(sock, "frames", frame, "png").status == 200
+
+
+def test_opencv_is_held_to_the_default_max_pixels_by_the_time_it_is_imported() -> None:
+    """cv2 reads OPENCV_IO_MAX_IMAGE_PIXELS once, when it loads: the processors set it first, so a
+    format whose size the header check cannot read is refused by OpenCV before it allocates."""
+    import subprocess
+    import sys
+    code = ("import os; os.environ.pop('OPENCV_IO_MAX_IMAGE_PIXELS', None)\n"
+            "import infermux.plugins.processors.frames as f, cv2, numpy as np, resource\n"
+            "print(os.environ['OPENCV_IO_MAX_IMAGE_PIXELS'])\n"
+            "data = np.frombuffer(f'P5\\n9000 9000\\n255\\n'.encode() + bytes(81_000_000), np.uint8)\n"
+            "try:\n    image = cv2.imdecode(data, cv2.IMREAD_GRAYSCALE)\nexcept cv2.error:\n    image = None\n"
+            "print(image is None, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    limit, refused = out.stdout.split("\n")[:2]
+    assert int(limit) == 8192 * 8192
+    assert refused.split()[0] == "True"  # 81 M pixels > 67 M: OpenCV itself refused the PGM
