@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from infermux.plugins import processors
+from infermux.plugins import backends, processors
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -490,6 +490,10 @@ def parse_model_settings(text: str, file: Path, name: str, engine_dir: Path) -> 
                           "use pin to hold one")
     if data.get("fallback") == name:
         raise ConfigError(file, "fallback", f"model {name!r} cannot fall back to itself")
+    backend = data.get("backend")
+    why = backends.refusal(backend) if isinstance(backend, str) and backend else None
+    if why:  # engine_dir is written by publishers, not by whoever writes this file's configuration
+        raise ConfigError(file, "backend", why)
     try:
         mc = _parse_model(file, "", {**data, "name": name, "engine": name}, engine_dir)
     except ConfigError as exc:  # the path inside model.toml has no models[...] prefix
