@@ -149,7 +149,11 @@ class StepConfig:
 @dataclass(frozen=True)
 class PipelineConfig:
     """One `[[pipelines]]` entry: steps run in order on a frame sent as input `input`
-    (docs/pipelines.md); `workers` threads run them, `max_queue` frames wait (429 beyond)."""
+    (docs/pipelines.md); `workers` threads run them, `max_queue` frames wait (429 beyond).
+
+    The `max_*` bounds are checked before the work they bound, each refused with 413 naming
+    it: regions a frame may have (before the steps that run per region), the width of a
+    crop's tensor at a per-region model step, and the bytes of a model step's batch."""
 
     name: str
     steps: tuple[StepConfig, ...]
@@ -157,6 +161,9 @@ class PipelineConfig:
     workers: int = 2
     max_queue: int = 16
     timeout_ms: int = 5000
+    max_regions: int = 1000
+    max_crop_width: int = 4096
+    max_batch_bytes: int = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -617,7 +624,7 @@ def _parse_pipeline(file: Path, where: str, table: Any, models: set[str], engine
             _check_type(file, f"{where}.{key}", raw[key], str)
             if not raw[key]:
                 raise ConfigError(file, f"{where}.{key}", "must not be empty")
-    for key in ("workers", "max_queue", "timeout_ms"):
+    for key in ("workers", "max_queue", "timeout_ms", "max_regions", "max_crop_width", "max_batch_bytes"):
         if key in raw:
             _positive(file, f"{where}.{key}", raw[key])
     steps = raw.get("steps")
