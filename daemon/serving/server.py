@@ -180,7 +180,8 @@ class Server:
             ipc.prepare(endpoint)
             curve.secure_listener(sock, endpoint, self.curve, self.events)
             try:
-                sock.bind(endpoint)
+                with ipc.private_files():
+                    sock.bind(endpoint)
             except zmq.ZMQError as exc:
                 sock.close(0)
                 raise RuntimeError(f"cannot listen on {endpoint}: {exc}; is another infermux running, "

@@ -2,14 +2,23 @@
 
 Local sockets are the daemon's access control: files mode 0660, group
 `infermux` when that group exists, so only its members reach the GPU.
+A socket file is made under umask 077 (`private_files`), so that at bind
+only the daemon's own user may connect; it is then given to its group
+and only after that opened to the group (`secure`): a connection made in
+between would stay open after the permissions change, and with the
+unit's `UMask=0007` admin.sock used to be the clients' group's until the
+chown.
 """
 
 from __future__ import annotations
 
+import contextlib
 import grp
 import logging
 import os
+import threading
 from pathlib import Path
+from typing import Iterator
 
 log = logging.getLogger("infermux.ipc")
 
@@ -54,8 +63,24 @@ def make_dir(path: Path) -> None:
     _give_to_group(path)
 
 
+_umask_lock = threading.Lock()  # umask is the process's: one private_files at a time
+
+
+@contextlib.contextmanager
+def private_files() -> Iterator[None]:
+    """Files (socket files) created meanwhile are the daemon's user's alone: umask 077, restored
+    after. Wrap the bind that creates a socket file, then `secure` it."""
+    with _umask_lock:
+        before = os.umask(0o077)
+        try:
+            yield
+        finally:
+            os.umask(before)
+
+
 def secure(endpoint: str, group: str = GROUP) -> None:
-    """Mode 0660 and `group` (when it exists) on a freshly bound socket file.
+    """`group` (when it exists), then mode 0660, on a socket file bound under `private_files`:
+    in that order, nobody outside `group` can connect at any moment.
 
     An abstract socket (`ipc://@name`) has no file, so nothing guards it:
     the daemon says so at start (config.py refuses one for admin).
@@ -67,8 +92,8 @@ def secure(endpoint: str, group: str = GROUP) -> None:
     path = path_of(endpoint)
     if path is None:
         return
-    os.chmod(path, 0o660)
     _give_to_group(path, group)
+    os.chmod(path, 0o660)
 
 
 def _give_to_group(path: Path, group: str = GROUP) -> None:

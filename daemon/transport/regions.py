@@ -177,7 +177,8 @@ class RegionServer:
         self._full_logged = 0.0
         path.unlink(missing_ok=True)  # a stale file from a daemon that was killed
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock.bind(str(path))
+        with ipc.private_files():
+            self.sock.bind(str(path))
         ipc.secure(f"ipc://{path}")  # 0660 and group infermux, like the inference socket
         self.sock.listen(16)
         self.sock.setblocking(False)
