@@ -4,18 +4,25 @@
 
 from __future__ import annotations
 
+import http.client
 import os
 import shutil
+import socket
 import subprocess
-import sys
 import tempfile
+import threading
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 from typing import Iterator
 
 import pytest
 
 from harness import DAEMON_HEAD, Daemon
+from procfs import fds
+
+from infermux.admin.httpd import HttpLimits
 
 NOBODY = 65534
 CLIENTS_GID = 47101  # the daemon's own (primary) group, as infermux is under the unit: the clients'
@@ -96,3 +103,137 @@ def test_no_member_of_the_clients_group_connects_to_admin_sock_while_the_daemon_
     held, refused, missing = (int(n) for n in out.split())
     assert refused > 0 and missing > 0, out  # it knocked while the file was there and while it was not
     assert held == 0, f"a process in the clients' group only got {held} connection(s) to admin.sock"
+
+
+# -- the metrics port ------------------------------------------------------------------------
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _probe(port: int, path: str = "/healthz", timeout_s: float = 1.0) -> int:
+    """One probe as the kubelet sends it (timeoutSeconds 1): its status, 0 when none came in time."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=timeout_s) as reply:
+            return reply.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+    except (OSError, http.client.HTTPException):
+        return 0
+
+
+class Drip:
+    """`count` connections each sending one more byte of a request every `every_s`, never ending it;
+    notes when the daemon ends each (seconds after it connected)."""
+
+    def __init__(self, port: int, count: int, every_s: float) -> None:
+        self.conns = [socket.create_connection(("127.0.0.1", port)) for _ in range(count)]
+        self.started = time.monotonic()
+        self.ended: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(every_s,), daemon=True)
+        self._thread.start()
+
+    def _run(self, every_s: float) -> None:
+        request = b"GET /metrics HTTP/1.0\r\nX-Slow: " + b"a" * 10_000
+        sent = 0
+        while not self._stop.wait(every_s) and len(self.ended) < len(self.conns):
+            for i, conn in enumerate(self.conns):
+                if i in self.ended:
+                    continue
+                try:
+                    conn.send(request[sent:sent + 1])
+                except OSError:
+                    self.ended[i] = time.monotonic() - self.started
+            sent += 1
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        for conn in self.conns:
+            conn.close()
+
+
+def _holding_scrapes(port: int, count: int) -> list[socket.socket]:
+    """`count` scrapes whose replies are never read (a 1 KiB receive buffer fills at once)."""
+    held = []
+    for _ in range(count):
+        conn = socket.socket()
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        conn.connect(("127.0.0.1", port))
+        conn.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+        held.append(conn)
+    return held
+
+
+def test_slow_drips_and_held_scrapes_cannot_keep_the_health_probe_out(make_daemon) -> None:
+    port = _free_port()
+    daemon = make_daemon('[[models]]\nname = "fast512"\nengine = "fast512/1/model.onnx"\n',
+                         head=DAEMON_HEAD + f"metrics_port = {port}\n")
+    assert _probe(port) == 200
+    # Before: 8 slots, and a 5 s idle timeout per read: a byte every 3 s held them all, for ever.
+    drip = Drip(port, count=16, every_s=1.0)
+    held = _holding_scrapes(port, 4)
+    try:
+        # An attacker's connections are there before the probe comes: a request unfinished this long
+        # may make room for it (a burst of brand-new connections does not evict another).
+        time.sleep(HttpLimits().grace_s)
+        statuses = []
+        for _ in range(30):
+            statuses.append(_probe(port))
+            time.sleep(0.2)
+        assert statuses == [200] * 30, statuses
+        # One deadline for the whole request, however the client drips: each drip is ended.
+        deadline = time.monotonic() + 30
+        while len(drip.ended) < len(drip.conns):
+            assert time.monotonic() < deadline, f"{len(drip.conns) - len(drip.ended)} drips still open after 30 s"
+            time.sleep(0.2)
+        # 5 s from accept (plus a drip interval to notice it), whatever the bytes kept arriving.
+        assert max(drip.ended.values()) < HttpLimits().deadline_s + 3, drip.ended
+    finally:
+        drip.stop()
+        for conn in held:
+            conn.close()
+    assert daemon.proc is not None and fds(daemon.proc.pid) < 200
+    assert _probe(port, "/metrics", timeout_s=10) == 200
+    assert daemon.stop() == 0
+
+
+def test_one_peer_gets_a_bounded_few_slots(make_daemon) -> None:
+    port = _free_port()
+    daemon = make_daemon('[[models]]\nname = "fast512"\nengine = "fast512/1/model.onnx"\n',
+                         head=DAEMON_HEAD + f"metrics_port = {port}\n")
+    limits = HttpLimits()
+    idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(limits.per_peer + 40)]
+    try:
+        # The newest ones, beyond the peer's bound and none of the others silent for long: refused, told so.
+        idle[-1].settimeout(10)
+        assert idle[-1].recv(4096).startswith(b"HTTP/1.0 503")
+        time.sleep(limits.grace_s + 0.2)  # now the peer's open ones are stalled requests: one makes room
+        assert _probe(port) == 200
+    finally:
+        for conn in idle:
+            conn.close()
+    assert "metrics port: refused a connection from 127.0.0.1" in daemon.log()
+    assert daemon.stop() == 0
+
+
+def _raw(port: int, request: bytes) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
+        conn.sendall(request)
+        return b"".join(iter(lambda: conn.recv(65536), b""))
+
+
+def test_the_metrics_port_answers_what_it_does_not_serve_plainly(make_daemon) -> None:
+    port = _free_port()
+    make_daemon('[[models]]\nname = "fast512"\nengine = "fast512/1/model.onnx"\n',
+                head=DAEMON_HEAD + f"metrics_port = {port}\n")
+    assert _raw(port, b"POST /metrics HTTP/1.0\r\nContent-Length: 2\r\n\r\nhi").startswith(b"HTTP/1.0 501")
+    head = _raw(port, b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and head.endswith(b"\r\n\r\n")  # headers, no body
+    assert b"served here: /metrics, /healthz, /readyz" in _raw(port, b"GET /x HTTP/1.0\r\n\r\n")
+    assert _raw(port, b"nonsense\r\n\r\n").startswith(b"HTTP/1.0 400")
+    assert _raw(port, b"GET /metrics HTTP/1.0\r\nX: " + b"a" * 9000).startswith(b"HTTP/1.0 431")
+    assert _raw(port, b"GET /readyz?verbose HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.0 200")
