@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import shutil
 import socket
@@ -237,3 +238,121 @@ def test_the_metrics_port_answers_what_it_does_not_serve_plainly(make_daemon) ->
     assert _raw(port, b"nonsense\r\n\r\n").startswith(b"HTTP/1.0 400")
     assert _raw(port, b"GET /metrics HTTP/1.0\r\nX: " + b"a" * 9000).startswith(b"HTTP/1.0 431")
     assert _raw(port, b"GET /readyz?verbose HTTP/1.0\r\n\r\n").startswith(b"HTTP/1.0 200")
+
+
+# -- regions.sock ----------------------------------------------------------------------------
+
+FAST = '[[models]]\nname = "fast512"\nengine = "fast512/1/model.onnx"\nmax_queue = 100000\n'
+
+
+def _seqpacket(path: Path) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.connect(str(path))  # blocking: waits while the listen backlog is full (a timeout says EAGAIN)
+    sock.settimeout(20)
+    return sock
+
+
+def _shared_memory_view(daemon: Daemon) -> dict:
+    with daemon.admin() as admin:
+        return admin.call("status")["daemon"]["shared_memory"]
+
+
+def test_silent_connections_to_regions_sock_make_room_for_a_client_that_registers(make_daemon) -> None:
+    from infermux.client import SharedMemory
+    from infermux.transport.peers import SILENT_GRACE_S
+    from infermux.transport.regions import MAX_CLIENTS
+    daemon = make_daemon(FAST)
+    path = daemon.run_dir / "regions.sock"
+    # Before: MAX_CLIENTS idle connections locked every other client out for as long as they stayed.
+    idle = [_seqpacket(path) for _ in range(MAX_CLIENTS)]
+    try:
+        time.sleep(SILENT_GRACE_S + 0.1)
+        with SharedMemory(path, 1 << 16, name="late") as shm:  # takes the oldest silent one's place
+            x = shm.ndarray((1, 512), "float32")
+            x[:] = 1
+            with daemon.client() as client:
+                assert client.infer("fast512", {"x": shm.ref(x)}).status == 200
+        view = _shared_memory_view(daemon)
+        assert view["idle_closed"] == 1 and view["refused_connections"] == 0, view
+        assert idle[0].recv(4096) == b""  # the oldest was the one closed
+    finally:
+        for conn in idle:
+            conn.close()
+    assert "regions.sock: closed a connection that had sent nothing" in daemon.log()
+    assert daemon.stop() == 0
+
+
+def test_a_bad_packet_flood_on_regions_sock_is_paced_and_others_are_served(make_daemon) -> None:
+    import numpy as np
+    daemon = make_daemon(FAST)
+    flood = _seqpacket(daemon.run_dir / "regions.sock")
+    answered, start = 0, time.monotonic()
+    while time.monotonic() - start < 1.0:
+        flood.send(b"[not json")
+        assert b"JSON object" in flood.recv(4096)
+        answered += 1
+    flood.close()
+    # Each bad packet pauses its connection for 10 ms: at most ~100 a second (it was every packet the
+    # frontend could read between requests, ~12,000 a second on the 2-core box).
+    assert answered <= 120, answered
+    assert _shared_memory_view(daemon)["bad_packets"] == answered
+    with daemon.client() as client:
+        assert client.infer("fast512", {"x": np.ones((1, 512), np.float32)}).status == 200
+    assert daemon.stop() == 0
+
+
+def test_a_register_loop_floods_neither_the_log_nor_the_audit_trail(make_daemon) -> None:
+    import fcntl
+    daemon = make_daemon(FAST)
+    with daemon.admin() as admin:
+        assert admin.call("set", model="fast512", max_queue=500)["ok"]
+    fd = os.memfd_create("loop", os.MFD_ALLOW_SEALING)
+    os.ftruncate(fd, 4096)
+    fcntl.fcntl(fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK)
+    with _seqpacket(daemon.run_dir / "regions.sock") as sock:
+        for _ in range(1500):  # each one two events: registered, released
+            socket.send_fds(sock, [b'{"op": "register", "name": "loop"}'], [fd])
+            token = json.loads(sock.recv(4096))["region"]
+            sock.send(json.dumps({"op": "unregister", "region": token}).encode())
+            assert json.loads(sock.recv(4096))["ok"]
+    os.close(fd)
+    log = daemon.log()
+    assert log.count("region_registered") <= 10 and log.count("region_released") <= 10, \
+        f"{log.count('region_registered')} registration lines"
+    with daemon.admin() as admin:
+        audit = admin.call("events", kind="admin")["events"]
+        recent = admin.call("events", limit=1000)["events"]
+    assert [e["cmd"] for e in audit] == ["set"]
+    assert any(e["kind"] == "admin" for e in recent)
+    assert daemon.stop() == 0
+
+
+def test_audit_events_are_never_evicted_by_other_events() -> None:
+    from infermux.events import Event, EventLog
+    events = EventLog(keep=100)
+    events.emit("admin", "m", "1", cmd="drain", outcome="accepted")
+    for i in range(5000):
+        events.record(Event("region_registered", detail={"i": i}))
+    assert [e.detail["cmd"] for e in events.recent(10, frozenset({"admin"}))] == ["drain"]
+    assert len(events.recent(1000)) == 101  # the other ring's 100 and the audit one's
+
+
+def test_a_full_dev_shm_is_logged_once_a_minute_not_per_request(make_daemon, tmp_path: Path) -> None:
+    import numpy as np
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tiny tmpfs needs root")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(shm)]).returncode != 0:
+        pytest.skip("cannot mount a tmpfs here")
+    try:
+        (shm / "filler").write_bytes(bytes(64 << 10))  # full: every slot a cold request needs fails
+        daemon = make_daemon('[[models]]\nname = "cold"\nengine = "fast512/1/model.onnx"\nmode = "multiproc"\n'
+                             'preload = true\n', env={"INFERMUX_SHM_DIR": str(shm)})
+        with daemon.client(timeout_s=30) as client:
+            for _ in range(50):
+                assert client.infer("cold", {"x": np.ones((64, 512), np.float32)}).status == 200
+        assert daemon.log().count("no shared-memory slot of") == 1, daemon.log()[-3000:]
+        assert daemon.stop() == 0
+    finally:
+        subprocess.run(["umount", "-l", str(shm)])

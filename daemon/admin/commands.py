@@ -112,7 +112,8 @@ def cmd_models(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_events(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     limit = _int(args, "limit", 1) or 100
-    return {"events": [e.as_json() for e in server.events.recent(limit)]}
+    kind = _str(args, "kind", required=False)  # kind=admin: the audit trail, which traffic never evicts
+    return {"events": [e.as_json() for e in server.events.recent(limit, frozenset({kind}) if kind else None)]}
 
 
 # -- changes ------------------------------------------------------------------
@@ -295,7 +296,8 @@ COMMANDS: dict[str, Command] = {
     "status": Command(cmd_status, "daemon summary and one line per model version", changes=False),
     "models": Command(cmd_models, "every model version with settings and live statistics", changes=False),
     "pipelines": Command(cmd_pipelines, "every pipeline with per-step counts and latencies", changes=False),
-    "events": Command(cmd_events, "recent events (limit=N)", changes=False),
+    "events": Command(cmd_events, "recent events (limit=N, kind=KIND: e.g. kind=admin, the audit trail)",
+                      changes=False),
     "load": Command(cmd_load, "load a version (model, version?)", slow=True),
     "unload": Command(cmd_unload, "drain and unload a version (model, version?)", slow=True),
     "promote": Command(_placement("promote"), "move a version to the daemon process (hot)", slow=True),

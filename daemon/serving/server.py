@@ -203,6 +203,7 @@ class Server:
         except OSError as exc:
             raise RuntimeError(f"cannot listen for shared-memory regions on {path}: {exc}; "
                                "set [daemon] shared_memory to another name, or \"\" to turn it off") from None
+        self.ticks.append(self.region_server.tick)
         self._lookup = self.regions
         self.events.emit("listening", endpoint=f"unix://{path}", what="shared-memory regions")
 

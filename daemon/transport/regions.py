@@ -55,7 +55,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from infermux.events import Throttle
 from infermux.transport import ipc
+from infermux.transport.peers import SILENT_GRACE_S
 from infermux.protocol import ProtocolError, Status
 
 log = logging.getLogger("infermux.regions")
@@ -67,6 +69,10 @@ MAX_REGIONS_PER_CLIENT = 64
 MAX_REGIONS = 256
 MAX_REGION_BYTES = 1 << 32
 _PACKET = 4096
+# A connection whose packet was refused (bad JSON, an unknown op, a region it does not own) is not
+# read again for this long: a loop of bad packets then costs the frontend thread, which serves this
+# socket between requests, a few percent of its time instead of all of it.
+BAD_PACKET_PAUSE_S = 0.01
 # accept() errors that say "not now", not "closed": the socket stays watched (a full
 # descriptor table must not end registrations for good).
 _TRANSIENT_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EPROTO}
@@ -92,6 +98,8 @@ class RegionTable:
     """Every registered region by token; looked up on the frontend thread for each request."""
 
     regions: dict[str, Region] = field(default_factory=dict)
+    # What the registration socket did to connections and packets (RegionServer shares this dict).
+    counts: dict[str, int] = field(default_factory=dict)
     _listeners: dict[int, Callable[[str], None]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -159,7 +167,7 @@ class RegionTable:
         """For the admin `status` view: how many regions, and their bytes."""
         regions = list(self.regions.values())
         return {"regions": len(regions), "bytes": sum(r.size for r in regions),
-                "clients": len({r.owner for r in regions})}
+                "clients": len({r.owner for r in regions}), **self.counts}
 
 
 class RegionServer:
@@ -171,6 +179,16 @@ class RegionServer:
         self.events = events
         self._watch = watch
         self._clients: dict[int, socket.socket] = {}
+        # Connections that have not sent a packet yet, with when they were accepted (oldest first):
+        # one silent for SILENT_GRACE_S makes room for a newcomer when MAX_CLIENTS are open, as on
+        # the inference socket (peers.py).
+        self._silent: dict[int, float] = {}
+        self._paused: dict[int, float] = {}  # fd -> when it is read again (BAD_PACKET_PAUSE_S)
+        # Registrations and releases are events (a log line each, and the ring): a client in a loop
+        # gets a few per interval, then a count (events.Throttle).
+        self._throttle = Throttle()
+        self.counts = table.counts
+        self.counts.update({"refused_connections": 0, "idle_closed": 0, "bad_packets": 0})
         # A descriptor kept free for the moment the table is full: closing it lets accept()
         # take the waiting client so it can be told why, instead of the listener spinning.
         self._spare: int | None = _open_spare()
@@ -194,7 +212,12 @@ class RegionServer:
                 if exc.errno not in _TRANSIENT_ACCEPT:
                     return False  # closed at shutdown
                 return self._refuse_one(exc)
-            if len(self._clients) >= MAX_CLIENTS:
+            now = time.monotonic()
+            if len(self._clients) >= MAX_CLIENTS and not self._close_oldest_silent(now):
+                self.counts["refused_connections"] += 1
+                self._log_limited("refused", "regions.sock: refused a connection: %d clients are connected, none "
+                                  "of them silent for %g s (%d refused so far)", MAX_CLIENTS, SILENT_GRACE_S,
+                                  self.counts["refused_connections"])
                 _answer(conn, {"ok": False, "error": f"{MAX_CLIENTS} clients hold shared memory already; "
                                                      "close one, or send tensors in frames"})
                 conn.close()
@@ -202,7 +225,40 @@ class RegionServer:
             conn.setblocking(False)
             fd = conn.fileno()
             self._clients[fd] = conn
+            self._silent[fd] = now
             self._watch(fd, functools.partial(self._serve, fd))
+
+    def _close_oldest_silent(self, now: float) -> bool:
+        """Close the oldest connection that has sent nothing for SILENT_GRACE_S, if there is one."""
+        fd, accepted = next(iter(self._silent.items()), (None, now))
+        if fd is None or now - accepted < SILENT_GRACE_S:
+            return False  # the oldest silent one is too young, and so is every one after it
+        self.counts["idle_closed"] += 1
+        self._log_limited("idle", "regions.sock: closed a connection that had sent nothing for %g s, to make room "
+                          "for a new one (%d closed so far)", SILENT_GRACE_S, self.counts["idle_closed"])
+        self._closed(fd)
+        return True
+
+    def _log_limited(self, kind: str, message: str, *args: object) -> None:
+        held = self._throttle.admit(kind)
+        if held is not None:
+            log.warning(message + (f" ({held} more like this not logged)" if held else ""), *args)
+
+    def tick(self) -> None:
+        """On the frontend thread's ticks: read paused connections again; tell held-back counts."""
+        if self._paused:
+            now = time.monotonic()
+            for fd, until in list(self._paused.items()):
+                if now >= until:
+                    del self._paused[fd]
+                    if fd in self._clients:
+                        self._watch(fd, functools.partial(self._serve, fd))
+        for kind, count in self._throttle.held().items():
+            if kind.startswith("region_"):
+                self._emit_now("regions_throttled", of=kind, count=count)
+            else:
+                log.warning("regions.sock: %d more %s connection(s) in the last %.0f s, not logged one by one",
+                            count, kind, self._throttle.interval_s)
 
     def _refuse_one(self, exc: OSError) -> bool:
         """The descriptor table is full (EMFILE...): spend the spare fd to take one waiting client
@@ -245,7 +301,12 @@ class RegionServer:
             if answer is None:  # end of file (or an empty packet, which SEQPACKET cannot tell apart)
                 self._closed(fd)
                 return False
+            self._silent.pop(fd, None)  # it speaks: never closed to make room
             _answer(conn, answer)
+            if not answer.get("ok"):  # not read again for a moment (tick() takes it up)
+                self.counts["bad_packets"] += 1
+                self._paused[fd] = time.monotonic() + BAD_PACKET_PAUSE_S
+                return False
 
     def _handle_safely(self, owner: int, data: bytes, fds: list[int]) -> dict[str, Any]:
         """`_handle`, but a bug there answers this packet instead of unwatching the connection,
@@ -290,6 +351,8 @@ class RegionServer:
     def _closed(self, fd: int) -> None:
         for token in self.table.owned_by(fd):
             self._drop(token, "client closed its connection")
+        self._silent.pop(fd, None)
+        self._paused.pop(fd, None)
         self._clients.pop(fd).close()
 
     def _drop(self, token: str, reason: str) -> None:
@@ -298,6 +361,15 @@ class RegionServer:
         self._emit("region_released", name=region.name, bytes=region.size, reason=reason)
 
     def _emit(self, kind: str, **fields: Any) -> None:
+        """A registration's event, unless its kind came too often this interval (then counted)."""
+        held = self._throttle.admit(kind)
+        if held is None:
+            return
+        if held:
+            fields["not_logged_before"] = held
+        self._emit_now(kind, **fields)
+
+    def _emit_now(self, kind: str, **fields: Any) -> None:
         if self.events is not None:
             self.events.emit(kind, **fields)
         else:
