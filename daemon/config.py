@@ -53,6 +53,7 @@ class DaemonConfig:
     max_tensors: int = 64
     max_rank: int = 8
     max_elements: int = 1 << 28
+    max_shared_input_bytes: int = 256 << 20  # inputs read from shared-memory regions, per request
     curve_secret_key: Path | None = None  # CURVE for tcp:// listeners (docs/security.md)
     curve_authorized_dir: Path | None = None
     allow_insecure_tcp: bool = False
@@ -298,7 +299,7 @@ def _percentage(file: Path, where: str, value: Any) -> None:
 # Request limits: (smallest, largest) allowed. numpy arrays have at most 64
 # dimensions (32 before numpy 2), so a larger max_rank would fail in reshape.
 _LIMITS = {"max_header_bytes": (256, 1 << 30), "max_tensors": (1, 1 << 16), "max_rank": (1, 32),
-           "max_elements": (1, 1 << 40)}
+           "max_elements": (1, 1 << 40), "max_shared_input_bytes": (1, 1 << 40)}
 
 
 def _check_limits(file: Path, raw: dict[str, Any]) -> None:

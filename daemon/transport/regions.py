@@ -38,6 +38,7 @@ same two fields and no frame (protocol.py). A memfd sealed against writes
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import fcntl
 import functools
@@ -54,6 +55,8 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
+
+import numpy as np
 
 from infermux.events import Throttle
 from infermux.transport import ipc
@@ -78,6 +81,7 @@ BAD_PACKET_PAUSE_S = 0.01
 _TRANSIENT_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EPROTO}
 
 Watch = Callable[[int, Callable[[], bool]], None]
+_libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass
@@ -112,6 +116,11 @@ class RegionTable:
         if offset < 0 or offset + nbytes > region.size:
             raise ProtocolError(Status.BAD_REQUEST, f"bytes {offset}..{offset + nbytes} are outside region "
                                 f"{region.name or token[:8]!r} of {region.size} bytes")
+        absent = _first_absent(region.view, offset, nbytes)
+        if absent is not None:  # reading it would allocate pages, for the daemon
+            raise ProtocolError(Status.BAD_REQUEST, f"bytes {offset}..{offset + nbytes} of region "
+                                f"{region.name or token[:8]!r} are not in memory from byte {absent} (never "
+                                "written or allocated): write the input before sending the request")
         return region.view[offset:offset + nbytes]
 
     def writable(self, token: str, offset: int) -> memoryview:
@@ -419,6 +428,25 @@ class MappedRegions:
 
     def __len__(self) -> int:
         return len(self._views)
+
+
+def _first_absent(view: memoryview, offset: int, nbytes: int) -> int | None:
+    """The offset of the first byte of `offset`..`offset + nbytes` whose page is not in memory (a
+    page the client never wrote or allocated: reading it would make the kernel allocate one, for the
+    daemon), or None. mincore(2) reports a memfd's page-cache residency to any process that maps it
+    (its inode is mode 0777)."""
+    if not nbytes:
+        return None
+    base = np.frombuffer(view, np.uint8).ctypes.data
+    page = mmap.PAGESIZE
+    first = (base + offset) // page * page
+    pages = (base + offset + nbytes - first + page - 1) // page
+    vector = np.empty(pages, np.uint8)
+    if _libc.mincore(ctypes.c_void_p(first), ctypes.c_size_t(pages * page),
+                     ctypes.c_void_p(vector.ctypes.data)) != 0:
+        return None  # cannot tell: read it as before
+    absent = np.flatnonzero((vector & 1) == 0)
+    return max(offset, first + int(absent[0]) * page - base) if absent.size else None
 
 
 def _open_spare() -> int | None:
