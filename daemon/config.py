@@ -27,6 +27,8 @@ STRATEGIES = ("least_queue", "weighted", "hash")
 MODES = ("inproc", "multiproc")
 VERSION_POLICIES = ("latest", "all", "specific")
 MAX_FALLBACK_DEPTH = 4
+MAX_CONTEXTS = 1024  # the most [daemon] max_contexts may allow
+MAX_WEIGHT = 1_000_000  # a weighted split's largest weight: ratios, not amounts
 MPS_MODES = ("off", "auto", "on")
 
 
@@ -78,6 +80,7 @@ class DaemonConfig:
     mps_pipe_dir: Path = Path("/tmp/nvidia-mps")  # CUDA's default CUDA_MPS_PIPE_DIRECTORY
     mps_thread_percentage: int = 0  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of each worker; 0 = MPS's own (100)
     admin_group: str = "infermux-admin"  # admin.sock's group, apart from the clients' (docs/security.md)
+    max_contexts: int = 32  # contexts one version may have: the file, a model.toml or `set contexts`
     follow_symlinks: bool = True  # serve engine_dir folders that link outside it (logged; docs/hot-swap.md)
 
 
@@ -260,6 +263,10 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
     for key in ("max_connections", "reserved_fds"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 1 if key == "max_connections" else 64)
+    if "max_contexts" in raw:
+        _positive(file, "daemon.max_contexts", raw["max_contexts"])
+        if raw["max_contexts"] > MAX_CONTEXTS:
+            raise ConfigError(file, "daemon.max_contexts", f"must be <= {MAX_CONTEXTS}, got {raw['max_contexts']}")
     for key in ("metrics_port", "inline_max_us", "inline_busy_max_us"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 0)
@@ -387,6 +394,7 @@ def _parse_routing(file: Path, table: Any) -> RoutingConfig:
 
 _INT_FIELDS = {"contexts": 1, "max_queue": 1, "timeout_ms": 1, "max_batch": 1, "batch_delay_us": 0, "weight": 0,
                "latest_n": 1}
+_INT_MAXIMA = {"weight": MAX_WEIGHT, "contexts": MAX_CONTEXTS}
 
 
 def model_labels(entries: list[tuple[Any, Any]]) -> list[str]:
@@ -427,6 +435,8 @@ def _parse_model(file: Path, where: str, table: Any, engine_dir: Path) -> ModelC
     for key, minimum in _INT_FIELDS.items():
         if key in raw:
             _positive(file, f"{where}.{key}", raw[key], minimum)
+            if raw[key] > _INT_MAXIMA.get(key, raw[key]):
+                raise ConfigError(file, f"{where}.{key}", f"must be <= {_INT_MAXIMA[key]}, got {raw[key]}")
     if raw.get("mode", "inproc") not in MODES:
         raise ConfigError(file, f"{where}.mode", f"must be inproc or multiproc, got {raw['mode']!r}")
     if raw.get("strategy", "") not in ("", *STRATEGIES):
@@ -509,8 +519,20 @@ def parse_model_settings(text: str, file: Path, name: str, engine_dir: Path) -> 
     return replace(mc, version="")
 
 
-def _check_models(file: Path, models: list[ModelConfig], routing: RoutingConfig) -> None:
+def contexts_problem(contexts: int, daemon: DaemonConfig) -> str | None:
+    """Why a version may not have `contexts` contexts (over `[daemon] max_contexts`), or None."""
+    if contexts > daemon.max_contexts:
+        return (f"{contexts} contexts is over [daemon] max_contexts ({daemon.max_contexts}): each one is an "
+                "engine session with its own memory and thread")
+    return None
+
+
+def _check_models(file: Path, models: list[ModelConfig], routing: RoutingConfig, daemon: DaemonConfig) -> None:
     labels = model_labels([(m.name, m.version) for m in models])
+    for i, m in enumerate(models):
+        why = contexts_problem(m.contexts, daemon)
+        if why:
+            raise ConfigError(file, f"{labels[i]}.contexts", why)
     seen: dict[tuple[str, str], int] = {}
     for i, m in enumerate(models):
         if m.key in seen:
@@ -594,7 +616,7 @@ def parse(text: str, file: Path) -> Config:
     labels = model_labels([(m.get("name"), m.get("version")) if isinstance(m, dict) else (None, None)
                            for m in raw_models])
     models = [_parse_model(file, label, m, daemon.engine_dir) for label, m in zip(labels, raw_models)]
-    _check_models(file, models, routing)
+    _check_models(file, models, routing, daemon)
     pipelines = _parse_pipelines(file, data.get("pipelines", []), models, daemon.engine_dir)
     return Config(path=file, daemon=daemon, routing=routing, models=tuple(models), pipelines=pipelines)
 

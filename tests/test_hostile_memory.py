@@ -64,3 +64,83 @@ def test_inputs_in_shared_memory_are_bounded_and_a_sparse_region_is_never_faulte
         sock.close()
         os.close(fd)
     assert daemon.stop() == 0
+
+
+# -- what `set` may ask for ----------------------------------------------------------------------
+
+HEAD_4MIB = """
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{engines}"
+max_message_bytes = 4194304
+watch = false
+"""
+WEIGHTED_AND_CLASSIFIER = """
+[[models]]
+name = "fast512"
+engine = "fast512/1/model.onnx"
+strategy = "weighted"
+weight = 1
+
+[[models]]
+name = "classifier"
+engine = "classifier/1/model.onnx"
+max_queue = 256
+"""
+
+
+def test_set_refuses_huge_weights_and_contexts_past_the_bound_or_the_budget(make_daemon) -> None:
+    # The classifier's file is 22 KB: an estimate of 44 KB per onnxruntime session; 200 KB of budget.
+    daemon = make_daemon(WEIGHTED_AND_CLASSIFIER, head=HEAD_4MIB + "memory_budget = 200000\n")
+    x = np.ones((1, 512), np.float32)
+    with daemon.admin() as admin:
+        reply = admin.call("set", check=False, model="fast512", weights={"1": 10**400})
+        assert not reply["ok"] and "weight of '1' must be an integer 0..1000000" in reply["error"], reply
+        with daemon.client() as client:
+            assert client.infer("fast512", {"x": x}).status == 200  # before: every request 500
+        reply = admin.call("set", check=False, model="fast512", contexts=1024)
+        assert not reply["ok"] and "1024 contexts is over [daemon] max_contexts (32)" in reply["error"], reply
+        reply = admin.call("set", check=False, model="classifier", contexts=8)
+        assert not reply["ok"] and "memory budget is in use (memory_budget)" in reply["error"], reply
+        assert admin.call("set", model="classifier", contexts=3)["set"] == {"contexts": 3}
+        models = {m["name"]: m for m in admin.call("models")["models"]}
+    assert models["classifier"]["contexts"] == 3 and models["fast512"]["contexts"] == 1
+    assert daemon.stop() == 0
+
+
+def test_contexts_in_the_file_and_in_a_model_toml_are_held_to_max_contexts(tmp_path) -> None:
+    from infermux.config import ConfigError, DaemonConfig, parse
+    from infermux.swap.repository import SettingsCache
+    from infermux.swap.watcher import scan, Settler
+    text = '[daemon]\nmax_contexts = 4\n[[models]]\nname = "m"\nengine = "m.onnx"\ncontexts = 5\n'
+    with pytest.raises(ConfigError, match=r"contexts: 5 contexts is over \[daemon\] max_contexts \(4\)"):
+        parse(text, tmp_path / "x.toml")
+    with pytest.raises(ConfigError, match="max_contexts: must be <= 1024"):
+        parse("[daemon]\nmax_contexts = 5000\n", tmp_path / "x.toml")
+    (tmp_path / "m/1").mkdir(parents=True)
+    (tmp_path / "m/1/model.onnx").write_bytes(b"x")
+    (tmp_path / "m/model.toml").write_text("contexts = 40\n")
+    found = SettingsCache(tmp_path, DaemonConfig).get("m", scan(tmp_path, Settler(0.0)))
+    assert isinstance(found, ConfigError) and "over [daemon] max_contexts (32)" in str(found)
+
+
+def test_contexts_set_lower_give_their_memory_back(make_daemon) -> None:
+    daemon = make_daemon('[[models]]\nname = "classifier"\nengine = "classifier/1/model.onnx"\nmax_queue = 256\n',
+                         head=HEAD_4MIB)
+    pid = daemon.proc.pid
+    images = np.ones((32, 3, 64, 64), np.float32)
+    with daemon.client() as client:
+        assert client.infer("classifier", {"images": images}).status == 200
+    start = rss_mib(pid)
+    with daemon.admin(timeout_s=120) as admin:
+        admin.call("set", model="classifier", contexts=32)
+        with daemon.pipeline(timeout_s=120) as pipeline:  # every context computes: its session's arena grows
+            ids = [pipeline.submit("classifier", {"images": images}) for _ in range(128)]
+            assert {r.status for r in pipeline.gather(ids)} == {200}
+        grown = rss_mib(pid)
+        admin.call("set", model="classifier", contexts=1)
+    kept = rss_mib(pid) - start
+    print(f"RSS {start:.0f} MiB, {grown:.0f} with 32 contexts busy, {start + kept:.0f} back at 1")
+    assert grown - start > 64  # the sessions' memory was real (about 260 MiB on the 2-core box)
+    assert kept < 24, f"{kept:.0f} MiB kept after going back to one context"  # before: about 50 MiB
+    assert daemon.stop() == 0

@@ -32,7 +32,7 @@ import zmq
 
 from infermux.workers import wire as wire
 from infermux.events import limit_tracebacks
-from infermux.models.budget import limit_malloc_arenas
+from infermux.models.budget import limit_malloc_arenas, release_freed_memory
 from infermux.serving.inline import InlinePolicy
 from infermux.serving.job import Job, Outcome
 from infermux.workers.lane import Lane, LaneClosed
@@ -213,7 +213,10 @@ class Worker:
 
     def _set(self, changes: dict[str, Any]) -> None:
         if self.scheduler is not None:
+            fewer = changes.get("contexts") is not None and changes["contexts"] < len(self.scheduler.executors)
             self.scheduler.apply(Change.of(changes))
+            if fewer:  # the removed contexts' sessions are gone: hand their memory back to the system
+                release_freed_memory()
 
     def _inline_ok(self, service_time_us: float, batching: bool) -> bool:
         """May the I/O thread compute this request itself? (inline.py)"""
