@@ -10,6 +10,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -18,6 +19,7 @@ import urllib.request
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
 import pytest
 
 from harness import DAEMON_HEAD, Daemon
@@ -356,3 +358,60 @@ def test_a_full_dev_shm_is_logged_once_a_minute_not_per_request(make_daemon, tmp
         assert daemon.stop() == 0
     finally:
         subprocess.run(["umount", "-l", str(shm)])
+
+
+# -- a runtime directory every user may write ---------------------------------------------------
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777], ids=["world-writable", "sticky-like-tmp"])
+def test_the_daemon_will_not_serve_from_a_runtime_directory_every_user_may_write(
+        tmp_path: Path, engines: Path, mode: int) -> None:
+    run = tmp_path / "run"
+    run.mkdir()
+    run.chmod(mode)
+    config = tmp_path / "infermux.toml"
+    config.write_text(DAEMON_HEAD.format(engines=engines) + FAST)
+    out = subprocess.run([sys.executable, "-m", "infermux", "serve", "--config", str(config), "--runtime-dir",
+                          str(run)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out.stderr
+    assert f"will not serve from the runtime directory {run} is writable by every user (mode {mode:o}" \
+        in out.stderr, out.stderr
+    assert not list(run.iterdir())  # nothing bound there
+    # A socket named outside the runtime directory, in such a folder, is refused the same way.
+    elsewhere = tmp_path / "open"
+    elsewhere.mkdir()
+    elsewhere.chmod(0o777)
+    config.write_text(DAEMON_HEAD.replace('"ipc://infer.sock"', f'"ipc://{elsewhere}/infer.sock"')
+                      .format(engines=engines) + FAST)
+    run.chmod(0o750)
+    out = subprocess.run([sys.executable, "-m", "infermux", "serve", "--config", str(config), "--runtime-dir",
+                          str(run)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1 and f"refusing ipc://{elsewhere}/infer.sock: {elsewhere} is writable" in out.stderr, \
+        out.stderr
+
+
+def test_clients_will_not_connect_to_a_socket_in_a_directory_every_user_may_write(tmp_path: Path) -> None:
+    import zmq
+    from infermux.client import AdminClient, Client, SharedMemory
+    from infermux.transport.ipc import UnsafeDirectory
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    endpoint = f"ipc://{shared}/infer.sock"
+    impostor = zmq.Context.instance().socket(zmq.ROUTER)  # another user's, under the daemon's name
+    impostor.setsockopt(zmq.LINGER, 0)
+    impostor.bind(endpoint)
+    try:
+        with pytest.raises(UnsafeDirectory, match=f"{shared} is writable by every user"):
+            Client(endpoint, timeout_s=1).infer("m", {"x": np.ones(4, np.float32)})
+        with pytest.raises(UnsafeDirectory):
+            AdminClient(f"ipc://{shared}/admin.sock")
+        with pytest.raises(UnsafeDirectory):
+            SharedMemory(shared / "regions.sock", 4096)
+        assert not impostor.poll(500), "a client sent its tensors to a socket anyone could have made"
+        out = subprocess.run([sys.executable, "-m", "infermux", "infer", "m", "--shape", "x=1x4", "--endpoint",
+                              endpoint, "--admin", f"ipc://{shared}/admin.sock"],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+        assert f"{shared} is writable by every user (mode 1777, sticky)" in out.stderr
+    finally:
+        impostor.close()

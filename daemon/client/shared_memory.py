@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from infermux.protocol import DTYPES, SharedTensor, dtype_name
+from infermux.transport import ipc
 
 _PACKET = 4096
 
@@ -68,6 +69,7 @@ class SharedMemory:
             # here take no memory of its own. (fallocate reserves pages the kernel still reports absent.)
             np.frombuffer(self._map, np.uint8).fill(0)
             self._sock.settimeout(10)
+            ipc.check_directory(f"ipc://{path}")  # a socket anyone could have put there is not the daemon's
             try:
                 self._sock.connect(str(path))
             except OSError as exc:

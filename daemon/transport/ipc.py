@@ -16,6 +16,7 @@ import contextlib
 import grp
 import logging
 import os
+import stat
 import threading
 from pathlib import Path
 from typing import Iterator
@@ -38,11 +39,46 @@ def path_of(endpoint: str) -> Path | None:
     return Path(endpoint[len("ipc://"):])
 
 
+class UnsafeDirectory(PermissionError):
+    """A socket file's directory that every user may write (docs/security.md, "runtime directory")."""
+
+
+def unsafe_directory(path: Path) -> str | None:
+    """Why sockets must not be bound, or connected to, in folder `path`, or None.
+
+    Every user may write it (mode o+w): another user can then put a socket of
+    their own under the name a client connects to, or in place of the
+    daemon's, and read what clients send. The sticky bit (/tmp) does not make
+    it safe: it keeps others from removing or renaming an existing file, not
+    from making one first, while the daemon is stopped or before it binds.
+    A folder that does not exist (yet) is judged when it does.
+    """
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if not mode & stat.S_IWOTH:
+        return None
+    sticky = ", sticky" if mode & stat.S_ISVTX else ""
+    return (f"{path} is writable by every user (mode {stat.S_IMODE(mode):o}{sticky}): another user could put a "
+            f"socket of their own there; use a folder only the daemon's user (and group) may write, e.g. mode 0750")
+
+
+def check_directory(endpoint: str) -> None:
+    """UnsafeDirectory when an ipc:// endpoint's socket lies in a folder every user may write; the daemon
+    checks before it binds, a client before it connects (tcp:// and abstract sockets have no folder)."""
+    path = path_of(endpoint)
+    why = unsafe_directory(path.parent) if path is not None else None
+    if why:
+        raise UnsafeDirectory(f"refusing {endpoint}: {why}")
+
+
 def prepare(endpoint: str) -> None:
-    """Create the folder the socket file goes in."""
+    """Create the folder the socket file goes in, and refuse one every user may write."""
     path = path_of(endpoint)
     if path is not None:
         make_dir(path.parent)
+        check_directory(endpoint)
 
 
 def make_dir(path: Path) -> None:
