@@ -51,6 +51,7 @@ class DaemonConfig:
     engine_dir: Path = Path("/var/lib/infermux/engines")
     memory_budget: str = "80%"
     max_message_bytes: int = 64 * 1024 * 1024
+    max_reply_bytes: int = 64 * 1024 * 1024  # a reply's header and output frames; default: max_message_bytes
     max_header_bytes: int = 64 * 1024     # request limits: docs/security.md
     max_tensors: int = 64
     max_rank: int = 8
@@ -240,9 +241,10 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
         raw["engine_dir"] = _resolve(file, raw["engine_dir"])
     else:
         raw["engine_dir"] = DaemonConfig.engine_dir
-    for key in ("max_message_bytes",):
+    for key in ("max_message_bytes", "max_reply_bytes"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 1024)
+    raw.setdefault("max_reply_bytes", raw.get("max_message_bytes", DaemonConfig.max_message_bytes))
     _check_limits(file, raw)
     _check_curve(file, raw)
     if "memory_budget" in raw:

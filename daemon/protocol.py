@@ -102,6 +102,7 @@ class Limits:
     max_rank: int = 8
     max_elements: int = 1 << 28
     max_shared_input_bytes: int = 256 << 20  # inputs in shared-memory regions, all of a request's together
+    max_reply_bytes: int = 64 * 1024 * 1024  # what the daemon sends back in one reply (not counting regions)
 
 
 @dataclass(frozen=True)

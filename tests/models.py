@@ -59,3 +59,11 @@ def nonzero(path: Path, width: int = 20000) -> Path:
     return _save([helper.make_node("NonZero", ["x"], ["y"])],
                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
                  [helper.make_tensor_value_info("y", TensorProto.INT64, [2, "K"])], [], path)
+
+
+def tiler(path: Path, width: int = 512) -> Path:
+    """y = Tile(x, repeats): float32 [N, width] in, [N * r0, width * r1] out; the client chooses how big."""
+    return _save([helper.make_node("Tile", ["x", "repeats"], ["y"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width]),
+                  helper.make_tensor_value_info("repeats", TensorProto.INT64, [2])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", "W"])], [], path)

@@ -7,6 +7,7 @@ import fcntl
 import json
 import os
 import socket
+import time
 
 import numpy as np
 import pytest
@@ -144,3 +145,54 @@ def test_contexts_set_lower_give_their_memory_back(make_daemon) -> None:
     assert grown - start > 64  # the sessions' memory was real (about 260 MiB on the 2-core box)
     assert kept < 24, f"{kept:.0f} MiB kept after going back to one context"  # before: about 50 MiB
     assert daemon.stop() == 0
+
+
+# -- replies -------------------------------------------------------------------------------------
+
+# onnxruntime's CPU arena would keep the outputs' high-water mark: the bound on the reply is what is
+# measured here, so the model gives its memory back after each call.
+TILER = '[[models]]\nname = "tile"\nengine = "tile/1/model.onnx"\nmax_queue = 64\noptions = {{ cpu_arena = false }}\n'
+
+
+@pytest.fixture
+def tile_engines(engines, tmp_path):
+    import shutil
+
+    import models
+    root = tmp_path / "engines"
+    shutil.copytree(engines, root)
+    models.tiler(root / "tile/1/model.onnx")
+    return root
+
+
+def test_a_reply_over_max_reply_bytes_is_a_413_and_its_memory_is_let_go(make_daemon, tile_engines) -> None:
+    # max_reply_bytes is not set: it is max_message_bytes, 4 MiB here.
+    daemon = make_daemon(TILER, head=HEAD_4MIB.replace("{engines}", str(tile_engines)))  # TILER: {{ }} for format()
+    pid = daemon.proc.pid
+    x = np.ones((2000, 512), np.float32)  # 3.9 MiB in
+    with daemon.client(timeout_s=60) as client:
+        small = client.infer("tile", {"x": x[:4], "repeats": np.array([2, 1], np.int64)})
+        assert small.status == 200 and small.outputs["y"].shape == (8, 512)
+        before = rss_mib(pid)
+        for _ in range(3):  # 250 MiB out, each time: before, each was queued for the client whole
+            reply = client.infer("tile", {"x": x, "repeats": np.array([64, 1], np.int64)})
+            assert reply.status == 413, reply.header
+            assert "the reply would be 262144" in reply.error and "the limit is 4194304 (max_reply_bytes)" in reply.error
+            assert reply.header["model"] == "tile" and reply.header["id"] is not None
+    # The executor thread lets go of the outputs just after the 413 has gone: poll, bounded.
+    deadline = time.monotonic() + 10
+    while rss_mib(pid) - before >= 64:
+        assert time.monotonic() < deadline, f"RSS {before:.0f} -> {rss_mib(pid):.0f} MiB"
+        time.sleep(0.05)
+    with daemon.admin() as admin:
+        assert admin.call("status")["daemon"]["replies_too_large"] == 3
+    assert daemon.stop() == 0
+
+
+def test_max_reply_bytes_is_checked_and_defaults_to_max_message_bytes(tmp_path) -> None:
+    from infermux.config import ConfigError, parse
+    assert parse("[daemon]\nmax_message_bytes = 4096\nmax_header_bytes = 1024\n",
+                 tmp_path / "x.toml").daemon.max_reply_bytes == 4096
+    assert parse("[daemon]\nmax_reply_bytes = 4096\n", tmp_path / "x.toml").daemon.max_reply_bytes == 4096
+    with pytest.raises(ConfigError, match="daemon.max_reply_bytes: must be >= 1024"):
+        parse("[daemon]\nmax_reply_bytes = 10\n", tmp_path / "x.toml")
