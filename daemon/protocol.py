@@ -300,7 +300,7 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
         raise _bad(f"header lists {in_frames} inputs{shared} but {len(frames) - 1} tensor frames follow")
     inputs: dict[str, np.ndarray] = {}
     input_regions: dict[str, SharedTensor] = {}
-    shared = 0  # bytes read from regions so far: bounded before each is looked at
+    in_regions = 0  # bytes read from regions so far: bounded before each is looked at
     next_frame = iter(frames[1:])
     for index, item in enumerate(metas):
         if isinstance(item, dict) and not _INPUT_SET.issuperset(item):  # before a misspelt dtype reads as absent
@@ -312,9 +312,9 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
             raise _bad(f"input {meta.name!r} is listed twice")
         if "region" in item:
             input_regions[meta.name] = ref = _parse_shared(item, meta, regions)
-            shared += want
-            if shared > limits.max_shared_input_bytes:
-                raise ProtocolError(Status.TOO_LARGE, f"inputs in shared memory are {shared} bytes (up to input "
+            in_regions += want
+            if in_regions > limits.max_shared_input_bytes:
+                raise ProtocolError(Status.TOO_LARGE, f"inputs in shared memory are {in_regions} bytes (up to input "
                                     f"{meta.name!r}); the limit is {limits.max_shared_input_bytes} "
                                     "(max_shared_input_bytes)")
             frame = regions.view(ref.region, ref.offset, want)  # type: ignore[union-attr]
