@@ -189,25 +189,13 @@ class HttpServer:
         return True
 
     def _ready(self, conn: _Conn, events: int) -> None:
-        if conn.state == "reading" and events & selectors.EVENT_READ:
+        if conn.state in ("reading", "waiting") and events & selectors.EVENT_READ:
             self._read(conn)
-        elif conn.state == "waiting" and events & selectors.EVENT_READ:
-            self._drain(conn)
         elif conn.state == "writing" and events & selectors.EVENT_WRITE:
             self._write(conn)
 
-    def _drain(self, conn: _Conn) -> None:
-        """A client waiting for a render sent more, or hung up: discard it, or close."""
-        try:
-            data = conn.sock.recv(4096)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            data = b""
-        if not data:
-            self._close(conn)
-
     def _read(self, conn: _Conn) -> None:
+        """What the client sent: its request, or (waiting for a render) more, discarded; or its hang-up."""
         try:
             data = conn.sock.recv(4096)
         except (BlockingIOError, InterruptedError):
@@ -216,6 +204,8 @@ class HttpServer:
             data = b""
         if not data:
             self._close(conn)
+            return
+        if conn.state != "reading":
             return
         conn.inbox += data
         end = conn.inbox.find(b"\r\n\r\n")
