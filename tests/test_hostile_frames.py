@@ -9,7 +9,6 @@ allocates the frame: the daemon's peak RSS (VmHWM, /proc) stays flat.
 
 from __future__ import annotations
 
-import zlib
 from pathlib import Path
 from typing import Iterator
 
@@ -20,6 +19,8 @@ import zmq
 cv2 = pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
 
 from harness import DAEMON_HEAD, Daemon  # noqa: E402
+from hostile_files import (jpeg_with_big_app_segment, jpeg_with_fill_byte, png_with_a_chunk_before_ihdr,  # noqa: E402
+                           ppm_named_jpeg)
 from procfs import peak_rss_mib, reset_peak  # noqa: E402
 
 from infermux.pipelines.wire import send_frame  # noqa: E402
@@ -34,49 +35,6 @@ name = "frames"
 [[pipelines.steps]]
 processor = "decode"
 """
-
-
-def small_jpeg() -> bytearray:
-    return bytearray(cv2.imencode(".jpg", np.zeros((8, 8, 3), np.uint8))[1].tobytes())
-
-
-def declaring(jpeg: bytearray, width: int, height: int) -> bytearray:
-    """`jpeg` with its frame header (SOF0) saying `width` x `height`."""
-    at = jpeg.index(b"\xff\xc0")
-    jpeg[at + 5:at + 9] = height.to_bytes(2, "big") + width.to_bytes(2, "big")
-    return jpeg
-
-
-def jpeg_with_fill_byte(width: int = 32768, height: int = 32000) -> bytes:
-    """A legal 0xFF fill byte before the SOF marker (a parser that expects a marker there gives up)."""
-    jpeg = declaring(small_jpeg(), width, height)
-    at = jpeg.index(b"\xff\xc0")
-    return bytes(jpeg[:at] + b"\xff" + jpeg[at:])
-
-
-def jpeg_with_big_app_segment(width: int = 20000, height: int = 20000, pad: int = 65533) -> bytes:
-    """An APP1 segment of 65,535 bytes (the most one holds) first: the SOF lies past the first 64 KiB."""
-    jpeg = declaring(small_jpeg(), width, height)
-    return bytes(jpeg[:2] + b"\xff\xe1" + (pad + 2).to_bytes(2, "big") + bytes(pad) + jpeg[2:])
-
-
-def _chunk(kind: bytes, body: bytes) -> bytes:
-    return len(body).to_bytes(4, "big") + kind + body + zlib.crc32(kind + body).to_bytes(4, "big")
-
-
-def png_with_a_chunk_before_ihdr(width: int = 30000, height: int = 30000) -> bytes:
-    """A tEXt chunk first whose bytes 16..24 of the file read as 1 x 1; IHDR after it says the truth."""
-    png = cv2.imencode(".png", np.zeros((1, 1, 3), np.uint8))[1].tobytes()
-    ihdr = bytearray(png[8:33])
-    ihdr[8:16] = width.to_bytes(4, "big") + height.to_bytes(4, "big")
-    ihdr[-4:] = zlib.crc32(bytes(ihdr[4:-4])).to_bytes(4, "big")
-    text = _chunk(b"tEXt", b"k\x00" + (1).to_bytes(4, "big") * 2)
-    return png[:8] + text + bytes(ihdr) + png[33:]
-
-
-def ppm_named_jpeg(width: int = 30000, height: int = 30000) -> bytes:
-    """Not a JPEG at all: a binary PPM header, which cv2.imdecode would also take."""
-    return f"P6\n{width} {height}\n255\n".encode() + bytes(64)
 
 
 @pytest.fixture(scope="module")

@@ -24,9 +24,10 @@ import zmq
 
 pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
 pytest.importorskip("PIL", reason="the frames are drawn with Pillow")
-from PIL import Image, ImageDraw, ImageFont  # noqa: E402
+from PIL import Image  # noqa: E402
 
 from harness import REPO, Daemon  # noqa: E402
+from hostile_files import blank_png, drawn  # noqa: E402
 from procfs import peak_rss_mib, reset_peak, rss_mib  # noqa: E402
 
 from infermux.config import ConfigError, parse  # noqa: E402
@@ -76,21 +77,6 @@ def sock(daemon: Daemon) -> Iterator[zmq.Socket]:
     s.close()
 
 
-def drawn(rows: int, cols: int, line: int = 0, size: tuple[int, int] = (1920, 1080)) -> bytes:
-    """A PNG of `rows` x `cols` tiny "AB" tokens (Pillow's 11 px bitmap font), and a line of `line`
-    more across the bottom: each token is a text region, the line one very wide region."""
-    image = Image.new("RGB", size, "white")
-    draw, font = ImageDraw.Draw(image), ImageFont.load_default()
-    for r in range(rows):
-        for c in range(cols):
-            draw.text((10 + c * 47, 8 + r * 42), "AB", fill="black", font=font)
-    if line:
-        draw.text((10, size[1] - 80), "AB " * line, fill="black", font=font)
-    out = io.BytesIO()
-    image.save(out, "PNG")
-    return out.getvalue()
-
-
 def _runs(daemon: Daemon, step: str) -> int:
     with daemon.admin() as admin:
         ocr = next(p for p in admin.call("pipelines")["pipelines"] if p["name"] == "ocr")
@@ -118,14 +104,8 @@ def test_a_frame_over_a_pipeline_bound_is_refused_before_the_recogniser_runs(
     assert _runs(daemon, "rec") == rec_before + (step == "rec")  # refused at its door, not computed
 
 
-def png_of(width: int, height: int) -> bytes:
-    out = io.BytesIO()
-    Image.new("L", (width, height), 255).save(out, "PNG")
-    return out.getvalue()
-
-
 def test_a_blank_8192_square_png_is_refused_by_its_header(daemon: Daemon, sock: zmq.Socket) -> None:
-    data = png_of(8192, 8192)
+    data = blank_png(8192, 8192)
     assert len(data) < 300_000
     assert daemon.proc is not None
     reset_peak(daemon.proc.pid)
@@ -137,7 +117,7 @@ def test_a_blank_8192_square_png_is_refused_by_its_header(daemon: Daemon, sock: 
 
 def test_a_frame_the_detector_would_scale_past_max_side_is_refused(sock: zmq.Socket) -> None:
     # Its short side (600) is scaled up to 736, so its long side to 2453: over the example's 2048.
-    reply = send_frame(sock, "ocr", png_of(2000, 600), "png", timeout_s=60)
+    reply = send_frame(sock, "ocr", blank_png(2000, 600), "png", timeout_s=60)
     assert reply.status == 413, reply.header
     assert "step 'det_resize'" in reply.header["error"] and "(max_side)" in reply.header["error"]
     assert "2000x600 frame would be resized to 2464x736" in reply.header["error"]
