@@ -293,7 +293,9 @@ class RegionServer:
         return True
 
     def _serve(self, fd: int) -> bool:
-        conn = self._clients[fd]
+        conn = self._clients.get(fd)
+        if conn is None:  # closed to make room (_close_oldest_silent) while still watched: forget it
+            return False
         while True:
             try:
                 data, fds, _, _ = socket.recv_fds(conn, _PACKET, 4)
