@@ -66,6 +66,7 @@ engine = "fast512/1/model.onnx"
 mode = "multiproc"
 preload = true
 max_queue = 1000
+idle_unload_s = 86400   # the scenarios before its own take longer than the default 300 s
 
 [[models]]
 name = "tile"
@@ -270,6 +271,9 @@ def cpu_hog() -> Callable[[Stop], None]:
 def stopped_worker(daemon: Daemon) -> Callable[[Stop], None]:
     """The cold model's worker SIGSTOPped while requests with a 300 ms deadline keep coming for it."""
     def attack(stop: Stop) -> None:
+        with Client(daemon.endpoint, timeout_s=30) as client:  # its worker runs (a request starts it)
+            while client.infer("cold", {"x": X}).status != 200:
+                time.sleep(0.1)
         with daemon.admin() as admin:
             pid = next(m for m in admin.call("models")["models"] if m["name"] == "cold")["worker"]["pid"]
         os.kill(pid, signal.SIGSTOP)
