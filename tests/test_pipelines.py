@@ -239,7 +239,7 @@ def test_a_processor_that_raises_is_a_500_for_that_request_only(daemon: Daemon, 
     metrics = scrape(daemon.metrics_port)  # type: ignore[attr-defined]
     assert metrics['infermux_pipeline_frames_total{pipeline="broken",status="500"}'] >= 1
     assert metrics['infermux_pipeline_step_runs_total{pipeline="ocr",step="rec",status="200"}'] >= 1
-    assert metrics['infermux_pipeline_step_duration_us_total{pipeline="ocr",step="rec"}'] > 0
+    assert metrics['infermux_pipeline_step_duration_seconds_total{pipeline="ocr",step="rec"}'] > 0
 
 
 def test_infer_sends_an_image_file_and_prints_the_texts(daemon: Daemon, tmp_path: Path) -> None:
