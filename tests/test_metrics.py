@@ -63,6 +63,9 @@ def test_counters_move_with_traffic(port_and_daemon) -> None:
     assert after['infermux_inference_request_duration_seconds_count{model="addone",version="1"}'] == 5
     assert after['infermux_inference_request_duration_seconds_bucket{model="addone",version="1",le="+Inf"}'] == 5
     assert after[f"infermux_inference_compute_duration_seconds_total{labels}"] > 0
+    assert before[f"infermux_inference_executions_total{labels}"] == 0
+    assert after[f"infermux_inference_executions_total{labels}"] == sum(
+        n for k, n in after.items() if k.startswith('infermux_inference_batches_total{model="addone"'))
     assert after['infermux_model_state{model="addone",version="1",state="ready"}'] == 1
     assert after["infermux_memory_budget_bytes"] > 0
 

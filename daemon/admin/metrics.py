@@ -118,6 +118,10 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
                    [(mv(m), m["stats"]["sums_us"].get(part, 0.0) / 1e6) for m in models])
     out.family("infermux_inference_batches_total", "counter", "Backend calls, by batch size.",
                [({**mv(m), "size": size}, n) for m in models for size, n in m["stats"]["batches"].items()])
+    # The same calls in one series from 0 on (a size's series appears at its first call, unseen by rate()):
+    # what the mean batch size is computed from. Triton's nv_inference_exec_count.
+    out.family("infermux_inference_executions_total", "counter", "Backend calls (batches) of any size.",
+               [(mv(m), sum(m["stats"]["batches"].values())) for m in models])
     out.family("infermux_inference_pending_requests", "gauge", "Requests queued or running.",
                [(mv(m), m["queue_depth"] + m["in_flight"]) for m in models])
     out.family("infermux_inference_queued_requests", "gauge", "Requests waiting for a context (429 at max_queue).",
