@@ -252,7 +252,10 @@ check_extras() {
     in_root test -f /usr/share/man/man1/infermux.1.gz &&
     in_root test -f /usr/share/bash-completion/completions/infermux &&
     in_root test -f /usr/lib/sysusers.d/infermux.conf &&
-    in_root test -f /usr/lib/tmpfiles.d/infermux.conf && echo "man page, completion, sysusers, tmpfiles present"
+    in_root test -f /usr/lib/tmpfiles.d/infermux.conf &&
+    cmp "$ROOT/usr/share/infermux/grafana/infermux.json" "$REPO/packaging/grafana/infermux.json" &&
+    cmp "$ROOT/usr/share/infermux/prometheus/infermux-rules.yml" "$REPO/packaging/prometheus/infermux-rules.yml" &&
+    echo "man page, completion, sysusers, tmpfiles, Grafana dashboard, Prometheus rules present"
 }
 
 check_vendor() {
@@ -486,7 +489,7 @@ step "system user and group infermux" check_user
 step "/var/lib/infermux{,/engines} owned by infermux" check_dirs
 step "unit installed, not enabled, systemd-analyze verify clean" check_unit
 step "conffile /etc/infermux/infermux.toml" check_conffile
-step "man page, completion, sysusers, tmpfiles" check_extras
+step "man page, completion, sysusers, tmpfiles, dashboard, rules" check_extras
 step "vendored Textual wins over Debian's rich/pygments" check_vendor
 step "infermux --version / --help" check_cli
 step "onnxruntime from PyPI ($ORT)" install_backend
