@@ -10,7 +10,9 @@ listens on, and give SIGTERM's drain the time it takes.
 
 from __future__ import annotations
 
+import copy
 import functools
+import importlib.util
 import os
 import resource
 import shutil
@@ -23,6 +25,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
+import jsonschema
 import kubernetes_validate
 import numpy as np
 import pytest
@@ -37,6 +40,30 @@ from infermux.serving.server import REFUSE_S
 from infermux.workers.pool import SPARE_STOP_S
 
 K8S = REPO / "packaging/k8s"
+# The PrometheusRule custom resource (monitoring.coreos.com/v1) as the Prometheus Operator's CRD
+# defines it, written out here (kubernetes-validate knows only Kubernetes' own kinds). Unknown
+# fields fail, as kubectl's strict field validation fails them.
+_DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?"
+                                         r"(([0-9]+)s)?(([0-9]+)ms)?)$"}
+_STRINGS = {"type": "object", "additionalProperties": {"type": "string"}}
+PROMETHEUS_RULE_SCHEMA: dict[str, Any] = {
+    "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"], "additionalProperties": False,
+    "properties": {
+        "apiVersion": {"const": "monitoring.coreos.com/v1"}, "kind": {"const": "PrometheusRule"},
+        "metadata": {"type": "object"},
+        "spec": {"type": "object", "additionalProperties": False, "properties": {"groups": {
+            "type": "array", "items": {
+                "type": "object", "required": ["name"], "additionalProperties": False,
+                "properties": {
+                    "name": {"type": "string", "minLength": 1}, "interval": _DURATION, "limit": {"type": "integer"},
+                    "partial_response_strategy": {"type": "string"}, "query_offset": _DURATION, "labels": _STRINGS,
+                    "rules": {"type": "array", "items": {
+                        "type": "object", "required": ["expr"], "additionalProperties": False,
+                        "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                        "properties": {
+                            "alert": {"type": "string"}, "record": {"type": "string"},
+                            "expr": {"type": ["string", "integer"]}, "for": _DURATION,
+                            "keep_firing_for": _DURATION, "labels": _STRINGS, "annotations": _STRINGS}}}}}}}}}}
 CONTAINER = REPO / "packaging/container"
 # The oldest Kubernetes still in k3s' supported releases when this was written, and the newest schema bundled.
 KUBERNETES_VERSIONS = ("1.28.0", kubernetes_validate.latest_version())
@@ -53,9 +80,14 @@ def _kind(kind: str) -> list[dict[str, Any]]:
     return [doc for _, doc in _documents() if doc["kind"] == kind]
 
 
+def _daemon_configmap() -> dict[str, Any]:
+    """The daemon's configuration (the other ConfigMap holds Prometheus rules)."""
+    (configmap,) = [c for c in _kind("ConfigMap") if "infermux.toml" in c["data"]]
+    return configmap
+
+
 def _configmap_toml() -> str:
-    (configmap,) = _kind("ConfigMap")
-    return configmap["data"]["infermux.toml"]
+    return _daemon_configmap()["data"]["infermux.toml"]
 
 
 def _rebased_config(tmp_path: Path) -> cfg.Config:
@@ -95,14 +127,53 @@ def daemonset(request: pytest.FixtureRequest) -> dict[str, Any]:
 
 def test_every_manifest_passes_the_kubernetes_schemas() -> None:
     docs = _documents()
-    assert {doc["kind"] for _, doc in docs} >= {"Namespace", "ConfigMap", "DaemonSet", "Secret"}
+    assert {doc["kind"] for _, doc in docs} >= {"Namespace", "ConfigMap", "DaemonSet", "Secret", "PrometheusRule"}
     for path, doc in docs:
         for version in KUBERNETES_VERSIONS:
             try:
-                kubernetes_validate.validate(doc, version, strict=True)
-            except kubernetes_validate.ValidationError as exc:
+                if doc["kind"] == "PrometheusRule":  # a custom resource: its CRD's schema, its metadata Kubernetes'
+                    jsonschema.validate(doc, PROMETHEUS_RULE_SCHEMA)
+                    kubernetes_validate.validate({"apiVersion": "v1", "kind": "ConfigMap", "metadata": doc["metadata"]},
+                                                 version, strict=True)
+                else:
+                    kubernetes_validate.validate(doc, version, strict=True)
+            except (kubernetes_validate.ValidationError, jsonschema.ValidationError) as exc:
                 pytest.fail(f"{path.relative_to(REPO)}: {doc['kind']} {doc['metadata']['name']} "
                             f"fails Kubernetes {version}: {exc.message} at {'.'.join(map(str, exc.path))}")
+
+
+def test_the_prometheus_rule_manifests_carry_the_shipped_rules() -> None:
+    # packaging/k8s/prometheus is written from packaging/prometheus/infermux-rules.yml; they must not drift.
+    rules_file = REPO / "packaging/prometheus/infermux-rules.yml"
+    rendered = _render_k8s().manifests()
+    for name, text in rendered.items():
+        assert (K8S / "prometheus" / name).read_text() == text, \
+            f"packaging/k8s/prometheus/{name} differs from the rules: run python3 packaging/prometheus/render-k8s.py"
+    (configmap,) = [c for c in _kind("ConfigMap") if "infermux-rules.yml" in c["data"]]
+    assert configmap["data"]["infermux-rules.yml"] == rules_file.read_text()
+    (rule,) = _kind("PrometheusRule")
+    assert rule["spec"] == yaml.safe_load(rules_file.read_text())
+    assert rule["metadata"]["namespace"] == configmap["metadata"]["namespace"]  # beside the Prometheus
+
+
+def test_a_manifest_that_breaks_the_prometheus_rule_schema_is_caught() -> None:
+    (rule,) = _kind("PrometheusRule")
+    broken = copy.deepcopy(rule)
+    broken["spec"]["groups"][1]["rules"][0]["fro"] = "5m"  # a misspelt field the operator would drop
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, PROMETHEUS_RULE_SCHEMA)
+    broken = copy.deepcopy(rule)
+    broken["spec"]["groups"][1]["rules"][0]["for"] = "5 minutes"
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(broken, PROMETHEUS_RULE_SCHEMA)
+
+
+def _render_k8s() -> types.ModuleType:
+    spec = importlib.util.spec_from_file_location("render_k8s", REPO / "packaging/prometheus/render-k8s.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_the_configmap_is_a_configuration_the_daemon_loads(tmp_path: Path) -> None:
@@ -117,7 +188,7 @@ def test_the_daemonsets_mount_what_the_configuration_names(daemonset: dict[str, 
     args = container["args"]
     config_file = args[args.index("--config") + 1]
     mount, volume = _mount_of(daemonset, config_file)
-    (configmap,) = _kind("ConfigMap")
+    configmap = _daemon_configmap()
     assert volume["configMap"]["name"] == configmap["metadata"]["name"]
     assert Path(config_file).name in configmap["data"]
     assert mount["mountPath"] == str(Path(config_file).parent)  # a folder, not a subPath: it follows updates
