@@ -5,6 +5,10 @@ tools are missing there installs them (`apt-get update` once per session,
 then `apt-get install -y`) instead of skipping: a skipped install test
 proves nothing about `apt install`. On a developer's box (not CI, or not
 root) the test skips and says which command would make it run.
+
+A package installed for a test starts no service (prometheus' postinst
+would start one through its init script on a box without systemd): the
+tests run what they need themselves, on their own ports.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import fcntl
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 from typing import Iterator
 
@@ -50,17 +55,38 @@ def can_install() -> bool:
     return bool(os.environ.get("CI")) and os.geteuid() == 0 and shutil.which("apt-get") is not None
 
 
-def require(needs: dict[str, str]) -> None:
-    """Make every probe in `needs` present: install its package in CI, else skip the test."""
+def require(needs: dict[str, str]) -> float:
+    """Make every probe in `needs` present: install its package in CI, else skip the test.
+    Returns the seconds the install took (0 when nothing was missing)."""
     packages = missing(needs)
     if not packages:
-        return
+        return 0.0
     if not can_install():
         pytest.skip(f"{', '.join(packages)} missing: sudo apt-get install {' '.join(packages)}")
+    started = time.monotonic()
     _apt("install", "-y", "--no-install-recommends", *packages)
     still = missing(needs)
     if still:
         pytest.fail(f"apt-get installed {' '.join(packages)} but {', '.join(still)} still missing")
+    return time.monotonic() - started
+
+
+POLICY_RC_D = Path("/usr/sbin/policy-rc.d")
+
+
+@contextlib.contextmanager
+def no_services_started() -> Iterator[None]:
+    """While the block runs, invoke-rc.d starts no service (policy-rc.d exit 101: "action forbidden");
+    an existing policy-rc.d (a container's) is left as it is."""
+    if POLICY_RC_D.exists():
+        yield
+        return
+    POLICY_RC_D.write_text("#!/bin/sh\n# infermux's tests: packages installed for a test start no service\nexit 101\n")
+    POLICY_RC_D.chmod(0o755)
+    try:
+        yield
+    finally:
+        POLICY_RC_D.unlink(missing_ok=True)
 
 
 def _apt(*args: str) -> None:
@@ -69,7 +95,8 @@ def _apt(*args: str) -> None:
         if not _updated:
             _run("update")
             _updated = True
-        _run(*args)
+        with no_services_started():
+            _run(*args)
 
 
 def _run(*args: str) -> None:
