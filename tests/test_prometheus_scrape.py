@@ -44,6 +44,10 @@ from infermux.pipelines.wire import send_frame
 from publish import publish
 from test_metrics import free_port
 
+# About 20 s (more the first time, when Prometheus is installed); it waits on Prometheus' own timing
+# (targets applied on a 5 s tick, then scrapes and rule evaluations every second): tests/stress.sh runs it.
+pytestmark = [pytest.mark.slow, pytest.mark.timing]
+
 DASHBOARD = REPO / "packaging/grafana/infermux.json"
 RULES = REPO / "packaging/prometheus/infermux-rules.yml"
 SCRAPE_S = 1
