@@ -27,9 +27,9 @@ sys.path.insert(0, str(HERE.parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-from chaos import WATCHED, Load, Tally  # noqa: E402
-from harness import Daemon  # noqa: E402
-from publish import publish, write_atomically  # noqa: E402
+from support.chaos import WATCHED, Load, Tally  # noqa: E402
+from support.harness import Daemon  # noqa: E402
+from support.publish import publish, write_atomically  # noqa: E402
 
 X = np.ones((1, 4), np.float32)
 COLD = """

@@ -40,8 +40,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-import models  # noqa: E402
-from harness import DAEMON_HEAD, Daemon  # noqa: E402
+from support import models  # noqa: E402
+from support.harness import DAEMON_HEAD, Daemon  # noqa: E402
 from infermux.client import Pipeline  # noqa: E402
 from infermux.client.failover import FAILOVER_S  # noqa: E402
 

@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from results import markdown_table, process_cpu_s, stamp, write_section  # noqa: E402
 
-from harness import Daemon  # noqa: E402
+from support.harness import Daemon  # noqa: E402
 from infermux.client import Client  # noqa: E402
 
 HEAD = """
@@ -247,7 +247,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="pairs of windows per scenario (the median is shown)")
     parser.add_argument("--only", default="", help="run only the scenarios whose name contains this")
     args = parser.parse_args()
-    import models
+    from support import models
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)

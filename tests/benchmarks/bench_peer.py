@@ -51,7 +51,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
-from harness import REPO, Daemon  # noqa: E402
+from support.harness import REPO, Daemon  # noqa: E402
 from results import markdown_table, stamp, write_section  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402

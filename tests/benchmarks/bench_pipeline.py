@@ -37,7 +37,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from harness import Daemon, example  # noqa: E402
+from support.harness import Daemon, example  # noqa: E402
 from results import markdown_table, process_cpu_s, stamp, write_section  # noqa: E402
 
 from infermux.pipelines.wire import send_frame  # noqa: E402

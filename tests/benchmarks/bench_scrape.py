@@ -30,8 +30,8 @@ sys.path.insert(0, str(HERE.parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-import models  # noqa: E402
-from harness import DAEMON_HEAD, Daemon  # noqa: E402
+from support import models  # noqa: E402
+from support.harness import DAEMON_HEAD, Daemon  # noqa: E402
 from infermux.admin import hardware  # noqa: E402
 
 MODELS = ('[[models]]\nname = "hot"\nengine = "addone/1/model.onnx"\n'

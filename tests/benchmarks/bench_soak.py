@@ -33,9 +33,9 @@ sys.path.insert(0, str(HERE.parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-from chaos import Load  # noqa: E402
-from harness import Daemon  # noqa: E402
-from publish import publish  # noqa: E402
+from support.chaos import Load  # noqa: E402
+from support.harness import Daemon  # noqa: E402
+from support.publish import publish  # noqa: E402
 
 X = np.ones((1, 4), np.float32)
 WIDE = np.ones((1, 20_000), np.float32)  # 80 KB: over the inline limit, so it crosses in shared memory

@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-from harness import Daemon  # noqa: E402
+from support.harness import Daemon  # noqa: E402
 from infermux.client import Client  # noqa: E402
 from infermux.protocol import encode_request, parse_header  # noqa: E402
 

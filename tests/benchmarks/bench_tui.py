@@ -23,8 +23,8 @@ BENCHMARKS = Path(__file__).resolve().parent
 TESTS = BENCHMARKS.parent
 sys.path[:0] = [str(BENCHMARKS), str(TESTS)]
 
-import models  # noqa: E402
-from harness import DAEMON_HEAD, Daemon  # noqa: E402
+from support import models  # noqa: E402
+from support.harness import DAEMON_HEAD, Daemon  # noqa: E402
 from results import markdown_table, stamp, write_section  # noqa: E402
 
 from infermux.tui.app import TopApp  # noqa: E402
