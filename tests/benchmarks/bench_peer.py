@@ -35,7 +35,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,7 +50,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
-from support.harness import REPO, Daemon  # noqa: E402
+from support.harness import REPO, Daemon, free_port  # noqa: E402
 from results import markdown_table, stamp, write_section  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
@@ -111,12 +110,6 @@ def reference() -> np.ndarray:
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(str(ENGINE), options, providers=["CPUExecutionProvider"])
     return session.run(None, {"images": image()})[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # -- MLServer: install, configure, start ---------------------------------------------

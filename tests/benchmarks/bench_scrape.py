@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import socket
 import statistics
 import sys
 import tempfile
@@ -31,17 +30,11 @@ sys.path.insert(0, str(HERE.parent))
 from results import markdown_table, stamp, write_section  # noqa: E402
 
 from support import models  # noqa: E402
-from support.harness import DAEMON_HEAD, Daemon  # noqa: E402
+from support.harness import DAEMON_HEAD, Daemon, free_port  # noqa: E402
 from infermux.admin import hardware  # noqa: E402
 
 MODELS = ('[[models]]\nname = "hot"\nengine = "addone/1/model.onnx"\n'
           '[[models]]\nname = "cold"\nengine = "addone/1/model.onnx"\nmode = "multiproc"\npreload = true\n')
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def timed_gets(url: str, n: int) -> tuple[list[float], int]:

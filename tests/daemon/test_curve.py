@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -19,6 +18,7 @@ from infermux import config as cfg
 from infermux.client import Client
 from infermux.transport.curve import CurveError, client_options
 from infermux.cli.keygen import make_keypair
+from support.harness import free_port
 
 X4 = np.ones((1, 4), np.float32)
 
@@ -36,12 +36,6 @@ watch = false
 curve_secret_key = "{keys}/server/server.key_secret"
 curve_authorized_dir = "{keys}/authorized"
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from support.fakes.tensorrt import PLAN_MAGIC, write_plan
 from support.harness import REPO
 from infermux.cli import doctor
 from infermux.models import budget
-from test_runtime_dir import _infermux_as, traversable  # noqa: F401 (a fixture: nobody must reach the checkout)
+from support.users import infermux_as
 
 pytest_plugins = ["support.fakes.tensorrt"]  # fake_gpu, fake_trt fixtures
 
@@ -160,7 +160,7 @@ def test_a_caller_outside_the_sockets_folder_is_told_to_join_the_group(tmp_path:
         (run / "infer.sock").touch()
         config = top / "infermux.toml"
         config.write_text(f'[daemon]\nruntime_dir = "{run}"\nengine_dir = "{top}"\n')
-        r = subprocess.run([*_infermux_as("nobody"), "doctor", "--config", str(config)], capture_output=True,
+        r = subprocess.run([*infermux_as("nobody"), "doctor", "--config", str(config)], capture_output=True,
                            text=True, timeout=120)
     finally:
         shutil.rmtree(top, ignore_errors=True)

@@ -14,9 +14,8 @@ import urllib.request
 
 import numpy as np
 
-from support.harness import DAEMON_HEAD
+from support.harness import DAEMON_HEAD, free_port
 from infermux.events import EventLog, TracebackLimiter
-from test_metrics import free_port
 
 BAD = '[[models]]\nname = "bad"\nengine = "addone/1/model.onnx"\nbackend = "bad_outputs:BadOutputsBackend"\n'
 FAILING = 40

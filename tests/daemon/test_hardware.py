@@ -8,64 +8,25 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
-from support.harness import DAEMON_HEAD
+from support.harness import DAEMON_HEAD, free_port
 from infermux.admin import hardware
 from infermux.admin.hardware import CtypesNvml, GpuSample, JetsonSource, NvmlSource
 from infermux.admin.metrics import Exposition, _gpus
-from test_metrics import SAMPLE, free_port, scrape
-
-
-class NotSupported(Exception):
-    """What pynvml raises for a reading a device lacks (NVMLError_NotSupported)."""
-
-
-class StandInNvml:
-    """pynvml's calls over two fixed devices; the second has no power sensor."""
-
-    def __init__(self) -> None:
-        self.devices = [
-            {"name": b"NVIDIA A2", "gpu": 37, "used": 3 << 30, "total": 16 << 30, "temp": 54, "power": 41_250},
-            {"name": "NVIDIA T4", "gpu": 0, "used": 0, "total": 15 << 30, "temp": 31, "power": None},
-        ]
-
-    def nvmlDeviceGetCount(self) -> int:  # noqa: N802
-        return len(self.devices)
-
-    def nvmlDeviceGetHandleByIndex(self, index: int) -> dict[str, Any]:  # noqa: N802
-        return self.devices[index]
-
-    def nvmlDeviceGetName(self, handle: dict[str, Any]) -> str | bytes:  # noqa: N802
-        return handle["name"]
-
-    def nvmlDeviceGetUtilizationRates(self, handle: dict[str, Any]) -> SimpleNamespace:  # noqa: N802
-        return SimpleNamespace(gpu=handle["gpu"], memory=0)
-
-    def nvmlDeviceGetMemoryInfo(self, handle: dict[str, Any]) -> SimpleNamespace:  # noqa: N802
-        return SimpleNamespace(used=handle["used"], total=handle["total"], free=handle["total"] - handle["used"])
-
-    def nvmlDeviceGetTemperature(self, handle: dict[str, Any], sensor: int) -> int:  # noqa: N802
-        assert sensor == hardware.NVML_TEMPERATURE_GPU
-        return handle["temp"]
-
-    def nvmlDeviceGetPowerUsage(self, handle: dict[str, Any]) -> int:  # noqa: N802
-        if handle["power"] is None:
-            raise NotSupported("power")
-        return handle["power"]
+from support.fakes.nvml import NVML_STAND_IN_C, NotSupported, StandInPynvml
+from support.metrics import SAMPLE, scrape
 
 
 def test_nvml_readings_in_operators_units() -> None:
-    first, second = NvmlSource(StandInNvml()).samples()
+    first, second = NvmlSource(StandInPynvml()).samples()
     assert first == GpuSample("0", "NVIDIA A2", utilization_ratio=0.37, memory_used_bytes=3 << 30,
                               memory_total_bytes=16 << 30, temperature_celsius=54.0, power_watts=41.25)
     assert second.name == "NVIDIA T4" and second.power_watts is None  # unsupported: left out, not 0
 
 
-class GoneNvml(StandInNvml):
+class GoneNvml(StandInPynvml):
     """A driver that went away after start (an Xid, a driver upgrade)."""
 
     def nvmlDeviceGetCount(self) -> int:  # noqa: N802
@@ -76,29 +37,6 @@ def test_an_nvml_that_fails_gives_no_gpu_rows() -> None:
     assert NvmlSource(GoneNvml()).samples() == []
 
 
-# libnvidia-ml's entry points CtypesNvml calls, over the same two devices as StandInNvml.
-NVML_STAND_IN_C = r"""
-#include <string.h>
-typedef struct { unsigned int gpu, memory; } util_t;
-typedef struct { unsigned long long total, free, used; } mem_t;
-static int inited;
-int nvmlInit_v2(void) { inited = 1; return 0; }
-int nvmlDeviceGetCount_v2(unsigned int *n) { if (!inited) return 1; *n = 2; return 0; }
-int nvmlDeviceGetHandleByIndex_v2(unsigned int i, void **h) { if (i > 1) return 2; *h = (void *)(long)(i + 1); return 0; }
-static int idx(void *h) { return (int)(long)h - 1; }
-int nvmlDeviceGetName(void *h, char *name, unsigned int len) {
-    strncpy(name, idx(h) ? "NVIDIA T4" : "NVIDIA A2", len); return 0; }
-int nvmlDeviceGetUtilizationRates(void *h, util_t *u) { u->gpu = idx(h) ? 0 : 37; u->memory = 0; return 0; }
-int nvmlDeviceGetMemoryInfo(void *h, mem_t *m) {
-    m->total = idx(h) ? 15ULL << 30 : 16ULL << 30; m->used = idx(h) ? 0 : 3ULL << 30;
-    m->free = m->total - m->used; return 0; }
-int nvmlDeviceGetTemperature(void *h, int sensor, unsigned int *t) {
-    if (sensor != 0) return 2; *t = idx(h) ? 31 : 54; return 0; }
-int nvmlDeviceGetPowerUsage(void *h, unsigned int *mw) {
-    if (idx(h)) return 3; *mw = 41250; return 0; }  /* 3: NVML_ERROR_NOT_SUPPORTED */
-"""
-
-
 def test_the_ctypes_path_reads_a_stand_in_libnvidia_ml_like_pynvml(tmp_path: Path) -> None:
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
@@ -107,12 +45,12 @@ def test_the_ctypes_path_reads_a_stand_in_libnvidia_ml_like_pynvml(tmp_path: Pat
     source.write_text(NVML_STAND_IN_C)
     subprocess.run([compiler, "-shared", "-fPIC", "-o", str(library), str(source)], check=True)
     through_ctypes = NvmlSource(CtypesNvml(ctypes.CDLL(str(library)))).samples()
-    assert through_ctypes == NvmlSource(StandInNvml()).samples()
+    assert through_ctypes == NvmlSource(StandInPynvml()).samples()
 
 
 def test_gpu_families_parse_and_skip_missing_readings() -> None:
     out = Exposition()
-    _gpus(out, NvmlSource(StandInNvml()).samples())
+    _gpus(out, NvmlSource(StandInPynvml()).samples())
     lines = [line for line in out.text().splitlines() if not line.startswith("#")]
     assert all(SAMPLE.match(line) for line in lines), lines
     assert 'infermux_gpu_power_watts{gpu="0",name="NVIDIA A2"} 41.25' in lines

@@ -7,9 +7,8 @@ import urllib.request
 
 import pytest
 
-from support.harness import DAEMON_HEAD
+from support.harness import DAEMON_HEAD, free_port
 from infermux.admin.health import Liveness
-from test_metrics import free_port
 
 
 def probe(port: int, path: str) -> tuple[int, str]:

@@ -28,6 +28,7 @@ import pytest
 import zmq
 
 from support.harness import DAEMON_HEAD, Daemon
+from support.polling import eventually
 from infermux.client import Client
 from infermux.transport.peers import SILENT_GRACE_S
 
@@ -44,12 +45,6 @@ def _request(i: int, width: int = 512) -> list[bytes]:
     return [b"", json.dumps(header).encode(), np.ones((1, width), np.float32).tobytes()]
 
 
-def _until(check, timeout_s: float = 60.0, what: str = "") -> None:
-    """Poll `check()` until true; fail after `timeout_s` (a liveness bound, not a timing outcome)."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"still not {what} after {timeout_s} s"
-        time.sleep(0.05)
 
 
 def _served(daemon) -> bool:
@@ -75,7 +70,7 @@ def test_a_client_that_never_reads_its_replies_costs_only_its_own(make_daemon) -
         for i in range(30000):
             hostile.send_multipart(_request(i))
         # Every request read means the pipe to this peer (SNDHWM 1000) filled long ago.
-        _until(lambda: _daemon_view(daemon)["requests"] >= 30000, what="reading every request")
+        eventually(lambda: _daemon_view(daemon)["requests"] >= 30000, "reading every request", timeout_s=60)
         assert _served(daemon)
         view = _daemon_view(daemon)["clients"]
         assert view["dropped_replies"] >= 1 and view["slow_peers"] >= 1
@@ -119,13 +114,13 @@ def test_a_stalled_clients_requests_are_not_computed_and_it_is_served_once_it_re
         for i in range(3000):  # more than the daemon queues for one peer (SNDHWM 1000): the pipe fills
             hostile.send_multipart(_request(i))
         # Each request read ends computed or, once its peer is stalled, skipped: wait for all 3000.
-        _until(lambda: _computed(daemon) + _stalled(daemon) == 3000, what="settling the first requests")
+        eventually(lambda: _computed(daemon) + _stalled(daemon) == 3000, "settling the first requests", timeout_s=60)
         assert _daemon_view(daemon)["clients"]["dropped_replies"] >= 1
         before, skipped = _computed(daemon), _stalled(daemon)
         assert skipped > 0  # fewer computed than sent: the pipe filled long before the 3000th
         for i in range(3000, 5000):  # the peer is stalled now: read and dropped, never computed
             hostile.send_multipart(_request(i))
-        _until(lambda: _stalled(daemon) == skipped + 2000, what="skipping the later requests")
+        eventually(lambda: _stalled(daemon) == skipped + 2000, "skipping the later requests", timeout_s=60)
         assert _computed(daemon) == before
         assert _served(daemon)  # the others are served meanwhile
         while hostile.poll(200):  # the client reads at last
@@ -184,14 +179,14 @@ def test_connections_over_the_bound_are_shut_down_and_given_back_under_a_1024_li
     count = bound + 200
     conns = _raw_connections(daemon.endpoint[len("ipc://"):], count)
     try:
-        _until(lambda: _shut_down(_daemon_view(daemon)["clients"]) >= count - bound,
-               what="shutting down the connections over the bound")
+        eventually(lambda: _shut_down(_daemon_view(daemon)["clients"]) >= count - bound,
+                   "shutting down the connections over the bound", timeout_s=60)
         assert daemon.alive()
-        _until(lambda: _fds(daemon) < bound + 100, what="giving the refused connections' descriptors back")
+        eventually(lambda: _fds(daemon) < bound + 100, "giving the refused connections' descriptors back", timeout_s=60)
     finally:
         for conn in conns:
             conn.close()
-    _until(lambda: _daemon_view(daemon)["clients"]["connections"] == 0, what="forgetting closed connections")
+    eventually(lambda: _daemon_view(daemon)["clients"]["connections"] == 0, "forgetting closed connections", timeout_s=60)
     assert _served(daemon)
     log = daemon.log()
     # Refused while the flood is young, or closed once it has been silent for SILENT_GRACE_S.
@@ -255,7 +250,7 @@ def test_a_flood_faster_than_the_guard_cannot_fill_the_descriptor_table(make_dae
     _flood(str(daemon.run_dir / "stats.sock"), processes=2, each=1500)
     assert daemon.alive(), daemon.log()[-2000:]
     assert f"refused a connection to {daemon.stats_endpoint}" in daemon.log()
-    _until(lambda: _daemon_view(daemon)["clients"]["connections"] == 0, what="forgetting closed connections")
+    eventually(lambda: _daemon_view(daemon)["clients"]["connections"] == 0, "forgetting closed connections", timeout_s=60)
     assert _served(daemon)
     assert "Too many open files" not in daemon.log()
     assert daemon.stop() == 0
@@ -280,7 +275,7 @@ def test_connections_that_never_speak_make_room_for_clients_that_do(make_daemon)
     watch = early.get_monitor_socket(zmq.EVENT_DISCONNECTED)
     silent = _raw_connections(daemon.endpoint[len("ipc://"):], 100)  # 63 slots left: 37 too many
     try:
-        _until(lambda: _shut_down(_daemon_view(daemon)["clients"]) >= 37, what="judging the flood")
+        eventually(lambda: _shut_down(_daemon_view(daemon)["clients"]) >= 37, "judging the flood", timeout_s=60)
         before = _daemon_view(daemon)["clients"]["idle_closed"]
         time.sleep(SILENT_GRACE_S)  # the policy's own time: from now on the flood's connections are silent
         with daemon.client(timeout_s=10) as late:
@@ -307,7 +302,7 @@ def test_a_bound_full_of_clients_that_speak_refuses_the_newcomer(make_daemon) ->
     clients = [_speaking_dealer(daemon, i) for i in range(64)]
     try:
         newcomer = _raw_connections(daemon.endpoint[len("ipc://"):], 1)[0]
-        _until(lambda: _daemon_view(daemon)["clients"]["refused_connections"] == 1, what="refusing the newcomer")
+        eventually(lambda: _daemon_view(daemon)["clients"]["refused_connections"] == 1, "refusing the newcomer", timeout_s=60)
         newcomer.settimeout(20)
         while newcomer.recv(4096):  # the greeting libzmq sent, then EOF: the daemon ended it
             pass
@@ -367,7 +362,7 @@ def test_idle_connections_to_the_metrics_port_cost_a_bounded_few_descriptors(mak
     finally:
         for conn in idle:
             conn.close()
-    _until(lambda: _scrape(port).startswith(b"HTTP/1.0 200"), what="scraped")
+    eventually(lambda: _scrape(port).startswith(b"HTTP/1.0 200"), "scraped", timeout_s=60)
     assert daemon.stop() == 0
 
 
@@ -419,7 +414,7 @@ def test_deeply_nested_json_on_the_registration_socket_is_answered(make_daemon) 
         assert json.loads(sock.recv(4096))["ok"] is False
     os.close(fd)
     # The region went with its connection: a request naming it is refused.
-    _until(lambda: _daemon_view(daemon)["shared_memory"]["regions"] == 0, what="releasing the region")
+    eventually(lambda: _daemon_view(daemon)["shared_memory"]["regions"] == 0, "releasing the region", timeout_s=60)
     header = {"model": "fast512", "id": 1,
               "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 512], "region": token, "offset": 0}]}
     with daemon.client() as client:
@@ -570,7 +565,7 @@ def test_a_stopped_workers_requests_are_answered_at_their_deadline_and_its_late_
     finally:
         os.kill(pid, signal.SIGCONT)
     # The worker resumes and answers (or drops as late) what it held: nothing reaches the client.
-    _until(lambda: _worker(daemon, "cold")["expired"] == 0, what="hearing back from the resumed worker")
+    eventually(lambda: _worker(daemon, "cold")["expired"] == 0, "hearing back from the resumed worker", timeout_s=60)
     sock.send_multipart(_cold_request(99, timeout_ms=20000))
     assert sock.poll(20000)
     assert json.loads(sock.recv_multipart()[1])["id"] == 99  # no second reply to 0..2 came first
@@ -663,8 +658,8 @@ def test_a_model_folder_linking_outside_engine_dir_is_logged_and_served(odd_engi
     (d.workdir / "engines/later/1").mkdir(parents=True)
     shutil.copy(d.workdir / "engines/fine/1/model.onnx", d.workdir / "engines/later/1/model.onnx")
     with d.client(timeout_s=20) as client:
-        _until(lambda: client.infer("later", {"x": np.ones((1, 512), np.float32)}).status == 200,
-               what="serving a folder published later")
+        eventually(lambda: client.infer("later", {"x": np.ones((1, 512), np.float32)}).status == 200,
+                   "serving a folder published later", timeout_s=60)
     assert d.log().count("is a symlink to") == 1
 
 
@@ -693,7 +688,7 @@ def test_a_message_costs_at_most_its_frames_each_capped_at_the_limit(make_daemon
         reply = json.loads(sock.recv_multipart()[1])
         assert reply["status"] == 413 and "(max_message_bytes)" in reply["error"], reply
         # Let go once answered (the frames are freed after the reply is sent: poll, bounded).
-        _until(lambda: _rss_mib(daemon) - before < 20, timeout_s=20, what="giving the 40 MB message back")
+        eventually(lambda: _rss_mib(daemon) - before < 20, "giving the 40 MB message back", timeout_s=20)
         # One frame over the limit (and its 64 KiB slack): dropped with the connection, unread.
         sock.send_multipart([b"", header, bytes(3 << 19)])
         assert monitor.poll(30000), "a 1.5 MiB frame was read (the per-frame cap is not the limit)"

@@ -13,10 +13,11 @@ import pytest
 
 from support import models
 from support.harness import Daemon
+from support.polling import eventually
 from infermux.client import Reply
-from support.publish import publish, write_atomically, write_slowly
+from support.publish import PROBE, publish, wait_served, write_atomically, write_slowly
 
-X = np.arange(8, dtype=np.float32).reshape(2, 4)
+X = PROBE  # what wait_served sends too
 
 HEAD = """
 [daemon]
@@ -60,18 +61,6 @@ def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
 def ask(daemon: Daemon, model: str, version: str | None = None) -> Reply:
     with daemon.client() as client:
         return client.infer(model, {"x": X}, version=version)
-
-
-def wait_served(daemon: Daemon, model: str, version: str, offset: float, timeout: float = 15.0) -> Reply:
-    """Poll until requests naming no version are answered by `version` with outputs x + `offset`."""
-    deadline = time.monotonic() + timeout
-    with daemon.client() as client:
-        while time.monotonic() < deadline:
-            reply = client.infer(model, {"x": X})
-            if reply.status == 200 and reply.version == version and np.array_equal(reply.outputs["y"], X + offset):
-                return reply
-            time.sleep(0.02)
-    raise AssertionError(f"{model} version {version} not served after {timeout} s:\n{daemon.log()}")
 
 
 def events(daemon: Daemon, model: str, version: str) -> list[str]:
@@ -141,13 +130,12 @@ def test_corrupt_engine_keeps_the_old_version_and_the_next_good_file_wins(
     np.testing.assert_array_equal(reply.outputs["y"], X + 1)
     # The registry logs the failed load before the swapper records the rejection on the serving
     # version (swapper.py), so the status may lag the log by a moment (a fresh-clone CI run saw it).
-    deadline = time.monotonic() + 10
-    while True:
+    def with_reason() -> dict | None:
         with daemon.admin() as admin:
             (state,) = [m for m in admin.call("status")["models"] if m["name"] == "m"]
-        if state["reason"] or time.monotonic() > deadline:
-            break
-        time.sleep(0.05)
+        return state if state["reason"] else None
+
+    state = eventually(with_reason, "the serving version to show the rejection", 10, interval_s=0.05)
     assert state["state"] == "ready" and "new engine file rejected (load failed" in state["reason"]
     # A new version that does not load: the old one keeps serving, the new one shows why.
     write_atomically(root / "m" / "2" / "model.onnx", b"\x08\x07 this is not an onnx model" * 50)
@@ -230,10 +218,7 @@ def test_discovered_version_of_a_configured_model_inherits_its_settings(
     gone = ask(daemon, "cfg", "1")
     assert gone.status == 503 and "engine file removed" in gone.error  # still known: it is configured
     publish(root, "cfg", 1, offset=1)  # back: loaded again (beside 2, which stays the default)
-    deadline = time.monotonic() + 10
-    while ask(daemon, "cfg", "1").status != 200:
-        assert time.monotonic() < deadline, daemon.log()
-        time.sleep(0.02)
+    eventually(lambda: ask(daemon, "cfg", "1").status == 200, "cfg version 1 served again", 10)
     assert ask(daemon, "cfg").version == "2"
 
 
@@ -329,7 +314,4 @@ mv det/3/.model.onnx.sha256.tmp det/3/model.onnx.sha256 && mv det/3/.model.onnx.
     sh("rm -r det/3")
     wait_served(daemon, "det", "2", offset=2)  # the policy falls back to the newest left
     sh("rm -r det")
-    deadline = time.monotonic() + 10
-    while ask(daemon, "det").status != 404:
-        assert time.monotonic() < deadline, daemon.log()
-        time.sleep(0.02)
+    eventually(lambda: ask(daemon, "det").status == 404, "det unknown once its folder is gone", 10)

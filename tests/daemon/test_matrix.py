@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
@@ -34,14 +33,10 @@ import pytest
 
 from support.harness import Daemon
 from infermux.client import Reply, SharedMemory
-from support.publish import publish
-from test_hot_swap import wait_served
-from test_regions import eventually
-from test_workers import until_200, worker
-
-PLACEMENTS = ("hot", "cold", "promoted", "demoted")
-WITH_WORKER = ("cold", "demoted")  # where the version ends up in a worker process
-MOVES = {"promoted": "promote", "demoted": "demote"}
+from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement
+from support.polling import eventually
+from support.publish import PROBE, publish, wait_served
+from support.workers import until_200, worker
 
 # Every cell takes every placement, so that pytest runs each placement's cells together on one daemon;
 # the cells that kill or stop a worker exist only for the two placements that have one.
@@ -55,7 +50,7 @@ ROW = RNG.random((1, 512), dtype=np.float32)  # one row: quick through any model
 SLAB = RNG.random((64, 512), dtype=np.float32)  # 128 KB: a worker takes it through a shared-memory slot
 HEAVY = RNG.random((256, 512), dtype=np.float32)  # tens of ms through SLOW: a burst of them is read before one is done
 LONG = RNG.random((400, 512), dtype=np.float32)  # longer still: what a 5 ms deadline waits behind
-X4 = np.arange(8, dtype=np.float32).reshape(2, 4)  # for the 4-wide add-one models (test_hot_swap's X)
+X4 = PROBE  # for the 4-wide add-one models
 
 SLOW, IDENTITY = "slow/1/model.onnx", "fast512/1/model.onnx"  # in conftest's `engines`
 BATCH_DELAY_US = 8_000_000  # a batch that waited this long was not sent by its preferred size
@@ -94,27 +89,13 @@ version_mismatch = "fallback"
 """
 
 
-@dataclass
-class Placement:
-    """One placement's daemon and where its engines lie."""
-
-    name: str
-    daemon: Daemon
-    engines: Path  # conftest's engine directory
-    watched: Path  # this daemon's engine_dir, watched for new versions
-
-    @property
-    def where(self) -> str:
-        """What admin `models` says of a placed version: "hot" or "cold"."""
-        return "hot" if self.name in ("hot", "promoted") else "cold"
-
-    def engine(self, model: str, version: str = "1") -> Path:
-        """The engine file `model` (and `version`) is served from."""
-        if model == "sw":  # the swap cell publishes its version 2 beside the first
-            return self.watched / "sw" / version / "model.onnx"
-        if model == "fb":
-            return self.engines / IDENTITY
-        return self.engines / next(e for n, v, e, _ in PLACED if (n, v) == (model, version))
+def engine_of(placed: Placement, model: str, version: str = "1") -> Path:
+    """The engine file `model` (and `version`) is served from."""
+    if model == "sw":  # the swap cell publishes its version 2 beside the first
+        return placed.watched / "sw" / version / "model.onnx"
+    if model == "fb":
+        return placed.engines / IDENTITY
+    return placed.engines / next(e for n, v, e, _ in PLACED if (n, v) == (model, version))
 
 
 def config_text(placement: str, engines: Path, watched: Path) -> str:
@@ -149,25 +130,6 @@ def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         assert d.stop() == 0, d.log()[-4000:]
 
 
-def counted_500(d: Daemon) -> dict[tuple[str, str], int]:
-    """500s each version's statistics hold."""
-    with d.admin() as admin:
-        views = admin.call("models")["models"]
-    return {(v["name"], v["version"]): v["stats"]["by_status"].get("500", 0) for v in views}
-
-
-@pytest.fixture
-def cell(placed: Placement) -> Iterator[Placement]:
-    """One cell on its placement's daemon; fails it if the daemon logged a traceback or counted a 500 meanwhile."""
-    d = placed.daemon
-    start, before = len(d.log()), counted_500(d)
-    yield placed
-    during = d.log()[start:]
-    assert "Traceback" not in during and "answered 500" not in during, during[-6000:]
-    grew = {k: n - before.get(k, 0) for k, n in counted_500(d).items() if n > before.get(k, 0)}
-    assert not grew, f"500s counted during the cell: {grew}"
-
-
 @lru_cache(maxsize=None)
 def _session(path: str) -> ort.InferenceSession:
     options = ort.SessionOptions()
@@ -184,7 +146,7 @@ def assert_served(reply: Reply, placed: Placement, model: str, x: np.ndarray, ve
     """200 from `model` (`version`) with the outputs onnxruntime computes for `x`."""
     assert reply.status == 200, reply.header
     assert (reply.model, reply.version) == (model, version), reply.header
-    np.testing.assert_allclose(reply.outputs["y"], computed(placed.engine(model, version), x), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(reply.outputs["y"], computed(engine_of(placed, model, version), x), rtol=1e-4, atol=1e-5)
 
 
 def late_behind_a_long_compute(placed: Placement, model: str) -> Reply:
@@ -386,7 +348,7 @@ def test_inputs_and_outputs_in_a_shared_memory_region(cell: Placement) -> None:
             reply = client.infer("sm", {"x": shm.ref(x)}, output_regions={"y": shm.ref(y)})
             assert_served(reply, cell, "sm", x.copy())
             assert "region" in reply.header["outputs"][0], reply.header
-            np.testing.assert_allclose(y, computed(cell.engine("sm"), x.copy()), rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(y, computed(engine_of(cell, "sm"), x.copy()), rtol=1e-4, atol=1e-5)
         framed = client.infer("sm", {"x": shm.ref(x)})  # the input in the region, the output in a frame
         assert_served(framed, cell, "sm", x.copy())
         assert "region" not in framed.header["outputs"][0]
@@ -448,7 +410,7 @@ def test_sigkill_of_the_worker_answers_what_it_held_and_the_next_restarts_it(cel
     try:
         with d.pipeline(timeout_s=30) as pipe:
             ids = [pipe.submit("kl", {"x": SLAB}) for _ in range(4)]
-            assert eventually(lambda: worker(d, "kl")["in_flight"] == 4), worker(d, "kl")
+            eventually(lambda: worker(d, "kl")["in_flight"] == 4, "the worker holding all four")
             os.kill(pid, signal.SIGKILL)
             killed = True
             racing = [pipe.submit("kl", {"x": SLAB}) for _ in range(4)]  # before or after the daemon notices
@@ -483,6 +445,6 @@ def test_a_stopped_workers_requests_get_the_fallback_at_their_deadline(cell: Pla
     for reply in replies:
         assert reply.fallback == {"from": "hg", "reason": "deadline"}, reply.header
         assert_served(reply, cell, "fb", ROW)
-    assert eventually(lambda: worker(d, "hg")["expired"] == 0)  # the resumed worker's late answers: dropped
+    eventually(lambda: worker(d, "hg")["expired"] == 0, "no expired request left")  # the resumed worker's late answers: dropped
     with d.client() as client:
         assert_served(client.infer("hg", {"x": ROW}), cell, "hg", ROW)

@@ -4,41 +4,14 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 import urllib.error
 import urllib.request
 
 import numpy as np
 import pytest
 
-from support.harness import DAEMON_HEAD, REPO
-
-SAMPLE = re.compile(r'^([a-z_:][a-z0-9_:]*)(\{([a-z_]+="(?:[^"\\]|\\.)*",?)*\})? (-?[0-9.e+]+|\+Inf|NaN)$')
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def scrape(port: int) -> dict[str, float]:
-    """Parse the exposition strictly: every line a comment or a valid sample."""
-    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
-    samples: dict[str, float] = {}
-    families = set()
-    for line in text.splitlines():
-        if line.startswith("# TYPE "):
-            families.add(line.split()[2])
-            continue
-        if line.startswith("#"):
-            continue
-        match = SAMPLE.match(line)
-        assert match, f"not a valid sample line: {line!r}"
-        samples[line.rsplit(" ", 1)[0]] = float(line.rsplit(" ", 1)[1])
-    assert "infermux_inference_request_success_total" in families
-    return samples
-
+from support.harness import DAEMON_HEAD, REPO, free_port
+from support.metrics import scrape
 
 def exposed_names(port: int) -> set[str]:
     """Every family a scrape declares and every sample name in it (`..._bucket` and the like)."""

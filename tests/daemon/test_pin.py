@@ -20,6 +20,7 @@ from infermux import config as cfg
 from infermux.swap import swapper as swap
 from infermux.client import Client
 from infermux.serving.server import Server
+from support.polling import eventually
 from support.publish import publish
 
 X = np.ones((1, 4), np.float32)
@@ -69,13 +70,6 @@ def version_served(server: Server, model: str = "m") -> str:
     return reply.version or ""
 
 
-def wait_until(check, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
-
-
 def kinds(server: Server, model: str, version: str) -> list[str]:
     return [e.kind for e in server.events.recent(1000) if e.model == model and e.version == version]
 
@@ -88,15 +82,15 @@ def test_pin_rolls_back_to_an_older_file_and_holds_it_until_unpin(tmp_path: Path
         assert version_served(server) == "2"
         assert kinds(server, "m", "1") == ["detected"]  # latest_n = 1: never loaded
         server.registry.pin("m", "1")  # rollback to a version only on disk
-        wait_until(lambda: version_served(server) == "1")
-        wait_until(lambda: "unloaded" in kinds(server, "m", "2"))
+        eventually(lambda: version_served(server) == "1", "version 1 served", 30.0)
+        eventually(lambda: "unloaded" in kinds(server, "m", "2"), "version 2 unloaded", 30.0)
         publish(root, "m", 3, offset=3)  # newer versions are ignored while pinned
-        wait_until(lambda: "detected" in kinds(server, "m", "3"))
+        eventually(lambda: "detected" in kinds(server, "m", "3"), "version 3 detected", 30.0)
         time.sleep(0.5)
         assert version_served(server) == "1" and "loading" not in kinds(server, "m", "3")
         server.registry.unpin("m")  # catch up with the newest
-        wait_until(lambda: version_served(server) == "3")
-        wait_until(lambda: kinds(server, "m", "1")[-1:] == ["unloaded"])
+        eventually(lambda: version_served(server) == "3", "version 3 served", 30.0)
+        eventually(lambda: kinds(server, "m", "1")[-1:] == ["unloaded"], "version 1 unloaded last", 30.0)
         assert server.registry.model("m").pinned is None
 
 
@@ -110,9 +104,9 @@ def test_pin_to_a_serving_version_takes_effect_at_once(tmp_path: Path) -> None:
         assert version_served(server) == "2"
         server.registry.pin("m", "1")
         assert version_served(server) == "1"  # no load needed: the very next request
-        wait_until(lambda: "unloaded" in kinds(server, "m", "2"))  # a pin holds one version: the rest drain
+        eventually(lambda: "unloaded" in kinds(server, "m", "2"), "version 2 unloaded", 30.0)  # a pin holds one version: the rest drain
         server.registry.unpin("m")
-        wait_until(lambda: version_served(server) == "2")
+        eventually(lambda: version_served(server) == "2", "version 2 served", 30.0)
 
 
 def test_pin_without_the_watcher_switches_among_configured_versions(tmp_path: Path) -> None:
@@ -147,23 +141,23 @@ def test_unpin_with_a_corrupt_newest_version_settles_on_the_newest_that_loads(tm
     publish(root, "m", 2, offset=2)
     with running(tmp_path, root) as server:
         server.registry.pin("m", "1")
-        wait_until(lambda: version_served(server) == "1")
+        eventually(lambda: version_served(server) == "1", "version 1 served", 30.0)
         corrupt = root / "m" / ".3.tmp" / "model.onnx"  # published the documented way, but not an ONNX model
         corrupt.parent.mkdir(parents=True)
         corrupt.write_bytes(b"\x08\x07 this is not an onnx model" * 50)
         corrupt.parent.rename(root / "m" / "3")
-        wait_until(lambda: "detected" in kinds(server, "m", "3"))
+        eventually(lambda: "detected" in kinds(server, "m", "3"), "version 3 detected", 30.0)
         server.registry.unpin("m")  # the policy wants 3, which cannot load: 2 is the newest that does
-        wait_until(lambda: version_served(server) == "2")
-        wait_until(lambda: kinds(server, "m", "1")[-1:] == ["unloaded"])
+        eventually(lambda: version_served(server) == "2", "version 2 served", 30.0)
+        eventually(lambda: kinds(server, "m", "1")[-1:] == ["unloaded"], "version 1 unloaded last", 30.0)
         settled = [e for e in server.events.recent(1000) if e.kind == "settled"]
         assert [(e.model, e.version) for e in settled] == [("m", "2")]
         assert "version 3: load failed" in settled[0].detail["reason"]
         assert "serving version 2, the newest that loads" in settled[0].detail["reason"]
         server.registry.pin("m", "1")  # the failed file is not tried again, pinned or not
-        wait_until(lambda: version_served(server) == "1")
+        eventually(lambda: version_served(server) == "1", "version 1 served", 30.0)
         server.registry.unpin("m")
-        wait_until(lambda: version_served(server) == "2")
+        eventually(lambda: version_served(server) == "2", "version 2 served", 30.0)
         assert kinds(server, "m", "3").count("loading") == 1
         assert server.registry.model("m").versions["3"].state.value == "failed"
 

@@ -1,14 +1,14 @@
 """The feature matrix's pipeline row: a pipeline's model step × each placement of that model.
 
 A pipeline calls ordinary models (docs/pipelines.md): hot or cold, with a
-fallback, swapped, drained. Each placement (test_matrix.py's four: hot,
+fallback, swapped, drained. Each placement (the matrix's four: hot,
 cold, promoted, demoted) gets one daemon serving three copies of the test
 classifier behind a `decode → resize → normalize → model → classify`
 pipeline each: `cls` (with the always-hot fallback `ref`), `cnf` (no
 fallback) and `csw` (in the watched engine_dir, for the swap). A fourth
 pipeline over `ref` is the reference the others' outputs must equal, as
 the model is the same file. Each cell fails if the daemon logged a
-traceback or counted a 500 while it ran (test_matrix.py's `cell`).
+traceback or counted a 500 while it ran (support/matrix.py's `cell`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ import pytest
 import zmq
 
 from support.harness import Daemon
-# `cell` is test_matrix's: it takes this module's `placed`, and fails a cell on a traceback or a 500.
-from test_matrix import MOVES, WITH_WORKER, Placement, cell  # noqa: F401
+# `cell` (tests/daemon/conftest.py) takes this module's `placed`, and fails a cell on a traceback or a 500.
+from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement
+from support.polling import eventually
 
 cv2 = pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
 
@@ -34,7 +35,7 @@ from infermux.pipelines.wire import send_frame  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 CLASSIFIER = REPO / "engines/classifier/1/model.onnx"
-every_placement = pytest.mark.parametrize("placed", ("hot", "cold", "promoted", "demoted"), indirect=True)
+every_placement = pytest.mark.parametrize("placed", PLACEMENTS, indirect=True)
 pytestmark = pytest.mark.timing  # swaps, restarts and deadlines, like test_matrix's: tests/stress.sh runs it
 FRAME = cv2.imencode(".png", np.random.default_rng(19).integers(0, 255, (48, 64, 3), dtype=np.uint8))[1].tobytes()
 
@@ -117,15 +118,9 @@ def placement_of(d: Daemon, model: str) -> str:
         return next(m for m in admin.call("models")["models"] if m["name"] == model)["placement"]
 
 
-def until_ready(d: Daemon, model: str, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with d.admin() as admin:
-            states = {m["state"] for m in admin.call("models")["models"] if m["name"] == model}
-        if states == {"ready"}:
-            return
-        assert time.monotonic() < deadline, f"{model} not ready after {timeout_s} s: {states}"
-        time.sleep(0.05)
+def states(d: Daemon, model: str) -> set[str]:
+    with d.admin() as admin:
+        return {m["state"] for m in admin.call("models")["models"] if m["name"] == model}
 
 
 # -- the cells, in the order they run on each placement's daemon ------------------------------------
@@ -157,7 +152,7 @@ def test_a_pipeline_over_an_unloaded_model_is_answered_by_its_fallback_and_says_
     if cell.name not in WITH_WORKER:
         with cell.daemon.admin(timeout_s=60) as admin:
             admin.call("load", model="cls")
-    until_ready(cell.daemon, "cls")
+    eventually(lambda: states(cell.daemon, "cls") == {"ready"}, "cls ready again", 30.0)
     header, _ = probs(sock, "pcls")
     assert "fallbacks" not in header, header
 
@@ -206,10 +201,8 @@ def test_hot_swap_of_a_pipelines_model_loses_no_frame(cell: Placement, sock: zmq
     sender.start()
     try:
         publish_version(cell.watched, "csw", 2)
-        deadline = time.monotonic() + 60
-        while served_by(cell.daemon, "csw", "2") == 0:
-            assert time.monotonic() < deadline, "version 2 never served the pipeline"
-            time.sleep(0.05)
+        eventually(lambda: served_by(cell.daemon, "csw", "2") > 0, "version 2 to serve the pipeline", 60,
+                   interval_s=0.05)
     finally:
         stop.set()
         sender.join()

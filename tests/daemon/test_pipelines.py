@@ -30,8 +30,8 @@ pytest.importorskip("PIL", reason="the frames are rendered with Pillow")
 rapidocr = pytest.importorskip("rapidocr_onnxruntime", reason="rapidocr-onnxruntime (the reference) is not "
                                "installed: pip install -e '.[test]'")
 
-from support.harness import REPO, Daemon, example  # noqa: E402
-from test_metrics import free_port, scrape  # noqa: E402
+from support.harness import REPO, Daemon, example, free_port  # noqa: E402
+from support.metrics import scrape  # noqa: E402
 
 from infermux.config import ConfigError, parse  # noqa: E402
 from infermux.pipelines.wire import send_frame  # noqa: E402

@@ -10,7 +10,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +18,8 @@ import pytest
 from infermux.client import SharedMemory, SharedTensor
 from infermux.client import regions_path
 from infermux.transport.regions import MAX_REGIONS, MAX_REGIONS_PER_CLIENT, MappedRegions, RegionTable
-from test_workers import start, stop_clean, until_200, worker
+from support.polling import eventually
+from support.workers import head, start, stop_clean, until_200, worker
 
 X = np.random.default_rng(9).random((64, 512), dtype=np.float32)  # 128 KB: a worker would copy it into a slot
 MODELS = """
@@ -38,15 +38,6 @@ preload = true
 def mapped(pid: int, name: str) -> bool:
     """Whether process `pid` maps the memfd called `name` (its /proc maps show `/memfd:name`)."""
     return f"/memfd:{name} " in Path(f"/proc/{pid}/maps").read_text()
-
-
-def eventually(check, timeout_s: float = 20.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.02)
-    return True
 
 
 def register(path: Path, fds: list[int], message: object = None) -> dict:
@@ -91,8 +82,8 @@ def test_inputs_in_shared_memory_give_the_outputs_of_frames_hot_and_cold(make_da
         np.testing.assert_array_equal(reply.outputs["y"], by_frame.outputs["y"])
     np.testing.assert_array_equal(small.outputs["y"], small_hot.outputs["y"])
     # The client closed its region: the daemon and the worker let go of it.
-    assert eventually(lambda: "region_released name=infer-test" in d.log())
-    assert eventually(lambda: not mapped(pid, "infer-test"))
+    eventually(lambda: "region_released name=infer-test" in d.log(), "the region released")
+    eventually(lambda: not mapped(pid, "infer-test"), "the worker to unmap the region")
     assert not mapped(d.proc.pid, "infer-test")
     stop_clean(d)
 
@@ -149,7 +140,7 @@ def test_an_input_in_a_region_and_another_in_a_frame_travel_together(make_daemon
     with d.client() as client, SharedMemory.beside(d.endpoint, 4096) as shm:
         rx, rshape = shm.ndarray(x.shape, x.dtype), shm.ndarray(shape.shape, shape.dtype, offset=1024)
         rx[:], rshape[:] = x, shape
-        until_200_model(client, "cold", {"x": x, "shape": shape})
+        eventually(lambda: client.infer("cold", {"x": x, "shape": shape}).status == 200, "a 200 from cold")
         replies = [client.infer(model, inputs) for model in ("hot", "cold")
                    for inputs in ({"x": shm.ref(rx), "shape": shape}, {"x": x, "shape": shm.ref(rshape)},
                                   {"shape": shm.ref(rshape), "x": shm.ref(rx)})]
@@ -157,13 +148,6 @@ def test_an_input_in_a_region_and_another_in_a_frame_travel_together(make_daemon
         assert reply.status == 200, reply.header
         np.testing.assert_array_equal(reply.outputs["y"], x.reshape(3, 8))
     stop_clean(d)
-
-
-def until_200_model(client, model: str, inputs: dict, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while client.infer(model, inputs).status != 200:
-        assert time.monotonic() < deadline, f"{model} never answered 200"
-        time.sleep(0.05)
 
 
 def test_a_region_ends_with_its_client_even_when_the_client_is_killed(make_daemon) -> None:
@@ -180,12 +164,12 @@ def test_a_region_ends_with_its_client_even_when_the_client_is_killed(make_daemo
         until_200(client, "cold", ref)
         child.send_signal(signal.SIGKILL)
         child.wait()
-        assert eventually(lambda: "region_released name=doomed" in d.log())
+        eventually(lambda: "region_released name=doomed" in d.log(), "the killed client's region released")
         for model in ("hot", "cold"):
             reply = client.infer(model, {"x": ref})
             assert reply.status == 400 and "no shared-memory region" in reply.error, reply.header
             assert "register it again" in reply.error
-    assert eventually(lambda: not mapped(worker(d, "cold")["pid"], "doomed"))
+    eventually(lambda: not mapped(worker(d, "cold")["pid"], "doomed"), "the worker to unmap the region")
     stop_clean(d)
 
 
@@ -254,9 +238,7 @@ def test_one_connection_holds_a_bounded_number_of_regions_and_can_unregister(mak
 
 
 def test_with_shared_memory_off_a_client_is_told_and_region_inputs_get_400(make_daemon) -> None:
-    from test_workers import HEAD
-    head = HEAD.replace("{hang}", "10").replace("{budget}", "80%") + 'shared_memory = ""\n'
-    d = make_daemon(MODELS, head=head)
+    d = make_daemon(MODELS, head=head() + 'shared_memory = ""\n')
     with pytest.raises(ConnectionError, match="shared_memory"):
         SharedMemory.beside(d.endpoint, 4096)
     with d.client() as client:
@@ -328,7 +310,7 @@ def test_garbage_on_the_registration_socket_costs_the_daemon_no_descriptor(make_
         for fd in fds:
             os.close(fd)
     # Every region went with its connection, and every descriptor that came with the garbage is closed.
-    assert eventually(lambda: open_fds() <= before), (open_fds(), before)
+    eventually(lambda: open_fds() <= before, f"the daemon back to {before} descriptors")
     with d.client() as client, d.admin() as admin:
         assert client.infer("hot", {"x": X}).status == 200
         assert admin.call("status")["daemon"]["shared_memory"]["regions"] == 0
@@ -355,7 +337,7 @@ def test_the_daemon_holds_a_bounded_number_of_regions_in_all(make_daemon) -> Non
             sock.close()
         os.close(fd)
     with d.admin() as admin:
-        assert eventually(lambda: admin.call("status")["daemon"]["shared_memory"]["regions"] == 0)
+        eventually(lambda: admin.call("status")["daemon"]["shared_memory"]["regions"] == 0, "no region left")
     stop_clean(d)
 
 
@@ -368,7 +350,7 @@ def test_infermux_bench_can_measure_with_tensors_in_shared_memory(make_daemon, c
                            "--warmup", "5", "--shared-memory", "--json"])
         assert code == 0 and json.loads(capsys.readouterr().out)["ok"] == 50
     assert d.log().count("region_registered name=infermux-bench") == 2
-    assert eventually(lambda: d.log().count("region_released name=infermux-bench") == 2)
+    eventually(lambda: d.log().count("region_released name=infermux-bench") == 2, "both bench regions released")
     code = bench.main(["--endpoint", "tcp://127.0.0.1:1", "--model", "hot", "--shape", "x=1x512", "-n", "1",
                        "--shared-memory", "--timeout", "0.5"])
     assert code == 2 and "needs the daemon's local ipc:// endpoint" in capsys.readouterr().err
@@ -392,12 +374,11 @@ def test_batched_requests_each_read_and_write_their_own_part_of_a_region(make_da
     # which holds the batch open until it has max_batch rows (8 of these requests)
     # or the delay runs out. The delay is far longer than a stalled client, and
     # each batch fills long before it: the test does not wait it out.
-    from test_workers import HEAD
-    head = HEAD.replace("{hang}", "10").replace("{budget}", "80%") + "inline_max_us = 0\n"
+    no_inline = head() + "inline_max_us = 0\n"
     batched = "max_batch = 16\nbatch_delay_us = 10000000\ntimeout_ms = 60000\n"
     d = make_daemon(f'[[models]]\nname = "hot"\nengine = "fast512/1/model.onnx"\n{batched}'
                     f'[[models]]\nname = "cold"\nengine = "fast512/1/model.onnx"\nmode = "multiproc"\n'
-                    f'preload = true\n{batched}', head=head)
+                    f'preload = true\n{batched}', head=no_inline)
     rows = [np.full((2, 512), k, np.float32) for k in range(16)]
     with SharedMemory.beside(d.endpoint, 1 << 20, "batched") as shm, d.pipeline(timeout_s=60) as pipe:
         ins = [shm.ndarray((2, 512), "float32", offset=k * 4096) for k in range(16)]

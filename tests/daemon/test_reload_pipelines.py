@@ -8,7 +8,6 @@ processor (tests/support/fakes/plugins/gate_processor.py) until the test opens i
 
 from __future__ import annotations
 
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import zmq
 cv2 = pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
 
 from infermux.pipelines.wire import send_frame  # noqa: E402
+from support.polling import eventually  # noqa: E402
 
 
 def png(image: np.ndarray) -> bytes:
@@ -60,10 +60,11 @@ def test_reload_adds_removes_and_changes_pipelines_and_frames_in_flight_finish_o
         s.setsockopt(zmq.LINGER, 0)
         s.connect(d.endpoint)
         in_flight = pool.submit(classes, s, "held")  # held at the gate inside the old definition
-        deadline = time.monotonic() + 30
-        while not gate.with_suffix(".entered").exists():
-            assert time.monotonic() < deadline and not in_flight.done(), "the frame never reached the gate"
-            time.sleep(0.01)
+        def at_gate() -> bool:
+            assert not in_flight.done(), "the frame was answered before it reached the gate"
+            return gate.with_suffix(".entered").exists()
+
+        eventually(at_gate, "the frame to reach the gate", 30, interval_s=0.01)
         d.config_path.write_text(d.config_path.read_text().split("[[pipelines]]")[0]
                                  + classify_pipeline("held", 1) + classify_pipeline("new", 3))
         with d.admin() as admin:

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from support.harness import Daemon
+from support.polling import eventually
 
 X4 = np.zeros((1, 4), np.float32)
 BIG = np.ones((64, 512), np.float32)  # ~10 ms and more through the slow model on the 2-core box
@@ -150,10 +151,8 @@ def test_least_queue_sends_requests_to_the_idle_context(make_daemon):
     before = served_by_context(d)
     with d.pipeline(timeout_s=60) as pipe, d.client() as client:
         busy = pipe.submit("slow", {"x": huge})
-        deadline = time.monotonic() + 30
-        while in_flight(d, "slow") != 1:  # the big one is computing: only now is one context busy
-            assert time.monotonic() < deadline, "the big request never started"
-            time.sleep(0.005)
+        # The big one is computing: only now is one context busy.
+        eventually(lambda: in_flight(d, "slow") == 1, "the big request to start", 30, interval_s=0.005)
         quick = [client.infer("slow", {"x": small}) for _ in range(5)]
         assert pipe.result(busy).status == 200
     assert all(r.status == 200 for r in quick)

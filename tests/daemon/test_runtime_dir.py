@@ -14,7 +14,6 @@ import os
 import shutil
 import stat
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Iterator
@@ -22,15 +21,14 @@ from typing import Iterator
 import numpy as np
 import pytest
 
-from support.harness import REPO, Daemon
+from support.harness import REPO, Daemon, free_port
+from support.users import NOBODY, infermux_as
 from infermux import config as cfg
 from infermux.cli.keygen import make_keypair
 from infermux.client import Client, SharedMemory
 from infermux.transport.curve import client_options
-from test_curve import free_port
 
 X = np.zeros((1, 3, 64, 64), np.float32)
-NOBODY = 65534
 
 HEAD = """
 [daemon]
@@ -73,49 +71,6 @@ def top() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
-@pytest.fixture(scope="module")
-def traversable() -> Iterator[None]:
-    """As root: every folder above the checkout and the venv's packages lets others through (o+x)
-    while this module runs, then gets its mode back. A clone in a `mktemp -d` folder (0700) would
-    otherwise hide infermux's own code from user nobody; nothing is made readable that was not."""
-    changed: dict[Path, int] = {}  # folder: its mode before
-    if os.geteuid() == 0:
-        for leaf in (REPO, Path(_site_packages())):
-            for folder in (leaf, *leaf.parents):
-                mode = folder.stat().st_mode
-                if not mode & stat.S_IXOTH and folder not in changed:
-                    changed[folder] = mode
-                    folder.chmod(stat.S_IMODE(mode) | stat.S_IXOTH)
-    yield
-    for folder, mode in reversed(changed.items()):
-        folder.chmod(stat.S_IMODE(mode))
-
-
-def _infermux_as(user: str) -> list[str]:
-    """The command that runs `infermux` as `user` ("root" or "nobody")."""
-    if user == "root":
-        if os.geteuid() != 0:
-            pytest.skip("starting as root needs root")
-        return [sys.executable, "-m", "infermux"]
-    if os.geteuid() != 0:
-        return [sys.executable, "-m", "infermux"]  # already an ordinary user
-    setpriv = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups"]
-    for python in (sys.executable, "/usr/bin/python3"):
-        # The venv's base interpreter may sit in root's home (pyenv): then a
-        # system Python of the same version runs the venv's packages.
-        boot = f"import site, sys; site.addsitedir({_site_packages()!r}); from infermux.cli import main; sys.exit(main())"
-        probe = subprocess.run([*setpriv, python, "-c", boot.replace("sys.exit(main())", "import onnxruntime, zmq")],
-                               capture_output=True, timeout=60)
-        if probe.returncode == 0:
-            return [*setpriv, python, "-c", boot]
-    pytest.skip(f"no Python that user nobody may run sees infermux's packages: {probe.stderr.decode()[-300:]}")
-
-
-def _site_packages() -> str:
-    import numpy
-    return str(Path(numpy.__file__).resolve().parent.parent)
-
-
 def _endpoint(kind: str, top: Path) -> tuple[str, str]:
     """(listen entry, where a client connects) for a relative, absolute or tcp listener."""
     if kind == "relative":
@@ -145,7 +100,7 @@ def _curve(kind: str, top: Path, uid: int) -> str:
 @pytest.mark.parametrize("kind", ["relative", "absolute", "tcp"])
 @pytest.mark.parametrize("user", ["root", "nobody"])
 def test_the_daemon_starts_without_its_runtime_folder(top: Path, user: str, kind: str, traversable: None) -> None:
-    command = _infermux_as(user)
+    command = infermux_as(user)
     run = top / "work/run/infermux"          # does not exist: nobody made it
     listen, endpoint = _endpoint(kind, top)
     uid = NOBODY if user == "nobody" and os.geteuid() == 0 else os.geteuid()

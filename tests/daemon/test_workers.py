@@ -12,18 +12,11 @@ import numpy as np
 import pytest
 
 from support.harness import Daemon
+from support.polling import eventually
+from support.workers import head, start, stop_clean, until_200, worker
+from infermux.client import Reply
 from infermux.workers import lane, slots as shm
-from infermux.client import Client
 
-HEAD = """
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{engines}"
-max_message_bytes = 8388608
-watch = false
-worker_hang_s = {hang}
-memory_budget = "{budget}"
-"""
 X_SLOT = np.random.default_rng(5).random((64, 512), dtype=np.float32)  # 128 KB: through a slot
 X_INLINE = X_SLOT[:2]  # 4 KB: inline in the pipe message
 
@@ -34,47 +27,14 @@ def cold(name: str, engine: str = "fast512/1/model.onnx", **fields: object) -> s
     return f'[[models]]\nname = "{name}"\nengine = "{engine}"\nmode = "multiproc"\n{extra}'
 
 
-def start(make_daemon, models: str, hang: float = 10.0, budget: str = "80%", **kw) -> Daemon:
-    return make_daemon(models, head=HEAD.replace("{hang}", str(hang)).replace("{budget}", budget), **kw)
-
-
-def until_200(client: Client, model: str, x: np.ndarray, timeout_s: float = 20.0):
-    """Retry as a client would (after retry_after_ms, capped to keep tests short) until a 200."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        reply = client.infer(model, {"x": x})
-        if reply.status == 200 or time.monotonic() > deadline:
-            return reply
-        assert reply.status == 503 and reply.retry_after_ms, reply.header
-        time.sleep(min(reply.retry_after_ms, 50) / 1000)
-
-
-def worker(d: Daemon, name: str) -> dict | None:
-    with d.admin() as admin:
-        row = next(m for m in admin.call("models")["models"] if m["name"] == name)
-    return row.get("worker")
-
-
 def row(d: Daemon, name: str) -> dict:
     with d.admin() as admin:
         return next(m for m in admin.call("models")["models"] if m["name"] == name)
 
 
 def gone(pid: int, timeout_s: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not shm.pid_alive(pid) or _zombie(pid):
-            return True
-        time.sleep(0.02)
-    return False
-
-
-def until(check, what: str, timeout_s: float = 20.0) -> None:
-    """Wait for `check()` to hold (what the test needs before its next step), failing with `what`."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"{what}: not within {timeout_s} s"
-        time.sleep(0.02)
+    """Process `pid` has exited (or is a zombie) within `timeout_s`; fails the test otherwise."""
+    return eventually(lambda: not shm.pid_alive(pid) or _zombie(pid), f"process {pid} to exit", timeout_s)
 
 
 def _zombie(pid: int) -> bool:
@@ -82,13 +42,6 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z"
     except OSError:
         return True
-
-
-def stop_clean(d: Daemon) -> None:
-    """Stop the daemon; none of its shared memory may be left behind."""
-    pid = d.proc.pid
-    assert d.stop() == 0, d.log()
-    assert shm.leftovers(pid) == []
 
 
 def test_first_request_gets_503_then_200_with_the_hot_outputs(make_daemon) -> None:
@@ -214,7 +167,7 @@ def test_three_crashes_within_a_minute_mark_the_model_failed(make_daemon) -> Non
             os.kill(info["pid"], signal.SIGKILL)
             assert gone(info["pid"])
             d.wait_for(f"crashed model=c version=1 pid={info['pid']}")
-        until(lambda: row(d, "c")["state"] == "failed", "the model marked failed")
+        eventually(lambda: row(d, "c")["state"] == "failed", "the model marked failed")
         reply = client.infer("c", {"x": X_INLINE})
     assert reply.status == 503 and "crashed 3 times" in reply.error and reply.retry_after_ms
     assert row(d, "c")["state"] == "failed"
@@ -267,7 +220,7 @@ def test_spare_worker_makes_a_cold_start_cost_the_load_alone(make_daemon) -> Non
     with d.client() as client:
         assert until_200(client, "c", X_INLINE).status == 200
     assert worker(d, "c")["pid"] == spare
-    until(lambda: d.log().count("spare_started pid=") == 2, "a new spare after the first was taken")
+    eventually(lambda: d.log().count("spare_started pid=") == 2, "a new spare after the first was taken")
     stop_clean(d)
 
 
@@ -293,11 +246,11 @@ def test_memory_budget_stops_the_least_recently_used_idle_worker_then_refuses(ma
         d.wait_for("evicted model=b version=1")
         assert gone(b_pid) and shm.pid_alive(a_pid)
         assert row(d, "b")["state"] == "unloaded" and row(d, "a")["state"] == "ready"
-        refused = client.infer("huge", {"x": X_INLINE})  # the first may still say "loading"
-        deadline = time.monotonic() + 20
-        while "memory budget" not in (refused.error or "") and time.monotonic() < deadline:
-            time.sleep(0.02)
-            refused = client.infer("huge", {"x": X_INLINE})
+        def refusal() -> Reply | None:  # the first may still say "loading"
+            reply = client.infer("huge", {"x": X_INLINE})
+            return reply if "memory budget" in (reply.error or "") else None
+
+        refused = eventually(refusal, "huge refused for the memory budget")
     assert refused.status == 503 and "memory budget" in refused.error and "huge:1 needs about" in refused.error
     assert "refused model=huge version=1" in d.log()
     assert row(d, "a")["state"] == "ready" and row(d, "c")["state"] == "ready"  # nothing evicted in vain
@@ -323,7 +276,7 @@ def test_promote_and_demote_under_load_lose_no_request(make_daemon) -> None:
     # slowly a busy box serves them.
     def served_40_more() -> None:
         target = len(replies) + 40
-        until(lambda: len(replies) >= target, "40 more replies")
+        eventually(lambda: len(replies) >= target, "40 more replies")
 
     try:
         served_40_more()
@@ -360,10 +313,7 @@ def test_daemon_sigkill_leaves_no_worker_and_no_shared_memory(make_daemon) -> No
     d.signal(signal.SIGKILL)
     d.proc.wait()
     assert gone(pid, timeout_s=30)
-    deadline = time.monotonic() + 30
-    while shm.leftovers(daemon_pid) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert shm.leftovers(daemon_pid) == []
+    eventually(lambda: shm.leftovers(daemon_pid) == [], "no shared memory left behind", 30)
 
 
 @pytest.mark.timing
@@ -392,11 +342,11 @@ def test_admin_settings_reach_the_worker_and_it_batches_and_honours_deadlines(ma
     # inline_max_us = 0: the worker's I/O thread computes nothing itself, so every request meets the
     # batcher; with it on, a request finding no other in the pipe runs alone at once (inline.py), and
     # whether 24 pipelined requests ever overlap there depends on how busy the box is.
-    head = HEAD.replace("{hang}", "10.0").replace("{budget}", "80%") + "inline_max_us = 0\n"
+    no_inline = head() + "inline_max_us = 0\n"
     # A 2 s delay (far longer than a stalled client) and 24 requests of 2 rows over two contexts of
     # 8 rows: the batches fill, and at worst the last of each context waits the delay out.
     d = make_daemon(cold("c", preload=True, batch_delay_us=2_000_000, timeout_ms=20000)
-                    + cold("s", "slow/1/model.onnx", preload=True, timeout_ms=20000), head=head)
+                    + cold("s", "slow/1/model.onnx", preload=True, timeout_ms=20000), head=no_inline)
     with d.admin() as admin:
         admin.call("set", model="c", contexts=2, max_batch=8)
     assert row(d, "c")["contexts"] == 2 and row(d, "c")["max_batch"] == 8
@@ -536,9 +486,9 @@ def test_preferred_batch_set_live_or_by_reload_changes_how_the_worker_batches(ma
     # preferred size, which goes at once: so the sizes the worker runs say which preferred sizes
     # it was told. The I/O thread computes nothing itself (inline_max_us = 0): every request
     # meets the batcher.
-    head = HEAD.replace("{hang}", "10.0").replace("{budget}", "80%") + "inline_max_us = 0\n"
+    no_inline = head() + "inline_max_us = 0\n"
     model = cold("c", preload=True, max_batch=8, batch_delay_us=10_000_000, timeout_ms=60000)
-    d = make_daemon(model + 'preferred_batch = [4]\n', head=head)
+    d = make_daemon(model + 'preferred_batch = [4]\n', head=no_inline)
     assert _batches(d, 4) == [4] * 4
     with d.admin() as admin:
         admin.call("set", model="c", preferred_batch=[2])

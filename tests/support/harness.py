@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -37,6 +38,13 @@ engine_dir = "{engines}"
 max_message_bytes = 1048576
 watch = false  # these tests serve exactly their [[models]]; hot swap has its own (test_hot_swap.py)
 """
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def exchange(endpoint: str, kind: int, frames: list[bytes], timeout_ms: int = 5000) -> list[bytes]:

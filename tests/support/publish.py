@@ -7,7 +7,14 @@ import os
 import time
 from pathlib import Path
 
+import numpy as np
+
+from infermux.client import Reply
 from support import models
+from support.harness import Daemon
+from support.polling import eventually
+
+PROBE = np.arange(8, dtype=np.float32).reshape(2, 4)  # a request for the published models (4 wide)
 
 
 def publish(root: Path, model: str, version: str | int, offset: float, width: int = 4,
@@ -52,3 +59,17 @@ def write_slowly(path: Path, data: bytes, steps: int, pause_s: float) -> None:
             f.flush()
             os.fsync(f.fileno())
             time.sleep(pause_s)
+
+
+def wait_served(daemon: Daemon, model: str, version: str, offset: float, timeout: float = 15.0) -> Reply:
+    """Poll until requests naming no version are answered by `version` with outputs PROBE + `offset`."""
+    with daemon.client() as client:
+        def served() -> Reply | None:
+            reply = client.infer(model, {"x": PROBE})
+            ok = reply.status == 200 and reply.version == version and np.array_equal(reply.outputs["y"], PROBE + offset)
+            return reply if ok else None
+
+        try:
+            return eventually(served, f"{model} version {version} served", timeout)
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}:\n{daemon.log()}") from None

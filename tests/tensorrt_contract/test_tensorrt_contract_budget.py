@@ -7,57 +7,24 @@ tests/gpu/test_gpu_budget.py reads the real one.
 
 from __future__ import annotations
 
-import ctypes
 from pathlib import Path
 
 import pytest
 
 from infermux.config import ModelConfig
 from infermux.models import budget
+from support.fakes.nvml import StandInLibNvml
 
 GiB = 1 << 30
 
 
-class StandInNvml:
-    """libnvidia-ml's calls as budget.Nvml makes them (ctypes byref arguments), over two GPUs."""
-
-    def __init__(self, totals: list[int], used: list[int], pids: list[dict[int, int]]) -> None:
-        self.totals, self.used, self.pids = totals, used, pids
-
-    def nvmlInit_v2(self) -> int:  # noqa: N802 (NVML's names)
-        return 0
-
-    def nvmlDeviceGetCount_v2(self, count) -> int:  # noqa: N802
-        count._obj.value = len(self.totals)
-        return 0
-
-    def nvmlDeviceGetHandleByIndex_v2(self, index: int, handle) -> int:  # noqa: N802
-        if index >= len(self.totals):
-            return 2  # NVML_ERROR_INVALID_ARGUMENT
-        handle._obj.value = index + 1
-        return 0
-
-    def nvmlDeviceGetMemoryInfo(self, handle, mem) -> int:  # noqa: N802
-        i = handle.value - 1
-        mem._obj.total, mem._obj.used = self.totals[i], self.used[i]
-        mem._obj.free = self.totals[i] - self.used[i]
-        return 0
-
-    def nvmlDeviceGetComputeRunningProcesses_v3(self, handle, count, infos) -> int:  # noqa: N802
-        listed = self.pids[handle.value - 1]
-        for k, (pid, nbytes) in enumerate(listed.items()):
-            infos[k].pid, infos[k].usedGpuMemory = pid, nbytes
-        count._obj.value = len(listed)
-        return 0
-
-
 @pytest.fixture
-def two_gpus(monkeypatch: pytest.MonkeyPatch) -> StandInNvml:
+def two_gpus(monkeypatch: pytest.MonkeyPatch) -> StandInLibNvml:
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    return StandInNvml([8 * GiB, 16 * GiB], [1 * GiB, 2 * GiB], [{100: 1 * GiB}, {100: 3 * GiB, 200: GiB}])
+    return StandInLibNvml([8 * GiB, 16 * GiB], [1 * GiB, 2 * GiB], [{100: 1 * GiB}, {100: 3 * GiB, 200: GiB}])
 
 
-def test_contract_each_gpu_has_its_own_budget_and_free_figure(two_gpus: StandInNvml) -> None:
+def test_contract_each_gpu_has_its_own_budget_and_free_figure(two_gpus: StandInLibNvml) -> None:
     """Checks our use of NVML, not NVML: every visible GPU is read, `memory_budget` is taken of each
     one's own total, free memory is read on the GPU asked for, and a worker's GPU memory is summed
     over the GPUs it holds memory on."""
@@ -70,7 +37,7 @@ def test_contract_each_gpu_has_its_own_budget_and_free_figure(two_gpus: StandInN
     assert b.device_for(ModelConfig("cls", Path("cls.plan"))) == 0
 
 
-def test_contract_cuda_visible_devices_picks_and_orders_the_gpus(two_gpus: StandInNvml,
+def test_contract_cuda_visible_devices_picks_and_orders_the_gpus(two_gpus: StandInLibNvml,
                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """CUDA device 0 is the first GPU CUDA_VISIBLE_DEVICES names: with "1" only the 16 GiB GPU is
     visible, and one budget covers it (a single GPU charges every model in one sum)."""
@@ -82,7 +49,7 @@ def test_contract_cuda_visible_devices_picks_and_orders_the_gpus(two_gpus: Stand
     assert budget.Nvml.open_all(two_gpus) == []
 
 
-def test_contract_a_model_is_charged_on_the_gpu_it_runs_on(two_gpus: StandInNvml, tmp_path: Path) -> None:
+def test_contract_a_model_is_charged_on_the_gpu_it_runs_on(two_gpus: StandInLibNvml, tmp_path: Path) -> None:
     """Checks our code: a 6 GiB load on GPU 1 (8 GiB budget there) fits although GPU 0's models
     already use 3.5 of its 4 GiB, and the same load on GPU 0 is refused naming GPU 0."""
     from infermux.events import EventLog
@@ -107,7 +74,7 @@ def test_contract_a_model_is_charged_on_the_gpu_it_runs_on(two_gpus: StandInNvml
         keeper.make_room(registry.model("new0").versions["1"])
 
 
-def test_contract_settling_after_a_load_looks_at_that_gpu_only(two_gpus: StandInNvml, tmp_path: Path,
+def test_contract_settling_after_a_load_looks_at_that_gpu_only(two_gpus: StandInLibNvml, tmp_path: Path,
                                                                caplog: pytest.LogCaptureFixture) -> None:
     """Checks our code: after a 6 GiB load on GPU 1 (8 GiB budget), the 3.5 GiB on GPU 0 do not
     count against GPU 1, so nothing is over budget; GPU 0's own sum is compared with its own limit."""

@@ -15,6 +15,7 @@ import time
 import pytest
 
 from support.harness import Daemon
+from support.polling import eventually
 
 MODELS = """
 [[models]]
@@ -65,10 +66,7 @@ def test_top_runs_in_tmux_and_shows_the_models(make_daemon) -> None:
         assert "38;5;" in colours or "48;5;" in colours, "no 256-colour codes"
         assert "38;2;" not in colours and "48;2;" not in colours, "truecolour codes where none was advertised"
         run("send-keys", "-t", "top", "q")
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and run("has-session", "-t", "top").returncode == 0:
-            time.sleep(0.1)
-        assert run("has-session", "-t", "top").returncode != 0, "q did not quit"
+        eventually(lambda: run("has-session", "-t", "top").returncode != 0, "q to quit top", 10, interval_s=0.1)
     finally:
         run("kill-server")
 

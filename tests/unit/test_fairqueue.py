@@ -5,11 +5,11 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
 
 import pytest
 
 from infermux.serving.fairqueue import Closed, FairQueue
+from support.polling import eventually
 
 
 @dataclass
@@ -42,14 +42,6 @@ def names(items: list[Item]) -> list[str]:
 # A batch delay no test waits out: a take that returns within half of it did not wait for it,
 # however late a busy box wakes the threads involved.
 LONG_S = 30.0
-
-
-def until_waiting(q: FairQueue[Any]) -> None:
-    """Return once a consumer waits in `q` (what a wake-up test needs before it puts)."""
-    deadline = time.monotonic() + LONG_S
-    while not q._waiting:
-        assert time.monotonic() < deadline, "the consumer never waited"
-        time.sleep(0.005)
 
 
 def test_keys_take_turns_so_a_flood_does_not_starve_the_others():
@@ -253,7 +245,7 @@ def test_close_wakes_a_waiting_taker_and_then_refuses():
 
     thread = threading.Thread(target=take)
     thread.start()
-    until_waiting(q)
+    eventually(lambda: q._waiting, "the consumer to wait", LONG_S, interval_s=0.005)
     q.close()
     thread.join(LONG_S)
     assert taker_result == ["closed"]
@@ -270,7 +262,7 @@ def test_a_waiting_consumer_wakes_for_an_item_of_zero_rows() -> None:
     got: list = []
     consumer = threading.Thread(target=lambda: got.append(q.get()))
     consumer.start()
-    until_waiting(q)
+    eventually(lambda: q._waiting, "the consumer to wait", LONG_S, interval_s=0.005)
     q.put(("cam", 0))
     consumer.join(LONG_S)
     assert got == [("cam", 0)]
@@ -283,7 +275,8 @@ def test_an_item_put_without_waking_stays_unseen_until_wake() -> None:
     got: list[Item] = []
     consumer = threading.Thread(target=lambda: got.append(q.get()))
     consumer.start()
-    until_waiting(q)  # put before the consumer waits, the item would be seen at once
+    # Put before the consumer waits, the item would be seen at once.
+    eventually(lambda: q._waiting, "the consumer to wait", LONG_S, interval_s=0.005)
     q.put(Item("a", "held"), wake=False)
     consumer.join(0.2)
     assert consumer.is_alive() and not got
