@@ -1,4 +1,4 @@
-"""Issue 4: dynamic batching throughput and per-key fairness, in one run on one machine.
+"""Dynamic batching throughput and per-key fairness, in one run on one machine.
 
     python tests/benchmarks/bench_batching.py [--duration 3] [--rounds 3] [--no-write]
 
@@ -17,7 +17,7 @@ no keys at all (one shared FIFO lane, what per-key fairness replaces).
 Every sender is its own process. The figure that matters is the cameras'
 p99 with the flood against their p99 alone (goal: within 2×).
 
-Writes the "## Batching and fairness (issue 4)" section of RESULTS.md.
+Writes the "## Batching and fairness" section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from infermux.protocol import encode_request, parse_header  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ETC = ROOT / "etc" / "infermux" / "infermux.toml"
-SECTION = "Batching and fairness (issue 4)"
+SECTION = "Batching and fairness"
 SHAPES = {"mlp": "features=1x256", "classifier": "images=1x3x64x64"}
 FAIR_MODEL, FAIR_LAYERS, FAIR_WIDTH, FAIR_QUEUE = "heavy", 32, 1024, 64
 CONCURRENCY = (16, 32)

@@ -1,4 +1,4 @@
-"""Issue 10: a long fuzzing run against a live daemon.
+"""A long fuzzing run against a live daemon.
 
     python tests/benchmarks/bench_fuzz.py [--messages 100000] [--seed 10] [--sockets 8] [--no-write]
 
@@ -8,7 +8,7 @@ tests/support/fuzz_messages.py (malformed ones of every family, valid ones betwe
 them) over `--sockets` DEALER sockets in lockstep. Every message must get a
 reply; every malformed one a 4xx with a reason; every valid one a 200 whose
 outputs equal onnxruntime's run here; the daemon must still be alive, log
-no traceback and exit 0 on SIGTERM. Writes the "## Fuzzing (issue 10)"
+no traceback and exit 0 on SIGTERM. Writes the "## Fuzzing"
 section of RESULTS.md (not with --no-write). Exit status 1 on any problem.
 """
 
@@ -29,7 +29,7 @@ from support.fuzz_messages import FUZZ_MODELS, FuzzReport, MessageFactory, fuzz_
 from support.harness import DAEMON_HEAD, REPO, Daemon  # noqa: E402
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-SECTION = "Fuzzing (issue 10)"
+SECTION = "Fuzzing"
 # message kinds that share a first word are one family in the table
 GROUPS = {"wrong": "wrong field types", "unicode": "unicode oddities", "number": "enormous numbers",
           "deep": "deep nesting", "limit": "over a limit"}

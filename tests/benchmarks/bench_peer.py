@@ -1,4 +1,4 @@
-"""Issue 10: infermux against Seldon MLServer 1.7.1, same model, same box, one run.
+"""infermux against Seldon MLServer 1.7.1, same model, same box, one run.
 
     python tests/benchmarks/bench_peer.py [--duration 3] [--rounds 3] [--no-write] [--venv DIR]
 
@@ -25,7 +25,7 @@ infermux's contexts do. Both answers are checked against onnxruntime first.
 Load generators run in their own process (no shared GIL), at concurrency 1
 and 16. All traffic stays on 127.0.0.1. If MLServer cannot be installed or
 started, the section says exactly why and still shows infermux's figures.
-Writes "## Peer comparison: MLServer (issue 10)" in RESULTS.md.
+Writes "## Peer comparison: MLServer" in RESULTS.md.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ from results import markdown_table, stamp, write_section  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
 
-SECTION = "Peer comparison: MLServer (issue 10)"
+SECTION = "Peer comparison: MLServer"
 ENGINE = REPO / "engines" / "classifier" / "1" / "model.onnx"
 MODEL = "classifier"
 CONCURRENCY = (1, 16)

@@ -1,4 +1,4 @@
-"""Issue 23: what a Prometheus scrape costs, hardware series included, and what the probes cost.
+"""What a Prometheus scrape costs, hardware series included, and what the probes cost.
 
     python tests/benchmarks/bench_scrape.py [--scrapes 200] [--no-write]
 
@@ -9,7 +9,7 @@ and reports the median and p99 per request. It also times the hardware reads
 alone in this process (/proc/<pid>/stat of the daemon and its worker, as a
 scrape does), so the share of the new series can be read off.
 
-Writes the "## Metrics scrape (issue 23)" section of RESULTS.md.
+Writes the "## Metrics scrape" section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -96,7 +96,7 @@ def main() -> int:
     ])
     print(body)
     if not args.no_write:
-        write_section("Metrics scrape (issue 23)", body)
+        write_section("Metrics scrape", body)
     return 0
 
 

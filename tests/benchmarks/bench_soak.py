@@ -1,4 +1,4 @@
-"""Soak (issue 10): a long mixed load, sampling the daemon's resources.
+"""Soak: a long mixed load, sampling the daemon's resources.
 
     python tests/benchmarks/bench_soak.py [--minutes 10]
 
@@ -12,7 +12,7 @@ outputs, and closes it (regions.py). Every 10 s: the daemon's RSS, open
 file descriptors, threads, the /dev/shm segments named for infermux, and
 the clients' regions the daemon still maps. Goal: RSS growth < 5 % after
 warm-up (the first sample after the first minute), the rest flat. Writes
-the "Soak (issue 10)" section of RESULTS.md.
+the "Soak" section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def report(minutes, samples, hot, swapped, cold, swaps, unloads, regions) -> Non
         "Reproduce: `python tests/benchmarks/bench_soak.py --minutes 10`.",
     ])
     print(body)
-    write_section("Soak (issue 10)", body)
+    write_section("Soak", body)
 
 
 if __name__ == "__main__":

@@ -4,8 +4,8 @@
 
 The console runs headless (Textual's run_test, 80×24) in this process; the
 daemon and a load generator run in their own processes, so this process's
-CPU time is the console's. Target (issue 8): under 5 % of one core at four
-snapshots a second. Writes the "## Console CPU (issue 8)" section of RESULTS.md.
+CPU time is the console's. Target: under 5 % of one core at four
+snapshots a second. Writes the "## Console CPU" section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def main() -> int:
     ])
     print(body)
     if not args.no_write:
-        write_section("Console CPU (issue 8)", body)
+        write_section("Console CPU", body)
     return 0
 
 

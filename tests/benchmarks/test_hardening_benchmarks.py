@@ -1,4 +1,4 @@
-"""Tiny runs of the issue-10 benchmark scripts: they run, judge and report (RESULTS.md untouched)."""
+"""Tiny runs of the fuzzing and peer benchmark scripts: they run, judge and report (RESULTS.md untouched)."""
 
 from __future__ import annotations
 

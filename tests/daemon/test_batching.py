@@ -1,4 +1,4 @@
-"""Dynamic batching end to end: real daemon, real sockets (issue 4 item 1).
+"""Dynamic batching end to end: real daemon, real sockets.
 
 The daemons here set `inline_max_us = 0` so that every request goes
 through an executor's queue, where batches form; with it on, a request

@@ -1,4 +1,4 @@
-"""Client failover across two real daemons (issue 23 item 6): spread, drain, stop, SIGKILL, all down.
+"""Client failover across two real daemons: spread, drain, stop, SIGKILL, all down.
 
 Daemon A serves `addone` as y = x + 1, daemon B as y = x + 2, so every reply
 says which daemon computed it; each request's x is its own number, so a

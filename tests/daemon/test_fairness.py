@@ -1,4 +1,4 @@
-"""Per-key fairness end to end (issue 4 item 5): a flooding key does not starve the others.
+"""Per-key fairness end to end: a flooding key does not starve the others.
 
 The flood and the other camera share one DEALER, so the daemon receives
 them in a known order; what we look at is the order the replies come back.

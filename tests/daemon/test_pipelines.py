@@ -1,4 +1,4 @@
-"""Pipelines end to end (issue 19): the shipped OCR pipeline on a real daemon against rapidocr.
+"""Pipelines end to end: the shipped OCR pipeline on a real daemon against rapidocr.
 
 One daemon for the module serves etc/infermux/examples/ocr.toml with the
 models engines/fetch_ppocr.py takes out of the rapidocr-onnxruntime wheel,

@@ -1,4 +1,4 @@
-"""Routing strategies, fallback chains and Retry-After, end to end (issue 4 items 2-4)."""
+"""Routing strategies, fallback chains and Retry-After, end to end."""
 
 from __future__ import annotations
 

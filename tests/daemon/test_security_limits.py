@@ -124,7 +124,7 @@ def test_the_scan_would_see_each_pattern() -> None:
     assert not any(rx.search("np.load(f, allow_pickle=False)") for rx in UNSAFE)
 
 
-# -- names, links and refusals that reach logs and metrics (issue 17) --------------------
+# -- names, links and refusals that reach logs and metrics ---------------------------
 
 def test_a_scanner_with_fresh_curve_keys_gets_a_few_lines_then_a_count(tmp_path: Path, caplog) -> None:
     from infermux.events import EventLog

@@ -1,4 +1,4 @@
-"""Cold models in worker processes (issue 5), end to end with real daemons and real workers."""
+"""Cold models in worker processes, end to end with real daemons and real workers."""
 
 from __future__ import annotations
 
@@ -382,7 +382,7 @@ def test_sigterm_answers_what_the_workers_hold_then_stops_them(make_daemon) -> N
     assert gone(pid) and shm.leftovers(daemon_pid) == []
 
 
-# -- a cold placement answers what a hot one does (issue 16) ---------------------------------
+# -- a cold placement answers what a hot one does -----------------------------------------
 
 HOT_H = '[[models]]\nname = "h"\nengine = "fast512/1/model.onnx"\n'
 

@@ -1,4 +1,4 @@
-"""Issue 5 on a GPU: how a TensorRT output could reach a worker's shared-memory slot.
+"""Cold workers on a GPU: how a TensorRT output could reach a worker's shared-memory slot.
 
     python tests/gpu/bench_slot_d2h.py [--repeat 50] [--out FILE]
 

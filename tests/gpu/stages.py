@@ -1,4 +1,4 @@
-"""Hardware proofs of the TensorRT fixes of issue 18, one run.sh stage each.
+"""Hardware proofs of what the TensorRT backend relies on, one run.sh stage each.
 
     python tests/gpu/stages.py STAGE WORKDIR     STAGE: cap memory formats vcompat teardown pycuda standin
                                                         budget rebuild profiles graphs dla zerocopy

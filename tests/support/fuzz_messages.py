@@ -1,4 +1,4 @@
-"""Fuzz the inference socket of a LIVE daemon (issue 10).
+"""Fuzz the inference socket of a LIVE daemon.
 
 `MessageFactory` makes random and mutated wire messages, each labelled with
 what a correct daemon must answer: bad JSON, wrong frame counts, lying

@@ -1,4 +1,4 @@
-"""Contract tests: dynamic batching within a TensorRT engine's profile (issue 18, item 1).
+"""Contract tests: dynamic batching within a TensorRT engine's profile.
 
 They run against the stand-in in fakes_tensorrt.py (profile 0 admits 1..8 rows). They check
 our code's use of the engine's profile range, not TensorRT itself (tests/gpu/ does that).

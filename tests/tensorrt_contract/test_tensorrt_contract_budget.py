@@ -1,4 +1,4 @@
-"""Contract tests: the memory budget on a box with several GPUs (issue 18), and a cold
+"""Contract tests: the memory budget on a box with several GPUs, and a cold
 version's status showing the batch maximum it runs with.
 
 NVML is a stand-in here (the entry points budget.Nvml calls, over two GPUs of different sizes);

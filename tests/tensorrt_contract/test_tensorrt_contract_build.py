@@ -124,7 +124,7 @@ def test_run_reports_what_was_built(fake_trt, onnx, tmp_path, capsys):
 
 
 def test_contract_several_profiles_are_built_in_order(fake_trt, onnx: Path, tmp_path: Path):
-    """Checks our code's use of the builder API (issue 18, item 12): each `--profile MIN:OPT:MAX`
+    """Checks our code's use of the builder API: each `--profile MIN:OPT:MAX`
     becomes one optimization profile over the dynamic batch, in order; INT8 calibrates with the first;
     the ranges are stored for a rebuild; a gap between ranges or a bad range is refused (exit 2)."""
     out = tmp_path / "model.plan"

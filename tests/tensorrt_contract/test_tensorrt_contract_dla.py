@@ -1,4 +1,4 @@
-"""Contract tests: DLA on Jetson (issue 18, item 10) and zero-copy I/O on integrated GPUs (item 13).
+"""Contract tests: DLA on Jetson and zero-copy I/O on integrated GPUs.
 
 They run against the stand-in in fakes_tensorrt.py (a device with `trt.dla_cores` DLA cores;
 `gpu.integrated` for a Jetson-style GPU). They check our code's use of the builder, runtime and

@@ -203,7 +203,7 @@ def test_contract_infer_into_refuses_arrays_of_another_shape_before_running(engi
 
 
 def test_contract_a_fixed_shape_context_replays_a_cuda_graph(fake_trt, fake_gpu, tmp_path):
-    """Checks our code's use of the CUDA graph API (issue 18, item 11), not the API itself: with
+    """Checks our code's use of the CUDA graph API, not the API itself: with
     cuda_graph = true on a fixed-shape engine, the warm-up runs outside any capture, the next
     request captures execute_async_v3 once (thread-local mode), every later one replays it with
     its own inputs (copies stay outside the graph), and unloading destroys the graph."""

@@ -1,4 +1,4 @@
-"""Contract tests: rebuilding a plan that no longer loads (issue 18, item 9), and `--timing-cache`.
+"""Contract tests: rebuilding a plan that no longer loads, and `--timing-cache`.
 
 They run against the stand-in in fakes_tensorrt.py, whose builder writes plans its runtime accepts
 and whose runtime refuses any other file as TensorRT refuses a plan from another version; the ONNX

@@ -1,4 +1,4 @@
-"""Contract tests: fixed-shape engines, several profiles, asynchronous completion (issue 18, item 8).
+"""Contract tests: fixed-shape engines, several profiles, asynchronous completion.
 
 They run against the stand-in in fakes_tensorrt.py, which models these the way TensorRT 10 and
 CUDA describe them; they check our code's use of the APIs, not the APIs (tests/gpu/ does that).
@@ -53,7 +53,7 @@ def test_contract_fixed_shape_engine_serves_its_one_shape(fake_trt, tmp_path):
 
 
 def test_contract_each_profile_has_its_own_context_and_requests_go_where_they_fit(fake_trt, fake_gpu, tmp_path):
-    """Checks our code's use of the API, not the API itself (issue 18, item 12): with profiles for
+    """Checks our code's use of the API, not the API itself: with profiles for
     1..8 and 9..32 rows, a context holds one TensorRT context per profile, each switched to its
     profile once and bound to buffers sized for that profile's max; 16 rows run on profile 1's,
     5 rows on profile 0's, and the engine admits 1..32 rows."""

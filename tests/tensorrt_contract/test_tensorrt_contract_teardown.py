@@ -1,4 +1,4 @@
-"""Contract tests: device, stream, logging and warm-up details of the TensorRT backend (issue 18, item 7).
+"""Contract tests: device, stream, logging and warm-up details of the TensorRT backend.
 
 They run against the stand-in in fakes_tensorrt.py and check our code's use of the TensorRT and
 cuda-python APIs, not the APIs themselves (tests/gpu/run.sh proves those on a GPU).

@@ -294,7 +294,7 @@ def test_views_skip_a_snapshot_that_arrives_before_they_are_composed_or_after_th
     detail.update_from(tui_data.snapshot(), History())
 
 
-# -- what an operator at 80 columns must be able to read (issue 21) ---------------------------------------
+# -- what an operator at 80 columns must be able to read -----------------------------------------------
 
 
 async def test_the_status_line_says_the_figures_are_stale_when_the_daemon_goes() -> None:

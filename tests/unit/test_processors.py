@@ -1,4 +1,4 @@
-"""Processors (issue 19 item 1) against hand-computed results, and against rapidocr where it is the reference.
+"""Processors against hand-computed results, and against rapidocr where it is the reference.
 
 Pure unit tests: no daemon. rapidocr-onnxruntime is only a reference here,
 never imported by the product.

@@ -1,4 +1,4 @@
-"""Property tests of the wire protocol (issue 10): the decoders refuse
+"""Property tests of the wire protocol: the decoders refuse
 anything malformed with a ProtocolError and nothing else, and whatever the
 encoders write reads back the same."""
 

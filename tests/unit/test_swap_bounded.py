@@ -1,4 +1,4 @@
-"""The swapper's own bookkeeping stays bounded however many versions come and go (issue 10 soak)."""
+"""The swapper's own bookkeeping stays bounded however many versions come and go (what a long soak would show)."""
 
 from __future__ import annotations
 
