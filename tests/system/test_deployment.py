@@ -232,6 +232,7 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     if os.geteuid() != 0:
         pytest.skip("needs root: rootful podman (sudo INFERMUX_CONTAINER_TEST=1 pytest tests/system/test_deployment.py)")
     system_packages.require({"podman": "podman", "runc": "runc", "debootstrap": "debootstrap"})
+    _cache_folders()
     conf = tmp_path_factory.mktemp("podman")
     store = CACHE / "containers"
     soft = {name: resource.getrlimit(kind)[0] for name, kind in
@@ -245,6 +246,13 @@ def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
     if info.returncode != 0:
         pytest.skip(f"podman cannot run containers here: {(info.stderr.strip().splitlines() or ['?'])[-1]}")
     yield env
+
+
+def _cache_folders() -> None:
+    """The cache's folders, made here: on a machine that never ran this test or the install test (which
+    shares them) there are none, and debootstrap refuses a --cache-dir that does not exist."""
+    (CACHE / "apt-archives" / "partial").mkdir(parents=True, exist_ok=True)
+    (CACHE / "containers").mkdir(parents=True, exist_ok=True)
 
 
 def _base_image(env: dict[str, str]) -> None:
@@ -271,7 +279,6 @@ def _build_cpu_image(podman: dict[str, str]) -> None:
                            text=True, timeout=120)
     if probe.returncode != 0:
         pytest.skip(f"podman cannot run containers here: {(probe.stderr.strip().splitlines() or ['?'])[-1]}")
-    (CACHE / "apt-archives/partial").mkdir(parents=True, exist_ok=True)
     build = subprocess.run(
         ["bash", str(CONTAINER / "build.sh"), "cpu", "--network=host",
          "-v", f"{CACHE / 'apt-archives'}:/var/cache/apt/archives"],
