@@ -14,7 +14,6 @@ import functools
 import os
 import resource
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ import pytest
 import yaml
 
 from support import system_packages
-from support.harness import REPO
+from support.harness import REPO, free_port
 from infermux import config as cfg
 from infermux.admin.metrics import MetricsServer
 from infermux.client import Client
@@ -217,12 +216,6 @@ graphroot = "{root}/graph"
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
 def podman(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """The environment for rootful podman with its own configuration and image store (kept in CACHE)."""
@@ -297,7 +290,7 @@ def test_the_cpu_image_builds_and_answers_a_request(podman: dict[str, str], tmp_
     run_dir.mkdir()
     config_dir.mkdir()
     os.chown(run_dir, 10001, 10001)  # the image's user makes its sockets there
-    port = _free_port()
+    port = free_port()
     config = (CONTAINER / "infermux.toml").read_text()
     config = config.replace('metrics_host = "0.0.0.0"', 'metrics_host = "127.0.0.1"')  # the host's network
     (config_dir / "infermux.toml").write_text(config.replace("metrics_port = 9464", f"metrics_port = {port}"))
