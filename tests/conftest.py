@@ -13,7 +13,7 @@ import pytest
 # warns that it came too late to (the TensorRT stand-in is also named in test modules' pytest_plugins).
 pytest.register_assert_rewrite("support")
 
-from support.harness import DAEMON_HEAD, REPO, Daemon
+from support.harness import DAEMON_HEAD, REPO, Daemon  # noqa: E402 (after register_assert_rewrite)
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the .deb's build-time tests run without it

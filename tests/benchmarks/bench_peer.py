@@ -132,7 +132,7 @@ def ensure_venv(folder: Path) -> Path:
     pip = subprocess.run([str(folder / "bin" / "python"), "-m", "pip", "install", "-q", *PACKAGES],
                          capture_output=True, text=True, timeout=900)
     if pip.returncode != 0:
-        lines = [l for l in pip.stderr.splitlines() if "WARNING: Location" not in l]
+        lines = [line for line in pip.stderr.splitlines() if "WARNING: Location" not in line]
         raise Unavailable(f"`pip install {' '.join(PACKAGES)}` failed: {' '.join(lines)[-800:]}")
     marker.write_text("\n".join(PACKAGES))
     return script
