@@ -1,7 +1,7 @@
 """The client commands as a user runs them: real subprocesses against a real daemon (or none).
 
 Each failure mode is one row of FAILURES: the command line, the exit code
-README "Operating it" and infermux(1) document, and a phrase the one-line
+docs/operating.md ("Status and control") and infermux(1) document, and a phrase the one-line
 message must hold. Every row also checks that stderr is a line or two with
 no traceback.
 """

@@ -1,15 +1,19 @@
-"""Clients: plain pyzmq from docs/protocol.md alone, the blocking client, the pipelined one, the CLI."""
+"""Clients: plain pyzmq from docs/protocol.md alone, the blocking client, the pipelined one, the CLI, and the
+client examples of the README and docs/protocol.md run as written."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
 import zmq
 
+from support import models
 from support.harness import REPO, Daemon, exchange
 
 
@@ -129,3 +133,32 @@ def test_cli_infer_without_shapes_says_what_to_give_when_it_cannot_ask(daemon: D
                           capture_output=True, text=True, timeout=30)
     assert proc.returncode != 0
     assert "no model 'nosuch' is configured" in proc.stderr and "give --shape NAME=DIMS" in proc.stderr
+
+
+def _python_block(page: Path, needle: str) -> str:
+    """The Python code block of `page` that holds `needle`, as written there."""
+    blocks = [b for b in re.findall(r"```python\n(.*?)```", page.read_text(), re.S) if needle in b]
+    assert len(blocks) == 1, f"{page.name}: {len(blocks)} Python blocks hold {needle!r}"
+    return blocks[0]
+
+
+def _run_snippet(code: str, endpoint: str) -> dict:
+    """Run a documented snippet as written, but for its socket: `endpoint` instead of the packaged one."""
+    packaged = '"ipc:///run/infermux/infer.sock"'
+    assert packaged in code, "the snippet no longer names the packaged socket: update this test"
+    scope: dict = {}
+    exec(compile(code.replace(packaged, repr(endpoint)), "<snippet>", "exec"), scope)
+    return scope
+
+
+def test_the_readmes_client_snippet_runs_as_written(daemon: Daemon) -> None:
+    scope = _run_snippet(_python_block(REPO / "README.md", "from infermux.client import Client"), daemon.endpoint)
+    assert scope["reply"].status == 200 and scope["reply"].outputs["probs"].shape == (1, 10)
+
+
+def test_the_protocol_pages_pyzmq_example_runs_as_written(make_daemon, tmp_path: Path) -> None:
+    models.add_one(tmp_path / "add" / "1" / "model.onnx", width=2, offset=1.0)
+    d = make_daemon(f'[[models]]\nname = "add"\nengine = "{tmp_path}/add/1/model.onnx"\n')
+    scope = _run_snippet(_python_block(REPO / "docs" / "protocol.md", "sock.recv_multipart()"), d.endpoint)
+    assert scope["reply"]["id"] == 7
+    np.testing.assert_array_equal(scope["y"], [[2.0, 3.5]])

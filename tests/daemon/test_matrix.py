@@ -8,7 +8,7 @@ cells share it), serving one model per behaviour with the settings that
 behaviour needs; a cell that changes state changes only its own model, and
 drain/resume, the one daemon-wide cell, reopens intake whatever happens.
 
-Each cell checks the status and outputs the README and docs/ document,
+Each cell checks the status and outputs docs/ documents,
 outputs against onnxruntime run here on the same engine file, and that the
 daemon logged no traceback and counted no 500 while it ran
 (docs/matrix.md has the table). A condition a cell relies on is made

@@ -3,7 +3,7 @@
 Started by hand there is no systemd to make /run/infermux: the daemon makes
 its runtime folder itself (mode 0750, as RuntimeDirectory= would), and the
 shared-memory socket lies beside the first ipc listener, where clients look
-for it (README "Tensors in shared memory"). Each start here points the
+for it (docs/operating.md, "Tensors in shared memory"). Each start here points the
 runtime folder at one that does not exist yet; "nobody" runs through
 setpriv, which needs root (elsewhere that case runs as the calling user).
 """

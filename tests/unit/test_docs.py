@@ -63,3 +63,38 @@ def test_code_comments_point_at_sections_that_exist() -> None:
             if not (ROOT / page).exists() or anchor not in _anchors(ROOT / page):
                 dead.append(f"{path.relative_to(ROOT)}: {page}#{anchor}")
     assert not dead, dead
+
+
+README = ROOT / "README.md"
+
+
+def _code_blocks(page: Path, language: str) -> list[str]:
+    return re.findall(rf"```{language}\n(.*?)```", page.read_text(), re.S)
+
+
+def test_the_readme_is_a_front_page() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) <= 150, f"README.md has {len(lines)} lines: move reference material to docs/"
+
+
+def test_the_readme_shows_the_very_test_command_ci_runs() -> None:
+    ci = [line for line in (ROOT / ".ci/run").read_text().splitlines() if line and not line.startswith("#")][-1]
+    shown = [line for block in _code_blocks(README, "sh") for line in block.splitlines()]
+    assert ci in shown, f".ci/run runs {ci!r}; the README must show that command"
+
+
+def test_the_readmes_client_commands_name_the_sample_configuration() -> None:
+    # Without -c a client command reads /etc/infermux/infermux.toml, which a checkout does not have.
+    commands = [line for block in _code_blocks(README, "sh") for line in block.splitlines()
+                if re.match(r"(\.venv/bin/)?infermux (status|ctl|top|infer|bench|tune|doctor)\b", line)]
+    assert commands
+    bare = [c for c in commands if not re.search(r"(-c|--config) etc/infermux/", c)]
+    assert not bare, f"from a checkout these need -c etc/infermux/infermux.toml: {bare}"
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
+def test_every_zmq_socket_in_the_docs_has_a_receive_timeout(page: Path) -> None:
+    # A client copied from the docs must not hang forever on a daemon that is down.
+    blocking = [block for block in _code_blocks(page, "python") if re.search(r"\.socket\(zmq\.", block)
+                and "RCVTIMEO" not in block]
+    assert not blocking, f"{page.name}: set zmq.RCVTIMEO (or poll with a timeout) in: {blocking}"
