@@ -4,7 +4,7 @@ that reads rule files) and as a PrometheusRule (for the Prometheus Operator).
 
     python3 packaging/prometheus/render-k8s.py          # after editing infermux-rules.yml
 
-tests/test_deployment.py fails while the manifests and the rules differ.
+tests/system/test_deployment.py fails while the manifests and the rules differ.
 """
 
 from __future__ import annotations
