@@ -33,7 +33,7 @@ from harness import REPO
 from infermux import config as cfg
 from infermux.admin.metrics import MetricsServer
 from infermux.client import Client
-from infermux.serving.server import REFUSE_S
+from infermux.frontend.server import REFUSE_S
 from infermux.workers.pool import SPARE_STOP_S
 
 K8S = REPO / "packaging/k8s"

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from infermux.serving.fairqueue import Closed, FairQueue
+from infermux.execution.fairqueue import Closed, FairQueue
 
 
 @dataclass

@@ -33,8 +33,8 @@ import zmq
 from infermux.workers import wire as wire
 from infermux.events import limit_tracebacks
 from infermux.models.budget import limit_malloc_arenas
-from infermux.serving.inline import InlinePolicy
-from infermux.serving.job import Job, Outcome
+from infermux.execution.inline import InlinePolicy
+from infermux.execution.job import Job, Outcome
 from infermux.workers.lane import Lane, LaneClosed
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError
@@ -42,11 +42,11 @@ from infermux.protocol import DTYPES, OutputRegion, Request, Status, encode_repl
 from infermux.transport.regions import MappedRegions
 from infermux.transport.waiting import message_waiting
 from infermux.models.registry import rss_bytes, warm_up
-from infermux.serving.placement import Admission, Change
-from infermux.serving.scheduler import Scheduler
+from infermux.execution.placement import Admission, Change
+from infermux.execution.scheduler import Scheduler
 from infermux.workers.slots import Slot, SlotCache, layout
 from infermux.workers.outputs import ShapeMemory, SlotOutputs
-from infermux.serving.stats import ModelStats
+from infermux.execution.stats import ModelStats
 
 log = logging.getLogger("infermux.worker")
 

@@ -30,8 +30,8 @@ import zmq
 from infermux.models import budget as mem
 from infermux.workers import slots as shm
 from infermux.workers import wire as wire
-from infermux.serving.executor import LateFn, ReplyFn
-from infermux.serving.inline import InlinePolicy
+from infermux.execution.executor import LateFn, ReplyFn
+from infermux.execution.inline import InlinePolicy
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError
 from infermux.transport.regions import RegionTable

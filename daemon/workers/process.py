@@ -22,7 +22,7 @@ import zmq
 
 from infermux.transport import ipc
 from infermux.workers import wire as wire
-from infermux.serving.inline import InlinePolicy
+from infermux.execution.inline import InlinePolicy
 from infermux.workers.lane import Lane
 from infermux.workers.slots import pid_alive
 

@@ -1,4 +1,4 @@
-"""The cold placement (serving/placement.py): a version whose contexts live in a worker process.
+"""The cold placement (execution/placement.py): a version whose contexts live in a worker process.
 
 `WorkerProxy` implements `Placement` as `Scheduler` does for a hot version,
 and a `RemoteEngine` is an engine (its `inputs`/`outputs` come from the
@@ -31,13 +31,13 @@ from typing import Any, Callable, Sequence
 
 import zmq
 
-from infermux.serving import batcher
+from infermux.execution import batcher
 from infermux.workers import wire as wire
 from infermux.config import ModelConfig
-from infermux.serving.executor import LateFn, ReplyFn
-from infermux.serving.job import Job
-from infermux.serving.stats import ModelStats, Stats
-from infermux.serving.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
+from infermux.execution.executor import LateFn, ReplyFn
+from infermux.execution.job import Job
+from infermux.execution.stats import ModelStats, Stats
+from infermux.execution.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
 from infermux.workers.lane import LaneClosed
 from infermux.plugins.base import BackendError, Context, TensorSpec
 from infermux.protocol import Status, encode_reply, error_header

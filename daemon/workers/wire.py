@@ -51,8 +51,8 @@ from typing import Any
 from infermux.config import ModelConfig
 from infermux.plugins.base import TensorSpec
 from infermux.protocol import Request, dtype_name
-from infermux.serving.job import Outcome
-from infermux.serving.placement import Change
+from infermux.execution.job import Outcome
+from infermux.execution.placement import Change
 
 LOAD, INFER, FORGET, SET, EXIT, MAP, UNMAP = b"l", b"I", b"F", b"C", b"X", b"M", b"U"
 HELLO, STAGE, READY, ERROR, REPLY, LATE, BEAT, BYE = b"h", b"s", b"r", b"e", b"R", b"L", b"H", b"b"

@@ -30,10 +30,10 @@ from infermux.plugins import backends
 from infermux.plugins.backends import cuda, trtlib
 from infermux.plugins.base import BackendError
 from infermux.protocol import Request
-from infermux.serving.executor import Executor
-from infermux.serving.job import Job
-from infermux.serving.scheduler import Scheduler
-from infermux.serving.stats import ModelStats
+from infermux.execution.executor import Executor
+from infermux.execution.job import Job
+from infermux.execution.scheduler import Scheduler
+from infermux.execution.stats import ModelStats
 
 MiB = 1 << 20
 INPUT, OUTPUT = "images", "probs"  # the classifier's tensors (the stand-in test swaps in its own)

@@ -13,14 +13,14 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
-from infermux.serving import batcher
-from infermux.serving.fairqueue import Closed, FairQueue
-from infermux.serving.inline import track_compute
-from infermux.serving.job import Job, Outcome
+from infermux.execution import batcher
+from infermux.execution.fairqueue import Closed, FairQueue
+from infermux.execution.inline import track_compute
+from infermux.execution.job import Job, Outcome
 from infermux.plugins.base import Context, InputRejected, OutputsMismatch
 from infermux.protocol import Status, encode_reply, error_header
 from infermux.workers.outputs import RegionOutputs, ShapeMemory
-from infermux.serving.stats import Stats
+from infermux.execution.stats import Stats
 
 log = logging.getLogger("infermux.executor")
 
