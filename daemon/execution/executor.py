@@ -19,7 +19,7 @@ from infermux.execution.inline import track_compute
 from infermux.execution.job import Job, Outcome
 from infermux.plugins.base import Context, InputRejected, OutputsMismatch
 from infermux.protocol import Status, encode_reply, error_header
-from infermux.workers.outputs import RegionOutputs, ShapeMemory
+from infermux.execution.outputs import RegionOutputs, ShapeMemory
 from infermux.execution.stats import Stats
 
 log = logging.getLogger("infermux.executor")
@@ -226,7 +226,7 @@ class Executor:
 
     def _infer_one(self, job: Job) -> dict[str, Any]:
         """One request alone: into the arrays its placement offers where the backend can (base.WritesOutputs):
-        a worker's slot, or the client's own regions (workers/outputs.py)."""
+        a worker's slot (workers/slotoutputs.py), or the client's own regions (execution/outputs.py)."""
         into = getattr(self._context, "infer_into", None)
         if job.place is None and job.request.output_regions:
             job.place = RegionOutputs(job.request, self._shapes)  # _succeed teaches it the shapes

@@ -45,7 +45,8 @@ from infermux.models.registry import rss_bytes, warm_up
 from infermux.execution.placement import Admission, Change
 from infermux.execution.scheduler import Scheduler
 from infermux.workers.slots import Slot, SlotCache, layout
-from infermux.workers.outputs import ShapeMemory, SlotOutputs
+from infermux.execution.outputs import ShapeMemory
+from infermux.workers.slotoutputs import SlotOutputs
 from infermux.execution.stats import ModelStats
 
 log = logging.getLogger("infermux.worker")
@@ -238,7 +239,7 @@ class Worker:
         try:
             request = self._request(message, frames[1:] if slot is None else
                                     [slot.view[offset:offset + n] for offset, n in message.offsets])
-            if slot is not None and not request.output_regions:  # outputs straight into it (workers/outputs.py)
+            if slot is not None and not request.output_regions:  # outputs straight into it (workers/slotoutputs.py)
                 kind = ShapeMemory.kind([[t.name, t.dtype, t.shape] for t in message.tensors], message.outputs)
                 envelope[2] = SlotOutputs(slot, message.outputs_at, kind, self.shapes)
         except (KeyError, TypeError, ValueError, IndexError) as exc:  # a daemon bug, not the client's

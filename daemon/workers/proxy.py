@@ -221,7 +221,7 @@ class WorkerProxy:
                                   if self._map(place.region)]  # the others come back in frames
         outputs = 0 if message.output_regions else self._out_row_bytes * rows
         if sum(sizes) > wire.INLINE_MAX_BYTES or (regions and outputs > wire.INLINE_MAX_BYTES):
-            # The outputs go after the inputs: the worker computes into the slot (workers/outputs.py).
+            # The outputs go after the inputs: the worker computes into the slot (workers/slotoutputs.py).
             slot = self.slots.acquire(span + outputs + ALIGN * self._outputs)
             # None: no room in /dev/shm (or zmq still sends them): inline
         if slot is not None:

@@ -29,7 +29,7 @@ worker → daemon
     ERROR  [b"e" {"reason", "during"}]
     REPLY  [b"R" seq + Outcome (struct) + layout JSON | nothing, reply header, *inline outputs]
            layout: [[offset, nbytes], ...] of the outputs in the request's slot (after the
-           inputs when the backend computed them there, workers/outputs.py)
+           inputs when the backend computed them there, workers/slotoutputs.py)
     LATE   [b"L" seq]                       past its deadline: the daemon decides (fallback/504)
     BEAT   [b"H" {"ctx": [[queued, in_flight, served], ...]}]
     BYE    [b"b"]
