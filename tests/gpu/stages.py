@@ -283,15 +283,14 @@ def stage_budget(work: Path) -> int:
 def stage_rebuild(work: Path) -> int:
     """Item 9: a plan TensorRT refuses is rebuilt from model.onnx with the stored settings while
     onnxruntime serves; then again from the timing cache the first rebuild left."""
-    from infermux.cli import build
-    from infermux.plugins.backends import tensorrt_rebuild
+    from infermux.plugins.backends import tensorrt_build, tensorrt_rebuild
 
     _trt()
     folder = work / "rebuild" / "1"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.onnx").write_bytes(CLASSIFIER_ONNX.read_bytes())
     plan = folder / "model.plan"
-    build.settings_path(plan).write_text(json.dumps({"min_batch": BATCH[0], "opt_batch": BATCH[1],
+    tensorrt_build.settings_path(plan).write_text(json.dumps({"min_batch": BATCH[0], "opt_batch": BATCH[1],
                                                      "max_batch": BATCH[2]}))
     seconds, served = [], []
     for attempt in range(2):  # the second starts from the timing cache the first wrote

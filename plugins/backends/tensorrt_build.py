@@ -1,33 +1,31 @@
-"""Build a TensorRT engine from an ONNX model on this device.
+"""Building a TensorRT engine from an ONNX model on this device.
 
-    infermux build model.onnx -o model.plan [--fp16 | --int8 --calib-cache FILE]
-                   [--min-batch 1] [--opt-batch N] [--max-batch N] [--workspace MiB]
-                   [--profile MIN:OPT:MAX ...] [--timing-cache FILE]
-                   [--dla-core N [--gpu-fallback]]
-
-An engine only runs on the GPU model and TensorRT version that built it, so
-build on the device that serves it, and again after a JetPack or TensorRT
-upgrade. Every input whose first dimension is dynamic gets one optimization
-profile over the batch range, or one per `--profile` batch range; the output is written under a temporary name
-and renamed, so the engine watcher never loads half a file. Beside it go the
-settings it was built with (`model.plan.build.json`), which the TensorRT
-backend reuses to rebuild a plan that an upgrade made unloadable.
+`build_engine(BuildOptions(...))` is what `infermux build` (cli/build.py)
+runs, and what the backend runs to rebuild a plan an upgrade made
+unloadable (tensorrt_rebuild.py). An engine only runs on the GPU model and
+TensorRT version that built it, so it is built on the device that serves
+it, and again after a JetPack or TensorRT upgrade. Every input whose first
+dimension is dynamic gets one optimization profile over the batch range, or
+one per batch range in `profiles`; the plan is written under a temporary
+name and renamed, so the engine watcher never loads half a file. Beside it
+go the settings it was built with (`model.plan.build.json`), which a
+rebuild reuses. While it builds, the builder reports each phase it enters
+to an `OnPhase` callback: the command prints it, a rebuild reports it as
+the version's progress.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence, TextIO
+from typing import Any, Callable, Sequence
 
-from infermux.plugins.base import BackendError
+from infermux.plugins.backends import trtlib
 
 Shape = tuple[int, ...]
 
@@ -36,13 +34,19 @@ log = logging.getLogger("infermux.build")
 SETTINGS_SUFFIX = ".build.json"  # model.plan -> model.plan.build.json
 
 
+#: Told each phase the builder enters: "building" first, then TensorRT's own phases as they
+#: nest ("Building engine 3/40 > Tactic timing 1/9"), "finishing" once they end. It is called
+#: on TensorRT's threads while the build runs: keep it short.
+OnPhase = Callable[[str], None]
+
+
 class BuildError(Exception):
     """The engine could not be built; the message says why and what to do."""
 
 
 @dataclass(frozen=True)
 class BuildOptions:
-    """What `infermux build` was asked to do."""
+    """What to build, and how (`infermux build`'s options; a rebuild's stored settings)."""
 
     onnx: Path
     output: Path
@@ -111,15 +115,6 @@ def _no_gaps(ranges: Sequence[tuple[int, int, int]]) -> None:
         covered = max(covered, high)
 
 
-def parse_profile(text: str) -> tuple[int, int, int]:
-    """`--profile MIN:OPT:MAX` (argparse type)."""
-    parts = text.split(":")
-    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
-        raise argparse.ArgumentTypeError(f"expected MIN:OPT:MAX batch sizes, e.g. 1:4:8, got {text!r}")
-    low, opt, high = (int(p) for p in parts)
-    return low, opt, high
-
-
 @dataclass(frozen=True)
 class BuildReport:
     """What was built."""
@@ -167,62 +162,9 @@ def batch_profile(inputs: Sequence[tuple[str, Shape]],
     return profiles
 
 
-class _Status:
-    """An elapsed-time status line on stderr: redrawn in place on a terminal,
-    a plain line every 10 s otherwise (logs, CI)."""
-
-    def __init__(self, stream: TextIO = sys.stderr) -> None:
-        self._stream = stream
-        self._tty = stream.isatty()
-        self._start = time.monotonic()
-        self._last_line = 0.0
-        self._lock = threading.Lock()
-        self.phase = "building"
-
-    def elapsed(self) -> float:
-        return time.monotonic() - self._start
-
-    def tick(self) -> None:
-        with self._lock:
-            line = f"[{self.elapsed():6.1f} s] {self.phase}"
-            if self._tty:
-                self._stream.write("\r" + line[:100].ljust(100))
-                self._stream.flush()
-            elif self.elapsed() - self._last_line >= 10:
-                self._last_line = self.elapsed()
-                self._stream.write(line + "\n")
-
-    def finish(self) -> None:
-        if self._tty:
-            self._stream.write("\n")
-
-
-class _Ticker:
-    """Redraws the status line twice a second while the builder runs
-    (TensorRT releases the GIL while it builds)."""
-
-    def __init__(self, status: _Status) -> None:
-        self._status = status
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="build-progress", daemon=True)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            self._status.tick()
-
-    def __enter__(self) -> "_Ticker":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self._status.finish()
-
-
-def _progress_monitor(trt: Any, status: _Status) -> Any | None:
-    """An IProgressMonitor that names the builder's current phase, where this
-    TensorRT's Python API has one (else the status shows elapsed time only)."""
+def _progress_monitor(trt: Any, on_phase: OnPhase) -> Any | None:
+    """An IProgressMonitor that tells `on_phase` the builder's current phase, where this
+    TensorRT's Python API has one (else only "building" is told)."""
     base = getattr(trt, "IProgressMonitor", None)
     if base is None:
         return None
@@ -236,19 +178,19 @@ def _progress_monitor(trt: Any, status: _Status) -> Any | None:
         def phase_start(self, phase_name: str, parent_phase: str | None, num_steps: int) -> None:
             with self._lock:
                 self._phases[phase_name] = f"{phase_name} 0/{num_steps}"
-                status.phase = " > ".join(self._phases.values())
+                on_phase(" > ".join(self._phases.values()))
 
         def step_complete(self, phase_name: str, step: int) -> bool:
             with self._lock:
                 total = self._phases.get(phase_name, "/?").rsplit("/", 1)[1]
                 self._phases[phase_name] = f"{phase_name} {step + 1}/{total}"
-                status.phase = " > ".join(self._phases.values())
+                on_phase(" > ".join(self._phases.values()))
             return True  # False would cancel the build
 
         def phase_finish(self, phase_name: str) -> None:
             with self._lock:
                 self._phases.pop(phase_name, None)
-                status.phase = " > ".join(self._phases.values()) or "finishing"
+                on_phase(" > ".join(self._phases.values()) or "finishing")
 
     return Monitor()
 
@@ -311,15 +253,17 @@ def _write_atomically(path: Path, data: Any) -> int:
     return path.stat().st_size
 
 
-def build_engine(opts: BuildOptions, status: _Status | None = None) -> BuildReport:
-    """Build and write the engine; BuildError (or BackendError without TensorRT) on failure."""
-    from infermux.plugins.backends import trtlib
-
+def build_engine(opts: BuildOptions, on_phase: OnPhase | None = None) -> BuildReport:
+    """Build and write the engine, telling `on_phase` how far it got; BuildError (or
+    BackendError without TensorRT) on failure."""
+    start = time.monotonic()
+    on_phase = on_phase or _unheard
+    on_phase("building")
     ranges = opts.batch_ranges()
     if not opts.onnx.is_file():
         raise BuildError(f"no ONNX model at {opts.onnx}")
     shared = trtlib.shared()
-    trt, status = shared.trt, status or _Status()
+    trt = shared.trt
     builder, network, _parser = _parse(trt, shared.logger, opts.onnx)
     inputs = [(t.name, tuple(t.shape)) for t in (network.get_input(i) for i in range(network.num_inputs))]
     shapes = [batch_profile(inputs, batch) for batch in ranges]
@@ -335,23 +279,38 @@ def build_engine(opts: BuildOptions, status: _Status | None = None) -> BuildRepo
             first = profile
     _set_precision(trt, config, opts, first)  # INT8 calibrates with the first profile
     if opts.dla_core is not None:
-        from infermux.plugins.backends import tensorrt_dla
-
-        tensorrt_dla.configure_build(trt, builder, config, opts.dla_core, opts.gpu_fallback)
+        _use_dla(trt, builder, config, opts.dla_core, opts.gpu_fallback)
     if opts.timing_cache is not None:
         _use_timing_cache(config, opts.timing_cache)
-    monitor = _progress_monitor(trt, status)
+    monitor = _progress_monitor(trt, on_phase)
     if monitor is not None:
         config.progress_monitor = monitor
-    with _Ticker(status):
-        plan = builder.build_serialized_network(network, config)
+    plan = builder.build_serialized_network(network, config)  # releases the GIL while it builds
     if plan is None:
         raise BuildError(f"TensorRT could not build {opts.onnx}: {shared.last_error() or 'no reason logged'}")
     if opts.timing_cache is not None:
         _write_atomically(opts.timing_cache, config.get_timing_cache().serialize())
     size = _write_atomically(opts.output, plan)
     _write_atomically(settings_path(opts.output), json.dumps(opts.settings(), indent=1).encode())
-    return BuildReport(opts.output, size, status.elapsed(), trt.__version__, shapes[0], shapes)
+    return BuildReport(opts.output, size, time.monotonic() - start, trt.__version__, shapes[0], shapes)
+
+
+def _unheard(phase: str) -> None:
+    """The phase callback of a build nobody watches."""
+
+
+def _use_dla(trt: Any, builder: Any, config: Any, core: int, gpu_fallback: bool) -> None:
+    """Make DLA core `core` the default device of every layer (tensorrt_dla.py; BuildError if
+    absent); with `gpu_fallback`, layers the DLA cannot run go to the GPU (without it such a
+    network fails to build)."""
+    available = int(getattr(builder, "num_DLA_cores", 0))
+    if core >= available:
+        raise BuildError(f"--dla-core {core}: this device has {available} DLA core(s) (Jetson Orin "
+                         f"AGX and NX have 2, Orin Nano and discrete GPUs none)")
+    config.default_device_type = trt.DeviceType.DLA
+    config.DLA_core = core
+    if gpu_fallback:
+        config.set_flag(trt.BuilderFlag.GPU_FALLBACK)
 
 
 def _use_timing_cache(config: Any, path: Path) -> None:
@@ -368,79 +327,3 @@ def _use_timing_cache(config: Any, path: Path) -> None:
     if not config.set_timing_cache(cache, False):
         log.warning("timing cache %s was made on another GPU or TensorRT version: starting a new one", path)
         config.set_timing_cache(config.create_timing_cache(b""), False)
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Register `infermux build`'s options."""
-    parser.add_argument("onnx", type=Path, metavar="MODEL.onnx", help="the ONNX model")
-    parser.add_argument("-o", "--output", type=Path, required=True, metavar="PLAN",
-                        help="engine file to write (e.g. ENGINE_DIR/NAME/VERSION/model.plan)")
-    parser.add_argument("--fp16", action="store_true", help="allow FP16 kernels (TensorRT 10)")
-    parser.add_argument("--int8", action="store_true", help="allow INT8 kernels; needs --calib-cache")
-    parser.add_argument("--calib-cache", type=Path, metavar="FILE", help="INT8 calibration cache to use")
-    parser.add_argument("--min-batch", type=int, default=1, help="smallest batch served (default 1)")
-    parser.add_argument("--opt-batch", type=int, help="batch TensorRT tunes for (default: --max-batch)")
-    parser.add_argument("--max-batch", type=int, default=8, help="largest batch served (default 8)")
-    parser.add_argument("--workspace", type=int, default=1024, metavar="MiB",
-                        help="builder scratch memory limit in MiB (default 1024)")
-    parser.add_argument("--profile", type=parse_profile, action="append", default=[], metavar="MIN:OPT:MAX",
-                        help="one optimization profile per batch range (repeat; replaces --min/--opt/--max-batch)")
-    parser.add_argument("--dla-core", type=int, metavar="N", help="run on DLA core N (Jetson Orin); needs "
-                        "--fp16 or --int8")
-    parser.add_argument("--gpu-fallback", action="store_true",
-                        help="with --dla-core: layers the DLA cannot run go to the GPU")
-    parser.add_argument("--timing-cache", type=Path, metavar="FILE",
-                        help="kernel timings to start from, and to save the build's timings to")
-
-
-def options_from_args(args: argparse.Namespace) -> BuildOptions:
-    """BuildOptions from parsed arguments, checked."""
-    if args.int8 and args.calib_cache is None:
-        raise BuildError("--int8 needs --calib-cache FILE: infermux build does not calibrate")
-    if args.calib_cache is not None and not args.calib_cache.is_file():
-        raise BuildError(f"no calibration cache at {args.calib_cache}")
-    if args.workspace < 1:
-        raise BuildError("--workspace must be at least 1 MiB")
-    if args.gpu_fallback and args.dla_core is None:
-        raise BuildError("--gpu-fallback needs --dla-core N: it lets DLA layers fall back to the GPU")
-    if args.dla_core is not None and (args.dla_core < 0 or not (args.fp16 or args.int8)):
-        raise BuildError("--dla-core needs a core number >= 0 and --fp16 or --int8: the DLA runs FP16 and "
-                         "INT8 only")
-    opts = BuildOptions(args.onnx, args.output, args.fp16, args.int8, args.calib_cache,
-                        args.min_batch, args.opt_batch, args.max_batch, args.workspace, args.timing_cache,
-                        tuple(args.profile), args.dla_core, args.gpu_fallback)
-    opts.batch_ranges()
-    return opts
-
-
-def run(args: argparse.Namespace) -> int:
-    """`infermux build`: 0 on success, 1 if the build failed, 2 for bad arguments."""
-    try:
-        opts = options_from_args(args)
-    except BuildError as exc:
-        print(f"infermux build: {exc}", file=sys.stderr)
-        return 2
-    print(f"building {opts.output} from {opts.onnx} on this device (a large model takes minutes)",
-          file=sys.stderr)
-    try:
-        report = build_engine(opts)
-    except (BuildError, BackendError) as exc:
-        print(f"infermux build: {exc}", file=sys.stderr)
-        return 1
-    batch = "; ".join(", ".join(f"{n} {list(lo)}..{list(hi)}" for n, (lo, _, hi) in profile.items())
-                      for profile in report.all_profiles if profile) or "static shapes"
-    print(f"wrote {report.output} ({report.bytes / 2**20:.1f} MiB) in {report.seconds:.1f} s with "
-          f"TensorRT {report.tensorrt_version}; {batch}. It runs only on this GPU model with this "
-          f"TensorRT version.")
-    return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m infermux.cli.build`: the same command without the rest of the CLI."""
-    parser = argparse.ArgumentParser(prog="infermux build", description=(__doc__ or "").splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    sys.exit(main())
