@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from infermux.cli import build_command as build
+from infermux.cli import build
 from infermux.plugins import backends
 from infermux.plugins.backends import tensorrt_build, trtlib
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from fakes_tensorrt import ACTIVATION_BYTES, PLAN_MAGIC, write_plan
 
-from infermux.cli import build_command as build
+from infermux.cli import build
 from infermux.plugins import backends
 from infermux.plugins.backends import tensorrt_build, trtlib
 from infermux.plugins.base import BackendError

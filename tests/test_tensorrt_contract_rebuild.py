@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 import models
 from infermux import config as cfg
-from infermux.cli import build_command as build
+from infermux.cli import build
 from infermux.events import EventLog
 from infermux.models.registry import Registry
 from infermux.plugins import backends

@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("infermux.cli.status", "print the daemon's models table once"),
     "ctl": ("infermux.cli.ctl", "run one admin command (load, unload, set, pin, drain, reload, ...)"),
     "top": ("infermux.tui.top", "live console: queues, memory, routing, with control"),
-    "build": ("infermux.cli.build_command", "build a TensorRT engine from an ONNX model on this device"),
+    "build": ("infermux.cli.build", "build a TensorRT engine from an ONNX model on this device"),
     "keygen": ("infermux.cli.keygen", "make a CURVE keypair for a tcp:// listener or a client"),
     "tune": ("infermux.cli.tune", "find how many contexts a model should run (the sizing rule)"),
     "doctor": ("infermux.cli.doctor", "check what this device lacks to serve: libraries, GPU, config, sockets"),

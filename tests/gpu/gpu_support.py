@@ -43,7 +43,7 @@ def build_plan(out: Path, *extra: str) -> Path:
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(key, out)
         return out
-    cmd = [sys.executable, "-m", "infermux.cli.build_command", str(CLASSIFIER_ONNX), "-o", str(out),
+    cmd = [sys.executable, "-m", "infermux.cli.build", str(CLASSIFIER_ONNX), "-o", str(out),
            "--min-batch", str(BATCH[0]), "--opt-batch", str(BATCH[1]), "--max-batch", str(BATCH[2]), *extra]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, f"{' '.join(cmd)} failed:\n{done.stdout}\n{done.stderr}"
