@@ -176,12 +176,12 @@ def test_no_function_imports_an_infermux_module_unless_it_says_why() -> None:
 
 def test_the_daemon_imports_without_the_console_libraries() -> None:
     # Textual and Rich come with the `tui` extra only: the container image, a headless box and the
-    # .deb without python3-textual run the daemon without them (a Rich import in tui/format.py,
-    # which `infermux status` and the pipelines use, once stopped the container's daemon at start).
+    # .deb without python3-textual run the daemon without them (a Rich import in the number
+    # formatting that `infermux status` and the pipelines share once stopped the container's daemon
+    # at start; that formatting is infermux.format now, and the console's markup tui/markup.py).
     import subprocess
     import sys
-    daemon_side = sorted(m for m in _modules() if not m.endswith("__main__")
-                         and (not m.startswith("infermux.tui") or m == "infermux.tui.format"))
+    daemon_side = sorted(m for m in _modules() if not m.endswith("__main__") and not m.startswith("infermux.tui"))
     script = ("import sys\n"
               "class Block:\n"
               "    def find_spec(self, name, path=None, target=None):\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from infermux.execution.stats import Stats
-from infermux.tui import format as fmt  # plain functions; importing it does not load Textual
+from infermux import format as fmt
 
 
 class PipelineStats:
