@@ -69,7 +69,7 @@ class Workers:
         self._reply, self._on_late, self._watch_fd = reply, on_late, watch
         daemon = registry.config.daemon
         self.budget = mem.MemoryBudget(daemon.memory_budget, registry.config.path)
-        self.memory = MemoryKeeper(registry, self.budget, stop=self._evicted, busy=lambda key: key in self._busy)
+        self.memory = MemoryKeeper(registry, self.budget, stop=self._evicted, stoppable=self._stoppable)
         self.ctx = zmq.Context()
         self._ids = itertools.count(1)
         self._lock = threading.Condition()
@@ -199,7 +199,7 @@ class Workers:
         strategy = mc.strategy or self.registry.config.routing.strategy
         proxy = WorkerProxy(process, mc, ready, self._reply, self._on_late, self._exited, mv.stats, strategy,
                             self._watch_fd, self.regions)
-        proxy.unseen_bytes = self.memory.unseen(process, free_before)
+        proxy.unseen_bytes = self.memory.unseen(free_before, process.rss() - int(process.hello.get("rss", 0)))
         mv.engine = RemoteEngine(wire.specs_from_json(ready["inputs"]), wire.specs_from_json(ready["outputs"]),
                                  int(ready.get("memory_bytes", 0)))
         mv.scheduler = proxy
@@ -324,6 +324,12 @@ class Workers:
             self._stop(mv, wait=False)
             return
         proxy.slots.trim(SLOT_IDLE_S, keep=len(proxy.executors) * max(1, mv.config.max_batch) + 1)
+
+    def _stoppable(self, mv: ModelVersion) -> bool:
+        """Whether the memory keeper may stop `mv` to make room: a cold version serving nothing
+        right now, which nothing else is moving or stopping."""
+        return (isinstance(mv.scheduler, WorkerProxy) and mv.state is State.READY and mv.scheduler.load() == 0
+                and mv.config.key not in self._busy)
 
     def _evicted(self, mv: ModelVersion) -> None:
         if isinstance(mv.scheduler, WorkerProxy):
