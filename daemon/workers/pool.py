@@ -23,7 +23,7 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 import zmq
 
@@ -122,11 +122,11 @@ class Workers:
                                 inline=InlinePolicy(daemon.inline_max_us, daemon.inline_busy_max_us),
                                 log_level=daemon.log_level, env=env)
         try:
-            process.hello = process.wait_for((wire.HELLO,), 60)[1]
+            process.hello = process.wait_for(wire.Hello, timeout_s=60)
         except BaseException:
             process.close()
             raise
-        self.memory.worker_base = int(process.hello.get("rss", 0)) or self.memory.worker_base
+        self.memory.worker_base = process.hello.rss or self.memory.worker_base
         return process
 
     def _refill(self) -> None:
@@ -199,37 +199,36 @@ class Workers:
         strategy = mc.strategy or self.registry.config.routing.strategy
         proxy = WorkerProxy(process, mc, ready, self._reply, self._on_late, self._exited, mv.stats, strategy,
                             self._watch_fd, self.regions)
-        proxy.unseen_bytes = self.memory.unseen(free_before, process.rss() - int(process.hello.get("rss", 0)))
-        mv.engine = RemoteEngine(wire.specs_from_json(ready["inputs"]), wire.specs_from_json(ready["outputs"]),
-                                 int(ready.get("memory_bytes", 0)))
+        proxy.unseen_bytes = self.memory.unseen(free_before, process.rss() - process.hello.rss)
+        mv.engine = RemoteEngine(ready.inputs, ready.outputs, ready.memory_bytes)
         mv.scheduler = proxy
         mv.memory_bytes = self.memory.measure(mc.key, proxy)
         mv.last_load_s = time.monotonic() - mv.load_started
         mv.reason = ""
         mv.state = State.READY
-        self.events.emit("loaded", mc.name, mc.version, backend=ready.get("backend", ""), contexts=mc.contexts,
-                         load_ms=round(mv.last_load_s * 1000), engine_ms=ready.get("load_ms", 0),
+        self.events.emit("loaded", mc.name, mc.version, backend=ready.backend, contexts=mc.contexts,
+                         load_ms=round(mv.last_load_s * 1000), engine_ms=ready.load_ms,
                          memory_mb=round(mv.memory_bytes / 2**20, 1), placement="cold", pid=process.pid)
         self.memory.settle(mv)
         self._refill()
         return True
 
-    def _send_load(self, process: WorkerProcess, mv: ModelVersion) -> dict[str, Any]:
+    def _send_load(self, process: WorkerProcess, mv: ModelVersion) -> wire.Ready:
         # The daemon's proxy bounds what is in flight; the worker's own queue must never refuse.
         config = replace(mv.config, max_queue=1 << 30,
                          strategy=mv.config.strategy or self.registry.config.routing.strategy)
-        if not process.send(wire.control(wire.LOAD, wire.config_to_json(config)), wait_s=10.0):
+        if not process.send([wire.Load(config).encode()], wait_s=10.0):
             raise WorkerExited(f"worker {process.pid} does not take messages")
         while True:
-            kind, body = process.wait_for((wire.STAGE, wire.READY, wire.ERROR), LOAD_TIMEOUT_S)
-            if kind == wire.STAGE:
+            message = process.wait_for(wire.Stage, wire.Ready, wire.Error, timeout_s=LOAD_TIMEOUT_S)
+            if isinstance(message, wire.Stage):
                 mv.state = State.WARMING
-            elif kind == wire.ERROR:
-                error = BackendError(body.get("reason", "unknown"))
-                error.during = body.get("during", "load")  # type: ignore[attr-defined]
+            elif isinstance(message, wire.Error):
+                error = BackendError(message.reason)
+                error.during = message.during  # type: ignore[attr-defined]
                 raise error
-            else:
-                return body
+            elif isinstance(message, wire.Ready):
+                return message
 
     def _refuse(self, mv: ModelVersion, exc: Exception) -> bool:
         self._retry_at[mv.config.key] = time.monotonic() + REFUSED_RETRY_S
