@@ -190,7 +190,7 @@ class Workers:
         free_before = self.budget.available()
         try:
             ready = self._send_load(process, mv)
-        except (WorkerExited, TimeoutError, BackendError) as exc:
+        except (WorkerExited, TimeoutError, BackendError, wire.MalformedMessage) as exc:
             process.stop(1.0)
             process.close()
             self.events.emit("worker_stopped", mc.name, mc.version, pid=process.pid, reason="load failed")

@@ -143,6 +143,7 @@ class WorkerProxy:
         self._idle = threading.Condition(self._lock)
         self._closing = False  # no new jobs
         self._stopping = False  # the end of the process is expected
+        self._broken = False  # it sent a message that does not decode (said once)
         self.slots = SlotPool(segment_name(os.getpid(), process.wid), config.max_queue + config.contexts,
                               on_drop=self._forget)
         self._lane = process.take_lane()
@@ -374,7 +375,10 @@ class WorkerProxy:
                 frames = up.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._dispatch(frames)
+            try:
+                self._dispatch(frames)
+            except wire.MalformedMessage as exc:
+                self._malformed(exc)
 
     def _read_lane(self) -> bool:
         """Handle the replies waiting on the lane; False once it is closed (the worker ended)."""
@@ -387,6 +391,9 @@ class WorkerProxy:
                 return True
             try:
                 self._dispatch(frames)
+            except wire.MalformedMessage as exc:
+                self._malformed(exc)
+                return False
             except Exception:  # on the frontend thread: a bug here ends this worker, not the daemon
                 log.exception("worker reply failed model=%s version=%s", self.name, self.version)
                 self.process.kill()  # the reader then answers what it held with 503
@@ -405,6 +412,16 @@ class WorkerProxy:
             if entry is not None:
                 self._release(entry[1])
                 self._on_late(entry[0])
+
+    def _malformed(self, exc: wire.MalformedMessage) -> None:
+        """A message that does not decode: this worker is broken. It is stopped as a crash, so the
+        reader answers what it held with 503 and the next request starts another (pool.py)."""
+        if self._broken:
+            return  # said once: what it sent before it died says nothing new
+        self._broken = True
+        log.error("worker %d (model=%s version=%s) sent a malformed message (%s): stopping it; the next "
+                  "request starts a new one", self.pid, self.name, self.version, exc)
+        self.kill(f"sent a malformed message ({exc})")
 
     def _take(self, seq: int) -> tuple[Job, Slot | None, int] | None:
         """The request `seq` the worker answered; None if it was answered already (at its deadline)."""
