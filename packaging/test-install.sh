@@ -234,7 +234,7 @@ check_unit() {
     fi
     # The real test of the unit: verify against the installed files, binaries
     # included. --man=no: man-db is not installed here (the repo's
-    # tests/test_packaging.py checks the man: reference against our page).
+    # tests/system/test_packaging.py checks the man: reference against our page).
     out=$(in_root systemd-analyze --man=no verify /lib/systemd/system/infermux.service 2>&1)
     echo "systemd-analyze verify: ${out:-(no output)}"
     [ -z "$out" ]

@@ -253,7 +253,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--shared-memory", action="store_true",
                         help="keep inputs and outputs in a shared-memory region registered with the daemon "
-                        "(ipc endpoints only; README, \"Tensors in shared memory\"); every request reads "
+                        "(ipc endpoints only; docs/operating.md, \"Tensors in shared memory\"); every request reads "
                         "the same inputs and writes the same outputs, which are not checked")
     from infermux.transport import curve
 

@@ -12,7 +12,7 @@ There are two, and "placement" means only these:
 stops it, promote/demote hands one over to the other (`hand_over`), and the
 admin views read it (`contexts`, `settings`, `worker_info`). Whatever one of
 them is asked, the other answers too: `Placement` states it, and mypy checks
-both against it (tests/test_typecheck.py).
+both against it (tests/unit/test_typecheck.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Hostile clients against one daemon (issue 17) while well-behaved clients keep measuring.
+"""Hostile clients against one daemon while well-behaved clients keep measuring.
 
     python tests/benchmarks/bench_hostile.py [--seconds 4] [--no-write]
 
@@ -9,7 +9,7 @@ well-behaved clients send requests meanwhile; their answered share and
 p99 are compared with a run without attacker just before it (the box is
 shared: a baseline taken once drifts). The daemon's RSS and open
 descriptors are read before and after each scenario. Goal: 100 % answered
-and p99 within 2x of the baseline. Writes the "Hostile clients (issue 17)"
+and p99 within 2x of the baseline. Writes the "Hostile clients"
 section of RESULTS.md.
 """
 
@@ -37,7 +37,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from results import markdown_table, process_cpu_s, stamp, write_section  # noqa: E402
 
-from harness import Daemon  # noqa: E402
+from support.harness import Daemon  # noqa: E402
 from infermux.client import Client  # noqa: E402
 
 HEAD = """
@@ -247,7 +247,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="pairs of windows per scenario (the median is shown)")
     parser.add_argument("--only", default="", help="run only the scenarios whose name contains this")
     args = parser.parse_args()
-    import models
+    from support import models
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -273,7 +273,7 @@ def main() -> int:
                       "(figures noisy).", "", table])
     print(body)
     if not args.no_write:
-        write_section("Hostile clients (issue 17)", body)
+        write_section("Hostile clients", body)
     return 0
 
 

@@ -2,7 +2,7 @@
 
     python tests/benchmarks/bench_stats.py
 
-Target (issue 4 item 6): under 2 µs per record with 2 threads. Writes the
+Target: under 2 µs per record with 2 threads. Writes the
 "## Stats: cost per record" section of RESULTS.md.
 """
 

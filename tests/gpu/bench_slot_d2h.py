@@ -1,4 +1,4 @@
-"""Issue 5 on a GPU: how a TensorRT output could reach a worker's shared-memory slot.
+"""Cold workers on a GPU: how a TensorRT output could reach a worker's shared-memory slot.
 
     python tests/gpu/bench_slot_d2h.py [--repeat 50] [--out FILE]
 
@@ -115,7 +115,7 @@ def measure(nbytes: int, repeat: int) -> dict[str, float | None]:
         finally:
             check(rt.cudaHostUnregister(slot_ptr))
     finally:
-        del view, pinned_view
+        view = pinned_view = None  # the closures' references too: the mapping closes below
         slot.unlink()
         slot.close()
         pinned.close()

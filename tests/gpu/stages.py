@@ -1,4 +1,4 @@
-"""Hardware proofs of the TensorRT fixes of issue 18, one run.sh stage each.
+"""Hardware proofs of what the TensorRT backend relies on, one run.sh stage each.
 
     python tests/gpu/stages.py STAGE WORKDIR     STAGE: cap memory formats vcompat teardown pycuda standin
                                                         budget rebuild profiles graphs dla zerocopy
@@ -443,7 +443,7 @@ def stage_pycuda(work: Path) -> int:
 
 def stage_standin(work: Path) -> int:
     """Item 8: the stand-in is CPU-only."""
-    raise Skip("the stand-in (tests/fakes_tensorrt.py) is CPU-only: its tests run in `pytest tests`")
+    raise Skip("the stand-in (tests/support/fakes/tensorrt.py) is CPU-only: its tests run in `pytest tests`")
 
 
 STAGES = {"cap": stage_cap, "memory": stage_memory, "formats": stage_formats, "vcompat": stage_vcompat,

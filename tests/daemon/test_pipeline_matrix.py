@@ -1,0 +1,228 @@
+"""The feature matrix's pipeline row: a pipeline's model step × each placement of that model.
+
+A pipeline calls ordinary models (docs/pipelines.md): hot or cold, with a
+fallback, swapped, drained. Each placement (the matrix's four: hot,
+cold, promoted, demoted) gets one daemon serving three copies of the test
+classifier behind a `decode → resize → normalize → model → classify`
+pipeline each: `cls` (with the always-hot fallback `ref`), `cnf` (no
+fallback) and `csw` (in the watched engine_dir, for the swap). A fourth
+pipeline over `ref` is the reference the others' outputs must equal, as
+the model is the same file. Each cell fails if the daemon logged a
+traceback or counted a 500 while it ran (support/matrix.py's `cell`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+import zmq
+
+from support.harness import Daemon
+# `cell` (tests/daemon/conftest.py) takes this module's `placed`, and fails a cell on a traceback or a 500.
+from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement
+from support.polling import eventually
+
+cv2 = pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
+
+from infermux.pipelines.wire import send_frame  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+CLASSIFIER = REPO / "engines/classifier/1/model.onnx"
+every_placement = pytest.mark.parametrize("placed", PLACEMENTS, indirect=True)
+pytestmark = pytest.mark.timing  # swaps, restarts and deadlines, like test_matrix's: tests/stress.sh runs it
+FRAME = cv2.imencode(".png", np.random.default_rng(19).integers(0, 255, (48, 64, 3), dtype=np.uint8))[1].tobytes()
+
+HEAD = """
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{watched}"
+watch_settle_s = 0.4
+watch_debounce_s = 0.02
+watch_rescan_s = 1.0
+
+[[models]]
+name = "ref"
+engine = "{classifier}"
+"""
+
+
+def pipeline(name: str, model: str) -> str:
+    return (f'[[pipelines]]\nname = "{name}"\n[[pipelines.steps]]\nprocessor = "decode"\n'
+            '[[pipelines.steps]]\nprocessor = "resize"\noptions = { size = [64, 64] }\n'
+            f'[[pipelines.steps]]\nprocessor = "normalize"\n[[pipelines.steps]]\nmodel = "{model}"\n'
+            '[[pipelines.steps]]\nprocessor = "classify"\noptions = { k = 3 }\n')
+
+
+def config_text(placement: str, watched: Path) -> str:
+    """The models as configured before any move (cold for cold and promoted), and a pipeline each."""
+    mode = 'mode = "multiproc"\npreload = true\n' if placement in ("cold", "promoted") else ""
+    text = HEAD.format(watched=watched, classifier=CLASSIFIER)
+    text += f'[[models]]\nname = "cls"\nengine = "{CLASSIFIER}"\nfallback = "ref"\n{mode}'
+    text += f'[[models]]\nname = "cnf"\nengine = "{CLASSIFIER}"\n{mode}'
+    text += f'[[models]]\nname = "csw"\nengine = "csw/1/model.onnx"\n{mode}'
+    return text + "".join(pipeline(f"p{m}", m) for m in ("ref", "cls", "cnf", "csw"))
+
+
+def publish_version(watched: Path, model: str, version: int) -> None:
+    """The classifier as `model`'s `version`, the documented way: built under a hidden name, renamed in."""
+    staged = watched / model / f".{version}.tmp"
+    staged.mkdir(parents=True)
+    shutil.copyfile(CLASSIFIER, staged / "model.onnx")
+    os.rename(staged, watched / model / str(version))
+
+
+@pytest.fixture(scope="module")
+def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+           engines: Path) -> Iterator[Placement]:
+    name = request.param
+    workdir = tmp_path_factory.mktemp(f"pipeline-matrix-{name}")
+    watched = workdir / "engines"
+    publish_version(watched, "csw", 1)
+    d = Daemon(workdir, config_text(name, watched)).start()
+    try:
+        if name in MOVES:
+            with d.admin(timeout_s=60) as admin:
+                for model in ("cls", "cnf", "csw"):
+                    admin.call(MOVES[name], model=model)
+        yield Placement(name, d, engines, watched)
+    finally:
+        assert d.stop() == 0, d.log()[-4000:]
+
+
+@pytest.fixture
+def sock(cell: Placement) -> Iterator[zmq.Socket]:
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(cell.daemon.endpoint)
+    yield s
+    s.close()
+
+
+def probs(sock: zmq.Socket, pipe: str, **fields: object) -> tuple[dict, np.ndarray]:
+    """A 200 from pipeline `pipe` for FRAME: its header and its model step's probabilities."""
+    model = pipe[1:]
+    reply = send_frame(sock, pipe, FRAME, "png", outputs=[f"{model}.probs"], **fields)
+    assert reply.status == 200, reply.header
+    return reply.header, reply.outputs[f"{model}.probs"]
+
+
+def placement_of(d: Daemon, model: str) -> str:
+    with d.admin() as admin:
+        return next(m for m in admin.call("models")["models"] if m["name"] == model)["placement"]
+
+
+def states(d: Daemon, model: str) -> set[str]:
+    with d.admin() as admin:
+        return {m["state"] for m in admin.call("models")["models"] if m["name"] == model}
+
+
+# -- the cells, in the order they run on each placement's daemon ------------------------------------
+
+
+@every_placement
+def test_a_pipeline_over_each_placement_computes_what_the_hot_reference_does(cell: Placement,
+                                                                           sock: zmq.Socket) -> None:
+    assert placement_of(cell.daemon, "cls") == cell.where
+    _, expected = probs(sock, "pref")
+    for pipe in ("pcls", "pcnf", "pcsw"):
+        header, got = probs(sock, pipe)
+        assert "fallbacks" not in header, header
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@every_placement
+def test_a_pipeline_over_an_unloaded_model_is_answered_by_its_fallback_and_says_so(
+        cell: Placement, sock: zmq.Socket) -> None:
+    _, expected = probs(sock, "pref")
+    with cell.daemon.admin(timeout_s=60) as admin:
+        admin.call("unload", model="cls")
+    # Hot, it stays unloaded until `ctl load`; cold, the frame starts its worker again.
+    reason = "not_ready" if cell.name in WITH_WORKER else "unloaded"
+    reply = send_frame(sock, "pcls", FRAME, "png", outputs=["cls.probs"])
+    assert reply.status == 200, reply.header
+    assert reply.header["fallbacks"] == [{"step": "cls", "from": "cls", "reason": reason}], reply.header
+    np.testing.assert_allclose(reply.outputs["cls.probs"], expected, rtol=1e-5, atol=1e-6)
+    if cell.name not in WITH_WORKER:
+        with cell.daemon.admin(timeout_s=60) as admin:
+            admin.call("load", model="cls")
+    eventually(lambda: states(cell.daemon, "cls") == {"ready"}, "cls ready again", 30.0)
+    header, _ = probs(sock, "pcls")
+    assert "fallbacks" not in header, header
+
+
+@every_placement
+def test_a_pipeline_over_an_unloaded_model_without_fallback_is_a_503_naming_its_step(
+        cell: Placement, sock: zmq.Socket) -> None:
+    with cell.daemon.admin(timeout_s=60) as admin:
+        admin.call("unload", model="cnf")
+    reply = send_frame(sock, "pcnf", FRAME, "png")
+    assert reply.status == 503 and "step 'cnf'" in reply.header["error"], reply.header
+    if cell.name in WITH_WORKER:  # the frame started the worker: a retry after the time given is served
+        assert reply.header["retry_after_ms"] > 0
+        deadline = time.monotonic() + 30
+        while reply.status == 503 and time.monotonic() < deadline:
+            time.sleep(min(reply.header["retry_after_ms"], 50) / 1000)
+            reply = send_frame(sock, "pcnf", FRAME, "png")
+        assert reply.status == 200, reply.header
+        return
+    assert "ctl load cnf" in reply.header["error"], reply.header
+    with cell.daemon.admin(timeout_s=60) as admin:
+        admin.call("load", model="cnf")
+    probs(sock, "pcnf")
+
+
+@every_placement
+def test_a_pipeline_whose_deadline_passes_in_its_processors_is_a_504(cell: Placement, sock: zmq.Socket) -> None:
+    # A 2000x2000 PNG of noise takes tens of ms to decode: a 1 ms deadline has passed before the model step.
+    big = cv2.imencode(".png", np.random.default_rng(3).integers(0, 255, (2000, 2000, 3), dtype=np.uint8))[1]
+    reply = send_frame(sock, "pcnf", big.tobytes(), "png", timeout_ms=1)
+    assert reply.status == 504 and "step 'cnf'" in reply.header["error"], reply.header
+
+
+@every_placement
+def test_hot_swap_of_a_pipelines_model_loses_no_frame(cell: Placement, sock: zmq.Socket) -> None:
+    stop, statuses = threading.Event(), []
+
+    def frames() -> None:
+        with zmq.Context.instance().socket(zmq.DEALER) as s:
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(cell.daemon.endpoint)
+            while not stop.is_set():
+                statuses.append(send_frame(s, "pcsw", FRAME, "png").status)
+
+    sender = threading.Thread(target=frames)
+    sender.start()
+    try:
+        publish_version(cell.watched, "csw", 2)
+        eventually(lambda: served_by(cell.daemon, "csw", "2") > 0, "version 2 to serve the pipeline", 60,
+                   interval_s=0.05)
+    finally:
+        stop.set()
+        sender.join()
+    assert statuses and set(statuses) == {200}, sorted(set(statuses))
+
+
+def served_by(d: Daemon, model: str, version: str) -> int:
+    with d.admin() as admin:
+        rows = admin.call("models")["models"]
+    return sum(m["stats"]["by_status"].get("200", 0) for m in rows
+               if (m["name"], m["version"]) == (model, version))
+
+
+@every_placement
+def test_drain_refuses_frames_and_resume_reopens(cell: Placement, sock: zmq.Socket) -> None:
+    with cell.daemon.admin() as admin:
+        admin.call("drain")
+        try:
+            reply = send_frame(sock, "pcls", FRAME, "png")
+        finally:
+            admin.call("resume")
+    assert reply.status == 503 and reply.header.get("draining") is True, reply.header
+    probs(sock, "pcls")
