@@ -32,7 +32,7 @@ def _argument(name: str) -> str:
 def _garble(way: float) -> None:
     if way == ON_LANE:
         lane = Lane.from_fd(os.dup(int(_argument("--lane"))))  # a second end on the worker's own socket
-        assert lane.send([b"R\x00\x01"])  # a REPLY cut short: its fixed-size head is 35 bytes
+        assert lane.send([b"R\x00\x01"])  # a REPLY cut short: its fixed-size head is 39 bytes
         lane.close()
     else:
         _send_up(b"H{not json")
