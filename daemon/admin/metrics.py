@@ -19,12 +19,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from infermux.admin import hardware, snapshot
 from infermux.admin.health import Liveness, Verdict, readiness
 from infermux.events import Event
-from infermux.serving.stats import LATENCY_BUCKETS_US
+from infermux.execution.stats import LATENCY_BUCKETS_US
 from infermux.transport.peers import SILENT_GRACE_S
 from infermux.workers.proxy import WorkerProxy
 
 if TYPE_CHECKING:
-    from infermux.serving.server import Server
+    from infermux.frontend.server import Server
 
 log = logging.getLogger("infermux.metrics")
 

@@ -28,7 +28,7 @@ from infermux.client import Client
 from infermux.cli.common import NO_DAEMON, CliError, add_input_arguments, add_model_arguments, model_of
 from infermux.cli.infer import add_endpoint_arguments, endpoint_from, inputs_for
 from infermux.protocol import Reply, SharedTensor, Status, encode_request, parse_header
-from infermux.serving.stats import percentiles
+from infermux.execution.stats import percentiles
 
 # progress(replies so far, seconds so far), called about once a second
 Progress = Callable[[int, float], None]

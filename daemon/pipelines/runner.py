@@ -25,8 +25,8 @@ from infermux.pipelines.calls import AdmitFn, StepFailed
 from infermux.pipelines.stats import PipelineStats
 from infermux.plugins.processors.base import FrameTooLarge, ProcessorError, Sample, working
 from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_header
-from infermux.serving.executor import ReplyFn
-from infermux.serving.job import ONLY_INPUT, Job
+from infermux.execution.executor import ReplyFn
+from infermux.execution.job import ONLY_INPUT, Job
 
 log = logging.getLogger("infermux.pipelines")
 

@@ -22,7 +22,6 @@ docs/tensorrt.md#rebuilding-after-an-upgrade.
 from __future__ import annotations
 
 import hashlib
-import io
 import logging
 import os
 import threading
@@ -32,8 +31,8 @@ from typing import Any, Callable, Mapping, Protocol, Sequence, TypeVar
 
 import numpy as np
 
-from infermux.cli import build
 from infermux.plugins import backends
+from infermux.plugins.backends import tensorrt_build as build
 from infermux.plugins.base import BackendError, Context, Engine, TensorSpec
 
 log = logging.getLogger("infermux.tensorrt")
@@ -58,23 +57,6 @@ def source_for(plan: Path, options: Mapping[str, Any]) -> Path | None:
     named = options.get("onnx")
     candidates = [plan.parent / str(named)] if named else [plan.with_name("model.onnx"), plan.with_suffix(".onnx")]
     return next((path for path in candidates if path.is_file()), None)
-
-
-class _Phase(build._Status):
-    """The builder's status line, kept instead of printed, each phase change passed on."""
-
-    def __init__(self, on_phase: Callable[[str], None]) -> None:
-        self._on_phase = on_phase
-        super().__init__(io.StringIO())
-
-    @property
-    def phase(self) -> str:
-        return self._phase
-
-    @phase.setter
-    def phase(self, value: str) -> None:
-        self._phase = value
-        self._on_phase(value)
 
 
 class Rebuild:
@@ -119,6 +101,10 @@ class Rebuild:
             except Exception:  # a listener's failure must not end the build
                 log.exception("rebuild progress listener")
 
+    def _phase(self, phase: str) -> None:
+        self._say("progress", f"rebuilding {self.plan.name} from {self.onnx.name}: {phase}, "
+                              f"{time.monotonic() - self.started:.0f} s")
+
     def progress(self) -> str:
         """What the build is doing, for status lines and errors."""
         return self._last[1]
@@ -126,11 +112,8 @@ class Rebuild:
     def _run(self) -> None:
         log.warning("rebuilding %s from %s in the background (stored settings: %s)", self.plan, self.onnx,
                     self.options.settings())
-        status = _Phase(lambda phase: self._say(
-            "progress", f"rebuilding {self.plan.name} from {self.onnx.name}: {phase}, "
-                        f"{time.monotonic() - self.started:.0f} s"))
         try:
-            build.build_engine(self.options, status)
+            build.build_engine(self.options, self._phase)
         except Exception as exc:  # BuildError, BackendError, or TensorRT's own: reported, never raised
             self.error = f"rebuilding {self.plan} from {self.onnx} failed: {exc}"
             log.error("%s", self.error)

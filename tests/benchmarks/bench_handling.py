@@ -37,7 +37,7 @@ from results import markdown_table, stamp, write_section  # noqa: E402
 from infermux import config as cfg  # noqa: E402
 from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
 from infermux.protocol import Status, encode_reply, encode_request, parse_request  # noqa: E402
-from infermux.serving.server import Server  # noqa: E402
+from infermux.frontend.server import Server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "engines" / "classifier" / "1" / "model.onnx"

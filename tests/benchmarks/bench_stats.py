@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-from infermux.serving.stats import ModelStats, Stats  # noqa: E402
+from infermux.execution.stats import ModelStats, Stats  # noqa: E402
 
 RECORDS = 300_000
 

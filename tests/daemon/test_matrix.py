@@ -253,14 +253,21 @@ def flood_then_camera(cell: Placement) -> tuple[list[Reply], Reply, Reply]:
 def test_429_pushes_out_the_newest_request_of_the_key_holding_most(cell: Placement) -> None:
     if cell.where == "cold":
         # A cold version's queued requests are already in its worker and are not taken back
-        # (docs/workers.md): a full queue answers 429 with a retry time to every key alike.
-        flood, same_key, camera = flood_then_camera(cell)
-        for reply in (same_key, camera):
-            assert reply.status == 429 and "queue is full" in reply.error and reply.retry_after_ms >= 1, reply.header
-        for reply in flood:
-            assert reply.status in (200, 429), reply.header
-            if reply.status == 200:
-                assert_served(reply, cell, "slow", HEAVY)
+        # (docs/workers.md): a full queue answers 429 with a retry time to every key alike. As on
+        # the hot path below, a compute that ends while the flood's last requests are read frees a
+        # slot for them, so the scenario runs until the camera found the queue full (at most 3 times).
+        for _ in range(3):
+            flood, same_key, camera = flood_then_camera(cell)
+            for reply, x in [*((r, HEAVY) for r in flood), (same_key, ROW), (camera, ROW)]:
+                assert "holds the most" not in (reply.error or ""), reply.header  # nothing was pushed out
+                if reply.status == 200:
+                    assert_served(reply, cell, "slow", x)
+                else:
+                    assert reply.status == 429 and "queue is full" in reply.error, reply.header
+                    assert reply.retry_after_ms >= 1, reply.header
+            if camera.status == 429:
+                break
+        assert camera.status == 429, camera.header
         return
     # The flood fills the queue while the frontend reads it; the camera's request finds it full unless
     # a compute ended in the moment between reading the flood's last request and the camera's (a box

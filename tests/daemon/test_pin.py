@@ -19,7 +19,7 @@ import pytest
 from infermux import config as cfg
 from infermux.swap import swapper as swap
 from infermux.client import Client
-from infermux.serving.server import Server
+from infermux.frontend.server import Server
 from support.polling import eventually
 from support.publish import publish
 

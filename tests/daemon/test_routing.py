@@ -272,8 +272,8 @@ def test_a_pipeline_steps_unnamed_tensor_takes_the_input_name_of_the_version_it_
     from infermux.config import RoutingConfig
     from infermux.plugins.base import TensorSpec
     from infermux.protocol import ProtocolError, Request
-    from infermux.serving.job import ONLY_INPUT, Internal, Job
-    from infermux.serving.router import Router
+    from infermux.execution.job import ONLY_INPUT, Internal, Job
+    from infermux.frontend.router import Router
 
     registry: Any = SimpleNamespace(config=SimpleNamespace(models=[]))
     router = Router(registry, RoutingConfig(), lambda *args: None)

@@ -14,7 +14,7 @@ import zmq
 from support.harness import REPO
 from support.polling import eventually
 from infermux import config as cfg
-from infermux.serving.server import limits_from
+from infermux.frontend.server import limits_from
 
 FILE = Path("/etc/infermux/test.toml")
 

@@ -500,3 +500,44 @@ def test_preferred_batch_set_live_or_by_reload_changes_how_the_worker_batches(ma
     assert row(d, "c")["preferred_batch"] == [3]
     assert _batches(d, 6) == [3] * 6
     stop_clean(d)
+
+
+@pytest.mark.parametrize("way, path", [(-1.0, "the fast lane"), (-2.0, "the ZeroMQ pipe")])
+def test_a_worker_that_sends_a_malformed_message_is_stopped_and_restarted(make_daemon, way, path) -> None:
+    # tests/support/fakes/plugins/garbling.py: on this input the worker sends a message that does not decode (a
+    # truncated REPLY on the lane, read by the frontend; a BEAT that is not JSON on the pipe, read by
+    # the proxy's reader thread) and never answers. The daemon says so in one line, stops the worker
+    # as a crash, answers what it held 503 with a retry time, and the next request starts a new one.
+    d = start(make_daemon, cold("c", preload=True, backend="garbling:GarblingBackend")
+              + '[[models]]\nname = "h"\nengine = "fast512/1/model.onnx"\n')
+    with d.client(timeout_s=30) as client:
+        until_200(client, "c", X_INLINE)
+        pid = worker(d, "c")["pid"]
+        marked = X_INLINE.copy()
+        marked.flat[0] = way
+        refused = client.infer("c", {"x": marked})
+        assert client.infer("h", {"x": X_INLINE}).status == 200  # the rest of the daemon carries on
+        served = until_200(client, "c", X_INLINE)
+    assert refused.status == 503 and refused.retry_after_ms, (path, refused.header)
+    assert "sent a malformed message" in refused.error, refused.error
+    assert served.status == 200 and worker(d, "c")["pid"] != pid
+    log = d.log()
+    assert f"crashed model=c version=1 pid={pid}" in log
+    assert f"worker {pid} (model=c version=1) sent a malformed message" in log, log
+    assert "Traceback" not in log, log
+    stop_clean(d)
+
+
+def test_a_worker_whose_answer_to_load_does_not_decode_fails_the_load_saying_why(make_daemon) -> None:
+    # The load waits for STAGE, READY or ERROR; a READY that is not JSON fails it as a load error
+    # would (the worker stopped, the version failed with the reason), not the loader thread.
+    d = start(make_daemon, cold("c", backend="garbling:GarblingBackend") + "[models.options]\ngarble_load = true\n")
+    with d.client() as client:
+        first = client.infer("c", {"x": X_INLINE})
+        eventually(lambda: row(d, "c")["state"] == "failed", "the load fails")
+        again = client.infer("c", {"x": X_INLINE})
+    assert first.status == 503 and again.status == 503, (first.header, again.header)
+    assert "READY does not decode" in row(d, "c")["reason"], row(d, "c")
+    eventually(lambda: "worker_stopped model=c version=1" in d.log(), "the worker is stopped")
+    assert "Traceback" not in d.log(), d.log()
+    stop_clean(d)

@@ -3,7 +3,7 @@
     python tests/gpu/bench_slot_d2h.py [--repeat 50] [--out FILE]
 
 A cold model's outputs go back to the daemon through the request's slot in
-/dev/shm. onnxruntime computes straight into it (daemon/slotoutputs.py);
+/dev/shm. onnxruntime computes straight into it (workers/slotoutputs.py);
 the TensorRT backend still copies its outputs from the device into its own
 pinned buffers, and the worker then copies them into the slot. This
 measures the ways to get 49 KB and 4.9 MB from the device into a slot, so

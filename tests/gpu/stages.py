@@ -30,10 +30,10 @@ from infermux.plugins import backends
 from infermux.plugins.backends import cuda, trtlib
 from infermux.plugins.base import BackendError
 from infermux.protocol import Request
-from infermux.serving.executor import Executor
-from infermux.serving.job import Job
-from infermux.serving.scheduler import Scheduler
-from infermux.serving.stats import ModelStats
+from infermux.execution.executor import Executor
+from infermux.execution.job import Job
+from infermux.execution.scheduler import Scheduler
+from infermux.execution.stats import ModelStats
 
 MiB = 1 << 20
 INPUT, OUTPUT = "images", "probs"  # the classifier's tensors (the stand-in test swaps in its own)
@@ -283,15 +283,14 @@ def stage_budget(work: Path) -> int:
 def stage_rebuild(work: Path) -> int:
     """Item 9: a plan TensorRT refuses is rebuilt from model.onnx with the stored settings while
     onnxruntime serves; then again from the timing cache the first rebuild left."""
-    from infermux.cli import build
-    from infermux.plugins.backends import tensorrt_rebuild
+    from infermux.plugins.backends import tensorrt_build, tensorrt_rebuild
 
     _trt()
     folder = work / "rebuild" / "1"
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "model.onnx").write_bytes(CLASSIFIER_ONNX.read_bytes())
     plan = folder / "model.plan"
-    build.settings_path(plan).write_text(json.dumps({"min_batch": BATCH[0], "opt_batch": BATCH[1],
+    tensorrt_build.settings_path(plan).write_text(json.dumps({"min_batch": BATCH[0], "opt_batch": BATCH[1],
                                                      "max_batch": BATCH[2]}))
     seconds, served = [], []
     for attempt in range(2):  # the second starts from the timing cache the first wrote

@@ -35,7 +35,7 @@ from support.harness import REPO, free_port
 from infermux import config as cfg
 from infermux.admin.metrics import MetricsServer
 from infermux.client import Client
-from infermux.serving.server import REFUSE_S
+from infermux.frontend.server import REFUSE_S
 from infermux.workers.pool import SPARE_STOP_S
 
 K8S = REPO / "packaging/k8s"

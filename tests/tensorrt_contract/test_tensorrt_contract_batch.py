@@ -17,10 +17,10 @@ from support.fakes.tensorrt import PROFILE, write_plan
 from infermux.config import ModelConfig
 from infermux.plugins import backends
 from infermux.protocol import Request
-from infermux.serving.executor import Executor
-from infermux.serving.job import Job
-from infermux.serving.scheduler import Scheduler
-from infermux.serving.stats import ModelStats
+from infermux.execution.executor import Executor
+from infermux.execution.job import Job
+from infermux.execution.scheduler import Scheduler
+from infermux.execution.stats import ModelStats
 
 pytest_plugins = ["support.fakes.tensorrt"]  # fake_gpu, fake_trt fixtures
 

@@ -67,7 +67,7 @@ def test_contract_a_model_is_charged_on_the_gpu_it_runs_on(two_gpus: StandInLibN
     held = registry.model("held").versions["1"]
     held.memory_bytes, held.state = int(3.5 * GiB), State.READY
     b = budget.MemoryBudget("50%", "test.toml", gpus=budget.Nvml.open_all(two_gpus))
-    keeper = MemoryKeeper(registry, b, stop=lambda mv: None, busy=lambda key: False)
+    keeper = MemoryKeeper(registry, b, stop=lambda mv: None, stoppable=lambda mv: False)
     keeper.footprints = {("new1", "1"): 6 * GiB, ("new0", "1"): 6 * GiB}
     keeper.make_room(registry.model("new1").versions["1"])
     with pytest.raises(budget.BudgetExceeded, match="GPU 0"):
@@ -93,7 +93,7 @@ def test_contract_settling_after_a_load_looks_at_that_gpu_only(two_gpus: StandIn
     held.memory_bytes, held.state = int(3.5 * GiB), State.READY
     new1.memory_bytes, new1.state = 6 * GiB, State.READY
     b = budget.MemoryBudget("50%", "test.toml", gpus=budget.Nvml.open_all(two_gpus))
-    keeper = MemoryKeeper(registry, b, stop=lambda mv: None, busy=lambda key: False)
+    keeper = MemoryKeeper(registry, b, stop=lambda mv: None, stoppable=lambda mv: False)
     assert keeper.used(device=1) == 6 * GiB and keeper.used(device=0) == int(3.5 * GiB)
     keeper.settle(new1)
     assert not [r for r in caplog.records if "memory budget exceeded" in r.getMessage()]

@@ -1,4 +1,4 @@
-"""Contract tests: `infermux build` (daemon/build.py).
+"""Contract tests: `infermux build` (cli/build.py) and the builder it runs (plugins/backends/tensorrt_build.py).
 
 The tests that build run against the stand-in in fakes_tensorrt.py: they
 check our code's use of the TensorRT builder API, and do not prove the API
@@ -8,7 +8,6 @@ and the missing-TensorRT path, which need no stand-in.
 
 from __future__ import annotations
 
-import io
 import sys
 from pathlib import Path
 
@@ -16,7 +15,7 @@ import pytest
 
 from infermux.cli import build
 from infermux.plugins import backends
-from infermux.plugins.backends import trtlib
+from infermux.plugins.backends import tensorrt_build, trtlib
 
 pytest_plugins = ["support.fakes.tensorrt"]  # fake_gpu, fake_trt fixtures
 
@@ -30,16 +29,12 @@ def onnx(tmp_path: Path) -> Path:
     return path
 
 
-def quiet() -> build._Status:
-    return build._Status(io.StringIO())
-
-
 def test_batch_profile_covers_inputs_with_dynamic_batch_only():
     """Checks our code, not the TensorRT API: only inputs with a dynamic dim 0 get a profile."""
-    profiles = build.batch_profile([("images", (-1, 3, 64, 64)), ("scale", (1,))], (1, 4, 8))
+    profiles = tensorrt_build.batch_profile([("images", (-1, 3, 64, 64)), ("scale", (1,))], (1, 4, 8))
     assert profiles == {"images": ((1, 3, 64, 64), (4, 3, 64, 64), (8, 3, 64, 64))}
-    with pytest.raises(build.BuildError, match="dynamic dimensions besides the batch"):
-        build.batch_profile([("images", (-1, 3, -1, -1))], (1, 1, 1))
+    with pytest.raises(tensorrt_build.BuildError, match="dynamic dimensions besides the batch"):
+        tensorrt_build.batch_profile([("images", (-1, 3, -1, -1))], (1, 1, 1))
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -68,14 +63,15 @@ def test_build_sets_profile_workspace_precision_and_writes_atomically(fake_trt, 
     batch range, the workspace pool limit, the FP16 flag, the progress monitor; the plan is
     renamed into place and loads with the backend."""
     out = tmp_path / "engines" / "model.plan"
-    status = quiet()
-    report = build.build_engine(build.BuildOptions(onnx, out, fp16=True, opt_batch=4, max_batch=16,
-                                                   workspace_mib=256), status)
+    phases: list[str] = []
+    report = tensorrt_build.build_engine(tensorrt_build.BuildOptions(onnx, out, fp16=True, opt_batch=4, max_batch=16,
+                                                                     workspace_mib=256), phases.append)
     [config] = fake_trt.configs
     assert config.flags == {fake_trt.BuilderFlag.FP16}
     assert config.pools == {fake_trt.MemoryPoolType.WORKSPACE: 256 << 20}
     assert [p.shapes for p in config.profiles] == [{"x": ((1, 4), (4, 4), (16, 4))}]
-    assert status.phase == "finishing"  # the monitor saw a phase start and finish
+    assert phases[0] == "building" and phases[-1] == "finishing"  # the monitor saw a phase start and finish
+    assert len(phases) > 2
     assert report.bytes == out.stat().st_size and sorted(p.name for p in out.parent.iterdir()) == ["model.plan", "model.plan.build.json"]
     backends.for_path(out).load(out, {}).close()
 
@@ -85,7 +81,7 @@ def test_int8_replays_the_calibration_cache(fake_trt, onnx, tmp_path):
     flag and a calibrator that hands TensorRT the cache and no data."""
     cache = tmp_path / "calib.cache"
     cache.write_bytes(b"TRT-calibration")
-    build.build_engine(build.BuildOptions(onnx, tmp_path / "m.plan", int8=True, calib_cache=cache), quiet())
+    tensorrt_build.build_engine(tensorrt_build.BuildOptions(onnx, tmp_path / "m.plan", int8=True, calib_cache=cache))
     [config] = fake_trt.configs
     assert fake_trt.BuilderFlag.INT8 in config.flags
     assert config.int8_calibrator.read_calibration_cache() == b"TRT-calibration"
@@ -97,8 +93,8 @@ def test_precision_flags_gone_in_tensorrt_11_are_explained(fake_trt, onnx, tmp_p
     """Checks our code, not the API: where BuilderFlag.FP16 no longer exists (TensorRT 11)
     --fp16 fails with what to do instead."""
     fake_trt.BuilderFlag = type("BuilderFlag", (), {})
-    with pytest.raises(build.BuildError, match="removed in 11.*ONNX model"):
-        build.build_engine(build.BuildOptions(onnx, tmp_path / "m.plan", fp16=True), quiet())
+    with pytest.raises(tensorrt_build.BuildError, match="removed in 11.*ONNX model"):
+        tensorrt_build.build_engine(tensorrt_build.BuildOptions(onnx, tmp_path / "m.plan", fp16=True))
 
 
 def test_parser_and_builder_failures_are_reported(fake_trt, onnx, tmp_path):
@@ -106,11 +102,11 @@ def test_parser_and_builder_failures_are_reported(fake_trt, onnx, tmp_path):
     build returning None become BuildErrors with TensorRT's reasons, and no file is written."""
     out = tmp_path / "m.plan"
     fake_trt.fail_build = True
-    with pytest.raises(build.BuildError, match="no implementation for layer conv1"):
-        build.build_engine(build.BuildOptions(onnx, out), quiet())
+    with pytest.raises(tensorrt_build.BuildError, match="no implementation for layer conv1"):
+        tensorrt_build.build_engine(tensorrt_build.BuildOptions(onnx, out))
     onnx.write_bytes(b"BAD model")
-    with pytest.raises(build.BuildError, match="parser rejected.*unsupported operator"):
-        build.build_engine(build.BuildOptions(onnx, out), quiet())
+    with pytest.raises(tensorrt_build.BuildError, match="parser rejected.*unsupported operator"):
+        tensorrt_build.build_engine(tensorrt_build.BuildOptions(onnx, out))
     assert list(tmp_path.iterdir()) == [onnx]
 
 
@@ -132,9 +128,9 @@ def test_contract_several_profiles_are_built_in_order(fake_trt, onnx: Path, tmp_
     assert build.main(args) == 0
     config = fake_trt.configs[-1]
     assert [p.shapes["x"] for p in config.profiles] == [((1, 4), (2, 4), (8, 4)), ((9, 4), (16, 4), (32, 4))]
-    stored = build.stored_settings(out)
+    stored = tensorrt_build.stored_settings(out)
     assert stored["profiles"] == [[1, 2, 8], [9, 16, 32]]
-    assert build.BuildOptions.from_settings(onnx, out, stored).batch_range() == (1, 2, 32)
+    assert tensorrt_build.BuildOptions.from_settings(onnx, out, stored).batch_range() == (1, 2, 32)
     assert build.main([str(onnx), "-o", str(out), "--profile", "1:2:4", "--profile", "9:16:32"]) == 2
     assert build.main([str(onnx), "-o", str(out), "--profile", "8:2:4"]) == 2
     with pytest.raises(SystemExit):

@@ -15,7 +15,7 @@ from support.fakes.tensorrt import ACTIVATION_BYTES, PLAN_MAGIC, write_plan
 
 from infermux.cli import build
 from infermux.plugins import backends
-from infermux.plugins.backends import trtlib
+from infermux.plugins.backends import tensorrt_build, trtlib
 from infermux.plugins.base import BackendError
 
 pytest_plugins = ["support.fakes.tensorrt"]  # fake_gpu, fake_trt fixtures
@@ -40,7 +40,7 @@ def test_contract_dla_build_sets_the_default_device_core_and_fallback(fake_trt, 
     config = fake_trt.configs[-1]
     assert (config.default_device_type, config.DLA_core) == (fake_trt.DeviceType.DLA, 1)
     assert fake_trt.BuilderFlag.GPU_FALLBACK in config.flags
-    assert build.stored_settings(out)["dla_core"] == 1
+    assert tensorrt_build.stored_settings(out)["dla_core"] == 1
     assert build.main([str(onnx), "-o", str(out), "--fp16", "--dla-core", "2"]) == 1
     assert build.main([str(onnx), "-o", str(out), "--dla-core", "0"]) == 2
     assert build.main([str(onnx), "-o", str(out), "--fp16", "--gpu-fallback"]) == 2
@@ -55,7 +55,7 @@ def test_contract_each_engine_gets_its_dla_core_under_the_runtime_lock(fake_trt,
     fake_trt.on_deserialize = lambda: held.append(trtlib.shared().runtime_lock.locked())
     (tmp_path / "a").mkdir(), (tmp_path / "b").mkdir()
     one, two = write_plan(tmp_path / "a", magic=DLA_PLAN), write_plan(tmp_path / "b", magic=DLA_PLAN)
-    build.settings_path(two).write_text('{"dla_core": 1}')
+    tensorrt_build.settings_path(two).write_text('{"dla_core": 1}')
     engines = [backends.for_path(one).load(one, {"dla_core": 0}), backends.for_path(two).load(two, {})]
     assert [e._engine.dla_core for e in engines] == [0, 1] and held == [True, True]
     for engine in engines:

@@ -9,7 +9,6 @@ of the builder and runtime APIs, not TensorRT itself (tests/gpu/ rebuilds a real
 from __future__ import annotations
 
 import hashlib
-import io
 import json
 import sys
 import threading
@@ -26,7 +25,7 @@ from infermux.cli import build
 from infermux.events import EventLog
 from infermux.models.registry import Registry
 from infermux.plugins import backends
-from infermux.plugins.backends import tensorrt_rebuild
+from infermux.plugins.backends import tensorrt_build, tensorrt_rebuild
 from infermux.plugins.base import BackendError
 
 pytest_plugins = ["support.fakes.tensorrt"]  # fake_gpu, fake_trt fixtures
@@ -52,7 +51,7 @@ def stale(fake_trt, tmp_path: Path) -> Path:
     same_model_as_onnx(folder / "model.onnx")
     plan = folder / "model.plan"
     plan.write_bytes(b"a plan TensorRT 8.6 built" + bytes(100))
-    build.settings_path(plan).write_text(json.dumps({"max_batch": 4, "opt_batch": 2, "fp16": True}))
+    tensorrt_build.settings_path(plan).write_text(json.dumps({"max_batch": 4, "opt_batch": 2, "fp16": True}))
     (folder / "model.plan.sha256").write_text(hashlib.sha256(plan.read_bytes()).hexdigest() + "  model.plan\n")
     fake_trt.build_gate = threading.Event()
     yield plan
@@ -81,7 +80,7 @@ def test_contract_a_stale_plan_is_served_by_onnxruntime_and_swapped_once_rebuilt
     settings = fake_trt.configs[-1]
     assert fake_trt.BuilderFlag.FP16 in settings.flags and settings.profiles[0].shapes["x"][2] == (4, 4)
     assert (stale.parent / "model.plan.timing").read_bytes() == b"t"
-    assert json.loads(build.settings_path(stale).read_text())["max_batch"] == 4
+    assert json.loads(tensorrt_build.settings_path(stale).read_text())["max_batch"] == 4
     digest = hashlib.sha256(stale.read_bytes()).hexdigest()
     assert (stale.parent / "model.plan.sha256").read_text() == f"{digest}  model.plan\n"  # refreshed
     ctx.close()
@@ -141,13 +140,13 @@ def test_contract_timing_cache_is_read_before_and_written_after_the_build(fake_t
     onnx.write_bytes(b"an ONNX model, as far as the fake parser cares")
     argv = [str(onnx), "-o", str(plan), "--timing-cache", str(cache)]
     opts = build.options_from_args(_parse(argv))
-    build.build_engine(opts, build._Status(io.StringIO()))
-    build.build_engine(opts, build._Status(io.StringIO()))
+    tensorrt_build.build_engine(opts)
+    tensorrt_build.build_engine(opts)
     assert fake_trt.timing_caches_seen == [b"", b"t"] and cache.read_bytes() == b"tt"
     cache.write_bytes(b"OTHERGPU timings")
-    build.build_engine(opts, build._Status(io.StringIO()))
+    tensorrt_build.build_engine(opts)
     assert fake_trt.timing_caches_seen[-1] == b"" and cache.read_bytes() == b"t"
-    assert json.loads(build.settings_path(plan).read_text())["timing_cache"] == str(cache)
+    assert json.loads(tensorrt_build.settings_path(plan).read_text())["timing_cache"] == str(cache)
 
 
 def _parse(argv: list[str]):

@@ -13,7 +13,7 @@ from support.fakes.tensorrt import ACTIVATION_BYTES, PROFILE, write_plan
 from infermux.plugins import backends
 from infermux.plugins.backends import cuda
 from infermux.plugins.base import InputRejected
-from infermux.serving import batcher
+from infermux.execution import batcher
 
 pytest_plugins = ["support.fakes.tensorrt"]  # fake_gpu, fake_trt fixtures
 

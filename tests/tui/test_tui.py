@@ -508,7 +508,7 @@ async def test_the_models_table_has_an_error_rate_and_a_qps_trend_per_row() -> N
 
 
 def test_a_sparkline_scales_to_its_peak_and_leaves_idle_stretches_blank() -> None:
-    from infermux.tui.format import spark
+    from infermux.format import spark
 
     assert spark([], 6) == "      "
     assert spark([0, 0, 1, 2, 4, 8], 6) == "  ▂▃▅█"

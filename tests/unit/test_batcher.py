@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from infermux.serving import batcher
+from infermux.execution import batcher
 from infermux.plugins.base import TensorSpec
 
 

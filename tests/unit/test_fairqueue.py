@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from infermux.serving.fairqueue import Closed, FairQueue
+from infermux.execution.fairqueue import Closed, FairQueue
 from support.polling import eventually
 
 

@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from infermux.serving.hashring import HashRing
+from infermux.execution.hashring import HashRing
 
 KEYS = [f"camera-{i}" for i in range(10_000)]
 

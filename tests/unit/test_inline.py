@@ -6,9 +6,9 @@ import time
 import numpy as np
 
 from infermux.protocol import Request
-from infermux.serving.executor import BatchPolicy, Executor
-from infermux.serving.inline import InlinePolicy, track_compute
-from infermux.serving.job import Job, Outcome
+from infermux.execution.executor import BatchPolicy, Executor
+from infermux.execution.inline import InlinePolicy, track_compute
+from infermux.execution.job import Job, Outcome
 
 POLICY = InlinePolicy(idle_max_us=500, busy_max_us=100)  # the limits given, not the defaults
 

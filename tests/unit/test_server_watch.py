@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 
 from infermux import config as cfg
-from infermux.serving.server import Server
+from infermux.frontend.server import Server
 
 
 @pytest.fixture

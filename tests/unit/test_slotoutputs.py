@@ -13,11 +13,12 @@ import pytest
 
 from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend
 from infermux.plugins.base import OutputsMismatch, WritesOutputs
-from infermux.serving.executor import BatchPolicy, Executor
-from infermux.serving.job import Job
+from infermux.execution.executor import BatchPolicy, Executor
+from infermux.execution.job import Job
 from infermux.protocol import OutputRegion, Request
 from infermux.workers.slots import ALIGN, Slot
-from infermux.workers.outputs import PLACE_MIN_BYTES, ShapeMemory, SlotOutputs
+from infermux.execution.outputs import PLACE_MIN_BYTES, ShapeMemory
+from infermux.workers.slotoutputs import SlotOutputs
 
 _names = itertools.count()
 

@@ -1,4 +1,4 @@
-"""Behaviour of the live statistics (infermux.serving.stats)."""
+"""Behaviour of the live statistics (infermux.execution.stats)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from infermux.serving.stats import ModelStats, Stats, percentiles
+from infermux.execution.stats import ModelStats, Stats, percentiles
 
 
 class FakeClock:

@@ -13,7 +13,7 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from infermux.tui import format as fmt
+from infermux import format as fmt
 from infermux.tui.views.table import Cell, Col, KeyedTable
 
 EMPTY = ("no pipelines: this daemon's configuration has no \\[\\[pipelines]] section\n"

@@ -1,12 +1,13 @@
-"""Outputs computed straight into shared memory: a worker's slot, or a client's region.
+"""Outputs computed straight into memory given before the run: a client's region, or a worker's slot.
 
-Without this a worker copies every output into the slot after computing it:
-a second memcpy of the tensor on the cold path (~200 µs at 4.9 MB on the
+Without this the outputs are copied after they are computed: into the
+client's region by protocol.encode_reply, into a worker's slot by the worker
+(a second memcpy of the tensor on the cold path, ~200 µs at 4.9 MB on the
 2-core box). A backend that can write into arrays it is given
 (base.WritesOutputs: onnxruntime through an IOBinding, TensorRT by copying
-from the device straight into them) computes into views
-on the slot instead, placed after the request's inputs, which it still reads
-while it writes.
+from the device straight into them) computes into views on that memory
+instead. `RegionOutputs` places a hot request's outputs in its client's
+regions; the worker's slot placement is workers/slotoutputs.py.
 
 The arrays need the output shapes before the run. They are learnt: the first
 request of each kind (input names, dtypes and shapes, requested outputs) runs
@@ -23,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from infermux.protocol import Request, dtype_name
-from infermux.workers.slots import Slot, aligned, layout
 
 Kind = tuple[Any, ...]
 _MAX_KINDS = 256  # kinds remembered; past this the memory starts over (clients sending every shape)
@@ -59,45 +59,6 @@ class ShapeMemory:
 
     def varies(self, kind: Kind) -> None:
         self._known[kind] = None
-
-
-class SlotOutputs:
-    """One request's output placement (job.OutputPlacement): views on its slot after its inputs."""
-
-    __slots__ = ("slot", "start", "kind", "memory", "placed")
-
-    def __init__(self, slot: Slot, inputs_end: int, kind: Kind, memory: ShapeMemory) -> None:
-        self.slot = slot
-        self.start = aligned(inputs_end)
-        self.kind = kind
-        self.memory = memory
-        self.placed: dict[str, tuple[int, int]] | None = None  # name -> (offset, nbytes) once computed into
-
-    def arrays(self) -> dict[str, np.ndarray] | None:
-        shapes = self.memory.shapes(self.kind)
-        if not shapes:
-            return None
-        sizes = [dtype.itemsize * math.prod(shape) for _, dtype, shape in shapes]
-        offsets, span = layout(sizes)
-        if self.start + span > self.slot.size:
-            return None
-        self.placed = {}
-        arrays = {}
-        for (name, dtype, shape), offset, size in zip(shapes, offsets, sizes):
-            self.placed[name] = (self.start + offset, size)
-            arrays[name] = np.ndarray(shape, dtype, buffer=self.slot.mm, offset=self.start + offset)
-        return arrays
-
-    def mismatch(self) -> None:
-        self.placed = None
-        self.memory.varies(self.kind)
-
-    def where(self, metas: list[dict[str, Any]]) -> list[list[int]] | None:
-        """[offset, nbytes] of each output a reply carries, if all were computed into the slot."""
-        placed = self.placed
-        if placed is None or not metas or any(m["name"] not in placed for m in metas):
-            return None
-        return [list(placed[m["name"]]) for m in metas]
 
 
 class RegionOutputs:

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 
 
 class OutputPlacement(Protocol):
-    """Where a request's outputs may be computed into (a worker's slot, a client's regions: workers/outputs.py)."""
+    """Where a request's outputs may be computed into (a worker's slot: workers/slotoutputs.py; a client's regions: execution/outputs.py)."""
 
     def arrays(self) -> dict[str, np.ndarray] | None:
         """Arrays to compute the outputs into, or None where they are not known to fit."""

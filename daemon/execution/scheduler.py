@@ -11,17 +11,17 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
-from infermux.serving import batcher
+from infermux.execution import batcher
 from infermux.config import ModelConfig
-from infermux.serving.fairqueue import Closed
-from infermux.serving.batchcap import CappedPolicy
-from infermux.serving.executor import Executor, LateFn, ReplyFn
-from infermux.serving.hashring import HashRing
-from infermux.serving.inline import HoldFn, InlineGate
-from infermux.serving.job import Job
-from infermux.serving.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
+from infermux.execution.fairqueue import Closed
+from infermux.execution.batchcap import CappedPolicy
+from infermux.execution.executor import Executor, LateFn, ReplyFn
+from infermux.execution.hashring import HashRing
+from infermux.execution.inline import HoldFn, InlineGate
+from infermux.execution.job import Job
+from infermux.execution.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
 from infermux.plugins.base import Engine
-from infermux.serving.stats import ModelStats
+from infermux.execution.stats import ModelStats
 
 
 class Scheduler:

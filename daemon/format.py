@@ -1,10 +1,14 @@
-"""Short, fixed-width renderings of the daemon's numbers for an 80-column console."""
+"""Short, fixed-width renderings of the daemon's numbers: durations, rates, counts, sizes.
+
+Plain functions, no Rich and no Textual: `infermux status`, the pipelines'
+stats table and the console (tui/, whose colours and markup are
+tui/markup.py) all write numbers the same way.
+"""
 
 from __future__ import annotations
 
 import time
 from typing import Any, Sequence
-
 
 
 def us(value: float | None) -> str:
@@ -102,42 +106,3 @@ def failures(stats: dict[str, Any]) -> int:
 def version_key(model: dict[str, Any]) -> str:
     """The row key of a model version everywhere in the console: name:version."""
     return f"{model['name']}:{model['version']}"
-
-
-STATE_STYLE = {"ready": "green", "loading": "yellow", "warming": "yellow", "draining": "magenta",
-               "failed": "bold red", "unloaded": "dim"}
-
-EVENT_STYLE = {"failed": "bold red", "crashed": "bold red", "evicted": "yellow", "refused": "yellow",
-               "rejected": "yellow", "admin": "cyan", "loaded": "green", "swapped": "green",
-               "unloaded": "magenta"}
-
-EVENT_FIELDS = ("time", "kind", "model", "version")
-
-
-LEVEL_STYLE = {"warning": "yellow", "error": "bold red", "critical": "bold reverse red"}
-
-
-def log_line(event: dict[str, Any]) -> str:
-    """A `log` event (a warning or error the daemon logged): time, level, logger, message, repeats."""
-    from rich.markup import escape  # here: the daemon imports this module, and needs no Rich
-    level = str(event.get("level", "warning"))
-    style = LEVEL_STYLE.get(level, "")
-    repeated = f" [dim](+{event['repeated']} like it before)[/]" if event.get("repeated") else ""
-    return (f"[dim]{clock(float(event.get('time', 0)))}[/] [{style}]{escape(level):<9}[/] "
-            f"[dim]{escape(str(event.get('logger', '')))}[/] {escape(str(event.get('message', '')))}{repeated}")
-
-
-def event_line(event: dict[str, Any]) -> str:
-    """An event as one line of Rich markup: time, kind, model:version, details."""
-    from rich.markup import escape  # here: the daemon imports this module, and needs no Rich
-    kind = str(event.get("kind", "?"))
-    if kind == "log":
-        return log_line(event)
-    target = event.get("model") or ""
-    if target and event.get("version"):
-        target += f":{event['version']}"
-    detail = " ".join(f"{k}={v}" for k, v in event.items() if k not in EVENT_FIELDS)
-    style = EVENT_STYLE.get(kind, "")
-    kind_text = f"[{style}]{escape(kind):<9}[/]" if style else f"{escape(kind):<9}"
-    parts = [f"[dim]{clock(float(event.get('time', 0)))}[/]", kind_text, escape(target), escape(detail)]
-    return " ".join(p for p in parts if p)

@@ -17,10 +17,10 @@ from typing import Any
 
 from infermux.config import MAX_FALLBACK_DEPTH, RoutingConfig
 from infermux.pipelines.runner import Pipeline
-from infermux.serving.executor import ReplyFn
-from infermux.serving.hashring import HashRing
-from infermux.serving.job import ONLY_INPUT, Job, internal_sink
-from infermux.serving.placement import Admission, Placement
+from infermux.execution.executor import ReplyFn
+from infermux.execution.hashring import HashRing
+from infermux.execution.job import ONLY_INPUT, Job, internal_sink
+from infermux.execution.placement import Admission, Placement
 from infermux.protocol import OPERATOR_RETRY_MS, ProtocolError, Status, dtype_name, encode_reply, error_header
 from infermux.models.registry import Model, ModelVersion, Registry, State
 

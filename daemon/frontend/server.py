@@ -30,15 +30,15 @@ from infermux.transport import curve, ipc
 from infermux.transport.peers import PeerGuard
 from infermux.transport.waiting import message_waiting
 from infermux.events import EventLog
-from infermux.serving.inline import InlinePolicy
-from infermux.serving.job import Job, Outcome, internal_sink
+from infermux.execution.inline import InlinePolicy
+from infermux.execution.job import Job, Outcome, internal_sink
 from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Status, encode_reply, error_header, parse_request,
                                request_id)
 from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.registry import Registry, State
-from infermux.serving.router import Router
+from infermux.frontend.router import Router
 from infermux.pipelines.runner import Pipelines
-from infermux.serving.limits import frame_cap, limits_from
+from infermux.transport.limits import frame_cap, limits_from
 from infermux.swap import reload
 from infermux.workers.pool import Workers
 

@@ -2,7 +2,7 @@
 
 There are two, and "placement" means only these:
 
-- hot, `Scheduler` (serving/scheduler.py): the version's contexts run on
+- hot, `Scheduler` (execution/scheduler.py): the version's contexts run on
   executor threads inside the daemon;
 - cold, `WorkerProxy` (workers/proxy.py): they run in a worker process, and
   the proxy forwards requests to it and its replies to the clients.
@@ -21,7 +21,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from infermux.serving.job import Job
+from infermux.execution.job import Job
 
 
 class Admission(enum.Enum):

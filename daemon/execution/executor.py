@@ -13,14 +13,14 @@ import threading
 import time
 from typing import Any, Callable, Protocol
 
-from infermux.serving import batcher
-from infermux.serving.fairqueue import Closed, FairQueue
-from infermux.serving.inline import track_compute
-from infermux.serving.job import Job, Outcome
+from infermux.execution import batcher
+from infermux.execution.fairqueue import Closed, FairQueue
+from infermux.execution.inline import track_compute
+from infermux.execution.job import Job, Outcome
 from infermux.plugins.base import Context, InputRejected, OutputsMismatch
 from infermux.protocol import Status, encode_reply, error_header
-from infermux.workers.outputs import RegionOutputs, ShapeMemory
-from infermux.serving.stats import Stats
+from infermux.execution.outputs import RegionOutputs, ShapeMemory
+from infermux.execution.stats import Stats
 
 log = logging.getLogger("infermux.executor")
 
@@ -226,7 +226,7 @@ class Executor:
 
     def _infer_one(self, job: Job) -> dict[str, Any]:
         """One request alone: into the arrays its placement offers where the backend can (base.WritesOutputs):
-        a worker's slot, or the client's own regions (workers/outputs.py)."""
+        a worker's slot (workers/slotoutputs.py), or the client's own regions (execution/outputs.py)."""
         into = getattr(self._context, "infer_into", None)
         if job.place is None and job.request.output_regions:
             job.place = RegionOutputs(job.request, self._shapes)  # _succeed teaches it the shapes

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from infermux.serving.executor import BatchPolicy
+from infermux.execution.executor import BatchPolicy
 
 log = logging.getLogger("infermux.executor")
 
