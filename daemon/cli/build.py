@@ -20,6 +20,7 @@ The builder itself is the TensorRT backend's (plugins/backends/tensorrt_build.py
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import threading
 import time
@@ -43,9 +44,9 @@ class _Status:
     """An elapsed-time status line on stderr: redrawn in place on a terminal,
     a plain line every 10 s otherwise (logs, CI)."""
 
-    def __init__(self, stream: TextIO = sys.stderr) -> None:
-        self._stream = stream
-        self._tty = stream.isatty()
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream or sys.stderr  # looked up now: a test (or caller) may have replaced it
+        self._tty = self._stream.isatty()
         self._start = time.monotonic()
         self._last_line = 0.0
         self._lock = threading.Lock()
@@ -54,6 +55,12 @@ class _Status:
     def set_phase(self, phase: str) -> None:
         """The builder's OnPhase callback: shown on the next redraw."""
         self.phase = phase
+
+    def note(self, line: str) -> None:
+        """A line of its own (a warning), above the status line."""
+        with self._lock:
+            self._stream.write(("\r" + " " * 100 + "\r" if self._tty else "") + line + "\n")
+            self._stream.flush()
 
     def elapsed(self) -> float:
         return time.monotonic() - self._start
@@ -71,6 +78,17 @@ class _Status:
     def finish(self) -> None:
         if self._tty:
             self._stream.write("\n")
+
+
+class _Notes(logging.Handler):
+    """The builder's warnings (logger infermux.build), one line each, above the status line."""
+
+    def __init__(self, status: _Status) -> None:
+        super().__init__(logging.WARNING)
+        self._status = status
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._status.note(f"infermux build: warning: {record.getMessage()}")
 
 
 class _Ticker:
@@ -149,17 +167,23 @@ def run(args: argparse.Namespace) -> int:
     print(f"building {opts.output} from {opts.onnx} on this device (a large model takes minutes)",
           file=sys.stderr)
     status = _Status()
+    notes, builder_log = _Notes(status), logging.getLogger("infermux.build")
+    builder_log.addHandler(notes)
     try:
         with _Ticker(status):
             report = build_engine(opts, status.set_phase)
     except (BuildError, BackendError) as exc:
         print(f"infermux build: {exc}", file=sys.stderr)
         return 1
+    finally:
+        builder_log.removeHandler(notes)
     batch = "; ".join(", ".join(f"{n} {list(lo)}..{list(hi)}" for n, (lo, _, hi) in profile.items())
                       for profile in report.all_profiles if profile) or "static shapes"
     print(f"wrote {report.output} ({report.bytes / 2**20:.1f} MiB) in {report.seconds:.1f} s with "
           f"TensorRT {report.tensorrt_version}; {batch}. It runs only on this GPU model with this "
           f"TensorRT version.")
+    if report.dla_layers:
+        print(f"{report.dla_layers} of {report.layers} layers run on DLA core {opts.dla_core}, the rest on the GPU.")
     return 0
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import sys
 import threading
 from pathlib import Path
@@ -17,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from support.fakes.tensorrt import PLAN_MAGIC
+from support.fakes.tensorrt_builder import TIMING_MAGIC
 from onnx import TensorProto, helper, numpy_helper
 
 from support import models
@@ -79,7 +81,7 @@ def test_contract_a_stale_plan_is_served_by_onnxruntime_and_swapped_once_rebuilt
     assert stale.read_bytes().startswith(PLAN_MAGIC)
     settings = fake_trt.configs[-1]
     assert fake_trt.BuilderFlag.FP16 in settings.flags and settings.profiles[0].shapes["x"][2] == (4, 4)
-    assert (stale.parent / "model.plan.timing").read_bytes() == b"t"
+    assert (stale.parent / "model.plan.timing").read_bytes() == TIMING_MAGIC + b"t"
     assert json.loads(tensorrt_build.settings_path(stale).read_text())["max_batch"] == 4
     digest = hashlib.sha256(stale.read_bytes()).hexdigest()
     assert (stale.parent / "model.plan.sha256").read_text() == f"{digest}  model.plan\n"  # refreshed
@@ -133,20 +135,41 @@ def test_contract_a_plan_without_an_onnx_source_fails_as_before(fake_trt, tmp_pa
     assert plan.read_bytes() == b"not a plan"
 
 
-def test_contract_timing_cache_is_read_before_and_written_after_the_build(fake_trt, tmp_path: Path):
-    """Checks our code's use of the timing-cache API: `--timing-cache` starts from the saved cache,
-    saves the grown one atomically, and a cache from another GPU is refused and replaced."""
+def test_contract_timing_cache_is_read_before_and_written_after_the_build(fake_trt, tmp_path: Path, caplog):
+    """Checks our code's use of the timing-cache API: `--timing-cache` starts from the saved cache and
+    saves the grown one atomically; a cache from another GPU (set_timing_cache refuses it) and one
+    TensorRT cannot read at all (create_timing_cache gives None: another version's, or damaged) are
+    each replaced by a new cache, said in one warning, and the build goes on."""
     onnx, plan, cache = tmp_path / "model.onnx", tmp_path / "model.plan", tmp_path / "det.timing"
     onnx.write_bytes(b"an ONNX model, as far as the fake parser cares")
     argv = [str(onnx), "-o", str(plan), "--timing-cache", str(cache)]
     opts = build.options_from_args(_parse(argv))
     tensorrt_build.build_engine(opts)
     tensorrt_build.build_engine(opts)
-    assert fake_trt.timing_caches_seen == [b"", b"t"] and cache.read_bytes() == b"tt"
-    cache.write_bytes(b"OTHERGPU timings")
-    tensorrt_build.build_engine(opts)
-    assert fake_trt.timing_caches_seen[-1] == b"" and cache.read_bytes() == b"t"
+    assert fake_trt.timing_caches_seen == [b"", b"t"] and cache.read_bytes() == TIMING_MAGIC + b"tt"
+    for stale in (TIMING_MAGIC + b"OTHERGPU timings", b"a timing cache TensorRT 8.6 wrote", b"\0" * 7):
+        cache.write_bytes(stale)
+        caplog.clear()
+        tensorrt_build.build_engine(opts)
+        assert fake_trt.timing_caches_seen[-1] == b"" and cache.read_bytes() == TIMING_MAGIC + b"t"
+        [warning] = [r for r in caplog.records if r.levelno >= logging.WARNING]
+        assert warning.name == "infermux.build" and "starting a new one" in warning.getMessage()
     assert json.loads(tensorrt_build.settings_path(plan).read_text())["timing_cache"] == str(cache)
+
+
+def test_contract_infermux_build_replaces_a_foreign_timing_cache_in_one_line(fake_trt, tmp_path: Path, capsys):
+    """`infermux build --timing-cache` with a cache from another TensorRT version (create_timing_cache
+    gives None): one line on stderr says a new one starts, no traceback, exit 0, and the file now holds
+    the new cache."""
+    onnx, cache = tmp_path / "model.onnx", tmp_path / "det.timing"
+    onnx.write_bytes(b"an ONNX model, as far as the fake parser cares")
+    cache.write_bytes(b"a timing cache TensorRT 8.6 wrote")
+    assert build.main([str(onnx), "-o", str(tmp_path / "model.plan"), "--timing-cache", str(cache)]) == 0
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if "timing cache" in line] == [
+        f"infermux build: warning: timing cache {cache} cannot be read by TensorRT 10.3.0 (fake: the serialized "
+        f"timing cache is corrupt or from another TensorRT version): starting a new one, saved in its place"]
+    assert "Traceback" not in err and cache.read_bytes() == TIMING_MAGIC + b"t"
 
 
 def _parse(argv: list[str]):
