@@ -3,7 +3,7 @@
     infermux build model.onnx -o model.plan [--fp16 | --int8 --calib-cache FILE]
                    [--min-batch 1] [--opt-batch N] [--max-batch N] [--workspace MiB]
                    [--profile MIN:OPT:MAX ...] [--timing-cache FILE]
-                   [--dla-core N [--gpu-fallback]]
+                   [--dla-core N [--gpu-fallback]] [--device N]
 
 An engine only runs on the GPU model and TensorRT version that built it, so
 build on the device that serves it, and again after a JetPack or TensorRT
@@ -135,6 +135,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --dla-core: layers the DLA cannot run go to the GPU")
     parser.add_argument("--timing-cache", type=Path, metavar="FILE",
                         help="kernel timings to start from, and to save the build's timings to")
+    parser.add_argument("--device", type=int, default=0, metavar="N",
+                        help="the CUDA device to build on, the one that will serve the engine (default 0)")
 
 
 def options_from_args(args: argparse.Namespace) -> BuildOptions:
@@ -150,9 +152,11 @@ def options_from_args(args: argparse.Namespace) -> BuildOptions:
     if args.dla_core is not None and (args.dla_core < 0 or not (args.fp16 or args.int8)):
         raise BuildError("--dla-core needs a core number >= 0 and --fp16 or --int8: the DLA runs FP16 and "
                          "INT8 only")
+    if args.device < 0:
+        raise BuildError("--device must be a CUDA device number, 0 or more")
     opts = BuildOptions(args.onnx, args.output, args.fp16, args.int8, args.calib_cache,
                         args.min_batch, args.opt_batch, args.max_batch, args.workspace, args.timing_cache,
-                        tuple(args.profile), args.dla_core, args.gpu_fallback)
+                        tuple(args.profile), args.dla_core, args.gpu_fallback, args.device)
     opts.batch_ranges()
     return opts
 

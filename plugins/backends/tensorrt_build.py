@@ -11,8 +11,9 @@ name and renamed, so the engine watcher never loads half a file. Beside it
 go the settings it was built with (`model.plan.build.json`), which a
 rebuild reuses. While it builds, the builder reports each phase it enters
 to an `OnPhase` callback: the command prints it, a rebuild reports it as
-the version's progress. A DLA build needs static shapes (the DLA runs no
-dynamic dimensions) and reports how many layers landed on the DLA.
+the version's progress. A build is tied to the CUDA device current when it
+starts, so it builds on `device`. A DLA build needs static shapes (the DLA
+runs no dynamic dimensions) and reports how many layers landed on the DLA.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from infermux.plugins.backends import trtlib
+from infermux.plugins.backends import cuda, trtlib
 
 Shape = tuple[int, ...]
 
@@ -62,6 +63,7 @@ class BuildOptions:
     profiles: tuple[tuple[int, int, int], ...] = ()  # several batch ranges (--profile); () = the one above
     dla_core: int | None = None  # Jetson's DLA (plugins/backends/tensorrt_dla.py)
     gpu_fallback: bool = False
+    device: int = 0  # the CUDA device to build on (the model's); not a stored setting
 
     def settings(self) -> dict[str, Any]:
         """What a rebuild needs besides the two paths (settings_path), as JSON."""
@@ -74,7 +76,7 @@ class BuildOptions:
     @classmethod
     def from_settings(cls, onnx: Path, output: Path, settings: dict[str, Any]) -> "BuildOptions":
         """The options a stored `settings()` describes, for `onnx` -> `output`; BuildError if bad."""
-        known = {k: v for k, v in settings.items() if k in cls.__dataclass_fields__}
+        known = {k: v for k, v in settings.items() if k in cls.__dataclass_fields__ and k != "device"}
         for key in ("calib_cache", "timing_cache"):
             known[key] = Path(known[key]) if known.get(key) else None
         known["profiles"] = tuple(tuple(r) for r in known.get("profiles") or ())
@@ -258,7 +260,7 @@ def _write_atomically(path: Path, data: Any) -> int:
 
 def build_engine(opts: BuildOptions, on_phase: OnPhase | None = None) -> BuildReport:
     """Build and write the engine, telling `on_phase` how far it got; BuildError (or
-    BackendError without TensorRT) on failure."""
+    BackendError without TensorRT or CUDA) on failure."""
     start = time.monotonic()
     on_phase = on_phase or _unheard
     on_phase("building")
@@ -266,6 +268,8 @@ def build_engine(opts: BuildOptions, on_phase: OnPhase | None = None) -> BuildRe
     if not opts.onnx.is_file():
         raise BuildError(f"no ONNX model at {opts.onnx}")
     trtlib.import_tensorrt()  # a missing TensorRT says so before CUDA is asked anything
+    if opts.device:  # a fresh process starts on device 0
+        cuda.set_device(opts.device)  # before the builder: it builds for the current device
     shared = trtlib.shared()
     trt = shared.trt
     builder, network, _parser = _parse(trt, shared.logger, opts.onnx)
