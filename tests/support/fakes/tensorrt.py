@@ -139,6 +139,7 @@ class FakeCudart:
         cudaErrorInsufficientDriver = 35
         cudaErrorNoDevice = 100
         cudaErrorInvalidDevice = 101
+        cudaErrorNotReady = 600
         cudaErrorLaunchFailure = 719
         cudaErrorStreamCaptureUnsupported = 900
         cudaErrorStreamCaptureInvalidated = 901
@@ -349,6 +350,16 @@ class FakeCudart:
         self.released("cudaStreamDestroy", stream)
         return (self._error("cudaStreamDestroy"),)
 
+    def cudaStreamQuery(self, stream: int) -> tuple:
+        """Not permitted on a capturing stream (cudaErrorStreamCaptureUnsupported, runtime.pyx 960-961):
+        the capture is invalidated. Elsewhere: cudaErrorNotReady while work is queued."""
+        assert stream in self.streams
+        if stream in self.capturing:
+            self.invalidated.add(stream)
+            self.last_error = self.cudaError_t.cudaErrorStreamCaptureUnsupported
+            return (self.cudaError_t.cudaErrorStreamCaptureUnsupported,)
+        return (self.cudaError_t.cudaErrorNotReady if self.pending.get(stream) else self.cudaError_t.cudaSuccess,)
+
     def cudaStreamSynchronize(self, stream: int) -> tuple:
         assert stream in self.streams
         self._complete(stream)
@@ -417,6 +428,19 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
 
         def __init__(self) -> None:
             pass
+
+    class Logger(ILogger):
+        """trt.Logger, TensorRT's own logger (pyCore.cpp (v10.3.0) 757-760), its severities in its scope."""
+
+        INTERNAL_ERROR, ERROR, WARNING, INFO, VERBOSE = ILogger.Severity
+
+        def __init__(self, min_severity: Any = ILogger.Severity.WARNING) -> None:
+            super().__init__()
+            self.min_severity = min_severity
+
+        def log(self, severity: Any, msg: str) -> None:
+            if int(severity) <= int(self.min_severity):
+                print(f"[TRT] {msg}", file=sys.stderr)
 
     trt.profiles = [PROFILE]   # the x ranges of the engines deserialized next, one per profile
     trt.fixed_batch = None     # an int: the next engines have fixed shapes x [n, 4] (no profile)
@@ -642,7 +666,7 @@ def make_fake_tensorrt(gpu: FakeCudart) -> ModuleType:
             trt.engines.append(weakref.ref(engine))
             return engine
 
-    trt.ILogger = ILogger
+    trt.ILogger, trt.Logger = ILogger, Logger
     trt.dla_cores = 0          # DLA cores of the device (Jetson Orin AGX/NX: 2)
     trt.on_deserialize = None  # called inside deserialize_cuda_engine
     trt.DeviceType = enum.Enum("DeviceType", "GPU DLA")

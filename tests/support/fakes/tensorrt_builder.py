@@ -17,7 +17,8 @@ until it is set. Where the builder runs in a child process, a state folder drive
   With DLA as the default device, a layer it cannot run fails the build, or goes to the GPU with
   GPU_FALLBACK; a plan with no layer on the DLA is an ordinary GPU plan. `trt.not_on_dla` names layers
   the DLA cannot run at all.
-- a builder builds for the CUDA device current when it was made.
+- a builder builds for the CUDA device current when it was made; VERSION_COMPATIBLE gives a plan
+  that embeds its lean runtime (VC_PLAN_MAGIC), which a runtime loads only with host code allowed.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from support.fakes.tensorrt import DLA_MARK, PLAN_MAGIC, Dims, FakeCudart
+from support.fakes.tensorrt import DLA_MARK, PLAN_MAGIC, VC_PLAN_MAGIC, Dims, FakeCudart
 
 TIMING_MAGIC = b"FAKETC1:"  # the header of a timing cache this stand-in serialized
 
@@ -203,7 +204,8 @@ def add_fake_builder(trt: ModuleType, gpu: FakeCudart) -> None:
                 monitor.phase_start("Building engine", None, 2)
                 assert monitor.step_complete("Building engine", 0) is True
                 monitor.phase_finish("Building engine")
-            return PLAN_MAGIC + (DLA_MARK + bytes(100 - len(DLA_MARK)) if dla else bytes(100))
+            magic = VC_PLAN_MAGIC if trt.BuilderFlag.VERSION_COMPATIBLE in config.flags else PLAN_MAGIC
+            return magic + (DLA_MARK + bytes(100 - len(DLA_MARK)) if dla else bytes(100))
 
         def _narrate(self) -> None:
             for i in range(trt.verbose_per_build):
