@@ -12,12 +12,13 @@ import hashlib
 import json
 import logging
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from support.fakes.tensorrt import PLAN_MAGIC
+from support.fakes.tensorrt import PLAN_MAGIC, BuildChild
 from support.fakes.tensorrt_builder import TIMING_MAGIC
 from onnx import TensorProto, helper, numpy_helper
 
@@ -222,6 +223,22 @@ def test_contract_infermux_build_replaces_a_foreign_timing_cache_in_one_line(fak
         f"infermux build: warning: timing cache {cache} cannot be read by TensorRT 10.3.0 (fake: the serialized "
         f"timing cache is corrupt or from another TensorRT version): starting a new one, saved in its place"]
     assert "Traceback" not in err and cache.read_bytes() == TIMING_MAGIC + b"t"
+
+
+def test_contract_the_infermux_build_command_says_one_line_about_a_foreign_timing_cache(tmp_path: Path):
+    """`infermux build` run as an operator runs it (its own process, the stand-in for TensorRT): with a
+    timing cache another TensorRT version wrote, stderr has the start line and one warning, and no
+    traceback or TensorRT error line; the plan is built and the cache replaced."""
+    onnx, cache, plan = tmp_path / "model.onnx", tmp_path / "det.timing", tmp_path / "model.plan"
+    onnx.write_bytes(b"an ONNX model, as far as the fake parser cares")
+    cache.write_bytes(b"a timing cache TensorRT 8.6 wrote")
+    env = {**os.environ, **BuildChild(tmp_path / "state").env()}
+    done = subprocess.run([sys.executable, "-m", "infermux.cli.build", str(onnx), "-o", str(plan),
+                           "--timing-cache", str(cache)], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stderr.splitlines()
+    assert len(lines) == 2 and lines[0].startswith("building ") and "starting a new one" in lines[1], lines
+    assert cache.read_bytes() == TIMING_MAGIC + b"t" and plan.read_bytes().startswith(PLAN_MAGIC)
 
 
 def _parse(argv: list[str]):
