@@ -67,6 +67,14 @@ def test_contract_a_dla_build_without_a_static_batch_is_refused_naming_profile(f
     assert fake_trt.builds == [] and not out.exists()
 
 
+def test_contract_a_dla_build_of_a_model_with_a_fixed_batch_needs_no_profile(fake_trt, onnx: Path, tmp_path: Path):
+    """Checks our code: a model exported with a fixed batch has no dynamic dimension, so the default
+    batch options do not matter and the DLA build goes ahead with no optimization profile."""
+    fake_trt.dla_cores, fake_trt.onnx_inputs = 2, [("x", (4, 4))]
+    assert build.main([str(onnx), "-o", str(tmp_path / "dla.plan"), "--fp16", "--dla-core", "0"]) == 0
+    assert fake_trt.configs[-1].profiles == [] and fake_trt.builds[-1]["dla_layers"] == ["reduce_sum", "argmax"]
+
+
 def test_contract_a_dla_build_reports_its_layers_on_the_dla_and_warns_when_none(fake_trt, onnx: Path,
                                                                                 tmp_path: Path, capsys):
     """Checks our code's use of IBuilderConfig.get_device_type / can_run_on_DLA: a DLA build says how
