@@ -177,6 +177,20 @@ def test_contract_each_engine_gets_its_dla_core_under_the_runtime_lock(fake_trt,
         backends.for_path(one).load(one, {"dla_core": "first"})
 
 
+def test_contract_a_dla_plan_without_a_configured_core_gets_the_runtimes_default(fake_trt, tmp_path: Path):
+    """Checks our code against IRuntime's DLA_core, which starts at -1 (unset), not 0: a DLA plan with
+    no `dla_core` option and no stored setting (one trtexec built) is deserialized without our code
+    choosing a core or reading the -1 as one; a configured core is set explicitly."""
+    fake_trt.dla_cores = 2
+    plan = write_plan(tmp_path, magic=DLA_PLAN)
+    engine = backends.for_path(plan).load(plan, {})
+    assert trtlib.shared().runtime.DLA_core == -1 and engine._engine.dla_core == -1
+    engine.close()
+    engine = backends.for_path(plan).load(plan, {"dla_core": 1})
+    assert engine._engine.dla_core == 1
+    engine.close()
+
+
 def test_contract_zero_copy_on_an_integrated_gpu_binds_mapped_pinned_memory(fake_trt, fake_gpu, tmp_path):
     """Checks our code's use of the CUDA API (item 13): on an integrated GPU every tensor is bound
     to mapped pinned memory (cudaHostAlloc mapped, its cudaHostGetDevicePointer address), no
