@@ -25,8 +25,14 @@ id than the last time it was matched).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
+import zmq
+
+from support.harness import Daemon
+
+from infermux.pipelines.wire import send_frame
 
 W, H = 320, 240
 VISIBLE = 0.25  # an object less visible than this is neither in the ground truth nor detected
@@ -311,3 +317,78 @@ def id_switches(truth: list[dict[int, Box]], predicted: list[dict[int, Box]], th
             last[t] = p
     return switches
 
+
+
+# -- through a daemon --------------------------------------------------------------------------------
+
+
+@dataclass
+class Replay:
+    """What a pipeline answered to a sequence's frames, one reply header per frame."""
+
+    headers: list[dict]
+
+    @property
+    def statuses(self) -> list[int]:
+        return [h["status"] for h in self.headers]
+
+    def predicted(self) -> list[dict[int, Box]]:
+        """Per frame, track id -> the bounds of its region's box (frames not answered 200: none)."""
+        out = []
+        for header in self.headers:
+            boxes = {}
+            for region in header.get("regions", []):
+                xs, ys = [p[0] for p in region["box"]], [p[1] for p in region["box"]]
+                boxes[region["track_id"]] = (min(xs), min(ys), max(xs), max(ys))
+            out.append(boxes)
+        return out
+
+    def by_track(self) -> dict[int, list[dict]]:
+        """Each track's regions, in frame order."""
+        out: dict[int, list[dict]] = {}
+        for header in self.headers:
+            for region in header.get("regions", []):
+                out.setdefault(region["track_id"], []).append(region)
+        return out
+
+    def computed(self) -> int:
+        """Regions whose re-inferred step ran (neither reused nor skipped)."""
+        return sum(1 for regions in self.by_track().values() for r in regions
+                   if r.get("cached") is False and not r.get("skipped"))
+
+
+def png(image: np.ndarray) -> bytes:
+    import cv2  # the daemon tests' frames; the unit tests need no OpenCV
+    return bytes(cv2.imencode(".png", image[:, :, ::-1])[1])
+
+
+def replay(sock: zmq.Socket, pipeline: str, seq: Sequence, key: str,
+           before: Callable[[int], None] | None = None) -> Replay:
+    """The sequence's frames sent to `pipeline` as PNG with `key`, one at a time, on DEALER `sock`;
+    `before(i)`, where given, runs before frame i is sent (to publish a version mid-sequence)."""
+    headers = []
+    for i in range(seq.length):
+        if before is not None:
+            before(i)
+        reply = send_frame(sock, pipeline, png(seq.frame(i)), "png", key=key, timeout_s=60)
+        headers.append(reply.header)
+    return Replay(headers)
+
+
+def every_nth(replay: Replay, every: int) -> dict[int, tuple[list[int], list[int]]]:
+    """Tracks whose answer was not computed exactly on their 1st, (N+1)th, (2N+1)th... frame:
+    track id -> (the frames of the track it was computed on, those it should have been)."""
+    wrong = {}
+    for track_id, regions in replay.by_track().items():
+        got = [k for k, r in enumerate(regions) if r.get("cached") is False]
+        want = list(range(0, len(regions), every))
+        if got != want:
+            wrong[track_id] = (got, want)
+    return wrong
+
+
+def rows_computed(daemon: Daemon, model: str) -> int:
+    """Rows model `model` computed, over its versions (its backend calls' batch sizes, summed)."""
+    with daemon.admin() as admin:
+        views = admin.call("models")["models"]
+    return sum(int(size) * n for v in views if v["name"] == model for size, n in v["stats"]["batches"].items())
