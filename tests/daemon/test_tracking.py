@@ -25,7 +25,8 @@ import zmq
 pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
 
 from support import models, tracking  # noqa: E402
-from support.harness import REPO, Daemon  # noqa: E402
+from support.harness import REPO, Daemon, free_port  # noqa: E402
+from support.metrics import scrape  # noqa: E402
 from support.tracking import Replay, every_nth, id_switches, idf1, png, replay, rows_computed  # noqa: E402
 
 from infermux.config import ConfigError, parse  # noqa: E402
@@ -74,11 +75,12 @@ def labelled(name: str, model: str, options: str = "") -> str:
     return f'[[pipelines]]\nname = "{name}"\n' + (DETECT + CLASSIFY).format(model=model, options=options)
 
 
-def config_text(watched: Path) -> str:
+def config_text(watched: Path, metrics_port: int) -> str:
     text = f"""
 [daemon]
 listen = ["ipc://infer.sock"]
 engine_dir = "{watched}"
+metrics_port = {metrics_port}
 watch_settle_s = 0.4
 watch_debounce_s = 0.02
 watch_rescan_s = 1.0
@@ -102,8 +104,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
     workdir = tmp_path_factory.mktemp("tracking")
     watched = workdir / "engines"
     models.brightness_map(watched / "det" / "1" / "model.onnx")
-    d = Daemon(workdir, config_text(watched)).start()
-    d.watched = watched  # type: ignore[attr-defined]
+    port = free_port()
+    d = Daemon(workdir, config_text(watched, port)).start()
+    d.watched, d.metrics_port = watched, port  # type: ignore[attr-defined]
     yield d
     assert d.stop() == 0, d.log()[-4000:]
     assert "Traceback" not in d.log(), d.log()[-6000:]
@@ -217,6 +220,20 @@ def test_a_tracks_secondary_answer_is_computed_every_n_frames_and_reused_between
             if region["cached"]:
                 assert region["label"] == last, regions
             last = region["label"]
+
+
+def test_the_views_count_tracks_and_reused_answers(daemon: Daemon, sock: zmq.Socket) -> None:
+    got = replay(sock, "every_5", tracking.stop_and_go(), "views", frames=20)
+    reused = sum(1 for regions in got.by_track().values() for r in regions if r["cached"])
+    assert reused > 0
+    with daemon.admin() as admin:
+        view = next(p for p in admin.call("pipelines")["pipelines"] if p["name"] == "every_5")
+    assert view["steps"]["track"]["tracking"]["streams"] >= 1 and view["steps"]["track"]["tracking"]["tracks"] >= 3
+    assert view["steps"]["cls"]["reinfer"]["reused"] >= reused and view["steps"]["cls"]["reinfer"]["computed"] > 0
+    metrics = scrape(daemon.metrics_port)  # type: ignore[attr-defined]
+    labels = 'pipeline="every_5",step="cls"'
+    assert metrics[f'infermux_pipeline_reinfer_regions_total{{{labels},outcome="reused"}}'] >= reused
+    assert metrics['infermux_pipeline_tracks{pipeline="every_5",step="track"}'] >= 3
 
 
 def grown(size: int) -> np.ndarray:

@@ -363,11 +363,12 @@ def png(image: np.ndarray) -> bytes:
 
 
 def replay(sock: zmq.Socket, pipeline: str, seq: Sequence, key: str,
-           before: Callable[[int], None] | None = None) -> Replay:
-    """The sequence's frames sent to `pipeline` as PNG with `key`, one at a time, on DEALER `sock`;
-    `before(i)`, where given, runs before frame i is sent (to publish a version mid-sequence)."""
+           before: Callable[[int], None] | None = None, frames: int | None = None) -> Replay:
+    """The sequence's frames (its first `frames`) sent to `pipeline` as PNG with `key`, one at a time,
+    on DEALER `sock`; `before(i)`, where given, runs before frame i is sent (to publish a version
+    mid-sequence)."""
     headers = []
-    for i in range(seq.length):
+    for i in range(seq.length if frames is None else frames):
         if before is not None:
             before(i)
         reply = send_frame(sock, pipeline, png(seq.frame(i)), "png", key=key, timeout_s=60)
