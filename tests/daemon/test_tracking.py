@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -166,6 +168,17 @@ def test_a_frame_without_a_key_is_a_400_naming_the_key(sock: zmq.Socket) -> None
     reply = send_frame(sock, "tracks", png(tracking.crossing().frame(0)), "png")
     assert reply.status == 400, reply.header
     assert "step 'track'" in reply.header["error"] and "\"key\"" in reply.header["error"], reply.header
+
+
+def test_infer_sends_a_frame_with_its_streams_key_and_prints_the_track_ids(daemon: Daemon, tmp_path: Path) -> None:
+    image = tmp_path / "frame.png"
+    image.write_bytes(png(tracking.crowd().frame(0)))
+    command = [sys.executable, "-m", "infermux", "infer", "tracks", "--image", str(image), "--endpoint", daemon.endpoint]
+    out = subprocess.run([*command, "--key", "cli"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("  track ") == len(tracking.crowd().truth[0]), out.stdout
+    keyless = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert keyless.returncode == 1 and "400" in keyless.stderr and '"key"' in keyless.stderr, keyless.stderr
 
 
 def test_identities_survive_a_hot_swap_of_the_detector(daemon: Daemon, sock: zmq.Socket) -> None:
