@@ -90,16 +90,20 @@ def bounds(regions: list[Region]) -> np.ndarray:
 
 def iou_matrix(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Intersection over union of every [x0, y0, x1, y1] row of `a` with every row of `b` ((len a, len b))."""
-    lo = np.maximum(a[:, None, :2], b[None, :, :2])
-    hi = np.minimum(a[:, None, 2:], b[None, :, 2:])
-    inter = np.prod(np.clip(hi - lo, 0, None), axis=2)
-    area_a = np.prod(a[:, 2:] - a[:, :2], axis=1)
-    area_b = np.prod(b[:, 2:] - b[:, :2], axis=1)
+    if not len(a) or not len(b):
+        return np.zeros((len(a), len(b)))
+    wide = np.clip(np.minimum(a[:, None, 2], b[None, :, 2]) - np.maximum(a[:, None, 0], b[None, :, 0]), 0, None)
+    high = np.clip(np.minimum(a[:, None, 3], b[None, :, 3]) - np.maximum(a[:, None, 1], b[None, :, 1]), 0, None)
+    inter = wide * high
+    area_a = (a[:, 2] - a[:, 0]) * (a[:, 3] - a[:, 1])
+    area_b = (b[:, 2] - b[:, 0]) * (b[:, 3] - b[:, 1])
     return inter / np.maximum(area_a[:, None] + area_b[None, :] - inter, 1e-9)
 
 
 def greedy_match(iou: np.ndarray, threshold: float) -> list[tuple[int, int]]:
     """(row, column) pairs with IoU at least `threshold`, the largest first, each row and column once."""
+    if not iou.size:
+        return []
     rows, cols = np.nonzero(iou >= threshold)
     order = np.argsort(-iou[rows, cols], kind="stable")
     used_rows: set[int] = set()
@@ -129,11 +133,15 @@ class Tracks:
         return np.concatenate([self.center - self.size / 2, self.center + self.size / 2], axis=1)
 
     def keep(self, mask: np.ndarray) -> None:
+        if mask.all():
+            return
         for name in ("ids", "center", "size", "velocity", "lost", "hits"):
             setattr(self, name, getattr(self, name)[mask])
 
     def add(self, ids: list[int], boxes: np.ndarray) -> None:
         n = len(ids)
+        if not n:
+            return
         self.ids = np.concatenate([self.ids, np.asarray(ids, np.int64)])
         self.center = np.concatenate([self.center, (boxes[:, :2] + boxes[:, 2:]) / 2])
         self.size = np.concatenate([self.size, boxes[:, 2:] - boxes[:, :2]])
@@ -143,6 +151,8 @@ class Tracks:
 
     def update(self, rows: np.ndarray, boxes: np.ndarray) -> None:
         """Matched tracks `rows` saw `boxes`: correct position, size and velocity (after the prediction)."""
+        if not len(rows):
+            return
         edges = boxes - self.boxes()[rows]  # how far each edge is from where it was predicted
         low, high = edges[:, :2], edges[:, 2:]
         # An object going behind something (or coming out) is seen cut: one edge stops while the other
