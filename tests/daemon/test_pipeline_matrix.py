@@ -64,40 +64,7 @@ def pipeline(name: str, model: str) -> str:
 
 # Tracking and per-track secondary inference: a detector (the brightness map, read by dbnet) and a
 # classifier run on each tracked region every 4 frames of its track, both in the watched engine_dir.
-TRACKED = """
-[[pipelines]]
-name = "ptrack"
-[[pipelines.steps]]
-processor = "decode"
-[[pipelines.steps]]
-processor = "normalize"
-[[pipelines.steps]]
-model = "tdet"
-[[pipelines.steps]]
-processor = "dbnet"
-options = { unclip_ratio = 0.0, dilate = false, box_thresh = 0.3 }
-[[pipelines.steps]]
-processor = "track"
-[[pipelines.steps]]
-processor = "crop"
-options = { rectify = false }
-[[pipelines.steps]]
-name = "tcls_resize"
-processor = "resize"
-for_each = "regions"
-options = { size = [64, 64] }
-[[pipelines.steps]]
-name = "tcls_normalize"
-processor = "normalize"
-for_each = "regions"
-[[pipelines.steps]]
-model = "tcls"
-for_each = "regions"
-reinfer_every = 4
-[[pipelines.steps]]
-processor = "classify"
-for_each = "regions"
-"""
+TRACKED = tracking.classifying("ptrack", "tcls", "reinfer_every = 4", detector="tdet")
 TRACKED_MODELS = ("tdet", "tcls")
 
 

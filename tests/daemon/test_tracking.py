@@ -29,52 +29,13 @@ pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.
 from support import models, tracking  # noqa: E402
 from support.harness import REPO, Daemon, free_port  # noqa: E402
 from support.metrics import scrape  # noqa: E402
-from support.tracking import Replay, every_nth, id_switches, idf1, png, replay, rows_computed  # noqa: E402
+from support.tracking import (Replay, classifying, detecting, every_nth, id_switches, idf1, png, replay,  # noqa: E402
+                              rows_computed)
 
 from infermux.config import ConfigError, parse  # noqa: E402
 from infermux.pipelines.wire import send_frame  # noqa: E402
 
 CLASSIFIER = REPO / "engines/classifier/1/model.onnx"
-DETECT = """
-[[pipelines.steps]]
-processor = "decode"
-[[pipelines.steps]]
-processor = "normalize"
-[[pipelines.steps]]
-model = "det"
-[[pipelines.steps]]
-processor = "dbnet"
-options = {{ unclip_ratio = 0.0, dilate = false, box_thresh = 0.3 }}
-[[pipelines.steps]]
-processor = "track"
-"""
-CLASSIFY = """
-[[pipelines.steps]]
-processor = "crop"
-options = {{ rectify = false }}
-[[pipelines.steps]]
-name = "cls_resize"
-processor = "resize"
-for_each = "regions"
-options = {{ size = [64, 64] }}
-[[pipelines.steps]]
-name = "cls_normalize"
-processor = "normalize"
-for_each = "regions"
-[[pipelines.steps]]
-name = "cls"
-model = "{model}"
-for_each = "regions"
-{options}
-[[pipelines.steps]]
-processor = "classify"
-for_each = "regions"
-"""
-
-
-def labelled(name: str, model: str, options: str = "") -> str:
-    """A pipeline `name`: detect, track, then classify each region with `model` under `options`."""
-    return f'[[pipelines]]\nname = "{name}"\n' + (DETECT + CLASSIFY).format(model=model, options=options)
 
 
 def config_text(watched: Path, metrics_port: int) -> str:
@@ -93,11 +54,11 @@ engine = "det/1/model.onnx"
 """
     for model in ("cls_all", "cls_every", "cls_grow", "cls_budget"):
         text += f'[[models]]\nname = "{model}"\nengine = "{CLASSIFIER}"\nmax_batch = 32\n'
-    text += '[[pipelines]]\nname = "tracks"\n' + DETECT.format()
-    text += labelled("every_frame", "cls_all")
-    text += labelled("every_5", "cls_every", "reinfer_every = 5")
-    text += labelled("on_growth", "cls_grow", "reinfer_every = 1000\nreinfer_growth = 0.2")
-    text += labelled("budget", "cls_budget", "max_calls_per_s = 40")
+    text += detecting("tracks")
+    text += classifying("every_frame", "cls_all")
+    text += classifying("every_5", "cls_every", "reinfer_every = 5")
+    text += classifying("on_growth", "cls_grow", "reinfer_every = 1000\nreinfer_growth = 0.2")
+    text += classifying("budget", "cls_budget", "max_calls_per_s = 40")
     return text
 
 
@@ -242,9 +203,9 @@ def test_the_views_count_tracks_and_reused_answers(daemon: Daemon, sock: zmq.Soc
     with daemon.admin() as admin:
         view = next(p for p in admin.call("pipelines")["pipelines"] if p["name"] == "every_5")
     assert view["steps"]["track"]["tracking"]["streams"] >= 1 and view["steps"]["track"]["tracking"]["tracks"] >= 3
-    assert view["steps"]["cls"]["reinfer"]["reused"] >= reused and view["steps"]["cls"]["reinfer"]["computed"] > 0
+    assert view["steps"]["cls_every"]["reinfer"]["reused"] >= reused and view["steps"]["cls_every"]["reinfer"]["computed"] > 0
     metrics = scrape(daemon.metrics_port)  # type: ignore[attr-defined]
-    labels = 'pipeline="every_5",step="cls"'
+    labels = 'pipeline="every_5",step="cls_every"'
     assert metrics[f'infermux_pipeline_reinfer_regions_total{{{labels},outcome="reused"}}'] >= reused
     assert metrics['infermux_pipeline_tracks{pipeline="every_5",step="track"}'] >= 3
 

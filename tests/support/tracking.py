@@ -117,6 +117,10 @@ class Sequence:
                 out[t.id] = (box, visible, fraction)
         return out
 
+    def first(self, frames: int) -> "Sequence":
+        """The same scene over its first `frames` frames only."""
+        return Sequence(self.name, self.things, min(frames, self.length), self.seed, self.pillars)
+
     def ground_truth(self, visible_boxes: bool = False) -> list[dict[int, Box]]:
         """Per frame, id -> box of each object at least VISIBLE seen: its full box, or the part in view."""
         return [{k: v[1] if visible_boxes else v[0] for k, v in frame.items()} for frame in self.truth]
@@ -320,6 +324,55 @@ def id_switches(truth: list[dict[int, Box]], predicted: list[dict[int, Box]], th
 
 
 # -- through a daemon --------------------------------------------------------------------------------
+
+DETECT = """
+[[pipelines]]
+name = "{name}"
+[[pipelines.steps]]
+processor = "decode"
+[[pipelines.steps]]
+processor = "normalize"
+[[pipelines.steps]]
+model = "{detector}"
+[[pipelines.steps]]
+processor = "dbnet"
+options = {{ unclip_ratio = 0.0, dilate = false, box_thresh = 0.3 }}
+[[pipelines.steps]]
+processor = "track"
+"""
+CLASSIFY = """
+[[pipelines.steps]]
+processor = "crop"
+options = {{ rectify = false }}
+[[pipelines.steps]]
+name = "{classifier}_resize"
+processor = "resize"
+for_each = "regions"
+options = {{ size = [64, 64] }}
+[[pipelines.steps]]
+name = "{classifier}_normalize"
+processor = "normalize"
+for_each = "regions"
+[[pipelines.steps]]
+model = "{classifier}"
+for_each = "regions"
+{options}
+[[pipelines.steps]]
+processor = "classify"
+for_each = "regions"
+"""
+
+
+def detecting(name: str, detector: str = "det") -> str:
+    """A `[[pipelines]]` section: decode → normalize → `detector` (models.brightness_map) → dbnet → track."""
+    return DETECT.format(name=name, detector=detector)
+
+
+def classifying(name: str, classifier: str, options: str = "", detector: str = "det") -> str:
+    """`detecting`, then crop and, for each region, resize → normalize → `classifier` (the test
+    classifier, its step named after it, with `options`: reinfer_every...) → classify."""
+    return detecting(name, detector) + CLASSIFY.format(classifier=classifier, options=options)
+
 
 
 @dataclass
