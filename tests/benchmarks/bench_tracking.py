@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 from support import models, tracking  # noqa: E402
-from support.harness import Daemon  # noqa: E402
+from support.harness import Daemon, dealer  # noqa: E402
 from support.tracking import classifying, detecting, id_switches, idf1, replay, rows_computed  # noqa: E402
 
 from infermux.plugins.processors import create  # noqa: E402
@@ -91,6 +91,35 @@ def track_p50_us(daemon: Daemon) -> float:
     return float(view["steps"]["track"]["p50_us"])
 
 
+def scores(seq: tracking.Sequence, how: str, truth: list[dict[int, tracking.Box]],
+           predicted: list[dict[int, tracking.Box]]) -> list[str]:
+    """A row of the identities table."""
+    s = idf1(truth, predicted)
+    return [seq.name, f"{len(seq.things)}", f"{seq.length}", how, f"{s.idf1:.3f}", f"{s.idp:.3f}", f"{s.idr:.3f}",
+            f"{id_switches(truth, predicted)}", f"{len({k for f in predicted for k in f})}"]
+
+
+def measure(daemon: Daemon, sock: zmq.Socket, seq: tracking.Sequence,
+            rounds: int) -> tuple[list[list[str]], list[str], list[str]]:
+    """One sequence's rows: identities (boxes given, detector pipeline), the track step's cost, secondary calls."""
+    predicted, us = direct(seq, rounds)
+    ids = [scores(seq, "boxes given", seq.ground_truth(), predicted),
+           scores(seq, "detector pipeline", seq.ground_truth(visible_boxes=True),
+                  replay(sock, "tracks", seq, f"ids/{seq.name}").predicted())]
+    regions = statistics.mean(len(seq.detections(i)) for i in range(seq.length))
+    cost = [seq.name, f"{regions:.1f}", f"{statistics.median(us):.0f}", f"{np.percentile(us, 99):.0f}"]
+    calls, latency = {}, {}
+    for n in (1, *EVERY):
+        before = rows_computed(daemon, f"cls_every_{n}")
+        start = time.perf_counter()
+        got = replay(sock, f"every_{n}", seq, f"calls/{n}/{seq.name}")
+        latency[n] = (time.perf_counter() - start) / seq.length * 1000
+        calls[n] = rows_computed(daemon, f"cls_every_{n}") - before
+        assert set(got.statuses) == {200}, got.statuses
+    return ids, cost, [seq.name, f"{calls[1]}", *(f"{calls[n]} ({calls[n] / calls[1]:.0%})" for n in EVERY),
+                       *(f"{latency[n]:.1f}" for n in (1, *EVERY))]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=5, help="runs of each sequence for the per-frame cost")
@@ -103,40 +132,16 @@ def main() -> None:
         watched = Path(tmp) / "engines"
         models.brightness_map(watched / "det/1/model.onnx")
         daemon = Daemon(Path(tmp), config_text(watched)).start(timeout=60)
-        sock = zmq.Context.instance().socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.connect(daemon.endpoint)
         try:
-            for seq in seqs:
-                objects = len(seq.things)
-                predicted, us = direct(seq, args.rounds)
-                truth = seq.ground_truth()
-                s = idf1(truth, predicted)
-                ids_rows.append([seq.name, f"{objects}", f"{seq.length}", "boxes given", f"{s.idf1:.3f}", f"{s.idp:.3f}",
-                                 f"{s.idr:.3f}", f"{id_switches(truth, predicted)}", f"{len({k for f in predicted for k in f})}"])
-                via = replay(sock, "tracks", seq, f"ids/{seq.name}")
-                truth, predicted = seq.ground_truth(visible_boxes=True), via.predicted()
-                s = idf1(truth, predicted)
-                ids_rows.append([seq.name, f"{objects}", f"{seq.length}", "detector pipeline", f"{s.idf1:.3f}",
-                                 f"{s.idp:.3f}", f"{s.idr:.3f}", f"{id_switches(truth, predicted)}",
-                                 f"{len({k for f in predicted for k in f})}"])
-                regions = statistics.mean(len(seq.detections(i)) for i in range(seq.length))
-                cost_rows.append([seq.name, f"{regions:.1f}", f"{statistics.median(us):.0f}",
-                                  f"{np.percentile(us, 99):.0f}"])
-                calls, latency = {}, {}
-                for n in (1, *EVERY):
-                    before = rows_computed(daemon, f"cls_every_{n}")
-                    start = time.perf_counter()
-                    got = replay(sock, f"every_{n}", seq, f"calls/{n}/{seq.name}")
-                    latency[n] = (time.perf_counter() - start) / seq.length * 1000
-                    calls[n] = rows_computed(daemon, f"cls_every_{n}") - before
-                    assert set(got.statuses) == {200}, got.statuses
-                calls_rows.append([seq.name, f"{calls[1]}", *(f"{calls[n]} ({calls[n] / calls[1]:.0%})" for n in EVERY),
-                                   *(f"{latency[n]:.1f}" for n in (1, *EVERY))])
-                print(ids_rows[-2], ids_rows[-1], cost_rows[-1], calls_rows[-1], sep="\n", flush=True)
+            with dealer(daemon.endpoint) as sock:
+                for seq in seqs:
+                    ids, cost, calls = measure(daemon, sock, seq, args.rounds)
+                    ids_rows += ids
+                    cost_rows.append(cost)
+                    calls_rows.append(calls)
+                    print(*ids, cost, calls, sep="\n", flush=True)
             daemon_p50 = track_p50_us(daemon)
         finally:
-            sock.close()
             daemon.stop()
     body = (f"{stamp()}\n\n"
             + markdown_table(["sequence", "objects", "frames", "boxes", "IDF1", "IDP", "IDR", "id switches",

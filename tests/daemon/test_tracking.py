@@ -27,7 +27,7 @@ import zmq
 pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
 
 from support import models, tracking  # noqa: E402
-from support.harness import REPO, Daemon, free_port  # noqa: E402
+from support.harness import REPO, Daemon, dealer, free_port  # noqa: E402
 from support.metrics import scrape  # noqa: E402
 from support.tracking import (Replay, classifying, detecting, every_nth, id_switches, idf1, png, replay,  # noqa: E402
                               rows_computed)
@@ -77,11 +77,8 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
 
 @pytest.fixture
 def sock(daemon: Daemon) -> Iterator[zmq.Socket]:
-    s = zmq.Context.instance().socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(daemon.endpoint)
-    yield s
-    s.close()
+    with dealer(daemon.endpoint) as s:
+        yield s
 
 
 def streams(daemon: Daemon, pipeline: str, seqs: list[tracking.Sequence], key: str) -> dict[str, Replay]:
@@ -89,9 +86,7 @@ def streams(daemon: Daemon, pipeline: str, seqs: list[tracking.Sequence], key: s
     out: dict[str, Replay] = {}
 
     def camera(seq: tracking.Sequence) -> None:
-        with zmq.Context.instance().socket(zmq.DEALER) as s:
-            s.setsockopt(zmq.LINGER, 0)
-            s.connect(daemon.endpoint)
+        with dealer(daemon.endpoint) as s:
             out[seq.name] = replay(s, pipeline, seq, f"{key}/{seq.name}")
     threads = [threading.Thread(target=camera, args=(seq,)) for seq in seqs]
     for t in threads:
