@@ -236,7 +236,8 @@ def test_max_calls_per_s_bounds_the_steps_calls_over_every_stream(daemon: Daemon
           f"of {len(regions)}")
     assert computed == rows_computed(daemon, "cls_budget") - before
     assert computed <= 40 * elapsed + 40  # a second's worth of burst, then 40 a second
-    assert computed >= min(len(regions), 40 * elapsed) / 2  # and the budget is used, not starved
+    # And the budget is used, not starved (loosely: a box that stalls for seconds lets tokens go unused).
+    assert computed >= min(len(regions), 40 + 40 * elapsed) / 4
     assert reused and skipped  # over the budget: the last answer where a track has one, else skipped
     assert all(region["cached"] is False and "label" not in region for region in skipped)
 
