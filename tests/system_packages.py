@@ -125,6 +125,7 @@ def require_emulation(arch: str) -> Emulator:
                            text=True, timeout=30)
         if r.returncode != 0:
             pytest.skip(f"cannot mount binfmt_misc here ({r.stderr.strip()}): no emulation of {arch}")
+        print(f"mounted binfmt_misc on {BINFMT}")
     require({f"/usr/bin/qemu-{arch}-static": "qemu-user-static", "/usr/sbin/update-binfmts": "binfmt-support"})
     found = _handler(arch)
     if found is None or found[1] != "enabled":
@@ -132,6 +133,7 @@ def require_emulation(arch: str) -> Emulator:
         for action in (("--import", name), ("--enable", name)):  # --import: a format binfmt-support never read
             subprocess.run(["update-binfmts", *action], capture_output=True, timeout=30)
         found = _handler(arch)
+        print(f"update-binfmts --enable qemu-{arch}: {'done' if found else 'no handler'}")
     if found is None or found[1] != "enabled":
         pytest.fail(f"no enabled binfmt_misc handler for {arch} after update-binfmts --enable qemu-{arch}")
     emulator = found[0]
