@@ -73,15 +73,25 @@ class Chroot:
         return self.root / inside.lstrip("/")
 
     def resolve(self, inside: str) -> str:
-        """`inside` with its symlinks followed as the chroot sees them (/usr/bin/python3 -> /usr/bin/python3.11)."""
-        path = inside
-        for _ in range(40):
-            host = self.path(path)
+        """`inside` with every symlink on its way followed as the chroot sees them
+        (/lib/systemd/system/x -> /usr/lib/systemd/system/x, /usr/bin/python3 -> /usr/bin/python3.11)."""
+        todo, done, hops = [p for p in inside.split("/") if p], "", 0
+        while todo:
+            part = todo.pop(0)
+            if part in (".", ".."):
+                done = os.path.dirname(done) if part == ".." else done
+                continue
+            host = self.path(f"{done}/{part}")
             if not host.is_symlink():
-                return path
+                done = f"{done}/{part}"
+                continue
+            hops += 1
+            if hops > 40:
+                raise RuntimeError(f"{inside}: too many symlinks")
             target = os.readlink(host)
-            path = os.path.normpath(target if target.startswith("/") else f"{os.path.dirname(path)}/{target}")
-        raise RuntimeError(f"{inside}: too many symlinks")
+            todo = [p for p in target.split("/") if p] + todo
+            done = "" if target.startswith("/") else done
+        return done or "/"
 
     # -- mounts ---------------------------------------------------------------------------------
 

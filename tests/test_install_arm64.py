@@ -129,7 +129,7 @@ def arm64_layer(depends: str) -> Path:
         c.run("apt-get", "-y", "-q", "--no-install-recommends", "satisfy", depends, timeout=1200)
         c.run("apt-get", "-y", "-q", "--no-install-recommends", "install", "python3-pip", timeout=1200)
         c.run(*ORT_INSTALL, "--root-user-action=ignore", *host_certificates(c), timeout=900)
-        c.run("rm", "-f", "/tmp/host-ca.crt")
+        c.path("/tmp/host-ca.crt").unlink(missing_ok=True)
         c.unmount()
         for old in system_packages.CACHE.glob(f"bookworm-{ARCH}-deps-*.tar"):
             old.unlink()  # made for other Depends
@@ -408,3 +408,17 @@ def test_the_fake_cpuinfo_describes_every_possible_cpu() -> None:
     text = jetson_cpuinfo()
     assert text.count("processor\t:") == len(possible_cpus()) >= 1
     assert "CPU implementer\t: 0x41" in text  # Arm Ltd.: what onnxruntime's cpuinfo library looks for
+
+
+def test_paths_resolve_as_the_chroot_sees_them(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    (tree / "usr/lib/systemd/system").mkdir(parents=True)
+    (tree / "usr/bin").mkdir()
+    (tree / "lib").symlink_to("usr/lib")  # merged /usr, as debootstrap makes bookworm
+    (tree / "usr/bin/python3").symlink_to("python3.11")
+    (tree / "usr/bin/py").symlink_to("/lib/../bin/python3")
+    chroots.pack(tree, tmp_path / "tree.tar")
+    with Chroot(tmp_path / "tree.tar") as c:
+        assert c.resolve(UNIT) == "/usr/lib/systemd/system/infermux.service"
+        assert c.resolve("/usr/bin/python3") == c.resolve("/usr/bin/py") == "/usr/bin/python3.11"
+        assert c.resolve("/etc/passwd") == "/etc/passwd"  # absent or plain: as given
