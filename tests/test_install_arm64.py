@@ -7,7 +7,7 @@ made by debootstrap and run through qemu-user-static (binfmt_misc), gets
 the package's declared Depends with apt and onnxruntime's aarch64 wheel the
 way README.Debian tells a user; both are cached as a tarball keyed by the
 Depends and the pip command (and remade after LAYER_DAYS), since apt and
-pip under emulation take minutes. Each run then `apt install`s the .deb,
+pip under emulation take minutes (CACHE/arm64, under a lock of its own). Each run then `apt install`s the .deb,
 starts the daemon as the installed unit says (tests/systemd_unit.py: its
 user, groups, directories, environment, READY=1; no systemd runs in a
 chroot) with a cold model added to the conffile, and checks `status`,
@@ -87,11 +87,30 @@ def emulator() -> system_packages.Emulator:
     return system_packages.require_emulation(MACHINE)
 
 
+# The arm64 chroots have caches of their own (CACHE/arm64: the tarballs, apt's .debs, pip's wheels) and this
+# lock: making them never holds up the other chroot tests. Only the build shares theirs (BUILD_LOCK).
+LOCK = Path("/tmp/infermux-test-arm64.lock")
+
+
+def arm64_cache(*parts: str) -> Path:
+    return system_packages.cache_dir(ARCH, *parts)
+
+
 @pytest.fixture(scope="module")
-def deb(emulator: system_packages.Emulator, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """infermux_0.1.0_all.deb, built by the install test's script (or kept from its build of this tree)."""
+def base(emulator: system_packages.Emulator) -> Path:
+    """Debian bookworm arm64 minbase (debootstrap under qemu), as a tarball."""
+    tarball = arm64_cache() / "bookworm-minbase.tar"
+    with system_packages.exclusive(LOCK):
+        chroots.debootstrap(tarball, ARCH, arm64_cache("apt-archives"))
+    return tarball
+
+
+@pytest.fixture(scope="module")
+def deb(base: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """infermux_0.1.0_all.deb, built by the install test's script (or kept from its build of this tree).
+
+    After `base`: debootstrap runs first, while another chroot test may hold the build lock."""
     out = tmp_path_factory.mktemp("deb")
-    system_packages.cache_dir()
     with system_packages.exclusive(system_packages.BUILD_LOCK):  # shares the caches of the other chroot tests
         r = subprocess.run(["bash", str(REPO / "packaging/test-install.sh")], capture_output=True, text=True,
                            env={**os.environ, "BUILD_ONLY": str(out)}, timeout=1200)
@@ -102,10 +121,10 @@ def deb(emulator: system_packages.Emulator, tmp_path_factory: pytest.TempPathFac
 
 
 @pytest.fixture(scope="module")
-def layer(deb: Path) -> Path:
+def layer(base: Path, deb: Path) -> Path:
     """The arm64 chroot with the package's Depends and onnxruntime installed, as a tarball."""
-    with system_packages.exclusive(system_packages.BUILD_LOCK):
-        return arm64_layer(depends_of(deb))
+    with system_packages.exclusive(LOCK):
+        return arm64_layer(base, depends_of(deb))
 
 
 def depends_of(deb: Path) -> str:
@@ -113,16 +132,14 @@ def depends_of(deb: Path) -> str:
                           timeout=60).stdout.strip()
 
 
-def arm64_layer(depends: str) -> Path:
-    """minbase + `apt-get satisfy DEPENDS` + python3-pip + README.Debian's pip command, cached per Depends."""
+def arm64_layer(base: Path, depends: str) -> Path:
+    """`base` + `apt-get satisfy DEPENDS` + python3-pip + README.Debian's pip command, cached per Depends."""
     key = hashlib.sha256(f"{depends}\n{' '.join(ORT_INSTALL)}".encode()).hexdigest()[:16]
-    tarball = system_packages.cache_dir() / f"bookworm-{ARCH}-deps-{key}.tar"
+    tarball = arm64_cache() / f"bookworm-deps-{key}.tar"
     if tarball.is_file() and time.time() - tarball.stat().st_mtime < LAYER_DAYS * 86400:
         print(f"cached {tarball}")
         return tarball
-    apt, pip = system_packages.cache_dir("apt-archives"), system_packages.cache_dir("pip")
-    base = system_packages.CACHE / f"bookworm-{ARCH}-minbase.tar"
-    chroots.debootstrap(base, ARCH, apt)
+    apt, pip = arm64_cache("apt-archives"), arm64_cache("pip")
     with Chroot(base) as c:
         c.mount({apt: "/var/cache/apt/archives", pip: "/root/.cache/pip"}, cpuinfo=jetson_cpuinfo())
         c.run("apt-get", "-q", "update")
@@ -131,7 +148,7 @@ def arm64_layer(depends: str) -> Path:
         c.run(*ORT_INSTALL, "--root-user-action=ignore", *host_certificates(c), timeout=900)
         c.path("/tmp/host-ca.crt").unlink(missing_ok=True)
         c.unmount()
-        for old in system_packages.CACHE.glob(f"bookworm-{ARCH}-deps-*.tar"):
+        for old in arm64_cache().glob("bookworm-deps-*.tar"):
             old.unlink()  # made for other Depends
         chroots.pack(c.root, tarball)
     print(f"made {tarball}")
