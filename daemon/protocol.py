@@ -476,7 +476,7 @@ def _write(view: memoryview, array: np.ndarray) -> None:
     dtype = array.dtype.newbyteorder("<") if array.dtype.itemsize > 1 else array.dtype
     target = np.frombuffer(view, dtype=np.uint8, count=array.nbytes).view(dtype).reshape(array.shape)
     if target.ctypes.data == array.ctypes.data and target.dtype == array.dtype:
-        return  # computed straight into the region (slotoutputs.RegionOutputs)
+        return  # computed straight into the region (execution/outputs.py, RegionOutputs)
     np.copyto(target, array, casting="equiv")  # "equiv": a big-endian array is swapped on the way
 
 

@@ -9,11 +9,11 @@ from typing import Callable, Iterator
 
 import pytest
 
-# Test modules import it and also name it in pytest_plugins (its fixtures): rewrite its asserts
-# at the first import, or pytest warns that it came too late to.
-pytest.register_assert_rewrite("fakes_tensorrt")
+# The tests' helpers (tests/support) assert too: rewrite their asserts at the first import, or pytest
+# warns that it came too late to (the TensorRT stand-in is also named in test modules' pytest_plugins).
+pytest.register_assert_rewrite("support")
 
-from harness import DAEMON_HEAD, REPO, Daemon
+from support.harness import DAEMON_HEAD, REPO, Daemon  # noqa: E402 (after register_assert_rewrite)
 
 
 @pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: the .deb's build-time tests run without it
@@ -72,7 +72,7 @@ engine = "fast512/1/model.onnx"
 @pytest.fixture(scope="session")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An engine directory with the sample models and the tests' own."""
-    import models  # needs onnx; imported here so tests without daemons (the .deb build's) run without it
+    from support import models  # needs onnx; imported here so tests without daemons (the .deb build's) run without it
 
     root = tmp_path_factory.mktemp("engines")
     for name in ("classifier", "mlp"):

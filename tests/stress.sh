@@ -6,8 +6,8 @@
 # the box scheduled threads and processes. Each round runs them all with one
 # busy-looping process per core (`nproc` of them), so that every thread the
 # tests start competes for a CPU; the hogs stop when the round ends, also on
-# Ctrl-C or a failure (trap). A round takes 2.5 to 4 minutes on the 2-core
-# development box; the last line counts the rounds:
+# Ctrl-C or a failure (trap). How long a round takes: tests/benchmarks/
+# RESULTS.md, "Test suite wall time". The last line counts the rounds:
 #
 #     20 passed, 0 failed in 2400 s
 #

@@ -17,7 +17,7 @@ from textual.binding import Binding
 from textual.screen import ModalScreen, Screen
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
-from infermux.tui import format as fmt
+from infermux import format as fmt
 from infermux.tui.actions import ACTIONS, Action, Refused, summary
 from infermux.tui.dialogs import ConfirmScreen, PromptScreen
 from infermux.tui.feed import EventsArrived, Feed, LinkChanged, SnapshotReady

@@ -12,7 +12,7 @@ from typing import Any
 from rich.markup import escape
 from rich.text import Text
 
-from infermux.tui import format as fmt
+from infermux import format as fmt
 
 
 def daemon_line(d: dict[str, Any]) -> list[str]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
-from infermux.tui import format as fmt
+from infermux import format as fmt
 
 
 class History:

@@ -7,7 +7,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 
 from textual.command import Hit, Hits, Provider
 
-from infermux.tui import format as fmt
+from infermux import format as fmt
 from infermux.tui.actions import ACTIONS
 
 

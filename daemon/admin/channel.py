@@ -29,7 +29,7 @@ from infermux.config import resolve_endpoint
 from infermux.events import Event
 
 if TYPE_CHECKING:
-    from infermux.serving.server import Server
+    from infermux.frontend.server import Server
 
 log = logging.getLogger("infermux.admin")
 

@@ -19,7 +19,7 @@ from infermux.models import fallback as fallbacks
 from infermux.models.registry import ModelVersion, State
 
 if TYPE_CHECKING:
-    from infermux.serving.server import Server
+    from infermux.frontend.server import Server
 
 
 class CommandError(Exception):

@@ -15,7 +15,7 @@ from infermux.models.registry import State
 
 if TYPE_CHECKING:
     from infermux.models.registry import Model
-    from infermux.serving.server import Server
+    from infermux.frontend.server import Server
 
 # The serving loop turns at least every `poll_ms` (100 ms; the systemd watchdog
 # relies on the same turns). Ten seconds without one is a wedged loop, not a

@@ -9,21 +9,21 @@ labels. Everything is read from the same snapshot the console sees.
 from __future__ import annotations
 
 import logging
+import math
 import os
-import threading
 from collections import Counter
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Iterable
 
 from infermux.admin import hardware, snapshot
 from infermux.admin.httpd import HttpServer, Reply, Route
 from infermux.admin.health import Liveness, Verdict, readiness
 from infermux.events import Event
-from infermux.serving.stats import LATENCY_BUCKETS_US
+from infermux.execution.stats import LATENCY_BUCKETS_US
 from infermux.transport.peers import SILENT_GRACE_S
 from infermux.workers.proxy import WorkerProxy
 
 if TYPE_CHECKING:
-    from infermux.serving.server import Server
+    from infermux.frontend.server import Server
 
 log = logging.getLogger("infermux.metrics")
 
@@ -45,6 +45,17 @@ GPU_FAMILIES = (
 _LABEL_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n"})
 
 
+def _number(value: float) -> str:
+    """A sample value at full precision (`:g` keeps 6 digits: a seconds counter would move in steps)."""
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "NaN"
+        if math.isinf(value):
+            return "+Inf" if value > 0 else "-Inf"
+        return str(int(value)) if value.is_integer() and abs(value) < 1e15 else repr(value)
+    return str(value)
+
+
 def _labels(**labels: Any) -> str:
     text = ",".join(f'{k}="{str(v).translate(_LABEL_ESCAPES)}"' for k, v in labels.items())
     return "{" + text + "}" if text else ""
@@ -59,24 +70,30 @@ class Exposition:
     def family(self, name: str, kind: str, help_text: str, samples: Iterable[tuple[dict, float]]) -> None:
         self.lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
         for labels, value in samples:
-            self.lines.append(f"{name}{_labels(**labels)} {value:g}" if isinstance(value, float)
-                              else f"{name}{_labels(**labels)} {value}")
+            self.lines.append(f"{name}{_labels(**labels)} {_number(value)}")
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
 
 
 class EventCounter:
-    """Counts events by (kind, model): worker restarts and swaps have no other counter."""
+    """Counts events by (kind, model, version): worker restarts and swaps have no other counter."""
 
     def __init__(self) -> None:
-        self.counts: Counter[tuple[str, str]] = Counter()
+        self.counts: Counter[tuple[str, str, str]] = Counter()
 
     def __call__(self, event: Event) -> None:
-        self.counts[(event.kind, event.model)] += 1
+        self.counts[(event.kind, event.model, event.version)] += 1
 
-    def of(self, kind: str) -> list[tuple[dict, float]]:
-        return [({"model": model}, n) for (k, model), n in sorted(self.counts.items()) if k == kind]
+    def of(self, kind: str, keys: Iterable[tuple[str, ...]] = (), by_version: bool = False) -> list[tuple[dict, float]]:
+        """One sample per (model,) or (model, version) counted, and a 0 for each of `keys` not yet
+        counted: a counter that appears at 1 hides its first increase from rate() and increase()."""
+        counts: Counter[tuple[str, ...]] = Counter({key: 0 for key in keys})
+        for (k, model, version), n in self.counts.items():
+            if k == kind:
+                counts[(model, version) if by_version else (model,)] += n
+        names = ("model", "version") if by_version else ("model",)
+        return [(dict(zip(names, key)), n) for key, n in sorted(counts.items())]
 
 
 def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | None = None) -> str:
@@ -88,26 +105,35 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
     out.family("infermux_inference_request_success_total", "counter", "Requests served (status 200).",
                [(mv(m), m["stats"]["served"]) for m in models])
     out.family("infermux_inference_request_failure_total", "counter", "Requests answered with an error, by reason.",
-               [({**mv(m), "reason": FAILURE_REASONS.get(int(code), code)}, n)
-                for m in models for code, n in m["stats"]["by_status"].items() if code != "200"])
+               [({**mv(m), "reason": reason}, n) for m in models for reason, n in _failures(m["stats"]["by_status"])])
     _histogram(out, models, mv)
     for part in ("queue", "compute"):
-        out.family(f"infermux_inference_{part}_duration_us_total", "counter",
-                   f"Cumulative {part} time of served requests, microseconds.",
-                   [(mv(m), float(m["stats"]["sums_us"].get(part, 0.0))) for m in models])
+        out.family(f"infermux_inference_{part}_duration_seconds_total", "counter",
+                   f"Cumulative {part} time of served requests, seconds.",
+                   [(mv(m), m["stats"]["sums_us"].get(part, 0.0) / 1e6) for m in models])
     out.family("infermux_inference_batches_total", "counter", "Backend calls, by batch size.",
                [({**mv(m), "size": size}, n) for m in models for size, n in m["stats"]["batches"].items()])
+    # The same calls in one series from 0 on (a size's series appears at its first call, unseen by rate()):
+    # what the mean batch size is computed from. Triton's nv_inference_exec_count.
+    out.family("infermux_inference_executions_total", "counter", "Backend calls (batches) of any size.",
+               [(mv(m), sum(m["stats"]["batches"].values())) for m in models])
     out.family("infermux_inference_pending_requests", "gauge", "Requests queued or running.",
                [(mv(m), m["queue_depth"] + m["in_flight"]) for m in models])
+    out.family("infermux_inference_queued_requests", "gauge", "Requests waiting for a context (429 at max_queue).",
+               [(mv(m), m["queue_depth"]) for m in models])
+    out.family("infermux_inference_max_queue", "gauge", "The queue's bound: requests past it are answered 429.",
+               [(mv(m), m["max_queue"]) for m in models])
     out.family("infermux_model_state", "gauge", "1 for the state each model version is in.",
                [({**mv(m), "state": m["state"]}, 1) for m in models])
     out.family("infermux_model_contexts", "gauge", "Execution contexts per model version.",
                [(mv(m), m["contexts"]) for m in models])
     out.family("infermux_model_memory_bytes", "gauge", "Measured memory footprint per model version.",
                [(mv(m), m["memory_bytes"]) for m in models])
+    cold = [(m["name"], m["version"]) for m in models if m["placement"] == "cold"]
     out.family("infermux_worker_restarts_total", "counter", "Cold worker processes that crashed and were restarted.",
-               events.of("crashed"))
-    out.family("infermux_model_swaps_total", "counter", "Versions swapped in without downtime.", events.of("swapped"))
+               events.of("crashed", cold, by_version=True))
+    out.family("infermux_model_swaps_total", "counter", "Versions swapped in without downtime.",
+               events.of("swapped", {(m["name"],) for m in models}))
     memory = daemon["memory"]
     out.family("infermux_memory_budget_bytes", "gauge", "Memory budget for models.", [({}, memory["budget_bytes"])])
     out.family("infermux_memory_models_bytes", "gauge", "Memory used by loaded models.", [({}, memory["models_bytes"])])
@@ -145,9 +171,17 @@ def _pipelines(out: Exposition, pipelines: list[dict]) -> None:
     steps = [({"pipeline": p["name"], "step": name}, s) for p in pipelines for name, s in p["steps"].items()]
     out.family("infermux_pipeline_step_runs_total", "counter", "Runs of a pipeline step, by status.",
                [({**labels, "status": code}, n) for labels, s in steps for code, n in s["by_status"].items()])
-    out.family("infermux_pipeline_step_duration_us_total", "counter",
-               "Cumulative time of a pipeline step's successful runs, microseconds.",
-               [(labels, float(s["sums_us"].get("total", 0.0))) for labels, s in steps])
+    out.family("infermux_pipeline_step_duration_seconds_total", "counter",
+               "Cumulative time of a pipeline step's successful runs, seconds.",
+               [(labels, s["sums_us"].get("total", 0.0) / 1e6) for labels, s in steps])
+    out.family("infermux_pipeline_reinfer_regions_total", "counter",
+               "Regions a re-inferred step computed, gave its track's last answer (reused), or skipped (no budget).",
+               [({**labels, "outcome": outcome}, s["reinfer"][outcome]) for labels, s in steps if "reinfer" in s
+                for outcome in ("computed", "reused", "skipped")])
+    out.family("infermux_pipeline_tracked_streams", "gauge", "Streams a track step holds tracks for.",
+               [(labels, s["tracking"]["streams"]) for labels, s in steps if "tracking" in s])
+    out.family("infermux_pipeline_tracks", "gauge", "Tracks a track step holds, over its streams.",
+               [(labels, s["tracking"]["tracks"]) for labels, s in steps if "tracking" in s])
 
 
 def _gpus(out: Exposition, samples: list[hardware.GpuSample]) -> None:
@@ -174,17 +208,28 @@ def _processes(out: Exposition, samples: list[hardware.ProcessSample]) -> None:
                [({"process": p.process, "pid": p.pid}, p.resident_bytes) for p in samples])
 
 
+def _failures(by_status: dict[str, int]) -> list[tuple[str, int]]:
+    """Error replies by reason, every known reason present (at 0 until it happens: see EventCounter.of)."""
+    counts = Counter({reason: 0 for reason in FAILURE_REASONS.values()})
+    for code, n in by_status.items():
+        if code != "200":
+            counts[FAILURE_REASONS.get(int(code), code)] += n
+    return sorted(counts.items())
+
+
 def _histogram(out: Exposition, models: list[dict], mv: Any) -> None:
-    name = "infermux_inference_request_duration_us"
-    out.lines += [f"# HELP {name} Latency of served requests in the daemon, microseconds.", f"# TYPE {name} histogram"]
+    """Latency in seconds (base units: `promtool check metrics` rejects µs); the daemon counts in µs."""
+    name = "infermux_inference_request_duration_seconds"
+    out.lines += [f"# HELP {name} Latency of served requests in the daemon, seconds.", f"# TYPE {name} histogram"]
+    bounds = [(str(us), f"{us / 1e6:g}") for us in LATENCY_BUCKETS_US] + [("+Inf", "+Inf")]
     for m in models:
         stats, labels = m["stats"], mv(m)
         counts = stats.get("latency_le_us", {})
         running = 0
-        for bound in [*map(str, LATENCY_BUCKETS_US), "+Inf"]:
-            running += counts.get(bound, 0)
-            out.lines.append(f"{name}_bucket{_labels(**labels, le=bound)} {running}")
-        out.lines.append(f"{name}_sum{_labels(**labels)} {stats['sums_us'].get('total', 0.0):g}")
+        for bound_us, le in bounds:
+            running += counts.get(bound_us, 0)
+            out.lines.append(f"{name}_bucket{_labels(**labels, le=le)} {running}")
+        out.lines.append(f"{name}_sum{_labels(**labels)} {_number(stats['sums_us'].get('total', 0.0) / 1e6)}")
         out.lines.append(f"{name}_count{_labels(**labels)} {running}")
 
 

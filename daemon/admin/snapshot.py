@@ -20,7 +20,7 @@ from infermux.events import TRACEBACKS
 from infermux.models.registry import ModelVersion, State, rss_bytes
 
 if TYPE_CHECKING:
-    from infermux.serving.server import Server
+    from infermux.frontend.server import Server
 
 
 def host_memory_total() -> int:

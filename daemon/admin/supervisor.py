@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 from infermux.admin.notify import Notifier
 
 if TYPE_CHECKING:
-    from infermux.serving.server import Server
+    from infermux.frontend.server import Server
 
 STATUS_EVERY_S = 2.0
 EXTEND_EVERY_S = 10.0

@@ -28,7 +28,7 @@ from infermux.client import Client
 from infermux.cli.common import NO_DAEMON, CliError, add_input_arguments, add_model_arguments, model_of
 from infermux.cli.infer import add_endpoint_arguments, endpoint_from, inputs_for
 from infermux.protocol import Reply, SharedTensor, Status, encode_request, parse_header
-from infermux.serving.stats import percentiles
+from infermux.execution.stats import percentiles
 from infermux.transport import ipc
 
 # progress(replies so far, seconds so far), called about once a second
@@ -255,7 +255,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--shared-memory", action="store_true",
                         help="keep inputs and outputs in a shared-memory region registered with the daemon "
-                        "(ipc endpoints only; README, \"Tensors in shared memory\"); every request reads "
+                        "(ipc endpoints only; docs/operating.md, \"Tensors in shared memory\"); every request reads "
                         "the same inputs and writes the same outputs, which are not checked")
     from infermux.transport import curve
 

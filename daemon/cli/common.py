@@ -1,6 +1,6 @@
 """What every client command shares: where the daemon's sockets are, and how a failure reaches the user.
 
-Exit codes (README "Operating it", infermux(1)): 0 done, 1 refused or
+Exit codes (docs/operating.md, "Status and control"; infermux(1)): 0 done, 1 refused or
 failed (the reason is printed), 2 usage or configuration, 3 the daemon did
 not answer. A failure is one line on stderr, never a traceback.
 """

@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     from infermux.swap import swapper as swap
     from infermux.admin.channel import AdminServer
     from infermux.admin.metrics import MetricsServer
-    from infermux.serving.server import Server
+    from infermux.frontend.server import Server
     from infermux.admin.supervisor import Supervisor
     from infermux.transport import ipc
 

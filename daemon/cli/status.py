@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from infermux.cli.common import add_endpoint_arguments, endpoint_from
-from infermux.tui import format as fmt  # plain functions; importing it does not load Textual
+from infermux import format as fmt
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

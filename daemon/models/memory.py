@@ -21,14 +21,12 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import replace
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from infermux.config import ModelConfig
 from infermux.models import budget as mem
 from infermux.models.version import ModelVersion, State
 from infermux.plugins.base import Engine, OnDevice
-from infermux.workers.process import WorkerProcess
-from infermux.workers.proxy import WorkerProxy
 
 if TYPE_CHECKING:
     from infermux.models.registry import Registry
@@ -47,15 +45,32 @@ def hot_footprint(engine: Engine, mc: ModelConfig) -> int:
     return engine.memory_bytes() * max(1, copies)
 
 
+class ColdFootprint(Protocol):
+    """What the keeper reads of a cold placement to take its footprint (workers/proxy.py)."""
+
+    gpu_bytes: int  # its worker's GPU memory, as NVML gave it for the pid
+
+    @property
+    def pid(self) -> int: ...
+
+    def footprint(self) -> int:
+        """What its worker process costs now: RSS plus GPU memory (or what its load visibly took)."""
+        ...
+
+
 class MemoryKeeper:
-    """Estimates, room before a load, LRU eviction of idle cold workers."""
+    """Estimates, room before a load, LRU eviction of idle cold workers.
+
+    The worker pool says which versions may be stopped (`stoppable`: cold, ready, idle, and
+    not being moved) and stops them (`stop`); the keeper decides which and when.
+    """
 
     def __init__(self, registry: "Registry", budget: mem.MemoryBudget, stop: Callable[[ModelVersion], None],
-                 busy: Callable[[tuple[str, str]], bool]) -> None:
+                 stoppable: Callable[[ModelVersion], bool]) -> None:
         self.registry = registry
         self.events = registry.events
         self.budget = budget
-        self._stop, self._busy = stop, busy
+        self._stop, self._stoppable = stop, stoppable
         self.footprints: dict[tuple[str, str], int] = {}  # last measured, kept after an unload
         self.worker_base = 0  # RSS of a fresh worker, from its HELLO
         self._lock = threading.Lock()
@@ -130,9 +145,7 @@ class MemoryKeeper:
 
     def _idle_workers(self, exclude: ModelVersion) -> list[ModelVersion]:
         """Cold versions serving nothing right now: what may be stopped to make room."""
-        return [mv for mv in self.registry.all_versions()
-                if mv is not exclude and isinstance(mv.scheduler, WorkerProxy) and mv.state is State.READY
-                and mv.scheduler.load() == 0 and not self._busy(mv.config.key)]
+        return [mv for mv in self.registry.all_versions() if mv is not exclude and self._stoppable(mv)]
 
     @staticmethod
     def _last_use(mv: ModelVersion) -> float:
@@ -157,22 +170,23 @@ class MemoryKeeper:
                     return
                 self._evict(victim, f"over budget after loading {loaded.name}:{loaded.version}")
 
-    def unseen(self, process: WorkerProcess, free_before: int) -> int:
+    def unseen(self, free_before: int, rss_grown: int) -> int:
         """Memory the load took that the worker's RSS does not show (an estimate; concurrent loads blur it).
 
         GPU budget: the drop in free GPU memory, for when NVML cannot attribute it to the pid
-        (containers). Jetson: the drop in available memory beyond the RSS growth, which is where
-        CUDA allocations (nvmap) show up. Elsewhere RSS says it all.
+        (containers). Jetson: the drop in available memory beyond the worker's RSS growth
+        (`rss_grown`), which is where CUDA allocations (nvmap) show up. Elsewhere RSS says it all.
         """
         if self.budget.source == "host" and not self.budget.jetson:
             return 0  # RSS is the whole story, and other processes' churn would only add noise
         drop = max(0, free_before - self.budget.available())
         if self.budget.source == "gpu":
             return drop
-        grown = max(0, process.rss() - int(process.hello.get("rss", 0)))
-        return max(0, drop - grown)
+        return max(0, drop - max(0, rss_grown))
 
-    def measure(self, key: tuple[str, str], proxy: WorkerProxy, gpu: dict[int, int] | None = None) -> int:
+    def measure(self, key: tuple[str, str], proxy: ColdFootprint, gpu: dict[int, int] | None = None) -> int:
+        """A cold version's footprint now, remembered as its estimate for the next load; `gpu` is
+        NVML's GPU memory by pid, where it was read this time."""
         if gpu is not None:
             proxy.gpu_bytes = gpu.get(proxy.pid, 0)
         footprint = proxy.footprint()

@@ -22,15 +22,15 @@ from infermux.models.budget import release_freed_memory
 from infermux.models.memory import hot_footprint
 from infermux.config import Config, ModelConfig
 from infermux.events import EventLog
-from infermux.serving.executor import LateFn, ReplyFn
+from infermux.execution.executor import LateFn, ReplyFn
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError, Engine, TensorSpec
-from infermux.serving.inline import HoldFn, InlineGate
+from infermux.execution.inline import HoldFn, InlineGate
 from infermux.models import fallback as fallbacks
 from infermux.models import promote as moves
 from infermux.models.version import Model, ModelVersion, State, version_key
-from infermux.serving.placement import Change
-from infermux.serving.scheduler import Scheduler
+from infermux.execution.placement import Change
+from infermux.execution.scheduler import Scheduler
 
 if TYPE_CHECKING:
     from infermux.workers.pool import Workers

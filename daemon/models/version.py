@@ -1,7 +1,7 @@
 """A model version and its states, and a model's versions (the registry holds them: registry.py).
 
 States: unloaded → loading → warming → ready → draining → unloaded, plus
-failed. A ready version has an engine and a placement (serving/placement.py:
+failed. A ready version has an engine and a placement (execution/placement.py:
 hot in the daemon, or cold in a worker process).
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 from infermux.config import ModelConfig
 from infermux.protocol import OPERATOR_RETRY_MS
 from infermux.plugins.base import Engine
-from infermux.serving.placement import Placement
-from infermux.serving.stats import ModelStats
+from infermux.execution.placement import Placement
+from infermux.execution.stats import ModelStats
 
 
 class State(str, enum.Enum):

@@ -5,7 +5,7 @@ thread as a client's is (version choice, readiness, fallback, queue bounds;
 the router and the registry's on-demand loading are the frontend's alone),
 so the model's batcher merges it with other requests; only its envelope differs:
 `[Internal(sink)]`, and the one reply function hands the reply to the sink
-(serving/job.py), which wakes the pipeline thread waiting here.
+(execution/job.py), which wakes the pipeline thread waiting here.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import numpy as np
 import zmq
 
 from infermux.protocol import MalformedReply, Reply, Request, Status, decode_reply, encode_header
-from infermux.serving.job import Internal, Job, Outcome
+from infermux.execution.job import Internal, Job, Outcome
 
 AdmitFn = Callable[[Job], None]  # Server.admit_internal: the router admits it on the frontend thread
 GRACE_S = 1.0  # past the deadline the model's own 504 is due; wait this much longer for it

@@ -1,11 +1,11 @@
-"""Per-pipeline and per-step counts and latencies, on the daemon's own `Stats` (serving/stats.py)."""
+"""Per-pipeline and per-step counts and latencies, on the daemon's own `Stats` (execution/stats.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from infermux.serving.stats import Stats
-from infermux.tui import format as fmt  # plain functions; importing it does not load Textual
+from infermux.execution.stats import Stats
+from infermux import format as fmt
 
 
 class PipelineStats:

@@ -16,11 +16,11 @@ from infermux import config as cfg
 from infermux.config import ModelConfig
 from infermux.models.version import ModelVersion
 from infermux.pipelines.runner import PipelineChanges
-from infermux.serving.limits import limits_from
+from infermux.transport.limits import limits_from
 from infermux.transport.curve import CurveError
 
 if TYPE_CHECKING:
-    from infermux.serving.server import Server
+    from infermux.frontend.server import Server
 
 log = logging.getLogger("infermux.reload")
 

@@ -33,7 +33,7 @@ from infermux.swap.repository import FolderScreen, ModelPlan, SettingsCache, pla
 from infermux.swap.watcher import EngineFile, EngineWatcher, Snapshot
 
 if TYPE_CHECKING:
-    from infermux.serving.server import Server
+    from infermux.frontend.server import Server
 
 log = logging.getLogger("infermux.swap")
 

@@ -1,1 +1,2 @@
-"""Sockets and their guards: ipc socket files, CURVE for tcp, the shared-memory registration socket."""
+"""Sockets and their guards: ipc socket files, CURVE for tcp, the shared-memory registration socket,
+what one peer (`peers`) and one message (`limits`) may cost."""

@@ -31,10 +31,11 @@ import numpy as np
 import zmq
 
 from infermux.workers import wire as wire
+from infermux.config import ModelConfig
 from infermux.events import limit_tracebacks
 from infermux.models.budget import limit_malloc_arenas, release_freed_memory
-from infermux.serving.inline import InlinePolicy
-from infermux.serving.job import Job, Outcome
+from infermux.execution.inline import InlinePolicy
+from infermux.execution.job import Job, Outcome
 from infermux.workers.lane import Lane, LaneClosed
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError
@@ -42,11 +43,12 @@ from infermux.protocol import DTYPES, OutputRegion, Request, Status, encode_repl
 from infermux.transport.regions import MappedRegions
 from infermux.transport.waiting import message_waiting
 from infermux.models.registry import rss_bytes, warm_up
-from infermux.serving.placement import Admission, Change
-from infermux.serving.scheduler import Scheduler
+from infermux.execution.placement import Admission, Change
+from infermux.execution.scheduler import Scheduler
 from infermux.workers.slots import Slot, SlotCache, layout
-from infermux.workers.outputs import ShapeMemory, SlotOutputs
-from infermux.serving.stats import ModelStats
+from infermux.execution.outputs import ShapeMemory
+from infermux.workers.slotoutputs import SlotOutputs
+from infermux.execution.stats import ModelStats
 
 log = logging.getLogger("infermux.worker")
 
@@ -115,7 +117,7 @@ class Worker:
     # -- main loop ---------------------------------------------------------------
 
     def run(self) -> int:
-        self.send(wire.control(wire.HELLO, {"pid": os.getpid(), "rss": rss_bytes()}))
+        self.send([wire.Hello(os.getpid(), rss_bytes()).encode()])
         poller = zmq.Poller()
         poller.register(self.down, zmq.POLLIN)
         poller.register(self.args.lifeline, zmq.POLLIN)
@@ -158,63 +160,76 @@ class Worker:
         return True
 
     def _handle(self, frames: list[bytes]) -> None:
-        kind = wire.kind_of(frames[0])
-        if kind == wire.INFER:
-            self._infer(frames)
-        elif kind == wire.FORGET:
-            self.slots.forget(frames[0][1:].decode())
+        try:
+            message = wire.decode(frames[0])
+        except wire.MalformedMessage as exc:
+            self._unreadable(wire.kind_of(frames[0]), exc)
+            return
+        if isinstance(message, wire.Infer):
+            self._infer(message, frames[1:])
+        elif isinstance(message, wire.Forget):
+            self.slots.forget(message.slot)
+        elif isinstance(message, wire.Map):
+            fd = self.lane.take_fd()
+            if fd is not None:
+                self.regions.map(message.region, fd)
+        elif isinstance(message, wire.Unmap):
+            self.regions.unmap(message.region)
+        elif isinstance(message, wire.Load):
+            self._load(message.config)
+        elif isinstance(message, wire.Set):
+            self._set(message.change)
+        else:
+            log.warning("unexpected %s message from the daemon", type(message).__name__.upper())
+
+    def _unreadable(self, kind: bytes, exc: wire.MalformedMessage) -> None:
+        """A message from the daemon that does not decode (a daemon bug): said, and left unserved,
+        but a LOAD is answered ERROR so that the daemon does not wait for READY, and a MAP's fd closed."""
+        log.error("unreadable message from the daemon: %s", exc)
+        if kind == wire.LOAD:
+            self.send([wire.Error(f"unreadable LOAD message: {exc}", "load").encode()])
         elif kind == wire.MAP:
             fd = self.lane.take_fd()
             if fd is not None:
-                self.regions.map(frames[0][1:].decode(), fd)
-        elif kind == wire.UNMAP:
-            self.regions.unmap(frames[0][1:].decode())
-        elif kind == wire.LOAD:
-            self._load(frames[0][1:])
-        elif kind == wire.SET:
-            self._set(wire.body_of(frames[0]))
-        else:
-            log.warning("unknown message %r from the daemon", kind[:16])
+                os.close(fd)
 
     def _beat(self) -> None:
         if self.scheduler is None:
             return  # a spare: nobody reads its pipe yet, and unread beats would fill it
-        ctx = [[len(ex.queue), ex.in_flight, ex.served] for ex in self.scheduler.executors]
-        self.send(wire.control(wire.BEAT, {"ctx": ctx}))
+        contexts = [(len(ex.queue), ex.in_flight, ex.served) for ex in self.scheduler.executors]
+        self.send([wire.Beat(contexts).encode()])
 
     # -- load --------------------------------------------------------------------
 
-    def _load(self, raw: bytes) -> None:
+    def _load(self, mc: ModelConfig) -> None:
         started = time.monotonic()
+        self.name, self.version = mc.name, mc.version
         try:
-            mc = wire.config_from_json(raw)
-            self.name, self.version = mc.name, mc.version
             if not mc.engine.exists():
                 raise BackendError(f"engine file {mc.engine} does not exist")
             backend = backends.for_path(mc.engine, mc.backend or None)
             engine = backend.load(mc.engine, dict(mc.options))
         except Exception as exc:
-            self.send(wire.control(wire.ERROR, {"reason": str(exc), "during": "load"}))
+            self.send([wire.Error(str(exc), "load").encode()])
             return
-        self.send(wire.control(wire.STAGE, {"state": "warming", "backend": backend.name}))
+        self.send([wire.Stage("warming", backend.name).encode()])
         try:
             row_us = warm_up(engine, mc)
             self.scheduler = Scheduler(mc, engine, self._reply, self._late, ModelStats(mc.name, mc.version),
                                        mc.strategy or "least_queue", self._inline_ok, row_us)
         except Exception as exc:
             engine.close()
-            self.send(wire.control(wire.ERROR, {"reason": str(exc), "during": "warm-up"}))
+            self.send([wire.Error(str(exc), "warm-up").encode()])
             return
         self.engine = engine
-        ready = {"inputs": wire.specs_to_json(engine.inputs), "outputs": wire.specs_to_json(engine.outputs),
-                 "memory_bytes": engine.memory_bytes(), "row_us": row_us, "backend": backend.name,
-                 "load_ms": round((time.monotonic() - started) * 1000), "allowed": self.scheduler.policy.allowed}
-        self.send(wire.control(wire.READY, ready))
+        ready = wire.Ready(list(engine.inputs), list(engine.outputs), engine.memory_bytes(), row_us, backend.name,
+                           round((time.monotonic() - started) * 1000), self.scheduler.policy.allowed)
+        self.send([ready.encode()])
 
-    def _set(self, changes: dict[str, Any]) -> None:
+    def _set(self, change: Change) -> None:
         if self.scheduler is not None:
-            fewer = changes.get("contexts") is not None and changes["contexts"] < len(self.scheduler.executors)
-            self.scheduler.apply(Change.of(changes))
+            fewer = change.contexts is not None and change.contexts < len(self.scheduler.executors)
+            self.scheduler.apply(change)
             if fewer:  # the removed contexts' sessions are gone: hand their memory back to the system
                 release_freed_memory()
 
@@ -230,18 +245,14 @@ class Worker:
 
     # -- requests ------------------------------------------------------------------
 
-    def _infer(self, frames: list[bytes]) -> None:
-        try:
-            message = wire.Infer.decode(frames[0])
-        except (TypeError, ValueError) as exc:  # a daemon bug, not the client's: nobody to answer
-            log.error("unreadable INFER message from the daemon: %s", exc)
-            return
+    def _infer(self, message: wire.Infer, frames: list[bytes]) -> None:
+        """One request: its tensors are in `frames` (inline) or in its slot."""
         slot = None if message.slot is None else self.slots.get(message.slot)
         envelope: list[Any] = [message.seq, slot, None]
         try:
-            request = self._request(message, frames[1:] if slot is None else
+            request = self._request(message, frames if slot is None else
                                     [slot.view[offset:offset + n] for offset, n in message.offsets])
-            if slot is not None and not request.output_regions:  # outputs straight into it (workers/outputs.py)
+            if slot is not None and not request.output_regions:  # outputs straight into it (workers/slotoutputs.py)
                 kind = ShapeMemory.kind([[t.name, t.dtype, t.shape] for t in message.tensors], message.outputs)
                 envelope[2] = SlotOutputs(slot, message.outputs_at, kind, self.shapes)
         except (KeyError, TypeError, ValueError, IndexError) as exc:  # a daemon bug, not the client's
@@ -291,13 +302,13 @@ class Worker:
                     self.shapes.learn(placement.kind, metas)
                 places = _copy_into(slot, outputs)
         if places is not None:
-            self.send_fast([wire.reply_head(seq, outcome, layout=wire.dumps(places).encode()), header])
+            self.send_fast([wire.Reply(seq, outcome, places).encode(), header])
         else:
             sizes = sum(memoryview(f).nbytes for f in outputs)
-            self.send_fast([wire.reply_head(seq, outcome), header, *outputs], copy=sizes < 1 << 20)
+            self.send_fast([wire.Reply(seq, outcome).encode(), header, *outputs], copy=sizes < 1 << 20)
 
     def _late(self, job: Job) -> None:
-        self.send_fast(wire.seq_message(wire.LATE, job.envelope[0]))
+        self.send_fast([wire.Late(job.envelope[0]).encode()])
 
     # -- endings ---------------------------------------------------------------------
 
@@ -306,7 +317,7 @@ class Worker:
             self.scheduler.stop(30.0)
         if self.engine is not None:
             self.engine.close()
-        self.send(wire.control(wire.BYE))
+        self.send([wire.Bye().encode()])
         self.up.close(linger=2000)
         self.down.close(linger=0)
         self.lane.close()

@@ -23,15 +23,15 @@ from collections import deque
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 import zmq
 
 from infermux.models import budget as mem
 from infermux.workers import slots as shm
 from infermux.workers import wire as wire
-from infermux.serving.executor import LateFn, ReplyFn
-from infermux.serving.inline import InlinePolicy
+from infermux.execution.executor import LateFn, ReplyFn
+from infermux.execution.inline import InlinePolicy
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError
 from infermux.transport.regions import RegionTable
@@ -69,7 +69,7 @@ class Workers:
         self._reply, self._on_late, self._watch_fd = reply, on_late, watch
         daemon = registry.config.daemon
         self.budget = mem.MemoryBudget(daemon.memory_budget, registry.config.path)
-        self.memory = MemoryKeeper(registry, self.budget, stop=self._evicted, busy=lambda key: key in self._busy)
+        self.memory = MemoryKeeper(registry, self.budget, stop=self._evicted, stoppable=self._stoppable)
         self.ctx = zmq.Context()
         self._ids = itertools.count(1)
         self._lock = threading.Condition()
@@ -122,11 +122,11 @@ class Workers:
                                 inline=InlinePolicy(daemon.inline_max_us, daemon.inline_busy_max_us),
                                 log_level=daemon.log_level, env=env)
         try:
-            process.hello = process.wait_for((wire.HELLO,), 60)[1]
+            process.hello = process.wait_for(wire.Hello, timeout_s=60)
         except BaseException:
             process.close()
             raise
-        self.memory.worker_base = int(process.hello.get("rss", 0)) or self.memory.worker_base
+        self.memory.worker_base = process.hello.rss or self.memory.worker_base
         return process
 
     def _refill(self) -> None:
@@ -190,7 +190,7 @@ class Workers:
         free_before = self.budget.available()
         try:
             ready = self._send_load(process, mv)
-        except (WorkerExited, TimeoutError, BackendError) as exc:
+        except (WorkerExited, TimeoutError, BackendError, wire.MalformedMessage) as exc:
             process.stop(1.0)
             process.close()
             self.events.emit("worker_stopped", mc.name, mc.version, pid=process.pid, reason="load failed")
@@ -199,37 +199,36 @@ class Workers:
         strategy = mc.strategy or self.registry.config.routing.strategy
         proxy = WorkerProxy(process, mc, ready, self._reply, self._on_late, self._exited, mv.stats, strategy,
                             self._watch_fd, self.regions)
-        proxy.unseen_bytes = self.memory.unseen(process, free_before)
-        mv.engine = RemoteEngine(wire.specs_from_json(ready["inputs"]), wire.specs_from_json(ready["outputs"]),
-                                 int(ready.get("memory_bytes", 0)))
+        proxy.unseen_bytes = self.memory.unseen(free_before, process.rss() - process.hello.rss)
+        mv.engine = RemoteEngine(ready.inputs, ready.outputs, ready.memory_bytes)
         mv.scheduler = proxy
         mv.memory_bytes = self.memory.measure(mc.key, proxy)
         mv.last_load_s = time.monotonic() - mv.load_started
         mv.reason = ""
         mv.state = State.READY
-        self.events.emit("loaded", mc.name, mc.version, backend=ready.get("backend", ""), contexts=mc.contexts,
-                         load_ms=round(mv.last_load_s * 1000), engine_ms=ready.get("load_ms", 0),
+        self.events.emit("loaded", mc.name, mc.version, backend=ready.backend, contexts=mc.contexts,
+                         load_ms=round(mv.last_load_s * 1000), engine_ms=ready.load_ms,
                          memory_mb=round(mv.memory_bytes / 2**20, 1), placement="cold", pid=process.pid)
         self.memory.settle(mv)
         self._refill()
         return True
 
-    def _send_load(self, process: WorkerProcess, mv: ModelVersion) -> dict[str, Any]:
+    def _send_load(self, process: WorkerProcess, mv: ModelVersion) -> wire.Ready:
         # The daemon's proxy bounds what is in flight; the worker's own queue must never refuse.
         config = replace(mv.config, max_queue=1 << 30,
                          strategy=mv.config.strategy or self.registry.config.routing.strategy)
-        if not process.send(wire.control(wire.LOAD, wire.config_to_json(config)), wait_s=10.0):
+        if not process.send([wire.Load(config).encode()], wait_s=10.0):
             raise WorkerExited(f"worker {process.pid} does not take messages")
         while True:
-            kind, body = process.wait_for((wire.STAGE, wire.READY, wire.ERROR), LOAD_TIMEOUT_S)
-            if kind == wire.STAGE:
+            message = process.wait_for(wire.Stage, wire.Ready, wire.Error, timeout_s=LOAD_TIMEOUT_S)
+            if isinstance(message, wire.Stage):
                 mv.state = State.WARMING
-            elif kind == wire.ERROR:
-                error = BackendError(body.get("reason", "unknown"))
-                error.during = body.get("during", "load")  # type: ignore[attr-defined]
+            elif isinstance(message, wire.Error):
+                error = BackendError(message.reason)
+                error.during = message.during  # type: ignore[attr-defined]
                 raise error
-            else:
-                return body
+            elif isinstance(message, wire.Ready):
+                return message
 
     def _refuse(self, mv: ModelVersion, exc: Exception) -> bool:
         self._retry_at[mv.config.key] = time.monotonic() + REFUSED_RETRY_S
@@ -324,6 +323,12 @@ class Workers:
             self._stop(mv, wait=False)
             return
         proxy.slots.trim(SLOT_IDLE_S, keep=len(proxy.executors) * max(1, mv.config.max_batch) + 1)
+
+    def _stoppable(self, mv: ModelVersion) -> bool:
+        """Whether the memory keeper may stop `mv` to make room: a cold version serving nothing
+        right now, which nothing else is moving or stopping."""
+        return (isinstance(mv.scheduler, WorkerProxy) and mv.state is State.READY and mv.scheduler.load() == 0
+                and mv.config.key not in self._busy)
 
     def _evicted(self, mv: ModelVersion) -> None:
         if isinstance(mv.scheduler, WorkerProxy):

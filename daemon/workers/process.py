@@ -16,15 +16,17 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Mapping, TypeVar, cast
 
 import zmq
 
 from infermux.transport import ipc
 from infermux.workers import wire as wire
-from infermux.serving.inline import InlinePolicy
+from infermux.execution.inline import InlinePolicy
 from infermux.workers.lane import Lane
 from infermux.workers.slots import pid_alive
+
+M = TypeVar("M", bound=wire.Message)
 
 
 class WorkerExited(Exception):
@@ -67,7 +69,7 @@ class WorkerProcess:
         self.down_endpoint = f"ipc://{run_dir / (self.tag + '.d')}"
         self.up_endpoint = f"ipc://{run_dir / (self.tag + '.u')}"
         self.started = time.monotonic()
-        self.hello: dict[str, Any] = {}
+        self.hello = wire.Hello(0, 0)  # until the worker says it (pool.py)
         self._send_lock = threading.Lock()
         ipc.prepare(self.down_endpoint)
         self.down = ctx.socket(zmq.PUSH)
@@ -118,8 +120,10 @@ class WorkerProcess:
             except (zmq.Again, zmq.ZMQError):
                 return False
 
-    def wait_for(self, kinds: tuple[bytes, ...], timeout_s: float) -> tuple[bytes, dict[str, Any]]:
-        """The next message of one of `kinds` (others are skipped); raises WorkerExited or TimeoutError."""
+    def wait_for(self, *kinds: type[M], timeout_s: float) -> M:
+        """The next message of one of `kinds` (others are skipped); raises WorkerExited, TimeoutError,
+        or wire.MalformedMessage if it does not decode."""
+        wanted = {kind.KIND for kind in kinds}
         deadline = time.monotonic() + timeout_s
         poller = zmq.Poller()
         poller.register(self.up, zmq.POLLIN)
@@ -132,9 +136,8 @@ class WorkerProcess:
             events = dict(poller.poll(min(100, int(left * 1000) + 1)))
             if self.up in events:
                 frames = self.up.recv_multipart()
-                kind = wire.kind_of(frames[0])
-                if kind in kinds:
-                    return kind, wire.body_of(frames[0])
+                if wire.kind_of(frames[0]) in wanted:
+                    return cast(M, wire.decode(frames[0]))
                 continue
             if self.exited():
                 raise WorkerExited(f"worker {self.pid} ended ({exit_reason(self.proc.poll())})")
@@ -171,7 +174,7 @@ class WorkerProcess:
     def stop(self, grace_s: float = 5.0) -> str:
         """Ask the worker to exit (EXIT, then the lifeline), kill it after `grace_s`; returns how it ended."""
         if self.proc.poll() is None:
-            self.send(wire.control(wire.EXIT))
+            self.send([wire.Exit().encode()])
             try:
                 self.proc.wait(grace_s)
             except subprocess.TimeoutExpired:

@@ -1,4 +1,4 @@
-"""The cold placement (serving/placement.py): a version whose contexts live in a worker process.
+"""The cold placement (execution/placement.py): a version whose contexts live in a worker process.
 
 `WorkerProxy` implements `Placement` as `Scheduler` does for a hot version,
 and a `RemoteEngine` is an engine (its `inputs`/`outputs` come from the
@@ -21,7 +21,6 @@ of after `worker_hang_s`; what the worker sends for it later is dropped.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import threading
@@ -31,13 +30,13 @@ from typing import Any, Callable, Sequence
 
 import zmq
 
-from infermux.serving import batcher
+from infermux.execution import batcher
 from infermux.workers import wire as wire
 from infermux.config import ModelConfig
-from infermux.serving.executor import LateFn, ReplyFn
-from infermux.serving.job import Job
-from infermux.serving.stats import ModelStats, Stats
-from infermux.serving.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
+from infermux.execution.executor import LateFn, ReplyFn
+from infermux.execution.job import Job
+from infermux.execution.stats import ModelStats, Stats
+from infermux.execution.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
 from infermux.workers.lane import LaneClosed
 from infermux.plugins.base import BackendError, Context, TensorSpec
 from infermux.protocol import Status, encode_reply, error_header
@@ -110,29 +109,29 @@ Watch = Callable[[int, Callable[[], bool]], None]
 class WorkerProxy:
     """Forwards one model version's jobs to its worker process and its replies to clients."""
 
-    def __init__(self, process: WorkerProcess, config: ModelConfig, ready: dict[str, Any], reply: ReplyFn,
+    def __init__(self, process: WorkerProcess, config: ModelConfig, ready: wire.Ready, reply: ReplyFn,
                  on_late: LateFn, on_exit: ExitFn, stats: ModelStats, strategy: str, watch: Watch,
                  regions: RegionTable | None = None) -> None:
         self.process = process
         self.name, self.version = config.name, config.version
         self.strategy = strategy
-        allowed = bool(ready.get("allowed", True))
+        allowed = ready.allowed
         # The worker caps max_batch at the engine's batch maximum (batchcap.py): show what it runs with.
-        self._row_limit = batcher.row_limit(wire.specs_from_json(ready["inputs"]))
+        self._row_limit = batcher.row_limit(ready.inputs)
         # What the worker runs with; `apply` changes both sides (SET).
         self._settings = Settings(config.contexts, config.max_queue, self._capped(config.max_batch) if allowed else 1,
                                   config.batch_delay_us, config.preferred_batch, allowed)
         self._stats = stats
         self.executors: list[ContextView] = [self._new_view(i) for i in range(config.contexts)]
-        self.load_ms = int(ready.get("load_ms", 0))
+        self.load_ms = ready.load_ms
         self.stop_reason = ""
         self.forward_to: Placement | None = None  # promote/demote: where jobs go once this one stops taking them
         self.created = self.last_beat = time.monotonic()
         self.gpu_bytes = 0  # this process's GPU memory as NVML reports it (0 where it cannot)
         self.unseen_bytes = 0  # what its load took that neither RSS nor NVML shows (MemoryKeeper.unseen)
         self._reply, self._on_late, self._on_exit = reply, on_late, on_exit
-        self._outputs = len(ready["outputs"])
-        self._out_row_bytes = _row_bytes(ready["outputs"])
+        self._outputs = len(ready.outputs)
+        self._out_row_bytes = _row_bytes(ready.outputs)
         self._pending: dict[int, tuple[Job, Slot | None, int]] = {}
         # Answered at their deadline while the worker was silent: the worker may still write
         # into their slots, so each is kept until its late reply (or LATE) comes, or the end.
@@ -144,6 +143,7 @@ class WorkerProxy:
         self._idle = threading.Condition(self._lock)
         self._closing = False  # no new jobs
         self._stopping = False  # the end of the process is expected
+        self._broken = False  # it sent a message that does not decode (said once)
         self.slots = SlotPool(segment_name(os.getpid(), process.wid), config.max_queue + config.contexts,
                               on_drop=self._forget)
         self._lane = process.take_lane()
@@ -221,7 +221,7 @@ class WorkerProxy:
                                   if self._map(place.region)]  # the others come back in frames
         outputs = 0 if message.output_regions else self._out_row_bytes * rows
         if sum(sizes) > wire.INLINE_MAX_BYTES or (regions and outputs > wire.INLINE_MAX_BYTES):
-            # The outputs go after the inputs: the worker computes into the slot (workers/outputs.py).
+            # The outputs go after the inputs: the worker computes into the slot (workers/slotoutputs.py).
             slot = self.slots.acquire(span + outputs + ALIGN * self._outputs)
             # None: no room in /dev/shm (or zmq still sends them): inline
         if slot is not None:
@@ -229,7 +229,7 @@ class WorkerProxy:
             for offset, size, tensor in zip(offsets, sizes, tensors):
                 view[offset:offset + size] = tensor
             message.slot, message.offsets, message.outputs_at = slot.name, [[o, n] for o, n in zip(offsets, sizes)], span
-        frames = [message.encode()]
+        frames: list[Any] = [message.encode()]
         if slot is None:
             frames += tensors
         if not self._lane.send(frames) and \
@@ -266,7 +266,7 @@ class WorkerProxy:
         """Whether the worker has region `token` mapped, handing it the fd first if not."""
         if token in self._mapped:
             return True
-        message = [wire.MAP + token.encode()]
+        message = [wire.Map(token).encode()]
         if self._regions is None or not self._regions.with_fd(token, lambda fd: self._lane.send_fd(message, fd)):
             return False
         self._mapped.add(token)
@@ -277,7 +277,7 @@ class WorkerProxy:
         with self._lock:
             if token in self._mapped:
                 self._mapped.discard(token)
-                message = [wire.UNMAP + token.encode()]
+                message = [wire.Unmap(token).encode()]
                 if not self._lane.send(message):
                     self.process.send(message)
 
@@ -375,7 +375,10 @@ class WorkerProxy:
                 frames = up.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._dispatch(frames)
+            try:
+                self._dispatch(frames)
+            except wire.MalformedMessage as exc:
+                self._malformed(exc)
 
     def _read_lane(self) -> bool:
         """Handle the replies waiting on the lane; False once it is closed (the worker ended)."""
@@ -388,22 +391,37 @@ class WorkerProxy:
                 return True
             try:
                 self._dispatch(frames)
+            except wire.MalformedMessage as exc:
+                self._malformed(exc)
+                return False
             except Exception:  # on the frontend thread: a bug here ends this worker, not the daemon
                 log.exception("worker reply failed model=%s version=%s", self.name, self.version)
                 self.process.kill()  # the reader then answers what it held with 503
                 return False
 
     def _dispatch(self, frames: list[Any]) -> None:
-        kind = wire.kind_of(frames[0])
-        if kind == wire.REPLY:
-            self._replied(frames)
-        elif kind == wire.BEAT:
-            self._beat(wire.body_of(frames[0]))
-        elif kind == wire.LATE:
-            entry = self._take(wire.seq_of(frames[0]))
+        message = wire.decode(frames[0])
+        if isinstance(message, wire.Reply):
+            if len(frames) < 2:
+                raise wire.MalformedMessage("REPLY without its reply header frame")
+            self._replied(message, frames[1], frames[2:])
+        elif isinstance(message, wire.Beat):
+            self._beat(message)
+        elif isinstance(message, wire.Late):
+            entry = self._take(message.seq)
             if entry is not None:
                 self._release(entry[1])
                 self._on_late(entry[0])
+
+    def _malformed(self, exc: wire.MalformedMessage) -> None:
+        """A message that does not decode: this worker is broken. It is stopped as a crash, so the
+        reader answers what it held with 503 and the next request starts another (pool.py)."""
+        if self._broken:
+            return  # said once: what it sent before it died says nothing new
+        self._broken = True
+        log.error("worker %d (model=%s version=%s) sent a malformed message (%s): stopping it; the next "
+                  "request starts a new one", self.pid, self.name, self.version, exc)
+        self.kill(f"sent a malformed message ({exc})")
 
     def _take(self, seq: int) -> tuple[Job, Slot | None, int] | None:
         """The request `seq` the worker answered; None if it was answered already (at its deadline)."""
@@ -439,18 +457,18 @@ class WorkerProxy:
         for job in jobs:
             self._on_late(job)
 
-    def _replied(self, frames: list[bytes]) -> None:
-        seq, outcome, placement = wire.parse_reply_head(frames[0])
+    def _replied(self, reply: wire.Reply, header: bytes, frames: list[Any]) -> None:
+        """The worker's reply `reply` with its reply `header`, the outputs in `frames` or the slot."""
+        seq, outcome = reply.seq, reply.outcome
         entry = self._take(seq)
         if entry is None:
             return
         job, slot, rows = entry
-        header = frames[1]
         tracker = None
-        if placement:
-            outputs, tracker, nbytes = self._from_slot(slot, json.loads(placement))
+        if reply.places is not None:
+            outputs, tracker, nbytes = self._from_slot(slot, reply.places)
         else:
-            outputs = frames[2:]
+            outputs = frames
             nbytes = layout([len(f) for f in outputs])[1]
         if nbytes > self._out_row_bytes * rows:  # learn the output size, so the next slot fits it
             self._out_row_bytes = -(-nbytes // max(rows, 1))
@@ -487,10 +505,10 @@ class WorkerProxy:
         if slot is not None:
             self.slots.release(slot, tracker)
 
-    def _beat(self, beat: dict[str, Any]) -> None:
+    def _beat(self, beat: wire.Beat) -> None:
         self.last_beat = time.monotonic()
         views = self.executors
-        for view, (queued, running, served) in zip(views, beat.get("ctx", ())):
+        for view, (queued, running, served) in zip(views, beat.contexts):
             view.queue.n, view.in_flight, view.served = queued, running, served
 
     def _ended(self) -> None:
@@ -526,22 +544,22 @@ class WorkerProxy:
     def _set(self, change: Change) -> None:
         """Tell the worker; by the lane when it fits, so that requests sent after it find it applied."""
         if change:
-            message = wire.control(wire.SET, wire.change_to_json(change))
+            message = [wire.Set(change).encode()]
             if not self._lane.send(message):
                 self.process.send(message)
 
     def _forget(self, name: str) -> None:
-        self.process.send(wire.control(wire.FORGET, name.encode()))
+        self.process.send([wire.Forget(name).encode()])
 
 
-def _row_bytes(outputs: list[dict[str, Any]]) -> int:
+def _row_bytes(outputs: Sequence[TensorSpec]) -> int:
     """Bytes per input row the outputs need, by their specs (dynamic dims count as 1)."""
     total = 0
     for spec in outputs:
         count = 1
-        for d in spec["shape"]:
+        for d in spec.shape:
             count *= d if d > 0 else 1
-        total += count * _itemsize(spec["dtype"])
+        total += count * _itemsize(spec.dtype)
     return total
 
 

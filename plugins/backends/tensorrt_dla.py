@@ -1,9 +1,11 @@
 """DLA, the deep-learning accelerators of Jetson Orin (AGX and NX have two; Orin Nano none).
 
-Building: `infermux build --dla-core N [--gpu-fallback]` makes DLA the
-default device of every layer (`default_device_type`), on core N, and with
-`--gpu-fallback` lets layers the DLA cannot run go to the GPU (without it
-such a network fails to build). DLA runs FP16 or INT8 only.
+Building: `infermux build --dla-core N [--gpu-fallback] --profile B:B:B`
+makes DLA the default device of every layer (`default_device_type`), on
+core N, and with `--gpu-fallback` lets layers the DLA cannot run go to the
+GPU (without it such a network fails to build); tensorrt_build.py does it,
+and says how many layers landed on the DLA. DLA runs FP16 or INT8 only, and
+no dynamic dimensions: its profile must be static (min = opt = max).
 
 Loading: the DLA core an engine runs on is a setting of the runtime that
 deserializes it (`IRuntime.DLA_core`), and infermux has one runtime for the
@@ -18,14 +20,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
-from infermux.cli import build
 from infermux.plugins.backends import trtlib
+from infermux.plugins.backends.tensorrt_build import stored_settings
 from infermux.plugins.base import BackendError
 
 
 def core_for(plan: Path, options: Mapping[str, Any]) -> int | None:
     """The DLA core `plan` is to run on, or None for a GPU-only engine."""
-    value = options.get("dla_core", build.stored_settings(plan).get("dla_core"))
+    value = options.get("dla_core", stored_settings(plan).get("dla_core"))
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
@@ -42,14 +44,3 @@ def select(shared: trtlib.Shared, core: int, plan: Path) -> None:
                            f"set dla_core to an existing core, or rebuild for the GPU without --dla-core")
     shared.runtime.DLA_core = core
 
-
-def configure_build(trt: Any, builder: Any, config: Any, core: int, gpu_fallback: bool) -> None:
-    """Make DLA core `core` the default device of the network being built (BuildError if absent)."""
-    available = int(getattr(builder, "num_DLA_cores", 0))
-    if core >= available:
-        raise build.BuildError(f"--dla-core {core}: this device has {available} DLA core(s) (Jetson Orin "
-                               f"AGX and NX have 2, Orin Nano and discrete GPUs none)")
-    config.default_device_type = trt.DeviceType.DLA
-    config.DLA_core = core
-    if gpu_fallback:
-        config.set_flag(trt.BuilderFlag.GPU_FALLBACK)

@@ -1,4 +1,4 @@
-"""Baseline servers the daemon is measured against (issue 2), one process each.
+"""Baseline servers the daemon is measured against, one process each.
 
     python tests/benchmarks/baselines.py echo ENDPOINT [--reply probs=1x10]
     python tests/benchmarks/baselines.py bare ENDPOINT ENGINE.onnx

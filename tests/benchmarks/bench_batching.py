@@ -1,4 +1,4 @@
-"""Issue 4: dynamic batching throughput and per-key fairness, in one run on one machine.
+"""Dynamic batching throughput and per-key fairness, in one run on one machine.
 
     python tests/benchmarks/bench_batching.py [--duration 3] [--rounds 3] [--no-write]
 
@@ -17,7 +17,7 @@ no keys at all (one shared FIFO lane, what per-key fairness replaces).
 Every sender is its own process. The figure that matters is the cameras'
 p99 with the flood against their p99 alone (goal: within 2×).
 
-Writes the "## Batching and fairness (issue 4)" section of RESULTS.md.
+Writes the "## Batching and fairness" section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from infermux.protocol import encode_request, parse_header  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ETC = ROOT / "etc" / "infermux" / "infermux.toml"
-SECTION = "Batching and fairness (issue 4)"
+SECTION = "Batching and fairness"
 SHAPES = {"mlp": "features=1x256", "classifier": "images=1x3x64x64"}
 FAIR_MODEL, FAIR_LAYERS, FAIR_WIDTH, FAIR_QUEUE = "heavy", 32, 1024, 64
 CONCURRENCY = (16, 32)
@@ -90,7 +90,7 @@ def throughput_config() -> str:
 def fairness_config(tmp: Path) -> str:
     """A compute-bound model: a chain of matmuls, ~2 ms a request on one core, one context."""
     sys.path.insert(0, str(ROOT / "tests"))
-    import models  # the tests' ONNX builders
+    from support import models  # the tests' ONNX builders
 
     engine = models.slow(tmp / "engines" / FAIR_MODEL / "1" / "model.onnx", layers=FAIR_LAYERS, width=FAIR_WIDTH)
     return (f'[daemon]\nlisten = ["ipc://infer.sock"]\nengine_dir = "{tmp / "engines"}"\n'
@@ -325,7 +325,7 @@ Batched / unbatched QPS (medians): {ratios}. Goal: ≥ 1.5× on the MLP at c=32.
 
 ### Fairness: one key sending {FLOOD_FACTOR}× a camera's rate
 
-Model `{FAIR_MODEL}`: one context, unbatched, max_queue {FAIR_QUEUE}. Open loop, Poisson arrivals: {CAMERAS} cameras at {args.camera_rate:g} requests/s each (keys cam0..cam{CAMERAS - 1}); the flood at {FLOOD_FACTOR}× that, {args.camera_rate * FLOOD_FACTOR:g}/s, from {FLOOD_SENDERS} processes under one key, which is more than the daemon serves on this box, so its queue stays full; "no keys" sends the same load without keys (one FIFO lane, no push-out). {args.rounds} rounds × {args.fair_duration:g} s; the cameras' latencies are pooled; the round with the median camera p99 shown; "daemon-side" is the daemon's own `timing_us.total` for those requests; rates are replies per second by status. The model is a chain of {FAIR_LAYERS} [N,{FAIR_WIDTH}]×[{FAIR_WIDTH},{FAIR_WIDTH}] matmuls (tests/models.py `slow`), ~2 ms a request on one context, unbatched: compute-bound like a GPU model, so the queue, not the Python frontend, is where requests wait.
+Model `{FAIR_MODEL}`: one context, unbatched, max_queue {FAIR_QUEUE}. Open loop, Poisson arrivals: {CAMERAS} cameras at {args.camera_rate:g} requests/s each (keys cam0..cam{CAMERAS - 1}); the flood at {FLOOD_FACTOR}× that, {args.camera_rate * FLOOD_FACTOR:g}/s, from {FLOOD_SENDERS} processes under one key, which is more than the daemon serves on this box, so its queue stays full; "no keys" sends the same load without keys (one FIFO lane, no push-out). {args.rounds} rounds × {args.fair_duration:g} s; the cameras' latencies are pooled; the round with the median camera p99 shown; "daemon-side" is the daemon's own `timing_us.total` for those requests; rates are replies per second by status. The model is a chain of {FAIR_LAYERS} [N,{FAIR_WIDTH}]×[{FAIR_WIDTH},{FAIR_WIDTH}] matmuls (tests/support/models.py `slow`), ~2 ms a request on one context, unbatched: compute-bound like a GPU model, so the queue, not the Python frontend, is where requests wait.
 
 {markdown_table(["scenario", "cameras 200/s", "cameras 429/s", "camera p50 µs", "camera p99 µs", "p99 per round", "daemon-side p99 µs", "flood 200/s", "flood 429/s"], fair_rows)}
 

@@ -1,4 +1,4 @@
-"""Chaos under load (issue 10): faults in the middle of a steady client load.
+"""Chaos under load: faults in the middle of a steady client load.
 
     python tests/benchmarks/bench_chaos.py [--seconds 8]
 
@@ -6,7 +6,7 @@ Each scenario runs clients against a real daemon, injects one fault, keeps
 the load going, and reports requests sent, answered (by status), hung (no
 answer within the client's timeout and retries) and wrong (a 200 whose
 outputs do not match). Goal: 0 hung, 0 wrong. Writes the table to the
-"Chaos (issue 10)" section of RESULTS.md.
+"Chaos" section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -27,9 +27,9 @@ sys.path.insert(0, str(HERE.parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-from chaos import WATCHED, Load, Tally  # noqa: E402
-from harness import Daemon  # noqa: E402
-from publish import publish, write_atomically  # noqa: E402
+from support.chaos import WATCHED, Load, Tally  # noqa: E402
+from support.harness import Daemon  # noqa: E402
+from support.publish import publish, write_atomically  # noqa: E402
 
 X = np.ones((1, 4), np.float32)
 COLD = """
@@ -123,7 +123,7 @@ def main() -> None:
         "Reproduce: `python tests/benchmarks/bench_chaos.py`.",
     ])
     print(body)
-    write_section("Chaos (issue 10)", body)
+    write_section("Chaos", body)
 
 
 if __name__ == "__main__":

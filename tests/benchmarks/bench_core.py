@@ -1,4 +1,4 @@
-"""Issue 2: the daemon against a bare ROUTER + onnxruntime loop, in one run on one machine.
+"""The daemon against a bare ROUTER + onnxruntime loop, in one run on one machine.
 
     python tests/benchmarks/bench_core.py [--duration 3] [--rounds 3] [--no-write] [--against REV]
 
@@ -12,7 +12,7 @@ concurrency 1 and 16:
   c  bare      ROUTER + parse + onnxruntime + reply, no routing, one process:
                the baseline the daemon must reach ≥ 0.7× of
   d  daemon    `python -m infermux serve` (2 contexts), end to end
-  d1 daemon    the same with 1 context, like the bare loop (issue 20)
+  d1 daemon    the same with 1 context, like the bare loop
   e  daemon@REV with --against REV: the same daemon at another git revision,
                run beside d, so a change's cost is a ratio from one run
 
@@ -23,11 +23,11 @@ rounds interleave them, so a burst of load from elsewhere on the box hits
 all cases alike; the table shows the median round (by QPS) and every
 round's QPS.
 
-A real model too (issue 20): PP-OCR's text detector [1,3,320,320] from the
+A real model too: PP-OCR's text detector [1,3,320,320] from the
 rapidocr-onnxruntime wheel (`engines/fetch_ppocr.py` puts it in
 engines/ppocr/det.onnx; skipped when it is not there), bare loop against
 the daemon with 1 context, at concurrency 4. Writes the
-"## Core: daemon vs bare loop (issue 2)" section of RESULTS.md.
+"## Core: daemon vs bare loop" section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ CONCURRENCY = (1, 16)
 OCR_ENGINE = ROOT / "engines" / "ppocr" / "det.onnx"
 OCR_MODEL, OCR_SHAPE, OCR_CONCURRENCY = "det", "x=1x3x320x320", 4
 OCR_WARMUP = 8  # ~0.15 s a request on the 2-core box: the classifier's 200 would take half a minute
-SECTION = "Core: daemon vs bare loop (issue 2)"
+SECTION = "Core: daemon vs bare loop"
 DAEMON_TOML = """\
 [daemon]
 listen = ["ipc://infer.sock"]
@@ -285,13 +285,13 @@ def ratio_lines(by_key: dict[tuple[str, int], BenchResult], args: argparse.Names
     if ("d daemon", 1) not in by_key:
         return ["Daemon / bare loop: not run (the daemon core is not in this checkout)."]
     lines = [f"Daemon (2 contexts) / bare loop (medians): {_ratios(by_key, 'd daemon', 'c bare', CONCURRENCY)}. "
-             "Target (issue 2): ≥ 0.7× QPS.",
+             "Target: ≥ 0.7× QPS.",
              f"Daemon (1 context, as the bare loop) / bare loop: "
              f"{_ratios(by_key, 'd1 daemon', 'c bare', CONCURRENCY)}. "
-             "Goals (issue 20): ≥ 0.9× QPS at c=1, ≥ 0.8× QPS and ≤ 1.3× p99 at c=16."]
+             "Goals: ≥ 0.9× QPS at c=1, ≥ 0.8× QPS and ≤ 1.3× p99 at c=16."]
     if ("g ocr daemon", OCR_CONCURRENCY) in by_key:
         lines.append(f"PP-OCR detector, daemon (1 context) / bare loop: "
-                     f"{_ratios(by_key, 'g ocr daemon', 'f ocr bare', (OCR_CONCURRENCY,))}. Goal (issue 20): ≥ 0.95×.")
+                     f"{_ratios(by_key, 'g ocr daemon', 'f ocr bare', (OCR_CONCURRENCY,))}. Goal: ≥ 0.95×.")
     if ("e daemon@REV", 1) in by_key:
         lines.append("This checkout / " + describe(args.against) + " (e, same run): " + ", ".join(
             f"c={c}: **{by_key['d daemon', c].qps / by_key['e daemon@REV', c].qps:.2f}×** QPS, "

@@ -1,4 +1,4 @@
-"""Issue 23: how long a client's failover between two daemons takes, when one is killed or wedged.
+"""How long a client's failover between two daemons takes, when one is killed or wedged.
 
     python tests/benchmarks/bench_failover.py [--rounds 3] [--requests 600] [--failover-s 2] [--no-write]
 
@@ -16,7 +16,7 @@ requests A held at the fault, how many were resent, the failover time (from
 the signal to the first reply from B to a request A held), and the longest
 any request waited after the fault, against the median wait before it.
 Every request is checked to be answered once, with its own id. A is started
-afresh each round. Writes the "## Client failover (issue 23)" section of
+afresh each round. Writes the "## Client failover" section of
 RESULTS.md.
 """
 
@@ -40,14 +40,14 @@ sys.path.insert(0, str(HERE.parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-import models  # noqa: E402
-from harness import DAEMON_HEAD, Daemon  # noqa: E402
+from support import models  # noqa: E402
+from support.harness import DAEMON_HEAD, Daemon  # noqa: E402
 from infermux.client import Pipeline  # noqa: E402
 from infermux.client.failover import FAILOVER_S  # noqa: E402
 
 WIDTH, LAYERS, WINDOW = 256, 8, 32
 MODEL = '[[models]]\nname = "work"\nengine = "work{tag}/1/model.onnx"\n'
-SECTION = "Client failover (issue 23)"
+SECTION = "Client failover"
 
 
 def tagged_work(path: Path, tag: float) -> Path:

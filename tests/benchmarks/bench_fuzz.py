@@ -1,14 +1,14 @@
-"""Issue 10: a long fuzzing run against a live daemon.
+"""A long fuzzing run against a live daemon.
 
     python tests/benchmarks/bench_fuzz.py [--messages 100000] [--seed 10] [--sockets 8] [--no-write]
 
 Starts `infermux serve` on an ipc socket with the sample classifier and two
 tiny test models, then sends `--messages` random and mutated messages from
-tests/fuzz_messages.py (malformed ones of every family, valid ones between
+tests/support/fuzz_messages.py (malformed ones of every family, valid ones between
 them) over `--sockets` DEALER sockets in lockstep. Every message must get a
 reply; every malformed one a 4xx with a reason; every valid one a 200 whose
 outputs equal onnxruntime's run here; the daemon must still be alive, log
-no traceback and exit 0 on SIGTERM. Writes the "## Fuzzing (issue 10)"
+no traceback and exit 0 on SIGTERM. Writes the "## Fuzzing"
 section of RESULTS.md (not with --no-write). Exit status 1 on any problem.
 """
 
@@ -24,12 +24,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent)]
 
-import models  # noqa: E402
-from fuzz_messages import FUZZ_MODELS, FuzzReport, MessageFactory, fuzz_specs, run_fuzz  # noqa: E402
-from harness import DAEMON_HEAD, REPO, Daemon  # noqa: E402
+from support import models  # noqa: E402
+from support.fuzz_messages import FUZZ_MODELS, FuzzReport, MessageFactory, fuzz_specs, run_fuzz  # noqa: E402
+from support.harness import DAEMON_HEAD, REPO, Daemon  # noqa: E402
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-SECTION = "Fuzzing (issue 10)"
+SECTION = "Fuzzing"
 # message kinds that share a first word are one family in the table
 GROUPS = {"wrong": "wrong field types", "unicode": "unicode oddities", "number": "enormous numbers",
           "deep": "deep nesting", "limit": "over a limit"}
@@ -76,7 +76,7 @@ def body(report: FuzzReport, args: argparse.Namespace, exit_code: int) -> str:
         "Replies by message family:", "",
         families(report), "",
         "Bugs this fuzzer (and the protocol property tests) found, fixed with regression tests in "
-        "tests/test_fuzz_regressions.py: `[[[[…` a few thousand deep raised RecursionError out of the JSON "
+        "tests/daemon/test_fuzz_regressions.py: `[[[[…` a few thousand deep raised RecursionError out of the JSON "
         "parser and stopped the daemon; a lone surrogate (`\"\\ud800\"`) in an echoed `id` or `version` made "
         "the reply encoder raise (frontend or executor thread); `timeout_ms` of 10^310 overflowed a float on "
         "the fallback path (now capped at 2^31−1 ms); an unhashable `dtype` (`[\"float32\"]`) raised TypeError "

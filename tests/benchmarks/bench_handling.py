@@ -1,4 +1,4 @@
-"""Issue 20: the daemon's Python per request, without sockets, against the bare loop's.
+"""The daemon's Python per request, without sockets, against the bare loop's.
 
     python tests/benchmarks/bench_handling.py [--calls 3000] [--rounds 7] [--no-write]
 
@@ -15,7 +15,7 @@ In one process, on the sample classifier (one [1,3,64,64] image a request):
 No socket, no second process, no thread hand-off: what is left between
 the rows is the daemon's own code per request. The best of `rounds` rounds
 is shown (the least disturbed by the box's other tenants). Writes the
-"## Frontend Python per request (issue 20)" section of RESULTS.md.
+"## Frontend Python per request" section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ from results import markdown_table, stamp, write_section  # noqa: E402
 from infermux import config as cfg  # noqa: E402
 from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
 from infermux.protocol import Status, encode_reply, encode_request, parse_request  # noqa: E402
-from infermux.serving.server import Server  # noqa: E402
+from infermux.frontend.server import Server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "engines" / "classifier" / "1" / "model.onnx"
-SECTION = "Frontend Python per request (issue 20)"
+SECTION = "Frontend Python per request"
 CONFIG = """\
 [daemon]
 listen = ["ipc://infer.sock"]

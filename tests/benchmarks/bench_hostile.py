@@ -14,7 +14,7 @@ drifts). The daemon's peak RSS (VmHWM, reset before each scenario) and
 its most open descriptors (sampled every 50 ms) are read around each, and
 the peak is compared with the quiet run's. Goal: 100 % answered, p99
 within 2x of the baseline, peak RSS within 256 MiB of the quiet run.
-Writes the "Hostile clients (issue 17)" section of RESULTS.md.
+Writes the "Hostile clients" section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from results import markdown_table, process_cpu_s, stamp, write_section  # noqa: E402
 
-from harness import Daemon  # noqa: E402
+from support.harness import Daemon  # noqa: E402
 from infermux.client import Client  # noqa: E402
 
 HEAD = """
@@ -308,7 +308,7 @@ def _ask(sock: zmq.Socket, frames: list, timeout_ms: int = 30000) -> None:
 def frame_bombs(endpoint: str) -> Callable[[Stop], None]:
     """The lying JPEGs and PNGs (hostile_files.py) to a `decode` pipeline, one after another."""
     def attack(stop: Stop) -> None:
-        import hostile_files as hf
+        from support import hostile_files as hf
         from infermux.pipelines.wire import encode_frame
         bombs = [(hf.jpeg_with_fill_byte(), "jpeg"), (hf.jpeg_with_big_app_segment(), "jpeg"),
                  (hf.png_with_a_chunk_before_ihdr(), "png"), (hf.ppm_named_jpeg(), "jpeg")]
@@ -323,7 +323,7 @@ def frame_bombs(endpoint: str) -> Callable[[Stop], None]:
 def ocr_bombs(endpoint: str) -> Callable[[Stop], None]:
     """1,000 tiny tokens, a long thin line, a blank 8192 x 8192 PNG, in turn, to the OCR example."""
     def attack(stop: Stop) -> None:
-        import hostile_files as hf
+        from support import hostile_files as hf
         from infermux.pipelines.wire import encode_frame
         bombs = [hf.drawn(25, 40), hf.drawn(3, 4, line=150), hf.blank_png(8192, 8192)]
         sock = _dealer(endpoint)
@@ -488,7 +488,7 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3, help="pairs of windows per scenario (the median is shown)")
     parser.add_argument("--only", default="", help="run only the scenarios whose name contains this")
     args = parser.parse_args()
-    import models
+    from support import models
 
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -527,7 +527,7 @@ def main() -> int:
                       "(figures noisy).", *notes, "", table])
     print(body)
     if not args.no_write:
-        write_section("Hostile clients (issue 17)", body)
+        write_section("Hostile clients", body)
     return 0
 
 
@@ -601,7 +601,7 @@ def warm_pipelines(endpoint: str, config: str) -> None:
     and keeps it) and the scenarios are compared with that."""
     if 'name = "ocr"' not in config:
         return
-    import hostile_files as hf
+    from support import hostile_files as hf
     from infermux.pipelines.wire import encode_frame
     sock = _dealer(endpoint)
     for frame in (hf.drawn(4, 10), hf.drawn(6, 30)) * 2:  # 40 and 180 text lines on a 1920 x 1080 page

@@ -1,4 +1,4 @@
-"""Issue 10: infermux against Seldon MLServer 1.7.1, same model, same box, one run.
+"""infermux against Seldon MLServer 1.7.1, same model, same box, one run.
 
     python tests/benchmarks/bench_peer.py [--duration 3] [--rounds 3] [--no-write] [--venv DIR]
 
@@ -25,7 +25,7 @@ infermux's contexts do. Both answers are checked against onnxruntime first.
 Load generators run in their own process (no shared GIL), at concurrency 1
 and 16. All traffic stays on 127.0.0.1. If MLServer cannot be installed or
 started, the section says exactly why and still shows infermux's figures.
-Writes "## Peer comparison: MLServer (issue 10)" in RESULTS.md.
+Writes "## Peer comparison: MLServer" in RESULTS.md.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ import json
 import multiprocessing
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -51,12 +50,12 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
-from harness import REPO, Daemon  # noqa: E402
+from support.harness import REPO, Daemon, free_port  # noqa: E402
 from results import markdown_table, stamp, write_section  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
 
-SECTION = "Peer comparison: MLServer (issue 10)"
+SECTION = "Peer comparison: MLServer"
 ENGINE = REPO / "engines" / "classifier" / "1" / "model.onnx"
 MODEL = "classifier"
 CONCURRENCY = (1, 16)
@@ -113,12 +112,6 @@ def reference() -> np.ndarray:
     return session.run(None, {"images": image()})[0]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 # -- MLServer: install, configure, start ---------------------------------------------
 
 class Unavailable(Exception):
@@ -139,7 +132,7 @@ def ensure_venv(folder: Path) -> Path:
     pip = subprocess.run([str(folder / "bin" / "python"), "-m", "pip", "install", "-q", *PACKAGES],
                          capture_output=True, text=True, timeout=900)
     if pip.returncode != 0:
-        lines = [l for l in pip.stderr.splitlines() if "WARNING: Location" not in l]
+        lines = [line for line in pip.stderr.splitlines() if "WARNING: Location" not in line]
         raise Unavailable(f"`pip install {' '.join(PACKAGES)}` failed: {' '.join(lines)[-800:]}")
     marker.write_text("\n".join(PACKAGES))
     return script

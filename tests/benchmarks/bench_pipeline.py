@@ -1,4 +1,4 @@
-"""Issue 19: the OCR pipeline's frames per second and latency per frame, against rapidocr.
+"""The OCR pipeline's frames per second and latency per frame, against rapidocr.
 
     python engines/fetch_ppocr.py          # once: the models, into engines/ppocr/
     python tests/benchmarks/bench_pipeline.py [--frames 16] [--size 640x360] [--no-write]
@@ -13,7 +13,7 @@ each frame a JPEG:
 - the same with 4 cameras at once, each one frame at a time.
 
 fps counts frames over the whole run; p50/p99 are per frame, send to reply.
-rapidocr is the reference here only. Writes "## Pipelines (issue 19)" in RESULTS.md.
+rapidocr is the reference here only. Writes "## Pipelines" in RESULTS.md.
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from harness import Daemon, example  # noqa: E402
+from support.harness import Daemon, example  # noqa: E402
 from results import markdown_table, process_cpu_s, stamp, write_section  # noqa: E402
 
 from infermux.pipelines.wire import send_frame  # noqa: E402
 
-SECTION = "Pipelines (issue 19)"
+SECTION = "Pipelines"
 ENGINES = REPO / "engines" / "ppocr"
 NOTE = ("\n\nWhat caps the ratio is CPU time, and the detector's above all (the column \"CPU s per frame\": "
         "the whole OCR process, every thread). onnxruntime alone on the detector's [1,3,736,1312] input, quiet box: "

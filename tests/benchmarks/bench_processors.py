@@ -1,4 +1,4 @@
-"""Issue 19 item 1: microseconds per call of each processor on camera-sized frames.
+"""Microseconds per call of each processor on camera-sized frames.
 
     python tests/benchmarks/bench_processors.py [--seconds 0.5] [--rounds 3] [--no-write]
 
@@ -8,7 +8,7 @@ JPEG, RGB), a 640x640 letterbox, a DB-net map at PP-OCR's detector size, a
 YOLOv8 output for 80 classes, a PP-OCR recogniser output over its 6625
 classes. Three other ways to normalise are measured against ours: numpy
 through temporaries, ours into a reused buffer (which would need a buffer
-per in-flight request to stay thread-safe), OpenCV's blobFromImage. Writes the "## Processors (issue 19)" section of RESULTS.md.
+per in-flight request to stay thread-safe), OpenCV's blobFromImage. Writes the "## Processors" section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from results import markdown_table, stamp, write_section  # noqa: E402
 from infermux.plugins.processors import create  # noqa: E402
 from infermux.plugins.processors.base import Region, Sample, Transform  # noqa: E402
 
-SECTION = "Processors (issue 19)"
+SECTION = "Processors"
 W, H = 1280, 720
 
 

@@ -1,4 +1,4 @@
-"""Issue 23: what a Prometheus scrape costs, hardware series included, and what the probes cost.
+"""What a Prometheus scrape costs, hardware series included, and what the probes cost.
 
     python tests/benchmarks/bench_scrape.py [--scrapes 200] [--no-write]
 
@@ -9,14 +9,13 @@ and reports the median and p99 per request. It also times the hardware reads
 alone in this process (/proc/<pid>/stat of the daemon and its worker, as a
 scrape does), so the share of the new series can be read off.
 
-Writes the "## Metrics scrape (issue 23)" section of RESULTS.md.
+Writes the "## Metrics scrape" section of RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import re
-import socket
 import statistics
 import sys
 import tempfile
@@ -30,18 +29,12 @@ sys.path.insert(0, str(HERE.parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-import models  # noqa: E402
-from harness import DAEMON_HEAD, Daemon  # noqa: E402
+from support import models  # noqa: E402
+from support.harness import DAEMON_HEAD, Daemon, free_port  # noqa: E402
 from infermux.admin import hardware  # noqa: E402
 
 MODELS = ('[[models]]\nname = "hot"\nengine = "addone/1/model.onnx"\n'
           '[[models]]\nname = "cold"\nengine = "addone/1/model.onnx"\nmode = "multiproc"\npreload = true\n')
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def timed_gets(url: str, n: int) -> tuple[list[float], int]:
@@ -103,7 +96,7 @@ def main() -> int:
     ])
     print(body)
     if not args.no_write:
-        write_section("Metrics scrape (issue 23)", body)
+        write_section("Metrics scrape", body)
     return 0
 
 

@@ -1,4 +1,4 @@
-"""Soak (issue 10): a long mixed load, sampling the daemon's resources.
+"""Soak: a long mixed load, sampling the daemon's resources.
 
     python tests/benchmarks/bench_soak.py [--minutes 10]
 
@@ -12,7 +12,7 @@ outputs, and closes it (regions.py). Every 10 s: the daemon's RSS, open
 file descriptors, threads, the /dev/shm segments named for infermux, and
 the clients' regions the daemon still maps. Goal: RSS growth < 5 % after
 warm-up (the first sample after the first minute), the rest flat. Writes
-the "Soak (issue 10)" section of RESULTS.md.
+the "Soak" section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ sys.path.insert(0, str(HERE.parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-from chaos import Load  # noqa: E402
-from harness import Daemon  # noqa: E402
-from publish import publish  # noqa: E402
+from support.chaos import Load  # noqa: E402
+from support.harness import Daemon  # noqa: E402
+from support.publish import publish  # noqa: E402
 
 X = np.ones((1, 4), np.float32)
 WIDE = np.ones((1, 20_000), np.float32)  # 80 KB: over the inline limit, so it crosses in shared memory
@@ -177,7 +177,7 @@ def report(minutes, samples, hot, swapped, cold, swaps, unloads, regions) -> Non
         "Reproduce: `python tests/benchmarks/bench_soak.py --minutes 10`.",
     ])
     print(body)
-    write_section("Soak (issue 10)", body)
+    write_section("Soak", body)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
     python tests/benchmarks/bench_stats.py
 
-Target (issue 4 item 6): under 2 µs per record with 2 threads. Writes the
+Target: under 2 µs per record with 2 threads. Writes the
 "## Stats: cost per record" section of RESULTS.md.
 """
 
@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-from infermux.serving.stats import ModelStats, Stats  # noqa: E402
+from infermux.execution.stats import ModelStats, Stats  # noqa: E402
 
 RECORDS = 300_000
 

@@ -1,4 +1,4 @@
-"""Issue 6: how long a hot swap takes, and what it does to latency under load.
+"""How long a hot swap takes, and what it does to latency under load.
 
     python tests/benchmarks/bench_swap.py [--swaps 10] [--concurrency 4] [--steady 6] [--no-write]
 
@@ -15,7 +15,7 @@ under a hidden name, then renamed into place), `--gap` seconds apart:
   covers detect, load, warm-up, take-over and the old version's drain: see
   the `took_ms` and drain lines of the daemon log) against the steady p99.
 
-Writes the "## Hot swap (issue 6)" section of RESULTS.md.
+Writes the "## Hot swap" section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 
-from harness import Daemon  # noqa: E402
+from support.harness import Daemon  # noqa: E402
 from infermux.client import Client  # noqa: E402
 from infermux.protocol import encode_request, parse_header  # noqa: E402
 
@@ -212,7 +212,7 @@ Reproduce: `python tests/benchmarks/bench_swap.py`.
     print(body)
     print("swap ms, idle:", [round(x) for x in idle], "loaded:", [round(x) for x in loaded_swaps])
     if not args.no_write:
-        write_section("Hot swap (issue 6)", body)
+        write_section("Hot swap", body)
     return 0 if errors == 0 else 1
 
 

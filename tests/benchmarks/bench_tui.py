@@ -4,8 +4,8 @@
 
 The console runs headless (Textual's run_test, 80×24) in this process; the
 daemon and a load generator run in their own processes, so this process's
-CPU time is the console's. Target (issue 8): under 5 % of one core at four
-snapshots a second. Writes the "## Console CPU (issue 8)" section of RESULTS.md.
+CPU time is the console's. Target: under 5 % of one core at four
+snapshots a second. Writes the "## Console CPU" section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -23,8 +23,8 @@ BENCHMARKS = Path(__file__).resolve().parent
 TESTS = BENCHMARKS.parent
 sys.path[:0] = [str(BENCHMARKS), str(TESTS)]
 
-import models  # noqa: E402
-from harness import DAEMON_HEAD, Daemon  # noqa: E402
+from support import models  # noqa: E402
+from support.harness import DAEMON_HEAD, Daemon  # noqa: E402
 from results import markdown_table, stamp, write_section  # noqa: E402
 
 from infermux.tui.app import TopApp  # noqa: E402
@@ -107,7 +107,7 @@ def main() -> int:
     ])
     print(body)
     if not args.no_write:
-        write_section("Console CPU (issue 8)", body)
+        write_section("Console CPU", body)
     return 0
 
 

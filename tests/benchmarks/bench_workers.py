@@ -1,4 +1,4 @@
-"""Issue 5: cold models in worker processes against the same models hot.
+"""Cold models in worker processes against the same models hot.
 
     python tests/benchmarks/bench_workers.py [--duration 2] [--rounds 3] [--starts 5] [--no-write] [--section H]
                                              [--against REV]
@@ -19,7 +19,7 @@
 4. With --against REV, the hot and cold cases of 1. also run on the daemon
    at git revision REV, in the same rounds: a change's cost as a ratio.
 
-Writes the "## Cold workers (issue 5)" section of RESULTS.md.
+Writes the "## Cold workers" section of RESULTS.md.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from revision import describe, package_env  # noqa: E402
 from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
 from infermux.client import AdminClient, Client, SharedMemory  # noqa: E402
 
-SECTION = "Cold workers (issue 5)"
+SECTION = "Cold workers"
 SIZES = {"49k": 12288, "4m9": 1225000}
 HEAD = """\
 [daemon]

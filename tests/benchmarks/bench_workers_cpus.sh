@@ -5,7 +5,7 @@
 #
 #   tests/benchmarks/bench_workers_cpus.sh [PYTHON]
 #
-# Each run writes its own RESULTS.md section, "Cold workers (issue 5), N
+# Each run writes its own RESULTS.md section, "Cold workers, N
 # CPUs of M"; the ordinary section (the VMs' figures) is left alone. Needs
 # infermux, onnx and onnxruntime importable by PYTHON (default python3).
 set -eu
@@ -18,7 +18,7 @@ run() {  # run LABEL_CPUS [taskset args...]
     local label=$1
     shift
     echo "=== $label of $ALL CPUs"
-    "$@" "$PY" tests/benchmarks/bench_workers.py --section "Cold workers (issue 5), $label of $ALL CPUs"
+    "$@" "$PY" tests/benchmarks/bench_workers.py --section "Cold workers, $label of $ALL CPUs"
 }
 
 run 2 taskset -c 0,1

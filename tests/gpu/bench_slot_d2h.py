@@ -1,9 +1,9 @@
-"""Issue 5 on a GPU: how a TensorRT output could reach a worker's shared-memory slot.
+"""Cold workers on a GPU: how a TensorRT output could reach a worker's shared-memory slot.
 
     python tests/gpu/bench_slot_d2h.py [--repeat 50] [--out FILE]
 
 A cold model's outputs go back to the daemon through the request's slot in
-/dev/shm. onnxruntime computes straight into it (daemon/slotoutputs.py);
+/dev/shm. onnxruntime computes straight into it (workers/slotoutputs.py);
 the TensorRT backend still copies its outputs from the device into its own
 pinned buffers, and the worker then copies them into the slot. This
 measures the ways to get 49 KB and 4.9 MB from the device into a slot, so
@@ -115,7 +115,7 @@ def measure(nbytes: int, repeat: int) -> dict[str, float | None]:
         finally:
             check(rt.cudaHostUnregister(slot_ptr))
     finally:
-        del view, pinned_view
+        view = pinned_view = None  # the closures' references too: the mapping closes below
         slot.unlink()
         slot.close()
         pinned.close()

@@ -1,4 +1,4 @@
-"""Does cuda-python release the GIL while it waits for the GPU? (issue 18, item 2; needs no TensorRT)
+"""Does cuda-python release the GIL while it waits for the GPU? (needs no TensorRT)
 
     python tests/gpu/gil_probe.py [--kernel-ms 400]
 

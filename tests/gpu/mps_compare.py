@@ -21,7 +21,7 @@ from pathlib import Path
 from gpu_support import build_plan, gpu_missing, images
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the daemon harness
-from harness import Daemon  # noqa: E402
+from support.harness import Daemon  # noqa: E402
 
 MODELS = ("left", "right")
 IN_FLIGHT = 16

@@ -2,8 +2,8 @@
 # GPU checks on a fresh machine: environment report, offline install, the
 # tests marked `gpu`, a short TensorRT benchmark, the device-to-slot copies
 # (bench_slot_d2h.py), the GIL probe (gil_probe.py), two cold workers without
-# and with MPS (mps_compare.py) and one stage per fix of
-# issue 18 (stages.py), then a table: stage, status, seconds, figure.
+# and with MPS (mps_compare.py) and one stage per behaviour of the TensorRT
+# backend that needs the hardware (stages.py), then a table: stage, status, seconds, figure.
 #
 #   tests/gpu/run.sh [PYTHON]        (default: $PYTHON, else python3)
 #
@@ -151,15 +151,15 @@ else
     fi
     stage bench 120 "$PY" tests/gpu/bench_trt.py --seconds 3 --contexts 1,2
     stage slot 60 "$PY" tests/gpu/bench_slot_d2h.py
-    # Issue 18, one stage per item: 1 cap, 2 gil, 3 pycuda, 4 memory, 5 formats, 6 vcompat,
-    # 7 teardown, 8 standin (stages.py and gil_probe.py say what each proves).
+    # One stage per behaviour: cap, gil, pycuda, memory, formats, vcompat, teardown, standin
+    # (stages.py and gil_probe.py say what each proves).
     stage gil 60 "$PY" tests/gpu/gil_probe.py
-    # Then the features: budget (one per GPU), 9 rebuild, 12 profiles, 11 graphs, 10 dla, 13 zerocopy.
+    # Then the features: budget (one per GPU), rebuild, profiles, graphs, dla, zerocopy.
     for item in cap pycuda memory formats vcompat teardown standin budget rebuild profiles graphs dla zerocopy; do
         case $item in formats|rebuild|dla) limit=240 ;; cap|vcompat|profiles|graphs|zerocopy) limit=180 ;; *) limit=90 ;; esac
         stage "$item" "$limit" "$PY" tests/gpu/stages.py "$item" "$WORK/stages"
     done
-    # Issue 23 item 7: two cold workers without and with MPS ([daemon] mps; mps_compare.py).
+    # Two cold workers without and with MPS ([daemon] mps; mps_compare.py).
     stage mps 120 "$PY" tests/gpu/mps_compare.py "$WORK/mps" 5
 fi
 

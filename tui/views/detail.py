@@ -12,7 +12,8 @@ from textual.css.query import NoMatches
 from textual.screen import Screen
 from textual.widgets import Footer, Sparkline, Static
 
-from infermux.tui import format as fmt
+from infermux import format as fmt
+from infermux.tui import markup
 from infermux.tui.history import History
 from infermux.tui.views.events import EventStore, EventsLog
 from infermux.tui.views.table import Cell, Col, KeyedTable
@@ -24,7 +25,7 @@ BATCHES_WIDTH = 30  # the histogram's column, padding included
 def head_text(m: dict[str, Any]) -> str:
     role = "pinned" if m.get("pinned") else "default" if m.get("default") else "not default"
     state = m.get("state", "")
-    lines = [f"[b]{escape(fmt.version_key(m))}[/]  [{fmt.STATE_STYLE.get(state, '')}]{state}[/] · "
+    lines = [f"[b]{escape(fmt.version_key(m))}[/]  [{markup.STATE_STYLE.get(state, '')}]{state}[/] · "
              f"{m.get('placement', '')} · {role} · {m.get('contexts', 0)} context(s)",
              f"memory {fmt.size(m.get('memory_bytes'))} · loaded in {m.get('last_load_ms', 0)} ms · "
              f"[dim]{escape(str(m.get('backend', '')))} {escape(str(m.get('engine', '')))}[/]"]

@@ -7,7 +7,7 @@ from typing import Any, Iterable
 
 from textual.widgets import RichLog
 
-from infermux.tui import format as fmt
+from infermux.tui import markup
 
 
 def event_id(event: dict[str, Any]) -> tuple[Any, ...]:
@@ -56,7 +56,7 @@ class EventsLog(RichLog):
     def add(self, events: Iterable[dict[str, Any]]) -> None:
         for event in events:
             if self.shows(event):
-                self.write(fmt.event_line(event))
+                self.write(markup.event_line(event))
 
 
 #: What the Log tab shows: the daemon's logged warnings and errors, failures and crashes.

@@ -8,7 +8,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from infermux.tui import format as fmt
+from infermux import format as fmt
+from infermux.tui import markup
 from infermux.tui.views.table import Cell, Col, KeyedTable
 
 
@@ -54,7 +55,7 @@ class MemoryTable(KeyedTable):
             yield fmt.version_key(m), {
                 "model": (m["name"], ""), "version": (str(m["version"]), ""),
                 "place": (m.get("placement", ""), ""),
-                "state": (m.get("state", ""), fmt.STATE_STYLE.get(m.get("state", ""), "")),
+                "state": (m.get("state", ""), markup.STATE_STYLE.get(m.get("state", ""), "")),
                 "memory": (fmt.size(memory), ""),
                 "share": (f"{100 * memory / budget:.1f}%" if budget else "-", ""),
                 "pid": (str(worker.get("pid", "-")), ""),

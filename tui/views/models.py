@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Callable, Iterator
 
-from infermux.tui import format as fmt
+from infermux import format as fmt
+from infermux.tui import markup
 from infermux.tui.history import History
 from infermux.tui.views.table import Cell, Col, KeyedTable
 
@@ -94,7 +95,7 @@ class ModelsTable(KeyedTable):
                 "model": (m["name"], "bold" if m.get("default") else ""),
                 "version": (version_label(m), ""),
                 "place": (m.get("placement", ""), "cyan" if m.get("placement") == "cold" else ""),
-                "state": (m.get("state", ""), fmt.STATE_STYLE.get(m.get("state", ""), "")),
+                "state": (m.get("state", ""), markup.STATE_STYLE.get(m.get("state", ""), "")),
                 "contexts": (str(m.get("contexts", "")), ""),
                 "queue": (str(m.get("queue_depth", 0)), queue_style(m.get("queue_depth", 0), m.get("max_queue", 0))),
                 "in_flight": (str(m.get("in_flight", 0)), ""),

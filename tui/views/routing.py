@@ -8,7 +8,8 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.widgets import Static
 
-from infermux.tui import format as fmt
+from infermux import format as fmt
+from infermux.tui import markup
 from infermux.tui.views.table import Cell, Col, KeyedTable
 
 
@@ -46,7 +47,7 @@ class RoutingTable(KeyedTable):
             role = "pinned" if m.get("pinned") else "default" if m.get("default") else ""
             yield key, {
                 "model": (m["name"], ""), "version": (str(m["version"]), ""),
-                "state": (m.get("state", ""), fmt.STATE_STYLE.get(m.get("state", ""), "")),
+                "state": (m.get("state", ""), markup.STATE_STYLE.get(m.get("state", ""), "")),
                 "strategy": (m.get("strategy", ""), ""),
                 "weight": (str(m.get("weight", 0)), ""), "share": (shares[key], ""),
                 "default": (role, "bold yellow" if role == "pinned" else "bold" if role else ""),

@@ -1,0 +1,279 @@
+"""Executor threads: one per execution context, never shared.
+
+An executor takes a batch from its context's queue, answers requests that
+are already past their deadline without computing them, runs the rest in
+one backend call (which releases the GIL), and hands each reply to the
+frontend.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Any, Callable, Protocol
+
+from infermux.execution import batcher
+from infermux.execution.fairqueue import Closed, FairQueue
+from infermux.execution.inline import track_compute
+from infermux.execution.job import Job, Outcome
+from infermux.plugins.base import Context, InputRejected, OutputsMismatch
+from infermux.protocol import Status, encode_reply, error_header
+from infermux.execution.outputs import RegionOutputs, ShapeMemory
+from infermux.execution.stats import Stats
+
+log = logging.getLogger("infermux.executor")
+
+
+
+class ReplyFn(Protocol):
+    """Send a reply's `frames` to `envelope`; `outcome` says how it ended, where known."""
+
+    def __call__(self, envelope: list[Any], frames: list[Any], outcome: Outcome | None = None) -> None: ...
+
+
+LateFn = Callable[[Job], None]
+
+
+class BatchPolicy:
+    """How an executor forms batches; changed live by the admin socket.
+
+    `max_batch` counts rows (dim 0 summed over the merged requests), as
+    Triton's `max_batch_size` does: it is what the engine's batch dimension
+    must hold. A request with more rows than that runs alone.
+    `preferred` row counts go at once instead of waiting out `delay_s`.
+    """
+
+    def __init__(self, max_batch: int, delay_us: int, preferred: tuple[int, ...], allowed: bool) -> None:
+        self.max_batch = max_batch if allowed else 1
+        self.delay_s = delay_us / 1e6
+        self.preferred = preferred
+        self.allowed = allowed
+
+
+class Executor:
+    """Runs one context on its own thread, fed by its own fair queue."""
+
+    def __init__(self, name: str, version: str, index: int, context: Context, reply: ReplyFn,
+                 on_late: LateFn, policy: BatchPolicy) -> None:
+        self.name, self.version, self.index = name, version, index
+        self.queue: FairQueue[Job] = FairQueue(key=lambda job: job.request.key,
+                                               size=lambda job: batcher.rows(job.request.inputs),
+                                               patience=self._patience)
+        self.in_flight = 0  # requests in the running backend call
+        self.in_flight_rows = 0
+        self.served = 0
+        # Compute time per input row (inline.track_compute), two ways: `row_us`, what a request costs
+        # the thread that computes it inline (the inline gates read it), and `row_wall_us`, what a call
+        # takes wherever it runs, waits for the GIL included (what a deadline must allow for).
+        self.row_us = self.row_wall_us = 0.0
+        self._context = context
+        self._reply = reply
+        self._on_late = on_late
+        self.stats = Stats()  # replaced by the scheduler with this context's share of the model's stats
+        self._policy = policy
+        self._busy = threading.Lock()  # held while the context computes, by whichever thread
+        self._shapes = ShapeMemory()  # output shapes by kind of request, for RegionOutputs
+        self._thread = threading.Thread(target=self._run, name=f"exec-{name}-{version}-{index}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    @property
+    def load(self) -> int:
+        """Queued plus running requests: what least_queue compares."""
+        return len(self.queue) + self.in_flight
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Finish what is queued, then stop; True once the thread has ended."""
+        self.queue.close()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                try:
+                    jobs = self._take()
+                except Closed:
+                    break
+                with self._busy:
+                    self._guarded(jobs)
+                # Waiting for the next batch must not keep this one's inputs alive: they can be
+                # a client's shared-memory region that its client has let go (regions.py).
+                del jobs
+        finally:
+            try:
+                self._context.close()
+            except Exception:  # a failing close must not hide the real exit reason
+                log.exception("closing context failed model=%s version=%s", self.name, self.version)
+
+    def _guarded(self, jobs: list[Job]) -> None:
+        """Run a batch; a bug anywhere in it answers those requests 500 instead of killing the context."""
+        try:
+            self._run_batch(jobs)
+        except Exception as exc:
+            log.exception("executor error model=%s version=%s context=%d", self.name, self.version, self.index)
+            self.in_flight = self.in_flight_rows = 0
+            self._fail(jobs, Status.BACKEND_ERROR, f"internal error: {exc}")
+
+    def try_inline(self, job: Job) -> bool:
+        """Run `job` on the calling thread if this context is idle with nothing queued.
+
+        Under light load this saves two thread hand-offs (~100–250 µs on the
+        2-core box); the `_busy` lock keeps the context to one thread at a time.
+        """
+        if len(self.queue) or not self._busy.acquire(blocking=False):
+            return False
+        try:
+            self._guarded([job])
+        finally:
+            self._busy.release()
+        return True
+
+    def run_queued(self, gate: Callable[[float, int], bool]) -> None:
+        """Compute queued batches on the calling thread while `gate` allows it, then wake this thread for the rest.
+
+        The frontend calls it at the end of each burst of reads for the
+        batched models it held (inline.py): the burst is the batch's
+        company, and the batch runs without a thread hand-off.
+        """
+        policy = self._policy
+        try:
+            while len(self.queue) and self.row_us and self._batch_allowed(gate):
+                if not self._busy.acquire(blocking=False):
+                    break
+                try:
+                    jobs = self.queue.take(policy.max_batch, 0.0, preferred=policy.preferred, fits=_mergeable,
+                                           block=False)
+                    if jobs:
+                        self._guarded(jobs)
+                finally:
+                    self._busy.release()
+        except Closed:
+            pass
+        finally:
+            self.queue.wake()
+
+    def _batch_allowed(self, gate: Callable[[float, int], bool]) -> bool:
+        """Ask `gate` about the next batch: its expected compute and (at most) how many requests it holds."""
+        rows = min(self.queue.rows, self._policy.max_batch)
+        return gate(self.row_us * rows, min(len(self.queue), max(1, rows)))
+
+    def _take(self) -> list[Job]:
+        """The next request, plus whatever mergeable ones arrive within the batch delay."""
+        self.queue.wait()  # then read the policy: a change made while this thread waited counts now
+        policy = self._policy
+        if policy.max_batch <= 1:
+            job = self.queue.get()  # blocks until there is one (or raises Closed)
+            return [job] if job is not None else []
+        return self.queue.take(policy.max_batch, policy.delay_s, preferred=policy.preferred,
+                               fits=_mergeable)
+
+    def _patience(self, job: Job) -> float:
+        """Seconds `job` may wait for company: half of what its deadline leaves after a full batch's compute.
+
+        Half, not all: a thread woken at the last moment is often late by
+        milliseconds on a busy box, and the request would then miss its
+        deadline for a batch that gained it nothing.
+        """
+        return (job.remaining_us() - self.row_wall_us * self._policy.max_batch) / 2e6
+
+    def _run_batch(self, jobs: list[Job]) -> None:
+        now = time.perf_counter_ns()
+        live = []
+        for job in jobs:
+            if job.late(now):
+                self._on_late(job)
+            else:
+                live.append(job)
+        if live:
+            self._compute(live)
+
+    def _compute(self, jobs: list[Job]) -> None:
+        """One backend call for `jobs` (merged along axis 0 when there are several)."""
+        sizes = [batcher.rows(j.request.inputs) for j in jobs]
+        self.in_flight, self.in_flight_rows = len(jobs), sum(sizes)
+        start = time.perf_counter_ns()
+        try:
+            if len(jobs) == 1:
+                results = [self._infer_one(jobs[0])]
+            else:
+                merged = self._context.infer(batcher.merge([j.request.inputs for j in jobs]))
+                results = batcher.split(merged, sizes)
+        except InputRejected as exc:
+            self._fail(jobs, Status.BAD_REQUEST, str(exc))
+            return
+        except Exception as exc:
+            log.warning("inference failed model=%s version=%s context=%d", self.name, self.version, self.index,
+                        exc_info=True)  # the first of a kind names its exception, then counts (events.py)
+            self._fail(jobs, Status.BACKEND_ERROR, f"backend error: {str(exc)[:500]}")
+            return
+        finally:
+            self.in_flight = self.in_flight_rows = 0
+        end = time.perf_counter_ns()
+        rows = sum(sizes)
+        # Batch sizes are rows, as max_batch is: the histogram shows what the engine ran.
+        self.stats.record_batch(rows, (end - start) // 1000)
+        sample = (end - start) / 1000 / max(1, rows)
+        self.row_wall_us = track_compute(self.row_wall_us, sample)
+        self.row_us = track_compute(self.row_us, sample, may_rise=threading.current_thread() is not self._thread)
+        shared = rows if len(jobs) > 1 else 0
+        for job, outputs in zip(jobs, results):
+            self._succeed(job, outputs, start, end, shared, rows)
+        self.served += len(jobs)
+
+    def _infer_one(self, job: Job) -> dict[str, Any]:
+        """One request alone: into the arrays its placement offers where the backend can (base.WritesOutputs):
+        a worker's slot (workers/slotoutputs.py), or the client's own regions (execution/outputs.py)."""
+        into = getattr(self._context, "infer_into", None)
+        if job.place is None and job.request.output_regions:
+            job.place = RegionOutputs(job.request, self._shapes)  # _succeed teaches it the shapes
+        place = job.place
+        arrays = place.arrays() if place is not None and into is not None else None
+        if arrays and into is not None and place is not None:
+            try:
+                outputs: dict[str, Any] = into(job.request.inputs, arrays)
+                return outputs
+            except OutputsMismatch:
+                place.mismatch()
+        return self._context.infer(job.request.inputs)
+
+    def _succeed(self, job: Job, outputs: dict, start: int, end: int, batch: int, rows: int) -> None:
+        """Reply 200; `batch` is the rows of a call shared with other requests (0: ran alone), `rows`
+        those of the call whatever it was (the worker's Outcome, from which the daemon learns the
+        time per row)."""
+        req = job.request
+        if req.outputs is not None:
+            outputs = {name: outputs[name] for name in req.outputs}
+        if isinstance(job.place, RegionOutputs):  # ran alone: the next of its kind goes straight there
+            job.place.learn(outputs)
+        queue_us, compute_us = (start - job.received_ns) // 1000, (end - start) // 1000
+        total_us = (time.perf_counter_ns() - job.received_ns) // 1000
+        header: dict[str, Any] = {
+            "id": req.id, "status": 200, "model": self.name, "version": self.version,
+            "timing_us": {"queue": queue_us, "compute": compute_us, "total": total_us},
+        }
+        if batch:
+            header["batch"] = batch
+        if job.fallback:
+            header["fallback"] = job.fallback
+        outcome = Outcome(200, rows, queue_us, compute_us, total_us)
+        frames = encode_reply(header, outputs, req.output_regions)  # raises on outputs it cannot send: a 500
+        # Counted before it leaves: a client that has its reply finds it in the statistics.
+        self.stats.record(200, total_us, queue_us, compute_us, batch)
+        self._reply(job.envelope, frames, outcome)
+
+    def _fail(self, jobs: list[Job], status: Status, message: str) -> None:
+        for job in jobs:
+            header = error_header(status, message, job.request.id, model=self.name, version=self.version)
+            total_us = (time.perf_counter_ns() - job.received_ns) // 1000
+            frames = encode_reply(header)
+            self.stats.record(int(status), total_us)
+            self._reply(job.envelope, frames, Outcome(int(status), 1, 0, 0, total_us))
+
+
+def _mergeable(first: Job, job: Job) -> bool:
+    """Whether `job` may share `first`'s inference: same input names, dtypes, non-batch dims."""
+    return batcher.signature(job.request.inputs) == batcher.signature(first.request.inputs)

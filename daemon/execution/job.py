@@ -1,0 +1,97 @@
+"""A request on its way through the daemon: what the frontend accepted,
+where to send the answer, and the clock it runs against."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from infermux.protocol import Request
+
+if TYPE_CHECKING:
+    from infermux.models.version import ModelVersion
+
+
+class OutputPlacement(Protocol):
+    """Where a request's outputs may be computed into (a worker's slot: workers/slotoutputs.py; a client's regions: execution/outputs.py)."""
+
+    def arrays(self) -> dict[str, np.ndarray] | None:
+        """Arrays to compute the outputs into, or None where they are not known to fit."""
+        ...
+
+    def mismatch(self) -> None:
+        """The backend refused the arrays: their shapes were not this run's."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How a request ended, in the numbers statistics keep (Stats.record): a worker sends them
+    with its reply so that the daemon need not parse the reply header (workers/wire.py)."""
+
+    status: int
+    batch: int  # rows of the backend call it ran in (its own rows when it ran alone)
+    queue_us: int
+    compute_us: int
+    total_us: int
+
+
+class ReplySink(Protocol):
+    """Where the reply to a request the daemon sent itself goes (a pipeline's model step,
+    daemon/pipelines/): called with the reply's frames, `[header, outputs...]`, on whichever
+    thread answers (an executor, the frontend reading a worker's lane)."""
+
+    def deliver(self, frames: list[Any], outcome: Outcome | None) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Internal:
+    """The envelope of an internal request: `[Internal(sink)]` instead of a client's identities.
+    Every reply goes through the one reply function (executor.ReplyFn), which hands it to `sink`."""
+
+    sink: ReplySink
+
+
+# The name an internal request gives its one tensor when the model's input name is not known
+# yet (a pipeline's step while the model loads): the router names it after the input of the
+# version it chooses (router.py), which may have loaded in between.
+ONLY_INPUT = "(the model's only input)"
+
+
+def internal_sink(envelope: list[Any]) -> ReplySink | None:
+    """The sink of an internal request's envelope; None for a client's."""
+    first = envelope[0] if envelope else None
+    return first.sink if type(first) is Internal else None
+
+
+@dataclass(slots=True)
+class Job:
+    """One accepted request.
+
+    `frames` keeps the received ZeroMQ frames alive: the input arrays are
+    views on them. `fallback` is set once the request is degraded to a
+    stand-in model, and names the model it asked for and why.
+    """
+
+    envelope: list[Any]
+    request: Request
+    frames: list[Any]
+    received_ns: int
+    deadline_ns: int
+    fallback: dict[str, str] | None = None
+    hops: int = 0
+    target: ModelVersion | None = None  # the version the router chose, for its statistics
+    place: OutputPlacement | None = None  # outputs may go straight into a worker's slot or the client's regions
+
+    @property
+    def key(self) -> Any:
+        return self.request.key
+
+    def late(self, now_ns: int | None = None) -> bool:
+        return (now_ns or time.perf_counter_ns()) >= self.deadline_ns
+
+    def remaining_us(self, now_ns: int | None = None) -> float:
+        return (self.deadline_ns - (now_ns or time.perf_counter_ns())) / 1000

@@ -1,0 +1,145 @@
+"""A placement: where one loaded model version runs, as the rest of the daemon sees it.
+
+There are two, and "placement" means only these:
+
+- hot, `Scheduler` (execution/scheduler.py): the version's contexts run on
+  executor threads inside the daemon;
+- cold, `WorkerProxy` (workers/proxy.py): they run in a worker process, and
+  the proxy forwards requests to it and its replies to the clients.
+
+`ModelVersion.scheduler` holds one of them. The router admits requests to it
+(`submit`, `push_out`, `expected_wait_us`), the registry changes (`apply`) and
+stops it, promote/demote hands one over to the other (`hand_over`), and the
+admin views read it (`contexts`, `settings`, `worker_info`). Whatever one of
+them is asked, the other answers too: `Placement` states it, and mypy checks
+both against it (tests/unit/test_typecheck.py).
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from infermux.execution.job import Job
+
+
+class Admission(enum.Enum):
+    """What `Placement.submit` did with a request."""
+
+    QUEUED = "queued"  # it will be answered by the placement
+    FULL = "full"  # the queue is at max_queue: push out, fall back, or 429
+    CLOSED = "closed"  # the placement takes no more work (stopping, or its worker ended): 503
+
+
+@dataclass(frozen=True)
+class ContextLoad:
+    """One execution context's queue, as the views show it."""
+
+    queued: int
+    in_flight: int
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The live settings of a placement (admin `set` and reload change them through `apply`)."""
+
+    contexts: int
+    max_queue: int
+    max_batch: int
+    batch_delay_us: int
+    preferred_batch: tuple[int, ...]
+    batching_allowed: bool  # whether the engine's tensors let requests merge at all (batcher.batchable)
+
+
+@dataclass(frozen=True)
+class Change:
+    """Settings to change live; None leaves one as it is."""
+
+    contexts: int | None = None
+    max_queue: int | None = None
+    max_batch: int | None = None
+    batch_delay_us: int | None = None
+    preferred_batch: tuple[int, ...] | None = None
+
+    @classmethod
+    def of(cls, settings: dict[str, Any]) -> "Change":
+        """The change a dict of model settings (ModelConfig field names) asks for; other keys are ignored."""
+        preferred = settings.get("preferred_batch")
+        return cls(contexts=settings.get("contexts"), max_queue=settings.get("max_queue"),
+                   max_batch=settings.get("max_batch"), batch_delay_us=settings.get("batch_delay_us"),
+                   preferred_batch=None if preferred is None else tuple(preferred))
+
+    def __bool__(self) -> bool:
+        return any(value is not None for value in (self.contexts, self.max_queue, self.max_batch,
+                                                   self.batch_delay_us, self.preferred_batch))
+
+
+class Placement(Protocol):
+    """Everything the daemon needs of where a model version runs (hot or cold)."""
+
+    name: str
+    version: str
+
+    # -- admission (the router, on the frontend thread) -------------------------------
+
+    def submit(self, job: Job) -> Admission:
+        """Take `job`, or say why not; QUEUED means the placement answers it."""
+        ...
+
+    def push_out(self, job: Job) -> Job | None:
+        """The queue is full: a queued request of the key that holds the most of it, removed to
+        make room for `job` (the caller refuses it); None when `job`'s key holds as much, or
+        where queued requests cannot be taken back (cold: they are in the worker already)."""
+        ...
+
+    def expected_wait_us(self) -> float:
+        """Queueing plus service time for a request admitted now (deadline fallback, Retry-After)."""
+        ...
+
+    # -- what is queued ---------------------------------------------------------------
+
+    def depth(self) -> int:
+        """Requests waiting for a context."""
+        ...
+
+    def load(self) -> int:
+        """Requests waiting or running (0: idle)."""
+        ...
+
+    def rows(self) -> int:
+        """Input rows waiting or running: what the expected wait is measured in."""
+        ...
+
+    def contexts(self) -> list[ContextLoad]:
+        """Each context's queue, for the views."""
+        ...
+
+    # -- settings and life --------------------------------------------------------------
+
+    def settings(self) -> Settings:
+        """The settings in force."""
+        ...
+
+    def apply(self, change: Change) -> None:
+        """Change settings live (contexts are added now, removed ones finish their queue first)."""
+        ...
+
+    def hand_over(self, successor: "Placement", reason: str) -> None:
+        """Promote/demote: from now on send new requests to `successor`; `stop` still drains."""
+        ...
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Take no new requests, answer those accepted, release the contexts; True if all were
+        answered within `timeout`."""
+        ...
+
+    def worker_info(self) -> dict[str, Any] | None:
+        """The worker process serving it (pid, RSS, state...), None when it runs in the daemon."""
+        ...
+
+
+def wait_us(rows: int, service_time_us: float) -> float:
+    """Expected wait behind `rows` rows for one more, the contexts working side by side at a
+    combined `service_time_us` per row (ModelStats.service_time_us)."""
+    return (rows + 1) * service_time_us

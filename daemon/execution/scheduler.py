@@ -1,0 +1,190 @@
+"""The hot placement (placement.py): one version's contexts on executor threads in the daemon.
+
+`submit` puts a request on one context's queue (least loaded, or the one
+its key hashes to) unless the version's total queue is at `max_queue`.
+Contexts can be added or removed live; a removed one finishes its queue.
+A worker process runs the same class for its cold version (workers/child.py).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from infermux.execution import batcher
+from infermux.config import ModelConfig
+from infermux.execution.fairqueue import Closed
+from infermux.execution.batchcap import CappedPolicy
+from infermux.execution.executor import Executor, LateFn, ReplyFn
+from infermux.execution.hashring import HashRing
+from infermux.execution.inline import HoldFn, InlineGate
+from infermux.execution.job import Job
+from infermux.execution.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
+from infermux.plugins.base import Engine
+from infermux.execution.stats import ModelStats
+
+
+class Scheduler:
+    """Bounded queues and executors for one loaded model version: a `Placement`, hot."""
+
+    def __init__(self, config: ModelConfig, engine: Engine, reply: ReplyFn, on_late: LateFn,
+                 stats: ModelStats, strategy: str, inline: InlineGate | None = None,
+                 warm_row_us: float = 0.0, hold: HoldFn | None = None) -> None:
+        self.name, self.version = config.name, config.version
+        self.max_queue = config.max_queue
+        self.strategy = strategy
+        self.policy = CappedPolicy(config.max_batch, config.batch_delay_us, config.preferred_batch,
+                                   batcher.batchable(engine.inputs, engine.outputs),
+                                   batcher.row_limit(engine.inputs), f"{config.name}:{config.version}")
+        self._engine = engine
+        self._reply, self._on_late, self._stats = reply, on_late, stats
+        self._inline = inline
+        self._hold = hold
+        self._warm_row_us = warm_row_us
+        self._lock = threading.Lock()
+        self.executors: list[Executor] = []
+        self._ring: HashRing[int] | None = None
+        self._next = 0
+        self._successor: Placement | None = None  # promote/demote: who takes new requests once stopped
+        self.resize(config.contexts)
+
+    def _new_executor(self, index: int) -> Executor:
+        ex = Executor(self.name, self.version, index, self._engine.create_context(), self._reply,
+                      self._on_late, self.policy)
+        ex.stats = self._stats.add_context(in_flight=lambda: ex.in_flight, queue_depth=lambda: len(ex.queue))
+        ex.row_us = ex.row_wall_us = self._warm_row_us
+        ex.start()
+        return ex
+
+    def resize(self, contexts: int) -> None:
+        """Add contexts (created now) or remove the newest ones (they drain first)."""
+        if contexts < 1:
+            raise ValueError("a loaded model needs at least one context")
+        with self._lock:
+            executors = list(self.executors)
+            while len(executors) < contexts:
+                executors.append(self._new_executor(len(executors)))
+            removed = executors[contexts:]
+            executors = executors[:contexts]
+            self.executors = executors  # one assignment: dispatch never sees a half-built list
+            self._ring = HashRing(list(range(contexts)))
+        for ex in removed:
+            ex.stop()
+            self._stats.remove_context(ex.stats)
+
+    def depth(self) -> int:
+        return sum(len(ex.queue) for ex in self.executors)
+
+    def load(self) -> int:
+        return sum(ex.load for ex in self.executors)
+
+    def rows(self) -> int:
+        """Input rows queued or running: what the expected wait is measured in."""
+        return sum(ex.queue.rows + ex.in_flight_rows for ex in self.executors)
+
+    def expected_wait_us(self) -> float:
+        return wait_us(self.rows(), self._stats.service_time_us())
+
+    def contexts(self) -> list[ContextLoad]:
+        return [ContextLoad(len(ex.queue), ex.in_flight) for ex in self.executors]
+
+    def settings(self) -> Settings:
+        policy = self.policy
+        return Settings(len(self.executors), self.max_queue, policy.max_batch, round(policy.delay_s * 1e6),
+                        policy.preferred, policy.allowed)
+
+    def apply(self, change: Change) -> None:
+        """Change settings live; the executors read the policy at their next batch."""
+        if change.contexts is not None:
+            self.resize(change.contexts)
+        if change.max_queue is not None:
+            self.max_queue = change.max_queue
+        policy = self.policy
+        if change.max_batch is not None and policy.allowed:
+            policy.max_batch = change.max_batch
+        if change.batch_delay_us is not None:
+            policy.delay_s = change.batch_delay_us / 1e6
+        if change.preferred_batch is not None:
+            policy.preferred = change.preferred_batch
+
+    def hand_over(self, successor: Placement, reason: str) -> None:
+        self._successor = successor
+
+    def worker_info(self) -> dict[str, object] | None:
+        return None  # it runs in the daemon
+
+    def _pick(self, executors: list[Executor], job: Job) -> Executor:
+        if self.strategy == "hash" and job.request.key is not None and self._ring is not None:
+            index = self._ring.lookup(str(job.request.key))
+            if index < len(executors):
+                return executors[index]
+        # least_queue: the least loaded context; ties rotate so idle contexts share the work.
+        self._next = (self._next + 1) % len(executors)
+        best = executors[self._next]
+        for ex in executors:
+            if ex.load < best.load:
+                best = ex
+        return best
+
+    def submit(self, job: Job) -> Admission:
+        """Queue `job` on a context, or say why not (full, or the version is stopping)."""
+        executors = self.executors
+        if not executors:
+            successor = self._successor
+            return successor.submit(job) if successor is not None else Admission.CLOSED
+        if self.depth() >= self.max_queue:
+            return Admission.FULL
+        executor = self._pick(executors, job)
+        if self.policy.max_batch > 1 and self._hold is not None and self._hold(self):
+            try:  # the reading thread runs it with the rest of its burst (run_held)
+                executor.queue.put(job, wake=False)
+            except Closed:
+                return Admission.CLOSED
+            return Admission.QUEUED
+        if self._inline is not None and executor.load == 0 and executor.row_us:
+            expected_us = executor.row_us * batcher.rows(job.request.inputs)
+            if self._inline(expected_us, self.policy.max_batch > 1) and executor.try_inline(job):
+                return Admission.QUEUED
+        try:
+            executor.queue.put(job)
+        except Closed:  # the context is being removed: this version no longer takes work
+            return Admission.CLOSED
+        return Admission.QUEUED
+
+    def run_held(self, gate: Callable[[float, int], bool]) -> None:
+        """Compute what was held for the calling thread (while `gate` allows), wake the executors for the rest."""
+        for executor in self.executors:
+            executor.run_queued(gate)
+
+    def push_out(self, job: Job) -> Job | None:
+        """The queue is full: make room for `job` if its key holds less of it than another key.
+
+        Longest-queue drop: the key with the most queued requests (over all
+        contexts) gives up its newest one, which is returned for the caller
+        to refuse. A flooding key then cannot fill the queue and lock the
+        other keys out with 429s: each key keeps at least an equal share.
+        Requests without a key share one lane, so unkeyed traffic never
+        pushes out unkeyed traffic.
+        """
+        held: dict[object, list[tuple[int, Executor]]] = {}
+        for ex in self.executors:
+            for key, n in ex.queue.lanes().items():
+                held.setdefault(key, []).append((n, ex))
+        if not held:
+            return None
+        totals = {key: sum(n for n, _ in where) for key, where in held.items()}
+        hog = max(totals, key=totals.__getitem__)
+        if totals.get(job.request.key, 0) + 1 >= totals[hog]:
+            return None
+        _, ex = max(held[hog], key=lambda pair: pair[0])
+        return ex.queue.pop_newest(hog)
+
+    def stop(self, timeout: float | None = None) -> bool:
+        """Let every context finish its queue, then stop; True if all ended in time."""
+        executors, self.executors = self.executors, []
+        stopped = all([ex.stop(timeout) for ex in executors])
+        for ex in executors:
+            self._stats.remove_context(ex.stats)
+        return stopped
+
+

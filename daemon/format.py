@@ -1,0 +1,108 @@
+"""Short, fixed-width renderings of the daemon's numbers: durations, rates, counts, sizes.
+
+Plain functions, no Rich and no Textual: `infermux status`, the pipelines'
+stats table and the console (tui/, whose colours and markup are
+tui/markup.py) all write numbers the same way.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+
+def us(value: float | None) -> str:
+    """Microseconds as 85µs / 1.2ms / 12ms / 1.5s; "-" when there are no samples."""
+    if value is None:
+        return "-"
+    if value < 1000:
+        return f"{value:.0f}µs"
+    if value < 10_000:
+        return f"{value / 1000:.1f}ms"
+    if value < 1_000_000:
+        return f"{value / 1000:.0f}ms"
+    return f"{value / 1e6:.1f}s"
+
+
+def rate(value: float | None) -> str:
+    """Requests per second: 0 / 3.2 / 38 / 1234 / 12.3k."""
+    if not value:
+        return "0"
+    if value < 10:
+        return f"{value:.1f}"
+    if value < 10_000:
+        return f"{value:.0f}"
+    return f"{value / 1000:.1f}k"
+
+
+def count(n: int) -> str:
+    """A cumulative count in at most 4 characters: 7 / 1234 / 12k / 3.4M."""
+    if n < 10_000:
+        return str(n)
+    if n < 1_000_000:
+        return f"{n // 1000}k"
+    return f"{n / 1e6:.1f}M"
+
+
+def size(n: float | None) -> str:
+    """Bytes in binary units, at most 5 characters: 512B / 31M / 1.2G."""
+    if not n:
+        return "0"
+    for unit in ("B", "K", "M", "G"):
+        if n < 1024 or unit == "G":
+            return f"{n:.1f}{unit}" if (unit != "B" and n < 10) else f"{n:.0f}{unit}"
+        n /= 1024
+    return f"{n:.0f}T"
+
+
+def percent(part: float, whole: float) -> str:
+    """A share as 0% / 2.5% / 12% / 100%; "-" when there is no whole."""
+    if not whole:
+        return "-"
+    share = 100 * part / whole
+    if not share:
+        return "0%"
+    return f"{share:.1f}%" if share < 10 else f"{share:.0f}%"
+
+
+SPARK = "▁▂▃▄▅▆▇█"
+
+
+def spark(points: Sequence[float], cells: int) -> str:
+    """`points` in `cells` bars, each the peak of its stretch, scaled to the largest: "▁▃▇█▅▂".
+
+    Blank where nothing happened, so an idle row stays quiet; fewer points than cells fill from the right."""
+    if not points:
+        return " " * cells
+    per = max(1, -(-len(points) // cells))  # points per bar, rounded up
+    peaks = [max(points[i:i + per]) for i in range(max(0, len(points) - per * cells), len(points), per)]
+    top = max(peaks) or 1.0
+    bars = "".join(SPARK[min(7, int(7 * p / top + 0.5))] if p > 0 else " " for p in peaks)
+    return bars.rjust(cells)
+
+
+def duration(seconds: float) -> str:
+    """Uptime as 42s / 12m05s / 3h02m / 4d03h."""
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def clock(timestamp: float) -> str:
+    """Local wall time of an event, HH:MM:SS."""
+    return time.strftime("%H:%M:%S", time.localtime(timestamp))
+
+
+def failures(stats: dict[str, Any]) -> int:
+    """Replies other than 200 in a statistics view (the snapshot counts them per status in `by_status`)."""
+    return sum(n for status, n in (stats.get("by_status") or {}).items() if status != "200")
+
+
+def version_key(model: dict[str, Any]) -> str:
+    """The row key of a model version everywhere in the console: name:version."""
+    return f"{model['name']}:{model['version']}"

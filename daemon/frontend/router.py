@@ -1,0 +1,269 @@
+"""The router: where each request goes, or why it is answered at once.
+
+Policy, in order (docs/protocol.md#statuses): unknown model (404); version asked for
+and missing (404, or the default version under `version_mismatch =
+"fallback"`); which version serves (default, `weighted` split, or `hash`
+on the request's key); not ready (503 with retry time, or the fallback);
+inputs the engine does not accept (400); a deadline the queue cannot meet
+or a full queue (the fallback, else 429); otherwise queued.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from typing import Any
+
+from infermux.config import MAX_FALLBACK_DEPTH, RoutingConfig
+from infermux.pipelines.runner import Pipeline
+from infermux.execution.executor import ReplyFn
+from infermux.execution.hashring import HashRing
+from infermux.execution.job import ONLY_INPUT, Job, internal_sink
+from infermux.execution.placement import Admission, Placement
+from infermux.protocol import OPERATOR_RETRY_MS, ProtocolError, Status, dtype_name, encode_reply, error_header
+from infermux.models.registry import Model, ModelVersion, Registry, State
+
+log = logging.getLogger("infermux.router")
+
+
+class Router:
+    """Admits jobs to placements (placement.py); returns an error header for those it cannot."""
+
+    def __init__(self, registry: Registry, routing: RoutingConfig, reply: ReplyFn) -> None:
+        self.registry = registry
+        self.routing = routing
+        self._reply = reply
+        self._rings: dict[tuple[str, tuple[str, ...]], HashRing[str]] = {}
+        self.weights: dict[str, dict[str, int]] = {}
+        self.pipelines: dict[str, Pipeline] = {}  # addressed like models (daemon/pipelines/)
+        for mc in registry.config.models:
+            if mc.weight:
+                self.weights.setdefault(mc.name, {})[mc.version] = mc.weight
+
+    # -- admission ---------------------------------------------------------
+
+    def admit(self, job: Job) -> dict[str, Any] | None:
+        """Queue `job` somewhere; None if queued, else the error header to send."""
+        try:
+            self._admit(job)
+            return None
+        except ProtocolError as exc:
+            self._count(job, exc.status)
+            return error_header(exc.status, exc.message, job.request.id, retry_after_ms=exc.retry_after_ms)
+
+    def _count(self, job: Job, status: int) -> None:
+        """Record a reply no executor saw on the chosen version's statistics."""
+        if job.target is not None:
+            job.target.stats.router.record(int(status), (time.perf_counter_ns() - job.received_ns) // 1000)
+
+    def _admit(self, job: Job) -> None:
+        req = job.request
+        pipeline = self.pipelines.get(req.model)
+        if pipeline is not None:  # its threads run the steps; each model step comes back through here
+            pipeline.submit(job)
+            return
+        model = self.registry.model(req.model)
+        if model is None:
+            names = ", ".join(sorted([*self.registry.models, *self.pipelines])) or "none"
+            raise ProtocolError(Status.NOT_FOUND, f"unknown model {req.model!r}; served models: {names}")
+        mv = self._choose_version(model, job)
+        job.target = mv
+        if not job.deadline_ns:
+            job.deadline_ns = job.received_ns + (job.request.timeout_ms or mv.config.timeout_ms) * 1_000_000
+        if not mv.ready:
+            self.registry.on_demand(mv)
+            if mv.state is State.UNLOADED:  # hot, unloaded by an operator: it stays so
+                self._unloaded(job, model, mv)
+                return
+            if model.fallback and self._fallback(job, model, "not_ready"):
+                return
+            raise _not_ready(mv, mv.state.value)
+        self._check_tensors(mv, job)
+        placement = mv.scheduler
+        if placement is None:  # unloaded between the state check and here
+            raise _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is {mv.state.value}",
+                         mv.eta_ms())
+        if model.fallback and placement.expected_wait_us() > job.remaining_us():
+            if self._fallback(job, model, "deadline"):
+                return
+        admitted = placement.submit(job)
+        if admitted is Admission.FULL and self._push_out(job, mv, placement):
+            return
+        if admitted is not Admission.QUEUED:
+            self._refused(job, model, mv, placement, admitted)
+        mv.last_used = time.monotonic()
+
+    def _unloaded(self, job: Job, model: Model, mv: ModelVersion) -> None:
+        """An unloaded hot version does not come back by itself: its fallback serves
+        (`reason: unloaded`), else the 503 says so and why the fallback did not serve."""
+        why = self._fallback_why(job, model, "unloaded") if model.fallback else "it has no fallback"
+        if why is None:
+            return
+        stays = f" ({mv.reason})" if mv.reason else \
+            f" and does not come back by itself (`infermux ctl load {mv.name}` loads it)"
+        # As for a failed version: only an operator brings it back, so the
+        # client is told to rest (and a failover client to use another box).
+        raise _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is unloaded{stays}; {why}",
+                     OPERATOR_RETRY_MS)
+
+    def _refused(self, job: Job, model: Model, mv: ModelVersion, placement: Placement,
+                 admitted: Admission) -> None:
+        """The placement did not take `job`: the fallback, else 429 (full) or 503 (closed: it is
+        stopping, or its worker ended and restarts on demand)."""
+        reason = "queue_full" if admitted is Admission.FULL else "not_ready"
+        if model.fallback and self._fallback(job, model, reason):
+            return
+        if admitted is Admission.CLOSED or not mv.ready:
+            self.registry.on_demand(mv)
+            raise _not_ready(mv, mv.state.value if not mv.ready else "restarting")
+        raise _retry(Status.TOO_MANY, f"model {mv.name!r} queue is full ({placement.settings().max_queue} "
+                     f"requests); retry later", self._retry_ms(placement))
+
+    def _choose_version(self, model: Model, job: Job) -> ModelVersion:
+        req = job.request
+        if req.version is not None:
+            mv = model.versions.get(req.version)
+            if mv is not None:
+                return mv
+            known = ", ".join(v.version for v in model.ordered())
+            if self.routing.version_mismatch == "reject":
+                raise ProtocolError(Status.NOT_FOUND, f"model {model.name!r} has no version "
+                                    f"{req.version!r}; versions: {known}")
+            job.fallback = {"from": model.name, "reason": "version", "version": req.version}
+        strategy = self.strategy(model)
+        ready = model.ready_versions()
+        if model.pinned is None and len(ready) > 1:
+            if strategy == "weighted":
+                picked = self._weighted(model, ready)
+                if picked is not None:
+                    return picked
+            elif strategy == "hash" and req.key is not None:
+                return self._hashed(model, ready, str(req.key))
+        default = model.default()
+        assert default is not None  # a Model always has at least one version
+        return default
+
+    def strategy(self, model: Model) -> str:
+        versions = model.ordered()
+        own = versions[-1].config.strategy if versions else ""
+        return own or self.routing.strategy
+
+    def _weighted(self, model: Model, ready: list[ModelVersion]) -> ModelVersion | None:
+        weights = self.weights.get(model.name, {})
+        pool = [(mv, weights.get(mv.version, 0)) for mv in ready]
+        total = sum(w for _, w in pool)
+        if total <= 0:
+            return None
+        point = random.random() * total
+        for mv, weight in pool:
+            point -= weight
+            if point < 0:
+                return mv
+        return pool[-1][0]
+
+    def _hashed(self, model: Model, ready: list[ModelVersion], key: str) -> ModelVersion:
+        names = tuple(mv.version for mv in ready)
+        ring = self._rings.get((model.name, names))
+        if ring is None:
+            ring = self._rings[(model.name, names)] = HashRing(list(names))
+        return model.versions[ring.lookup(key)]
+
+    def _check_tensors(self, mv: ModelVersion, job: Job) -> None:
+        engine = mv.engine
+        if engine is None:
+            return
+        inputs = job.request.inputs
+        names = {s.name for s in engine.inputs}
+        if ONLY_INPUT in inputs and len(inputs) == len(names) == 1 and internal_sink(job.envelope) is not None:
+            inputs[engine.inputs[0].name] = inputs.pop(ONLY_INPUT)  # the version is chosen: its name
+        if set(inputs) != names:
+            raise ProtocolError(Status.BAD_REQUEST, f"model {mv.name!r} takes inputs "
+                                f"{sorted(names)}, got {sorted(inputs)}")
+        for spec in engine.inputs:
+            array = inputs[spec.name]
+            problem = spec.accepts(dtype_name(array.dtype), array.shape)
+            if problem:
+                raise ProtocolError(Status.BAD_REQUEST, f"model {mv.name!r}: {problem}")
+        wanted = job.request.outputs
+        if wanted is not None:
+            have = {s.name for s in engine.outputs}
+            missing = [o for o in wanted if o not in have]
+            if missing:
+                raise ProtocolError(Status.BAD_REQUEST, f"model {mv.name!r} has no output {missing[0]!r}; "
+                                    f"outputs: {sorted(have)}")
+
+    # -- degradation -------------------------------------------------------
+
+    def _fallback(self, job: Job, model: Model, reason: str) -> bool:
+        """Send `job` to `model`'s fallback; False if the chain is exhausted or it fails there."""
+        return self._fallback_why(job, model, reason) is None
+
+    def _fallback_why(self, job: Job, model: Model, reason: str) -> str | None:
+        """Send `job` to `model`'s fallback; None once it is admitted there, else why it was not."""
+        if job.hops >= MAX_FALLBACK_DEPTH:
+            return f"the fallback chain is longer than {MAX_FALLBACK_DEPTH}"
+        target = self.registry.model(model.fallback)
+        if target is None:
+            return f"its fallback {model.fallback!r} is not served"
+        previous = (job.fallback, job.request.model, job.request.version, job.hops, job.target)
+        job.fallback = {"from": (job.fallback or {}).get("from", job.request.model), "reason": reason}
+        job.request.model, job.request.version, job.hops = target.name, None, job.hops + 1
+        try:
+            self._admit(job)
+            return None
+        except ProtocolError as exc:
+            job.fallback, job.request.model, job.request.version, job.hops, job.target = previous
+            return f"its fallback {target.name!r} did not take the request ({int(exc.status)}: {exc.message})"
+
+    def _push_out(self, job: Job, mv: ModelVersion, placement: Placement) -> bool:
+        """Per-key fairness at a full queue (Placement.push_out): queue `job` in place of the
+        flooding key's newest request, which is refused as if it had found the queue full."""
+        victim = placement.push_out(job)
+        if victim is None:
+            return False
+        queued = placement.submit(job) is Admission.QUEUED
+        model = self.registry.model(victim.request.model)
+        if not (model is not None and model.fallback and self._fallback(victim, model, "queue_full")):
+            self._count(victim, Status.TOO_MANY)
+            header = error_header(Status.TOO_MANY, f"model {mv.name!r} queue is full and key "
+                                  f"{victim.request.key!r} holds the most of it; retry later",
+                                  victim.request.id, retry_after_ms=self._retry_ms(placement))
+            self._reply(victim.envelope, encode_reply(header))
+        if queued:
+            mv.last_used = time.monotonic()
+        return queued
+
+    def on_late(self, job: Job) -> None:
+        """An executor found `job` past its deadline: the fallback gets a fresh budget, else 504."""
+        model = self.registry.model(job.request.model)
+        waited_ms = (time.perf_counter_ns() - job.received_ns) / 1e6
+        if model is not None and model.fallback:
+            target = self.registry.model(model.fallback)
+            fallback_default = target.default() if target else None
+            if fallback_default is not None:
+                job.deadline_ns = time.perf_counter_ns() + fallback_default.config.timeout_ms * 1_000_000
+                if self._fallback(job, model, "deadline"):
+                    return
+        self._count(job, Status.DEADLINE)
+        # A request the fallback could not serve in time either still says where it was sent.
+        header = error_header(Status.DEADLINE, f"deadline passed after {waited_ms:.1f} ms waiting for "
+                              f"model {job.request.model!r}; not computed", job.request.id,
+                              fallback=job.fallback)
+        self._reply(job.envelope, encode_reply(header))
+
+    @staticmethod
+    def _retry_ms(placement: Placement) -> int:
+        """Retry-After for a full queue: the time to work through it, at least 1 ms."""
+        return max(1, int(placement.expected_wait_us() / 1000))
+
+
+
+def _not_ready(mv: ModelVersion, state: str) -> ProtocolError:
+    """503 with the time to retry after, and why."""
+    return _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is {state}"
+                  + (f" ({mv.reason})" if mv.reason else "") + "; retry later", mv.eta_ms())
+
+
+def _retry(status: Status, message: str, retry_after_ms: int) -> ProtocolError:
+    return ProtocolError(status, message, retry_after_ms=int(retry_after_ms))

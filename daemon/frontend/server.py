@@ -1,0 +1,460 @@
+"""The frontend: one thread owns the ROUTER socket (docs/architecture.md#threads-and-processes).
+
+It reads requests, validates them (protocol.py), admits them (router.py)
+and sends the replies that executor threads leave in its outbox. ZeroMQ
+sockets are not thread-safe, so only this thread touches the ROUTER.
+
+Replies come back through a deque plus an eventfd doorbell rather than
+the inproc PUSH/PULL pair first designed: the socket hop cost ~10 µs of GIL
+time per request on the 2-core box, a deque append and an eventfd write
+about 1 µs (docs/decisions.md). Worker processes' replies skip even that:
+the loop polls their fast lanes itself (`watch`, lane.py).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import sys
+from collections import deque
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import zmq
+
+from infermux import config as cfg
+from infermux.transport import curve, ipc
+from infermux.transport.peers import PeerGuard
+from infermux.transport.waiting import message_waiting
+from infermux.events import EventLog, Throttle
+from infermux.execution.inline import InlinePolicy
+from infermux.execution.job import Job, Outcome, internal_sink
+from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Status, encode_reply, error_header, parse_request,
+                               request_id)
+from infermux.transport.regions import RegionServer, RegionTable
+from infermux.models.registry import Registry, State
+from infermux.frontend.router import Router
+from infermux.pipelines.runner import Pipelines
+from infermux.transport.limits import frame_cap, limits_from
+from infermux.swap import reload
+from infermux.workers.pool import Workers
+
+log = logging.getLogger("infermux.server")
+
+MAX_ENVELOPE = 8  # identity frames a proxy chain may add before the delimiter
+BURST = 64  # messages handled per socket before looking at the other one
+QUIET_MS = 50  # at shutdown: how long the socket must stay empty before it is closed
+REFUSE_S = 1.0  # ... and the longest it goes on refusing requests before closing anyway
+# Frames from this size on are parsed in place in ZeroMQ's buffer (no copy into a bytes
+# object); smaller ones, headers and envelopes, are cheaper as bytes.
+BIG_FRAME = 4096
+STALLED_RETRY_MS = 100  # the retry time in the 429 a peer gets while its replies are dropped (peers.py)
+_TOO_LARGE = Throttle()  # replies over max_reply_bytes: a few lines per interval, then counted
+
+
+class Server:
+    """The daemon's serving core: registry, router and the frontend loop."""
+
+    def __init__(self, config: cfg.Config, run_dir: Path) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.events = EventLog()
+        self.limits = limits_from(config.daemon)
+        self.ctx = zmq.Context()
+        self.curve = curve.CurveGuard.from_config(config.daemon, self.ctx, self.events)
+        self.endpoints = [cfg.resolve_endpoint(ep, run_dir) for ep in config.daemon.listen]
+        self._outbox: deque[list[Any]] = deque()
+        self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
+        self.inline = InlinePolicy(config.daemon.inline_max_us, config.daemon.inline_busy_max_us)
+        self._held: dict[Any, None] = {}  # schedulers with requests queued for the end of this burst
+        self._poller = zmq.Poller()
+        self._watched: dict[int, Callable[[], bool]] = {}  # fd -> on_ready, polled by the loop
+        self._to_watch: deque[tuple[int, Callable[[], bool]]] = deque()  # from other threads
+        self.registry = Registry(config, self.events, self.reply, self._on_late, self._inline_ok, self._hold)
+        self.router = Router(self.registry, config.routing, self.reply)
+        self._admissions: deque[Job] = deque()  # internal requests (pipelines' model steps) to admit
+        self.pipelines = Pipelines(config.pipelines, self.admit_internal, self.reply, self._model_inputs, self.limits)
+        self.router.pipelines = self.pipelines.by_name
+        self.frontend: zmq.Socket | None = None
+        self.stopping = False
+        self.draining = False  # admin `drain`: refuse new requests until `resume`
+        self._reload_lock = threading.Lock()
+        self.started = time.time()
+        self.loop_turns = 0
+        self.requests = 0
+        self.replies_too_large = 0  # replies over max_reply_bytes, answered 413 instead
+        self.ticks: list[Callable[[], None]] = []
+        self.on_stopping: list[Callable[[], object]] = []  # called once the loop stops, before the drain
+        self.poll_ms = 100  # the longest the loop sleeps: ticks (watchdog) run at least this often
+        self._frontend_thread = threading.get_ident()
+        # Inputs that local clients leave in shared memory (regions.py); bound in bind().
+        self.regions = RegionTable()
+        self.region_server: RegionServer | None = None
+        self._lookup: RegionTable | None = None
+        # Connections the ROUTER takes, and replies dropped for peers that do not read (peers.py).
+        self.peers = PeerGuard(config.daemon.max_connections, config.daemon.reserved_fds)
+        # Cold models run in worker processes; the memory budget is kept there too (workers.py).
+        self.registry.workers = Workers(self.registry, run_dir, self.reply, self._on_late, self.watch,
+                                        self.regions)
+        self.ticks.append(self.registry.workers.tick)
+
+    # -- replies from any thread -------------------------------------------
+
+    def reply(self, envelope: list[Any], frames: list[Any], outcome: Outcome | None = None) -> None:
+        """Send a reply: directly on the frontend thread, else through the outbox (executor.ReplyFn);
+        an internal request's (a pipeline step's) goes to its sink instead (job.Internal)."""
+        sink = internal_sink(envelope)
+        if sink is not None:
+            sink.deliver(frames, outcome)
+            return
+        if threading.get_ident() == self._frontend_thread:
+            self._send(envelope + frames)
+            return
+        self._outbox.append(envelope + frames)
+        os.eventfd_write(self._bell, 1)
+
+    def admit_internal(self, job: Job) -> None:
+        """Admit a request the daemon sends itself (a pipeline's model step) as a client's is: on
+        the frontend thread, which alone runs the router; a refusal goes to the job's sink."""
+        self._admissions.append(job)
+        os.eventfd_write(self._bell, 1)
+
+    def watch(self, fd: int, on_ready: Callable[[], bool]) -> None:
+        """Call `on_ready()` on the frontend thread whenever `fd` is readable, until it returns
+        False (then the fd is forgotten). Safe from any thread; takes effect at the next turn."""
+        self._to_watch.append((fd, on_ready))
+        os.eventfd_write(self._bell, 1)
+
+    def _model_inputs(self, name: str) -> list[str] | None:
+        """The input names of model `name`'s default version, None while it is not loaded (pipelines:
+        their step's tensor then goes unnamed, and the router names it after the version it chooses)."""
+        model = self.registry.model(name)
+        mv = model.default() if model is not None else None
+        engine = mv.engine if mv is not None else None
+        return [s.name for s in engine.inputs] if engine is not None else None
+
+    def _on_late(self, job: Job) -> None:
+        self.router.on_late(job)
+
+    def _inline_ok(self, service_time_us: float, batching: bool) -> bool:
+        """May the frontend thread compute this request itself? (inline.py)"""
+        if threading.get_ident() != self._frontend_thread or self.frontend is None:
+            return False
+        return self.inline.allows(service_time_us, batching, self._others_waiting)
+
+    def _hold(self, scheduler: Any) -> bool:
+        """Keep a batched model's request for the end of this burst (inline.py); only on the frontend."""
+        if threading.get_ident() != self._frontend_thread:
+            return False
+        self._held[scheduler] = None
+        return True
+
+    def _run_held(self) -> None:
+        """The burst is over: compute held batches here while nothing else waits, wake executors for the rest."""
+        held, self._held = self._held, {}
+        for scheduler in held:
+            scheduler.run_held(self._batch_inline_ok)
+
+    def _batch_inline_ok(self, batch_us: float, requests: int) -> bool:
+        return self.inline.allows_batch(batch_us, requests, self._others_waiting())
+
+    def _others_waiting(self) -> bool:
+        """Whether more requests sit in the socket right now (what the inline limits depend on)."""
+        return self.frontend is not None and message_waiting(self.frontend)
+
+    # -- lifecycle -----------------------------------------------------------
+
+    def bind(self) -> None:
+        """Create the runtime directory and bind every listen endpoint."""
+        if self.curve is not None:
+            self.curve.start()  # before any bind: without a ZAP handler libzmq admits every key
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a full pipe says EAGAIN (we drop), a gone peer EHOSTUNREACH
+        sock.setsockopt(zmq.LINGER, 1000)
+        sock.setsockopt(zmq.MAXMSGSIZE, frame_cap(self.config.daemon))  # per frame: limits.py
+        sock.setsockopt(zmq.RCVHWM, 10000)
+        sock.setsockopt(zmq.SNDHWM, 1000)
+        self.peers.attach(self.ctx, sock)  # before bind: every accept (its own thread: peers.py)
+        for endpoint in self.endpoints:
+            ipc.prepare(endpoint)
+            curve.secure_listener(sock, endpoint, self.curve, self.events)
+            try:
+                with ipc.private_files():
+                    sock.bind(endpoint)
+            except zmq.ZMQError as exc:
+                sock.close(0)
+                raise RuntimeError(f"cannot listen on {endpoint}: {exc}; is another infermux running, "
+                                   f"or is the directory not writable? (see --runtime-dir)") from None
+            ipc.secure(endpoint)
+            self.events.emit("listening", endpoint=endpoint)
+        self.frontend = sock
+        self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(self._bell, zmq.POLLIN)
+        self._bind_regions()
+
+    def _bind_regions(self) -> None:
+        path = cfg.regions_path(self.config.daemon, self.run_dir)
+        if path is None:
+            return
+        try:
+            ipc.prepare(f"ipc://{path}")
+            self.region_server = RegionServer(path, self.regions, self.watch, self.events)
+        except OSError as exc:
+            raise RuntimeError(f"cannot listen for shared-memory regions on {path}: {exc}; "
+                               "set [daemon] shared_memory to another name, or \"\" to turn it off") from None
+        self.ticks.append(self.region_server.tick)
+        self._lookup = self.regions
+        self.events.emit("listening", endpoint=f"unix://{path}", what="shared-memory regions")
+
+    def start_models(self, done: Callable[[], None] | None = None) -> threading.Thread:
+        """Load every configured hot model in the background (requests get 503 meanwhile)."""
+        hot = [mv for mv in self.registry.all_versions()
+               if (mv.config.mode == "inproc" or mv.config.preload) and mv.state is State.UNLOADED]
+        return self.registry.start_loading(hot, done)
+
+    def serve_forever(self) -> None:
+        """Run the frontend loop until `stop()`; then drain and close."""
+        assert self.frontend is not None, "bind() first"
+        self._frontend_thread = threading.get_ident()
+        while not self.stopping:
+            self._turn(self.poll_ms)
+            self.loop_turns += 1
+            for tick in self.ticks:
+                tick()
+            if self._held:  # a tick may have queued requests (a worker restart)
+                self._run_held()
+        for hook in self.on_stopping:
+            hook()
+        self._drain()
+
+    def stop(self) -> None:
+        """Ask the loop to stop (safe from a signal handler)."""
+        self.stopping = True
+
+    def reload(self) -> bool:
+        """Apply the configuration file again; an invalid file changes nothing."""
+        with self._reload_lock:
+            return self._reload(reload)
+
+    def _reload(self, reload: Any) -> bool:
+        self.events.emit("reloading", config=str(self.config.path))
+        try:
+            new = cfg.load(self.config.path)
+        except cfg.ConfigError as exc:
+            self.events.emit("rejected", reason=f"configuration not reloaded, the running one stays: {exc}")
+            return False
+        reload.apply(self, new)
+        return True
+
+    def _drain(self) -> None:
+        """Answer everything accepted, refuse the rest, then close."""
+        deadline = time.monotonic() + self.config.daemon.drain_timeout_s
+        self.events.emit("draining", timeout_s=self.config.daemon.drain_timeout_s)
+        closer = threading.Thread(target=self.registry.close, args=(self.config.daemon.drain_timeout_s,),
+                                  daemon=True)
+        closer.start()
+        while time.monotonic() < deadline and (closer.is_alive() or self._outbox):
+            self._turn(10, refuse=True)  # workers' lanes too: their replies finish the drain
+        self._forward_replies()
+        # Requests clients sent before the signal may still sit in the socket's
+        # queue: refuse them too, until the socket has been quiet for a moment,
+        # or for REFUSE_S at most: clients that retry every few ms never let it
+        # be quiet, and the daemon must still end (systemd would SIGKILL it).
+        refuse_until = time.monotonic() + REFUSE_S
+        while self.frontend is not None and time.monotonic() < refuse_until and self.frontend.poll(QUIET_MS):
+            self._read_requests(refuse=True)
+        self.close()
+
+    def close(self) -> None:
+        """Close the frontend and remove its socket files (the zmq context stays for others)."""
+        if self.frontend is not None:
+            self.frontend.close(linger=500)
+        if self.curve is not None:
+            self.curve.stop()
+        if self.region_server is not None:
+            self.region_server.close()
+        self.peers.close()
+        os.close(self._bell)
+        for endpoint in self.endpoints:
+            ipc.remove(endpoint)
+
+    # -- the hot path -----------------------------------------------------------
+
+    def _turn(self, timeout_ms: int, refuse: bool = False) -> None:
+        """One wait on the sockets, then whatever became ready."""
+        ready = dict(self._poller.poll(timeout_ms))
+        if self._bell in ready:
+            self._forward_replies()
+        if self._watched:
+            for fd in ready:
+                on_ready = self._watched.get(fd)
+                if on_ready is not None and not self._still_watching(on_ready):
+                    del self._watched[fd]
+                    self._poller.unregister(fd)
+        if self.frontend in ready:
+            self._read_requests(refuse)
+
+    @staticmethod
+    def _still_watching(on_ready: Callable[[], bool]) -> bool:
+        try:
+            return on_ready()
+        except Exception:  # a watcher's bug must not take the frontend (and the daemon) down
+            log.exception("internal error reading a worker's lane; no longer watching it")
+            return False
+
+    def _forward_replies(self) -> None:
+        """Answer the bell: take up the fds `watch` was asked for, send what the outbox holds."""
+        try:
+            os.eventfd_read(self._bell)
+        except BlockingIOError:
+            pass
+        while self._to_watch:
+            fd, on_ready = self._to_watch.popleft()
+            self._watched[fd] = on_ready
+            self._poller.register(fd, zmq.POLLIN)
+        while self._admissions:
+            job = self._admissions.popleft()
+            refused = self.router.admit(job)
+            if refused is not None:
+                self.reply(job.envelope, encode_reply(refused))
+        outbox = self._outbox
+        while outbox:
+            self._send(outbox.popleft())
+
+    def _send(self, frames: list[Any]) -> None:
+        """Queue a reply without ever waiting: the frontend serves everyone, so a peer whose
+        pipe is full (it does not read) loses this reply instead of stalling the others."""
+        assert self.frontend is not None
+        size = sum(len(f) for f in frames)
+        if size > self.limits.max_reply_bytes:
+            frames = self._bounded(frames)
+            size = sum(len(f) for f in frames)
+        try:
+            self.frontend.send_multipart(frames, zmq.NOBLOCK, copy=size < 1 << 20)
+        except zmq.Again:  # only the identity frame can meet a full pipe: nothing was queued
+            self.peers.dropped(frames[0])
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EHOSTUNREACH:
+                raise
+            log.debug("client went away before its reply")
+            return
+        if self.peers.stalled:
+            self.peers.delivered(frames[0])
+
+    def _bounded(self, frames: list[Any]) -> list[Any]:
+        """`frames` if the reply in them (after its envelope) is within max_reply_bytes, else a 413
+        in its place: the outputs were computed, and are dropped here rather than queued for the
+        client (a 4 MiB input to a model that tiles it made 256 MiB)."""
+        split = _delimiter(frames)
+        size, limit = sum(len(f) for f in frames[split:]), self.limits.max_reply_bytes
+        if size <= limit:
+            return frames
+        try:
+            header = json.loads(bytes(frames[split]))
+        except ValueError:
+            header = {}
+        self.replies_too_large += 1
+        where = {k: header[k] for k in ("model", "version") if isinstance(header.get(k), str)}
+        held = _TOO_LARGE.admit("reply")
+        if held is not None:
+            log.warning("a reply of %d bytes is over max_reply_bytes (%d): answered 413 instead%s", size, limit,
+                        f" ({held} more not logged)" if held else "")
+        return frames[:split] + encode_reply(error_header(
+            Status.TOO_LARGE, f"the reply would be {size} bytes; the limit is {limit} (max_reply_bytes): ask for "
+            "fewer outputs (\"outputs\"), send a smaller batch, or have outputs written to shared memory "
+            "(\"output_regions\"); it was computed", header.get("id"), **where))
+
+    def _read_requests(self, refuse: bool = False) -> None:
+        try:
+            self._read_burst(refuse)
+        finally:
+            if self._held:
+                self._run_held()
+
+    def _read_burst(self, refuse: bool) -> None:
+        assert self.frontend is not None
+        for n in range(BURST):
+            if n and not self._others_waiting():  # asked, not tried (waiting.py)
+                return
+            try:
+                parts = self.frontend.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:  # the poll's readiness can be stale
+                return
+            self.peers.hear(parts)  # this connection speaks: never closed as idle
+            frames = [p.bytes if len(p) < BIG_FRAME else p.buffer for p in parts]
+            self.requests += 1
+            if self._outbox:  # executors' replies go out between requests, not after the whole burst
+                self._forward_replies()
+            try:
+                self._handle(frames, refuse or self.draining)
+            except Exception:  # a request must never take the frontend (and the daemon) down
+                log.exception("internal error on a request; answered 500")
+                split = _delimiter(frames)
+                header = error_header(Status.BACKEND_ERROR, "internal error in infermux (logged)",
+                                      request_id(frames[split:], self.limits))
+                self._send(frames[:split] + encode_reply(header))
+
+    def _handle(self, frames: list[Any], refuse: bool) -> None:
+        received = time.perf_counter_ns()
+        split = _delimiter(frames)
+        envelope, body = frames[:split], frames[split:]
+        if self.peers.stalled and frames[0] in self.peers.stalled:
+            if not self.peers.probe(frames[0]):
+                return
+            self._send(envelope + encode_reply(error_header(
+                Status.TOO_MANY, "replies to this connection are being dropped because it does not read them "
+                "(its receive queue is full); read the replies, then retry", request_id(body, self.limits),
+                retry_after_ms=STALLED_RETRY_MS)))
+            return
+        if refuse:
+            reason = "shutting down" if self.stopping else "draining (admin `resume` reopens it)"
+            header = error_header(Status.NOT_READY, f"infermux is {reason}; retry later",
+                                  request_id(body, self.limits), retry_after_ms=OPERATOR_RETRY_MS,
+                                  draining=True)  # the whole daemon, not one model: clients move elsewhere
+            self._send(envelope + encode_reply(header))
+            return
+        try:
+            if len(body) > self.limits.max_tensors + 1:
+                raise ProtocolError(Status.BAD_REQUEST, f"{len(body)} frames; at most "
+                                    f"{self.limits.max_tensors} tensors may follow the header (max_tensors)")
+            request = parse_request(body, self.limits, self._lookup)
+        except ProtocolError as exc:
+            ident = request_id(body, self.limits)
+            self._send(envelope + encode_reply(error_header(exc.status, exc.message, ident)))
+            return
+        job = Job(envelope, request, frames, received, deadline_ns=0)  # the router sets the deadline
+        refused = self.router.admit(job)  # None: admitted; else the error reply
+        if refused is not None:
+            self._send(envelope + encode_reply(refused))
+
+    # -- status for notify/admin ------------------------------------------------
+
+    def summary(self) -> str:
+        """One line for systemd's STATUS=: models ready/loading and request count."""
+        versions = self.registry.all_versions()
+        count = {s: sum(1 for mv in versions if mv.state is s) for s in State}
+        parts = [f"{count[State.READY]}/{len(versions)} models ready"]
+        busy = count[State.LOADING] + count[State.WARMING]
+        if busy:
+            parts.append(f"{busy} loading")
+        if count[State.FAILED]:
+            parts.append(f"{count[State.FAILED]} failed")
+        parts.append(f"{self.requests} requests")
+        return ", ".join(parts)
+
+
+def _delimiter(frames: list[Any]) -> int:
+    """Index just past the envelope (identities + empty delimiter)."""
+    for i in range(1, min(len(frames), MAX_ENVELOPE + 1)):
+        if len(frames[i]) == 0:
+            return i + 1
+    return 1  # a raw DEALER that sent no delimiter: the identity alone routes the reply
+
+
+if sys.platform != "linux":  # pragma: no cover
+    log.warning("infermux is developed and tested on Linux only")

@@ -1,0 +1,74 @@
+"""The benchmark scripts' plumbing: RESULTS.md sections and a tiny run of the core benchmark."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCHMARKS))
+
+from results import write_section  # noqa: E402
+
+
+def test_a_section_is_replaced_and_the_others_are_kept(tmp_path):
+    path = tmp_path / "RESULTS.md"
+    path.write_text("# Benchmark results\n\n## A\n\nold a\n\n## B\n\nold b\n")
+    write_section("A", "new a\nsecond line", path)
+    write_section("C", "new c", path)
+    assert path.read_text() == ("# Benchmark results\n\n## A\n\nnew a\nsecond line\n\n"
+                                "## B\n\nold b\n\n## C\n\nnew c\n")
+
+
+def test_a_missing_file_is_created(tmp_path):
+    path = tmp_path / "RESULTS.md"
+    write_section("Only", "body", path)
+    assert path.read_text() == "# Benchmark results\n\n## Only\n\nbody\n"
+
+
+@pytest.mark.slow
+def test_the_core_benchmark_runs_every_case(tmp_path):
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_core.py"), "--no-write",
+                          "--duration", "0.3", "--rounds", "1", "--warmup", "10", "--no-ocr"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for case in ("a backend", "b echo", "c bare", "d daemon", "d1 daemon"):
+        assert f"| {case} | 1 |" in out.stdout and f"| {case} | 16 |" in out.stdout
+    assert "Daemon (2 contexts) / bare loop (medians): c=1:" in out.stdout
+    assert "Daemon (1 context, as the bare loop) / bare loop: c=1:" in out.stdout
+    assert "Server CPU time per request" in out.stdout and "d1 ÷ c c=16: **" in out.stdout
+
+
+@pytest.mark.slow
+def test_the_handling_benchmark_measures_both_backends():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_handling.py"), "--no-write",
+                          "--calls", "50", "--rounds", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| with onnxruntime |" in out.stdout and "| instant backend |" in out.stdout
+
+
+@pytest.mark.slow
+def test_the_batching_benchmark_runs_every_case(tmp_path):
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_batching.py"), "--no-write",
+                          "--duration", "0.3", "--fair-duration", "0.5", "--rounds", "1", "--warmup", "10"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for model in ("mlp", "mlp_unbatched", "classifier", "classifier_unbatched"):
+        assert f"| {model} | 16 |" in out.stdout and f"| {model} | 32 |" in out.stdout
+    for scenario in ("cameras alone", "+ flood, keyed", "+ flood, no keys"):
+        assert f"| {scenario} |" in out.stdout
+    assert "Batched / unbatched QPS (medians): mlp c=16:" in out.stdout
+    assert "Cameras' p99 with the flood / alone: keyed" in out.stdout
+
+
+@pytest.mark.slow
+def test_the_tracking_benchmark_scores_every_sequence():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_tracking.py"), "--no-write", "--rounds", "1",
+                          "--frames", "15"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for seq in ("crossing", "pillar", "crowd", "stop_and_go"):
+        assert f"| {seq} | " in out.stdout and "detector pipeline" in out.stdout
+    assert "track µs p50" in out.stdout and "reinfer_every = 5" in out.stdout

@@ -1,0 +1,115 @@
+"""Behaviour of the load generator (infermux.cli.bench) against the bare-loop baseline server."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infermux.cli import bench
+from infermux.cli.bench import BenchResult, run_load, wait_ready
+
+ROOT = Path(__file__).resolve().parents[2]
+BASELINES = ROOT / "tests" / "benchmarks" / "baselines.py"
+CLASSIFIER = ROOT / "engines" / "classifier" / "1" / "model.onnx"
+IMAGES = {"images": np.zeros((1, 3, 64, 64), np.float32)}
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory):
+    """A bare ROUTER + onnxruntime loop serving the sample classifier."""
+    path = tmp_path_factory.mktemp("bench") / "bare.sock"
+    address = f"ipc://{path}"
+    server = subprocess.Popen([sys.executable, str(BASELINES), "bare", address, str(CLASSIFIER)])
+    try:
+        assert wait_ready(address, "classifier", IMAGES, timeout_s=30).ok
+        yield address
+    finally:
+        server.terminate()
+        server.wait(10)
+
+
+def test_a_counted_run_measures_every_request(endpoint):
+    result = run_load(endpoint, "classifier", IMAGES, concurrency=4, count=300, warmup=20)
+    assert (result.requests, result.ok, result.errors) == (300, 300, 0)
+    assert result.by_status == {200: 300}
+    assert 0 < result.p50_us <= result.p90_us <= result.p99_us <= result.max_us
+    assert result.qps == pytest.approx(300 / result.duration_s)
+
+
+def test_a_timed_run_stops_after_its_duration_and_reports_progress(endpoint):
+    seen = []
+    result = run_load(endpoint, "classifier", IMAGES, concurrency=2, duration_s=1.2,
+                      progress=lambda done, elapsed: seen.append((done, elapsed)))
+    assert 1.2 <= result.duration_s < 2.5
+    assert result.requests > 0 and result.errors == 0
+    assert seen and seen[0][1] >= 1.0
+
+
+def test_rejected_requests_are_counted_by_status(endpoint):
+    wrong = {"images": np.zeros((1, 3, 32, 32), np.float32)}
+    result = run_load(endpoint, "classifier", wrong, count=20)
+    assert result.by_status == {400: 20} and result.errors == 20 and result.ok == 0
+
+
+def test_a_silent_endpoint_times_out(tmp_path):
+    with pytest.raises(TimeoutError):
+        run_load(f"ipc://{tmp_path}/nobody.sock", "classifier", IMAGES, count=1, timeout_s=0.2)
+
+
+def test_exactly_one_stop_condition_is_required(endpoint):
+    with pytest.raises(ValueError):
+        run_load(endpoint, "classifier", IMAGES)
+    with pytest.raises(ValueError):
+        run_load(endpoint, "classifier", IMAGES, count=1, duration_s=1)
+
+
+def test_the_command_prints_json_and_exits_zero_when_all_served(endpoint, capsys):
+    code = bench.main(["--endpoint", endpoint, "--model", "classifier", "--shape", "images=1x3x64x64",
+                       "--concurrency", "2", "-n", "50", "--warmup", "5", "--json"])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert doc["requests"] == 50 and doc["by_status"] == {"200": 50} and doc["concurrency"] == 2
+
+
+def test_the_command_exits_one_when_replies_fail(endpoint, capsys):
+    code = bench.main(["--endpoint", endpoint, "--model", "classifier", "--shape", "images=1x3x8x8",
+                       "-n", "5", "--warmup", "0"])
+    assert code == 1
+    assert "400: 5" in capsys.readouterr().out
+
+
+def test_the_command_reads_inputs_from_npy_files(endpoint, tmp_path, capsys):
+    np.save(tmp_path / "x.npy", IMAGES["images"])
+    code = bench.main(["--endpoint", endpoint, "--model", "classifier", "--input", f"images={tmp_path / 'x.npy'}",
+                       "-n", "5", "--warmup", "0", "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["ok"] == 5
+
+
+def test_the_command_needs_inputs():
+    with pytest.raises(SystemExit, match="--shape"):
+        bench.main(["--endpoint", "ipc:///nowhere", "--model", "classifier"])
+
+
+def test_the_command_takes_its_endpoint_from_a_config(endpoint, tmp_path, capsys):
+    config = tmp_path / "infermux.toml"
+    config.write_text(f'[daemon]\nlisten = ["{endpoint}"]\n')
+    code = bench.main(["--config", str(config), "--model", "classifier", "--shape", "images=1x3x64x64",
+                       "-n", "5", "--warmup", "0", "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["endpoint"] == endpoint
+
+
+def test_a_missing_config_is_reported(tmp_path, capsys):
+    code = bench.main(["--config", str(tmp_path / "none.toml"), "--model", "m", "--shape", "x=1"])
+    assert code == 2 and "no endpoint" in capsys.readouterr().err
+
+
+def test_result_json_round_trips():
+    result = BenchResult("ipc://x", "m", 1, 2, 1.0, 2.0, 1, 10.0, 20.0, 30.0, 40.0, 15.0, {200: 1, 429: 1})
+    doc = json.loads(json.dumps(result.as_json()))
+    assert doc["errors"] == 1 and doc["by_status"] == {"200": 1, "429": 1}
+    assert "p99 0.030 ms" in result.summary()

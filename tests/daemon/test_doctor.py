@@ -1,0 +1,172 @@
+"""`infermux doctor`: each check's verdict and fix, here (onnxruntime, no GPU) and against the TensorRT stand-in."""
+
+from __future__ import annotations
+
+import json
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from support.fakes.tensorrt import PLAN_MAGIC, write_plan
+from support.harness import REPO
+from infermux.cli import doctor
+from infermux.models import budget
+from support.users import infermux_as
+
+pytest_plugins = ["support.fakes.tensorrt"]  # fake_gpu, fake_trt fixtures
+
+SAMPLE = REPO / "etc/infermux/infermux.toml"
+
+
+def _doctor(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "infermux", "doctor", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def _by_name(checks: list[doctor.Check]) -> dict[str, doctor.Check]:
+    return {c.name: c for c in checks}
+
+
+def test_on_this_machine_it_passes_and_says_what_it_found() -> None:
+    r = _doctor("--config", str(SAMPLE))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert r.stderr == ""
+    lines = r.stdout.splitlines()
+    assert all(line.split()[0] in ("OK", "WARN") for line in lines), r.stdout
+    python = next(line for line in lines if " Python: " in line)
+    assert f" on {platform.machine()} ({sys.executable})" in python  # which architecture the report is from
+    ort = next(line for line in lines if " onnxruntime: " in line)
+    assert ort.startswith("OK") and "CPUExecutionProvider" in ort
+    gpu = next(line for line in lines if " GPU: " in line)
+    if not budget.is_jetson() and budget.Nvml.open() is None:
+        # No GPU here: said once, cleanly, with what to do on a GPU machine.
+        assert gpu.startswith("WARN") and "no NVIDIA GPU found" in gpu and "->" in gpu
+
+
+def test_json_lists_every_check() -> None:
+    r = _doctor("--config", str(SAMPLE), "--json")
+    assert r.returncode == 0, r.stderr
+    checks = json.loads(r.stdout)
+    assert {c["status"] for c in checks} <= {"OK", "WARN", "FAIL"}
+    names = {c["name"] for c in checks}
+    assert {"Python", "numpy", "pyzmq", "onnxruntime", "TensorRT", "cuda-python", "GPU", "configuration",
+            "engine_dir", "sockets", "group", "RLIMIT_NOFILE", "memory budget", "MPS"} <= names
+    assert all(c["fix"] for c in checks if c["status"] != "OK")
+
+
+def test_a_missing_configuration_fails_in_one_line(tmp_path: Path) -> None:
+    r = _doctor("--config", str(tmp_path / "nope.toml"))
+    assert r.returncode == 1
+    assert "Traceback" not in r.stdout + r.stderr
+    fail = [line for line in r.stdout.splitlines() if line.startswith("FAIL")]
+    assert len(fail) == 1 and "configuration" in fail[0] and "nope.toml" in fail[0]
+
+
+def test_a_missing_or_unreadable_engine_fails_with_its_path(tmp_path: Path) -> None:
+    config = tmp_path / "infermux.toml"
+    config.write_text(f'[daemon]\nengine_dir = "{tmp_path}"\n[[models]]\nname = "gone"\n'
+                      f'engine = "{tmp_path}/gone/1/model.onnx"\n')
+    checks = _by_name(doctor.diagnose(config))
+    assert checks["engine gone 1"].status == "FAIL"
+    assert f"{tmp_path}/gone/1/model.onnx does not exist" in checks["engine gone 1"].detail
+    assert checks["configuration"].status == "OK"
+
+
+def test_a_low_open_files_limit_warns() -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    try:
+        check = doctor._nofile()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert check.status == "WARN" and "256" in check.detail and "LimitNOFILE" in check.fix
+
+
+@pytest.mark.parametrize("version, status", [
+    ("12.6.2", "FAIL"), ("12.9.0", "FAIL"), ("12.9.1", "OK"), ("12.9.2.post1", "OK"), ("13.0.0", "OK"),
+    ("13.1.1", "OK"),
+])
+def test_cuda_python_that_holds_the_gil_fails_with_tensorrt(fake_trt, monkeypatch, version: str,
+                                                             status: str) -> None:
+    monkeypatch.setattr(doctor, "_version", lambda dist: version)
+    check = doctor._cuda_python(tensorrt_ok=True)
+    assert check.status == status, check
+    if status == "FAIL":
+        assert "holds the GIL" in check.detail and "cuda-python>=12.9.1" in check.fix
+
+
+def test_without_cuda_python_tensorrt_cannot_run(fake_trt, monkeypatch) -> None:
+    monkeypatch.setattr(doctor, "_version", lambda dist: None)
+    assert doctor._cuda_python(tensorrt_ok=True).status == "FAIL"
+    assert doctor._cuda_python(tensorrt_ok=False).status == "WARN"  # onnxruntime-only box
+
+
+def test_tensorrt_lines_against_the_stand_in(fake_trt, tmp_path: Path) -> None:
+    (tmp_path / "det/1").mkdir(parents=True)
+    (tmp_path / "old/1").mkdir(parents=True)
+    good = write_plan(tmp_path / "det/1")
+    stale = tmp_path / "old/1/model.plan"
+    stale.write_bytes(b"built by another TensorRT" + bytes(100))
+    assert not stale.read_bytes().startswith(PLAN_MAGIC)
+    config = tmp_path / "infermux.toml"
+    config.write_text(f'[daemon]\nengine_dir = "{tmp_path}"\n'
+                      f'[[models]]\nname = "det"\nengine = "{good}"\n'
+                      f'[[models]]\nname = "old"\nengine = "{stale}"\n')
+    checks = _by_name(doctor.diagnose(config))
+    assert checks["TensorRT"].status == "OK" and checks["TensorRT"].detail == "10.3.0"
+    assert checks["engine det 1"].status == "OK" and "deserializes on TensorRT 10.3.0" in checks["engine det 1"].detail
+    old = checks["engine old 1"]
+    assert old.status == "FAIL" and "not compatible" in old.detail and "infermux build" in old.fix
+
+
+def test_plans_found_in_the_engine_dir_are_checked_too(fake_trt, tmp_path: Path) -> None:
+    # After a JetPack upgrade, the operator's deployed plans are what stops working.
+    (tmp_path / "cam/3").mkdir(parents=True)
+    (tmp_path / "cam/3/model.plan").write_bytes(b"an older TensorRT's plan" + bytes(64))
+    config = tmp_path / "infermux.toml"
+    config.write_text(f'[daemon]\nengine_dir = "{tmp_path}"\n')
+    check = _by_name(doctor.diagnose(config))["engine cam 3"]
+    assert check.status == "FAIL" and str(tmp_path / "cam/3/model.plan") in check.detail
+
+
+def test_a_tensorrt_too_old_fails(fake_trt) -> None:
+    fake_trt.__version__ = "8.6.1"
+    check = doctor._tensorrt()
+    assert check.status == "FAIL" and "8.6.1" in check.detail
+
+
+def test_release_numbers() -> None:
+    assert doctor._release("12.9.1") == (12, 9, 1)
+    assert doctor._release("12.9.2.post1") == (12, 9, 2)
+    assert doctor._release("13.0.0rc1") == (13, 0, 0)
+    assert doctor._release("10.3.0.30") == (10, 3, 0, 30)
+
+
+def test_a_caller_outside_the_sockets_folder_is_told_to_join_the_group(tmp_path: Path, traversable: None) -> None:
+    # Run as nobody (setpriv, so root only) against a runtime folder like /run/infermux: 0750, not theirs.
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("running doctor as another user needs root")
+    top = Path(tempfile.mkdtemp(prefix="infermux-doctor-"))
+    try:
+        top.chmod(0o755)
+        run = top / "run"
+        run.mkdir(mode=0o750)
+        run.chmod(0o750)
+        (run / "infer.sock").touch()
+        config = top / "infermux.toml"
+        config.write_text(f'[daemon]\nruntime_dir = "{run}"\nengine_dir = "{top}"\n')
+        r = subprocess.run([*infermux_as("nobody"), "doctor", "--config", str(config)], capture_output=True,
+                           text=True, timeout=120)
+    finally:
+        shutil.rmtree(top, ignore_errors=True)
+    assert r.returncode == 1, r.stdout + r.stderr
+    line = next(line for line in r.stdout.splitlines() if " sockets: " in line)
+    assert line.startswith("FAIL") and "adduser" in line

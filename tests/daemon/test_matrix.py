@@ -1,0 +1,457 @@
+"""The feature-combination matrix: each placement of a model version × each behaviour that touches it.
+
+Placements: `hot` (in the daemon), `cold` (`mode = "multiproc"`, in a
+worker process), `promoted` (configured cold, moved hot live by admin
+`promote`) and `demoted` (configured hot, moved cold live by admin
+`demote`). Each placement gets one real daemon (module-scoped, so the
+cells share it), serving one model per behaviour with the settings that
+behaviour needs; a cell that changes state changes only its own model, and
+drain/resume, the one daemon-wide cell, reopens intake whatever happens.
+
+Each cell checks the status and outputs docs/ documents,
+outputs against onnxruntime run here on the same engine file, and that the
+daemon logged no traceback and counted no 500 while it ran
+(docs/matrix.md has the table). A condition a cell relies on is made
+certain by construction: a queue is filled by a burst the frontend reads in
+microseconds behind requests that compute for tens of milliseconds, a
+deadline of 5 ms waits behind such a compute, a worker is stopped with
+SIGSTOP before the requests it is to hold are sent.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from functools import lru_cache
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from support.harness import Daemon
+from infermux.client import Reply, SharedMemory
+from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement
+from support.polling import eventually
+from support.publish import PROBE, publish, wait_served
+from support.workers import until_200, worker
+
+# Every cell takes every placement, so that pytest runs each placement's cells together on one daemon;
+# the cells that kill or stop a worker exist only for the two placements that have one.
+every_placement = pytest.mark.parametrize("placed", PLACEMENTS, indirect=True)
+worker_placements = pytest.mark.parametrize("placed", WITH_WORKER, indirect=True)
+# Bursts that fill queues and deadlines that wait behind computes: tests/stress.sh runs the matrix.
+pytestmark = pytest.mark.timing
+
+RNG = np.random.default_rng(16)
+ROW = RNG.random((1, 512), dtype=np.float32)  # one row: quick through any model
+SLAB = RNG.random((64, 512), dtype=np.float32)  # 128 KB: a worker takes it through a shared-memory slot
+HEAVY = RNG.random((256, 512), dtype=np.float32)  # tens of ms through SLOW: a burst of them is read before one is done
+LONG = RNG.random((400, 512), dtype=np.float32)  # longer still: what a 5 ms deadline waits behind
+X4 = PROBE  # for the 4-wide add-one models
+
+SLOW, IDENTITY = "slow/1/model.onnx", "fast512/1/model.onnx"  # in conftest's `engines`
+BATCH_DELAY_US = 8_000_000  # a batch that waited this long was not sent by its preferred size
+
+# Every version a placement serves (name, version, engine, settings), one model per behaviour.
+PLACED = [
+    ("nr", "1", SLOW, 'fallback = "fb"\n'),
+    ("slowfb", "1", SLOW, 'fallback = "fb"\nmax_queue = 4\ntimeout_ms = 20000\n'),
+    ("slow", "1", SLOW, "max_queue = 4\ntimeout_ms = 20000\n"),
+    ("bt", "1", SLOW, f"max_batch = 64\nbatch_delay_us = {BATCH_DELAY_US}\npreferred_batch = [32]\n"
+                      "timeout_ms = 60000\n"),
+    ("wt", "1", "addone/1/model.onnx", 'strategy = "weighted"\n'),
+    ("wt", "2", "addone/2/model.onnx", 'strategy = "weighted"\n'),
+    ("hs", "1", "addone/1/model.onnx", 'strategy = "hash"\ncontexts = 2\n'),
+    ("hs", "2", "addone/2/model.onnx", 'strategy = "hash"\ncontexts = 2\n'),
+    ("sm", "1", SLOW, ""),
+    ("sw", "1", "sw/1/model.onnx", ""),  # relative: in the watched engine_dir, where the swap publishes
+    ("kl", "1", SLOW, "max_queue = 16\ntimeout_ms = 20000\n"),  # SIGKILL: only where a worker serves it
+    ("hg", "1", IDENTITY, 'fallback = "fb"\n'),  # SIGSTOP: only where a worker serves it
+]
+WORKER_ONLY = ("kl", "hg")
+# Always hot: the fallback of nr and slowfb (y = x, so a stand-in's outputs are its inputs).
+FALLBACK = f'[[models]]\nname = "fb"\nengine = "{{engines}}/{IDENTITY}"\nmax_queue = 256\n'
+
+HEAD = """
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{watched}"
+max_message_bytes = 8388608
+watch_settle_s = 0.4
+watch_debounce_s = 0.02
+watch_rescan_s = 1.0
+
+[routing]
+version_mismatch = "fallback"
+"""
+
+
+def engine_of(placed: Placement, model: str, version: str = "1") -> Path:
+    """The engine file `model` (and `version`) is served from."""
+    if model == "sw":  # the swap cell publishes its version 2 beside the first
+        return placed.watched / "sw" / version / "model.onnx"
+    if model == "fb":
+        return placed.engines / IDENTITY
+    return placed.engines / next(e for n, v, e, _ in PLACED if (n, v) == (model, version))
+
+
+def config_text(placement: str, engines: Path, watched: Path) -> str:
+    """HEAD, the fallback, and PLACED as configured before any move: cold for cold and promoted."""
+    mode = 'mode = "multiproc"\npreload = true\n' if placement in ("cold", "promoted") else ""
+    text = HEAD.format(watched=watched) + FALLBACK.format(engines=engines)
+    for name, version, engine, settings in PLACED:
+        if name in WORKER_ONLY and placement not in WITH_WORKER:
+            continue
+        path = engine if name == "sw" else f"{engines}/{engine}"
+        text += f'[[models]]\nname = "{name}"\nversion = "{version}"\nengine = "{path}"\n{mode}{settings}'
+    return text
+
+
+@pytest.fixture(scope="module")
+def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+           engines: Path) -> Iterator[Placement]:
+    """A daemon serving PLACED in one placement (`request.param`), moved live where the placement says."""
+    name = request.param
+    workdir = tmp_path_factory.mktemp(f"matrix-{name}")
+    watched = workdir / "engines"
+    publish(watched, "sw", 1, offset=1)
+    d = Daemon(workdir, config_text(name, engines, watched)).start()
+    try:
+        if name in MOVES:
+            with d.admin(timeout_s=60) as admin:
+                for model in admin.call("models")["models"]:
+                    if model["name"] != "fb":
+                        admin.call(MOVES[name], model=model["name"], version=model["version"])
+        yield Placement(name, d, engines, watched)
+    finally:
+        assert d.stop() == 0, d.log()[-4000:]
+
+
+@lru_cache(maxsize=None)
+def _session(path: str) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1  # the daemon's CPUs are the box's too
+    return ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+
+
+def computed(path: Path, x: np.ndarray) -> np.ndarray:
+    """What onnxruntime gives for `x` on `path` (every model here maps input "x" to output "y")."""
+    return _session(str(path)).run(["y"], {"x": x})[0]
+
+
+def assert_served(reply: Reply, placed: Placement, model: str, x: np.ndarray, version: str = "1") -> None:
+    """200 from `model` (`version`) with the outputs onnxruntime computes for `x`."""
+    assert reply.status == 200, reply.header
+    assert (reply.model, reply.version) == (model, version), reply.header
+    np.testing.assert_allclose(reply.outputs["y"], computed(engine_of(placed, model, version), x), rtol=1e-4, atol=1e-5)
+
+
+def late_behind_a_long_compute(placed: Placement, model: str) -> Reply:
+    """A 5 ms request sent right behind three LONG ones to `model` (one context, max_queue = 4).
+
+    It is computed in time only if all three were done before the frontend read it; their 200s
+    are checked, its reply returned."""
+    with placed.daemon.pipeline(timeout_s=30) as pipe:
+        # A long deadline for the three: on a busy box one of them could otherwise wait past the
+        # model's default and go to the fallback itself.
+        first = [pipe.submit(model, {"x": LONG}, timeout_ms=60_000) for _ in range(3)]
+        late = pipe.submit(model, {"x": ROW}, timeout_ms=5)
+        *done, reply = pipe.gather([*first, late])
+    for reply_to_long in done:
+        assert_served(reply_to_long, placed, model, LONG)
+    return reply
+
+
+# -- the cells, in the order they run on each placement's daemon ------------------------------------
+
+
+@every_placement
+def test_serves_what_onnxruntime_computes(cell: Placement) -> None:
+    d = cell.daemon
+    with d.admin() as admin:
+        views = {(v["name"], v["version"]): v for v in admin.call("models")["models"]}
+    with d.client() as client:
+        for name, version, _, _ in PLACED:
+            if (name, version) not in views:
+                continue  # kl: worker placements only
+            assert views[(name, version)]["placement"] == cell.where, views[(name, version)]
+            x = X4 if name in ("wt", "hs", "sw") else SLAB
+            assert_served(client.infer(name, {"x": x}, version=version), cell, name, x, version)
+
+
+@every_placement
+def test_fallback_when_not_ready(cell: Placement) -> None:
+    with cell.daemon.admin() as admin:
+        admin.call("unload", model="nr")  # cold: the worker stops; the next request starts it again
+    with cell.daemon.client() as client:
+        reply = client.infer("nr", {"x": SLAB})
+    # Hot, it stays unloaded until `ctl load`: the fallback says so. Cold, the request starts it again.
+    reason = "not_ready" if cell.name in WITH_WORKER else "unloaded"
+    assert reply.fallback == {"from": "nr", "reason": reason}, reply.header
+    assert_served(reply, cell, "fb", SLAB)
+    if cell.name in WITH_WORKER:
+        return
+    with cell.daemon.admin() as admin:
+        admin.call("set", model="nr", fallback="")
+        with cell.daemon.client() as client:
+            alone = client.infer("nr", {"x": SLAB})
+        admin.call("set", model="nr", fallback="fb")
+    assert alone.status == 503 and "does not come back by itself" in alone.error, alone.header
+    assert "ctl load nr" in alone.error and "no fallback" in alone.error
+
+
+@every_placement
+def test_fallback_when_the_queue_is_full(cell: Placement) -> None:
+    # max_queue = 4 (at most 4 queued and 1 running): 24 in a burst find it full unless 19 of them are
+    # computed while the frontend reads the burst. Those it refuses cost the fallback's copy alone.
+    with cell.daemon.pipeline(timeout_s=30) as pipe:
+        replies = pipe.gather([pipe.submit("slowfb", {"x": HEAVY}) for _ in range(24)])
+    served = [r for r in replies if r.model == "slowfb"]
+    stand_ins = [r for r in replies if r.model != "slowfb"]
+    assert served and stand_ins, [r.header for r in replies]
+    for reply in served:
+        assert reply.fallback is None
+        assert_served(reply, cell, "slowfb", HEAVY)
+    for reply in stand_ins:
+        assert reply.fallback == {"from": "slowfb", "reason": "queue_full"}, reply.header
+        assert_served(reply, cell, "fb", HEAVY)
+
+
+@every_placement
+def test_fallback_when_the_deadline_would_pass(cell: Placement) -> None:
+    stand_in = late_behind_a_long_compute(cell, "slowfb")
+    assert stand_in.fallback == {"from": "slowfb", "reason": "deadline"}, stand_in.header
+    if stand_in.status == 504:  # it keeps its 5 ms: a box busy enough can make the stand-in late too
+        assert "waiting for model 'fb'" in stand_in.error, stand_in.header
+    else:
+        assert_served(stand_in, cell, "fb", ROW)
+
+
+@every_placement
+def test_fallback_to_the_default_for_an_unknown_version(cell: Placement) -> None:
+    with cell.daemon.client() as client:
+        reply = client.infer("sm", {"x": SLAB}, version="9")
+    assert reply.fallback == {"from": "sm", "reason": "version", "version": "9"}, reply.header
+    assert_served(reply, cell, "sm", SLAB)
+
+
+def flood_then_camera(cell: Placement) -> tuple[list[Reply], Reply, Reply]:
+    """32 HEAVY requests from key "flood", one more ROW from it, then one ROW from key "camera",
+    pipelined on one connection to `slow` (max_queue = 4): the flood's, its last and the camera's replies."""
+    with cell.daemon.pipeline(timeout_s=30) as pipe:
+        flood = [pipe.submit("slow", {"x": HEAVY}, key="flood") for _ in range(32)]
+        same_key = pipe.submit("slow", {"x": ROW}, key="flood")
+        camera = pipe.submit("slow", {"x": ROW}, key="camera")
+        replies = {r.header["id"]: r for r in pipe.replies()}
+    return [replies[i] for i in flood], replies[same_key], replies[camera]
+
+
+@every_placement
+def test_429_pushes_out_the_newest_request_of_the_key_holding_most(cell: Placement) -> None:
+    if cell.where == "cold":
+        # A cold version's queued requests are already in its worker and are not taken back
+        # (docs/workers.md): a full queue answers 429 with a retry time to every key alike. As on
+        # the hot path below, a compute that ends while the flood's last requests are read frees a
+        # slot for them, so the scenario runs until the camera found the queue full (at most 3 times).
+        for _ in range(3):
+            flood, same_key, camera = flood_then_camera(cell)
+            for reply, x in [*((r, HEAVY) for r in flood), (same_key, ROW), (camera, ROW)]:
+                assert "holds the most" not in (reply.error or ""), reply.header  # nothing was pushed out
+                if reply.status == 200:
+                    assert_served(reply, cell, "slow", x)
+                else:
+                    assert reply.status == 429 and "queue is full" in reply.error, reply.header
+                    assert reply.retry_after_ms >= 1, reply.header
+            if camera.status == 429:
+                break
+        assert camera.status == 429, camera.header
+        return
+    # The flood fills the queue while the frontend reads it; the camera's request finds it full unless
+    # a compute ended in the moment between reading the flood's last request and the camera's (a box
+    # that deschedules the frontend there), which frees a slot and leaves nothing to push out. So the
+    # scenario runs until the camera found the queue full, at most three times: a daemon that admits a
+    # request past max_queue without pushing one out never gets there.
+    for _ in range(3):
+        flood, same_key, camera = flood_then_camera(cell)
+        assert_served(camera, cell, "slow", ROW)  # into a free slot, or by pushing the flood's newest out
+        for reply in flood:
+            if reply.status != 429:
+                assert_served(reply, cell, "slow", HEAVY)
+        pushed = [r for r in flood if "holds the most" in (r.error or "")]
+        if pushed:
+            break
+    assert len(pushed) == 1 and pushed[0].status == 429 and pushed[0].retry_after_ms >= 1, pushed
+    assert same_key.status == 429 and "queue is full" in same_key.error, same_key.header
+    assert "holds the most" not in same_key.error and same_key.retry_after_ms >= 1, same_key.header
+    # At least max_queue - 1 of the flood: 4 queued (one pushed out), or 3 if none had started yet.
+    assert sum(r.status == 200 for r in flood) >= 3
+
+
+@every_placement
+def test_preferred_batch_sizes_go_at_once_and_follow_a_reload(cell: Placement) -> None:
+    # 16-row requests through the slow model: too long for the frontend to compute (inline.py), so
+    # the context's batcher gathers them and only a preferred size sends a batch before 8 s.
+    d = cell.daemon
+    inputs = [RNG.random((16, 512), dtype=np.float32) for _ in range(5)]
+
+    def batched(xs: list[np.ndarray], rows: int) -> None:
+        with d.pipeline(timeout_s=30) as pipe:
+            replies = pipe.gather([pipe.submit("bt", {"x": x}) for x in xs])
+        for x, reply in zip(xs, replies):
+            assert_served(reply, cell, "bt", x)
+            assert reply.header.get("batch") == rows, reply.header
+            assert reply.header["timing_us"]["queue"] < BATCH_DELAY_US, "waited out the delay: not preferred"
+
+    batched(inputs[:2], 32)
+    text = d.config_path.read_text()
+    d.config_path.write_text(text.replace("preferred_batch = [32]", "preferred_batch = [48]"))
+    with d.admin() as admin:
+        assert admin.call("reload")["changes"]["changed"] == ["bt:1 ['preferred_batch']"]
+    batched(inputs[2:], 48)
+
+
+@every_placement
+def test_weighted_routing_follows_the_weights(cell: Placement) -> None:
+    with cell.daemon.admin() as admin, cell.daemon.pipeline() as pipe, cell.daemon.client() as client:
+        for weights, version in (({"1": 1, "2": 0}, "1"), ({"1": 0, "2": 1}, "2")):
+            admin.call("set", model="wt", weights=weights)
+            for reply in pipe.gather([pipe.submit("wt", {"x": X4}) for _ in range(20)]):
+                assert_served(reply, cell, "wt", X4, version)
+        assert_served(client.infer("wt", {"x": X4}, version="1"), cell, "wt", X4, "1")  # named: never split
+
+
+@every_placement
+def test_hash_routing_keeps_each_key_on_one_version(cell: Placement) -> None:
+    homes = {}
+    with cell.daemon.pipeline() as pipe:
+        for key in (f"cam-{i}" for i in range(12)):
+            replies = pipe.gather([pipe.submit("hs", {"x": X4}, key=key) for _ in range(3)])
+            homes[key] = replies[0].version
+            for reply in replies:
+                assert_served(reply, cell, "hs", X4, homes[key])
+    assert set(homes.values()) == {"1", "2"}, homes  # these 12 keys land on both versions' ring points
+
+
+@every_placement
+def test_504_when_the_deadline_passes_without_a_fallback(cell: Placement) -> None:
+    late = late_behind_a_long_compute(cell, "slow")
+    assert late.status == 504 and "not computed" in late.error, late.header
+    with cell.daemon.client() as client:
+        assert_served(client.infer("slow", {"x": ROW}), cell, "slow", ROW)
+
+
+@every_placement
+def test_inputs_and_outputs_in_a_shared_memory_region(cell: Placement) -> None:
+    d = cell.daemon
+    with d.client() as client, SharedMemory.beside(d.endpoint, 1 << 20, f"matrix-{cell.name}") as shm:
+        x = shm.ndarray(SLAB.shape, "float32")
+        y = shm.ndarray(SLAB.shape, "float32", offset=x.nbytes)
+        for k in (1, 2, 3):  # a worker learns the outputs' shapes once, then computes into place
+            x[:] = SLAB * k  # the client rewrites its region between requests, as a camera would
+            y[:] = -1
+            reply = client.infer("sm", {"x": shm.ref(x)}, output_regions={"y": shm.ref(y)})
+            assert_served(reply, cell, "sm", x.copy())
+            assert "region" in reply.header["outputs"][0], reply.header
+            np.testing.assert_allclose(y, computed(engine_of(cell, "sm"), x.copy()), rtol=1e-4, atol=1e-5)
+        framed = client.infer("sm", {"x": shm.ref(x)})  # the input in the region, the output in a frame
+        assert_served(framed, cell, "sm", x.copy())
+        assert "region" not in framed.header["outputs"][0]
+
+
+@every_placement
+def test_hot_swap_of_a_new_version_loses_no_request(cell: Placement) -> None:
+    d, replies, errors, stop = cell.daemon, [], [], threading.Event()
+
+    def load() -> None:
+        try:
+            with d.client() as client:
+                while not stop.is_set():
+                    replies.append(client.infer("sw", {"x": X4}))
+        except Exception as exc:  # reported below: a thread's exception would vanish
+            errors.append(exc)
+
+    thread = threading.Thread(target=load)
+    thread.start()
+    try:
+        publish(cell.watched, "sw", 2, offset=2)
+        wait_served(d, "sw", "2", offset=2, timeout=30)
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors and replies, errors
+    for reply in replies:
+        assert_served(reply, cell, "sw", X4, reply.version or "")
+    with d.client() as client:  # the configured version stays while its file does
+        assert_served(client.infer("sw", {"x": X4}, version="1"), cell, "sw", X4, "1")
+
+
+@every_placement
+def test_drain_answers_what_it_accepted_and_resume_reopens(cell: Placement) -> None:
+    # Intake closes for every model until `resume`, which runs whatever happens.
+    d = cell.daemon
+    with d.pipeline(timeout_s=30) as pipe, d.admin() as admin, d.client() as client:
+        accepted = pipe.submit("slow", {"x": LONG})
+        barrier = pipe.submit("fb", {"x": ROW})  # read after `accepted` on the same connection
+        assert pipe.result(barrier).status == 200  # so `accepted` was admitted before the drain
+        try:
+            assert admin.call("drain")["accepting"] is False
+            refused = client.infer("slow", {"x": ROW})
+        finally:
+            admin.call("resume")
+        served = client.infer("slow", {"x": ROW})
+        done = pipe.result(accepted)
+    assert refused.status == 503 and "draining" in refused.error and refused.retry_after_ms, refused.header
+    assert_served(done, cell, "slow", LONG)
+    assert_served(served, cell, "slow", ROW)
+
+
+@worker_placements
+def test_sigkill_of_the_worker_answers_what_it_held_and_the_next_restarts_it(cell: Placement) -> None:
+    d = cell.daemon
+    pid = worker(d, "kl")["pid"]
+    os.kill(pid, signal.SIGSTOP)  # it holds every request sent from now on, and answers none
+    killed = False
+    try:
+        with d.pipeline(timeout_s=30) as pipe:
+            ids = [pipe.submit("kl", {"x": SLAB}) for _ in range(4)]
+            eventually(lambda: worker(d, "kl")["in_flight"] == 4, "the worker holding all four")
+            os.kill(pid, signal.SIGKILL)
+            killed = True
+            racing = [pipe.submit("kl", {"x": SLAB}) for _ in range(4)]  # before or after the daemon notices
+            held, restarting = pipe.gather(ids), pipe.gather(racing)
+    finally:
+        if not killed:
+            os.kill(pid, signal.SIGCONT)
+    for reply in held:
+        assert reply.status == 503 and reply.model == "kl", reply.header
+        assert "crashed (killed by SIGKILL)" in reply.error and reply.retry_after_ms >= 100, reply.header
+    for reply in restarting:  # answered by the crash, or finding the version restarting (or restarted)
+        if reply.status != 200:
+            assert reply.status == 503 and reply.retry_after_ms, reply.header
+        else:
+            assert_served(reply, cell, "kl", SLAB)
+    with d.client() as client:
+        assert_served(until_200(client, "kl", SLAB), cell, "kl", SLAB)  # 503s while it restarts, then 200
+    assert worker(d, "kl")["pid"] != pid
+
+
+@worker_placements
+def test_a_stopped_workers_requests_get_the_fallback_at_their_deadline(cell: Placement) -> None:
+    d = cell.daemon
+    pid = worker(d, "hg")["pid"]
+    os.kill(pid, signal.SIGSTOP)  # it holds every request sent from now on, and answers none
+    try:
+        with d.pipeline(timeout_s=30) as pipe:
+            replies = pipe.gather([pipe.submit("hg", {"x": ROW}, timeout_ms=300) for _ in range(3)])
+        assert worker(d, "hg")["pid"] == pid  # answered at the deadline, not after worker_hang_s's kill (503)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    for reply in replies:
+        assert reply.fallback == {"from": "hg", "reason": "deadline"}, reply.header
+        assert_served(reply, cell, "fb", ROW)
+    eventually(lambda: worker(d, "hg")["expired"] == 0, "no expired request left")  # the resumed worker's late answers: dropped
+    with d.client() as client:
+        assert_served(client.infer("hg", {"x": ROW}), cell, "hg", ROW)

@@ -1,0 +1,299 @@
+"""The feature matrix's pipeline row: a pipeline's model step × each placement of that model.
+
+A pipeline calls ordinary models (docs/pipelines.md): hot or cold, with a
+fallback, swapped, drained. Each placement (the matrix's four: hot,
+cold, promoted, demoted) gets one daemon serving three copies of the test
+classifier behind a `decode → resize → normalize → model → classify`
+pipeline each: `cls` (with the always-hot fallback `ref`), `cnf` (no
+fallback) and `csw` (in the watched engine_dir, for the swap). A fourth
+pipeline over `ref` is the reference the others' outputs must equal, as
+the model is the same file. Each cell fails if the daemon logged a
+traceback or counted a 500 while it ran (support/matrix.py's `cell`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+import zmq
+
+from support import models, tracking
+from support.harness import Daemon
+# `cell` (tests/daemon/conftest.py) takes this module's `placed`, and fails a cell on a traceback or a 500.
+from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement
+from support.polling import eventually
+from support.tracking import every_nth, id_switches, idf1, replay
+
+cv2 = pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
+
+from infermux.pipelines.wire import send_frame  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+CLASSIFIER = REPO / "engines/classifier/1/model.onnx"
+every_placement = pytest.mark.parametrize("placed", PLACEMENTS, indirect=True)
+pytestmark = pytest.mark.timing  # swaps, restarts and deadlines, like test_matrix's: tests/stress.sh runs it
+FRAME = cv2.imencode(".png", np.random.default_rng(19).integers(0, 255, (48, 64, 3), dtype=np.uint8))[1].tobytes()
+
+HEAD = """
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{watched}"
+watch_settle_s = 0.4
+watch_debounce_s = 0.02
+watch_rescan_s = 1.0
+
+[[models]]
+name = "ref"
+engine = "{classifier}"
+"""
+
+
+def pipeline(name: str, model: str) -> str:
+    return (f'[[pipelines]]\nname = "{name}"\n[[pipelines.steps]]\nprocessor = "decode"\n'
+            '[[pipelines.steps]]\nprocessor = "resize"\noptions = { size = [64, 64] }\n'
+            f'[[pipelines.steps]]\nprocessor = "normalize"\n[[pipelines.steps]]\nmodel = "{model}"\n'
+            '[[pipelines.steps]]\nprocessor = "classify"\noptions = { k = 3 }\n')
+
+
+# Tracking and per-track secondary inference: a detector (the brightness map, read by dbnet) and a
+# classifier run on each tracked region every 4 frames of its track, both in the watched engine_dir.
+TRACKED = tracking.classifying("ptrack", "tcls", "reinfer_every = 4", detector="tdet")
+TRACKED_MODELS = ("tdet", "tcls")
+
+
+def config_text(placement: str, watched: Path) -> str:
+    """The models as configured before any move (cold for cold and promoted), and a pipeline each."""
+    mode = 'mode = "multiproc"\npreload = true\n' if placement in ("cold", "promoted") else ""
+    text = HEAD.format(watched=watched, classifier=CLASSIFIER)
+    text += f'[[models]]\nname = "cls"\nengine = "{CLASSIFIER}"\nfallback = "ref"\n{mode}'
+    text += f'[[models]]\nname = "cnf"\nengine = "{CLASSIFIER}"\n{mode}'
+    text += f'[[models]]\nname = "csw"\nengine = "csw/1/model.onnx"\n{mode}'
+    text += "".join(f'[[models]]\nname = "{m}"\nengine = "{m}/1/model.onnx"\n{mode}' for m in TRACKED_MODELS)
+    return text + "".join(pipeline(f"p{m}", m) for m in ("ref", "cls", "cnf", "csw")) + TRACKED
+
+
+def publish_version(watched: Path, model: str, version: int) -> None:
+    """The classifier (the brightness map for `tdet`) as `model`'s `version`, the documented way:
+    built under a hidden name, renamed in."""
+    staged = watched / model / f".{version}.tmp"
+    staged.mkdir(parents=True)
+    if model == "tdet":
+        models.brightness_map(staged / "model.onnx")
+    else:
+        shutil.copyfile(CLASSIFIER, staged / "model.onnx")
+    os.rename(staged, watched / model / str(version))
+
+
+@pytest.fixture(scope="module")
+def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+           engines: Path) -> Iterator[Placement]:
+    name = request.param
+    workdir = tmp_path_factory.mktemp(f"pipeline-matrix-{name}")
+    watched = workdir / "engines"
+    for model in ("csw", *TRACKED_MODELS):
+        publish_version(watched, model, 1)
+    d = Daemon(workdir, config_text(name, watched)).start()
+    try:
+        if name in MOVES:
+            with d.admin(timeout_s=60) as admin:
+                for model in ("cls", "cnf", "csw", *TRACKED_MODELS):
+                    admin.call(MOVES[name], model=model)
+        yield Placement(name, d, engines, watched)
+    finally:
+        assert d.stop() == 0, d.log()[-4000:]
+
+
+@pytest.fixture
+def sock(cell: Placement) -> Iterator[zmq.Socket]:
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(cell.daemon.endpoint)
+    yield s
+    s.close()
+
+
+def probs(sock: zmq.Socket, pipe: str, **fields: object) -> tuple[dict, np.ndarray]:
+    """A 200 from pipeline `pipe` for FRAME: its header and its model step's probabilities."""
+    model = pipe[1:]
+    reply = send_frame(sock, pipe, FRAME, "png", outputs=[f"{model}.probs"], **fields)
+    assert reply.status == 200, reply.header
+    return reply.header, reply.outputs[f"{model}.probs"]
+
+
+def placement_of(d: Daemon, model: str) -> str:
+    with d.admin() as admin:
+        return next(m for m in admin.call("models")["models"] if m["name"] == model)["placement"]
+
+
+def states(d: Daemon, model: str) -> set[str]:
+    with d.admin() as admin:
+        return {m["state"] for m in admin.call("models")["models"] if m["name"] == model}
+
+
+# -- the cells, in the order they run on each placement's daemon ------------------------------------
+
+
+@every_placement
+def test_a_pipeline_over_each_placement_computes_what_the_hot_reference_does(cell: Placement,
+                                                                           sock: zmq.Socket) -> None:
+    assert placement_of(cell.daemon, "cls") == cell.where
+    _, expected = probs(sock, "pref")
+    for pipe in ("pcls", "pcnf", "pcsw"):
+        header, got = probs(sock, pipe)
+        assert "fallbacks" not in header, header
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@every_placement
+def test_a_pipeline_over_an_unloaded_model_is_answered_by_its_fallback_and_says_so(
+        cell: Placement, sock: zmq.Socket) -> None:
+    _, expected = probs(sock, "pref")
+    with cell.daemon.admin(timeout_s=60) as admin:
+        admin.call("unload", model="cls")
+    # Hot, it stays unloaded until `ctl load`; cold, the frame starts its worker again.
+    reason = "not_ready" if cell.name in WITH_WORKER else "unloaded"
+    reply = send_frame(sock, "pcls", FRAME, "png", outputs=["cls.probs"])
+    assert reply.status == 200, reply.header
+    assert reply.header["fallbacks"] == [{"step": "cls", "from": "cls", "reason": reason}], reply.header
+    np.testing.assert_allclose(reply.outputs["cls.probs"], expected, rtol=1e-5, atol=1e-6)
+    if cell.name not in WITH_WORKER:
+        with cell.daemon.admin(timeout_s=60) as admin:
+            admin.call("load", model="cls")
+    eventually(lambda: states(cell.daemon, "cls") == {"ready"}, "cls ready again", 30.0)
+    header, _ = probs(sock, "pcls")
+    assert "fallbacks" not in header, header
+
+
+@every_placement
+def test_a_pipeline_over_an_unloaded_model_without_fallback_is_a_503_naming_its_step(
+        cell: Placement, sock: zmq.Socket) -> None:
+    with cell.daemon.admin(timeout_s=60) as admin:
+        admin.call("unload", model="cnf")
+    reply = send_frame(sock, "pcnf", FRAME, "png")
+    assert reply.status == 503 and "step 'cnf'" in reply.header["error"], reply.header
+    if cell.name in WITH_WORKER:  # the frame started the worker: a retry after the time given is served
+        assert reply.header["retry_after_ms"] > 0
+        deadline = time.monotonic() + 30
+        while reply.status == 503 and time.monotonic() < deadline:
+            time.sleep(min(reply.header["retry_after_ms"], 50) / 1000)
+            reply = send_frame(sock, "pcnf", FRAME, "png")
+        assert reply.status == 200, reply.header
+        return
+    assert "ctl load cnf" in reply.header["error"], reply.header
+    with cell.daemon.admin(timeout_s=60) as admin:
+        admin.call("load", model="cnf")
+    probs(sock, "pcnf")
+
+
+@every_placement
+def test_a_pipeline_whose_deadline_passes_in_its_processors_is_a_504(cell: Placement, sock: zmq.Socket) -> None:
+    # A 2000x2000 PNG of noise takes tens of ms to decode: a 1 ms deadline has passed by the next step
+    # (if not before decode), and the frame goes no further: no step after, the model's included, runs.
+    big = cv2.imencode(".png", np.random.default_rng(3).integers(0, 255, (2000, 2000, 3), dtype=np.uint8))[1]
+    reply = send_frame(sock, "pcnf", big.tobytes(), "png", timeout_ms=1)
+    assert reply.status == 504 and "the frame's deadline passed" in reply.header["error"], reply.header
+
+
+@every_placement
+def test_hot_swap_of_a_pipelines_model_loses_no_frame(cell: Placement, sock: zmq.Socket) -> None:
+    stop, statuses = threading.Event(), []
+
+    def frames() -> None:
+        with zmq.Context.instance().socket(zmq.DEALER) as s:
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(cell.daemon.endpoint)
+            while not stop.is_set():
+                statuses.append(send_frame(s, "pcsw", FRAME, "png").status)
+
+    sender = threading.Thread(target=frames)
+    sender.start()
+    try:
+        publish_version(cell.watched, "csw", 2)
+        eventually(lambda: served_by(cell.daemon, "csw", "2") > 0, "version 2 to serve the pipeline", 60,
+                   interval_s=0.05)
+    finally:
+        stop.set()
+        sender.join()
+    assert statuses and set(statuses) == {200}, sorted(set(statuses))
+
+
+def served_by(d: Daemon, model: str, version: str) -> int:
+    with d.admin() as admin:
+        rows = admin.call("models")["models"]
+    return sum(m["stats"]["by_status"].get("200", 0) for m in rows
+               if (m["name"], m["version"]) == (model, version))
+
+
+@every_placement
+def test_drain_refuses_frames_and_resume_reopens(cell: Placement, sock: zmq.Socket) -> None:
+    with cell.daemon.admin() as admin:
+        admin.call("drain")
+        try:
+            reply = send_frame(sock, "pcls", FRAME, "png")
+        finally:
+            admin.call("resume")
+    assert reply.status == 503 and reply.header.get("draining") is True, reply.header
+    probs(sock, "pcls")
+
+
+# -- tracking and per-track secondary inference: ptrack, over tdet and tcls -------------------------
+
+
+def assert_followed(seq: tracking.Sequence, got: tracking.Replay) -> None:
+    """Every frame 200, each object one id (IDF1 against what the detector can see), each track's
+    answer computed on its 1st, 5th, 9th... frame and reused between."""
+    assert set(got.statuses) == {200}, sorted(set(got.statuses))
+    truth, predicted = seq.ground_truth(visible_boxes=True), got.predicted()
+    assert idf1(truth, predicted).idf1 >= 0.9 and id_switches(truth, predicted) <= 1
+    assert not every_nth(got, 4), every_nth(got, 4)
+
+
+@every_placement
+def test_tracking_and_reinference_over_each_placement_follow_their_tracks(cell: Placement,
+                                                                          sock: zmq.Socket) -> None:
+    assert {placement_of(cell.daemon, m) for m in TRACKED_MODELS} == {cell.where}
+    seq = tracking.crossing()
+    got = replay(sock, "ptrack", seq, f"placed-{cell.name}")
+    assert_followed(seq, got)
+    assert got.computed() < sum(len(h["regions"]) for h in got.headers) / 3
+
+
+@every_placement
+def test_hot_swap_of_both_models_keeps_the_tracks_and_their_answers(cell: Placement, sock: zmq.Socket) -> None:
+    versions = {m: 1 + max(int(p.name) for p in (cell.watched / m).iterdir() if p.name.isdigit())
+                for m in TRACKED_MODELS}
+
+    def swap_midway(i: int) -> None:
+        if i == 30:
+            for model, version in versions.items():
+                publish_version(cell.watched, model, version)
+        if i == 60:  # the rest goes to the new versions; the tracks wait (they live 10 s)
+            for model, version in versions.items():
+                cell.daemon.wait_for(f"swapped model={model} version={version}", 60)
+    seq = tracking.crossing()
+    got = replay(sock, "ptrack", seq, f"swapped-{cell.name}", before=swap_midway)
+    assert_followed(seq, got)  # a swap neither restarts the tracks nor recomputes their answers
+    assert served_by(cell.daemon, "tdet", str(versions["tdet"])) >= seq.length - 60
+    assert served_by(cell.daemon, "tcls", str(versions["tcls"])) > 0
+
+
+@every_placement
+def test_a_tracked_frame_past_its_deadline_is_a_504_and_its_stream_carries_on(cell: Placement,
+                                                                            sock: zmq.Socket) -> None:
+    big = cv2.imencode(".png", np.random.default_rng(5).integers(0, 255, (2000, 2000, 3), dtype=np.uint8))[1]
+    key, late = f"deadline-{cell.name}", []
+
+    def late_frame(i: int) -> None:
+        if i == 30:
+            late.append(send_frame(sock, "ptrack", big.tobytes(), "png", timeout_ms=1, key=key))
+    seq = tracking.crossing()
+    got = replay(sock, "ptrack", seq, key, before=late_frame)
+    assert late[0].status == 504 and "step 'tdet'" in late[0].header["error"], late[0].header
+    assert_followed(seq, got)

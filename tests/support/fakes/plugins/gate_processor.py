@@ -1,0 +1,28 @@
+"""A processor plugin that holds each frame until the file named by its `path` option exists
+(tests/daemon/test_pipelines.py: a frame in flight across a reload, with no sleep deciding the order).
+A test stand-in; named as "gate_processor:Gate"."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from infermux.plugins.processors.base import ProcessorError, Sample
+
+
+class Gate:
+    kind = "gate"
+
+    def __init__(self, options: Mapping[str, Any], step: str = "gate") -> None:
+        self.step = step
+        self.path = Path(str(options.get("path", "")))
+        self.entered = self.path.with_suffix(".entered")  # the test waits for this: a frame is inside
+
+    def __call__(self, sample: Sample) -> None:
+        self.entered.touch()
+        deadline = time.monotonic() + 60
+        while not self.path.exists():  # polled: the opening is another process's file
+            if time.monotonic() > deadline:
+                raise ProcessorError(self.step, f"{self.path} never appeared")
+            time.sleep(0.01)

@@ -1,0 +1,52 @@
+"""What the feature matrix's test files share: the placements, a placement's daemon, and the per-cell check.
+
+Each matrix file has its own module-scoped `placed` fixture (a daemon per placement, serving that
+file's models); `cell` (registered for tests/daemon by its conftest.py) wraps each cell on it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+
+from support.harness import Daemon
+
+PLACEMENTS = ("hot", "cold", "promoted", "demoted")
+WITH_WORKER = ("cold", "demoted")  # where the version ends up in a worker process
+MOVES = {"promoted": "promote", "demoted": "demote"}
+
+
+@dataclass
+class Placement:
+    """One placement's daemon and where its engines lie."""
+
+    name: str
+    daemon: Daemon
+    engines: Path  # conftest's engine directory
+    watched: Path  # this daemon's engine_dir, watched for new versions
+
+    @property
+    def where(self) -> str:
+        """What admin `models` says of a placed version: "hot" or "cold"."""
+        return "hot" if self.name in ("hot", "promoted") else "cold"
+
+
+def counted_500(d: Daemon) -> dict[tuple[str, str], int]:
+    """500s each version's statistics hold."""
+    with d.admin() as admin:
+        views = admin.call("models")["models"]
+    return {(v["name"], v["version"]): v["stats"]["by_status"].get("500", 0) for v in views}
+
+
+@pytest.fixture
+def cell(placed: Placement) -> Iterator[Placement]:
+    """One cell on its placement's daemon; fails it if the daemon logged a traceback or counted a 500 meanwhile."""
+    d = placed.daemon
+    start, before = len(d.log()), counted_500(d)
+    yield placed
+    during = d.log()[start:]
+    assert "Traceback" not in during and "answered 500" not in during, during[-6000:]
+    grew = {k: n - before.get(k, 0) for k, n in counted_500(d).items() if n > before.get(k, 0)}
+    assert not grew, f"500s counted during the cell: {grew}"

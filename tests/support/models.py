@@ -1,0 +1,77 @@
+"""Tiny ONNX models made by the tests, each for one behaviour."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+from onnx import TensorProto, helper, numpy_helper
+
+
+def _save(nodes: list, inputs: list, outputs: list, inits: list, path: Path) -> Path:
+    graph = helper.make_graph(nodes, path.parent.parent.name or "m", inputs, outputs, inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def add_one(path: Path, width: int = 4, offset: float = 1.0) -> Path:
+    """y = x + offset, float32 [N, width]; `offset` tells versions apart."""
+    return _save(
+        [helper.make_node("Add", ["x", "c"], ["y"])],
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])],
+        [numpy_helper.from_array(np.float32([offset]), "c")], path)
+
+
+def two_outputs(path: Path) -> Path:
+    """sum = a + b and prod = a * b, float32 [N, 3]; for the outputs filter."""
+    t = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 3])  # noqa: E731
+    return _save([helper.make_node("Add", ["a", "b"], ["sum"]), helper.make_node("Mul", ["a", "b"], ["prod"])],
+                 [t("a"), t("b")], [t("sum"), t("prod")], [], path)
+
+
+def slow(path: Path, layers: int = 12, width: int = 512) -> Path:
+    """A chain of [N,width]x[width,width] matmuls: milliseconds per call on one thread."""
+    rng = np.random.default_rng(0)
+    w = numpy_helper.from_array((rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32), "w")
+    nodes, x = [], "x"
+    for i in range(layers):
+        y = "y" if i == layers - 1 else f"h{i}"
+        nodes.append(helper.make_node("MatMul", [x, "w"], [y]))
+        x = y
+    return _save(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])], [w], path)
+
+
+def reshaper(path: Path) -> Path:
+    """Reshape(x, shape): a shape whose size does not match fails inside onnxruntime (500)."""
+    return _save([helper.make_node("Reshape", ["x", "shape"], ["y"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4]),
+                  helper.make_tensor_value_info("shape", TensorProto.INT64, [2])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["A", "B"])], [], path)
+
+
+def nonzero(path: Path, width: int = 20000) -> Path:
+    """y = NonZero(x): int64 [2, count of non-zeros], an output whose shape depends on the data."""
+    return _save([helper.make_node("NonZero", ["x"], ["y"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
+                 [helper.make_tensor_value_info("y", TensorProto.INT64, [2, "K"])], [], path)
+
+
+def tiler(path: Path, width: int = 512) -> Path:
+    """y = Tile(x, repeats): float32 [N, width] in, [N * r0, width * r1] out; the client chooses how big."""
+    return _save([helper.make_node("Tile", ["x", "repeats"], ["y"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width]),
+                  helper.make_tensor_value_info("repeats", TensorProto.INT64, [2])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", "W"])], [], path)
+
+
+def brightness_map(path: Path) -> Path:
+    """y = the brightest channel of each pixel, float32 [1, 3, H, W] -> [1, 1, H, W]: a "detector" whose
+    map `dbnet` reads the bright objects of a dark frame from (tests/support/tracking.py's frames)."""
+    return _save([helper.make_node("ReduceMax", ["x"], ["y"], axes=[1], keepdims=1)],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "H", "W"])], [], path)
