@@ -14,8 +14,8 @@ from support.users import open_tmp, traversable  # noqa: F401  (folders other us
 # the full run. Measured with --durations=0; tests/benchmarks/RESULTS.md has the loop's time.
 SLOW_FILES = {
     "test_admin.py", "test_batching.py", "test_chaos.py", "test_cli.py", "test_curve.py", "test_hostile.py",
-    "test_hostile_sockets.py", "test_hot_swap.py", "test_matrix.py", "test_pipeline_matrix.py", "test_pipelines.py", "test_regions.py",
-    "test_routing.py", "test_tracking.py", "test_workers.py",
+    "test_hostile_sockets.py", "test_hot_swap.py", "test_matrix.py", "test_pipeline_matrix.py",
+    "test_pipelines.py", "test_regions.py", "test_routing.py", "test_tracking.py", "test_workers.py",
 }
 HERE = Path(__file__).resolve().parent
 
