@@ -64,9 +64,9 @@ class SharedMemory:
             os.ftruncate(self._fd, nbytes)
             fcntl.fcntl(self._fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             self._map = mmap.mmap(self._fd, nbytes)
-            # Every page written now, charged to this process: the daemon refuses inputs in pages that
-            # are not in memory (reading them would allocate pages for it), and the outputs it writes
-            # here take no memory of its own. (fallocate reserves pages the kernel still reports absent.)
+            # Every page written now, charged to this process: the daemon refuses inputs on pages never
+            # written (holes: reading them would allocate pages for it), and the outputs it writes here
+            # take no memory of its own. (fallocate reserves pages that still read as holes.)
             np.frombuffer(self._map, np.uint8).fill(0)
             self._sock.settimeout(10)
             ipc.check_directory(f"ipc://{path}")  # a socket anyone could have put there is not the daemon's

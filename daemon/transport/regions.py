@@ -38,7 +38,6 @@ same two fields and no frame (protocol.py). A memfd sealed against writes
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import fcntl
 import functools
@@ -55,8 +54,6 @@ from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
-
-import numpy as np
 
 from infermux.events import Throttle
 from infermux.transport import ipc
@@ -87,7 +84,6 @@ PACKETS_PER_S = 100.0
 _TRANSIENT_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EPROTO}
 
 Watch = Callable[[int, Callable[[], bool]], None]
-_libc = ctypes.CDLL(None, use_errno=True)
 
 
 @dataclass
@@ -101,6 +97,9 @@ class Region:
     view: memoryview  # read-only, for inputs; numpy arrays on it keep the mapping alive
     owner: int  # the registering connection's fd
     out: memoryview | None = None  # the same mapping, writable, for outputs
+    # The memfd opened again, read-only: an open file description of the daemon's own, whose file
+    # position `_first_hole` may move (`fd` shares the client's); -1 where it could not be opened.
+    probe: int = -1
 
 
 @dataclass
@@ -122,11 +121,11 @@ class RegionTable:
         if offset < 0 or offset + nbytes > region.size:
             raise ProtocolError(Status.BAD_REQUEST, f"bytes {offset}..{offset + nbytes} are outside region "
                                 f"{region.name or token[:8]!r} of {region.size} bytes")
-        absent = _first_absent(region.view, offset, nbytes)
+        absent = _first_hole(region.probe, offset, nbytes)
         if absent is not None:  # reading it would allocate pages, for the daemon
             raise ProtocolError(Status.BAD_REQUEST, f"bytes {offset}..{offset + nbytes} of region "
-                                f"{region.name or token[:8]!r} are not in memory from byte {absent} (never "
-                                "written or allocated): write the input before sending the request")
+                                f"{region.name or token[:8]!r} were never written from byte {absent} (a hole in "
+                                "the memfd): write the input before sending the request")
         return region.view[offset:offset + nbytes]
 
     def writable(self, token: str, offset: int) -> memoryview:
@@ -162,6 +161,8 @@ class RegionTable:
             if region is None:
                 return
             os.close(region.fd)
+            if region.probe >= 0:
+                os.close(region.probe)
             listeners = list(self._listeners.values())
         for listener in listeners:  # outside the lock: a listener takes its proxy's lock
             listener(token)
@@ -452,23 +453,30 @@ class MappedRegions:
         return len(self._views)
 
 
-def _first_absent(view: memoryview, offset: int, nbytes: int) -> int | None:
-    """The offset of the first byte of `offset`..`offset + nbytes` whose page is not in memory (a
-    page the client never wrote or allocated: reading it would make the kernel allocate one, for the
-    daemon), or None. mincore(2) reports a memfd's page-cache residency to any process that maps it
-    (its inode is mode 0777)."""
-    if not nbytes:
+def _first_hole(probe: int, offset: int, nbytes: int) -> int | None:
+    """The offset of the first byte of `offset`..`offset + nbytes` that lies in a hole of the memfd
+    (a page the client never wrote or allocated: reading it through the mapping would make the
+    kernel allocate one, for the daemon), or None. SEEK_HOLE asks the file, not this process's page
+    tables: a page the client wrote that has since gone to swap is data, not a hole."""
+    if probe < 0 or not nbytes:
         return None
-    base = np.frombuffer(view, np.uint8).ctypes.data
-    page = mmap.PAGESIZE
-    first = (base + offset) // page * page
-    pages = (base + offset + nbytes - first + page - 1) // page
-    vector = np.empty(pages, np.uint8)
-    if _libc.mincore(ctypes.c_void_p(first), ctypes.c_size_t(pages * page),
-                     ctypes.c_void_p(vector.ctypes.data)) != 0:
-        return None  # cannot tell: read it as before
-    absent = np.flatnonzero((vector & 1) == 0)
-    return max(offset, first + int(absent[0]) * page - base) if absent.size else None
+    try:
+        hole = os.lseek(probe, offset, os.SEEK_HOLE)
+    except OSError:  # cannot tell: read it as before
+        return None
+    return max(offset, hole) if hole < offset + nbytes else None
+
+
+def _reopened(fd: int) -> int:
+    """A read-only descriptor of the memfd behind `fd` with an open file description of its own
+    (so that seeking it never moves the client's file position), or -1 without /proc. A full
+    descriptor table is raised: the registration is refused rather than left unchecked."""
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise
+        return -1
 
 
 def _open_spare() -> int | None:
@@ -494,7 +502,14 @@ def _map(fd: int, name: str, owner: int) -> Region:
     if not 0 < info.st_size <= MAX_REGION_BYTES:
         raise ValueError(f"a region holds 1 to {MAX_REGION_BYTES} bytes; this one has {info.st_size}")
     view, out = _mapped(fd, info.st_size)
-    return Region(secrets.token_hex(16), name, info.st_size, os.dup(fd), view, owner, out)
+    probe = _reopened(fd)
+    try:
+        kept = os.dup(fd)
+    except OSError:
+        if probe >= 0:
+            os.close(probe)
+        raise
+    return Region(secrets.token_hex(16), name, info.st_size, kept, view, owner, out, probe)
 
 
 def _mapped(fd: int, size: int) -> tuple[memoryview, memoryview | None]:

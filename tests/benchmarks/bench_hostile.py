@@ -436,7 +436,7 @@ def regions_register_loop(path: str) -> Callable[[Stop], None]:
 
 def sparse_inputs(endpoint: str, path: str) -> Callable[[Stop], None]:
     """Requests pointing into a 2 GiB memfd the client never wrote: 512 MiB (over
-    max_shared_input_bytes) and 64 MiB (within it, on pages not in memory), in turn."""
+    max_shared_input_bytes) and 64 MiB (within it, on pages never written), in turn."""
     def attack(stop: Stop) -> None:
         fd = os.memfd_create("sparse", os.MFD_ALLOW_SEALING)
         os.ftruncate(fd, 2 << 30)

@@ -48,8 +48,8 @@ def test_inputs_in_shared_memory_are_bounded_and_a_sparse_region_is_never_faulte
         with daemon.client(timeout_s=60) as client:
             cases = [  # (rows of 512 float32, status, words)
                 (1 << 18, 413, ["inputs in shared memory are 536870912 bytes", "(max_shared_input_bytes)"]),
-                (1 << 16, 400, ["are not in memory from byte 0", "write the input before sending"]),
-                (1, 400, ["are not in memory from byte 0"]),
+                (1 << 16, 400, ["were never written from byte 0", "write the input before sending"]),
+                (1, 400, ["were never written from byte 0"]),
             ]
             for rows, status, words in cases:
                 reset_peak(pid)
@@ -61,8 +61,14 @@ def test_inputs_in_shared_memory_are_bounded_and_a_sparse_region_is_never_faulte
             # The client writes its input: those pages are its own, and read as any region's.
             with os.fdopen(os.dup(fd), "r+b", buffering=0) as memory:
                 memory.write(np.full((4, 512), 2, np.float32).tobytes())
-            reply = client.infer("fast512", {"x": SharedTensor(token, 0, "float32", (4, 512))})
-            assert reply.status == 200 and float(reply.outputs["y"].min()) == 2.0, reply.header
+                memory.seek(100)  # where the client's next write() would go
+                reply = client.infer("fast512", {"x": SharedTensor(token, 0, "float32", (4, 512))})
+                assert reply.status == 200 and float(reply.outputs["y"].min()) == 2.0, reply.header
+                # Past what it wrote, the hole is named where it starts; the daemon's look for holes
+                # left the client's file position (its descriptor's, shared with the daemon's) alone.
+                reply = client.infer("fast512", {"x": SharedTensor(token, 0, "float32", (8, 512))})
+                assert reply.status == 400 and "were never written from byte 8192" in reply.error, reply.header
+                assert os.lseek(fd, 0, os.SEEK_CUR) == 100
     finally:
         sock.close()
         os.close(fd)
