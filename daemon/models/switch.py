@@ -61,11 +61,14 @@ class Switch:
 
     def switch(self, candidate: ModelVersion, reason: str = "replaced") -> ModelVersion | None:
         """Serve `candidate` (ready) from the next admission on; returns the entry it replaced."""
-        assert candidate.ready and candidate.placement is not None, "switch in only a loaded candidate"
+        successor = candidate.placement
+        if not candidate.ready or successor is None:
+            raise ValueError(f"{candidate.name}:{candidate.version} is {candidate.state.value}: only a loaded "
+                             "candidate can be switched in")
         previous = self.registry.put(candidate)
         placement = previous.placement if previous is not None else None
         if placement is not None:
-            placement.hand_over(candidate.placement, reason)
+            placement.hand_over(successor, reason)
         return previous
 
     def drain(self, old: ModelVersion, reason: str = "replaced") -> None:
