@@ -21,8 +21,9 @@ _ids = itertools.count(1)
 def encode_frame(model: str, data: bytes | np.ndarray, format: str, *, input: str = "image",
                  width: int | None = None, height: int | None = None, stride: int | None = None,
                  id: Any = None, timeout_ms: int | None = None,
-                 outputs: Sequence[str] | None = None) -> list[Any]:
-    """`[header, frame bytes]` of a request sending one frame to pipeline `model`."""
+                 outputs: Sequence[str] | None = None, key: str | int | None = None) -> list[Any]:
+    """`[header, frame bytes]` of a request sending one frame to pipeline `model`; `key` names
+    the stream (camera) it belongs to."""
     raw = np.ascontiguousarray(np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data)
     entry: dict[str, Any] = {"name": input, "dtype": "uint8", "shape": [raw.nbytes], "format": format}
     entry.update({k: v for k, v in (("width", width), ("height", height), ("stride", stride)) if v is not None})
@@ -33,6 +34,8 @@ def encode_frame(model: str, data: bytes | np.ndarray, format: str, *, input: st
         header["timeout_ms"] = timeout_ms
     if outputs is not None:
         header["outputs"] = list(outputs)
+    if key is not None:
+        header["key"] = key
     return [encode_header(header), raw.reshape(-1).data]
 
 

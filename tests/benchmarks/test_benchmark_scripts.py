@@ -62,3 +62,13 @@ def test_the_batching_benchmark_runs_every_case(tmp_path):
         assert f"| {scenario} |" in out.stdout
     assert "Batched / unbatched QPS (medians): mlp c=16:" in out.stdout
     assert "Cameras' p99 with the flood / alone: keyed" in out.stdout
+
+
+@pytest.mark.slow
+def test_the_tracking_benchmark_scores_every_sequence():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_tracking.py"), "--no-write", "--rounds", "1",
+                          "--frames", "15"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for seq in ("crossing", "pillar", "crowd", "stop_and_go"):
+        assert f"| {seq} | " in out.stdout and "detector pipeline" in out.stdout
+    assert "track µs p50" in out.stdout and "reinfer_every = 5" in out.stdout

@@ -59,3 +59,11 @@ def nonzero(path: Path, width: int = 20000) -> Path:
     return _save([helper.make_node("NonZero", ["x"], ["y"])],
                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width])],
                  [helper.make_tensor_value_info("y", TensorProto.INT64, [2, "K"])], [], path)
+
+
+def brightness_map(path: Path) -> Path:
+    """y = the brightest channel of each pixel, float32 [1, 3, H, W] -> [1, 1, H, W]: a "detector" whose
+    map `dbnet` reads the bright objects of a dark frame from (tests/support/tracking.py's frames)."""
+    return _save([helper.make_node("ReduceMax", ["x"], ["y"], axes=[1], keepdims=1)],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "H", "W"])], [], path)
