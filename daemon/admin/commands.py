@@ -195,9 +195,8 @@ def _check_contexts(server: "Server", mv: ModelVersion, contexts: int) -> None:
     """Each context is a session with its own memory and thread: at most `[daemon] max_contexts`, and
     what more of them would take must fit the memory budget."""
     why = cfg.contexts_problem(contexts, server.config.daemon)
-    workers = getattr(server.registry, "workers", None)
-    if not why and workers is not None and contexts > mv.config.contexts:
-        why = workers.memory.room_for_contexts(mv, contexts)
+    if not why and contexts > mv.config.contexts:
+        why = server.registry.memory.room_for_contexts(mv, contexts)
     if why:
         raise CommandError(f"cannot set contexts={contexts} on {mv.name}:{mv.version}: {why}")
 

@@ -158,11 +158,11 @@ def tile_engines(engines: Path, tmp_path: Path) -> Path:
     return root
 
 
-@pytest.mark.parametrize("mode", ["inproc", "multiproc"], ids=["hot", "cold"])
-def test_a_reply_over_max_reply_bytes_is_a_413_and_its_memory_is_let_go(make_daemon, tile_engines, mode) -> None:
+@pytest.mark.parametrize("placement", ["hot", "cold"])
+def test_a_reply_over_max_reply_bytes_is_a_413_and_its_memory_is_let_go(make_daemon, tile_engines, placement) -> None:
     # max_reply_bytes is not set: it is max_message_bytes, 4 MiB here. Cold, the worker's outputs
     # reach the daemon (through its pipe: they do not fit the slot) and are refused there.
-    models = TILER + f'mode = "{mode}"\npreload = true\n'
+    models = TILER + f'placement = "{placement}"\npreload = true\n'
     daemon = make_daemon(models, head=HEAD_4MIB.replace("{engines}", str(tile_engines)))  # TILER: {{ }} for format()
     pid = daemon.proc.pid
     x = np.ones((2000, 512), np.float32)  # 3.9 MiB in

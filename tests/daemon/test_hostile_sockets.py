@@ -322,7 +322,7 @@ def test_a_full_dev_shm_is_logged_once_a_minute_not_per_request(make_daemon, tmp
         pytest.skip("cannot mount a tmpfs here")
     try:
         (shm / "filler").write_bytes(bytes(64 << 10))  # full: every slot a cold request needs fails
-        daemon = make_daemon('[[models]]\nname = "cold"\nengine = "fast512/1/model.onnx"\nmode = "multiproc"\n'
+        daemon = make_daemon('[[models]]\nname = "cold"\nengine = "fast512/1/model.onnx"\nplacement = "cold"\n'
                              'preload = true\n', env={"INFERMUX_SHM_DIR": str(shm)})
         with daemon.client(timeout_s=30) as client:
             for _ in range(50):

@@ -295,5 +295,7 @@ def test_a_tracked_frame_past_its_deadline_is_a_504_and_its_stream_carries_on(ce
             late.append(send_frame(sock, "ptrack", big.tobytes(), "png", timeout_ms=1, key=key))
     seq = tracking.crossing()
     got = replay(sock, "ptrack", seq, key, before=late_frame)
-    assert late[0].status == 504 and "step 'tdet'" in late[0].header["error"], late[0].header
+    # Its deadline passes while it is decoded or resized: the step after that is not computed, and the
+    # 504 names it (or, past those, the model step that did not answer in time).
+    assert late[0].status == 504 and "deadline" in late[0].header["error"], late[0].header
     assert_followed(seq, got)
