@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from infermux import signing
 from infermux.plugins import processors
 
 if sys.version_info >= (3, 11):
@@ -78,6 +79,9 @@ class DaemonConfig:
     mps_thread_percentage: int = 0  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of each worker; 0 = MPS's own (100)
     admin_group: str = "infermux-admin"  # admin.sock's group, apart from the clients' (docs/security.md)
     follow_symlinks: bool = True  # serve engine_dir folders that link outside it (logged; docs/hot-swap.md)
+    # Ed25519 public keys (PEM) of trusted publishers: with any, only engines one of them signed load
+    # (docs/security.md#signed-engines).
+    engine_signing_keys: tuple[Path, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -274,11 +278,34 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
                 raise ConfigError(file, f"daemon.{key}", f"must be >= 0, got {raw[key]}")
             raw[key] = float(raw[key])
     _check_mps(file, raw)
+    _check_signing_keys(file, raw)
     if "metrics_host" in raw:
         _check_type(file, "daemon.metrics_host", raw["metrics_host"], str)
     if raw.get("log_level", "info") not in ("debug", "info", "warning", "error"):
         raise ConfigError(file, "daemon.log_level", "must be debug, info, warning or error")
     return DaemonConfig(**raw)
+
+
+def _check_signing_keys(file: Path, raw: dict[str, Any]) -> None:
+    """Each trusted publisher's key must be read now: a reload with a broken one changes nothing."""
+    if "engine_signing_keys" not in raw:
+        return
+    where = "daemon.engine_signing_keys"
+    keys = raw["engine_signing_keys"]
+    _check_type(file, where, keys, list)
+    paths = []
+    for i, key in enumerate(keys):
+        _check_type(file, f"{where}[{i}]", key, str)
+        path = _resolve(file, key)
+        try:
+            signing.load_public(path)
+        except (ValueError, ImportError) as exc:
+            raise ConfigError(file, f"{where}[{i}]", str(exc)) from None
+        except OSError as exc:
+            raise ConfigError(file, f"{where}[{i}]", f"cannot read {path}: {exc.strerror} (a publisher's "
+                              "PREFIX.pub, made by `infermux sign --keygen PREFIX`)") from None
+        paths.append(path)
+    raw["engine_signing_keys"] = tuple(paths)
 
 
 def _check_mps(file: Path, raw: dict[str, Any]) -> None:

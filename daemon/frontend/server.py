@@ -36,6 +36,7 @@ from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Status, encode_
                                request_id)
 from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.registry import Registry, State
+from infermux.models.verified import EngineSigning, verified_store
 from infermux.frontend.router import Router
 from infermux.pipelines.runner import Pipelines
 from infermux.transport.limits import frame_cap, limits_from
@@ -98,6 +99,20 @@ class Server:
         self.registry.workers = Workers(self.registry, run_dir, self.reply, self._on_late, self.watch,
                                         self.regions)
         self.ticks.append(self.registry.workers.tick)
+        self.registry.signing = self.engine_signing(config.daemon)  # before any load: none escapes the check
+
+    def engine_signing(self, daemon: cfg.DaemonConfig) -> EngineSigning | None:
+        """The check of engines' signatures under `engine_signing_keys` (models/verified.py), None
+        without; its store of verified copies is made afresh. Raises ValueError or OSError for a key
+        that cannot be read (config.py read each already)."""
+        if not daemon.engine_signing_keys:
+            return None
+        current = self.registry.signing
+        store = current.store if current is not None else verified_store(self.run_dir)
+        signing = EngineSigning.from_files(daemon.engine_signing_keys, store)
+        if current is None:
+            signing.prepare()
+        return signing
 
     # -- replies from any thread -------------------------------------------
 
@@ -273,6 +288,8 @@ class Server:
         if self.region_server is not None:
             self.region_server.close()
         self.peers.close()
+        if self.registry.signing is not None:
+            self.registry.signing.close()
         os.close(self._bell)
         for endpoint in self.endpoints:
             ipc.remove(endpoint)

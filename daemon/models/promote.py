@@ -14,6 +14,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from infermux.models.verified import release
 from infermux.models.version import ModelVersion, State
 
 if TYPE_CHECKING:
@@ -68,6 +69,7 @@ def _move(registry: "Registry", mv: ModelVersion, mode: str) -> str:
         mv.engine = shadow.engine
         mv.scheduler = shadow.scheduler  # the switch: the router takes this from the next request on
         mv.memory_bytes, mv.last_load_s = shadow.memory_bytes, shadow.last_load_s
+        old_source, mv.source = mv.source, shadow.source  # each placement holds its own verified copy
         if old is not None:
             if shadow.scheduler is not None:
                 old.hand_over(shadow.scheduler, "promoted" if mode == HOT else "demoted")
@@ -75,6 +77,7 @@ def _move(registry: "Registry", mv: ModelVersion, mode: str) -> str:
             old.stop(registry.config.daemon.drain_timeout_s)
         if old_engine is not None:
             old_engine.close()
+        release(old_source)
     ms = round((time.monotonic() - started) * 1000)
     worker = mv.worker_info()
     registry.events.emit("promoted" if mode == HOT else "demoted", mv.name, mv.version, took_ms=ms,

@@ -28,6 +28,7 @@ from infermux.plugins.base import BackendError, Engine, TensorSpec
 from infermux.execution.inline import HoldFn, InlineGate
 from infermux.models import fallback as fallbacks
 from infermux.models import promote as moves
+from infermux.models.verified import EngineSigning, SignatureRefused, release
 from infermux.models.version import Model, ModelVersion, State, version_key
 from infermux.execution.placement import Change
 from infermux.execution.scheduler import Scheduler
@@ -115,6 +116,7 @@ class Registry:
         self.catalog: Catalog | None = None  # the engine-directory watcher, when there is one
         self._lock = threading.Lock()
         self.workers: Workers | None = None  # set by the Server: cold placements, the memory budget
+        self.signing: EngineSigning | None = None  # set by the Server under engine_signing_keys (verified.py)
         for mc in config.models:
             self.add(mc)
 
@@ -230,6 +232,12 @@ class Registry:
         if mc.mode == "multiproc" and self.workers is not None:
             if not mc.engine.exists():  # say it here, not as whatever the worker makes of it
                 return self.fail(mv, BackendError(missing_engine(mc.engine)))
+            try:
+                self._admit(mv)  # the worker loads mv.source, the verified copy, under signing
+            except SignatureRefused as exc:
+                return self.fail(mv, exc, during="signature check")
+            except Exception as exc:
+                return self.fail(mv, exc)
             loaded = self.workers.load(mv)
             if loaded:
                 self.check_fallbacks(mc.name)
@@ -241,14 +249,17 @@ class Registry:
                 raise BackendError(f"mode {mc.mode!r} is not available in this build; use mode = \"inproc\"")
             if not mc.engine.exists():
                 raise BackendError(missing_engine(mc.engine))
-            backend = backends.for_path(mc.engine, mc.backend or None)
-            engine = backend.load(mc.engine, dict(mc.options))
+            source = self._admit(mv)
+            backend = backends.for_path(source.engine, mc.backend or None)
+            engine = backend.load(source.engine, dict(mc.options))
+        except SignatureRefused as exc:
+            return self.fail(mv, exc, during="signature check")
         except Exception as exc:
             return self.fail(mv, exc)
         try:
             mv.state = State.WARMING
             self.events.emit("warming", mc.name, mc.version)
-            row_us = warm_up(engine, mc)
+            row_us = warm_up(engine, source)
             strategy = mc.strategy or self.config.routing.strategy
             scheduler = Scheduler(mc, engine, self._reply, self._on_late, mv.stats, strategy, self.inline, row_us,
                                   self.hold)
@@ -266,6 +277,17 @@ class Registry:
         if callable(watch):  # an engine that changes while it serves: a TensorRT plan rebuilding
             watch(lambda kind, reason: self._engine_news(mv, kind, reason))
         return True
+
+    def _admit(self, mv: ModelVersion) -> ModelConfig:
+        """`mv`'s settings with the engine file to load: its own, or under engine_signing_keys the
+        private copy of it whose signature was checked (`mv.source`; SignatureRefused if none checks
+        out). A discovered model's backend and options come from its model.toml, which is signed too."""
+        release(mv.source)
+        mv.source = None
+        if self.signing is None:
+            return mv.config
+        mv.source = self.signing.admit(mv.config, from_settings=not self.config.versions(mv.name))
+        return replace(mv.config, engine=mv.source)
 
     def check_fallbacks(self, name: str | None = None) -> None:
         """Remove each fallback (of or to `name`; all without) that does not take its model's
@@ -289,6 +311,8 @@ class Registry:
     def fail(self, mv: ModelVersion, exc: BaseException, during: str = "load") -> bool:
         """Mark `mv` failed by `exc` (its reason says during what) and say so; returns False."""
         mv.state, mv.reason = State.FAILED, f"{during} failed: {exc}"
+        release(mv.source)
+        mv.source = None
         self.events.emit("failed", mv.name, mv.version, reason=mv.reason)
         return False
 
@@ -303,6 +327,8 @@ class Registry:
         scheduler.stop(timeout)
         if mv.engine is not None:
             mv.engine.close()
+        release(mv.source)
+        mv.source = None
         mv.engine, mv.memory_bytes, mv.state, mv.reason = None, 0, State.UNLOADED, ""  # a past reason is stale
         release_freed_memory()
         self.events.emit("unloaded", mv.name, mv.version)

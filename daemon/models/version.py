@@ -49,6 +49,7 @@ class ModelVersion:
     load_started: float = 0.0
     last_load_s: float = 0.0
     last_used: float = 0.0
+    source: Path | None = None  # the verified copy of its engine it was loaded from (models/verified.py)
 
     def __post_init__(self) -> None:
         self.stats = ModelStats(self.config.name, self.config.version, queue_depth=self._queued)

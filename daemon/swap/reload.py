@@ -82,6 +82,7 @@ def apply(server: "Server", new: cfg.Config) -> ReloadPlan:
     server.limits = limits_from(new.daemon)
     if server.curve is not None:
         _reread_client_keys(server)
+    _reread_signing_keys(server, new)
     server.router.weights = {}
     for m in new.models:
         if m.weight:
@@ -135,6 +136,15 @@ def _reread_client_keys(server: "Server") -> None:
         server.curve.reload()
     except CurveError as exc:
         log.warning("%s; the keys read before stay authorised", exc)
+
+
+def _reread_signing_keys(server: "Server", new: cfg.Config) -> None:
+    """The trusted publishers' keys as `new` lists them, for every load from now on (the versions
+    loaded already stay)."""
+    try:
+        server.registry.signing = server.engine_signing(new.daemon)
+    except (ValueError, OSError) as exc:
+        log.warning("engine_signing_keys not re-read (%s); the keys read before stay trusted", exc)
 
 
 def _version(server: "Server", name: str, version: str) -> ModelVersion | None:

@@ -37,11 +37,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("infermux.swap")
 
-Key = tuple[Any, ...]  # what an entry was made from: (file sig, checksum sig, settings)
+Key = tuple[Any, ...]  # what an entry was made from: (file sig, checksum and signature sigs, settings)
 
 
 def file_key(mc: ModelConfig, f: EngineFile) -> Key:
-    return (f.sig, f.checksum_sig, mc)
+    return (f.sig, f.companions, mc)
 
 
 def checksum_problem(f: EngineFile) -> str:
@@ -188,7 +188,7 @@ class Swapper:
 
     def _is_bad(self, name: str, version: str, f: EngineFile) -> bool:
         """Whether this very file of `version` failed to load (here, or in the loads at start)."""
-        sig = (f.sig, f.checksum_sig)
+        sig = (f.sig, f.companions)
         if (name, version) in self._bad:
             return self._bad[(name, version)][0][:2] == sig
         model = self.registry.model(name)
@@ -271,7 +271,7 @@ class Swapper:
 
     def _detected(self, f: EngineFile, ignored: str = "") -> None:
         """Announce each complete engine file once (again when it changes), and whether it will be served."""
-        key = (f.sig, f.checksum_sig)
+        key = (f.sig, f.companions)
         if self._announced.get((f.model, f.version)) != key:
             self._announced[(f.model, f.version)] = key
             extra = {"ignored": ignored} if ignored else {}

@@ -230,7 +230,7 @@ def _complete(words: list[str], *, path: str, cwd: Path | None = None, helpers: 
 def test_completion_offers_subcommands():
     assert _complete(["infermux", "t"], path="/usr/bin:/bin") == ["top", "tune"]
     assert set(_complete(["infermux", ""], path="/usr/bin:/bin")) == {
-        "serve", "infer", "bench", "build", "status", "ctl", "top", "tune", "keygen", "doctor"}
+        "serve", "infer", "bench", "build", "status", "ctl", "top", "tune", "keygen", "sign", "doctor"}
 
 
 def test_completion_reads_options_from_the_commands_help(tmp_path):
