@@ -82,6 +82,7 @@ class DaemonConfig:
     # Ed25519 public keys (PEM) of trusted publishers: with any, only engines one of them signed load
     # (docs/security.md#signed-engines).
     engine_signing_keys: tuple[Path, ...] = ()
+    record_max_bytes: int = 1 << 30  # the tensors one `infermux record` may hold, inputs and outputs (recorder.py)
 
 
 @dataclass(frozen=True)
@@ -243,7 +244,7 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
         raw["engine_dir"] = _resolve(file, raw["engine_dir"])
     else:
         raw["engine_dir"] = DaemonConfig.engine_dir
-    for key in ("max_message_bytes",):
+    for key in ("max_message_bytes", "record_max_bytes"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 1024)
     _check_limits(file, raw)

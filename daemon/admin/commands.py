@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable
 from infermux import config as cfg
 from infermux.swap import reload
 from infermux.admin import snapshot
+from infermux.frontend import recorder
 from infermux.events import EventLog
 from infermux.models import fallback as fallbacks
 from infermux.models.registry import ModelVersion, State
@@ -291,6 +292,47 @@ def cmd_reload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return {"changes": reload.apply(server, new).summary()}
 
 
+TAKE_BYTES = 32 << 20  # tensors one `record_take` reply carries at most (one entry at least)
+
+
+def cmd_record(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    """Record the next `count` requests of `model` answered by it (frontend/recorder.py)."""
+    name = _str(args, "model") or ""
+    if server.registry.model(name) is None:
+        what = f"{name!r} is a pipeline: record the models it calls" if name in server.pipelines.by_name \
+            else f"unknown model {name!r}"
+        raise CommandError(f"{what}; models: {', '.join(sorted(server.registry.models)) or 'none'}")
+    count = _int(args, "count", 1, 10_000_000) or 1
+    try:
+        recording = server.recorder.start(name, count, server.config.daemon.record_max_bytes)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    return {"model": name, **recording.progress().as_json()}
+
+
+def cmd_record_take(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    """What a recording captured since the last take: JSON entries, their tensors as frames after it."""
+    name = _str(args, "model") or ""
+    recording = server.recorder.get(name)
+    if recording is None:
+        raise CommandError(f"{name!r} is not being recorded (a recording nobody takes from for "
+                           f"{recorder.ABANDON_S:.0f} s is dropped)")
+    entries, frames = recorder.wire(recording.take(TAKE_BYTES))
+    progress = recording.progress().as_json()
+    finished = recording.finished()  # ended, and this was the last of it
+    if finished:
+        server.recorder.forget(name)
+    return {"model": name, "entries": entries, **progress, "finished": finished, recorder.FRAMES: frames}
+
+
+def cmd_record_stop(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    name = _str(args, "model") or ""
+    if server.recorder.get(name) is None:
+        raise CommandError(f"{name!r} is not being recorded")
+    server.recorder.forget(name)
+    return {"model": name, "stopped": True}
+
+
 COMMANDS: dict[str, Command] = {
     "status": Command(cmd_status, "daemon summary and one line per model version", changes=False),
     "models": Command(cmd_models, "every model version with settings and live statistics", changes=False),
@@ -308,4 +350,9 @@ COMMANDS: dict[str, Command] = {
     "pin": Command(cmd_pin, "serve this version by default, ignore newer ones (model, version)"),
     "unpin": Command(cmd_unpin, "let the newest ready version serve again (model)"),
     "reload": Command(cmd_reload, "re-read the configuration file and apply the difference", slow=True),
+    "record": Command(cmd_record, "record the next requests of a model and its answers (model, count)",
+                      changes=False),
+    "record_take": Command(cmd_record_take, "what a recording captured so far, tensors as frames (model)",
+                           changes=False),
+    "record_stop": Command(cmd_record_stop, "end a recording and drop what it holds (model)", changes=False),
 }

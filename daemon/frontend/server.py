@@ -37,6 +37,7 @@ from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Status, encode_
 from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.registry import Registry, State
 from infermux.models.verified import EngineSigning, verified_store
+from infermux.frontend.recorder import Recorder
 from infermux.frontend.router import Router
 from infermux.pipelines.runner import Pipelines
 from infermux.transport.limits import frame_cap, limits_from
@@ -99,6 +100,8 @@ class Server:
         self.registry.workers = Workers(self.registry, run_dir, self.reply, self._on_late, self.watch,
                                         self.regions)
         self.ticks.append(self.registry.workers.tick)
+        self.recorder = Recorder()  # `infermux record`: requests and answers of a model, copied as they pass
+        self.ticks.append(self.recorder.expire)
         self.registry.signing = self.engine_signing(config.daemon)  # before any load: none escapes the check
 
     def engine_signing(self, daemon: cfg.DaemonConfig) -> EngineSigning | None:
@@ -341,6 +344,8 @@ class Server:
         """Queue a reply without ever waiting: the frontend serves everyone, so a peer whose
         pipe is full (it does not read) loses this reply instead of stalling the others."""
         assert self.frontend is not None
+        if self.recorder.active:
+            self.recorder.on_reply(frames, _delimiter(frames))
         try:
             self.frontend.send_multipart(frames, zmq.NOBLOCK, copy=sum(len(f) for f in frames) < 1 << 20)
         except zmq.Again:  # only the identity frame can meet a full pipe: nothing was queued
@@ -412,6 +417,8 @@ class Server:
             ident = request_id(body, self.limits)
             self._send(envelope + encode_reply(error_header(exc.status, exc.message, ident)))
             return
+        if self.recorder.active:  # before admission: an inline answer is sent inside it
+            self.recorder.on_request(envelope, request)
         job = Job(envelope, request, frames, received, deadline_ns=0)  # the router sets the deadline
         refused = self.router.admit(job)  # None: admitted; else the error reply
         if refused is not None:

@@ -59,7 +59,7 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
 ALLOWED_LOCAL = {
     **{(f"infermux.cli.{cmd}", "*"): "a subcommand imports what it runs inside `run`, so that `infermux --help` "
                                       "and the other subcommands start fast"
-       for cmd in ("serve", "ctl", "status", "infer", "bench", "tune", "keygen", "doctor", "sign")},
+       for cmd in ("serve", "ctl", "status", "infer", "bench", "tune", "keygen", "doctor", "sign", "record", "replay")},
     ("infermux.cli", "infermux"): "`infermux --version` reads the version without importing the daemon",
     ("infermux.cli", "infermux.cli.common"): "the error guard is imported once a subcommand runs, not for --help",
     ("infermux.cli.common", "*"): "shared by the subcommands' parsers: numpy, zmq and the config parser load "
