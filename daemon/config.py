@@ -97,6 +97,22 @@ class RoutingConfig:
     version_mismatch: str = "fallback"
 
 
+ROLLOUT_COMPARES = ("allclose", "argmax", "iou")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """A model's `[models.rollout]` table (docs/hot-swap.md#shadow-rollout): a version published for
+    it is a candidate, shadowing live requests, until `shadow_requests` comparisons decide."""
+
+    shadow_requests: int = 200
+    compare: str = "allclose"  # or "argmax" (top-1 of the first output), "iou" (boxes of the first output)
+    rtol: float = 1e-3
+    atol: float = 1e-4
+    iou: float = 0.5  # compare = "iou": a box matches one that overlaps it this much
+    min_agreement: float = 0.99
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """One `[[models]]` entry: one version of one model."""
@@ -124,6 +140,7 @@ class ModelConfig:
     latest_n: int = 1
     versions: tuple[str, ...] = ()
     mps_thread_percentage: int = 0  # a cold worker's share of the GPU's SMs under MPS; 0 = [daemon]'s
+    rollout: "RolloutConfig | None" = None  # [models.rollout]: a published version earns its traffic first
 
     @property
     def key(self) -> tuple[str, str]:
@@ -483,6 +500,8 @@ def _parse_model(file: Path, where: str, table: Any, engine_dir: Path) -> ModelC
     if "mps_thread_percentage" in raw:
         _percentage(file, f"{where}.mps_thread_percentage", raw["mps_thread_percentage"])
     _parse_version_policy(file, where, raw)
+    if "rollout" in raw:
+        raw["rollout"] = _parse_rollout(file, f"{where}.rollout", raw["rollout"])
     engine = Path(raw["engine"]).expanduser()
     raw["engine"] = engine if engine.is_absolute() else engine_dir / engine
     return ModelConfig(**raw)
@@ -506,6 +525,26 @@ def _placement(file: Path, where: str, raw: dict[str, Any]) -> None:
                           f"{json.dumps(OLD_PLACEMENT_NAMES[mode])}, but placement = {json.dumps(placement)}; "
                           f"keep one of the two")
     raw["placement"] = OLD_PLACEMENT_NAMES[mode]
+
+
+def _parse_rollout(file: Path, where: str, table: Any) -> RolloutConfig:
+    _check_type(file, where, table, dict)
+    raw = _known_fields(file, where, table, RolloutConfig)
+    if "shadow_requests" in raw:
+        _positive(file, f"{where}.shadow_requests", raw["shadow_requests"])
+    if raw.get("compare", "allclose") not in ROLLOUT_COMPARES:
+        raise ConfigError(file, f"{where}.compare", f"must be one of {', '.join(ROLLOUT_COMPARES)}, "
+                          f"got {raw['compare']!r}")
+    for key in ("rtol", "atol", "iou", "min_agreement"):
+        if key in raw:
+            _check_type(file, f"{where}.{key}", raw[key], (int, float))
+            raw[key] = float(raw[key])
+            if raw[key] < 0 or (key in ("iou", "min_agreement") and raw[key] > 1):
+                bound = "between 0 and 1" if key in ("iou", "min_agreement") else ">= 0"
+                raise ConfigError(file, f"{where}.{key}", f"must be {bound}, got {raw[key]}")
+    if raw.get("compare", "allclose") != "allclose" and ({"rtol", "atol"} & set(raw)):
+        raise ConfigError(file, where, "rtol and atol belong to compare = \"allclose\"")
+    return RolloutConfig(**raw)
 
 
 def _parse_version_policy(file: Path, where: str, raw: dict[str, Any]) -> None:

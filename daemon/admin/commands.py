@@ -291,6 +291,18 @@ def cmd_reload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return {"changes": steps.summary()}
 
 
+def _rollout(decide: str) -> Callable[["Server", dict[str, Any]], dict[str, Any]]:
+    """`promote-now` / `reject` MODEL VERSION: decide a candidate's rollout now (swap/rollout.py)."""
+    def run(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+        name, version = _str(args, "model") or "", _str(args, "version") or ""
+        try:
+            message = getattr(server.rollouts, decide)(name, version)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        return {"model": name, "version": version, "message": message}
+    return run
+
+
 TAKE_BYTES = 32 << 20  # tensors one `record_take` reply carries at most (one entry at least)
 
 
@@ -349,6 +361,10 @@ COMMANDS: dict[str, Command] = {
     "pin": Command(cmd_pin, "serve this version by default, ignore newer ones (model, version)"),
     "unpin": Command(cmd_unpin, "let the newest ready version serve again (model)"),
     "reload": Command(cmd_reload, "re-read the configuration file and apply the difference", slow=True),
+    "promote-now": Command(_rollout("promote_now"), "serve a candidate now, ending its shadowing (model, version)",
+                           slow=True),
+    "reject": Command(_rollout("reject"), "refuse a candidate now; the serving version stays (model, version)",
+                      slow=True),
     "record": Command(cmd_record, "record the next requests of a model and its answers (model, count)",
                       changes=False),
     "record_take": Command(cmd_record_take, "what a recording captured so far, tensors as frames (model)",

@@ -199,7 +199,7 @@ class Recorder:
         recording = self.active.get(request.model)
         if recording is None or not recording.wants():
             return
-        recording.on_request(_key(envelope, request.id), request)
+        recording.on_request(key_of(envelope, request.id), request)
         if recording.ended:
             self.stop(request.model)
 
@@ -211,7 +211,7 @@ class Recorder:
             ident = json.loads(bytes(frames[split])).get("id")
         except (ValueError, AttributeError, IndexError):
             return
-        key = _key(frames[:split], ident)
+        key = key_of(frames[:split], ident)
         for model, recording in list(self.active.items()):
             recording.on_reply(key, frames[split:])
             if recording.ended:
@@ -239,5 +239,6 @@ def wire(entries: list[Recorded]) -> tuple[list[dict[str, Any]], list[Any]]:
     return out, frames
 
 
-def _key(envelope: Sequence[Any], ident: Any) -> tuple[Any, ...]:
+def key_of(envelope: Sequence[Any], ident: Any) -> tuple[Any, ...]:
+    """What pairs a reply with its request: the client's envelope and the request's id."""
     return (*(bytes(f) for f in envelope), json.dumps(ident))

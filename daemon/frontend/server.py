@@ -39,12 +39,14 @@ from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Status, encode_
 from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.registry import Registry, State
 from infermux.models.verified import EngineSigning, verified_store
+from infermux.frontend.mirror import Mirror
 from infermux.frontend.recorder import Recorder
 from infermux.frontend.router import Router
 from infermux.pipelines.runner import Pipelines
 from infermux.transport.curve import CurveError
 from infermux.transport.limits import frame_cap, limits_from
 from infermux.swap import reload
+from infermux.swap.rollout import Rollouts
 from infermux.swap.reload import ReloadPlan
 from infermux.workers.pool import Workers
 
@@ -109,6 +111,8 @@ class Server:
         # Cold models run in worker processes: the pool is the registry's cold placer (workers/pool.py).
         self.workers = Workers(self.registry, run_dir, self.hooks, self.regions)
         self.recorder = Recorder()  # `infermux record`: requests and answers of a model, copied as they pass
+        self.rollouts = Rollouts(self.registry, self.events)  # candidates shadowing live requests
+        self.mirror = Mirror(self.rollouts)
         self.ticks.append(self.recorder.expire)
         self.registry.signing = self.engine_signing(config.daemon)  # before any load: none escapes the check
 
@@ -346,6 +350,7 @@ class Server:
         if self.region_server is not None:
             self.region_server.close()
         self.peers.close()
+        self.rollouts.close()
         if self.registry.signing is not None:
             self.registry.signing.close()
         os.close(self._bell)
@@ -401,6 +406,8 @@ class Server:
         assert self.frontend is not None
         if self.recorder.active:
             self.recorder.on_reply(frames, _delimiter(frames))
+        if self.mirror.pending:
+            self.mirror.on_reply(frames, _delimiter(frames))
         try:
             self.frontend.send_multipart(frames, zmq.NOBLOCK, copy=sum(len(f) for f in frames) < 1 << 20)
         except zmq.Again:  # only the identity frame can meet a full pipe: nothing was queued
@@ -474,6 +481,8 @@ class Server:
             return
         if self.recorder.active:  # before admission: an inline answer is sent inside it
             self.recorder.on_request(envelope, request)
+        if self.rollouts.by_model:  # a candidate shadows this model (swap/rollout.py)
+            self.mirror.on_request(envelope, request)
         job = Job(envelope, request, frames, received, deadline_ns=0)  # the router sets the deadline
         refused = self.router.admit(job)  # None: admitted; else the error reply
         if refused is not None:

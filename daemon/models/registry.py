@@ -144,7 +144,9 @@ class Registry:
         return self.models.get(name)
 
     def all_versions(self) -> list[ModelVersion]:
-        return [mv for m in self.models.values() for mv in m.ordered()]
+        """Every version of every model, and each model's candidate (swap/rollout.py), which no request
+        reaches but which holds memory and shows in every view."""
+        return [mv for m in self.models.values() for mv in (*m.ordered(), *([m.candidate] if m.candidate else []))]
 
     def start_loading(self, versions: list[ModelVersion], done: Callable[[], None] | None = None) -> threading.Thread:
         """Load `versions` in parallel, one thread each, so a slow engine delays no other.

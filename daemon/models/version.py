@@ -26,6 +26,7 @@ class State(str, enum.Enum):
     LOADING = "loading"
     WARMING = "warming"
     READY = "ready"
+    CANDIDATE = "candidate"  # loaded beside the serving version, shadowing its requests, served to nobody
     DRAINING = "draining"
     FAILED = "failed"
 
@@ -109,6 +110,9 @@ class Model:
         self._ordered: list[ModelVersion] = []
         self.pinned: str | None = None
         self.fallback: str = ""
+        # A version loaded beside the serving one that shadows its requests (swap/rollout.py): in no
+        # routing table, listed with the versions (`Registry.all_versions`) so every view shows it.
+        self.candidate: ModelVersion | None = None
 
     @property
     def versions(self) -> dict[str, ModelVersion]:

@@ -86,6 +86,8 @@ class Swapper:
         self._failures = 0                                # loads that failed in _load, ever
         self._last = Snapshot()
         self.registry.catalog = self
+        server.rollouts.refused = self._refused
+        server.rollouts.promoted = lambda name: self.watcher.poke()  # retire what the candidate replaced
         # A reload changes which versions the configuration lists: look again.
         self.events.subscribe(lambda event: self.watcher.poke() if event.kind == "reloaded" else None)
 
@@ -176,6 +178,7 @@ class Swapper:
             return False
         self._announce_ignored(p, snapshot, pinned)
         failures = self._failures
+        self._cancel_unwanted_candidate(p)
         for version in sorted(p.wanted, key=version_key):
             self._update(p, version)
         if self._failures > failures:
@@ -288,6 +291,9 @@ class Swapper:
         replacing = current is not None and current.state is State.READY
         mv = ModelVersion(mc)
         problem = checksum_problem(f)
+        if not problem and mc.rollout is not None and before is not None and before.ready:
+            self._shadow(mc, f, current if replacing else None)
+            return
         if not problem and not replacing and mc.placement == COLD and not mc.preload:
             self.registry.put(mv)  # a cold model: registered now, loaded by the first request for it
             return
@@ -316,6 +322,41 @@ class Swapper:
                              took_ms=round((time.monotonic() - started) * 1000))
         if previous is not None:
             self.registry.switch.drain(previous)
+
+    def _shadow(self, mc: ModelConfig, f: EngineFile, replacing: ModelVersion | None) -> None:
+        """A model with `[models.rollout]`: the new engine loads beside what serves as its candidate,
+        which shadows live requests until it is promoted or refused (swap/rollout.py)."""
+        assert mc.rollout is not None
+        candidate = self.registry.switch.load_beside(mc)
+        if candidate.ready:
+            self.server.rollouts.start(candidate, mc.rollout)
+        elif replacing is not None:
+            replacing.reason = f"new engine file rejected ({candidate.reason}); serving the previous file"
+        else:
+            self._bad[mc.key] = (file_key(mc, f), candidate.reason)
+            self._failures += 1
+            self.registry.put(candidate)  # the failure is this version's state
+
+    def _refused(self, candidate: ModelVersion, reason: str) -> None:
+        """A rollout refused `candidate`: its file is not tried again, and what serves says why."""
+        model = self.registry.model(candidate.name)
+        current = model.versions.get(candidate.version) if model is not None else None
+        if current is not None and current.ready:  # it would have replaced this very version's file
+            current.reason = f"new engine file rejected ({reason}); serving the previous file"
+        else:
+            made = self._made_from.get(candidate.config.key)
+            if made is not None:
+                self._bad[candidate.config.key] = (made, reason)
+        self.watcher.poke()
+
+    def _cancel_unwanted_candidate(self, p: ModelPlan) -> None:
+        """A candidate whose version the plan no longer wants (its file removed, a pin) is unloaded."""
+        rollout = self.server.rollouts.by_model.get(p.name)
+        if rollout is None or rollout.candidate.version in p.wanted:
+            return
+        model = self.registry.model(p.name)
+        pinned = model.pinned if model is not None else None
+        self.server.rollouts.cancel(p.name, f"pinned to {pinned}" if pinned else "its engine file was removed")
 
     def _retire_unwanted(self, p: ModelPlan) -> None:
         """Drain versions the plan dropped: at once if their file is gone, else once the wanted ones serve."""

@@ -201,7 +201,7 @@ class Workers:
 
     def _send_load(self, process: WorkerProcess, mv: ModelVersion) -> wire.Ready:
         # The daemon's proxy bounds what is in flight; the worker's own queue must never refuse.
-        config = replace(mv.config, engine=mv.source or mv.config.engine, max_queue=1 << 30,
+        config = replace(mv.config, engine=mv.source or mv.config.engine, rollout=None, max_queue=1 << 30,
                          strategy=mv.config.strategy or self.registry.config.routing.strategy)
         if not process.send([wire.Load(config).encode()], wait_s=10.0):
             raise WorkerExited(f"worker {process.pid} does not take messages")
