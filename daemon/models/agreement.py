@@ -11,7 +11,7 @@
   `iou` (intersection over union) and vice versa. The error is 1 - the worst
   best-overlap.
 
-docs/hot-swap.md#record-and-replay says which to choose.
+docs/hot-swap.md#shadow-rollout says which to choose.
 """
 
 from __future__ import annotations
