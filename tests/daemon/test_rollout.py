@@ -4,6 +4,9 @@ once it agreed; no client ever gets a candidate's answer."""
 
 from __future__ import annotations
 
+import re
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Callable, Iterator
@@ -87,6 +90,12 @@ class Traffic:
                 self.replies.append((client.infer(self.model, {"x": x}), x))
 
 
+def cli(daemon: Daemon, *argv: str) -> subprocess.CompletedProcess:
+    """`infermux ARGV` against this daemon's admin socket, as an operator runs it."""
+    return subprocess.run([sys.executable, "-m", "infermux", *argv, "-e", daemon.admin_endpoint], text=True,
+                          capture_output=True, timeout=60)
+
+
 def events(daemon: Daemon, kind: str) -> list[str]:
     return [line for line in daemon.log().splitlines() if f"infermux.events: {kind} " in line]
 
@@ -161,10 +170,18 @@ def test_an_operator_decides_early(root: Path, start: Callable[..., Daemon]) -> 
     wait_served(daemon, "m", "1", offset=1)
     publish(root, "m", 2, offset=7)
     daemon.wait_for("rollout_started model=m version=2", 30)
-    with daemon.admin() as admin:
-        refused = admin.call("reject", check=False, model="m", version="1")
-        assert not refused["ok"] and "its candidate is version 2" in refused["error"]
-        admin.call("promote-now", model="m", version="2")
+    with Traffic(daemon):  # comparisons to show
+        eventually(lambda: versions_status(daemon)["2"][0]["rollout"]["compared"] >= 2, "comparisons", 30)
+    status = cli(daemon, "status")
+    assert status.returncode == 0 and re.search(r"m\s+2\s+hot\s+candidate", status.stdout), status.stdout
+    assert re.search(r"m:2: shadowing: \d+/100000 compared, 0\.00% agree \(needs 99\.00%\)", status.stdout)
+    models_out = cli(daemon, "ctl", "models").stdout
+    assert "m:2  (hot, candidate)" in models_out and "shadowing: " in models_out, models_out
+    wrong = cli(daemon, "ctl", "reject", "m", "1")
+    assert wrong.returncode == 1 and wrong.stderr.strip() == (
+        "infermux ctl reject: m:1 is not a candidate (its candidate is version 2)"), wrong.stderr
+    promoted = cli(daemon, "ctl", "promote-now", "m", "2")
+    assert promoted.returncode == 0 and "m:2 serves (promoted after" in promoted.stdout, promoted.stderr
     wait_served(daemon, "m", "2", offset=7)
     assert "rollout_passed model=m version=2" in daemon.log() and 'reason="promoted by an operator"' in daemon.log()
     publish(root, "m", 3, offset=1)
