@@ -152,6 +152,21 @@ def test_a_perturbed_candidate_is_refused_and_never_answers_a_client(root: Path,
     wait_served(daemon, "m", "1", offset=1)
 
 
+def test_argmax_passes_a_candidate_whose_scores_move_but_whose_top_class_does_not(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    publish(root, "m", 1, offset=1)
+    daemon = start(n=10, compare="argmax")
+    wait_served(daemon, "m", "1", offset=1)
+    with Traffic(daemon) as traffic:
+        publish(root, "m", 2, offset=1.5)  # every score 0.5 higher: allclose refuses it (above), argmax not
+        daemon.wait_for("rollout_passed model=m version=2", 60)
+        eventually(lambda: traffic.replies and traffic.replies[-1][0].version == "2", "version 2 serving", 30)
+    (passed,) = events(daemon, "rollout_passed")
+    assert "agreement=1.0 compared=10" in passed
+    for reply, x in traffic.replies:
+        np.testing.assert_array_equal(reply.outputs["y"], x + (1.5 if reply.version == "2" else 1))
+
+
 def test_a_replaced_file_of_the_serving_version_is_a_candidate_too(root: Path, start: Callable[..., Daemon]) -> None:
     publish(root, "m", 1, offset=1)
     daemon = start(n=10)
