@@ -5,7 +5,7 @@ One scene for the module: Prometheus (Debian's `prometheus` package, installed u
 elsewhere) runs as a plain process with its own configuration, data directory and port in a temp
 folder, scraping the daemon every second and evaluating packaging/prometheus/infermux-rules.yml
 every second. The daemon then gets 200s, 503s while a model loads, 429s from a full queue, 504s,
-three crashes of a cold worker (restarts, then failed), a hot swap and pipeline frames; at the end
+three crashes of a cold worker (restarts, then failed), a hot swap and pipeline frames (one pipeline tracking a stream); at the end
 it is stopped. The tests then ask Prometheus:
 
 - every expression of the dashboard (its template variables resolved as Grafana resolves "All")
@@ -39,7 +39,7 @@ import yaml
 import zmq
 
 from infermux.pipelines.wire import send_frame
-from support import system_packages
+from support import models, system_packages, tracking
 from support.harness import REPO, Daemon, free_port
 from support.polling import eventually
 from support.publish import publish
@@ -150,7 +150,7 @@ class Scene:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def _config(root: Path, engines: Path, metrics_port: int) -> str:
+def _config(root: Path, engines: Path, detector: Path, metrics_port: int) -> str:
     return f"""
 [daemon]
 listen = ["ipc://infer.sock"]
@@ -181,6 +181,9 @@ preload = true
 name = "classifier"            # the pipeline's model
 engine = "{engines}/classifier/1/model.onnx"
 [[models]]
+name = "det"                   # the tracked pipeline's detector
+engine = "{detector}"
+[[models]]
 name = "late"                  # 503s while it loads
 engine = "{engines}/addone/1/model.onnx"
 backend = "slow_load:SlowLoadBackend"
@@ -195,7 +198,7 @@ processor = "decode"
 processor = "normalize"
 [[pipelines.steps]]
 model = "classifier"
-"""
+""" + tracking.classifying("tracked", "classifier", "reinfer_every = 3")
 
 
 def _loading_503s(d: Daemon, scene: Scene) -> None:
@@ -295,6 +298,9 @@ def _frames(d: Daemon) -> None:
         for _ in range(3):
             reply = send_frame(sock, "camera", np.zeros((64, 64, 3), np.uint8).tobytes(), "rgb", width=64, height=64)
             assert reply.status == 200, reply.header
+        # a tracked stream: its regions computed and reused, its tracks held
+        tracked = tracking.replay(sock, "tracked", tracking.crossing(), key="gate", frames=6)
+        assert tracked.statuses == [200] * 6, tracked.headers
     finally:
         sock.close()
 
@@ -318,11 +324,12 @@ def scene(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iterator[S
     publish(root, "m", 1, offset=1)  # watched: version 2 is published during the scene
     publish(root, "s", 1, offset=1)  # with a rollout table: its version 2 stays a candidate to the end
     (root / "s" / "model.toml").write_text("[rollout]\nshadow_requests = 1000000\n")
+    detector = models.brightness_map(work / "det" / "model.onnx")
     metrics_port = free_port()
     prom = Prometheus(work, f"127.0.0.1:{metrics_port}", RULES)
     scene = Scene(prom, seconds={"install": installed_s})
     (work / "daemon").mkdir()
-    daemon = Daemon(work / "daemon", _config(root, engines, metrics_port))
+    daemon = Daemon(work / "daemon", _config(root, engines, detector, metrics_port))
     try:
         t = time.monotonic()
         prom.start()  # first: it sees the daemon's models loading
