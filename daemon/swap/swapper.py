@@ -350,13 +350,19 @@ class Swapper:
         self.watcher.poke()
 
     def _cancel_unwanted_candidate(self, p: ModelPlan) -> None:
-        """A candidate whose version the plan no longer wants (its file removed, a pin) is unloaded."""
+        """A candidate whose version the plan no longer wants (a pin, a newer version, its file removed) is
+        unloaded; it was never judged, so its file is tried again once the plan wants it back."""
         rollout = self.server.rollouts.by_model.get(p.name)
         if rollout is None or rollout.candidate.version in p.wanted:
             return
+        version = rollout.candidate.version
         model = self.registry.model(p.name)
         pinned = model.pinned if model is not None else None
-        self.server.rollouts.cancel(p.name, f"pinned to {pinned}" if pinned else "its engine file was removed")
+        newer = [v for v in p.wanted if version_key(v) > version_key(version)]
+        why = (f"pinned to {pinned}" if pinned else f"superseded by version {max(newer, key=version_key)}" if newer
+               else "its engine file was removed" if version not in p.on_disk else "no longer wanted")
+        self.server.rollouts.cancel(p.name, why)
+        self._made_from.pop((p.name, version), None)
 
     def _retire_unwanted(self, p: ModelPlan) -> None:
         """Drain versions the plan dropped: at once if their file is gone, else once the wanted ones serve."""

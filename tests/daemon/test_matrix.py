@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import signal
+import shutil
 import threading
 from functools import lru_cache
 from pathlib import Path
@@ -71,11 +72,12 @@ PLACED = [
     # A published version of these is a candidate first (docs/hot-swap.md#shadow-rollout).
     ("cd", "1", "cd/1/model.onnx", "[models.rollout]\nshadow_requests = 1000000\n"),  # promote-now decides
     ("cr", "1", "cr/1/model.onnx", "[models.rollout]\nshadow_requests = 8\n"),
+    ("cs", "1", "cs/1/model.onnx", "[models.rollout]\nshadow_requests = 1000000\n"),  # superseded, removed
     ("kl", "1", SLOW, "max_queue = 16\ntimeout_ms = 20000\n"),  # SIGKILL: only where a worker serves it
     ("hg", "1", IDENTITY, 'fallback = "fb"\n'),  # SIGSTOP: only where a worker serves it
 ]
 WORKER_ONLY = ("kl", "hg")
-WATCHED = ("sw", "cd", "cr")  # served from the watched engine_dir, where new versions are published
+WATCHED = ("sw", "cd", "cr", "cs")  # served from the watched engine_dir, where new versions are published
 # Always hot: the fallback of nr and slowfb (y = x, so a stand-in's outputs are its inputs).
 FALLBACK = f'[[models]]\nname = "fb"\nengine = "{{engines}}/{IDENTITY}"\nmax_queue = 256\n'
 
@@ -473,6 +475,26 @@ def test_a_pin_holds_back_a_candidate_and_a_refused_one_leaves_the_serving_versi
     refused = row(d, "cr", "2")
     assert refused["state"] == "failed" and "rollout failed" in refused["reason"]
     wait_served(d, "cr", "1", offset=1)
+
+
+@every_placement
+def test_a_newer_version_supersedes_a_candidate_and_removing_its_file_cancels_it(cell: Placement) -> None:
+    d = cell.daemon
+    with Traffic(d, "cs") as traffic:
+        publish(cell.watched, "cs", 2, offset=5)  # answers otherwise: it would be refused, were it decided
+        d.wait_for("rollout_started model=cs version=2", 30)
+        publish(cell.watched, "cs", 3, offset=5)
+        d.wait_for("rollout_started model=cs version=3", 30)
+        d.wait_for('rollout_cancelled model=cs version=2 reason="superseded by version 3"', 30)
+        shutil.rmtree(cell.watched / "cs" / "3")
+        d.wait_for('rollout_cancelled model=cs version=3 reason="its engine file was removed"', 30)
+        # Version 2 was never judged: with 3 gone it is the newest again, and a candidate again.
+        eventually(lambda: row(d, "cs", "2").get("state") == "candidate", "version 2 a candidate again", 30)
+    assert not row(d, "cs", "3")
+    assert not traffic.errors and traffic.replies
+    for reply in traffic.replies:
+        assert reply.status == 200 and reply.version == "1", reply.header
+        assert_served(reply, cell, "cs", X4)
 
 
 @every_placement
