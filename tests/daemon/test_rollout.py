@@ -31,7 +31,7 @@ watch_rescan_s = 1.0
 
 ROLLOUT = """
 placement = "{placement}"
-max_queue = 256
+max_queue = {max_queue}
 timeout_ms = 30000
 [rollout]
 shadow_requests = {n}
@@ -51,9 +51,11 @@ def root(tmp_path: Path) -> Path:
 def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
     started: list[Daemon] = []
 
-    def run(n: int = 20, placement: str = "hot", compare: str = "allclose", extra: str = "") -> Daemon:
+    def run(n: int = 20, placement: str = "hot", compare: str = "allclose", extra: str = "",
+            max_queue: int = 256) -> Daemon:
         (root / "m").mkdir(exist_ok=True)
-        (root / "m" / "model.toml").write_text(extra + ROLLOUT.format(n=n, placement=placement, compare=compare))
+        (root / "m" / "model.toml").write_text(extra + ROLLOUT.format(n=n, placement=placement, compare=compare,
+                                                                      max_queue=max_queue))
         workdir = tmp_path / f"daemon{len(started)}"
         workdir.mkdir()
         daemon = Daemon(workdir, HEAD.format(root=root))
@@ -238,3 +240,28 @@ def test_mirroring_under_overload_never_turns_a_clients_200_into_anything_else(
     assert "rollout_paused model=m version=2" in daemon.log()  # it waited for the serving version
     (row,) = versions_status(daemon)["2"]
     assert row["state"] == "candidate" and row["rollout"]["not_mirrored"] > 0
+
+
+def test_answers_a_fallback_gave_are_not_held_against_the_candidate(root: Path, start: Callable[..., Daemon]) -> None:
+    models.add_one(root / "fb" / ".1" / "model.onnx", width=512, offset=9)  # answers otherwise than m
+    (root / "fb" / ".1").rename(root / "fb" / "1")
+    for version in ("1", "2"):  # 2: the same engine as 1, published once 1 serves
+        models.slow(root / "m" / f".{version}" / "model.onnx", layers=12, width=512)
+    (root / "m" / ".1").rename(root / "m" / "1")
+    daemon = start(n=10, max_queue=2, extra='contexts = 1\nfallback = "fb"\n')
+    x = np.ones((4, 512), np.float32)
+    with daemon.client() as client:
+        eventually(lambda: client.infer("m", {"x": x}).status == 200 and client.infer("fb", {"x": x}).status == 200,
+                   "m and fb served", 30)
+    (root / "m" / ".2").rename(root / "m" / "2")
+    daemon.wait_for("rollout_started model=m version=2", 30)
+    replies: list[Reply] = []
+    with daemon.pipeline(timeout_s=60) as client:
+        for _ in range(300):  # bursts past m's queue: fb answers some; until the candidate is decided
+            replies.extend(client.gather([client.submit("m", {"x": x}) for _ in range(8)]))
+            if "rollout_passed model=m" in daemon.log() or "rollout_failed model=m" in daemon.log():
+                break
+    assert "rollout_passed model=m version=2 agreement=1.0 compared=10" in daemon.log()
+    by_fallback = [r for r in replies if r.fallback]
+    assert by_fallback and all(r.status == 200 and r.model == "fb" for r in by_fallback), by_fallback[:1]
+    assert any(r.status == 200 and not r.fallback for r in replies)
