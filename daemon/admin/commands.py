@@ -70,9 +70,19 @@ def target(server: "Server", args: dict[str, Any]) -> ModelVersion:
         assert mv is not None
         return mv
     if version not in model.versions:
+        refuse_candidate(server, model.name, version)
         raise CommandError(f"model {name!r} has no version {version!r}; versions: "
                            f"{', '.join(v.version for v in model.ordered())}")
     return model.versions[version]
+
+
+def refuse_candidate(server: "Server", name: str, version: str) -> None:
+    """A command naming a candidate (swap/rollout.py) is told what decides it, instead of acting on it."""
+    rollout = server.rollouts.by_model.get(name)
+    if rollout is not None and rollout.candidate.version == version:
+        raise CommandError(f"{name}:{version} is a candidate shadowing the serving version ({rollout.progress()}): "
+                           f"`infermux ctl promote-now {name} {version}` serves it, `infermux ctl reject {name} "
+                           f"{version}` refuses it")
 
 
 def audit(events: EventLog, request: dict[str, Any], reply: dict[str, Any], who: dict[str, Any]) -> None:
@@ -265,6 +275,7 @@ def cmd_resume(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_pin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     name, version = _str(args, "model") or "", _str(args, "version") or ""
+    refuse_candidate(server, name, version)  # a pin would leave it shadowing while the pin says it serves
     try:  # the registry also accepts a version only on disk (rollback): the watcher loads it
         server.registry.pin(name, version)
     except ValueError as exc:

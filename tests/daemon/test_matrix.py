@@ -433,6 +433,9 @@ def test_a_candidate_shadows_then_serves_from_its_configured_placement(cell: Pla
         eventually(lambda: row(d, "cd", "2").get("state") == "candidate", "the candidate", 30)
         with d.admin() as admin, d.client() as client:
             weights = admin.call("set", check=False, model="cd", weights={"2": 1})
+            # Moving, pinning or unloading it would act on an engine that has not earned its traffic.
+            acted = [admin.call(cmd, check=False, model="cd", version="2") for cmd in ("promote", "demote", "pin",
+                                                                                       "unload")]
             named = client.infer("cd", {"x": X4}, version="2")  # no version 2 serves yet
             try:
                 assert admin.call("drain")["accepting"] is False
@@ -444,6 +447,8 @@ def test_a_candidate_shadows_then_serves_from_its_configured_placement(cell: Pla
             admin.call("promote-now", model="cd", version="2")
         wait_served(d, "cd", "2", offset=1, timeout=30)
     assert not weights["ok"] and "no version '2'" in weights["error"]
+    for reply in acted:
+        assert not reply["ok"] and "cd:2 is a candidate" in reply["error"] and "promote-now cd 2" in reply["error"]
     assert named.status == 200 and named.version == "1" and named.header["fallback"]["reason"] == "version"
     assert refused.status == 503 and "draining" in refused.error
     assert not traffic.errors and traffic.replies
