@@ -226,7 +226,8 @@ def _known_fields(file: Path, where: str, table: Mapping[str, Any], cls: type) -
     unknown = sorted(set(table) - names)
     if unknown:
         prefix = f"{where}." if where else ""
-        near = difflib.get_close_matches(unknown[0], names, n=1)
+        # 0.75, not difflib's 0.6: a typo is suggested its field, an unrelated word (colour) no field at all.
+        near = difflib.get_close_matches(unknown[0], names, n=1, cutoff=0.75)
         hint = f"did you mean `{near[0]}`? " if near else ""
         raise ConfigError(file, f"{prefix}{unknown[0]}",
                           f"unknown field; {hint}known fields: {', '.join(sorted(names))}")
