@@ -111,6 +111,7 @@ class RolloutConfig:
     atol: float = 1e-4
     iou: float = 0.5  # compare = "iou": a box matches one that overlaps it this much
     min_agreement: float = 0.99
+    min_idle_cpu: float = 0.25  # mirroring waits while less of the CPUs' time is idle: it takes only spare CPU
 
 
 @dataclass(frozen=True)
@@ -536,12 +537,13 @@ def _parse_rollout(file: Path, where: str, table: Any) -> RolloutConfig:
     if raw.get("compare", "allclose") not in ROLLOUT_COMPARES:
         raise ConfigError(file, f"{where}.compare", f"must be one of {', '.join(ROLLOUT_COMPARES)}, "
                           f"got {raw['compare']!r}")
-    for key in ("rtol", "atol", "iou", "min_agreement"):
+    shares = ("iou", "min_agreement", "min_idle_cpu")
+    for key in ("rtol", "atol", *shares):
         if key in raw:
             _check_type(file, f"{where}.{key}", raw[key], (int, float))
             raw[key] = float(raw[key])
-            if raw[key] < 0 or (key in ("iou", "min_agreement") and raw[key] > 1):
-                bound = "between 0 and 1" if key in ("iou", "min_agreement") else ">= 0"
+            if raw[key] < 0 or (key in shares and raw[key] > 1):
+                bound = "between 0 and 1" if key in shares else ">= 0"
                 raise ConfigError(file, f"{where}.{key}", f"must be {bound}, got {raw[key]}")
     if raw.get("compare", "allclose") != "allclose" and ({"rtol", "atol"} & set(raw)):
         raise ConfigError(file, where, "rtol and atol belong to compare = \"allclose\"")

@@ -17,9 +17,14 @@ why and the serving version stays). `promote_now` and `reject` decide early.
 Mirroring never costs a client: a copy is taken only while the rollout's
 queue has room (else the request is just counted as not mirrored), the
 candidate computes one request at a time at the lowest CPU priority (its
-executor threads or its worker process reniced), and while the serving
-version has requests waiting in its queue mirroring pauses (`rollout_paused`,
-then `rollout_resumed`; the reason shows in the candidate's state).
+executor threads or its worker process reniced), and mirroring waits while
+every context of the serving version is busy, or while less than
+`min_idle_cpu` of the CPUs' time is idle (/proc/stat): it takes spare CPU
+only. Whether it is paused is said from the last half second, looked at
+every 50 ms: paused once most looks found it had to wait (`rollout_paused`),
+resumed once few did (`rollout_resumed`); the reason shows in the
+candidate's state. So a box at its capacity gets two events, not one per
+request.
 """
 
 from __future__ import annotations
@@ -51,6 +56,10 @@ QUEUE = 4            # samples waiting for the shadow thread, per rollout; more 
 MIRROR_TIMEOUT_S = 10.0
 NO_DEADLINE_NS = 3600 * 10**9
 NICE = 19            # the candidate's compute threads (or worker process): the lowest CPU priority
+LOOK_S = 0.05        # how often the shadow thread looks whether the serving version is busy
+LOOKS = 10           # the looks `paused` is decided on: the last half second
+PAUSE_AT, RESUME_AT = 8, 2  # busy looks of LOOKS that pause mirroring, and that resume it
+CPU_WINDOW_S = 0.05  # the CPUs' idle share is measured over this long at least
 
 
 @dataclass
@@ -73,7 +82,9 @@ class Rollout:
     compared: int = 0
     agreed: int = 0
     not_mirrored: int = 0  # live requests not copied: the queue was full (the shadow thread is behind or paused)
-    paused: str = ""
+    paused: str = ""  # why mirroring is paused, as said; "" when it goes on
+    looks: deque[str] = field(default_factory=lambda: deque(maxlen=LOOKS))  # why it was busy at each look
+    looked: float = 0.0
     worst: tuple[Verdict, str] | None = None  # the worst disagreement and its request's input shapes
     decided: str = ""
     started: float = field(default_factory=time.monotonic)
@@ -114,6 +125,7 @@ class Rollouts:
         self.by_model: dict[str, Rollout] = {}  # read by the frontend without a lock (one assignment)
         self.refused: Callable[[ModelVersion, str], None] = lambda mv, why: None
         self.promoted: Callable[[str], None] = lambda name: None
+        self._cpu = CpuIdle()
         self._lock = threading.Lock()
         self._bell = threading.Event()
         self._stopping = False
@@ -248,10 +260,11 @@ class Rollouts:
 
     def _run(self) -> None:
         while not self._stopping:
-            self._bell.wait(0.1)
+            self._bell.wait(LOOK_S)
             self._bell.clear()
             for rollout in list(self.by_model.values()):
                 try:
+                    self._say_paused(rollout, self._busy(rollout))  # also while no request comes
                     self._mirror(rollout)
                 except Exception:  # one candidate's trouble must not end shadowing for the others
                     log.exception("shadowing %s:%s failed; refusing it", rollout.name, rollout.candidate.version)
@@ -260,14 +273,10 @@ class Rollouts:
     def _mirror(self, rollout: Rollout) -> None:
         while rollout.queue and not rollout.decided and not self._stopping:
             busy = self._busy(rollout)
-            if busy != rollout.paused:
-                rollout.paused = busy
-                self.events.emit("rollout_paused" if busy else "rollout_resumed", rollout.name,
-                                 rollout.candidate.version, **({"reason": busy} if busy else {}))
-                rollout.candidate.reason = rollout.progress()
+            self._say_paused(rollout, busy)
             if busy:
                 self._bell.set()  # look again at the next turn
-                time.sleep(0.01)
+                time.sleep(LOOK_S / 2)  # the waiting samples are old by then anyway: spare the GIL
                 return
             sample = rollout.queue.popleft()
             verdict = self._compare(rollout, sample)
@@ -280,15 +289,40 @@ class Rollouts:
             if rollout.compared >= rollout.config.shadow_requests:
                 self._decide(rollout, passed=rollout.agreement() >= rollout.config.min_agreement)
 
+    def _say_paused(self, rollout: Rollout, busy: str) -> None:
+        """Every LOOK_S: whether mirroring is paused, from the last LOOKS looks, with an event when it changes."""
+        now = time.monotonic()
+        if now - rollout.looked < LOOK_S:
+            return
+        rollout.looked = now
+        rollout.looks.append(busy)
+        count = sum(1 for look in rollout.looks if look)
+        if not rollout.paused and len(rollout.looks) == LOOKS and count >= PAUSE_AT:
+            rollout.paused = next(look for look in reversed(rollout.looks) if look)
+            self.events.emit("rollout_paused", rollout.name, rollout.candidate.version, reason=rollout.paused)
+        elif rollout.paused and count <= RESUME_AT:
+            rollout.paused = ""
+            self.events.emit("rollout_resumed", rollout.name, rollout.candidate.version)
+        else:
+            return
+        rollout.candidate.reason = rollout.progress()
+
     def _busy(self, rollout: Rollout) -> str:
-        """Why mirroring should wait now ("" when it may go on): the serving version has requests waiting."""
+        """Why mirroring should wait now ("" when it may go on): every context of the serving version is
+        busy, or the CPUs are."""
         model = self.registry.model(rollout.name)
         serving = model.default() if model is not None else None
         placement = serving.placement if serving is not None else None
         if placement is None:
             return "no version serves"
-        waiting = placement.depth()
-        return f"the serving version has {waiting} requests waiting" if waiting else ""
+        contexts = max(1, len(placement.contexts()))
+        if placement.load() >= contexts:
+            return "the serving version is busy (every context)"
+        # What the frontend computes itself waits in the socket, where no queue shows it; and a
+        # candidate at nice 19 still holds the GIL it shares with the frontend when the box is
+        # full. So mirroring also waits while the CPUs have too little idle time to take it.
+        idle, needed = self._cpu.idle(), rollout.config.min_idle_cpu
+        return f"the CPUs are busy ({idle:.0%} idle, {needed:.0%} needed)" if idle < needed else ""
 
     def _compare(self, rollout: Rollout, sample: Sample) -> Verdict:
         outputs, error = self._compute(rollout.candidate, sample.inputs)
@@ -323,6 +357,36 @@ class Rollouts:
         if reply.status != 200:
             return {}, f"status {reply.status}: {reply.header.get('error', '')}"
         return {k: np.array(v) for k, v in reply.outputs.items()}, ""
+
+
+class CpuIdle:
+    """The share of the machine's CPU time that was idle, from /proc/stat, over the last CPU_WINDOW_S or more."""
+
+    def __init__(self, path: str = "/proc/stat") -> None:
+        self.path = path
+        self._last = self._read()
+        self._idle = 1.0
+
+    def _read(self) -> tuple[float, int, int] | None:
+        """(when, idle ticks, all ticks) of every CPU together; None where there is no /proc/stat."""
+        try:
+            with open(self.path, "rb") as f:
+                ticks = [int(v) for v in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return time.monotonic(), ticks[3] + (ticks[4] if len(ticks) > 4 else 0), sum(ticks[:8])
+
+    def idle(self) -> float:
+        """The idle share (0 to 1) over the last window; 1.0 where it cannot be told."""
+        if self._last is None or time.monotonic() - self._last[0] < CPU_WINDOW_S:
+            return self._idle
+        now = self._read()
+        if now is None:
+            return 1.0
+        idle, total = now[1] - self._last[1], now[2] - self._last[2]
+        if total > 0:  # else no tick passed yet: keep the last reading and the window's start
+            self._last, self._idle = now, idle / total
+        return self._idle
 
 
 def _shapes(inputs: dict[str, np.ndarray]) -> str:

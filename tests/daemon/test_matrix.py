@@ -56,6 +56,9 @@ X4 = PROBE  # for the 4-wide add-one models
 SLOW, IDENTITY = "slow/1/model.onnx", "fast512/1/model.onnx"  # in conftest's `engines`
 BATCH_DELAY_US = 8_000_000  # a batch that waited this long was not sent by its preferred size
 
+# A candidate mirrors whatever the CPUs' idle time, which a shared 2-core test box seldom has
+# (test_rollout.py tests that gate).
+SPARE = "min_idle_cpu = 0\n"
 # Every version a placement serves (name, version, engine, settings), one model per behaviour.
 PLACED = [
     ("nr", "1", SLOW, 'fallback = "fb"\n'),
@@ -70,9 +73,9 @@ PLACED = [
     ("sm", "1", SLOW, ""),
     ("sw", "1", "sw/1/model.onnx", ""),  # relative: in the watched engine_dir, where the swap publishes
     # A published version of these is a candidate first (docs/hot-swap.md#shadow-rollout).
-    ("cd", "1", "cd/1/model.onnx", "[models.rollout]\nshadow_requests = 1000000\n"),  # promote-now decides
-    ("cr", "1", "cr/1/model.onnx", "[models.rollout]\nshadow_requests = 8\n"),
-    ("cs", "1", "cs/1/model.onnx", "[models.rollout]\nshadow_requests = 1000000\n"),  # superseded, removed
+    ("cd", "1", "cd/1/model.onnx", "[models.rollout]\nshadow_requests = 1000000\n" + SPARE),  # promote-now decides
+    ("cr", "1", "cr/1/model.onnx", "[models.rollout]\nshadow_requests = 8\n" + SPARE),
+    ("cs", "1", "cs/1/model.onnx", "[models.rollout]\nshadow_requests = 1000000\n" + SPARE),  # superseded, removed
     ("kl", "1", SLOW, "max_queue = 16\ntimeout_ms = 20000\n"),  # SIGKILL: only where a worker serves it
     ("hg", "1", IDENTITY, 'fallback = "fb"\n'),  # SIGSTOP: only where a worker serves it
 ]

@@ -37,6 +37,7 @@ timeout_ms = 30000
 shadow_requests = {n}
 compare = "{compare}"
 min_agreement = 0.99
+min_idle_cpu = {min_idle_cpu}
 """
 
 
@@ -52,10 +53,12 @@ def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
     started: list[Daemon] = []
 
     def run(n: int = 20, placement: str = "hot", compare: str = "allclose", extra: str = "",
-            max_queue: int = 256) -> Daemon:
+            max_queue: int = 256, min_idle_cpu: float = 0) -> Daemon:
+        # min_idle_cpu 0: the shared test box is seldom idle, and these tests need their comparisons;
+        # the CPU gate has tests of its own below.
         (root / "m").mkdir(exist_ok=True)
         (root / "m" / "model.toml").write_text(extra + ROLLOUT.format(n=n, placement=placement, compare=compare,
-                                                                      max_queue=max_queue))
+                                                                      max_queue=max_queue, min_idle_cpu=min_idle_cpu))
         workdir = tmp_path / f"daemon{len(started)}"
         workdir.mkdir()
         daemon = Daemon(workdir, HEAD.format(root=root))
@@ -265,3 +268,18 @@ def test_answers_a_fallback_gave_are_not_held_against_the_candidate(root: Path, 
     by_fallback = [r for r in replies if r.fallback]
     assert by_fallback and all(r.status == 200 and r.model == "fb" for r in by_fallback), by_fallback[:1]
     assert any(r.status == 200 and not r.fallback for r in replies)
+
+
+def test_mirroring_waits_while_the_cpus_have_less_idle_time_than_min_idle_cpu(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    publish(root, "m", 1, offset=1)
+    daemon = start(n=5, min_idle_cpu=1.0)  # never met while anything runs: it must wait throughout
+    wait_served(daemon, "m", "1", offset=1)
+    with Traffic(daemon) as traffic:
+        publish(root, "m", 2, offset=1)
+        daemon.wait_for('rollout_paused model=m version=2 reason="the CPUs are busy (', 30)
+        eventually(lambda: len(traffic.replies) > 50, "requests while it waits", 30)
+    (row,) = versions_status(daemon)["2"]
+    assert row["state"] == "candidate" and row["rollout"]["compared"] == 0, row
+    assert "mirroring paused: the CPUs are busy" in row["reason"] and "100% needed" in row["reason"]
+    assert all(reply.status == 200 and reply.version == "1" for reply, _ in traffic.replies)

@@ -323,7 +323,7 @@ def scene(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iterator[S
     root = work / "engines"
     publish(root, "m", 1, offset=1)  # watched: version 2 is published during the scene
     publish(root, "s", 1, offset=1)  # with a rollout table: its version 2 stays a candidate to the end
-    (root / "s" / "model.toml").write_text("[rollout]\nshadow_requests = 1000000\n")
+    (root / "s" / "model.toml").write_text("[rollout]\nshadow_requests = 1000000\nmin_idle_cpu = 0\n")
     detector = models.brightness_map(work / "det" / "model.onnx")
     metrics_port = free_port()
     prom = Prometheus(work, f"127.0.0.1:{metrics_port}", RULES)

@@ -88,6 +88,8 @@ def test_model_toml_takes_the_placement_and_its_old_name_too(tmp_path: Path) -> 
      'models[name="a"].rollout.compare: must be one of allclose, argmax, iou, got \'exact\''),
     (MODEL + "[models.rollout]\nmin_agreement = 1.5\n",
      'models[name="a"].rollout.min_agreement: must be between 0 and 1, got 1.5'),
+    (MODEL + "[models.rollout]\nmin_idle_cpu = 2\n",
+     'models[name="a"].rollout.min_idle_cpu: must be between 0 and 1, got 2.0'),
     (MODEL + '[models.rollout]\ncompare = "argmax"\nrtol = 0.1\n',
      'models[name="a"].rollout: rtol and atol belong to compare = "allclose"'),
     (MODEL + "[models.rollout]\nshadow_request = 5\n",
