@@ -79,6 +79,7 @@ def test_the_rollout_benchmark_compares_a_shadowed_daemon_with_a_plain_one():
     out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_rollout.py"), "--no-write", "--duration", "0.3",
                           "--rounds", "1", "--warmup", "10"], capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
-    for case in ("shadowed", "plain"):
+    for case in ("shadowed", "forced", "plain"):
         assert f"| {case} | 1 |" in out.stdout and f"| {case} | 16 |" in out.stdout
-    assert "p99 shadowed / plain per round" in out.stdout and "agreement 100.00%" in out.stdout
+    assert "- shadowed / plain: c=1: p99 per round median" in out.stdout and "- forced / plain:" in out.stdout
+    assert "Goal p99 shadowed ≤ 1.1× plain at c=16" in out.stdout
