@@ -12,7 +12,7 @@ open), and the backend loads that copy, never the published file. So a file
 replaced between the check and the load cannot be what is loaded: what was
 verified is what runs. The copy lives as long as the version stays loaded
 (onnxruntime opens its file again for each new context) and is removed when
-it unloads (`release`). `warmup.npz` (data, read without pickle) is copied
+it unloads (`release`). `warmup.npz` (plain arrays, never unpickled) is copied
 beside it, so a worker process warms up as before.
 """
 
@@ -144,7 +144,7 @@ def _check_settings(mc: ModelConfig, settings: bytes | None, engine: Path) -> No
 
 
 def _copy_warmup(engine: Path, folder: Path) -> None:
-    """warmup.npz beside the engine goes with the copy (warm-up inputs: data, read without pickle)."""
+    """warmup.npz beside the engine goes with the copy (warm-up inputs: plain arrays, never unpickled)."""
     warmup = engine.parent / "warmup.npz"
     if warmup.is_file():
         shutil.copyfile(warmup, folder / warmup.name)
