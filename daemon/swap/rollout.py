@@ -362,8 +362,8 @@ class Rollouts:
 class CpuIdle:
     """The share of the machine's CPU time that was idle, from /proc/stat, over the last CPU_WINDOW_S or more."""
 
-    def __init__(self, path: str = "/proc/stat") -> None:
-        self.path = path
+    def __init__(self, path: str = "/proc/stat", clock: Callable[[], float] = time.monotonic) -> None:
+        self.path, self.clock = path, clock
         self._last = self._read()
         self._idle = 1.0
 
@@ -374,11 +374,11 @@ class CpuIdle:
                 ticks = [int(v) for v in f.readline().split()[1:]]
         except (OSError, ValueError):
             return None
-        return time.monotonic(), ticks[3] + (ticks[4] if len(ticks) > 4 else 0), sum(ticks[:8])
+        return self.clock(), ticks[3] + (ticks[4] if len(ticks) > 4 else 0), sum(ticks[:8])
 
     def idle(self) -> float:
         """The idle share (0 to 1) over the last window; 1.0 where it cannot be told."""
-        if self._last is None or time.monotonic() - self._last[0] < CPU_WINDOW_S:
+        if self._last is None or self.clock() - self._last[0] < CPU_WINDOW_S:
             return self._idle
         now = self._read()
         if now is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from infermux.swap import rollout
@@ -15,16 +14,17 @@ def stat(path: Path, idle: int, iowait: int, busy: int) -> None:
 
 
 def test_the_idle_share_is_idle_and_iowait_ticks_of_all_ticks_since_the_last_reading(tmp_path: Path) -> None:
-    path = tmp_path / "stat"
+    path, now = tmp_path / "stat", [100.0]
     stat(path, idle=1000, iowait=0, busy=1000)
-    cpu = CpuIdle(str(path))
+    cpu = CpuIdle(str(path), clock=lambda: now[0])
     assert cpu.idle() == 1.0  # nothing measured yet
-    time.sleep(rollout.CPU_WINDOW_S)
+    now[0] += 2 * rollout.CPU_WINDOW_S
     stat(path, idle=1030, iowait=10, busy=1160)  # 40 idle of 200 ticks (guest ticks are in user already)
     assert cpu.idle() == 0.2
+    now[0] += rollout.CPU_WINDOW_S / 2
     stat(path, idle=1230, iowait=10, busy=1160)
     assert cpu.idle() == 0.2  # within the window: the last reading stands
-    time.sleep(rollout.CPU_WINDOW_S)
+    now[0] += 2 * rollout.CPU_WINDOW_S
     assert cpu.idle() == 1.0
 
 
