@@ -101,6 +101,8 @@ class Limits:
     max_tensors: int = 64
     max_rank: int = 8
     max_elements: int = 1 << 28
+    max_shared_input_bytes: int = 256 << 20  # inputs in shared-memory regions, all of a request's together
+    max_reply_bytes: int = 64 * 1024 * 1024  # what the daemon sends back in one reply (not counting regions)
 
 
 @dataclass(frozen=True)
@@ -298,6 +300,7 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
         raise _bad(f"header lists {in_frames} inputs{shared} but {len(frames) - 1} tensor frames follow")
     inputs: dict[str, np.ndarray] = {}
     input_regions: dict[str, SharedTensor] = {}
+    in_regions = 0  # bytes read from regions so far: bounded before each is looked at
     next_frame = iter(frames[1:])
     for index, item in enumerate(metas):
         if isinstance(item, dict) and not _INPUT_SET.issuperset(item):  # before a misspelt dtype reads as absent
@@ -309,6 +312,11 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
             raise _bad(f"input {meta.name!r} is listed twice")
         if "region" in item:
             input_regions[meta.name] = ref = _parse_shared(item, meta, regions)
+            in_regions += want
+            if in_regions > limits.max_shared_input_bytes:
+                raise ProtocolError(Status.TOO_LARGE, f"inputs in shared memory are {in_regions} bytes (up to input "
+                                    f"{meta.name!r}); the limit is {limits.max_shared_input_bytes} "
+                                    "(max_shared_input_bytes)")
             frame = regions.view(ref.region, ref.offset, want)  # type: ignore[union-attr]
         else:
             frame = next(next_frame)

@@ -121,6 +121,7 @@ def daemon_view(server: "Server") -> dict[str, Any]:
         "version": __version__, "pid": os.getpid(), "uptime_s": round(time.time() - server.started, 1),
         "endpoints": server.endpoints, "config": str(server.config.path),
         "requests": server.requests, "accepting": not server.draining,
+        "replies_too_large": server.replies_too_large,  # over max_reply_bytes: answered 413 instead
         # Errors logged with a traceback (500s among them), repeats included: events.TRACEBACKS.
         "internal_errors": TRACEBACKS.total,
         "memory": {"budget_bytes": budget, "models_bytes": server.registry.memory_used(),

@@ -29,6 +29,7 @@ from infermux.cli.common import NO_DAEMON, CliError, add_input_arguments, add_mo
 from infermux.cli.infer import add_endpoint_arguments, endpoint_from, inputs_for
 from infermux.protocol import Reply, SharedTensor, Status, encode_request, parse_header
 from infermux.execution.stats import percentiles
+from infermux.transport import ipc
 
 # progress(replies so far, seconds so far), called about once a second
 Progress = Callable[[int, float], None]
@@ -124,6 +125,7 @@ class _Stream:
         self._socket.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))  # no poll() per reply
         for option, value in (curve or {}).items():  # CURVE keys for a tcp:// listener
             setattr(self._socket, option, value)
+        ipc.check_directory(endpoint)
         self._socket.connect(endpoint)
         self.in_flight = 0
 

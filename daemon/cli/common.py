@@ -78,6 +78,9 @@ def endpoint_from(args: argparse.Namespace, which: str = "listen", check: bool =
         daemon = _socket_config(args)
         raw = daemon.listen[0] if which == "listen" else str(getattr(daemon, which))
         endpoint = cfg.resolve_endpoint(raw, cfg.runtime_dir(daemon, args.runtime_dir))
+    from infermux.transport import ipc
+
+    ipc.check_directory(endpoint)  # UnsafeDirectory (exit 1): a socket anyone could have put there
     if check:
         present(endpoint)
     return endpoint
@@ -145,6 +148,9 @@ def guarded(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) 
     except TimeoutError as exc:
         print(f"infermux: {exc}", file=sys.stderr)
         return NO_DAEMON
+    except PermissionError as exc:  # ipc.UnsafeDirectory: a socket in a folder every user may write
+        print(f"infermux: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # `infermux status | head -1`: the reader has what it wanted. Point stdout at /dev/null
         # so the flush at exit does not fail again.

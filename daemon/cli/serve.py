@@ -69,6 +69,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"infermux: cannot create the runtime directory {run_dir}: {exc.strerror}; "
               "pass --runtime-dir DIR (a folder you may write)", file=sys.stderr)
         return 1
+    why = ipc.unsafe_directory(run_dir)
+    if why:
+        print(f"infermux: will not serve from the runtime directory {why} (docs/security.md); nothing was "
+              "started", file=sys.stderr)
+        return 1
     server = Server(config, run_dir)
     TRACEBACKS.events = server.events
     admin = AdminServer(server)

@@ -43,6 +43,7 @@ import numpy as np
 import zmq
 
 from infermux.protocol import Reply, SharedTensor, decode_reply, encode_request
+from infermux.transport import ipc
 from infermux.client.failover import FAILOVER_S, EndpointsDown, Fleet
 from infermux.client.shared_memory import SharedMemory, local_view
 
@@ -76,6 +77,7 @@ class _Dealer:
             self.socket.setsockopt(zmq.SNDTIMEO, max(1, int(timeout_s * 1000)))
         for option, value in (curve or {}).items():
             setattr(self.socket, option, value)
+        ipc.check_directory(endpoint)  # a socket anyone could have put there is not the daemon's
         self.socket.connect(endpoint)
 
     def send(self, frames: list[Any], ident: Any = None) -> None:
@@ -277,6 +279,7 @@ class AdminClient:
         self._socket = self._connect()
 
     def _connect(self) -> zmq.Socket:
+        ipc.check_directory(self.endpoint)
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.endpoint)

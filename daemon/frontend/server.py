@@ -14,6 +14,7 @@ the loop polls their fast lanes itself (`watch`, lane.py).
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import sys
@@ -30,7 +31,7 @@ from infermux.config import HOT
 from infermux.transport import curve, ipc
 from infermux.transport.peers import PeerGuard
 from infermux.transport.waiting import message_waiting
-from infermux.events import EventLog
+from infermux.events import EventLog, Throttle
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.inline import InlinePolicy
 from infermux.execution.job import Job, Outcome, internal_sink
@@ -60,6 +61,7 @@ REFUSE_S = 1.0  # ... and the longest it goes on refusing requests before closin
 # object); smaller ones, headers and envelopes, are cheaper as bytes.
 BIG_FRAME = 4096
 STALLED_RETRY_MS = 100  # the retry time in the 429 a peer gets while its replies are dropped (peers.py)
+_TOO_LARGE = Throttle()  # replies over max_reply_bytes: a few lines per interval, then counted
 QUIESCE_S = 1.0  # the longest `quiesce` waits for the loop's turn (it turns at least every poll_ms)
 
 
@@ -98,6 +100,7 @@ class Server:
         self.started = time.time()
         self.loop_turns = 0
         self.requests = 0
+        self.replies_too_large = 0  # replies over max_reply_bytes, answered 413 instead
         self.ticks: list[Callable[[], None]] = [self._release_barriers]
         self.on_stopping: list[Callable[[], object]] = []  # called once the loop stops, before the drain
         self.poll_ms = 100  # the longest the loop sleeps: ticks (watchdog) run at least this often
@@ -232,7 +235,8 @@ class Server:
             ipc.prepare(endpoint)
             curve.secure_listener(sock, endpoint, self.curve, self.events)
             try:
-                sock.bind(endpoint)
+                with ipc.private_files():
+                    sock.bind(endpoint)
             except zmq.ZMQError as exc:
                 sock.close(0)
                 raise RuntimeError(f"cannot listen on {endpoint}: {exc}; is another infermux running, "
@@ -254,6 +258,7 @@ class Server:
         except OSError as exc:
             raise RuntimeError(f"cannot listen for shared-memory regions on {path}: {exc}; "
                                "set [daemon] shared_memory to another name, or \"\" to turn it off") from None
+        self.ticks.append(self.region_server.tick)
         self._lookup = self.regions
         self.events.emit("listening", endpoint=f"unix://{path}", what="shared-memory regions")
 
@@ -404,12 +409,17 @@ class Server:
         """Queue a reply without ever waiting: the frontend serves everyone, so a peer whose
         pipe is full (it does not read) loses this reply instead of stalling the others."""
         assert self.frontend is not None
+        size = sum(len(f) for f in frames)
+        if size > self.limits.max_reply_bytes:
+            frames = self._bounded(frames)
+            size = sum(len(f) for f in frames)
+        # What the client gets (a 413 in place of an oversized reply) is what is recorded and compared.
         if self.recorder.active:
             self.recorder.on_reply(frames, _delimiter(frames))
         if self.mirror.pending:
             self.mirror.on_reply(frames, _delimiter(frames))
         try:
-            self.frontend.send_multipart(frames, zmq.NOBLOCK, copy=sum(len(f) for f in frames) < 1 << 20)
+            self.frontend.send_multipart(frames, zmq.NOBLOCK, copy=size < 1 << 20)
         except zmq.Again:  # only the identity frame can meet a full pipe: nothing was queued
             self.peers.dropped(frames[0])
             return
@@ -420,6 +430,29 @@ class Server:
             return
         if self.peers.stalled:
             self.peers.delivered(frames[0])
+
+    def _bounded(self, frames: list[Any]) -> list[Any]:
+        """`frames` if the reply in them (after its envelope) is within max_reply_bytes, else a 413
+        in its place: the outputs were computed, and are dropped here rather than queued for the
+        client (a 4 MiB input to a model that tiles it made 256 MiB)."""
+        split = _delimiter(frames)
+        size, limit = sum(len(f) for f in frames[split:]), self.limits.max_reply_bytes
+        if size <= limit:
+            return frames
+        try:
+            header = json.loads(bytes(frames[split]))
+        except ValueError:
+            header = {}
+        self.replies_too_large += 1
+        where = {k: header[k] for k in ("model", "version") if isinstance(header.get(k), str)}
+        held = _TOO_LARGE.admit("reply")
+        if held is not None:
+            log.warning("a reply of %d bytes is over max_reply_bytes (%d): answered 413 instead%s", size, limit,
+                        f" ({held} more not logged)" if held else "")
+        return frames[:split] + encode_reply(error_header(
+            Status.TOO_LARGE, f"the reply would be {size} bytes; the limit is {limit} (max_reply_bytes): ask for "
+            "fewer outputs (\"outputs\"), send a smaller batch, or have outputs written to shared memory "
+            "(\"output_regions\"); it was computed", header.get("id"), **where))
 
     def _read_requests(self, refuse: bool = False) -> None:
         try:

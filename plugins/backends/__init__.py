@@ -30,6 +30,11 @@ def available() -> dict[str, str]:
     return discovery.specs("infermux.backends", BUILTIN)
 
 
+def refusal(name: str) -> str | None:
+    """Why a `model.toml` in engine_dir may not name backend `name` (only installed ones), or None."""
+    return discovery.installed_only("infermux.backends", BUILTIN, name, "backend")
+
+
 def get(name: str) -> Backend:
     """The backend called `name` (or given as "module:Class"), imported once."""
     if name not in _cache:

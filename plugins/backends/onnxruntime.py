@@ -136,6 +136,11 @@ class OnnxRuntimeEngine:
         self._spinning = options.get("allow_spinning", True)
         if not isinstance(self._spinning, bool):
             raise BackendError(f"`allow_spinning` is true or false, got {self._spinning!r}")
+        # onnxruntime's CPU arena keeps its high-water mark for the session's life: where a client can
+        # make outputs huge (a model that tiles its input), `cpu_arena = false` gives them back.
+        self._arena = options.get("cpu_arena", True)
+        if not isinstance(self._arena, bool):
+            raise BackendError(f"`cpu_arena` is true or false, got {self._arena!r}")
         self._providers = select_providers(options.get("providers") or ["CPUExecutionProvider"],
                                            ort.get_available_providers())
         self._bytes = path.stat().st_size
@@ -149,6 +154,7 @@ class OnnxRuntimeEngine:
         opts = self._ort.SessionOptions()
         opts.intra_op_num_threads = self._threads
         opts.inter_op_num_threads = 1
+        opts.enable_cpu_mem_arena = self._arena
         if not self._spinning:  # idle pool threads sleep instead of spinning on a core others need
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3

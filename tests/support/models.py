@@ -61,6 +61,14 @@ def nonzero(path: Path, width: int = 20000) -> Path:
                  [helper.make_tensor_value_info("y", TensorProto.INT64, [2, "K"])], [], path)
 
 
+def tiler(path: Path, width: int = 512) -> Path:
+    """y = Tile(x, repeats): float32 [N, width] in, [N * r0, width * r1] out; the client chooses how big."""
+    return _save([helper.make_node("Tile", ["x", "repeats"], ["y"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width]),
+                  helper.make_tensor_value_info("repeats", TensorProto.INT64, [2])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", "W"])], [], path)
+
+
 def brightness_map(path: Path) -> Path:
     """y = the brightest channel of each pixel, float32 [1, 3, H, W] -> [1, 1, H, W]: a "detector" whose
     map `dbnet` reads the bright objects of a dark frame from (tests/support/tracking.py's frames)."""
