@@ -80,6 +80,7 @@ class WorkerProcess:
         self.up.setsockopt(zmq.LINGER, 0)
         self.up.bind(self.up_endpoint)
         for endpoint in (self.down_endpoint, self.up_endpoint):
+            ipc.bound(endpoint)
             os.chmod(endpoint[len("ipc://"):], 0o600)  # only the daemon's user may talk to its workers
         read_end, self._lifeline = os.pipe()
         lane, theirs = Lane.pair()
