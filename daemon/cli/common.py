@@ -153,8 +153,11 @@ def guarded(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) 
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # the last guard: a user sees a sentence, a developer can ask for more
-        from infermux.client.inference import AdminError, NotAdminSocket
+        from infermux.client.inference import AdminError, NotAdminSocket, RequestTooLarge
 
+        if isinstance(exc, RequestTooLarge):
+            print(f"infermux: {exc}", file=sys.stderr)
+            return 1
         if isinstance(exc, AdminError):
             print(f"infermux: {exc}", file=sys.stderr)
             return USAGE if isinstance(exc, NotAdminSocket) else 1

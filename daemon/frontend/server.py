@@ -34,8 +34,8 @@ from infermux.events import EventLog
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.inline import InlinePolicy
 from infermux.execution.job import Job, Outcome, internal_sink
-from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Status, encode_reply, error_header, parse_request,
-                               request_id)
+from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Status, encode_reply, error_header, limits_reply,
+                               parse_request, request_id)
 from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.registry import Registry, State
 from infermux.frontend.router import Router
@@ -104,6 +104,7 @@ class Server:
         self._lookup: RegionTable | None = None
         # Connections the ROUTER takes, and replies dropped for peers that do not read (peers.py).
         self.peers = PeerGuard(config.daemon.max_connections, config.daemon.reserved_fds)
+        self.peers.watch_drops(frame_cap(config.daemon))  # connections libzmq drops for a frame over it
         # Cold models run in worker processes: the pool is the registry's cold placer (workers/pool.py).
         self.workers = Workers(self.registry, run_dir, self.hooks, self.regions)
 
@@ -437,9 +438,11 @@ class Server:
                 raise ProtocolError(Status.BAD_REQUEST, f"{len(body)} frames; at most "
                                     f"{self.limits.max_tensors} tensors may follow the header (max_tensors)")
             request = parse_request(body, self.limits, self._lookup)
-        except ProtocolError as exc:
-            ident = request_id(body, self.limits)
-            self._send(envelope + encode_reply(error_header(exc.status, exc.message, ident)))
+        except ProtocolError as exc:  # or a limits query, which no request field names
+            answer = limits_reply(body, self.limits) or error_header(
+                exc.status, exc.message, request_id(body, self.limits),
+                max_message_bytes=self.limits.max_message_bytes if exc.status is Status.TOO_LARGE else None)
+            self._send(envelope + encode_reply(answer))
             return
         job = Job(envelope, request, frames, received, deadline_ns=0)  # the router sets the deadline
         refused = self.router.admit(job)  # None: admitted; else the error reply
