@@ -285,6 +285,8 @@ def cmd_unpin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
 def cmd_reload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     try:  # the same reload as SIGHUP's, one at a time
         steps = server.reload()
+    except cfg.LibraryMissing as exc:
+        raise CommandError(f"not reloaded, the running configuration stays: {exc.reason} ({exc.path})") from None
     except cfg.ConfigError as exc:
         raise CommandError(f"configuration not reloaded, the running one stays: {exc}") from None
     return {"changes": steps.summary()}

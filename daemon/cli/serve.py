@@ -54,6 +54,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         config = cfg.load(args.config)
+    except cfg.LibraryMissing as exc:  # the file is fine: say what to install, not "fix the file"
+        print(f"infermux: cannot serve {exc.file}: {exc.reason} ({exc.path})", file=sys.stderr)
+        return 1
     except cfg.ConfigError as exc:
         print(f"infermux: configuration error: {exc}", file=sys.stderr)
         print("infermux: fix the file and start again; nothing was started.", file=sys.stderr)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any, Mapping, cast
 
 from infermux.plugins import discovery
+from infermux.plugins.requirements import missing_dependency
 
 from infermux.plugins.processors.base import (Processor, ProcessorConfigError, ProcessorError,
                                               ProcessorFactory, Sample)
@@ -52,6 +53,9 @@ def factory(kind: str) -> ProcessorFactory:
         try:
             _cache[kind] = cast(ProcessorFactory, discovery.resolve(specs[kind]))
         except (ImportError, AttributeError) as exc:
+            missing = missing_dependency(exc, f"processor {kind!r}") if isinstance(exc, ImportError) else None
+            if missing is not None:
+                raise missing from exc  # the file is fine: a library is not installed
             raise ProcessorConfigError(kind, f"processor is not usable here: {exc}") from exc
     return _cache[kind]
 
