@@ -20,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the raw JSON reply")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when a model version has failed (its reason goes to stderr)")
+    # For the bash completion: what MODEL may be, one name a line, asked for a second at most.
+    parser.add_argument("--names", action="store_true", help=argparse.SUPPRESS)
 
 
 def errors(stats: dict[str, Any]) -> int:
@@ -50,10 +52,23 @@ def failed(models: list[dict[str, Any]]) -> list[str]:
     return [f"{m['name']}:{m['version']}: {m.get('reason') or 'failed'}" for m in models if m["state"] == "failed"]
 
 
+def _names(endpoint: str) -> int:
+    """Print the names a request may address (models and pipelines), one a line."""
+    from infermux.client import AdminClient
+
+    with AdminClient(endpoint, timeout_s=1) as admin:
+        models = admin.call("models")["models"]
+        pipelines = admin.call("status").get("pipelines", [])
+    print("\n".join(sorted({m["name"] for m in models} | {p["name"] for p in pipelines if "name" in p})))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from infermux.client import AdminClient
     from infermux.pipelines.stats import table as pipeline_table
 
+    if args.names:
+        return _names(endpoint_from(args, "admin"))
     with AdminClient(endpoint_from(args, "admin"), timeout_s=5) as admin:
         status = admin.call("status")
         daemon, pipelines = status["daemon"], status.get("pipelines", [])
