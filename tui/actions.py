@@ -36,7 +36,10 @@ def _weights(m: dict[str, Any], text: str) -> Request:
     try:
         weights = parse_value("weights", text.strip())
     except ValueError:
-        raise Refused(f"weights are written VERSION:WEIGHT,…, e.g. 1:90,2:10; got {text!r}") from None
+        weights = None
+    if not isinstance(weights, dict) or not weights:
+        shown = f"got {text.strip()!r}" if text.strip() else "got nothing"
+        raise Refused(f"weights are written VERSION:WEIGHT,…, e.g. 1:90,2:10; {shown}")
     return "set", {"model": m["name"], "weights": weights}
 
 

@@ -236,7 +236,9 @@ def _set_weights(server: "Server", name: str, weights: Any) -> dict[str, int]:
     model = server.registry.model(name)
     assert model is not None
     if not isinstance(weights, dict) or not weights:
-        raise CommandError("'weights' must be an object of version -> weight, e.g. {\"2.1\": 90, \"2.2\": 10}")
+        versions = ", ".join(sorted(model.versions))
+        raise CommandError(f"no weights given: give each version of {name!r} ({versions}) a weight, written "
+                           "VERSION:WEIGHT,... (e.g. 1:90,2:10; on the admin socket an object {\"1\": 90, \"2\": 10})")
     for version, weight in weights.items():
         if version not in model.versions:
             raise CommandError(f"model {name!r} has no version {version!r}")

@@ -558,3 +558,44 @@ async def test_notifications_are_titled_for_a_person() -> None:
         assert [n.title for n in app._notifications] == ["Drained detector v1", "Weights of detector changed"]
         assert feed.calls == [("drain", {"model": "detector", "version": "1"}),
                               ("set", {"model": "detector", "weights": {"1": 7, "2": 3}})]
+
+
+def burst(app: TopApp, *keys: str) -> None:
+    """Keys as a terminal delivers one read's worth: posted all at once, as the driver does, with no
+    pause between them for the app to settle (Pilot's `press` waits after each key)."""
+    from textual import events
+    from textual.keys import _character_to_key
+
+    for key in keys:
+        if len(key) == 1:
+            app.post_message(events.Key(_character_to_key(key), key))
+        else:
+            app.post_message(events.Key(key, {"ctrl+u": "\x15", "enter": "\r"}.get(key)))
+
+
+async def test_the_weights_editor_takes_ctrl_u_and_the_new_weights_in_one_burst(make_daemon) -> None:
+    d = make_daemon(MODELS)
+    app = console(d)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.models_table.keys() == KEYS)
+        app.models_table.select("addone:1")
+        await pilot.press("w")
+        await until(pilot, lambda: isinstance(app.screen, PromptScreen))
+        burst(app, "ctrl+u", *"1:30,2:70", "enter")  # one read over SSH: the text must not be erased after
+        await until(pilot, lambda: (row(d, "addone", "1")["weight"], row(d, "addone", "2")["weight"]) == (30, 70),
+                    what="the weights typed")
+        await until(pilot, lambda: notified(app, "weights 1=30, 2=70"))
+        await pilot.press("w")
+        await until(pilot, lambda: isinstance(app.screen, PromptScreen))
+        burst(app, "ctrl+u", "enter")  # nothing typed: refused in words, nothing sent
+        await until(pilot, lambda: notified(app, "weights are written VERSION:WEIGHT", "warning"))
+        assert not any("{" in str(n.message) for n in app._notifications), [n.message for n in app._notifications]
+        assert (row(d, "addone", "1")["weight"], row(d, "addone", "2")["weight"]) == (30, 70)
+
+
+def test_the_console_refuses_empty_weights_in_words() -> None:
+    # Refused before it is sent: the editor says how to write weights, not a JSON shape.
+    from infermux.tui.actions import Refused, _weights
+
+    with pytest.raises(Refused, match="e.g. 1:90,2:10; got nothing"):
+        _weights({"name": "addone"}, "  ")
