@@ -30,13 +30,21 @@ def errors(stats: dict[str, Any]) -> int:
 
 
 def table(models: list[dict[str, Any]]) -> str:
-    """The models as a fixed-width table."""
-    head = ("MODEL", "VERSION", "PLACE", "STATE", "CTX", "QUEUE", "INFL", "QPS", "P50", "P99", "ERR", "MEMORY")
+    """The models as a fixed-width table. WEIGHT is the version's routing weight (under `weighted`),
+    SHARE the part of the model's requests naming no version that it takes now; `*` marks the
+    default where it takes them all."""
+    head = ("MODEL", "VERSION", "PLACE", "STATE", "WEIGHT", "SHARE", "CTX", "QUEUE", "INFL", "QPS", "P50", "P99",
+            "ERR", "MEMORY")
     rows = [head]
     for m in models:
         st = m.get("stats", {})
-        name = m["name"] + (" *" if m.get("default") else "") + (" (pinned)" if m.get("pinned") else "")
-        rows.append((name, m["version"], m["placement"], m["state"], str(m["contexts"]), str(m["queue_depth"]),
+        share = m.get("traffic_share")
+        split = share not in (None, 100.0, 100)  # a weighted split: SHARE says where requests go, not `*`
+        name = (m["name"] + (" *" if m.get("default") and not split else "")
+                + (" (pinned)" if m.get("pinned") else ""))
+        weight = str(m.get("weight", 0)) if m.get("strategy") == "weighted" else "-"
+        rows.append((name, m["version"], m["placement"], m["state"], weight,
+                     "-" if share is None else f"{share:.0f}%", str(m["contexts"]), str(m["queue_depth"]),
                      str(m["in_flight"]), fmt.rate(st.get("qps")), fmt.us(st.get("p50_us")),
                      fmt.us(st.get("p99_us")), str(errors(st)), fmt.size(m["memory_bytes"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
