@@ -313,6 +313,8 @@ class Server:
 
     def close(self) -> None:
         """Close the frontend and remove its socket files (the zmq context stays for others)."""
+        if self.peers.drops is not None:
+            self.peers.drops.closing = True  # the connections libzmq ends now are not dropped for their size
         if self.frontend is not None:
             self.frontend.close(linger=500)
         if self.curve is not None:

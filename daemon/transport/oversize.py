@@ -6,9 +6,10 @@ client that hung up, after the descriptor is closed. So the frontend keeps a
 duplicate of each connection's descriptor from the first message it reads on
 it (one descriptor per connection, only from the room the connection bound
 leaves spare: `room`) and, once libzmq has let the connection go, the peer guard peeks
-at it: bytes still waiting there mean libzmq stopped reading in the middle of
-what the peer sent, which a ZMTP client's frame over the cap is the cause of
-(a hand-made malformed stream would be the other). Those are counted
+at it: a connection the peer did not end (no end of stream waiting there: the
+rest of its frame, or nothing yet) was ended by libzmq, and after the
+handshake (a connection that spoke has had it) libzmq ends one only for a
+frame over the cap (or a hand-made malformed stream). Those are counted
 (`infermux_requests_dropped_oversize_total`) and logged at most once per
 LOG_INTERVAL_S with the peer: its descriptor, and its pid (ipc) or address
 (tcp). A client that hung up, or one the guard shut down, reads as end of
@@ -41,6 +42,7 @@ class DropWatch:
         self.frame_cap = frame_cap
         self.room = room  # duplicates it may hold: descriptors neither connections nor reserved_fds need
         self.dropped = 0
+        self.closing = False  # set as the daemon closes the socket (Server.close): nothing is counted then
         self._dups: dict[int, int] = {}  # libzmq's descriptor -> ours
         self._logged_at = 0.0
         self._logged_count = 0
@@ -56,7 +58,8 @@ class DropWatch:
             pass  # no descriptor free
 
     def disconnected(self, fd: int) -> None:
-        """libzmq let the connection on `fd` go: count it if it did so with bytes still unread."""
+        """libzmq let the connection on `fd` go: count it unless the peer had ended it (or the daemon
+        is closing the socket)."""
         dup = self._dups.pop(fd, None)
         if dup is None:
             return
@@ -66,11 +69,15 @@ class DropWatch:
             os.close(dup)
             return
         with sock:
+            if self.closing:
+                return  # the daemon is closing the socket: every connection ends, none for its size
             try:
-                waiting = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT)
-            except OSError:  # nothing waiting (BlockingIOError), or reset by the peer
-                return
-            if waiting:
+                ended_by_peer = sock.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+            except BlockingIOError:  # the peer still holds it, and the rest of its frame is on the way
+                ended_by_peer = False
+            except OSError:  # reset by the peer
+                ended_by_peer = True
+            if not ended_by_peer:
                 self.dropped += 1
                 self._log(fd, _peer(sock))
 

@@ -91,6 +91,17 @@ def test_infer_exits_1_naming_the_limit_and_the_size(make_daemon, tmp_path) -> N
     assert int(size) > OVER_THE_CAP["x"].nbytes
 
 
+def test_bench_exits_1_naming_the_limit_instead_of_waiting_for_replies(make_daemon, tmp_path) -> None:
+    d = make_daemon(MODEL)
+    big = tmp_path / "x.npy"
+    np.save(big, OVER_THE_CAP["x"])
+    run = subprocess.run([sys.executable, "-m", "infermux", "bench", "addone", "--input", f"x={big}",
+                          "-e", d.endpoint, "--requests", "5", "--timeout", "30"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1, run.stderr
+    assert "max_message_bytes" in run.stderr and str(LIMIT) in run.stderr and "Traceback" not in run.stderr
+
+
 def test_the_daemon_counts_and_logs_connections_dropped_for_a_frame_over_the_cap(make_daemon) -> None:
     port = free_port()
     d = make_daemon(MODEL, head=DAEMON_HEAD + f"metrics_port = {port}\n")
@@ -99,6 +110,11 @@ def test_the_daemon_counts_and_logs_connections_dropped_for_a_frame_over_the_cap
     frame = OVER_THE_CAP["x"].tobytes()
     request = [b"", json.dumps({"model": "addone", "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 4]}]})
                .encode(), SMALL["x"].tobytes()]
+    for _ in range(5):  # clients that hang up after their replies are not counted
+        with dealer(d.endpoint) as sock:
+            sock.send_multipart(request)
+            assert sock.poll(10_000)
+            sock.recv_multipart()
     for _ in range(3):  # a client in another language that did not ask: libzmq drops its connection
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -122,3 +138,6 @@ def test_the_daemon_counts_and_logs_connections_dropped_for_a_frame_over_the_cap
     assert "max_message_bytes" in log and "fd " in log, log
     with d.client() as client:
         assert client.infer("addone", SMALL).status == 200
+    time.sleep(0.5)  # that client has hung up too: still three
+    metrics = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert "infermux_requests_dropped_oversize_total 3" in metrics.splitlines()
