@@ -58,6 +58,8 @@ def missing_dependency(exc: ImportError, needed_by: str) -> MissingDependency | 
     """`exc` as a MissingDependency when the module it failed on is a library we know how to get."""
     if isinstance(exc, MissingDependency):
         return exc
+    if not isinstance(exc, ModuleNotFoundError):
+        return None  # installed but broken (`cannot import name ...`): its own message says more
     top = (exc.name or "").split(".")[0]
     requirement = KNOWN.get(top)
     return None if requirement is None else MissingDependency(needed_by, requirement, str(exc))
