@@ -18,6 +18,7 @@ from typing import Any, Mapping
 
 from infermux import signing
 from infermux.plugins import backends, processors
+from infermux.plugins.requirements import MissingDependency
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -42,6 +43,15 @@ class ConfigError(Exception):
     def __init__(self, file: Path | str, path: str, reason: str) -> None:
         self.file, self.path, self.reason = str(file), path, reason
         super().__init__(f"{file}: {path}: {reason}" if path else f"{file}: {reason}")
+
+
+class LibraryMissing(ConfigError):
+    """The file is valid, but a library one of its steps needs is not installed here: `requirement`
+    says what to install (plugins/requirements.py). Not the file's fault, so not reported as such."""
+
+    def __init__(self, file: Path | str, path: str, missing: MissingDependency) -> None:
+        super().__init__(file, path, str(missing))
+        self.requirement = missing.requirement
 
 
 @dataclass(frozen=True)
@@ -850,6 +860,8 @@ def _check_processor(file: Path, where: str, step: str, kind: str, name: str, op
     """Build the step's processor once, so that a bad option stops the file here, named."""
     try:
         processors.create(kind, options, name)
+    except MissingDependency as exc:
+        raise LibraryMissing(file, where, exc) from None
     except processors.ProcessorError as exc:
         raise ConfigError(file, where, f"{step}: {exc.reason}") from None
 

@@ -485,6 +485,24 @@ def _write(view: memoryview, array: np.ndarray) -> None:
 OPERATOR_RETRY_MS = 1000
 
 
+def limits_reply(frames: Sequence[bytes | memoryview], limits: Limits) -> dict[str, Any] | None:
+    """The 200 reply to a limits query (the single frame `{"limits": true}`, `id` optional), else None.
+
+    A client asks before it sends a message over 64 KiB: libzmq drops a connection whose frame
+    exceeds max_message_bytes + 64 KiB unread and unanswered (docs/protocol.md, "Size limits")."""
+    if len(frames) != 1 or len(frames[0]) > 256:
+        return None
+    try:
+        header = json.loads(bytes(frames[0]))
+    except (UnicodeDecodeError, ValueError):
+        return None
+    if not isinstance(header, dict) or header.get("limits") is not True or not {"limits", "id"}.issuperset(header):
+        return None
+    return {"id": header.get("id"), "status": int(Status.OK), "limits": {
+        "max_message_bytes": limits.max_message_bytes, "max_header_bytes": limits.max_header_bytes,
+        "max_tensors": limits.max_tensors, "max_rank": limits.max_rank, "max_elements": limits.max_elements}}
+
+
 def error_header(status: Status, message: str, id: Any = None, **extra: Any) -> dict[str, Any]:
     """A reply header for a request that was not served."""
     header: dict[str, Any] = {"id": id, "status": int(status), "error": message}

@@ -260,7 +260,9 @@ def _set_weights(server: "Server", name: str, weights: Any) -> dict[str, int]:
     model = server.registry.model(name)
     assert model is not None
     if not isinstance(weights, dict) or not weights:
-        raise CommandError("'weights' must be an object of version -> weight, e.g. {\"2.1\": 90, \"2.2\": 10}")
+        versions = ", ".join(sorted(model.versions))
+        raise CommandError(f"no weights given: give each version of {name!r} ({versions}) a weight, written "
+                           "VERSION:WEIGHT,... (e.g. 1:90,2:10; on the admin socket an object {\"1\": 90, \"2\": 10})")
     for version, weight in weights.items():
         if version not in model.versions:
             raise CommandError(f"model {name!r} has no version {version!r}")
@@ -311,6 +313,8 @@ def cmd_unpin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
 def cmd_reload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     try:  # the same reload as SIGHUP's, one at a time
         steps = server.reload()
+    except cfg.LibraryMissing as exc:
+        raise CommandError(f"not reloaded, the running configuration stays: {exc.reason} ({exc.path})") from None
     except cfg.ConfigError as exc:
         raise CommandError(f"configuration not reloaded, the running one stays: {exc}") from None
     return {"changes": steps.summary()}

@@ -145,6 +145,10 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
     out.family("infermux_requests_stalled_total", "counter",
                "Requests not computed because their client's replies were being dropped (dropped or 429).",
                [({}, clients["stalled_requests"])])
+    out.family("infermux_requests_dropped_oversize_total", "counter",
+               "Inference connections libzmq dropped unread for a frame over max_message_bytes + 64 KiB: "
+               "their requests got no reply (the client should ask the daemon's limits first).",
+               [({}, clients.get("dropped_oversize", 0))])
     out.family("infermux_connections_refused_total", "counter",
                f"New inference connections shut down at once: over max_connections with none silent for {SILENT_GRACE_S:g} s, "
                "or too near the fd limit.",

@@ -84,6 +84,8 @@ def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
         "timeout_ms": mc.timeout_ms, "fallback": model.fallback if model is not None else "",
         "weight": server.router.weights.get(mv.name, {}).get(mv.version, 0),
         "strategy": server.router.strategy(model) if model is not None else "",
+        # Where requests that name no version go now: pinned, default or weights (None under hash).
+        "traffic_share": server.router.traffic_share(model, mv.version) if model is not None else 0.0,
         "max_batch": settings.max_batch if settings is not None else mc.max_batch,
         "batch_delay_us": settings.batch_delay_us if settings is not None else mc.batch_delay_us,
         "preferred_batch": list(settings.preferred_batch if settings is not None else mc.preferred_batch),

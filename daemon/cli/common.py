@@ -48,7 +48,8 @@ def add_endpoint_arguments(parser: argparse.ArgumentParser, admin: bool = False,
         parser.add_argument("--admin", metavar="ENDPOINT", help="the admin socket (default: [daemon] admin "
                             "of --config, else admin.sock beside an ipc:// --endpoint)")
     parser.add_argument("--config", "-c", help="daemon configuration to take the sockets from "
-                        f"(default: $INFERMUX_CONFIG or {DEFAULT_CONFIG}); only its socket paths are read")
+                        f"(default: $INFERMUX_CONFIG or {DEFAULT_CONFIG}, else the default sockets in the "
+                        "runtime directory); only its socket paths are read")
     parser.add_argument("--runtime-dir", help="the daemon's --runtime-dir, if it was started with one")
 
 
@@ -123,6 +124,10 @@ def _socket_config(args: argparse.Namespace) -> "DaemonConfig":
     from infermux import config as cfg
 
     path = args.config or os.environ.get("INFERMUX_CONFIG") or DEFAULT_CONFIG
+    if path == DEFAULT_CONFIG and not os.path.exists(path):
+        # Not installed (a checkout): the default sockets in the default runtime directory are
+        # where the sample configuration's daemon listens, as any other that keeps the defaults.
+        return cfg.DaemonConfig()
     try:
         return cfg.load_sockets(path)
     except cfg.ConfigError as exc:
@@ -159,8 +164,11 @@ def guarded(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) 
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # the last guard: a user sees a sentence, a developer can ask for more
-        from infermux.client.inference import AdminError, NotAdminSocket
+        from infermux.client.inference import AdminError, NotAdminSocket, RequestTooLarge
 
+        if isinstance(exc, RequestTooLarge):
+            print(f"infermux: {exc}", file=sys.stderr)
+            return 1
         if isinstance(exc, AdminError):
             print(f"infermux: {exc}", file=sys.stderr)
             return USAGE if isinstance(exc, NotAdminSocket) else 1

@@ -223,6 +223,8 @@ def _read(path: str) -> str:
 def _configuration(path: Path, runtime_dir: str | None, tensorrt_ok: bool) -> list[Check]:
     try:
         config = cfg.load(path)
+    except cfg.LibraryMissing as exc:
+        return [Check("libraries", "FAIL", f"{exc.path}: {exc.reason}", f"install: {exc.requirement.how()}")]
     except cfg.ConfigError as exc:
         return [Check("configuration", "FAIL", str(exc), "fix the file (infermux(1) lists every setting)")]
     checks = [Check("configuration", "OK", f"{path}: {len(config.models)} model(s)")]

@@ -155,6 +155,23 @@ class Router:
         assert default is not None  # a Model always has at least one version
         return default
 
+    def traffic_share(self, model: Model, version: str) -> float | None:
+        """The percentage of requests without a version that `version` of `model` gets now, as
+        `_choose_version` routes them; None under `hash`, where each key's requests go to one version."""
+        ready = model.ready_versions()
+        if model.pinned is None and len(ready) > 1:
+            strategy = self.strategy(model)
+            if strategy == "hash":
+                return None
+            if strategy == "weighted":
+                weights = self.weights.get(model.name, {})
+                total = sum(weights.get(mv.version, 0) for mv in ready)
+                if total > 0:
+                    mine = weights.get(version, 0) if any(mv.version == version for mv in ready) else 0
+                    return 100.0 * mine / total
+        default = model.default()
+        return 100.0 if default is not None and default.version == version else 0.0
+
     def strategy(self, model: Model) -> str:
         versions = model.ordered()
         own = versions[-1].config.strategy if versions else ""

@@ -35,8 +35,8 @@ from infermux.events import EventLog, Throttle
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.inline import InlinePolicy
 from infermux.execution.job import Job, Outcome, internal_sink
-from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Status, encode_reply, error_header, parse_request,
-                               request_id)
+from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Status, encode_reply, error_header, limits_reply,
+                               parse_request, request_id)
 from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.registry import Registry, State
 from infermux.models.verified import EngineSigning, verified_store
@@ -111,6 +111,7 @@ class Server:
         self._lookup: RegionTable | None = None
         # Connections the ROUTER takes, and replies dropped for peers that do not read (peers.py).
         self.peers = PeerGuard(config.daemon.max_connections, config.daemon.reserved_fds)
+        self.peers.watch_drops(frame_cap(config.daemon))  # connections libzmq drops for a frame over it
         # Cold models run in worker processes: the pool is the registry's cold placer (workers/pool.py).
         self.workers = Workers(self.registry, run_dir, self.hooks, self.regions)
         self.recorder = Recorder()  # `infermux record`: requests and answers of a model, copied as they pass
@@ -348,6 +349,8 @@ class Server:
 
     def close(self) -> None:
         """Close the frontend and remove its socket files (the zmq context stays for others)."""
+        if self.peers.drops is not None:
+            self.peers.drops.closing = True  # the connections libzmq ends now are not dropped for their size
         if self.frontend is not None:
             self.frontend.close(linger=500)
         if self.curve is not None:
@@ -508,9 +511,11 @@ class Server:
                 raise ProtocolError(Status.BAD_REQUEST, f"{len(body)} frames; at most "
                                     f"{self.limits.max_tensors} tensors may follow the header (max_tensors)")
             request = parse_request(body, self.limits, self._lookup)
-        except ProtocolError as exc:
-            ident = request_id(body, self.limits)
-            self._send(envelope + encode_reply(error_header(exc.status, exc.message, ident)))
+        except ProtocolError as exc:  # or a limits query, which no request field names
+            answer = limits_reply(body, self.limits) or error_header(
+                exc.status, exc.message, request_id(body, self.limits),
+                max_message_bytes=self.limits.max_message_bytes if exc.status is Status.TOO_LARGE else None)
+            self._send(envelope + encode_reply(answer))
             return
         if self.recorder.active:  # before admission: an inline answer is sent inside it
             self.recorder.on_request(envelope, request)

@@ -128,6 +128,7 @@ def secure(endpoint: str, group: str = GROUP) -> None:
     path = path_of(endpoint)
     if path is None:
         return
+    bound(endpoint)
     _give_to_group(path, group)
     os.chmod(path, 0o660)
 
@@ -141,7 +142,26 @@ def _give_to_group(path: Path, group: str = GROUP) -> None:
         pass  # no such group (a developer box), or not ours to give
 
 
-def remove(endpoint: str) -> None:
+# The socket files this process bound (secure() runs right after each bind), by inode: remove()
+# deletes only those, never a file another daemon bound at the same path since.
+_created: dict[Path, int] = {}
+
+
+def bound(endpoint: str) -> None:
+    """Note that this process just bound `endpoint`, so that remove() may delete its file."""
     path = path_of(endpoint)
     if path is not None:
-        path.unlink(missing_ok=True)
+        _created[path] = os.stat(path).st_ino
+
+
+def remove(endpoint: str) -> None:
+    """Delete the socket file of `endpoint` if it is still the one this process bound."""
+    path = path_of(endpoint)
+    ours = _created.pop(path, None) if path is not None else None
+    if path is None or ours is None:
+        return
+    try:
+        if os.stat(path).st_ino == ours:
+            path.unlink()
+    except FileNotFoundError:
+        pass

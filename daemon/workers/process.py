@@ -80,6 +80,8 @@ class WorkerProcess:
         with ipc.private_files():  # only the daemon's user may talk to its workers, from the bind on
             self.down.bind(self.down_endpoint)
             self.up.bind(self.up_endpoint)
+        for endpoint in (self.down_endpoint, self.up_endpoint):
+            ipc.bound(endpoint)  # this daemon's own files: the only ones it removes
         read_end, self._lifeline = os.pipe()
         lane, theirs = Lane.pair()
         self.lane: Lane | None = lane

@@ -8,6 +8,7 @@ from typing import cast
 
 from infermux.plugins import discovery
 from infermux.plugins.base import Backend, BackendError
+from infermux.plugins.requirements import missing_dependency
 
 log = logging.getLogger("infermux.plugins")
 
@@ -44,7 +45,8 @@ def get(name: str) -> Backend:
         try:
             _cache[name] = _load_object(specs[name])
         except ImportError as exc:
-            raise BackendError(f"backend {name!r} is not usable here: {exc}") from exc
+            missing = missing_dependency(exc, f"backend {name!r}")
+            raise BackendError(str(missing) if missing else f"backend {name!r} is not usable here: {exc}") from exc
     return _cache[name]
 
 

@@ -19,6 +19,7 @@ OPENCV_PIXELS = "OPENCV_IO_MAX_IMAGE_PIXELS"
 os.environ.setdefault(OPENCV_PIXELS, str(DEFAULT_MAX_PIXELS))
 
 from infermux.plugins import discovery  # noqa: E402
+from infermux.plugins.requirements import missing_dependency  # noqa: E402
 
 from infermux.plugins.processors.base import (Processor, ProcessorConfigError, ProcessorError,  # noqa: E402
                                               ProcessorFactory, Sample)
@@ -61,6 +62,9 @@ def factory(kind: str) -> ProcessorFactory:
         try:
             _cache[kind] = cast(ProcessorFactory, discovery.resolve(specs[kind]))
         except (ImportError, AttributeError) as exc:
+            missing = missing_dependency(exc, f"processor {kind!r}") if isinstance(exc, ImportError) else None
+            if missing is not None:
+                raise missing from exc  # the file is fine: a library is not installed
             raise ProcessorConfigError(kind, f"processor is not usable here: {exc}") from exc
     return _cache[kind]
 
