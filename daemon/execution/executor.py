@@ -132,6 +132,38 @@ class Executor:
             self._busy.release()
         return True
 
+    def serve_alone(self, job: Job) -> bool:
+        """The fast path's compute (frontend/fastpath.py): run `job` on the calling thread at once
+        if this context is idle; True once it is answered, False (nothing done) if it is busy.
+
+        What `try_inline` does for a lone request, in fewer steps: the same deadline check is the
+        caller's (the request was read microseconds ago), the same statistics, estimates and reply.
+        """
+        if self.in_flight or len(self.queue) or not self._busy.acquire(blocking=False):
+            return False
+        try:
+            rows = batcher.rows(job.request.inputs)
+            self.in_flight, self.in_flight_rows = 1, rows
+            start = time.perf_counter_ns()
+            try:
+                outputs = self._infer_one(job)
+            except Exception as exc:
+                self.in_flight = self.in_flight_rows = 0
+                self._failed([job], exc)
+                return True
+            end = time.perf_counter_ns()
+            self.in_flight = self.in_flight_rows = 0
+            self._learn(rows, start, end)
+            self._succeed(job, outputs, start, end, 0, rows)
+            self.served += 1
+        except Exception as exc:  # as _guarded: a bug answers 500, the context lives on
+            log.exception("executor error model=%s version=%s context=%d", self.name, self.version, self.index)
+            self.in_flight = self.in_flight_rows = 0
+            self._fail([job], Status.BACKEND_ERROR, f"internal error: {exc}")
+        finally:
+            self._busy.release()
+        return True
+
     def run_queued(self, gate: Callable[[float, int], bool]) -> None:
         """Compute queued batches on the calling thread while `gate` allows it, then wake this thread for the rest.
 
@@ -202,27 +234,35 @@ class Executor:
             else:
                 merged = self._context.infer(batcher.merge([j.request.inputs for j in jobs]))
                 results = batcher.split(merged, sizes)
-        except InputRejected as exc:
-            self._fail(jobs, Status.BAD_REQUEST, str(exc))
-            return
         except Exception as exc:
-            log.warning("inference failed model=%s version=%s context=%d", self.name, self.version, self.index,
-                        exc_info=True)  # the first of a kind names its exception, then counts (events.py)
-            self._fail(jobs, Status.BACKEND_ERROR, f"backend error: {str(exc)[:500]}")
+            self._failed(jobs, exc)
             return
         finally:
             self.in_flight = self.in_flight_rows = 0
         end = time.perf_counter_ns()
         rows = sum(sizes)
+        self._learn(rows, start, end)
+        shared = rows if len(jobs) > 1 else 0
+        for job, outputs in zip(jobs, results):
+            self._succeed(job, outputs, start, end, shared, rows)
+        self.served += len(jobs)
+
+    def _failed(self, jobs: list[Job], exc: Exception) -> None:
+        """The backend call for `jobs` raised `exc`: 400 for input it rejected, else 500."""
+        if isinstance(exc, InputRejected):
+            self._fail(jobs, Status.BAD_REQUEST, str(exc))
+            return
+        log.warning("inference failed model=%s version=%s context=%d", self.name, self.version, self.index,
+                    exc_info=exc)  # the first of a kind names its exception, then counts (events.py)
+        self._fail(jobs, Status.BACKEND_ERROR, f"backend error: {str(exc)[:500]}")
+
+    def _learn(self, rows: int, start: int, end: int) -> None:
+        """Count a backend call of `rows` rows from `start` to `end` (ns) and update the estimates."""
         # Batch sizes are rows, as max_batch is: the histogram shows what the engine ran.
         self.stats.record_batch(rows, (end - start) // 1000)
         sample = (end - start) / 1000 / max(1, rows)
         self.row_wall_us = track_compute(self.row_wall_us, sample)
         self.row_us = track_compute(self.row_us, sample, may_rise=threading.current_thread() is not self._thread)
-        shared = rows if len(jobs) > 1 else 0
-        for job, outputs in zip(jobs, results):
-            self._succeed(job, outputs, start, end, shared, rows)
-        self.served += len(jobs)
 
     def _infer_one(self, job: Job) -> dict[str, Any]:
         """One request alone: into the arrays its placement offers where the backend can (base.WritesOutputs):

@@ -161,6 +161,19 @@ class Scheduler:
             return self._forward(job)
         return Admission.QUEUED
 
+    def serve_now(self, job: Job) -> bool:
+        """The fast path (Router.admit_fast): compute `job` on the calling thread at once when nothing
+        needs deciding: no batching, an idle context, a compute the inline gate allows, no key to
+        hash to a context. True once it is answered; False, having done nothing, otherwise."""
+        if self.policy.max_batch > 1 or self._inline is None or (self.strategy == "hash" and job.request.key is not None):
+            return False
+        for executor in self.executors:
+            if executor.load == 0 and executor.row_us:
+                if not self._inline(executor.row_us * batcher.rows(job.request.inputs), False):
+                    return False
+                return executor.serve_alone(job)
+        return False
+
     def _forward(self, job: Job) -> Admission:
         """This version takes no more work: its successor's, once a switch replaced it (hand_over)."""
         successor = self._successor
