@@ -165,7 +165,8 @@ class Scheduler:
         """The fast path (Router.admit_fast): compute `job` on the calling thread at once when nothing
         needs deciding: no batching, an idle context, a compute the inline gate allows, no key to
         hash to a context. True once it is answered; False, having done nothing, otherwise."""
-        if self.policy.max_batch > 1 or self._inline is None or (self.strategy == "hash" and job.request.key is not None):
+        if (self.policy.max_batch > 1 or self._inline is None or (self.strategy == "hash" and job.request.key is not None)
+                or self.depth() >= self.max_queue):
             return False
         for executor in self.executors:
             if executor.load == 0 and executor.row_us:
