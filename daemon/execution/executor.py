@@ -18,7 +18,7 @@ from infermux.execution.fairqueue import Closed, FairQueue
 from infermux.execution.inline import track_compute
 from infermux.execution.job import Job, Outcome
 from infermux.plugins.base import Context, InputRejected, OutputsMismatch
-from infermux.protocol import Status, encode_reply, error_header
+from infermux.protocol import OkReplies, Status, encode_reply, error_header
 from infermux.execution.outputs import RegionOutputs, ShapeMemory
 from infermux.execution.stats import Stats
 
@@ -74,6 +74,7 @@ class Executor:
         self._policy = policy
         self._busy = threading.Lock()  # held while the context computes, by whichever thread
         self._shapes = ShapeMemory()  # output shapes by kind of request, for RegionOutputs
+        self._ok = OkReplies(name, version)
         self._thread = threading.Thread(target=self._run, name=f"exec-{name}-{version}-{index}", daemon=True)
 
     def start(self) -> None:
@@ -291,16 +292,19 @@ class Executor:
             job.place.learn(outputs)
         queue_us, compute_us = (start - job.received_ns) // 1000, (end - start) // 1000
         total_us = (time.perf_counter_ns() - job.received_ns) // 1000
-        header: dict[str, Any] = {
-            "id": req.id, "status": 200, "model": self.name, "version": self.version,
-            "timing_us": {"queue": queue_us, "compute": compute_us, "total": total_us},
-        }
-        if batch:
-            header["batch"] = batch
-        if job.fallback:
-            header["fallback"] = job.fallback
+        plain = not batch and not job.fallback and not req.output_regions
+        frames = self._ok.encode(req.id, queue_us, compute_us, total_us, outputs) if plain else None
+        if frames is None:
+            header: dict[str, Any] = {
+                "id": req.id, "status": 200, "model": self.name, "version": self.version,
+                "timing_us": {"queue": queue_us, "compute": compute_us, "total": total_us},
+            }
+            if batch:
+                header["batch"] = batch
+            if job.fallback:
+                header["fallback"] = job.fallback
+            frames = encode_reply(header, outputs, req.output_regions)  # raises on outputs it cannot send: a 500
         outcome = Outcome(200, rows, queue_us, compute_us, total_us)
-        frames = encode_reply(header, outputs, req.output_regions)  # raises on outputs it cannot send: a 500
         # Counted before it leaves: a client that has its reply finds it in the statistics.
         self.stats.record(200, total_us, queue_us, compute_us, batch)
         self._reply(job.envelope, frames, outcome)
