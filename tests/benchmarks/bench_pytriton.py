@@ -6,8 +6,10 @@ Both serve the sample classifier through onnxruntime (1 intra-op thread a
 session), one [1,3,64,64] float32 image a request, at concurrency 1, 16
 and 64, rounds alternating between the two servers:
 
-  infermux   `infermux serve`, 2 contexts (one shared session), driven by
-             `infermux.cli.bench.run_load` (one DEALER, c requests in flight)
+  infermux   `infermux serve`, 2 contexts (one shared session), unbatched and
+             batched (max_batch 16, 200 µs delay), driven by
+             `infermux.cli.bench.run_load` (one DEALER, c requests in flight);
+             the better of the two at each concurrency is compared
   pytriton   `Triton.bind` with 2 model instances (a session each) and
              Triton's dynamic batcher (max_batch_size 16, 100 µs delay),
              driven over gRPC by `tritonclient.grpc.aio` (c requests in flight)
@@ -169,18 +171,24 @@ def main(argv: list[str] | None = None) -> int:
         try:
             wait_for_pytriton(triton, log)
             command, endpoint = daemon_command(tmp, "daemon", 2)
+            batched, batched_endpoint = daemon_command(tmp, "batched", 2)
+            config = tmp / "batched.toml"
+            config.write_text(config.read_text() + "max_batch = 16\nbatch_delay_us = 200\n")
             inputs = parse_inputs([], ["images=1x3x64x64"], "float32")
             ctx = multiprocessing.get_context("spawn")
-            with serving("daemon", command, endpoint, tmp), ProcessPoolExecutor(1, mp_context=ctx) as generator:
+            with serving("daemon", command, endpoint, tmp), serving("batched", batched, batched_endpoint, tmp), \
+                    ProcessPoolExecutor(1, mp_context=ctx) as generator:
                 for round_ in range(args.rounds):
                     for c in LEVELS:
                         p = pytriton_round(interpreter, tmp / "client.py", c, args)
-                        r = generator.submit(run_load, endpoint, "classifier", inputs, concurrency=c,
-                                             duration_s=args.duration, warmup=args.warmup).result()
-                        i = {"qps": r.qps, "p50_us": r.p50_us, "p99_us": r.p99_us, "errors": r.requests - r.ok}
                         rows.setdefault(("pytriton", c), []).append(p)
-                        rows.setdefault(("infermux", c), []).append(i)
-                        print(f"  round {round_ + 1} c={c:<3} infermux {i['qps']:8,.0f}/s  pytriton {p['qps']:8,.0f}/s",
+                        for case, where in (("infermux", endpoint), ("infermux batched", batched_endpoint)):
+                            r = generator.submit(run_load, where, "classifier", inputs, concurrency=c,
+                                                 duration_s=args.duration, warmup=args.warmup).result()
+                            rows.setdefault((case, c), []).append(
+                                {"qps": r.qps, "p50_us": r.p50_us, "p99_us": r.p99_us, "errors": r.requests - r.ok})
+                        print(f"  round {round_ + 1} c={c:<3} infermux {rows['infermux', c][-1]['qps']:8,.0f}/s  "
+                              f"batched {rows['infermux batched', c][-1]['qps']:8,.0f}/s  pytriton {p['qps']:8,.0f}/s",
                               file=sys.stderr)
         finally:
             triton.terminate()
@@ -197,11 +205,13 @@ def main(argv: list[str] | None = None) -> int:
 
 def report(rows: dict[tuple[str, int], list[dict]], args: argparse.Namespace) -> str:
     table = []
+    med = lambda runs, key: statistics.median(r[key] for r in runs if r[key] is not None)  # noqa: E731
     for c in LEVELS:
-        mine, theirs = rows["infermux", c], rows["pytriton", c]
+        best = max(("infermux", "infermux batched"), key=lambda case: med(rows[case, c], "qps"))
+        mine, theirs = rows[best, c], rows["pytriton", c]
         ratios = sorted(m["qps"] / t["qps"] for m, t in zip(mine, theirs) if t["qps"])
-        med = lambda runs, key: statistics.median(r[key] for r in runs if r[key] is not None)  # noqa: E731
-        table.append([str(c), f"{med(mine, 'qps'):,.0f}", f"{med(theirs, 'qps'):,.0f}",
+        table.append([str(c), best, f"{med(rows['infermux', c], 'qps'):,.0f}",
+                      f"{med(rows['infermux batched', c], 'qps'):,.0f}", f"{med(theirs, 'qps'):,.0f}",
                       f"**{statistics.median(ratios):.2f}×** ({ratios[0]:.2f}–{ratios[-1]:.2f})",
                       f"{med(mine, 'p50_us'):,.0f}", f"{med(theirs, 'p50_us'):,.0f}",
                       f"{med(mine, 'p99_us'):,.0f}", f"{med(theirs, 'p99_us'):,.0f}",
@@ -210,11 +220,14 @@ def report(rows: dict[tuple[str, int], list[dict]], args: argparse.Namespace) ->
         stamp(), "",
         f"Sample classifier, one [1,3,64,64] float32 image a request; {args.rounds} rounds × {args.duration:g} s "
         f"per server and concurrency after {args.warmup} warm-up requests, alternating; medians, and the "
-        "per-round QPS ratios' median and range. infermux: 2 contexts, ipc, its own load generator. PyTriton "
+        "per-round QPS ratios' median and range (the better infermux configuration at each c against PyTriton; "
+        "p50/p99 are that configuration's). infermux: 2 contexts, unbatched and batched (max_batch 16, 200 µs), "
+        "ipc, its own load generator. PyTriton "
         "(nvidia-pytriton in its own venv on the system Python): 2 instances, dynamic batching up to 16 with "
         "100 µs delay, gRPC on 127.0.0.1, `tritonclient.grpc.aio`. Each side's client is its own, so the "
         "figures include each protocol's client cost.", "",
-        markdown_table(["c", "infermux QPS", "PyTriton QPS", "infermux ÷ PyTriton", "p50 µs infermux",
+        markdown_table(["c", "best infermux", "infermux QPS", "batched QPS", "PyTriton QPS",
+                        "best infermux ÷ PyTriton", "p50 µs infermux",
                         "p50 µs PyTriton", "p99 µs infermux", "p99 µs PyTriton", "errors"], table), "",
         "Reproduce: `python tests/benchmarks/bench_pytriton.py` (makes ~/.cache/infermux/pytriton-venv first).",
     ])
