@@ -134,7 +134,7 @@ class Executor:
         return True
 
     def serve_alone(self, job: Job) -> bool:
-        """The fast path's compute (frontend/fastpath.py): run `job` on the calling thread at once
+        """The fast path's compute (Router.admit_fast): run `job` on the calling thread at once
         if this context is idle; True once it is answered, False (nothing done) if it is busy.
 
         What `try_inline` does for a lone request, in fewer steps: the same deadline check is the
