@@ -21,6 +21,7 @@ from infermux.execution.executor import ReplyFn
 from infermux.execution.hashring import HashRing
 from infermux.execution.job import ONLY_INPUT, Job, internal_sink
 from infermux.execution.placement import Admission, Placement
+from infermux.execution.scheduler import Scheduler
 from infermux.protocol import OPERATOR_RETRY_MS, ProtocolError, Status, dtype_name, encode_reply, error_header
 from infermux.models.registry import Model, ModelVersion, Registry, State
 
@@ -62,6 +63,41 @@ class Router:
         except ProtocolError as exc:
             self._count(job, exc.status)
             return error_header(exc.status, exc.message, job.request.id, retry_after_ms=exc.retry_after_ms)
+
+    def admit_fast(self, job: Job) -> bool:
+        """Serve `job` at once if nothing about it needs deciding; False, having done nothing, if
+        something does (then `admit` takes it).
+
+        The common request: a model with no fallback and no version asked for, whose one version
+        (or least_queue default) is hot and ready, with time left, inputs it accepts and an idle
+        context that may compute it on this thread (Scheduler.serve_now). Those checks are the
+        general path's, in its order, without the steps that cannot apply: pipelines, fallback
+        and deadline decisions, batching holds, queues.
+        """
+        req = job.request
+        model = self.registry.models.get(req.model)
+        if model is None or model.fallback or req.version is not None or req.model in self.pipelines:
+            return False
+        if len(model.ordered()) > 1 and model.pinned is None and self.strategy(model) != "least_queue":
+            return False
+        mv = model.default()
+        if mv is None or mv.state is not State.READY:
+            return False
+        placement = mv.placement
+        if not isinstance(placement, Scheduler):
+            return False
+        job.deadline_ns = job.received_ns + (req.timeout_ms or mv.config.timeout_ms) * 1_000_000
+        if job.late():
+            return False
+        try:
+            self._check_tensors(mv, job)
+        except ProtocolError:
+            return False
+        job.target = mv
+        if not placement.serve_now(job):
+            return False
+        mv.last_used = time.monotonic()
+        return True
 
     def _count(self, job: Job, status: int) -> None:
         """Record a reply no executor saw on the chosen version's statistics."""

@@ -522,6 +522,8 @@ class Server:
         if self.rollouts.by_model:  # a candidate shadows this model (swap/rollout.py)
             self.mirror.on_request(envelope, request)
         job = Job(envelope, request, frames, received, deadline_ns=0)  # the router sets the deadline
+        if self.router.admit_fast(job):  # computed and answered already: nothing needed deciding
+            return
         refused = self.router.admit(job)  # None: admitted; else the error reply
         if refused is not None:
             self._send(envelope + encode_reply(refused))
