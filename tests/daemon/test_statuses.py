@@ -90,11 +90,16 @@ def test_413_for_a_message_over_max_message_bytes(daemon: Daemon) -> None:
 
 def test_429_with_retry_after_when_the_queue_is_full(daemon: Daemon) -> None:
     x = np.ones((64, 512), np.float32)  # tens of ms per call
+    replies: list = []
     with daemon.pipeline() as pipe:
-        ids = [pipe.submit("slow", {"x": x}) for _ in range(8)]
-        replies = pipe.gather(ids)
-    statuses = [r.status for r in replies]
-    assert statuses.count(429) >= 4 and 200 in statuses
+        # A burst of 8 against a queue of 2 fills it, unless a busy box spreads the burst out over
+        # the computes: then the next burst, until one came together.
+        for _ in range(5):
+            replies += pipe.gather([pipe.submit("slow", {"x": x}) for _ in range(8)])
+            if any(r.status == 429 for r in replies):
+                break
+    statuses = {r.status for r in replies}
+    assert statuses == {200, 429}, statuses
     full = next(r for r in replies if r.status == 429)
     assert "queue is full (2 requests)" in full.error and full.retry_after_ms >= 1
 
