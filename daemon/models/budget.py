@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from infermux.config import COLD, ModelConfig, parse_budget
+from infermux.plugins import backends
 
 log = logging.getLogger("infermux.budget")
 
@@ -215,7 +216,8 @@ def estimate(mc: ModelConfig, measured: int, worker_base: int) -> int:
         size = mc.engine.stat().st_size
     except OSError:
         size = 0
-    engine = int(size * FILE_FACTOR)  # weights are shared by a version's contexts
+    copies = max(1, mc.contexts) if backends.weights_per_context(mc.engine, mc.backend, mc.options) else 1
+    engine = int(size * FILE_FACTOR * copies)
     base = (worker_base or DEFAULT_WORKER_BASE) if mc.placement == COLD else 0
     return engine + base
 

@@ -101,7 +101,8 @@ class MemoryKeeper:
     def room_for_contexts(self, mv: ModelVersion, contexts: int) -> str | None:
         """Why `mv` may not grow to `contexts` contexts within the memory budget, or None. The growth
         is estimated as a load's is (the engine file's size per added copy: an onnxruntime session
-        holds its own weights; a TensorRT engine's contexts share it, and are held by max_contexts)."""
+        per context holds its own weights; a shared session's contexts and a TensorRT engine's
+        share them, and are held by max_contexts)."""
         more = mem.estimate(replace(mv.config, contexts=contexts), 0, 0) - mem.estimate(mv.config, 0, 0)
         if more <= 0:
             return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import cast
+from typing import Any, Mapping, cast
 
 from infermux.plugins import discovery
 from infermux.plugins.base import Backend, BackendError
@@ -51,6 +51,19 @@ def get(name: str) -> Backend:
 
 
 SUFFIXES = {".onnx": "onnxruntime", ".plan": "tensorrt", ".engine": "tensorrt"}
+
+
+def weights_per_context(path: Path, name: str, options: Mapping[str, Any]) -> bool:
+    """Whether each execution context of the version that `path` (served by backend `name`, with
+    `options`) holds its own copy of the weights: an onnxruntime session per context, which is its
+    default with other providers than the CPU's, or with `share_session = false`. A shared session,
+    and a TensorRT engine's contexts, hold them once. What memory estimates multiply by."""
+    if path.suffix.lower() != ".onnx" or name not in ("", "onnxruntime"):
+        return False
+    shared = options.get("share_session")
+    if isinstance(shared, bool):
+        return not shared
+    return list(options.get("providers") or ["CPUExecutionProvider"]) != ["CPUExecutionProvider"]
 
 
 def for_path(path: Path, name: str | None = None) -> Backend:

@@ -95,6 +95,8 @@ weight = 1
 name = "classifier"
 engine = "classifier/1/model.onnx"
 max_queue = 256
+[models.options]
+share_session = false  # a session per context, so that each context costs memory (as on a GPU)
 """
 
 
@@ -118,8 +120,9 @@ def test_set_refuses_huge_weights_and_contexts_past_the_bound_or_the_budget(make
 
 
 def test_contexts_set_lower_give_their_memory_back(make_daemon) -> None:
-    daemon = make_daemon('[[models]]\nname = "classifier"\nengine = "classifier/1/model.onnx"\nmax_queue = 256\n',
-                         head=HEAD_4MIB)
+    # A session per context, each with its own arena: what going back to one context must give back.
+    daemon = make_daemon('[[models]]\nname = "classifier"\nengine = "classifier/1/model.onnx"\nmax_queue = 256\n'
+                         '[models.options]\nshare_session = false\n', head=HEAD_4MIB)
     pid = daemon.proc.pid
     images = np.ones((32, 3, 64, 64), np.float32)
     with daemon.client() as client:

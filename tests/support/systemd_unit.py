@@ -36,7 +36,8 @@ from support.chroots import Chroot
 
 SYSTEMD_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # systemd 252's default
 NOT_REPRODUCED = {
-    "NotifyAccess", "ExecReload", "Restart", "RestartSec", "ProtectSystem", "ProtectHome", "PrivateTmp",
+    "NotifyAccess", "ExecReload", "Restart", "RestartSec", "RestartPreventExitStatus", "ProtectSystem", "ProtectHome",
+    "PrivateTmp",
     "NoNewPrivileges", "ProtectKernelTunables", "ProtectKernelModules", "ProtectControlGroups",
     "RestrictSUIDSGID", "LockPersonality", "RestrictRealtime", "DevicePolicy", "DeviceAllow",
 }

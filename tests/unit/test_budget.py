@@ -46,6 +46,16 @@ def test_a_first_estimate_is_the_file_once_plus_a_workers_base(tmp_path: Path) -
     assert budget.estimate(missing, 0, 0) == 0
 
 
+def test_a_session_per_context_is_estimated_at_the_file_per_context(tmp_path: Path) -> None:
+    onnx = engine_of(tmp_path, 10 << 20)
+    own = ModelConfig("m", onnx, contexts=4, options={"share_session": False})
+    gpu = ModelConfig("m", onnx, contexts=4, options={"providers": ["CUDAExecutionProvider", "CPUExecutionProvider"]})
+    shared_gpu = ModelConfig("m", onnx, contexts=4, options={"providers": ["CUDAExecutionProvider"],
+                                                              "share_session": True})
+    assert budget.estimate(own, 0, 0) == budget.estimate(gpu, 0, 0) == 4 * (20 << 20)
+    assert budget.estimate(shared_gpu, 0, 0) == 20 << 20
+
+
 def test_the_limit_is_a_share_of_what_the_box_has() -> None:
     b = budget.MemoryBudget("50%", "test.toml")
     assert b.total > 0 and b.limit == b.total // 2
