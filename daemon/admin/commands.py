@@ -15,6 +15,7 @@ from infermux import config as cfg
 from infermux.admin import snapshot
 from infermux.events import EventLog
 from infermux.models import fallback as fallbacks
+from infermux.models import overrides
 from infermux.models.registry import ModelVersion, State
 
 if TYPE_CHECKING:
@@ -181,6 +182,8 @@ def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     if "weights" in args:
         done["weights"] = _set_weights(server, mv.name, args["weights"])
     if changes:
+        for key, value in changes.items():
+            server.registry.overrides.set(mv.name, mv.version, key, value, getattr(mv.config, key))
         server.registry.configure(mv, **changes)
         done.update(changes)
     if not done:
@@ -219,6 +222,7 @@ def _set_fallback(server: "Server", name: str, fallback: Any) -> str:
     why = fallbacks.refusal(model, target) if target is not None else ""
     if why:
         raise CommandError(why)
+    server.registry.overrides.set(name, "", "fallback", fallback, model.fallback)
     model.fallback = fallback
     return fallback
 
@@ -242,7 +246,9 @@ def _set_weights(server: "Server", name: str, weights: Any) -> dict[str, int]:
             raise CommandError(f"model {name!r} has no version {version!r}")
         if not isinstance(weight, int) or isinstance(weight, bool) or weight < 0:
             raise CommandError(f"weight of {version!r} must be an integer >= 0")
-    server.router.set_weights(name, weights)
+    current = server.router.weights(name)
+    for version in model.versions:  # the split is the whole table: a version left out gets 0
+        server.registry.overrides.set(name, version, "weight", weights.get(version, 0), current.get(version, 0))
     return dict(weights)
 
 
@@ -282,6 +288,30 @@ def cmd_unpin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return {"model": name, "default": default.version if default else None}
 
 
+def cmd_reset(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    """Forget live changes of a model (of one field when `field` is given): the file's values serve."""
+    name = _str(args, "model") or ""
+    model = server.registry.model(name)
+    field = _str(args, "field", required=False)
+    if field is not None and field not in (*overrides.FIELDS, "weights"):
+        raise CommandError(f"cannot reset {field!r}; fields: {', '.join([*overrides.FIELDS, 'weights'])}")
+    live = [o for o in server.registry.overrides.all() if o.model == name]
+    if model is None and not live:
+        raise CommandError(f"unknown model {name!r}; models: {', '.join(sorted(server.registry.models)) or 'none'}")
+    dropped = server.registry.overrides.reset(name, "weight" if field == "weights" else field)
+    for d in dropped:
+        o = d.override
+        mv = model.versions.get(o.version) if model is not None else None
+        if o.field == "fallback" and model is not None:
+            model.fallback = d.file
+        elif mv is not None and o.field != "weight":
+            server.registry.configure(mv, **{o.field: d.file})
+    if any(d.override.field == "fallback" for d in dropped):
+        server.registry.check_fallbacks(name)
+    return {"model": name, "reset": [d.summary() for d in dropped],
+            **({} if dropped else {"message": "no live changes to reset"})}
+
+
 def cmd_reload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     try:  # the same reload as SIGHUP's, one at a time
         steps = server.reload()
@@ -306,5 +336,6 @@ COMMANDS: dict[str, Command] = {
     "resume": Command(cmd_resume, "accept requests again after `drain`"),
     "pin": Command(cmd_pin, "serve this version by default, ignore newer ones (model, version)"),
     "unpin": Command(cmd_unpin, "let the newest ready version serve again (model)"),
+    "reset": Command(cmd_reset, "forget live changes (model, field?): the configuration's values serve again"),
     "reload": Command(cmd_reload, "re-read the configuration file and apply the difference", slow=True),
 }

@@ -40,7 +40,7 @@ def _raise_fd_limit() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infermux.models import budget
+    from infermux.models import budget, statefile
     from infermux import config as cfg
     from infermux.swap import swapper as swap
     from infermux.admin.channel import AdminServer
@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"infermux: cannot create the runtime directory {run_dir}: {exc.strerror}; "
               "pass --runtime-dir DIR (a folder you may write)", file=sys.stderr)
         return 1
-    server = Server(config, run_dir)
+    server = Server(config, run_dir, statefile.state_dir(config.daemon))
     TRACEBACKS.events = server.events
     admin = AdminServer(server)
     metrics = None
