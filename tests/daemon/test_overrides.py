@@ -11,8 +11,11 @@ from collections import Counter
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from support.harness import Daemon
+from support.polling import eventually
+from support.publish import PROBE, publish, wait_served
 
 X4 = np.ones((1, 4), np.float32)
 
@@ -156,3 +159,85 @@ def test_an_unreadable_state_file_is_set_aside_and_the_daemon_starts(make_daemon
     with d.admin() as admin:  # and the next live change is saved again
         admin.call("set", model="addone", version="2", contexts=2)
     assert json.loads(state.read_text())["overrides"][0]["live"] == 2
+
+
+# -- new versions ---------------------------------------------------------------------------------
+
+WATCHED = """
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{root}"
+watch_settle_s = 0.3
+watch_debounce_s = 0.02
+watch_rescan_s = 1.0
+"""
+
+
+@pytest.fixture
+def watched(tmp_path: Path) -> Path:
+    root = tmp_path / "engines"
+    root.mkdir()
+    return root
+
+
+def start_watching(tmp_path: Path, root: Path, models_toml: str = "") -> Daemon:
+    workdir = tmp_path / "daemon"
+    workdir.mkdir()
+    return Daemon(workdir, WATCHED.format(root=root) + models_toml).start()
+
+
+def test_a_new_version_takes_the_live_settings_of_the_one_it_supersedes(tmp_path: Path, watched: Path) -> None:
+    publish(watched, "det", 1, offset=1.0)
+    publish(watched, "stand", 1, offset=5.0)
+    d = start_watching(tmp_path, watched)
+    try:
+        with d.admin() as admin:
+            admin.call("set", model="det", contexts=3, timeout_ms=2500, max_batch=4, batch_delay_us=100,
+                       fallback="stand")
+        publish(watched, "det", 2, offset=2.0)
+        wait_served(d, "det", "2", 2.0)
+        new = rows(d)[("det", "2")]
+        assert (new["contexts"], new["timeout_ms"], new["max_batch"], new["batch_delay_us"], new["fallback"]) == \
+            (3, 2500, 4, 100, "stand")
+        assert new["overrides"]["contexts"] == {"live": 3, "file": 1}
+        inherited = events(d, "inherited")
+        assert inherited and inherited[-1]["version"] == "2" and inherited[-1]["from"] == "1"
+        assert inherited[-1]["contexts"] == 3
+    finally:
+        assert d.stop() == 0, d.log()
+
+
+def test_under_weighted_a_new_version_takes_the_superseded_weight_and_says_so(tmp_path: Path, watched: Path) -> None:
+    for version in (1, 2):
+        publish(watched, "det", version, offset=float(version))
+    configured = "".join(f'[[models]]\nname = "det"\nversion = "{v}"\nengine = "det/{v}/model.onnx"\n'
+                         f'strategy = "weighted"\n' for v in (1, 2))
+    d = start_watching(tmp_path, watched, configured)
+    try:
+        with d.admin() as admin:
+            admin.call("set", model="det", weights={"1": 90, "2": 10})
+        publish(watched, "det", 3, offset=3.0)  # found in engine_dir: takes version 2's weight, 10
+        eventually(lambda: rows(d).get(("det", "3"), {}).get("state") == "ready", "version 3 ready", 30)
+        assert [rows(d)[("det", v)]["weight"] for v in "123"] == [90, 10, 10]
+        swapped = eventually(lambda: [e for e in events(d, "swapped") if e["version"] == "3"], "swapped event")
+        assert swapped[-1]["weight"] == 10 and swapped[-1]["share"] == "9%"
+        with d.pipeline() as pipe:
+            replies = pipe.gather([pipe.submit("det", {"x": PROBE}) for _ in range(400)])
+        assert Counter(r.version for r in replies)["3"] > 0  # 9 %: none in 400 would be p < 1e-16
+    finally:
+        assert d.stop() == 0, d.log()
+
+
+def test_canary_weight_is_what_a_new_version_gets_under_weighted(tmp_path: Path, watched: Path) -> None:
+    publish(watched, "det", 1, offset=1.0)
+    configured = ('[[models]]\nname = "det"\nversion = "1"\nengine = "det/1/model.onnx"\nstrategy = "weighted"\n'
+                  'weight = 95\ncanary_weight = 5\n')
+    d = start_watching(tmp_path, watched, configured)
+    try:
+        publish(watched, "det", 2, offset=2.0)
+        eventually(lambda: rows(d).get(("det", "2"), {}).get("state") == "ready", "version 2 ready", 30)
+        new = rows(d)[("det", "2")]
+        assert new["weight"] == 5 and new["overrides"]["weight"] == {"live": 5, "file": 0}
+        assert rows(d)[("det", "1")]["weight"] == 95
+    finally:
+        assert d.stop() == 0, d.log()
