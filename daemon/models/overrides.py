@@ -88,13 +88,16 @@ class Dropped:
 
 
 class Overrides:
-    """The live changes in force, thread-safe; `weights` is read per request by the router."""
+    """The live changes in force. Thread-safe: a change replaces the whole table in one assignment
+    (readers, the router per request and the stats thread, never see one half made), and saves
+    it under a lock, so the file always holds the latest table."""
 
     def __init__(self, events: EventLog, save: Callable[[list[dict[str, Any]]], None] | None = None,
                  restored: Iterable[Override] = ()) -> None:
         self.events = events
         self._save = save
         self._lock = threading.Lock()
+        self._saving = threading.Lock()
         self._items: dict[tuple[str, str, str], Override] = {o.key: o for o in restored}
         self._dropped: deque[Dropped] = deque(maxlen=1000)  # since the last reload (its reply lists them)
         self.weights: dict[str, dict[str, int]] = {}  # model -> version -> live weight (replaced whole)
@@ -142,12 +145,14 @@ class Overrides:
         A value set back to the file's is no override any more."""
         version = "" if name in MODEL_FIELDS else version
         with self._lock:
-            known = self._items.get((model, version, name))
+            items = dict(self._items)
+            known = items.get((model, version, name))
             first = known.file if known is not None else file
             if live == first:
-                self._items.pop((model, version, name), None)
+                items.pop((model, version, name), None)
             else:
-                self._items[(model, version, name)] = Override(model, version, name, live, first)
+                items[(model, version, name)] = Override(model, version, name, live, first)
+            self._items = items
         self._changed()
 
     def reset(self, model: str, name: str | None = None) -> list[Dropped]:
@@ -191,13 +196,13 @@ class Overrides:
                 continue
             if now != o.file:
                 self._drop(o, now, "the file changed it")
-        problem = fallback_problem(self.fallbacks(chain))
-        while problem is not None:
-            live = self._items.get((problem[0], "", "fallback"))
-            if live is None:
-                break
-            self._drop(live, chain.get(problem[0], ""), problem[1])
+        for o in [o for o in self.all() if o.field == "fallback" and o.live]:
             problem = fallback_problem(self.fallbacks(chain))
+            if problem is None:
+                break
+            without = {**self.fallbacks(chain), o.model: chain.get(o.model, "")}
+            if fallback_problem({k: v for k, v in without.items() if v}) is None:  # this one closes it
+                self._drop(o, chain.get(o.model, ""), problem[1])
 
     def inherit(self, mc: ModelConfig, superseded: str | None, share: int | None) -> tuple[ModelConfig, dict[str, Any]]:
         """A new version `mc` (as the file gives it) takes the live settings of the version it
@@ -227,7 +232,7 @@ class Overrides:
     def _drop(self, o: Override, file: Any, reason: str) -> Dropped:
         with self._lock:
             if self._items.get(o.key) == o:
-                del self._items[o.key]
+                self._items = {key: other for key, other in self._items.items() if key != o.key}
             dropped = Dropped(o, file, reason)
             self._dropped.append(dropped)
         self.events.emit("override_dropped", o.model, o.version, field=o.field, live=_text(o.live),
@@ -236,13 +241,14 @@ class Overrides:
         return dropped
 
     def _changed(self) -> None:
-        self._reweigh()
-        if self._save is not None:
-            self._save([o.record() for o in self.all()])
+        with self._saving:  # the table read inside the lock: a slower change never publishes an older one last
+            self._reweigh()
+            if self._save is not None:
+                self._save([o.record() for o in self.all()])
 
     def _reweigh(self) -> None:
         weights: dict[str, dict[str, int]] = {}
-        for o in list(self._items.values()):
+        for o in self._items.values():
             if o.field == "weight":
                 weights.setdefault(o.model, {})[o.version] = o.live
         self.weights = weights
