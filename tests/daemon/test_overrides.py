@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from support.chaos import WATCHED  # a daemon watching an engine folder
 from support.harness import Daemon
 from support.polling import eventually
 from support.publish import PROBE, publish, wait_served
@@ -162,16 +163,6 @@ def test_an_unreadable_state_file_is_set_aside_and_the_daemon_starts(make_daemon
 
 
 # -- new versions ---------------------------------------------------------------------------------
-
-WATCHED = """
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{root}"
-watch_settle_s = 0.3
-watch_debounce_s = 0.02
-watch_rescan_s = 1.0
-"""
-
 
 @pytest.fixture
 def watched(tmp_path: Path) -> Path:

@@ -54,7 +54,7 @@ class HandStarted(Daemon):
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([*self.command, "serve", "--config", str(self.config_path)],
                                      stdout=self._log, stderr=subprocess.STDOUT, cwd=self.workdir,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1", "STATE_DIRECTORY": str(self.state_dir)})
         self.wait_for(" ready ", timeout)
         return self
 

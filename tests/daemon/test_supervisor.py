@@ -95,7 +95,7 @@ class Daemon:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         env = dict(os.environ, NOTIFY_SOCKET=str(tmp_path / "notify.sock"),
-                   WATCHDOG_USEC=str(WATCHDOG_USEC), PYTHONUNBUFFERED="1")
+                   WATCHDOG_USEC=str(WATCHDOG_USEC), PYTHONUNBUFFERED="1", STATE_DIRECTORY=str(tmp_path / "state"))
         env.pop("WATCHDOG_PID", None)
         self.log = (tmp_path / "daemon.log").open("w+")
         self.proc = subprocess.Popen(
