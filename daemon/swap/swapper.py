@@ -250,8 +250,9 @@ class Swapper:
             return  # serving from this very file, or failed on it: wait for the next one
         model = self.registry.model(p.name)
         current = model.versions.get(version) if model else None
-        if made is not None and made[:2] == key[:2] and current is not None and current.config == mc:
-            self._made_from[(p.name, version)] = key  # a reload already applied these settings
+        if made is not None and made[:2] == key[:2] and current is not None and \
+                current.config == self.registry.overrides.apply(mc):
+            self._made_from[(p.name, version)] = key  # a reload already applied these settings (live ones over them)
             return
         if not f.stable:
             return  # still being written: the watcher looks again once it settles

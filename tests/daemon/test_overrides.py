@@ -232,3 +232,24 @@ def test_canary_weight_is_what_a_new_version_gets_under_weighted(tmp_path: Path,
         assert rows(d)[("det", "1")]["weight"] == 95
     finally:
         assert d.stop() == 0, d.log()
+
+
+def test_a_reload_that_changes_a_watched_versions_settings_loads_its_engine_no_second_time(
+        tmp_path: Path, watched: Path) -> None:
+    publish(watched, "det", 1, offset=1.0)
+    d = start_watching(tmp_path, watched, '[[models]]\nname = "det"\nversion = "1"\nengine = "det/1/model.onnx"\n')
+    try:
+        with d.admin() as admin:
+            admin.call("set", model="det", contexts=2)
+        d.config_path.write_text(d.config_path.read_text() + "timeout_ms = 2000\n")
+        with d.admin() as admin:
+            assert admin.call("reload")["changes"]["changed"] == ["det:1 ['timeout_ms']"]
+            loads = len([e for e in admin.call("events", limit=1000)["events"] if e["kind"] == "loading"])
+        publish(watched, "later", 1, offset=3.0)  # the swap's pass after the reload is done once this serves
+        wait_served(d, "later", "1", 3.0)
+        loaded = [e for e in events(d, "loading")][loads:]
+        assert [(e["model"], e["version"]) for e in loaded] == [("later", "1")]
+        row = rows(d)[("det", "1")]
+        assert (row["contexts"], row["timeout_ms"]) == (2, 2000)
+    finally:
+        assert d.stop() == 0, d.log()
