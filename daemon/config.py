@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
+from infermux import signing
 from infermux.plugins import processors
 
 if sys.version_info >= (3, 11):
@@ -82,6 +83,10 @@ class DaemonConfig:
     admin_group: str = "infermux-admin"  # admin.sock's group, apart from the clients' (docs/security.md)
     follow_symlinks: bool = True  # serve engine_dir folders that link outside it (logged; docs/hot-swap.md)
     state_dir: str = ""  # operators' live changes, kept across restarts (models/statefile.py); "" = systemd's
+    # Ed25519 public keys (PEM) of trusted publishers: with any, only engines one of them signed load
+    # (docs/security.md#signed-engines).
+    engine_signing_keys: tuple[Path, ...] = ()
+    record_max_bytes: int = 1 << 30  # the tensors one `infermux record` may hold, inputs and outputs (recorder.py)
 
 
 @dataclass(frozen=True)
@@ -91,6 +96,23 @@ class RoutingConfig:
     strategy: str = "least_queue"
     unknown_model: str = "reject"
     version_mismatch: str = "fallback"
+
+
+ROLLOUT_COMPARES = ("allclose", "argmax", "iou")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """A model's `[models.rollout]` table (docs/hot-swap.md#shadow-rollout): a version published for
+    it is a candidate, shadowing live requests, until `shadow_requests` comparisons decide."""
+
+    shadow_requests: int = 200
+    compare: str = "allclose"  # or "argmax" (top-1 of the first output), "iou" (boxes of the first output)
+    rtol: float = 1e-3
+    atol: float = 1e-4
+    iou: float = 0.5  # compare = "iou": a box matches one that overlaps it this much
+    min_agreement: float = 0.99
+    min_idle_cpu: float = 0.25  # mirroring waits while less of the CPUs' time is idle: it takes only spare CPU
 
 
 @dataclass(frozen=True)
@@ -121,6 +143,7 @@ class ModelConfig:
     latest_n: int = 1
     versions: tuple[str, ...] = ()
     mps_thread_percentage: int = 0  # a cold worker's share of the GPU's SMs under MPS; 0 = [daemon]'s
+    rollout: "RolloutConfig | None" = None  # [models.rollout]: a published version earns its traffic first
 
     @property
     def key(self) -> tuple[str, str]:
@@ -206,7 +229,8 @@ def _known_fields(file: Path, where: str, table: Mapping[str, Any], cls: type) -
     unknown = sorted(set(table) - names)
     if unknown:
         prefix = f"{where}." if where else ""
-        near = difflib.get_close_matches(unknown[0], names, n=1)
+        # 0.75, not difflib's 0.6: a typo is suggested its field, an unrelated word (colour) no field at all.
+        near = difflib.get_close_matches(unknown[0], names, n=1, cutoff=0.75)
         hint = f"did you mean `{near[0]}`? " if near else ""
         raise ConfigError(file, f"{prefix}{unknown[0]}",
                           f"unknown field; {hint}known fields: {', '.join(sorted(names))}")
@@ -246,7 +270,7 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
         raw["engine_dir"] = _resolve(file, raw["engine_dir"])
     else:
         raw["engine_dir"] = DaemonConfig.engine_dir
-    for key in ("max_message_bytes",):
+    for key in ("max_message_bytes", "record_max_bytes"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 1024)
     _check_limits(file, raw)
@@ -284,11 +308,34 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
                 raise ConfigError(file, f"daemon.{key}", f"must be >= 0, got {raw[key]}")
             raw[key] = float(raw[key])
     _check_mps(file, raw)
+    _check_signing_keys(file, raw)
     if "metrics_host" in raw:
         _check_type(file, "daemon.metrics_host", raw["metrics_host"], str)
     if raw.get("log_level", "info") not in ("debug", "info", "warning", "error"):
         raise ConfigError(file, "daemon.log_level", "must be debug, info, warning or error")
     return DaemonConfig(**raw)
+
+
+def _check_signing_keys(file: Path, raw: dict[str, Any]) -> None:
+    """Each trusted publisher's key must be read now: a reload with a broken one changes nothing."""
+    if "engine_signing_keys" not in raw:
+        return
+    where = "daemon.engine_signing_keys"
+    keys = raw["engine_signing_keys"]
+    _check_type(file, where, keys, list)
+    paths = []
+    for i, key in enumerate(keys):
+        _check_type(file, f"{where}[{i}]", key, str)
+        path = _resolve(file, key)
+        try:
+            signing.load_public(path)
+        except (ValueError, ImportError) as exc:
+            raise ConfigError(file, f"{where}[{i}]", str(exc)) from None
+        except OSError as exc:
+            raise ConfigError(file, f"{where}[{i}]", f"cannot read {path}: {exc.strerror} (a publisher's "
+                              "PREFIX.pub, made by `infermux sign --keygen PREFIX`)") from None
+        paths.append(path)
+    raw["engine_signing_keys"] = tuple(paths)
 
 
 def _check_mps(file: Path, raw: dict[str, Any]) -> None:
@@ -461,6 +508,8 @@ def _parse_model(file: Path, where: str, table: Any, engine_dir: Path) -> ModelC
     if "mps_thread_percentage" in raw:
         _percentage(file, f"{where}.mps_thread_percentage", raw["mps_thread_percentage"])
     _parse_version_policy(file, where, raw)
+    if "rollout" in raw:
+        raw["rollout"] = _parse_rollout(file, f"{where}.rollout", raw["rollout"])
     engine = Path(raw["engine"]).expanduser()
     raw["engine"] = engine if engine.is_absolute() else engine_dir / engine
     return ModelConfig(**raw)
@@ -484,6 +533,27 @@ def _placement(file: Path, where: str, raw: dict[str, Any]) -> None:
                           f"{json.dumps(OLD_PLACEMENT_NAMES[mode])}, but placement = {json.dumps(placement)}; "
                           f"keep one of the two")
     raw["placement"] = OLD_PLACEMENT_NAMES[mode]
+
+
+def _parse_rollout(file: Path, where: str, table: Any) -> RolloutConfig:
+    _check_type(file, where, table, dict)
+    raw = _known_fields(file, where, table, RolloutConfig)
+    if "shadow_requests" in raw:
+        _positive(file, f"{where}.shadow_requests", raw["shadow_requests"])
+    if raw.get("compare", "allclose") not in ROLLOUT_COMPARES:
+        raise ConfigError(file, f"{where}.compare", f"must be one of {', '.join(ROLLOUT_COMPARES)}, "
+                          f"got {raw['compare']!r}")
+    shares = ("iou", "min_agreement", "min_idle_cpu")
+    for key in ("rtol", "atol", *shares):
+        if key in raw:
+            _check_type(file, f"{where}.{key}", raw[key], (int, float))
+            raw[key] = float(raw[key])
+            if raw[key] < 0 or (key in shares and raw[key] > 1):
+                bound = "between 0 and 1" if key in shares else ">= 0"
+                raise ConfigError(file, f"{where}.{key}", f"must be {bound}, got {raw[key]}")
+    if raw.get("compare", "allclose") != "allclose" and ({"rtol", "atol"} & set(raw)):
+        raise ConfigError(file, where, "rtol and atol belong to compare = \"allclose\"")
+    return RolloutConfig(**raw)
 
 
 def _parse_version_policy(file: Path, where: str, raw: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from infermux import config as cfg
 from infermux.admin import snapshot
+from infermux.frontend import recorder
 from infermux.events import EventLog
 from infermux.models import fallback as fallbacks
 from infermux.models import overrides
@@ -70,9 +71,19 @@ def target(server: "Server", args: dict[str, Any]) -> ModelVersion:
         assert mv is not None
         return mv
     if version not in model.versions:
+        refuse_candidate(server, model.name, version)
         raise CommandError(f"model {name!r} has no version {version!r}; versions: "
                            f"{', '.join(v.version for v in model.ordered())}")
     return model.versions[version]
+
+
+def refuse_candidate(server: "Server", name: str, version: str) -> None:
+    """A command naming a candidate (swap/rollout.py) is told what decides it, instead of acting on it."""
+    rollout = server.rollouts.by_model.get(name)
+    if rollout is not None and rollout.candidate.version == version:
+        raise CommandError(f"{name}:{version} is a candidate shadowing the serving version ({rollout.progress()}): "
+                           f"`infermux ctl promote-now {name} {version}` serves it, `infermux ctl reject {name} "
+                           f"{version}` refuses it")
 
 
 def audit(events: EventLog, request: dict[str, Any], reply: dict[str, Any], who: dict[str, Any]) -> None:
@@ -270,6 +281,7 @@ def cmd_resume(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_pin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     name, version = _str(args, "model") or "", _str(args, "version") or ""
+    refuse_candidate(server, name, version)  # a pin would leave it shadowing while the pin says it serves
     try:  # the registry also accepts a version only on disk (rollback): the watcher loads it
         server.registry.pin(name, version)
     except ValueError as exc:
@@ -320,6 +332,59 @@ def cmd_reload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return {"changes": steps.summary()}
 
 
+def _rollout(decide: str) -> Callable[["Server", dict[str, Any]], dict[str, Any]]:
+    """`promote-now` / `reject` MODEL VERSION: decide a candidate's rollout now (swap/rollout.py)."""
+    def run(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+        name, version = _str(args, "model") or "", _str(args, "version") or ""
+        try:
+            message = getattr(server.rollouts, decide)(name, version)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        return {"model": name, "version": version, "message": message}
+    return run
+
+
+TAKE_BYTES = 32 << 20  # tensors one `record_take` reply carries at most (one entry at least)
+
+
+def cmd_record(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    """Record the next `count` requests of `model` answered by it (frontend/recorder.py)."""
+    name = _str(args, "model") or ""
+    if server.registry.model(name) is None:
+        what = f"{name!r} is a pipeline: record the models it calls" if name in server.pipelines.by_name \
+            else f"unknown model {name!r}"
+        raise CommandError(f"{what}; models: {', '.join(sorted(server.registry.models)) or 'none'}")
+    count = _int(args, "count", 1, 10_000_000) or 1
+    try:
+        recording = server.recorder.start(name, count, server.config.daemon.record_max_bytes)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    return {"model": name, **recording.progress().as_json()}
+
+
+def cmd_record_take(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    """What a recording captured since the last take: JSON entries, their tensors as frames after it."""
+    name = _str(args, "model") or ""
+    recording = server.recorder.get(name)
+    if recording is None:
+        raise CommandError(f"{name!r} is not being recorded (a recording nobody takes from for "
+                           f"{recorder.ABANDON_S:.0f} s is dropped)")
+    entries, frames = recorder.wire(recording.take(TAKE_BYTES))
+    progress = recording.progress().as_json()
+    finished = recording.finished()  # ended, and this was the last of it
+    if finished:
+        server.recorder.forget(name)
+    return {"model": name, "entries": entries, **progress, "finished": finished, recorder.FRAMES: frames}
+
+
+def cmd_record_stop(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    name = _str(args, "model") or ""
+    if server.recorder.get(name) is None:
+        raise CommandError(f"{name!r} is not being recorded")
+    server.recorder.forget(name)
+    return {"model": name, "stopped": True}
+
+
 COMMANDS: dict[str, Command] = {
     "status": Command(cmd_status, "daemon summary and one line per model version", changes=False),
     "models": Command(cmd_models, "every model version with settings and live statistics", changes=False),
@@ -338,4 +403,13 @@ COMMANDS: dict[str, Command] = {
     "unpin": Command(cmd_unpin, "let the newest ready version serve again (model)"),
     "reset": Command(cmd_reset, "forget live changes (model, field?): the configuration's values serve again"),
     "reload": Command(cmd_reload, "re-read the configuration file and apply the difference", slow=True),
+    "promote-now": Command(_rollout("promote_now"), "serve a candidate now, ending its shadowing (model, version)",
+                           slow=True),
+    "reject": Command(_rollout("reject"), "refuse a candidate now; the serving version stays (model, version)",
+                      slow=True),
+    "record": Command(cmd_record, "record the next requests of a model and its answers (model, count)",
+                      changes=False),
+    "record_take": Command(cmd_record_take, "what a recording captured so far, tensors as frames (model)",
+                           changes=False),
+    "record_stop": Command(cmd_record_stop, "end a recording and drop what it holds (model)", changes=False),
 }

@@ -138,6 +138,7 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
                events.of("crashed", cold, by_version=True))
     out.family("infermux_model_swaps_total", "counter", "Versions swapped in without downtime.",
                events.of("swapped", {(m["name"],) for m in models}))
+    _rollouts(out, models, events, mv)
     memory = daemon["memory"]
     out.family("infermux_memory_budget_bytes", "gauge", "Memory budget for models.", [({}, memory["budget_bytes"])])
     out.family("infermux_memory_models_bytes", "gauge", "Memory used by loaded models.", [({}, memory["models_bytes"])])
@@ -165,6 +166,26 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
     _processes(out, _process_samples(server))
     _pipelines(out, server.pipelines.view())
     return out.text()
+
+
+def _rollouts(out: Exposition, models: list[dict], events: EventCounter, mv: Callable[[dict], dict]) -> None:
+    """Candidates shadowing live requests (swap/rollout.py), and how rollouts ended."""
+    shadowing = [m for m in models if m.get("rollout")]
+    out.family("infermux_rollout_agreement_ratio", "gauge", "Share of a candidate's shadowed requests that agree "
+               "with the serving version so far.", [(mv(m), m["rollout"]["agreement"]) for m in shadowing])
+    out.family("infermux_rollout_compared_requests", "gauge", "Requests a candidate has computed and compared.",
+               [(mv(m), m["rollout"]["compared"]) for m in shadowing])
+    out.family("infermux_rollout_shadow_requests", "gauge", "Comparisons after which a candidate is decided.",
+               [(mv(m), m["rollout"]["shadow_requests"]) for m in shadowing])
+    out.family("infermux_rollout_paused", "gauge", "1 while a candidate's mirroring waits for the serving version.",
+               [(mv(m), 1 if m["rollout"]["paused"] else 0) for m in shadowing])
+    out.family("infermux_rollout_not_mirrored_total", "counter", "Live requests not copied to a candidate: its "
+               "queue was full (mirroring behind or paused).", [(mv(m), m["rollout"]["not_mirrored"]) for m in shadowing])
+    names = {(m["name"],) for m in models}
+    out.family("infermux_rollout_passed_total", "counter", "Candidates promoted after shadowing.",
+               events.of("rollout_passed", names))
+    out.family("infermux_rollout_failed_total", "counter", "Candidates refused after shadowing.",
+               events.of("rollout_failed", names))
 
 
 def _pipelines(out: Exposition, pipelines: list[dict]) -> None:

@@ -101,6 +101,9 @@ def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
     worker = getattr(mv, "worker_info", None)
     if callable(worker):
         view["worker"] = worker()
+    rollout = server.rollouts.by_model.get(mv.name)
+    if rollout is not None and rollout.candidate is mv:  # a candidate shadowing (swap/rollout.py)
+        view["rollout"] = rollout.view()
     return view
 
 

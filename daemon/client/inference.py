@@ -290,6 +290,11 @@ class AdminClient:
         nothing answers in time; NotAdminSocket when the endpoint is another
         of the daemon's sockets (the inference one answers with a status
         header, not `ok`)."""
+        return self.call_frames(cmd, check, timeout_s=timeout_s, **args)[0]
+
+    def call_frames(self, cmd: str, check: bool = True, *, timeout_s: float | None = None,
+                    **args: Any) -> tuple[dict[str, Any], list[zmq.Frame]]:
+        """`call`, for a command that answers with frames after its JSON (`record_take`): (reply, frames)."""
         import json
 
         wait = self.timeout_s if timeout_s is None else timeout_s
@@ -300,8 +305,10 @@ class AdminClient:
             self._socket = self._connect()
             raise TimeoutError(f"no answer from {self.endpoint} within {wait:.0f} s "
                                f"(is `infermux serve` running?)")
+        message = self._socket.recv_multipart(copy=False)
+        body = message[1:] if message and not len(message[0]) else message  # after the delimiter
         try:
-            reply = json.loads(self._socket.recv_multipart()[-1])
+            reply = json.loads(body[0].bytes) if body else None
         except ValueError:
             reply = None
         if not isinstance(reply, dict) or "ok" not in reply:
@@ -310,7 +317,7 @@ class AdminClient:
                                  f"give the admin socket ([daemon] admin, usually admin.sock)")
         if check and not reply.get("ok"):
             raise AdminError(reply.get("error", "unknown error"))
-        return reply
+        return reply, list(body[1:])
 
     def ping(self, timeout_s: float = 5.0) -> None:
         """Check within `timeout_s` that the daemon answers (TimeoutError if not), before a long command."""

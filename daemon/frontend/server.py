@@ -40,11 +40,15 @@ from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.overrides import Overrides
 from infermux.models.registry import Registry, State
 from infermux.models.statefile import StateFile
+from infermux.models.verified import EngineSigning, verified_store
+from infermux.frontend.mirror import Mirror
+from infermux.frontend.recorder import Recorder
 from infermux.frontend.router import Router
 from infermux.pipelines.runner import Pipelines
 from infermux.transport.curve import CurveError
 from infermux.transport.limits import frame_cap, limits_from
 from infermux.swap import reload
+from infermux.swap.rollout import Rollouts
 from infermux.swap.reload import ReloadPlan
 from infermux.workers.pool import Workers
 
@@ -109,6 +113,24 @@ class Server:
         self.peers = PeerGuard(config.daemon.max_connections, config.daemon.reserved_fds)
         # Cold models run in worker processes: the pool is the registry's cold placer (workers/pool.py).
         self.workers = Workers(self.registry, run_dir, self.hooks, self.regions)
+        self.recorder = Recorder()  # `infermux record`: requests and answers of a model, copied as they pass
+        self.rollouts = Rollouts(self.registry, self.events)  # candidates shadowing live requests
+        self.mirror = Mirror(self.rollouts)
+        self.ticks.append(self.recorder.expire)
+        self.registry.signing = self.engine_signing(config.daemon)  # before any load: none escapes the check
+
+    def engine_signing(self, daemon: cfg.DaemonConfig) -> EngineSigning | None:
+        """The check of engines' signatures under `engine_signing_keys` (models/verified.py), None
+        without; its store of verified copies is made afresh. Raises ValueError or OSError for a key
+        that cannot be read (config.py read each already)."""
+        if not daemon.engine_signing_keys:
+            return None
+        current = self.registry.signing
+        store = current.store if current is not None else verified_store(self.run_dir)
+        signing = EngineSigning.from_files(daemon.engine_signing_keys, store)
+        if current is None:
+            signing.prepare()
+        return signing
 
     # -- replies from any thread -------------------------------------------
 
@@ -282,6 +304,7 @@ class Server:
             overrides.follow(new)  # the file wins for each field it changed
             self.config, self.limits = new, limits_from(new.daemon)
             self._reread_client_keys()
+            self._reread_signing_keys(new)
             self.registry.follow(new)
             self.router.configure(new)
             return reload.apply(self, serving, overrides.over(new))
@@ -294,6 +317,14 @@ class Server:
             self.curve.reload()
         except CurveError as exc:
             log.warning("%s; the keys read before stay authorised", exc)
+
+    def _reread_signing_keys(self, new: cfg.Config) -> None:
+        """The trusted publishers' keys as `new` lists them, for every load from now on (the versions
+        loaded already stay)."""
+        try:
+            self.registry.signing = self.engine_signing(new.daemon)
+        except (ValueError, OSError) as exc:
+            log.warning("engine_signing_keys not re-read (%s); the keys read before stay trusted", exc)
 
     def _drain(self) -> None:
         """Answer everything accepted, refuse the rest, then close."""
@@ -326,6 +357,9 @@ class Server:
         if self.region_server is not None:
             self.region_server.close()
         self.peers.close()
+        self.rollouts.close()
+        if self.registry.signing is not None:
+            self.registry.signing.close()
         os.close(self._bell)
         for endpoint in self.endpoints:
             ipc.remove(endpoint)
@@ -377,6 +411,10 @@ class Server:
         """Queue a reply without ever waiting: the frontend serves everyone, so a peer whose
         pipe is full (it does not read) loses this reply instead of stalling the others."""
         assert self.frontend is not None
+        if self.recorder.active:
+            self.recorder.on_reply(frames, _delimiter(frames))
+        if self.mirror.pending:
+            self.mirror.on_reply(frames, _delimiter(frames))
         try:
             self.frontend.send_multipart(frames, zmq.NOBLOCK, copy=sum(len(f) for f in frames) < 1 << 20)
         except zmq.Again:  # only the identity frame can meet a full pipe: nothing was queued
@@ -448,6 +486,10 @@ class Server:
             ident = request_id(body, self.limits)
             self._send(envelope + encode_reply(error_header(exc.status, exc.message, ident)))
             return
+        if self.recorder.active:  # before admission: an inline answer is sent inside it
+            self.recorder.on_request(envelope, request)
+        if self.rollouts.by_model:  # a candidate shadows this model (swap/rollout.py)
+            self.mirror.on_request(envelope, request)
         job = Job(envelope, request, frames, received, deadline_ns=0)  # the router sets the deadline
         refused = self.router.admit(job)  # None: admitted; else the error reply
         if refused is not None:

@@ -230,7 +230,7 @@ def _complete(words: list[str], *, path: str, cwd: Path | None = None, helpers: 
 def test_completion_offers_subcommands():
     assert _complete(["infermux", "t"], path="/usr/bin:/bin") == ["top", "tune"]
     assert set(_complete(["infermux", ""], path="/usr/bin:/bin")) == {
-        "serve", "infer", "bench", "build", "status", "ctl", "top", "tune", "keygen", "doctor"}
+        "serve", "infer", "bench", "build", "status", "ctl", "top", "tune", "keygen", "sign", "record", "replay", "doctor"}
 
 
 def test_completion_reads_options_from_the_commands_help(tmp_path):
@@ -281,7 +281,8 @@ def test_every_cli_subcommand_is_completed_and_documented():
 def test_completion_offers_the_admin_commands_after_ctl():
     from infermux.admin.commands import COMMANDS
 
-    assert _complete(["infermux", "ctl", "re"], path="/usr/bin:/bin") == ["reset", "resume", "reload"]
+    assert _complete(["infermux", "ctl", "re"], path="/usr/bin:/bin") == ["reject", "reset", "resume", "reload", "record",
+                                                                         "record_take", "record_stop"]
     listed = re.search(r'_infermux_ctl_commands="([^"]*)"', COMPLETION.read_text()).group(1).split()
     assert set(listed) == set(COMMANDS), "list every admin command in the bash completion"
 

@@ -403,6 +403,23 @@ async def test_long_reasons_wrap_in_events_and_in_the_detail_at_80_columns() -> 
                     what="the whole failure reason in the detail")
 
 
+async def test_a_candidate_shows_its_shadowing_progress_in_the_table_and_the_detail() -> None:
+    from support import tui_data
+
+    snap = tui_data.snapshot()
+    progress = "shadowing: 57/200 compared, 100.00% agree (needs 99.00%)"
+    snap["models"].append(tui_data.version("detector", "3", state="candidate", reason=progress))
+    app = TopApp(StaticFeed(snap))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: "detector:3" in app.models_table.keys())
+        assert app.models_table.cell_text("detector:3", "state") == "candidate"
+        app.models_table.select("detector:3")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ModelScreen))
+        await until(pilot, lambda: progress in screen_text(app).replace("\n", " "), what="the shadowing progress")
+        assert "promote-now / reject detector 3" in screen_text(app).replace("\n", " ")
+
+
 def test_the_batch_histogram_keeps_each_count_on_its_line() -> None:
     from rich.text import Text
 
