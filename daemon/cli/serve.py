@@ -15,6 +15,9 @@ DEFAULT_CONFIG = "/etc/infermux/infermux.toml"
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", "-c", default=os.environ.get("INFERMUX_CONFIG", DEFAULT_CONFIG),
                         help=f"configuration file (default: $INFERMUX_CONFIG or {DEFAULT_CONFIG})")
+    parser.add_argument("--state-dir", help="where operators' live changes are kept across restarts (default: "
+                        "[daemon] state_dir, else $STATE_DIRECTORY, else /var/lib/infermux when writable, else "
+                        "$XDG_STATE_HOME/infermux)")
     parser.add_argument("--runtime-dir", help="where relative ipc:// sockets go (default: $RUNTIME_DIRECTORY, "
                         "/run/infermux if writable, else $XDG_RUNTIME_DIR/infermux or /tmp/infermux-$UID)")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"infermux: cannot create the runtime directory {run_dir}: {exc.strerror}; "
               "pass --runtime-dir DIR (a folder you may write)", file=sys.stderr)
         return 1
-    server = Server(config, run_dir, statefile.state_dir(config.daemon))
+    server = Server(config, run_dir, statefile.state_dir(config.daemon, args.state_dir))
     TRACEBACKS.events = server.events
     admin = AdminServer(server)
     metrics = None

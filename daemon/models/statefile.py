@@ -28,11 +28,11 @@ NAME = "overrides.json"
 SYSTEM_DIR = Path("/var/lib/infermux")
 
 
-def state_dir(daemon: DaemonConfig) -> Path:
-    """Where live changes are kept: `[daemon] state_dir`, then systemd's $STATE_DIRECTORY
+def state_dir(daemon: DaemonConfig, override: str | None = None) -> Path:
+    """Where live changes are kept: `serve --state-dir`, then `[daemon] state_dir`, then systemd's $STATE_DIRECTORY
     (`StateDirectory=infermux`), then /var/lib/infermux when writable, then
     $XDG_STATE_HOME/infermux (~/.local/state/infermux)."""
-    for candidate in (daemon.state_dir, os.environ.get("STATE_DIRECTORY", "").split(":")[0]):
+    for candidate in (override, daemon.state_dir, os.environ.get("STATE_DIRECTORY", "").split(":")[0]):
         if candidate:
             return Path(candidate)
     if os.access(SYSTEM_DIR if SYSTEM_DIR.exists() else SYSTEM_DIR.parent, os.W_OK):

@@ -95,12 +95,12 @@ class Daemon:
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         env = dict(os.environ, NOTIFY_SOCKET=str(tmp_path / "notify.sock"),
-                   WATCHDOG_USEC=str(WATCHDOG_USEC), PYTHONUNBUFFERED="1", STATE_DIRECTORY=str(tmp_path / "state"))
+                   WATCHDOG_USEC=str(WATCHDOG_USEC), PYTHONUNBUFFERED="1")
         env.pop("WATCHDOG_PID", None)
         self.log = (tmp_path / "daemon.log").open("w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "infermux", "serve", "--config", str(self.config),
-             "--runtime-dir", str(self.runtime)],
+             "--runtime-dir", str(self.runtime), "--state-dir", str(tmp_path / "state")],
             env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def _read(self) -> None:

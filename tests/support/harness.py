@@ -121,14 +121,14 @@ class Daemon:
         return AdminClient(self.admin_endpoint, timeout_s=timeout_s)
 
     def start(self, wait_ready: bool = True, timeout: float = 30.0) -> "Daemon":
-        env = {**os.environ, "STATE_DIRECTORY": str(self.state_dir), **self.env}
+        env = {**os.environ, **self.env}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAKES / "plugins"), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
         since = len(self.log())  # a restart waits for its own lines, not the last run's
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [*self.prefix, sys.executable, "-m", "infermux", "serve", "--config", str(self.config_path),
-             "--runtime-dir", str(self.run_dir)],
+             "--runtime-dir", str(self.run_dir), "--state-dir", str(self.state_dir)],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
         self.wait_for("listening", timeout, since)
         if wait_ready:
