@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from infermux import signing
-from infermux.plugins import processors
+from infermux.plugins import backends, processors
+from infermux.plugins.requirements import MissingDependency
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -31,6 +32,8 @@ PLACEMENTS = (HOT, COLD)  # where a version runs: in the daemon, or in a worker 
 OLD_PLACEMENT_NAMES = {"inproc": HOT, "multiproc": COLD}
 VERSION_POLICIES = ("latest", "all", "specific")
 MAX_FALLBACK_DEPTH = 4
+MAX_CONTEXTS = 1024  # the most [daemon] max_contexts may allow
+MAX_WEIGHT = 1_000_000  # a weighted split's largest weight: ratios, not amounts
 MPS_MODES = ("off", "auto", "on")
 
 
@@ -40,6 +43,15 @@ class ConfigError(Exception):
     def __init__(self, file: Path | str, path: str, reason: str) -> None:
         self.file, self.path, self.reason = str(file), path, reason
         super().__init__(f"{file}: {path}: {reason}" if path else f"{file}: {reason}")
+
+
+class LibraryMissing(ConfigError):
+    """The file is valid, but a library one of its steps needs is not installed here: `requirement`
+    says what to install (plugins/requirements.py). Not the file's fault, so not reported as such."""
+
+    def __init__(self, file: Path | str, path: str, missing: MissingDependency) -> None:
+        super().__init__(file, path, str(missing))
+        self.requirement = missing.requirement
 
 
 @dataclass(frozen=True)
@@ -53,10 +65,12 @@ class DaemonConfig:
     engine_dir: Path = Path("/var/lib/infermux/engines")
     memory_budget: str = "80%"
     max_message_bytes: int = 64 * 1024 * 1024
+    max_reply_bytes: int = 64 * 1024 * 1024  # a reply's header and output frames; default: max_message_bytes
     max_header_bytes: int = 64 * 1024     # request limits: docs/security.md
     max_tensors: int = 64
     max_rank: int = 8
     max_elements: int = 1 << 28
+    max_shared_input_bytes: int = 256 << 20  # inputs read from shared-memory regions, per request
     curve_secret_key: Path | None = None  # CURVE for tcp:// listeners (docs/security.md)
     curve_authorized_dir: Path | None = None
     allow_insecure_tcp: bool = False
@@ -81,6 +95,7 @@ class DaemonConfig:
     mps_pipe_dir: Path = Path("/tmp/nvidia-mps")  # CUDA's default CUDA_MPS_PIPE_DIRECTORY
     mps_thread_percentage: int = 0  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of each worker; 0 = MPS's own (100)
     admin_group: str = "infermux-admin"  # admin.sock's group, apart from the clients' (docs/security.md)
+    max_contexts: int = 32  # contexts one version may have: the file, a model.toml or `set contexts`
     follow_symlinks: bool = True  # serve engine_dir folders that link outside it (logged; docs/hot-swap.md)
     state_dir: str = ""  # operators' live changes, kept across restarts (models/statefile.py); "" = systemd's
     # Ed25519 public keys (PEM) of trusted publishers: with any, only engines one of them signed load
@@ -187,7 +202,11 @@ class StepConfig:
 @dataclass(frozen=True)
 class PipelineConfig:
     """One `[[pipelines]]` entry: steps run in order on a frame sent as input `input`
-    (docs/pipelines.md); `workers` threads run them, `max_queue` frames wait (429 beyond)."""
+    (docs/pipelines.md); `workers` threads run them, `max_queue` frames wait (429 beyond).
+
+    The `max_*` bounds are checked before the work they bound, each refused with 413 naming
+    it: regions a frame may have (before the steps that run per region), the width of a
+    crop's tensor at a per-region model step, and the bytes of a model step's batch."""
 
     name: str
     steps: tuple[StepConfig, ...]
@@ -195,6 +214,9 @@ class PipelineConfig:
     workers: int = 2
     max_queue: int = 16
     timeout_ms: int = 5000
+    max_regions: int = 1000
+    max_crop_width: int = 4096
+    max_batch_bytes: int = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -270,9 +292,10 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
         raw["engine_dir"] = _resolve(file, raw["engine_dir"])
     else:
         raw["engine_dir"] = DaemonConfig.engine_dir
-    for key in ("max_message_bytes", "record_max_bytes"):
+    for key in ("max_message_bytes", "max_reply_bytes", "record_max_bytes"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 1024)
+    raw.setdefault("max_reply_bytes", raw.get("max_message_bytes", DaemonConfig.max_message_bytes))
     _check_limits(file, raw)
     _check_curve(file, raw)
     if "memory_budget" in raw:
@@ -296,6 +319,10 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
     for key in ("max_connections", "reserved_fds"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 1 if key == "max_connections" else 64)
+    if "max_contexts" in raw:
+        _positive(file, "daemon.max_contexts", raw["max_contexts"])
+        if raw["max_contexts"] > MAX_CONTEXTS:
+            raise ConfigError(file, "daemon.max_contexts", f"must be <= {MAX_CONTEXTS}, got {raw['max_contexts']}")
     for key in ("metrics_port", "inline_max_us", "inline_busy_max_us"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 0)
@@ -358,7 +385,7 @@ def _percentage(file: Path, where: str, value: Any) -> None:
 # Request limits: (smallest, largest) allowed. numpy arrays have at most 64
 # dimensions (32 before numpy 2), so a larger max_rank would fail in reshape.
 _LIMITS = {"max_header_bytes": (256, 1 << 30), "max_tensors": (1, 1 << 16), "max_rank": (1, 32),
-           "max_elements": (1, 1 << 40)}
+           "max_elements": (1, 1 << 40), "max_shared_input_bytes": (1, 1 << 40)}
 
 
 def _check_limits(file: Path, raw: dict[str, Any]) -> None:
@@ -447,6 +474,7 @@ def _parse_routing(file: Path, table: Any) -> RoutingConfig:
 _INT_FIELDS = {"contexts": 1, "max_queue": 1, "timeout_ms": 1, "max_batch": 1, "batch_delay_us": 0, "weight": 0,
                "canary_weight": 0,
                "latest_n": 1}
+_INT_MAXIMA = {"weight": MAX_WEIGHT, "contexts": MAX_CONTEXTS}
 
 
 def model_labels(entries: list[tuple[Any, Any]]) -> list[str]:
@@ -487,6 +515,8 @@ def _parse_model(file: Path, where: str, table: Any, engine_dir: Path) -> ModelC
     for key, minimum in _INT_FIELDS.items():
         if key in raw:
             _positive(file, f"{where}.{key}", raw[key], minimum)
+            if raw[key] > _INT_MAXIMA.get(key, raw[key]):
+                raise ConfigError(file, f"{where}.{key}", f"must be <= {_INT_MAXIMA[key]}, got {raw[key]}")
     _placement(file, where, raw)
     if raw.get("strategy", "") not in ("", *STRATEGIES):
         raise ConfigError(file, f"{where}.strategy", f"must be one of {', '.join(STRATEGIES)}")
@@ -600,6 +630,10 @@ def parse_model_settings(text: str, file: Path, name: str, engine_dir: Path) -> 
                           "use pin to hold one")
     if data.get("fallback") == name:
         raise ConfigError(file, "fallback", f"model {name!r} cannot fall back to itself")
+    backend = data.get("backend")
+    why = backends.refusal(backend) if isinstance(backend, str) and backend else None
+    if why:  # engine_dir is written by publishers, not by whoever writes this file's configuration
+        raise ConfigError(file, "backend", why)
     try:
         mc = _parse_model(file, "", {**data, "name": name, "engine": name}, engine_dir)
     except ConfigError as exc:  # the path inside model.toml has no models[...] prefix
@@ -607,8 +641,20 @@ def parse_model_settings(text: str, file: Path, name: str, engine_dir: Path) -> 
     return replace(mc, version="")
 
 
-def _check_models(file: Path, models: list[ModelConfig], routing: RoutingConfig) -> None:
+def contexts_problem(contexts: int, daemon: DaemonConfig) -> str | None:
+    """Why a version may not have `contexts` contexts (over `[daemon] max_contexts`), or None."""
+    if contexts > daemon.max_contexts:
+        return (f"{contexts} contexts is over [daemon] max_contexts ({daemon.max_contexts}): each one is an "
+                "engine session with its own memory and thread")
+    return None
+
+
+def _check_models(file: Path, models: list[ModelConfig], routing: RoutingConfig, daemon: DaemonConfig) -> None:
     labels = model_labels([(m.name, m.version) for m in models])
+    for i, m in enumerate(models):
+        why = contexts_problem(m.contexts, daemon)
+        if why:
+            raise ConfigError(file, f"{labels[i]}.contexts", why)
     seen: dict[tuple[str, str], int] = {}
     for i, m in enumerate(models):
         if m.key in seen:
@@ -692,7 +738,7 @@ def parse(text: str, file: Path) -> Config:
     labels = model_labels([(m.get("name"), m.get("version")) if isinstance(m, dict) else (None, None)
                            for m in raw_models])
     models = [_parse_model(file, label, m, daemon.engine_dir) for label, m in zip(labels, raw_models)]
-    _check_models(file, models, routing)
+    _check_models(file, models, routing, daemon)
     pipelines = _parse_pipelines(file, data.get("pipelines", []), models, daemon.engine_dir)
     return Config(path=file, daemon=daemon, routing=routing, models=tuple(models), pipelines=pipelines)
 
@@ -723,7 +769,7 @@ def _parse_pipeline(file: Path, where: str, table: Any, models: set[str], engine
             _check_type(file, f"{where}.{key}", raw[key], str)
             if not raw[key]:
                 raise ConfigError(file, f"{where}.{key}", "must not be empty")
-    for key in ("workers", "max_queue", "timeout_ms"):
+    for key in ("workers", "max_queue", "timeout_ms", "max_regions", "max_crop_width", "max_batch_bytes"):
         if key in raw:
             _positive(file, f"{where}.{key}", raw[key])
     steps = raw.get("steps")
@@ -820,6 +866,8 @@ def _check_processor(file: Path, where: str, step: str, kind: str, name: str, op
     """Build the step's processor once, so that a bad option stops the file here, named."""
     try:
         processors.create(kind, options, name)
+    except MissingDependency as exc:
+        raise LibraryMissing(file, where, exc) from None
     except processors.ProcessorError as exc:
         raise ConfigError(file, where, f"{step}: {exc.reason}") from None
 

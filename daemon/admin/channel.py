@@ -102,7 +102,8 @@ class AdminServer:
         self._guards[endpoint] = guard
         ipc.prepare(endpoint)
         try:
-            sock.bind(endpoint)
+            with ipc.private_files():  # nobody but us until secure(): admin.sock's group is not the clients'
+                sock.bind(endpoint)
         except zmq.ZMQError as exc:
             sock.close(0)
             raise RuntimeError(f"cannot bind {endpoint}: {exc}") from None

@@ -123,7 +123,8 @@ def cmd_models(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_events(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     limit = _int(args, "limit", 1) or 100
-    return {"events": [e.as_json() for e in server.events.recent(limit)]}
+    kind = _str(args, "kind", required=False)  # kind=admin: the audit trail, which traffic never evicts
+    return {"events": [e.as_json() for e in server.events.recent(limit, frozenset({kind}) if kind else None)]}
 
 
 # -- changes ------------------------------------------------------------------
@@ -179,6 +180,8 @@ SETTABLE = {"contexts": (1, 1024), "max_queue": (1, 1 << 24), "timeout_ms": (1, 
 def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     mv = target(server, args)
     changes: dict[str, Any] = {k: _int(args, k, *bounds) for k, bounds in SETTABLE.items() if k in args}
+    if "contexts" in changes:
+        _check_contexts(server, mv, changes["contexts"])
     if "preferred_batch" in args:  # reaches a cold version's worker too (Placement.apply)
         changes["preferred_batch"] = _sizes(args, "preferred_batch")
     unknown = set(args) - set(SETTABLE) - {"cmd", "model", "version", "fallback", "weights", "preferred_batch"}
@@ -200,6 +203,16 @@ def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     if not done:
         raise CommandError(f"nothing to set; settable: {', '.join([*SETTABLE, 'fallback', 'weights'])}")
     return {**_label(mv), "set": done, **({"note": note} if note else {})}
+
+
+def _check_contexts(server: "Server", mv: ModelVersion, contexts: int) -> None:
+    """Each context is a session with its own memory and thread: at most `[daemon] max_contexts`, and
+    what more of them would take must fit the memory budget."""
+    why = cfg.contexts_problem(contexts, server.config.daemon)
+    if not why and contexts > mv.config.contexts:
+        why = server.registry.memory.room_for_contexts(mv, contexts)
+    if why:
+        raise CommandError(f"cannot set contexts={contexts} on {mv.name}:{mv.version}: {why}")
 
 
 def _sizes(args: dict[str, Any], key: str) -> tuple[int, ...]:
@@ -251,12 +264,15 @@ def _set_weights(server: "Server", name: str, weights: Any) -> dict[str, int]:
     model = server.registry.model(name)
     assert model is not None
     if not isinstance(weights, dict) or not weights:
-        raise CommandError("'weights' must be an object of version -> weight, e.g. {\"2.1\": 90, \"2.2\": 10}")
+        versions = ", ".join(sorted(model.versions))
+        raise CommandError(f"no weights given: give each version of {name!r} ({versions}) a weight, written "
+                           "VERSION:WEIGHT,... (e.g. 1:90,2:10; on the admin socket an object {\"1\": 90, \"2\": 10})")
     for version, weight in weights.items():
         if version not in model.versions:
             raise CommandError(f"model {name!r} has no version {version!r}")
-        if not isinstance(weight, int) or isinstance(weight, bool) or weight < 0:
-            raise CommandError(f"weight of {version!r} must be an integer >= 0")
+        if not isinstance(weight, int) or isinstance(weight, bool) or not 0 <= weight <= cfg.MAX_WEIGHT:
+            raise CommandError(f"weight of {version!r} must be an integer 0..{cfg.MAX_WEIGHT} (weights are "
+                               f"ratios), got {str(weight)[:40]}")
     current = server.router.weights(name)
     for version in model.versions:  # the split is the whole table: a version left out gets 0
         server.registry.overrides.set(name, version, "weight", weights.get(version, 0), current.get(version, 0))
@@ -327,6 +343,8 @@ def cmd_reset(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
 def cmd_reload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     try:  # the same reload as SIGHUP's, one at a time
         steps = server.reload()
+    except cfg.LibraryMissing as exc:
+        raise CommandError(f"not reloaded, the running configuration stays: {exc.reason} ({exc.path})") from None
     except cfg.ConfigError as exc:
         raise CommandError(f"configuration not reloaded, the running one stays: {exc}") from None
     return {"changes": steps.summary()}
@@ -389,7 +407,8 @@ COMMANDS: dict[str, Command] = {
     "status": Command(cmd_status, "daemon summary and one line per model version", changes=False),
     "models": Command(cmd_models, "every model version with settings and live statistics", changes=False),
     "pipelines": Command(cmd_pipelines, "every pipeline with per-step counts and latencies", changes=False),
-    "events": Command(cmd_events, "recent events (limit=N)", changes=False),
+    "events": Command(cmd_events, "recent events (limit=N, kind=KIND: e.g. kind=admin, the audit trail)",
+                      changes=False),
     "load": Command(cmd_load, "load a version (model, version?)", slow=True),
     "unload": Command(cmd_unload, "drain and unload a version (model, version?)", slow=True),
     "promote": Command(_placement("promote"), "move a version to the daemon process (hot)", slow=True),

@@ -43,11 +43,13 @@ import numpy as np
 import zmq
 
 from infermux.protocol import Reply, SharedTensor, decode_reply, encode_request
+from infermux.transport import ipc
 from infermux.client.failover import FAILOVER_S, EndpointsDown, Fleet
+from infermux.client.limits import RequestTooLarge, SizeCheck
 from infermux.client.shared_memory import SharedMemory, local_view
 
 __all__ = ["AdminClient", "AdminError", "Client", "EndpointsDown", "InferError", "NotAdminSocket", "Pipeline",
-           "SharedMemory", "SharedTensor"]
+           "RequestTooLarge", "SharedMemory", "SharedTensor"]
 
 Endpoints = str | Sequence[str]  # one endpoint, or several daemons to fail over between
 
@@ -76,6 +78,7 @@ class _Dealer:
             self.socket.setsockopt(zmq.SNDTIMEO, max(1, int(timeout_s * 1000)))
         for option, value in (curve or {}).items():
             setattr(self.socket, option, value)
+        ipc.check_directory(endpoint)  # a socket anyone could have put there is not the daemon's
         self.socket.connect(endpoint)
 
     def send(self, frames: list[Any], ident: Any = None) -> None:
@@ -102,10 +105,14 @@ class _Dealer:
         self.socket.close(0)
 
 
+def _endpoints(endpoint: Endpoints) -> list[str]:
+    return [endpoint] if isinstance(endpoint, str) else list(endpoint)
+
+
 def _link(endpoint: Endpoints, context: zmq.Context | None, curve: Mapping[str, bytes] | None,
           timeout_s: float | None, failover_s: float) -> _Dealer | Fleet:
     """The plain socket for one endpoint; a Fleet for several."""
-    endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
+    endpoints = _endpoints(endpoint)
     if not endpoints:
         raise ValueError("no endpoint given")
     if len(endpoints) == 1:
@@ -125,6 +132,9 @@ class Client:
     `endpoint` may be a list of daemons: each request then goes to the next
     in turn, and to another when one stops answering (module docstring;
     `failover_s` is the silence after which an endpoint is given up).
+
+    A request over the daemon's `max_message_bytes` raises RequestTooLarge
+    before it is sent (limits.py): the daemon would drop it unanswered.
     """
 
     def __init__(self, endpoint: Endpoints, *, timeout_s: float | None = 10.0, retries: int = 0,
@@ -132,6 +142,7 @@ class Client:
                  failover_s: float = FAILOVER_S) -> None:
         self._connect = lambda: _link(endpoint, context, curve, timeout_s, failover_s)
         self._dealer = self._connect()
+        self._size = SizeCheck(_endpoints(endpoint), context, curve, timeout_s)
         self._ids = itertools.count(1)
         self.timeout_s = timeout_s
         self.retries = retries
@@ -146,10 +157,11 @@ class Client:
         (`SharedMemory.ref` of the array to fill); the reply's arrays are then views there."""
         for attempt in range(self.retries + 1):
             ident = next(self._ids)
+            frames = encode_request(model, inputs, id=ident, version=version, outputs=outputs,
+                                    timeout_ms=timeout_ms, key=key, output_regions=output_regions)
+            self._size.check(frames)
             try:
-                self._dealer.send(encode_request(model, inputs, id=ident, version=version, outputs=outputs,
-                                                 timeout_ms=timeout_ms, key=key, output_regions=output_regions),
-                                  ident)
+                self._dealer.send(frames, ident)
                 reply = self._await(ident)
                 break
             except TimeoutError:
@@ -195,13 +207,15 @@ class Pipeline:
     With several endpoints, requests are spread over them and failed over
     (module docstring); each is still answered once. Its inputs are kept,
     not copied, until it is answered, to be resent: do not change them
-    meanwhile.
+    meanwhile. A request over the daemon's `max_message_bytes` raises
+    RequestTooLarge in `submit`, unsent: the others on the socket keep theirs.
     """
 
     def __init__(self, endpoint: Endpoints, *, timeout_s: float | None = 10.0,
                  context: zmq.Context | None = None, curve: Mapping[str, bytes] | None = None,
                  failover_s: float = FAILOVER_S) -> None:
         self._dealer = _link(endpoint, context, curve, timeout_s, failover_s)
+        self._size = SizeCheck(_endpoints(endpoint), context, curve, timeout_s)
         self._ids = itertools.count(1)
         self._done: dict[Any, Reply] = {}
         self.in_flight = 0
@@ -210,7 +224,9 @@ class Pipeline:
     def submit(self, model: str, inputs: Mapping[str, np.ndarray | SharedTensor], **fields: Any) -> int:
         """Send a request without waiting; returns its id."""
         ident = next(self._ids)
-        self._dealer.send(encode_request(model, inputs, id=ident, **fields), ident)
+        frames = encode_request(model, inputs, id=ident, **fields)
+        self._size.check(frames)
+        self._dealer.send(frames, ident)
         self.in_flight += 1
         return ident
 
@@ -277,6 +293,7 @@ class AdminClient:
         self._socket = self._connect()
 
     def _connect(self) -> zmq.Socket:
+        ipc.check_directory(self.endpoint)
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.endpoint)

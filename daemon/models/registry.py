@@ -341,12 +341,15 @@ class Registry:
 
     def configure(self, mv: ModelVersion, **changes: Any) -> None:
         """Change settings of a version live; its placement (hot or cold) applies them at once."""
+        fewer = changes.get("contexts", mv.config.contexts) < mv.config.contexts
         mv.config = replace(mv.config, **changes)
         placement = mv.placement
         if placement is not None:
             placement.apply(Change.of(changes))
             if placement.kind == HOT and mv.ready:  # contexts: more copies (a worker's is measured by its pool)
                 mv.memory_bytes = placement.footprint()
+        if fewer:  # the removed contexts' sessions are gone: hand their memory back to the system
+            release_freed_memory()
 
     def promote(self, name: str, version: str) -> str:
         """Move a version from its worker process into the daemon (cold → hot), losing no request."""

@@ -75,7 +75,7 @@ class Swapper:
         self.events = server.events
         daemon = server.config.daemon
         self.engine_dir = daemon.engine_dir
-        self.settings = SettingsCache(self.engine_dir)
+        self.settings = SettingsCache(self.engine_dir, lambda: self.server.config.daemon)
         self.screen = FolderScreen()  # refused folder names, symlinks out of engine_dir (repository.py)
         self.watcher = EngineWatcher(self.engine_dir, self.apply, daemon.watch_settle_s,
                                      daemon.watch_debounce_s, daemon.watch_rescan_s)

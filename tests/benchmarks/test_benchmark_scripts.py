@@ -37,7 +37,7 @@ def test_the_core_benchmark_runs_every_case(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     for case in ("a backend", "b echo", "c bare", "d daemon", "d1 daemon"):
         assert f"| {case} | 1 |" in out.stdout and f"| {case} | 16 |" in out.stdout
-    assert "Daemon (2 contexts) / bare loop (medians): c=1:" in out.stdout
+    assert "Daemon (2 contexts) / bare loop, per-round ratios (median and range of 1 rounds): c=1: QPS" in out.stdout
     assert "Daemon (1 context, as the bare loop) / bare loop: c=1:" in out.stdout
     assert "Server CPU time per request" in out.stdout and "d1 ÷ c c=16: **" in out.stdout
 
