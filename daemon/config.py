@@ -97,6 +97,7 @@ class DaemonConfig:
     admin_group: str = "infermux-admin"  # admin.sock's group, apart from the clients' (docs/security.md)
     max_contexts: int = 32  # contexts one version may have: the file, a model.toml or `set contexts`
     follow_symlinks: bool = True  # serve engine_dir folders that link outside it (logged; docs/hot-swap.md)
+    state_dir: str = ""  # operators' live changes, kept across restarts (models/statefile.py); "" = systemd's
     # Ed25519 public keys (PEM) of trusted publishers: with any, only engines one of them signed load
     # (docs/security.md#signed-engines).
     engine_signing_keys: tuple[Path, ...] = ()
@@ -148,6 +149,7 @@ class ModelConfig:
     idle_unload_s: float = 300.0
     preload: bool = False
     weight: int = 0
+    canary_weight: int = 0  # under `weighted`: a new version's weight when published (0: the one it supersedes)
     default: bool = False
     strategy: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
@@ -309,8 +311,11 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
             _check_type(file, f"daemon.{key}", raw[key], bool)
     if "admin_group" in raw:
         _check_type(file, "daemon.admin_group", raw["admin_group"], str)
-    if "shared_memory" in raw:
-        _check_type(file, "daemon.shared_memory", raw["shared_memory"], str)
+    for key in ("shared_memory", "state_dir"):
+        if key in raw:
+            _check_type(file, f"daemon.{key}", raw[key], str)
+    if raw.get("state_dir"):
+        raw["state_dir"] = str(_resolve(file, raw["state_dir"]))
     for key in ("max_connections", "reserved_fds"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 1 if key == "max_connections" else 64)
@@ -467,6 +472,7 @@ def _parse_routing(file: Path, table: Any) -> RoutingConfig:
 
 
 _INT_FIELDS = {"contexts": 1, "max_queue": 1, "timeout_ms": 1, "max_batch": 1, "batch_delay_us": 0, "weight": 0,
+               "canary_weight": 0,
                "latest_n": 1}
 _INT_MAXIMA = {"weight": MAX_WEIGHT, "contexts": MAX_CONTEXTS}
 

@@ -16,6 +16,7 @@ from infermux.admin import snapshot
 from infermux.frontend import recorder
 from infermux.events import EventLog
 from infermux.models import fallback as fallbacks
+from infermux.models import overrides
 from infermux.models.registry import ModelVersion, State
 
 if TYPE_CHECKING:
@@ -195,6 +196,8 @@ def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     if "weights" in args:
         done["weights"] = _set_weights(server, mv.name, args["weights"])
     if changes:
+        for key, value in changes.items():
+            server.registry.overrides.set(mv.name, mv.version, key, value, getattr(mv.config, key))
         server.registry.configure(mv, **changes)
         done.update(changes)
     if not done:
@@ -243,6 +246,7 @@ def _set_fallback(server: "Server", name: str, fallback: Any) -> str:
     why = fallbacks.refusal(model, target) if target is not None else ""
     if why:
         raise CommandError(why)
+    server.registry.overrides.set(name, "", "fallback", fallback, model.fallback)
     model.fallback = fallback
     return fallback
 
@@ -269,7 +273,9 @@ def _set_weights(server: "Server", name: str, weights: Any) -> dict[str, int]:
         if not isinstance(weight, int) or isinstance(weight, bool) or not 0 <= weight <= cfg.MAX_WEIGHT:
             raise CommandError(f"weight of {version!r} must be an integer 0..{cfg.MAX_WEIGHT} (weights are "
                                f"ratios), got {str(weight)[:40]}")
-    server.router.set_weights(name, weights)
+    current = server.router.weights(name)
+    for version in model.versions:  # the split is the whole table: a version left out gets 0
+        server.registry.overrides.set(name, version, "weight", weights.get(version, 0), current.get(version, 0))
     return dict(weights)
 
 
@@ -308,6 +314,30 @@ def cmd_unpin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
         raise CommandError(str(exc)) from None
     default = server.registry.model(name).default()  # type: ignore[union-attr]
     return {"model": name, "default": default.version if default else None}
+
+
+def cmd_reset(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    """Forget live changes of a model (of one field when `field` is given): the file's values serve."""
+    name = _str(args, "model") or ""
+    model = server.registry.model(name)
+    field = _str(args, "field", required=False)
+    if field is not None and field not in (*overrides.FIELDS, "weights"):
+        raise CommandError(f"cannot reset {field!r}; fields: {', '.join([*overrides.FIELDS, 'weights'])}")
+    live = [o for o in server.registry.overrides.all() if o.model == name]
+    if model is None and not live:
+        raise CommandError(f"unknown model {name!r}; models: {', '.join(sorted(server.registry.models)) or 'none'}")
+    dropped = server.registry.overrides.reset(name, "weight" if field == "weights" else field)
+    for d in dropped:
+        o = d.override
+        mv = model.versions.get(o.version) if model is not None else None
+        if o.field == "fallback" and model is not None:
+            model.fallback = d.file
+        elif mv is not None and o.field != "weight":
+            server.registry.configure(mv, **{o.field: d.file})
+    if any(d.override.field == "fallback" for d in dropped):
+        server.registry.check_fallbacks(name)
+    return {"model": name, "reset": [d.summary() for d in dropped],
+            **({} if dropped else {"message": "no live changes to reset"})}
 
 
 def cmd_reload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
@@ -390,6 +420,7 @@ COMMANDS: dict[str, Command] = {
     "resume": Command(cmd_resume, "accept requests again after `drain`"),
     "pin": Command(cmd_pin, "serve this version by default, ignore newer ones (model, version)"),
     "unpin": Command(cmd_unpin, "let the newest ready version serve again (model)"),
+    "reset": Command(cmd_reset, "forget live changes (model, field?): the configuration's values serve again"),
     "reload": Command(cmd_reload, "re-read the configuration file and apply the difference", slow=True),
     "promote-now": Command(_rollout("promote_now"), "serve a candidate now, ending its shadowing (model, version)",
                            slow=True),

@@ -82,7 +82,7 @@ def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
         "in_flight": sum(c.in_flight for c in contexts),
         "max_queue": settings.max_queue if settings is not None else mc.max_queue,
         "timeout_ms": mc.timeout_ms, "fallback": model.fallback if model is not None else "",
-        "weight": server.router.weights.get(mv.name, {}).get(mv.version, 0),
+        "weight": server.router.weights(mv.name).get(mv.version, 0),
         "strategy": server.router.strategy(model) if model is not None else "",
         # Where requests that name no version go now: pinned, default or weights (None under hash).
         "traffic_share": server.router.traffic_share(model, mv.version) if model is not None else 0.0,
@@ -93,6 +93,8 @@ def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
         "backend": mc.backend or mc.engine.suffix.lstrip("."),
         "last_load_ms": round(mv.last_load_s * 1000),
         "stats": mv.stats.snapshot().as_json(),
+        # Fields an operator changed live, each with the file's value (models/overrides.py).
+        "overrides": {field: o.as_json() for field, o in sorted(server.registry.overrides.of(mv.name, mv.version).items())},
     }
     engine = mv.engine
     if engine is not None:  # model metadata, as Triton's: what to send and what comes back

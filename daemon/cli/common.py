@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 if TYPE_CHECKING:
     from infermux.config import DaemonConfig
@@ -213,3 +213,17 @@ def add_input_arguments(parser: argparse.ArgumentParser) -> None:
                         help="a random input of this shape (repeatable; with neither this nor --input, "
                         "random inputs of the shapes the daemon reports for the model)")
     parser.add_argument("--dtype", default="float32", choices=sorted(DTYPES), help="dtype of --shape inputs")
+
+
+def live_changes(model: dict[str, Any]) -> str:
+    """A version's fields changed live, marked as such: `live: weight=100 (file 0), ...`; "" when none
+    (the admin `models` entry's `overrides`; `infermux ctl reset` gives the file's values back)."""
+    changed = model.get("overrides") or {}
+    return ("live: " + ", ".join(f"{field}={_shown(v['live'])} (file {_shown(v['file'])})"
+                                 for field, v in sorted(changed.items()))) if changed else ""
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, list):
+        return ",".join(map(str, value)) or "none"
+    return str(value) if value != "" else "none"

@@ -2,6 +2,7 @@
 
     infermux ctl set classifier contexts=3
     infermux ctl set det_v2 weights=2.1:90,2.2:10
+    infermux ctl reset det_v2 weights   # the file's weights again (no field: every live change)
     infermux ctl pin det_v2 2.1
     infermux ctl drain            # stop accepting; `infermux ctl resume` to reopen
     infermux ctl models           # each version's inputs and outputs (--json: everything)
@@ -19,7 +20,7 @@ import json
 import sys
 from typing import Any
 
-from infermux.cli.common import USAGE, CliError, add_endpoint_arguments, endpoint_from
+from infermux.cli.common import USAGE, CliError, add_endpoint_arguments, endpoint_from, live_changes
 
 PING_S = 5.0  # how long an absent daemon may keep an operator waiting
 
@@ -73,6 +74,8 @@ def short_models(models: list[dict[str, Any]]) -> str:
         marks = ", ".join(filter(None, [m.get("placement"), m.get("state"), "default" if m.get("default") else "",
                                         "pinned" if m.get("pinned") else ""]))
         lines.append(f"{m['name']}:{m['version']}  ({marks})")
+        if live_changes(m):
+            lines.append(f"  {live_changes(m)}")
         for kind in ("inputs", "outputs"):
             for spec in m.get(kind, []):
                 lines.append(f"  {kind[:-1]:<6} {spec['name']:<16} {spec['dtype']:<8} {spec['shape']}")
@@ -126,6 +129,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         request = request_args(args.words)
+        if args.cmd == "reset" and "version" in request:  # `ctl reset MODEL [FIELD]`
+            request["field"] = request.pop("version")
     except ValueError as exc:
         raise CliError(f"infermux ctl: {exc}", USAGE) from None
     with AdminClient(endpoint_from(args, "admin"), timeout_s=args.timeout) as admin:

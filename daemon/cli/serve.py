@@ -18,6 +18,9 @@ ALREADY_SERVING = 4
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", "-c", default=os.environ.get("INFERMUX_CONFIG", DEFAULT_CONFIG),
                         help=f"configuration file (default: $INFERMUX_CONFIG or {DEFAULT_CONFIG})")
+    parser.add_argument("--state-dir", help="where operators' live changes are kept across restarts (default: "
+                        "[daemon] state_dir, else $STATE_DIRECTORY, else /var/lib/infermux when writable, else "
+                        "$XDG_STATE_HOME/infermux)")
     parser.add_argument("--runtime-dir", help="where relative ipc:// sockets go (default: $RUNTIME_DIRECTORY, "
                         "/run/infermux if writable, else $XDG_RUNTIME_DIR/infermux or /tmp/infermux-$UID)")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"],
@@ -43,7 +46,7 @@ def _raise_fd_limit() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infermux.models import budget
+    from infermux.models import budget, statefile
     from infermux import config as cfg
     from infermux.swap import swapper as swap
     from infermux.admin.channel import AdminServer
@@ -86,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     except ownership.SocketsTaken as exc:
         print(f"infermux: {exc}", file=sys.stderr)
         return ALREADY_SERVING
-    server = Server(config, run_dir)
+    server = Server(config, run_dir, statefile.state_dir(config.daemon, args.state_dir))
     TRACEBACKS.events = server.events
     admin = AdminServer(server)
     metrics = None

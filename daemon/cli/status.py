@@ -11,7 +11,7 @@ import json
 import sys
 from typing import Any
 
-from infermux.cli.common import add_endpoint_arguments, endpoint_from
+from infermux.cli.common import add_endpoint_arguments, endpoint_from, live_changes
 from infermux import format as fmt
 
 
@@ -52,6 +52,9 @@ def table(models: list[dict[str, Any]]) -> str:
     for m in models:
         if m.get("reason"):
             lines.append(f"  {m['name']}:{m['version']}: {m['reason']}")
+    for m in models:  # what an operator changed live (`infermux ctl reset` gives the file's values back)
+        if live_changes(m):
+            lines.append(f"  {m['name']}:{m['version']}: {live_changes(m)}")
     return "\n".join(lines)
 
 

@@ -23,6 +23,7 @@ from infermux.execution.job import ONLY_INPUT, Job, internal_sink
 from infermux.execution.placement import Admission, Placement
 from infermux.execution.scheduler import Scheduler
 from infermux.protocol import OPERATOR_RETRY_MS, ProtocolError, Status, dtype_name, encode_reply, error_header
+from infermux.models.overrides import file_weights
 from infermux.models.registry import Model, ModelVersion, Registry, State
 
 log = logging.getLogger("infermux.router")
@@ -36,22 +37,19 @@ class Router:
         self._reply = reply
         self._rings: dict[tuple[str, tuple[str, ...]], HashRing[str]] = {}
         self.routing: RoutingConfig = config.routing
-        self.weights: dict[str, dict[str, int]] = {}  # model -> version -> weight, for `weighted`
+        self.file_weights: dict[str, dict[str, int]] = {}  # model -> version -> weight the file gives
         self.pipelines: dict[str, Pipeline] = {}  # addressed like models (daemon/pipelines/)
         self.configure(config)
 
     def configure(self, config: Config) -> None:
         """Route as `config` says (at start, and on every reload): its `[routing]` table, and the
-        versions' weights (an operator's `set weights` since is replaced)."""
-        weights: dict[str, dict[str, int]] = {}
-        for mc in config.models:
-            if mc.weight:
-                weights.setdefault(mc.name, {})[mc.version] = mc.weight
-        self.routing, self.weights = config.routing, weights
+        versions' weights the file gives; an operator's live weights (the registry's overrides)
+        count over them until the file changes that weight or `ctl reset`."""
+        self.routing, self.file_weights = config.routing, file_weights(config)
 
-    def set_weights(self, name: str, weights: dict[str, int]) -> None:
-        """Split `weighted` traffic to model `name` by `weights` (version -> weight) from now on."""
-        self.weights = {**self.weights, name: dict(weights)}
+    def weights(self, name: str) -> dict[str, int]:
+        """Version -> weight of model `name` for `weighted` routing: the file's, live ones over them."""
+        return self.registry.overrides.weights_of(name, self.file_weights)
 
     # -- admission ---------------------------------------------------------
 
@@ -200,7 +198,7 @@ class Router:
             if strategy == "hash":
                 return None
             if strategy == "weighted":
-                weights = self.weights.get(model.name, {})
+                weights = self.weights(model.name)
                 total = sum(weights.get(mv.version, 0) for mv in ready)
                 if total > 0:
                     mine = weights.get(version, 0) if any(mv.version == version for mv in ready) else 0
@@ -209,12 +207,10 @@ class Router:
         return 100.0 if default is not None and default.version == version else 0.0
 
     def strategy(self, model: Model) -> str:
-        versions = model.ordered()
-        own = versions[-1].config.strategy if versions else ""
-        return own or self.routing.strategy
+        return model.strategy(self.routing.strategy)
 
     def _weighted(self, model: Model, ready: list[ModelVersion]) -> ModelVersion | None:
-        weights = self.weights.get(model.name, {})
+        weights = self.weights(model.name)
         pool = [(mv, weights.get(mv.version, 0)) for mv in ready]
         total = sum(w for _, w in pool)
         if total <= 0:

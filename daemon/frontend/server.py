@@ -38,7 +38,9 @@ from infermux.execution.job import Job, Outcome, internal_sink
 from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Status, encode_reply, error_header, limits_reply,
                                parse_request, request_id)
 from infermux.transport.regions import RegionServer, RegionTable
+from infermux.models.overrides import Overrides
 from infermux.models.registry import Registry, State
+from infermux.models.statefile import StateFile
 from infermux.models.verified import EngineSigning, verified_store
 from infermux.frontend.mirror import Mirror
 from infermux.frontend.recorder import Recorder
@@ -68,7 +70,7 @@ QUIESCE_S = 1.0  # the longest `quiesce` waits for the loop's turn (it turns at 
 class Server:
     """The daemon's serving core: registry, router and the frontend loop."""
 
-    def __init__(self, config: cfg.Config, run_dir: Path) -> None:
+    def __init__(self, config: cfg.Config, run_dir: Path, state_dir: Path | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
         self.events = EventLog()
@@ -88,7 +90,8 @@ class Server:
         # What the layers below may ask of the frontend (execution/hooks.py), handed down once.
         self.hooks = FrontendHooks(reply=self.reply, on_late=self._on_late, inline=self._inline_ok, hold=self._hold,
                                    watch=self.watch, quiesce=self.quiesce)
-        self.registry = Registry(config, self.events, self.hooks)
+        # Operators' live changes: kept in `state_dir` across restarts (models/statefile.py), else in memory.
+        self.registry = Registry(config, self.events, self.hooks, _overrides(state_dir, self.events))
         self.router = Router(self.registry, config, self.reply)
         self._admissions: deque[Job] = deque()  # internal requests (pipelines' model steps) to admit
         self.pipelines = Pipelines(config.pipelines, self.admit_internal, self.reply, self._model_inputs, self.limits)
@@ -301,12 +304,16 @@ class Server:
                 self.events.emit("rejected", reason=f"configuration not reloaded, the running one stays: {exc}")
                 raise
             old = self.config
+            overrides = self.registry.overrides
+            overrides.take_dropped()  # the reply lists what this reload drops, not what went before
+            serving = overrides.over(old)  # what serves: the file as it was, with the live changes
+            overrides.follow(new)  # the file wins for each field it changed
             self.config, self.limits = new, limits_from(new.daemon)
             self._reread_client_keys()
             self._reread_signing_keys(new)
             self.registry.follow(new)
             self.router.configure(new)
-            return reload.apply(self, old, new)
+            return reload.apply(self, serving, overrides.over(new))
 
     def _reread_client_keys(self) -> None:
         """A client key added to (or removed from) curve_authorized_dir counts from this reload on."""
@@ -542,6 +549,14 @@ class Server:
             parts.append(f"{count[State.FAILED]} failed")
         parts.append(f"{self.requests} requests")
         return ", ".join(parts)
+
+
+def _overrides(state_dir: Path | None, events: EventLog) -> Overrides:
+    """The live changes, restored from the state file in `state_dir` and saved there on every change."""
+    if state_dir is None:
+        return Overrides(events)
+    store = StateFile(state_dir, events)
+    return Overrides(events, store.write, store.read())
 
 
 def _delimiter(frames: list[Any]) -> int:

@@ -27,6 +27,7 @@ from infermux.models import promote as moves
 from infermux.models.budget import BudgetExceeded, MemoryBudget, release_freed_memory
 from infermux.models.hot import HotPlacer
 from infermux.models.memory import MemoryKeeper
+from infermux.models.overrides import Overrides
 from infermux.models.placer import LoadFailed, Placer, missing_engine
 from infermux.models.switch import Switch
 from infermux.models.verified import EngineSigning, SignatureRefused, release
@@ -52,13 +53,16 @@ class Registry:
 
     `hooks` are the frontend's callbacks (execution/hooks.py), handed to the placers and the
     switch. `placers` holds a placer per placement: hot from the start, cold once the worker
-    pool adds itself (`add_placer`).
+    pool adds itself (`add_placer`). `overrides` are the operators' live changes (restored from
+    the state file at start): every version added takes those that still hold.
     """
 
-    def __init__(self, config: Config, events: EventLog, hooks: FrontendHooks) -> None:
+    def __init__(self, config: Config, events: EventLog, hooks: FrontendHooks,
+                 overrides: Overrides | None = None) -> None:
         self.config = config
         self.events = events
         self.hooks = hooks
+        self.overrides = overrides if overrides is not None else Overrides(events)
         self.models: dict[str, Model] = {}
         self.catalog: Catalog | None = None  # the engine-directory watcher, when there is one
         self.signing: EngineSigning | None = None  # set by the Server under engine_signing_keys (verified.py)
@@ -69,8 +73,9 @@ class Registry:
         self.switch = Switch(self, hooks.quiesce)
         self._changing: set[tuple[str, str]] = set()  # versions being moved or stopped (`claim`)
         self._refused: dict[tuple[str, str], float] = {}  # refused for memory: when on demand may try again
+        self.overrides.follow(config)  # a file changed while the daemon was stopped wins where it differs
         for mc in config.models:
-            self.add(mc)
+            self.add(self.overrides.apply(mc))
 
     def add_placer(self, placer: Placer) -> None:
         """Place versions of `placer.kind` with it."""
@@ -81,7 +86,7 @@ class Registry:
         self.config = config
 
     def add(self, mc: ModelConfig) -> ModelVersion:
-        """Register a version (not loaded yet)."""
+        """Register a version (not loaded yet) with the settings `mc` (live changes included)."""
         mv = ModelVersion(mc)
         self.put(mv)
         return mv
@@ -111,6 +116,9 @@ class Registry:
                 model.versions = versions
             else:
                 self.models = {name: m for name, m in self.models.items() if name != mv.name}
+        self.overrides.forget(mv.name, mv.version, "version no longer served")
+        if not versions:
+            self.overrides.forget_model(mv.name, "model no longer served")
 
     def pin(self, name: str, version: str) -> None:
         """Serve `version` of `name` by default, whatever newer versions appear, until `unpin`.

@@ -140,5 +140,11 @@ class Model:
                 newest_ready = mv
         return newest_ready or (self._ordered[-1] if self._ordered else None)
 
+    def strategy(self, default: str) -> str:
+        """How requests naming no version are spread over the ready versions: the newest version's
+        `strategy`, else `default` (the `[routing]` table's)."""
+        own = self._ordered[-1].config.strategy if self._ordered else ""
+        return own or default
+
     def ready_versions(self) -> list[ModelVersion]:
         return [mv for mv in self._ordered if mv.state is State.READY]

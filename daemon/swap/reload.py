@@ -19,6 +19,7 @@ from typing import Protocol
 from infermux import config as cfg
 from infermux.config import HOT, ModelConfig
 from infermux.events import EventLog
+from infermux.models.overrides import Dropped
 from infermux.models.registry import Registry
 from infermux.models.version import ModelVersion
 from infermux.pipelines.runner import PipelineChanges, Pipelines
@@ -42,6 +43,7 @@ class ReloadPlan:
     changed: list[tuple[ModelConfig, dict]] = field(default_factory=list)
     restart_needed: list[str] = field(default_factory=list)
     pipelines: PipelineChanges = field(default_factory=PipelineChanges)
+    overrides_dropped: list[Dropped] = field(default_factory=list)  # live changes the file overruled
 
     def summary(self) -> dict[str, list[str]]:
         key = lambda m: f"{m.name}:{m.version}"  # noqa: E731
@@ -50,7 +52,8 @@ class ReloadPlan:
                 "changed": [f"{key(m)} {sorted(c)}" for m, c in self.changed],
                 "restart_needed": self.restart_needed,
                 "pipelines_added": self.pipelines.added, "pipelines_removed": self.pipelines.removed,
-                "pipelines_changed": self.pipelines.changed}
+                "pipelines_changed": self.pipelines.changed,
+                "overrides_dropped": [d.summary() for d in self.overrides_dropped]}
 
 
 def plan(old: cfg.Config, new: cfg.Config) -> ReloadPlan:
@@ -68,7 +71,7 @@ def plan(old: cfg.Config, new: cfg.Config) -> ReloadPlan:
         elif diff:
             result.changed.append((after[k], diff))
     for name in ("listen", "admin", "stats", "runtime_dir", "metrics_port", "metrics_host", "curve_secret_key",
-                 "curve_authorized_dir", "allow_insecure_tcp"):
+                 "curve_authorized_dir", "allow_insecure_tcp", "state_dir"):
         if getattr(old.daemon, name) != getattr(new.daemon, name):
             result.restart_needed.append(f"daemon.{name}")
     return result
@@ -84,8 +87,9 @@ class Daemon(Protocol):
 
 
 def apply(daemon: Daemon, old: cfg.Config, new: cfg.Config) -> ReloadPlan:
-    """Move the running daemon's models and pipelines from `old` to `new`; returns what changed.
-    The registry, router and server already follow `new`."""
+    """Move the running daemon's models and pipelines from `old` to `new`, each with the live
+    changes that hold over the file (models/overrides.py); returns what changed, the live
+    changes the new file overruled among it. The registry, router and server already follow `new`."""
     steps = plan(old, new)
     registry = daemon.registry
     for name, version in steps.removed:
@@ -113,6 +117,7 @@ def apply(daemon: Daemon, old: cfg.Config, new: cfg.Config) -> ReloadPlan:
         if mv.config.placement == HOT or mv.config.preload:
             registry.load(mv)
     steps.pipelines = _apply_pipelines(daemon, new)
+    steps.overrides_dropped = registry.overrides.take_dropped()
     for item in steps.restart_needed:
         log.warning("%s changed: restart the daemon to apply it", item)
     daemon.events.emit("reloaded", **{k: ",".join(v) for k, v in steps.summary().items() if v})
@@ -134,7 +139,7 @@ def _version(registry: Registry, name: str, version: str) -> ModelVersion | None
 
 
 def _refresh_fallbacks(registry: Registry, new: cfg.Config) -> None:
-    chain = cfg.fallback_of(new.models)
+    chain = registry.overrides.fallbacks(cfg.fallback_of(new.models))
     for name, model in registry.models.items():
         model.fallback = chain.get(name, "")
     registry.check_fallbacks()  # loaded models: a fallback must take the same inputs

@@ -27,6 +27,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from infermux.config import COLD, Config, ModelConfig
+from infermux.models.overrides import file_weights
 from infermux.models.registry import Model, ModelVersion, Registry, State, version_key
 from infermux.swap.repository import FolderScreen, ModelPlan, SettingsCache, plan
 from infermux.swap.watcher import EngineFile, EngineWatcher, Snapshot
@@ -119,7 +120,7 @@ class Swapper:
                 elif f.stable:
                     self._detected(f)
                     self._made_from[(name, version)] = file_key(mc, f)
-                    self._check_before_start(self.registry.add(mc), f)
+                    self._check_before_start(self.registry.add(self.registry.overrides.reconcile(mc)), f)
         self._last = snapshot
 
     def _scan_settled(self) -> Snapshot:
@@ -252,8 +253,9 @@ class Swapper:
             return  # serving from this very file, or failed on it: wait for the next one
         model = self.registry.model(p.name)
         current = model.versions.get(version) if model else None
-        if made is not None and made[:2] == key[:2] and current is not None and current.config == mc:
-            self._made_from[(p.name, version)] = key  # a reload already applied these settings
+        if made is not None and made[:2] == key[:2] and current is not None and \
+                current.config == self.registry.overrides.apply(mc):
+            self._made_from[(p.name, version)] = key  # a reload already applied these settings (live ones over them)
             return
         if not f.stable:
             return  # still being written: the watcher looks again once it settles
@@ -289,6 +291,7 @@ class Swapper:
         model = self.registry.model(mc.name)
         before = model.default() if model else None
         replacing = current is not None and current.state is State.READY
+        mc = self.registry.overrides.reconcile(mc) if replacing or model is None else self._inherit(model, mc)
         mv = ModelVersion(mc)
         problem = checksum_problem(f)
         if not problem and mc.rollout is not None and before is not None and before.ready:
@@ -319,10 +322,48 @@ class Swapper:
         after = self.registry.model(mc.name)
         if after is not None and after.default() is mv:
             self.events.emit("swapped", mc.name, mc.version, previous=_label(before, mv),
-                             took_ms=round((time.monotonic() - started) * 1000))
+                             took_ms=round((time.monotonic() - started) * 1000), **self._traffic(after, mv))
         if previous is not None:
             self.registry.switch.drain(previous)
 
+    def _inherit(self, model: Model, mc: ModelConfig) -> ModelConfig:
+        """A new version takes the live settings of the version it supersedes (the newest older
+        one) and, under `weighted` routing with weights in force, a share: `canary_weight`, else
+        the weight of the version it supersedes. An `inherited` event says what it took."""
+        mc = self.registry.overrides.reconcile(mc)  # its own live changes first (a restart, a version back)
+        older = [mv for mv in model.ordered() if version_key(mv.version) < version_key(mc.version)]
+        superseded = older[-1].version if older else None
+        share = None
+        weights = self._weights(model)
+        if weights:
+            share = mc.canary_weight or (weights.get(superseded, 0) if superseded is not None else 0)
+        mc, taken = self.registry.overrides.inherit(mc, superseded, share)
+        if taken:
+            self.events.emit("inherited", mc.name, mc.version, **{"from": superseded or "-"},
+                             **{k: ",".join(map(str, v)) if isinstance(v, tuple) else v for k, v in taken.items()})
+        return mc
+
+    def _traffic(self, model: Model, mv: ModelVersion) -> dict[str, Any]:
+        """What a new default gets under `weighted` routing: its weight and share, said outright
+        when that is no traffic at all."""
+        weights = self._weights(model)
+        if not weights:
+            return {}
+        total = sum(weights.get(ready.version, 0) for ready in model.ready_versions())
+        weight = weights.get(mv.version, 0)
+        share = weight / total if total else 0.0
+        told = {"weight": weight, "share": f"{share:.0%}"}
+        if not share:
+            told["note"] = f"no traffic until `infermux ctl set {mv.name} weights=...` gives it a weight"
+        return told
+
+    def _weights(self, model: Model) -> dict[str, int]:
+        """The weights `weighted` routing spreads `model`'s traffic by; {} when it is not routed so,
+        or no weight is given (then the default version serves)."""
+        if model.strategy(self.config.routing.strategy) != "weighted":
+            return {}
+        weights = self.registry.overrides.weights_of(model.name, file_weights(self.config))
+        return weights if any(weights.values()) else {}
     def _shadow(self, mc: ModelConfig, f: EngineFile, replacing: ModelVersion | None) -> None:
         """A model with `[models.rollout]`: the new engine loads beside what serves as its candidate,
         which shadows live requests until it is promoted or refused (swap/rollout.py)."""

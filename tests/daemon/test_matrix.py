@@ -72,6 +72,7 @@ PLACED = [
     ("hs", "2", "addone/2/model.onnx", 'strategy = "hash"\ncontexts = 2\n'),
     ("sm", "1", SLOW, ""),
     ("sw", "1", "sw/1/model.onnx", ""),  # relative: in the watched engine_dir, where the swap publishes
+    ("ov", "1", "ov/1/model.onnx", ""),  # live changes: also in the watched engine_dir (a new version inherits)
     # A published version of these is a candidate first (docs/hot-swap.md#shadow-rollout).
     ("cd", "1", "cd/1/model.onnx", "[models.rollout]\nshadow_requests = 1000000\n" + SPARE),  # promote-now decides
     ("cr", "1", "cr/1/model.onnx", "[models.rollout]\nshadow_requests = 8\n" + SPARE),
@@ -80,7 +81,7 @@ PLACED = [
     ("hg", "1", IDENTITY, 'fallback = "fb"\n'),  # SIGSTOP: only where a worker serves it
 ]
 WORKER_ONLY = ("kl", "hg")
-WATCHED = ("sw", "cd", "cr", "cs")  # served from the watched engine_dir, where new versions are published
+WATCHED = ("sw", "ov", "cd", "cr", "cs")  # served from the watched engine_dir, where new versions are published
 # Always hot: the fallback of nr and slowfb (y = x, so a stand-in's outputs are its inputs).
 FALLBACK = f'[[models]]\nname = "fb"\nengine = "{{engines}}/{IDENTITY}"\nmax_queue = 256\n'
 
@@ -100,7 +101,7 @@ version_mismatch = "fallback"
 
 def engine_of(placed: Placement, model: str, version: str = "1") -> Path:
     """The engine file `model` (and `version`) is served from."""
-    if model in WATCHED:  # the swap and rollout cells publish their version 2 beside the first
+    if model in WATCHED:  # the swap, live-change and rollout cells publish their version 2 beside the first
         return placed.watched / model / version / "model.onnx"
     if model == "fb":
         return placed.engines / IDENTITY
@@ -127,17 +128,23 @@ def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     workdir = tmp_path_factory.mktemp(f"matrix-{name}")
     watched = workdir / "engines"
     for model in WATCHED:
-        publish(watched, model, 1, offset=1)
+        publish(watched, model, 1, offset=1, width=512 if model == "ov" else 4)
     d = Daemon(workdir, config_text(name, engines, watched)).start()
     try:
-        if name in MOVES:
-            with d.admin(timeout_s=60) as admin:
-                for model in admin.call("models")["models"]:
-                    if model["name"] != "fb":
-                        admin.call(MOVES[name], model=model["name"], version=model["version"])
+        move_all(d, name)
         yield Placement(name, d, engines, watched)
     finally:
         assert d.stop() == 0, d.log()[-4000:]
+
+
+def move_all(d: Daemon, placement: str) -> None:
+    """Move every version but the fallback's live, as `placement` says (promoted, demoted)."""
+    if placement not in MOVES:
+        return
+    with d.admin(timeout_s=60) as admin:
+        for model in admin.call("models")["models"]:
+            if model["name"] != "fb":
+                admin.call(MOVES[placement], model=model["name"], version=model["version"])
 
 
 @lru_cache(maxsize=None)
@@ -188,7 +195,7 @@ def test_serves_what_onnxruntime_computes(cell: Placement) -> None:
             if (name, version) not in views:
                 continue  # kl: worker placements only
             assert views[(name, version)]["placement"] == cell.where, views[(name, version)]
-            x = X4 if name in ("wt", "hs", *WATCHED) else SLAB
+            x = X4 if name in ("wt", "hs", *WATCHED) and name != "ov" else SLAB  # ov: 512 wide, as its fallback fb
             assert_served(client.infer(name, {"x": x}, version=version), cell, name, x, version)
 
 
@@ -572,3 +579,69 @@ def test_a_stopped_workers_requests_get_the_fallback_at_their_deadline(cell: Pla
     eventually(lambda: worker(d, "hg")["expired"] == 0, "no expired request left")  # the resumed worker's late answers: dropped
     with d.client() as client:
         assert_served(client.infer("hg", {"x": ROW}), cell, "hg", ROW)
+
+
+# -- live changes (ctl set) where they meet a reload, a move, a new version and a restart -----------
+
+LIVE = {"contexts": 2, "timeout_ms": 3000, "max_batch": 4}
+
+
+def settings_of(d: Daemon, model: str, version: str) -> dict:
+    with d.admin() as admin:
+        return next(m for m in admin.call("models")["models"] if (m["name"], m["version"]) == (model, version))
+
+
+def assert_live(d: Daemon, model: str, version: str, placement: str) -> None:
+    """`version` of `model` serves with LIVE and the fallback set live, each marked as a live change."""
+    row = settings_of(d, model, version)
+    assert {k: row[k] for k in LIVE} == LIVE and row["fallback"] == "fb" and row["placement"] == placement, row
+    assert set(row["overrides"]) >= {*LIVE, "fallback"}, row["overrides"]
+
+
+@every_placement
+def test_live_changes_hold_across_a_reload_a_move_and_a_new_version(cell: Placement) -> None:
+    d = cell.daemon
+    other = "cold" if cell.where == "hot" else "hot"
+    with d.admin(timeout_s=60) as admin:
+        admin.call("set", model="ov", version="1", fallback="fb", **LIVE)
+        changes = admin.call("reload")["changes"]
+        assert not any(changes.values()), changes  # the unchanged file changes nothing, live changes included
+        assert_live(d, "ov", "1", cell.where)
+        for move, placement in ((MOVES["demoted" if cell.where == "hot" else "promoted"], other),
+                                (MOVES["promoted" if cell.where == "hot" else "demoted"], cell.where)):
+            admin.call(move, model="ov", version="1")
+            assert_live(d, "ov", "1", placement)
+    publish(cell.watched, "ov", 2, offset=2, width=512)  # takes version 1's live settings
+    eventually(lambda: _ready(d, "ov", "2"), "ov:2 ready", 30)
+    configured = "cold" if cell.name in ("cold", "promoted") else "hot"  # a move is no setting: the file's placement
+    assert_live(d, "ov", "2", configured)
+    with d.client() as client:
+        assert_served(client.infer("ov", {"x": ROW}), cell, "ov", ROW, "2")
+
+
+def _ready(d: Daemon, model: str, version: str) -> bool:
+    with d.admin() as admin:
+        return any((m["name"], m["version"], m["state"]) == (model, version, "ready")
+                   for m in admin.call("models")["models"])
+
+
+@every_placement
+def test_live_changes_survive_a_restart(cell: Placement) -> None:
+    # Last on each placement's daemon: it restarts it, then moves every version again as the placement says.
+    d = cell.daemon
+    with d.admin() as admin:
+        admin.call("set", model="sm", timeout_ms=4321)
+        admin.call("set", model="wt", weights={"1": 1, "2": 0})
+    assert d.stop() == 0, d.log()[-4000:]
+    d.start()
+    move_all(d, cell.name)
+    row = settings_of(d, "sm", "1")
+    assert row["timeout_ms"] == 4321 and row["overrides"]["timeout_ms"] == {"live": 4321, "file": 1000}, row
+    assert row["placement"] == cell.where
+    with d.pipeline() as pipe:
+        replies = pipe.gather([pipe.submit("wt", {"x": X4}) for _ in range(20)])
+    assert {r.version for r in replies} == {"1"}, [r.header for r in replies][:2]
+    with d.admin() as admin:
+        for model in ("sm", "wt"):
+            admin.call("reset", model=model)
+    assert settings_of(d, "sm", "1")["timeout_ms"] == 1000

@@ -52,7 +52,8 @@ class HandStarted(Daemon):
 
     def start(self, wait_ready: bool = True, timeout: float = 60.0) -> "HandStarted":
         self._log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen([*self.command, "serve", "--config", str(self.config_path)],
+        self.proc = subprocess.Popen([*self.command, "serve", "--config", str(self.config_path),
+                                      "--state-dir", str(self.state_dir)],
                                      stdout=self._log, stderr=subprocess.STDOUT, cwd=self.workdir,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.wait_for(" ready ", timeout)

@@ -100,7 +100,7 @@ class Daemon:
         self.log = (tmp_path / "daemon.log").open("w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "infermux", "serve", "--config", str(self.config),
-             "--runtime-dir", str(self.runtime)],
+             "--runtime-dir", str(self.runtime), "--state-dir", str(tmp_path / "state")],
             env=env, stdout=self.log, stderr=subprocess.STDOUT)
 
     def _read(self) -> None:

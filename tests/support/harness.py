@@ -97,6 +97,7 @@ class Daemon:
                  prefix: list[str] | None = None) -> None:
         self.workdir = workdir
         self.run_dir = workdir / "run"
+        self.state_dir = workdir / "state"  # live changes (overrides.json): the test's own, kept across restarts
         self.config_path = workdir / "infermux.toml"
         self.log_path = workdir / "daemon.log"
         self.config_path.write_text(config_text)
@@ -123,21 +124,23 @@ class Daemon:
         env = {**os.environ, **self.env}
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(FAKES / "plugins"), env.get("PYTHONPATH")]))
         env["PYTHONUNBUFFERED"] = "1"
+        since = len(self.log())  # a restart waits for its own lines, not the last run's
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(
             [*self.prefix, sys.executable, "-m", "infermux", "serve", "--config", str(self.config_path),
-             "--runtime-dir", str(self.run_dir)],
+             "--runtime-dir", str(self.run_dir), "--state-dir", str(self.state_dir)],
             stdout=self._log, stderr=subprocess.STDOUT, env=env, cwd=self.workdir)
-        self.wait_for("listening", timeout)
+        self.wait_for("listening", timeout, since)
         if wait_ready:
-            self.wait_for(" ready ", timeout)
+            self.wait_for(" ready ", timeout, since)
         return self
 
-    def wait_for(self, text: str, timeout: float = 30.0) -> None:
-        """Block until the log holds `text`; fail with the log if the daemon exits first."""
+    def wait_for(self, text: str, timeout: float = 30.0, since: int = 0) -> None:
+        """Block until the log holds `text` (after its first `since` characters); fail with the log if
+        the daemon exits first."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            if text in self.log():
+            if text in self.log()[since:]:
                 return
             if self.proc is not None and self.proc.poll() is not None:
                 raise AssertionError(f"daemon exited with {self.proc.returncode}:\n{self.log()}")

@@ -81,7 +81,8 @@ async def test_keys_change_the_daemon_and_show_its_answer(make_daemon) -> None:
 
         table.select("addone:2")
         await pilot.press("plus")
-        await until(pilot, lambda: table.cell_text("addone:2", "contexts") == "2", what="2 contexts in the table")
+        # A live change, marked as one (the file says 1).
+        await until(pilot, lambda: table.cell_text("addone:2", "contexts") == "2~", what="2 contexts in the table")
         assert row(d, "addone", "2")["contexts"] == 2
         await until(pilot, lambda: notified(app, "contexts 2", "information"), what="the daemon's answer")
         assert "Added a context to addone v2" in [n.title for n in app._notifications]
@@ -577,6 +578,27 @@ async def test_notifications_are_titled_for_a_person() -> None:
                               ("set", {"model": "detector", "weights": {"1": 7, "2": 3}})]
 
 
+async def test_the_models_table_marks_live_changes_and_the_detail_names_them() -> None:
+    from support import tui_data
+
+    snap = tui_data.snapshot()
+    snap["models"][0]["contexts"] = 3
+    snap["models"][0]["overrides"] = {"contexts": {"live": 3, "file": 1}, "weight": {"live": 90, "file": 0}}
+    app = TopApp(StaticFeed(snap))
+    key = f"{snap['models'][0]['name']}:{snap['models'][0]['version']}"
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.models_table.keys())
+        assert app.models_table.cell_text(key, "contexts") == "3~"
+        assert app.models_table.cell_text(key, "version").endswith("~")
+        other = f"{snap['models'][1]['name']}:{snap['models'][1]['version']}"
+        assert not app.models_table.cell_text(other, "version").endswith("~")
+        app.models_table.select(key)
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ModelScreen))
+        await until(pilot, lambda: "contexts 3 (file 1), weight 90 (file 0)" in screen_text(app),
+                    what="the live changes in the detail")
+
+
 def burst(app: TopApp, *keys: str) -> None:
     """Keys as a terminal delivers one read's worth: posted all at once, as the driver does, with no
     pause between them for the app to settle (Pilot's `press` waits after each key)."""
@@ -636,7 +658,8 @@ async def test_weights_show_on_the_models_tab_and_the_default_mark_follows_the_t
             admin.call("set", model="addone", weights={"1": 90, "2": 10})
         await until(pilot, lambda: table.cell_text("addone:1", "share") == "90%", what="the split on the Models tab")
         assert table.cell_text("addone:2", "share") == "10%"
-        assert table.cell_text("addone:2", "version") == "2"  # the default, but not where the traffic goes
+        # The default, but not where the traffic goes (no `*`); its weight was set live (`~`).
+        assert table.cell_text("addone:2", "version") == "2~"
         assert "SHARE" in screen_text(app)
 
 

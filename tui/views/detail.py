@@ -59,8 +59,19 @@ def settings_text(m: dict[str, Any]) -> str:
         f"max_batch {m.get('max_batch')} · batch delay {m.get('batch_delay_us')} µs",
         f"fallback {fallback} · weight {m.get('weight', 0)}",
         f"strategy {escape(str(m.get('strategy', '')))}",
+        *live_lines(m),
         *tensor_lines(m),
     ])
+
+
+def live_lines(m: dict[str, Any]) -> list[str]:
+    """The settings an operator changed live, each with the configuration's value."""
+    changed = m.get("overrides") or {}
+    if not changed:
+        return []
+    shown = ", ".join(f"{escape(field)} {escape(str(v['live']))} (file {escape(str(v['file']) or 'none')})"
+                      for field, v in sorted(changed.items()))
+    return [f"[magenta]live~[/] {shown}", "[dim]infermux ctl reset MODEL [FIELD] gives the file's back[/]"]
 
 
 def tensor_lines(m: dict[str, Any]) -> list[str]:

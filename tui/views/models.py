@@ -12,9 +12,20 @@ from infermux.tui.views.table import Cell, Col, KeyedTable
 
 def version_label(m: dict[str, Any]) -> str:
     """The version, marked `@` when it is pinned and `*` when it is the default that takes the model's
-    requests; not under a weighted split, where the SHARE column says where they go."""
+    requests (not under a weighted split, where the SHARE column says where they go), then `~` when an
+    operator changed a setting of it live (the detail screen says which)."""
     split = m.get("traffic_share") not in (None, 100.0, 100)
-    return str(m["version"]) + ("@" if m.get("pinned") else "*" if m.get("default") and not split else "")
+    return str(m["version"]) + ("@" if m.get("pinned") else "*" if m.get("default") and not split else "") + \
+        (LIVE if m.get("overrides") else "")
+
+
+LIVE = "~"  # marks what an operator changed live, over the configuration's value (`ctl reset` undoes it)
+LIVE_STYLE = "magenta"
+
+
+def live_cell(m: dict[str, Any], field: str, text: str) -> tuple[str, str]:
+    """A setting's cell, marked when its value is a live change."""
+    return (text + LIVE, LIVE_STYLE) if field in (m.get("overrides") or {}) else (text, "")
 
 
 def share_text(m: dict[str, Any]) -> str:
@@ -103,11 +114,11 @@ class ModelsTable(KeyedTable):
             trend = list(history.qps.get(key, ())) if history is not None else []
             yield key, {
                 "model": (m["name"], "bold" if m.get("default") else ""),
-                "version": (version_label(m), ""),
+                "version": (version_label(m), LIVE_STYLE if m.get("overrides") else ""),
                 "place": (m.get("placement", ""), "cyan" if m.get("placement") == "cold" else ""),
                 "state": (m.get("state", ""), markup.STATE_STYLE.get(m.get("state", ""), "")),
                 "share": (share_text(m), "dim" if not m.get("traffic_share") else ""),
-                "contexts": (str(m.get("contexts", "")), ""),
+                "contexts": live_cell(m, "contexts", str(m.get("contexts", ""))),
                 "queue": (str(m.get("queue_depth", 0)), queue_style(m.get("queue_depth", 0), m.get("max_queue", 0))),
                 "in_flight": (str(m.get("in_flight", 0)), ""),
                 "qps": (fmt.rate(st.get("qps")), "red" if errors else ""),
