@@ -221,6 +221,8 @@ class Swapper:
             reasons = "; ".join(f"version {v}: {self._bad[(p.name, v)][1]}" for v in failed)
             serving = f"serving version {', '.join(stand_ins)}, the newest that loads" if stand_ins \
                 else "no older version is on disk to serve instead"
+            if stand_ins and (template.strategy or self.config.routing.strategy) == "weighted":
+                serving += ", at its weight's share of the requests (`infermux status` shows each version's share)"
             self.events.emit("settled", p.name, ",".join(stand_ins), reason=f"{reasons}; {serving}")
         return p
 

@@ -135,11 +135,12 @@ def test_pin_and_unpin_refuse_unknown_models_and_versions(tmp_path: Path) -> Non
         assert server.registry.model("m").pinned is None
 
 
-def test_unpin_with_a_corrupt_newest_version_settles_on_the_newest_that_loads(tmp_path: Path) -> None:
+@pytest.mark.parametrize("strategy", ["least_queue", "weighted"])
+def test_unpin_with_a_corrupt_newest_version_settles_on_the_newest_that_loads(tmp_path: Path, strategy: str) -> None:
     root = tmp_path / "engines"
     publish(root, "m", 1, offset=1)
     publish(root, "m", 2, offset=2)
-    with running(tmp_path, root) as server:
+    with running(tmp_path, root, f'[routing]\nstrategy = "{strategy}"\n') as server:
         server.registry.pin("m", "1")
         eventually(lambda: version_served(server) == "1", "version 1 served", 30.0)
         corrupt = root / "m" / ".3.tmp" / "model.onnx"  # published the documented way, but not an ONNX model
@@ -154,6 +155,8 @@ def test_unpin_with_a_corrupt_newest_version_settles_on_the_newest_that_loads(tm
         assert [(e.model, e.version) for e in settled] == [("m", "2")]
         assert "version 3: load failed" in settled[0].detail["reason"]
         assert "serving version 2, the newest that loads" in settled[0].detail["reason"]
+        # under weighted routing, the stand-in is not said to take every request: it takes its share
+        assert ("weight's share" in settled[0].detail["reason"]) == (strategy == "weighted")
         server.registry.pin("m", "1")  # the failed file is not tried again, pinned or not
         eventually(lambda: version_served(server) == "1", "version 1 served", 30.0)
         server.registry.unpin("m")
