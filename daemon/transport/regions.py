@@ -321,8 +321,9 @@ class RegionServer:
                 self._closed(fd)
                 return False
             self._silent.pop(fd, None)  # it speaks: never closed to make room
-            _answer(conn, answer)
+            # Counted before it is answered: a peer holding its answer finds it in the counts.
             wait = self._paced(fd, bad=not answer.get("ok"))
+            _answer(conn, answer)
             if wait:  # not read again for a moment (tick() takes it up)
                 self._paused[fd] = time.monotonic() + wait
                 return False
