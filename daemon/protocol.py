@@ -64,6 +64,7 @@ class Status(IntEnum):
     OK = 200
     BAD_REQUEST = 400
     NOT_FOUND = 404
+    SUPERSEDED = 409  # a stream's newer request replaced this one before it was computed
     TOO_LARGE = 413
     TOO_MANY = 429
     BACKEND_ERROR = 500
@@ -204,6 +205,11 @@ class Reply:
     @property
     def fallback(self) -> dict[str, str] | None:
         return self.header.get("fallback")
+
+    @property
+    def superseded_by(self) -> str | int | None:
+        """With a 409: the id of the newer request of the same key that replaced this one."""
+        return self.header.get("superseded_by")
 
 
 def _bad(message: str) -> ProtocolError:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("infermux.metrics")
 
-FAILURE_REASONS = {400: "bad_request", 404: "not_found", 413: "too_large", 429: "queue_full",
+FAILURE_REASONS = {400: "bad_request", 404: "not_found", 409: "superseded", 413: "too_large", 429: "queue_full",
                    500: "backend_error", 503: "not_ready", 504: "deadline"}
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROBE_TYPE = "text/plain; charset=utf-8"

@@ -1,7 +1,10 @@
 """Running a pipeline: its frames wait in a bounded queue, a few threads run the steps.
 
 Processors never run on the frontend thread: the router hands the request
-to `Pipeline.submit`, which only queues it (a full queue is 429). A worker
+to `Pipeline.submit`, which only queues it (a full queue is 429). The queue
+serves keys (cameras) in turn, as a model's does (execution/fairqueue.py);
+under `queue_policy = "newest_per_key"` a camera's newer frame replaces its
+oldest waiting one, which is answered 409 at once. A worker
 thread decodes the frame, runs each step in order and sends the reply. A
 model step is an internal request through the router (calls.py); a
 fan-out stage (`for_each = "regions"`) runs its processors on each crop and
@@ -11,7 +14,6 @@ sends all of a frame's crops to a model as one batched request.
 from __future__ import annotations
 
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -26,7 +28,9 @@ from infermux.pipelines.stats import PipelineStats
 from infermux.plugins.processors.base import FrameTooLarge, ProcessorError, Sample, working
 from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_header
 from infermux.execution.executor import ReplyFn
+from infermux.execution.fairqueue import Closed, FairQueue
 from infermux.execution.job import ONLY_INPUT, Job
+from infermux.execution.scheduler import NEWEST_PER_KEY, superseded
 
 log = logging.getLogger("infermux.pipelines")
 
@@ -63,7 +67,8 @@ class Pipeline:
         self.model_steps = spec.model_steps(config)
         self.stats = PipelineStats([s.name for s in config.steps])
         self._admit, self._reply, self._model_inputs, self._limits = admit, reply, model_inputs, limits
-        self._queue: queue.Queue[Job | None] = queue.Queue(config.max_queue)
+        self._queue: FairQueue[Job] = FairQueue(key=lambda job: job.request.key)
+        self._keep = config.per_key_depth if config.queue_policy == NEWEST_PER_KEY else 0
         # A reload replaces or removes this pipeline while the router may still be handing it a
         # frame: `_gate` orders the two, so no frame is queued behind the threads' last one.
         self._gate = threading.Lock()
@@ -90,15 +95,19 @@ class Pipeline:
     def _enqueue(self, job: Job) -> None:
         if not job.deadline_ns:
             job.deadline_ns = job.received_ns + (job.request.timeout_ms or self.config.timeout_ms) * 1_000_000
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
+        key = job.request.key
+        keep = self._keep if key is not None else 0
+        # On the frontend thread alone: the threads only take, so the queue cannot grow past the check.
+        if not (keep and self._queue.count(key) >= keep) and len(self._queue) >= self.config.max_queue:
             self.stats.frames.record(int(Status.TOO_MANY), 0)
             per_frame_us = self.stats.frames.snapshot().p50_us or 10_000
             raise ProtocolError(Status.TOO_MANY, f"pipeline {self.name!r} queue is full ({self.config.max_queue} "
                                 f"frames, max_queue); retry later",
                                 retry_after_ms=max(1, int(per_frame_us * self.config.max_queue
-                                                          / self.config.workers / 1000))) from None
+                                                          / self.config.workers / 1000)))
+        for old in self._queue.put(job, keep=keep):  # Closed only once stopped, under the gate: not here
+            self.stats.frames.record(int(Status.SUPERSEDED), (time.perf_counter_ns() - old.received_ns) // 1000)
+            self._reply(old.envelope, encode_reply(superseded(old, job, self.name, None)))
 
     def stop(self, successor: "Pipeline | None" = None) -> None:
         """Let the threads finish what is queued and end; frames submitted later go to `successor`."""
@@ -106,16 +115,18 @@ class Pipeline:
             if self._closed:
                 return
             self.successor, self._closed = successor, True
-        for _ in self._threads:
-            self._queue.put(None)
+        self._queue.close()
 
     # -- the worker threads ---------------------------------------------------------
 
     def _work(self) -> None:
         while True:
-            job = self._queue.get()
-            if job is None:
+            try:
+                job = self._queue.get()
+            except Closed:  # stopped, and nothing is left
                 return
+            if job is None:
+                continue
             try:
                 status, frames = self._answer(job)
             except Exception:  # never lose the thread: the request still gets its 500
@@ -323,7 +334,8 @@ class Pipelines:
                 stats["steps"][step.name].update({"model": step.model} if step.model else {"processor": step.processor})
                 if step.for_each:
                     stats["steps"][step.name]["for_each"] = step.for_each
-            out.append({"name": p.name, "queued": p._queue.qsize(), "workers": p.config.workers, **stats})
+            out.append({"name": p.name, "queued": len(p._queue), "workers": p.config.workers,
+                        "queue_policy": p.config.queue_policy, **stats})
         return out
 
     def stop(self) -> None:

@@ -21,7 +21,7 @@ _ids = itertools.count(1)
 def encode_frame(model: str, data: bytes | np.ndarray, format: str, *, input: str = "image",
                  width: int | None = None, height: int | None = None, stride: int | None = None,
                  id: Any = None, timeout_ms: int | None = None,
-                 outputs: Sequence[str] | None = None) -> list[Any]:
+                 outputs: Sequence[str] | None = None, key: str | None = None) -> list[Any]:
     """`[header, frame bytes]` of a request sending one frame to pipeline `model`."""
     raw = np.ascontiguousarray(np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data)
     entry: dict[str, Any] = {"name": input, "dtype": "uint8", "shape": [raw.nbytes], "format": format}
@@ -31,6 +31,8 @@ def encode_frame(model: str, data: bytes | np.ndarray, format: str, *, input: st
         header["id"] = id
     if timeout_ms is not None:
         header["timeout_ms"] = timeout_ms
+    if key is not None:
+        header["key"] = key
     if outputs is not None:
         header["outputs"] = list(outputs)
     return [encode_header(header), raw.reshape(-1).data]

@@ -21,6 +21,7 @@ SIGSTOP before the requests it is to hold are sent.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import threading
 from functools import lru_cache
@@ -54,6 +55,7 @@ X4 = PROBE  # for the 4-wide add-one models
 
 SLOW, IDENTITY = "slow/1/model.onnx", "fast512/1/model.onnx"  # in conftest's `engines`
 BATCH_DELAY_US = 8_000_000  # a batch that waited this long was not sent by its preferred size
+STREAMS = 'queue_policy = "newest_per_key"\n'
 
 # Every version a placement serves (name, version, engine, settings), one model per behaviour.
 PLACED = [
@@ -70,6 +72,12 @@ PLACED = [
     ("sw", "1", "sw/1/model.onnx", ""),  # relative: in the watched engine_dir, where the swap publishes
     ("kl", "1", SLOW, "max_queue = 16\ntimeout_ms = 20000\n"),  # SIGKILL: only where a worker serves it
     ("hg", "1", IDENTITY, 'fallback = "fb"\n'),  # SIGSTOP: only where a worker serves it
+    # Streams (queue_policy newest_per_key), one model per behaviour they meet.
+    ("st", "1", SLOW, f"{STREAMS}timeout_ms = 20000\n"),
+    ("sb", "1", SLOW, f"{STREAMS}max_batch = 64\nbatch_delay_us = 20000\ntimeout_ms = 20000\n"),
+    ("sf", "1", SLOW, f'{STREAMS}fallback = "fb"\nmax_queue = 2\ntimeout_ms = 20000\n'),
+    ("so", "1", SLOW, f"{STREAMS}max_queue = 2\ntimeout_ms = 20000\n"),
+    ("ss", "1", "ss/1/model.onnx", f"{STREAMS}timeout_ms = 20000\n"),  # in the watched engine_dir: swapped
 ]
 WORKER_ONLY = ("kl", "hg")
 # Always hot: the fallback of nr and slowfb (y = x, so a stand-in's outputs are its inputs).
@@ -91,8 +99,8 @@ version_mismatch = "fallback"
 
 def engine_of(placed: Placement, model: str, version: str = "1") -> Path:
     """The engine file `model` (and `version`) is served from."""
-    if model == "sw":  # the swap cell publishes its version 2 beside the first
-        return placed.watched / "sw" / version / "model.onnx"
+    if model in ("sw", "ss"):  # the swap cells publish their version 2 beside the first
+        return placed.watched / model / version / "model.onnx"
     if model == "fb":
         return placed.engines / IDENTITY
     return placed.engines / next(e for n, v, e, _ in PLACED if (n, v) == (model, version))
@@ -105,7 +113,7 @@ def config_text(placement: str, engines: Path, watched: Path) -> str:
     for name, version, engine, settings in PLACED:
         if name in WORKER_ONLY and placement not in WITH_WORKER:
             continue
-        path = engine if name == "sw" else f"{engines}/{engine}"
+        path = engine if name in ("sw", "ss") else f"{engines}/{engine}"
         text += f'[[models]]\nname = "{name}"\nversion = "{version}"\nengine = "{path}"\n{mode}{settings}'
     return text
 
@@ -118,6 +126,7 @@ def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     workdir = tmp_path_factory.mktemp(f"matrix-{name}")
     watched = workdir / "engines"
     publish(watched, "sw", 1, offset=1)
+    publish_copy(engines / SLOW, watched, "ss", 1)
     d = Daemon(workdir, config_text(name, engines, watched)).start()
     try:
         if name in MOVES:
@@ -128,6 +137,16 @@ def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         yield Placement(name, d, engines, watched)
     finally:
         assert d.stop() == 0, d.log()[-4000:]
+
+
+def publish_copy(source: Path, root: Path, model: str, version: int) -> Path:
+    """`source` published as `model` version `version` the documented way (a folder renamed into place)."""
+    staged = root / model / f".{version}.tmp"
+    staged.mkdir(parents=True)
+    shutil.copyfile(source, staged / "model.onnx")
+    final = root / model / str(version)
+    os.rename(staged, final)
+    return final / "model.onnx"
 
 
 @lru_cache(maxsize=None)
@@ -455,3 +474,163 @@ def test_a_stopped_workers_requests_get_the_fallback_at_their_deadline(cell: Pla
     eventually(lambda: worker(d, "hg")["expired"] == 0, "no expired request left")  # the resumed worker's late answers: dropped
     with d.client() as client:
         assert_served(client.infer("hg", {"x": ROW}), cell, "hg", ROW)
+
+
+# -- streams (queue_policy = "newest_per_key"): a superseded request is a 409, never a 500, never lost ------
+
+HUGE = RNG.random((3200, 512), dtype=np.float32)  # ~100 ms through SLOW: the frames sent behind it all queue
+
+
+def behind_a_long_compute(placed: Placement, model: str, *frames: tuple[str, np.ndarray, int | None]) -> list[Reply]:
+    """A HUGE request without a key to `model` (one context), then `frames` ((key, x, timeout_ms)) in
+    the same burst, all queued while it computes: their replies (the HUGE one's 200 is checked)."""
+    with placed.daemon.pipeline(timeout_s=30) as pipe:
+        blocker = pipe.submit(model, {"x": HUGE})
+        ids = [pipe.submit(model, {"x": x}, key=key, timeout_ms=ms or 20_000) for key, x, ms in frames]
+        replies = pipe.gather([blocker, *ids])
+    assert_served(replies[0], placed, model, HUGE)
+    return replies[1:]
+
+
+def behind_a_held_compute(placed: Placement, model: str, *frames: tuple[str, np.ndarray]) -> list[Reply]:
+    """As behind_a_long_compute, but what the queue holds is certain even where max_queue is small: hot,
+    the frames go once the daemon computes the first request (so it is not in the queue); cold, its
+    worker is stopped while they are sent (the daemon bounds what it sent there, and the worker's own
+    queue takes all it is given), then let go."""
+    d = placed.daemon
+    pid = worker(d, model)["pid"] if placed.where == "cold" else 0
+    if pid:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        with d.pipeline(timeout_s=30) as pipe:
+            blocker = pipe.submit(model, {"x": HUGE})
+            if not pid:
+                eventually(lambda: computing(d, model), f"{model} computing the first request", interval_s=0.002)
+            ids = [pipe.submit(model, {"x": x}, key=key) for key, x in frames]
+            if pid:
+                os.kill(pid, signal.SIGCONT)
+                pid = 0
+            replies = pipe.gather([blocker, *ids])
+    finally:
+        if pid:
+            os.kill(pid, signal.SIGCONT)
+    assert_served(replies[0], placed, model, HUGE)
+    return replies[1:]
+
+
+def computing(d: Daemon, model: str) -> bool:
+    with d.admin() as admin:
+        view = next(v for v in admin.call("models")["models"] if v["name"] == model)
+    return view["in_flight"] >= 1 and view["queue_depth"] == 0
+
+
+def assert_superseded(reply: Reply, by: Reply, model: str) -> None:
+    assert reply.status == 409 and reply.superseded_by == by.header["id"], reply.header
+    assert "superseded by a newer request of key" in reply.error and reply.model == model, reply.header
+
+
+@every_placement
+def test_a_stream_s_newer_frame_supersedes_its_queued_one(cell: Placement) -> None:
+    older, newer, other = behind_a_long_compute(cell, "st", ("cam", SLAB, None), ("cam", SLAB * 2, None),
+                                                ("cam2", SLAB * 3, None))
+    assert_superseded(older, newer, "st")
+    assert_served(newer, cell, "st", SLAB * 2)
+    assert_served(other, cell, "st", SLAB * 3)
+
+
+@every_placement
+def test_a_stream_s_newest_frames_still_batch(cell: Placement) -> None:
+    # The HUGE request is over max_batch (64 rows): it runs alone, and the frames wait behind it.
+    x = [RNG.random((16, 512), dtype=np.float32) for _ in range(3)]
+    older, newer, other = behind_a_long_compute(cell, "sb", ("cam", x[0], None), ("cam", x[1], None),
+                                                ("cam2", x[2], None))
+    assert_superseded(older, newer, "sb")
+    for reply, xs in ((newer, x[1]), (other, x[2])):
+        assert_served(reply, cell, "sb", xs)
+        assert reply.header.get("batch") == 32, reply.header  # the two newest frames in one call
+
+
+@every_placement
+def test_a_superseded_frame_is_not_sent_to_the_fallback(cell: Placement) -> None:
+    # max_queue = 2: cam's and cam2's frames fill it; cam's next replaces its own (no 429, no fallback),
+    # cam3's finds it full and goes to the fallback.
+    older, other, newer, full = behind_a_held_compute(cell, "sf", ("cam", SLAB), ("cam2", SLAB * 2),
+                                                      ("cam", SLAB * 3), ("cam3", SLAB * 4))
+    assert_superseded(older, newer, "sf")
+    assert older.fallback is None, older.header
+    assert_served(other, cell, "sf", SLAB * 2)
+    assert_served(newer, cell, "sf", SLAB * 3)
+    assert full.fallback == {"from": "sf", "reason": "queue_full"}, full.header
+    assert_served(full, cell, "fb", SLAB * 4)
+
+
+@every_placement
+def test_a_full_queue_takes_a_stream_s_newer_frame_and_refuses_a_new_stream(cell: Placement) -> None:
+    older, other, newer, full = behind_a_held_compute(cell, "so", ("cam", SLAB), ("cam2", SLAB * 2),
+                                                      ("cam", SLAB * 3), ("cam3", SLAB * 4))
+    assert_superseded(older, newer, "so")
+    assert_served(other, cell, "so", SLAB * 2)
+    assert_served(newer, cell, "so", SLAB * 3)
+    assert full.status == 429 and "queue is full" in full.error and full.retry_after_ms >= 1, full.header
+
+
+@every_placement
+def test_a_superseded_frame_is_a_409_not_a_504_and_deadlines_still_hold(cell: Placement) -> None:
+    older, newer, late = behind_a_long_compute(cell, "st", ("cam", ROW, 5), ("cam", ROW * 2, None), ("cam2", ROW, 5))
+    assert_superseded(older, newer, "st")
+    assert_served(newer, cell, "st", ROW * 2)
+    assert late.status == 504 and "not computed" in late.error, late.header
+
+
+@every_placement
+def test_streams_through_a_hot_swap_lose_no_frame(cell: Placement) -> None:
+    d, bursts, errors, stop = cell.daemon, [], [], threading.Event()
+
+    def stream() -> None:  # bursts of a LONG frame and two more of one camera: the third replaces the second
+        try:
+            with d.pipeline(timeout_s=30) as pipe:
+                while not stop.is_set():
+                    ids = [pipe.submit("ss", {"x": x}, key="cam") for x in (LONG, SLAB, SLAB * 2)]
+                    bursts.append(pipe.gather(ids))
+        except Exception as exc:  # reported below: a thread's exception would vanish
+            errors.append(exc)
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    try:
+        publish_copy(cell.engines / SLOW, cell.watched, "ss", 2)
+        eventually(lambda: any(r.version == "2" for burst in bursts[-2:] for r in burst), "version 2 serving", 30)
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors and bursts, errors
+    for burst in bursts:  # every frame answered: served, or replaced by a later frame of the burst
+        later = [r.header["id"] for r in burst]
+        for i, (reply, x) in enumerate(zip(burst, (LONG, SLAB, SLAB * 2))):
+            if reply.status == 409:
+                assert reply.superseded_by in later[i + 1:], reply.header
+                assert_superseded(reply, next(r for r in burst if r.header["id"] == reply.superseded_by), "ss")
+            else:
+                assert_served(reply, cell, "ss", x, reply.version or "")
+        assert burst[2].status == 200  # the newest frame is never replaced
+    assert any(r.status == 409 for burst in bursts for r in burst)
+
+
+@every_placement
+def test_drain_answers_a_stream_s_queued_frames_and_refuses_its_next(cell: Placement) -> None:
+    d = cell.daemon
+    with d.pipeline(timeout_s=30) as pipe, d.admin() as admin, d.client() as client:
+        blocker = pipe.submit("st", {"x": HUGE})
+        older, newer = (pipe.submit("st", {"x": x}, key="cam") for x in (SLAB, SLAB * 2))
+        barrier = pipe.submit("fb", {"x": ROW})  # read after the others on the same connection
+        assert pipe.result(barrier).status == 200  # so they were admitted before the drain
+        try:
+            assert admin.call("drain")["accepting"] is False  # returns once the queue is done
+            refused = client.infer("st", {"x": ROW}, key="cam")
+        finally:
+            admin.call("resume")
+        replies = pipe.gather([blocker, older, newer])
+    assert_served(replies[0], cell, "st", HUGE)
+    assert_superseded(replies[1], replies[2], "st")
+    assert_served(replies[2], cell, "st", SLAB * 2)
+    assert refused.status == 503 and "draining" in refused.error, refused.header
