@@ -106,6 +106,14 @@ def cmd_pipelines(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return {"pipelines": server.pipelines.view()}
 
 
+def cmd_streams(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    """Per stream (model or pipeline, key): its counts, rates, ages and whether it went silent."""
+    model = _str(args, "model", required=False)
+    table = server.streams
+    return {"streams": table.view(model), "tracked": len(table.streams()), "max_keys": table.max_keys,
+            "silent_s": table.silent_s}
+
+
 def cmd_models(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return {"models": snapshot.models_view(server)}
 
@@ -300,6 +308,8 @@ COMMANDS: dict[str, Command] = {
     "status": Command(cmd_status, "daemon summary and one line per model version", changes=False),
     "models": Command(cmd_models, "every model version with settings and live statistics", changes=False),
     "pipelines": Command(cmd_pipelines, "every pipeline with per-step counts and latencies", changes=False),
+    "streams": Command(cmd_streams, "per stream (model, key): received, served, superseded, refused, ages, "
+                       "rates, silent (model?)", changes=False),
     "events": Command(cmd_events, "recent events (limit=N)", changes=False),
     "load": Command(cmd_load, "load a version (model, version?)", slow=True),
     "unload": Command(cmd_unload, "drain and unload a version (model, version?)", slow=True),

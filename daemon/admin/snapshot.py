@@ -138,7 +138,22 @@ def daemon_view(server: "Server") -> dict[str, Any]:
     }
 
 
+SNAPSHOT_STREAMS = 256  # streams a snapshot carries at most: the silent ones, then the most recently seen
+
+
+def streams_view(server: "Server") -> dict[str, Any]:
+    """The streams for the stats stream (the console's Streams view): at most SNAPSHOT_STREAMS of them
+    (admin `streams` has them all), and how many there are."""
+    table = server.streams
+    streams = table.streams()  # least recently seen first
+    silent = [s for s in streams if s.silent]
+    chosen = {id(s): s for s in [*silent, *reversed(streams)][:SNAPSHOT_STREAMS]}
+    now = table.clock()
+    views = sorted((s.view(now) for s in chosen.values()), key=lambda v: (v["model"], v["key"]))
+    return {"total": len(streams), "shown": views, "silent_s": table.silent_s}
+
+
 def full(server: "Server") -> dict[str, Any]:
     """Everything the stats stream publishes in one snapshot."""
     return {"time": time.time(), "daemon": daemon_view(server), "models": models_view(server),
-            "pipelines": server.pipelines.view()}
+            "pipelines": server.pipelines.view(), "streams": streams_view(server)}

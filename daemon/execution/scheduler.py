@@ -181,6 +181,7 @@ class Scheduler:
         for job in displaced:
             total_us = (time.perf_counter_ns() - job.received_ns) // 1000
             self._stats.router.record(int(Status.SUPERSEDED), total_us)
+            job.answered(int(Status.SUPERSEDED))
             self._reply(job.envelope, encode_reply(superseded(job, newer, self.name, self.version)),
                         Outcome(int(Status.SUPERSEDED), 1, 0, 0, total_us))
 

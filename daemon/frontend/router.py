@@ -21,6 +21,7 @@ from infermux.execution.executor import ReplyFn
 from infermux.execution.hashring import HashRing
 from infermux.execution.job import ONLY_INPUT, Job, internal_sink
 from infermux.execution.placement import Admission, Placement
+from infermux.execution.streams import StreamTable
 from infermux.protocol import OPERATOR_RETRY_MS, ProtocolError, Status, dtype_name, encode_reply, error_header
 from infermux.models.registry import Model, ModelVersion, Registry, State
 
@@ -30,8 +31,10 @@ log = logging.getLogger("infermux.router")
 class Router:
     """Admits jobs to placements (placement.py); returns an error header for those it cannot."""
 
-    def __init__(self, registry: Registry, routing: RoutingConfig, reply: ReplyFn) -> None:
+    def __init__(self, registry: Registry, routing: RoutingConfig, reply: ReplyFn,
+                 streams: StreamTable | None = None) -> None:
         self.registry = registry
+        self.streams = streams or StreamTable()  # per-stream accounting of clients' keyed requests
         self.routing = routing
         self._reply = reply
         self._rings: dict[tuple[str, tuple[str, ...]], HashRing[str]] = {}
@@ -45,6 +48,10 @@ class Router:
 
     def admit(self, job: Job) -> dict[str, Any] | None:
         """Queue `job` somewhere; None if queued, else the error header to send."""
+        req = job.request
+        if req.key is not None and internal_sink(job.envelope) is None and \
+                (req.model in self.pipelines or self.registry.model(req.model) is not None):
+            job.stream = self.streams.receive(req.model, req.key)  # answered where it is answered (Job.answered)
         try:
             self._admit(job)
             return None
@@ -53,9 +60,10 @@ class Router:
             return error_header(exc.status, exc.message, job.request.id, retry_after_ms=exc.retry_after_ms)
 
     def _count(self, job: Job, status: int) -> None:
-        """Record a reply no executor saw on the chosen version's statistics."""
+        """Record a reply no executor saw on the chosen version's statistics, and on the request's stream."""
         if job.target is not None:
             job.target.stats.router.record(int(status), (time.perf_counter_ns() - job.received_ns) // 1000)
+        job.answered(int(status))
 
     def _admit(self, job: Job) -> None:
         req = job.request

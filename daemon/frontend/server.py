@@ -32,6 +32,7 @@ from infermux.transport.waiting import message_waiting
 from infermux.events import EventLog
 from infermux.execution.inline import InlinePolicy
 from infermux.execution.job import Job, Outcome, internal_sink
+from infermux.execution.streams import StreamTable
 from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Status, encode_reply, error_header, parse_request,
                                request_id)
 from infermux.transport.regions import RegionServer, RegionTable
@@ -73,7 +74,9 @@ class Server:
         self._watched: dict[int, Callable[[], bool]] = {}  # fd -> on_ready, polled by the loop
         self._to_watch: deque[tuple[int, Callable[[], bool]]] = deque()  # from other threads
         self.registry = Registry(config, self.events, self.reply, self._on_late, self._inline_ok, self._hold)
-        self.router = Router(self.registry, config.routing, self.reply)
+        daemon = config.daemon
+        self.streams = StreamTable(self.events, daemon.stream_silent_s, daemon.stream_max_keys)
+        self.router = Router(self.registry, config.routing, self.reply, self.streams)
         self._admissions: deque[Job] = deque()  # internal requests (pipelines' model steps) to admit
         self.pipelines = Pipelines(config.pipelines, self.admit_internal, self.reply, self._model_inputs, self.limits)
         self.router.pipelines = self.pipelines.by_name
@@ -98,6 +101,7 @@ class Server:
         self.registry.workers = Workers(self.registry, run_dir, self.reply, self._on_late, self.watch,
                                         self.regions)
         self.ticks.append(self.registry.workers.tick)
+        self.ticks.append(self.streams.check)  # a stream that went silent: an event
 
     # -- replies from any thread -------------------------------------------
 
@@ -243,6 +247,7 @@ class Server:
             self.events.emit("rejected", reason=f"configuration not reloaded, the running one stays: {exc}")
             return False
         reload.apply(self, new)
+        self.streams.silent_s, self.streams.max_keys = new.daemon.stream_silent_s, new.daemon.stream_max_keys
         return True
 
     def _drain(self) -> None:
@@ -396,7 +401,11 @@ class Server:
             self._send(envelope + encode_reply(error_header(exc.status, exc.message, ident)))
             return
         job = Job(envelope, request, frames, received, deadline_ns=0)  # the router sets the deadline
-        refused = self.router.admit(job)  # None: admitted; else the error reply
+        try:
+            refused = self.router.admit(job)  # None: admitted; else the error reply
+        except Exception:
+            job.answered(int(Status.BACKEND_ERROR))  # the 500 the burst's handler sends (_read_burst)
+            raise
         if refused is not None:
             self._send(envelope + encode_reply(refused))
 

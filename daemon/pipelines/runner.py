@@ -107,6 +107,7 @@ class Pipeline:
                                                           / self.config.workers / 1000)))
         for old in self._queue.put(job, keep=keep):  # Closed only once stopped, under the gate: not here
             self.stats.frames.record(int(Status.SUPERSEDED), (time.perf_counter_ns() - old.received_ns) // 1000)
+            old.answered(int(Status.SUPERSEDED))
             self._reply(old.envelope, encode_reply(superseded(old, job, self.name, None)))
 
     def stop(self, successor: "Pipeline | None" = None) -> None:
@@ -134,6 +135,7 @@ class Pipeline:
                 status, frames = Status.BACKEND_ERROR, encode_reply(error_header(
                     Status.BACKEND_ERROR, "internal error in infermux (logged)", job.request.id))
             self.stats.frames.record(int(status), (time.perf_counter_ns() - job.received_ns) // 1000)
+            job.answered(int(status))
             self._reply(job.envelope, frames)
 
     def _answer(self, job: Job) -> tuple[int, list[Any]]:

@@ -508,6 +508,7 @@ class WorkerProxy:
         if outcome.status == 200:
             stats.record_batch(outcome.batch, outcome.compute_us)
         stats.record(outcome.status, outcome.total_us, outcome.queue_us, outcome.compute_us, outcome.batch)
+        job.answered(outcome.status)
         self._reply(job.envelope, [header, *outputs])
 
     @staticmethod
@@ -559,6 +560,7 @@ class WorkerProxy:
                                   f"{self.pid} {reason}; retry", job.request.id, retry_after_ms=retry_ms,
                                   model=self.name, version=self.version)
             self._stats.router.record(int(Status.NOT_READY), (time.perf_counter_ns() - job.received_ns) // 1000)
+            job.answered(int(Status.NOT_READY))
             self._reply(job.envelope, encode_reply(header))
         for view in self.executors:
             self._stats.remove_context(view.stats)
