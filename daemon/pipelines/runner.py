@@ -336,7 +336,7 @@ class Pipelines:
                 stats["steps"][step.name].update({"model": step.model} if step.model else {"processor": step.processor})
                 if step.for_each:
                     stats["steps"][step.name]["for_each"] = step.for_each
-            out.append({"name": p.name, "queued": len(p._queue), "workers": p.config.workers,
+            out.append({"name": p.name, "input": p.config.input, "queued": len(p._queue), "workers": p.config.workers,
                         "queue_policy": p.config.queue_policy, **stats})
         return out
 
