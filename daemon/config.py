@@ -136,6 +136,7 @@ class ModelConfig:
 
 
 FOR_EACH = ("", "regions")
+REINFER = ("reinfer_every", "reinfer_growth", "max_calls_per_s")  # a fan-out model step's, per track
 PATH_OPTIONS = ("dictionary", "labels")  # processor options that name a file: relative to engine_dir
 
 
@@ -147,7 +148,13 @@ class StepConfig:
     crop; a model step there gets all of a frame's crops as one batched
     request, each padded with `pad_value` to the largest, and the last axis
     to a multiple of `pad_multiple` so that other frames' crops merge with
-    them in the model's batcher."""
+    them in the model's batcher.
+
+    Such a model step may be re-inferred per track (after a `track` step):
+    computed for a tracked region every `reinfer_every` frames of its track,
+    or when its box area changed by `reinfer_growth`, its last answer reused
+    between; `max_calls_per_s` bounds the regions it computes per second
+    (daemon/pipelines/reinfer.py). 0 leaves an option off."""
 
     name: str
     processor: str = ""
@@ -157,6 +164,9 @@ class StepConfig:
     input: str = ""  # the model input the step's tensor goes to (default: the model's only input)
     pad_value: float = 0.0
     pad_multiple: int = 1
+    reinfer_every: int = 0
+    reinfer_growth: float = 0.0
+    max_calls_per_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -661,6 +671,7 @@ def _parse_pipeline(file: Path, where: str, table: Any, models: set[str], engine
             raise ConfigError(file, f"{where}.steps[{j}].name", f"pipeline {raw['name']!r} already has a step "
                               f"named {step.name!r}; give one a `name`")
         seen.add(step.name)
+    _check_tracked(file, where, raw["name"], parsed)
     raw["steps"] = tuple(parsed)
     return PipelineConfig(**raw)
 
@@ -689,12 +700,43 @@ def _parse_step(file: Path, where: str, pipeline: str, table: Any, models: set[s
         _check_type(file, f"{where}.pad_value", raw["pad_value"], (int, float))
     if "pad_multiple" in raw:
         _positive(file, f"{where}.pad_multiple", raw["pad_multiple"])
+    _check_reinfer(file, where, step, raw)
     if "options" in raw:
         _check_type(file, f"{where}.options", raw["options"], dict)
     raw["options"] = _step_paths(raw.get("options", {}), engine_dir)
     if raw.get("processor"):
         _check_processor(file, f"{where}.options", step, raw["processor"], raw["name"], raw["options"])
     return StepConfig(**raw)
+
+
+def _check_reinfer(file: Path, where: str, step: str, raw: Mapping[str, Any]) -> None:
+    """The re-inference options: on a fan-out model step only, each a positive number."""
+    given = [key for key in REINFER if key in raw]
+    if given and not (raw.get("model") and raw.get("for_each") == "regions"):
+        raise ConfigError(file, f"{where}.{given[0]}", f"{step}: {', '.join(REINFER)} belong to model "
+                          "steps with for_each = \"regions\" (a second stage run on each region)")
+    if "reinfer_every" in raw:
+        _positive(file, f"{where}.reinfer_every", raw["reinfer_every"])
+    for key in ("reinfer_growth", "max_calls_per_s"):
+        if key in raw:
+            _check_type(file, f"{where}.{key}", raw[key], (int, float))
+            if raw[key] <= 0:
+                raise ConfigError(file, f"{where}.{key}", f"{step}: must be positive, got {raw[key]}")
+    if raw.get("processor") == "track" and raw.get("for_each"):
+        raise ConfigError(file, f"{where}.for_each", f"{step}: a track step follows the frame's regions; "
+                          "leave for_each out")
+
+
+def _check_tracked(file: Path, where: str, pipeline: str, steps: list[StepConfig]) -> None:
+    """A step that reuses answers per track needs a `track` step before it to give the tracks."""
+    tracked = False
+    for j, step in enumerate(steps):
+        tracked = tracked or step.processor == "track"
+        for key in ("reinfer_every", "reinfer_growth"):
+            if getattr(step, key) and not tracked:
+                raise ConfigError(file, f"{where}.steps[{j}].{key}", f"pipeline {pipeline!r} step {step.name!r}: "
+                                  f"{key} needs a 'track' step before it: an answer is reused for the same "
+                                  "track on a later frame (docs/pipelines.md#tracking)")
 
 
 def _step_paths(options: Mapping[str, Any], engine_dir: Path) -> dict[str, Any]:

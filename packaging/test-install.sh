@@ -7,12 +7,16 @@
 # over an operator's edits, downgrade, remove, purge.
 #
 #   sudo packaging/test-install.sh            (KEEP=1 keeps the work dir)
+#   sudo BUILD_ONLY=DIR packaging/test-install.sh
+#                                             (build 0.1.0 only, copy it to DIR)
 #
 # Needs root, debootstrap and network access to deb.debian.org and PyPI.
 # The minbase chroot and the build chroot (keyed by debian/control) are
 # cached as tarballs and the downloaded .debs and wheels are cached too
 # (INFERMUX_TEST_CACHE, default /var/cache/infermux-test), so reruns skip
-# debootstrap and the build dependencies' installation.
+# debootstrap and the build dependencies' installation. The 0.1.0 .deb is
+# kept too, keyed by the source tree's hash: BUILD_ONLY (the arm64 install
+# test, tests/system/test_install_arm64.py) reuses it when the tree is unchanged.
 #
 # No systemd runs in a chroot: the daemon is started directly, as user
 # infermux (setpriv), the way the unit would start it; the service's restart
@@ -26,6 +30,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 CACHE=${INFERMUX_TEST_CACHE:-/var/cache/infermux-test}
 MIRROR=${DEBIAN_MIRROR:-http://deb.debian.org/debian}
 ORT=${INFERMUX_ORT_SPEC:-onnxruntime}
+BUILD_ONLY=${BUILD_ONLY:-}
 WORK=$(mktemp -d /tmp/infermux-install.XXXXXX)
 ROOT=$WORK/root
 BUILDER=$WORK/builder
@@ -188,7 +193,33 @@ build() {
     next_version "$BUILDER/build/v2" && chown -R $NOBODY:$NOBODY "$BUILDER/build" || return 1
     build_in v1 && build_in v2 || return 1
     DEB=$(ls "$BUILDER"/build/infermux_0.1.0_all.deb) && DEB2=$(ls "$BUILDER"/build/infermux_0.1.1_all.deb) &&
-        echo "built $(basename "$DEB") and $(basename "$DEB2")"
+        echo "built $(basename "$DEB") and $(basename "$DEB2")" && keep_deb
+}
+
+# The 0.1.0 .deb of this source tree, kept for BUILD_ONLY (one tree at a time).
+kept_deb() {
+    local key
+    key=$(cd "$WORK/deb/src" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
+    echo "$CACHE/debs/infermux_0.1.0_all-$key.deb"
+}
+keep_deb() {
+    local kept; kept=$(kept_deb)
+    mkdir -p "$CACHE/debs" && find "$CACHE/debs" -name 'infermux_*.deb' -delete &&
+        cp "$DEB" "$kept.tmp" && mv "$kept.tmp" "$kept"
+}
+
+# BUILD_ONLY: 0.1.0 alone, or the .deb kept from an earlier build of the same tree.
+build_only() {
+    local kept; kept=$(kept_deb)
+    if [ ! -s "$kept" ]; then
+        step "Debian 12 minbase chroot (cached: $CACHE)" base &&
+        step "build chroot: build-essential + Build-Depends only (cached per debian/control)" builder || return 1
+        mkdir -p "$BUILDER/build/wheels" && cp "$WHEELS"/*.whl "$BUILDER/build/wheels/" &&
+        cp -a "$WORK/deb/src" "$BUILDER/build/v1" && chown -R $NOBODY:$NOBODY "$BUILDER/build" || return 1
+        step "build 0.1.0 there, as nobody, offline (tests included)" build_in v1 || return 1
+        DEB=$BUILDER/build/infermux_0.1.0_all.deb && keep_deb || return 1
+    fi
+    mkdir -p "$BUILD_ONLY" && cp "$kept" "$BUILD_ONLY/infermux_0.1.0_all.deb" && echo "$BUILD_ONLY/infermux_0.1.0_all.deb from $kept"
 }
 
 install_deb() {
@@ -480,6 +511,10 @@ purge() {
 # --- run -------------------------------------------------------------------
 
 step "copy the tree, fetch the pinned wheels" prepare || exit
+if [ -n "$BUILD_ONLY" ]; then
+    step "infermux_0.1.0_all.deb into $BUILD_ONLY (kept per source tree: $CACHE/debs)" build_only
+    exit
+fi
 step "Debian 12 minbase chroot (cached: $CACHE)" base || exit
 step "build chroot: build-essential + Build-Depends only (cached per debian/control)" builder || exit
 step "build 0.1.0 and 0.1.1 there, as nobody, offline (tests included)" build || exit

@@ -228,6 +228,14 @@ def _pipelines(out: Exposition, pipelines: list[dict]) -> None:
     out.family("infermux_pipeline_step_duration_seconds_total", "counter",
                "Cumulative time of a pipeline step's successful runs, seconds.",
                [(labels, s["sums_us"].get("total", 0.0) / 1e6) for labels, s in steps])
+    out.family("infermux_pipeline_reinfer_regions_total", "counter",
+               "Regions a re-inferred step computed, gave its track's last answer (reused), or skipped (no budget).",
+               [({**labels, "outcome": outcome}, s["reinfer"][outcome]) for labels, s in steps if "reinfer" in s
+                for outcome in ("computed", "reused", "skipped")])
+    out.family("infermux_pipeline_tracked_streams", "gauge", "Streams a track step holds tracks for.",
+               [(labels, s["tracking"]["streams"]) for labels, s in steps if "tracking" in s])
+    out.family("infermux_pipeline_tracks", "gauge", "Tracks a track step holds, over its streams.",
+               [(labels, s["tracking"]["tracks"]) for labels, s in steps if "tracking" in s])
 
 
 def _gpus(out: Exposition, samples: list[hardware.GpuSample]) -> None:

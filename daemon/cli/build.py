@@ -3,7 +3,7 @@
     infermux build model.onnx -o model.plan [--fp16 | --int8 --calib-cache FILE]
                    [--min-batch 1] [--opt-batch N] [--max-batch N] [--workspace MiB]
                    [--profile MIN:OPT:MAX ...] [--timing-cache FILE]
-                   [--dla-core N [--gpu-fallback]]
+                   [--dla-core N [--gpu-fallback]] [--device N]
 
 An engine only runs on the GPU model and TensorRT version that built it, so
 build on the device that serves it, and again after a JetPack or TensorRT
@@ -20,6 +20,7 @@ The builder itself is the TensorRT backend's (plugins/backends/tensorrt_build.py
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
 import threading
 import time
@@ -43,9 +44,9 @@ class _Status:
     """An elapsed-time status line on stderr: redrawn in place on a terminal,
     a plain line every 10 s otherwise (logs, CI)."""
 
-    def __init__(self, stream: TextIO = sys.stderr) -> None:
-        self._stream = stream
-        self._tty = stream.isatty()
+    def __init__(self, stream: TextIO | None = None) -> None:
+        self._stream = stream or sys.stderr  # looked up now: a test (or caller) may have replaced it
+        self._tty = self._stream.isatty()
         self._start = time.monotonic()
         self._last_line = 0.0
         self._lock = threading.Lock()
@@ -54,6 +55,12 @@ class _Status:
     def set_phase(self, phase: str) -> None:
         """The builder's OnPhase callback: shown on the next redraw."""
         self.phase = phase
+
+    def note(self, line: str) -> None:
+        """A line of its own (a warning), above the status line."""
+        with self._lock:
+            self._stream.write(("\r" + " " * 100 + "\r" if self._tty else "") + line + "\n")
+            self._stream.flush()
 
     def elapsed(self) -> float:
         return time.monotonic() - self._start
@@ -71,6 +78,17 @@ class _Status:
     def finish(self) -> None:
         if self._tty:
             self._stream.write("\n")
+
+
+class _Notes(logging.Handler):
+    """The builder's warnings (logger infermux.build), one line each, above the status line."""
+
+    def __init__(self, status: _Status) -> None:
+        super().__init__(logging.WARNING)
+        self._status = status
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self._status.note(f"infermux build: warning: {record.getMessage()}")
 
 
 class _Ticker:
@@ -117,6 +135,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --dla-core: layers the DLA cannot run go to the GPU")
     parser.add_argument("--timing-cache", type=Path, metavar="FILE",
                         help="kernel timings to start from, and to save the build's timings to")
+    parser.add_argument("--device", type=int, default=0, metavar="N",
+                        help="the CUDA device to build on, the one that will serve the engine (default 0)")
 
 
 def options_from_args(args: argparse.Namespace) -> BuildOptions:
@@ -132,9 +152,11 @@ def options_from_args(args: argparse.Namespace) -> BuildOptions:
     if args.dla_core is not None and (args.dla_core < 0 or not (args.fp16 or args.int8)):
         raise BuildError("--dla-core needs a core number >= 0 and --fp16 or --int8: the DLA runs FP16 and "
                          "INT8 only")
+    if args.device < 0:
+        raise BuildError("--device must be a CUDA device number, 0 or more")
     opts = BuildOptions(args.onnx, args.output, args.fp16, args.int8, args.calib_cache,
                         args.min_batch, args.opt_batch, args.max_batch, args.workspace, args.timing_cache,
-                        tuple(args.profile), args.dla_core, args.gpu_fallback)
+                        tuple(args.profile), args.dla_core, args.gpu_fallback, args.device)
     opts.batch_ranges()
     return opts
 
@@ -149,17 +171,23 @@ def run(args: argparse.Namespace) -> int:
     print(f"building {opts.output} from {opts.onnx} on this device (a large model takes minutes)",
           file=sys.stderr)
     status = _Status()
+    notes, builder_log = _Notes(status), logging.getLogger("infermux.build")
+    builder_log.addHandler(notes)
     try:
         with _Ticker(status):
             report = build_engine(opts, status.set_phase)
     except (BuildError, BackendError) as exc:
         print(f"infermux build: {exc}", file=sys.stderr)
         return 1
+    finally:
+        builder_log.removeHandler(notes)
     batch = "; ".join(", ".join(f"{n} {list(lo)}..{list(hi)}" for n, (lo, _, hi) in profile.items())
                       for profile in report.all_profiles if profile) or "static shapes"
     print(f"wrote {report.output} ({report.bytes / 2**20:.1f} MiB) in {report.seconds:.1f} s with "
           f"TensorRT {report.tensorrt_version}; {batch}. It runs only on this GPU model with this "
           f"TensorRT version.")
+    if report.dla_layers:
+        print(f"{report.dla_layers} of {report.layers} layers run on DLA core {opts.dla_core}, the rest on the GPU.")
     return 0
 
 

@@ -99,7 +99,9 @@ def _import(name: str) -> ModuleType | None:
 
 def _python() -> Check:
     v = sys.version_info
-    detail = f"{platform.python_implementation()} {v.major}.{v.minor}.{v.micro} ({sys.executable})"
+    # The machine too: a report pasted from a Jetson (aarch64) must not be mistaken for an x86-64 one's.
+    detail = (f"{platform.python_implementation()} {v.major}.{v.minor}.{v.micro} on {platform.machine()} "
+              f"({sys.executable})")
     if v < (3, 10):
         return Check("Python", "FAIL", detail, "infermux needs Python 3.10 or newer")
     return Check("Python", "OK", detail)

@@ -32,7 +32,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--image-input", default="image", metavar="NAME",
                         help="the pipeline's input for --image (default: image)")
     parser.add_argument("--timeout-ms", type=int, help="deadline for this request")
-    parser.add_argument("--key", help="affinity key for hash routing")
+    parser.add_argument("--key", help="affinity key for hash routing; with --image, the stream (camera) the "
+                        "frame belongs to, which a pipeline's track step needs")
     parser.add_argument("--output", "-o", action="append", help="only return these outputs")
     parser.add_argument("--top", type=int, default=5, metavar="K",
                         help="for a 2-D float output (a classifier's scores), print each row's K best "
@@ -158,7 +159,7 @@ def send_image(client: Any, args: argparse.Namespace, data: bytes, fmt: str) -> 
     from infermux.pipelines.wire import send_frame
 
     return send_frame(client._dealer.socket, args.model, data, fmt, timeout_s=args.timeout,
-                      input=args.image_input, timeout_ms=args.timeout_ms, outputs=args.output)
+                      input=args.image_input, timeout_ms=args.timeout_ms, outputs=args.output, key=args.key)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -185,7 +186,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         print(json.dumps(reply.header))
         for region in reply.header.get("regions") or []:
-            print(f"  {region.get('text', region.get('label', ''))!r}  score {region['score']:.3f}  "
+            track = f"track {region['track_id']}  " if "track_id" in region else ""
+            print(f"  {track}{region.get('text', region.get('label', ''))!r}  score {region['score']:.3f}  "
                   f"box {region['box']}")
         for name, value in reply.outputs.items():
             print("\n".join(describe(name, value, args.top)))

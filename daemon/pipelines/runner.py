@@ -24,8 +24,10 @@ import numpy as np
 from infermux.config import PipelineConfig
 from infermux.pipelines import calls, spec
 from infermux.pipelines.calls import AdmitFn, StepFailed
+from infermux.pipelines.reinfer import Reinfer
 from infermux.pipelines.stats import PipelineStats
-from infermux.plugins.processors.base import FrameTooLarge, ProcessorError, Sample, working
+from infermux.plugins.processors.base import FrameTooLarge, ProcessorError, Region, Sample, working
+from infermux.plugins.processors.track import Track
 from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_header
 from infermux.execution.executor import ReplyFn
 from infermux.execution.fairqueue import Closed, FairQueue
@@ -64,6 +66,7 @@ class Pipeline:
         self.config = config
         self.name = config.name
         self.stages = spec.stages(config)
+        self._steps = {step.name: step for stage in self.stages for step in stage.steps}
         self.model_steps = spec.model_steps(config)
         self.stats = PipelineStats([s.name for s in config.steps])
         self._admit, self._reply, self._model_inputs, self._limits = admit, reply, model_inputs, limits
@@ -78,6 +81,16 @@ class Pipeline:
                          for i in range(config.workers)]
         for thread in self._threads:
             thread.start()
+
+    def state(self, step: str) -> dict[str, Any]:
+        """What a step keeps across frames, for the views: a track step's streams and tracks, a
+        re-inferred step's regions computed, reused and skipped."""
+        built = self._steps[step]
+        if isinstance(built, spec.ModelStep) and built.reinfer is not None:
+            return {"reinfer": built.reinfer.counts()}
+        if isinstance(built, spec.ProcessorStep) and isinstance(built.processor, Track):
+            return {"tracking": built.processor.streams()}
+        return {}
 
     # -- the frontend thread ------------------------------------------------------
 
@@ -193,7 +206,7 @@ class Pipeline:
         for key, value in geometry.items():
             if value is not None and (type(value) is not int or value < 1):
                 raise ProcessorError("input", f"input {name!r}: {key!r} must be a positive integer, got {value!r}")
-        return Sample(data=array, format=fmt, **geometry)
+        return Sample(data=array, format=fmt, key=req.key, time_ns=job.received_ns, **geometry)
 
     def _stage(self, stage: spec.Stage, sample: Sample, run: Run) -> None:
         if not stage.fan_out:
@@ -204,8 +217,24 @@ class Pipeline:
             samples = [Sample(image=crop, regions=[region]) for crop, region in zip(sample.crops, sample.regions)]
             if not samples:  # nothing found: nothing to run (200 with no regions)
                 return
+        computed: list[tuple[Reinfer, Region]] = []
         for step in stage.steps:
+            if isinstance(step, spec.ModelStep) and step.reinfer is not None:
+                samples = self._admit_regions(step.reinfer, sample.key, samples, computed)
+                if not samples:  # every region took its track's answer, or was skipped
+                    break
             self._step(step, samples, run)
+        for reinfer, region in computed:  # the stage's answers, now whole, are their tracks'
+            reinfer.remember(sample.key, region)
+
+    @staticmethod
+    def _admit_regions(reinfer: Reinfer, key: str | int | None, samples: list[Sample],
+                       computed: list[tuple[Reinfer, Region]]) -> list[Sample]:
+        """The crops a re-inferred step computes now; the others leave the stage with their track's
+        answer (or skipped), as reinfer.py decides."""
+        now = reinfer.admit(key, [one.regions[0] for one in samples])
+        computed += [(reinfer, samples[i].regions[0]) for i in now]
+        return [samples[i] for i in now]
 
     def _step(self, step: spec.Step, samples: list[Sample], run: Run) -> None:
         """Run one step over `samples`, timing and counting it; errors name the step."""
@@ -336,6 +365,7 @@ class Pipelines:
                 stats["steps"][step.name].update({"model": step.model} if step.model else {"processor": step.processor})
                 if step.for_each:
                     stats["steps"][step.name]["for_each"] = step.for_each
+                stats["steps"][step.name].update(p.state(step.name))
             out.append({"name": p.name, "input": p.config.input, "queued": len(p._queue), "workers": p.config.workers,
                         "queue_policy": p.config.queue_policy, **stats})
         return out

@@ -22,8 +22,9 @@ _ids = itertools.count(1)
 def encode_frame(model: str, data: bytes | np.ndarray, format: str, *, input: str = "image",
                  width: int | None = None, height: int | None = None, stride: int | None = None,
                  id: Any = None, timeout_ms: int | None = None,
-                 outputs: Sequence[str] | None = None, key: str | None = None) -> list[Any]:
-    """`[header, frame bytes]` of a request sending one frame to pipeline `model`."""
+                 outputs: Sequence[str] | None = None, key: str | int | None = None) -> list[Any]:
+    """`[header, frame bytes]` of a request sending one frame to pipeline `model`; `key` names
+    the stream (camera) it belongs to."""
     frame = Frame(data, format, width=width, height=height, stride=stride)
     return encode_request(model, {input: frame}, id=id, timeout_ms=timeout_ms, outputs=outputs, key=key)
 

@@ -82,6 +82,7 @@ class _Api(Protocol):
     def host_alloc_mapped(self, nbytes: int) -> tuple[int, int]: ...
     def begin_capture(self, stream: int) -> None: ...
     def end_capture(self, stream: int) -> Any: ...
+    def clear_error(self) -> str: ...
     def instantiate(self, graph: Any) -> Any: ...
     def launch(self, graph_exec: Any, stream: int) -> None: ...
     def destroy_graph(self, graph: Any, graph_exec: Any) -> None: ...
@@ -166,6 +167,11 @@ class _CudaPython:
 
     def end_capture(self, stream: int) -> Any:
         return self._call("cudaStreamEndCapture", self._rt.cudaStreamEndCapture(stream))
+
+    def clear_error(self) -> str:
+        """Reset the runtime's last error (cudaGetLastError returns it, `(err,)`); its name, "" if none."""
+        err, = self._rt.cudaGetLastError()
+        return "" if err == self._ok else getattr(err, "name", str(err))
 
     def instantiate(self, graph: Any) -> Any:
         return self._call("cudaGraphInstantiate", self._rt.cudaGraphInstantiate(graph, 0))
@@ -325,18 +331,20 @@ class Graph:
     """A CUDA graph captured from the work one call queues on a stream, replayed by `launch`."""
 
     def __init__(self, stream: Stream, enqueue: Callable[[], None]) -> None:
-        """Capture what `enqueue()` queues on `stream` (it does not run); CudaError if capture fails."""
+        """Capture what `enqueue()` queues on `stream` (it does not run); CudaError, or `enqueue`'s own
+        error, if capture fails, with the stream no longer capturing and no CUDA error left pending."""
         api, handle = _api(), stream._live()
         api.begin_capture(handle)
         try:
             enqueue()
         except BaseException:
-            try:
-                api.destroy_graph(api.end_capture(handle), None)  # leave the stream capturing nothing
-            except CudaError:
-                pass
+            _abandon_capture(api, handle)
             raise
-        self._graph: Any = api.end_capture(handle)
+        try:
+            self._graph: Any = api.end_capture(handle)
+        except CudaError:  # cudaErrorStreamCaptureInvalidated: no graph was made
+            _clear_error(api)
+            raise
         try:
             self._exec: Any = api.instantiate(self._graph)
         except BaseException:
@@ -354,6 +362,24 @@ class Graph:
         graph, self._graph = self._graph, None
         if graph is not None:
             _api().destroy_graph(graph, self._exec)
+
+
+def _abandon_capture(api: _Api, handle: int) -> None:
+    """End a capture whose enqueue failed, as trtexec does (sampleDevice.h, endCaptureOnError): the graph
+    it made, if any, is destroyed unused; an invalidated capture made none."""
+    try:
+        api.destroy_graph(api.end_capture(handle), None)
+    except CudaError:
+        pass
+    _clear_error(api)
+
+
+def _clear_error(api: _Api) -> None:
+    """A failed capture leaves its error as the runtime's last error, which a later launch (TensorRT's)
+    could report as its own: clear it, as trtexec does after one (sampleInference.cpp)."""
+    name = api.clear_error()
+    if name:
+        log.debug("cleared the CUDA error a failed graph capture left: %s", name)
 
 
 class DeviceBuffer:

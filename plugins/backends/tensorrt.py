@@ -8,8 +8,11 @@ work queued with `execute_async_v3`; memory sizes come from the `_v2` calls.
 Each context owns a CUDA stream and one TensorRT execution context per
 optimization profile (tensorrt_profiles.py), each with, for every input and
 output, a pinned host buffer and a device buffer sized for its profile's
-largest shapes. They are bound once and reused by every request, so serving
-a request allocates nothing on the GPU.
+largest shapes. Its TensorRT contexts share one activation buffer
+(USER_MANAGED memory): they run one at a time on the one stream, so a context
+costs one activation buffer however many profiles the engine has. They are
+bound once and reused by every request, so serving a request allocates
+nothing on the GPU.
 
 Engines are specific to the GPU model and TensorRT version that built them,
 so every load failure says how to rebuild.
@@ -70,7 +73,8 @@ class TensorRTContext:
 
     def __init__(self, raws: Sequence[Any], profiles: Sequence[Profile], inputs: Sequence[TensorSpec],
                  outputs: Sequence[tuple[str, str]], device: int, shared: trtlib.Shared,
-                 on_close: Callable[["TensorRTContext"], None], mapped: bool = False) -> None:
+                 on_close: Callable[["TensorRTContext"], None], mapped: bool = False,
+                 activation_bytes: int = 0) -> None:
         self._inputs = list(inputs)
         self._dtypes = {**{s.name: s.dtype for s in inputs}, **dict(outputs)}
         self._output_names = [name for name, _ in outputs]
@@ -80,10 +84,12 @@ class TensorRTContext:
         self._owner = threading.Lock()
         self._stream: cuda.Stream | None = None
         self._lanes: list[Lane] = []
+        self._activations: cuda.DeviceBuffer | None = None
         self._closed = False
         self.graphs = False  # cuda_graph: set by the engine (tensorrt_graphs.py)
         try:
             self._stream = cuda.Stream()
+            self._activations = _share_activations(raws, activation_bytes)
             for raw, profile in zip(raws, profiles):
                 self._lanes.append(Lane(raw, profile, self._dtypes, self._output_names, self._stream, shared,
                                         mapped))
@@ -196,12 +202,28 @@ class TensorRTContext:
             lane.raw = None  # the TensorRT context goes before the memory it points at
             buffers += lane.buffers()
         self._lanes = []
+        if self._activations is not None:
+            buffers.append(self._activations)
+            self._activations = None
         stream, self._stream = self._stream, None
         for resource in (*buffers, *([stream] if stream else [])):
             try:
                 resource.close()
             except BackendError:
                 log.exception("TensorRT context: releasing %s failed", type(resource).__name__)
+
+
+def _share_activations(raws: Sequence[Any], nbytes: int) -> cuda.DeviceBuffer:
+    """One activation buffer for all of a context's TensorRT contexts (created USER_MANAGED), of the
+    engine's largest need over its profiles (device_memory_size_v2). TensorRT uses it only from an
+    enqueue until that execution completes (NvInferRuntime.h, setDeviceMemoryV2), and these contexts
+    run one after another on one stream, so sharing it is safe. With the default STATIC allocation each
+    would hold that much itself: a context would cost it once per profile."""
+    buffer = cuda.DeviceBuffer(nbytes)
+    assert buffer.ptr is not None
+    for raw in raws:
+        raw.set_device_memory(buffer.ptr, max(nbytes, 1))
+    return buffer
 
 
 def _zero_copy_option(options: Mapping[str, Any], path: Path) -> bool:
@@ -361,19 +383,19 @@ class TensorRTEngine:
                     return
 
     def _new_raw_context(self) -> Any:
-        raw = self._engine.create_execution_context()
+        # USER_MANAGED: the context's activation memory is the one buffer TensorRTContext shares.
+        raw = self._engine.create_execution_context(self._shared.trt.ExecutionContextAllocationStrategy.USER_MANAGED)
         if raw is None:
             raise BackendError(f"TensorRT could not create an execution context for {self.path} "
-                               f"({self._shared.last_error() or 'no reason logged'}); it needs "
-                               f"{self._activation_bytes / 2**20:.1f} MiB of GPU memory: unload other "
+                               f"({self._shared.last_error() or 'no reason logged'}): unload other "
                                f"models or lower `contexts`")
         return raw
 
     def _wrap(self) -> TensorRTContext:
-        """A context with one TensorRT execution context per profile."""
+        """A context with one TensorRT execution context per profile, sharing one activation buffer."""
         raws = [self._new_raw_context() for _ in self._profiles]
         ctx = TensorRTContext(raws, self._profiles, self.inputs, self._outputs, self._device, self._shared,
-                              self._forget, self.zero_copy)
+                              self._forget, self.zero_copy, self._activation_bytes)
         ctx.graphs = self._graphs
         with self._lock:
             self._contexts.add(ctx)
@@ -395,11 +417,12 @@ class TensorRTEngine:
         return self._wrap()
 
     def context_bytes(self) -> int:
-        """GPU memory one context costs: per profile, activation memory plus the I/O buffers at that
-        profile's max. On Jetson the pinned host buffers come from the same DRAM, so they count too."""
+        """GPU memory one context costs: one activation buffer, shared by its profiles, plus per profile
+        the I/O buffers at that profile's max. On Jetson the pinned host buffers come from the same
+        DRAM, so they count too."""
         # On Jetson a buffer pair (pinned + device) is twice the DRAM; zero-copy binds one buffer.
         pair = self.integrated and not self.zero_copy
-        return self._activation_bytes * len(self._profiles) + self._io_bytes * (2 if pair else 1)
+        return self._activation_bytes + self._io_bytes * (2 if pair else 1)
 
     def memory_bytes(self) -> int:
         """Device memory of this engine on `device`: its plan size plus `context_bytes()` per open

@@ -11,7 +11,9 @@ name and renamed, so the engine watcher never loads half a file. Beside it
 go the settings it was built with (`model.plan.build.json`), which a
 rebuild reuses. While it builds, the builder reports each phase it enters
 to an `OnPhase` callback: the command prints it, a rebuild reports it as
-the version's progress.
+the version's progress. A build is tied to the CUDA device current when it
+starts, so it builds on `device`. A DLA build needs static shapes (the DLA
+runs no dynamic dimensions) and reports how many layers landed on the DLA.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from infermux.plugins.backends import trtlib
+from infermux.plugins.backends import cuda, trtlib
 
 Shape = tuple[int, ...]
 
@@ -61,6 +63,7 @@ class BuildOptions:
     profiles: tuple[tuple[int, int, int], ...] = ()  # several batch ranges (--profile); () = the one above
     dla_core: int | None = None  # Jetson's DLA (plugins/backends/tensorrt_dla.py)
     gpu_fallback: bool = False
+    device: int = 0  # the CUDA device to build on (the model's); not a stored setting
 
     def settings(self) -> dict[str, Any]:
         """What a rebuild needs besides the two paths (settings_path), as JSON."""
@@ -73,7 +76,7 @@ class BuildOptions:
     @classmethod
     def from_settings(cls, onnx: Path, output: Path, settings: dict[str, Any]) -> "BuildOptions":
         """The options a stored `settings()` describes, for `onnx` -> `output`; BuildError if bad."""
-        known = {k: v for k, v in settings.items() if k in cls.__dataclass_fields__}
+        known = {k: v for k, v in settings.items() if k in cls.__dataclass_fields__ and k != "device"}
         for key in ("calib_cache", "timing_cache"):
             known[key] = Path(known[key]) if known.get(key) else None
         known["profiles"] = tuple(tuple(r) for r in known.get("profiles") or ())
@@ -125,6 +128,8 @@ class BuildReport:
     tensorrt_version: str
     profiles: dict[str, tuple[Shape, Shape, Shape]]  # the first optimization profile
     all_profiles: list[dict[str, tuple[Shape, Shape, Shape]]]
+    layers: int = 0  # in the network TensorRT parsed
+    dla_layers: int | None = None  # of those, how many run on the DLA (None: not a DLA build)
 
 
 def _text(path: Path | None) -> str | None:
@@ -255,18 +260,23 @@ def _write_atomically(path: Path, data: Any) -> int:
 
 def build_engine(opts: BuildOptions, on_phase: OnPhase | None = None) -> BuildReport:
     """Build and write the engine, telling `on_phase` how far it got; BuildError (or
-    BackendError without TensorRT) on failure."""
+    BackendError without TensorRT or CUDA) on failure."""
     start = time.monotonic()
     on_phase = on_phase or _unheard
     on_phase("building")
     ranges = opts.batch_ranges()
     if not opts.onnx.is_file():
         raise BuildError(f"no ONNX model at {opts.onnx}")
+    trtlib.import_tensorrt()  # a missing TensorRT says so before CUDA is asked anything
+    if opts.device:  # a fresh process starts on device 0
+        cuda.set_device(opts.device)  # before the builder: it builds for the current device
     shared = trtlib.shared()
     trt = shared.trt
     builder, network, _parser = _parse(trt, shared.logger, opts.onnx)
     inputs = [(t.name, tuple(t.shape)) for t in (network.get_input(i) for i in range(network.num_inputs))]
     shapes = [batch_profile(inputs, batch) for batch in ranges]
+    if opts.dla_core is not None:
+        _static_for_dla(shapes)
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, opts.workspace_mib << 20)
     first = None
@@ -281,7 +291,7 @@ def build_engine(opts: BuildOptions, on_phase: OnPhase | None = None) -> BuildRe
     if opts.dla_core is not None:
         _use_dla(trt, builder, config, opts.dla_core, opts.gpu_fallback)
     if opts.timing_cache is not None:
-        _use_timing_cache(config, opts.timing_cache)
+        _use_timing_cache(shared, config, opts.timing_cache)
     monitor = _progress_monitor(trt, on_phase)
     if monitor is not None:
         config.progress_monitor = monitor
@@ -292,7 +302,9 @@ def build_engine(opts: BuildOptions, on_phase: OnPhase | None = None) -> BuildRe
         _write_atomically(opts.timing_cache, config.get_timing_cache().serialize())
     size = _write_atomically(opts.output, plan)
     _write_atomically(settings_path(opts.output), json.dumps(opts.settings(), indent=1).encode())
-    return BuildReport(opts.output, size, time.monotonic() - start, trt.__version__, shapes[0], shapes)
+    dla = None if opts.dla_core is None else _on_dla(trt, network, config, opts)
+    return BuildReport(opts.output, size, time.monotonic() - start, trt.__version__, shapes[0], shapes,
+                       int(network.num_layers), dla)
 
 
 def _unheard(phase: str) -> None:
@@ -313,17 +325,61 @@ def _use_dla(trt: Any, builder: Any, config: Any, core: int, gpu_fallback: bool)
         config.set_flag(trt.BuilderFlag.GPU_FALLBACK)
 
 
-def _use_timing_cache(config: Any, path: Path) -> None:
+def _static_for_dla(shapes: Sequence[dict[str, tuple[Shape, Shape, Shape]]]) -> None:
+    """BuildError unless every optimization profile is static (min = opt = max): the DLA runs no
+    dynamic dimensions, and TensorRT would otherwise put every layer on the GPU (--gpu-fallback) or
+    fail the build."""
+    for profile in shapes:
+        for name, (low, opt, high) in profile.items():
+            if not low == opt == high:
+                raise BuildError(f"--dla-core needs a static batch: the DLA runs no dynamic dimensions, so an "
+                                 f"optimization profile's min, opt and max must be equal, and input {name!r} "
+                                 f"would take batches {low[0]}..{high[0]} (opt {opt[0]}): give the one batch the "
+                                 f"engine is to run with --profile N:N:N, for example --profile 1:1:1")
+
+
+def _on_dla(trt: Any, network: Any, config: Any, opts: BuildOptions) -> int:
+    """How many of the network's layers run on the DLA: those whose device is the DLA and that the
+    builder says it can run there (IBuilderConfig.can_run_on_DLA); a warning when none do."""
+    layers = [network.get_layer(i) for i in range(int(network.num_layers))]
+    count = sum(1 for layer in layers
+                if config.get_device_type(layer) == trt.DeviceType.DLA and config.can_run_on_DLA(layer))
+    if not count:
+        log.warning("no layer of %s runs on DLA core %d: %s, so %s is a GPU engine; check the model's layers "
+                    "against TensorRT's DLA support", opts.onnx, opts.dla_core,
+                    "all fall back to the GPU" if opts.gpu_fallback else "none can run there", opts.output)
+    return count
+
+
+def _use_timing_cache(shared: trtlib.Shared, config: Any, path: Path) -> None:
     """Start from the kernel timings an earlier build saved (`--timing-cache`): a rebuild after an
-    upgrade, or of a similar model, skips timing the tactics it already timed. A cache from another
-    GPU or TensorRT version is refused by TensorRT (ignore_mismatch=False), then a new one starts."""
+    upgrade, or of a similar model, skips timing the tactics it already timed. A cache TensorRT cannot
+    read (another version's format, or a damaged file: create_timing_cache gives None) or refuses
+    (another GPU: set_timing_cache is False with ignore_mismatch=False) is replaced by a new one, said
+    in one line; the build writes the new one in its place."""
     try:
         saved = path.read_bytes()
     except FileNotFoundError:
         saved = b""
     except OSError as exc:
         raise BuildError(f"cannot read the timing cache {path}: {exc.strerror or exc}") from exc
-    cache = config.create_timing_cache(saved)
-    if not config.set_timing_cache(cache, False):
-        log.warning("timing cache %s was made on another GPU or TensorRT version: starting a new one", path)
-        config.set_timing_cache(config.create_timing_cache(b""), False)
+    if saved:
+        with shared.errors_held():  # a refusal is reported here, once
+            try:
+                cache = config.create_timing_cache(saved)
+            except Exception as exc:  # not documented to raise; handled like None, as Polygraphy does
+                log.debug("create_timing_cache raised", exc_info=exc)
+                cache = None
+            reason = shared.last_error()
+        if cache is None:
+            log.warning("timing cache %s cannot be read by TensorRT %s (%s): starting a new one, saved in its "
+                        "place", path, shared.trt.__version__, reason or "another version's, or damaged")
+        elif config.set_timing_cache(cache, False):
+            return
+        else:
+            log.warning("timing cache %s was made on another GPU or TensorRT version: starting a new one, "
+                        "saved in its place", path)
+    fresh = config.create_timing_cache(b"")
+    if fresh is None:  # only without memory: create_timing_cache gives None instead of raising
+        raise BuildError(f"TensorRT could not create a timing cache: {shared.last_error() or 'no reason logged'}")
+    config.set_timing_cache(fresh, False)

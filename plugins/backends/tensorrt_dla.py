@@ -1,10 +1,11 @@
 """DLA, the deep-learning accelerators of Jetson Orin (AGX and NX have two; Orin Nano none).
 
-Building: `infermux build --dla-core N [--gpu-fallback]` makes DLA the
-default device of every layer (`default_device_type`), on core N, and with
-`--gpu-fallback` lets layers the DLA cannot run go to the GPU (without it
-such a network fails to build); tensorrt_build.py does it. DLA runs FP16 or
-INT8 only.
+Building: `infermux build --dla-core N [--gpu-fallback] --profile B:B:B`
+makes DLA the default device of every layer (`default_device_type`), on
+core N, and with `--gpu-fallback` lets layers the DLA cannot run go to the
+GPU (without it such a network fails to build); tensorrt_build.py does it,
+and says how many layers landed on the DLA. DLA runs FP16 or INT8 only, and
+no dynamic dimensions: its profile must be static (min = opt = max).
 
 Loading: the DLA core an engine runs on is a setting of the runtime that
 deserializes it (`IRuntime.DLA_core`), and infermux has one runtime for the

@@ -7,8 +7,10 @@ on the second request of that lane (the first, the load's warm-up, runs
 outside the capture, as TensorRT needs after a shape is set), and every
 later request replays the graph: one launch instead of one per kernel. The
 copies in and out stay outside the graph (a cold worker's outputs go to a
-different slot each time). A capture that fails is logged once and that
-lane keeps running without a graph. docs/tensorrt.md#cuda-graphs.
+different slot each time). A capture that fails (TensorRT refusing the
+enqueue under capture, or the capture invalidated: cuda.Graph ends it and
+clears the error it left, as trtexec does) is logged once and that lane
+keeps running without a graph. docs/tensorrt.md#cuda-graphs.
 """
 
 from __future__ import annotations

@@ -90,10 +90,8 @@ class Lane:
         self.runs = 0
         self.host: dict[str, cuda.HostBuffer] = {}
         self.dev: dict[str, cuda.DeviceBuffer] = {}
-        # A new context starts on profile 0; switching is queued on the stream (the _async call).
-        if profile.index and not raw.set_optimization_profile_async(profile.index, stream.handle):
-            raise BackendError(f"TensorRT refused optimization {profile.describe()}: "
-                               f"{shared.last_error() or 'no reason logged'}")
+        if profile.index:
+            _switch(raw, profile, stream, shared)
         self.low = self.output_shapes(profile.shapes(0), outputs)
         self.high = self.output_shapes(profile.shapes(2), outputs)
         sizes = {**{n: nbytes(dtypes[n], s) for n, s in profile.shapes(2).items()},
@@ -143,6 +141,16 @@ class Lane:
         self.dev.clear()
         self.host.clear()
         return buffers
+
+
+def _switch(raw: Any, profile: Profile, stream: cuda.Stream, shared: trtlib.Shared) -> None:
+    """Move a new TensorRT context (on profile 0) to `profile`, queued on `stream` (the _async call).
+    The binding raises RuntimeError when TensorRT refuses; it never returns False."""
+    try:
+        raw.set_optimization_profile_async(profile.index, stream.handle)
+    except RuntimeError as exc:
+        raise BackendError(f"TensorRT refused to switch an execution context to optimization "
+                           f"{profile.describe()}: {shared.last_error() or exc}") from exc
 
 
 def by_tightness(lanes: list[Lane]) -> list[Lane]:

@@ -6,7 +6,9 @@ the model's `onnx` option, relative to the plan's folder), the backend builds
 a new plan in the background with the settings the old one was built with
 (`model.plan.build.json`, written by `infermux build`; its defaults without
 one) and a persistent timing cache (the stored one, else `model.plan.timing`
-beside the plan), and meanwhile:
+beside the plan), on the model's own GPU (`device`), in a child process
+(tensorrt_build_process.py: TensorRT's logging, memory and crashes stay out
+of the daemon), and meanwhile:
 
 - serves the ONNX model through onnxruntime where it is installed
   (`RebuildingEngine`), switching every context to the new plan atomically
@@ -21,6 +23,7 @@ docs/tensorrt.md#rebuilding-after-an-upgrade.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import logging
 import os
@@ -33,6 +36,7 @@ import numpy as np
 
 from infermux.plugins import backends
 from infermux.plugins.backends import tensorrt_build as build
+from infermux.plugins.backends.tensorrt_build_process import build_isolated
 from infermux.plugins.base import BackendError, Context, Engine, TensorSpec
 
 log = logging.getLogger("infermux.tensorrt")
@@ -60,15 +64,15 @@ def source_for(plan: Path, options: Mapping[str, Any]) -> Path | None:
 
 
 class Rebuild:
-    """One background build of `plan` from `onnx`; `done` is set when it ended (see `error`)."""
+    """One background build of `plan` from `onnx` on CUDA device `device`; `done` is set when it
+    ended (see `error`)."""
 
-    def __init__(self, plan: Path, onnx: Path) -> None:
+    def __init__(self, plan: Path, onnx: Path, device: int = 0) -> None:
         self.plan, self.onnx = plan, onnx
         settings = build.stored_settings(plan)
-        self.options = build.BuildOptions.from_settings(onnx, plan, settings)
-        if self.options.timing_cache is None:  # the cache persists beside the plan for the next upgrade
-            self.options = build.BuildOptions.from_settings(
-                onnx, plan, {**settings, "timing_cache": str(plan.with_name(plan.name + ".timing"))})
+        if not settings.get("timing_cache"):  # the cache persists beside the plan for the next upgrade
+            settings = {**settings, "timing_cache": str(plan.with_name(plan.name + ".timing"))}
+        self.options = dataclasses.replace(build.BuildOptions.from_settings(onnx, plan, settings), device=device)
         self.started = time.monotonic()
         self.seconds = 0.0
         self.error = ""
@@ -110,11 +114,11 @@ class Rebuild:
         return self._last[1]
 
     def _run(self) -> None:
-        log.warning("rebuilding %s from %s in the background (stored settings: %s)", self.plan, self.onnx,
-                    self.options.settings())
+        log.warning("rebuilding %s from %s on GPU %d in a child process (stored settings: %s)", self.plan,
+                    self.onnx, self.options.device, self.options.settings())
         try:
-            build.build_engine(self.options, self._phase)
-        except Exception as exc:  # BuildError, BackendError, or TensorRT's own: reported, never raised
+            build_isolated(self.options, self._phase)
+        except Exception as exc:  # BuildError, or anything else: reported, never raised
             self.error = f"rebuilding {self.plan} from {self.onnx} failed: {exc}"
             log.error("%s", self.error)
             self._say("rebuild_failed", self.error)
@@ -143,13 +147,13 @@ _lock = threading.Lock()
 _rebuilds: dict[Path, Rebuild] = {}
 
 
-def rebuild(plan: Path, onnx: Path) -> Rebuild:
-    """The build of `plan` under way, or a new one started (after the last one ended)."""
+def rebuild(plan: Path, onnx: Path, device: int = 0) -> Rebuild:
+    """The build of `plan` (on `device`) under way, or a new one started (after the last one ended)."""
     key = plan.resolve()
     with _lock:
         current = _rebuilds.get(key)
         if current is None or current.done.is_set():
-            current = _rebuilds[key] = Rebuild(plan, onnx).start()
+            current = _rebuilds[key] = Rebuild(plan, onnx, device).start()
         return current
 
 
@@ -254,7 +258,7 @@ def serve_while_rebuilding(plan: Path, options: Mapping[str, Any], rejected: Bac
     if onnx is None:
         raise rejected
     try:
-        job = rebuild(plan, onnx)
+        job = rebuild(plan, onnx, int(options.get("device", 0)))
     except build.BuildError as exc:  # the stored settings are broken
         raise BackendError(f"{rejected}; it cannot be rebuilt from {onnx}: {exc}") from rejected
     try:

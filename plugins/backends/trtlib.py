@@ -11,12 +11,13 @@ holding the runtime here, for the life of the process, guarantees that.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import threading
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any
+from typing import Any, Iterator
 
 from infermux.plugins.base import BackendError
 
@@ -82,7 +83,18 @@ def _new_logger(trt: ModuleType) -> Any:
             level = levels.get(severity, logging.DEBUG)
             if level >= logging.ERROR:
                 self._local.last = self._last = msg
+                if getattr(self._local, "held", False):
+                    return  # the caller reports it (errors_held)
             log.log(level, "TensorRT: %s", msg)
+
+        @contextlib.contextmanager
+        def errors_held(self) -> Iterator[None]:
+            """Errors TensorRT logs on this thread meanwhile are kept for take_error, not logged."""
+            self._local.held = True
+            try:
+                yield
+            finally:
+                self._local.held = False
 
         def take_error(self) -> str:
             """The last error logged on this thread (else on any), cleared."""
@@ -106,6 +118,11 @@ class Shared:
     def last_error(self) -> str:
         """TensorRT's last logged error on this thread, for error messages ("" if none)."""
         return self.logger.take_error()
+
+    def errors_held(self) -> Any:
+        """A context in which TensorRT's errors on this thread are not logged, only kept for
+        last_error(): for a call whose failure the caller handles and reports itself."""
+        return self.logger.errors_held()
 
 
 _lock = threading.Lock()

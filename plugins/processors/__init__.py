@@ -32,6 +32,7 @@ BUILTIN = {
     "crop": "infermux.plugins.processors.crop:Crop",
     "orient": "infermux.plugins.processors.orient:Orient",
     "select": "infermux.plugins.processors.select:Select",
+    "track": "infermux.plugins.processors.track:Track",
 }
 
 _cache: dict[str, ProcessorFactory] = {}

@@ -67,24 +67,38 @@ class Transform:
 
 @dataclass
 class Region:
-    """Something found in a frame: a quadrilateral in original-frame pixels, clockwise from top-left."""
+    """Something found in a frame: a quadrilateral in original-frame pixels, clockwise from top-left.
+
+    `track_id` is the object's identity across a stream's frames (set by `track`); `cached` says
+    whether a re-inferred step's answer was reused for it (None where no such step ran on it), and
+    `skipped` that the step had neither the budget to compute it nor an answer to reuse.
+    """
 
     box: np.ndarray
     score: float
     label: str | None = None
     text: str | None = None
     text_score: float | None = None
+    track_id: int | None = None
+    cached: bool | None = None
+    skipped: bool = False
 
     def to_json(self) -> dict[str, Any]:
         """The region as the wire's reply header holds it (docs/pipelines.md)."""
         out: dict[str, Any] = {"box": [[round(float(x), 2), round(float(y), 2)] for x, y in self.box],
                                "score": round(float(self.score), 6)}
+        if self.track_id is not None:
+            out["track_id"] = self.track_id
         if self.label is not None:
             out["label"] = self.label
         if self.text is not None:
             out["text"] = self.text
             if self.text_score is not None:
                 out["text_score"] = round(float(self.text_score), 6)
+        if self.cached is not None:
+            out["cached"] = self.cached
+        if self.skipped:
+            out["skipped"] = True
         return out
 
 
@@ -105,6 +119,8 @@ class Sample:
     the input as the wire delivered it; `image` is the decoded original frame
     (HWC uint8, kept for cropping); `tensor` is the current working array;
     `outputs` holds model outputs by name for the post-processors.
+    `key` names the stream (camera) the frame belongs to and `time_ns` when it
+    arrived (perf_counter_ns), which orders a stream's frames for `track`.
     """
 
     data: np.ndarray | None = None
@@ -120,6 +136,8 @@ class Sample:
     crops: list[np.ndarray] = field(default_factory=list)
     classes: list[list[Label]] = field(default_factory=list)
     texts: list[tuple[str, float]] = field(default_factory=list)
+    key: str | int | None = None
+    time_ns: int | None = None
 
 
 @runtime_checkable

@@ -15,7 +15,7 @@ from support.users import traversable  # noqa: F401  (user nobody may reach the 
 SLOW_FILES = {
     "test_admin.py", "test_batching.py", "test_chaos.py", "test_cli.py", "test_curve.py", "test_hostile.py",
     "test_hot_swap.py", "test_matrix.py", "test_pipeline_matrix.py", "test_pipelines.py", "test_regions.py",
-    "test_routing.py", "test_workers.py",
+    "test_routing.py", "test_tracking.py", "test_workers.py",
 }
 HERE = Path(__file__).resolve().parent
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import resource
 import shutil
 import subprocess
@@ -38,6 +39,8 @@ def test_on_this_machine_it_passes_and_says_what_it_found() -> None:
     assert r.stderr == ""
     lines = r.stdout.splitlines()
     assert all(line.split()[0] in ("OK", "WARN") for line in lines), r.stdout
+    python = next(line for line in lines if " Python: " in line)
+    assert f" on {platform.machine()} ({sys.executable})" in python  # which architecture the report is from
     ort = next(line for line in lines if " onnxruntime: " in line)
     assert ort.startswith("OK") and "CPUExecutionProvider" in ort
     gpu = next(line for line in lines if " GPU: " in line)

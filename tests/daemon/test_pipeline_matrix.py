@@ -24,10 +24,12 @@ import numpy as np
 import pytest
 import zmq
 
+from support import models, tracking
 from support.harness import Daemon
 # `cell` (tests/daemon/conftest.py) takes this module's `placed`, and fails a cell on a traceback or a 500.
 from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement
 from support.polling import eventually
+from support.tracking import every_nth, id_switches, idf1, replay
 
 cv2 = pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
 
@@ -60,6 +62,12 @@ def pipeline(name: str, model: str) -> str:
             '[[pipelines.steps]]\nprocessor = "classify"\noptions = { k = 3 }\n')
 
 
+# Tracking and per-track secondary inference: a detector (the brightness map, read by dbnet) and a
+# classifier run on each tracked region every 4 frames of its track, both in the watched engine_dir.
+TRACKED = tracking.classifying("ptrack", "tcls", "reinfer_every = 4", detector="tdet")
+TRACKED_MODELS = ("tdet", "tcls")
+
+
 def config_text(placement: str, watched: Path) -> str:
     """The models as configured before any move (cold for cold and promoted), and a pipeline each."""
     mode = 'mode = "multiproc"\npreload = true\n' if placement in ("cold", "promoted") else ""
@@ -67,14 +75,19 @@ def config_text(placement: str, watched: Path) -> str:
     text += f'[[models]]\nname = "cls"\nengine = "{CLASSIFIER}"\nfallback = "ref"\n{mode}'
     text += f'[[models]]\nname = "cnf"\nengine = "{CLASSIFIER}"\n{mode}'
     text += f'[[models]]\nname = "csw"\nengine = "csw/1/model.onnx"\n{mode}'
-    return text + "".join(pipeline(f"p{m}", m) for m in ("ref", "cls", "cnf", "csw"))
+    text += "".join(f'[[models]]\nname = "{m}"\nengine = "{m}/1/model.onnx"\n{mode}' for m in TRACKED_MODELS)
+    return text + "".join(pipeline(f"p{m}", m) for m in ("ref", "cls", "cnf", "csw")) + TRACKED
 
 
 def publish_version(watched: Path, model: str, version: int) -> None:
-    """The classifier as `model`'s `version`, the documented way: built under a hidden name, renamed in."""
+    """The classifier (the brightness map for `tdet`) as `model`'s `version`, the documented way:
+    built under a hidden name, renamed in."""
     staged = watched / model / f".{version}.tmp"
     staged.mkdir(parents=True)
-    shutil.copyfile(CLASSIFIER, staged / "model.onnx")
+    if model == "tdet":
+        models.brightness_map(staged / "model.onnx")
+    else:
+        shutil.copyfile(CLASSIFIER, staged / "model.onnx")
     os.rename(staged, watched / model / str(version))
 
 
@@ -84,12 +97,13 @@ def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     name = request.param
     workdir = tmp_path_factory.mktemp(f"pipeline-matrix-{name}")
     watched = workdir / "engines"
-    publish_version(watched, "csw", 1)
+    for model in ("csw", *TRACKED_MODELS):
+        publish_version(watched, model, 1)
     d = Daemon(workdir, config_text(name, watched)).start()
     try:
         if name in MOVES:
             with d.admin(timeout_s=60) as admin:
-                for model in ("cls", "cnf", "csw"):
+                for model in ("cls", "cnf", "csw", *TRACKED_MODELS):
                     admin.call(MOVES[name], model=model)
         yield Placement(name, d, engines, watched)
     finally:
@@ -226,3 +240,59 @@ def test_drain_refuses_frames_and_resume_reopens(cell: Placement, sock: zmq.Sock
             admin.call("resume")
     assert reply.status == 503 and reply.header.get("draining") is True, reply.header
     probs(sock, "pcls")
+
+
+# -- tracking and per-track secondary inference: ptrack, over tdet and tcls -------------------------
+
+
+def assert_followed(seq: tracking.Sequence, got: tracking.Replay) -> None:
+    """Every frame 200, each object one id (IDF1 against what the detector can see), each track's
+    answer computed on its 1st, 5th, 9th... frame and reused between."""
+    assert set(got.statuses) == {200}, sorted(set(got.statuses))
+    truth, predicted = seq.ground_truth(visible_boxes=True), got.predicted()
+    assert idf1(truth, predicted).idf1 >= 0.9 and id_switches(truth, predicted) <= 1
+    assert not every_nth(got, 4), every_nth(got, 4)
+
+
+@every_placement
+def test_tracking_and_reinference_over_each_placement_follow_their_tracks(cell: Placement,
+                                                                          sock: zmq.Socket) -> None:
+    assert {placement_of(cell.daemon, m) for m in TRACKED_MODELS} == {cell.where}
+    seq = tracking.crossing()
+    got = replay(sock, "ptrack", seq, f"placed-{cell.name}")
+    assert_followed(seq, got)
+    assert got.computed() < sum(len(h["regions"]) for h in got.headers) / 3
+
+
+@every_placement
+def test_hot_swap_of_both_models_keeps_the_tracks_and_their_answers(cell: Placement, sock: zmq.Socket) -> None:
+    versions = {m: 1 + max(int(p.name) for p in (cell.watched / m).iterdir() if p.name.isdigit())
+                for m in TRACKED_MODELS}
+
+    def swap_midway(i: int) -> None:
+        if i == 30:
+            for model, version in versions.items():
+                publish_version(cell.watched, model, version)
+        if i == 60:  # the rest goes to the new versions; the tracks wait (they live 10 s)
+            for model, version in versions.items():
+                cell.daemon.wait_for(f"swapped model={model} version={version}", 60)
+    seq = tracking.crossing()
+    got = replay(sock, "ptrack", seq, f"swapped-{cell.name}", before=swap_midway)
+    assert_followed(seq, got)  # a swap neither restarts the tracks nor recomputes their answers
+    assert served_by(cell.daemon, "tdet", str(versions["tdet"])) >= seq.length - 60
+    assert served_by(cell.daemon, "tcls", str(versions["tcls"])) > 0
+
+
+@every_placement
+def test_a_tracked_frame_past_its_deadline_is_a_504_and_its_stream_carries_on(cell: Placement,
+                                                                            sock: zmq.Socket) -> None:
+    big = cv2.imencode(".png", np.random.default_rng(5).integers(0, 255, (2000, 2000, 3), dtype=np.uint8))[1]
+    key, late = f"deadline-{cell.name}", []
+
+    def late_frame(i: int) -> None:
+        if i == 30:
+            late.append(send_frame(sock, "ptrack", big.tobytes(), "png", timeout_ms=1, key=key))
+    seq = tracking.crossing()
+    got = replay(sock, "ptrack", seq, key, before=late_frame)
+    assert late[0].status == 504 and "step 'tdet'" in late[0].header["error"], late[0].header
+    assert_followed(seq, got)

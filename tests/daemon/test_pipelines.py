@@ -70,7 +70,9 @@ def ocr_config(engines: Path, metrics_port: int) -> str:
     models, pipeline = text.split("[[pipelines]]", 1)
     cold = pipeline.replace('name = "ocr"', 'name = "ocr_cold"').replace('model = "ppocr_rec"',
                                                                          'model = "ppocr_rec_cold"')
-    return f"{models}{COLD}[[pipelines]]{pipeline}\n[[pipelines]]{cold}\n{BROKEN}"
+    tracked = (REPO / "etc/infermux/examples/tracked_ocr.toml").read_text().split("[[pipelines]]", 1)[1]
+    tracked = tracked.replace("limit_side = 736", "limit_side = 320")
+    return f"{models}{COLD}[[pipelines]]{pipeline}\n[[pipelines]]{cold}\n[[pipelines]]{tracked}\n{BROKEN}"
 
 
 @pytest.fixture(scope="module")
@@ -162,6 +164,31 @@ def test_ocr_pipeline_reads_what_rapidocr_reads_on_generated_frames(daemon: Daem
     assert lines >= FRAMES  # every frame has text
     assert not problems, problems
     assert len(spaces) <= lines // 20, spaces
+
+
+def conveyor(seed: int, frames: int) -> list[np.ndarray]:
+    """A frame's text lines moving up past the camera, 3 px a frame, always whole in view."""
+    page = camera_ocr.synthetic(seed)
+    canvas = cv2.copyMakeBorder(page, 30, 30, 0, 0, cv2.BORDER_REPLICATE)
+    return [np.ascontiguousarray(canvas[42 - 3 * k:282 - 3 * k]) for k in range(frames)]
+
+
+def test_tracked_ocr_reads_each_line_once_and_keeps_its_text_while_it_moves(sock: zmq.Socket) -> None:
+    """etc/infermux/examples/tracked_ocr.toml: a line is read on its track's first frame (as the
+    untracked pipeline reads it) and keeps that reading (cached) and its id on the next 8, which
+    neither reach the 15 frames of `reinfer_every` nor change a box by the 30 % of `reinfer_growth`."""
+    frames = conveyor(21, 9)
+    replies = [send_frame(sock, "tracked_ocr", png(f), "png", key="conveyor", timeout_s=60) for f in frames]
+    assert {r.status for r in replies} == {200}, [r.header for r in replies if r.status != 200]
+    first = replies[0].header["regions"]
+    assert first and all(r["cached"] is False for r in first)
+    plain = send_frame(sock, "ocr", png(frames[0]), "png", timeout_s=60)
+    assert sorted(r["text"] for r in first) == sorted(r["text"] for r in plain.header["regions"])
+    texts = {r["track_id"]: r["text"] for r in first}
+    for reply in replies[1:]:
+        for region in reply.header["regions"]:
+            assert region["track_id"] in texts, (region, texts)  # no line took a new id
+            assert region["cached"] is True and region["text"] == texts[region["track_id"]], region
 
 
 def test_a_cold_recogniser_serves_the_same_pipeline_after_a_503_with_retry_time(daemon: Daemon,

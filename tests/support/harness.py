@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Iterator
 
 import zmq
 
@@ -45,6 +47,18 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def dealer(endpoint: str) -> Iterator[zmq.Socket]:
+    """A DEALER socket connected to `endpoint` (no linger), closed on leaving."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(endpoint)
+    try:
+        yield sock
+    finally:
+        sock.close()
 
 
 def exchange(endpoint: str, kind: int, frames: list[bytes], timeout_ms: int = 5000) -> list[bytes]:

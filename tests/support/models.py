@@ -80,3 +80,11 @@ def conv(path: Path, channels: int = 24, layers: int = 4, size: int = 112) -> Pa
               helper.make_node("MatMul", ["features", "head"], ["probs"])]
     return _save(nodes, [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, size, size])],
                  [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 10])], inits, path)
+
+
+def brightness_map(path: Path) -> Path:
+    """y = the brightest channel of each pixel, float32 [1, 3, H, W] -> [1, 1, H, W]: a "detector" whose
+    map `dbnet` reads the bright objects of a dark frame from (tests/support/tracking.py's frames)."""
+    return _save([helper.make_node("ReduceMax", ["x"], ["y"], axes=[1], keepdims=1)],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "H", "W"])], [], path)

@@ -9,6 +9,10 @@ root) the test skips and says which command would make it run.
 A package installed for a test starts no service (prometheus' postinst
 would start one through its init script on a box without systemd): the
 tests run what they need themselves, on their own ports.
+
+Also the state those tests share: the cache folder of chroots, images and
+downloads (made on first use), the locks, and the kernel's binfmt_misc
+handler that runs another architecture's binaries through qemu-user-static.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import os
 import shutil
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
@@ -30,6 +35,17 @@ APT_TIMEOUT_S = 600
 # and one chroot or image build at a time (they share the apt and debootstrap caches).
 APT_LOCK = Path("/tmp/infermux-test-apt.lock")
 BUILD_LOCK = Path("/tmp/infermux-test-build.lock")
+# Chroot tarballs, apt's .debs, pip's wheels and container images, kept between runs.
+CACHE = Path(os.environ.get("INFERMUX_TEST_CACHE", "/var/cache/infermux-test"))
+# What the install tests need on the host to build the .deb in a chroot (command -> Debian package).
+DEB_TEST_TOOLS = {"debootstrap": "debootstrap", "git": "git", "unshare": "util-linux", "tar": "tar"}
+
+
+def cache_dir(*parts: str) -> Path:
+    """A folder under CACHE, made (with CACHE) when missing: a machine that never ran the suite has none."""
+    path = CACHE.joinpath(*parts)
+    path.mkdir(parents=True, exist_ok=True)
+    return path
 
 
 @contextlib.contextmanager
@@ -107,3 +123,62 @@ def _run(*args: str) -> None:
                        env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
     if r.returncode != 0:
         pytest.fail(f"{' '.join(cmd)} failed ({r.returncode}):\n{(r.stdout + r.stderr)[-2000:]}")
+
+
+# -- running another architecture's binaries ----------------------------------------------------
+
+BINFMT = Path("/proc/sys/fs/binfmt_misc")
+# The ELF header of an executable for each architecture, as qemu-user-static registers it with binfmt_misc.
+ELF_MAGIC = {"aarch64": "7f454c460201010000000000000000000200b700"}
+
+
+@dataclass(frozen=True)
+class Emulator:
+    """An enabled binfmt_misc handler: the kernel runs `arch` executables with `interpreter`."""
+
+    arch: str
+    name: str
+    interpreter: Path
+    flags: str
+
+
+def require_emulation(arch: str) -> Emulator:
+    """Make the kernel run `arch` binaries through qemu-user-static, also inside chroots (root only).
+
+    binfmt_misc is mounted when it is not, qemu-user-static and binfmt-support are installed in CI (else
+    the test skips with the command), and qemu's handler is registered or enabled when it is not."""
+    if not os.path.ismount(BINFMT):
+        r = subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(BINFMT)], capture_output=True,
+                           text=True, timeout=30)
+        if r.returncode != 0:
+            pytest.skip(f"cannot mount binfmt_misc here ({r.stderr.strip()}): no emulation of {arch}")
+        print(f"mounted binfmt_misc on {BINFMT}")
+    require({f"/usr/bin/qemu-{arch}-static": "qemu-user-static", "/usr/sbin/update-binfmts": "binfmt-support"})
+    found = _handler(arch)
+    if found is None or found[1] != "enabled":
+        name = f"qemu-{arch}"
+        for action in (("--import", name), ("--enable", name)):  # --import: a format binfmt-support never read
+            subprocess.run(["update-binfmts", *action], capture_output=True, timeout=30)
+        found = _handler(arch)
+        print(f"update-binfmts --enable qemu-{arch}: {'done' if found else 'no handler'}")
+    if found is None or found[1] != "enabled":
+        pytest.fail(f"no enabled binfmt_misc handler for {arch} after update-binfmts --enable qemu-{arch}")
+    emulator = found[0]
+    # F (fix binary): the kernel opened the interpreter when it was registered, so it runs in a chroot too.
+    if "F" not in emulator.flags:
+        pytest.fail(f"{BINFMT / emulator.name} has flags {emulator.flags!r}, without F the chroot cannot find "
+                    f"{emulator.interpreter}: update-binfmts --disable {emulator.name}, then register it with F")
+    return emulator
+
+
+def _handler(arch: str) -> tuple[Emulator, str] | None:
+    """The binfmt_misc entry matching `arch`'s ELF header, and whether it is enabled."""
+    for entry in sorted(BINFMT.iterdir()):
+        if entry.name in ("register", "status"):
+            continue
+        lines = entry.read_text().splitlines()
+        fields = dict(line.split(" ", 1) for line in lines[1:] if " " in line)
+        if fields.get("magic", "").startswith(ELF_MAGIC[arch]):
+            flags = fields.get("flags:", "").strip()
+            return Emulator(arch, entry.name, Path(fields["interpreter"]), flags), lines[0]
+    return None

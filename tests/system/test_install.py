@@ -19,7 +19,7 @@ from support import system_packages
 from support.harness import REPO
 
 # command -> Debian package, on the host; everything else comes from the chroots.
-HOST_TOOLS = {"debootstrap": "debootstrap", "git": "git", "unshare": "util-linux", "tar": "tar"}
+HOST_TOOLS = system_packages.DEB_TEST_TOOLS
 
 
 @pytest.mark.slow

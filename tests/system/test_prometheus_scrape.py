@@ -5,9 +5,10 @@ One scene for the module: Prometheus (Debian's `prometheus` package, installed u
 elsewhere) runs as a plain process with its own configuration, data directory and port in a temp
 folder, scraping the daemon every second and evaluating packaging/prometheus/infermux-rules.yml
 every second. The daemon then gets 200s, 503s while a model loads, 429s from a full queue, 504s,
-three crashes of a cold worker (restarts, then failed), a hot swap and pipeline frames; at the end
-cameras sending keyed frames to a model with queue_policy newest_per_key (200s and 409s), one of
-which then stops (a silent stream); at the end it is stopped. The tests then ask Prometheus:
+three crashes of a cold worker (restarts, then failed), a hot swap and pipeline frames (one pipeline
+tracking a stream); at the end cameras sending keyed frames to a model with queue_policy
+newest_per_key (200s and 409s), one of which then stops (a silent stream); at the end it is
+stopped. The tests then ask Prometheus:
 
 - every expression of the dashboard (its template variables resolved as Grafana resolves "All")
   parses, and returns series unless ALLOWED_EMPTY says why it may not;
@@ -40,7 +41,7 @@ import yaml
 import zmq
 
 from infermux.pipelines.wire import send_frame
-from support import system_packages
+from support import models, system_packages, tracking
 from support.harness import REPO, Daemon, free_port
 from support.polling import eventually
 from support.publish import publish
@@ -153,7 +154,7 @@ class Scene:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def _config(root: Path, engines: Path, metrics_port: int) -> str:
+def _config(root: Path, engines: Path, detector: Path, metrics_port: int) -> str:
     return f"""
 [daemon]
 listen = ["ipc://infer.sock"]
@@ -190,6 +191,9 @@ preload = true
 name = "classifier"            # the pipeline's model
 engine = "{engines}/classifier/1/model.onnx"
 [[models]]
+name = "det"                   # the tracked pipeline's detector
+engine = "{detector}"
+[[models]]
 name = "late"                  # 503s while it loads
 engine = "{engines}/addone/1/model.onnx"
 backend = "slow_load:SlowLoadBackend"
@@ -204,7 +208,7 @@ processor = "decode"
 processor = "normalize"
 [[pipelines.steps]]
 model = "classifier"
-"""
+""" + tracking.classifying("tracked", "classifier", "reinfer_every = 3")
 
 
 def _loading_503s(d: Daemon, scene: Scene) -> None:
@@ -292,6 +296,9 @@ def _frames(d: Daemon) -> None:
         for _ in range(3):
             reply = send_frame(sock, "camera", np.zeros((64, 64, 3), np.uint8).tobytes(), "rgb", width=64, height=64)
             assert reply.status == 200, reply.header
+        # a tracked stream: its regions computed and reused, its tracks held
+        tracked = tracking.replay(sock, "tracked", tracking.crossing(), key="gate", frames=6)
+        assert tracked.statuses == [200] * 6, tracked.headers
     finally:
         sock.close()
 
@@ -331,11 +338,12 @@ def scene(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iterator[S
     work = tmp_path_factory.mktemp("prometheus")
     root = work / "engines"
     publish(root, "m", 1, offset=1)  # watched: version 2 is published during the scene
+    detector = models.brightness_map(work / "det" / "model.onnx")
     metrics_port = free_port()
     prom = Prometheus(work, f"127.0.0.1:{metrics_port}", RULES)
     scene = Scene(prom, seconds={"install": installed_s})
     (work / "daemon").mkdir()
-    daemon = Daemon(work / "daemon", _config(root, engines, metrics_port))
+    daemon = Daemon(work / "daemon", _config(root, engines, detector, metrics_port))
     try:
         t = time.monotonic()
         prom.start()  # first: it sees the daemon's models loading

@@ -135,3 +135,13 @@ def test_contract_several_profiles_are_built_in_order(fake_trt, onnx: Path, tmp_
     assert build.main([str(onnx), "-o", str(out), "--profile", "8:2:4"]) == 2
     with pytest.raises(SystemExit):
         build.main([str(onnx), "-o", str(out), "--profile", "1-8"])
+
+
+def test_contract_device_picks_the_gpu_the_builder_builds_for(fake_trt, fake_gpu, onnx: Path, tmp_path: Path):
+    """Checks our code's use of cudaSetDevice: a builder builds for the device current when it is
+    made, so `--device 1` (two-GPU stand-in) makes GPU 1 current first; a negative device is refused."""
+    fake_gpu.device_count = 2
+    assert build.main([str(onnx), "-o", str(tmp_path / "m.plan"), "--device", "1"]) == 0
+    assert [(r["device"], r["builder_device"]) for r in fake_trt.builds] == [(1, 1)]
+    assert "device" not in tensorrt_build.stored_settings(tmp_path / "m.plan")  # the model's option, not the plan's
+    assert build.main([str(onnx), "-o", str(tmp_path / "m.plan"), "--device", "-1"]) == 2

@@ -68,7 +68,8 @@ def test_copies_never_overrun_a_buffer(fake_gpu):
 
 def test_no_gpu_counts_as_zero_devices(fake_gpu):
     """Checks our code's use of the API, not the API itself: cudaErrorNoDevice from
-    cudaGetDeviceCount means 0 devices (tests skip), other errors are raised."""
+    cudaGetDeviceCount means 0 devices (tests skip), other errors are raised as CudaError; on an
+    error cuda-bindings 12.9+ gives `(err, None)`, no count, which is never read as a number."""
     fake_gpu.fail["cudaGetDeviceCount"] = FakeCudart.cudaError_t.cudaErrorNoDevice
     assert cuda.device_count() == 0
     assert cuda.device_count() == 1
@@ -160,10 +161,12 @@ def test_contract_the_slot_copy_benchmark_runs_every_case(fake_gpu, monkeypatch)
     assert registered == []  # every slot registered was unregistered
 
 
-@pytest.mark.parametrize("stage", ["cap", "memory", "teardown", "pycuda", "standin"])
+@pytest.mark.parametrize("stage", ["cap", "memory", "teardown", "pycuda", "standin", "vcompat", "graphs", "dla"])
 def test_contract_the_run_sh_stages_run_on_the_stand_in(fake_trt, fake_gpu, monkeypatch, tmp_path, capsys, stage):
     """Checks tests/gpu/stages.py's use of the backend on the stand-in (whose profile is the classifier's
-    batch range 1..8), so the stages a lent GPU machine runs do not rot; their figures come from the GPU."""
+    batch range 1..8), so the stages a lent GPU machine runs do not rot, and that each passes where the
+    stand-in behaves as the stage asserts (a DLA build puts layers on the DLA, a capture is made, a
+    strict runtime refuses a version-compatible plan); their figures come from the GPU."""
     from pathlib import Path
 
     from support.fakes import tensorrt as fakes_tensorrt
@@ -174,9 +177,19 @@ def test_contract_the_run_sh_stages_run_on_the_stand_in(fake_trt, fake_gpu, monk
     finally:
         sys.path.pop(0)
     monkeypatch.setattr(stages, "gpu_missing", lambda: None)
-    monkeypatch.setattr(stages, "build_plan", lambda out: fakes_tensorrt.write_plan(tmp_path, out.parent.name + ".plan"))
+    monkeypatch.setattr(stages, "build_plan", lambda out, *args: fakes_tensorrt.write_plan(tmp_path, out.parent.name + ".plan"))
     monkeypatch.setattr(stages, "images", lambda n, seed=0: np.ones((n, 4), np.float32))
     monkeypatch.setattr(stages, "INPUT", "x")
-    assert stages.main([stage, str(tmp_path)]) == 0
+    monkeypatch.setattr(stages, "OUTPUT", "total")
+    monkeypatch.setattr(stages, "_diff_from_onnxruntime", lambda x, out: "n/a")  # not the classifier
+    fake_trt.fixed_batch = 1 if stage == "graphs" else None
+    fake_trt.dla_cores = 2 if stage == "dla" else 0
+    assert stages.main([stage, str(tmp_path)]) == 0, capsys.readouterr().out
     out = capsys.readouterr().out
     assert ("FIGURE: " in out) != out.startswith("SKIP: ")
+    if stage == "graphs":
+        assert "graph captured: True" in out and "invalidated capture: fallback ok" in out
+    if stage == "dla":
+        assert "core 1: 2 of 2 layers on the DLA" in out and "dynamic batch refused" in out
+    if stage == "vcompat":
+        assert "without engine_host_code_allowed refuses it" in out

@@ -237,17 +237,28 @@ def test_contract_cuda_graph_needs_a_fixed_shape_and_a_bool(fake_trt, tmp_path):
         backends.for_path(path).load(path, {"cuda_graph": "yes"})
 
 
-def test_contract_a_failed_capture_falls_back_to_plain_execution(fake_trt, fake_gpu, tmp_path, caplog):
-    """Checks our code: a capture CUDA refuses is logged once, the request still succeeds, and the
-    context runs without a graph from then on."""
+@pytest.mark.parametrize("failure", ["refused", "invalidated", "begin"])
+def test_contract_a_failed_capture_falls_back_to_plain_execution(fake_trt, fake_gpu, tmp_path, caplog, failure):
+    """Checks our code against the capture failures trtexec handles (sampleDevice.h endCaptureOnError,
+    sampleInference.cpp): TensorRT refusing the enqueue under capture (the capture then ends with a
+    graph that must be destroyed unused), a capture invalidated (enqueue succeeds, cudaStreamEndCapture
+    gives cudaErrorStreamCaptureInvalidated and no graph, the error left pending), and a capture CUDA
+    will not begin. Each is logged once, the request and the next ones succeed without a graph, no
+    graph leaks and no CUDA error stays pending for TensorRT's next launch."""
     fake_trt.fixed_batch = 2
     path = write_plan(tmp_path)
     engine = backends.for_path(path).load(path, {"cuda_graph": True})
     ctx = engine.create_context()
-    fake_gpu.fail["cudaStreamEndCapture"] = fake_gpu.cudaError_t.cudaErrorLaunchFailure
-    x = np.ones((2, 4), np.float32)
+    if failure == "refused":
+        fake_trt.refuse_capture = True
+    elif failure == "invalidated":
+        fake_gpu.invalidate_next_capture = True
+    else:
+        fake_gpu.fail["cudaStreamBeginCapture"] = fake_gpu.cudaError_t.cudaErrorStreamCaptureUnsupported
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
     for _ in range(3):
-        assert ctx.infer({"x": x})["total"].tolist() == [4.0, 4.0]
-    assert [r for r in caplog.records if "CUDA graph capture failed" in r.getMessage()].__len__() == 1
-    assert not fake_gpu.graph_execs
+        assert ctx.infer({"x": x})["total"].tolist() == [6.0, 22.0]
+    assert len([r for r in caplog.records if "CUDA graph capture failed" in r.getMessage()]) == 1
+    assert not fake_gpu.graph_execs and not fake_gpu.graphs and not fake_gpu.capturing
+    assert fake_gpu.last_error == fake_gpu.cudaError_t.cudaSuccess and fake_gpu.launches == 0
     engine.close()

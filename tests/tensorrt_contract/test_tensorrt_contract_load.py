@@ -8,6 +8,7 @@ themselves (tests/gpu/ does, on a real GPU).
 from __future__ import annotations
 
 import gc
+import json
 import sys
 from pathlib import Path
 
@@ -106,9 +107,9 @@ def test_out_of_memory_at_load_is_contained(fake_trt, fake_gpu, tmp_path):
 
 def test_context_creation_failure_at_load_is_contained(fake_trt, fake_gpu, tmp_path):
     """Checks our code's use of the API, not the API itself: create_execution_context
-    returning None becomes a BackendError that says how much memory a context needs."""
+    returning None becomes a BackendError with TensorRT's reason and what to do."""
     fake_gpu.fail["create_execution_context"] = True
-    with pytest.raises(BackendError, match=r"execution context.*out of memory.*needs [\d.]+ MiB.*unload other models"):
+    with pytest.raises(BackendError, match=r"execution context.*out of memory.*unload other models"):
         load(write_plan(tmp_path))
 
 
@@ -230,3 +231,22 @@ def test_contract_a_hot_tensorrt_model_is_charged_its_device_memory_not_the_host
         assert mv.memory_bytes == mv.engine.memory_bytes() < 1 << 20
     finally:
         registry.unload(mv, timeout=5)
+
+
+def test_contract_shapes_tensorrt_gives_as_dims_come_out_as_plain_tuples(fake_trt, tmp_path):
+    """Checks our code against the binding's Dims (pyFoundationalTypes.cpp), which the stand-in returns
+    from get_tensor_shape and get_tensor_profile_shape: a sequence that equals a tuple but is not one
+    (no hash, no `==` with another Dims). The engine's specs, which reach the wire header, the batcher
+    and dict keys, are plain tuples of ints all the same."""
+    engine = load(write_plan(tmp_path))
+    dims = engine._engine.get_tensor_shape("x")
+    assert not isinstance(dims, tuple) and dims == (-1, 4) and list(dims) == [-1, 4]
+    with pytest.raises(TypeError):
+        hash(dims)
+    with pytest.raises(TypeError):
+        assert dims == engine._engine.get_tensor_shape("x")
+    for spec in [*engine.inputs, *engine.outputs]:
+        for shape in (spec.shape, spec.min_shape, spec.max_shape):
+            assert type(shape) is tuple and all(type(d) is int for d in shape), (spec.name, shape)
+    assert {engine.inputs[0].max_shape: "hashable"} and json.dumps([list(s.max_shape) for s in engine.outputs])
+    engine.close()

@@ -6,13 +6,15 @@ CUDA describe them; they check our code's use of the APIs, not the APIs (tests/g
 
 from __future__ import annotations
 
+import gc
+
 import numpy as np
 import pytest
 from support.fakes.tensorrt import ACTIVATION_BYTES, PROFILE, write_plan
 
 from infermux.plugins import backends
 from infermux.plugins.backends import cuda
-from infermux.plugins.base import InputRejected
+from infermux.plugins.base import BackendError, InputRejected
 from infermux.execution import batcher
 
 pytest_plugins = ["support.fakes.tensorrt"]  # fake_gpu, fake_trt fixtures
@@ -70,8 +72,29 @@ def test_contract_each_profile_has_its_own_context_and_requests_go_where_they_fi
     assert list(ctx.infer({"x": np.ones((16, 4), np.float32)})["total"]) == [4.0] * 16
     assert list(ctx.infer({"x": np.ones((5, 4), np.float32)})["total"]) == [4.0] * 5
     assert {k: raw.executions - runs[k] for k, raw in raws.items()} == {0: 1, 1: 1}
-    assert engine.context_bytes() == 2 * ACTIVATION_BYTES + (8 + 32) * (16 + 4 + 4)
     engine.close()
+
+
+def test_contract_a_contexts_profiles_share_one_activation_buffer(fake_trt, fake_gpu, tmp_path):
+    """Checks our code's use of the allocation API, not the API itself: each TensorRT context is made
+    USER_MANAGED and given the same activation buffer of device_memory_size_v2 bytes, so a context of
+    an engine with two profiles costs one activation buffer, not two (the STATIC default reserves the
+    largest profile's memory in each), and the memory budget is charged what the device lost."""
+    fake_trt.profiles = [PROFILE, ((9, 4), (16, 4), (32, 4))]
+    engine = load(write_plan(tmp_path))
+    engine.create_context()  # the one made at load
+    free = fake_gpu.free_bytes()
+    ctx = engine.create_context()
+    io = (8 + 32) * (16 + 4 + 4)
+    assert free - fake_gpu.free_bytes() == ACTIVATION_BYTES + io == engine.context_bytes()
+    raws = [c() for c in fake_trt.contexts if c() is not None][-2:]
+    assert {raw.strategy.name for raw in raws} == {"USER_MANAGED"}
+    assert raws[0].memory == raws[1].memory and raws[0].memory[1] == ACTIVATION_BYTES
+    assert list(ctx.infer({"x": np.ones((20, 4), np.float32)})["total"]) == [4.0] * 20
+    assert list(ctx.infer({"x": np.ones((3, 4), np.float32)})["total"]) == [4.0] * 3
+    del raws  # TensorRT contexts keep their engine alive
+    engine.close()
+    assert fake_gpu.free_bytes() == fake_gpu.total
 
 
 def test_contract_a_shape_between_profiles_is_refused_naming_them(fake_trt, tmp_path):
@@ -100,3 +123,16 @@ def test_contract_results_are_read_only_after_the_stream_completes(fake_trt, tmp
         np.testing.assert_array_equal(out["total"], x.sum(axis=1, dtype=np.float32))
         np.testing.assert_array_equal(out["argmax"], x.argmax(axis=1).astype(np.int32))
     engine.close()
+
+
+def test_contract_a_refused_profile_switch_fails_the_load_naming_the_profile(fake_trt, fake_gpu, tmp_path):
+    """Checks our code against the binding: set_optimization_profile_async raises RuntimeError when
+    TensorRT refuses (pyCore.cpp: it never returns False), and the load fails with a BackendError that
+    names the profile and TensorRT's reason, leaving nothing allocated."""
+    fake_trt.profiles = [PROFILE, ((9, 4), (16, 4), (32, 4))]
+    fake_gpu.fail["set_optimization_profile_async"] = True
+    with pytest.raises(BackendError, match=r"switch an execution context to optimization profile 1: "
+                                           r"x \[9, 4\]\.\.\[32, 4\]: fake: .*cannot switch to profile 1"):
+        load(write_plan(tmp_path))
+    gc.collect()
+    assert not fake_gpu.device and not fake_gpu.host and not fake_gpu.streams

@@ -101,3 +101,18 @@ async def test_without_pipelines_the_tab_says_how_to_add_one() -> None:
         await until(pilot, lambda: "no pipelines" in screen_text(app), what="the empty state")
         assert "[[pipelines]]" in screen_text(app)
         assert app.pipelines_view.query_one(PipelinesTable).keys() == []
+
+
+async def test_a_track_step_shows_its_tracks_and_a_reinferred_step_how_often_it_reused() -> None:
+    steps = {"track": {"processor": "track", "served": 9, "tracking": {"streams": 3, "tracks": 12}},
+             "cls": {"model": "classifier", "for_each": "regions", "served": 9,
+                     "reinfer": {"computed": 20, "reused": 76, "skipped": 4, "streams": 3, "tracks": 12}}}
+    pipeline = {"name": "cams", "queued": 0, "workers": 2, "frames": {"served": 9}, "steps": steps}
+    app = TopApp(StaticFeed({"time": 0.0, "daemon": {}, "models": [], "pipelines": [pipeline]}))
+    async with app.run_test(size=(100, 24)) as pilot:
+        await until(pilot, lambda: app.snapshots_seen > 0, what="a snapshot")
+        await pilot.press("6")
+        table = app.pipelines_view.query_one(PipelinesTable)
+        await until(pilot, lambda: table.keys() == ["cams", "cams/track", "cams/cls"], what="the rows")
+        assert table.cell_text("cams/track", "detail") == "track · 12 tracks/3 streams"
+        assert table.cell_text("cams/cls", "detail") == "→ classifier · each region · reused 76%, skipped 4"

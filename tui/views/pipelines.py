@@ -29,9 +29,19 @@ def statuses(stats: dict[str, Any]) -> str:
 
 
 def runs_on(step: dict[str, Any]) -> str:
-    """What a step runs: `→ model` or its processor, and `each region` for a fan-out step."""
+    """What a step runs: `→ model` or its processor, `each region` for a fan-out step; what a track
+    step holds (`12 tracks/3 streams`) and how often a re-inferred step reused an answer (`reused 80%`)."""
     what = f"→ {step['model']}" if step.get("model") else str(step.get("processor", ""))
-    return what + (" · each region" if step.get("for_each") else "")
+    what += " · each region" if step.get("for_each") else ""
+    tracking = step.get("tracking")
+    if tracking:
+        what += f" · {tracking['tracks']} tracks/{tracking['streams']} streams"
+    reinfer = step.get("reinfer")
+    if reinfer:
+        total = reinfer["computed"] + reinfer["reused"] + reinfer["skipped"]
+        what += f" · reused {reinfer['reused'] / total:.0%}" if total else " · reused -"
+        what += f", skipped {fmt.count(reinfer['skipped'])}" if reinfer["skipped"] else ""
+    return what
 
 
 class PipelinesTable(KeyedTable):
