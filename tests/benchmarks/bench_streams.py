@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -90,7 +91,9 @@ class Round:
                       for d in self.daemon.values()) and len(self.daemon) == len(streams)
         matches = all(self.daemon[s.key]["received"] == s.sent and self.daemon[s.key]["served"] == s.served
                       for s in streams if s.key in self.daemon)
-        return {"p50": p50 or 0.0, "p99": p99 or 0.0, "min": min(served), "max": max(served), "mean": mean,
+        daemon_p99 = [d["age_ms"]["p99"] for d in self.daemon.values() if d["age_ms"]["p99"] is not None]
+        return {"p50": p50 or 0.0, "p99": p99 or 0.0, "daemon_p99": max(daemon_p99, default=0.0),
+                "min": min(served), "max": max(served), "mean": mean,
                 "spread": max(abs(n - mean) for n in served) / mean if mean else 1.0,
                 "sent": sum(s.sent for s in streams), "409": sum(s.superseded for s in streams),
                 "refused": sum(self.daemon[s.key]["refused"] for s in streams if s.key in self.daemon),
@@ -155,14 +158,17 @@ def table(target: str, service: float, fps: float, streams: int, done: dict[str,
         r = median_round(done[policy])
         f = r.figures()
         p99s = " / ".join(f"{x.figures()['p99']:,.0f}" for x in done[policy])
-        rows.append([f"`{policy}`", f"{f['p50']:,.0f}", f"{f['p99']:,.0f}", p99s, f"{f['min']} / {f['max']}",
+        rows.append([f"`{policy}`", f"{f['p50']:,.0f}", f"{f['p99']:,.0f}", p99s, f"{f['daemon_p99']:,.0f}",
+                     f"{f['min']} / {f['max']}",
                      f"{100 * f['spread']:.0f} %", f"{f['409']}", f"{f['refused']}", f"{f['sent']}",
                      "yes" if f["adds_up"] else "**no**"])
         fair = f["spread"] <= 0.3
         if policy == "newest_per_key":
-            verdicts.append(f"{target}, newest_per_key: p99 age {f['p99']:,.0f} ms against the goal "
-                            f"(streams + 2) × {service:.1f} ms = {goal_ms:,.0f} ms: "
-                            f"{'met' if f['p99'] <= goal_ms else '**not met**'}; served per stream within "
+            verdicts.append(f"{target}, newest_per_key: p99 age {f['p99']:,.0f} ms at the cameras, "
+                            f"{f['daemon_p99']:,.0f} ms in the daemon (receipt to reply, the worst stream's), "
+                            f"against the goal (streams + 2) × {service:.1f} ms = {goal_ms:,.0f} ms: "
+                            f"{'met' if f['daemon_p99'] <= goal_ms else '**not met**'} in the daemon, "
+                            f"{'met' if f['p99'] <= goal_ms else '**not met**'} at the cameras; served per stream within "
                             f"{100 * f['spread']:.0f} % of the mean ({'met' if fair else '**not met**'}); "
                             f"refused (429, 503, 504): {f['refused']} ({'met' if not f['refused'] else '**not met**'}).")
         else:
@@ -172,7 +178,7 @@ def table(target: str, service: float, fps: float, streams: int, done: dict[str,
             f"serves {fps:.1f} frames/s with the {streams} cameras sending one frame at a time each; open loop at "
             f"{2 * fps:.1f} frames/s in total ({2 * fps / streams:.2f} per camera).\n\n")
     body = head + markdown_table(
-        ["policy", "age p50 ms", "age p99 ms", "p99 per round", "served per stream min / max",
+        ["policy", "age p50 ms", "age p99 ms", "p99 per round", "daemon's age p99 ms", "served per stream min / max",
          "furthest from the mean", "409", "refused (429, 503, 504)", "frames sent",
          "received = served + superseded + refused"], rows)
     return body, verdicts
@@ -228,6 +234,14 @@ def ocr_target(work: Path, args: argparse.Namespace) -> tuple[str, list[str]]:
     return table("OCR pipeline (etc/infermux/examples/ocr.toml)", service, fps, args.streams, done)
 
 
+def commit() -> str:
+    """The tree measured: its commit, and whether files differed from it."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    return head + (" with uncommitted changes" if git("status", "--porcelain", "--untracked-files=no") else "")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--streams", type=int, default=6)
@@ -249,14 +263,16 @@ def main() -> None:
             body, said = ocr_target(Path(tmp), args)
             parts.append(body)
             verdicts += said
-    text = (f"{stamp()}\n1-min load average {load:.2f} before the run, {os.getloadavg()[0]:.2f} after (the box is "
+    text = (f"{stamp()}\nCommit {commit()}, `{' '.join(['bench_streams.py', *sys.argv[1:]])}`.\n1-min load average {load:.2f} before the run, {os.getloadavg()[0]:.2f} after (the box is "
             "shared, so figures are noisy; compare the policies within one run).\n\n"
             + "\n\n".join(parts) + "\n\n" + "\n".join(f"- {v}" for v in verdicts)
-            + f"\n\nAge: from a frame's send to its reply, over every served frame of the {args.streams} streams; "
+            + f"\n\nAge: from a frame's send to its reply at the camera (the bench client), over every served frame of "
+            f"the {args.streams} streams; the daemon's: receipt to reply as admin `streams` reports it, over each stream's "
+            "last 256 served frames, the worst stream's p99; "
             "\"furthest from the mean\": the stream whose served count is furthest from the streams' mean, as a share "
             "of the mean; refused as the daemon counted them (admin `streams`); the last column checks, for "
             "every stream, the daemon's received = served + superseded + refused + failed, and that it received what "
-            "the client sent and served what the client got. Reproduce: `python engines/fetch_ppocr.py && python "
+            "the client sent and served what the client got. Reproduce: `python engines/fetch_ppocr.py && flock /tmp/infermux-heavy.lock python "
             "tests/benchmarks/bench_streams.py`; one stream table by hand: `infermux bench ocr --streams 6 --fps F`.")
     if not args.no_write:
         write_section(SECTION, text)
