@@ -73,7 +73,8 @@ CAUGHT_UP = ('infermux_model_swaps_total{model="m"} >= 1',
              'ALERTS{alertname="InfermuxWorkerRestartLoop"}',
              'infermux_stream_superseded_total{model="cams",key="cam-1"} >= 1',
              'model_key:infermux_stream_dropped:ratio_rate5m{model="cams",key="cam-1"}',
-             'ALERTS{alertname="InfermuxStreamSilent",model="cams"}')
+             'ALERTS{alertname="InfermuxStreamSilent",model="cams"}',
+             'ALERTS{alertname="InfermuxStreamSilent",model="tracked"}')
 
 X4 = np.arange(8, dtype=np.float32).reshape(2, 4)
 BIG = np.ones((64, 512), np.float32)  # tens of ms per call on the 48-layer model
@@ -496,7 +497,8 @@ def test_the_alerts_the_traffic_drives_went_pending_or_firing(scene: Scene) -> N
     assert named["InfermuxRequestsRejected"] == named["InfermuxQueueNearlyFull"] == {"flood"}
     assert "late" in named["InfermuxVersionStuckLoading"]  # (cold's restarts load too)
     assert {"late", "tardy"} <= named["InfermuxServerErrors"] and "flood" not in named["InfermuxServerErrors"]
-    assert named["InfermuxStreamSilent"] == {"cams"}  # cam-3 stopped; nothing else sent keys
+    # cam-3 stopped, and the tracked pipeline's one camera sent its frames and stopped; no other keys
+    assert named["InfermuxStreamSilent"] == {"cams", "tracked"}
 
 
 def test_the_daemon_down_alert_waits_for_the_daemon_to_stop(scene: Scene) -> None:
