@@ -251,7 +251,7 @@ def main() -> None:
     parser.add_argument("--skip-ocr", action="store_true")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args()
-    load = os.getloadavg()[0]
+    load, measured = os.getloadavg()[0], commit()  # the tree as it was when the run began
     parts, verdicts = [], []
     with tempfile.TemporaryDirectory() as tmp:
         body, said = model_target(Path(tmp), args)
@@ -263,7 +263,9 @@ def main() -> None:
             body, said = ocr_target(Path(tmp), args)
             parts.append(body)
             verdicts += said
-    text = (f"{stamp()}\nCommit {commit()}, `{' '.join(['bench_streams.py', *sys.argv[1:]])}`.\n1-min load average {load:.2f} before the run, {os.getloadavg()[0]:.2f} after (the box is "
+    command = " ".join(["python tests/benchmarks/bench_streams.py", *sys.argv[1:]])
+    text = (f"{stamp()}\nCommit {measured}, `{command}`.\n"
+            f"1-min load average {load:.2f} before the run, {os.getloadavg()[0]:.2f} after (the box is "
             "shared, so figures are noisy; compare the policies within one run).\n\n"
             + "\n\n".join(parts) + "\n\n" + "\n".join(f"- {v}" for v in verdicts)
             + f"\n\nAge: from a frame's send to its reply at the camera (the bench client), over every served frame of "
