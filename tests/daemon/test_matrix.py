@@ -26,14 +26,14 @@ import signal
 import threading
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
 from support.harness import Daemon
-from infermux.client import Reply, SharedMemory
+from infermux.client import Pipeline, Reply, SharedMemory
 from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement
 from support.polling import eventually
 from support.publish import PROBE, publish, wait_served
@@ -484,38 +484,59 @@ HUGE = RNG.random((3200, 512), dtype=np.float32)  # ~100 ms through SLOW: the fr
 def behind_a_long_compute(placed: Placement, model: str, *frames: tuple[str, np.ndarray, int | None]) -> list[Reply]:
     """A HUGE request without a key to `model` (one context), then `frames` ((key, x, timeout_ms)) in
     the same burst, all queued while it computes: their replies (the HUGE one's 200 is checked)."""
-    with placed.daemon.pipeline(timeout_s=30) as pipe:
-        blocker = pipe.submit(model, {"x": HUGE})
-        ids = [pipe.submit(model, {"x": x}, key=key, timeout_ms=ms or 20_000) for key, x, ms in frames]
-        replies = pipe.gather([blocker, *ids])
-    assert_served(replies[0], placed, model, HUGE)
-    return replies[1:]
+    def send(pipe: Pipeline) -> list[int]:
+        return [pipe.submit(model, {"x": x}, key=key, timeout_ms=ms or 20_000) for key, x, ms in frames]
+    return _behind(placed, model, send)
 
 
 def behind_a_held_compute(placed: Placement, model: str, *frames: tuple[str, np.ndarray]) -> list[Reply]:
     """As behind_a_long_compute, but what the queue holds is certain even where max_queue is small: hot,
     the frames go once the daemon computes the first request (so it is not in the queue); cold, its
-    worker is stopped while they are sent (the daemon bounds what it sent there, and the worker's own
-    queue takes all it is given), then let go."""
+    worker is stopped until the daemon has admitted them all (the daemon bounds what it sent there,
+    and the worker's own queue takes all it is given)."""
     d = placed.daemon
-    pid = worker(d, model)["pid"] if placed.where == "cold" else 0
-    if pid:
-        os.kill(pid, signal.SIGSTOP)
-    try:
-        with d.pipeline(timeout_s=30) as pipe:
-            blocker = pipe.submit(model, {"x": HUGE})
-            if not pid:
-                eventually(lambda: computing(d, model), f"{model} computing the first request", interval_s=0.002)
-            ids = [pipe.submit(model, {"x": x}, key=key) for key, x in frames]
+
+    def send(pipe: Pipeline) -> list[int]:
+        if placed.where != "cold":
+            eventually(lambda: computing(d, model), f"{model} computing the first request", interval_s=0.002)
+        return [pipe.submit(model, {"x": x}, key=key) for key, x in frames]
+    return _behind(placed, model, send, hold_worker=placed.where == "cold")
+
+
+def _behind(placed: Placement, model: str, send: Callable[[Pipeline], list[int]],
+            hold_worker: bool = False) -> list[Reply]:
+    """HUGE to `model`, then `send`'s frames, then a barrier to the always-hot `fb` on the same
+    connection: its reply means the daemon admitted every frame (it reads a connection in order).
+
+    A burst read only after HUGE was done (a box so busy that reading a few frames took longer than
+    HUGE's compute) tests nothing: HUGE's reply then comes before the barrier's (replies leave in the
+    order they are made) and the burst is sent again. With `hold_worker` the worker is stopped until
+    the barrier's reply, which makes it certain."""
+    d = placed.daemon
+    for _ in range(5):
+        pid = worker(d, model)["pid"] if hold_worker else 0
+        if pid:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            with d.pipeline(timeout_s=30) as pipe:
+                blocker = pipe.submit(model, {"x": HUGE})
+                ids = send(pipe)
+                barrier = pipe.submit("fb", {"x": ROW})
+                arrived: dict[int, Reply] = {}
+                for reply in pipe.replies():
+                    arrived[reply.header.get("id")] = reply
+                    if reply.header.get("id") == barrier and pid:
+                        os.kill(pid, signal.SIGCONT)
+                        pid = 0
+        finally:
             if pid:
                 os.kill(pid, signal.SIGCONT)
-                pid = 0
-            replies = pipe.gather([blocker, *ids])
-    finally:
-        if pid:
-            os.kill(pid, signal.SIGCONT)
-    assert_served(replies[0], placed, model, HUGE)
-    return replies[1:]
+        assert arrived[barrier].status == 200, arrived[barrier].header
+        assert_served(arrived[blocker], placed, model, HUGE)
+        order = list(arrived)
+        if order.index(barrier) < order.index(blocker):
+            return [arrived[i] for i in ids]
+    pytest.fail("the box was too busy: five bursts in a row were read only after a ~100 ms compute was done")
 
 
 def computing(d: Daemon, model: str) -> bool:
@@ -619,18 +640,28 @@ def test_streams_through_a_hot_swap_lose_no_frame(cell: Placement) -> None:
 @every_placement
 def test_drain_answers_a_stream_s_queued_frames_and_refuses_its_next(cell: Placement) -> None:
     d = cell.daemon
-    with d.pipeline(timeout_s=30) as pipe, d.admin() as admin, d.client() as client:
-        blocker = pipe.submit("st", {"x": HUGE})
-        older, newer = (pipe.submit("st", {"x": x}, key="cam") for x in (SLAB, SLAB * 2))
-        barrier = pipe.submit("fb", {"x": ROW})  # read after the others on the same connection
-        assert pipe.result(barrier).status == 200  # so they were admitted before the drain
-        try:
-            assert admin.call("drain")["accepting"] is False  # returns once the queue is done
-            refused = client.infer("st", {"x": ROW}, key="cam")
-        finally:
-            admin.call("resume")
-        replies = pipe.gather([blocker, older, newer])
-    assert_served(replies[0], cell, "st", HUGE)
-    assert_superseded(replies[1], replies[2], "st")
-    assert_served(replies[2], cell, "st", SLAB * 2)
+    for _ in range(5):  # until a burst is read while HUGE computes (as in _behind)
+        with d.pipeline(timeout_s=30) as pipe, d.admin() as admin, d.client() as client:
+            blocker = pipe.submit("st", {"x": HUGE})
+            older, newer = (pipe.submit("st", {"x": x}, key="cam") for x in (SLAB, SLAB * 2))
+            barrier = pipe.submit("fb", {"x": ROW})  # read after the others on the same connection
+            arrived: dict[int, Reply] = {}
+            while barrier not in arrived:
+                reply = pipe.next_reply()
+                arrived[reply.header.get("id")] = reply
+            assert arrived[barrier].status == 200  # so they were admitted before the drain
+            in_time = blocker not in arrived
+            try:
+                assert admin.call("drain")["accepting"] is False  # returns once the queue is done
+                refused = client.infer("st", {"x": ROW}, key="cam")
+            finally:
+                admin.call("resume")
+            arrived.update((r.header.get("id"), r) for r in pipe.replies())
+        if in_time:
+            break
+    else:
+        pytest.fail("the box was too busy: five bursts in a row were read only after a ~100 ms compute was done")
+    assert_served(arrived[blocker], cell, "st", HUGE)
+    assert_superseded(arrived[older], arrived[newer], "st")
+    assert_served(arrived[newer], cell, "st", SLAB * 2)
     assert refused.status == 503 and "draining" in refused.error, refused.header
