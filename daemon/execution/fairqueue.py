@@ -37,7 +37,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Callable, Generic, Hashable, Sequence, TypeVar
+from typing import Callable, Generic, Hashable, Mapping, Sequence, TypeVar
 
 T = TypeVar("T")
 
@@ -52,6 +52,27 @@ class Lane(Generic[T]):
 
 
 NONE: Hashable = object()  # "no key", where None is a key (the lane of requests without one)
+W = TypeVar("W")
+
+
+def longest_lane(held: Mapping[Hashable, Sequence[tuple[Lane[T], W]]], key: Hashable, newest: bool,
+                 arrived: Callable[[T], int]) -> tuple[Hashable, W] | None:
+    """Longest-queue drop at a full queue: which key gives up a request so that one of `key` fits.
+
+    `held`: per key, its lane in each queue `W` that holds some of it. The key holding the most
+    (over all queues) gives one up, and only if `key` would still hold fewer than it; among keys
+    holding equally many, the one whose end item (`newest`: its newest, else its oldest) `arrived`
+    last (newest) or first (oldest) gives it up, so no key is always the one to lose. Returns
+    (that key, the queue to take it from), or None: refuse the newcomer instead.
+    """
+    totals = {k: sum(lane.count for lane, _ in where) for k, where in held.items()}
+    most = max(totals.values(), default=0)
+    if totals.get(key, 0) + 1 >= most:
+        return None
+    candidates = [(lane.newest if newest else lane.oldest, queue, k)
+                  for k, where in held.items() if totals[k] == most for lane, queue in where]
+    _, queue, hog = (max if newest else min)(candidates, key=lambda c: arrived(c[0]))
+    return hog, queue
 
 
 class Closed(Exception):

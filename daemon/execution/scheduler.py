@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 from infermux.execution import batcher
 from infermux.config import ModelConfig
-from infermux.execution.fairqueue import Closed
+from infermux.execution.fairqueue import Closed, Lane, longest_lane
 from infermux.execution.batchcap import CappedPolicy
 from infermux.execution.executor import Executor, LateFn, ReplyFn
 from infermux.execution.hashring import HashRing
@@ -204,20 +204,15 @@ class Scheduler:
         an equal share. Requests without a key share one lane, so unkeyed
         traffic never pushes out unkeyed traffic.
         """
-        held: dict[Any, list[tuple[int, Job, Executor]]] = {}
+        held: dict[Any, list[tuple[Lane[Job], Executor]]] = {}
         newest = self.queue_policy != NEWEST_PER_KEY
         for ex in self.executors:
             for key, lane in ex.queue.lanes().items():
-                held.setdefault(key, []).append((lane.count, lane.newest if newest else lane.oldest, ex))
-        if not held:
+                held.setdefault(key, []).append((lane, ex))
+        found = longest_lane(held, job.request.key, newest, lambda queued: queued.received_ns)
+        if found is None:
             return None
-        totals = {key: sum(n for n, _, _ in where) for key, where in held.items()}
-        most = max(totals.values())
-        if totals.get(job.request.key, 0) + 1 >= most:
-            return None
-        candidates = [(end, ex, key) for key, where in held.items() if totals[key] == most for _, end, ex in where]
-        pick = max if newest else min
-        _, ex, hog = pick(candidates, key=lambda c: c[0].received_ns)
+        hog, ex = found
         return ex.queue.pop_newest(hog) if newest else ex.queue.pop_oldest(hog)
 
     def stop(self, timeout: float | None = None) -> bool:

@@ -30,7 +30,7 @@ from infermux.plugins.processors.base import FrameTooLarge, ProcessorError, Regi
 from infermux.plugins.processors.track import Track
 from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_header
 from infermux.execution.executor import ReplyFn
-from infermux.execution.fairqueue import Closed, FairQueue
+from infermux.execution.fairqueue import Closed, FairQueue, longest_lane
 from infermux.execution.job import ONLY_INPUT, Job
 from infermux.execution.scheduler import NEWEST_PER_KEY, superseded
 
@@ -111,17 +111,40 @@ class Pipeline:
         key = job.request.key
         keep = self._keep if key is not None else 0
         # On the frontend thread alone: the threads only take, so the queue cannot grow past the check.
-        if not (keep and self._queue.count(key) >= keep) and len(self._queue) >= self.config.max_queue:
+        full = not (keep and self._queue.count(key) >= keep) and len(self._queue) >= self.config.max_queue
+        if full and not self._push_out(job):
             self.stats.frames.record(int(Status.TOO_MANY), 0)
-            per_frame_us = self.stats.frames.snapshot().p50_us or 10_000
             raise ProtocolError(Status.TOO_MANY, f"pipeline {self.name!r} queue is full ({self.config.max_queue} "
-                                f"frames, max_queue); retry later",
-                                retry_after_ms=max(1, int(per_frame_us * self.config.max_queue
-                                                          / self.config.workers / 1000)))
+                                f"frames, max_queue); retry later", retry_after_ms=self._retry_after_ms())
         for old in self._queue.put(job, keep=keep):  # Closed only once stopped, under the gate: not here
             self.stats.frames.record(int(Status.SUPERSEDED), (time.perf_counter_ns() - old.received_ns) // 1000)
             old.answered(int(Status.SUPERSEDED))
             self._reply(old.envelope, encode_reply(superseded(old, job, self.name, None)))
+
+    def _push_out(self, job: Job) -> bool:
+        """The queue is full: make room for `job` if its key holds less of it than another key, as a
+        model's queue does (Scheduler.push_out): the key holding the most gives up its newest frame
+        (its oldest under newest_per_key), answered 429. Equal cameras then share a full queue
+        instead of the ones whose frames happen to arrive as a place frees taking every place."""
+        newest = self.config.queue_policy != NEWEST_PER_KEY
+        held = {key: [(lane, self._queue)] for key, lane in self._queue.lanes().items()}
+        found = longest_lane(held, job.request.key, newest, lambda queued: queued.received_ns)
+        if found is None:
+            return False
+        hog, _ = found
+        victim = self._queue.pop_newest(hog) if newest else self._queue.pop_oldest(hog)
+        if victim is not None:  # (None: a thread took the lane's last frame meanwhile, which made room too)
+            self.stats.frames.record(int(Status.TOO_MANY), (time.perf_counter_ns() - victim.received_ns) // 1000)
+            victim.answered(int(Status.TOO_MANY))
+            self._reply(victim.envelope, encode_reply(error_header(
+                Status.TOO_MANY, f"pipeline {self.name!r} queue is full and key {hog!r} holds the most of it; "
+                "retry later", victim.request.id, retry_after_ms=self._retry_after_ms())))
+        return True
+
+    def _retry_after_ms(self) -> int:
+        """Retry-After for a full queue: about the time its threads take to work through it."""
+        per_frame_us = self.stats.frames.snapshot().p50_us or 10_000
+        return max(1, int(per_frame_us * self.config.max_queue / self.config.workers / 1000))
 
     def stop(self, successor: "Pipeline | None" = None) -> None:
         """Let the threads finish what is queued and end; frames submitted later go to `successor`."""

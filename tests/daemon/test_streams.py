@@ -163,6 +163,46 @@ def test_a_fifo_pipeline_serves_every_frame(make_daemon, tmp_path: Path):
     assert [r.status for r in replies] == [200, 200, 200, 200]
 
 
+@pytest.mark.parametrize("policy", ["fifo", "newest_per_key"])
+def test_a_full_pipeline_queue_makes_room_for_a_camera_holding_less_of_it(make_daemon, tmp_path: Path,
+                                                                          policy: str):
+    # max_queue 3, filled by cam1 (per_key_depth 3 under newest_per_key, so nothing is superseded):
+    # cam2's frame takes the place of one of cam1's, which gets the 429; cam1's next frame finds
+    # the queue full with cam1 still holding the most, and gets the 429 itself.
+    gate = tmp_path / "open"
+    d = make_daemon(gated_pipeline(gate, policy, max_queue=3, **({"per_key_depth": 3} if policy != "fifo" else {})))
+    with d.pipeline(timeout_s=30) as pipe:
+        def send(key: str, value: int) -> int:
+            ident = next(ids)
+            pipe._dealer.send(encode_frame("cams", frame(value), "bgr", width=64, height=48, id=ident, key=key))
+            pipe.in_flight += 1
+            return ident
+
+        ids = iter(range(1, 100))
+        held = send("held", 0)
+        eventually(lambda: gate.with_suffix(".entered").exists(), "the first frame at the gate")
+        sent = [send(key, value) for key, value in (("cam1", 10), ("cam1", 20), ("cam1", 30), ("cam2", 40),
+                                                     ("cam1", 50))]
+        eventually(lambda: pipeline_frames(d).get("429") == 2, "both refusals (the last frame read)", 8)
+        gate.touch()
+        replies = pipe.gather([held, *sent])
+    statuses = [r.status for r in replies]
+    pushed = 3 if policy == "fifo" else 1  # cam1's newest frame under fifo, its oldest under newest_per_key
+    assert statuses == [200] + [429 if i == pushed else 200 for i in (1, 2, 3)] + [200, 429], \
+        [r.header for r in replies]
+    assert "key 'cam1' holds the most of it" in replies[pushed].error, replies[pushed].header
+    assert replies[pushed].retry_after_ms >= 1 and "queue is full (3 frames" in replies[5].error
+    with d.admin() as admin:
+        cams = {s["key"]: s for s in admin.call("streams", model="cams")["streams"]}
+    assert (cams["cam1"]["received"], cams["cam1"]["served"], cams["cam1"]["refused"]) == (4, 2, 2)
+    assert (cams["cam2"]["received"], cams["cam2"]["served"]) == (1, 1)
+
+
+def pipeline_frames(d: Daemon) -> dict[str, int]:
+    with d.admin() as admin:
+        return admin.call("pipelines")["pipelines"][0]["frames"]["by_status"]
+
+
 def test_equal_rate_keys_are_served_equally_at_a_full_fifo_queue(make_daemon):
     # Six keys send open loop at the same rate, together about twice what the model serves, into a
     # queue that fills. Served in strict turns, each key gets its sixth of the service; when the
