@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from infermux.execution.fairqueue import Closed, FairQueue
+from infermux.execution.fairqueue import Closed, FairQueue, Lane, longest_lane
 from support.polling import eventually
 
 
@@ -349,3 +349,35 @@ def test_wait_returns_once_an_item_is_queued_and_raises_once_closed_and_empty() 
     q.close()
     with pytest.raises(Closed):
         q.wait()
+
+
+# -- longest-queue drop at a full queue -------------------------------------------------------------
+
+
+def lanes(**held: list[tuple[int, int, int, str]]) -> dict[str, list[tuple[Lane[int], str]]]:
+    """Per key, (count, oldest arrival, newest arrival) in each named queue."""
+    return {key: [(Lane(n, old, new), where) for n, old, new, where in spots] for key, spots in held.items()}
+
+
+def test_the_key_holding_most_gives_up_one_for_a_key_holding_less() -> None:
+    held = lanes(flood=[(3, 1, 9, "ctx0"), (2, 4, 8, "ctx1")], cam=[(1, 5, 5, "ctx0")])
+    assert longest_lane(held, "cam", True, int) == ("flood", "ctx0")  # its newest, 9, is in ctx0
+    assert longest_lane(held, "other", True, int) == ("flood", "ctx0")
+    assert longest_lane(held, "cam", False, int) == ("flood", "ctx0")  # its oldest, 1, is in ctx0 too
+    assert longest_lane(held, "flood", True, int) is None  # it would hold no less than the most
+
+
+def test_a_key_one_short_of_the_most_is_refused_not_swapped() -> None:
+    held = lanes(a=[(2, 1, 2, "q")], b=[(1, 3, 3, "q")])
+    assert longest_lane(held, "b", True, int) is None  # b would hold 2, as much as a: nothing gained
+    assert longest_lane(held, "c", True, int) == ("a", "q")
+    assert longest_lane({}, "c", True, int) is None
+
+
+def test_among_keys_holding_as_much_the_newest_or_oldest_end_loses() -> None:
+    held = lanes(a=[(2, 1, 7, "q")], b=[(2, 3, 6, "q")])
+    assert longest_lane(held, "c", True, int) == ("a", "q")  # fifo: whose newest came last
+    assert longest_lane(held, "c", False, int) == ("a", "q")  # streams: whose oldest came first
+    held = lanes(a=[(2, 4, 5, "q")], b=[(2, 3, 6, "q")])
+    assert longest_lane(held, "c", True, int) == ("b", "q")
+    assert longest_lane(held, "c", False, int) == ("b", "q")
