@@ -24,7 +24,10 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 STRATEGIES = ("least_queue", "weighted", "hash")
-MODES = ("inproc", "multiproc")
+HOT, COLD = "hot", "cold"
+PLACEMENTS = (HOT, COLD)  # where a version runs: in the daemon, or in a worker process of its own
+# `mode`, the key's old name, and its values: still read, so that older files keep working.
+OLD_PLACEMENT_NAMES = {"inproc": HOT, "multiproc": COLD}
 VERSION_POLICIES = ("latest", "all", "specific")
 MAX_FALLBACK_DEPTH = 4
 MPS_MODES = ("off", "auto", "on")
@@ -107,7 +110,7 @@ class ModelConfig:
     name: str
     engine: Path
     version: str = "1"
-    mode: str = "inproc"
+    placement: str = HOT  # hot: in the daemon; cold: in a worker process (docs/architecture.md#placements-hot-and-cold)
     backend: str = ""
     contexts: int = 1
     max_queue: int = 64
@@ -211,6 +214,8 @@ def _check_type(file: Path, where: str, value: Any, want: type | tuple[type, ...
 
 def _known_fields(file: Path, where: str, table: Mapping[str, Any], cls: type) -> dict[str, Any]:
     names = {f.name for f in fields(cls)} - {"path", "key"}
+    if cls is ModelConfig:
+        names.add("mode")  # the old name of `placement` (_placement)
     unknown = sorted(set(table) - names)
     if unknown:
         prefix = f"{where}." if where else ""
@@ -447,8 +452,7 @@ def _parse_model(file: Path, where: str, table: Any, engine_dir: Path) -> ModelC
     for key, minimum in _INT_FIELDS.items():
         if key in raw:
             _positive(file, f"{where}.{key}", raw[key], minimum)
-    if raw.get("mode", "inproc") not in MODES:
-        raise ConfigError(file, f"{where}.mode", f"must be inproc or multiproc, got {raw['mode']!r}")
+    _placement(file, where, raw)
     if raw.get("strategy", "") not in ("", *STRATEGIES):
         raise ConfigError(file, f"{where}.strategy", f"must be one of {', '.join(STRATEGIES)}")
     for key in ("fallback", "backend"):
@@ -473,6 +477,26 @@ def _parse_model(file: Path, where: str, table: Any, engine_dir: Path) -> ModelC
     engine = Path(raw["engine"]).expanduser()
     raw["engine"] = engine if engine.is_absolute() else engine_dir / engine
     return ModelConfig(**raw)
+
+
+def _placement(file: Path, where: str, raw: dict[str, Any]) -> None:
+    """`placement = "hot" | "cold"`, or its old spelling `mode = "inproc" | "multiproc"`; both
+    may be given only where they agree."""
+    placement = raw.get("placement")
+    if placement is not None and placement not in PLACEMENTS:
+        raise ConfigError(file, f"{where}.placement", f"must be hot (in the daemon) or cold (in a worker "
+                          f"process), got {placement!r}")
+    if "mode" not in raw:
+        return
+    mode = raw.pop("mode")
+    if mode not in OLD_PLACEMENT_NAMES:
+        raise ConfigError(file, f"{where}.mode", f"must be inproc or multiproc (the old names of placement = "
+                          f"\"hot\" and \"cold\"), got {mode!r}")
+    if placement is not None and OLD_PLACEMENT_NAMES[mode] != placement:
+        raise ConfigError(file, f"{where}.mode", f"mode = {json.dumps(mode)} is the old name of placement = "
+                          f"{json.dumps(OLD_PLACEMENT_NAMES[mode])}, but placement = {json.dumps(placement)}; "
+                          f"keep one of the two")
+    raw["placement"] = OLD_PLACEMENT_NAMES[mode]
 
 
 def _parse_version_policy(file: Path, where: str, raw: dict[str, Any]) -> None:

@@ -12,7 +12,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from infermux import config as cfg
-from infermux.swap import reload
 from infermux.admin import snapshot
 from infermux.events import EventLog
 from infermux.models import fallback as fallbacks
@@ -148,7 +147,7 @@ def cmd_unload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     mv = target(server, args)
     if mv.state is State.UNLOADED:
         return {**_label(mv), "message": "not loaded"}
-    queued = mv.scheduler.depth() if mv.scheduler is not None else 0
+    queued = mv.placement.depth() if mv.placement is not None else 0
     server.registry.unload(mv, server.config.daemon.drain_timeout_s)
     return {**_label(mv), "drained": queued}
 
@@ -158,7 +157,7 @@ def _placement(method: str) -> Callable[["Server", dict[str, Any]], dict[str, An
         mv = target(server, args)
         move = getattr(server.registry, method, None)
         if move is None:
-            raise CommandError(f"{method} needs cold worker processes (mode = \"multiproc\"), "
+            raise CommandError(f"{method} needs cold worker processes (placement = \"cold\"), "
                                f"which this build does not have")
         try:
             message = move(mv.name, mv.version)
@@ -256,7 +255,7 @@ def _set_weights(server: "Server", name: str, weights: Any) -> dict[str, int]:
             raise CommandError(f"model {name!r} has no version {version!r}")
         if not isinstance(weight, int) or isinstance(weight, bool) or weight < 0:
             raise CommandError(f"weight of {version!r} must be an integer >= 0")
-    server.router.weights = {**server.router.weights, name: dict(weights)}
+    server.router.set_weights(name, weights)
     return dict(weights)
 
 
@@ -266,7 +265,7 @@ def cmd_drain(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     server.draining = True
     deadline = time.monotonic() + server.config.daemon.drain_timeout_s
     while time.monotonic() < deadline and any(
-            mv.scheduler is not None and mv.scheduler.load() for mv in server.registry.all_versions()):
+            mv.placement is not None and mv.placement.load() for mv in server.registry.all_versions()):
         time.sleep(0.02)
     return {"accepting": False, "message": "new requests get 503 until `resume`"}
 
@@ -297,11 +296,11 @@ def cmd_unpin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_reload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
-    try:
-        new = cfg.load(server.config.path)
+    try:  # the same reload as SIGHUP's, one at a time
+        steps = server.reload()
     except cfg.ConfigError as exc:
         raise CommandError(f"configuration not reloaded, the running one stays: {exc}") from None
-    return {"changes": reload.apply(server, new).summary()}
+    return {"changes": steps.summary()}
 
 
 COMMANDS: dict[str, Command] = {

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
 
+from infermux.config import HOT
 from infermux.models.registry import State
 
 if TYPE_CHECKING:
@@ -74,7 +75,7 @@ def readiness(server: "Server") -> Verdict:
 
 def _not_serving(model: "Model") -> str | None:
     """Why a hot model cannot serve yet (None if it can, or if it is cold and loads on demand)."""
-    if not any(mv.config.mode == "inproc" or mv.config.preload for mv in model.ordered()):
+    if not any(mv.config.placement == HOT or mv.config.preload for mv in model.ordered()):
         return None
     mv = model.default()
     if mv is None or mv.state is State.READY:

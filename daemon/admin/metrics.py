@@ -23,7 +23,6 @@ from infermux.execution.streams import percentile
 from infermux.events import Event
 from infermux.execution.stats import LATENCY_BUCKETS_US
 from infermux.transport.peers import SILENT_GRACE_S
-from infermux.workers.proxy import WorkerProxy
 
 if TYPE_CHECKING:
     from infermux.frontend.server import Server
@@ -250,8 +249,9 @@ def _process_samples(server: "Server") -> list[hardware.ProcessSample]:
     """The daemon, and the worker process of every cold version that has one."""
     found = [hardware.process_sample("daemon", os.getpid())]
     for mv in server.registry.all_versions():
-        if isinstance(mv.scheduler, WorkerProxy):
-            found.append(hardware.process_sample(f"worker {mv.name}:{mv.version}", mv.scheduler.pid))
+        worker = mv.worker_info()
+        if worker is not None:
+            found.append(hardware.process_sample(f"worker {mv.name}:{mv.version}", worker["pid"]))
     return [p for p in found if p is not None]
 
 

@@ -17,7 +17,8 @@ from infermux import __version__
 from infermux.admin import hardware
 from infermux.config import parse_budget
 from infermux.events import TRACEBACKS
-from infermux.models.registry import ModelVersion, State, rss_bytes
+from infermux.models.budget import rss_bytes
+from infermux.models.registry import ModelVersion, State
 
 if TYPE_CHECKING:
     from infermux.frontend.server import Server
@@ -66,14 +67,14 @@ GPUS = GpuReadings()
 def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
     """One model version: settings, state, queues and live statistics."""
     model = server.registry.model(mv.name)
-    placement = mv.scheduler
+    placement = mv.placement
     contexts = placement.contexts() if placement is not None else []
     settings = placement.settings() if placement is not None else None
     default = model.default() if model is not None else None
     mc = mv.config
     view: dict[str, Any] = {
         "name": mv.name, "version": mv.version, "state": mv.state.value, "reason": mv.reason,
-        "placement": "hot" if mc.mode == "inproc" else "cold",
+        "placement": mc.placement,
         "default": default is mv, "pinned": model is not None and model.pinned == mv.version,
         "contexts": len(contexts) if contexts else mc.contexts,
         "queues": [c.queued for c in contexts],
@@ -112,9 +113,8 @@ def daemon_view(server: "Server") -> dict[str, Any]:
     versions = server.registry.all_versions()
     total = host_memory_total()
     budget = parse_budget(server.config.path, server.config.daemon.memory_budget, total)
-    workers = server.registry.workers
-    if workers is not None:  # the budget the daemon enforces: of GPU memory where NVML reads it
-        total, budget = workers.budget.total, workers.budget.limit
+    enforced = server.registry.memory.budget  # the budget the daemon enforces: of GPU memory where NVML reads it
+    total, budget = enforced.total, enforced.limit
     states = {s.value: sum(1 for mv in versions if mv.state is s) for s in State}
     return {
         "version": __version__, "pid": os.getpid(), "uptime_s": round(time.time() - server.started, 1),
@@ -133,7 +133,7 @@ def daemon_view(server: "Server") -> dict[str, Any]:
         # Inference connections, refusals, replies dropped for peers that do not read (peers.py).
         "clients": server.peers.info(),
         # Cold workers as CUDA MPS clients (workers/mps.py).
-        "mps": workers.mps.view(server.config.daemon.mps) if workers is not None else {"mode": "off"},
+        "mps": server.workers.mps.view(server.config.daemon.mps),
         "gpu": GPUS.view(),
     }
 

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING
 
 from infermux.admin.notify import Notifier
+from infermux.config import ConfigError
 
 if TYPE_CHECKING:
     from infermux.frontend.server import Server
@@ -80,10 +81,14 @@ class Supervisor:
             self.notifier.extend_timeout(EXTEND_BY_USEC)
 
     def reload(self) -> None:
-        """SIGHUP: re-read the configuration on a thread, bracketed by RELOADING/READY."""
+        """SIGHUP: re-read the configuration on a thread, bracketed by RELOADING/READY (the same
+        `Server.reload` as the admin command's: one at a time)."""
         def run() -> None:
             self.notifier.reloading()
-            self.server.reload()
+            try:
+                self.server.reload()
+            except ConfigError:
+                pass  # a `rejected` event says why; the running configuration stays
             self.notifier.ready(self.server.summary())
 
         threading.Thread(target=run, name="reload", daemon=True).start()

@@ -1,18 +1,21 @@
 """A placement: where one loaded model version runs, as the rest of the daemon sees it.
 
-There are two, and "placement" means only these:
+There are two, and "placement" means only these (`kind`, as the configuration's
+`placement` key says it):
 
 - hot, `Scheduler` (execution/scheduler.py): the version's contexts run on
   executor threads inside the daemon;
 - cold, `WorkerProxy` (workers/proxy.py): they run in a worker process, and
   the proxy forwards requests to it and its replies to the clients.
 
-`ModelVersion.scheduler` holds one of them. The router admits requests to it
-(`submit`, `push_out`, `expected_wait_us`), the registry changes (`apply`) and
-stops it, promote/demote hands one over to the other (`hand_over`), and the
-admin views read it (`contexts`, `settings`, `worker_info`). Whatever one of
-them is asked, the other answers too: `Placement` states it, and mypy checks
-both against it (tests/unit/test_typecheck.py).
+A placer makes one (models/placer.py: `HotPlacer`, and the worker pool for
+cold) and `ModelVersion.placement` holds it. The router admits requests to it
+(`submit`, `push_out`, `expected_wait_us`), the registry changes (`apply`),
+measures (`footprint`) and stops it, the switch hands one over to its
+successor (`hand_over`: hot swap, reload, promote/demote), and the admin
+views read it (`contexts`, `settings`, `worker_info`). Whatever one of them is
+asked, the other answers too: `Placement` states it, and mypy checks both
+against it (tests/unit/test_typecheck.py). Nothing asks which class it is.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from infermux.execution.job import Job
+from infermux.plugins.base import Engine
 
 
 class Admission(enum.Enum):
@@ -85,6 +89,26 @@ class Placement(Protocol):
     name: str
     version: str
 
+    @property
+    def kind(self) -> str:
+        """"hot" (in the daemon) or "cold" (in a worker process): config.PLACEMENTS."""
+        ...
+
+    @property
+    def engine(self) -> Engine:
+        """Its engine; a cold one's only describes the tensors (workers/proxy.py RemoteEngine)."""
+        ...
+
+    @property
+    def backend(self) -> str:
+        """The backend that runs it ("onnxruntime", "tensorrt", ...)."""
+        ...
+
+    @property
+    def created(self) -> float:
+        """When it was made (time.monotonic()): a version's idle time counts from here at the earliest."""
+        ...
+
     # -- admission (the router, on the frontend thread) -------------------------------
 
     def submit(self, job: Job) -> Admission:
@@ -131,12 +155,19 @@ class Placement(Protocol):
         ...
 
     def hand_over(self, successor: "Placement", reason: str) -> None:
-        """Promote/demote: from now on send new requests to `successor`; `stop` still drains."""
+        """A switch replaced it (models/switch.py): a request still submitted to it once it stops
+        taking work goes to `successor` instead; `reason` ("replaced", "promoted", ...) is what
+        its end is logged as. `stop` still answers what it had accepted."""
         ...
 
-    def stop(self, timeout: float | None = None) -> bool:
+    def stop(self, timeout: float | None = None, reason: str = "unloaded") -> bool:
         """Take no new requests, answer those accepted, release the contexts; True if all were
-        answered within `timeout`."""
+        answered within `timeout`. `reason` is why, for the log (a cold worker's `worker_stopped`)."""
+        ...
+
+    def footprint(self) -> int:
+        """The memory it takes now, measured one way per placement (docs/architecture.md#memory-footprints):
+        hot, its engine's own figure; cold, what its worker process costs (RSS plus GPU memory)."""
         ...
 
     def worker_info(self) -> dict[str, Any] | None:

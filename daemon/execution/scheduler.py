@@ -4,7 +4,8 @@
 its key hashes to) unless the version's total queue is at `max_queue`.
 Contexts can be added or removed live; a removed one finishes its queue.
 A worker process runs the same class for its cold version (workers/child.py),
-so a cold version's streams are superseded in its worker's queue.
+so a cold version's streams are superseded in its worker's queue. The hot
+placer builds it (models/hot.py).
 
 Under `queue_policy = "newest_per_key"` a request's key is a stream: its
 requests wait on one context (the one already holding them), at most
@@ -19,15 +20,16 @@ import time
 from typing import Any, Callable, Sequence
 
 from infermux.execution import batcher
-from infermux.config import ModelConfig
+from infermux.config import HOT, ModelConfig
 from infermux.execution.fairqueue import Closed, Lane, longest_lane
 from infermux.execution.batchcap import CappedPolicy
-from infermux.execution.executor import Executor, LateFn, ReplyFn
+from infermux.execution.executor import Executor
 from infermux.execution.hashring import HashRing
-from infermux.execution.inline import HoldFn, InlineGate
+from infermux.execution.hooks import FrontendHooks
 from infermux.execution.job import Job, Outcome
 from infermux.execution.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
-from infermux.plugins.base import Engine
+from infermux.plugins.backends import session_per_context
+from infermux.plugins.base import Engine, OnDevice
 from infermux.execution.stats import ModelStats
 from infermux.protocol import Status, encode_reply, error_header
 
@@ -37,33 +39,39 @@ NEWEST_PER_KEY = "newest_per_key"  # config.QUEUE_POLICIES
 class Scheduler:
     """Bounded queues and executors for one loaded model version: a `Placement`, hot."""
 
-    def __init__(self, config: ModelConfig, engine: Engine, reply: ReplyFn, on_late: LateFn,
-                 stats: ModelStats, strategy: str, inline: InlineGate | None = None,
-                 warm_row_us: float = 0.0, hold: HoldFn | None = None) -> None:
+    kind = HOT
+
+    def __init__(self, config: ModelConfig, engine: Engine, stats: ModelStats, hooks: FrontendHooks,
+                 strategy: str, warm_row_us: float = 0.0, backend: str = "") -> None:
         self.name, self.version = config.name, config.version
+        self.engine, self.backend = engine, backend
+        self.created = time.monotonic()
         self.max_queue = config.max_queue
         self.queue_policy, self.per_key_depth = config.queue_policy, config.per_key_depth
         self.strategy = strategy
         self.policy = CappedPolicy(config.max_batch, config.batch_delay_us, config.preferred_batch,
                                    batcher.batchable(engine.inputs, engine.outputs),
                                    batcher.row_limit(engine.inputs), f"{config.name}:{config.version}")
-        self._engine = engine
-        self._reply, self._on_late, self._stats = reply, on_late, stats
-        self._inline = inline
-        self._hold = hold
-        self._warm_row_us = warm_row_us
+        # A GPU engine's figure covers its contexts; onnxruntime's weights are held once per context.
+        self._copies_per_context = (session_per_context(config.engine, config.backend)
+                                    and not isinstance(engine, OnDevice))
+        self._reply, self._on_late, self._stats = hooks.reply, hooks.on_late, stats
+        self._inline = hooks.inline
+        self._hold = hooks.hold
+        self.warm_row_us = warm_row_us
         self._lock = threading.Lock()
         self.executors: list[Executor] = []
+        self._contexts = 0
         self._ring: HashRing[int] | None = None
         self._next = 0
-        self._successor: Placement | None = None  # promote/demote: who takes new requests once stopped
+        self._successor: Placement | None = None  # once stopped, who takes what is still submitted to it
         self.resize(config.contexts)
 
     def _new_executor(self, index: int) -> Executor:
-        ex = Executor(self.name, self.version, index, self._engine.create_context(), self._reply,
+        ex = Executor(self.name, self.version, index, self.engine.create_context(), self._reply,
                       self._on_late, self.policy)
         ex.stats = self._stats.add_context(in_flight=lambda: ex.in_flight, queue_depth=lambda: len(ex.queue))
-        ex.row_us = ex.row_wall_us = self._warm_row_us
+        ex.row_us = ex.row_wall_us = self.warm_row_us
         ex.start()
         return ex
 
@@ -78,6 +86,7 @@ class Scheduler:
             removed = executors[contexts:]
             executors = executors[:contexts]
             self.executors = executors  # one assignment: dispatch never sees a half-built list
+            self._contexts = contexts
             self._ring = HashRing(list(range(contexts)))
         for ex in removed:
             ex.stop()
@@ -128,6 +137,13 @@ class Scheduler:
     def worker_info(self) -> dict[str, object] | None:
         return None  # it runs in the daemon
 
+    def footprint(self) -> int:
+        """The engine's own figure: a GPU engine's device memory, its contexts included;
+        onnxruntime's weights (the file's size) once per context, each holding its own session.
+        Never the daemon's RSS growth at load, which counts libraries loaded once for all,
+        memory the allocator reuses and loads running at the same time."""
+        return self.engine.memory_bytes() * (max(1, self._contexts) if self._copies_per_context else 1)
+
     def _pick(self, executors: list[Executor], job: Job) -> Executor:
         if self.strategy == "hash" and job.request.key is not None and self._ring is not None:
             index = self._ring.lookup(str(job.request.key))
@@ -145,8 +161,7 @@ class Scheduler:
         """Queue `job` on a context, or say why not (full, or the version is stopping)."""
         executors = self.executors
         if not executors:
-            successor = self._successor
-            return successor.submit(job) if successor is not None else Admission.CLOSED
+            return self._forward(job)
         key = job.request.key
         keep = self.per_key_depth if self.queue_policy == NEWEST_PER_KEY and key is not None else 0
         home = self._home(executors, key) if keep else None
@@ -166,9 +181,14 @@ class Scheduler:
                 return Admission.QUEUED
         try:
             self._superseded(executor.queue.put(job, keep=keep), job)
-        except Closed:  # the context is being removed: this version no longer takes work
-            return Admission.CLOSED
+        except Closed:  # the context is being removed, or this version stopped meanwhile
+            return self._forward(job)
         return Admission.QUEUED
+
+    def _forward(self, job: Job) -> Admission:
+        """This version takes no more work: its successor's, once a switch replaced it (hand_over)."""
+        successor = self._successor
+        return successor.submit(job) if successor is not None else Admission.CLOSED
 
     @staticmethod
     def _home(executors: list[Executor], key: Any) -> Executor | None:
@@ -215,7 +235,7 @@ class Scheduler:
         hog, ex = found
         return ex.queue.pop_newest(hog) if newest else ex.queue.pop_oldest(hog)
 
-    def stop(self, timeout: float | None = None) -> bool:
+    def stop(self, timeout: float | None = None, reason: str = "unloaded") -> bool:
         """Let every context finish its queue, then stop; True if all ended in time."""
         executors, self.executors = self.executors, []
         stopped = all([ex.stop(timeout) for ex in executors])

@@ -405,6 +405,11 @@ class ModelStats:
     def contexts(self) -> tuple[Stats, ...]:
         return self._contexts
 
+    def follow_queue(self, queue_depth: Gauge) -> None:
+        """Read the model queue's depth from `queue_depth` from now on (another placement serves
+        the version, with these statistics: models/switch.py)."""
+        self.router._queue_depth = queue_depth
+
     def add_context(self, *, in_flight: Gauge | None = None, queue_depth: Gauge | None = None) -> Stats:
         """A `Stats` for a new execution context (its own queue, if it has one)."""
         stats = Stats(in_flight=in_flight, queue_depth=queue_depth, **self._options)

@@ -15,7 +15,7 @@ import random
 import time
 from typing import Any
 
-from infermux.config import MAX_FALLBACK_DEPTH, RoutingConfig
+from infermux.config import MAX_FALLBACK_DEPTH, Config, RoutingConfig
 from infermux.pipelines.runner import Pipeline
 from infermux.execution.executor import ReplyFn
 from infermux.execution.hashring import HashRing
@@ -31,18 +31,29 @@ log = logging.getLogger("infermux.router")
 class Router:
     """Admits jobs to placements (placement.py); returns an error header for those it cannot."""
 
-    def __init__(self, registry: Registry, routing: RoutingConfig, reply: ReplyFn,
+    def __init__(self, registry: Registry, config: Config, reply: ReplyFn,
                  streams: StreamTable | None = None) -> None:
         self.registry = registry
         self.streams = streams or StreamTable()  # per-stream accounting of clients' keyed requests
-        self.routing = routing
         self._reply = reply
         self._rings: dict[tuple[str, tuple[str, ...]], HashRing[str]] = {}
-        self.weights: dict[str, dict[str, int]] = {}
+        self.routing: RoutingConfig = config.routing
+        self.weights: dict[str, dict[str, int]] = {}  # model -> version -> weight, for `weighted`
         self.pipelines: dict[str, Pipeline] = {}  # addressed like models (daemon/pipelines/)
-        for mc in registry.config.models:
+        self.configure(config)
+
+    def configure(self, config: Config) -> None:
+        """Route as `config` says (at start, and on every reload): its `[routing]` table, and the
+        versions' weights (an operator's `set weights` since is replaced)."""
+        weights: dict[str, dict[str, int]] = {}
+        for mc in config.models:
             if mc.weight:
-                self.weights.setdefault(mc.name, {})[mc.version] = mc.weight
+                weights.setdefault(mc.name, {})[mc.version] = mc.weight
+        self.routing, self.weights = config.routing, weights
+
+    def set_weights(self, name: str, weights: dict[str, int]) -> None:
+        """Split `weighted` traffic to model `name` by `weights` (version -> weight) from now on."""
+        self.weights = {**self.weights, name: dict(weights)}
 
     # -- admission ---------------------------------------------------------
 
@@ -88,7 +99,7 @@ class Router:
                 return
             raise _not_ready(mv, mv.state.value)
         self._check_tensors(mv, job)
-        placement = mv.scheduler
+        placement = mv.placement
         if placement is None:  # unloaded between the state check and here
             raise _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is {mv.state.value}",
                          mv.eta_ms())

@@ -26,10 +26,12 @@ from typing import Any, Callable
 import zmq
 
 from infermux import config as cfg
+from infermux.config import HOT
 from infermux.transport import curve, ipc
 from infermux.transport.peers import PeerGuard
 from infermux.transport.waiting import message_waiting
 from infermux.events import EventLog
+from infermux.execution.hooks import FrontendHooks
 from infermux.execution.inline import InlinePolicy
 from infermux.execution.job import Job, Outcome, internal_sink
 from infermux.execution.streams import StreamTable
@@ -39,8 +41,10 @@ from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.registry import Registry, State
 from infermux.frontend.router import Router
 from infermux.pipelines.runner import Pipelines
+from infermux.transport.curve import CurveError
 from infermux.transport.limits import frame_cap, limits_from
 from infermux.swap import reload
+from infermux.swap.reload import ReloadPlan
 from infermux.workers.pool import Workers
 
 log = logging.getLogger("infermux.server")
@@ -53,6 +57,7 @@ REFUSE_S = 1.0  # ... and the longest it goes on refusing requests before closin
 # object); smaller ones, headers and envelopes, are cheaper as bytes.
 BIG_FRAME = 4096
 STALLED_RETRY_MS = 100  # the retry time in the 429 a peer gets while its replies are dropped (peers.py)
+QUIESCE_S = 1.0  # the longest `quiesce` waits for the loop's turn (it turns at least every poll_ms)
 
 
 class Server:
@@ -73,10 +78,15 @@ class Server:
         self._poller = zmq.Poller()
         self._watched: dict[int, Callable[[], bool]] = {}  # fd -> on_ready, polled by the loop
         self._to_watch: deque[tuple[int, Callable[[], bool]]] = deque()  # from other threads
-        self.registry = Registry(config, self.events, self.reply, self._on_late, self._inline_ok, self._hold)
+        self._barriers: deque[threading.Event] = deque()  # quiesce(): released between two turns
+        self._looping = False  # the loop runs (or drains): only then can an admission be in progress
+        # What the layers below may ask of the frontend (execution/hooks.py), handed down once.
+        self.hooks = FrontendHooks(reply=self.reply, on_late=self._on_late, inline=self._inline_ok, hold=self._hold,
+                                   watch=self.watch, quiesce=self.quiesce)
+        self.registry = Registry(config, self.events, self.hooks)
         daemon = config.daemon
         self.streams = StreamTable(self.events, daemon.stream_silent_s, daemon.stream_max_keys)
-        self.router = Router(self.registry, config.routing, self.reply, self.streams)
+        self.router = Router(self.registry, config, self.reply, self.streams)
         self._admissions: deque[Job] = deque()  # internal requests (pipelines' model steps) to admit
         self.pipelines = Pipelines(config.pipelines, self.admit_internal, self.reply, self._model_inputs, self.limits)
         self.router.pipelines = self.pipelines.by_name
@@ -87,7 +97,7 @@ class Server:
         self.started = time.time()
         self.loop_turns = 0
         self.requests = 0
-        self.ticks: list[Callable[[], None]] = []
+        self.ticks: list[Callable[[], None]] = [self._release_barriers]
         self.on_stopping: list[Callable[[], object]] = []  # called once the loop stops, before the drain
         self.poll_ms = 100  # the longest the loop sleeps: ticks (watchdog) run at least this often
         self._frontend_thread = threading.get_ident()
@@ -97,10 +107,8 @@ class Server:
         self._lookup: RegionTable | None = None
         # Connections the ROUTER takes, and replies dropped for peers that do not read (peers.py).
         self.peers = PeerGuard(config.daemon.max_connections, config.daemon.reserved_fds)
-        # Cold models run in worker processes; the memory budget is kept there too (workers.py).
-        self.registry.workers = Workers(self.registry, run_dir, self.reply, self._on_late, self.watch,
-                                        self.regions)
-        self.ticks.append(self.registry.workers.tick)
+        # Cold models run in worker processes: the pool is the registry's cold placer (workers/pool.py).
+        self.workers = Workers(self.registry, run_dir, self.hooks, self.regions)
         self.ticks.append(self.streams.check)  # a stream that went silent: an event
 
     # -- replies from any thread -------------------------------------------
@@ -146,6 +154,28 @@ class Server:
         if threading.get_ident() != self._frontend_thread or self.frontend is None:
             return False
         return self.inline.allows(service_time_us, batching, self._others_waiting)
+
+    def quiesce(self, timeout_s: float = QUIESCE_S) -> bool:
+        """Return once the frontend has finished the admission it may be in the middle of.
+
+        The router reads a version's placement and submits to it within one turn of the loop,
+        so what was taken out of the routing tables before this call is out of every
+        admission's reach once it returns: the switch's barrier (models/switch.py), and the
+        one way anything waits for the frontend to let go. Returns at once on the frontend
+        thread (it is between admissions there) and while the loop does not run; False if the
+        loop did not finish its turn within `timeout_s`.
+        """
+        if not self._looping or threading.get_ident() == self._frontend_thread:
+            return True
+        done = threading.Event()
+        self._barriers.append(done)
+        return done.wait(timeout_s)
+
+    def _release_barriers(self) -> None:
+        """A tick, between two turns of the loop: every admission begun before is done."""
+        barriers = self._barriers
+        while barriers:
+            barriers.popleft().set()
 
     def _hold(self, scheduler: Any) -> bool:
         """Keep a batched model's request for the end of this burst (inline.py); only on the frontend."""
@@ -212,13 +242,14 @@ class Server:
     def start_models(self, done: Callable[[], None] | None = None) -> threading.Thread:
         """Load every configured hot model in the background (requests get 503 meanwhile)."""
         hot = [mv for mv in self.registry.all_versions()
-               if (mv.config.mode == "inproc" or mv.config.preload) and mv.state is State.UNLOADED]
+               if (mv.config.placement == HOT or mv.config.preload) and mv.state is State.UNLOADED]
         return self.registry.start_loading(hot, done)
 
     def serve_forever(self) -> None:
         """Run the frontend loop until `stop()`; then drain and close."""
         assert self.frontend is not None, "bind() first"
         self._frontend_thread = threading.get_ident()
+        self._looping = True
         while not self.stopping:
             self._turn(self.poll_ms)
             self.loop_turns += 1
@@ -234,21 +265,33 @@ class Server:
         """Ask the loop to stop (safe from a signal handler)."""
         self.stopping = True
 
-    def reload(self) -> bool:
-        """Apply the configuration file again; an invalid file changes nothing."""
+    def reload(self) -> ReloadPlan:
+        """Apply the configuration file again, one reload at a time: SIGHUP (admin/supervisor.py)
+        and the admin `reload` command both come here. Returns what changed; a file that does not
+        validate raises ConfigError and changes nothing (a `rejected` event says why)."""
         with self._reload_lock:
-            return self._reload(reload)
+            self.events.emit("reloading", config=str(self.config.path))
+            try:
+                new = cfg.load(self.config.path)
+            except cfg.ConfigError as exc:
+                self.events.emit("rejected", reason=f"configuration not reloaded, the running one stays: {exc}")
+                raise
+            old = self.config
+            self.config, self.limits = new, limits_from(new.daemon)
+            self._reread_client_keys()
+            self.registry.follow(new)
+            self.router.configure(new)
+            self.streams.silent_s, self.streams.max_keys = new.daemon.stream_silent_s, new.daemon.stream_max_keys
+            return reload.apply(self, old, new)
 
-    def _reload(self, reload: Any) -> bool:
-        self.events.emit("reloading", config=str(self.config.path))
+    def _reread_client_keys(self) -> None:
+        """A client key added to (or removed from) curve_authorized_dir counts from this reload on."""
+        if self.curve is None:
+            return
         try:
-            new = cfg.load(self.config.path)
-        except cfg.ConfigError as exc:
-            self.events.emit("rejected", reason=f"configuration not reloaded, the running one stays: {exc}")
-            return False
-        reload.apply(self, new)
-        self.streams.silent_s, self.streams.max_keys = new.daemon.stream_silent_s, new.daemon.stream_max_keys
-        return True
+            self.curve.reload()
+        except CurveError as exc:
+            log.warning("%s; the keys read before stay authorised", exc)
 
     def _drain(self) -> None:
         """Answer everything accepted, refuse the rest, then close."""
@@ -259,6 +302,9 @@ class Server:
         closer.start()
         while time.monotonic() < deadline and (closer.is_alive() or self._outbox):
             self._turn(10, refuse=True)  # workers' lanes too: their replies finish the drain
+            self._release_barriers()
+        self._looping = False
+        self._release_barriers()
         self._forward_replies()
         # Requests clients sent before the signal may still sit in the socket's
         # queue: refuse them too, until the socket has been quiet for a moment,

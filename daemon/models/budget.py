@@ -5,7 +5,7 @@ when NVML can read it, else of host memory: CPU-only boxes, and Jetson, where
 the GPU's memory is the system's. NVML is read through ctypes, which creates
 no CUDA context (that alone would cost the daemon 300–500 MB).
 
-Before a load the registry asks for room (`Workers.make_room`): the estimate
+Before a load the registry asks for room (`MemoryKeeper.make_room`): the estimate
 is the version's last measured footprint, else the engine file's size times
 `FILE_FACTOR` (plus a worker's base cost for a cold model). The loaded
 footprint is taken afterwards (memory.py): hot, the engine's own figure;
@@ -22,7 +22,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from infermux.config import ModelConfig, parse_budget
+from infermux.config import COLD, ModelConfig, parse_budget
+from infermux.plugins.backends import session_per_context
 
 log = logging.getLogger("infermux.budget")
 
@@ -215,15 +216,18 @@ def estimate(mc: ModelConfig, measured: int, worker_base: int) -> int:
         size = mc.engine.stat().st_size
     except OSError:
         size = 0
-    engine = int(size * FILE_FACTOR * max(1, mc.contexts if _per_context_copies(mc) else 1))
-    base = (worker_base or DEFAULT_WORKER_BASE) if mc.mode == "multiproc" else 0
+    engine = int(size * FILE_FACTOR * max(1, mc.contexts if session_per_context(mc.engine, mc.backend) else 1))
+    base = (worker_base or DEFAULT_WORKER_BASE) if mc.placement == COLD else 0
     return engine + base
 
 
-def _per_context_copies(mc: ModelConfig) -> bool:
-    # onnxruntime holds one session (with its own weights) per context; a
-    # TensorRT engine is shared by its contexts.
-    return mc.engine.suffix.lower() == ".onnx" and mc.backend in ("", "onnxruntime")
+def rss_bytes() -> int:
+    """This process's resident memory (Linux), or 0 where it cannot be read."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
 
 
 def mb(n: int) -> str:

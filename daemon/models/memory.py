@@ -7,13 +7,16 @@ first, or refuses the load saying who holds the memory, without stopping
 anything in vain. After a load, `settle` corrects for an estimate that was
 too low.
 
+The registry owns the keeper, for both placements; the worker pool tells it
+which cold versions may be stopped and stops them (`evict_with`).
+
 Footprints (docs/architecture.md#memory-footprints) are taken one way per
-placement, whichever path put the version there. Hot (first load,
-unload/load, promote, hot swap, reload): the engine's own figure
-(`hot_footprint`), never the daemon's RSS growth, which counts libraries
-loaded once for all, allocator reuse and concurrent loads. Cold (load on
-demand, demote, restart): what the worker process costs, its RSS plus the
-GPU memory NVML gives its pid, or what its load visibly took (`unseen`).
+placement, whichever path put the version there (`Placement.footprint`).
+Hot (first load, unload/load, promote, hot swap, reload): the engine's own
+figure, never the daemon's RSS growth, which counts libraries loaded once
+for all, allocator reuse and concurrent loads. Cold (load on demand, demote,
+restart): what the worker process costs, its RSS plus the GPU memory NVML
+gives its pid, or what its load visibly took (`unseen`).
 """
 
 from __future__ import annotations
@@ -22,26 +25,15 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Callable, Protocol
 
-from infermux.config import ModelConfig
+from infermux.config import COLD, ModelConfig
+from infermux.execution.placement import Placement
 from infermux.models import budget as mem
 from infermux.models.version import ModelVersion, State
-from infermux.plugins.base import Engine, OnDevice
 
 if TYPE_CHECKING:
     from infermux.models.registry import Registry
 
 log = logging.getLogger("infermux.memory")
-
-
-def hot_footprint(engine: Engine, mc: ModelConfig) -> int:
-    """A hot version's footprint: its engine's own figure, the same whichever path loaded it.
-
-    A GPU engine reports its device memory, contexts included. onnxruntime
-    reports its weights (the file's size) for one session, and holds one
-    session per context, so that is counted `contexts` times.
-    """
-    copies = mc.contexts if mem._per_context_copies(mc) and not isinstance(engine, OnDevice) else 1
-    return engine.memory_bytes() * max(1, copies)
 
 
 class ColdFootprint(Protocol):
@@ -61,11 +53,13 @@ class MemoryKeeper:
     """Estimates, room before a load, LRU eviction of idle cold workers.
 
     The worker pool says which versions may be stopped (`stoppable`: cold, ready, idle, and
-    not being moved) and stops them (`stop`); the keeper decides which and when.
+    not being moved) and stops them (`stop`); the keeper decides which and when. Until it
+    does (`evict_with`), nothing may be stopped.
     """
 
-    def __init__(self, registry: "Registry", budget: mem.MemoryBudget, stop: Callable[[ModelVersion], None],
-                 stoppable: Callable[[ModelVersion], bool]) -> None:
+    def __init__(self, registry: "Registry", budget: mem.MemoryBudget,
+                 stop: Callable[[ModelVersion], None] = lambda mv: None,
+                 stoppable: Callable[[ModelVersion], bool] = lambda mv: False) -> None:
         self.registry = registry
         self.events = registry.events
         self.budget = budget
@@ -73,6 +67,19 @@ class MemoryKeeper:
         self.footprints: dict[tuple[str, str], int] = {}  # last measured, kept after an unload
         self.worker_base = 0  # RSS of a fresh worker, from its HELLO
         self._lock = threading.Lock()
+
+    def evict_with(self, stop: Callable[[ModelVersion], None], stoppable: Callable[[ModelVersion], bool]) -> None:
+        """How idle cold versions are stopped to make room, and which may be (the worker pool's)."""
+        self._stop, self._stoppable = stop, stoppable
+
+    def placed(self, mc: ModelConfig, placement: Placement) -> int:
+        """A version's footprint once `placement` serves it. A cold one's is remembered as its
+        estimate for the next load; a hot one's is not: loading needs more than the engine
+        keeps (the file read beside it: budget.FILE_FACTOR)."""
+        footprint = placement.footprint()
+        if placement.kind == COLD and footprint:
+            self.footprints[mc.key] = footprint
+        return footprint
 
     def estimate(self, mv: ModelVersion) -> int:
         return mem.estimate(mv.config, self.footprints.get(mv.config.key, 0), self.worker_base)
@@ -132,11 +139,13 @@ class MemoryKeeper:
 
     @staticmethod
     def _last_use(mv: ModelVersion) -> float:
-        return max(mv.last_used, getattr(mv.scheduler, "created", 0.0))
+        placement = mv.placement
+        return max(mv.last_used, placement.created if placement is not None else 0.0)
 
     def _evict(self, victim: ModelVersion, why: str) -> None:
+        worker = victim.worker_info()
         self.events.emit("evicted", victim.name, victim.version, reason=why,
-                         freed_mb=round(victim.memory_bytes / 2**20, 1), pid=getattr(victim.scheduler, "pid", 0))
+                         freed_mb=round(victim.memory_bytes / 2**20, 1), pid=worker["pid"] if worker else 0)
         self._stop(victim)
 
     def settle(self, loaded: ModelVersion) -> None:

@@ -1,11 +1,11 @@
 """Promote (cold → hot) and demote (hot → cold) a version without dropping a request.
 
-The new placement is loaded beside the serving one under a shadow
-`ModelVersion` (same config but the mode, same statistics), then switched in
-with one assignment of `mv.scheduler`; once the frontend has finished any
-admission that still held the old scheduler, the old one drains what it
-accepted and stops. The version stays `ready` throughout. If the new
-placement fails to load, the old one keeps serving and the error says why.
+A move is the switch's (models/switch.py): the version is loaded beside
+itself in the other placement, as a candidate that carries on its
+statistics, switched in with one assignment, and the old placement, once
+the frontend has let go of it, drains what it accepted and stops. The
+version stays `ready` throughout. If the new placement fails to load, the
+old one keeps serving and the error says why.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from infermux.config import COLD, HOT
 from infermux.models.version import ModelVersion, State
 
 if TYPE_CHECKING:
     from infermux.models.registry import Registry
-
-HOT, COLD = "inproc", "multiproc"
 
 
 def find(registry: "Registry", name: str, version: str) -> ModelVersion:
@@ -43,40 +42,27 @@ def demote(registry: "Registry", name: str, version: str) -> str:
     return _move(registry, find(registry, name, version), COLD)
 
 
-def _move(registry: "Registry", mv: ModelVersion, mode: str) -> str:
-    label, where = f"{mv.name}:{mv.version}", "hot (in the daemon)" if mode == HOT else "cold (in a worker)"
-    if registry.workers is None:
+def _move(registry: "Registry", mv: ModelVersion, placement: str) -> str:
+    label, where = f"{mv.name}:{mv.version}", "hot (in the daemon)" if placement == HOT else "cold (in a worker)"
+    if COLD not in registry.placers:
         raise ValueError("this daemon has no worker processes")
-    if mv.config.mode == mode:
+    if mv.config.placement == placement:
         raise ValueError(f"{label} is already {where}")
     if mv.state in (State.LOADING, State.WARMING, State.DRAINING):
         raise ValueError(f"{label} is {mv.state.value}; try again once it is ready")
     started = time.monotonic()
-    with registry.workers.moving(mv):
+    with registry.claimed(mv):  # idle unload and eviction keep off it meanwhile
         if mv.state is not State.READY:  # not loaded: change where it will load
-            mv.config = replace(mv.config, mode=mode)
-            if mode == HOT and not registry.load(mv):
+            mv.config = replace(mv.config, placement=placement)
+            if placement == HOT and not registry.load(mv):
                 raise ValueError(f"{label} failed to load hot: {mv.reason}")
-            return f"{label} is now {where}" + (" and loaded" if mode == HOT else "; it starts on demand")
-        shadow = ModelVersion(replace(mv.config, mode=mode))
-        shadow.stats = mv.stats  # one version, one history, whichever process serves it
-        if not registry.load(shadow):
-            raise ValueError(f"{label} stays {'cold' if mode == HOT else 'hot'}: the new placement failed "
-                             f"({shadow.reason})")
-        old_engine, old = mv.engine, mv.scheduler
-        mv.config = shadow.config
-        mv.engine = shadow.engine
-        mv.scheduler = shadow.scheduler  # the switch: the router takes this from the next request on
-        mv.memory_bytes, mv.last_load_s = shadow.memory_bytes, shadow.last_load_s
-        if old is not None:
-            if shadow.scheduler is not None:
-                old.hand_over(shadow.scheduler, "promoted" if mode == HOT else "demoted")
-            registry.workers.wait_turns()
-            old.stop(registry.config.daemon.drain_timeout_s)
-        if old_engine is not None:
-            old_engine.close()
+            return f"{label} is now {where}" + (" and loaded" if placement == HOT else "; it starts on demand")
+        try:
+            mv = registry.switch.move(mv, placement, "promoted" if placement == HOT else "demoted")
+        except ValueError as exc:
+            raise ValueError(f"{label} stays {'cold' if placement == HOT else 'hot'}: {exc}") from None
     ms = round((time.monotonic() - started) * 1000)
     worker = mv.worker_info()
-    registry.events.emit("promoted" if mode == HOT else "demoted", mv.name, mv.version, took_ms=ms,
+    registry.events.emit("promoted" if placement == HOT else "demoted", mv.name, mv.version, took_ms=ms,
                          **({"pid": worker["pid"]} if worker is not None else {}))
     return f"{label} is now {where} (moved in {ms} ms)"

@@ -1,97 +1,41 @@
 """The registry: every model, its versions (models/version.py), their engines and placements.
 
-Loads run on a loader thread; the frontend reads states and placements
-without locks (each is replaced in one assignment). Cold versions are
-loaded by the worker pool (workers/pool.py), which the Server hands in.
-The states of a version: docs/architecture.md#states-of-a-model-version.
+Loads run on loader threads; the frontend reads states and placements
+without locks (each is replaced in one assignment). A version is placed by
+the placer of its `placement` (models/placer.py: hot in this process, cold
+in a worker process); the registry keeps the memory budget for both
+(models/memory.py) and replaces what serves a version through one switch
+(models/switch.py). The states of a version:
+docs/architecture.md#states-of-a-model-version.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
+from contextlib import contextmanager
 from dataclasses import replace
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Protocol, Sequence
+from typing import Any, Callable, Iterator, Protocol
 
-import numpy as np
-
-from infermux.models.budget import release_freed_memory
-from infermux.models.memory import hot_footprint
-from infermux.config import Config, ModelConfig
+from infermux.config import COLD, HOT, Config, ModelConfig
 from infermux.events import EventLog
-from infermux.execution.executor import LateFn, ReplyFn
-from infermux.plugins import backends
-from infermux.plugins.base import BackendError, Engine, TensorSpec
-from infermux.execution.inline import HoldFn, InlineGate
+from infermux.execution.hooks import FrontendHooks
+from infermux.execution.placement import Change, Placement
 from infermux.models import fallback as fallbacks
 from infermux.models import promote as moves
+from infermux.models.budget import BudgetExceeded, MemoryBudget, release_freed_memory
+from infermux.models.hot import HotPlacer
+from infermux.models.memory import MemoryKeeper
+from infermux.models.placer import LoadFailed, Placer, missing_engine
+from infermux.models.switch import Switch
 from infermux.models.version import Model, ModelVersion, State, version_key
-from infermux.execution.placement import Change
-from infermux.execution.scheduler import Scheduler
 
-if TYPE_CHECKING:
-    from infermux.workers.pool import Workers
-
-__all__ = ["Catalog", "Model", "ModelVersion", "Registry", "State", "missing_engine", "rss_bytes", "version_key",
-           "warm_up", "warmup_inputs"]
+__all__ = ["Catalog", "Model", "ModelVersion", "Registry", "State", "version_key"]
 
 log = logging.getLogger("infermux.registry")
 
-
-def rss_bytes() -> int:
-    """This process's resident memory (Linux), or 0 where it cannot be read."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def missing_engine(path: Path) -> str:
-    """The configured engine file is not there: say where it was looked for and what is there."""
-    folder = path.parent
-    try:
-        there = sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
-    except OSError:
-        return f"configured engine {path} is missing: looked in {folder}, which does not exist"
-    found = f"it holds {', '.join(there[:8])}{' ...' if len(there) > 8 else ''}" if there else "it is empty"
-    return f"configured engine {path} is missing: looked in {folder}; {found}"
-
-
-def warmup_inputs(specs: Sequence[TensorSpec], engine_path: Path) -> dict[str, np.ndarray]:
-    """`warmup.npz` beside the engine if present, else zeros at the smallest accepted shape."""
-    npz = engine_path.parent / "warmup.npz"
-    if npz.exists():
-        with np.load(npz, allow_pickle=False) as data:
-            return {name: data[name] for name in data.files}
-    inputs = {}
-    for spec in specs:
-        low = spec.min_shape or ()
-        shape = [d if d >= 0 else (max(low[i], 1) if low else 1) for i, d in enumerate(spec.shape)]
-        inputs[spec.name] = np.zeros(shape, dtype=spec.dtype)
-    return inputs
-
-
-def warm_up(engine: Engine, mc: ModelConfig) -> float:
-    """Run the engine before any client is sent to it; returns µs per input row.
-
-    The first call pays one-off set-up, so the second one is timed.
-    """
-    context = engine.create_context()
-    inputs = warmup_inputs(engine.inputs, mc.engine)
-    try:
-        context.infer(inputs)
-        start = time.perf_counter()
-        context.infer(inputs)
-        elapsed_us = (time.perf_counter() - start) * 1e6
-    finally:
-        context.close()
-    first = next(iter(inputs.values()), None)
-    rows = first.shape[0] if first is not None and first.ndim else 1
-    return elapsed_us / max(1, rows)
+REFUSED_RETRY_S = 1.0  # a load refused for memory is tried again on demand after this
 
 
 class Catalog(Protocol):
@@ -103,20 +47,36 @@ class Catalog(Protocol):
 
 
 class Registry:
-    """Models by name; loads and unloads versions on a loader thread."""
+    """Models by name; loads and unloads versions on loader threads.
 
-    def __init__(self, config: Config, events: EventLog, reply: ReplyFn, on_late: LateFn,
-                 inline: InlineGate | None = None, hold: HoldFn | None = None) -> None:
+    `hooks` are the frontend's callbacks (execution/hooks.py), handed to the placers and the
+    switch. `placers` holds a placer per placement: hot from the start, cold once the worker
+    pool adds itself (`add_placer`).
+    """
+
+    def __init__(self, config: Config, events: EventLog, hooks: FrontendHooks) -> None:
         self.config = config
-        self.inline, self.hold = inline, hold
         self.events = events
-        self._reply, self._on_late = reply, on_late
+        self.hooks = hooks
         self.models: dict[str, Model] = {}
         self.catalog: Catalog | None = None  # the engine-directory watcher, when there is one
         self._lock = threading.Lock()
-        self.workers: Workers | None = None  # set by the Server: cold placements, the memory budget
+        self.memory = MemoryKeeper(self, MemoryBudget(config.daemon.memory_budget, config.path))
+        self.placers: dict[str, Placer] = {}
+        self.add_placer(HotPlacer(hooks, self.warming, lambda: self.config.routing.strategy))
+        self.switch = Switch(self, hooks.quiesce)
+        self._changing: set[tuple[str, str]] = set()  # versions being moved or stopped (`claim`)
+        self._refused: dict[tuple[str, str], float] = {}  # refused for memory: when on demand may try again
         for mc in config.models:
             self.add(mc)
+
+    def add_placer(self, placer: Placer) -> None:
+        """Place versions of `placer.kind` with it."""
+        self.placers = {**self.placers, placer.kind: placer}
+
+    def follow(self, config: Config) -> None:
+        """The configuration in force from now on (a reload): budget, strategies, workers read it."""
+        self.config = config
 
     def add(self, mc: ModelConfig) -> ModelVersion:
         """Register a version (not loaded yet)."""
@@ -211,61 +171,80 @@ class Registry:
 
         Hot models load at start and stay unloaded once an operator unloads them.
         """
-        if mv.config.mode != "multiproc":
+        if mv.config.placement != COLD:
             return
-        if mv.state is State.UNLOADED or (mv.state is State.FAILED and self.workers and self.workers.may_retry(mv)):
+        if mv.state is State.UNLOADED or (mv.state is State.FAILED and self._may_retry(mv)):
             self.start_loading([mv])
+
+    def _may_retry(self, mv: ModelVersion) -> bool:
+        """Whether a failed version may be loaded again on demand (a refusal, after a pause)."""
+        at = self._refused.get(mv.config.key)
+        return at is not None and time.monotonic() >= at
 
     def _mark_loading(self, mv: ModelVersion) -> None:
         mv.state, mv.reason, mv.load_started = State.LOADING, "", time.monotonic()
 
     def load(self, mv: ModelVersion) -> bool:
-        """Load, warm up and start serving one version; False (state failed) on error."""
+        """Load, warm up and start serving one version; False (state failed) on error.
+
+        The same for both placements: make room in the memory budget, have the version's
+        placer load it (models/placer.py), then one finishing step (`_placed`).
+        """
         mc = mv.config
-        if mv.state is not State.LOADING:
-            if self.workers is not None:
-                self.workers.forgive(mv)  # not on demand: an operator's load forgets past crashes
+        placer = self.placers.get(mc.placement)
+        if mv.state is not State.LOADING:  # not on demand: an operator's load forgets past crashes and refusals
+            self._refused.pop(mc.key, None)
+            if placer is not None:
+                placer.forgive(mv)
             self._mark_loading(mv)
         self.events.emit("loading", mc.name, mc.version, engine=str(mc.engine))
-        if mc.mode == "multiproc" and self.workers is not None:
-            if not mc.engine.exists():  # say it here, not as whatever the worker makes of it
-                return self.fail(mv, BackendError(missing_engine(mc.engine)))
-            loaded = self.workers.load(mv)
-            if loaded:
-                self.check_fallbacks(mc.name)
-            return loaded
         try:
-            if self.workers is not None:
-                self.workers.make_room(mv)  # may stop idle cold workers; raises if it cannot fit
-            if mc.mode != "inproc":
-                raise BackendError(f"mode {mc.mode!r} is not available in this build; use mode = \"inproc\"")
-            if not mc.engine.exists():
-                raise BackendError(missing_engine(mc.engine))
-            backend = backends.for_path(mc.engine, mc.backend or None)
-            engine = backend.load(mc.engine, dict(mc.options))
+            if placer is None:
+                raise LoadFailed(f"placement {mc.placement!r} is not available in this daemon; use "
+                                 f"placement = {HOT!r}")
+            if not mc.engine.exists():  # said here, before anything is evicted for it or a worker is started
+                raise LoadFailed(missing_engine(mc.engine))
+            self.memory.make_room(mv)  # may stop idle cold workers; BudgetExceeded if it cannot fit
+            placement = placer.load(mv)
+        except BudgetExceeded as exc:
+            return self._refuse(mv, exc)
+        except LoadFailed as exc:
+            return self.fail(mv, exc, during=exc.during)
         except Exception as exc:
             return self.fail(mv, exc)
-        try:
-            mv.state = State.WARMING
-            self.events.emit("warming", mc.name, mc.version)
-            row_us = warm_up(engine, mc)
-            strategy = mc.strategy or self.config.routing.strategy
-            scheduler = Scheduler(mc, engine, self._reply, self._on_late, mv.stats, strategy, self.inline, row_us,
-                                  self.hold)
-        except Exception as exc:
-            engine.close()
-            return self.fail(mv, exc, during="warm-up")
-        mv.engine, mv.scheduler = engine, scheduler
-        mv.memory_bytes = hot_footprint(engine, mc)  # one method for every hot path (memory.py)
+        self._placed(mv, placement)
+        return True
+
+    def warming(self, mv: ModelVersion, backend: str) -> None:
+        """A placer loaded `mv`'s engine and starts warming it up (the `Warming` hook of both)."""
+        mv.state = State.WARMING
+        self.events.emit("warming", mv.name, mv.version, backend=backend)
+
+    def _placed(self, mv: ModelVersion, placement: Placement) -> None:
+        """The one finishing step of every load, hot or cold: `mv` serves from `placement`."""
+        mc = mv.config
+        mv.engine, mv.placement = placement.engine, placement
+        mv.memory_bytes = self.memory.placed(mc, placement)
         mv.last_load_s = time.monotonic() - mv.load_started
+        mv.reason = ""
         mv.state = State.READY
-        self.events.emit("loaded", mc.name, mc.version, backend=backend.name, contexts=mc.contexts,
-                         load_ms=round(mv.last_load_s * 1000), memory_mb=round(mv.memory_bytes / 2**20, 1))
+        worker = placement.worker_info()
+        where = {"pid": worker["pid"], "engine_ms": worker["load_ms"]} if worker is not None else {}
+        self.events.emit("loaded", mc.name, mc.version, backend=placement.backend, contexts=mc.contexts,
+                         load_ms=round(mv.last_load_s * 1000), memory_mb=round(mv.memory_bytes / 2**20, 1),
+                         placement=placement.kind, **where)
+        self.memory.settle(mv)
         self.check_fallbacks(mc.name)
-        watch = getattr(engine, "watch", None)
+        watch = getattr(placement.engine, "watch", None)
         if callable(watch):  # an engine that changes while it serves: a TensorRT plan rebuilding
             watch(lambda kind, reason: self._engine_news(mv, kind, reason))
-        return True
+
+    def _refuse(self, mv: ModelVersion, exc: BudgetExceeded) -> bool:
+        """The memory budget refused `mv` (the keeper said why, as a `refused` event); on demand,
+        a cold version is tried again after a pause."""
+        self._refused[mv.config.key] = time.monotonic() + REFUSED_RETRY_S
+        mv.state, mv.reason = State.FAILED, f"refused: {exc}"
+        return False
 
     def check_fallbacks(self, name: str | None = None) -> None:
         """Remove each fallback (of or to `name`; all without) that does not take its model's
@@ -292,44 +271,38 @@ class Registry:
         self.events.emit("failed", mv.name, mv.version, reason=mv.reason)
         return False
 
-    def unload(self, mv: ModelVersion, timeout: float | None = None) -> None:
-        """Drain the version's queue, then release its engine."""
-        if mv.scheduler is None:
+    def unload(self, mv: ModelVersion, timeout: float | None = None, reason: str = "unloaded") -> None:
+        """Drain the version's queue, then release its engine; `reason` says why, when not asked
+        for by name (replaced, idle, evicted, promoted...)."""
+        placement = mv.placement
+        if placement is None:
             mv.state = State.UNLOADED
             return
+        why = {"reason": reason} if reason != "unloaded" else {}
         mv.state = State.DRAINING
-        self.events.emit("draining", mv.name, mv.version, queued=mv.scheduler.depth())
-        scheduler, mv.scheduler = mv.scheduler, None
-        scheduler.stop(timeout)
+        self.events.emit("draining", mv.name, mv.version, queued=placement.depth(), **why)
+        mv.placement = None
+        placement.stop(timeout, reason)
         if mv.engine is not None:
             mv.engine.close()
         mv.engine, mv.memory_bytes, mv.state, mv.reason = None, 0, State.UNLOADED, ""  # a past reason is stale
         release_freed_memory()
-        self.events.emit("unloaded", mv.name, mv.version)
+        self.events.emit("unloaded", mv.name, mv.version, **why)
 
     def close(self, timeout: float | None = None) -> None:
-        """Drain and unload everything (daemon shutdown)."""
+        """Drain and unload everything (daemon shutdown), then let the placers end what is left."""
         for mv in self.all_versions():
-            if mv.scheduler is not None:
-                self.unload(mv, timeout)
-        if self.workers is not None:
-            self.workers.close()
+            if mv.placement is not None:
+                self.unload(mv, timeout, reason="daemon stopping")
+        for placer in self.placers.values():
+            placer.close()
 
-    def replace(self, old: ModelVersion, mc: ModelConfig) -> bool:
-        """Load `mc` beside `old`, swap it in with one assignment, then drain `old`.
+    def replace(self, mc: ModelConfig) -> bool:
+        """Load `mc` beside what serves its version, switch to it, drain the old (models/switch.py).
 
-        If the new one fails to load or warm up, `old` keeps serving.
+        If the new one fails to load or warm up, the old one keeps serving.
         """
-        shadow = ModelVersion(mc)
-        if not self.load(shadow):
-            return False
-        with self._lock:
-            model = self.models[old.name]
-            model.versions = {**model.versions, mc.version: shadow}
-        self.events.emit("swapped", mc.name, mc.version, engine=str(mc.engine))
-        self.unload(old)
-        self.check_fallbacks(mc.name)  # the new engine may take other inputs
-        return True
+        return self.switch.replace(mc)
 
     def remove(self, mv: ModelVersion, timeout: float | None = None) -> None:
         """Drain and unload `mv`, then forget it (its model too, once it has no versions)."""
@@ -340,11 +313,11 @@ class Registry:
     def configure(self, mv: ModelVersion, **changes: Any) -> None:
         """Change settings of a version live; its placement (hot or cold) applies them at once."""
         mv.config = replace(mv.config, **changes)
-        placement = mv.scheduler
+        placement = mv.placement
         if placement is not None:
             placement.apply(Change.of(changes))
-        if mv.config.mode == "inproc" and mv.engine is not None and mv.ready:  # contexts: more copies
-            mv.memory_bytes = hot_footprint(mv.engine, mv.config)
+            if placement.kind == HOT and mv.ready:  # contexts: more copies (a worker's is measured by its pool)
+                mv.memory_bytes = placement.footprint()
 
     def promote(self, name: str, version: str) -> str:
         """Move a version from its worker process into the daemon (cold → hot), losing no request."""
@@ -356,4 +329,33 @@ class Registry:
 
     def memory_used(self) -> int:
         return sum(mv.memory_bytes for mv in self.all_versions())
+
+    # -- keeping others off a version that changes -----------------------------------------
+
+    def claim(self, mv: ModelVersion) -> bool:
+        """Mark `mv` as being moved or stopped, unless something else already is: False then.
+        Idle unload, eviction and another move keep off a claimed version (`release`)."""
+        with self._lock:
+            if mv.config.key in self._changing:
+                return False
+            self._changing.add(mv.config.key)
+            return True
+
+    def release(self, mv: ModelVersion) -> None:
+        with self._lock:
+            self._changing.discard(mv.config.key)
+
+    def changing(self, mv: ModelVersion) -> bool:
+        """Whether something is moving or stopping `mv` now (`claim`)."""
+        return mv.config.key in self._changing
+
+    @contextmanager
+    def claimed(self, mv: ModelVersion) -> Iterator[None]:
+        """`claim` for a block; ValueError if something else already changes `mv`."""
+        if not self.claim(mv):
+            raise ValueError(f"{mv.name}:{mv.version} is already being moved or stopped; try again")
+        try:
+            yield
+        finally:
+            self.release(mv)
 

@@ -2,7 +2,8 @@
 
 States: unloaded → loading → warming → ready → draining → unloaded, plus
 failed. A ready version has an engine and a placement (execution/placement.py:
-hot in the daemon, or cold in a worker process).
+hot in the daemon, or cold in a worker process), which a placer made
+(models/placer.py).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ class ModelVersion:
     state: State = State.UNLOADED
     reason: str = ""
     engine: Engine | None = None
-    scheduler: Placement | None = None  # where it runs once loaded: hot Scheduler or cold WorkerProxy
+    placement: Placement | None = None  # where it runs once loaded: hot Scheduler or cold WorkerProxy
     stats: ModelStats = field(init=False)
     memory_bytes: int = 0
     load_started: float = 0.0
@@ -54,8 +55,15 @@ class ModelVersion:
         self.stats = ModelStats(self.config.name, self.config.version, queue_depth=self._queued)
 
     def _queued(self) -> int:
-        scheduler = self.scheduler
-        return scheduler.depth() if scheduler is not None else 0
+        placement = self.placement
+        return placement.depth() if placement is not None else 0
+
+    def carry_on(self, previous: "ModelVersion") -> None:
+        """Stand in for `previous`, the same version served elsewhere (promote/demote): one history,
+        its statistics and its last use, whichever placement serves it."""
+        self.stats = previous.stats
+        self.stats.follow_queue(self._queued)
+        self.last_used = previous.last_used
 
     @property
     def name(self) -> str:
@@ -71,7 +79,7 @@ class ModelVersion:
 
     def worker_info(self) -> dict[str, Any] | None:
         """pid, RSS, state... of the worker process serving this version (None when hot or unloaded)."""
-        placement = self.scheduler
+        placement = self.placement
         return placement.worker_info() if placement is not None else None
 
     def eta_ms(self) -> int:

@@ -1,31 +1,33 @@
-"""Apply a new configuration to a running daemon (SIGHUP, admin `reload`).
+"""Apply a new configuration's models and pipelines to a running daemon.
 
-New versions load, removed ones drain and unload, changed settings apply
-live; a version whose engine, backend, mode or options changed is loaded
-anew beside the serving one and swapped in once ready. A file that does not
-validate changes nothing.
+`Server.reload` (SIGHUP and the admin `reload` both) reads and checks the
+file, takes in what it owns (its configuration, limits, client keys) and
+has the router configure itself, then calls `apply` here, one reload at a
+time. New versions load, removed ones drain and unload, changed settings
+apply live; a version whose engine, backend, placement or options changed
+is loaded anew beside the serving one and switched in once ready
+(`Registry.replace`: models/switch.py). A file that does not validate
+changes nothing.
 """
 
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from infermux import config as cfg
-from infermux.config import ModelConfig
+from infermux.config import HOT, ModelConfig
+from infermux.events import EventLog
+from infermux.models.registry import Registry
 from infermux.models.version import ModelVersion
-from infermux.pipelines.runner import PipelineChanges
-from infermux.transport.limits import limits_from
-from infermux.transport.curve import CurveError
-
-if TYPE_CHECKING:
-    from infermux.frontend.server import Server
+from infermux.pipelines.runner import PipelineChanges, Pipelines
+from infermux.protocol import Limits
 
 log = logging.getLogger("infermux.reload")
 
 # Settings that need the engine loaded again; every other one applies live.
-RELOADING_FIELDS = {"engine", "backend", "mode", "options"}
+RELOADING_FIELDS = {"engine", "backend", "placement", "options"}
 LIVE_FIELDS = {"contexts", "max_queue", "timeout_ms", "max_batch", "batch_delay_us", "preferred_batch",
                "idle_unload_s", "preload", "weight", "default", "strategy", "fallback", "queue_policy",
                "per_key_depth"}
@@ -73,78 +75,67 @@ def plan(old: cfg.Config, new: cfg.Config) -> ReloadPlan:
     return result
 
 
-def apply(server: "Server", new: cfg.Config) -> ReloadPlan:
-    """Move the running daemon to `new`; returns what changed."""
-    steps = plan(server.config, new)
-    registry = server.registry
-    registry.config = new
-    server.router.routing = new.routing
-    server.config = new
-    server.limits = limits_from(new.daemon)
-    if server.curve is not None:
-        _reread_client_keys(server)
-    server.router.weights = {}
-    for m in new.models:
-        if m.weight:
-            server.router.weights.setdefault(m.name, {})[m.version] = m.weight
+class Daemon(Protocol):
+    """What a reload reads of the running daemon (frontend/server.py's Server); it assigns none of it."""
+
+    registry: Registry
+    pipelines: Pipelines
+    events: EventLog
+    limits: Limits  # the new configuration's, already in force
+
+
+def apply(daemon: Daemon, old: cfg.Config, new: cfg.Config) -> ReloadPlan:
+    """Move the running daemon's models and pipelines from `old` to `new`; returns what changed.
+    The registry, router and server already follow `new`."""
+    steps = plan(old, new)
+    registry = daemon.registry
     for name, version in steps.removed:
-        mv = _version(server, name, version)
+        mv = _version(registry, name, version)
         if mv is not None:
             registry.remove(mv, new.daemon.drain_timeout_s)
     for m, diff in steps.changed:
-        mv = _version(server, m.name, m.version)
+        mv = _version(registry, m.name, m.version)
         if mv is not None:
             registry.configure(mv, **diff)
-    _refresh_fallbacks(server, new)
+    _refresh_fallbacks(registry, new)
     fresh = []
     for m in steps.added:
-        found = _version(server, m.name, m.version)
+        found = _version(registry, m.name, m.version)
         if found is not None and found.ready:  # served from engine_dir already: take the configured settings
-            registry.replace(found, m)
+            registry.replace(m)
         else:
             fresh.append(registry.add(m))
     for m in steps.reloaded:
-        old = _version(server, m.name, m.version)
-        if old is None:
+        if _version(registry, m.name, m.version) is None:
             fresh.append(registry.add(m))
         else:
-            registry.replace(old, m)
-    hot = [mv for mv in fresh if mv.config.mode == "inproc" or mv.config.preload]
-    for mv in hot:
-        registry.load(mv)
-    steps.pipelines = _apply_pipelines(server, new)
+            registry.replace(m)
+    for mv in fresh:
+        if mv.config.placement == HOT or mv.config.preload:
+            registry.load(mv)
+    steps.pipelines = _apply_pipelines(daemon, new)
     for item in steps.restart_needed:
         log.warning("%s changed: restart the daemon to apply it", item)
-    server.events.emit("reloaded", **{k: ",".join(v) for k, v in steps.summary().items() if v})
+    daemon.events.emit("reloaded", **{k: ",".join(v) for k, v in steps.summary().items() if v})
     return steps
 
 
-def _apply_pipelines(server: "Server", new: cfg.Config) -> PipelineChanges:
+def _apply_pipelines(daemon: Daemon, new: cfg.Config) -> PipelineChanges:
     """Added, removed and changed `[[pipelines]]`, after the models (whose names their steps call)."""
-    changes = server.pipelines.apply(new.pipelines, server.limits)
+    changes = daemon.pipelines.apply(new.pipelines, daemon.limits)
     for kind, names in (("added", changes.added), ("removed", changes.removed), ("changed", changes.changed)):
         for name in names:
-            server.events.emit(f"pipeline_{kind}", pipeline=name)
+            daemon.events.emit(f"pipeline_{kind}", pipeline=name)
     return changes
 
 
-def _reread_client_keys(server: "Server") -> None:
-    """A client key added to (or removed from) curve_authorized_dir counts from this reload on."""
-    if server.curve is None:
-        return
-    try:
-        server.curve.reload()
-    except CurveError as exc:
-        log.warning("%s; the keys read before stay authorised", exc)
-
-
-def _version(server: "Server", name: str, version: str) -> ModelVersion | None:
-    model = server.registry.model(name)
+def _version(registry: Registry, name: str, version: str) -> ModelVersion | None:
+    model = registry.model(name)
     return model.versions.get(version) if model is not None else None
 
 
-def _refresh_fallbacks(server: "Server", new: cfg.Config) -> None:
+def _refresh_fallbacks(registry: Registry, new: cfg.Config) -> None:
     chain = cfg.fallback_of(new.models)
-    for name, model in server.registry.models.items():
+    for name, model in registry.models.items():
         model.fallback = chain.get(name, "")
-    server.registry.check_fallbacks()  # loaded models: a fallback must take the same inputs
+    registry.check_fallbacks()  # loaded models: a fallback must take the same inputs

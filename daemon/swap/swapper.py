@@ -2,11 +2,12 @@
 
 For every change the watcher reports, per model: load each wanted version
 whose file is new or changed beside the serving one (same settings, so the
-same placement), warm it up (registry.load), and let it take over in one
-step; then retire what is no longer wanted: out of the routing tables
-first, then — once the frontend has finished any request it was admitting
-(`_quiesce`) — drain its queue and unload it. So no request ever finds a
-version gone between being routed and being queued, and a swap loses none.
+same placement), warm it up, and let it take over in one step; then retire
+what is no longer wanted: out of the routing tables first, then — once the
+frontend has finished any request it was admitting — drain its queue and
+unload it. Both are the registry's switch (models/switch.py: load beside,
+switch, drain). So no request ever finds a version gone between being
+routed and being queued, and a swap loses none.
 
 A file that fails its checksum, its load or its warm-up never replaces
 what serves: the failure is an event and a state (`failed`, or the serving
@@ -21,13 +22,11 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 import time
-from collections import deque
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from infermux.config import Config, ModelConfig
+from infermux.config import COLD, Config, ModelConfig
 from infermux.models.registry import Model, ModelVersion, Registry, State, version_key
 from infermux.swap.repository import FolderScreen, ModelPlan, SettingsCache, plan
 from infermux.swap.watcher import EngineFile, EngineWatcher, Snapshot
@@ -86,8 +85,6 @@ class Swapper:
         self._settled: dict[str, tuple[str, ...]] = {}    # stand-ins for failed versions, last announced
         self._failures = 0                                # loads that failed in _load, ever
         self._last = Snapshot()
-        self._barriers: deque[threading.Event] = deque()
-        server.ticks.append(self._release_barriers)
         self.registry.catalog = self
         # A reload changes which versions the configuration lists: look again.
         self.events.subscribe(lambda event: self.watcher.poke() if event.kind == "reloaded" else None)
@@ -291,15 +288,17 @@ class Swapper:
         replacing = current is not None and current.state is State.READY
         mv = ModelVersion(mc)
         problem = checksum_problem(f)
-        if not problem and not replacing and mc.mode != "inproc" and not mc.preload:
+        if not problem and not replacing and mc.placement == COLD and not mc.preload:
             self.registry.put(mv)  # a cold model: registered now, loaded by the first request for it
             return
         if problem:
             self._fail(mv, f"checksum failed: {problem}")
             loaded = False
+        elif replacing:
+            mv = self.registry.switch.load_beside(mc)
+            loaded = mv.ready
         else:
-            if not replacing:
-                self.registry.put(mv)  # visible as loading: requests naming it get 503 + retry
+            self.registry.put(mv)  # visible as loading: requests naming it get 503 + retry
             loaded = self.registry.load(mv)
         if not loaded:
             if replacing:
@@ -310,16 +309,13 @@ class Swapper:
                 self._failures += 1
                 self.registry.put(mv)  # the failure is this version's state
             return
-        if replacing:
-            assert current is not None
-            self.registry.put(mv)  # one assignment: every request from now on gets the new engine
+        previous = self.registry.switch.switch(mv) if replacing else None  # every request from now on: the new engine
         after = self.registry.model(mc.name)
         if after is not None and after.default() is mv:
             self.events.emit("swapped", mc.name, mc.version, previous=_label(before, mv),
                              took_ms=round((time.monotonic() - started) * 1000))
-        if replacing:
-            assert current is not None
-            self._drain(current)
+        if previous is not None:
+            self.registry.switch.drain(previous)
 
     def _retire_unwanted(self, p: ModelPlan) -> None:
         """Drain versions the plan dropped: at once if their file is gone, else once the wanted ones serve."""
@@ -342,38 +338,11 @@ class Swapper:
                 self.registry.put(gone)
             else:
                 self.registry.discard(mv)
-            self._drain(mv, "engine file removed" if removed else "superseded")
-
-    def _drain(self, mv: ModelVersion, why: str = "replaced") -> None:
-        """Unload a version no request can reach any more, once the frontend has let go of it."""
-        self._quiesce()
-        if mv.scheduler is None:
-            mv.state = State.UNLOADED
-            self.events.emit("unloaded", mv.name, mv.version, reason=why)
-            return
-        self.registry.unload(mv, self.config.daemon.drain_timeout_s)
+            self.registry.switch.drain(mv, "engine file removed" if removed else "superseded")
 
     def _fail(self, mv: ModelVersion, reason: str) -> None:
         mv.state, mv.reason = State.FAILED, reason
         self.events.emit("failed", mv.name, mv.version, reason=reason)
-
-    # -- the frontend barrier ----------------------------------------------------
-
-    def _quiesce(self, timeout: float = 1.0) -> None:
-        """Wait until the frontend thread finishes the admission it may be in the middle of.
-
-        The router picks a version and queues on it in one frontend turn; a
-        version taken out of the routing tables before this call is therefore
-        out of reach once it returns. (The loop turns at least every 100 ms.)
-        """
-        done = threading.Event()
-        self._barriers.append(done)
-        done.wait(timeout)
-
-    def _release_barriers(self) -> None:
-        """A Server tick: runs on the frontend thread between admissions."""
-        while self._barriers:
-            self._barriers.popleft().set()
 
 
 def _why_ignored(configured: ModelConfig | None, pinned: str | None) -> str:

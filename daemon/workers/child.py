@@ -1,8 +1,9 @@
 """The worker process of a cold model (`python -m infermux.workers.child`, started by the daemon).
 
-It runs the same backend plugins, the same `Scheduler` and `Executor`s
-(`contexts = N` threads, batching, deadlines) as a hot model, behind the
-pipes of wire.py instead of the daemon's ROUTER. It is started with
+It loads its version with the hot placer (models/hot.py), so it runs the
+same backend plugins, warm-up, `Scheduler` and `Executor`s (`contexts = N`
+threads, batching, deadlines) as a hot model, behind the pipes of wire.py
+instead of the daemon's ROUTER. It is started with
 `subprocess`, never `fork`: a CUDA context does not survive a fork.
 
 A worker starts as a spare: libraries imported, no model, waiting for LOAD.
@@ -33,7 +34,7 @@ import zmq
 from infermux.workers import wire as wire
 from infermux.config import ModelConfig
 from infermux.events import limit_tracebacks
-from infermux.models.budget import limit_malloc_arenas
+from infermux.models.budget import limit_malloc_arenas, rss_bytes
 from infermux.execution.inline import InlinePolicy
 from infermux.execution.job import Job, Outcome
 from infermux.workers.lane import Lane, LaneClosed
@@ -42,13 +43,15 @@ from infermux.plugins.base import BackendError
 from infermux.protocol import DTYPES, OutputRegion, Request, Status, encode_reply, error_header
 from infermux.transport.regions import MappedRegions
 from infermux.transport.waiting import message_waiting
-from infermux.models.registry import rss_bytes, warm_up
+from infermux.models.hot import HotPlacer
+from infermux.models.placer import LoadFailed
+from infermux.models.version import ModelVersion
+from infermux.execution.hooks import FrontendHooks
 from infermux.execution.placement import Admission, Change
 from infermux.execution.scheduler import Scheduler
 from infermux.workers.slots import Slot, SlotCache, layout
 from infermux.execution.outputs import ShapeMemory
 from infermux.workers.slotoutputs import SlotOutputs
-from infermux.execution.stats import ModelStats
 
 log = logging.getLogger("infermux.worker")
 
@@ -104,6 +107,9 @@ class Worker:
         self.scheduler: Scheduler | None = None
         self.engine: Any = None
         self.name = self.version = ""
+        # The daemon sent the version's routing strategy in its config: "least_queue" is never read.
+        self.placer = HotPlacer(FrontendHooks(reply=self._reply, on_late=self._late, inline=self._inline_ok),
+                                warming=self._warming, strategy=lambda: "least_queue")
 
     def send(self, frames: list[Any], copy: bool = True) -> None:
         with self._send_lock:
@@ -205,26 +211,18 @@ class Worker:
         started = time.monotonic()
         self.name, self.version = mc.name, mc.version
         try:
-            if not mc.engine.exists():
-                raise BackendError(f"engine file {mc.engine} does not exist")
-            backend = backends.for_path(mc.engine, mc.backend or None)
-            engine = backend.load(mc.engine, dict(mc.options))
-        except Exception as exc:
-            self.send([wire.Error(str(exc), "load").encode()])
+            scheduler = self.placer.load(ModelVersion(mc))
+        except LoadFailed as exc:
+            self.send([wire.Error(str(exc), exc.during).encode()])
             return
-        self.send([wire.Stage("warming", backend.name).encode()])
-        try:
-            row_us = warm_up(engine, mc)
-            self.scheduler = Scheduler(mc, engine, self._reply, self._late, ModelStats(mc.name, mc.version),
-                                       mc.strategy or "least_queue", self._inline_ok, row_us)
-        except Exception as exc:
-            engine.close()
-            self.send([wire.Error(str(exc), "warm-up").encode()])
-            return
-        self.engine = engine
-        ready = wire.Ready(list(engine.inputs), list(engine.outputs), engine.memory_bytes(), row_us, backend.name,
-                           round((time.monotonic() - started) * 1000), self.scheduler.policy.allowed)
+        self.scheduler, self.engine = scheduler, scheduler.engine
+        ready = wire.Ready(list(self.engine.inputs), list(self.engine.outputs), self.engine.memory_bytes(),
+                           scheduler.warm_row_us, scheduler.backend, round((time.monotonic() - started) * 1000),
+                           scheduler.policy.allowed)
         self.send([ready.encode()])
+
+    def _warming(self, version: ModelVersion, backend: str) -> None:
+        self.send([wire.Stage("warming", backend).encode()])
 
     def _set(self, change: Change) -> None:
         if self.scheduler is not None:

@@ -32,8 +32,8 @@ import zmq
 
 from infermux.execution import batcher
 from infermux.workers import wire as wire
-from infermux.config import ModelConfig
-from infermux.execution.executor import LateFn, ReplyFn
+from infermux.config import COLD, ModelConfig
+from infermux.execution.hooks import FrontendHooks
 from infermux.execution.job import Job
 from infermux.execution.stats import ModelStats, Stats
 from infermux.execution.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
@@ -101,19 +101,22 @@ class ContextView:
 
 
 ExitFn = Callable[["WorkerProxy", str, bool], None]
-# watch(fd, on_ready): call on_ready() on the frontend thread whenever fd is
-# readable, until it returns False (Server.watch).
-Watch = Callable[[int, Callable[[], bool]], None]
 
 
 class WorkerProxy:
-    """Forwards one model version's jobs to its worker process and its replies to clients."""
+    """Forwards one model version's jobs to its worker process and its replies to clients: a
+    `Placement`, cold. `hooks.watch` polls its lane on the frontend thread; `on_exit(proxy, how,
+    crashed)` hears that its worker ended (the pool, workers/pool.py)."""
 
-    def __init__(self, process: WorkerProcess, config: ModelConfig, ready: wire.Ready, reply: ReplyFn,
-                 on_late: LateFn, on_exit: ExitFn, stats: ModelStats, strategy: str, watch: Watch,
-                 regions: RegionTable | None = None) -> None:
+    kind = COLD
+
+    def __init__(self, process: WorkerProcess, config: ModelConfig, ready: wire.Ready, hooks: FrontendHooks,
+                 stats: ModelStats, strategy: str, on_exit: ExitFn, regions: RegionTable | None = None) -> None:
+        assert hooks.watch is not None, "a cold placement needs the frontend to watch its lane"
         self.process = process
         self.name, self.version = config.name, config.version
+        self.engine = RemoteEngine(ready.inputs, ready.outputs, ready.memory_bytes)
+        self.backend = ready.backend
         self.strategy = strategy
         allowed = ready.allowed
         # The worker caps max_batch at the engine's batch maximum (batchcap.py): show what it runs with.
@@ -130,7 +133,7 @@ class WorkerProxy:
         self.created = self.last_beat = time.monotonic()
         self.gpu_bytes = 0  # this process's GPU memory as NVML reports it (0 where it cannot)
         self.unseen_bytes = 0  # what its load took that neither RSS nor NVML shows (MemoryKeeper.unseen)
-        self._reply, self._on_late, self._on_exit = reply, on_late, on_exit
+        self._reply, self._on_late, self._on_exit = hooks.reply, hooks.on_late, on_exit
         self._outputs = len(ready.outputs)
         self._out_row_bytes = _row_bytes(ready.outputs)
         self._pending: dict[int, tuple[Job, Slot | None, int]] = {}
@@ -149,7 +152,7 @@ class WorkerProxy:
         self.slots = SlotPool(segment_name(os.getpid(), process.wid), config.max_queue + config.contexts,
                               on_drop=self._forget)
         self._lane = process.take_lane()
-        watch(self._lane.fileno(), self._read_lane)
+        hooks.watch(self._lane.fileno(), self._read_lane)
         # Client regions this worker has mapped (regions.py): their inputs are not copied.
         self._regions = regions
         self._mapped: set[str] = set()
@@ -325,9 +328,9 @@ class WorkerProxy:
         for view in removed:
             self._stats.remove_context(view.stats)
 
-    def stop(self, timeout: float | None = None) -> bool:
+    def stop(self, timeout: float | None = None, reason: str = "unloaded") -> bool:
         """Take no new jobs, wait for those in flight, then stop the worker; True if all were answered."""
-        self.stop_reason = self.stop_reason or "unloaded"
+        self.stop_reason = self.stop_reason or reason
         with self._lock:
             self._closing = True
             deadline = None if timeout is None else time.monotonic() + timeout

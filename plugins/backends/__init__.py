@@ -46,6 +46,13 @@ def get(name: str) -> Backend:
 SUFFIXES = {".onnx": "onnxruntime", ".plan": "tensorrt", ".engine": "tensorrt"}
 
 
+def session_per_context(path: Path, name: str = "") -> bool:
+    """Whether the backend that serves `path` (or the one called `name`) holds a copy of the model
+    per execution context: onnxruntime keeps one session, with its own weights, per context; a
+    TensorRT engine is shared by its contexts. What memory estimates and footprints multiply by."""
+    return path.suffix.lower() == ".onnx" and name in ("", "onnxruntime")
+
+
 def for_path(path: Path, name: str | None = None) -> Backend:
     """The backend named `name`, or the one that serves this file suffix."""
     if name:

@@ -36,7 +36,7 @@ COLD = """
 [[models]]
 name = "m"
 engine = "m/1/model.onnx"
-mode = "multiproc"
+mode = "multiproc"  # placement = "cold" by its old name, which --against revisions before it read too
 preload = true
 """
 

@@ -107,7 +107,7 @@ def measure(calls: int, rounds: int, tmp: Path) -> dict[str, tuple[float, float]
             return once
 
         version = server.registry.model("classifier").default()
-        executor = version.scheduler.executors[0]
+        executor = version.placement.executors[0]
         real = executor._context
         results = {}
         for label, ctx in (("with onnxruntime", real), ("instant backend", Instant(outputs))):

@@ -55,7 +55,7 @@ max_queue = 100000
 [[models]]
 name = "cold"
 engine = "fast512/1/model.onnx"
-mode = "multiproc"
+mode = "multiproc"  # placement = "cold" by its old name, which --against revisions before it read too
 preload = true
 max_queue = 1000
 """

@@ -34,7 +34,7 @@ from support.harness import DAEMON_HEAD, Daemon, free_port  # noqa: E402
 from infermux.admin import hardware  # noqa: E402
 
 MODELS = ('[[models]]\nname = "hot"\nengine = "addone/1/model.onnx"\n'
-          '[[models]]\nname = "cold"\nengine = "addone/1/model.onnx"\nmode = "multiproc"\npreload = true\n')
+          '[[models]]\nname = "cold"\nengine = "addone/1/model.onnx"\nplacement = "cold"\npreload = true\n')
 
 
 def timed_gets(url: str, n: int) -> tuple[list[float], int]:

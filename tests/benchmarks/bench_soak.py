@@ -53,7 +53,7 @@ contexts = 2
 [[models]]
 name = "cold"
 engine = "cold/1/model.onnx"
-mode = "multiproc"
+placement = "cold"
 idle_unload_s = 3
 """
 

@@ -59,7 +59,7 @@ MODEL = """
 [[models]]
 name = "{name}"
 engine = "{engine}"
-mode = "{mode}"
+mode = "{mode}"  # placement by its old name (inproc: hot, multiproc: cold), which --against revisions read too
 preload = {preload}
 idle_unload_s = 0
 """

@@ -116,7 +116,7 @@ def test_a_process_stat_with_spaces_and_parentheses_in_its_name(tmp_path: Path) 
 
 def test_the_daemon_and_its_cold_worker_have_cpu_and_memory_series(make_daemon) -> None:
     port = free_port()
-    d = make_daemon('[[models]]\nname = "cold"\nengine = "addone/1/model.onnx"\nmode = "multiproc"\n'
+    d = make_daemon('[[models]]\nname = "cold"\nengine = "addone/1/model.onnx"\nplacement = "cold"\n'
                     'preload = true\n', head=DAEMON_HEAD + f"metrics_port = {port}\n")
     with d.admin() as admin:
         (view,) = admin.call("models")["models"]

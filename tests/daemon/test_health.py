@@ -87,6 +87,6 @@ def test_a_hot_model_that_failed_to_load_keeps_the_daemon_unready(make_daemon, t
 def test_a_cold_model_that_loads_on_demand_does_not_hold_readiness(make_daemon) -> None:
     port = free_port()
     make_daemon('[[models]]\nname = "addone"\nengine = "addone/1/model.onnx"\n'
-                '[[models]]\nname = "later"\nengine = "addone/2/model.onnx"\nmode = "multiproc"\n',
+                '[[models]]\nname = "later"\nengine = "addone/2/model.onnx"\nplacement = "cold"\n',
                 head=DAEMON_HEAD + f"metrics_port = {port}\n")
     assert probe(port, "/readyz") == (200, "ready\n")

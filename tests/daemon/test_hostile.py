@@ -528,7 +528,7 @@ COLD = """
 [[models]]
 name = "cold"
 engine = "fast512/1/model.onnx"
-mode = "multiproc"
+placement = "cold"
 preload = true
 """
 

@@ -1,6 +1,6 @@
 """The feature-combination matrix: each placement of a model version × each behaviour that touches it.
 
-Placements: `hot` (in the daemon), `cold` (`mode = "multiproc"`, in a
+Placements: `hot` (in the daemon), `cold` (`placement = "cold"`, in a
 worker process), `promoted` (configured cold, moved hot live by admin
 `promote`) and `demoted` (configured hot, moved cold live by admin
 `demote`). Each placement gets one real daemon (module-scoped, so the
@@ -108,7 +108,7 @@ def engine_of(placed: Placement, model: str, version: str = "1") -> Path:
 
 def config_text(placement: str, engines: Path, watched: Path) -> str:
     """HEAD, the fallback, and PLACED as configured before any move: cold for cold and promoted."""
-    mode = 'mode = "multiproc"\npreload = true\n' if placement in ("cold", "promoted") else ""
+    mode = 'placement = "cold"\npreload = true\n' if placement in ("cold", "promoted") else ""
     text = HEAD.format(watched=watched) + FALLBACK.format(engines=engines)
     for name, version, engine, settings in PLACED:
         if name in WORKER_ONLY and placement not in WITH_WORKER:

@@ -56,7 +56,7 @@ def test_counters_start_at_zero_so_their_first_increase_is_seen(make_daemon) -> 
     # restarts and every model's swaps are exposed at 0 before anything happens.
     port = free_port()
     make_daemon('[[models]]\nname = "hot"\nengine = "addone/1/model.onnx"\nmax_queue = 7\n'
-                '[[models]]\nname = "cold"\nengine = "addone/2/model.onnx"\nmode = "multiproc"\npreload = true\n',
+                '[[models]]\nname = "cold"\nengine = "addone/2/model.onnx"\nplacement = "cold"\npreload = true\n',
                 head=DAEMON_HEAD + f"metrics_port = {port}\n")
     samples = scrape(port)
     for model, version in (("hot", "1"), ("cold", "1")):

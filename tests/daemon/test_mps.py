@@ -108,9 +108,9 @@ def test_standin_cold_workers_start_as_mps_clients_shown_in_status_and_doctor(ma
     # The spare starts with the daemon, without a percentage: "quarter" (loaded at start) must not take it;
     # "whole" (loaded after) takes it or its successor.
     head = DAEMON_HEAD + f'spare_worker = true\nmps = "on"\nmps_pipe_dir = "{pipes}"\n'
-    models = ('[[models]]\nname = "quarter"\nengine = "addone/1/model.onnx"\nmode = "multiproc"\n'
+    models = ('[[models]]\nname = "quarter"\nengine = "addone/1/model.onnx"\nplacement = "cold"\n'
               'preload = true\nmps_thread_percentage = 25\n'
-              '[[models]]\nname = "whole"\nengine = "addone/1/model.onnx"\nmode = "multiproc"\n')
+              '[[models]]\nname = "whole"\nengine = "addone/1/model.onnx"\nplacement = "cold"\n')
     d = make_daemon(models, head=head, env={"PATH": os.environ["PATH"], "FAKE_MPS_LOG": str(standin)})
     with d.admin() as admin:
         admin.call("load", model="whole")

@@ -70,7 +70,7 @@ TRACKED_MODELS = ("tdet", "tcls")
 
 def config_text(placement: str, watched: Path) -> str:
     """The models as configured before any move (cold for cold and promoted), and a pipeline each."""
-    mode = 'mode = "multiproc"\npreload = true\n' if placement in ("cold", "promoted") else ""
+    mode = 'placement = "cold"\npreload = true\n' if placement in ("cold", "promoted") else ""
     text = HEAD.format(watched=watched, classifier=CLASSIFIER)
     text += f'[[models]]\nname = "cls"\nengine = "{CLASSIFIER}"\nfallback = "ref"\n{mode}'
     text += f'[[models]]\nname = "cnf"\nengine = "{CLASSIFIER}"\n{mode}'

@@ -42,7 +42,7 @@ COLD = """
 [[models]]
 name = "ppocr_rec_cold"
 engine = "rec.onnx"
-mode = "multiproc"
+placement = "cold"
 max_batch = 64
 batch_delay_us = 1000
 timeout_ms = 10000

@@ -30,7 +30,7 @@ engine = "fast512/1/model.onnx"
 [[models]]
 name = "cold"
 engine = "fast512/1/model.onnx"
-mode = "multiproc"
+placement = "cold"
 preload = true
 """
 
@@ -134,7 +134,7 @@ def test_a_region_sealed_against_writes_takes_inputs_but_not_outputs(make_daemon
 
 def test_an_input_in_a_region_and_another_in_a_frame_travel_together(make_daemon) -> None:
     d = start(make_daemon, '[[models]]\nname = "hot"\nengine = "reshaper/1/model.onnx"\n'
-                           '[[models]]\nname = "cold"\nengine = "reshaper/1/model.onnx"\nmode = "multiproc"\n')
+                           '[[models]]\nname = "cold"\nengine = "reshaper/1/model.onnx"\nplacement = "cold"\n')
     x = np.arange(24, dtype=np.float32).reshape(6, 4)
     shape = np.array([3, 8], dtype=np.int64)
     with d.client() as client, SharedMemory.beside(d.endpoint, 4096) as shm:
@@ -377,7 +377,7 @@ def test_batched_requests_each_read_and_write_their_own_part_of_a_region(make_da
     no_inline = head() + "inline_max_us = 0\n"
     batched = "max_batch = 16\nbatch_delay_us = 10000000\ntimeout_ms = 60000\n"
     d = make_daemon(f'[[models]]\nname = "hot"\nengine = "fast512/1/model.onnx"\n{batched}'
-                    f'[[models]]\nname = "cold"\nengine = "fast512/1/model.onnx"\nmode = "multiproc"\n'
+                    f'[[models]]\nname = "cold"\nengine = "fast512/1/model.onnx"\nplacement = "cold"\n'
                     f'preload = true\n{batched}', head=no_inline)
     rows = [np.full((2, 512), k, np.float32) for k in range(16)]
     with SharedMemory.beside(d.endpoint, 1 << 20, "batched") as shm, d.pipeline(timeout_s=60) as pipe:

@@ -266,17 +266,18 @@ def test_retry_after_grows_with_the_queue_depth(make_daemon):
 def test_a_pipeline_steps_unnamed_tensor_takes_the_input_name_of_the_version_it_is_routed_to() -> None:
     """A pipeline's step names its tensor when it sends it; while the model loads it cannot, and the
     version may be ready by the time the router chooses it (a stress round caught the 400 this was)."""
+    from pathlib import Path
     from types import SimpleNamespace
     from typing import Any
 
-    from infermux.config import RoutingConfig
+    from infermux.config import Config, DaemonConfig, RoutingConfig
     from infermux.plugins.base import TensorSpec
     from infermux.protocol import ProtocolError, Request
     from infermux.execution.job import ONLY_INPUT, Internal, Job
     from infermux.frontend.router import Router
 
-    registry: Any = SimpleNamespace(config=SimpleNamespace(models=[]))
-    router = Router(registry, RoutingConfig(), lambda *args: None)
+    registry: Any = SimpleNamespace()
+    router = Router(registry, Config(Path("t.toml"), DaemonConfig(), RoutingConfig(), models=()), lambda *args: None)
     version: Any = SimpleNamespace(name="cls", engine=SimpleNamespace(
         inputs=[TensorSpec("images", "float32", (-1, 4))], outputs=[]))
     x = np.zeros((1, 4), np.float32)

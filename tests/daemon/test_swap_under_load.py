@@ -9,7 +9,6 @@ no later one reaches the old.
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import numpy as np
 import pytest
 
 from support.harness import Daemon
-from infermux.client import Pipeline
+from support.load import LoadClient
 from support.publish import publish, write_atomically
 
 SWAPS = 20
@@ -33,33 +32,6 @@ watch_debounce_s = 0.02
 """
 
 
-class LoadClient(threading.Thread):
-    """Keeps IN_FLIGHT requests outstanding on one DEALER until told to stop."""
-
-    def __init__(self, endpoint: str, index: int) -> None:
-        super().__init__(name=f"load-{index}", daemon=True)
-        self.endpoint = endpoint
-        self.index = index
-        self.sent: dict[int, np.ndarray] = {}
-        self.answers: dict[int, tuple[int, str, np.ndarray | None, str]] = {}  # id -> status, version, y, error
-        self.stopping = threading.Event()
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        rng = np.random.default_rng(self.index)
-        try:
-            with Pipeline(self.endpoint, timeout_s=10.0) as pipe:
-                while not self.stopping.is_set() or pipe.in_flight:
-                    while not self.stopping.is_set() and pipe.in_flight < IN_FLIGHT:
-                        x = rng.random((1, 4), dtype=np.float32)
-                        self.sent[pipe.submit("z", {"x": x})] = x
-                    reply = pipe.next_reply()
-                    self.answers[reply.header["id"]] = (reply.status, reply.version or "",
-                                                        reply.outputs.get("y"), reply.error or "")
-        except BaseException as exc:  # reported by the test thread
-            self.error = exc
-
-
 @pytest.mark.slow
 @pytest.mark.timing
 def test_twenty_swaps_under_pipelined_load_lose_nothing(tmp_path: Path) -> None:
@@ -67,7 +39,7 @@ def test_twenty_swaps_under_pipelined_load_lose_nothing(tmp_path: Path) -> None:
     publish(root, "z", 1, offset=1)
     write_atomically(root / "z" / "model.toml", b"max_queue = 256\n")
     daemon = Daemon(tmp_path, CONFIG.format(root=root)).start()
-    clients = [LoadClient(daemon.endpoint, i) for i in range(CLIENTS)]
+    clients = [LoadClient(daemon.endpoint, i, "z", in_flight=IN_FLIGHT) for i in range(CLIENTS)]
     swap_s = []
     try:
         for client in clients:

@@ -24,7 +24,7 @@ X_INLINE = X_SLOT[:2]  # 4 KB: inline in the pipe message
 def cold(name: str, engine: str = "fast512/1/model.onnx", **fields: object) -> str:
     extra = "".join(f"{k} = {v!r}\n".replace("'", '"').replace("True", "true").replace("False", "false")
                     for k, v in fields.items())
-    return f'[[models]]\nname = "{name}"\nengine = "{engine}"\nmode = "multiproc"\n{extra}'
+    return f'[[models]]\nname = "{name}"\nengine = "{engine}"\nplacement = "cold"\n{extra}'
 
 
 def row(d: Daemon, name: str) -> dict:

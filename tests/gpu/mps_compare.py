@@ -3,7 +3,7 @@
     python tests/gpu/mps_compare.py WORKDIR [SECONDS]
 
 Builds the sample classifier's TensorRT plan (gpu_support.build_plan), serves it as two
-`mode = "multiproc"` models from one daemon, keeps 16 requests in flight on each for SECONDS
+`placement = "cold"` models from one daemon, keeps 16 requests in flight on each for SECONDS
 (default 5), first with mps = "off", then with mps = "on" (infermux starts
 nvidia-cuda-mps-control and quits it at the end). Prints one `FIGURE: ` line; `SKIP: reason` and
 exit 0 where it cannot run (no GPU, no TensorRT, no nvidia-cuda-mps-control, or an MPS server
@@ -30,7 +30,7 @@ IN_FLIGHT = 16
 def config(engines: Path, mode: str, pipes: Path) -> str:
     head = (f'[daemon]\nlisten = ["ipc://infer.sock"]\nengine_dir = "{engines}"\nwatch = false\n'
             f'spare_worker = false\nmps = "{mode}"\nmps_pipe_dir = "{pipes}"\n')
-    return head + "".join(f'[[models]]\nname = "{m}"\nengine = "{m}/1/model.plan"\nmode = "multiproc"\n'
+    return head + "".join(f'[[models]]\nname = "{m}"\nengine = "{m}/1/model.plan"\nplacement = "cold"\n'
                           f'preload = true\nmax_queue = 256\n' for m in MODELS)
 
 

@@ -32,6 +32,7 @@ from infermux.plugins.base import BackendError
 from infermux.protocol import Request
 from infermux.execution.executor import Executor
 from infermux.execution.job import Job
+from infermux.execution.hooks import FrontendHooks
 from infermux.execution.scheduler import Scheduler
 from infermux.execution.stats import ModelStats
 
@@ -63,8 +64,8 @@ def stage_cap(work: Path) -> int:
     _trt()
     engine = _load(build_plan(work / "cap" / "model.plan"))
     try:
-        scheduler = Scheduler(ModelConfig("classifier", engine.path, max_batch=16), engine, lambda e, f, outcome=None: None,
-                              lambda job: None, ModelStats("classifier", "1"), "least_loaded")
+        scheduler = Scheduler(ModelConfig("classifier", engine.path, max_batch=16), engine, ModelStats("classifier", "1"),
+                              FrontendHooks(lambda e, f, outcome=None: None, lambda job: None), "least_loaded")
         scheduler.stop(30)
         replies: list[dict] = []
         executor = Executor("classifier", "1", 0, engine.create_context(),

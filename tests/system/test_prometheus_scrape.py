@@ -186,7 +186,7 @@ timeout_ms = 20
 [[models]]
 name = "cold"                  # a worker process: killed three times
 engine = "{engines}/fast512/1/model.onnx"
-mode = "multiproc"
+placement = "cold"
 preload = true
 [[models]]
 name = "classifier"            # the pipeline's model

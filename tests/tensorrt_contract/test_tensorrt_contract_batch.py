@@ -19,6 +19,7 @@ from infermux.plugins import backends
 from infermux.protocol import Request
 from infermux.execution.executor import Executor
 from infermux.execution.job import Job
+from infermux.execution.hooks import FrontendHooks
 from infermux.execution.scheduler import Scheduler
 from infermux.execution.stats import ModelStats
 
@@ -38,8 +39,8 @@ def engine(fake_trt, tmp_path):
 def scheduler_policy(engine, max_batch: int):
     """The batching policy a hot placement builds for `engine`, its executor stopped again."""
     config = ModelConfig("det", engine.path, max_batch=max_batch, batch_delay_us=0)
-    scheduler = Scheduler(config, engine, lambda envelope, frames, outcome=None: None, lambda job: None,
-                          ModelStats("det", "1"), "least_loaded")
+    scheduler = Scheduler(config, engine, ModelStats("det", "1"),
+                          FrontendHooks(lambda envelope, frames, outcome=None: None, lambda job: None), "least_loaded")
     scheduler.stop(5)
     return scheduler.policy
 

@@ -54,6 +54,7 @@ def test_contract_a_model_is_charged_on_the_gpu_it_runs_on(two_gpus: StandInLibN
     already use 3.5 of its 4 GiB, and the same load on GPU 0 is refused naming GPU 0."""
     from infermux.events import EventLog
     from infermux.models.memory import MemoryKeeper
+    from infermux.execution.hooks import FrontendHooks
     from infermux.models.registry import Registry
     from infermux.models.version import State
     from infermux import config as cfg
@@ -63,7 +64,7 @@ def test_contract_a_model_is_charged_on_the_gpu_it_runs_on(two_gpus: StandInLibN
     config = cfg.Config(tmp_path / "infermux.toml", cfg.DaemonConfig(), cfg.RoutingConfig(), models=(
         ModelConfig("held", plan, options={"device": 0}), ModelConfig("new1", plan, version="1", options={"device": 1}),
         ModelConfig("new0", plan, version="1", options={"device": 0})))
-    registry = Registry(config, EventLog(), lambda *a, **k: None, lambda *a: None)
+    registry = Registry(config, EventLog(), FrontendHooks(lambda *a, **k: None, lambda *a: None))
     held = registry.model("held").versions["1"]
     held.memory_bytes, held.state = int(3.5 * GiB), State.READY
     b = budget.MemoryBudget("50%", "test.toml", gpus=budget.Nvml.open_all(two_gpus))
@@ -81,6 +82,7 @@ def test_contract_settling_after_a_load_looks_at_that_gpu_only(two_gpus: StandIn
     from infermux import config as cfg
     from infermux.events import EventLog
     from infermux.models.memory import MemoryKeeper
+    from infermux.execution.hooks import FrontendHooks
     from infermux.models.registry import Registry
     from infermux.models.version import State
 
@@ -88,7 +90,7 @@ def test_contract_settling_after_a_load_looks_at_that_gpu_only(two_gpus: StandIn
     plan.write_bytes(b"x")
     config = cfg.Config(tmp_path / "infermux.toml", cfg.DaemonConfig(), cfg.RoutingConfig(), models=(
         ModelConfig("held", plan, options={"device": 0}), ModelConfig("new1", plan, options={"device": 1})))
-    registry = Registry(config, EventLog(), lambda *a, **k: None, lambda *a: None)
+    registry = Registry(config, EventLog(), FrontendHooks(lambda *a, **k: None, lambda *a: None))
     held, new1 = registry.model("held").versions["1"], registry.model("new1").versions["1"]
     held.memory_bytes, held.state = int(3.5 * GiB), State.READY
     new1.memory_bytes, new1.state = 6 * GiB, State.READY

@@ -1,4 +1,4 @@
-"""Contract tests: a TensorRT engine served cold (mode = "multiproc") by a real daemon and worker.
+"""Contract tests: a TensorRT engine served cold (placement = "cold") by a real daemon and worker.
 
 The daemon and its worker run the stand-in of fakes_tensorrt.py (tests/support/fakes/tensorrt_site puts
 it in both processes). They check our code, not TensorRT: the worker caps batching at the
@@ -19,7 +19,7 @@ def test_contract_a_cold_versions_status_shows_the_capped_max_batch(make_daemon,
     32 it says 8 again, and a 5-row request is served by the worker's (stand-in) engine."""
     (tmp_path / "det" / "1").mkdir(parents=True)
     write_plan(tmp_path / "det" / "1")
-    d = make_daemon('[[models]]\nname = "det"\nengine = "{root}/det/1/model.plan"\nmode = "multiproc"\n'
+    d = make_daemon('[[models]]\nname = "det"\nengine = "{root}/det/1/model.plan"\nplacement = "cold"\n'
                     'max_batch = 16\nbatch_delay_us = 100\npreload = true\n', root=str(tmp_path),
                     env={"INFERMUX_FAKE_TRT": "1", "PYTHONPATH": str(FAKES / "tensorrt_site")})
     with d.client() as client:

@@ -217,6 +217,7 @@ def test_contract_a_hot_tensorrt_model_is_charged_its_device_memory_not_the_host
     own device figure (base.OnDevice), which is what a GPU budget measures."""
     from infermux import config as cfg
     from infermux.events import EventLog
+    from infermux.execution.hooks import FrontendHooks
     from infermux.models.registry import Registry
 
     fake_trt.host_load_bytes = 64 << 20
@@ -224,7 +225,7 @@ def test_contract_a_hot_tensorrt_model_is_charged_its_device_memory_not_the_host
     write_plan(tmp_path / "m" / "1", size=1000)
     (tmp_path / "infermux.toml").write_text(f'[daemon]\nengine_dir = "{tmp_path}"\nwatch = false\n'
                                             '[[models]]\nname = "m"\nengine = "m/1/model.plan"\n')
-    registry = Registry(cfg.load(tmp_path / "infermux.toml"), EventLog(), lambda *a: None, lambda job: None)
+    registry = Registry(cfg.load(tmp_path / "infermux.toml"), EventLog(), FrontendHooks(lambda *a: None, lambda job: None))
     mv = registry.model("m").versions["1"]
     assert registry.load(mv), mv.reason
     try:

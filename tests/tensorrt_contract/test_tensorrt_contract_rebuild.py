@@ -26,6 +26,7 @@ from support import models
 from infermux import config as cfg
 from infermux.cli import build
 from infermux.events import EventLog
+from infermux.execution.hooks import FrontendHooks
 from infermux.models.registry import Registry
 from infermux.plugins import backends
 from infermux.plugins.backends import tensorrt_build, tensorrt_rebuild, trtlib
@@ -149,12 +150,12 @@ def test_contract_the_registry_reports_the_rebuild_in_events_and_status(fake_trt
     (root / "infermux.toml").write_text(f'[daemon]\nengine_dir = "{root}"\nwatch = false\n'
                                         '[[models]]\nname = "det"\nengine = "det/1/model.plan"\nmax_batch = 16\n')
     events = EventLog()
-    registry = Registry(cfg.load(root / "infermux.toml"), events, lambda *a: None, lambda job: None)
+    registry = Registry(cfg.load(root / "infermux.toml"), events, FrontendHooks(lambda *a: None, lambda job: None))
     mv = registry.model("det").versions["1"]
     assert registry.load(mv), mv.reason
     try:
         assert "rebuilding model.plan from model.onnx" in mv.reason
-        assert mv.scheduler.policy.max_batch == 4  # capped at the plan-to-be's batch maximum
+        assert mv.placement.policy.max_batch == 4  # capped at the plan-to-be's batch maximum
         build_child.release()
         assert mv.engine.switched.wait(30)
         kinds = [e.kind for e in events.recent()]

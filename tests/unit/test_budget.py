@@ -17,6 +17,7 @@ from infermux.models import budget
 from infermux import config as cfg
 from infermux.events import EventLog
 from infermux.config import ConfigError, ModelConfig
+from infermux.execution.hooks import FrontendHooks
 from infermux.models.registry import Registry
 from infermux.workers.process import exit_reason
 
@@ -29,15 +30,15 @@ def engine_of(tmp_path: Path, size: int, suffix: str = ".onnx") -> Path:
 
 
 def test_the_estimate_prefers_what_was_measured_last(tmp_path: Path) -> None:
-    mc = ModelConfig("m", engine_of(tmp_path, 10 << 20), mode="multiproc")
+    mc = ModelConfig("m", engine_of(tmp_path, 10 << 20), placement="cold")
     assert budget.estimate(mc, measured=123 << 20, worker_base=50 << 20) == 123 << 20
 
 
 def test_a_first_estimate_is_the_file_per_copy_plus_a_workers_base(tmp_path: Path) -> None:
     onnx = engine_of(tmp_path, 10 << 20)
-    cold = ModelConfig("m", onnx, mode="multiproc", contexts=2)  # onnxruntime: one session per context
+    cold = ModelConfig("m", onnx, placement="cold", contexts=2)  # onnxruntime: one session per context
     hot = ModelConfig("m", onnx, contexts=1)
-    plan = ModelConfig("m", engine_of(tmp_path, 10 << 20, ".plan"), mode="multiproc", contexts=2)
+    plan = ModelConfig("m", engine_of(tmp_path, 10 << 20, ".plan"), placement="cold", contexts=2)
     assert budget.estimate(cold, 0, 50 << 20) == int(10 * 2 * 2) * 2**20 + (50 << 20)
     assert budget.estimate(hot, 0, 50 << 20) == 20 << 20
     assert budget.estimate(plan, 0, 0) == (20 << 20) + budget.DEFAULT_WORKER_BASE  # contexts share a plan
@@ -124,12 +125,12 @@ def test_an_unloaded_version_is_freed_at_once_not_at_the_next_full_collection(tm
     models.add_one(tmp_path / "m" / "1" / "model.onnx")
     (tmp_path / "infermux.toml").write_text(f'[daemon]\nengine_dir = "{tmp_path}"\nwatch = false\n'
                                             '[[models]]\nname = "m"\nengine = "m/1/model.onnx"\n')
-    registry = Registry(cfg.load(tmp_path / "infermux.toml"), EventLog(), lambda *a: None, lambda job: None)
+    registry = Registry(cfg.load(tmp_path / "infermux.toml"), EventLog(), FrontendHooks(lambda *a: None, lambda job: None))
     mv = registry.model("m").versions["1"]
     gc.disable()  # only the unload's own collection may free it
     try:
         assert registry.load(mv)
-        executor = weakref.ref(mv.scheduler.executors[0])
+        executor = weakref.ref(mv.placement.executors[0])
         registry.unload(mv, timeout=5)
         assert executor() is None, "the executor waits in a reference cycle for a full collection"
     finally:

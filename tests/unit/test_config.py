@@ -31,9 +31,25 @@ def test_sample_config_loads_with_paths_resolved() -> None:
 def test_defaults_fill_what_the_file_leaves_out() -> None:
     config = cfg.parse(MODEL, FILE)
     m = config.models[0]
-    assert (m.version, m.mode, m.contexts, m.max_batch) == ("1", "inproc", 1, 1)
+    assert (m.version, m.placement, m.contexts, m.max_batch) == ("1", "hot", 1, 1)
     assert m.engine == Path("/var/lib/infermux/engines/a.onnx")
     assert config.routing.strategy == "least_queue"
+
+
+@pytest.mark.parametrize("text, placement", [
+    ("", "hot"), ('placement = "cold"\n', "cold"), ('placement = "hot"\n', "hot"),
+    ('mode = "multiproc"\n', "cold"), ('mode = "inproc"\n', "hot"),  # the old key and its names
+    ('placement = "cold"\nmode = "multiproc"\n', "cold"),  # both, where they agree
+])
+def test_placement_is_hot_or_cold_and_mode_is_its_old_name(text: str, placement: str) -> None:
+    assert cfg.parse(MODEL + text, FILE).models[0].placement == placement
+
+
+def test_model_toml_takes_the_placement_and_its_old_name_too(tmp_path: Path) -> None:
+    assert cfg.parse_model_settings('placement = "cold"\n', tmp_path / "model.toml", "m", tmp_path).placement == "cold"
+    assert cfg.parse_model_settings('mode = "multiproc"\n', tmp_path / "model.toml", "m", tmp_path).placement == "cold"
+    with pytest.raises(cfg.ConfigError, match="placement: must be hot"):
+        cfg.parse_model_settings('placement = "warm"\n', tmp_path / "model.toml", "m", tmp_path)
 
 
 @pytest.mark.parametrize("text, fragment", [
@@ -53,7 +69,11 @@ def test_defaults_fill_what_the_file_leaves_out() -> None:
     (MODEL + "contexts = 0\n", "models[name=\"a\"].contexts: must be >= 1, got 0"),
     (MODEL + 'contexts = "2"\n', "models[name=\"a\"].contexts: must be int, got str"),
     (MODEL + "max_queue = true\n", "models[name=\"a\"].max_queue: must be int, got bool"),
-    (MODEL + 'mode = "remote"\n', "models[name=\"a\"].mode: must be inproc or multiproc"),
+    (MODEL + 'placement = "remote"\n', "models[name=\"a\"].placement: must be hot (in the daemon) or cold"),
+    (MODEL + 'mode = "remote"\n', "models[name=\"a\"].mode: must be inproc or multiproc (the old names of placement"),
+    (MODEL + 'placement = "hot"\nmode = "multiproc"\n',
+     'models[name="a"].mode: mode = "multiproc" is the old name of placement = "cold", but placement = "hot"; '
+     'keep one of the two'),
     (MODEL + "colour = 1\n", "models[name=\"a\"].colour: unknown field; known fields"),
     (MODEL + "contxts = 2\n", "models[name=\"a\"].contxts: unknown field; did you mean `contexts`?"),
     ('[daemon]\nmemory_bugdet = "1GiB"\n', "daemon.memory_bugdet: unknown field; did you mean `memory_budget`?"),

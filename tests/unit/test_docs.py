@@ -39,6 +39,15 @@ def test_nothing_cites_the_design_page_outside_the_repository() -> None:
     assert not cited, f"point these at docs/architecture.md or docs/protocol.md instead: {cited}"
 
 
+CONFLICT = re.compile(r"^(<{7} |={7}$|>{7} )", re.M)  # a merge's markers, left in a file by mistake
+
+
+def test_no_tracked_file_holds_merge_conflict_markers() -> None:
+    marked = [str(path.relative_to(ROOT)) for path in _tracked() if path.is_file() and path.suffix != ".png"
+              and CONFLICT.search(path.read_text(errors="replace"))]
+    assert not marked, f"resolve the merge in these files: {marked}"
+
+
 @pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
 def test_every_link_in_the_docs_leads_somewhere(page: Path) -> None:
     dead = []

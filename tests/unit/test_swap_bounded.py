@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import shutil
-import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Iterator
@@ -12,6 +11,7 @@ import pytest
 
 from infermux import config as cfg
 from infermux.events import EventLog
+from infermux.execution.hooks import FrontendHooks
 from infermux.models.registry import Registry
 from infermux.swap.swapper import Swapper
 from support.publish import publish
@@ -26,29 +26,18 @@ watch_settle_s = 0
 
 @pytest.fixture
 def swapper(tmp_path: Path) -> Iterator[Swapper]:
-    """A Swapper on a registry with no frontend: a thread stands in for the frontend's ticks."""
+    """A Swapper on a registry with no frontend (whose barrier then returns at once)."""
     root = tmp_path / "engines"
     (root / "cold").mkdir(parents=True)
     # A cold model that is not preloaded: versions are registered, never loaded, so the test is quick.
-    (root / "cold" / "model.toml").write_text('mode = "multiproc"\n')
+    (root / "cold" / "model.toml").write_text('placement = "cold"\n')
     path = tmp_path / "infermux.toml"
     path.write_text(CONFIG.format(root=root))
     config = cfg.load(path)
     events = EventLog()
-    registry = Registry(config, events, reply=lambda *a: None, on_late=lambda job: None)
+    registry = Registry(config, events, FrontendHooks(reply=lambda *a: None, on_late=lambda job: None))
     server = SimpleNamespace(config=config, registry=registry, events=events, ticks=[])
-    stop = threading.Event()
-
-    def frontend_ticks() -> None:
-        while not stop.wait(0.001):
-            for tick in server.ticks:
-                tick()
-
-    ticker = threading.Thread(target=frontend_ticks, daemon=True)
-    ticker.start()
     yield Swapper(server)  # type: ignore[arg-type]
-    stop.set()
-    ticker.join(1)
 
 
 def test_versions_published_and_deleted_leave_no_trace(swapper: Swapper) -> None:

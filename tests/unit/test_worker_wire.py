@@ -16,7 +16,7 @@ from infermux.workers import wire
 
 SPECS = [TensorSpec("x", "float32", (-1, 4), (1, 4), (8, 4)), TensorSpec("y", "int64", (-1,))]
 MESSAGES = [
-    wire.Load(ModelConfig("m", Path("/engines/m/1/model.onnx"), version="1", mode="multiproc", contexts=2,
+    wire.Load(ModelConfig("m", Path("/engines/m/1/model.onnx"), version="1", placement="cold", contexts=2,
                           preferred_batch=(2, 4), options={"intra_op_threads": 1})),
     wire.Infer(7, 10, 20, "req-1", "m", "cam-3", ["y"], [wire.Tensor("x", "float32", [2, 4])],
                {"from": "big"}, "infermux-1-1-1", [[0, 32]], 64, [wire.RegionInput(1, "tok", 128, 32)],
