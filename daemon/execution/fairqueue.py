@@ -20,7 +20,11 @@ frames served each of 680 sent).
 `put(item, keep=N)` is a stream's latest-wins (queue_policy
 "newest_per_key"): the key's lane holds at most N items, so the oldest
 are taken out and handed back to be answered as superseded; the lane keeps
-its turn.
+its turn. A stream's lane is never new: it joins the old lanes' turns, so
+streams are served in the order they have been waiting. (Each empties
+when served; had it come back as new, the cameras whose frames happen to
+arrive just after a dequeue would go first every time, and a camera whose
+frame is replaced as it waits would wait behind all of them.)
 
 `take` forms a dynamic batch (Triton-style): up to `limit` rows, waiting at
 most `wait_s` for company after the first item, never longer than the
@@ -125,7 +129,9 @@ class FairQueue(Generic[T]):
             lane = self._lanes.get(key)
             if lane is None:  # an emptied lane stays old until the next dequeue: no jumping ahead as new
                 lane = self._lanes[key] = deque()
-                self._new.append(key)
+                # A stream's lane empties every time it is served: were it new on coming back, the
+                # cameras whose frames come just after a dequeue would go ahead of the rest every time.
+                (self._turn if keep else self._new).append(key)
             while keep and len(lane) >= keep:
                 old = lane.popleft()
                 self._size -= 1

@@ -128,7 +128,7 @@ def test_pushing_out_takes_the_newest_or_the_oldest_of_a_key():
 def test_a_stream_keeps_its_newest_items_and_hands_back_the_ones_they_replace():
     q = queue()
     assert q.put(Item("cam", "c0", rows=2), keep=1) == []
-    q.put(Item("other", "o0"))
+    q.put(Item("other", "o0"), keep=1)
     replaced = q.put(Item("cam", "c1"), keep=1)
     assert [i.name for i in replaced] == ["c0"] and q.count("cam") == 1 and len(q) == 2 and q.rows == 2
     assert [i.name for i in q.put(Item("cam", "c2"), keep=2)] == []  # room for two
@@ -145,6 +145,24 @@ def test_a_stream_s_lane_keeps_its_turn_when_its_item_is_replaced():
     assert [q.get().name for _ in range(2)] == ["a1", "b0"]
     assert q.put(Item(None, "n0"), keep=0) == [] and q.put(Item(None, "n1")) == []  # no keep: all stay
     assert len(q) == 2
+
+
+def test_streams_take_turns_by_how_long_they_waited_not_by_coming_back_as_new():
+    # A stream's lane empties each time it is served. Were its next frame "new" when it came after a
+    # dequeue, it would go ahead of a camera whose frame came just before one: that camera, its
+    # frame replaced but never emptied, waits behind the others' every frame (six equal cameras on
+    # a pipeline were served 59 to 101 frames each).
+    q = queue()
+    q.put(Item("c", "c0"), keep=1)
+    assert q.get().name == "c0"
+    q.put(Item("c", "c1"), keep=1)  # c waits from here on
+    served = []
+    for n in range(4):  # a and b come and go; c's frame is replaced as it waits, keeping its turn
+        q.put(Item("ab"[n % 2], f"{'ab'[n % 2]}{n}"), keep=1)
+        q.put(Item("c", f"c{n + 2}"), keep=1)
+        served.append(q.get().name)
+    assert served == ["c2", "a0", "c4", "b3"]  # in turns: c, then a, b as they joined, c replaced as it waits
+    assert q.put(Item(None, "n0")) == [] and q.get().name == "n0"  # a request of no stream is still new
 
 
 def test_take_counts_rows_and_leaves_what_would_pass_the_limit():
