@@ -16,7 +16,9 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Mapping
 
-from infermux.plugins import processors
+from infermux import signing
+from infermux.plugins import backends, processors
+from infermux.plugins.requirements import MissingDependency
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -30,6 +32,8 @@ PLACEMENTS = (HOT, COLD)  # where a version runs: in the daemon, or in a worker 
 OLD_PLACEMENT_NAMES = {"inproc": HOT, "multiproc": COLD}
 VERSION_POLICIES = ("latest", "all", "specific")
 MAX_FALLBACK_DEPTH = 4
+MAX_CONTEXTS = 1024  # the most [daemon] max_contexts may allow
+MAX_WEIGHT = 1_000_000  # a weighted split's largest weight: ratios, not amounts
 MPS_MODES = ("off", "auto", "on")
 # How a queue treats a request's `key` (docs/protocol.md#streams): "fifo" serves keys in turn and keeps
 # what it accepted; "newest_per_key" treats a key as a camera's stream, whose newer frame replaces its
@@ -45,6 +49,15 @@ class ConfigError(Exception):
         super().__init__(f"{file}: {path}: {reason}" if path else f"{file}: {reason}")
 
 
+class LibraryMissing(ConfigError):
+    """The file is valid, but a library one of its steps needs is not installed here: `requirement`
+    says what to install (plugins/requirements.py). Not the file's fault, so not reported as such."""
+
+    def __init__(self, file: Path | str, path: str, missing: MissingDependency) -> None:
+        super().__init__(file, path, str(missing))
+        self.requirement = missing.requirement
+
+
 @dataclass(frozen=True)
 class DaemonConfig:
     """The `[daemon]` table."""
@@ -56,10 +69,12 @@ class DaemonConfig:
     engine_dir: Path = Path("/var/lib/infermux/engines")
     memory_budget: str = "80%"
     max_message_bytes: int = 64 * 1024 * 1024
+    max_reply_bytes: int = 64 * 1024 * 1024  # a reply's header and output frames; default: max_message_bytes
     max_header_bytes: int = 64 * 1024     # request limits: docs/security.md
     max_tensors: int = 64
     max_rank: int = 8
     max_elements: int = 1 << 28
+    max_shared_input_bytes: int = 256 << 20  # inputs read from shared-memory regions, per request
     curve_secret_key: Path | None = None  # CURVE for tcp:// listeners (docs/security.md)
     curve_authorized_dir: Path | None = None
     allow_insecure_tcp: bool = False
@@ -84,6 +99,7 @@ class DaemonConfig:
     mps_pipe_dir: Path = Path("/tmp/nvidia-mps")  # CUDA's default CUDA_MPS_PIPE_DIRECTORY
     mps_thread_percentage: int = 0  # CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of each worker; 0 = MPS's own (100)
     admin_group: str = "infermux-admin"  # admin.sock's group, apart from the clients' (docs/security.md)
+    max_contexts: int = 32  # contexts one version may have: the file, a model.toml or `set contexts`
     follow_symlinks: bool = True  # serve engine_dir folders that link outside it (logged; docs/hot-swap.md)
     # Per-stream accounting (execution/streams.py, docs/protocol.md#streams): a stream that sent two
     # requests then nothing for this long is `stream_silent` (0: never); Prometheus shows the busiest
@@ -92,6 +108,10 @@ class DaemonConfig:
     stream_silent_s: float = 5.0
     stream_metrics_keys: int = 32
     stream_max_keys: int = 1024
+    # Ed25519 public keys (PEM) of trusted publishers: with any, only engines one of them signed load
+    # (docs/security.md#signed-engines).
+    engine_signing_keys: tuple[Path, ...] = ()
+    record_max_bytes: int = 1 << 30  # the tensors one `infermux record` may hold, inputs and outputs (recorder.py)
 
 
 @dataclass(frozen=True)
@@ -101,6 +121,23 @@ class RoutingConfig:
     strategy: str = "least_queue"
     unknown_model: str = "reject"
     version_mismatch: str = "fallback"
+
+
+ROLLOUT_COMPARES = ("allclose", "argmax", "iou")
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    """A model's `[models.rollout]` table (docs/hot-swap.md#shadow-rollout): a version published for
+    it is a candidate, shadowing live requests, until `shadow_requests` comparisons decide."""
+
+    shadow_requests: int = 200
+    compare: str = "allclose"  # or "argmax" (top-1 of the first output), "iou" (boxes of the first output)
+    rtol: float = 1e-3
+    atol: float = 1e-4
+    iou: float = 0.5  # compare = "iou": a box matches one that overlaps it this much
+    min_agreement: float = 0.99
+    min_idle_cpu: float = 0.25  # mirroring waits while less of the CPUs' time is idle: it takes only spare CPU
 
 
 @dataclass(frozen=True)
@@ -132,6 +169,7 @@ class ModelConfig:
     mps_thread_percentage: int = 0  # a cold worker's share of the GPU's SMs under MPS; 0 = [daemon]'s
     queue_policy: str = "fifo"  # QUEUE_POLICIES; newest_per_key keeps at most per_key_depth queued per key
     per_key_depth: int = 1
+    rollout: "RolloutConfig | None" = None  # [models.rollout]: a published version earns its traffic first
 
     @property
     def key(self) -> tuple[str, str]:
@@ -175,7 +213,11 @@ class StepConfig:
 @dataclass(frozen=True)
 class PipelineConfig:
     """One `[[pipelines]]` entry: steps run in order on a frame sent as input `input`
-    (docs/pipelines.md); `workers` threads run them, `max_queue` frames wait (429 beyond)."""
+    (docs/pipelines.md); `workers` threads run them, `max_queue` frames wait (429 beyond).
+
+    The `max_*` bounds are checked before the work they bound, each refused with 413 naming
+    it: regions a frame may have (before the steps that run per region), the width of a
+    crop's tensor at a per-region model step, and the bytes of a model step's batch."""
 
     name: str
     steps: tuple[StepConfig, ...]
@@ -185,6 +227,9 @@ class PipelineConfig:
     timeout_ms: int = 5000
     queue_policy: str = "fifo"  # as a model's: newest_per_key keeps at most per_key_depth frames per key
     per_key_depth: int = 1
+    max_regions: int = 1000
+    max_crop_width: int = 4096
+    max_batch_bytes: int = 256 << 20
 
 
 @dataclass(frozen=True)
@@ -219,7 +264,8 @@ def _known_fields(file: Path, where: str, table: Mapping[str, Any], cls: type) -
     unknown = sorted(set(table) - names)
     if unknown:
         prefix = f"{where}." if where else ""
-        near = difflib.get_close_matches(unknown[0], names, n=1)
+        # 0.75, not difflib's 0.6: a typo is suggested its field, an unrelated word (colour) no field at all.
+        near = difflib.get_close_matches(unknown[0], names, n=1, cutoff=0.75)
         hint = f"did you mean `{near[0]}`? " if near else ""
         raise ConfigError(file, f"{prefix}{unknown[0]}",
                           f"unknown field; {hint}known fields: {', '.join(sorted(names))}")
@@ -259,9 +305,10 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
         raw["engine_dir"] = _resolve(file, raw["engine_dir"])
     else:
         raw["engine_dir"] = DaemonConfig.engine_dir
-    for key in ("max_message_bytes",):
+    for key in ("max_message_bytes", "max_reply_bytes", "record_max_bytes"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 1024)
+    raw.setdefault("max_reply_bytes", raw.get("max_message_bytes", DaemonConfig.max_message_bytes))
     _check_limits(file, raw)
     _check_curve(file, raw)
     if "memory_budget" in raw:
@@ -282,6 +329,10 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
     for key in ("max_connections", "reserved_fds"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 1 if key == "max_connections" else 64)
+    if "max_contexts" in raw:
+        _positive(file, "daemon.max_contexts", raw["max_contexts"])
+        if raw["max_contexts"] > MAX_CONTEXTS:
+            raise ConfigError(file, "daemon.max_contexts", f"must be <= {MAX_CONTEXTS}, got {raw['max_contexts']}")
     for key in ("metrics_port", "inline_max_us", "inline_busy_max_us"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 0)
@@ -297,11 +348,34 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
                 raise ConfigError(file, f"daemon.{key}", f"must be >= 0, got {raw[key]}")
             raw[key] = float(raw[key])
     _check_mps(file, raw)
+    _check_signing_keys(file, raw)
     if "metrics_host" in raw:
         _check_type(file, "daemon.metrics_host", raw["metrics_host"], str)
     if raw.get("log_level", "info") not in ("debug", "info", "warning", "error"):
         raise ConfigError(file, "daemon.log_level", "must be debug, info, warning or error")
     return DaemonConfig(**raw)
+
+
+def _check_signing_keys(file: Path, raw: dict[str, Any]) -> None:
+    """Each trusted publisher's key must be read now: a reload with a broken one changes nothing."""
+    if "engine_signing_keys" not in raw:
+        return
+    where = "daemon.engine_signing_keys"
+    keys = raw["engine_signing_keys"]
+    _check_type(file, where, keys, list)
+    paths = []
+    for i, key in enumerate(keys):
+        _check_type(file, f"{where}[{i}]", key, str)
+        path = _resolve(file, key)
+        try:
+            signing.load_public(path)
+        except (ValueError, ImportError) as exc:
+            raise ConfigError(file, f"{where}[{i}]", str(exc)) from None
+        except OSError as exc:
+            raise ConfigError(file, f"{where}[{i}]", f"cannot read {path}: {exc.strerror} (a publisher's "
+                              "PREFIX.pub, made by `infermux sign --keygen PREFIX`)") from None
+        paths.append(path)
+    raw["engine_signing_keys"] = tuple(paths)
 
 
 def _check_mps(file: Path, raw: dict[str, Any]) -> None:
@@ -324,7 +398,7 @@ def _percentage(file: Path, where: str, value: Any) -> None:
 # Request limits: (smallest, largest) allowed. numpy arrays have at most 64
 # dimensions (32 before numpy 2), so a larger max_rank would fail in reshape.
 _LIMITS = {"max_header_bytes": (256, 1 << 30), "max_tensors": (1, 1 << 16), "max_rank": (1, 32),
-           "max_elements": (1, 1 << 40)}
+           "max_elements": (1, 1 << 40), "max_shared_input_bytes": (1, 1 << 40)}
 
 
 def _check_limits(file: Path, raw: dict[str, Any]) -> None:
@@ -412,6 +486,7 @@ def _parse_routing(file: Path, table: Any) -> RoutingConfig:
 
 _INT_FIELDS = {"contexts": 1, "max_queue": 1, "timeout_ms": 1, "max_batch": 1, "batch_delay_us": 0, "weight": 0,
                "latest_n": 1, "per_key_depth": 1}
+_INT_MAXIMA = {"weight": MAX_WEIGHT, "contexts": MAX_CONTEXTS}
 
 
 def model_labels(entries: list[tuple[Any, Any]]) -> list[str]:
@@ -452,6 +527,8 @@ def _parse_model(file: Path, where: str, table: Any, engine_dir: Path) -> ModelC
     for key, minimum in _INT_FIELDS.items():
         if key in raw:
             _positive(file, f"{where}.{key}", raw[key], minimum)
+            if raw[key] > _INT_MAXIMA.get(key, raw[key]):
+                raise ConfigError(file, f"{where}.{key}", f"must be <= {_INT_MAXIMA[key]}, got {raw[key]}")
     _placement(file, where, raw)
     if raw.get("strategy", "") not in ("", *STRATEGIES):
         raise ConfigError(file, f"{where}.strategy", f"must be one of {', '.join(STRATEGIES)}")
@@ -474,6 +551,8 @@ def _parse_model(file: Path, where: str, table: Any, engine_dir: Path) -> ModelC
         _percentage(file, f"{where}.mps_thread_percentage", raw["mps_thread_percentage"])
     _parse_version_policy(file, where, raw)
     _check_queue_policy(file, where, raw)
+    if "rollout" in raw:
+        raw["rollout"] = _parse_rollout(file, f"{where}.rollout", raw["rollout"])
     engine = Path(raw["engine"]).expanduser()
     raw["engine"] = engine if engine.is_absolute() else engine_dir / engine
     return ModelConfig(**raw)
@@ -497,6 +576,27 @@ def _placement(file: Path, where: str, raw: dict[str, Any]) -> None:
                           f"{json.dumps(OLD_PLACEMENT_NAMES[mode])}, but placement = {json.dumps(placement)}; "
                           f"keep one of the two")
     raw["placement"] = OLD_PLACEMENT_NAMES[mode]
+
+
+def _parse_rollout(file: Path, where: str, table: Any) -> RolloutConfig:
+    _check_type(file, where, table, dict)
+    raw = _known_fields(file, where, table, RolloutConfig)
+    if "shadow_requests" in raw:
+        _positive(file, f"{where}.shadow_requests", raw["shadow_requests"])
+    if raw.get("compare", "allclose") not in ROLLOUT_COMPARES:
+        raise ConfigError(file, f"{where}.compare", f"must be one of {', '.join(ROLLOUT_COMPARES)}, "
+                          f"got {raw['compare']!r}")
+    shares = ("iou", "min_agreement", "min_idle_cpu")
+    for key in ("rtol", "atol", *shares):
+        if key in raw:
+            _check_type(file, f"{where}.{key}", raw[key], (int, float))
+            raw[key] = float(raw[key])
+            if raw[key] < 0 or (key in shares and raw[key] > 1):
+                bound = "between 0 and 1" if key in shares else ">= 0"
+                raise ConfigError(file, f"{where}.{key}", f"must be {bound}, got {raw[key]}")
+    if raw.get("compare", "allclose") != "allclose" and ({"rtol", "atol"} & set(raw)):
+        raise ConfigError(file, where, "rtol and atol belong to compare = \"allclose\"")
+    return RolloutConfig(**raw)
 
 
 def _parse_version_policy(file: Path, where: str, raw: dict[str, Any]) -> None:
@@ -556,6 +656,10 @@ def parse_model_settings(text: str, file: Path, name: str, engine_dir: Path) -> 
                           "use pin to hold one")
     if data.get("fallback") == name:
         raise ConfigError(file, "fallback", f"model {name!r} cannot fall back to itself")
+    backend = data.get("backend")
+    why = backends.refusal(backend) if isinstance(backend, str) and backend else None
+    if why:  # engine_dir is written by publishers, not by whoever writes this file's configuration
+        raise ConfigError(file, "backend", why)
     try:
         mc = _parse_model(file, "", {**data, "name": name, "engine": name}, engine_dir)
     except ConfigError as exc:  # the path inside model.toml has no models[...] prefix
@@ -563,8 +667,20 @@ def parse_model_settings(text: str, file: Path, name: str, engine_dir: Path) -> 
     return replace(mc, version="")
 
 
-def _check_models(file: Path, models: list[ModelConfig], routing: RoutingConfig) -> None:
+def contexts_problem(contexts: int, daemon: DaemonConfig) -> str | None:
+    """Why a version may not have `contexts` contexts (over `[daemon] max_contexts`), or None."""
+    if contexts > daemon.max_contexts:
+        return (f"{contexts} contexts is over [daemon] max_contexts ({daemon.max_contexts}): each one is an "
+                "engine session with its own memory and thread")
+    return None
+
+
+def _check_models(file: Path, models: list[ModelConfig], routing: RoutingConfig, daemon: DaemonConfig) -> None:
     labels = model_labels([(m.name, m.version) for m in models])
+    for i, m in enumerate(models):
+        why = contexts_problem(m.contexts, daemon)
+        if why:
+            raise ConfigError(file, f"{labels[i]}.contexts", why)
     seen: dict[tuple[str, str], int] = {}
     for i, m in enumerate(models):
         if m.key in seen:
@@ -648,7 +764,7 @@ def parse(text: str, file: Path) -> Config:
     labels = model_labels([(m.get("name"), m.get("version")) if isinstance(m, dict) else (None, None)
                            for m in raw_models])
     models = [_parse_model(file, label, m, daemon.engine_dir) for label, m in zip(labels, raw_models)]
-    _check_models(file, models, routing)
+    _check_models(file, models, routing, daemon)
     pipelines = _parse_pipelines(file, data.get("pipelines", []), models, daemon.engine_dir)
     return Config(path=file, daemon=daemon, routing=routing, models=tuple(models), pipelines=pipelines)
 
@@ -679,7 +795,7 @@ def _parse_pipeline(file: Path, where: str, table: Any, models: set[str], engine
             _check_type(file, f"{where}.{key}", raw[key], str)
             if not raw[key]:
                 raise ConfigError(file, f"{where}.{key}", "must not be empty")
-    for key in ("workers", "max_queue", "timeout_ms"):
+    for key in ("workers", "max_queue", "timeout_ms", "max_regions", "max_crop_width", "max_batch_bytes"):
         if key in raw:
             _positive(file, f"{where}.{key}", raw[key])
     _check_queue_policy(file, where, raw)
@@ -777,6 +893,8 @@ def _check_processor(file: Path, where: str, step: str, kind: str, name: str, op
     """Build the step's processor once, so that a bad option stops the file here, named."""
     try:
         processors.create(kind, options, name)
+    except MissingDependency as exc:
+        raise LibraryMissing(file, where, exc) from None
     except processors.ProcessorError as exc:
         raise ConfigError(file, where, f"{step}: {exc.reason}") from None
 

@@ -66,11 +66,18 @@ _LEVELS = {"error": logging.ERROR, "failed": logging.ERROR, "crashed": logging.E
            "stream_silent": logging.WARNING}
 
 
+# Kinds kept in a ring of their own: what operators did (the admin socket's audit trail) must
+# not be pushed out by what traffic does (a client registering shared memory in a loop).
+AUDIT_KINDS = frozenset({"admin"})
+
+
 class EventLog:
-    """Recent events plus live subscribers; thread-safe."""
+    """Recent events plus live subscribers; thread-safe. Audit events (AUDIT_KINDS) have a ring
+    of their own, of the same size, so no number of other events evicts them."""
 
     def __init__(self, keep: int = 1000) -> None:
         self._recent: deque[Event] = deque(maxlen=keep)
+        self._audit: deque[Event] = deque(maxlen=keep)
         self._subscribers: list[Callable[[Event], None]] = []
         self._lock = threading.Lock()
 
@@ -82,19 +89,68 @@ class EventLog:
     def record(self, event: Event) -> Event:
         """Keep and publish `event` without a log line (its record is already in the log)."""
         with self._lock:
-            self._recent.append(event)
+            (self._audit if event.kind in AUDIT_KINDS else self._recent).append(event)
             subscribers = list(self._subscribers)
         for callback in subscribers:
             callback(event)
         return event
 
-    def recent(self, limit: int = 100) -> list[Event]:
+    def recent(self, limit: int = 100, kinds: frozenset[str] | None = None) -> list[Event]:
+        """The newest `limit` events, oldest first, of `kinds` (None: every kind), from both rings."""
         with self._lock:
-            return list(self._recent)[-limit:]
+            if kinds is not None and kinds <= AUDIT_KINDS:
+                pool = list(self._audit)
+            else:
+                pool = sorted([*self._recent, *self._audit], key=lambda e: e.time)
+        if kinds is not None:
+            pool = [e for e in pool if e.kind in kinds]
+        return pool[-limit:]
 
     def subscribe(self, callback: Callable[[Event], None]) -> None:
         with self._lock:
             self._subscribers.append(callback)
+
+
+class Throttle:
+    """At most `first` occurrences of each kind per `interval_s` get through; the rest are counted.
+
+    For a line or an event that traffic can repeat at will (a client registering shared memory in
+    a loop, a full /dev/shm met by every request): `admit` says whether this one goes through, and
+    how many of its kind were held back before it; `held` hands over (and forgets) the counts of
+    windows that have ended with some held back, for a summary line when the repeats stop."""
+
+    def __init__(self, first: int = 5, interval_s: float = 10.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self.first, self.interval_s, self._clock = first, interval_s, clock
+        self._windows: dict[str, list[float]] = {}  # kind -> [window start, passed, held]
+        self._lock = threading.Lock()
+
+    def admit(self, kind: str) -> int | None:
+        """None: hold this one back (counted); else how many of `kind` were held back since the
+        last one that went through (0 mostly)."""
+        now = self._clock()
+        with self._lock:
+            window = self._windows.get(kind)
+            if window is None or now - window[0] >= self.interval_s:
+                held = int(window[2]) if window is not None else 0
+                self._windows[kind] = [now, 1, 0]
+                return held
+            if window[1] < self.first:
+                window[1] += 1
+                return 0
+            window[2] += 1
+            return None
+
+    def held(self) -> dict[str, int]:
+        """Kinds whose window has ended with some held back, and how many; those are then forgotten."""
+        now = self._clock()
+        out: dict[str, int] = {}
+        with self._lock:
+            for kind, window in list(self._windows.items()):
+                if now - window[0] >= self.interval_s:
+                    if window[2]:
+                        out[kind] = int(window[2])
+                    del self._windows[kind]
+        return out
 
 
 MESSAGE_KINDS = 256  # distinct warning messages remembered for the `log` events' repeat counts

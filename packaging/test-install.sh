@@ -252,7 +252,7 @@ check_dirs() {
     got=$(in_root stat -c '%U:%G %a %n' /var/lib/infermux /var/lib/infermux/engines) || return 1
     echo "$got"
     [ "$got" = "infermux:infermux 755 /var/lib/infermux
-infermux:infermux 2775 /var/lib/infermux/engines" ] &&
+infermux:infermux-admin 2775 /var/lib/infermux/engines" ] &&
     in_root test -f /usr/share/infermux/engines/classifier/1/model.onnx
 }
 
@@ -412,8 +412,8 @@ operator_edits() {
     sed -i 's/^contexts = 2$/contexts = 1  # edited by the operator/' "$ROOT/etc/infermux/infermux.toml" &&
     grep -q 'edited by the operator' "$ROOT/etc/infermux/infermux.toml" &&
     cp "$ROOT/etc/infermux/infermux.toml" "$WORK/operator.toml" &&
-    in_root install -d -o infermux -g infermux /var/lib/infermux/engines/mine/1 &&
-    in_root install -o infermux -g infermux -m 0644 /usr/share/infermux/engines/classifier/1/model.onnx \
+    in_root install -d -o infermux -g infermux-admin /var/lib/infermux/engines/mine/1 &&
+    in_root install -o infermux -g infermux-admin -m 0644 /usr/share/infermux/engines/classifier/1/model.onnx \
         /var/lib/infermux/engines/mine/1/model.onnx &&
     sha256sum "$ROOT/var/lib/infermux/engines/mine/1/model.onnx" | cut -d' ' -f1 >"$WORK/mine.sha256" &&
     echo "config edited, engine mine/1 deployed"
@@ -521,7 +521,7 @@ step "build 0.1.0 and 0.1.1 there, as nobody, offline (tests included)" build ||
 step "mount /proc /sys /dev in the install chroot" mounts "$ROOT" || exit
 step "apt install ./infermux_0.1.0_all.deb" install_deb || exit
 step "system user and group infermux" check_user
-step "/var/lib/infermux{,/engines} owned by infermux" check_dirs
+step "/var/lib/infermux{,/engines} owned by infermux, engines/ by group infermux-admin" check_dirs
 step "unit installed, not enabled, systemd-analyze verify clean" check_unit
 step "conffile /etc/infermux/infermux.toml" check_conffile
 step "man page, completion, sysusers, tmpfiles, dashboard, rules" check_extras

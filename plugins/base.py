@@ -2,8 +2,9 @@
 
 A backend turns an engine file into an `Engine`; an engine hands out
 `Context`s, one per executor thread. Contexts are never shared between
-threads: a TensorRT execution context is not thread-safe, and an
-onnxruntime session per thread keeps its scratch memory private.
+threads (a TensorRT execution context is not thread-safe); what they hold in
+common, the weights, the engine holds once: a TensorRT engine, or the
+onnxruntime session that a CPU version's contexts share.
 """
 
 from __future__ import annotations
@@ -95,7 +96,10 @@ class Engine(Protocol):
 
     def create_context(self) -> Context: ...
 
-    def memory_bytes(self) -> int: ...
+    def memory_bytes(self) -> int:
+        """What it holds now: its weights once, plus the activations of each context it made
+        that is not closed (docs/architecture.md#memory-footprints)."""
+        ...
 
     def close(self) -> None: ...
 

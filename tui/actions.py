@@ -30,13 +30,26 @@ def _contexts(delta: int) -> Callable[[dict[str, Any], str], Request]:
     return build
 
 
+def _contexts_to(m: dict[str, Any], text: str) -> Request:
+    try:
+        n = int(text.strip())
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise Refused(f"contexts is a whole number, 1 or more (e.g. 3); got {text.strip()!r}")
+    return "set", {**_version(m), "contexts": n}
+
+
 def _weights(m: dict[str, Any], text: str) -> Request:
     from infermux.cli.ctl import parse_value
 
     try:
         weights = parse_value("weights", text.strip())
     except ValueError:
-        raise Refused(f"weights are written VERSION:WEIGHT,…, e.g. 1:90,2:10; got {text!r}") from None
+        weights = None
+    if not isinstance(weights, dict) or not weights:
+        shown = f"got {text.strip()!r}" if text.strip() else "got nothing"
+        raise Refused(f"weights are written VERSION:WEIGHT,…, e.g. 1:90,2:10; {shown}")
     return "set", {"model": m["name"], "weights": weights}
 
 
@@ -46,7 +59,7 @@ class Action:
 
     `scope`: "version" acts on the selected model version, "daemon" on the
     whole daemon. `confirm`: the question asked first ({target} is filled in).
-    `prompt`: the editor's title when the action needs a value first.
+    `prompt`: the editor's title when the action needs a value first ({model}, {target}).
     `done`: the notification's title when the daemon did it ({target}: `classifier v1`, {model}).
     """
 
@@ -72,7 +85,8 @@ class Action:
 ACTIONS: dict[str, Action] = {a.name: a for a in (
     Action("load", "Load", "load the selected version", lambda m, _: ("load", _version(m)),
            done="Loaded {target}"),
-    Action("unload", "Unload", "drain and unload the selected version", lambda m, _: ("unload", _version(m)),
+    Action("unload", "Unload", "unload the selected version: its queue is answered first, new requests go to "
+           "its fallback or get 503", lambda m, _: ("unload", _version(m)),
            confirm="Unload {target}?\nQueued requests are answered first; new ones get 503 or its fallback.",
            done="Unloaded {target}"),
     Action("promote", "Promote to hot", "move the selected version into the daemon process",
@@ -86,6 +100,9 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            done="Added a context to {target}"),
     Action("fewer", "Remove a context", "one execution context fewer for the selected version", _contexts(-1),
            done="Removed a context from {target}"),
+    Action("contexts", "Set contexts", "set how many execution contexts the selected version runs", _contexts_to,
+           prompt="Execution contexts of {target} (a number)",
+           done="Contexts of {target} set"),
     Action("pin", "Pin version", "serve the selected version by default, ignore newer ones",
            lambda m, _: ("pin", _version(m)),
            done="Pinned {target}"),
@@ -99,7 +116,7 @@ ACTIONS: dict[str, Action] = {a.name: a for a in (
            lambda m, text: ("set", {"model": m["name"], "fallback": text.strip()}),
            prompt="Fallback model of {model} (empty: none)",
            done="Fallback of {model} changed"),
-    Action("drain", "Drain model", "stop its traffic, finish its queue, then unload it",
+    Action("drain", "Drain model", "the same as unload (the older name): finish its queue, then unload it",
            lambda m, _: ("drain", _version(m)),
            confirm="Drain {target}?\nIt finishes its queue, then unloads; load it again with l.",
            done="Drained {target}"),

@@ -68,6 +68,7 @@ class TopApp(App):
         Binding("slash", "filter", "filter", key_display="/", show=False),
         Binding("s", "sort", "sort", show=False),
         Binding("w", "do('weights')", "weights", show=False),
+        Binding("x", "do('contexts')", "set contexts", show=False),
         Binding("d", "do('drain')", "drain", show=False),
         Binding("f", "do('fallback')", "fallback", show=False),
         Binding("h", "do('promote')", "promote (hot)", show=False),
@@ -328,9 +329,15 @@ class TopApp(App):
     def _prompt(self, action: Action, target: dict[str, Any]) -> None:
         from infermux.tui.views.routing import weights_text
 
-        current = weights_text(self.snapshot, target["name"]) if action.name == "weights" else target.get("fallback", "")
+        if action.name == "weights":
+            current = weights_text(self.snapshot, target["name"])
+        elif action.name == "contexts":
+            current = str(target.get("contexts", ""))
+        else:
+            current = str(target.get("fallback", ""))
         hint = "enter to apply, escape to cancel"
-        screen = PromptScreen(action.prompt.format(model=target["name"]), current, hint)
+        title = action.prompt.format(model=target["name"], target=f"{target['name']} v{target['version']}")
+        screen = PromptScreen(title, current, hint)
 
         def entered(text: str | None) -> None:
             if text is not None:  # None: escape

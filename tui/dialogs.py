@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from textual import events
 from textual.app import ComposeResult
-from textual.binding import Binding
+from textual.binding import Binding, NoBinding
 from textual.containers import Horizontal, Vertical
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Static
@@ -47,6 +48,28 @@ class ConfirmScreen(ModalScreen[bool]):
         self.dismiss(yes)
 
 
+class LineInput(Input):
+    """An Input whose editing keys (ctrl+u, backspace, enter...) act in the order they were typed.
+
+    Textual runs a widget's key bindings only once the key has bubbled up to the app, through
+    each parent's message queue, while a typed character is inserted at once: when a terminal
+    delivers `ctrl+u` and the new text in one read (a fast typist, a paste over SSH), the text
+    went in first and ctrl+u then erased it. Here the Input's own bindings run as the key arrives."""
+
+    async def _on_key(self, event: events.Key) -> None:
+        if not event.is_printable:
+            try:
+                binding = self._bindings.get_bindings_for_key(event.key)[0]
+            except NoBinding:
+                binding = None
+            if binding is not None:
+                event.stop()
+                event.prevent_default()
+                await self.run_action(binding.action)
+                return
+        await super()._on_key(event)
+
+
 class PromptScreen(ModalScreen["str | None"]):
     """Edit one value: enter submits, escape cancels."""
 
@@ -62,7 +85,7 @@ class PromptScreen(ModalScreen["str | None"]):
     def compose(self) -> ComposeResult:
         with Vertical():
             yield Static(self.title_text)
-            yield Input(self.value, id="value")
+            yield LineInput(self.value, id="value")
             if self.hint:
                 yield Static(self.hint, classes="hint")
 

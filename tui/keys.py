@@ -26,9 +26,11 @@ VIEW_KEYS = (("1-7", "models, memory, routing, events, log, pipelines, streams t
 SPECIAL: dict[str, tuple[str, str] | None] = {
     "pin_toggle": ("version", "pin it (its model's default); on a pinned one: unpin"),
     "drain_toggle": ("daemon", "drain the whole daemon (new requests get 503); again: resume"),
-    "more": ("version", "one execution context more / fewer"), "fewer": None}
+    "more": ("version", "one execution context more / fewer"), "fewer": None,
+    # d is unload's older name: one line, so the two never read as two different things.
+    "unload": ("version", "unload it (the queue first; then its fallback, or 503)"), "drain": None}
 
-KEY_NAMES = {"question_mark": "?", "plus": "+ -", "slash": "/"}
+KEY_NAMES = {"question_mark": "?", "plus": "+ -", "slash": "/", "u": "u d"}
 
 
 def key_name(binding: Binding) -> str:

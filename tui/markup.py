@@ -9,11 +9,12 @@ from rich.markup import escape
 from infermux.format import clock
 
 STATE_STYLE = {"ready": "green", "loading": "yellow", "warming": "yellow", "draining": "magenta",
-               "failed": "bold red", "unloaded": "dim"}
+               "failed": "bold red", "unloaded": "dim", "candidate": "cyan"}
 
 EVENT_STYLE = {"failed": "bold red", "crashed": "bold red", "evicted": "yellow", "refused": "yellow",
                "rejected": "yellow", "admin": "cyan", "loaded": "green", "swapped": "green",
-               "unloaded": "magenta"}
+               "unloaded": "magenta", "rollout_passed": "green", "rollout_failed": "bold red",
+               "rollout_paused": "yellow"}
 
 EVENT_FIELDS = ("time", "kind", "model", "version")
 

@@ -27,6 +27,7 @@ from infermux.admin import snapshot
 from infermux.admin.commands import COMMANDS, CommandError, audit
 from infermux.config import resolve_endpoint
 from infermux.events import Event
+from infermux.frontend.recorder import FRAMES
 
 if TYPE_CHECKING:
     from infermux.frontend.server import Server
@@ -69,7 +70,7 @@ class AdminServer:
         self.admin_endpoint = resolve_endpoint(daemon.admin, server.run_dir) if daemon.admin else ""
         self.stats_endpoint = resolve_endpoint(daemon.stats, server.run_dir) if daemon.stats else ""
         self._ctx = server.ctx
-        self._done: deque[list[bytes]] = deque()  # replies of slow commands, sent by our thread
+        self._done: deque[list[Any]] = deque()  # replies of slow commands, sent by our thread
         self._events: deque[Event] = deque(maxlen=10000)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="admin", daemon=True)
@@ -101,7 +102,8 @@ class AdminServer:
         self._guards[endpoint] = guard
         ipc.prepare(endpoint)
         try:
-            sock.bind(endpoint)
+            with ipc.private_files():  # nobody but us until secure(): admin.sock's group is not the clients'
+                sock.bind(endpoint)
         except zmq.ZMQError as exc:
             sock.close(0)
             raise RuntimeError(f"cannot bind {endpoint}: {exc}") from None
@@ -165,17 +167,17 @@ class AdminServer:
             if command is None:
                 raise CommandError(f"unknown command {name!r}; commands: {', '.join(COMMANDS)}")
         except CommandError as exc:
-            self.admin.send_multipart(envelope + [_reply({"ok": False, "error": str(exc)})])
+            self.admin.send_multipart(envelope + _reply({"ok": False, "error": str(exc)}))
             self._stop.wait(BAD_REQUEST_PAUSE_S)
             return
         if command.slow:
             threading.Thread(target=self._finish, args=(envelope, command, request, who), daemon=True,
                              name=f"admin-{name}").start()
         else:
-            self.admin.send_multipart(envelope + [_reply(self._audited(command, request, who))])
+            self.admin.send_multipart(envelope + _reply(self._audited(command, request, who)))
 
     def _finish(self, envelope: list[bytes], command: Any, request: dict[str, Any], who: dict[str, Any]) -> None:
-        self._done.append(envelope + [_reply(self._audited(command, request, who))])
+        self._done.append(envelope + _reply(self._audited(command, request, who)))
 
     def _audited(self, command: Any, request: dict[str, Any], who: dict[str, Any]) -> dict[str, Any]:
         reply = _execute(self.server, command, request)
@@ -211,5 +213,7 @@ def _execute(server: "Server", command: Any, request: dict[str, Any]) -> dict[st
         return {"ok": False, "error": f"internal error: {exc}"}
 
 
-def _reply(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, default=str).encode()
+def _reply(body: dict[str, Any]) -> list[Any]:
+    """The reply's frames: its JSON, then the raw frames a command returned under FRAMES (`record_take`)."""
+    frames = body.pop(FRAMES, [])
+    return [json.dumps(body, default=str).encode(), *frames]

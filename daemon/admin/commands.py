@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from infermux import config as cfg
 from infermux.admin import snapshot
+from infermux.frontend import recorder
 from infermux.events import EventLog
 from infermux.models import fallback as fallbacks
 from infermux.models.registry import ModelVersion, State
@@ -69,9 +70,19 @@ def target(server: "Server", args: dict[str, Any]) -> ModelVersion:
         assert mv is not None
         return mv
     if version not in model.versions:
+        refuse_candidate(server, model.name, version)
         raise CommandError(f"model {name!r} has no version {version!r}; versions: "
                            f"{', '.join(v.version for v in model.ordered())}")
     return model.versions[version]
+
+
+def refuse_candidate(server: "Server", name: str, version: str) -> None:
+    """A command naming a candidate (swap/rollout.py) is told what decides it, instead of acting on it."""
+    rollout = server.rollouts.by_model.get(name)
+    if rollout is not None and rollout.candidate.version == version:
+        raise CommandError(f"{name}:{version} is a candidate shadowing the serving version ({rollout.progress()}): "
+                           f"`infermux ctl promote-now {name} {version}` serves it, `infermux ctl reject {name} "
+                           f"{version}` refuses it")
 
 
 def audit(events: EventLog, request: dict[str, Any], reply: dict[str, Any], who: dict[str, Any]) -> None:
@@ -119,7 +130,8 @@ def cmd_models(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_events(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     limit = _int(args, "limit", 1) or 100
-    return {"events": [e.as_json() for e in server.events.recent(limit)]}
+    kind = _str(args, "kind", required=False)  # kind=admin: the audit trail, which traffic never evicts
+    return {"events": [e.as_json() for e in server.events.recent(limit, frozenset({kind}) if kind else None)]}
 
 
 # -- changes ------------------------------------------------------------------
@@ -175,6 +187,8 @@ SETTABLE = {"contexts": (1, 1024), "max_queue": (1, 1 << 24), "timeout_ms": (1, 
 def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     mv = target(server, args)
     changes: dict[str, Any] = {k: _int(args, k, *bounds) for k, bounds in SETTABLE.items() if k in args}
+    if "contexts" in changes:
+        _check_contexts(server, mv, changes["contexts"])
     if "preferred_batch" in args:  # reaches a cold version's worker too (Placement.apply)
         changes["preferred_batch"] = _sizes(args, "preferred_batch")
     if "queue_policy" in args:
@@ -199,6 +213,16 @@ def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     if not done:
         raise CommandError(f"nothing to set; settable: {', '.join([*SETTABLE, *others])}")
     return {**_label(mv), "set": done, **({"note": note} if note else {})}
+
+
+def _check_contexts(server: "Server", mv: ModelVersion, contexts: int) -> None:
+    """Each context is a session with its own memory and thread: at most `[daemon] max_contexts`, and
+    what more of them would take must fit the memory budget."""
+    why = cfg.contexts_problem(contexts, server.config.daemon)
+    if not why and contexts > mv.config.contexts:
+        why = server.registry.memory.room_for_contexts(mv, contexts)
+    if why:
+        raise CommandError(f"cannot set contexts={contexts} on {mv.name}:{mv.version}: {why}")
 
 
 def _sizes(args: dict[str, Any], key: str) -> tuple[int, ...]:
@@ -249,12 +273,15 @@ def _set_weights(server: "Server", name: str, weights: Any) -> dict[str, int]:
     model = server.registry.model(name)
     assert model is not None
     if not isinstance(weights, dict) or not weights:
-        raise CommandError("'weights' must be an object of version -> weight, e.g. {\"2.1\": 90, \"2.2\": 10}")
+        versions = ", ".join(sorted(model.versions))
+        raise CommandError(f"no weights given: give each version of {name!r} ({versions}) a weight, written "
+                           "VERSION:WEIGHT,... (e.g. 1:90,2:10; on the admin socket an object {\"1\": 90, \"2\": 10})")
     for version, weight in weights.items():
         if version not in model.versions:
             raise CommandError(f"model {name!r} has no version {version!r}")
-        if not isinstance(weight, int) or isinstance(weight, bool) or weight < 0:
-            raise CommandError(f"weight of {version!r} must be an integer >= 0")
+        if not isinstance(weight, int) or isinstance(weight, bool) or not 0 <= weight <= cfg.MAX_WEIGHT:
+            raise CommandError(f"weight of {version!r} must be an integer 0..{cfg.MAX_WEIGHT} (weights are "
+                               f"ratios), got {str(weight)[:40]}")
     server.router.set_weights(name, weights)
     return dict(weights)
 
@@ -277,6 +304,7 @@ def cmd_resume(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
 
 def cmd_pin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     name, version = _str(args, "model") or "", _str(args, "version") or ""
+    refuse_candidate(server, name, version)  # a pin would leave it shadowing while the pin says it serves
     try:  # the registry also accepts a version only on disk (rollback): the watcher loads it
         server.registry.pin(name, version)
     except ValueError as exc:
@@ -298,9 +326,64 @@ def cmd_unpin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
 def cmd_reload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     try:  # the same reload as SIGHUP's, one at a time
         steps = server.reload()
+    except cfg.LibraryMissing as exc:
+        raise CommandError(f"not reloaded, the running configuration stays: {exc.reason} ({exc.path})") from None
     except cfg.ConfigError as exc:
         raise CommandError(f"configuration not reloaded, the running one stays: {exc}") from None
     return {"changes": steps.summary()}
+
+
+def _rollout(decide: str) -> Callable[["Server", dict[str, Any]], dict[str, Any]]:
+    """`promote-now` / `reject` MODEL VERSION: decide a candidate's rollout now (swap/rollout.py)."""
+    def run(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+        name, version = _str(args, "model") or "", _str(args, "version") or ""
+        try:
+            message = getattr(server.rollouts, decide)(name, version)
+        except ValueError as exc:
+            raise CommandError(str(exc)) from None
+        return {"model": name, "version": version, "message": message}
+    return run
+
+
+TAKE_BYTES = 32 << 20  # tensors one `record_take` reply carries at most (one entry at least)
+
+
+def cmd_record(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    """Record the next `count` requests of `model` answered by it (frontend/recorder.py)."""
+    name = _str(args, "model") or ""
+    if server.registry.model(name) is None:
+        what = f"{name!r} is a pipeline: record the models it calls" if name in server.pipelines.by_name \
+            else f"unknown model {name!r}"
+        raise CommandError(f"{what}; models: {', '.join(sorted(server.registry.models)) or 'none'}")
+    count = _int(args, "count", 1, 10_000_000) or 1
+    try:
+        recording = server.recorder.start(name, count, server.config.daemon.record_max_bytes)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    return {"model": name, **recording.progress().as_json()}
+
+
+def cmd_record_take(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    """What a recording captured since the last take: JSON entries, their tensors as frames after it."""
+    name = _str(args, "model") or ""
+    recording = server.recorder.get(name)
+    if recording is None:
+        raise CommandError(f"{name!r} is not being recorded (a recording nobody takes from for "
+                           f"{recorder.ABANDON_S:.0f} s is dropped)")
+    entries, frames = recorder.wire(recording.take(TAKE_BYTES))
+    progress = recording.progress().as_json()
+    finished = recording.finished()  # ended, and this was the last of it
+    if finished:
+        server.recorder.forget(name)
+    return {"model": name, "entries": entries, **progress, "finished": finished, recorder.FRAMES: frames}
+
+
+def cmd_record_stop(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    name = _str(args, "model") or ""
+    if server.recorder.get(name) is None:
+        raise CommandError(f"{name!r} is not being recorded")
+    server.recorder.forget(name)
+    return {"model": name, "stopped": True}
 
 
 COMMANDS: dict[str, Command] = {
@@ -309,7 +392,8 @@ COMMANDS: dict[str, Command] = {
     "pipelines": Command(cmd_pipelines, "every pipeline with per-step counts and latencies", changes=False),
     "streams": Command(cmd_streams, "per stream (model, key): received, served, superseded, refused, ages, "
                        "rates, silent (model?)", changes=False),
-    "events": Command(cmd_events, "recent events (limit=N)", changes=False),
+    "events": Command(cmd_events, "recent events (limit=N, kind=KIND: e.g. kind=admin, the audit trail)",
+                      changes=False),
     "load": Command(cmd_load, "load a version (model, version?)", slow=True),
     "unload": Command(cmd_unload, "drain and unload a version (model, version?)", slow=True),
     "promote": Command(_placement("promote"), "move a version to the daemon process (hot)", slow=True),
@@ -322,4 +406,13 @@ COMMANDS: dict[str, Command] = {
     "pin": Command(cmd_pin, "serve this version by default, ignore newer ones (model, version)"),
     "unpin": Command(cmd_unpin, "let the newest ready version serve again (model)"),
     "reload": Command(cmd_reload, "re-read the configuration file and apply the difference", slow=True),
+    "promote-now": Command(_rollout("promote_now"), "serve a candidate now, ending its shadowing (model, version)",
+                           slow=True),
+    "reject": Command(_rollout("reject"), "refuse a candidate now; the serving version stays (model, version)",
+                      slow=True),
+    "record": Command(cmd_record, "record the next requests of a model and its answers (model, count)",
+                      changes=False),
+    "record_take": Command(cmd_record_take, "what a recording captured so far, tensors as frames (model)",
+                           changes=False),
+    "record_stop": Command(cmd_record_stop, "end a recording and drop what it holds (model)", changes=False),
 }

@@ -11,12 +11,11 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 from collections import Counter
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from infermux.admin import hardware, snapshot
+from infermux.admin.httpd import HttpServer, Reply, Route
 from infermux.admin.health import Liveness, Verdict, readiness
 from infermux.admin.streamseries import Series, StreamSeries
 from infermux.execution.streams import percentile
@@ -41,10 +40,6 @@ GPU_FAMILIES = (
     ("temperature_celsius", "infermux_gpu_temperature_celsius", "GPU die temperature."),
     ("power_watts", "infermux_gpu_power_watts", "GPU power draw (on Jetson: its INA3221 rail)."),
 )
-# Any local user can reach the port, and each connection costs a thread and a descriptor:
-# a few scrapers at once is plenty, and one that says nothing is let go soon.
-MAX_CONNECTIONS = 8
-IDLE_TIMEOUT_S = 5.0
 
 
 # The exposition format's label-value escapes: a newline in a model name must not end the sample.
@@ -142,6 +137,7 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
                events.of("crashed", cold, by_version=True))
     out.family("infermux_model_swaps_total", "counter", "Versions swapped in without downtime.",
                events.of("swapped", {(m["name"],) for m in models}))
+    _rollouts(out, models, events, mv)
     memory = daemon["memory"]
     out.family("infermux_memory_budget_bytes", "gauge", "Memory budget for models.", [({}, memory["budget_bytes"])])
     out.family("infermux_memory_models_bytes", "gauge", "Memory used by loaded models.", [({}, memory["models_bytes"])])
@@ -153,6 +149,10 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
     out.family("infermux_requests_stalled_total", "counter",
                "Requests not computed because their client's replies were being dropped (dropped or 429).",
                [({}, clients["stalled_requests"])])
+    out.family("infermux_requests_dropped_oversize_total", "counter",
+               "Inference connections libzmq dropped unread for a frame over max_message_bytes + 64 KiB: "
+               "their requests got no reply (the client should ask the daemon's limits first).",
+               [({}, clients.get("dropped_oversize", 0))])
     out.family("infermux_connections_refused_total", "counter",
                f"New inference connections shut down at once: over max_connections with none silent for {SILENT_GRACE_S:g} s, "
                "or too near the fd limit.",
@@ -214,6 +214,24 @@ def _age_summary(out: Exposition, series: list[Series], labels: Callable[[Series
                              f"{_number(round(value / 1000, 6)) if value is not None else 'NaN'}")
         out.lines.append(f"{name}_sum{_labels(**labels(s))} {_number(s.totals.age_s)}")
         out.lines.append(f"{name}_count{_labels(**labels(s))} {s.totals.served}")
+def _rollouts(out: Exposition, models: list[dict], events: EventCounter, mv: Callable[[dict], dict]) -> None:
+    """Candidates shadowing live requests (swap/rollout.py), and how rollouts ended."""
+    shadowing = [m for m in models if m.get("rollout")]
+    out.family("infermux_rollout_agreement_ratio", "gauge", "Share of a candidate's shadowed requests that agree "
+               "with the serving version so far.", [(mv(m), m["rollout"]["agreement"]) for m in shadowing])
+    out.family("infermux_rollout_compared_requests", "gauge", "Requests a candidate has computed and compared.",
+               [(mv(m), m["rollout"]["compared"]) for m in shadowing])
+    out.family("infermux_rollout_shadow_requests", "gauge", "Comparisons after which a candidate is decided.",
+               [(mv(m), m["rollout"]["shadow_requests"]) for m in shadowing])
+    out.family("infermux_rollout_paused", "gauge", "1 while a candidate's mirroring waits for the serving version.",
+               [(mv(m), 1 if m["rollout"]["paused"] else 0) for m in shadowing])
+    out.family("infermux_rollout_not_mirrored_total", "counter", "Live requests not copied to a candidate: its "
+               "queue was full (mirroring behind or paused).", [(mv(m), m["rollout"]["not_mirrored"]) for m in shadowing])
+    names = {(m["name"],) for m in models}
+    out.family("infermux_rollout_passed_total", "counter", "Candidates promoted after shadowing.",
+               events.of("rollout_passed", names))
+    out.family("infermux_rollout_failed_total", "counter", "Candidates refused after shadowing.",
+               events.of("rollout_failed", names))
 
 
 def _pipelines(out: Exposition, pipelines: list[dict]) -> None:
@@ -287,42 +305,8 @@ def _histogram(out: Exposition, models: list[dict], mv: Any) -> None:
         out.lines.append(f"{name}_count{_labels(**labels)} {running}")
 
 
-Reply = tuple[int, str, str]  # status, content type, body
-
-
-class BoundedHTTPServer(ThreadingHTTPServer):
-    """ThreadingHTTPServer with at most `max_connections` at once; one more is closed on accept."""
-
-    daemon_threads = True
-    request_queue_size = 64  # the listen backlog: refusing fast beats SYN retries for everyone
-
-    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
-                 max_connections: int = MAX_CONNECTIONS) -> None:
-        self._slots = threading.BoundedSemaphore(max_connections)
-        self.refused = 0
-        super().__init__(address, handler)
-
-    def verify_request(self, request: Any, client_address: Any) -> bool:
-        if self._slots.acquire(blocking=False):
-            return True
-        self.refused += 1  # socketserver closes it for us
-        if self.refused in (1, 10, 100, 1000) or self.refused % 10000 == 0:
-            log.warning("metrics port: %d connections at once already; refused one (%d so far)",
-                        MAX_CONNECTIONS, self.refused)
-        return False
-
-    def process_request_thread(self, request: Any, client_address: Any) -> None:
-        try:
-            super().process_request_thread(request, client_address)
-        finally:
-            self._slots.release()
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        log.debug("metrics request from %s failed", client_address, exc_info=True)
-
-
 class MetricsServer:
-    """A loopback HTTP server answering GET /metrics, /healthz and /readyz."""
+    """The HTTP port answering GET /metrics, /healthz and /readyz (httpd.py serves it)."""
 
     def __init__(self, server: "Server", port: int, host: str = "127.0.0.1",
                  gpu: hardware.GpuSource | None = None) -> None:
@@ -333,44 +317,22 @@ class MetricsServer:
         self.liveness = Liveness()
         server.ticks.append(self.liveness.tick)  # the loop turn that also feeds the systemd watchdog
         self.gpu = gpu if gpu is not None else hardware.gpu_source()
-        routes = self.routes()
-
-        class Handler(BaseHTTPRequestHandler):
-            timeout = IDLE_TIMEOUT_S  # per read: a client that sends nothing is dropped
-
-            def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
-                route = routes.get(self.path.split("?")[0])
-                if route is None:
-                    self.send_error(404, f"served here: {', '.join(routes)}")
-                    return
-                status, content_type, text = route()
-                body = text.encode()
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def log_message(self, fmt: str, *args: Any) -> None:
-                log.debug(fmt, *args)
-
-        self.httpd = BoundedHTTPServer((host, port), Handler)
-        self.port = self.httpd.server_address[1]
-        self._thread = threading.Thread(target=self.httpd.serve_forever, name="metrics", daemon=True)
+        self.http = HttpServer(host, port, self.routes())
+        self.port = self.http.port
         server.events.emit("listening", endpoint=f"http://{host}:{self.port}/metrics")
 
-    def routes(self) -> dict[str, Callable[[], Reply]]:
-        """Path -> what answers it (each called on the HTTP server's own thread)."""
-        return {"/metrics": lambda: (200, CONTENT_TYPE, render(self.server, self.events, self.gpu, self.streams)),
-                "/healthz": lambda: _probe(self.liveness.verdict(self.server.stopping)),
-                "/readyz": lambda: _probe(readiness(self.server))}
+    def routes(self) -> dict[str, Route]:
+        """Path -> what answers it: the exposition on the server's render thread, probes at once."""
+        return {"/metrics": Route(lambda: (200, CONTENT_TYPE, render(self.server, self.events, self.gpu, self.streams)),
+                                  slow=True),
+                "/healthz": Route(lambda: _probe(self.liveness.verdict(self.server.stopping))),
+                "/readyz": Route(lambda: _probe(readiness(self.server)))}
 
     def start(self) -> None:
-        self._thread.start()
+        self.http.start()
 
     def stop(self) -> None:
-        self.httpd.shutdown()
-        self.httpd.server_close()
+        self.http.stop()
 
 
 def _probe(verdict: Verdict) -> Reply:

@@ -84,6 +84,8 @@ def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
         "timeout_ms": mc.timeout_ms, "fallback": model.fallback if model is not None else "",
         "weight": server.router.weights.get(mv.name, {}).get(mv.version, 0),
         "strategy": server.router.strategy(model) if model is not None else "",
+        # Where requests that name no version go now: pinned, default or weights (None under hash).
+        "traffic_share": server.router.traffic_share(model, mv.version) if model is not None else 0.0,
         "max_batch": settings.max_batch if settings is not None else mc.max_batch,
         "batch_delay_us": settings.batch_delay_us if settings is not None else mc.batch_delay_us,
         "preferred_batch": list(settings.preferred_batch if settings is not None else mc.preferred_batch),
@@ -101,6 +103,9 @@ def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
     worker = getattr(mv, "worker_info", None)
     if callable(worker):
         view["worker"] = worker()
+    rollout = server.rollouts.by_model.get(mv.name)
+    if rollout is not None and rollout.candidate is mv:  # a candidate shadowing (swap/rollout.py)
+        view["rollout"] = rollout.view()
     return view
 
 
@@ -120,6 +125,7 @@ def daemon_view(server: "Server") -> dict[str, Any]:
         "version": __version__, "pid": os.getpid(), "uptime_s": round(time.time() - server.started, 1),
         "endpoints": server.endpoints, "config": str(server.config.path),
         "requests": server.requests, "accepting": not server.draining,
+        "replies_too_large": server.replies_too_large,  # over max_reply_bytes: answered 413 instead
         # Errors logged with a traceback (500s among them), repeats included: events.TRACEBACKS.
         "internal_errors": TRACEBACKS.total,
         "memory": {"budget_bytes": budget, "models_bytes": server.registry.memory_used(),

@@ -23,6 +23,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "top": ("infermux.tui.top", "live console: queues, memory, routing, with control"),
     "build": ("infermux.cli.build", "build a TensorRT engine from an ONNX model on this device"),
     "keygen": ("infermux.cli.keygen", "make a CURVE keypair for a tcp:// listener or a client"),
+    "sign": ("infermux.cli.sign", "make a publisher's key pair, sign engines, check their signatures"),
+    "record": ("infermux.cli.record", "record a model's next requests and its answers as .npz files"),
+    "replay": ("infermux.cli.replay", "judge an engine on a recording: agreement, worst cases, latency"),
     "tune": ("infermux.cli.tune", "find how many contexts a model should run (the sizing rule)"),
     "doctor": ("infermux.cli.doctor", "check what this device lacks to serve: libraries, GPU, config, sockets"),
 }

@@ -34,8 +34,10 @@ import zmq
 from infermux.client import Client
 from infermux.cli.common import NO_DAEMON, USAGE, CliError, add_input_arguments, add_model_arguments, model_of
 from infermux.cli.infer import add_endpoint_arguments, endpoint_from, inputs_for
+from infermux.client.limits import RequestTooLarge, SizeCheck
 from infermux.protocol import Frame, Reply, SharedTensor, Status, encode_request, parse_header
 from infermux.execution.stats import percentiles
+from infermux.transport import ipc
 
 # progress(replies so far, seconds so far), called about once a second
 Progress = Callable[[int, float], None]
@@ -131,6 +133,7 @@ class _Stream:
         self._socket.setsockopt(zmq.RCVTIMEO, int(timeout_s * 1000))  # no poll() per reply
         for option, value in (curve or {}).items():  # CURVE keys for a tcp:// listener
             setattr(self._socket, option, value)
+        ipc.check_directory(endpoint)
         self._socket.connect(endpoint)
         self.in_flight = 0
 
@@ -384,13 +387,15 @@ def run(args: argparse.Namespace) -> int:
                 return 1
             if args.shared_memory:
                 region, inputs, fields["output_regions"] = in_shared_memory(endpoint, inputs, ready)
+        # A request over max_message_bytes would be dropped unanswered, at every concurrency (client/limits.py).
+        SizeCheck([endpoint], None, keys, args.timeout).check(encode_request(args.model, inputs, **fields))
         result = run_load(endpoint, args.model, inputs, concurrency=args.concurrency, count=count,
                           duration_s=args.duration, warmup=args.warmup, progress=progress,
                           fields=fields, timeout_s=args.timeout, curve=keys)
     except (TimeoutError, ValueError, ConnectionError) as exc:
         progress.finish()
         print(f"infermux bench: {exc}", file=sys.stderr)
-        return NO_DAEMON if isinstance(exc, TimeoutError) else 2
+        return NO_DAEMON if isinstance(exc, TimeoutError) else 1 if isinstance(exc, RequestTooLarge) else 2
     finally:
         if region is not None:
             inputs = fields = {}  # drop the arrays on the region before it is closed

@@ -48,7 +48,8 @@ def add_endpoint_arguments(parser: argparse.ArgumentParser, admin: bool = False,
         parser.add_argument("--admin", metavar="ENDPOINT", help="the admin socket (default: [daemon] admin "
                             "of --config, else admin.sock beside an ipc:// --endpoint)")
     parser.add_argument("--config", "-c", help="daemon configuration to take the sockets from "
-                        f"(default: $INFERMUX_CONFIG or {DEFAULT_CONFIG}); only its socket paths are read")
+                        f"(default: $INFERMUX_CONFIG or {DEFAULT_CONFIG}, else the default sockets in the "
+                        "runtime directory); only its socket paths are read")
     parser.add_argument("--runtime-dir", help="the daemon's --runtime-dir, if it was started with one")
 
 
@@ -78,6 +79,9 @@ def endpoint_from(args: argparse.Namespace, which: str = "listen", check: bool =
         daemon = _socket_config(args)
         raw = daemon.listen[0] if which == "listen" else str(getattr(daemon, which))
         endpoint = cfg.resolve_endpoint(raw, cfg.runtime_dir(daemon, args.runtime_dir))
+    from infermux.transport import ipc
+
+    ipc.check_directory(endpoint)  # UnsafeDirectory (exit 1): a socket anyone could have put there
     if check:
         present(endpoint)
     return endpoint
@@ -120,6 +124,10 @@ def _socket_config(args: argparse.Namespace) -> "DaemonConfig":
     from infermux import config as cfg
 
     path = args.config or os.environ.get("INFERMUX_CONFIG") or DEFAULT_CONFIG
+    if path == DEFAULT_CONFIG and not os.path.exists(path):
+        # Not installed (a checkout): the default sockets in the default runtime directory are
+        # where the sample configuration's daemon listens, as any other that keeps the defaults.
+        return cfg.DaemonConfig()
     try:
         return cfg.load_sockets(path)
     except cfg.ConfigError as exc:
@@ -145,6 +153,9 @@ def guarded(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) 
     except TimeoutError as exc:
         print(f"infermux: {exc}", file=sys.stderr)
         return NO_DAEMON
+    except PermissionError as exc:  # ipc.UnsafeDirectory: a socket in a folder every user may write
+        print(f"infermux: {exc}", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         # `infermux status | head -1`: the reader has what it wanted. Point stdout at /dev/null
         # so the flush at exit does not fail again.
@@ -153,8 +164,11 @@ def guarded(run: Callable[[argparse.Namespace], int], args: argparse.Namespace) 
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # the last guard: a user sees a sentence, a developer can ask for more
-        from infermux.client.inference import AdminError, NotAdminSocket
+        from infermux.client.inference import AdminError, NotAdminSocket, RequestTooLarge
 
+        if isinstance(exc, RequestTooLarge):
+            print(f"infermux: {exc}", file=sys.stderr)
+            return 1
         if isinstance(exc, AdminError):
             print(f"infermux: {exc}", file=sys.stderr)
             return USAGE if isinstance(exc, NotAdminSocket) else 1

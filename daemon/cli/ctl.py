@@ -79,6 +79,8 @@ def short_models(models: list[dict[str, Any]]) -> str:
                 lines.append(f"  {kind[:-1]:<6} {spec['name']:<16} {spec['dtype']:<8} {spec['shape']}")
         if "inputs" not in m:
             lines.append(f"  (tensors known once loaded{': ' + m['reason'] if m.get('reason') else ''})")
+        elif m.get("rollout") or m.get("state") == "candidate":
+            lines.append(f"  {m.get('reason', '')}")
     return "\n".join(lines)
 
 

@@ -16,16 +16,18 @@ import argparse
 import grp
 import importlib
 import importlib.metadata as md
+import itertools
 import json
 import os
 import platform
 import re
 import resource
+import stat
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from infermux import config as cfg
 from infermux.cli.serve import DEFAULT_CONFIG
@@ -221,11 +223,13 @@ def _read(path: str) -> str:
 def _configuration(path: Path, runtime_dir: str | None, tensorrt_ok: bool) -> list[Check]:
     try:
         config = cfg.load(path)
+    except cfg.LibraryMissing as exc:
+        return [Check("libraries", "FAIL", f"{exc.path}: {exc.reason}", f"install: {exc.requirement.how()}")]
     except cfg.ConfigError as exc:
         return [Check("configuration", "FAIL", str(exc), "fix the file (infermux(1) lists every setting)")]
     checks = [Check("configuration", "OK", f"{path}: {len(config.models)} model(s)")]
     checks += [_engine(m.name, m.version, m.engine, tensorrt_ok) for m in config.models]
-    checks.append(_engine_dir(config.daemon.engine_dir))
+    checks.append(_engine_dir(config.daemon.engine_dir, config.daemon.admin_group))
     if config.daemon.watch:
         checks += _discovered(config, tensorrt_ok)
     checks.append(_sockets(config, cfg.runtime_dir(config.daemon, runtime_dir)))
@@ -300,13 +304,65 @@ def _discovered(config: cfg.Config, tensorrt_ok: bool) -> list[Check]:
             if e.path.resolve() not in configured]
 
 
-def _engine_dir(path: Path) -> Check:
+def _engine_dir(path: Path, admin_group: str) -> Check:
+    admin = admin_group or GROUP
     if not path.is_dir():
         return Check("engine_dir", "WARN", f"{path} does not exist (nothing to discover)",
-                     f"sudo install -d -o {GROUP} -g {GROUP} -m 2775 {path}")
+                     f"sudo install -d -o {GROUP} -g {admin} -m 2775 {path}")
     if not os.access(path, os.R_OK | os.X_OK):
         return Check("engine_dir", "FAIL", f"{path} is not readable by uid {os.getuid()}", f"chmod 2775 {path}")
+    found = open_to_others(path, admin_group)
+    if found:
+        return Check("engine_dir", "FAIL", f"{found}: whoever can write there publishes, replaces or removes models "
+                     f"and sets their backend and contexts (docs/security.md)",
+                     f"sudo chgrp -R {admin} {path} && sudo chmod -R o-w {path}")
     return Check("engine_dir", "OK", str(path))
+
+
+ENGINE_DIR_ENTRIES = 2000  # entries looked at below engine_dir: models, versions, their files
+
+
+def open_to_others(path: Path, admin_group: str) -> str:
+    """The first entry of engine_dir (itself, its model and version folders and their files) that a
+    user outside the admin group may write: writable by every user, or by a group other than
+    `admin_group` (the clients' group, mostly); "" when there is none. Without `admin_group` (set
+    off, or no such group on this box) only the first kind is looked for."""
+    try:
+        admin_gid: int | None = grp.getgrnam(admin_group).gr_gid if admin_group else None
+    except KeyError:
+        admin_gid = None
+    for entry in itertools.islice(_tree(path, depth=3), ENGINE_DIR_ENTRIES):
+        try:
+            info = entry.lstat()
+        except OSError:
+            continue
+        if stat.S_ISLNK(info.st_mode):
+            continue
+        if info.st_mode & stat.S_IWOTH:
+            return f"{entry} is writable by every user (mode {stat.S_IMODE(info.st_mode):o})"
+        if admin_gid is not None and info.st_mode & stat.S_IWGRP and info.st_gid not in (admin_gid, 0):
+            return (f"{entry} is writable by group {_group_name(info.st_gid)}, not only by the admin group "
+                    f"{admin_group}")
+    return ""
+
+
+def _tree(path: Path, depth: int) -> Iterator[Path]:
+    """`path` and what lies below it, `depth` levels down (engine_dir/model/version/file), links not followed."""
+    yield path
+    if depth and path.is_dir() and not path.is_symlink():
+        try:
+            children = sorted(path.iterdir())
+        except OSError:
+            return
+        for child in children:
+            yield from _tree(child, depth - 1)
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
 
 
 def _sockets(config: cfg.Config, run_dir: Path) -> Check:

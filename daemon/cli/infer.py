@@ -73,14 +73,21 @@ def _random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dt
     return array.astype(dtype)
 
 
-def inputs_for(args: argparse.Namespace) -> dict[str, np.ndarray]:
-    """The inputs the command line gives, else random ones shaped as the daemon says the model wants."""
+def inputs_for(args: argparse.Namespace, unknown_ok: bool = False) -> dict[str, np.ndarray]:
+    """The inputs the command line gives, else random ones shaped as the daemon says the model wants.
+
+    `unknown_ok`: a model the daemon does not serve gets no inputs rather than an error, so that the
+    request goes out and the daemon's 404, which names the models it serves, is the answer (`infer`)."""
     inputs = parse_inputs(args.input, args.shape, args.dtype)
     if inputs:
         return inputs
     hint = "give --shape NAME=DIMS or --input NAME=FILE.npy"
     try:
         specs = model_inputs(args)
+    except UnknownModel as exc:
+        if unknown_ok:
+            return {}
+        raise CliError(f"infermux: {exc}") from None
     except TimeoutError as exc:
         raise CliError(f"infermux: cannot ask the daemon for {args.model!r}'s inputs: {exc}; or {hint}",
                        NO_DAEMON) from None
@@ -91,6 +98,10 @@ def inputs_for(args: argparse.Namespace) -> dict[str, np.ndarray]:
     return random_inputs(specs)
 
 
+class UnknownModel(LookupError):
+    """The daemon serves no model of that name (it may be a pipeline, or a typo)."""
+
+
 def model_inputs(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The input specs the admin socket reports for args.model (its default version, or args.version)."""
     from infermux.client import AdminClient
@@ -99,9 +110,11 @@ def model_inputs(args: argparse.Namespace) -> list[dict[str, Any]]:
     if not admin_endpoint:
         raise LookupError("no admin socket to ask (give --admin or --config)")
     with AdminClient(admin_endpoint, timeout_s=5.0) as admin:
-        rows = [m for m in admin.call("models")["models"] if m["name"] == args.model]
+        every = admin.call("models")["models"]
+    rows = [m for m in every if m["name"] == args.model]
     if not rows:
-        raise LookupError(f"no model {args.model!r} is configured")
+        served = ", ".join(sorted({m["name"] for m in every})) or "none"
+        raise UnknownModel(f"no model {args.model!r} is configured; served models: {served}")
     row = next((m for m in rows if m["version"] == args.version or (not args.version and m["default"])), rows[0])
     if "inputs" not in row:
         raise LookupError(f"version {row['version']} is {row['state']}, so its inputs are not known yet")
@@ -168,7 +181,7 @@ def run(args: argparse.Namespace) -> int:
 
     model_of(args)
     image = image_of(args.image) if args.image else None
-    inputs = inputs_for(args) if image is None else {}
+    inputs = inputs_for(args, unknown_ok=True) if image is None else {}
     try:
         keys = curve.options_from(args)
     except curve.CurveError as exc:

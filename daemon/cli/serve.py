@@ -10,6 +10,9 @@ import sys
 from infermux.events import TRACEBACKS, limit_tracebacks
 
 DEFAULT_CONFIG = "/etc/infermux/infermux.toml"
+# Exit status when another live daemon holds this one's sockets or runtime directory: the unit's
+# RestartPreventExitStatus, since starting again in two seconds would find the same daemon.
+ALREADY_SERVING = 4
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -47,10 +50,13 @@ def run(args: argparse.Namespace) -> int:
     from infermux.admin.metrics import MetricsServer
     from infermux.frontend.server import Server
     from infermux.admin.supervisor import Supervisor
-    from infermux.transport import ipc
+    from infermux.transport import ipc, ownership
 
     try:
         config = cfg.load(args.config)
+    except cfg.LibraryMissing as exc:  # the file is fine: say what to install, not "fix the file"
+        print(f"infermux: cannot serve {exc.file}: {exc.reason} ({exc.path})", file=sys.stderr)
+        return 1
     except cfg.ConfigError as exc:
         print(f"infermux: configuration error: {exc}", file=sys.stderr)
         print("infermux: fix the file and start again; nothing was started.", file=sys.stderr)
@@ -69,6 +75,17 @@ def run(args: argparse.Namespace) -> int:
         print(f"infermux: cannot create the runtime directory {run_dir}: {exc.strerror}; "
               "pass --runtime-dir DIR (a folder you may write)", file=sys.stderr)
         return 1
+    why = ipc.unsafe_directory(run_dir)
+    if why:
+        print(f"infermux: will not serve from the runtime directory {why} (docs/security.md); nothing was "
+              "started", file=sys.stderr)
+        return 1
+    try:  # before anything binds or sweeps the runtime directory; the locks last as long as the process
+        ownership.claim(run_dir, [cfg.resolve_endpoint(ep, run_dir) for ep in
+                                  [*config.daemon.listen, config.daemon.admin, config.daemon.stats] if ep])
+    except ownership.SocketsTaken as exc:
+        print(f"infermux: {exc}", file=sys.stderr)
+        return ALREADY_SERVING
     server = Server(config, run_dir)
     TRACEBACKS.events = server.events
     admin = AdminServer(server)

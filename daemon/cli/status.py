@@ -20,6 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the raw JSON reply")
     parser.add_argument("--check", action="store_true",
                         help="exit 1 when a model version has failed (its reason goes to stderr)")
+    # For the bash completion: what MODEL may be, one name a line, asked for a second at most.
+    parser.add_argument("--names", action="store_true", help=argparse.SUPPRESS)
 
 
 def errors(stats: dict[str, Any]) -> int:
@@ -28,13 +30,21 @@ def errors(stats: dict[str, Any]) -> int:
 
 
 def table(models: list[dict[str, Any]]) -> str:
-    """The models as a fixed-width table."""
-    head = ("MODEL", "VERSION", "PLACE", "STATE", "CTX", "QUEUE", "INFL", "QPS", "P50", "P99", "ERR", "MEMORY")
+    """The models as a fixed-width table. WEIGHT is the version's routing weight (under `weighted`),
+    SHARE the part of the model's requests naming no version that it takes now; `*` marks the
+    default where it takes them all."""
+    head = ("MODEL", "VERSION", "PLACE", "STATE", "WEIGHT", "SHARE", "CTX", "QUEUE", "INFL", "QPS", "P50", "P99",
+            "ERR", "MEMORY")
     rows = [head]
     for m in models:
         st = m.get("stats", {})
-        name = m["name"] + (" *" if m.get("default") else "") + (" (pinned)" if m.get("pinned") else "")
-        rows.append((name, m["version"], m["placement"], m["state"], str(m["contexts"]), str(m["queue_depth"]),
+        share = m.get("traffic_share")
+        split = share not in (None, 100.0, 100)  # a weighted split: SHARE says where requests go, not `*`
+        name = (m["name"] + (" *" if m.get("default") and not split else "")
+                + (" (pinned)" if m.get("pinned") else ""))
+        weight = str(m.get("weight", 0)) if m.get("strategy") == "weighted" else "-"
+        rows.append((name, m["version"], m["placement"], m["state"], weight,
+                     "-" if share is None else f"{share:.0f}%", str(m["contexts"]), str(m["queue_depth"]),
                      str(m["in_flight"]), fmt.rate(st.get("qps")), fmt.us(st.get("p50_us")),
                      fmt.us(st.get("p99_us")), str(errors(st)), fmt.size(m["memory_bytes"])))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
@@ -50,10 +60,23 @@ def failed(models: list[dict[str, Any]]) -> list[str]:
     return [f"{m['name']}:{m['version']}: {m.get('reason') or 'failed'}" for m in models if m["state"] == "failed"]
 
 
+def _names(endpoint: str) -> int:
+    """Print the names a request may address (models and pipelines), one a line."""
+    from infermux.client import AdminClient
+
+    with AdminClient(endpoint, timeout_s=1) as admin:
+        models = admin.call("models")["models"]
+        pipelines = admin.call("status").get("pipelines", [])
+    print("\n".join(sorted({m["name"] for m in models} | {p["name"] for p in pipelines if "name" in p})))
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from infermux.client import AdminClient
     from infermux.pipelines.stats import table as pipeline_table
 
+    if args.names:
+        return _names(endpoint_from(args, "admin"))
     with AdminClient(endpoint_from(args, "admin"), timeout_s=5) as admin:
         status = admin.call("status")
         daemon, pipelines = status["daemon"], status.get("pipelines", [])

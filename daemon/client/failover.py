@@ -34,6 +34,8 @@ from enum import Enum
 from typing import Any, Mapping, Sequence
 
 import zmq
+
+from infermux.transport import ipc
 from zmq.utils.monitor import recv_monitor_message
 
 from infermux.client.shared_memory import local_view
@@ -84,6 +86,7 @@ class _Link:
         self.why, self.down_at = "", 0.0
         self.quiet_since = 0.0  # its last reply, or when it began to hold requests
         self.resting_until = 0.0  # draining, or just given up for silence: nothing new until then
+        ipc.check_directory(endpoint)  # a socket anyone could have put there is not the daemon's
         self.socket, self.monitor = self._open()
 
     def _open(self) -> tuple[zmq.Socket, zmq.Socket]:

@@ -52,11 +52,13 @@ import numpy as np
 import zmq
 
 from infermux.protocol import Frame, Reply, SharedTensor, decode_reply, encode_request
+from infermux.transport import ipc
 from infermux.client.failover import FAILOVER_S, EndpointsDown, Fleet
+from infermux.client.limits import RequestTooLarge, SizeCheck
 from infermux.client.shared_memory import SharedMemory, local_view
 
 __all__ = ["AdminClient", "AdminError", "Client", "EndpointsDown", "Frame", "InferError", "NotAdminSocket",
-           "Pipeline", "SharedMemory", "SharedTensor"]
+           "Pipeline", "RequestTooLarge", "SharedMemory", "SharedTensor"]
 
 Endpoints = str | Sequence[str]  # one endpoint, or several daemons to fail over between
 Inputs = Mapping[str, np.ndarray | SharedTensor | Frame] | Frame  # a bare Frame: the input "image"
@@ -96,6 +98,7 @@ class _Dealer:
             self.socket.setsockopt(zmq.SNDTIMEO, max(1, int(timeout_s * 1000)))
         for option, value in (curve or {}).items():
             setattr(self.socket, option, value)
+        ipc.check_directory(endpoint)  # a socket anyone could have put there is not the daemon's
         self.socket.connect(endpoint)
 
     def send(self, frames: list[Any], ident: Any = None) -> None:
@@ -122,10 +125,14 @@ class _Dealer:
         self.socket.close(0)
 
 
+def _endpoints(endpoint: Endpoints) -> list[str]:
+    return [endpoint] if isinstance(endpoint, str) else list(endpoint)
+
+
 def _link(endpoint: Endpoints, context: zmq.Context | None, curve: Mapping[str, bytes] | None,
           timeout_s: float | None, failover_s: float) -> _Dealer | Fleet:
     """The plain socket for one endpoint; a Fleet for several."""
-    endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
+    endpoints = _endpoints(endpoint)
     if not endpoints:
         raise ValueError("no endpoint given")
     if len(endpoints) == 1:
@@ -145,6 +152,9 @@ class Client:
     `endpoint` may be a list of daemons: each request then goes to the next
     in turn, and to another when one stops answering (module docstring;
     `failover_s` is the silence after which an endpoint is given up).
+
+    A request over the daemon's `max_message_bytes` raises RequestTooLarge
+    before it is sent (limits.py): the daemon would drop it unanswered.
     """
 
     def __init__(self, endpoint: Endpoints, *, timeout_s: float | None = 10.0, retries: int = 0,
@@ -152,6 +162,7 @@ class Client:
                  failover_s: float = FAILOVER_S) -> None:
         self._connect = lambda: _link(endpoint, context, curve, timeout_s, failover_s)
         self._dealer = self._connect()
+        self._size = SizeCheck(_endpoints(endpoint), context, curve, timeout_s)
         self._ids = itertools.count(1)
         self.timeout_s = timeout_s
         self.retries = retries
@@ -170,10 +181,11 @@ class Client:
         inputs = _inputs(inputs)
         for attempt in range(self.retries + 1):
             ident = next(self._ids)
+            frames = encode_request(model, inputs, id=ident, version=version, outputs=outputs,
+                                    timeout_ms=timeout_ms, key=key, output_regions=output_regions)
+            self._size.check(frames)
             try:
-                self._dealer.send(encode_request(model, inputs, id=ident, version=version, outputs=outputs,
-                                                 timeout_ms=timeout_ms, key=key, output_regions=output_regions),
-                                  ident)
+                self._dealer.send(frames, ident)
                 reply = self._await(ident)
                 break
             except TimeoutError:
@@ -219,13 +231,15 @@ class Pipeline:
     With several endpoints, requests are spread over them and failed over
     (module docstring); each is still answered once. Its inputs are kept,
     not copied, until it is answered, to be resent: do not change them
-    meanwhile.
+    meanwhile. A request over the daemon's `max_message_bytes` raises
+    RequestTooLarge in `submit`, unsent: the others on the socket keep theirs.
     """
 
     def __init__(self, endpoint: Endpoints, *, timeout_s: float | None = 10.0,
                  context: zmq.Context | None = None, curve: Mapping[str, bytes] | None = None,
                  failover_s: float = FAILOVER_S) -> None:
         self._dealer = _link(endpoint, context, curve, timeout_s, failover_s)
+        self._size = SizeCheck(_endpoints(endpoint), context, curve, timeout_s)
         self._ids = itertools.count(1)
         self._done: dict[Any, Reply] = {}
         self.in_flight = 0
@@ -235,7 +249,9 @@ class Pipeline:
         """Send a request without waiting; returns its id. `inputs` and `fields` (`version`, `key`,
         `timeout_ms`, `outputs`, `output_regions`) as for `Client.infer`."""
         ident = next(self._ids)
-        self._dealer.send(encode_request(model, _inputs(inputs), id=ident, **fields), ident)
+        frames = encode_request(model, _inputs(inputs), id=ident, **fields)
+        self._size.check(frames)
+        self._dealer.send(frames, ident)
         self.in_flight += 1
         return ident
 
@@ -302,6 +318,7 @@ class AdminClient:
         self._socket = self._connect()
 
     def _connect(self) -> zmq.Socket:
+        ipc.check_directory(self.endpoint)
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.endpoint)
@@ -315,6 +332,11 @@ class AdminClient:
         nothing answers in time; NotAdminSocket when the endpoint is another
         of the daemon's sockets (the inference one answers with a status
         header, not `ok`)."""
+        return self.call_frames(cmd, check, timeout_s=timeout_s, **args)[0]
+
+    def call_frames(self, cmd: str, check: bool = True, *, timeout_s: float | None = None,
+                    **args: Any) -> tuple[dict[str, Any], list[zmq.Frame]]:
+        """`call`, for a command that answers with frames after its JSON (`record_take`): (reply, frames)."""
         import json
 
         wait = self.timeout_s if timeout_s is None else timeout_s
@@ -325,8 +347,10 @@ class AdminClient:
             self._socket = self._connect()
             raise TimeoutError(f"no answer from {self.endpoint} within {wait:.0f} s "
                                f"(is `infermux serve` running?)")
+        message = self._socket.recv_multipart(copy=False)
+        body = message[1:] if message and not len(message[0]) else message  # after the delimiter
         try:
-            reply = json.loads(self._socket.recv_multipart()[-1])
+            reply = json.loads(body[0].bytes) if body else None
         except ValueError:
             reply = None
         if not isinstance(reply, dict) or "ok" not in reply:
@@ -335,7 +359,7 @@ class AdminClient:
                                  f"give the admin socket ([daemon] admin, usually admin.sock)")
         if check and not reply.get("ok"):
             raise AdminError(reply.get("error", "unknown error"))
-        return reply
+        return reply, list(body[1:])
 
     def ping(self, timeout_s: float = 5.0) -> None:
         """Check within `timeout_s` that the daemon answers (TimeoutError if not), before a long command."""

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from infermux.protocol import DTYPES, SharedTensor, dtype_name
+from infermux.transport import ipc
 
 _PACKET = 4096
 
@@ -63,7 +64,12 @@ class SharedMemory:
             os.ftruncate(self._fd, nbytes)
             fcntl.fcntl(self._fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL)
             self._map = mmap.mmap(self._fd, nbytes)
+            # Every page written now, charged to this process: the daemon refuses inputs on pages never
+            # written (holes: reading them would allocate pages for it), and the outputs it writes here
+            # take no memory of its own. (fallocate reserves pages that still read as holes.)
+            np.frombuffer(self._map, np.uint8).fill(0)
             self._sock.settimeout(10)
+            ipc.check_directory(f"ipc://{path}")  # a socket anyone could have put there is not the daemon's
             try:
                 self._sock.connect(str(path))
             except OSError as exc:

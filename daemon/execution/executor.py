@@ -18,7 +18,7 @@ from infermux.execution.fairqueue import Closed, FairQueue
 from infermux.execution.inline import track_compute
 from infermux.execution.job import Job, Outcome
 from infermux.plugins.base import Context, InputRejected, OutputsMismatch
-from infermux.protocol import Status, encode_reply, error_header
+from infermux.protocol import OkReplies, Status, encode_reply, error_header
 from infermux.execution.outputs import RegionOutputs, ShapeMemory
 from infermux.execution.stats import Stats
 
@@ -74,6 +74,7 @@ class Executor:
         self._policy = policy
         self._busy = threading.Lock()  # held while the context computes, by whichever thread
         self._shapes = ShapeMemory()  # output shapes by kind of request, for RegionOutputs
+        self._ok = OkReplies(name, version)
         self._thread = threading.Thread(target=self._run, name=f"exec-{name}-{version}-{index}", daemon=True)
 
     def start(self) -> None:
@@ -128,6 +129,38 @@ class Executor:
             return False
         try:
             self._guarded([job])
+        finally:
+            self._busy.release()
+        return True
+
+    def serve_alone(self, job: Job) -> bool:
+        """The fast path's compute (Router.admit_fast): run `job` on the calling thread at once
+        if this context is idle; True once it is answered, False (nothing done) if it is busy.
+
+        What `try_inline` does for a lone request, in fewer steps: the same deadline check is the
+        caller's (the request was read microseconds ago), the same statistics, estimates and reply.
+        """
+        if self.in_flight or len(self.queue) or not self._busy.acquire(blocking=False):
+            return False
+        try:
+            rows = batcher.rows(job.request.inputs)
+            self.in_flight, self.in_flight_rows = 1, rows
+            start = time.perf_counter_ns()
+            try:
+                outputs = self._infer_one(job)
+            except Exception as exc:
+                self.in_flight = self.in_flight_rows = 0
+                self._failed([job], exc)
+                return True
+            end = time.perf_counter_ns()
+            self.in_flight = self.in_flight_rows = 0
+            self._learn(rows, start, end)
+            self._succeed(job, outputs, start, end, 0, rows)
+            self.served += 1
+        except Exception as exc:  # as _guarded: a bug answers 500, the context lives on
+            log.exception("executor error model=%s version=%s context=%d", self.name, self.version, self.index)
+            self.in_flight = self.in_flight_rows = 0
+            self._fail([job], Status.BACKEND_ERROR, f"internal error: {exc}")
         finally:
             self._busy.release()
         return True
@@ -202,27 +235,35 @@ class Executor:
             else:
                 merged = self._context.infer(batcher.merge([j.request.inputs for j in jobs]))
                 results = batcher.split(merged, sizes)
-        except InputRejected as exc:
-            self._fail(jobs, Status.BAD_REQUEST, str(exc))
-            return
         except Exception as exc:
-            log.warning("inference failed model=%s version=%s context=%d", self.name, self.version, self.index,
-                        exc_info=True)  # the first of a kind names its exception, then counts (events.py)
-            self._fail(jobs, Status.BACKEND_ERROR, f"backend error: {str(exc)[:500]}")
+            self._failed(jobs, exc)
             return
         finally:
             self.in_flight = self.in_flight_rows = 0
         end = time.perf_counter_ns()
         rows = sum(sizes)
+        self._learn(rows, start, end)
+        shared = rows if len(jobs) > 1 else 0
+        for job, outputs in zip(jobs, results):
+            self._succeed(job, outputs, start, end, shared, rows)
+        self.served += len(jobs)
+
+    def _failed(self, jobs: list[Job], exc: Exception) -> None:
+        """The backend call for `jobs` raised `exc`: 400 for input it rejected, else 500."""
+        if isinstance(exc, InputRejected):
+            self._fail(jobs, Status.BAD_REQUEST, str(exc))
+            return
+        log.warning("inference failed model=%s version=%s context=%d", self.name, self.version, self.index,
+                    exc_info=exc)  # the first of a kind names its exception, then counts (events.py)
+        self._fail(jobs, Status.BACKEND_ERROR, f"backend error: {str(exc)[:500]}")
+
+    def _learn(self, rows: int, start: int, end: int) -> None:
+        """Count a backend call of `rows` rows from `start` to `end` (ns) and update the estimates."""
         # Batch sizes are rows, as max_batch is: the histogram shows what the engine ran.
         self.stats.record_batch(rows, (end - start) // 1000)
         sample = (end - start) / 1000 / max(1, rows)
         self.row_wall_us = track_compute(self.row_wall_us, sample)
         self.row_us = track_compute(self.row_us, sample, may_rise=threading.current_thread() is not self._thread)
-        shared = rows if len(jobs) > 1 else 0
-        for job, outputs in zip(jobs, results):
-            self._succeed(job, outputs, start, end, shared, rows)
-        self.served += len(jobs)
 
     def _infer_one(self, job: Job) -> dict[str, Any]:
         """One request alone: into the arrays its placement offers where the backend can (base.WritesOutputs):
@@ -251,16 +292,19 @@ class Executor:
             job.place.learn(outputs)
         queue_us, compute_us = (start - job.received_ns) // 1000, (end - start) // 1000
         total_us = (time.perf_counter_ns() - job.received_ns) // 1000
-        header: dict[str, Any] = {
-            "id": req.id, "status": 200, "model": self.name, "version": self.version,
-            "timing_us": {"queue": queue_us, "compute": compute_us, "total": total_us},
-        }
-        if batch:
-            header["batch"] = batch
-        if job.fallback:
-            header["fallback"] = job.fallback
+        plain = not batch and not job.fallback and not req.output_regions
+        frames = self._ok.encode(req.id, queue_us, compute_us, total_us, outputs) if plain else None
+        if frames is None:
+            header: dict[str, Any] = {
+                "id": req.id, "status": 200, "model": self.name, "version": self.version,
+                "timing_us": {"queue": queue_us, "compute": compute_us, "total": total_us},
+            }
+            if batch:
+                header["batch"] = batch
+            if job.fallback:
+                header["fallback"] = job.fallback
+            frames = encode_reply(header, outputs, req.output_regions)  # raises on outputs it cannot send: a 500
         outcome = Outcome(200, rows, queue_us, compute_us, total_us)
-        frames = encode_reply(header, outputs, req.output_regions)  # raises on outputs it cannot send: a 500
         # Counted before it leaves: a client that has its reply finds it in the statistics.
         self.stats.record(200, total_us, queue_us, compute_us, batch)
         job.answered(200)

@@ -28,8 +28,7 @@ from infermux.execution.hashring import HashRing
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.job import Job, Outcome
 from infermux.execution.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
-from infermux.plugins.backends import session_per_context
-from infermux.plugins.base import Engine, OnDevice
+from infermux.plugins.base import Engine
 from infermux.execution.stats import ModelStats
 from infermux.protocol import Status, encode_reply, error_header
 
@@ -52,16 +51,12 @@ class Scheduler:
         self.policy = CappedPolicy(config.max_batch, config.batch_delay_us, config.preferred_batch,
                                    batcher.batchable(engine.inputs, engine.outputs),
                                    batcher.row_limit(engine.inputs), f"{config.name}:{config.version}")
-        # A GPU engine's figure covers its contexts; onnxruntime's weights are held once per context.
-        self._copies_per_context = (session_per_context(config.engine, config.backend)
-                                    and not isinstance(engine, OnDevice))
         self._reply, self._on_late, self._stats = hooks.reply, hooks.on_late, stats
         self._inline = hooks.inline
         self._hold = hooks.hold
         self.warm_row_us = warm_row_us
         self._lock = threading.Lock()
         self.executors: list[Executor] = []
-        self._contexts = 0
         self._ring: HashRing[int] | None = None
         self._next = 0
         self._successor: Placement | None = None  # once stopped, who takes what is still submitted to it
@@ -86,7 +81,6 @@ class Scheduler:
             removed = executors[contexts:]
             executors = executors[:contexts]
             self.executors = executors  # one assignment: dispatch never sees a half-built list
-            self._contexts = contexts
             self._ring = HashRing(list(range(contexts)))
         for ex in removed:
             ex.stop()
@@ -138,11 +132,11 @@ class Scheduler:
         return None  # it runs in the daemon
 
     def footprint(self) -> int:
-        """The engine's own figure: a GPU engine's device memory, its contexts included;
-        onnxruntime's weights (the file's size) once per context, each holding its own session.
-        Never the daemon's RSS growth at load, which counts libraries loaded once for all,
-        memory the allocator reuses and loads running at the same time."""
-        return self.engine.memory_bytes() * (max(1, self._contexts) if self._copies_per_context else 1)
+        """The engine's own figure, its live contexts included: weights once, activations per
+        context (docs/architecture.md#memory-footprints). Never the daemon's RSS growth at load,
+        which counts libraries loaded once for all, memory the allocator reuses and loads running
+        at the same time."""
+        return self.engine.memory_bytes()
 
     def _pick(self, executors: list[Executor], job: Job) -> Executor:
         if self.strategy == "hash" and job.request.key is not None and self._ring is not None:
@@ -184,6 +178,24 @@ class Scheduler:
         except Closed:  # the context is being removed, or this version stopped meanwhile
             return self._forward(job)
         return Admission.QUEUED
+
+    def serve_now(self, job: Job) -> bool:
+        """The fast path (Router.admit_fast): compute `job` on the calling thread at once when nothing
+        needs deciding: no batching, an idle context, a compute the inline gate allows, no key to
+        hash to a context, no older request of its stream waiting (newest_per_key: the newer replaces
+        that one, on the general path). True once it is answered; False, having done nothing, otherwise."""
+        key = job.request.key
+        if (self.policy.max_batch > 1 or self._inline is None or (self.strategy == "hash" and key is not None)
+                or self.depth() >= self.max_queue):
+            return False
+        if self.queue_policy == NEWEST_PER_KEY and key is not None and self._home(self.executors, key) is not None:
+            return False
+        for executor in self.executors:
+            if executor.load == 0 and executor.row_us:
+                if not self._inline(executor.row_us * batcher.rows(job.request.inputs), False):
+                    return False
+                return executor.serve_alone(job)
+        return False
 
     def _forward(self, job: Job) -> Admission:
         """This version takes no more work: its successor's, once a switch replaced it (hand_over)."""

@@ -21,6 +21,7 @@ from infermux.execution.executor import ReplyFn
 from infermux.execution.hashring import HashRing
 from infermux.execution.job import ONLY_INPUT, Job, internal_sink
 from infermux.execution.placement import Admission, Placement
+from infermux.execution.scheduler import Scheduler
 from infermux.execution.streams import StreamTable
 from infermux.protocol import OPERATOR_RETRY_MS, ProtocolError, Status, dtype_name, encode_reply, error_header
 from infermux.models.registry import Model, ModelVersion, Registry, State
@@ -59,16 +60,59 @@ class Router:
 
     def admit(self, job: Job) -> dict[str, Any] | None:
         """Queue `job` somewhere; None if queued, else the error header to send."""
-        req = job.request
-        if req.key is not None and internal_sink(job.envelope) is None and \
-                (req.model in self.pipelines or self.registry.model(req.model) is not None):
-            job.stream = self.streams.receive(req.model, req.key)  # answered where it is answered (Job.answered)
+        self._track(job)
         try:
             self._admit(job)
             return None
         except ProtocolError as exc:
             self._count(job, exc.status)
             return error_header(exc.status, exc.message, job.request.id, retry_after_ms=exc.retry_after_ms)
+
+    def admit_fast(self, job: Job) -> bool:
+        """Serve `job` at once if nothing about it needs deciding; False, having done nothing, if
+        something does (then `admit` takes it).
+
+        The common request: a model with no fallback and no version asked for, whose one version
+        (or least_queue default) is hot and ready, with time left, inputs it accepts and an idle
+        context that may compute it on this thread (Scheduler.serve_now). Those checks are the
+        general path's, in its order, without the steps that cannot apply: pipelines, fallback
+        and deadline decisions, batching holds, queues. A keyed request is counted on its stream
+        here too (`_track`, once), and one whose stream has an older request waiting under
+        newest_per_key goes to the general path (Scheduler.serve_now).
+        """
+        req = job.request
+        model = self.registry.models.get(req.model)
+        if model is None or model.fallback or req.version is not None or req.model in self.pipelines:
+            return False
+        if len(model.ordered()) > 1 and model.pinned is None and self.strategy(model) != "least_queue":
+            return False
+        mv = model.default()
+        if mv is None or mv.state is not State.READY:
+            return False
+        placement = mv.placement
+        if not isinstance(placement, Scheduler):
+            return False
+        job.deadline_ns = job.received_ns + (req.timeout_ms or mv.config.timeout_ms) * 1_000_000
+        if job.late():
+            return False
+        try:
+            self._check_tensors(mv, job)
+        except ProtocolError:
+            return False
+        job.target = mv
+        self._track(job)  # a stream's request served here is counted as on the general path
+        if not placement.serve_now(job):
+            return False
+        mv.last_used = time.monotonic()
+        return True
+
+    def _track(self, job: Job) -> None:
+        """Count a client's keyed request on its stream (once: admit_fast, then admit if that declined);
+        it is answered where it is answered (Job.answered)."""
+        req = job.request
+        if job.stream is None and req.key is not None and internal_sink(job.envelope) is None and \
+                (req.model in self.pipelines or self.registry.model(req.model) is not None):
+            job.stream = self.streams.receive(req.model, req.key)
 
     def _count(self, job: Job, status: int) -> None:
         """Record a reply no executor saw on the chosen version's statistics, and on the request's stream."""
@@ -162,6 +206,23 @@ class Router:
         default = model.default()
         assert default is not None  # a Model always has at least one version
         return default
+
+    def traffic_share(self, model: Model, version: str) -> float | None:
+        """The percentage of requests without a version that `version` of `model` gets now, as
+        `_choose_version` routes them; None under `hash`, where each key's requests go to one version."""
+        ready = model.ready_versions()
+        if model.pinned is None and len(ready) > 1:
+            strategy = self.strategy(model)
+            if strategy == "hash":
+                return None
+            if strategy == "weighted":
+                weights = self.weights.get(model.name, {})
+                total = sum(weights.get(mv.version, 0) for mv in ready)
+                if total > 0:
+                    mine = weights.get(version, 0) if any(mv.version == version for mv in ready) else 0
+                    return 100.0 * mine / total
+        default = model.default()
+        return 100.0 if default is not None and default.version == version else 0.0
 
     def strategy(self, model: Model) -> str:
         versions = model.ordered()

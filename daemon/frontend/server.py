@@ -14,6 +14,7 @@ the loop polls their fast lanes itself (`watch`, lane.py).
 from __future__ import annotations
 
 import errno
+import json
 import logging
 import os
 import sys
@@ -30,20 +31,24 @@ from infermux.config import HOT
 from infermux.transport import curve, ipc
 from infermux.transport.peers import PeerGuard
 from infermux.transport.waiting import message_waiting
-from infermux.events import EventLog
+from infermux.events import EventLog, Throttle
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.inline import InlinePolicy
 from infermux.execution.job import Job, Outcome, internal_sink
 from infermux.execution.streams import StreamTable
-from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Status, encode_reply, error_header, parse_request,
-                               request_id)
+from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Status, encode_reply, error_header, limits_reply,
+                               parse_request, request_id)
 from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.registry import Registry, State
+from infermux.models.verified import EngineSigning, verified_store
+from infermux.frontend.mirror import Mirror
+from infermux.frontend.recorder import Recorder
 from infermux.frontend.router import Router
 from infermux.pipelines.runner import Pipelines
 from infermux.transport.curve import CurveError
 from infermux.transport.limits import frame_cap, limits_from
 from infermux.swap import reload
+from infermux.swap.rollout import Rollouts
 from infermux.swap.reload import ReloadPlan
 from infermux.workers.pool import Workers
 
@@ -57,6 +62,7 @@ REFUSE_S = 1.0  # ... and the longest it goes on refusing requests before closin
 # object); smaller ones, headers and envelopes, are cheaper as bytes.
 BIG_FRAME = 4096
 STALLED_RETRY_MS = 100  # the retry time in the 429 a peer gets while its replies are dropped (peers.py)
+_TOO_LARGE = Throttle()  # replies over max_reply_bytes: a few lines per interval, then counted
 QUIESCE_S = 1.0  # the longest `quiesce` waits for the loop's turn (it turns at least every poll_ms)
 
 
@@ -97,6 +103,7 @@ class Server:
         self.started = time.time()
         self.loop_turns = 0
         self.requests = 0
+        self.replies_too_large = 0  # replies over max_reply_bytes, answered 413 instead
         self.ticks: list[Callable[[], None]] = [self._release_barriers]
         self.on_stopping: list[Callable[[], object]] = []  # called once the loop stops, before the drain
         self.poll_ms = 100  # the longest the loop sleeps: ticks (watchdog) run at least this often
@@ -107,9 +114,28 @@ class Server:
         self._lookup: RegionTable | None = None
         # Connections the ROUTER takes, and replies dropped for peers that do not read (peers.py).
         self.peers = PeerGuard(config.daemon.max_connections, config.daemon.reserved_fds)
+        self.peers.watch_drops(frame_cap(config.daemon))  # connections libzmq drops for a frame over it
         # Cold models run in worker processes: the pool is the registry's cold placer (workers/pool.py).
         self.workers = Workers(self.registry, run_dir, self.hooks, self.regions)
         self.ticks.append(self.streams.check)  # a stream that went silent: an event
+        self.recorder = Recorder()  # `infermux record`: requests and answers of a model, copied as they pass
+        self.rollouts = Rollouts(self.registry, self.events)  # candidates shadowing live requests
+        self.mirror = Mirror(self.rollouts)
+        self.ticks.append(self.recorder.expire)
+        self.registry.signing = self.engine_signing(config.daemon)  # before any load: none escapes the check
+
+    def engine_signing(self, daemon: cfg.DaemonConfig) -> EngineSigning | None:
+        """The check of engines' signatures under `engine_signing_keys` (models/verified.py), None
+        without; its store of verified copies is made afresh. Raises ValueError or OSError for a key
+        that cannot be read (config.py read each already)."""
+        if not daemon.engine_signing_keys:
+            return None
+        current = self.registry.signing
+        store = current.store if current is not None else verified_store(self.run_dir)
+        signing = EngineSigning.from_files(daemon.engine_signing_keys, store)
+        if current is None:
+            signing.prepare()
+        return signing
 
     # -- replies from any thread -------------------------------------------
 
@@ -214,7 +240,8 @@ class Server:
             ipc.prepare(endpoint)
             curve.secure_listener(sock, endpoint, self.curve, self.events)
             try:
-                sock.bind(endpoint)
+                with ipc.private_files():
+                    sock.bind(endpoint)
             except zmq.ZMQError as exc:
                 sock.close(0)
                 raise RuntimeError(f"cannot listen on {endpoint}: {exc}; is another infermux running, "
@@ -236,6 +263,7 @@ class Server:
         except OSError as exc:
             raise RuntimeError(f"cannot listen for shared-memory regions on {path}: {exc}; "
                                "set [daemon] shared_memory to another name, or \"\" to turn it off") from None
+        self.ticks.append(self.region_server.tick)
         self._lookup = self.regions
         self.events.emit("listening", endpoint=f"unix://{path}", what="shared-memory regions")
 
@@ -279,6 +307,7 @@ class Server:
             old = self.config
             self.config, self.limits = new, limits_from(new.daemon)
             self._reread_client_keys()
+            self._reread_signing_keys(new)
             self.registry.follow(new)
             self.router.configure(new)
             self.streams.silent_s, self.streams.max_keys = new.daemon.stream_silent_s, new.daemon.stream_max_keys
@@ -292,6 +321,14 @@ class Server:
             self.curve.reload()
         except CurveError as exc:
             log.warning("%s; the keys read before stay authorised", exc)
+
+    def _reread_signing_keys(self, new: cfg.Config) -> None:
+        """The trusted publishers' keys as `new` lists them, for every load from now on (the versions
+        loaded already stay)."""
+        try:
+            self.registry.signing = self.engine_signing(new.daemon)
+        except (ValueError, OSError) as exc:
+            log.warning("engine_signing_keys not re-read (%s); the keys read before stay trusted", exc)
 
     def _drain(self) -> None:
         """Answer everything accepted, refuse the rest, then close."""
@@ -317,6 +354,8 @@ class Server:
 
     def close(self) -> None:
         """Close the frontend and remove its socket files (the zmq context stays for others)."""
+        if self.peers.drops is not None:
+            self.peers.drops.closing = True  # the connections libzmq ends now are not dropped for their size
         if self.frontend is not None:
             self.frontend.close(linger=500)
         if self.curve is not None:
@@ -324,6 +363,9 @@ class Server:
         if self.region_server is not None:
             self.region_server.close()
         self.peers.close()
+        self.rollouts.close()
+        if self.registry.signing is not None:
+            self.registry.signing.close()
         os.close(self._bell)
         for endpoint in self.endpoints:
             ipc.remove(endpoint)
@@ -375,8 +417,17 @@ class Server:
         """Queue a reply without ever waiting: the frontend serves everyone, so a peer whose
         pipe is full (it does not read) loses this reply instead of stalling the others."""
         assert self.frontend is not None
+        size = sum(len(f) for f in frames)
+        if size > self.limits.max_reply_bytes:
+            frames = self._bounded(frames)
+            size = sum(len(f) for f in frames)
+        # What the client gets (a 413 in place of an oversized reply) is what is recorded and compared.
+        if self.recorder.active:
+            self.recorder.on_reply(frames, _delimiter(frames))
+        if self.mirror.pending:
+            self.mirror.on_reply(frames, _delimiter(frames))
         try:
-            self.frontend.send_multipart(frames, zmq.NOBLOCK, copy=sum(len(f) for f in frames) < 1 << 20)
+            self.frontend.send_multipart(frames, zmq.NOBLOCK, copy=size < 1 << 20)
         except zmq.Again:  # only the identity frame can meet a full pipe: nothing was queued
             self.peers.dropped(frames[0])
             return
@@ -387,6 +438,29 @@ class Server:
             return
         if self.peers.stalled:
             self.peers.delivered(frames[0])
+
+    def _bounded(self, frames: list[Any]) -> list[Any]:
+        """`frames` if the reply in them (after its envelope) is within max_reply_bytes, else a 413
+        in its place: the outputs were computed, and are dropped here rather than queued for the
+        client (a 4 MiB input to a model that tiles it made 256 MiB)."""
+        split = _delimiter(frames)
+        size, limit = sum(len(f) for f in frames[split:]), self.limits.max_reply_bytes
+        if size <= limit:
+            return frames
+        try:
+            header = json.loads(bytes(frames[split]))
+        except ValueError:
+            header = {}
+        self.replies_too_large += 1
+        where = {k: header[k] for k in ("model", "version") if isinstance(header.get(k), str)}
+        held = _TOO_LARGE.admit("reply")
+        if held is not None:
+            log.warning("a reply of %d bytes is over max_reply_bytes (%d): answered 413 instead%s", size, limit,
+                        f" ({held} more not logged)" if held else "")
+        return frames[:split] + encode_reply(error_header(
+            Status.TOO_LARGE, f"the reply would be {size} bytes; the limit is {limit} (max_reply_bytes): ask for "
+            "fewer outputs (\"outputs\"), send a smaller batch, or have outputs written to shared memory "
+            "(\"output_regions\"); it was computed", header.get("id"), **where))
 
     def _read_requests(self, refuse: bool = False) -> None:
         try:
@@ -442,12 +516,20 @@ class Server:
                 raise ProtocolError(Status.BAD_REQUEST, f"{len(body)} frames; at most "
                                     f"{self.limits.max_tensors} tensors may follow the header (max_tensors)")
             request = parse_request(body, self.limits, self._lookup)
-        except ProtocolError as exc:
-            ident = request_id(body, self.limits)
-            self._send(envelope + encode_reply(error_header(exc.status, exc.message, ident)))
+        except ProtocolError as exc:  # or a limits query, which no request field names
+            answer = limits_reply(body, self.limits) or error_header(
+                exc.status, exc.message, request_id(body, self.limits),
+                max_message_bytes=self.limits.max_message_bytes if exc.status is Status.TOO_LARGE else None)
+            self._send(envelope + encode_reply(answer))
             return
+        if self.recorder.active:  # before admission: an inline answer is sent inside it
+            self.recorder.on_request(envelope, request)
+        if self.rollouts.by_model:  # a candidate shadows this model (swap/rollout.py)
+            self.mirror.on_request(envelope, request)
         job = Job(envelope, request, frames, received, deadline_ns=0)  # the router sets the deadline
         try:
+            if self.router.admit_fast(job):  # computed and answered already: nothing needed deciding
+                return
             refused = self.router.admit(job)  # None: admitted; else the error reply
         except Exception:
             job.answered(int(Status.BACKEND_ERROR))  # the 500 the burst's handler sends (_read_burst)

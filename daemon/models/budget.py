@@ -23,7 +23,6 @@ from pathlib import Path
 from typing import Any
 
 from infermux.config import COLD, ModelConfig, parse_budget
-from infermux.plugins.backends import session_per_context
 
 log = logging.getLogger("infermux.budget")
 
@@ -216,7 +215,7 @@ def estimate(mc: ModelConfig, measured: int, worker_base: int) -> int:
         size = mc.engine.stat().st_size
     except OSError:
         size = 0
-    engine = int(size * FILE_FACTOR * max(1, mc.contexts if session_per_context(mc.engine, mc.backend) else 1))
+    engine = int(size * FILE_FACTOR)  # weights are shared by a version's contexts
     base = (worker_base or DEFAULT_WORKER_BASE) if mc.placement == COLD else 0
     return engine + base
 

@@ -8,6 +8,7 @@ warm-up and scheduler either side of the process boundary.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -70,18 +71,19 @@ class HotPlacer:
 
     def load(self, version: ModelVersion) -> Scheduler:
         mc = version.config
+        source = replace(mc, engine=version.source) if version.source else mc  # a signed engine's checked copy
         try:
-            if not mc.engine.exists():
-                raise LoadFailed(missing_engine(mc.engine))
-            backend = backends.for_path(mc.engine, mc.backend or None)
-            engine = backend.load(mc.engine, dict(mc.options))
+            if not source.engine.exists():
+                raise LoadFailed(missing_engine(source.engine))
+            backend = backends.for_path(source.engine, mc.backend or None)
+            engine = backend.load(source.engine, dict(mc.options))
         except LoadFailed:
             raise
         except Exception as exc:
             raise LoadFailed(exc) from exc
         try:
             self._warming(version, backend.name)
-            row_us = warm_up(engine, mc)
+            row_us = warm_up(engine, source)
             return Scheduler(mc, engine, version.stats, self.hooks, mc.strategy or self._strategy(), row_us,
                              backend.name)
         except Exception as exc:

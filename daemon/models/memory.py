@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from typing import TYPE_CHECKING, Callable, Protocol
 
 from infermux.config import COLD, ModelConfig
@@ -96,6 +97,22 @@ class MemoryKeeper:
             elif mv.state in (State.LOADING, State.WARMING):
                 total += self.estimate(mv)
         return total
+
+    def room_for_contexts(self, mv: ModelVersion, contexts: int) -> str | None:
+        """Why `mv` may not grow to `contexts` contexts within the memory budget, or None. The growth
+        is estimated as a load's is (the engine file's size per added copy: an onnxruntime session
+        holds its own weights; a TensorRT engine's contexts share it, and are held by max_contexts)."""
+        more = mem.estimate(replace(mv.config, contexts=contexts), 0, 0) - mem.estimate(mv.config, 0, 0)
+        if more <= 0:
+            return None
+        config = self.registry.config
+        self.budget.follow(config.daemon.memory_budget, config.path)
+        device = self.budget.device_for(mv.config)
+        limit, used = self.budget.limit_of(device), self.used(device=device)
+        if used + more <= limit:
+            return None
+        return (f"{contexts} contexts would take about {mem.mb(more)} more, and {mem.mb(used)} of the "
+                f"{mem.mb(limit)} memory budget is in use (memory_budget)")
 
     def make_room(self, mv: ModelVersion) -> None:
         """Stop least recently used idle cold workers until `mv` fits; BudgetExceeded if it cannot."""

@@ -29,6 +29,7 @@ from infermux.models.hot import HotPlacer
 from infermux.models.memory import MemoryKeeper
 from infermux.models.placer import LoadFailed, Placer, missing_engine
 from infermux.models.switch import Switch
+from infermux.models.verified import EngineSigning, SignatureRefused, release
 from infermux.models.version import Model, ModelVersion, State, version_key
 
 __all__ = ["Catalog", "Model", "ModelVersion", "Registry", "State", "version_key"]
@@ -60,6 +61,7 @@ class Registry:
         self.hooks = hooks
         self.models: dict[str, Model] = {}
         self.catalog: Catalog | None = None  # the engine-directory watcher, when there is one
+        self.signing: EngineSigning | None = None  # set by the Server under engine_signing_keys (verified.py)
         self._lock = threading.Lock()
         self.memory = MemoryKeeper(self, MemoryBudget(config.daemon.memory_budget, config.path))
         self.placers: dict[str, Placer] = {}
@@ -142,7 +144,9 @@ class Registry:
         return self.models.get(name)
 
     def all_versions(self) -> list[ModelVersion]:
-        return [mv for m in self.models.values() for mv in m.ordered()]
+        """Every version of every model, and each model's candidate (swap/rollout.py), which no request
+        reaches but which holds memory and shows in every view."""
+        return [mv for m in self.models.values() for mv in (*m.ordered(), *([m.candidate] if m.candidate else []))]
 
     def start_loading(self, versions: list[ModelVersion], done: Callable[[], None] | None = None) -> threading.Thread:
         """Load `versions` in parallel, one thread each, so a slow engine delays no other.
@@ -204,8 +208,11 @@ class Registry:
                                  f"placement = {HOT!r}")
             if not mc.engine.exists():  # said here, before anything is evicted for it or a worker is started
                 raise LoadFailed(missing_engine(mc.engine))
+            self._admit(mv)  # under engine_signing_keys the placer loads mv.source, the checked copy
             self.memory.make_room(mv)  # may stop idle cold workers; BudgetExceeded if it cannot fit
             placement = placer.load(mv)
+        except SignatureRefused as exc:
+            return self.fail(mv, exc, during="signature check")
         except BudgetExceeded as exc:
             return self._refuse(mv, exc)
         except LoadFailed as exc:
@@ -214,6 +221,16 @@ class Registry:
             return self.fail(mv, exc)
         self._placed(mv, placement)
         return True
+
+    def _admit(self, mv: ModelVersion) -> None:
+        """Under engine_signing_keys, check `mv`'s engine and set `mv.source` to the private copy of
+        the checked bytes that its placer loads (SignatureRefused if no signature checks out;
+        models/verified.py). A discovered model's backend and options come from its model.toml,
+        which the signature covers too."""
+        release(mv.source)
+        mv.source = None
+        if self.signing is not None:
+            mv.source = self.signing.admit(mv.config, from_settings=not self.config.versions(mv.name))
 
     def warming(self, mv: ModelVersion, backend: str) -> None:
         """A placer loaded `mv`'s engine and starts warming it up (the `Warming` hook of both)."""
@@ -268,6 +285,8 @@ class Registry:
     def fail(self, mv: ModelVersion, exc: BaseException, during: str = "load") -> bool:
         """Mark `mv` failed by `exc` (its reason says during what) and say so; returns False."""
         mv.state, mv.reason = State.FAILED, f"{during} failed: {exc}"
+        release(mv.source)
+        mv.source = None
         self.events.emit("failed", mv.name, mv.version, reason=mv.reason)
         return False
 
@@ -285,6 +304,8 @@ class Registry:
         placement.stop(timeout, reason)
         if mv.engine is not None:
             mv.engine.close()
+        release(mv.source)
+        mv.source = None
         mv.engine, mv.memory_bytes, mv.state, mv.reason = None, 0, State.UNLOADED, ""  # a past reason is stale
         release_freed_memory()
         self.events.emit("unloaded", mv.name, mv.version, **why)
@@ -312,12 +333,15 @@ class Registry:
 
     def configure(self, mv: ModelVersion, **changes: Any) -> None:
         """Change settings of a version live; its placement (hot or cold) applies them at once."""
+        fewer = changes.get("contexts", mv.config.contexts) < mv.config.contexts
         mv.config = replace(mv.config, **changes)
         placement = mv.placement
         if placement is not None:
             placement.apply(Change.of(changes))
             if placement.kind == HOT and mv.ready:  # contexts: more copies (a worker's is measured by its pool)
                 mv.memory_bytes = placement.footprint()
+        if fewer:  # the removed contexts' sessions are gone: hand their memory back to the system
+            release_freed_memory()
 
     def promote(self, name: str, version: str) -> str:
         """Move a version from its worker process into the daemon (cold → hot), losing no request."""

@@ -26,6 +26,7 @@ class State(str, enum.Enum):
     LOADING = "loading"
     WARMING = "warming"
     READY = "ready"
+    CANDIDATE = "candidate"  # loaded beside the serving version, shadowing its requests, served to nobody
     DRAINING = "draining"
     FAILED = "failed"
 
@@ -50,6 +51,7 @@ class ModelVersion:
     load_started: float = 0.0
     last_load_s: float = 0.0
     last_used: float = 0.0
+    source: Path | None = None  # the verified copy of its engine it was loaded from (models/verified.py)
 
     def __post_init__(self) -> None:
         self.stats = ModelStats(self.config.name, self.config.version, queue_depth=self._queued)
@@ -108,6 +110,9 @@ class Model:
         self._ordered: list[ModelVersion] = []
         self.pinned: str | None = None
         self.fallback: str = ""
+        # A version loaded beside the serving one that shadows its requests (swap/rollout.py): in no
+        # routing table, listed with the versions (`Registry.all_versions`) so every view shows it.
+        self.candidate: ModelVersion | None = None
 
     @property
     def versions(self) -> dict[str, ModelVersion]:

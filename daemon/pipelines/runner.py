@@ -14,6 +14,7 @@ sends all of a frame's crops to a model as one batched request.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -260,7 +261,9 @@ class Pipeline:
         return [samples[i] for i in now]
 
     def _step(self, step: spec.Step, samples: list[Sample], run: Run) -> None:
-        """Run one step over `samples`, timing and counting it; errors name the step."""
+        """Run one step over `samples`, timing and counting it; errors name the step. A frame whose
+        deadline has passed is not carried further: its client has had its 504 (or given up)."""
+        self._in_time(step.name, run)
         start = time.perf_counter_ns()
         status = Status.OK
         try:
@@ -269,6 +272,10 @@ class Pipeline:
             else:
                 for one in samples:
                     step.processor(one)
+                    if len(samples) > 1:  # a stage over many regions: each may take a while
+                        self._in_time(step.name, run)
+                if not step.fan_out:
+                    self._few_regions(step.name, samples[0])
         except ProcessorError as exc:
             status = Status.TOO_LARGE if isinstance(exc, FrameTooLarge) else Status.BAD_REQUEST
             raise
@@ -284,9 +291,33 @@ class Pipeline:
             run.timing_us[step.name] = us
             self.stats.step(step.name, int(status), us)
 
+    def _in_time(self, step: str, run: Run) -> None:
+        """StepFailed (504) once the frame's deadline has passed: the steps left are not computed."""
+        now = time.perf_counter_ns()
+        if now >= run.job.deadline_ns:
+            late_ms = (now - run.job.deadline_ns) / 1e6
+            raise StepFailed(Status.DEADLINE, f"step {step!r}: the frame's deadline passed {late_ms:.0f} ms before "
+                             "it; it and the steps after it were not computed")
+
+    def _few_regions(self, step: str, sample: Sample) -> None:
+        """413 as soon as a step finds more regions than the pipeline takes per frame (before crops)."""
+        if len(sample.regions) > self.config.max_regions:
+            raise FrameTooLarge(step, f"found {len(sample.regions)} regions in the frame; the pipeline takes at "
+                                f"most {self.config.max_regions} (max_regions)")
+
     def _model(self, step: spec.ModelStep, samples: list[Sample], run: Run) -> None:
         """The samples' tensors as one request to `step.model`; each sample gets its rows of the outputs."""
         tensors = [working(step.name, s) for s in samples]
+        if step.fan_out:
+            widest = max(t.shape[-1] for t in tensors)
+            if widest > self.config.max_crop_width:
+                raise FrameTooLarge(step.name, f"a region's tensor is {widest} wide; the pipeline pads every crop "
+                                    f"of the frame to the widest and takes at most {self.config.max_crop_width} "
+                                    f"(max_crop_width)")
+        size = batch_bytes(tensors, step.pad_multiple)
+        if size > self.config.max_batch_bytes:  # before the batch (or the model's work on it) is made
+            raise FrameTooLarge(step.name, f"its batch of {len(tensors)} tensor(s) would be {size} bytes; the "
+                                f"limit is {self.config.max_batch_bytes} (max_batch_bytes)")
         batch = stack(step.name, tensors, step.pad_value, step.pad_multiple)
         names = self._model_inputs(step.model)
         name = step.input or (names[0] if names and len(names) == 1 else ONLY_INPUT)
@@ -308,6 +339,19 @@ class Pipeline:
                                      f"per input row ({batch.shape[0]})")
             for one, part in zip(samples, np.split(value, cuts)):
                 one.outputs[out] = part
+
+
+def batch_bytes(tensors: list[np.ndarray], multiple: int) -> int:
+    """The bytes `stack` would make of `tensors`: every axis but the first padded to the largest, the
+    last up to a multiple of `multiple` (computed without making it)."""
+    if len(tensors) == 1 and multiple == 1:
+        return int(tensors[0].nbytes)
+    rank = max(t.ndim for t in tensors)
+    dims = [max(t.shape[axis] if axis < t.ndim else 1 for t in tensors) for axis in range(1, rank)]
+    if dims:
+        dims[-1] = -(-dims[-1] // multiple) * multiple
+    rows = sum(t.shape[0] if t.ndim else 1 for t in tensors)
+    return rows * math.prod(dims) * max(t.itemsize for t in tensors)
 
 
 def stack(step: str, tensors: list[np.ndarray], pad_value: float, multiple: int) -> np.ndarray:

@@ -19,9 +19,10 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
-from infermux.config import Config, ConfigError, DaemonConfig, ModelConfig, parse_model_settings, policy_key
+from infermux.config import (Config, ConfigError, DaemonConfig, ModelConfig, contexts_problem, parse_model_settings,
+                             policy_key)
 from infermux.models.registry import version_key
 from infermux.swap.watcher import ENGINE_NAMES, EngineFile, FileSig, Snapshot
 
@@ -81,10 +82,12 @@ class ModelPlan:
 
 
 class SettingsCache:
-    """Parsed `model.toml` files, re-read only when they change."""
+    """Parsed `model.toml` files, re-read only when they change; `daemon()` gives the `[daemon]` table
+    in force, whose bounds (max_contexts) a file is held to at each look."""
 
-    def __init__(self, engine_dir: Path) -> None:
+    def __init__(self, engine_dir: Path, daemon: Callable[[], DaemonConfig] = DaemonConfig) -> None:
         self.engine_dir = engine_dir
+        self._daemon = daemon
         self._cache: dict[str, tuple[FileSig, ModelConfig | ConfigError]] = {}
 
     def get(self, name: str, snapshot: Snapshot) -> ModelConfig | ConfigError:
@@ -95,16 +98,20 @@ class SettingsCache:
         path, sig = found
         cached = self._cache.get(name)
         if cached is not None and cached[0] == sig:
-            return cached[1]
+            result = cached[1]
+        else:
+            result = self._parse(name, path)
+            self._cache[name] = (sig, result)
+        why = contexts_problem(result.contexts, self._daemon()) if isinstance(result, ModelConfig) else None
+        return ConfigError(path, "contexts", why) if why else result
+
+    def _parse(self, name: str, path: Path) -> ModelConfig | ConfigError:
         try:
-            result: ModelConfig | ConfigError = parse_model_settings(path.read_text(encoding="utf-8"), path,
-                                                                     name, self.engine_dir)
+            return parse_model_settings(path.read_text(encoding="utf-8"), path, name, self.engine_dir)
         except ConfigError as exc:
-            result = exc
+            return exc
         except (OSError, UnicodeDecodeError) as exc:
-            result = ConfigError(path, "", f"cannot read: {exc}")
-        self._cache[name] = (sig, result)
-        return result
+            return ConfigError(path, "", f"cannot read: {exc}")
 
 
 def plan(name: str, snapshot: Snapshot, config: Config, settings: SettingsCache,

@@ -36,11 +36,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("infermux.swap")
 
-Key = tuple[Any, ...]  # what an entry was made from: (file sig, checksum sig, settings)
+Key = tuple[Any, ...]  # what an entry was made from: (file sig, checksum and signature sigs, settings)
 
 
 def file_key(mc: ModelConfig, f: EngineFile) -> Key:
-    return (f.sig, f.checksum_sig, mc)
+    return (f.sig, f.companions, mc)
 
 
 def checksum_problem(f: EngineFile) -> str:
@@ -74,7 +74,7 @@ class Swapper:
         self.events = server.events
         daemon = server.config.daemon
         self.engine_dir = daemon.engine_dir
-        self.settings = SettingsCache(self.engine_dir)
+        self.settings = SettingsCache(self.engine_dir, lambda: self.server.config.daemon)
         self.screen = FolderScreen()  # refused folder names, symlinks out of engine_dir (repository.py)
         self.watcher = EngineWatcher(self.engine_dir, self.apply, daemon.watch_settle_s,
                                      daemon.watch_debounce_s, daemon.watch_rescan_s)
@@ -86,6 +86,8 @@ class Swapper:
         self._failures = 0                                # loads that failed in _load, ever
         self._last = Snapshot()
         self.registry.catalog = self
+        server.rollouts.refused = self._refused
+        server.rollouts.promoted = lambda name: self.watcher.poke()  # retire what the candidate replaced
         # A reload changes which versions the configuration lists: look again.
         self.events.subscribe(lambda event: self.watcher.poke() if event.kind == "reloaded" else None)
 
@@ -176,6 +178,7 @@ class Swapper:
             return False
         self._announce_ignored(p, snapshot, pinned)
         failures = self._failures
+        self._cancel_unwanted_candidate(p)
         for version in sorted(p.wanted, key=version_key):
             self._update(p, version)
         if self._failures > failures:
@@ -185,7 +188,7 @@ class Swapper:
 
     def _is_bad(self, name: str, version: str, f: EngineFile) -> bool:
         """Whether this very file of `version` failed to load (here, or in the loads at start)."""
-        sig = (f.sig, f.checksum_sig)
+        sig = (f.sig, f.companions)
         if (name, version) in self._bad:
             return self._bad[(name, version)][0][:2] == sig
         model = self.registry.model(name)
@@ -268,7 +271,7 @@ class Swapper:
 
     def _detected(self, f: EngineFile, ignored: str = "") -> None:
         """Announce each complete engine file once (again when it changes), and whether it will be served."""
-        key = (f.sig, f.checksum_sig)
+        key = (f.sig, f.companions)
         if self._announced.get((f.model, f.version)) != key:
             self._announced[(f.model, f.version)] = key
             extra = {"ignored": ignored} if ignored else {}
@@ -288,6 +291,9 @@ class Swapper:
         replacing = current is not None and current.state is State.READY
         mv = ModelVersion(mc)
         problem = checksum_problem(f)
+        if not problem and mc.rollout is not None and before is not None and before.ready:
+            self._shadow(mc, f, current if replacing else None)
+            return
         if not problem and not replacing and mc.placement == COLD and not mc.preload:
             self.registry.put(mv)  # a cold model: registered now, loaded by the first request for it
             return
@@ -316,6 +322,47 @@ class Swapper:
                              took_ms=round((time.monotonic() - started) * 1000))
         if previous is not None:
             self.registry.switch.drain(previous)
+
+    def _shadow(self, mc: ModelConfig, f: EngineFile, replacing: ModelVersion | None) -> None:
+        """A model with `[models.rollout]`: the new engine loads beside what serves as its candidate,
+        which shadows live requests until it is promoted or refused (swap/rollout.py)."""
+        assert mc.rollout is not None
+        candidate = self.registry.switch.load_beside(mc)
+        if candidate.ready:
+            self.server.rollouts.start(candidate, mc.rollout)
+        elif replacing is not None:
+            replacing.reason = f"new engine file rejected ({candidate.reason}); serving the previous file"
+        else:
+            self._bad[mc.key] = (file_key(mc, f), candidate.reason)
+            self._failures += 1
+            self.registry.put(candidate)  # the failure is this version's state
+
+    def _refused(self, candidate: ModelVersion, reason: str) -> None:
+        """A rollout refused `candidate`: its file is not tried again, and what serves says why."""
+        model = self.registry.model(candidate.name)
+        current = model.versions.get(candidate.version) if model is not None else None
+        if current is not None and current.ready:  # it would have replaced this very version's file
+            current.reason = f"new engine file rejected ({reason}); serving the previous file"
+        else:
+            made = self._made_from.get(candidate.config.key)
+            if made is not None:
+                self._bad[candidate.config.key] = (made, reason)
+        self.watcher.poke()
+
+    def _cancel_unwanted_candidate(self, p: ModelPlan) -> None:
+        """A candidate whose version the plan no longer wants (a pin, a newer version, its file removed) is
+        unloaded; it was never judged, so its file is tried again once the plan wants it back."""
+        rollout = self.server.rollouts.by_model.get(p.name)
+        if rollout is None or rollout.candidate.version in p.wanted:
+            return
+        version = rollout.candidate.version
+        model = self.registry.model(p.name)
+        pinned = model.pinned if model is not None else None
+        newer = [v for v in p.wanted if version_key(v) > version_key(version)]
+        why = (f"pinned to {pinned}" if pinned else f"superseded by version {max(newer, key=version_key)}" if newer
+               else "its engine file was removed" if version not in p.on_disk else "no longer wanted")
+        self.server.rollouts.cancel(p.name, why)
+        self._made_from.pop((p.name, version), None)
 
     def _retire_unwanted(self, p: ModelPlan) -> None:
         """Drain versions the plan dropped: at once if their file is gone, else once the wanted ones serve."""

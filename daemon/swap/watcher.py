@@ -1,7 +1,7 @@
 """The engine-directory watcher: filesystem events in, complete files out.
 
-It watches `<engine_dir>/<model>/<version>/model.{plan,engine,onnx}` (and
-`<engine_dir>/<model>/model.toml`) with watchdog, waits until a burst of
+It watches `<engine_dir>/<model>/<version>/model.{plan,engine,onnx}` (with
+their `.sha256` and `.sig` beside them, and `<engine_dir>/<model>/model.toml`) with watchdog, waits until a burst of
 events is over (debounce), rescans the whole tree, and hands a `Snapshot`
 to a callback. A rescan rather than per-event bookkeeping: inotify drops
 events on overflow and says nothing about files inside a directory renamed
@@ -37,6 +37,7 @@ log = logging.getLogger("infermux.watcher")
 ENGINE_NAMES = ("model.plan", "model.engine", "model.onnx")
 SETTINGS_NAME = "model.toml"
 CHECKSUM_SUFFIX = ".sha256"
+SIGNATURE_SUFFIX = ".sig"
 _IGNORED_SUFFIXES = (".tmp", ".part", ".partial", "~", ".swp")
 
 
@@ -69,6 +70,12 @@ class EngineFile:
     stable: bool
     checksum: Path | None = None
     checksum_sig: FileSig | None = None
+    signature_sig: FileSig | None = None  # its `.sig` (signing.py)
+
+    @property
+    def companions(self) -> tuple[FileSig | None, FileSig | None]:
+        """The files beside it that decide whether it loads (checksum, signature): a new one is news."""
+        return (self.checksum_sig, self.signature_sig)
 
 
 @dataclass(frozen=True)
@@ -175,8 +182,10 @@ def scan(root: Path, settler: Settler) -> Snapshot:
             if found is not None:
                 path, sig, stable, checksum, checksum_sig = found
                 present.add(path)
+                signature = _stat(path.with_name(path.name + SIGNATURE_SUFFIX))
                 engines[(model_dir.name, version_dir.name)] = EngineFile(
-                    model_dir.name, version_dir.name, path, sig, stable, checksum, checksum_sig)
+                    model_dir.name, version_dir.name, path, sig, stable, checksum, checksum_sig,
+                    FileSig.of(signature) if signature else None)
     settler.forget_missing(present)
     return Snapshot(engines, settings)
 

@@ -9,7 +9,8 @@ from infermux.protocol import Limits
 def limits_from(daemon: cfg.DaemonConfig) -> Limits:
     """The request limits a `[daemon]` table sets."""
     return Limits(max_message_bytes=daemon.max_message_bytes, max_header_bytes=daemon.max_header_bytes,
-                  max_tensors=daemon.max_tensors, max_rank=daemon.max_rank, max_elements=daemon.max_elements)
+                  max_tensors=daemon.max_tensors, max_rank=daemon.max_rank, max_elements=daemon.max_elements,
+                  max_shared_input_bytes=daemon.max_shared_input_bytes, max_reply_bytes=daemon.max_reply_bytes)
 
 
 # How far over max_message_bytes a single frame may be and still be read (and answered

@@ -55,6 +55,8 @@ from typing import Any
 import zmq
 from zmq.utils.monitor import parse_monitor_message
 
+from infermux.transport.oversize import DropWatch
+
 log = logging.getLogger("infermux.peers")
 
 _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPED
@@ -114,6 +116,7 @@ class PeerCounts:
     dropped_replies: int = 0
     slow_peers: int = 0
     stalled_requests: int = 0  # requests of stalled peers, dropped or answered 429, never computed
+    dropped_oversize: int = 0  # connections libzmq dropped mid-message: a frame over the cap (oversize.py)
 
 
 class PeerGuard:
@@ -149,6 +152,14 @@ class PeerGuard:
         self.monitor: zmq.Socket | None = None
         self._thread: threading.Thread | None = None
         self._last_logged: dict[str, int] = {}  # by message: the count when it was last logged
+        self.drops: DropWatch | None = None  # the inference socket's: connections dropped for a frame over its cap
+
+    def watch_drops(self, frame_cap: int) -> None:
+        """Count connections libzmq drops for a frame over `frame_cap` (oversize.py), with duplicate
+        descriptors from what the table has beyond the bound, reserved_fds and MONITOR_LEAD."""
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        room = 1 << 16 if soft == resource.RLIM_INFINITY else soft - self.reserved_fds - MONITOR_LEAD - self.bound
+        self.drops = DropWatch(frame_cap, max(0, room))
 
     def attach(self, ctx: zmq.Context, sock: zmq.Socket) -> None:
         """Start monitoring `sock` (before it binds) on the guard's own thread."""
@@ -183,6 +194,9 @@ class PeerGuard:
         if event["event"] == zmq.EVENT_ACCEPTED:
             self._accepted(fd)
         else:
+            if self.drops is not None:
+                self.drops.disconnected(fd)
+                self.counts.dropped_oversize = self.drops.dropped
             self._live.discard(fd)
             self._silent.pop(fd, None)
             self.heard.discard(fd)
@@ -240,9 +254,12 @@ class PeerGuard:
         Ubuntu 22.04) gives the identity frame of a message the ROUTER prefetched for a poll no
         properties. A message libzmq keeps no descriptor for (inproc) is not counted."""
         try:
-            self.heard.add(parts[-1].get(SRCFD))
+            fd = parts[-1].get(SRCFD)
         except zmq.ZMQError:
-            pass
+            return
+        self.heard.add(fd)
+        if self.drops is not None:
+            self.drops.watch(fd)
 
     def dropped(self, identity: Any) -> None:
         """A reply could not be queued: the peer's pipe is full. Count it, log the peer once."""
@@ -281,12 +298,15 @@ class PeerGuard:
         return {"connections": c.connections, "max_connections": c.max_connections,
                 "refused_connections": c.refused_connections, "idle_closed": c.idle_closed,
                 "dropped_replies": c.dropped_replies,
-                "slow_peers": c.slow_peers, "stalled_requests": c.stalled_requests}
+                "slow_peers": c.slow_peers, "stalled_requests": c.stalled_requests,
+                "dropped_oversize": c.dropped_oversize}
 
     def close(self, timeout_s: float = 5.0) -> None:
         """After the monitored socket is closed: wait for the guard to read libzmq's last event."""
         if self._thread is not None:
             self._thread.join(timeout_s)  # the thread closes the monitor socket itself
+        if self.drops is not None:
+            self.drops.close()
 
 
 def _shut_down(fd: int) -> None:

@@ -55,7 +55,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from infermux.events import Throttle
 from infermux.transport import ipc
+from infermux.transport.peers import SILENT_GRACE_S
 from infermux.protocol import ProtocolError, Status
 
 log = logging.getLogger("infermux.regions")
@@ -67,6 +69,16 @@ MAX_REGIONS_PER_CLIENT = 64
 MAX_REGIONS = 256
 MAX_REGION_BYTES = 1 << 32
 _PACKET = 4096
+# A connection whose packet was refused (bad JSON, an unknown op, a region it does not own) is not
+# read again for this long: a loop of bad packets then costs the frontend thread, which serves this
+# socket between requests, a few percent of its time instead of all of it.
+BAD_PACKET_PAUSE_S = 0.01
+# Good packets are paced too, by a bucket per connection: a client registers its regions at once
+# (up to MAX_REGIONS_PER_CLIENT, and as many unregistrations), then rarely; a loop of them runs at
+# PACKETS_PER_S. Each registration maps and unmaps memory on the frontend thread (~12,000 a second
+# in a loop used to raise the other clients' p99 five-fold).
+PACKET_BURST = 2 * MAX_REGIONS_PER_CLIENT
+PACKETS_PER_S = 100.0
 # accept() errors that say "not now", not "closed": the socket stays watched (a full
 # descriptor table must not end registrations for good).
 _TRANSIENT_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EPROTO}
@@ -85,6 +97,9 @@ class Region:
     view: memoryview  # read-only, for inputs; numpy arrays on it keep the mapping alive
     owner: int  # the registering connection's fd
     out: memoryview | None = None  # the same mapping, writable, for outputs
+    # The memfd opened again, read-only: an open file description of the daemon's own, whose file
+    # position `_first_hole` may move (`fd` shares the client's); -1 where it could not be opened.
+    probe: int = -1
 
 
 @dataclass
@@ -92,6 +107,8 @@ class RegionTable:
     """Every registered region by token; looked up on the frontend thread for each request."""
 
     regions: dict[str, Region] = field(default_factory=dict)
+    # What the registration socket did to connections and packets (RegionServer shares this dict).
+    counts: dict[str, int] = field(default_factory=dict)
     _listeners: dict[int, Callable[[str], None]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -104,6 +121,11 @@ class RegionTable:
         if offset < 0 or offset + nbytes > region.size:
             raise ProtocolError(Status.BAD_REQUEST, f"bytes {offset}..{offset + nbytes} are outside region "
                                 f"{region.name or token[:8]!r} of {region.size} bytes")
+        absent = _first_hole(region.probe, offset, nbytes)
+        if absent is not None:  # reading it would allocate pages, for the daemon
+            raise ProtocolError(Status.BAD_REQUEST, f"bytes {offset}..{offset + nbytes} of region "
+                                f"{region.name or token[:8]!r} were never written from byte {absent} (a hole in "
+                                "the memfd): write the input before sending the request")
         return region.view[offset:offset + nbytes]
 
     def writable(self, token: str, offset: int) -> memoryview:
@@ -139,6 +161,8 @@ class RegionTable:
             if region is None:
                 return
             os.close(region.fd)
+            if region.probe >= 0:
+                os.close(region.probe)
             listeners = list(self._listeners.values())
         for listener in listeners:  # outside the lock: a listener takes its proxy's lock
             listener(token)
@@ -159,7 +183,7 @@ class RegionTable:
         """For the admin `status` view: how many regions, and their bytes."""
         regions = list(self.regions.values())
         return {"regions": len(regions), "bytes": sum(r.size for r in regions),
-                "clients": len({r.owner for r in regions})}
+                "clients": len({r.owner for r in regions}), **self.counts}
 
 
 class RegionServer:
@@ -171,13 +195,25 @@ class RegionServer:
         self.events = events
         self._watch = watch
         self._clients: dict[int, socket.socket] = {}
+        # Connections that have not sent a packet yet, with when they were accepted (oldest first):
+        # one silent for SILENT_GRACE_S makes room for a newcomer when MAX_CLIENTS are open, as on
+        # the inference socket (peers.py).
+        self._silent: dict[int, float] = {}
+        self._paused: dict[int, float] = {}  # fd -> when it is read again (BAD_PACKET_PAUSE_S, the bucket)
+        self._buckets: dict[int, tuple[float, float]] = {}  # fd -> (packets it may send now, as of when)
+        # Registrations and releases are events (a log line each, and the ring): a client in a loop
+        # gets a few per interval, then a count (events.Throttle).
+        self._throttle = Throttle()
+        self.counts = table.counts
+        self.counts.update({"refused_connections": 0, "idle_closed": 0, "bad_packets": 0})
         # A descriptor kept free for the moment the table is full: closing it lets accept()
         # take the waiting client so it can be told why, instead of the listener spinning.
         self._spare: int | None = _open_spare()
         self._full_logged = 0.0
         path.unlink(missing_ok=True)  # a stale file from a daemon that was killed
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.sock.bind(str(path))
+        with ipc.private_files():
+            self.sock.bind(str(path))
         ipc.secure(f"ipc://{path}")  # 0660 and group infermux, like the inference socket
         self.sock.listen(16)
         self.sock.setblocking(False)
@@ -193,7 +229,12 @@ class RegionServer:
                 if exc.errno not in _TRANSIENT_ACCEPT:
                     return False  # closed at shutdown
                 return self._refuse_one(exc)
-            if len(self._clients) >= MAX_CLIENTS:
+            now = time.monotonic()
+            if len(self._clients) >= MAX_CLIENTS and not self._close_oldest_silent(now):
+                self.counts["refused_connections"] += 1
+                self._log_limited("refused", "regions.sock: refused a connection: %d clients are connected, none "
+                                  "of them silent for %g s (%d refused so far)", MAX_CLIENTS, SILENT_GRACE_S,
+                                  self.counts["refused_connections"])
                 _answer(conn, {"ok": False, "error": f"{MAX_CLIENTS} clients hold shared memory already; "
                                                      "close one, or send tensors in frames"})
                 conn.close()
@@ -201,7 +242,40 @@ class RegionServer:
             conn.setblocking(False)
             fd = conn.fileno()
             self._clients[fd] = conn
+            self._silent[fd] = now
             self._watch(fd, functools.partial(self._serve, fd))
+
+    def _close_oldest_silent(self, now: float) -> bool:
+        """Close the oldest connection that has sent nothing for SILENT_GRACE_S, if there is one."""
+        fd, accepted = next(iter(self._silent.items()), (None, now))
+        if fd is None or now - accepted < SILENT_GRACE_S:
+            return False  # the oldest silent one is too young, and so is every one after it
+        self.counts["idle_closed"] += 1
+        self._log_limited("idle", "regions.sock: closed a connection that had sent nothing for %g s, to make room "
+                          "for a new one (%d closed so far)", SILENT_GRACE_S, self.counts["idle_closed"])
+        self._closed(fd)
+        return True
+
+    def _log_limited(self, kind: str, message: str, *args: object) -> None:
+        held = self._throttle.admit(kind)
+        if held is not None:
+            log.warning(message + (f" ({held} more like this not logged)" if held else ""), *args)
+
+    def tick(self) -> None:
+        """On the frontend thread's ticks: read paused connections again; tell held-back counts."""
+        if self._paused:
+            now = time.monotonic()
+            for fd, until in list(self._paused.items()):
+                if now >= until:
+                    del self._paused[fd]
+                    if fd in self._clients:
+                        self._watch(fd, functools.partial(self._serve, fd))
+        for kind, count in self._throttle.held().items():
+            if kind.startswith("region_"):
+                self._emit_now("regions_throttled", of=kind, count=count)
+            else:
+                log.warning("regions.sock: %d more %s connection(s) in the last %.0f s, not logged one by one",
+                            count, kind, self._throttle.interval_s)
 
     def _refuse_one(self, exc: OSError) -> bool:
         """The descriptor table is full (EMFILE...): spend the spare fd to take one waiting client
@@ -227,7 +301,9 @@ class RegionServer:
         return True
 
     def _serve(self, fd: int) -> bool:
-        conn = self._clients[fd]
+        conn = self._clients.get(fd)
+        if conn is None:  # closed to make room (_close_oldest_silent) while still watched: forget it
+            return False
         while True:
             try:
                 data, fds, _, _ = socket.recv_fds(conn, _PACKET, 4)
@@ -244,7 +320,24 @@ class RegionServer:
             if answer is None:  # end of file (or an empty packet, which SEQPACKET cannot tell apart)
                 self._closed(fd)
                 return False
+            self._silent.pop(fd, None)  # it speaks: never closed to make room
             _answer(conn, answer)
+            wait = self._paced(fd, bad=not answer.get("ok"))
+            if wait:  # not read again for a moment (tick() takes it up)
+                self._paused[fd] = time.monotonic() + wait
+                return False
+
+    def _paced(self, fd: int, bad: bool) -> float:
+        """Seconds before `fd` is read again after this packet: BAD_PACKET_PAUSE_S after a refused one,
+        else as long as its bucket (PACKET_BURST, refilled at PACKETS_PER_S) needs to hold one more."""
+        now = time.monotonic()
+        tokens, then = self._buckets.get(fd, (float(PACKET_BURST), now))
+        tokens = min(float(PACKET_BURST), tokens + (now - then) * PACKETS_PER_S) - 1
+        self._buckets[fd] = (tokens, now)
+        if bad:
+            self.counts["bad_packets"] += 1
+            return max(BAD_PACKET_PAUSE_S, -tokens / PACKETS_PER_S)
+        return max(0.0, -tokens / PACKETS_PER_S)
 
     def _handle_safely(self, owner: int, data: bytes, fds: list[int]) -> dict[str, Any]:
         """`_handle`, but a bug there answers this packet instead of unwatching the connection,
@@ -289,6 +382,9 @@ class RegionServer:
     def _closed(self, fd: int) -> None:
         for token in self.table.owned_by(fd):
             self._drop(token, "client closed its connection")
+        self._silent.pop(fd, None)
+        self._paused.pop(fd, None)
+        self._buckets.pop(fd, None)
         self._clients.pop(fd).close()
 
     def _drop(self, token: str, reason: str) -> None:
@@ -297,6 +393,15 @@ class RegionServer:
         self._emit("region_released", name=region.name, bytes=region.size, reason=reason)
 
     def _emit(self, kind: str, **fields: Any) -> None:
+        """A registration's event, unless its kind came too often this interval (then counted)."""
+        held = self._throttle.admit(kind)
+        if held is None:
+            return
+        if held:
+            fields["not_logged_before"] = held
+        self._emit_now(kind, **fields)
+
+    def _emit_now(self, kind: str, **fields: Any) -> None:
         if self.events is not None:
             self.events.emit(kind, **fields)
         else:
@@ -348,6 +453,32 @@ class MappedRegions:
         return len(self._views)
 
 
+def _first_hole(probe: int, offset: int, nbytes: int) -> int | None:
+    """The offset of the first byte of `offset`..`offset + nbytes` that lies in a hole of the memfd
+    (a page the client never wrote or allocated: reading it through the mapping would make the
+    kernel allocate one, for the daemon), or None. SEEK_HOLE asks the file, not this process's page
+    tables: a page the client wrote that has since gone to swap is data, not a hole."""
+    if probe < 0 or not nbytes:
+        return None
+    try:
+        hole = os.lseek(probe, offset, os.SEEK_HOLE)
+    except OSError:  # cannot tell: read it as before
+        return None
+    return max(offset, hole) if hole < offset + nbytes else None
+
+
+def _reopened(fd: int) -> int:
+    """A read-only descriptor of the memfd behind `fd` with an open file description of its own
+    (so that seeking it never moves the client's file position), or -1 without /proc. A full
+    descriptor table is raised: the registration is refused rather than left unchecked."""
+    try:
+        return os.open(f"/proc/self/fd/{fd}", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise
+        return -1
+
+
 def _open_spare() -> int | None:
     try:
         return os.open("/dev/null", os.O_RDONLY | os.O_CLOEXEC)
@@ -371,7 +502,14 @@ def _map(fd: int, name: str, owner: int) -> Region:
     if not 0 < info.st_size <= MAX_REGION_BYTES:
         raise ValueError(f"a region holds 1 to {MAX_REGION_BYTES} bytes; this one has {info.st_size}")
     view, out = _mapped(fd, info.st_size)
-    return Region(secrets.token_hex(16), name, info.st_size, os.dup(fd), view, owner, out)
+    probe = _reopened(fd)
+    try:
+        kept = os.dup(fd)
+    except OSError:
+        if probe >= 0:
+            os.close(probe)
+        raise
+    return Region(secrets.token_hex(16), name, info.st_size, kept, view, owner, out, probe)
 
 
 def _mapped(fd: int, size: int) -> tuple[memoryview, memoryview | None]:

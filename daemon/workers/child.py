@@ -34,7 +34,7 @@ import zmq
 from infermux.workers import wire as wire
 from infermux.config import ModelConfig
 from infermux.events import limit_tracebacks
-from infermux.models.budget import limit_malloc_arenas, rss_bytes
+from infermux.models.budget import limit_malloc_arenas, release_freed_memory, rss_bytes
 from infermux.execution.inline import InlinePolicy
 from infermux.execution.job import Job, Outcome
 from infermux.workers.lane import Lane, LaneClosed
@@ -226,7 +226,10 @@ class Worker:
 
     def _set(self, change: Change) -> None:
         if self.scheduler is not None:
+            fewer = change.contexts is not None and change.contexts < len(self.scheduler.executors)
             self.scheduler.apply(change)
+            if fewer:  # the removed contexts' sessions are gone: hand their memory back to the system
+                release_freed_memory()
 
     def _inline_ok(self, service_time_us: float, batching: bool) -> bool:
         """May the I/O thread compute this request itself? (inline.py)"""

@@ -39,6 +39,7 @@ from infermux.workers import slots as shm
 from infermux.workers import wire as wire
 from infermux.workers.mps import Mps
 from infermux.workers.process import WorkerExited, WorkerProcess, sweep_sockets
+from infermux.models.verified import release
 from infermux.workers.proxy import WorkerProxy
 
 log = logging.getLogger("infermux.workers")
@@ -200,7 +201,7 @@ class Workers:
 
     def _send_load(self, process: WorkerProcess, mv: ModelVersion) -> wire.Ready:
         # The daemon's proxy bounds what is in flight; the worker's own queue must never refuse.
-        config = replace(mv.config, max_queue=1 << 30,
+        config = replace(mv.config, engine=mv.source or mv.config.engine, rollout=None, max_queue=1 << 30,
                          strategy=mv.config.strategy or self.registry.config.routing.strategy)
         if not process.send([wire.Load(config).encode()], wait_s=10.0):
             raise WorkerExited(f"worker {process.pid} does not take messages")
@@ -242,6 +243,8 @@ class Workers:
         if mv is None or mv.placement is not proxy:  # not (or no longer) what serves its version
             return
         mv.placement, mv.engine, mv.memory_bytes = None, None, 0
+        release(mv.source)  # the next start checks the signature again
+        mv.source = None
         count = self._recent_crashes(mv.config.key)
         if count >= MAX_CRASHES:
             mv.state, mv.reason = State.FAILED, (f"worker crashed {count} times within {CRASH_WINDOW_S:.0f} s "

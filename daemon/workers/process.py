@@ -75,12 +75,13 @@ class WorkerProcess:
         self.down = ctx.socket(zmq.PUSH)
         self.down.setsockopt(zmq.LINGER, 0)
         self.down.setsockopt(zmq.SNDHWM, 100_000)  # never blocks: in flight is bounded by max_queue
-        self.down.bind(self.down_endpoint)
         self.up = ctx.socket(zmq.PULL)
         self.up.setsockopt(zmq.LINGER, 0)
-        self.up.bind(self.up_endpoint)
+        with ipc.private_files():  # only the daemon's user may talk to its workers, from the bind on
+            self.down.bind(self.down_endpoint)
+            self.up.bind(self.up_endpoint)
         for endpoint in (self.down_endpoint, self.up_endpoint):
-            os.chmod(endpoint[len("ipc://"):], 0o600)  # only the daemon's user may talk to its workers
+            ipc.bound(endpoint)  # this daemon's own files: the only ones it removes
         read_end, self._lifeline = os.pipe()
         lane, theirs = Lane.pair()
         self.lane: Lane | None = lane

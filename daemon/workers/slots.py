@@ -27,7 +27,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from infermux.events import Throttle
+
 log = logging.getLogger("infermux.shm")
+_NO_ROOM = Throttle(first=1, interval_s=60.0)  # one line a minute while /dev/shm stays full
 
 # INFERMUX_SHM_DIR: a test gives its daemon a directory of its own, out of reach of the
 # sweep of every other daemon starting on the box (sweep_stale).
@@ -146,7 +149,10 @@ class SlotPool:
                 try:
                     slot = Slot.create(f"{self.tag}-{next(self._numbers)}", aligned(max(nbytes, 1), GRAIN))
                 except OSError as exc:  # /dev/shm full or missing: the caller sends inline
-                    log.warning("no shared-memory slot of %d bytes: %s", nbytes, exc)
+                    held = _NO_ROOM.admit(exc.strerror or "error")  # a full /dev/shm meets every request
+                    if held is not None:
+                        log.warning("no shared-memory slot of %d bytes: %s; requests go inline meanwhile%s",
+                                    nbytes, exc, f" ({held} more like this not logged)" if held else "")
                     return None
             self._busy.add(slot)
             return slot

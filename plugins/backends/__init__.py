@@ -8,6 +8,7 @@ from typing import cast
 
 from infermux.plugins import discovery
 from infermux.plugins.base import Backend, BackendError
+from infermux.plugins.requirements import missing_dependency
 
 log = logging.getLogger("infermux.plugins")
 
@@ -30,6 +31,11 @@ def available() -> dict[str, str]:
     return discovery.specs("infermux.backends", BUILTIN)
 
 
+def refusal(name: str) -> str | None:
+    """Why a `model.toml` in engine_dir may not name backend `name` (only installed ones), or None."""
+    return discovery.installed_only("infermux.backends", BUILTIN, name, "backend")
+
+
 def get(name: str) -> Backend:
     """The backend called `name` (or given as "module:Class"), imported once."""
     if name not in _cache:
@@ -39,18 +45,12 @@ def get(name: str) -> Backend:
         try:
             _cache[name] = _load_object(specs[name])
         except ImportError as exc:
-            raise BackendError(f"backend {name!r} is not usable here: {exc}") from exc
+            missing = missing_dependency(exc, f"backend {name!r}")
+            raise BackendError(str(missing) if missing else f"backend {name!r} is not usable here: {exc}") from exc
     return _cache[name]
 
 
 SUFFIXES = {".onnx": "onnxruntime", ".plan": "tensorrt", ".engine": "tensorrt"}
-
-
-def session_per_context(path: Path, name: str = "") -> bool:
-    """Whether the backend that serves `path` (or the one called `name`) holds a copy of the model
-    per execution context: onnxruntime keeps one session, with its own weights, per context; a
-    TensorRT engine is shared by its contexts. What memory estimates and footprints multiply by."""
-    return path.suffix.lower() == ".onnx" and name in ("", "onnxruntime")
 
 
 def for_path(path: Path, name: str | None = None) -> Backend:

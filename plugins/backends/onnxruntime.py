@@ -1,10 +1,15 @@
 """The onnxruntime backend: runs everywhere, and on GPU boxes through the
 CUDA or TensorRT execution providers.
 
-One `InferenceSession` per context. Sessions are thread-safe, but one per
-executor thread keeps each thread's scratch memory and thread pool private,
-and `intra_op_num_threads = 1` by default: with its default thread pool,
-onnxruntime's p99 spikes to several ms under concurrency on small boxes.
+On the CPU, one `InferenceSession` serves all of a version's contexts:
+`run` is thread-safe and, with `intra_op_num_threads = 1` (the default), runs
+on the calling executor thread, so the contexts still compute side by side
+while the weights are held once (each run's activations come from the
+session's arena). With GPU execution providers each context keeps a session
+of its own (the TensorRT and CUDA providers serialise runs of one session on
+one stream); `share_session = true | false` overrides either default.
+With onnxruntime's default thread pool, p99 spikes to several ms under
+concurrency on small boxes, hence one intra-op thread by default.
 A large model may take more threads per context; `allow_spinning = false`
 then lets them sleep between operators instead of spinning on cores that the
 other models and the pipelines' processors need (measured on PP-OCR's detector:
@@ -22,8 +27,9 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -81,12 +87,14 @@ def select_providers(requested: Any, available: list[str]) -> list[Provider]:
 
 
 class OnnxRuntimeContext:
-    """One session, used by one executor thread."""
+    """One executor thread's handle on a session (its own, or the version's shared one)."""
 
-    def __init__(self, session: Any, output_names: list[str], quiet: Any) -> None:
+    def __init__(self, session: Any, output_names: list[str], quiet: Any,
+                 on_close: Callable[[], None] = lambda: None) -> None:
         self._session = session
         self._output_names = output_names
         self._quiet = quiet
+        self._on_close = on_close
 
     def infer(self, inputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         try:
@@ -112,7 +120,9 @@ class OnnxRuntimeContext:
         return dict(outputs)
 
     def close(self) -> None:
-        self._session = None
+        if self._session is not None:
+            self._session = None
+            self._on_close()
 
 
 def _translated(exc: Exception) -> BackendError:
@@ -124,7 +134,7 @@ def _translated(exc: Exception) -> BackendError:
 
 
 class OnnxRuntimeEngine:
-    """An ONNX model file; each context gets its own session."""
+    """An ONNX model file: one session shared by every context, or one per context."""
 
     def __init__(self, path: Path, options: Mapping[str, Any]) -> None:
         # onnxruntime ships neither stubs nor py.typed: its calls are checked by the tests.
@@ -136,19 +146,31 @@ class OnnxRuntimeEngine:
         self._spinning = options.get("allow_spinning", True)
         if not isinstance(self._spinning, bool):
             raise BackendError(f"`allow_spinning` is true or false, got {self._spinning!r}")
+        # onnxruntime's CPU arena keeps its high-water mark for the session's life: where a client can
+        # make outputs huge (a model that tiles its input), `cpu_arena = false` gives them back.
+        self._arena = options.get("cpu_arena", True)
+        if not isinstance(self._arena, bool):
+            raise BackendError(f"`cpu_arena` is true or false, got {self._arena!r}")
         self._providers = select_providers(options.get("providers") or ["CPUExecutionProvider"],
                                            ort.get_available_providers())
         self._bytes = path.stat().st_size
         first = self._new_session()  # validates the file once, at load
         self.providers: list[str] = first.get_providers()  # what onnxruntime actually uses
+        self.shared = options.get("share_session", self.providers == ["CPUExecutionProvider"])
+        if not isinstance(self.shared, bool):
+            raise BackendError(f"`share_session` is true or false, got {self.shared!r}")
         self.inputs = [_spec(i) for i in first.get_inputs()]
         self.outputs = [_spec(o) for o in first.get_outputs()]
-        self._spare: Any = first
+        self._session: Any = first  # the shared session, or the spare for the first context
+        self._lock = threading.Lock()
+        self._live = 0  # contexts made and not closed
+        self._sessions = 1  # sessions held: one shared, or one per live context (the first kept)
 
     def _new_session(self) -> Any:
         opts = self._ort.SessionOptions()
         opts.intra_op_num_threads = self._threads
         opts.inter_op_num_threads = 1
+        opts.enable_cpu_mem_arena = self._arena
         if not self._spinning:  # idle pool threads sleep instead of spinning on a core others need
             opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
         opts.log_severity_level = 3
@@ -158,20 +180,46 @@ class OnnxRuntimeEngine:
             raise BackendError(f"onnxruntime cannot load {self.path}: {str(exc)[:500]}") from exc
 
     def create_context(self) -> OnnxRuntimeContext:
-        session, self._spare = (self._spare or self._new_session()), None
+        with self._lock:
+            if self.shared:
+                session = self._session
+            else:
+                session, self._session = (self._session or self._new_session()), None
+                self._sessions = max(1, self._live + 1)
+            self._live += 1
         # A mismatch in infer_into is the caller's to handle (it falls back to `infer`):
         # onnxruntime need not also print it to stderr.
         quiet = self._ort.RunOptions()
         quiet.log_severity_level = 4
-        return OnnxRuntimeContext(session, [o.name for o in self.outputs], quiet)
+        return OnnxRuntimeContext(session, [o.name for o in self.outputs], quiet, self._closed)
+
+    def _closed(self) -> None:
+        with self._lock:
+            self._live -= 1
+            if not self.shared:
+                self._sessions = max(1, self._live)
+
+    def context_bytes(self) -> int:
+        """What one context adds when the weights are shared: its inputs and outputs at one row
+        (dynamic dimensions counted as 1). Intermediate tensors are not known before a run;
+        for the small models served on the CPU they are of the same order."""
+        return sum(_tensor_bytes(spec) for spec in (*self.inputs, *self.outputs))
 
     def memory_bytes(self) -> int:
-        # The weights dominate for the small models this serves on CPU; the
-        # registry also measures the process's RSS change at load.
-        return self._bytes
+        """The weights (the model file's size) once per session held, plus each live context's
+        activations: so a shared session counts its weights once, however many contexts."""
+        with self._lock:
+            return self._bytes * self._sessions + self.context_bytes() * self._live
 
     def close(self) -> None:
-        self._spare = None
+        self._session = None
+
+
+def _tensor_bytes(spec: TensorSpec) -> int:
+    count = 1
+    for dim in spec.shape:
+        count *= max(1, dim)
+    return count * np.dtype(spec.dtype).itemsize
 
 
 class OnnxRuntimeBackend:

@@ -7,11 +7,21 @@ accepted as a name, for a processor not installed as a package.
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping, cast
 
-from infermux.plugins import discovery
+# OpenCV reads its own pixel limit once, when cv2 is loaded (a static initialised in imgcodecs'
+# loadsave.cpp; setting it later changes nothing), and checks it before allocating a decoded
+# image. Every module here that imports cv2 is imported after this package, so this runs first:
+# the limit becomes `decode`'s default max_pixels unless the daemon's environment sets one.
+DEFAULT_MAX_PIXELS = 8192 * 8192
+OPENCV_PIXELS = "OPENCV_IO_MAX_IMAGE_PIXELS"
+os.environ.setdefault(OPENCV_PIXELS, str(DEFAULT_MAX_PIXELS))
 
-from infermux.plugins.processors.base import (Processor, ProcessorConfigError, ProcessorError,
+from infermux.plugins import discovery  # noqa: E402
+from infermux.plugins.requirements import missing_dependency  # noqa: E402
+
+from infermux.plugins.processors.base import (Processor, ProcessorConfigError, ProcessorError,  # noqa: E402
                                               ProcessorFactory, Sample)
 
 __all__ = ["Processor", "ProcessorConfigError", "ProcessorError", "ProcessorFactory", "Sample",
@@ -52,6 +62,9 @@ def factory(kind: str) -> ProcessorFactory:
         try:
             _cache[kind] = cast(ProcessorFactory, discovery.resolve(specs[kind]))
         except (ImportError, AttributeError) as exc:
+            missing = missing_dependency(exc, f"processor {kind!r}") if isinstance(exc, ImportError) else None
+            if missing is not None:
+                raise missing from exc  # the file is fine: a library is not installed
             raise ProcessorConfigError(kind, f"processor is not usable here: {exc}") from exc
     return _cache[kind]
 

@@ -7,12 +7,14 @@ decode as a sheared picture rather than fail.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 import cv2
 import numpy as np
 
+from infermux.plugins.processors import DEFAULT_MAX_PIXELS, OPENCV_PIXELS
 from infermux.plugins.processors.base import FrameTooLarge, ProcessorError, Sample, parse_config
 
 ENCODED = ("jpeg", "jpg", "png")
@@ -39,14 +41,23 @@ class DecodeConfig:
     """`to`: the channel order the model wants ("rgb", "bgr" or "gray"); `max_pixels`: larger frames are refused."""
 
     to: str = "rgb"
-    max_pixels: int = 8192 * 8192
+    max_pixels: int = DEFAULT_MAX_PIXELS
 
     def check(self) -> tuple[str, str] | None:
         if self.to not in ORDERS:
             return "to", f"must be one of {', '.join(ORDERS)}, got {self.to!r}"
         if self.max_pixels < 1:
             return "max_pixels", "must be at least 1"
+        if self.max_pixels > opencv_pixel_limit():
+            return "max_pixels", (f"is over OpenCV's own limit of {opencv_pixel_limit()} pixels, which it reads "
+                                  f"from ${OPENCV_PIXELS} at start: set that in the daemon's environment")
         return None
+
+
+def opencv_pixel_limit() -> int:
+    """The most pixels cv2.imdecode allocates for (its default where the variable is not a number)."""
+    value = os.environ.get(OPENCV_PIXELS, "")
+    return int(value) if value.isdigit() else 1 << 30
 
 
 class Decode:
@@ -73,11 +84,18 @@ class Decode:
         sample.image = sample.tensor = image
 
     def _encoded(self, data: np.ndarray) -> np.ndarray:
-        declared = encoded_size(data.tobytes()[:65536])
-        if declared is not None:  # refused before decoding allocates it
-            self._check_pixels(*declared)
+        head = data.tobytes()
+        try:
+            width, height = header_size(head)
+        except ValueError as exc:  # nothing is decoded whose size is not known first
+            raise ProcessorError(self.step, f"cannot decode the image ({data.size} bytes): not a valid JPEG or "
+                                 f"PNG ({exc})") from None
+        self._check_pixels(width, height)  # refused before decoding allocates it
         flag = cv2.IMREAD_GRAYSCALE if self.config.to == "gray" else cv2.IMREAD_COLOR
-        image = cv2.imdecode(data, flag) if data.size else None
+        try:
+            image = cv2.imdecode(data, flag)
+        except cv2.error:  # OpenCV's own limit (OPENCV_IO_MAX_IMAGE_PIXELS, processors/__init__.py)
+            image = None
         if image is None:
             raise ProcessorError(self.step, f"cannot decode the image ({data.size} bytes): not a valid JPEG or PNG")
         self._check_pixels(image.shape[1], image.shape[0])
@@ -135,23 +153,85 @@ class Decode:
                                  f"{stride} is {needed} bytes")
 
 
-def encoded_size(head: bytes) -> tuple[int, int] | None:
-    """(width, height) a PNG or JPEG declares in its header, or None where it declares none readable.
+def encoded_size(data: bytes) -> tuple[int, int] | None:
+    """(width, height) a PNG or JPEG declares in its header, or None where it declares none readable."""
+    try:
+        return header_size(data)
+    except ValueError:
+        return None
+
+
+def header_size(data: bytes) -> tuple[int, int]:
+    """(width, height) a PNG or JPEG declares, read the way the decoders read it; ValueError saying
+    why when there is none to read (not PNG or JPEG, truncated, or laid out against the format).
 
     Read before decoding so that a small file declaring a huge image (a
-    decompression bomb) is refused without allocating it.
+    decompression bomb) is refused without allocating it. Anything else
+    cv2.imdecode would take (BMP, PPM, TIFF...) is refused here: its size
+    is not checked.
     """
-    if head[:8] == b"\x89PNG\r\n\x1a\n" and len(head) >= 24:
-        return int.from_bytes(head[16:20], "big"), int.from_bytes(head[20:24], "big")
-    if head[:2] != b"\xff\xd8":
-        return None
-    at = 2
-    while at + 9 <= len(head) and head[at] == 0xFF:
-        marker, length = head[at + 1], int.from_bytes(head[at + 2:at + 4], "big")
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a start-of-frame segment
-            return int.from_bytes(head[at + 7:at + 9], "big"), int.from_bytes(head[at + 5:at + 7], "big")
-        at += 2 + length
-    return None
+    if data[:8] == PNG_SIGNATURE:
+        return _png_size(data)
+    if data[:2] == b"\xff\xd8":
+        return _jpeg_size(data)
+    raise ValueError("neither a PNG nor a JPEG signature")
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    """libpng takes the size from IHDR, which must be the first chunk (13 bytes)."""
+    if len(data) < 33:
+        raise ValueError("the PNG ends before its IHDR chunk")
+    if data[12:16] != b"IHDR" or int.from_bytes(data[8:12], "big") != 13:
+        raise ValueError(f"the PNG's first chunk is {data[12:16]!r}, not a 13-byte IHDR")
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if not (width and height):
+        raise ValueError(f"the PNG declares {width}x{height}")
+    return width, height
+
+
+# Start-of-frame markers (the frame's size): SOF0-3, 5-7, 9-11, 13-15; C4, C8 and CC are not.
+_SOF = frozenset(range(0xC0, 0xD0)) - {0xC4, 0xC8, 0xCC}
+# Markers without a length field: TEM, RST0-7 (SOI and EOI are handled apart).
+_STANDALONE = frozenset([0x01, *range(0xD0, 0xD8)])
+# A real JPEG reaches its SOF within a few segments (APPn, DQT, DHT, COM); an attacker's file of
+# thousands of 4-byte segments would otherwise cost a Python loop turn each.
+MAX_JPEG_SEGMENTS = 512
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int]:
+    """The size in the first SOF segment, walking the segments as libjpeg does: any number of 0xFF
+    fill bytes before a marker, each segment skipped by its own length, however long."""
+    at, end = 2, len(data)
+    for _ in range(MAX_JPEG_SEGMENTS):
+        if at >= end or data[at] != 0xFF:
+            raise ValueError(f"no JPEG marker at byte {at}" if at < end else "the JPEG ends before its frame header")
+        while at < end and data[at] == 0xFF:  # fill bytes
+            at += 1
+        if at >= end:
+            raise ValueError("the JPEG ends before its frame header")
+        marker = data[at]
+        at += 1
+        if marker in _STANDALONE:
+            continue
+        if marker in (0xD8, 0xD9, 0xDA, 0x00):  # SOI again, EOI or a scan before any frame header
+            raise ValueError(f"marker 0xFF{marker:02X} at byte {at - 1} comes before a frame header")
+        if at + 2 > end:
+            raise ValueError("the JPEG ends inside a segment's length")
+        length = int.from_bytes(data[at:at + 2], "big")
+        if length < 2:
+            raise ValueError(f"segment 0xFF{marker:02X} at byte {at - 1} has length {length}")
+        if marker in _SOF:
+            if length < 8 or at + 7 > end:
+                raise ValueError("the JPEG's frame header is cut short")
+            height, width = int.from_bytes(data[at + 3:at + 5], "big"), int.from_bytes(data[at + 5:at + 7], "big")
+            if not (width and height):  # a height of 0 is defined later (DNL), which libjpeg refuses too
+                raise ValueError(f"the JPEG's frame header declares {width}x{height}")
+            return width, height
+        at += length
+    raise ValueError(f"no frame header in the JPEG's first {MAX_JPEG_SEGMENTS} segments")
 
 
 def _packed_yuv(data: np.ndarray, fmt: str, width: int, height: int, stride: int) -> np.ndarray:

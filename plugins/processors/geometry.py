@@ -13,7 +13,7 @@ from typing import Any, Mapping
 import cv2
 import numpy as np
 
-from infermux.plugins.processors.base import Sample, parse_config, working
+from infermux.plugins.processors.base import FrameTooLarge, Sample, parse_config, working
 
 INTERPOLATION = {"nearest": cv2.INTER_NEAREST, "linear": cv2.INTER_LINEAR,
                  "cubic": cv2.INTER_CUBIC, "area": cv2.INTER_AREA}
@@ -29,6 +29,7 @@ class ResizeConfig:
     multiple: int = 32
     limit_side: int | None = None
     limit: str = "max"
+    max_side: int | None = None  # `multiple`: a frame whose longer side would come out larger is refused
     height: int | None = None
     max_width: int | None = None
     pad_value: int = 114
@@ -49,6 +50,9 @@ class ResizeConfig:
             return "limit", f"must be 'max' or 'min', got {self.limit!r}"
         if self.limit_side is not None and self.limit_side < 1:
             return "limit_side", "must be at least 1"
+        if self.max_side is not None and (self.max_side < self.multiple or self.mode != "multiple"):
+            return "max_side", (f"must be at least `multiple` ({self.multiple})" if self.mode == "multiple"
+                                else "applies to mode 'multiple' only")
         if not 0 <= self.pad_value <= 255:
             return "pad_value", "must be 0..255"
         if self.interpolation not in INTERPOLATION:
@@ -96,8 +100,12 @@ class Resize:
             if (c.limit == "max" and side > c.limit_side) or (c.limit == "min" and side < c.limit_side):
                 ratio = c.limit_side / side
         # Rounded as PP-OCR's detector does, so boxes match its reference pipeline.
-        return (max(c.multiple, round(int(w * ratio) / c.multiple) * c.multiple),
-                max(c.multiple, round(int(h * ratio) / c.multiple) * c.multiple))
+        tw = max(c.multiple, round(int(w * ratio) / c.multiple) * c.multiple)
+        th = max(c.multiple, round(int(h * ratio) / c.multiple) * c.multiple)
+        if c.max_side is not None and max(tw, th) > c.max_side:  # before the model computes on it
+            raise FrameTooLarge(self.step, f"the {w}x{h} frame would be resized to {tw}x{th} for the model; the "
+                                f"limit is {c.max_side} a side (max_side); send a smaller frame")
+        return tw, th
 
     def _letterbox(self, image: np.ndarray, w: int, h: int) -> tuple[np.ndarray, float, float, float, float]:
         assert self.config.size is not None

@@ -1,6 +1,6 @@
 """The daemon against a bare ROUTER + onnxruntime loop, in one run on one machine.
 
-    python tests/benchmarks/bench_core.py [--duration 3] [--rounds 3] [--no-write] [--against REV]
+    python tests/benchmarks/bench_core.py [--duration 3] [--rounds 5] [--no-write] [--against REV]
 
 The sample classifier, one [1,3,64,64] float32 image per request, at
 concurrency 1 and 16:
@@ -21,7 +21,9 @@ in its own process, so it never shares a GIL with the server under test; a
 runs in that process too. Every server runs for the whole script and the
 rounds interleave them, so a burst of load from elsewhere on the box hits
 all cases alike; the table shows the median round (by QPS) and every
-round's QPS.
+round's QPS, and each comparison is the median of the per-round ratios
+(round i of one server against round i of the other, seconds apart) with
+their range, so one noisy round cannot decide a goal.
 
 A real model too: PP-OCR's text detector [1,3,320,320] from the
 rapidocr-onnxruntime wheel (`engines/fetch_ppocr.py` puts it in
@@ -36,6 +38,7 @@ import argparse
 import contextlib
 import multiprocessing
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -260,12 +263,22 @@ def _us(value: float | None) -> str:
     return "-" if value is None else f"{value:,.0f}"
 
 
-def _ratios(by_key: dict[tuple[str, int], BenchResult], case: str, base: str, levels: tuple[int, ...]) -> str:
-    """`case` ÷ `base` at each concurrency: QPS, p50 and p99 (medians of the rounds)."""
-    return ", ".join(
-        f"c={c}: **{by_key[case, c].qps / by_key[base, c].qps:.2f}×** QPS, "
-        f"p50 {by_key[case, c].p50_us / by_key[base, c].p50_us:.2f}×, "
-        f"p99 {by_key[case, c].p99_us / by_key[base, c].p99_us:.2f}×" for c in levels)
+def spread(values: list[float]) -> str:
+    """Median and range of per-round ratios: `0.85× (0.80–0.91)`."""
+    ordered = sorted(values)
+    return f"{statistics.median(ordered):.2f}× ({ordered[0]:.2f}–{ordered[-1]:.2f})"
+
+
+def _ratios(by_key: dict[tuple[str, int], Measured], case: str, base: str, levels: tuple[int, ...]) -> str:
+    """`case` ÷ `base` at each concurrency, round by round (the rounds alternate between the two, so
+    each ratio compares runs seconds apart): the median of those ratios and their range, for QPS,
+    p50 and p99. One noisy round moves the range, not the verdict."""
+    def per_round(c: int, figure: str) -> list[float]:
+        pairs = zip(by_key[case, c].rounds, by_key[base, c].rounds)
+        return [getattr(a, figure) / getattr(b, figure) for a, b in pairs if getattr(b, figure)]
+
+    return ", ".join(f"c={c}: QPS **{spread(per_round(c, 'qps'))}**, p50 {spread(per_round(c, 'p50_us'))}, "
+                     f"p99 {spread(per_round(c, 'p99_us'))}" for c in levels)
 
 
 def cpu_line(cpu: dict[tuple[str, int], float | None], against: bool) -> str:
@@ -280,12 +293,12 @@ def cpu_line(cpu: dict[tuple[str, int], float | None], against: bool) -> str:
             "included; median of the rounds): " + "; ".join(parts) + ".") if parts else ""
 
 
-def ratio_lines(by_key: dict[tuple[str, int], BenchResult], args: argparse.Namespace) -> list[str]:
+def ratio_lines(by_key: dict[tuple[str, int], Measured], args: argparse.Namespace) -> list[str]:
     """One line per comparison the run allows."""
     if ("d daemon", 1) not in by_key:
         return ["Daemon / bare loop: not run (the daemon core is not in this checkout)."]
-    lines = [f"Daemon (2 contexts) / bare loop (medians): {_ratios(by_key, 'd daemon', 'c bare', CONCURRENCY)}. "
-             "Target: ≥ 0.7× QPS.",
+    lines = [f"Daemon (2 contexts) / bare loop, per-round ratios (median and range of {args.rounds} rounds): "
+             f"{_ratios(by_key, 'd daemon', 'c bare', CONCURRENCY)}. Target: ≥ 0.7× QPS.",
              f"Daemon (1 context, as the bare loop) / bare loop: "
              f"{_ratios(by_key, 'd1 daemon', 'c bare', CONCURRENCY)}. "
              "Goals: ≥ 0.9× QPS at c=1, ≥ 0.8× QPS and ≤ 1.3× p99 at c=16."]
@@ -293,9 +306,8 @@ def ratio_lines(by_key: dict[tuple[str, int], BenchResult], args: argparse.Names
         lines.append(f"PP-OCR detector, daemon (1 context) / bare loop: "
                      f"{_ratios(by_key, 'g ocr daemon', 'f ocr bare', (OCR_CONCURRENCY,))}. Goal: ≥ 0.95×.")
     if ("e daemon@REV", 1) in by_key:
-        lines.append("This checkout / " + describe(args.against) + " (e, same run): " + ", ".join(
-            f"c={c}: **{by_key['d daemon', c].qps / by_key['e daemon@REV', c].qps:.2f}×** QPS, "
-            f"p99 {by_key['d daemon', c].p99_us / by_key['e daemon@REV', c].p99_us:.2f}×" for c in CONCURRENCY) + ".")
+        lines.append("This checkout / " + describe(args.against) + " (e, same run): "
+                     + _ratios(by_key, "d daemon", "e daemon@REV", CONCURRENCY) + ".")
     return lines
 
 
@@ -309,7 +321,7 @@ def report(measured: list[Measured], args: argparse.Namespace, load: tuple[float
                      " / ".join(f"{x.qps:,.0f}" for x in m.rounds)])
     table = markdown_table(["case", "c", "QPS", "p50 µs", "p90 µs", "p99 µs", "server CPU µs/req", "errors",
                             "QPS per round"], rows)
-    by_key = {(m.case, m.concurrency): m.median for m in measured}
+    by_key = {(m.case, m.concurrency): m for m in measured}
     cpu = {(m.case, m.concurrency): m.median_cpu_us for m in measured}
     verdict = "\n\n".join(line for line in [*ratio_lines(by_key, args), cpu_line(cpu, bool(args.against))] if line)
     return "\n".join([
@@ -338,7 +350,7 @@ def report(measured: list[Measured], args: argparse.Namespace, load: tuple[float
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per case and round (default 3)")
-    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="interleaved rounds (default 5)")
     parser.add_argument("--warmup", type=int, default=200, help="warm-up requests per case and round")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     parser.add_argument("--no-ocr", action="store_true", help="leave out the PP-OCR detector rows (f, g)")

@@ -37,7 +37,7 @@ def test_the_core_benchmark_runs_every_case(tmp_path):
     assert out.returncode == 0, out.stderr[-2000:]
     for case in ("a backend", "b echo", "c bare", "d daemon", "d1 daemon"):
         assert f"| {case} | 1 |" in out.stdout and f"| {case} | 16 |" in out.stdout
-    assert "Daemon (2 contexts) / bare loop (medians): c=1:" in out.stdout
+    assert "Daemon (2 contexts) / bare loop, per-round ratios (median and range of 1 rounds): c=1: QPS" in out.stdout
     assert "Daemon (1 context, as the bare loop) / bare loop: c=1:" in out.stdout
     assert "Server CPU time per request" in out.stdout and "d1 ÷ c c=16: **" in out.stdout
 
@@ -82,3 +82,14 @@ def test_the_tracking_benchmark_scores_every_sequence():
     for seq in ("crossing", "pillar", "crowd", "stop_and_go"):
         assert f"| {seq} | " in out.stdout and "detector pipeline" in out.stdout
     assert "track µs p50" in out.stdout and "reinfer_every = 5" in out.stdout
+
+
+@pytest.mark.slow
+def test_the_rollout_benchmark_compares_a_shadowed_daemon_with_a_plain_one():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_rollout.py"), "--no-write", "--duration", "0.3",
+                          "--rounds", "1", "--warmup", "10"], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for case in ("shadowed", "forced", "plain"):
+        assert f"| {case} | 1 |" in out.stdout and f"| {case} | 16 |" in out.stdout
+    assert "- shadowed / plain: c=1: p99 per round median" in out.stdout and "- forced / plain:" in out.stdout
+    assert "Goal p99 shadowed ≤ 1.1× plain at c=16" in out.stdout

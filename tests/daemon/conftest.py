@@ -7,15 +7,16 @@ from pathlib import Path
 import pytest
 
 from support.matrix import cell  # noqa: F401  (the feature matrices' per-cell check; each file has its own `placed`)
-from support.users import traversable  # noqa: F401  (user nobody may reach the checkout while a module runs)
+from support.users import open_tmp, traversable  # noqa: F401  (folders other users may reach while a test runs)
 
 # Files whose tests together take ten seconds or more on the 2-core development box: marked `slow`, so
 # the quick loop (`pytest tests/unit tests/daemon -x -m "not slow"`, docs/testing.md) leaves them to
 # the full run. Measured with --durations=0; tests/benchmarks/RESULTS.md has the loop's time.
 SLOW_FILES = {
     "test_admin.py", "test_batching.py", "test_chaos.py", "test_cli.py", "test_curve.py", "test_hostile.py",
-    "test_hot_swap.py", "test_matrix.py", "test_pipeline_matrix.py", "test_pipelines.py", "test_regions.py",
-    "test_routing.py", "test_tracking.py", "test_workers.py",
+    "test_hostile_sockets.py", "test_hot_swap.py", "test_matrix.py", "test_pipeline_matrix.py",
+    "test_pipelines.py", "test_regions.py", "test_routing.py", "test_shared_weights.py", "test_tracking.py",
+    "test_workers.py",
 }
 HERE = Path(__file__).resolve().parent
 

@@ -78,6 +78,7 @@ FAILURES = [
     Case("ctl: unknown model", f"ctl set nosuch contexts=2 {WHERE}", 1, "nosuch"),
     Case("ctl: a third positional word", f"ctl set addone 1 extra {WHERE}", 2, "key=value"),
     Case("ctl: weights that do not parse", f"ctl set addone weights=1:x {WHERE}", 2, "VERSION:WEIGHT"),
+    Case("ctl: no weights", f"ctl set addone weights= {WHERE}", 1, "VERSION:WEIGHT,... (e.g. 1:90,2:10"),
     Case("ctl reload: the daemon refuses a broken file", "ctl reload --config {broken} --runtime-dir {run}",
          1, "not reloaded"),
     Case("infer: a bad --shape", "infer addone -e {infer} --shape x=1xfour", 2, "NAME=1x3x64x64"),

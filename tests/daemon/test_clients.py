@@ -127,12 +127,24 @@ def test_cli_infer_and_bench_without_shapes_send_what_the_model_takes(daemon: Da
     assert proc.returncode == 0, proc.stderr
 
 
-def test_cli_infer_without_shapes_says_what_to_give_when_it_cannot_ask(daemon: Daemon) -> None:
+def test_cli_infer_of_an_unknown_model_shows_the_daemons_404_naming_the_served_models(daemon: Daemon) -> None:
     where = ["--config", str(daemon.config_path), "--runtime-dir", str(daemon.run_dir)]
-    proc = subprocess.run([sys.executable, "-m", "infermux", "infer", "nosuch", *where],
+    proc = subprocess.run([sys.executable, "-m", "infermux", "infer", "addon", *where],  # a typo of addone
                           capture_output=True, text=True, timeout=30)
-    assert proc.returncode != 0
-    assert "no model 'nosuch' is configured" in proc.stderr and "give --shape NAME=DIMS" in proc.stderr
+    assert proc.returncode == 1, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith("infermux: 404: unknown model 'addon'; served models: ") and "addone" in line, line
+    assert "--shape" not in proc.stderr
+    assert json.loads(proc.stdout.splitlines()[0])["status"] == 404
+
+
+def test_cli_bench_of_an_unknown_model_names_the_served_models(daemon: Daemon) -> None:
+    where = ["--config", str(daemon.config_path), "--runtime-dir", str(daemon.run_dir)]
+    proc = subprocess.run([sys.executable, "-m", "infermux", "bench", "addon", "--requests", "5", *where],
+                          capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1, proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "no model 'addon' is configured; served models: " in line and "addone" in line, line
 
 
 def _python_block(page: Path, needle: str) -> str:

@@ -57,6 +57,9 @@ SLOW, IDENTITY = "slow/1/model.onnx", "fast512/1/model.onnx"  # in conftest's `e
 BATCH_DELAY_US = 8_000_000  # a batch that waited this long was not sent by its preferred size
 STREAMS = 'queue_policy = "newest_per_key"\n'
 
+# A candidate mirrors whatever the CPUs' idle time, which a shared 2-core test box seldom has
+# (test_rollout.py tests that gate).
+SPARE = "min_idle_cpu = 0\n"
 # Every version a placement serves (name, version, engine, settings), one model per behaviour.
 PLACED = [
     ("nr", "1", SLOW, 'fallback = "fb"\n'),
@@ -70,6 +73,10 @@ PLACED = [
     ("hs", "2", "addone/2/model.onnx", 'strategy = "hash"\ncontexts = 2\n'),
     ("sm", "1", SLOW, ""),
     ("sw", "1", "sw/1/model.onnx", ""),  # relative: in the watched engine_dir, where the swap publishes
+    # A published version of these is a candidate first (docs/hot-swap.md#shadow-rollout).
+    ("cd", "1", "cd/1/model.onnx", "[models.rollout]\nshadow_requests = 1000000\n" + SPARE),  # promote-now decides
+    ("cr", "1", "cr/1/model.onnx", "[models.rollout]\nshadow_requests = 8\n" + SPARE),
+    ("cs", "1", "cs/1/model.onnx", "[models.rollout]\nshadow_requests = 1000000\n" + SPARE),  # superseded, removed
     ("kl", "1", SLOW, "max_queue = 16\ntimeout_ms = 20000\n"),  # SIGKILL: only where a worker serves it
     ("hg", "1", IDENTITY, 'fallback = "fb"\n'),  # SIGSTOP: only where a worker serves it
     # Streams (queue_policy newest_per_key), one model per behaviour they meet.
@@ -80,6 +87,7 @@ PLACED = [
     ("ss", "1", "ss/1/model.onnx", f"{STREAMS}timeout_ms = 20000\n"),  # in the watched engine_dir: swapped
 ]
 WORKER_ONLY = ("kl", "hg")
+WATCHED = ("sw", "cd", "cr", "cs")  # served from the watched engine_dir, where new versions are published
 # Always hot: the fallback of nr and slowfb (y = x, so a stand-in's outputs are its inputs).
 FALLBACK = f'[[models]]\nname = "fb"\nengine = "{{engines}}/{IDENTITY}"\nmax_queue = 256\n'
 
@@ -99,7 +107,7 @@ version_mismatch = "fallback"
 
 def engine_of(placed: Placement, model: str, version: str = "1") -> Path:
     """The engine file `model` (and `version`) is served from."""
-    if model in ("sw", "ss"):  # the swap cells publish their version 2 beside the first
+    if model in (*WATCHED, "ss"):  # the swap, rollout and stream-swap cells publish their version 2 beside the first
         return placed.watched / model / version / "model.onnx"
     if model == "fb":
         return placed.engines / IDENTITY
@@ -113,7 +121,7 @@ def config_text(placement: str, engines: Path, watched: Path) -> str:
     for name, version, engine, settings in PLACED:
         if name in WORKER_ONLY and placement not in WITH_WORKER:
             continue
-        path = engine if name in ("sw", "ss") else f"{engines}/{engine}"
+        path = engine if name in (*WATCHED, "ss") else f"{engines}/{engine}"
         text += f'[[models]]\nname = "{name}"\nversion = "{version}"\nengine = "{path}"\n{mode}{settings}'
     return text
 
@@ -125,7 +133,8 @@ def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     name = request.param
     workdir = tmp_path_factory.mktemp(f"matrix-{name}")
     watched = workdir / "engines"
-    publish(watched, "sw", 1, offset=1)
+    for model in WATCHED:
+        publish(watched, model, 1, offset=1)
     publish_copy(engines / SLOW, watched, "ss", 1)
     d = Daemon(workdir, config_text(name, engines, watched)).start()
     try:
@@ -197,7 +206,7 @@ def test_serves_what_onnxruntime_computes(cell: Placement) -> None:
             if (name, version) not in views:
                 continue  # kl: worker placements only
             assert views[(name, version)]["placement"] == cell.where, views[(name, version)]
-            x = X4 if name in ("wt", "hs", "sw") else SLAB
+            x = X4 if name in ("wt", "hs", *WATCHED) else SLAB
             assert_served(client.infer(name, {"x": x}, version=version), cell, name, x, version)
 
 
@@ -405,6 +414,113 @@ def test_hot_swap_of_a_new_version_loses_no_request(cell: Placement) -> None:
         assert_served(reply, cell, "sw", X4, reply.version or "")
     with d.client() as client:  # the configured version stays while its file does
         assert_served(client.infer("sw", {"x": X4}, version="1"), cell, "sw", X4, "1")
+
+
+class Traffic:
+    """Requests for `model` without pause on a thread of their own, every reply kept in order."""
+
+    def __init__(self, d: Daemon, model: str) -> None:
+        self.d, self.model, self.replies, self.errors = d, model, [], []  # type: ignore[var-annotated]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run)
+
+    def _run(self) -> None:
+        try:
+            with self.d.client(timeout_s=30) as client:
+                while not self.stop.is_set():
+                    self.replies.append(client.infer(self.model, {"x": X4}))
+        except Exception as exc:  # reported by the cell: a thread's exception would vanish
+            self.errors.append(exc)
+
+    def __enter__(self) -> "Traffic":
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def row(d: Daemon, model: str, version: str) -> dict:
+    with d.admin() as admin:
+        return next((m for m in admin.call("models")["models"] if (m["name"], m["version"]) == (model, version)), {})
+
+
+@every_placement
+def test_a_candidate_shadows_then_serves_from_its_configured_placement(cell: Placement) -> None:
+    d = cell.daemon
+    with Traffic(d, "cd") as traffic:
+        publish(cell.watched, "cd", 2, offset=1)  # the same answers: it passes
+        eventually(lambda: row(d, "cd", "2").get("state") == "candidate", "the candidate", 30)
+        with d.admin() as admin, d.client() as client:
+            weights = admin.call("set", check=False, model="cd", weights={"2": 1})
+            # Moving, pinning or unloading it would act on an engine that has not earned its traffic.
+            acted = [admin.call(cmd, check=False, model="cd", version="2") for cmd in ("promote", "demote", "pin",
+                                                                                       "unload")]
+            named = client.infer("cd", {"x": X4}, version="2")  # no version 2 serves yet
+            try:
+                assert admin.call("drain")["accepting"] is False
+                refused = client.infer("cd", {"x": X4})
+            finally:
+                admin.call("resume")
+        eventually(lambda: row(d, "cd", "2").get("rollout", {}).get("compared", 0) >= 3, "comparisons", 60)
+        with d.admin() as admin:
+            admin.call("promote-now", model="cd", version="2")
+        wait_served(d, "cd", "2", offset=1, timeout=30)
+    assert not weights["ok"] and "no version '2'" in weights["error"]
+    for reply in acted:
+        assert not reply["ok"] and "cd:2 is a candidate" in reply["error"] and "promote-now cd 2" in reply["error"]
+    assert named.status == 200 and named.version == "1" and named.header["fallback"]["reason"] == "version"
+    assert refused.status == 503 and "draining" in refused.error
+    assert not traffic.errors and traffic.replies
+    served = [r.version for r in traffic.replies if r.status == 200]
+    assert "2" in served and set(served[:served.index("2")]) == {"1"} and set(served[served.index("2"):]) == {"2"}
+    for reply in traffic.replies:
+        assert reply.status in (200, 503), reply.header  # 503 only while drained
+        if reply.status == 200:
+            assert_served(reply, cell, "cd", X4, reply.version or "")
+    # A published version loads as configured: cold in the promoted row, hot in the demoted one.
+    assert row(d, "cd", "2")["placement"] == ("cold" if cell.name in ("cold", "promoted") else "hot")
+
+
+@every_placement
+def test_a_pin_holds_back_a_candidate_and_a_refused_one_leaves_the_serving_version(cell: Placement) -> None:
+    d = cell.daemon
+    with d.admin() as admin:
+        admin.call("pin", model="cr", version="1")
+        publish(cell.watched, "cr", 2, offset=5)  # answers otherwise
+        d.wait_for('detected model=cr version=2 file=model.onnx bytes=', 30)
+        assert not row(d, "cr", "2")  # no candidate while pinned
+        with Traffic(d, "cr") as traffic:
+            admin.call("unpin", model="cr")
+            d.wait_for("rollout_failed model=cr version=2", 60)
+    assert not traffic.errors and traffic.replies
+    for reply in traffic.replies:
+        assert reply.status == 200 and reply.version == "1", reply.header
+        assert_served(reply, cell, "cr", X4)
+    refused = row(d, "cr", "2")
+    assert refused["state"] == "failed" and "rollout failed" in refused["reason"]
+    wait_served(d, "cr", "1", offset=1)
+
+
+@every_placement
+def test_a_newer_version_supersedes_a_candidate_and_removing_its_file_cancels_it(cell: Placement) -> None:
+    d = cell.daemon
+    with Traffic(d, "cs") as traffic:
+        publish(cell.watched, "cs", 2, offset=5)  # answers otherwise: it would be refused, were it decided
+        d.wait_for("rollout_started model=cs version=2", 30)
+        publish(cell.watched, "cs", 3, offset=5)
+        d.wait_for("rollout_started model=cs version=3", 30)
+        d.wait_for('rollout_cancelled model=cs version=2 reason="superseded by version 3"', 30)
+        shutil.rmtree(cell.watched / "cs" / "3")
+        d.wait_for('rollout_cancelled model=cs version=3 reason="its engine file was removed"', 30)
+        # Version 2 was never judged: with 3 gone it is the newest again, and a candidate again.
+        eventually(lambda: row(d, "cs", "2").get("state") == "candidate", "version 2 a candidate again", 30)
+    assert not row(d, "cs", "3")
+    assert not traffic.errors and traffic.replies
+    for reply in traffic.replies:
+        assert reply.status == 200 and reply.version == "1", reply.header
+        assert_served(reply, cell, "cs", X4)
 
 
 @every_placement

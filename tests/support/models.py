@@ -46,6 +46,16 @@ def slow(path: Path, layers: int = 12, width: int = 512) -> Path:
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", width])], [w], path)
 
 
+def one_matmul(path: Path, rows: int = 4096, cols: int = 6144) -> Path:
+    """y = x @ w, float32 [N, rows] -> [N, cols]: a model that is almost all weights
+    (4096 x 6144: 96 MiB), for memory that must be held once."""
+    w = np.random.default_rng(0).standard_normal((rows, cols), dtype=np.float32)
+    return _save([helper.make_node("MatMul", ["x", "w"], ["y"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", rows])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", cols])],
+                 [numpy_helper.from_array(w, "w")], path)
+
+
 def reshaper(path: Path) -> Path:
     """Reshape(x, shape): a shape whose size does not match fails inside onnxruntime (500)."""
     return _save([helper.make_node("Reshape", ["x", "shape"], ["y"])],
@@ -80,6 +90,12 @@ def conv(path: Path, channels: int = 24, layers: int = 4, size: int = 112) -> Pa
               helper.make_node("MatMul", ["features", "head"], ["probs"])]
     return _save(nodes, [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, size, size])],
                  [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 10])], inits, path)
+def tiler(path: Path, width: int = 512) -> Path:
+    """y = Tile(x, repeats): float32 [N, width] in, [N * r0, width * r1] out; the client chooses how big."""
+    return _save([helper.make_node("Tile", ["x", "repeats"], ["y"])],
+                 [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", width]),
+                  helper.make_tensor_value_info("repeats", TensorProto.INT64, [2])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["M", "W"])], [], path)
 
 
 def brightness_map(path: Path) -> Path:

@@ -20,12 +20,14 @@ def stats(qps: float = 0.0, p50: float | None = None, p99: float | None = None, 
 
 def version(name: str, ver: str, *, state: str = "ready", placement: str = "hot", default: bool = False,
             pinned: bool = False, contexts: int = 1, queues: list[int] | None = None, memory: int = 0,
-            fallback: str = "", weight: int = 0, reason: str = "", **st: Any) -> dict[str, Any]:
+            fallback: str = "", weight: int = 0, reason: str = "", strategy: str = "least_queue",
+            share: float | None = None, **st: Any) -> dict[str, Any]:
     queues = queues if queues is not None else [0] * contexts
     return {"name": name, "version": ver, "state": state, "reason": reason, "placement": placement,
             "default": default, "pinned": pinned, "contexts": contexts, "queues": queues,
             "queue_depth": sum(queues), "in_flight": 1 if st.get("qps") else 0, "max_queue": 64,
-            "timeout_ms": 1000, "fallback": fallback, "weight": weight, "strategy": "least_queue",
+            "timeout_ms": 1000, "fallback": fallback, "weight": weight, "strategy": strategy,
+            "traffic_share": share if share is not None else 100.0 if default and state == "ready" else 0.0,
             "max_batch": 8, "batch_delay_us": 500, "memory_bytes": memory,
             "engine": f"/var/lib/infermux/engines/{name}/{ver}/model.plan", "backend": "plan",
             "last_load_ms": 840, "stats": stats(contexts=contexts, **st)}
@@ -41,10 +43,11 @@ def snapshot(step: int = 0) -> dict[str, Any]:
     mib = 1024 * 1024
     models = [
         version("detector", "2", default=True, contexts=2, queues=[3, 1], memory=412 * mib, weight=90,
+                strategy="weighted", share=90.0,
                 fallback="detector_lite", qps=float(wave), p50=850.0, p99=2900.0 + 10 * wave,
                 served=18_000 + 100 * step, batches={"1": 40, "2": 25, "4": 90, "8": 31}),
-        version("detector", "1", memory=398 * mib, weight=10, qps=wave / 9, p50=900.0, p99=3100.0,
-                served=2_000 + 10 * step, batches={"1": 12, "4": 9}),
+        version("detector", "1", memory=398 * mib, weight=10, strategy="weighted", share=10.0, qps=wave / 9,
+                p50=900.0, p99=3100.0, served=2_000 + 10 * step, batches={"1": 12, "4": 9}),
         version("detector_lite", "1", default=True, memory=96 * mib, qps=4.5, p50=310.0, p99=780.0,
                 served=640, batches={"1": 45}, error_qps=0.5),
         version("plates", "3", placement="cold", default=True, pinned=True, memory=210 * mib, qps=22.0,

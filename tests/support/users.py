@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Iterator
 
@@ -32,6 +34,16 @@ def traversable() -> Iterator[None]:
     yield
     for folder, mode in reversed(changed.items()):
         folder.chmod(stat.S_IMODE(mode))
+
+
+@pytest.fixture
+def open_tmp() -> Iterator[Path]:
+    """A temporary folder other users may traverse (0755; pytest's tmp_path is its user's alone), for
+    tests that play another user or group against the daemon's files and sockets."""
+    path = Path(tempfile.mkdtemp(prefix="infermux-others-"))
+    path.chmod(0o755)
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def infermux_as(user: str) -> list[str]:

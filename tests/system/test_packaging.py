@@ -159,7 +159,8 @@ def test_sysusers_and_tmpfiles_make_the_user_and_tree(tmp_path):
                        capture_output=True, text=True)
     assert r.returncode == 0 and not r.stderr, r.stderr
     engines = (root / "var/lib/infermux/engines").stat()
-    assert (engines.st_uid, engines.st_gid) == (int(user[2]), int(user[3]))
+    # Publishing engines is an admin's right: not the clients' group (docs/security.md).
+    assert (engines.st_uid, engines.st_gid) == (int(user[2]), int(groups["infermux-admin"][2]))
     assert stat.S_IMODE(engines.st_mode) == 0o2775
 
 
@@ -230,7 +231,7 @@ def _complete(words: list[str], *, path: str, cwd: Path | None = None, helpers: 
 def test_completion_offers_subcommands():
     assert _complete(["infermux", "t"], path="/usr/bin:/bin") == ["top", "tune"]
     assert set(_complete(["infermux", ""], path="/usr/bin:/bin")) == {
-        "serve", "infer", "bench", "build", "status", "ctl", "top", "tune", "keygen", "doctor"}
+        "serve", "infer", "bench", "build", "status", "ctl", "top", "tune", "keygen", "sign", "record", "replay", "doctor"}
 
 
 def test_completion_reads_options_from_the_commands_help(tmp_path):
@@ -281,7 +282,8 @@ def test_every_cli_subcommand_is_completed_and_documented():
 def test_completion_offers_the_admin_commands_after_ctl():
     from infermux.admin.commands import COMMANDS
 
-    assert _complete(["infermux", "ctl", "re"], path="/usr/bin:/bin") == ["resume", "reload"]
+    assert _complete(["infermux", "ctl", "re"], path="/usr/bin:/bin") == ["reject", "resume", "reload", "record",
+                                                                         "record_take", "record_stop"]
     listed = re.search(r'_infermux_ctl_commands="([^"]*)"', COMPLETION.read_text()).group(1).split()
     assert set(listed) == set(COMMANDS), "list every admin command in the bash completion"
 

@@ -74,7 +74,8 @@ CAUGHT_UP = ('infermux_model_swaps_total{model="m"} >= 1',
              'infermux_stream_superseded_total{model="cams",key="cam-1"} >= 1',
              'model_key:infermux_stream_dropped:ratio_rate5m{model="cams",key="cam-1"}',
              'ALERTS{alertname="InfermuxStreamSilent",model="cams"}',
-             'ALERTS{alertname="InfermuxStreamSilent",model="tracked"}')
+             'ALERTS{alertname="InfermuxStreamSilent",model="tracked"}',
+             'infermux_rollout_compared_requests{model="s"} >= 2')
 
 X4 = np.arange(8, dtype=np.float32).reshape(2, 4)
 BIG = np.ones((64, 512), np.float32)  # tens of ms per call on the 48-layer model
@@ -289,6 +290,18 @@ def _swap(d: Daemon, root: Path) -> None:
     d.wait_for("swapped model=m version=2")
 
 
+def _shadow(d: Daemon, root: Path) -> None:
+    """A candidate shadowing `s` (docs/hot-swap.md#shadow-rollout), compared on a few requests."""
+    publish(root, "s", 2, offset=1)
+    d.wait_for("rollout_started model=s version=2", 30)
+    with d.client() as client, d.admin() as admin:
+        def compared() -> bool:
+            assert client.infer("s", {"x": X4}).status == 200
+            rows = [m for m in admin.call("models")["models"] if m["name"] == "s" and m.get("rollout")]
+            return bool(rows) and rows[0]["rollout"]["compared"] >= 2
+        eventually(compared, "the candidate of s compared", timeout_s=30)
+
+
 def _frames(d: Daemon) -> None:
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -339,6 +352,8 @@ def scene(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iterator[S
     work = tmp_path_factory.mktemp("prometheus")
     root = work / "engines"
     publish(root, "m", 1, offset=1)  # watched: version 2 is published during the scene
+    publish(root, "s", 1, offset=1)  # with a rollout table: its version 2 stays a candidate to the end
+    (root / "s" / "model.toml").write_text("[rollout]\nshadow_requests = 1000000\nmin_idle_cpu = 0\n")
     detector = models.brightness_map(work / "det" / "model.onnx")
     metrics_port = free_port()
     prom = Prometheus(work, f"127.0.0.1:{metrics_port}", RULES)
@@ -360,6 +375,7 @@ def scene(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iterator[S
         _until_served(daemon, scene)
         _crash_the_worker_three_times(daemon)
         _swap(daemon, root)
+        _shadow(daemon, root)
         _frames(daemon)
         _cameras(daemon, scene)
         scene.seconds["traffic"] = time.monotonic() - t

@@ -343,7 +343,7 @@ async def test_question_mark_opens_infermuxs_keys_first() -> None:
         await pilot.press("question_mark")
         await until(pilot, lambda: isinstance(app.screen, KeysScreen), what="the keys screen")
         text = screen_text(app)
-        assert "drain and unload the selected version" in text and "Scroll Left" not in text
+        assert "unload it (the queue first" in text and "Scroll Left" not in text
         # grouped: what acts on the row, on the whole daemon, and moving about; all of it fits 80x24
         assert text.index("On the selected version") < text.index("On the whole daemon") < text.index("Views and")
         assert "ctrl+p" in text and "escape closes" in text
@@ -400,6 +400,23 @@ async def test_long_reasons_wrap_in_events_and_in_the_detail_at_80_columns() -> 
         await until(pilot, lambda: isinstance(app.screen, ModelScreen))
         await until(pilot, lambda: "rebuild it with infermux build" in screen_text(app).replace("\n", " "),
                     what="the whole failure reason in the detail")
+
+
+async def test_a_candidate_shows_its_shadowing_progress_in_the_table_and_the_detail() -> None:
+    from support import tui_data
+
+    snap = tui_data.snapshot()
+    progress = "shadowing: 57/200 compared, 100.00% agree (needs 99.00%)"
+    snap["models"].append(tui_data.version("detector", "3", state="candidate", reason=progress))
+    app = TopApp(StaticFeed(snap))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: "detector:3" in app.models_table.keys())
+        assert app.models_table.cell_text("detector:3", "state") == "candidate"
+        app.models_table.select("detector:3")
+        await pilot.press("enter")
+        await until(pilot, lambda: isinstance(app.screen, ModelScreen))
+        await until(pilot, lambda: progress in screen_text(app).replace("\n", " "), what="the shadowing progress")
+        assert "promote-now / reject detector 3" in screen_text(app).replace("\n", " ")
 
 
 def test_the_batch_histogram_keeps_each_count_on_its_line() -> None:
@@ -616,3 +633,100 @@ async def test_without_streams_the_tab_says_what_makes_one() -> None:
         await pilot.press("7")
         await until(pilot, lambda: "no streams" in screen_text(app), what="the empty state")
         assert '"key"' in screen_text(app)
+def burst(app: TopApp, *keys: str) -> None:
+    """Keys as a terminal delivers one read's worth: posted all at once, as the driver does, with no
+    pause between them for the app to settle (Pilot's `press` waits after each key)."""
+    from textual import events
+    from textual.keys import _character_to_key
+
+    for key in keys:
+        if len(key) == 1:
+            app.post_message(events.Key(_character_to_key(key), key))
+        else:
+            app.post_message(events.Key(key, {"ctrl+u": "\x15", "enter": "\r"}.get(key)))
+
+
+async def test_the_weights_editor_takes_ctrl_u_and_the_new_weights_in_one_burst(make_daemon) -> None:
+    d = make_daemon(MODELS)
+    app = console(d)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.models_table.keys() == KEYS)
+        app.models_table.select("addone:1")
+        await pilot.press("w")
+        await until(pilot, lambda: isinstance(app.screen, PromptScreen))
+        burst(app, "ctrl+u", *"1:30,2:70", "enter")  # one read over SSH: the text must not be erased after
+        await until(pilot, lambda: (row(d, "addone", "1")["weight"], row(d, "addone", "2")["weight"]) == (30, 70),
+                    what="the weights typed")
+        await until(pilot, lambda: notified(app, "weights 1=30, 2=70"))
+        await pilot.press("w")
+        await until(pilot, lambda: isinstance(app.screen, PromptScreen))
+        burst(app, "ctrl+u", "enter")  # nothing typed: refused in words, nothing sent
+        await until(pilot, lambda: notified(app, "weights are written VERSION:WEIGHT", "warning"))
+        assert not any("{" in str(n.message) for n in app._notifications), [n.message for n in app._notifications]
+        assert (row(d, "addone", "1")["weight"], row(d, "addone", "2")["weight"]) == (30, 70)
+
+
+def test_the_console_refuses_empty_weights_in_words() -> None:
+    # Refused before it is sent: the editor says how to write weights, not a JSON shape.
+    from infermux.tui.actions import Refused, _weights
+
+    with pytest.raises(Refused, match="e.g. 1:90,2:10; got nothing"):
+        _weights({"name": "addone"}, "  ")
+
+
+WEIGHTED = "[routing]\nstrategy = \"weighted\"\n"
+
+
+async def test_weights_show_on_the_models_tab_and_the_default_mark_follows_the_traffic(make_daemon) -> None:
+    from support.harness import DAEMON_HEAD
+
+    d = make_daemon(MODELS, head=DAEMON_HEAD + WEIGHTED)
+    app = console(d)
+    async with app.run_test(size=(80, 24)) as pilot:
+        table = app.models_table
+        await until(pilot, lambda: table.keys() == KEYS)
+        # No weights yet: the default takes every request, and is marked so.
+        assert (table.cell_text("addone:2", "share"), table.cell_text("addone:1", "share")) == ("100%", "0%")
+        assert table.cell_text("addone:2", "version") == "2*"
+        with d.admin() as admin:
+            admin.call("set", model="addone", weights={"1": 90, "2": 10})
+        await until(pilot, lambda: table.cell_text("addone:1", "share") == "90%", what="the split on the Models tab")
+        assert table.cell_text("addone:2", "share") == "10%"
+        assert table.cell_text("addone:2", "version") == "2"  # the default, but not where the traffic goes
+        assert "SHARE" in screen_text(app)
+
+
+async def test_contexts_are_set_to_a_number_typed(make_daemon) -> None:
+    d = make_daemon(MODELS)
+    app = console(d)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.models_table.keys() == KEYS)
+        app.models_table.select("fast:1")
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, PromptScreen))
+        assert app.screen.query_one("Input").value == "1"
+        burst(app, "ctrl+u", "3", "enter")
+        await until(pilot, lambda: row(d, "fast", "1")["contexts"] == 3, what="three contexts")
+        await until(pilot, lambda: notified(app, "contexts 3"))
+        await pilot.press("x")
+        await until(pilot, lambda: isinstance(app.screen, PromptScreen))
+        burst(app, "ctrl+u", *"three", "enter")
+        await until(pilot, lambda: notified(app, "contexts is a whole number", "warning"))
+        assert row(d, "fast", "1")["contexts"] == 3
+
+
+async def test_the_keys_screen_says_u_and_d_are_one_command_and_the_memory_tab_what_it_counts() -> None:
+    from support import tui_data
+
+    app = TopApp(StaticFeed(tui_data.snapshot()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.models_table.keys())
+        await pilot.press("question_mark")
+        await until(pilot, lambda: "On the selected version" in screen_text(app))
+        text = screen_text(app)
+        assert "u d" in text and "unload it (the queue first" in text
+        assert "drain it" not in text and "stop its traffic" not in text  # no second line for d
+        assert "x" in text and "execution contexts" in text
+        await pilot.press("escape", "2")
+        await until(pilot, lambda: "Python, libraries and buffers" in screen_text(app), what="what the budget counts")
+        assert "does not" in screen_text(app)

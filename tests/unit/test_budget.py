@@ -34,12 +34,12 @@ def test_the_estimate_prefers_what_was_measured_last(tmp_path: Path) -> None:
     assert budget.estimate(mc, measured=123 << 20, worker_base=50 << 20) == 123 << 20
 
 
-def test_a_first_estimate_is_the_file_per_copy_plus_a_workers_base(tmp_path: Path) -> None:
+def test_a_first_estimate_is_the_file_once_plus_a_workers_base(tmp_path: Path) -> None:
     onnx = engine_of(tmp_path, 10 << 20)
-    cold = ModelConfig("m", onnx, placement="cold", contexts=2)  # onnxruntime: one session per context
-    hot = ModelConfig("m", onnx, contexts=1)
+    cold = ModelConfig("m", onnx, placement="cold", contexts=2)  # onnxruntime: contexts share a session
+    hot = ModelConfig("m", onnx, contexts=4)
     plan = ModelConfig("m", engine_of(tmp_path, 10 << 20, ".plan"), placement="cold", contexts=2)
-    assert budget.estimate(cold, 0, 50 << 20) == int(10 * 2 * 2) * 2**20 + (50 << 20)
+    assert budget.estimate(cold, 0, 50 << 20) == (20 << 20) + (50 << 20)
     assert budget.estimate(hot, 0, 50 << 20) == 20 << 20
     assert budget.estimate(plan, 0, 0) == (20 << 20) + budget.DEFAULT_WORKER_BASE  # contexts share a plan
     missing = ModelConfig("m", tmp_path / "nope.onnx")

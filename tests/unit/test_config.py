@@ -83,6 +83,17 @@ def test_model_toml_takes_the_placement_and_its_old_name_too(tmp_path: Path) -> 
     (MODEL + 'fallback = "a"\n', "models[name=\"a\"].fallback: model 'a' cannot fall back to itself"),
     (MODEL + 'fallback = "b"\n[[models]]\nname = "b"\nengine = "b.onnx"\nfallback = "a"\n',
      "models[name=\"a\"].fallback: fallback cycle: a -> b -> a"),
+    (MODEL + "[models.rollout]\nshadow_requests = 0\n", 'models[name="a"].rollout.shadow_requests: must be >= 1'),
+    (MODEL + '[models.rollout]\ncompare = "exact"\n',
+     'models[name="a"].rollout.compare: must be one of allclose, argmax, iou, got \'exact\''),
+    (MODEL + "[models.rollout]\nmin_agreement = 1.5\n",
+     'models[name="a"].rollout.min_agreement: must be between 0 and 1, got 1.5'),
+    (MODEL + "[models.rollout]\nmin_idle_cpu = 2\n",
+     'models[name="a"].rollout.min_idle_cpu: must be between 0 and 1, got 2.0'),
+    (MODEL + '[models.rollout]\ncompare = "argmax"\nrtol = 0.1\n',
+     'models[name="a"].rollout: rtol and atol belong to compare = "allclose"'),
+    (MODEL + "[models.rollout]\nshadow_request = 5\n",
+     'models[name="a"].rollout.shadow_request: unknown field; did you mean `shadow_requests`?'),
     (MODEL + 'default = true\n[[models]]\nname = "a"\nversion = "2"\nengine = "a2.onnx"\ndefault = true\n',
      'models[name="a", version="2"].default: model \'a\' already has a default version '
      '(models[name="a", version="1"])'),
@@ -147,3 +158,38 @@ def test_daemon_refuses_to_start_on_a_broken_file(tmp_path: Path) -> None:
 def test_an_entry_without_a_usable_name_is_named_by_its_index() -> None:
     assert 'models[1].name: must be str, got int 3' in error(MODEL + "[[models]]\nname = 3\nengine = \"b.onnx\"\n")
     assert 'models[name="a \\"b\\""].contexts' in error('[[models]]\nname = \'a "b"\'\nengine = "a.onnx"\ncontexts = 0\n')
+
+
+@pytest.mark.parametrize("line, words", [
+    ("max_regions = 0", ["pipelines[0].max_regions", ">= 1"]),
+    ("max_batch_bytes = \"big\"", ["pipelines[0].max_batch_bytes", "must be int"]),
+    ("max_crop_width = -4", ["pipelines[0].max_crop_width", ">= 1"]),
+])
+def test_pipeline_bounds_in_the_file_are_checked(line: str, words: list[str]) -> None:
+    text = f'[[models]]\nname = "m"\nengine = "m.onnx"\n[[pipelines]]\nname = "p"\n{line}\n' \
+           '[[pipelines.steps]]\nmodel = "m"\n'
+    message = error(text)
+    assert all(w in message for w in words), message
+
+
+def test_contexts_in_the_file_and_in_a_model_toml_are_held_to_max_contexts(tmp_path: Path) -> None:
+    from infermux.swap.repository import SettingsCache
+    from infermux.swap.watcher import Settler, scan
+    text = '[daemon]\nmax_contexts = 4\n[[models]]\nname = "m"\nengine = "m.onnx"\ncontexts = 5\n'
+    with pytest.raises(cfg.ConfigError, match=r"contexts: 5 contexts is over \[daemon\] max_contexts \(4\)"):
+        cfg.parse(text, tmp_path / "x.toml")
+    with pytest.raises(cfg.ConfigError, match="max_contexts: must be <= 1024"):
+        cfg.parse("[daemon]\nmax_contexts = 5000\n", tmp_path / "x.toml")
+    (tmp_path / "m/1").mkdir(parents=True)
+    (tmp_path / "m/1/model.onnx").write_bytes(b"x")
+    (tmp_path / "m/model.toml").write_text("contexts = 40\n")
+    found = SettingsCache(tmp_path, cfg.DaemonConfig).get("m", scan(tmp_path, Settler(0.0)))
+    assert isinstance(found, cfg.ConfigError) and "over [daemon] max_contexts (32)" in str(found)
+
+
+def test_max_reply_bytes_is_checked_and_defaults_to_max_message_bytes(tmp_path: Path) -> None:
+    assert cfg.parse("[daemon]\nmax_message_bytes = 4096\nmax_header_bytes = 1024\n",
+                     tmp_path / "x.toml").daemon.max_reply_bytes == 4096
+    assert cfg.parse("[daemon]\nmax_reply_bytes = 4096\n", tmp_path / "x.toml").daemon.max_reply_bytes == 4096
+    with pytest.raises(cfg.ConfigError, match="daemon.max_reply_bytes: must be >= 1024"):
+        cfg.parse("[daemon]\nmax_reply_bytes = 10\n", tmp_path / "x.toml")

@@ -28,8 +28,8 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
     ("plugins", ("infermux.plugins",),
      "backends and processors behind their protocols; they know nothing of the daemon"),
     ("root", ("infermux", "infermux.config", "infermux.events", "infermux.protocol", "infermux.format",
-              "infermux.vendor"),
-     "what every part reads: the configuration, events, the wire protocol, numbers as text"),
+              "infermux.vendor", "infermux.signing"),
+     "what every part reads: the configuration, events, the wire protocol, numbers as text, engine signatures"),
     ("transport", ("infermux.transport",),
      "sockets and what a peer or a message may cost"),
     ("execution", ("infermux.execution",),
@@ -59,7 +59,7 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
 ALLOWED_LOCAL = {
     **{(f"infermux.cli.{cmd}", "*"): "a subcommand imports what it runs inside `run`, so that `infermux --help` "
                                       "and the other subcommands start fast"
-       for cmd in ("serve", "ctl", "status", "infer", "bench", "tune", "keygen", "doctor")},
+       for cmd in ("serve", "ctl", "status", "infer", "bench", "tune", "keygen", "doctor", "sign", "record", "replay")},
     ("infermux.cli", "infermux"): "`infermux --version` reads the version without importing the daemon",
     ("infermux.cli", "infermux.cli.common"): "the error guard is imported once a subcommand runs, not for --help",
     ("infermux.cli.common", "*"): "shared by the subcommands' parsers: numpy, zmq and the config parser load "

@@ -527,3 +527,38 @@ def test_resize_to_a_height_without_padding_leaves_the_width_for_the_batch() -> 
     sample = Sample(image=np.zeros((24, 40, 3), np.uint8))
     create("resize", {"mode": "height", "height": 48, "max_width": 192, "pad": False})(sample)
     assert sample.tensor is not None and sample.tensor.shape == (48, 80, 3)
+
+
+def test_the_630_byte_jpeg_with_a_fill_byte_is_small_and_its_header_read_through_it() -> None:
+    from infermux.plugins.processors.frames import header_size
+    from support.hostile_files import jpeg_with_big_app_segment, jpeg_with_fill_byte
+    data = jpeg_with_fill_byte()
+    assert len(data) < 700
+    assert header_size(data) == (32768, 32000)
+    assert header_size(jpeg_with_big_app_segment()) == (20000, 20000)  # its SOF lies past the first 64 KiB
+
+
+def test_opencv_is_held_to_the_default_max_pixels_by_the_time_it_is_imported() -> None:
+    """cv2 reads OPENCV_IO_MAX_IMAGE_PIXELS once, when it loads: the processors set it first, so a
+    format whose size the header check cannot read is refused by OpenCV before it allocates."""
+    import subprocess
+    import sys
+    code = ("import os; os.environ.pop('OPENCV_IO_MAX_IMAGE_PIXELS', None)\n"
+            "import infermux.plugins.processors.frames as f, cv2, numpy as np, resource\n"
+            "print(os.environ['OPENCV_IO_MAX_IMAGE_PIXELS'])\n"
+            "data = np.frombuffer(f'P5\\n9000 9000\\n255\\n'.encode() + bytes(81_000_000), np.uint8)\n"
+            "try:\n    image = cv2.imdecode(data, cv2.IMREAD_GRAYSCALE)\nexcept cv2.error:\n    image = None\n"
+            "print(image is None, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    limit, refused = out.stdout.split("\n")[:2]
+    assert int(limit) == 8192 * 8192
+    assert refused.split()[0] == "True"  # 81 M pixels > 67 M: OpenCV itself refused the PGM
+
+
+def test_max_side_belongs_to_the_multiple_mode() -> None:
+    with pytest.raises(ProcessorConfigError, match="max_side"):
+        create("resize", {"mode": "stretch", "size": [8, 8], "max_side": 64})
+    resize = create("resize", {"mode": "multiple", "max_side": 64})
+    with pytest.raises(Exception, match=r"resized to 96x32 .*\(max_side\)"):
+        resize(Sample(tensor=np.zeros((30, 100, 3), np.uint8)))

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from infermux.protocol import (DTYPES, Limits, MalformedReply, OutputRegion, ProtocolError, SharedTensor, Status,
+from infermux.protocol import (DTYPES, Limits, MalformedReply, OkReplies, OutputRegion, ProtocolError, SharedTensor, Status,
                                decode_reply, encode_reply, encode_request, parse_request)
 
 
@@ -221,3 +221,25 @@ def test_every_field_the_encoder_writes_is_one_the_parser_takes() -> None:
                             key="cam", output_regions={"y": SharedTensor("r1", 0, "float32", (1,))})
     request = parse_request(frames, Limits(), WritableRegions(bytearray(16)))
     assert (request.id, request.version, request.outputs, request.timeout_ms, request.key) == (1, "2", ("y",), 9, "cam")
+
+
+@pytest.mark.parametrize("ident", [7, -2**63 - 1, "cam-1/frame-9", "ünïcødé \"quoted\"", None, 1.5, True,
+                                   "lone \ud800 surrogate"])
+def test_ok_replies_are_byte_for_byte_what_encode_reply_makes(ident) -> None:
+    ok = OkReplies("model \"m\"", "2.1")
+    outputs = {"probs": np.arange(10, dtype=np.float32).reshape(1, 10), "label": np.int64([3])}
+    header = {"id": ident, "status": 200, "model": "model \"m\"", "version": "2.1",
+              "timing_us": {"queue": 5, "compute": 40, "total": 61}}
+    expected = [bytes(f) for f in encode_reply(header, outputs)]
+    for _ in range(2):  # the second time from what it remembered
+        fast = ok.encode(ident, 5, 40, 61, outputs)
+        if fast is None:  # only where UTF-8 cannot carry the id: encode_reply escapes it
+            assert isinstance(ident, str) and "\ud800" in ident
+            continue
+        assert [bytes(f) for f in fast] == expected
+
+
+def test_ok_replies_leave_what_they_cannot_encode_to_encode_reply() -> None:
+    ok = OkReplies("m", "1")
+    assert ok.encode(1, 0, 0, 0, {}) is None  # no outputs: no "outputs" key at all
+    assert ok.encode(1, 0, 0, 0, {"s": np.array(["text"])}) is None  # not a wire dtype

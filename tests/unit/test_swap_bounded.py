@@ -13,6 +13,7 @@ from infermux import config as cfg
 from infermux.events import EventLog
 from infermux.execution.hooks import FrontendHooks
 from infermux.models.registry import Registry
+from infermux.swap.rollout import Rollouts
 from infermux.swap.swapper import Swapper
 from support.publish import publish
 
@@ -36,8 +37,10 @@ def swapper(tmp_path: Path) -> Iterator[Swapper]:
     config = cfg.load(path)
     events = EventLog()
     registry = Registry(config, events, FrontendHooks(reply=lambda *a: None, on_late=lambda job: None))
-    server = SimpleNamespace(config=config, registry=registry, events=events, ticks=[])
+    rollouts = Rollouts(registry, events)  # none start here: no model has a rollout table
+    server = SimpleNamespace(config=config, registry=registry, events=events, ticks=[], rollouts=rollouts)
     yield Swapper(server)  # type: ignore[arg-type]
+    rollouts.close()
 
 
 def test_versions_published_and_deleted_leave_no_trace(swapper: Swapper) -> None:

@@ -33,8 +33,16 @@ def head_text(m: dict[str, Any]) -> str:
 
 
 def reason_text(m: dict[str, Any]) -> str:
-    """Why the version failed or is not serving, whole: it wraps instead of being cut at 80 columns."""
-    return f"[red]{escape(str(m['reason']))}[/]" if m.get("reason") else ""
+    """Why the version failed or is not serving, whole: it wraps instead of being cut at 80 columns.
+
+    A candidate's reason is its shadowing progress (docs/hot-swap.md#shadow-rollout), not a fault.
+    """
+    if not m.get("reason"):
+        return ""
+    if m.get("state") == "candidate":
+        return (f"[cyan]{escape(str(m['reason']))}[/]\n[dim]infermux ctl promote-now / reject "
+                f"{escape(m.get('name', ''))} {escape(m.get('version', ''))} decides now[/]")
+    return f"[red]{escape(str(m['reason']))}[/]"
 
 
 def settings_text(m: dict[str, Any]) -> str:

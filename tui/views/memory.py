@@ -22,7 +22,8 @@ def bar(used: int, total: int, width: int) -> str:
 
 
 def budget_text(snapshot: dict[str, Any]) -> str:
-    """Two lines: the models' share of the memory budget, then the daemon's RSS and the host."""
+    """Three lines: the models' share of the memory budget, the daemon's RSS and the host, and what
+    the budget counts (a daemon's RSS of 1 GB beside "30M of 19G" is not a contradiction)."""
     mem = (snapshot.get("daemon") or {}).get("memory") or {}
     used, budget = mem.get("models_bytes", 0), mem.get("budget_bytes", 0)
     share = f"{100 * used / budget:.1f}%" if budget else "-"
@@ -31,7 +32,13 @@ def budget_text(snapshot: dict[str, Any]) -> str:
               if regions.get("regions") else "")
     return (f"models {bar(used, budget, 30)} {fmt.size(used)} of {fmt.size(budget)} budget ({share})\n"
             f"[dim]daemon RSS {fmt.size(mem.get('rss_bytes'))} · host memory {fmt.size(mem.get('total_bytes'))}"
-            f"{shared}[/]")
+            f"{shared}[/]\n"
+            f"[dim]{COUNTED}[/]")
+
+
+#: What the budget line counts, and what the RSS beside it holds that the budget does not.
+COUNTED = ("budget: hot models' engines + contexts, cold models' workers (RSS + GPU);\n"
+           "the daemon's RSS also holds Python, libraries and buffers, which it does not")
 
 
 class MemoryTable(KeyedTable):
@@ -68,7 +75,7 @@ class MemoryView(Vertical):
     """Budget on top, the table below."""
 
     DEFAULT_CSS = """
-    MemoryView #budget { height: 2; padding: 0 1; }
+    MemoryView #budget { height: 4; padding: 0 1; }
     """
 
     def compose(self) -> ComposeResult:

@@ -11,8 +11,17 @@ from infermux.tui.views.table import Cell, Col, KeyedTable
 
 
 def version_label(m: dict[str, Any]) -> str:
-    """The version, marked `*` when it is the model's default and `@` when it is pinned."""
-    return str(m["version"]) + ("@" if m.get("pinned") else "*" if m.get("default") else "")
+    """The version, marked `@` when it is pinned and `*` when it is the default that takes the model's
+    requests; not under a weighted split, where the SHARE column says where they go."""
+    split = m.get("traffic_share") not in (None, 100.0, 100)
+    return str(m["version"]) + ("@" if m.get("pinned") else "*" if m.get("default") and not split else "")
+
+
+def share_text(m: dict[str, Any]) -> str:
+    """The share of the model's requests (those naming no version) this version takes: `90%`; `-` when
+    it depends on each request's key (hash) or the daemon does not say."""
+    share = m.get("traffic_share")
+    return "-" if share is None else f"{share:.0f}%"
 
 
 def queue_style(depth: int, limit: int) -> str:
@@ -54,12 +63,13 @@ TREND_CELLS = 6  # the QPS sparkline: 30 s of snapshots in 6 bars
 
 
 class ModelsTable(KeyedTable):
-    """name, version, placement, state, contexts, queue, QPS and its trend, p99, 500s, error rate;
-    on wider terminals also in flight, p50 and memory."""
+    """name, version, placement, state, traffic share (weights), contexts, queue, QPS and its trend,
+    p99, 500s, error rate; on wider terminals also in flight, p50 and memory."""
 
     COLUMNS = (
         Col("model", "MODEL", 14), Col("version", "VER", 4), Col("place", "PLACE", 6),
-        Col("state", "STATE", 9), Col("contexts", "CTX", 4, True), Col("queue", "QUEUE", 6, True),
+        Col("state", "STATE", 9), Col("share", "SHARE", 6, True), Col("contexts", "CTX", 4, True),
+        Col("queue", "QUEUE", 6, True),
         Col("in_flight", "INFL", 5, True, optional=True), Col("qps", "QPS", 6, True),
         Col("trend", "TREND", TREND_CELLS + 1), Col("p50", "P50", 6, True, optional=True),
         Col("p99", "P99", 6, True), Col("errors", "ERR", 5, True), Col("error_rate", "ERR%", 6, True),
@@ -96,6 +106,7 @@ class ModelsTable(KeyedTable):
                 "version": (version_label(m), ""),
                 "place": (m.get("placement", ""), "cyan" if m.get("placement") == "cold" else ""),
                 "state": (m.get("state", ""), markup.STATE_STYLE.get(m.get("state", ""), "")),
+                "share": (share_text(m), "dim" if not m.get("traffic_share") else ""),
                 "contexts": (str(m.get("contexts", "")), ""),
                 "queue": (str(m.get("queue_depth", 0)), queue_style(m.get("queue_depth", 0), m.get("max_queue", 0))),
                 "in_flight": (str(m.get("in_flight", 0)), ""),

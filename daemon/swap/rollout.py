@@ -1,0 +1,414 @@
+"""Shadow rollout (docs/hot-swap.md#shadow-rollout): a published version earns its traffic before it serves.
+
+For a model with a `[models.rollout]` table, the swapper does not switch a
+newly published engine in: it loads it beside the serving version as the
+model's **candidate** (`Switch.load_beside`; state `candidate`, in no routing
+table) and starts a `Rollout` here. The frontend hands over a copy of live
+requests of the model (inputs, and the answer the serving version gave:
+frontend/mirror.py); the `shadow` thread computes each on the candidate's
+own placement, submitted from this thread (so never inline on the frontend,
+and never through the router: no client can receive it), and compares the
+answers (models/agreement.py). After `shadow_requests` comparisons the
+candidate is promoted (`rollout_passed`; `Switch.switch`, then the swapper
+retires what it replaced) or refused (`rollout_failed`: the agreement, the
+worst disagreement and its request's input shapes; the version's state says
+why and the serving version stays). `promote_now` and `reject` decide early.
+
+Mirroring never costs a client: a copy is taken only while the rollout's
+queue has room (else the request is just counted as not mirrored), the
+candidate computes one request at a time at the lowest CPU priority (its
+executor threads or its worker process reniced), and mirroring waits while
+every context of the serving version is busy, or while less than
+`min_idle_cpu` of the CPUs' time is idle (/proc/stat): it takes spare CPU
+only. Whether it is paused is said from the last half second, looked at
+every 50 ms: paused once most looks found it had to wait (`rollout_paused`),
+resumed once few did (`rollout_resumed`); the reason shows in the
+candidate's state. So a box at its capacity gets two events, not one per
+request.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from infermux.config import RolloutConfig
+from infermux.events import EventLog
+from infermux.execution.job import Internal, Job
+from infermux.execution.placement import Admission
+from infermux.models.agreement import Rule, Verdict, compare, compare_regions
+from infermux.models.registry import Registry
+from infermux.models.version import ModelVersion, State
+from infermux.pipelines.calls import Waiter
+from infermux.protocol import MalformedReply, Request, decode_reply, encode_header
+
+log = logging.getLogger("infermux.rollout")
+
+QUEUE = 4            # samples waiting for the shadow thread, per rollout; more live requests are not copied
+MIRROR_TIMEOUT_S = 10.0
+NO_DEADLINE_NS = 3600 * 10**9
+NICE = 19            # the candidate's compute threads (or worker process): the lowest CPU priority
+LOOK_S = 0.05        # how often the shadow thread looks whether the serving version is busy
+LOOKS = 10           # the looks `paused` is decided on: the last half second
+PAUSE_AT, RESUME_AT = 8, 2  # busy looks of LOOKS that pause mirroring, and that resume it
+CPU_WINDOW_S = 0.05  # the CPUs' idle share is measured over this long at least
+
+
+@dataclass
+class Sample:
+    """One live request as the serving version answered it."""
+
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+    version: str
+
+
+@dataclass
+class Rollout:
+    """One candidate and how its comparisons went."""
+
+    candidate: ModelVersion
+    config: RolloutConfig
+    replaces: ModelVersion | None  # the entry of the candidate's own version it would replace, if any
+    queue: deque[Sample] = field(default_factory=lambda: deque(maxlen=QUEUE))
+    compared: int = 0
+    agreed: int = 0
+    not_mirrored: int = 0  # live requests not copied: the queue was full (the shadow thread is behind or paused)
+    paused: str = ""  # why mirroring is paused, as said; "" when it goes on
+    looks: deque[str] = field(default_factory=lambda: deque(maxlen=LOOKS))  # why it was busy at each look
+    looked: float = 0.0
+    worst: tuple[Verdict, str] | None = None  # the worst disagreement and its request's input shapes
+    decided: str = ""
+    started: float = field(default_factory=time.monotonic)
+
+    @property
+    def name(self) -> str:
+        return self.candidate.name
+
+    def rule(self) -> Rule:
+        c = self.config
+        return Rule(c.compare, c.rtol, c.atol, c.iou)
+
+    def agreement(self) -> float:
+        return self.agreed / self.compared if self.compared else 1.0
+
+    def progress(self) -> str:
+        """The candidate's `reason` while it shadows."""
+        text = (f"shadowing: {self.compared}/{self.config.shadow_requests} compared, {self.agreement():.2%} agree "
+                f"(needs {self.config.min_agreement:.2%})")
+        return f"{text}; mirroring paused: {self.paused}" if self.paused else text
+
+    def view(self) -> dict[str, Any]:
+        return {"compared": self.compared, "shadow_requests": self.config.shadow_requests, "agreed": self.agreed,
+                "agreement": round(self.agreement(), 6), "min_agreement": self.config.min_agreement,
+                "compare": self.config.compare, "not_mirrored": self.not_mirrored, "paused": self.paused,
+                "worst": self.worst[0].detail if self.worst else ""}
+
+
+class Rollouts:
+    """The rollouts of one daemon, at most one per model, and the `shadow` thread that mirrors for them.
+
+    `refused(candidate, reason)` tells the swapper a candidate's file must not be tried again;
+    `promoted(name)` tells it to retire what the candidate replaced.
+    """
+
+    def __init__(self, registry: Registry, events: EventLog) -> None:
+        self.registry, self.events = registry, events
+        self.by_model: dict[str, Rollout] = {}  # read by the frontend without a lock (one assignment)
+        self.refused: Callable[[ModelVersion, str], None] = lambda mv, why: None
+        self.promoted: Callable[[str], None] = lambda name: None
+        self._cpu = CpuIdle()
+        self._lock = threading.Lock()
+        self._bell = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._run, name="shadow", daemon=True)
+        self._thread.start()
+
+    # -- starting and deciding ------------------------------------------------------------
+
+    def start(self, candidate: ModelVersion, config: RolloutConfig) -> None:
+        """`candidate` (loaded by `Switch.load_beside`) shadows its model from now on; an earlier
+        candidate of the model is cancelled."""
+        model = self.registry.model(candidate.name)
+        if model is None:
+            self.registry.unload(candidate, reason="its model is gone")
+            return
+        previous = self.by_model.get(candidate.name)
+        if previous is not None:
+            self._end(previous, f"superseded by a newer candidate, version {candidate.version}", cancel=True)
+        candidate.state = State.CANDIDATE
+        rollout = Rollout(candidate, config, model.versions.get(candidate.version))
+        candidate.reason = rollout.progress()
+        _renice(candidate)
+        model.candidate = candidate
+        with self._lock:
+            self.by_model = {**self.by_model, candidate.name: rollout}
+        self.events.emit("rollout_started", candidate.name, candidate.version, shadow_requests=config.shadow_requests,
+                         compare=config.compare, min_agreement=config.min_agreement)
+
+    def candidate_of(self, name: str, version: str) -> Rollout:
+        rollout = self.by_model.get(name)
+        if rollout is None or rollout.candidate.version != version:
+            held = f"its candidate is version {rollout.candidate.version}" if rollout else "it has no candidate"
+            raise ValueError(f"{name}:{version} is not a candidate ({held})")
+        return rollout
+
+    def promote_now(self, name: str, version: str) -> str:
+        rollout = self.candidate_of(name, version)
+        self._decide(rollout, passed=True, why="promoted by an operator")
+        return f"{name}:{version} serves (promoted after {rollout.compared} comparisons)"
+
+    def reject(self, name: str, version: str) -> str:
+        rollout = self.candidate_of(name, version)
+        self._decide(rollout, passed=False, why="rejected by an operator")
+        return f"{name}:{version} refused; the serving version stays"
+
+    def cancel(self, name: str, why: str) -> None:
+        """The candidate's file went away or a pin leaves it out: unload it, decide nothing."""
+        rollout = self.by_model.get(name)
+        if rollout is not None:
+            self._end(rollout, why, cancel=True)
+
+    def _decide(self, rollout: Rollout, passed: bool, why: str = "") -> None:
+        with self._lock:
+            if rollout.decided or self.by_model.get(rollout.name) is not rollout:
+                return
+            rollout.decided = "passed" if passed else "failed"
+            self.by_model = {m: r for m, r in self.by_model.items() if r is not rollout}
+        if passed:
+            self._promote(rollout, why)
+        else:
+            self._refuse(rollout, why)
+
+    def _promote(self, rollout: Rollout, why: str) -> None:
+        candidate = rollout.candidate
+        self.events.emit("rollout_passed", candidate.name, candidate.version, agreement=round(rollout.agreement(), 4),
+                         compared=rollout.compared, **({"reason": why} if why else {}))
+        model = self.registry.model(candidate.name)
+        candidate.state, candidate.reason = State.READY, ""
+        try:
+            previous = self.registry.switch.switch(candidate, "promoted")
+        except ValueError as exc:  # unloaded meanwhile (an operator's unload, memory)
+            self.events.emit("failed", candidate.name, candidate.version, reason=f"promotion failed: {exc}")
+            previous = None
+        if model is not None and model.candidate is candidate:
+            model.candidate = None
+        self.events.emit("swapped", candidate.name, candidate.version, reason="rollout passed")
+        if previous is not None:
+            self.registry.switch.drain(previous, "replaced by its candidate")
+        self.registry.check_fallbacks(candidate.name)
+        self.promoted(candidate.name)
+
+    def _refuse(self, rollout: Rollout, why: str) -> None:
+        candidate = rollout.candidate
+        shapes = rollout.worst[1] if rollout.worst else ""
+        worst = rollout.worst[0].detail if rollout.worst else ""
+        reason = why or (f"rollout failed: {rollout.agreement():.2%} of {rollout.compared} shadowed requests agree, "
+                         f"{rollout.config.min_agreement:.2%} needed ({rollout.rule().describe()})"
+                         + (f"; worst: {worst}, inputs {shapes}" if worst else ""))
+        self._end(rollout, reason)
+        self.refused(candidate, reason)
+        self.events.emit("rollout_failed", candidate.name, candidate.version, agreement=round(rollout.agreement(), 4),
+                         compared=rollout.compared, worst=worst, inputs=shapes, reason=reason)
+
+    def _end(self, rollout: Rollout, reason: str, cancel: bool = False) -> None:
+        """Unload the candidate; it stays listed as failed (or is forgotten when cancelled)."""
+        with self._lock:
+            rollout.decided = rollout.decided or "cancelled"
+            self.by_model = {m: r for m, r in self.by_model.items() if r is not rollout}
+        candidate = rollout.candidate
+        if cancel:
+            self.events.emit("rollout_cancelled", candidate.name, candidate.version, reason=reason)
+        self.registry.unload(candidate, self.registry.config.daemon.drain_timeout_s, reason="candidate refused"
+                             if not cancel else "candidate cancelled")
+        candidate.state, candidate.reason = State.FAILED, reason
+        model = self.registry.model(candidate.name)
+        if model is not None and model.candidate is candidate:
+            # A refused new version stays listed, saying why; a refused file of a serving version is
+            # said by that version's reason (swapper), and a cancelled candidate is forgotten.
+            model.candidate = None if cancel or candidate.version in model.versions else candidate
+
+    def close(self) -> None:
+        self._stopping = True
+        self._bell.set()
+
+    # -- the frontend's side ------------------------------------------------------------------
+
+    def wants(self, name: str) -> Rollout | None:
+        """The rollout that takes a copy of this request of `name` now, if any (frontend thread)."""
+        rollout = self.by_model.get(name)
+        if rollout is None or rollout.decided:
+            return None
+        if len(rollout.queue) >= QUEUE:
+            rollout.not_mirrored += 1
+            return None
+        return rollout
+
+    def offer(self, rollout: Rollout, sample: Sample) -> None:
+        rollout.queue.append(sample)
+        self._bell.set()
+
+    # -- the shadow thread ----------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stopping:
+            self._bell.wait(LOOK_S)
+            self._bell.clear()
+            for rollout in list(self.by_model.values()):
+                try:
+                    self._say_paused(rollout, self._busy(rollout))  # also while no request comes
+                    self._mirror(rollout)
+                except Exception:  # one candidate's trouble must not end shadowing for the others
+                    log.exception("shadowing %s:%s failed; refusing it", rollout.name, rollout.candidate.version)
+                    self._decide(rollout, passed=False, why="internal error while shadowing (logged)")
+
+    def _mirror(self, rollout: Rollout) -> None:
+        while rollout.queue and not rollout.decided and not self._stopping:
+            busy = self._busy(rollout)
+            self._say_paused(rollout, busy)
+            if busy:
+                self._bell.set()  # look again at the next turn
+                time.sleep(LOOK_S / 2)  # the waiting samples are old by then anyway: spare the GIL
+                return
+            sample = rollout.queue.popleft()
+            verdict = self._compare(rollout, sample)
+            rollout.compared += 1
+            rollout.agreed += verdict.agree
+            if not verdict.agree and (rollout.worst is None or verdict.error > rollout.worst[0].error):
+                rollout.worst = (verdict, _shapes(sample.inputs))
+            rollout.candidate.reason = rollout.progress()
+            rollout.candidate.last_used = time.monotonic()
+            if rollout.compared >= rollout.config.shadow_requests:
+                self._decide(rollout, passed=rollout.agreement() >= rollout.config.min_agreement)
+
+    def _say_paused(self, rollout: Rollout, busy: str) -> None:
+        """Every LOOK_S: whether mirroring is paused, from the last LOOKS looks, with an event when it changes."""
+        now = time.monotonic()
+        if now - rollout.looked < LOOK_S:
+            return
+        rollout.looked = now
+        rollout.looks.append(busy)
+        count = sum(1 for look in rollout.looks if look)
+        if not rollout.paused and len(rollout.looks) == LOOKS and count >= PAUSE_AT:
+            rollout.paused = next(look for look in reversed(rollout.looks) if look)
+            self.events.emit("rollout_paused", rollout.name, rollout.candidate.version, reason=rollout.paused)
+        elif rollout.paused and count <= RESUME_AT:
+            rollout.paused = ""
+            self.events.emit("rollout_resumed", rollout.name, rollout.candidate.version)
+        else:
+            return
+        rollout.candidate.reason = rollout.progress()
+
+    def _busy(self, rollout: Rollout) -> str:
+        """Why mirroring should wait now ("" when it may go on): every context of the serving version is
+        busy, or the CPUs are."""
+        model = self.registry.model(rollout.name)
+        serving = model.default() if model is not None else None
+        placement = serving.placement if serving is not None else None
+        if placement is None:
+            return "no version serves"
+        contexts = max(1, len(placement.contexts()))
+        if placement.load() >= contexts:
+            return "the serving version is busy (every context)"
+        # What the frontend computes itself waits in the socket, where no queue shows it; and a
+        # candidate at nice 19 still holds the GIL it shares with the frontend when the box is
+        # full. So mirroring also waits while the CPUs have too little idle time to take it.
+        idle, needed = self._cpu.idle(), rollout.config.min_idle_cpu
+        return f"the CPUs are busy ({idle:.0%} idle, {needed:.0%} needed)" if idle < needed else ""
+
+    def _compare(self, rollout: Rollout, sample: Sample) -> Verdict:
+        outputs, error = self._compute(rollout.candidate, sample.inputs)
+        if error:
+            return Verdict(False, math.inf, f"the candidate failed: {error}")
+        if rollout.config.compare == "iou":
+            return compare_regions(rollout.rule(), _boxes(sample.outputs), _boxes(outputs))
+        return compare(rollout.rule(), sample.outputs, outputs)
+
+    def _compute(self, candidate: ModelVersion, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
+        """The candidate's answer to `inputs`, computed on its own placement; (outputs, error)."""
+        placement = candidate.placement
+        if placement is None:
+            return {}, "it is not loaded"
+        waiter = Waiter()
+        envelope: list[Any] = [Internal(waiter)]
+        frames = [*envelope, encode_header({"model": candidate.name}), *(a.data.cast("B") for a in inputs.values())]
+        now = time.perf_counter_ns()
+        # No deadline it could pass: a late job goes to the router, which would answer it from the
+        # serving version (the fallback path); a stuck candidate is the waiter's timeout below.
+        job = Job(envelope, Request(model=candidate.name, inputs=inputs), frames, now, now + NO_DEADLINE_NS)
+        job.target = candidate
+        admission = placement.submit(job)
+        if admission is not Admission.QUEUED:
+            return {}, f"it took no request ({admission.name.lower()})"
+        if not waiter.wait(MIRROR_TIMEOUT_S + 1.0):
+            return {}, f"no answer within {MIRROR_TIMEOUT_S:.0f} s"
+        try:
+            reply = decode_reply(waiter.frames)
+        except MalformedReply as exc:
+            return {}, f"an unreadable answer ({exc})"
+        if reply.status != 200:
+            return {}, f"status {reply.status}: {reply.header.get('error', '')}"
+        return {k: np.array(v) for k, v in reply.outputs.items()}, ""
+
+
+class CpuIdle:
+    """The share of the machine's CPU time that was idle, from /proc/stat, over the last CPU_WINDOW_S or more."""
+
+    def __init__(self, path: str = "/proc/stat", clock: Callable[[], float] = time.monotonic) -> None:
+        self.path, self.clock = path, clock
+        self._last = self._read()
+        self._idle = 1.0
+
+    def _read(self) -> tuple[float, int, int] | None:
+        """(when, idle ticks, all ticks) of every CPU together; None where there is no /proc/stat."""
+        try:
+            with open(self.path, "rb") as f:
+                ticks = [int(v) for v in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        return self.clock(), ticks[3] + (ticks[4] if len(ticks) > 4 else 0), sum(ticks[:8])
+
+    def idle(self) -> float:
+        """The idle share (0 to 1) over the last window; 1.0 where it cannot be told."""
+        if self._last is None or self.clock() - self._last[0] < CPU_WINDOW_S:
+            return self._idle
+        now = self._read()
+        if now is None:
+            return 1.0
+        idle, total = now[1] - self._last[1], now[2] - self._last[2]
+        if total > 0:  # else no tick passed yet: keep the last reading and the window's start
+            self._last, self._idle = now, idle / total
+        return self._idle
+
+
+def _shapes(inputs: dict[str, np.ndarray]) -> str:
+    return ", ".join(f"{n} {a.dtype}[{','.join(map(str, a.shape))}]" for n, a in inputs.items())
+
+
+def _boxes(outputs: dict[str, np.ndarray]) -> list[dict[str, Any]]:
+    """compare = "iou": the first output read as boxes, [..., 4 or more] with x0, y0, x1, y1 first."""
+    first = next(iter(outputs.values()), None)
+    if first is None or first.ndim == 0 or first.shape[-1] < 4:
+        return []
+    return [{"box": [float(v) for v in row[:4]]} for row in first.reshape(-1, first.shape[-1])]
+
+
+def _renice(candidate: ModelVersion) -> None:
+    """The lowest CPU priority for what computes the candidate: its worker process, or its executor threads."""
+    placement: Any = candidate.placement
+    worker = candidate.worker_info()
+    ids = [worker["pid"]] if worker is not None else [
+        e._thread.native_id for e in getattr(placement, "executors", []) if getattr(e, "_thread", None)]
+    for ident in ids:
+        try:
+            os.setpriority(os.PRIO_PROCESS, ident, NICE)
+        except (OSError, TypeError):  # not allowed here, or gone: mirroring still pauses under load
+            pass

@@ -1,0 +1,222 @@
+"""What a candidate under shadow costs the clients: the same daemon with and without one, in one run.
+
+    python tests/benchmarks/bench_rollout.py [--duration 3] [--rounds 5] [--warmup 100] [--no-write]
+
+Two daemons serve the sample classifier ([1,3,64,64] conv, 2 contexts)
+from watched engine directories whose `model.toml` has a `[rollout]`
+table (docs/hot-swap.md#shadow-rollout), and run for the whole script:
+
+  shadowed  version 2 (the same engine) is published and stays a candidate
+            (shadow_requests too high to decide): copies of live requests
+            are computed on it and compared, on spare CPU only (the
+            default min_idle_cpu = 0.25)
+  forced    the same with min_idle_cpu = 0: it mirrors whenever a context
+            of the serving version is free, whatever the CPUs' idle time
+  plain     the same configuration, nothing published: no candidate
+
+The load generator (`infermux.cli.bench.run_load`, in its own process)
+drives one daemon at a time closed-loop at concurrency 1 and 16; the
+rounds alternate the three daemons (and which goes first), so a burst of
+load from elsewhere on the box hits all alike. The table shows the
+median round of each case and the requests the candidate compared in it
+(mirroring waits while the serving version or the CPUs are busy, so under
+load it compares fewer). Goal: p99 shadowed ≤ 1.1× plain at c=16.
+Writes the "## Shadow rollout" section of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import shutil
+import subprocess
+import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from results import markdown_table, stamp, write_section  # noqa: E402
+
+from support.harness import Daemon  # noqa: E402
+from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
+from infermux.cli.infer import parse_inputs  # noqa: E402
+
+ROOT = HERE.parents[1]
+ENGINE = ROOT / "engines" / "classifier" / "1" / "model.onnx"
+MODEL, SHAPE = "cls", "images=1x3x64x64"
+CONCURRENCY = (1, 16)
+GOAL = 1.1  # p99 shadowed / plain at c=16
+SECTION = "Shadow rollout"
+CONFIG = """
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{root}"
+"""
+MODEL_TOML = """\
+contexts = 2
+max_queue = 256
+[rollout]
+shadow_requests = 1000000000
+compare = "allclose"
+"""
+DAEMONS = {"shadowed": (True, ""), "forced": (True, "min_idle_cpu = 0\n"), "plain": (False, "")}
+
+
+@dataclass
+class Case:
+    """One daemon at one concurrency, every round."""
+
+    name: str
+    concurrency: int
+    rounds: list[BenchResult] = field(default_factory=list)
+    compared: list[int] = field(default_factory=list)  # requests the candidate compared during each round
+
+    def median(self, key: str) -> float:
+        values = sorted(getattr(r, key) for r in self.rounds)
+        return values[(len(values) - 1) // 2]
+
+    def median_compared(self) -> int:
+        values = sorted(self.compared)
+        return values[(len(values) - 1) // 2] if values else 0
+
+
+def start(work: Path, name: str, candidate: bool, rollout: str = "") -> Daemon:
+    """A daemon serving `cls` version 1 under a rollout table (more of it in `rollout`); with `candidate`,
+    version 2 shadows it."""
+    root = work / name / "engines"
+    (root / MODEL / "1").mkdir(parents=True)
+    shutil.copyfile(ENGINE, root / MODEL / "1" / "model.onnx")
+    (root / MODEL / "model.toml").write_text(MODEL_TOML + rollout)
+    daemon = Daemon(work / name, CONFIG.format(root=root)).start()
+    inputs = parse_inputs([], [SHAPE], "float32")
+    if not wait_ready(daemon.endpoint, MODEL, inputs, timeout_s=60).ok:
+        raise RuntimeError(f"{name}: {MODEL} is not served:\n{daemon.log()[-2000:]}")
+    if candidate:
+        staged = root / MODEL / ".2"
+        staged.mkdir()
+        shutil.copyfile(ENGINE, staged / "model.onnx")
+        staged.rename(root / MODEL / "2")  # published the documented way: it becomes a candidate
+        daemon.wait_for(f"rollout_started model={MODEL} version=2", 60)
+    return daemon
+
+
+def rollout_view(daemon: Daemon) -> dict[str, Any]:
+    """The candidate's `rollout` view in admin `models` ({} when it has none)."""
+    with daemon.admin() as admin:
+        rows = admin.call("models")["models"]
+    return next((m["rollout"] for m in rows if m["name"] == MODEL and m.get("rollout")), {})
+
+
+def measure(args: argparse.Namespace, work: Path) -> tuple[list[Case], dict[str, Any]]:
+    """All daemons up for the whole run; rounds rotate which one goes first."""
+    daemons = {name: start(work, name, candidate, rollout) for name, (candidate, rollout) in DAEMONS.items()}
+    cases = {(name, c): Case(name, c) for c in CONCURRENCY for name in daemons}
+    inputs = parse_inputs([], [SHAPE], "float32")
+    ctx = multiprocessing.get_context("spawn")  # the load generator shares no GIL with anything here
+    try:
+        with ProcessPoolExecutor(1, mp_context=ctx) as generator:
+            for round_ in range(args.rounds):
+                for c in CONCURRENCY:
+                    names = list(daemons)
+                    order = names[round_ % len(names):] + names[:round_ % len(names)]
+                    for name in order:
+                        daemon = daemons[name]
+                        before = rollout_view(daemon).get("compared", 0)
+                        result = generator.submit(run_load, daemon.endpoint, MODEL, inputs, concurrency=c,
+                                                  duration_s=args.duration, warmup=args.warmup).result()
+                        case = cases[name, c]
+                        case.rounds.append(result)
+                        case.compared.append(rollout_view(daemon).get("compared", 0) - before)
+                        print(f"  round {round_ + 1}  {name:<9} c={c:<3} {result.qps:7,.0f}/s  "
+                              f"p50 {result.p50_us:6.0f} µs  p99 {result.p99_us:6.0f} µs  "
+                              f"compared {case.compared[-1]}", file=sys.stderr)
+        final = {}
+        for name in ("shadowed", "forced"):
+            final[name] = rollout_view(daemons[name])
+            if not final[name]:
+                raise RuntimeError(f"{name}: the candidate is gone: " + daemons[name].log()[-2000:])
+            final[name]["paused_events"] = daemons[name].log().count(f"rollout_paused model={MODEL} version=2")
+        return list(cases.values()), final
+    finally:
+        for daemon in daemons.values():
+            daemon.stop()
+
+
+def paired_p99(by: dict[tuple[str, int], Case], name: str, level: int) -> list[float]:
+    """p99 of `name` / plain per round, sorted: each round's runs were back to back, the fairest pairs."""
+    return sorted(a.p99_us / b.p99_us for a, b in zip(by[name, level].rounds, by["plain", level].rounds))
+
+
+def report(cases: list[Case], final: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
+    rows = [[c.name, str(c.concurrency), f"{c.median('qps'):,.0f}", f"{c.median('p50_us'):,.0f}",
+             f"{c.median('p99_us'):,.0f}", str(c.median_compared()), " ".join(f"{r.qps:,.0f}" for r in c.rounds)]
+            for c in sorted(cases, key=lambda c: (c.concurrency, list(DAEMONS).index(c.name)))]
+    by = {(c.name, c.concurrency): c for c in cases}
+    lines = []
+    for name in ("shadowed", "forced"):
+        parts = []
+        for level in CONCURRENCY:
+            r, a, b = paired_p99(by, name, level), by[name, level], by["plain", level]
+            parts.append(f"c={level}: p99 per round median **{r[(len(r) - 1) // 2]:.2f}×** (range {r[0]:.2f}–"
+                         f"{r[-1]:.2f}×), p50 {a.median('p50_us') / b.median('p50_us'):.2f}×, "
+                         f"QPS {a.median('qps') / b.median('qps'):.2f}× (medians)")
+        f = final[name]
+        lines.append(f"- {name} / plain: " + "; ".join(parts) + f". At the end its candidate had {f['compared']:,} "
+                     f"compared (agreement {f['agreement']:.2%}), {f['not_mirrored']:,} live requests not copied, "
+                     f"mirroring paused {f['paused_events']} times.")
+    r = paired_p99(by, "shadowed", 16)
+    verdict = r[(len(r) - 1) // 2]
+    return "\n".join([
+        stamp(),
+        f"Commit {commit()}; `flock /tmp/infermux-heavy.lock python tests/benchmarks/bench_rollout.py "
+        f"--duration {args.duration:g} --rounds {args.rounds} --warmup {args.warmup}`.",
+        "",
+        "The sample classifier ([1,3,64,64], 2 contexts) under a `[rollout]` table: *shadowed* has version 2 "
+        "(the same engine) as a candidate for the whole run, mirroring on spare CPU only (default "
+        "`min_idle_cpu = 0.25`); *forced* the same with `min_idle_cpu = 0`; *plain* has no candidate. All three "
+        "daemons up throughout, the rounds rotating them. Median round of each (by each figure); *compared*: "
+        "requests the candidate computed and compared during the median round.",
+        "",
+        markdown_table(["daemon", "c", "QPS", "p50 µs", "p99 µs", "compared", "QPS each round"], rows),
+        "",
+        *lines,
+        "",
+        f"Goal p99 shadowed ≤ {GOAL}× plain at c=16 (median of the rounds' ratios): "
+        + ("met." if verdict <= GOAL else "**not met**."),
+    ])
+
+
+def commit() -> str:
+    out = subprocess.run(["git", "log", "-1", "--format=%h"], cwd=ROOT, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "daemon"], cwd=ROOT,
+                           capture_output=True, text=True).stdout.strip()
+    return out.stdout.strip() + (" (daemon/ modified)" if dirty else "")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per round and case")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--warmup", type=int, default=100, help="requests before each round, not measured")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
+    try:
+        cases, final = measure(args, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    text = report(cases, final, args)
+    print(text)
+    if not args.no_write:
+        write_section(SECTION, text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,285 @@
+"""Shadow rollout against a real daemon (docs/hot-swap.md#shadow-rollout): a published version of a model
+with `[models.rollout]` is a candidate, computed on copies of live requests and compared, and serves only
+once it agreed; no client ever gets a candidate's answer."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+import pytest
+
+from infermux.client import Reply
+from support import models
+from support.harness import Daemon
+from support.polling import eventually
+from support.publish import publish, wait_served
+
+HEAD = """
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{root}"
+watch_settle_s = 0.4
+watch_debounce_s = 0.02
+watch_rescan_s = 1.0
+"""
+
+ROLLOUT = """
+placement = "{placement}"
+max_queue = {max_queue}
+timeout_ms = 30000
+[rollout]
+shadow_requests = {n}
+compare = "{compare}"
+min_agreement = 0.99
+min_idle_cpu = {min_idle_cpu}
+"""
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    path = tmp_path / "engines"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
+    started: list[Daemon] = []
+
+    def run(n: int = 20, placement: str = "hot", compare: str = "allclose", extra: str = "",
+            max_queue: int = 256, min_idle_cpu: float = 0) -> Daemon:
+        # min_idle_cpu 0: the shared test box is seldom idle, and these tests need their comparisons;
+        # the CPU gate has tests of its own below.
+        (root / "m").mkdir(exist_ok=True)
+        (root / "m" / "model.toml").write_text(extra + ROLLOUT.format(n=n, placement=placement, compare=compare,
+                                                                      max_queue=max_queue, min_idle_cpu=min_idle_cpu))
+        workdir = tmp_path / f"daemon{len(started)}"
+        workdir.mkdir()
+        daemon = Daemon(workdir, HEAD.format(root=root))
+        started.append(daemon)
+        return daemon.start()
+
+    yield run
+    for daemon in started:
+        assert daemon.stop() == 0, daemon.log()
+
+
+class Traffic:
+    """A client sending requests without pause on its own thread, keeping every reply in order."""
+
+    def __init__(self, daemon: Daemon, model: str = "m") -> None:
+        self.daemon, self.model = daemon, model
+        self.replies: list[tuple[Reply, np.ndarray]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> "Traffic":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+    def _run(self) -> None:
+        rng = np.random.default_rng(1)
+        with self.daemon.client(timeout_s=30) as client:
+            while not self._stop.is_set():
+                x = rng.standard_normal((2, 4)).astype(np.float32)
+                self.replies.append((client.infer(self.model, {"x": x}), x))
+
+
+def cli(daemon: Daemon, *argv: str) -> subprocess.CompletedProcess:
+    """`infermux ARGV` against this daemon's admin socket, as an operator runs it."""
+    return subprocess.run([sys.executable, "-m", "infermux", *argv, "-e", daemon.admin_endpoint], text=True,
+                          capture_output=True, timeout=60)
+
+
+def events(daemon: Daemon, kind: str) -> list[str]:
+    return [line for line in daemon.log().splitlines() if f"infermux.events: {kind} " in line]
+
+
+def versions_status(daemon: Daemon) -> dict[str, list[dict]]:
+    with daemon.admin() as admin:
+        rows = admin.call("models")["models"]
+    out: dict[str, list[dict]] = {}
+    for row in rows:
+        out.setdefault(row["version"], []).append(row)
+    return out
+
+
+@pytest.mark.parametrize("placement", ["hot", "cold"])
+def test_an_identical_candidate_serves_after_exactly_its_shadow_requests_and_no_client_saw_it_before(
+        root: Path, start: Callable[..., Daemon], placement: str) -> None:
+    publish(root, "m", 1, offset=1)
+    daemon = start(n=20, placement=placement)
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    with Traffic(daemon) as traffic:
+        publish(root, "m", 2, offset=1)  # the same answers
+        daemon.wait_for("rollout_started model=m version=2", 30)
+        shadowing = eventually(lambda: (rows := versions_status(daemon).get("2")) and rows[0].get("rollout") and rows[0],
+                               "the candidate listed with its rollout", 30)
+        assert shadowing["state"] == "candidate" and "shadowing:" in shadowing["reason"]
+        daemon.wait_for("rollout_passed model=m version=2", 60)
+        eventually(lambda: traffic.replies and traffic.replies[-1][0].version == "2", "version 2 serving", 30)
+    (passed,) = events(daemon, "rollout_passed")
+    assert "compared=20 " in passed + " " and "agreement=1.0" in passed
+    served = [reply.version for reply, _ in traffic.replies]
+    assert all(reply.status == 200 for reply, _ in traffic.replies)
+    first_two = served.index("2")
+    assert set(served[:first_two]) == {"1"} and set(served[first_two:]) == {"2"}  # never back to 1
+    for reply, x in traffic.replies:
+        np.testing.assert_array_equal(reply.outputs["y"], x + 1)
+    daemon.wait_for("unloaded model=m version=1", 30)
+
+
+def test_a_perturbed_candidate_is_refused_and_never_answers_a_client(root: Path, start: Callable[..., Daemon]) -> None:
+    publish(root, "m", 1, offset=1)
+    daemon = start(n=15)
+    wait_served(daemon, "m", "1", offset=1)
+    with Traffic(daemon) as traffic:
+        publish(root, "m", 2, offset=1.5)
+        daemon.wait_for("rollout_failed model=m version=2", 60)
+    (failed,) = events(daemon, "rollout_failed")
+    assert "agreement=0.0 compared=15" in failed and "inputs=\"x float32[2,4]\"" in failed and "|Δ| 0.5" in failed
+    assert all(reply.status == 200 and reply.version == "1" for reply, _ in traffic.replies)
+    for reply, x in traffic.replies:
+        np.testing.assert_array_equal(reply.outputs["y"], x + 1)
+    (row,) = versions_status(daemon)["2"]
+    assert row["state"] == "failed" and "rollout failed: 0.00% of 15 shadowed requests agree" in row["reason"]
+    assert "worst: output 'y': |Δ| 0.5" in row["reason"]
+    wait_served(daemon, "m", "1", offset=1)
+
+
+def test_argmax_passes_a_candidate_whose_scores_move_but_whose_top_class_does_not(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    publish(root, "m", 1, offset=1)
+    daemon = start(n=10, compare="argmax")
+    wait_served(daemon, "m", "1", offset=1)
+    with Traffic(daemon) as traffic:
+        publish(root, "m", 2, offset=1.5)  # every score 0.5 higher: allclose refuses it (above), argmax not
+        daemon.wait_for("rollout_passed model=m version=2", 60)
+        eventually(lambda: traffic.replies and traffic.replies[-1][0].version == "2", "version 2 serving", 30)
+    (passed,) = events(daemon, "rollout_passed")
+    assert "agreement=1.0 compared=10" in passed
+    for reply, x in traffic.replies:
+        np.testing.assert_array_equal(reply.outputs["y"], x + (1.5 if reply.version == "2" else 1))
+
+
+def test_a_replaced_file_of_the_serving_version_is_a_candidate_too(root: Path, start: Callable[..., Daemon]) -> None:
+    publish(root, "m", 1, offset=1)
+    daemon = start(n=10)
+    wait_served(daemon, "m", "1", offset=1)
+    with Traffic(daemon):
+        publish(root, "m", 1, offset=3)  # the serving version's own file, answering otherwise
+        daemon.wait_for("rollout_failed model=m version=1", 60)
+    (row,) = versions_status(daemon)["1"]
+    assert row["state"] == "ready" and "new engine file rejected (rollout failed" in row["reason"]
+    wait_served(daemon, "m", "1", offset=1)
+
+
+def test_an_operator_decides_early(root: Path, start: Callable[..., Daemon]) -> None:
+    publish(root, "m", 1, offset=1)
+    daemon = start(n=100000)  # never decides by itself
+    wait_served(daemon, "m", "1", offset=1)
+    publish(root, "m", 2, offset=7)
+    daemon.wait_for("rollout_started model=m version=2", 30)
+    with Traffic(daemon):  # comparisons to show
+        eventually(lambda: versions_status(daemon)["2"][0]["rollout"]["compared"] >= 2, "comparisons", 30)
+    status = cli(daemon, "status")
+    assert status.returncode == 0 and re.search(r"m\s+2\s+hot\s+candidate", status.stdout), status.stdout
+    assert re.search(r"m:2: shadowing: \d+/100000 compared, 0\.00% agree \(needs 99\.00%\)", status.stdout)
+    models_out = cli(daemon, "ctl", "models").stdout
+    assert "m:2  (hot, candidate)" in models_out and "shadowing: " in models_out, models_out
+    wrong = cli(daemon, "ctl", "reject", "m", "1")
+    assert wrong.returncode == 1 and wrong.stderr.strip() == (
+        "infermux ctl reject: m:1 is not a candidate (its candidate is version 2)"), wrong.stderr
+    promoted = cli(daemon, "ctl", "promote-now", "m", "2")
+    assert promoted.returncode == 0 and "m:2 serves (promoted after" in promoted.stdout, promoted.stderr
+    wait_served(daemon, "m", "2", offset=7)
+    assert "rollout_passed model=m version=2" in daemon.log() and 'reason="promoted by an operator"' in daemon.log()
+    publish(root, "m", 3, offset=1)
+    daemon.wait_for("rollout_started model=m version=3", 30)
+    with daemon.admin() as admin:
+        admin.call("reject", model="m", version="3")
+    assert "rejected by an operator" in versions_status(daemon)["3"][0]["reason"]
+    wait_served(daemon, "m", "2", offset=7)
+
+
+def test_mirroring_under_overload_never_turns_a_clients_200_into_anything_else(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    models.slow(root / "m" / ".1" / "model.onnx", layers=12, width=512)
+    (root / "m" / ".1").rename(root / "m" / "1")
+    daemon = start(n=100000, extra="contexts = 1\n")
+    with daemon.client() as client:
+        eventually(lambda: client.infer("m", {"x": np.ones((1, 512), np.float32)}).status == 200, "served", 30)
+    models.slow(root / "m" / ".2" / "model.onnx", layers=12, width=512)
+    (root / "m" / ".2").rename(root / "m" / "2")
+    daemon.wait_for("rollout_started model=m version=2", 30)
+    statuses: list[int] = []
+    paused = threading.Event()
+
+    def client_loop() -> None:  # until mirroring has paused (a liveness bound, not a timing outcome)
+        with daemon.pipeline(timeout_s=60) as client:
+            for _ in range(200):
+                idents = [client.submit("m", {"x": np.ones((4, 512), np.float32)}) for _ in range(12)]
+                statuses.extend(reply.status for reply in client.gather(idents))
+                if paused.is_set() or "rollout_paused model=m version=2" in daemon.log():
+                    paused.set()
+                    return
+
+    clients = [threading.Thread(target=client_loop) for _ in range(4)]  # 48 in flight: far more than it computes
+    for thread in clients:
+        thread.start()
+    for thread in clients:
+        thread.join(120)
+    assert statuses and set(statuses) == {200}, sorted(set(statuses))
+    assert "rollout_paused model=m version=2" in daemon.log()  # it waited for the serving version
+    (row,) = versions_status(daemon)["2"]
+    assert row["state"] == "candidate" and row["rollout"]["not_mirrored"] > 0
+
+
+def test_answers_a_fallback_gave_are_not_held_against_the_candidate(root: Path, start: Callable[..., Daemon]) -> None:
+    models.add_one(root / "fb" / ".1" / "model.onnx", width=512, offset=9)  # answers otherwise than m
+    (root / "fb" / ".1").rename(root / "fb" / "1")
+    for version in ("1", "2"):  # 2: the same engine as 1, published once 1 serves
+        models.slow(root / "m" / f".{version}" / "model.onnx", layers=12, width=512)
+    (root / "m" / ".1").rename(root / "m" / "1")
+    daemon = start(n=10, max_queue=2, extra='contexts = 1\nfallback = "fb"\n')
+    x = np.ones((4, 512), np.float32)
+    with daemon.client() as client:
+        eventually(lambda: client.infer("m", {"x": x}).status == 200 and client.infer("fb", {"x": x}).status == 200,
+                   "m and fb served", 30)
+    (root / "m" / ".2").rename(root / "m" / "2")
+    daemon.wait_for("rollout_started model=m version=2", 30)
+    replies: list[Reply] = []
+    with daemon.pipeline(timeout_s=60) as client:
+        for _ in range(300):  # bursts past m's queue: fb answers some; until the candidate is decided
+            replies.extend(client.gather([client.submit("m", {"x": x}) for _ in range(8)]))
+            if "rollout_passed model=m" in daemon.log() or "rollout_failed model=m" in daemon.log():
+                break
+    assert "rollout_passed model=m version=2 agreement=1.0 compared=10" in daemon.log()
+    by_fallback = [r for r in replies if r.fallback]
+    assert by_fallback and all(r.status == 200 and r.model == "fb" for r in by_fallback), by_fallback[:1]
+    assert any(r.status == 200 and not r.fallback for r in replies)
+
+
+def test_mirroring_waits_while_the_cpus_have_less_idle_time_than_min_idle_cpu(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    publish(root, "m", 1, offset=1)
+    daemon = start(n=5, min_idle_cpu=1.0)  # never met while anything runs: it must wait throughout
+    wait_served(daemon, "m", "1", offset=1)
+    with Traffic(daemon) as traffic:
+        publish(root, "m", 2, offset=1)
+        daemon.wait_for('rollout_paused model=m version=2 reason="the CPUs are busy (', 30)
+        eventually(lambda: len(traffic.replies) > 50, "requests while it waits", 30)
+    (row,) = versions_status(daemon)["2"]
+    assert row["state"] == "candidate" and row["rollout"]["compared"] == 0, row
+    assert "mirroring paused: the CPUs are busy" in row["reason"] and "100% needed" in row["reason"]
+    assert all(reply.status == 200 and reply.version == "1" for reply, _ in traffic.replies)

@@ -1,0 +1,38 @@
+"""What a process costs, read from /proc: resident memory, its peak, open descriptors.
+
+The peak (VmHWM) is reset by writing 5 to /proc/PID/clear_refs (Linux 4.0+;
+the caller must own the process or be root), so a test can measure the
+peak of one step rather than of the process's whole life.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _status_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise KeyError(field)
+
+
+def rss_mib(pid: int) -> float:
+    """Resident memory now (VmRSS), MiB."""
+    return _status_kib(pid, "VmRSS") / 1024
+
+
+def peak_rss_mib(pid: int) -> float:
+    """The most resident memory since start or the last `reset_peak` (VmHWM), MiB."""
+    return _status_kib(pid, "VmHWM") / 1024
+
+
+def reset_peak(pid: int) -> None:
+    """Start the peak (VmHWM) again from the current RSS."""
+    Path(f"/proc/{pid}/clear_refs").write_text("5")
+
+
+def fds(pid: int) -> int:
+    """Open descriptors."""
+    return len(os.listdir(f"/proc/{pid}/fd"))

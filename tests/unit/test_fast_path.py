@@ -1,0 +1,198 @@
+"""The fast path (Router.admit_fast): a request that needs no decision is computed and answered
+at once, with the reply and statistics the general path gives; anything that needs a decision
+(a version asked for, batching, a fallback, a busy context, bad input) takes the general path."""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+
+from infermux import config as cfg
+from infermux.frontend.server import Server
+from infermux.protocol import decode_reply, encode_request
+from support.models import add_one
+
+MODELS = """
+[[models]]
+name = "plain"
+version = "1"
+engine = "plain/1/model.onnx"
+
+[[models]]
+name = "batched"
+version = "1"
+engine = "plain/1/model.onnx"
+max_batch = 4
+
+[[models]]
+name = "guarded"
+version = "1"
+engine = "plain/1/model.onnx"
+fallback = "plain"
+
+[[models]]
+name = "cams"
+version = "1"
+engine = "plain/1/model.onnx"
+contexts = 2
+queue_policy = "newest_per_key"
+"""
+X = np.arange(4, dtype=np.float32).reshape(1, 4)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    tmp = tmp_path_factory.mktemp("fast")
+    add_one(tmp / "engines" / "plain" / "1" / "model.onnx")
+    text = (f'[daemon]\nlisten = ["ipc://infer.sock"]\nengine_dir = "{tmp / "engines"}"\nwatch = false\n'
+            + MODELS)
+    s = Server(cfg.parse(text, tmp / "infermux.toml"), tmp / "run")
+    s.bind()
+    s.start_models().join()
+    s._frontend_thread = threading.get_ident()  # this thread reads requests, as the loop would
+    yield s
+    s.registry.close(5.0)
+    s.close()
+
+
+class Sent:
+    """What the server sent, and how many requests went to the general path."""
+
+    def __init__(self, server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.frames: list[list[Any]] = []
+        self.general = 0
+        admit = server.router.admit
+
+        def counted(job: Any) -> Any:
+            self.general += 1
+            return admit(job)
+
+        monkeypatch.setattr(server, "_send", self.frames.append)
+        monkeypatch.setattr(server.router, "admit", counted)
+
+    def reply(self, timeout_s: float = 5.0) -> dict[str, Any]:
+        for _ in range(int(timeout_s * 100)):
+            if self.frames:
+                break
+            threading.Event().wait(0.01)
+        frames = self.frames.pop()
+        return decode_reply([bytes(f) for f in frames[2:]]).header
+
+
+@pytest.fixture
+def sent(server: Server, monkeypatch: pytest.MonkeyPatch) -> Sent:
+    return Sent(server, monkeypatch)
+
+
+def ask(server: Server, model: str, x: np.ndarray = X, **options: Any) -> None:
+    body = [bytes(memoryview(f)) for f in encode_request(model, {"x": x}, id=7, **options)]
+    server._handle([b"peer", b"", *body], False)
+
+
+def drain_outbox(server: Server) -> None:
+    server._forward_replies()
+
+
+def test_a_plain_request_is_answered_at_once_without_the_general_path(server: Server, sent: Sent) -> None:
+    stats = server.registry.model("plain").default().stats
+    before = stats.snapshot().total
+    ask(server, "plain")
+    assert sent.general == 0 and len(sent.frames) == 1  # answered inside _handle
+    header = sent.reply()
+    assert header["status"] == 200 and header["id"] == 7 and header["model"] == "plain" and header["version"] == "1"
+    assert set(header["timing_us"]) == {"queue", "compute", "total"}
+    after = stats.snapshot().total  # counted as the general path counts: one 200, one call of 1 row
+    assert after.by_status.get(200, 0) == before.by_status.get(200, 0) + 1
+    assert after.batches.get(1, 0) == before.batches.get(1, 0) + 1
+
+
+def test_the_fast_reply_is_the_general_one(server: Server, sent: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
+    ask(server, "plain")
+    fast = sent.reply()
+    monkeypatch.setattr(server.router, "admit_fast", lambda job: False)
+    ask(server, "plain")
+    drain_outbox(server)
+    general = sent.reply()
+    assert sent.general == 1
+    assert {k: v for k, v in fast.items() if k != "timing_us"} == {k: v for k, v in general.items() if k != "timing_us"}
+
+
+@pytest.mark.parametrize("model, options", [
+    ("plain", {"version": "1"}),  # a version asked for: it may be missing, or fall back
+    ("batched", {}),  # its request waits for company
+    ("guarded", {}),  # a fallback: the deadline decision is the general path's
+])
+def test_a_request_that_needs_a_decision_takes_the_general_path(server: Server, sent: Sent, model: str,
+                                                                options: dict[str, Any]) -> None:
+    ask(server, model, **options)
+    server._run_held()  # the end of the burst, for the batched model's held request
+    drain_outbox(server)
+    assert sent.general == 1
+    assert sent.reply()["status"] == 200
+
+
+def test_a_busy_context_sends_the_request_to_the_general_path(server: Server, sent: Sent) -> None:
+    executor = server.registry.model("plain").default().placement.executors[0]
+    with executor._busy:  # another thread computes on it
+        ask(server, "plain")
+        assert sent.general == 1
+    threading.Event().wait(0.2)
+    drain_outbox(server)
+    assert sent.reply()["status"] == 200
+
+
+def test_bad_input_gets_the_general_paths_error(server: Server, sent: Sent) -> None:
+    ask(server, "plain", x=np.zeros((1, 5), np.float32))
+    header = sent.reply()
+    assert sent.general == 1
+    assert header["status"] == 400 and "dimension 1 must be 4" in header["error"], header
+
+
+def stream_row(server: Server, model: str, key: str) -> dict[str, Any]:
+    from infermux.admin.commands import cmd_streams
+
+    return next(r for r in cmd_streams(server, {"model": model})["streams"] if r["key"] == key)
+
+
+@pytest.mark.parametrize("model", ["plain", "cams"])  # fifo, and newest_per_key with nothing of the key waiting
+def test_a_keyed_request_served_on_the_fast_path_is_counted_on_its_stream(server: Server, sent: Sent,
+                                                                          model: str) -> None:
+    key = f"fast-{model}"
+    ask(server, model, key=key)
+    assert sent.general == 0 and sent.reply()["status"] == 200  # computed inside _handle
+    row = stream_row(server, model, key)
+    assert (row["received"], row["served"]) == (1, 1), row
+    ask(server, model, key=key)
+    sent.reply()
+    assert (stream_row(server, model, key)["received"], stream_row(server, model, key)["served"]) == (2, 2)
+
+
+def test_a_keyed_request_the_fast_path_declines_is_counted_once(server: Server, sent: Sent) -> None:
+    executor = server.registry.model("plain").default().placement.executors[0]
+    with executor._busy:  # the fast path counts it, declines, and the general path must not count it again
+        ask(server, "plain", key="declined")
+        assert sent.general == 1
+    threading.Event().wait(0.2)
+    drain_outbox(server)
+    assert sent.reply()["status"] == 200
+    row = stream_row(server, "plain", "declined")
+    assert (row["received"], row["served"]) == (1, 1), row
+
+
+def test_a_newer_frame_of_a_stream_with_one_waiting_takes_the_general_path(server: Server, sent: Sent) -> None:
+    # Under newest_per_key an older frame of the key waiting on one context must be replaced (409) by
+    # the newer one, not overtaken by it on an idle context: serve_now leaves it to the general path.
+    placement = server.registry.model("cams").default().placement
+    waiting = placement.executors[0]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(placement, "_home", lambda executors, key: waiting if key == "cam-w" else None)
+        ask(server, "cams", key="cam-w")
+        assert sent.general == 1
+    threading.Event().wait(0.2)
+    drain_outbox(server)
+    assert sent.reply()["status"] == 200
+    ask(server, "cams", key="cam-x")  # no frame of it waiting: the fast path
+    assert sent.general == 1 and sent.reply()["status"] == 200

@@ -1,0 +1,32 @@
+"""A candidate mirrors on spare CPU only: the idle share the shadow thread reads from /proc/stat."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from infermux.swap import rollout
+from infermux.swap.rollout import CpuIdle
+
+
+def stat(path: Path, idle: int, iowait: int, busy: int) -> None:
+    """The first line of /proc/stat: user nice system idle iowait irq softirq steal (guest times follow)."""
+    path.write_text(f"cpu  {busy} 0 0 {idle} {iowait} 0 0 0 7 7\ncpu0 1 2 3 4 5 6 7 8 0 0\n")
+
+
+def test_the_idle_share_is_idle_and_iowait_ticks_of_all_ticks_since_the_last_reading(tmp_path: Path) -> None:
+    path, now = tmp_path / "stat", [100.0]
+    stat(path, idle=1000, iowait=0, busy=1000)
+    cpu = CpuIdle(str(path), clock=lambda: now[0])
+    assert cpu.idle() == 1.0  # nothing measured yet
+    now[0] += 2 * rollout.CPU_WINDOW_S
+    stat(path, idle=1030, iowait=10, busy=1160)  # 40 idle of 200 ticks (guest ticks are in user already)
+    assert cpu.idle() == 0.2
+    now[0] += rollout.CPU_WINDOW_S / 2
+    stat(path, idle=1230, iowait=10, busy=1160)
+    assert cpu.idle() == 0.2  # within the window: the last reading stands
+    now[0] += 2 * rollout.CPU_WINDOW_S
+    assert cpu.idle() == 1.0
+
+
+def test_without_proc_stat_mirroring_is_never_held_for_the_cpus(tmp_path: Path) -> None:
+    assert CpuIdle(str(tmp_path / "absent")).idle() == 1.0
