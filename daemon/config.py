@@ -35,6 +35,10 @@ MAX_FALLBACK_DEPTH = 4
 MAX_CONTEXTS = 1024  # the most [daemon] max_contexts may allow
 MAX_WEIGHT = 1_000_000  # a weighted split's largest weight: ratios, not amounts
 MPS_MODES = ("off", "auto", "on")
+# How a queue treats a request's `key` (docs/protocol.md#streams): "fifo" serves keys in turn and keeps
+# what it accepted; "newest_per_key" treats a key as a camera's stream, whose newer frame replaces its
+# oldest queued one (answered 409).
+QUEUE_POLICIES = ("fifo", "newest_per_key")
 
 
 class ConfigError(Exception):
@@ -98,6 +102,13 @@ class DaemonConfig:
     max_contexts: int = 32  # contexts one version may have: the file, a model.toml or `set contexts`
     follow_symlinks: bool = True  # serve engine_dir folders that link outside it (logged; docs/hot-swap.md)
     state_dir: str = ""  # operators' live changes, kept across restarts (models/statefile.py); "" = systemd's
+    # Per-stream accounting (execution/streams.py, docs/protocol.md#streams): a stream that sent two
+    # requests then nothing for this long is `stream_silent` (0: never); Prometheus shows the busiest
+    # `stream_metrics_keys` keys of each model by name and sums the rest as key="other"; at most
+    # `stream_max_keys` streams are tracked (the least recently seen is forgotten past it).
+    stream_silent_s: float = 5.0
+    stream_metrics_keys: int = 32
+    stream_max_keys: int = 1024
     # Ed25519 public keys (PEM) of trusted publishers: with any, only engines one of them signed load
     # (docs/security.md#signed-engines).
     engine_signing_keys: tuple[Path, ...] = ()
@@ -158,6 +169,8 @@ class ModelConfig:
     latest_n: int = 1
     versions: tuple[str, ...] = ()
     mps_thread_percentage: int = 0  # a cold worker's share of the GPU's SMs under MPS; 0 = [daemon]'s
+    queue_policy: str = "fifo"  # QUEUE_POLICIES; newest_per_key keeps at most per_key_depth queued per key
+    per_key_depth: int = 1
     rollout: "RolloutConfig | None" = None  # [models.rollout]: a published version earns its traffic first
 
     @property
@@ -214,6 +227,8 @@ class PipelineConfig:
     workers: int = 2
     max_queue: int = 16
     timeout_ms: int = 5000
+    queue_policy: str = "fifo"  # as a model's: newest_per_key keeps at most per_key_depth frames per key
+    per_key_depth: int = 1
     max_regions: int = 1000
     max_crop_width: int = 4096
     max_batch_bytes: int = 256 << 20
@@ -328,7 +343,10 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
             _positive(file, f"daemon.{key}", raw[key], 0)
     if "watch" in raw:
         _check_type(file, "daemon.watch", raw["watch"], bool)
-    for key in ("watch_settle_s", "watch_debounce_s", "watch_rescan_s", "traceback_interval_s"):
+    for key in ("stream_metrics_keys", "stream_max_keys"):
+        if key in raw:
+            _positive(file, f"daemon.{key}", raw[key], 1)
+    for key in ("watch_settle_s", "watch_debounce_s", "watch_rescan_s", "traceback_interval_s", "stream_silent_s"):
         if key in raw:
             _check_type(file, f"daemon.{key}", raw[key], (int, float))
             if raw[key] < 0:
@@ -473,7 +491,7 @@ def _parse_routing(file: Path, table: Any) -> RoutingConfig:
 
 _INT_FIELDS = {"contexts": 1, "max_queue": 1, "timeout_ms": 1, "max_batch": 1, "batch_delay_us": 0, "weight": 0,
                "canary_weight": 0,
-               "latest_n": 1}
+               "latest_n": 1, "per_key_depth": 1}
 _INT_MAXIMA = {"weight": MAX_WEIGHT, "contexts": MAX_CONTEXTS}
 
 
@@ -538,6 +556,7 @@ def _parse_model(file: Path, where: str, table: Any, engine_dir: Path) -> ModelC
     if "mps_thread_percentage" in raw:
         _percentage(file, f"{where}.mps_thread_percentage", raw["mps_thread_percentage"])
     _parse_version_policy(file, where, raw)
+    _check_queue_policy(file, where, raw)
     if "rollout" in raw:
         raw["rollout"] = _parse_rollout(file, f"{where}.rollout", raw["rollout"])
     engine = Path(raw["engine"]).expanduser()
@@ -605,6 +624,19 @@ def _parse_version_policy(file: Path, where: str, raw: dict[str, Any]) -> None:
     if policy == "specific" and not raw.get("versions"):
         raise ConfigError(file, f"{where}.versions", "version_policy = \"specific\" needs a non-empty "
                           "list of versions, e.g. versions = [\"2\", \"3\"]")
+
+
+def _check_queue_policy(file: Path, where: str, raw: dict[str, Any]) -> None:
+    """`queue_policy` is one of QUEUE_POLICIES; `per_key_depth` only goes with newest_per_key."""
+    prefix = f"{where}." if where else ""
+    policy = raw.get("queue_policy", "fifo")
+    if policy not in QUEUE_POLICIES:
+        raise ConfigError(file, f"{prefix}queue_policy", f"must be one of {', '.join(QUEUE_POLICIES)}, got {policy!r}")
+    if "per_key_depth" in raw:
+        _positive(file, f"{prefix}per_key_depth", raw["per_key_depth"])
+        if policy != "newest_per_key":
+            raise ConfigError(file, f"{prefix}per_key_depth", "only applies to queue_policy = \"newest_per_key\" "
+                              f"(how many requests of one key may wait), not {policy!r}")
 
 
 def policy_key(m: ModelConfig) -> tuple[str, int, tuple[str, ...]]:
@@ -772,6 +804,7 @@ def _parse_pipeline(file: Path, where: str, table: Any, models: set[str], engine
     for key in ("workers", "max_queue", "timeout_ms", "max_regions", "max_crop_width", "max_batch_bytes"):
         if key in raw:
             _positive(file, f"{where}.{key}", raw[key])
+    _check_queue_policy(file, where, raw)
     steps = raw.get("steps")
     _check_type(file, f"{where}.steps", steps, list)
     if not steps:

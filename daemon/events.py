@@ -62,7 +62,8 @@ def _quote(value: Any) -> str:
 
 
 _LEVELS = {"error": logging.ERROR, "failed": logging.ERROR, "crashed": logging.ERROR, "evicted": logging.WARNING,
-           "refused": logging.WARNING, "rejected": logging.WARNING, "fallback_refused": logging.WARNING}
+           "refused": logging.WARNING, "rejected": logging.WARNING, "fallback_refused": logging.WARNING,
+           "stream_silent": logging.WARNING}
 
 
 # Kinds kept in a ring of their own: what operators did (the admin socket's audit trail) must

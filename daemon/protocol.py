@@ -64,6 +64,7 @@ class Status(IntEnum):
     OK = 200
     BAD_REQUEST = 400
     NOT_FOUND = 404
+    SUPERSEDED = 409  # a stream's newer request replaced this one before it was computed
     TOO_LARGE = 413
     TOO_MANY = 429
     BACKEND_ERROR = 500
@@ -155,6 +156,75 @@ class OutputRegion:
     view: memoryview
 
 
+# A frame's formats (docs/protocol.md, "Pipelines on the wire"): files, then raw pixels.
+ENCODED_FORMATS = ("jpeg", "jpg", "png")
+RAW_FORMATS = {"bgr": 3, "rgb": 3, "gray": 1, "nv12": 1, "i420": 1}  # bytes per pixel of a row (luma for YUV)
+
+
+@dataclass(frozen=True)
+class Frame:
+    """A camera frame, as a pipeline's input takes it: a JPEG or PNG file's bytes, or raw pixels with
+    their geometry (`width`, `height`, and `stride`, bytes per row; packed when absent).
+
+        Frame(jpeg_bytes, "jpeg")
+        Frame.of(image)                      # an H x W x 3 BGR uint8 array (OpenCV's), or H x W gray
+        Frame(nv12_bytes, "nv12", width=1280, height=720, stride=1280)
+
+    In `Client.infer`, `Pipeline.submit` and `Stream.send` it is one input, sent as one uint8 tensor
+    of its bytes with "format" and the geometry in its header entry; those check it first (`check`),
+    as the daemon's decode step would, so a wrong size is a ValueError before anything is sent."""
+
+    data: bytes | np.ndarray
+    format: str
+    width: int | None = None
+    height: int | None = None
+    stride: int | None = None
+
+    def check(self) -> "Frame":
+        """Itself, if the daemon's decode step can take it; else ValueError saying what is wrong."""
+        if self.format not in (*ENCODED_FORMATS, *RAW_FORMATS):
+            raise ValueError(f"frame format {self.format!r}: use one of {', '.join((*ENCODED_FORMATS, *RAW_FORMATS))}")
+        if self.format in RAW_FORMATS:
+            if not (isinstance(self.width, int) and isinstance(self.height, int) and self.width > 0
+                    and self.height > 0):
+                raise ValueError(f"a raw {self.format} frame needs its width and height (positive integers)")
+            stride = self.stride or self.width * RAW_FORMATS[self.format]
+            if stride < self.width * RAW_FORMATS[self.format]:
+                raise ValueError(f"stride {stride} is less than a {self.format} row of width {self.width}")
+            rows = self.height * 3 // 2 if self.format in ("nv12", "i420") else self.height
+            if len(self.payload()) != stride * rows:
+                raise ValueError(f"a {self.width}x{self.height} {self.format} frame with stride {stride} is "
+                                 f"{stride * rows} bytes, got {len(self.payload())}")
+        return self
+
+    @classmethod
+    def of(cls, image: np.ndarray, format: str = "bgr") -> "Frame":
+        """A raw frame from an image array: H x W x 3 (bgr or rgb) or H x W (gray) uint8, rows packed or
+        not (a crop's rows keep their stride when the array's own layout allows; else it is copied)."""
+        if image.dtype != np.uint8 or image.ndim not in (2, 3):
+            raise ValueError(f"an image is an H x W (x C) uint8 array, got {image.dtype}{list(image.shape)}")
+        channels = image.shape[2] if image.ndim == 3 else 1
+        if channels != RAW_FORMATS.get(format):
+            raise ValueError(f"a {format} frame has {RAW_FORMATS.get(format, '?')} channel(s), the array has {channels}")
+        height, width = image.shape[:2]
+        if not image.flags.c_contiguous:
+            image = np.ascontiguousarray(image)
+        return cls(image, format, width=width, height=height, stride=width * channels).check()
+
+    def payload(self) -> memoryview | bytes:
+        """The frame's bytes, as they go in the tensor frame."""
+        if isinstance(self.data, np.ndarray):
+            return np.ascontiguousarray(self.data).reshape(-1).view(np.uint8).data
+        return self.data
+
+    def entry(self, name: str) -> dict[str, Any]:
+        """Its `inputs` entry: a uint8 tensor of its bytes, with the format and geometry."""
+        entry: dict[str, Any] = {"name": name, "dtype": "uint8", "shape": [len(self.payload())], "format": self.format}
+        entry.update({k: v for k, v in (("width", self.width), ("height", self.height), ("stride", self.stride))
+                      if v is not None})
+        return entry
+
+
 @dataclass
 class Request:
     """A parsed, validated inference request.
@@ -206,6 +276,11 @@ class Reply:
     @property
     def fallback(self) -> dict[str, str] | None:
         return self.header.get("fallback")
+
+    @property
+    def superseded_by(self) -> str | int | None:
+        """With a 409: the id of the newer request of the same key that replaced this one."""
+        return self.header.get("superseded_by")
 
 
 def _bad(message: str) -> ProtocolError:
@@ -410,17 +485,22 @@ def _frame(array: np.ndarray) -> memoryview | bytes:
     return np.ascontiguousarray(array).data.cast("B")
 
 
-def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor], *, id: Any = None,
+def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor | Frame], *, id: Any = None,
                    version: str | None = None, outputs: Sequence[str] | None = None,
-                   timeout_ms: int | None = None, key: str | None = None,
+                   timeout_ms: int | None = None, key: str | int | None = None,
                    output_regions: Mapping[str, SharedTensor] | None = None) -> list[Any]:
-    """Frames of a request: the header, then one raw frame per input (none for a SharedTensor).
+    """Frames of a request: the header, then one raw frame per input (none for a SharedTensor; a
+    Frame's bytes for a Frame, its format and geometry in its entry).
 
     `output_regions`: outputs to be written into the client's regions, each at
     the offset of the given SharedTensor (its dtype and shape are not sent)."""
     header: dict[str, Any] = {"model": model, "inputs": []}
     frames: list[Any] = [b""]
     for name, value in inputs.items():
+        if isinstance(value, Frame):
+            header["inputs"].append(value.entry(name))
+            frames.append(value.payload())
+            continue
         if isinstance(value, SharedTensor):  # no frame: the daemon reads it in the region
             header["inputs"].append({**TensorMeta(name, value.dtype, value.shape).as_json(),
                                      "region": value.region, "offset": value.offset})

@@ -4,15 +4,20 @@
     python engines/fetch_ppocr.py
     infermux serve --config etc/infermux/examples/ocr.toml &
     python examples/camera_ocr.py --cameras 4 --frames 20 --out /tmp/ocr-out
-    python examples/camera_ocr.py --source video.mp4 --format nv12
+    python examples/camera_ocr.py --source video.mp4 --format nv12 --fps 15
     python examples/camera_ocr.py --source photos/ --format jpeg
 
-Each camera is a thread with its own socket, sending one frame at a time as
-JPEG (or raw NV12, as a camera or a hardware decoder delivers it) to the
-pipeline `ocr` and printing the latency per frame; the daemon batches the
-text lines of all cameras' frames into its recogniser. Frames come from a
-video file (OpenCV), a folder of images, or, by default, a generator that
-renders words onto noise with Pillow.
+Each camera is a thread producing frames at `--fps` (a camera does not wait
+for the daemon) and sending them as JPEG (or raw NV12, as a camera or a
+hardware decoder delivers it) on its own `infermux.client.Stream` with the
+camera's key: at most one frame in flight, a newer frame replacing one not
+sent yet, so what comes back is about the newest frame. The pipeline `ocr`
+(etc/infermux/examples/ocr.toml, queue_policy = "newest_per_key") serves the
+cameras in turn and batches the text lines of all their frames into its
+recogniser. It prints each answer with its age (frame taken to answer) and,
+per camera, the frames taken, sent and replaced. Frames come from a video
+file (OpenCV), a folder of images, or, by default, a generator that renders
+words onto noise with Pillow.
 """
 
 from __future__ import annotations
@@ -23,9 +28,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from infermux.client import Frame
 
 WORDS = ["INFERMUX", "camera", "pipeline", "Jetson", "hello", "world", "batch", "frame", "edge", "OCR",
          "stream", "model", "text", "2026", "gate 7", "exit", "parking", "lane 3", "speed 40", "open"]
@@ -117,35 +125,53 @@ def draw(bgr: np.ndarray, regions: list[dict]) -> np.ndarray:
     return out
 
 
-def camera(index: int, args: argparse.Namespace, latencies: list[float], lock: threading.Lock) -> None:
+def encode(bgr: np.ndarray, fmt: str) -> Frame:
+    """A BGR image as the frame a camera sends: JPEG, or raw NV12."""
     import cv2
-    import zmq
 
-    from infermux.pipelines.wire import send_frame
+    from infermux.client import Frame
 
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(args.endpoint)
-    for n, bgr in enumerate(frames(args.source, args.frames, index)):
-        start = time.perf_counter()
-        if args.format == "nv12":
-            data, w, h = to_nv12(bgr)
-            reply = send_frame(sock, args.model, data, "nv12", width=w, height=h, stride=w)
-        else:
-            data = cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, 92])[1].tobytes()
-            reply = send_frame(sock, args.model, data, "jpeg")
-        ms = (time.perf_counter() - start) * 1000
+    if fmt == "nv12":
+        data, w, h = to_nv12(bgr)
+        return Frame(data, "nv12", width=w, height=h, stride=w)
+    return Frame(cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, 92])[1].tobytes(), "jpeg")
+
+
+def camera(index: int, args: argparse.Namespace, latencies: list[float], lock: threading.Lock) -> None:
+    """One camera: a frame every 1/fps s on its own stream, whatever the daemon does with them."""
+    import cv2
+
+    from infermux.client import Reply, Stream
+
+    taken: dict[int, tuple[int, float, np.ndarray]] = {}  # request id -> (frame number, when taken, image)
+
+    def answered(reply: Reply) -> None:  # on the stream's thread
+        n, at, bgr = taken.pop(reply.header["id"])
+        ms = (time.perf_counter() - at) * 1000
         if reply.status != 200:
             print(f"camera {index} frame {n}: {reply.status} {reply.header.get('error')}", flush=True)
-            continue
+            return
         regions = reply.header["regions"]
         texts = ", ".join(r.get("text", "?") for r in regions) or "(no text)"
-        print(f"camera {index} frame {n}: {ms:7.1f} ms  {texts}", flush=True)
+        print(f"camera {index} frame {n}: {ms:7.1f} ms old  {texts}", flush=True)
         with lock:
             latencies.append(ms)
         if args.out:
             cv2.imwrite(str(Path(args.out) / f"cam{index}_{n:05d}.jpg"), draw(bgr, regions))
-    sock.close()
+
+    period = 1.0 / args.fps if args.fps else 0.0
+    with Stream(args.endpoint, args.model, key=f"camera-{index}", on_reply=answered, timeout_s=30) as stream:
+        start = time.perf_counter()
+        for n, bgr in enumerate(frames(args.source, args.frames, index)):
+            if not period:
+                stream.wait()  # --fps 0: the next frame once the last is answered
+            frame = encode(bgr, args.format)
+            taken[stream.send(frame)] = (n, time.perf_counter(), bgr)
+            time.sleep(max(0.0, start + (n + 1) * period - time.perf_counter()))
+        stream.wait()
+        counts = stream.counts
+    print(f"camera {index}: {n + 1} frames taken, {counts.sent} sent, {counts.replaced} replaced by a newer one "
+          f"before they were sent, {counts.served} answered 200", flush=True)
 
 
 def main() -> int:
@@ -157,6 +183,8 @@ def main() -> int:
     parser.add_argument("--format", choices=("jpeg", "nv12"), default="jpeg", help="how frames are sent")
     parser.add_argument("--cameras", type=int, default=2)
     parser.add_argument("--frames", type=int, default=10, help="frames per camera")
+    parser.add_argument("--fps", type=float, default=10.0, help="frames per second each camera takes (10; 0: the "
+                        "next frame once the last is answered)")
     parser.add_argument("--out", help="a folder for the frames with their results drawn on")
     args = parser.parse_args()
     if args.out:
@@ -172,8 +200,8 @@ def main() -> int:
     seconds = time.perf_counter() - start
     if latencies:
         p50, p99 = np.percentile(latencies, [50, 99])
-        print(f"{len(latencies)} frames in {seconds:.1f} s: {len(latencies) / seconds:.1f} fps, "
-              f"p50 {p50:.0f} ms, p99 {p99:.0f} ms")
+        print(f"{len(latencies)} answers in {seconds:.1f} s: {len(latencies) / seconds:.1f} fps, "
+              f"age of an answer p50 {p50:.0f} ms, p99 {p99:.0f} ms")
     return 0 if latencies else 1
 
 

@@ -31,9 +31,11 @@ from infermux.tui.views.memory import MemoryTable, MemoryView
 from infermux.tui.views.models import SORT_NAMES, SORTS, ModelsTable
 from infermux.tui.views.pipelines import PipelinesTable, PipelinesView
 from infermux.tui.views.routing import RoutingTable, RoutingView
+from infermux.tui.views import streams as stream_views
+from infermux.tui.views.streams import StreamsTable, StreamsView
 from infermux.tui.views.table import KeyedTable
 
-TABS = ("models", "memory", "routing", "events", "log", "pipelines")
+TABS = ("models", "memory", "routing", "events", "log", "pipelines", "streams")
 
 
 class TopApp(App):
@@ -106,6 +108,8 @@ class TopApp(App):
                 yield LogPane(id="log-pane")
             with TabPane("6 Pipelines", id="pipelines"):
                 yield PipelinesView()
+            with TabPane("7 Streams", id="streams"):
+                yield StreamsView()
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -114,6 +118,8 @@ class TopApp(App):
         self.memory_view = self.query_one(MemoryView)
         self.routing_view = self.query_one(RoutingView)
         self.pipelines_view = self.query_one(PipelinesView)
+        self.streams_view = self.query_one(StreamsView)
+        self.streams_table = self.streams_view.query_one(StreamsTable)
         self.events_log = self.query_one("#events-log", EventsLog)
         self.log_pane = self.query_one(LogPane)
         self.models_table.history = self.history
@@ -153,7 +159,8 @@ class TopApp(App):
         # top screen for them.
         self.status_line.update(status_text(self.snapshot, self.stale), layout=False)  # fixed height: no relayout
         views: dict[str, _Updates] = {"models": self.models_table, "memory": self.memory_view,
-                                      "routing": self.routing_view, "pipelines": self.pipelines_view}
+                                      "routing": self.routing_view, "pipelines": self.pipelines_view,
+                                      "streams": self.streams_view}
         view = views.get(self._tab)
         if view is not None:  # the events tab fills itself from EventsArrived
             view.update_from(self.snapshot)
@@ -198,8 +205,8 @@ class TopApp(App):
         self.refresh_views()  # hidden tabs are stale: fill this one before selecting in it
         table = self._table(self._shown_tab)
         if table is None:
-            {"log": self.log_pane, "pipelines": self.pipelines_view.query_one(PipelinesTable)}.get(
-                self._shown_tab, self.events_log).focus()
+            {"log": self.log_pane, "pipelines": self.pipelines_view.query_one(PipelinesTable),
+             "streams": self.streams_table}.get(self._shown_tab, self.events_log).focus()
             return
         if key:
             table.select(key)
@@ -217,30 +224,40 @@ class TopApp(App):
             self.push_screen(KeysScreen(self.BINDINGS))
 
     def action_filter(self) -> None:
-        """Show only the models whose name:version holds the text typed (`/`, then enter; empty: all)."""
+        """Show only the rows whose name holds the text typed (`/`, then enter; empty: all): the models'
+        name:version, or on the streams tab a stream's model/key."""
         if self.screen is not self.main:
             return
+        on_streams = self._tab == "streams"
+        table: ModelsTable | StreamsTable = self.models_table
+        if on_streams:
+            table = self.streams_table
+        tab, label, what = ("streams", "7 Streams", "streams") if on_streams else ("models", "1 Models", "models")
 
         def chosen(text: str | None) -> None:
             if text is not None:
-                self.models_table.filter_text = text.strip()
+                table.filter_text = text.strip()
                 tabs = self.query_one(TabbedContent)
                 # the tab says a filter hides rows: "1 Models /det"
-                tabs.get_tab("models").label = "1 Models" + (f" /{self.models_table.filter_text}"
-                                                              if self.models_table.filter_text else "")
-                tabs.active = "models"
+                tabs.get_tab(tab).label = label + (f" /{table.filter_text}" if table.filter_text else "")
+                tabs.active = tab
                 self.refresh_views()
 
-        hint = "enter to apply, empty for every model, escape to cancel"
-        self.push_screen(PromptScreen("Show models matching", self.models_table.filter_text, hint), chosen)
+        hint = f"enter to apply, empty for every {what[:-1]}, escape to cancel"
+        self.push_screen(PromptScreen(f"Show {what} matching", table.filter_text, hint), chosen)
 
     def action_sort(self) -> None:
-        """Cycle the models table's order: the daemon's, then QPS, p99, 500s, error rate, memory (largest first)."""
-        order = ["", *SORTS]
-        table = self.models_table
+        """Cycle the visible table's order, largest first: the models' (the daemon's, then QPS, p99, 500s,
+        error rate, memory) or on the streams tab the streams' (model and key, then frames in, served,
+        drop rate, age, time since last seen)."""
+        table: ModelsTable | StreamsTable = self.models_table
+        what, sorts, names, plain = "models", SORTS, SORT_NAMES, "models in the daemon's order"
+        if self._tab == "streams":
+            table, sorts, names = self.streams_table, stream_views.SORTS, stream_views.SORT_NAMES
+            what, plain = "streams", "streams by model and key"
+        order = ["", *sorts]
         table.sort_by = order[(order.index(table.sort_by) + 1) % len(order)]
-        self.notify(f"models sorted by {SORT_NAMES[table.sort_by]}, largest first" if table.sort_by else
-                    "models in the daemon's order", timeout=2)
+        self.notify(f"{what} sorted by {names[table.sort_by]}, largest first" if table.sort_by else plain, timeout=2)
         table.refresh()  # the header's ▼ moves even when the rows keep their order
         self.refresh_views()
 

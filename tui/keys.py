@@ -14,10 +14,10 @@ from textual.widgets import Static
 
 from infermux.tui.actions import ACTIONS
 
-VIEW_KEYS = (("1-6", "models, memory, routing, events, log, pipelines tab"),
+VIEW_KEYS = (("1-7", "models, memory, routing, events, log, pipelines, streams tab"),
              ("enter", "the selected version in depth (escape: back)"),
-             ("/", "show only the models matching a text (empty: all)"),
-             ("s", "sort the models: QPS, p99, 500s, error rate, memory, daemon's"),
+             ("/", "show only the rows matching a text (empty: all)"),
+             ("s", "sort: models by QPS, p99, errors, memory; streams by fps, age"),
              ("↑ ↓ j k", "move the selection"), ("ctrl+p", "command palette: every action by name"),
              ("q", "quit"))
 

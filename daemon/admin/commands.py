@@ -117,6 +117,14 @@ def cmd_pipelines(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return {"pipelines": server.pipelines.view()}
 
 
+def cmd_streams(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    """Per stream (model or pipeline, key): its counts, rates, ages and whether it went silent."""
+    model = _str(args, "model", required=False)
+    table = server.streams
+    return {"streams": table.view(model), "tracked": len(table.streams()), "max_keys": table.max_keys,
+            "silent_s": table.silent_s}
+
+
 def cmd_models(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return {"models": snapshot.models_view(server)}
 
@@ -174,7 +182,7 @@ def _placement(method: str) -> Callable[["Server", dict[str, Any]], dict[str, An
 
 # (smallest, largest): past the largest a value is a typo, and may not even fit a float.
 SETTABLE = {"contexts": (1, 1024), "max_queue": (1, 1 << 24), "timeout_ms": (1, 2**31 - 1),
-            "max_batch": (1, 1 << 16), "batch_delay_us": (0, 60_000_000)}
+            "max_batch": (1, 1 << 16), "batch_delay_us": (0, 60_000_000), "per_key_depth": (1, 1 << 16)}
 
 
 def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
@@ -184,10 +192,15 @@ def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
         _check_contexts(server, mv, changes["contexts"])
     if "preferred_batch" in args:  # reaches a cold version's worker too (Placement.apply)
         changes["preferred_batch"] = _sizes(args, "preferred_batch")
-    unknown = set(args) - set(SETTABLE) - {"cmd", "model", "version", "fallback", "weights", "preferred_batch"}
+    if "queue_policy" in args:
+        if args["queue_policy"] not in cfg.QUEUE_POLICIES:
+            raise CommandError(f"'queue_policy' must be one of {', '.join(cfg.QUEUE_POLICIES)}, "
+                               f"got {str(args['queue_policy'])[:40]}")
+        changes["queue_policy"] = args["queue_policy"]
+    others = ["preferred_batch", "queue_policy", "fallback", "weights"]
+    unknown = set(args) - set(SETTABLE) - {"cmd", "model", "version", *others}
     if unknown:
-        raise CommandError(f"cannot set {', '.join(sorted(unknown))}; settable: "
-                           f"{', '.join([*SETTABLE, 'preferred_batch', 'fallback', 'weights'])}")
+        raise CommandError(f"cannot set {', '.join(sorted(unknown))}; settable: {', '.join([*SETTABLE, *others])}")
     done: dict[str, Any] = {}
     note = ""
     if "fallback" in args:
@@ -201,7 +214,7 @@ def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
         server.registry.configure(mv, **changes)
         done.update(changes)
     if not done:
-        raise CommandError(f"nothing to set; settable: {', '.join([*SETTABLE, 'fallback', 'weights'])}")
+        raise CommandError(f"nothing to set; settable: {', '.join([*SETTABLE, *others])}")
     return {**_label(mv), "set": done, **({"note": note} if note else {})}
 
 
@@ -407,6 +420,8 @@ COMMANDS: dict[str, Command] = {
     "status": Command(cmd_status, "daemon summary and one line per model version", changes=False),
     "models": Command(cmd_models, "every model version with settings and live statistics", changes=False),
     "pipelines": Command(cmd_pipelines, "every pipeline with per-step counts and latencies", changes=False),
+    "streams": Command(cmd_streams, "per stream (model, key): received, served, superseded, refused, ages, "
+                       "rates, silent (model?)", changes=False),
     "events": Command(cmd_events, "recent events (limit=N, kind=KIND: e.g. kind=admin, the audit trail)",
                       changes=False),
     "load": Command(cmd_load, "load a version (model, version?)", slow=True),
@@ -414,7 +429,7 @@ COMMANDS: dict[str, Command] = {
     "promote": Command(_placement("promote"), "move a version to the daemon process (hot)", slow=True),
     "demote": Command(_placement("demote"), "move a version to a worker process (cold)", slow=True),
     "set": Command(cmd_set, "change contexts, max_queue, timeout_ms, max_batch, batch_delay_us, preferred_batch, "
-                   "fallback, weights",
+                   "queue_policy, per_key_depth, fallback, weights",
                    slow=True),
     "drain": Command(cmd_drain, "with model: drain and unload it; alone: stop accepting requests", slow=True),
     "resume": Command(cmd_resume, "accept requests again after `drain`"),

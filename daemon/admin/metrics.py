@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from infermux.admin import hardware, snapshot
 from infermux.admin.httpd import HttpServer, Reply, Route
 from infermux.admin.health import Liveness, Verdict, readiness
+from infermux.admin.streamseries import Series, StreamSeries
+from infermux.execution.streams import percentile
 from infermux.events import Event
 from infermux.execution.stats import LATENCY_BUCKETS_US
 from infermux.transport.peers import SILENT_GRACE_S
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("infermux.metrics")
 
-FAILURE_REASONS = {400: "bad_request", 404: "not_found", 413: "too_large", 429: "queue_full",
+FAILURE_REASONS = {400: "bad_request", 404: "not_found", 409: "superseded", 413: "too_large", 429: "queue_full",
                    500: "backend_error", 503: "not_ready", 504: "deadline"}
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROBE_TYPE = "text/plain; charset=utf-8"
@@ -95,8 +97,10 @@ class EventCounter:
         return [(dict(zip(names, key)), n) for key, n in sorted(counts.items())]
 
 
-def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | None = None) -> str:
-    """The whole exposition for one scrape."""
+def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | None = None,
+           streams: StreamSeries | None = None) -> str:
+    """The whole exposition for one scrape (`streams`: the exporter's choice of stream series, kept
+    between scrapes so that no counter goes back)."""
     models = snapshot.models_view(server)
     daemon = snapshot.daemon_view(server)
     out = Exposition()
@@ -164,9 +168,52 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
     _gpus(out, gpu.samples() if gpu is not None else [])
     _processes(out, _process_samples(server))
     _pipelines(out, server.pipelines.view())
+    _streams(out, server, streams or StreamSeries())
     return out.text()
 
 
+STREAM_COUNTERS = (("requests", "received", "Requests of a stream (a model's or pipeline's key), as received."),
+                   ("served", "served", "Requests of a stream served (200)."),
+                   ("superseded", "superseded", "Requests of a stream replaced by a newer one of it before they "
+                                                "were computed (409, queue_policy newest_per_key)."),
+                   ("refused", "refused", "Requests of a stream refused: 429, 503 or 504."),
+                   ("failed", "failed", "Requests of a stream answered with another error (400, 413, 500...)."))
+
+
+def _streams(out: Exposition, server: "Server", chosen: StreamSeries) -> None:
+    """Per stream: the busiest `stream_metrics_keys` keys of each model by name, the rest as key="other"
+    (admin/streamseries.py); per model, how many streams there are and how many went silent."""
+    series, models = chosen.select(server.streams, server.config.daemon.stream_metrics_keys)
+    labels = lambda s: {"model": s.model, "key": s.key}  # noqa: E731
+    for name, field, help_text in STREAM_COUNTERS:
+        out.family(f"infermux_stream_{name}_total", "counter", help_text,
+                   [(labels(s), getattr(s.totals, field)) for s in series])
+    _age_summary(out, series, labels)
+    named = [s for s in series if s.last_seen_s is not None]
+    out.family("infermux_stream_last_seen_seconds", "gauge", "Seconds since a stream's last request.",
+               [(labels(s), float(s.last_seen_s or 0.0)) for s in named])
+    out.family("infermux_stream_silent", "gauge", "1 while a stream that was sending has sent nothing for "
+               "stream_silent_s.", [(labels(s), int(bool(s.silent))) for s in named])
+    out.family("infermux_streams", "gauge", "Streams (keys) of a model or pipeline the daemon tracks.",
+               [({"model": m}, n.tracked) for m, n in models.items()])
+    out.family("infermux_streams_silent", "gauge", "Streams of a model or pipeline that went silent.",
+               [({"model": m}, n.silent) for m, n in models.items()])
+
+
+def _age_summary(out: Exposition, series: list[Series], labels: Callable[[Series], dict]) -> None:
+    """Receipt-to-reply age of served requests: quantiles over a stream's last served ones, _sum and _count
+    over all (seconds)."""
+    name = "infermux_stream_age_seconds"
+    out.lines += [f"# HELP {name} Age of a stream's served requests, receipt to reply, seconds "
+                  "(quantiles over its last 256).", f"# TYPE {name} summary"]
+    for s in series:
+        ordered = sorted(s.ages_ms)
+        for q in (0.5, 0.99):
+            value = percentile(ordered, q * 100)
+            out.lines.append(f"{name}{_labels(**labels(s), quantile=f'{q:g}')} "
+                             f"{_number(round(value / 1000, 6)) if value is not None else 'NaN'}")
+        out.lines.append(f"{name}_sum{_labels(**labels(s))} {_number(s.totals.age_s)}")
+        out.lines.append(f"{name}_count{_labels(**labels(s))} {s.totals.served}")
 def _rollouts(out: Exposition, models: list[dict], events: EventCounter, mv: Callable[[dict], dict]) -> None:
     """Candidates shadowing live requests (swap/rollout.py), and how rollouts ended."""
     shadowing = [m for m in models if m.get("rollout")]
@@ -266,6 +313,7 @@ class MetricsServer:
         self.server = server
         self.events = EventCounter()
         server.events.subscribe(self.events)
+        self.streams = StreamSeries()
         self.liveness = Liveness()
         server.ticks.append(self.liveness.tick)  # the loop turn that also feeds the systemd watchdog
         self.gpu = gpu if gpu is not None else hardware.gpu_source()
@@ -275,7 +323,8 @@ class MetricsServer:
 
     def routes(self) -> dict[str, Route]:
         """Path -> what answers it: the exposition on the server's render thread, probes at once."""
-        return {"/metrics": Route(lambda: (200, CONTENT_TYPE, render(self.server, self.events, self.gpu)), slow=True),
+        return {"/metrics": Route(lambda: (200, CONTENT_TYPE, render(self.server, self.events, self.gpu, self.streams)),
+                                  slow=True),
                 "/healthz": Route(lambda: _probe(self.liveness.verdict(self.server.stopping))),
                 "/readyz": Route(lambda: _probe(readiness(self.server)))}
 

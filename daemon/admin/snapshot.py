@@ -89,6 +89,8 @@ def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
         "max_batch": settings.max_batch if settings is not None else mc.max_batch,
         "batch_delay_us": settings.batch_delay_us if settings is not None else mc.batch_delay_us,
         "preferred_batch": list(settings.preferred_batch if settings is not None else mc.preferred_batch),
+        "queue_policy": settings.queue_policy if settings is not None else mc.queue_policy,
+        "per_key_depth": settings.per_key_depth if settings is not None else mc.per_key_depth,
         "memory_bytes": mv.memory_bytes, "engine": str(mc.engine),
         "backend": mc.backend or mc.engine.suffix.lstrip("."),
         "last_load_ms": round(mv.last_load_s * 1000),
@@ -144,7 +146,22 @@ def daemon_view(server: "Server") -> dict[str, Any]:
     }
 
 
+SNAPSHOT_STREAMS = 256  # streams a snapshot carries at most: the silent ones, then the most recently seen
+
+
+def streams_view(server: "Server") -> dict[str, Any]:
+    """The streams for the stats stream (the console's Streams view): at most SNAPSHOT_STREAMS of them
+    (admin `streams` has them all), and how many there are."""
+    table = server.streams
+    streams = table.streams()  # least recently seen first
+    silent = [s for s in streams if s.silent]
+    chosen = {id(s): s for s in [*silent, *reversed(streams)][:SNAPSHOT_STREAMS]}
+    now = table.clock()
+    views = sorted((s.view(now) for s in chosen.values()), key=lambda v: (v["model"], v["key"]))
+    return {"total": len(streams), "shown": views, "silent_s": table.silent_s}
+
+
 def full(server: "Server") -> dict[str, Any]:
     """Everything the stats stream publishes in one snapshot."""
     return {"time": time.time(), "daemon": daemon_view(server), "models": models_view(server),
-            "pipelines": server.pipelines.view()}
+            "pipelines": server.pipelines.view(), "streams": streams_view(server)}

@@ -1,7 +1,14 @@
-"""Closed-loop load generator: QPS and latency percentiles of one model.
+"""Load generator: QPS and latency percentiles of a model or pipeline, or open-loop camera streams.
 
-    infermux bench --model classifier --shape images=1x3x64x64 --concurrency 16 --duration 10
-    infermux bench --endpoint ipc:///tmp/x/infer.sock --model mlp --input features=x.npy -n 5000 --json
+    infermux bench classifier --shape images=1x3x64x64 --concurrency 16 --duration 10
+    infermux bench mlp --endpoint ipc:///tmp/x/infer.sock --input features=x.npy -n 5000 --json
+    infermux bench ocr --image page.png --concurrency 4         # a pipeline: the same frame each time
+    infermux bench ocr --streams 4 --fps 2 --duration 20        # 4 cameras, synthetic frames, open loop
+
+With `--streams N --fps F` (benchstreams.py) N streams, each with its own
+key, send F frames a second whatever the daemon does (open loop), and the
+table says per stream: fps sent and served, superseded (409) and refused,
+and the age of served frames (send to reply) at p50 and p99.
 
 Closed loop: exactly `concurrency` requests are in flight; each reply sends
 the next request. All of them share ONE DEALER socket driven by ONE thread,
@@ -25,10 +32,10 @@ import numpy as np
 import zmq
 
 from infermux.client import Client
-from infermux.cli.common import NO_DAEMON, CliError, add_input_arguments, add_model_arguments, model_of
+from infermux.cli.common import NO_DAEMON, USAGE, CliError, add_input_arguments, add_model_arguments, model_of
 from infermux.cli.infer import add_endpoint_arguments, endpoint_from, inputs_for
 from infermux.client.limits import RequestTooLarge, SizeCheck
-from infermux.protocol import Reply, SharedTensor, Status, encode_request, parse_header
+from infermux.protocol import Frame, Reply, SharedTensor, Status, encode_request, parse_header
 from infermux.execution.stats import percentiles
 from infermux.transport import ipc
 
@@ -114,7 +121,7 @@ class _Stream:
     box would otherwise take from the server under test.
     """
 
-    def __init__(self, endpoint: str, model: str, inputs: Mapping[str, np.ndarray],
+    def __init__(self, endpoint: str, model: str, inputs: Mapping[str, Any],
                  fields: Mapping[str, Any], timeout_s: float, curve: Mapping[str, bytes] | None = None) -> None:
         frames = encode_request(model, inputs, id=0, **fields)
         self._header = parse_header(frames[0])
@@ -188,7 +195,7 @@ def _drive(stream: _Stream, concurrency: int, count: int | None, duration_s: flo
     return _Tally(latencies, by_status, (clock() - start) / 1e9)
 
 
-def run_load(endpoint: str, model: str, inputs: Mapping[str, np.ndarray], *, concurrency: int = 1,
+def run_load(endpoint: str, model: str, inputs: Mapping[str, Any], *, concurrency: int = 1,
              count: int | None = None, duration_s: float | None = None, warmup: int = 0,
              fields: Mapping[str, Any] | None = None, progress: Progress | None = None,
              timeout_s: float = 10.0, curve: Mapping[str, bytes] | None = None) -> BenchResult:
@@ -216,7 +223,7 @@ def run_load(endpoint: str, model: str, inputs: Mapping[str, np.ndarray], *, con
                                       tally.by_status, tally.elapsed_s)
 
 
-def wait_ready(endpoint: str, model: str, inputs: Mapping[str, np.ndarray], *, timeout_s: float = 30.0,
+def wait_ready(endpoint: str, model: str, inputs: Mapping[str, Any], *, timeout_s: float = 30.0,
                fields: Mapping[str, Any] | None = None, curve: Mapping[str, bytes] | None = None) -> Reply:
     """Send one request at a time until a reply is not 503 (loading); return that reply.
 
@@ -242,6 +249,17 @@ def wait_ready(endpoint: str, model: str, inputs: Mapping[str, np.ndarray], *, t
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of `infermux bench` (endpoint options shared with the other client commands)."""
     add_model_arguments(parser, old_flag=True)  # `bench MODEL`, as infer and tune; `--model MODEL` still works
+    frames = parser.add_argument_group("pipelines and streams")
+    frames.add_argument("--streams", type=int, metavar="N",
+                        help="open loop: N streams (cameras), each with its own key, at --fps each (default: closed loop)")
+    frames.add_argument("--fps", type=float, default=10.0, help="frames per second of each stream (default 10)")
+    frames.add_argument("--key-prefix", default="stream", metavar="TEXT", help="stream keys: TEXT-0, TEXT-1, ...")
+    source = frames.add_mutually_exclusive_group()
+    source.add_argument("--image", metavar="FILE", help="send this JPEG or PNG file as every frame of a pipeline")
+    source.add_argument("--synthetic", action="store_true",
+                        help="send generated raw frames (the default for a pipeline without --image)")
+    frames.add_argument("--size", default="640x480", metavar="WxH", help="size of the generated frames (640x480)")
+    frames.add_argument("--image-input", metavar="NAME", help="the pipeline's input (default: what it says, or image)")
     add_endpoint_arguments(parser)
     parser.add_argument("--concurrency", type=int, default=1, help="requests kept in flight (default 1)")
     stop = parser.add_mutually_exclusive_group()
@@ -282,13 +300,62 @@ class _StderrProgress:
             sys.stderr.write("\n")
 
 
+def pipeline_input(args: argparse.Namespace) -> str | None:
+    """The input name of pipeline args.model, if it is one (asked of the admin socket; --image and
+    --synthetic say so without asking); None for a model."""
+    from infermux.client import AdminClient
+
+    if args.image_input:
+        return str(args.image_input)
+    pipelines: list[dict[str, Any]] = []
+    admin = None
+    try:
+        admin = endpoint_from(args, "admin", check=False)
+    except (CliError, OSError, ValueError):
+        pass
+    if admin:
+        try:
+            with AdminClient(admin, timeout_s=5.0) as client:
+                pipelines = client.call("pipelines")["pipelines"]
+        except Exception:  # no admin socket to ask: only the flags tell
+            pipelines = []
+    found = next((p for p in pipelines if p["name"] == args.model), None)
+    if found is not None:
+        return str(found.get("input") or "image")
+    return "image" if (args.image or args.synthetic) else None
+
+
+def frame_source(args: argparse.Namespace, streams: int) -> Callable[[int, int], Frame]:
+    """Frame n of stream s: the --image file's, or a generated one of --size."""
+    from infermux.cli.benchstreams import synthetic_frames
+    from infermux.cli.infer import image_of
+
+    if args.image:
+        data, fmt = image_of(args.image)
+        image = Frame(data, fmt)
+        return lambda stream, n: image
+    try:
+        width, height = (int(v) for v in args.size.lower().split("x"))
+    except ValueError:
+        raise CliError(f"infermux bench: --size {args.size!r}: expected WxH, e.g. 640x480", USAGE) from None
+    return synthetic_frames(streams, width, height)
+
+
 def run(args: argparse.Namespace) -> int:
-    """`infermux bench`: exit 0 if every reply was 200, 1 if some were not, 2 if it could not run."""
+    """`infermux bench`: exit 0 if every reply was 200 (open loop: if every frame was answered, and none
+    but with 409, 429, 503 or 504), 1 if not, 2 if it could not run."""
     from infermux.transport import curve
     from infermux.config import ConfigError
 
     model_of(args)
-    inputs = inputs_for(args)  # exits with a message on bad specs
+    image_input = pipeline_input(args)
+    if image_input is not None:  # a pipeline: frames, not tensors
+        frame_of = frame_source(args, args.streams or 1)
+        inputs: dict[str, Any] = {image_input: frame_of(0, 0)}
+        stream_inputs: Callable[[int, int], Mapping[str, Any]] = lambda s, n: {image_input: frame_of(s, n)}  # noqa: E731
+    else:
+        inputs = inputs_for(args)  # exits with a message on bad specs
+        stream_inputs = lambda s, n: inputs  # noqa: E731
     try:
         endpoint = endpoint_from(args)
     except TimeoutError:  # NoDaemon, an OSError too: exit 3, not a configuration problem
@@ -306,6 +373,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"infermux bench: --shared-memory needs the daemon's local ipc:// endpoint, not {endpoint}",
               file=sys.stderr)
         return 2
+    if args.streams is not None:
+        return _run_streams(args, endpoint, stream_inputs, keys)
     count: int | None = None if args.duration is not None else (args.requests or 1000)
     progress = _StderrProgress(args.duration, " s") if count is None else _StderrProgress(count, " replies")
     fields: dict[str, Any] = {"version": args.version, "key": args.key}
@@ -334,6 +403,32 @@ def run(args: argparse.Namespace) -> int:
     progress.finish()
     print(json.dumps(result.as_json(), indent=2) if args.json else result.summary())
     return 0 if result.errors == 0 else 1
+
+
+def _run_streams(args: argparse.Namespace, endpoint: str, inputs: Callable[[int, int], Mapping[str, Any]],
+                 keys: Mapping[str, bytes] | None) -> int:
+    """`bench --streams N --fps F`: open-loop streams for --duration (default 10 s); a table or JSON."""
+    from infermux.cli.benchstreams import run_streams
+
+    duration = args.duration or 10.0
+    progress = _StderrProgress(duration, " s")
+    try:
+        if args.wait:
+            ready = wait_ready(endpoint, args.model, inputs(0, 0), timeout_s=args.wait, curve=keys)
+            if not ready.ok:
+                print(f"infermux bench: {ready.status} {ready.error}", file=sys.stderr)
+                return 1
+        result = run_streams(endpoint, args.model, inputs, streams=args.streams, fps=args.fps, duration_s=duration,
+                             key_prefix=args.key_prefix, timeout_s=args.timeout, curve=keys, progress=progress,
+                             fields={"version": args.version} if args.version else None)
+    except (TimeoutError, ValueError, ConnectionError) as exc:
+        progress.finish()
+        print(f"infermux bench: {exc}", file=sys.stderr)
+        return NO_DAEMON if isinstance(exc, TimeoutError) else 2
+    progress.finish()
+    print(json.dumps(result.as_json(), indent=2) if args.json else result.summary())
+    everything = result.as_json()["all"]
+    return 0 if not everything["other"] and not everything["unanswered"] else 1
 
 
 def in_shared_memory(endpoint: str, inputs: Mapping[str, np.ndarray],

@@ -7,6 +7,7 @@
     infermux ctl drain            # stop accepting; `infermux ctl resume` to reopen
     infermux ctl models           # each version's inputs and outputs (--json: everything)
     infermux ctl events           # recent events, one line each with an ISO time (--json: as sent)
+    infermux ctl streams          # per camera (model, key): received, served, superseded, refused, age
 
 Exit codes: 0 done, 1 the daemon refused (the reason is printed), 2 usage,
 3 the daemon did not answer (within 5 s; a command it has accepted may then
@@ -112,12 +113,30 @@ def short_events(events: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def short_streams(reply: dict[str, Any]) -> str:
+    """One line per stream: its counts, rates, age of served frames and when it last sent."""
+    from infermux import format as fmt
+
+    lines = [f"{'MODEL/KEY':<32} {'RECEIVED':>8} {'SERVED':>8} {'409':>7} {'REFUSED':>8} {'FAILED':>6} "
+             f"{'FPS IN':>7} {'AGE P50':>8} {'AGE P99':>8}  LAST SEEN"]
+    for s in reply.get("streams", []):
+        age = {q: fmt.us(v * 1000 if v is not None else None) for q, v in (s.get("age_ms") or {}).items()}
+        seen = f"{s['last_seen_s']:.1f}s ago" + (" SILENT" if s.get("silent") else "")
+        lines.append(f"{s['model'] + '/' + s['key']:<32} {s['received']:>8} {s['served']:>8} {s['superseded']:>7} "
+                     f"{s['refused']:>8} {s['failed']:>6} {fmt.rate(s.get('fps_in')):>7} {age.get('p50', '-'):>8} "
+                     f"{age.get('p99', '-'):>8}  {seen}")
+    lines.append(f"{reply.get('tracked', 0)} streams tracked (at most {reply.get('max_keys')})")
+    return "\n".join(lines)
+
+
 def show(cmd: str, reply: dict[str, Any], as_json: bool) -> None:
     """Print a successful reply: JSON for scripts and the data commands, else one `ok:` line."""
     if cmd == "models" and not as_json:
         print(short_models(reply.get("models", [])))
     elif cmd == "events" and not as_json:
         print(short_events(reply.get("events", [])))
+    elif cmd == "streams" and not as_json:
+        print(short_streams(reply))
     elif as_json or cmd in ("models", "events", "status"):
         print(json.dumps(reply, indent=2))
     else:

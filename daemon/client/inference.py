@@ -18,6 +18,15 @@ of travelling through the socket (regions.py):
 reply never wedges the socket). `Pipeline` keeps many requests in flight on
 one DEALER socket and matches replies by `id`.
 
+A camera frame for a pipeline is a `Frame` (JPEG/PNG bytes, or raw pixels
+with their geometry); a bare Frame goes to the input "image":
+
+    reply = client.infer("ocr", Frame.of(bgr_image), key="gate-3")
+    reply.header["regions"]
+
+One camera sending frames is a `Stream` (stream.py): at most one frame in
+flight, a newer frame replacing one not sent yet.
+
 Both take several endpoints, one daemon each, and then fail over between
 them (failover.py):
 
@@ -42,16 +51,27 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 import zmq
 
-from infermux.protocol import Reply, SharedTensor, decode_reply, encode_request
+from infermux.protocol import Frame, Reply, SharedTensor, decode_reply, encode_request
 from infermux.transport import ipc
 from infermux.client.failover import FAILOVER_S, EndpointsDown, Fleet
 from infermux.client.limits import RequestTooLarge, SizeCheck
 from infermux.client.shared_memory import SharedMemory, local_view
 
-__all__ = ["AdminClient", "AdminError", "Client", "EndpointsDown", "InferError", "NotAdminSocket", "Pipeline",
-           "RequestTooLarge", "SharedMemory", "SharedTensor"]
+__all__ = ["AdminClient", "AdminError", "Client", "EndpointsDown", "Frame", "InferError", "NotAdminSocket",
+           "Pipeline", "RequestTooLarge", "SharedMemory", "SharedTensor"]
 
 Endpoints = str | Sequence[str]  # one endpoint, or several daemons to fail over between
+Inputs = Mapping[str, np.ndarray | SharedTensor | Frame] | Frame  # a bare Frame: the input "image"
+FRAME_INPUT = "image"  # a pipeline's input unless its configuration names another
+
+
+def _inputs(inputs: Inputs) -> Mapping[str, np.ndarray | SharedTensor | Frame]:
+    """The inputs as a mapping, each Frame checked (a frame the daemon would refuse is a ValueError here)."""
+    named = {FRAME_INPUT: inputs} if isinstance(inputs, Frame) else inputs
+    for value in named.values():
+        if isinstance(value, Frame):
+            value.check()
+    return named
 
 
 class InferError(Exception):
@@ -147,14 +167,18 @@ class Client:
         self.timeout_s = timeout_s
         self.retries = retries
 
-    def infer(self, model: str, inputs: Mapping[str, np.ndarray | SharedTensor], *, version: str | None = None,
+    def infer(self, model: str, inputs: Inputs, *, version: str | None = None,
               outputs: Sequence[str] | None = None, timeout_ms: int | None = None,
               key: str | None = None, check: bool = False,
               output_regions: Mapping[str, SharedTensor] | None = None) -> Reply:
         """Send one request and wait for its reply (stale replies are skipped).
 
+        `inputs`: arrays (or SharedTensors, or a pipeline's Frame) by input name; a bare Frame goes
+        to the input "image". `key` names the request's source (a camera): queues serve keys in
+        turn, and under queue_policy newest_per_key its newer request replaces a waiting one (409).
         `output_regions`: outputs to be written into this process's shared memory
         (`SharedMemory.ref` of the array to fill); the reply's arrays are then views there."""
+        inputs = _inputs(inputs)
         for attempt in range(self.retries + 1):
             ident = next(self._ids)
             frames = encode_request(model, inputs, id=ident, version=version, outputs=outputs,
@@ -221,10 +245,11 @@ class Pipeline:
         self.in_flight = 0
         self.timeout_s = timeout_s
 
-    def submit(self, model: str, inputs: Mapping[str, np.ndarray | SharedTensor], **fields: Any) -> int:
-        """Send a request without waiting; returns its id."""
+    def submit(self, model: str, inputs: Inputs, **fields: Any) -> int:
+        """Send a request without waiting; returns its id. `inputs` and `fields` (`version`, `key`,
+        `timeout_ms`, `outputs`, `output_regions`) as for `Client.infer`."""
         ident = next(self._ids)
-        frames = encode_request(model, inputs, id=ident, **fields)
+        frames = encode_request(model, _inputs(inputs), id=ident, **fields)
         self._size.check(frames)
         self._dealer.send(frames, ident)
         self.in_flight += 1

@@ -307,6 +307,7 @@ class Executor:
         outcome = Outcome(200, rows, queue_us, compute_us, total_us)
         # Counted before it leaves: a client that has its reply finds it in the statistics.
         self.stats.record(200, total_us, queue_us, compute_us, batch)
+        job.answered(200)
         self._reply(job.envelope, frames, outcome)
 
     def _fail(self, jobs: list[Job], status: Status, message: str) -> None:
@@ -315,6 +316,7 @@ class Executor:
             total_us = (time.perf_counter_ns() - job.received_ns) // 1000
             frames = encode_reply(header)
             self.stats.record(int(status), total_us)
+            job.answered(int(status))
             self._reply(job.envelope, frames, Outcome(int(status), 1, 0, 0, total_us))
 
 

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+from infermux.execution.streams import Stream
 from infermux.protocol import Request
 
 if TYPE_CHECKING:
@@ -85,10 +86,18 @@ class Job:
     hops: int = 0
     target: ModelVersion | None = None  # the version the router chose, for its statistics
     place: OutputPlacement | None = None  # outputs may go straight into a worker's slot or the client's regions
+    stream: Stream | None = None  # a client's keyed request: its stream's accounting (execution/streams.py)
 
     @property
     def key(self) -> Any:
         return self.request.key
+
+    def answered(self, status: int) -> None:
+        """Count the reply with `status` on the request's stream; a request is answered once, so only
+        the first call counts."""
+        stream, self.stream = self.stream, None
+        if stream is not None:
+            stream.answer(status, time.perf_counter_ns() - self.received_ns)
 
     def late(self, now_ns: int | None = None) -> bool:
         return (now_ns or time.perf_counter_ns()) >= self.deadline_ns

@@ -21,7 +21,7 @@ against it (tests/unit/test_typecheck.py). Nothing asks which class it is.
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from infermux.execution.job import Job
@@ -54,6 +54,8 @@ class Settings:
     batch_delay_us: int
     preferred_batch: tuple[int, ...]
     batching_allowed: bool  # whether the engine's tensors let requests merge at all (batcher.batchable)
+    queue_policy: str = "fifo"  # config.QUEUE_POLICIES
+    per_key_depth: int = 1
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,8 @@ class Change:
     max_batch: int | None = None
     batch_delay_us: int | None = None
     preferred_batch: tuple[int, ...] | None = None
+    queue_policy: str | None = None
+    per_key_depth: int | None = None
 
     @classmethod
     def of(cls, settings: dict[str, Any]) -> "Change":
@@ -72,11 +76,11 @@ class Change:
         preferred = settings.get("preferred_batch")
         return cls(contexts=settings.get("contexts"), max_queue=settings.get("max_queue"),
                    max_batch=settings.get("max_batch"), batch_delay_us=settings.get("batch_delay_us"),
-                   preferred_batch=None if preferred is None else tuple(preferred))
+                   preferred_batch=None if preferred is None else tuple(preferred),
+                   queue_policy=settings.get("queue_policy"), per_key_depth=settings.get("per_key_depth"))
 
     def __bool__(self) -> bool:
-        return any(value is not None for value in (self.contexts, self.max_queue, self.max_batch,
-                                                   self.batch_delay_us, self.preferred_batch))
+        return any(value is not None for value in asdict(self).values())
 
 
 class Placement(Protocol):
@@ -114,7 +118,8 @@ class Placement(Protocol):
     def push_out(self, job: Job) -> Job | None:
         """The queue is full: a queued request of the key that holds the most of it, removed to
         make room for `job` (the caller refuses it); None when `job`'s key holds as much, or
-        where queued requests cannot be taken back (cold: they are in the worker already)."""
+        where queued requests cannot be taken back (cold: they are in the worker already).
+        Under fifo the hog gives up its newest request, under newest_per_key its oldest."""
         ...
 
     def expected_wait_us(self) -> float:

@@ -3,27 +3,36 @@
 `submit` puts a request on one context's queue (least loaded, or the one
 its key hashes to) unless the version's total queue is at `max_queue`.
 Contexts can be added or removed live; a removed one finishes its queue.
-A worker process runs the same class for its cold version (workers/child.py).
-The hot placer builds it (models/hot.py).
+A worker process runs the same class for its cold version (workers/child.py),
+so a cold version's streams are superseded in its worker's queue. The hot
+placer builds it (models/hot.py).
+
+Under `queue_policy = "newest_per_key"` a request's key is a stream: its
+requests wait on one context (the one already holding them), at most
+`per_key_depth` of them; a newer one replaces the oldest, which is answered
+409 at once with `superseded_by`. What a context computes is never cut off.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 from infermux.execution import batcher
 from infermux.config import HOT, ModelConfig
-from infermux.execution.fairqueue import Closed
+from infermux.execution.fairqueue import Closed, Lane, longest_lane
 from infermux.execution.batchcap import CappedPolicy
 from infermux.execution.executor import Executor
 from infermux.execution.hashring import HashRing
 from infermux.execution.hooks import FrontendHooks
-from infermux.execution.job import Job
+from infermux.execution.job import Job, Outcome
 from infermux.execution.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
 from infermux.plugins.base import Engine
 from infermux.execution.stats import ModelStats
+from infermux.protocol import Status, encode_reply, error_header
+
+NEWEST_PER_KEY = "newest_per_key"  # config.QUEUE_POLICIES
 
 
 class Scheduler:
@@ -37,6 +46,7 @@ class Scheduler:
         self.engine, self.backend = engine, backend
         self.created = time.monotonic()
         self.max_queue = config.max_queue
+        self.queue_policy, self.per_key_depth = config.queue_policy, config.per_key_depth
         self.strategy = strategy
         self.policy = CappedPolicy(config.max_batch, config.batch_delay_us, config.preferred_batch,
                                    batcher.batchable(engine.inputs, engine.outputs),
@@ -95,7 +105,7 @@ class Scheduler:
     def settings(self) -> Settings:
         policy = self.policy
         return Settings(len(self.executors), self.max_queue, policy.max_batch, round(policy.delay_s * 1e6),
-                        policy.preferred, policy.allowed)
+                        policy.preferred, policy.allowed, self.queue_policy, self.per_key_depth)
 
     def apply(self, change: Change) -> None:
         """Change settings live; the executors read the policy at their next batch."""
@@ -103,6 +113,10 @@ class Scheduler:
             self.resize(change.contexts)
         if change.max_queue is not None:
             self.max_queue = change.max_queue
+        if change.queue_policy is not None:
+            self.queue_policy = change.queue_policy
+        if change.per_key_depth is not None:
+            self.per_key_depth = change.per_key_depth
         policy = self.policy
         if change.max_batch is not None and policy.allowed:
             policy.max_batch = change.max_batch
@@ -142,12 +156,16 @@ class Scheduler:
         executors = self.executors
         if not executors:
             return self._forward(job)
-        if self.depth() >= self.max_queue:
+        key = job.request.key
+        keep = self.per_key_depth if self.queue_policy == NEWEST_PER_KEY and key is not None else 0
+        home = self._home(executors, key) if keep else None
+        # A stream's request that replaces one of its own queued ones does not make the queue longer.
+        if (home is None or home.queue.count(key) < keep) and self.depth() >= self.max_queue:
             return Admission.FULL
-        executor = self._pick(executors, job)
+        executor = home or self._pick(executors, job)
         if self.policy.max_batch > 1 and self._hold is not None and self._hold(self):
             try:  # the reading thread runs it with the rest of its burst (run_held)
-                executor.queue.put(job, wake=False)
+                self._superseded(executor.queue.put(job, wake=False, keep=keep), job)
             except Closed:
                 return Admission.CLOSED
             return Admission.QUEUED
@@ -156,7 +174,7 @@ class Scheduler:
             if self._inline(expected_us, self.policy.max_batch > 1) and executor.try_inline(job):
                 return Admission.QUEUED
         try:
-            executor.queue.put(job)
+            self._superseded(executor.queue.put(job, keep=keep), job)
         except Closed:  # the context is being removed, or this version stopped meanwhile
             return self._forward(job)
         return Admission.QUEUED
@@ -164,9 +182,13 @@ class Scheduler:
     def serve_now(self, job: Job) -> bool:
         """The fast path (Router.admit_fast): compute `job` on the calling thread at once when nothing
         needs deciding: no batching, an idle context, a compute the inline gate allows, no key to
-        hash to a context. True once it is answered; False, having done nothing, otherwise."""
-        if (self.policy.max_batch > 1 or self._inline is None or (self.strategy == "hash" and job.request.key is not None)
+        hash to a context, no older request of its stream waiting (newest_per_key: the newer replaces
+        that one, on the general path). True once it is answered; False, having done nothing, otherwise."""
+        key = job.request.key
+        if (self.policy.max_batch > 1 or self._inline is None or (self.strategy == "hash" and key is not None)
                 or self.depth() >= self.max_queue):
+            return False
+        if self.queue_policy == NEWEST_PER_KEY and key is not None and self._home(self.executors, key) is not None:
             return False
         for executor in self.executors:
             if executor.load == 0 and executor.row_us:
@@ -180,6 +202,21 @@ class Scheduler:
         successor = self._successor
         return successor.submit(job) if successor is not None else Admission.CLOSED
 
+    @staticmethod
+    def _home(executors: list[Executor], key: Any) -> Executor | None:
+        """The context where `key`'s requests wait, if any: a stream's requests wait together, so
+        that the newest can replace the oldest."""
+        return next((ex for ex in executors if ex.queue.count(key)), None)
+
+    def _superseded(self, displaced: Sequence[Job], newer: Job) -> None:
+        """Answer each request `newer` replaced in its stream's queue: 409, not computed."""
+        for job in displaced:
+            total_us = (time.perf_counter_ns() - job.received_ns) // 1000
+            self._stats.router.record(int(Status.SUPERSEDED), total_us)
+            job.answered(int(Status.SUPERSEDED))
+            self._reply(job.envelope, encode_reply(superseded(job, newer, self.name, self.version)),
+                        Outcome(int(Status.SUPERSEDED), 1, 0, 0, total_us))
+
     def run_held(self, gate: Callable[[float, int], bool]) -> None:
         """Compute what was held for the calling thread (while `gate` allows), wake the executors for the rest."""
         for executor in self.executors:
@@ -189,24 +226,26 @@ class Scheduler:
         """The queue is full: make room for `job` if its key holds less of it than another key.
 
         Longest-queue drop: the key with the most queued requests (over all
-        contexts) gives up its newest one, which is returned for the caller
-        to refuse. A flooding key then cannot fill the queue and lock the
-        other keys out with 429s: each key keeps at least an equal share.
-        Requests without a key share one lane, so unkeyed traffic never
-        pushes out unkeyed traffic.
+        contexts) gives up one, which is returned for the caller to refuse:
+        its newest under fifo (what it sent last waits behind the rest
+        anyway), its oldest under newest_per_key (a stream wants its latest
+        frames). Among keys holding equally many, the one whose request of
+        that end arrived last (fifo) or first (streams) gives it up, so no
+        key is always the one to lose. A flooding key then cannot fill the
+        queue and lock the other keys out with 429s: each key keeps at least
+        an equal share. Requests without a key share one lane, so unkeyed
+        traffic never pushes out unkeyed traffic.
         """
-        held: dict[object, list[tuple[int, Executor]]] = {}
+        held: dict[Any, list[tuple[Lane[Job], Executor]]] = {}
+        newest = self.queue_policy != NEWEST_PER_KEY
         for ex in self.executors:
-            for key, n in ex.queue.lanes().items():
-                held.setdefault(key, []).append((n, ex))
-        if not held:
+            for key, lane in ex.queue.lanes().items():
+                held.setdefault(key, []).append((lane, ex))
+        found = longest_lane(held, job.request.key, newest, lambda queued: queued.received_ns)
+        if found is None:
             return None
-        totals = {key: sum(n for n, _ in where) for key, where in held.items()}
-        hog = max(totals, key=totals.__getitem__)
-        if totals.get(job.request.key, 0) + 1 >= totals[hog]:
-            return None
-        _, ex = max(held[hog], key=lambda pair: pair[0])
-        return ex.queue.pop_newest(hog)
+        hog, ex = found
+        return ex.queue.pop_newest(hog) if newest else ex.queue.pop_oldest(hog)
 
     def stop(self, timeout: float | None = None, reason: str = "unloaded") -> bool:
         """Let every context finish its queue, then stop; True if all ended in time."""
@@ -217,3 +256,12 @@ class Scheduler:
         return stopped
 
 
+
+
+def superseded(job: Job, newer: Job, model: str, version: str | None) -> dict[str, Any]:
+    """The 409 header of `job`, replaced in its stream's queue by `newer` (never computed)."""
+    header = error_header(Status.SUPERSEDED, f"superseded by a newer request of key {job.request.key!r} "
+                          f"(id {newer.request.id!r}) before it was computed (queue_policy newest_per_key); "
+                          "not computed", job.request.id, model=model, version=version, fallback=job.fallback)
+    header["superseded_by"] = newer.request.id  # null when the newer request has no id
+    return header

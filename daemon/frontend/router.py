@@ -22,6 +22,7 @@ from infermux.execution.hashring import HashRing
 from infermux.execution.job import ONLY_INPUT, Job, internal_sink
 from infermux.execution.placement import Admission, Placement
 from infermux.execution.scheduler import Scheduler
+from infermux.execution.streams import StreamTable
 from infermux.protocol import OPERATOR_RETRY_MS, ProtocolError, Status, dtype_name, encode_reply, error_header
 from infermux.models.overrides import file_weights
 from infermux.models.registry import Model, ModelVersion, Registry, State
@@ -32,8 +33,10 @@ log = logging.getLogger("infermux.router")
 class Router:
     """Admits jobs to placements (placement.py); returns an error header for those it cannot."""
 
-    def __init__(self, registry: Registry, config: Config, reply: ReplyFn) -> None:
+    def __init__(self, registry: Registry, config: Config, reply: ReplyFn,
+                 streams: StreamTable | None = None) -> None:
         self.registry = registry
+        self.streams = streams or StreamTable()  # per-stream accounting of clients' keyed requests
         self._reply = reply
         self._rings: dict[tuple[str, tuple[str, ...]], HashRing[str]] = {}
         self.routing: RoutingConfig = config.routing
@@ -55,6 +58,7 @@ class Router:
 
     def admit(self, job: Job) -> dict[str, Any] | None:
         """Queue `job` somewhere; None if queued, else the error header to send."""
+        self._track(job)
         try:
             self._admit(job)
             return None
@@ -70,7 +74,9 @@ class Router:
         (or least_queue default) is hot and ready, with time left, inputs it accepts and an idle
         context that may compute it on this thread (Scheduler.serve_now). Those checks are the
         general path's, in its order, without the steps that cannot apply: pipelines, fallback
-        and deadline decisions, batching holds, queues.
+        and deadline decisions, batching holds, queues. A keyed request is counted on its stream
+        here too (`_track`, once), and one whose stream has an older request waiting under
+        newest_per_key goes to the general path (Scheduler.serve_now).
         """
         req = job.request
         model = self.registry.models.get(req.model)
@@ -92,15 +98,25 @@ class Router:
         except ProtocolError:
             return False
         job.target = mv
+        self._track(job)  # a stream's request served here is counted as on the general path
         if not placement.serve_now(job):
             return False
         mv.last_used = time.monotonic()
         return True
 
+    def _track(self, job: Job) -> None:
+        """Count a client's keyed request on its stream (once: admit_fast, then admit if that declined);
+        it is answered where it is answered (Job.answered)."""
+        req = job.request
+        if job.stream is None and req.key is not None and internal_sink(job.envelope) is None and \
+                (req.model in self.pipelines or self.registry.model(req.model) is not None):
+            job.stream = self.streams.receive(req.model, req.key)
+
     def _count(self, job: Job, status: int) -> None:
-        """Record a reply no executor saw on the chosen version's statistics."""
+        """Record a reply no executor saw on the chosen version's statistics, and on the request's stream."""
         if job.target is not None:
             job.target.stats.router.record(int(status), (time.perf_counter_ns() - job.received_ns) // 1000)
+        job.answered(int(status))
 
     def _admit(self, job: Job) -> None:
         req = job.request

@@ -35,6 +35,7 @@ from infermux.events import EventLog, Throttle
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.inline import InlinePolicy
 from infermux.execution.job import Job, Outcome, internal_sink
+from infermux.execution.streams import StreamTable
 from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Status, encode_reply, error_header, limits_reply,
                                parse_request, request_id)
 from infermux.transport.regions import RegionServer, RegionTable
@@ -92,7 +93,9 @@ class Server:
                                    watch=self.watch, quiesce=self.quiesce)
         # Operators' live changes: kept in `state_dir` across restarts (models/statefile.py), else in memory.
         self.registry = Registry(config, self.events, self.hooks, _overrides(state_dir, self.events))
-        self.router = Router(self.registry, config, self.reply)
+        daemon = config.daemon
+        self.streams = StreamTable(self.events, daemon.stream_silent_s, daemon.stream_max_keys)
+        self.router = Router(self.registry, config, self.reply, self.streams)
         self._admissions: deque[Job] = deque()  # internal requests (pipelines' model steps) to admit
         self.pipelines = Pipelines(config.pipelines, self.admit_internal, self.reply, self._model_inputs, self.limits)
         self.router.pipelines = self.pipelines.by_name
@@ -117,6 +120,7 @@ class Server:
         self.peers.watch_drops(frame_cap(config.daemon))  # connections libzmq drops for a frame over it
         # Cold models run in worker processes: the pool is the registry's cold placer (workers/pool.py).
         self.workers = Workers(self.registry, run_dir, self.hooks, self.regions)
+        self.ticks.append(self.streams.check)  # a stream that went silent: an event
         self.recorder = Recorder()  # `infermux record`: requests and answers of a model, copied as they pass
         self.rollouts = Rollouts(self.registry, self.events)  # candidates shadowing live requests
         self.mirror = Mirror(self.rollouts)
@@ -313,6 +317,7 @@ class Server:
             self._reread_signing_keys(new)
             self.registry.follow(new)
             self.router.configure(new)
+            self.streams.silent_s, self.streams.max_keys = new.daemon.stream_silent_s, new.daemon.stream_max_keys
             return reload.apply(self, serving, overrides.over(new))
 
     def _reread_client_keys(self) -> None:
@@ -529,9 +534,13 @@ class Server:
         if self.rollouts.by_model:  # a candidate shadows this model (swap/rollout.py)
             self.mirror.on_request(envelope, request)
         job = Job(envelope, request, frames, received, deadline_ns=0)  # the router sets the deadline
-        if self.router.admit_fast(job):  # computed and answered already: nothing needed deciding
-            return
-        refused = self.router.admit(job)  # None: admitted; else the error reply
+        try:
+            if self.router.admit_fast(job):  # computed and answered already: nothing needed deciding
+                return
+            refused = self.router.admit(job)  # None: admitted; else the error reply
+        except Exception:
+            job.answered(int(Status.BACKEND_ERROR))  # the 500 the burst's handler sends (_read_burst)
+            raise
         if refused is not None:
             self._send(envelope + encode_reply(refused))
 

@@ -29,7 +29,8 @@ from infermux.events import EventLog
 log = logging.getLogger("infermux.overrides")
 
 # Fields of one version an operator changes live, and what a new version takes from the one it supersedes.
-VERSION_FIELDS = ("contexts", "max_queue", "timeout_ms", "max_batch", "batch_delay_us", "preferred_batch", "weight")
+VERSION_FIELDS = ("contexts", "max_queue", "timeout_ms", "max_batch", "batch_delay_us", "preferred_batch", "queue_policy",
+                  "per_key_depth", "weight")
 INHERITED = tuple(f for f in VERSION_FIELDS if f != "weight")  # the weight follows the share rule instead
 MODEL_FIELDS = ("fallback",)  # of the whole model: its entries carry version ""
 FIELDS = VERSION_FIELDS + MODEL_FIELDS

@@ -1,7 +1,10 @@
 """Running a pipeline: its frames wait in a bounded queue, a few threads run the steps.
 
 Processors never run on the frontend thread: the router hands the request
-to `Pipeline.submit`, which only queues it (a full queue is 429). A worker
+to `Pipeline.submit`, which only queues it (a full queue is 429). The queue
+serves keys (cameras) in turn, as a model's does (execution/fairqueue.py);
+under `queue_policy = "newest_per_key"` a camera's newer frame replaces its
+oldest waiting one, which is answered 409 at once. A worker
 thread decodes the frame, runs each step in order and sends the reply. A
 model step is an internal request through the router (calls.py); a
 fan-out stage (`for_each = "regions"`) runs its processors on each crop and
@@ -12,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import math
-import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,7 +31,9 @@ from infermux.plugins.processors.base import FrameTooLarge, ProcessorError, Regi
 from infermux.plugins.processors.track import Track
 from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_header
 from infermux.execution.executor import ReplyFn
+from infermux.execution.fairqueue import Closed, FairQueue, longest_lane
 from infermux.execution.job import ONLY_INPUT, Job
+from infermux.execution.scheduler import NEWEST_PER_KEY, superseded
 
 log = logging.getLogger("infermux.pipelines")
 
@@ -67,7 +71,8 @@ class Pipeline:
         self.model_steps = spec.model_steps(config)
         self.stats = PipelineStats([s.name for s in config.steps])
         self._admit, self._reply, self._model_inputs, self._limits = admit, reply, model_inputs, limits
-        self._queue: queue.Queue[Job | None] = queue.Queue(config.max_queue)
+        self._queue: FairQueue[Job] = FairQueue(key=lambda job: job.request.key)
+        self._keep = config.per_key_depth if config.queue_policy == NEWEST_PER_KEY else 0
         # A reload replaces or removes this pipeline while the router may still be handing it a
         # frame: `_gate` orders the two, so no frame is queued behind the threads' last one.
         self._gate = threading.Lock()
@@ -104,15 +109,43 @@ class Pipeline:
     def _enqueue(self, job: Job) -> None:
         if not job.deadline_ns:
             job.deadline_ns = job.received_ns + (job.request.timeout_ms or self.config.timeout_ms) * 1_000_000
-        try:
-            self._queue.put_nowait(job)
-        except queue.Full:
+        key = job.request.key
+        keep = self._keep if key is not None else 0
+        # On the frontend thread alone: the threads only take, so the queue cannot grow past the check.
+        full = not (keep and self._queue.count(key) >= keep) and len(self._queue) >= self.config.max_queue
+        if full and not self._push_out(job):
             self.stats.frames.record(int(Status.TOO_MANY), 0)
-            per_frame_us = self.stats.frames.snapshot().p50_us or 10_000
             raise ProtocolError(Status.TOO_MANY, f"pipeline {self.name!r} queue is full ({self.config.max_queue} "
-                                f"frames, max_queue); retry later",
-                                retry_after_ms=max(1, int(per_frame_us * self.config.max_queue
-                                                          / self.config.workers / 1000))) from None
+                                f"frames, max_queue); retry later", retry_after_ms=self._retry_after_ms())
+        for old in self._queue.put(job, keep=keep):  # Closed only once stopped, under the gate: not here
+            self.stats.frames.record(int(Status.SUPERSEDED), (time.perf_counter_ns() - old.received_ns) // 1000)
+            old.answered(int(Status.SUPERSEDED))
+            self._reply(old.envelope, encode_reply(superseded(old, job, self.name, None)))
+
+    def _push_out(self, job: Job) -> bool:
+        """The queue is full: make room for `job` if its key holds less of it than another key, as a
+        model's queue does (Scheduler.push_out): the key holding the most gives up its newest frame
+        (its oldest under newest_per_key), answered 429. Equal cameras then share a full queue
+        instead of the ones whose frames happen to arrive as a place frees taking every place."""
+        newest = self.config.queue_policy != NEWEST_PER_KEY
+        held = {key: [(lane, self._queue)] for key, lane in self._queue.lanes().items()}
+        found = longest_lane(held, job.request.key, newest, lambda queued: queued.received_ns)
+        if found is None:
+            return False
+        hog, _ = found
+        victim = self._queue.pop_newest(hog) if newest else self._queue.pop_oldest(hog)
+        if victim is not None:  # (None: a thread took the lane's last frame meanwhile, which made room too)
+            self.stats.frames.record(int(Status.TOO_MANY), (time.perf_counter_ns() - victim.received_ns) // 1000)
+            victim.answered(int(Status.TOO_MANY))
+            self._reply(victim.envelope, encode_reply(error_header(
+                Status.TOO_MANY, f"pipeline {self.name!r} queue is full and key {hog!r} holds the most of it; "
+                "retry later", victim.request.id, retry_after_ms=self._retry_after_ms())))
+        return True
+
+    def _retry_after_ms(self) -> int:
+        """Retry-After for a full queue: about the time its threads take to work through it."""
+        per_frame_us = self.stats.frames.snapshot().p50_us or 10_000
+        return max(1, int(per_frame_us * self.config.max_queue / self.config.workers / 1000))
 
     def stop(self, successor: "Pipeline | None" = None) -> None:
         """Let the threads finish what is queued and end; frames submitted later go to `successor`."""
@@ -120,16 +153,18 @@ class Pipeline:
             if self._closed:
                 return
             self.successor, self._closed = successor, True
-        for _ in self._threads:
-            self._queue.put(None)
+        self._queue.close()
 
     # -- the worker threads ---------------------------------------------------------
 
     def _work(self) -> None:
         while True:
-            job = self._queue.get()
-            if job is None:
+            try:
+                job = self._queue.get()
+            except Closed:  # stopped, and nothing is left
                 return
+            if job is None:
+                continue
             try:
                 status, frames = self._answer(job)
             except Exception:  # never lose the thread: the request still gets its 500
@@ -137,6 +172,7 @@ class Pipeline:
                 status, frames = Status.BACKEND_ERROR, encode_reply(error_header(
                     Status.BACKEND_ERROR, "internal error in infermux (logged)", job.request.id))
             self.stats.frames.record(int(status), (time.perf_counter_ns() - job.received_ns) // 1000)
+            job.answered(int(status))
             self._reply(job.envelope, frames)
 
     def _answer(self, job: Job) -> tuple[int, list[Any]]:
@@ -397,7 +433,8 @@ class Pipelines:
                 if step.for_each:
                     stats["steps"][step.name]["for_each"] = step.for_each
                 stats["steps"][step.name].update(p.state(step.name))
-            out.append({"name": p.name, "queued": p._queue.qsize(), "workers": p.config.workers, **stats})
+            out.append({"name": p.name, "input": p.config.input, "queued": len(p._queue), "workers": p.config.workers,
+                        "queue_policy": p.config.queue_policy, **stats})
         return out
 
     def stop(self) -> None:

@@ -1,8 +1,9 @@
 """The client's side of a pipeline request: a frame as one input entry (docs/protocol.md#pipelines-on-the-wire).
 
 An encoded frame is `{"name": "image", "dtype": "uint8", "shape": [nbytes],
-"format": "jpeg"}`; a raw one adds `"width"`, `"height"` and `"stride"`.
-Used by `infermux infer --image`, the examples and the benchmarks.
+"format": "jpeg"}`; a raw one adds `"width"`, `"height"` and `"stride"`
+(protocol.Frame, which `infermux.client` takes as an input). These two
+send one on a plain socket: the tests and `infermux infer --image` use them.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 import zmq
 
-from infermux.protocol import Reply, decode_reply, encode_header
+from infermux.protocol import Frame, Reply, decode_reply, encode_request
 
 _ids = itertools.count(1)
 
@@ -24,19 +25,8 @@ def encode_frame(model: str, data: bytes | np.ndarray, format: str, *, input: st
                  outputs: Sequence[str] | None = None, key: str | int | None = None) -> list[Any]:
     """`[header, frame bytes]` of a request sending one frame to pipeline `model`; `key` names
     the stream (camera) it belongs to."""
-    raw = np.ascontiguousarray(np.frombuffer(data, np.uint8) if isinstance(data, bytes) else data)
-    entry: dict[str, Any] = {"name": input, "dtype": "uint8", "shape": [raw.nbytes], "format": format}
-    entry.update({k: v for k, v in (("width", width), ("height", height), ("stride", stride)) if v is not None})
-    header: dict[str, Any] = {"model": model, "inputs": [entry]}
-    if id is not None:
-        header["id"] = id
-    if timeout_ms is not None:
-        header["timeout_ms"] = timeout_ms
-    if outputs is not None:
-        header["outputs"] = list(outputs)
-    if key is not None:
-        header["key"] = key
-    return [encode_header(header), raw.reshape(-1).data]
+    frame = Frame(data, format, width=width, height=height, stride=stride)
+    return encode_request(model, {input: frame}, id=id, timeout_ms=timeout_ms, outputs=outputs, key=key)
 
 
 def send_frame(sock: zmq.Socket, model: str, data: bytes | np.ndarray, format: str,

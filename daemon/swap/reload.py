@@ -30,7 +30,8 @@ log = logging.getLogger("infermux.reload")
 # Settings that need the engine loaded again; every other one applies live.
 RELOADING_FIELDS = {"engine", "backend", "placement", "options"}
 LIVE_FIELDS = {"contexts", "max_queue", "timeout_ms", "max_batch", "batch_delay_us", "preferred_batch",
-               "idle_unload_s", "preload", "weight", "default", "strategy", "fallback", "rollout"}
+               "idle_unload_s", "preload", "weight", "default", "strategy", "fallback", "queue_policy",
+               "per_key_depth", "rollout"}
 
 
 @dataclass

@@ -123,7 +123,8 @@ class WorkerProxy:
         self._row_limit = batcher.row_limit(ready.inputs)
         # What the worker runs with; `apply` changes both sides (SET).
         self._settings = Settings(config.contexts, config.max_queue, self._capped(config.max_batch) if allowed else 1,
-                                  config.batch_delay_us, config.preferred_batch, allowed)
+                                  config.batch_delay_us, config.preferred_batch, allowed, config.queue_policy,
+                                  config.per_key_depth)
         self._stats = stats
         self.executors: list[ContextView] = [self._new_view(i) for i in range(config.contexts)]
         self.load_ms = ready.load_ms
@@ -141,6 +142,7 @@ class WorkerProxy:
         self._expired: dict[int, Slot | None] = {}
         self._warned_silence = 0.0  # the last_beat of the silence already logged
         self._rows = 0  # input rows of the requests in `_pending`
+        self._keyed: dict[Any, int] = {}  # requests in `_pending` per key (streams: queue_policy newest_per_key)
         self._seq = itertools.count(1)
         self._lock = threading.Lock()
         self._idle = threading.Condition(self._lock)
@@ -165,16 +167,27 @@ class WorkerProxy:
         """Send `job` to the worker, or say why not: full, or stopping, or the worker is gone."""
         with self._lock:
             if not self._closing:
-                if len(self._pending) + len(self._expired) >= self._settings.max_queue + len(self.executors):
+                full = len(self._pending) + len(self._expired) >= self._settings.max_queue + len(self.executors)
+                if full and not self._replaces(job):
                     return Admission.FULL
                 # Under the lock: the reply cannot overtake `_pending`.
                 return Admission.QUEUED if self._send_job(job) else Admission.CLOSED
             successor = self.forward_to
         return successor.submit(job) if successor is not None else Admission.CLOSED
 
+    def _replaces(self, job: Job) -> bool:
+        """Whether `job` replaces a request of its stream in the worker's queue rather than adding one:
+        its key already has per_key_depth requests there. (One being computed is not replaced, so a
+        key may go past the bound by what the worker's contexts compute: the queue stays bounded.)"""
+        settings, key = self._settings, job.request.key
+        return settings.queue_policy == "newest_per_key" and key is not None and \
+            self._keyed.get(key, 0) >= settings.per_key_depth
+
     def push_out(self, job: Job) -> Job | None:
         """None: the queue lives in the worker, whose requests are on their way or running there,
-        so a full cold queue refuses the newcomer (429 or the fallback) instead of a queued one."""
+        so a full cold queue refuses the newcomer (429 or the fallback) instead of a queued one.
+        (A stream's newer request still replaces its older one there: the worker's Scheduler
+        runs the version's queue_policy and answers the older 409.)"""
         return None
 
     def expected_wait_us(self) -> float:
@@ -242,7 +255,19 @@ class WorkerProxy:
             return False
         self._pending[message.seq] = (job, slot, rows)
         self._rows += rows
+        self._count_key(job, 1)
         return True
+
+    def _count_key(self, job: Job, step: int) -> None:
+        """Keep `_keyed` (under the lock): a request of a key went to the worker (+1) or was answered (-1)."""
+        key = job.request.key
+        if key is None:
+            return
+        n = self._keyed.get(key, 0) + step
+        if n > 0:
+            self._keyed[key] = n
+        else:
+            self._keyed.pop(key, None)
 
     def _sources(self, job: Job) -> tuple[list[Any], list[wire.RegionInput]]:
         """The tensors to copy (frames, in input order) and the inputs the worker reads in a
@@ -432,6 +457,7 @@ class WorkerProxy:
             entry = self._pending.pop(seq, None)
             if entry is not None:
                 self._rows -= entry[2]
+                self._count_key(entry[0], -1)
             elif seq in self._expired:
                 self._release(self._expired.pop(seq))  # the worker is done with its slot now
             if not self._pending:
@@ -450,6 +476,7 @@ class WorkerProxy:
             for seq in late:
                 job, slot, rows = self._pending.pop(seq)
                 self._expired[seq], self._rows = slot, self._rows - rows
+                self._count_key(job, -1)
                 jobs.append(job)
             if not self._pending:
                 self._idle.notify_all()
@@ -484,6 +511,7 @@ class WorkerProxy:
         if outcome.status == 200:
             stats.record_batch(outcome.batch, outcome.compute_us)
         stats.record(outcome.status, outcome.total_us, outcome.queue_us, outcome.compute_us, outcome.batch)
+        job.answered(outcome.status)
         self._reply(job.envelope, [header, *outputs])
 
     @staticmethod
@@ -523,7 +551,7 @@ class WorkerProxy:
         self._on_exit(self, how, crashed)
         with self._lock:
             self._closing = True
-            pending, self._pending, self._rows = self._pending, {}, 0
+            pending, self._pending, self._rows, self._keyed = self._pending, {}, 0, {}
             expired, self._expired = self._expired, {}
             self._idle.notify_all()
         for slot in expired.values():
@@ -535,6 +563,7 @@ class WorkerProxy:
                                   f"{self.pid} {reason}; retry", job.request.id, retry_after_ms=retry_ms,
                                   model=self.name, version=self.version)
             self._stats.router.record(int(Status.NOT_READY), (time.perf_counter_ns() - job.received_ns) // 1000)
+            job.answered(int(Status.NOT_READY))
             self._reply(job.envelope, encode_reply(header))
         for view in self.executors:
             self._stats.remove_context(view.stats)

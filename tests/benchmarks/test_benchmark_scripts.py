@@ -65,6 +65,16 @@ def test_the_batching_benchmark_runs_every_case(tmp_path):
 
 
 @pytest.mark.slow
+def test_the_streams_benchmark_compares_both_policies():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_streams.py"), "--no-write", "--skip-ocr",
+                          "--seconds", "1.5", "--rounds", "1"], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| `fifo` |" in out.stdout and "| `newest_per_key` |" in out.stdout
+    assert "**no**" not in out.stdout  # every stream's received = served + superseded + refused
+    assert "Model (conv net, 1 context, max_queue 64), newest_per_key: p99 age" in out.stdout
+
+
+@pytest.mark.slow
 def test_the_tracking_benchmark_scores_every_sequence():
     out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_tracking.py"), "--no-write", "--rounds", "1",
                           "--frames", "15"], capture_output=True, text=True, timeout=300)

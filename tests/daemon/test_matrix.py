@@ -21,19 +21,19 @@ SIGSTOP before the requests it is to hold are sent.
 from __future__ import annotations
 
 import os
-import signal
 import shutil
+import signal
 import threading
 from functools import lru_cache
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 import onnxruntime as ort
 import pytest
 
 from support.harness import Daemon
-from infermux.client import Reply, SharedMemory
+from infermux.client import Pipeline, Reply, SharedMemory
 from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement
 from support.polling import eventually
 from support.publish import PROBE, publish, wait_served
@@ -55,6 +55,7 @@ X4 = PROBE  # for the 4-wide add-one models
 
 SLOW, IDENTITY = "slow/1/model.onnx", "fast512/1/model.onnx"  # in conftest's `engines`
 BATCH_DELAY_US = 8_000_000  # a batch that waited this long was not sent by its preferred size
+STREAMS = 'queue_policy = "newest_per_key"\n'
 
 # A candidate mirrors whatever the CPUs' idle time, which a shared 2-core test box seldom has
 # (test_rollout.py tests that gate).
@@ -79,6 +80,12 @@ PLACED = [
     ("cs", "1", "cs/1/model.onnx", "[models.rollout]\nshadow_requests = 1000000\n" + SPARE),  # superseded, removed
     ("kl", "1", SLOW, "max_queue = 16\ntimeout_ms = 20000\n"),  # SIGKILL: only where a worker serves it
     ("hg", "1", IDENTITY, 'fallback = "fb"\n'),  # SIGSTOP: only where a worker serves it
+    # Streams (queue_policy newest_per_key), one model per behaviour they meet.
+    ("st", "1", SLOW, f"{STREAMS}timeout_ms = 20000\n"),
+    ("sb", "1", SLOW, f"{STREAMS}max_batch = 64\nbatch_delay_us = 20000\ntimeout_ms = 20000\n"),
+    ("sf", "1", SLOW, f'{STREAMS}fallback = "fb"\nmax_queue = 2\ntimeout_ms = 20000\n'),
+    ("so", "1", SLOW, f"{STREAMS}max_queue = 2\ntimeout_ms = 20000\n"),
+    ("ss", "1", "ss/1/model.onnx", f"{STREAMS}timeout_ms = 20000\n"),  # in the watched engine_dir: swapped
 ]
 WORKER_ONLY = ("kl", "hg")
 WATCHED = ("sw", "ov", "cd", "cr", "cs")  # served from the watched engine_dir, where new versions are published
@@ -101,7 +108,7 @@ version_mismatch = "fallback"
 
 def engine_of(placed: Placement, model: str, version: str = "1") -> Path:
     """The engine file `model` (and `version`) is served from."""
-    if model in WATCHED:  # the swap, live-change and rollout cells publish their version 2 beside the first
+    if model in (*WATCHED, "ss"):  # the swap, live-change, rollout and stream-swap cells publish a version 2
         return placed.watched / model / version / "model.onnx"
     if model == "fb":
         return placed.engines / IDENTITY
@@ -115,7 +122,7 @@ def config_text(placement: str, engines: Path, watched: Path) -> str:
     for name, version, engine, settings in PLACED:
         if name in WORKER_ONLY and placement not in WITH_WORKER:
             continue
-        path = engine if name in WATCHED else f"{engines}/{engine}"
+        path = engine if name in (*WATCHED, "ss") else f"{engines}/{engine}"
         text += f'[[models]]\nname = "{name}"\nversion = "{version}"\nengine = "{path}"\n{mode}{settings}'
     return text
 
@@ -129,6 +136,7 @@ def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     watched = workdir / "engines"
     for model in WATCHED:
         publish(watched, model, 1, offset=1, width=512 if model == "ov" else 4)
+    publish_copy(engines / SLOW, watched, "ss", 1)
     d = Daemon(workdir, config_text(name, engines, watched)).start()
     try:
         move_all(d, name)
@@ -145,6 +153,16 @@ def move_all(d: Daemon, placement: str) -> None:
         for model in admin.call("models")["models"]:
             if model["name"] != "fb":
                 admin.call(MOVES[placement], model=model["name"], version=model["version"])
+
+
+def publish_copy(source: Path, root: Path, model: str, version: int) -> Path:
+    """`source` published as `model` version `version` the documented way (a folder renamed into place)."""
+    staged = root / model / f".{version}.tmp"
+    staged.mkdir(parents=True)
+    shutil.copyfile(source, staged / "model.onnx")
+    final = root / model / str(version)
+    os.rename(staged, final)
+    return final / "model.onnx"
 
 
 @lru_cache(maxsize=None)
@@ -645,3 +663,194 @@ def test_live_changes_survive_a_restart(cell: Placement) -> None:
         for model in ("sm", "wt"):
             admin.call("reset", model=model)
     assert settings_of(d, "sm", "1")["timeout_ms"] == 1000
+
+
+# -- streams (queue_policy = "newest_per_key"): a superseded request is a 409, never a 500, never lost ------
+
+HUGE = RNG.random((3200, 512), dtype=np.float32)  # ~100 ms through SLOW: the frames sent behind it all queue
+
+
+def behind_a_long_compute(placed: Placement, model: str, *frames: tuple[str, np.ndarray, int | None]) -> list[Reply]:
+    """A HUGE request without a key to `model` (one context), then `frames` ((key, x, timeout_ms)) in
+    the same burst, all queued while it computes: their replies (the HUGE one's 200 is checked)."""
+    def send(pipe: Pipeline) -> list[int]:
+        return [pipe.submit(model, {"x": x}, key=key, timeout_ms=ms or 20_000) for key, x, ms in frames]
+    return _behind(placed, model, send)
+
+
+def behind_a_held_compute(placed: Placement, model: str, *frames: tuple[str, np.ndarray]) -> list[Reply]:
+    """As behind_a_long_compute, but what the queue holds is certain even where max_queue is small: hot,
+    the frames go once the daemon computes the first request (so it is not in the queue); cold, its
+    worker is stopped until the daemon has admitted them all (the daemon bounds what it sent there,
+    and the worker's own queue takes all it is given)."""
+    d = placed.daemon
+
+    def send(pipe: Pipeline) -> list[int]:
+        if placed.where != "cold":
+            eventually(lambda: computing(d, model), f"{model} computing the first request", interval_s=0.002)
+        return [pipe.submit(model, {"x": x}, key=key) for key, x in frames]
+    return _behind(placed, model, send, hold_worker=placed.where == "cold")
+
+
+def _behind(placed: Placement, model: str, send: Callable[[Pipeline], list[int]],
+            hold_worker: bool = False) -> list[Reply]:
+    """HUGE to `model`, then `send`'s frames, then a barrier to the always-hot `fb` on the same
+    connection: its reply means the daemon admitted every frame (it reads a connection in order).
+
+    A burst read only after HUGE was done (a box so busy that reading a few frames took longer than
+    HUGE's compute) tests nothing: HUGE's reply then comes before the barrier's (replies leave in the
+    order they are made) and the burst is sent again. With `hold_worker` the worker is stopped until
+    the barrier's reply, which makes it certain."""
+    d = placed.daemon
+    for _ in range(5):
+        pid = worker(d, model)["pid"] if hold_worker else 0
+        if pid:
+            os.kill(pid, signal.SIGSTOP)
+        try:
+            with d.pipeline(timeout_s=30) as pipe:
+                blocker = pipe.submit(model, {"x": HUGE})
+                ids = send(pipe)
+                barrier = pipe.submit("fb", {"x": ROW})
+                arrived: dict[int, Reply] = {}
+                for reply in pipe.replies():
+                    arrived[reply.header.get("id")] = reply
+                    if reply.header.get("id") == barrier and pid:
+                        os.kill(pid, signal.SIGCONT)
+                        pid = 0
+        finally:
+            if pid:
+                os.kill(pid, signal.SIGCONT)
+        assert arrived[barrier].status == 200, arrived[barrier].header
+        assert_served(arrived[blocker], placed, model, HUGE)
+        order = list(arrived)
+        if order.index(barrier) < order.index(blocker):
+            return [arrived[i] for i in ids]
+    pytest.fail("the box was too busy: five bursts in a row were read only after a ~100 ms compute was done")
+
+
+def computing(d: Daemon, model: str) -> bool:
+    with d.admin() as admin:
+        view = next(v for v in admin.call("models")["models"] if v["name"] == model)
+    return view["in_flight"] >= 1 and view["queue_depth"] == 0
+
+
+def assert_superseded(reply: Reply, by: Reply, model: str) -> None:
+    assert reply.status == 409 and reply.superseded_by == by.header["id"], reply.header
+    assert "superseded by a newer request of key" in reply.error and reply.model == model, reply.header
+
+
+@every_placement
+def test_a_stream_s_newer_frame_supersedes_its_queued_one(cell: Placement) -> None:
+    older, newer, other = behind_a_long_compute(cell, "st", ("cam", SLAB, None), ("cam", SLAB * 2, None),
+                                                ("cam2", SLAB * 3, None))
+    assert_superseded(older, newer, "st")
+    assert_served(newer, cell, "st", SLAB * 2)
+    assert_served(other, cell, "st", SLAB * 3)
+
+
+@every_placement
+def test_a_stream_s_newest_frames_still_batch(cell: Placement) -> None:
+    # The HUGE request is over max_batch (64 rows): it runs alone, and the frames wait behind it.
+    x = [RNG.random((16, 512), dtype=np.float32) for _ in range(3)]
+    older, newer, other = behind_a_long_compute(cell, "sb", ("cam", x[0], None), ("cam", x[1], None),
+                                                ("cam2", x[2], None))
+    assert_superseded(older, newer, "sb")
+    for reply, xs in ((newer, x[1]), (other, x[2])):
+        assert_served(reply, cell, "sb", xs)
+        assert reply.header.get("batch") == 32, reply.header  # the two newest frames in one call
+
+
+@every_placement
+def test_a_superseded_frame_is_not_sent_to_the_fallback(cell: Placement) -> None:
+    # max_queue = 2: cam's and cam2's frames fill it; cam's next replaces its own (no 429, no fallback),
+    # cam3's finds it full and goes to the fallback.
+    older, other, newer, full = behind_a_held_compute(cell, "sf", ("cam", SLAB), ("cam2", SLAB * 2),
+                                                      ("cam", SLAB * 3), ("cam3", SLAB * 4))
+    assert_superseded(older, newer, "sf")
+    assert older.fallback is None, older.header
+    assert_served(other, cell, "sf", SLAB * 2)
+    assert_served(newer, cell, "sf", SLAB * 3)
+    assert full.fallback == {"from": "sf", "reason": "queue_full"}, full.header
+    assert_served(full, cell, "fb", SLAB * 4)
+
+
+@every_placement
+def test_a_full_queue_takes_a_stream_s_newer_frame_and_refuses_a_new_stream(cell: Placement) -> None:
+    older, other, newer, full = behind_a_held_compute(cell, "so", ("cam", SLAB), ("cam2", SLAB * 2),
+                                                      ("cam", SLAB * 3), ("cam3", SLAB * 4))
+    assert_superseded(older, newer, "so")
+    assert_served(other, cell, "so", SLAB * 2)
+    assert_served(newer, cell, "so", SLAB * 3)
+    assert full.status == 429 and "queue is full" in full.error and full.retry_after_ms >= 1, full.header
+
+
+@every_placement
+def test_a_superseded_frame_is_a_409_not_a_504_and_deadlines_still_hold(cell: Placement) -> None:
+    older, newer, late = behind_a_long_compute(cell, "st", ("cam", ROW, 5), ("cam", ROW * 2, None), ("cam2", ROW, 5))
+    assert_superseded(older, newer, "st")
+    assert_served(newer, cell, "st", ROW * 2)
+    assert late.status == 504 and "not computed" in late.error, late.header
+
+
+@every_placement
+def test_streams_through_a_hot_swap_lose_no_frame(cell: Placement) -> None:
+    d, bursts, errors, stop = cell.daemon, [], [], threading.Event()
+
+    def stream() -> None:  # bursts of a LONG frame and two more of one camera: the third replaces the second
+        try:
+            with d.pipeline(timeout_s=30) as pipe:
+                while not stop.is_set():
+                    ids = [pipe.submit("ss", {"x": x}, key="cam") for x in (LONG, SLAB, SLAB * 2)]
+                    bursts.append(pipe.gather(ids))
+        except Exception as exc:  # reported below: a thread's exception would vanish
+            errors.append(exc)
+
+    thread = threading.Thread(target=stream)
+    thread.start()
+    try:
+        publish_copy(cell.engines / SLOW, cell.watched, "ss", 2)
+        eventually(lambda: any(r.version == "2" for burst in bursts[-2:] for r in burst), "version 2 serving", 30)
+    finally:
+        stop.set()
+        thread.join()
+    assert not errors and bursts, errors
+    for burst in bursts:  # every frame answered: served, or replaced by a later frame of the burst
+        later = [r.header["id"] for r in burst]
+        for i, (reply, x) in enumerate(zip(burst, (LONG, SLAB, SLAB * 2))):
+            if reply.status == 409:
+                assert reply.superseded_by in later[i + 1:], reply.header
+                assert_superseded(reply, next(r for r in burst if r.header["id"] == reply.superseded_by), "ss")
+            else:
+                assert_served(reply, cell, "ss", x, reply.version or "")
+        assert burst[2].status == 200  # the newest frame is never replaced
+    assert any(r.status == 409 for burst in bursts for r in burst)
+
+
+@every_placement
+def test_drain_answers_a_stream_s_queued_frames_and_refuses_its_next(cell: Placement) -> None:
+    d = cell.daemon
+    for _ in range(5):  # until a burst is read while HUGE computes (as in _behind)
+        with d.pipeline(timeout_s=30) as pipe, d.admin() as admin, d.client() as client:
+            blocker = pipe.submit("st", {"x": HUGE})
+            older, newer = (pipe.submit("st", {"x": x}, key="cam") for x in (SLAB, SLAB * 2))
+            barrier = pipe.submit("fb", {"x": ROW})  # read after the others on the same connection
+            arrived: dict[int, Reply] = {}
+            while barrier not in arrived:
+                reply = pipe.next_reply()
+                arrived[reply.header.get("id")] = reply
+            assert arrived[barrier].status == 200  # so they were admitted before the drain
+            in_time = blocker not in arrived
+            try:
+                assert admin.call("drain")["accepting"] is False  # returns once the queue is done
+                refused = client.infer("st", {"x": ROW}, key="cam")
+            finally:
+                admin.call("resume")
+            arrived.update((r.header.get("id"), r) for r in pipe.replies())
+        if in_time:
+            break
+    else:
+        pytest.fail("the box was too busy: five bursts in a row were read only after a ~100 ms compute was done")
+    assert_served(arrived[blocker], cell, "st", HUGE)
+    assert_superseded(arrived[older], arrived[newer], "st")
+    assert_served(arrived[newer], cell, "st", SLAB * 2)
+    assert refused.status == 503 and "draining" in refused.error, refused.header

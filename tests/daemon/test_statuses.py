@@ -161,6 +161,18 @@ def test_504_stale_requests_are_answered_without_computing(make_daemon) -> None:
     assert replies[4].status == 504 and "not computed" in replies[4].error
 
 
+def test_409_a_stream_s_newer_request_replaces_its_queued_one(make_daemon) -> None:
+    d = make_daemon('[[models]]\nname = "slow"\nengine = "slower/1/model.onnx"\nqueue_policy = "newest_per_key"\n'
+                    "timeout_ms = 20000\n")
+    big = np.ones((400, 512), np.float32)  # ~50 ms through the 48-layer model: the frames queue behind it
+    with d.pipeline(timeout_s=30) as pipe:
+        first = pipe.submit("slow", {"x": big})
+        older, newer = (pipe.submit("slow", {"x": big[:1]}, key="cam-7") for _ in range(2))
+        replies = pipe.gather([first, older, newer])
+    assert [r.status for r in replies] == [200, 409, 200], [r.header for r in replies]
+    assert replies[1].superseded_by == newer and "key 'cam-7'" in replies[1].error, replies[1].header
+
+
 def test_not_ready_degrades_to_the_fallback(make_daemon) -> None:
     d = make_daemon('[[models]]\nname = "late"\nengine = "fast512/1/model.onnx"\nfallback = "fast"\n'
                     'backend = "slow_load:SlowLoadBackend"\n[models.options]\nload_delay_s = 30\n'

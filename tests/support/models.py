@@ -71,6 +71,25 @@ def nonzero(path: Path, width: int = 20000) -> Path:
                  [helper.make_tensor_value_info("y", TensorProto.INT64, [2, "K"])], [], path)
 
 
+def conv(path: Path, channels: int = 24, layers: int = 4, size: int = 112) -> Path:
+    """A small image classifier: `layers` 3x3 convolutions (with ReLU) over images float32 [N,3,size,size],
+    global average pooling, then 10 scores "probs": milliseconds a frame on one thread, as a camera's
+    model costs (tests/benchmarks/bench_streams.py)."""
+    rng = np.random.default_rng(1)
+    inits, nodes, x, c_in = [], [], "images", 3
+    for i in range(layers):
+        w = (rng.standard_normal((channels, c_in, 3, 3)) / np.sqrt(9 * c_in)).astype(np.float32)
+        inits.append(numpy_helper.from_array(w, f"w{i}"))
+        nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{i}"], [f"r{i}"])]
+        x, c_in = f"r{i}", channels
+    inits += [numpy_helper.from_array((rng.standard_normal((channels, 10)) / 4).astype(np.float32), "head"),
+              numpy_helper.from_array(np.int64([0, -1]), "flat")]
+    nodes += [helper.make_node("GlobalAveragePool", [x], ["pooled"]),
+              helper.make_node("Reshape", ["pooled", "flat"], ["features"]),
+              helper.make_node("MatMul", ["features", "head"], ["probs"])]
+    return _save(nodes, [helper.make_tensor_value_info("images", TensorProto.FLOAT, ["N", 3, size, size])],
+                 [helper.make_tensor_value_info("probs", TensorProto.FLOAT, ["N", 10])], inits, path)
 def tiler(path: Path, width: int = 512) -> Path:
     """y = Tile(x, repeats): float32 [N, width] in, [N * r0, width * r1] out; the client chooses how big."""
     return _save([helper.make_node("Tile", ["x", "repeats"], ["y"])],

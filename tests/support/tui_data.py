@@ -63,7 +63,26 @@ def snapshot(step: int = 0) -> dict[str, Any]:
               "states": {"ready": 4, "unloaded": 1, "failed": 1},
               "routing": {"strategy": "least_queue", "version_mismatch": "fallback"},
               "gpu": {"source": "nvml", "devices": [GPU]}}
-    return {"time": T0 + step / 4, "daemon": daemon, "models": models}
+    return {"time": T0 + step / 4, "daemon": daemon, "models": models, "streams": streams(step)}
+
+
+def stream(model: str, key: str, fps_in: float, fps_served: float, p99_ms: float | None, seen_s: float,
+           received: int, superseded: int = 0, refused: int = 0, silent: bool = False) -> dict[str, Any]:
+    """One stream as admin `streams` and the stats stream give it."""
+    return {"model": model, "key": key, "received": received, "served": received - superseded - refused,
+            "superseded": superseded, "refused": refused, "failed": 0,
+            "age_ms": {"p50": None if p99_ms is None else p99_ms / 3, "p99": p99_ms}, "last_seen_s": seen_s,
+            "fps_in": fps_in, "fps_served": fps_served, "fps_dropped": fps_in - fps_served, "silent": silent}
+
+
+def streams(step: int = 0) -> dict[str, Any]:
+    """Four cameras on the detector and the OCR pipeline: one keeping up, one losing frames to newer ones,
+    one refused, one gone silent."""
+    return {"total": 4, "silent_s": 5.0, "shown": [
+        stream("detector", "gate-1", 15.0, 15.0, 42.0, 0.05, 9_000 + 4 * step),
+        stream("detector", "lot-2", 30.0, 21.5, 96.0, 0.02, 18_200 + 8 * step, superseded=4_100),
+        stream("ocr", "dock-3", 5.0, 3.0, 880.0, 0.1, 3_000 + step, refused=1_200),
+        stream("ocr", "door-4", 0.0, 0.0, 310.0, 73.0 + step / 4, 4_410, superseded=12, silent=True)]}
 
 
 EVENTS = [

@@ -297,6 +297,28 @@ def test_completion_reads_the_client_commands_new_flags_from_their_help():
     assert got == ["--timeout"]
 
 
+def test_completion_offers_the_stream_options_and_image_files_for_a_pipeline(tmp_path):
+    if not shutil.which("infermux", path=str(Path(sys.executable).parent)):
+        pytest.skip("the infermux console script is not installed beside this Python")
+    path = f"{Path(sys.executable).parent}:/usr/bin:/bin"
+    assert _complete(["infermux", "bench", "--str"], path=path) == ["--streams"]
+    assert {"--fps", "--key-prefix", "--image"} <= set(_complete(["infermux", "bench", "--"], path=path))
+    assert _complete(["infermux", "bench", "ocr", "--streams", ""], path=path) == []  # a number: nothing to offer
+    for name in ("page.png", "cam.jpg", "notes.txt"):
+        (tmp_path / name).write_text("")
+    for command in ("bench", "infer"):
+        got = _complete(["infermux", command, "ocr", "--image", ""], path=path, cwd=tmp_path)
+        assert sorted(got) == ["cam.jpg", "page.png"]
+
+
+def test_man_page_documents_the_pipeline_and_stream_options():
+    page = (PKG / "infermux.1").read_text().replace("\\-", "-")
+    for option in ("--image", "--key", "--streams", "--fps", "--duration", "--key-prefix", "--size"):
+        assert re.search(rf"(?<![\w-]){option}(?![\w-])", page), f"document {option} in packaging/infermux.1"
+    for words in ("[[pipelines]]", "queue_policy", "newest_per_key", "ctl streams", "stream_silent"):
+        assert words in page, f"packaging/infermux.1 should mention {words}"
+
+
 def test_man_page_renders_without_warnings():
     system_packages.require({"man": "man-db"})
     man = shutil.which("man")

@@ -5,8 +5,10 @@ One scene for the module: Prometheus (Debian's `prometheus` package, installed u
 elsewhere) runs as a plain process with its own configuration, data directory and port in a temp
 folder, scraping the daemon every second and evaluating packaging/prometheus/infermux-rules.yml
 every second. The daemon then gets 200s, 503s while a model loads, 429s from a full queue, 504s,
-three crashes of a cold worker (restarts, then failed), a hot swap and pipeline frames (one pipeline tracking a stream); at the end
-it is stopped. The tests then ask Prometheus:
+three crashes of a cold worker (restarts, then failed), a hot swap and pipeline frames (one pipeline
+tracking a stream); at the end cameras sending keyed frames to a model with queue_policy
+newest_per_key (200s and 409s), one of which then stops (a silent stream); at the end it is
+stopped. The tests then ask Prometheus:
 
 - every expression of the dashboard (its template variables resolved as Grafana resolves "All")
   parses, and returns series unless ALLOWED_EMPTY says why it may not;
@@ -69,6 +71,10 @@ CAUGHT_UP = ('infermux_model_swaps_total{model="m"} >= 1',
              'model_version:infermux_worker_restarts:increase15m{model="cold"} >= 3',
              'model_version:infermux_batch_size:mean_rate5m{model="classifier"}',
              'ALERTS{alertname="InfermuxWorkerRestartLoop"}',
+             'infermux_stream_superseded_total{model="cams",key="cam-1"} >= 1',
+             'model_key:infermux_stream_dropped:ratio_rate5m{model="cams",key="cam-1"}',
+             'ALERTS{alertname="InfermuxStreamSilent",model="cams"}',
+             'ALERTS{alertname="InfermuxStreamSilent",model="tracked"}',
              'infermux_rollout_compared_requests{model="s"} >= 2')
 
 X4 = np.arange(8, dtype=np.float32).reshape(2, 4)
@@ -161,7 +167,13 @@ watch = true
 watch_settle_s = 0.3
 watch_debounce_s = 0.02
 watch_rescan_s = 1.0
+stream_silent_s = 1.0          # a camera that stops is silent after a second
 
+[[models]]
+name = "cams"                  # cameras: a newer frame replaces a waiting one (409)
+engine = "{engines}/slower/1/model.onnx"
+queue_policy = "newest_per_key"
+timeout_ms = 20000
 [[models]]
 name = "flood"                 # 429s, and a queue at its bound
 engine = "{engines}/slower/1/model.onnx"
@@ -305,6 +317,24 @@ def _frames(d: Daemon) -> None:
         sock.close()
 
 
+def _cameras(d: Daemon, scene: Scene) -> None:
+    """Cameras (keys) sending to `cams` behind a long request: a frame replaced by a newer one of its
+    camera gets 409, the newest 200; then cam-3 sends a few frames and stops: it goes silent."""
+    seen: set[int] = set()
+    with d.pipeline(timeout_s=30) as pipe:
+        for _ in range(8):  # over several scrapes: a counter that rises between two of them has a rate
+            ids = [pipe.submit("cams", {"x": BIG}), *(pipe.submit("cams", {"x": BIG[:1]}, key=key)
+                                                      for key in ("cam-1", "cam-2", "cam-1", "cam-2"))]
+            seen |= {r.status for r in pipe.gather(ids)}
+            time.sleep(SCRAPE_S / 2)
+    assert seen == {200, 409}, seen
+    with d.client() as client:
+        for _ in range(3):
+            assert client.infer("cams", {"x": BIG[:1]}, key="cam-3").status == 200
+    d.wait_for("stream_silent model=cams key=cam-3")
+    scene.statuses["cams"] = seen
+
+
 def _exposition(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
         return r.read().decode()
@@ -347,6 +377,7 @@ def scene(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iterator[S
         _swap(daemon, root)
         _shadow(daemon, root)
         _frames(daemon)
+        _cameras(daemon, scene)
         scene.seconds["traffic"] = time.monotonic() - t
         t = time.monotonic()
         for caught_up in CAUGHT_UP:  # the last of the traffic scraped, and the rules evaluated on it
@@ -482,6 +513,8 @@ def test_the_alerts_the_traffic_drives_went_pending_or_firing(scene: Scene) -> N
     assert named["InfermuxRequestsRejected"] == named["InfermuxQueueNearlyFull"] == {"flood"}
     assert "late" in named["InfermuxVersionStuckLoading"]  # (cold's restarts load too)
     assert {"late", "tardy"} <= named["InfermuxServerErrors"] and "flood" not in named["InfermuxServerErrors"]
+    # cam-3 stopped, and the tracked pipeline's one camera sent its frames and stopped; no other keys
+    assert named["InfermuxStreamSilent"] == {"cams", "tracked"}
 
 
 def test_the_daemon_down_alert_waits_for_the_daemon_to_stop(scene: Scene) -> None:

@@ -599,6 +599,64 @@ async def test_the_models_table_marks_live_changes_and_the_detail_names_them() -
                     what="the live changes in the detail")
 
 
+# -- streams (queue_policy newest_per_key, admin `streams`) ---------------------------------------------
+
+
+async def test_the_streams_tab_shows_each_camera_and_a_silent_one_in_red() -> None:
+    from support import tui_data
+
+    from infermux.tui.views.streams import StreamsTable
+
+    app = TopApp(StaticFeed(tui_data.snapshot()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.snapshots_seen > 0, what="a snapshot")
+        await pilot.press("7")
+        table = app.streams_view.query_one(StreamsTable)
+        await until(pilot, lambda: len(table.keys()) == 4, what="a row per stream")
+        assert table.keys() == ["detector/gate-1", "detector/lot-2", "ocr/dock-3", "ocr/door-4"]
+        assert [table.cell_text("detector/lot-2", c) for c in ("fps_in", "fps_served", "drop", "age")] == \
+            ["30", "22", "28%", "96ms"]
+        assert table.cell_text("ocr/door-4", "seen") == "SILENT 1m13s"
+        assert table._cells["ocr/door-4"]["key"][1] == "bold red" and table._cells["detector/gate-1"]["key"][1] == "bold"
+        text = screen_text(app)
+        assert "4 streams" in text and "1 silent" in text and app.focused is table
+        await pilot.press("enter")  # a stream is not a model version: no detail screen
+        assert app.screen is app.main
+
+
+async def test_slash_and_s_filter_and_sort_the_streams_on_their_tab() -> None:
+    from support import tui_data
+
+    from infermux.tui.views.streams import StreamsTable
+
+    app = TopApp(StaticFeed(tui_data.snapshot()))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.snapshots_seen > 0, what="a snapshot")
+        await pilot.press("7")
+        table = app.streams_view.query_one(StreamsTable)
+        await until(pilot, lambda: len(table.keys()) == 4)
+        await pilot.press("s")  # frames in, largest first
+        await until(pilot, lambda: table.keys()[:2] == ["detector/lot-2", "detector/gate-1"], what="rows by fps in")
+        assert "FPS IN▼" in screen_text(app)
+        await pilot.press("s", "s", "s", "s")  # served, drop, age, then last seen: the silent one first
+        await until(pilot, lambda: table.keys()[0] == "ocr/door-4", what="the longest silent first")
+        assert table.sort_by == "seen" and len(app.models_table.keys()) == 6 and app.models_table.sort_by == ""
+        await pilot.press("slash")
+        await until(pilot, lambda: isinstance(app.screen, PromptScreen))
+        await pilot.press(*"ocr", "enter")
+        await until(pilot, lambda: table.keys() == ["ocr/door-4", "ocr/dock-3"], what="the filtered streams")
+        assert "7 Streams /ocr" in screen_text(app) and app.models_table.filter_text == ""
+
+
+async def test_without_streams_the_tab_says_what_makes_one() -> None:
+    app = TopApp(StaticFeed({"time": 0.0, "daemon": {}, "models": [], "pipelines": []}))
+    async with app.run_test(size=(80, 24)) as pilot:
+        await until(pilot, lambda: app.snapshots_seen > 0, what="a snapshot")
+        await pilot.press("7")
+        await until(pilot, lambda: "no streams" in screen_text(app), what="the empty state")
+        assert '"key"' in screen_text(app)
+
+
 def burst(app: TopApp, *keys: str) -> None:
     """Keys as a terminal delivers one read's worth: posted all at once, as the driver does, with no
     pause between them for the app to settle (Pilot's `press` waits after each key)."""

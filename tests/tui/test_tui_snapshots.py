@@ -48,7 +48,8 @@ def console(stale: bool = False) -> tuple[TopApp, Callable[[Any], Awaitable[None
 
 
 VIEWS = {"models": (), "memory": ("2",), "routing": ("3",), "events": ("4",), "log": ("5",), "detail": ("enter",),
-         "failed": ("end", "enter"), "keys": ("question_mark",), "stale": ()}  # failed: segmenter's whole reason
+         "failed": ("end", "enter"), "keys": ("question_mark",), "stale": (),  # failed: segmenter's whole reason
+         "streams": ("7",)}
 
 
 @pytest.mark.parametrize("view,keys", [pytest.param(v, k, id=v) for v, k in VIEWS.items()])

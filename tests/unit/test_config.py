@@ -97,9 +97,25 @@ def test_model_toml_takes_the_placement_and_its_old_name_too(tmp_path: Path) -> 
     (MODEL + 'default = true\n[[models]]\nname = "a"\nversion = "2"\nengine = "a2.onnx"\ndefault = true\n',
      'models[name="a", version="2"].default: model \'a\' already has a default version '
      '(models[name="a", version="1"])'),
+    (MODEL + 'queue_policy = "lifo"\n', 'models[name="a"].queue_policy: must be one of fifo, newest_per_key'),
+    (MODEL + "per_key_depth = 2\n", 'models[name="a"].per_key_depth: only applies to queue_policy = "newest_per_key"'),
+    (MODEL + 'queue_policy = "newest_per_key"\nper_key_depth = 0\n', 'models[name="a"].per_key_depth: must be >= 1'),
+    ("[daemon]\nstream_silent_s = -1\n", "daemon.stream_silent_s: must be >= 0"),
+    ("[daemon]\nstream_metrics_keys = 0\n", "daemon.stream_metrics_keys: must be >= 1"),
+    ("[daemon]\nstream_max_keys = 0\n", "daemon.stream_max_keys: must be >= 1"),
 ])
 def test_each_kind_of_error_names_the_field_and_reason(text: str, fragment: str) -> None:
     assert fragment in error(text)
+
+
+def test_a_stream_policy_is_set_on_models_and_pipelines() -> None:
+    pipeline = ('[[pipelines]]\nname = "p"\nqueue_policy = "newest_per_key"\nper_key_depth = 2\n'
+                '[[pipelines.steps]]\nprocessor = "decode"\n')
+    config = cfg.parse(MODEL + 'queue_policy = "newest_per_key"\n' + pipeline, FILE)
+    assert (config.models[0].queue_policy, config.models[0].per_key_depth) == ("newest_per_key", 1)
+    assert (config.pipelines[0].queue_policy, config.pipelines[0].per_key_depth) == ("newest_per_key", 2)
+    assert cfg.parse(MODEL, FILE).models[0].queue_policy == "fifo"
+    assert "pipelines[0].queue_policy: must be one of" in error(pipeline.replace("newest_per_key", "newest"))
 
 
 def test_long_fallback_chains_are_refused() -> None:

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from infermux.execution.fairqueue import Closed, FairQueue
+from infermux.execution.fairqueue import Closed, FairQueue, Lane, longest_lane
 from support.polling import eventually
 
 
@@ -51,8 +51,8 @@ def test_keys_take_turns_so_a_flood_does_not_starve_the_others():
     q.put(Item("cam1", "a"))
     q.put(Item(None, "n"))  # no key: the shared lane
     q.put(Item("cam1", "b"))
-    # New lanes in arrival order, then the backlogged ones, the shortest first.
-    assert [q.get().name for _ in range(8)] == ["f0", "a", "n", "b", "f1", "f2", "f3", "f4"]
+    # New lanes in arrival order, then the backlogged ones in turn, one item each.
+    assert [q.get().name for _ in range(8)] == ["f0", "a", "n", "f1", "b", "f2", "f3", "f4"]
     assert len(q) == 0 and q.rows == 0
 
 
@@ -65,25 +65,38 @@ def test_a_key_that_was_idle_goes_before_the_backlogged_ones():
     assert q.get().name == "c0"  # not behind f1: an idle key is served first, once
     q.put(Item("cam", "c1"))
     q.put(Item("cam", "c2"))
-    assert [q.get().name for _ in range(4)] == ["c1", "c2", "f1", "f2"]  # the shorter backlog first
+    assert [q.get().name for _ in range(4)] == ["f1", "c1", "f2", "c2"]  # then both backlogs in turn
 
 
-def test_the_shortest_backlog_drains_first_and_equal_ones_take_turns():
+def test_backlogged_keys_take_strict_turns_whatever_their_lengths():
     q = queue()
     for i in range(3):
         q.put(Item("a", f"a{i}"))
         q.put(Item("b", f"b{i}"))
     for i in range(6):
         q.put(Item("flood", f"f{i}"))
-    # a, b, flood enter as new lanes, once each; then a and b (2 left each) before the flood (5 left):
-    # a goes first in turn, and is then the shortest.
-    assert [q.get().name for _ in range(12)] == ["a0", "b0", "f0", "a1", "a2", "b1", "b2",
-                                                   "f1", "f2", "f3", "f4", "f5"]
-    for i in range(2):
-        q.put(Item("x", f"x{i}"))
-        q.put(Item("y", f"y{i}"))
-    assert [q.get().name for _ in range(2)] == ["x0", "y0"]
-    assert [q.get().name for _ in range(2)] == ["x1", "y1"]  # equal backlogs: in turn
+    # a, b, flood enter as new lanes, once each; then one each in turn, however long each backlog.
+    assert [q.get().name for _ in range(12)] == ["a0", "b0", "f0", "a1", "b1", "f1", "a2", "b2",
+                                                   "f2", "f3", "f4", "f5"]
+
+
+def test_keys_sending_at_equal_rates_are_served_equally_at_a_full_queue():
+    # Six keys send one item each per round, in a rotating order; the consumer takes three per round
+    # (half of what arrives) and arrivals past 24 queued are refused. Each key must get its share: when
+    # the shortest backlog was served first, the keys that happened to be short kept getting served
+    # and the rest starved.
+    q = queue()
+    keys = [f"cam{i}" for i in range(6)]
+    served = dict.fromkeys(keys, 0)
+    for round_ in range(400):
+        for i in range(6):
+            key = keys[(round_ + i) % 6]
+            if len(q) < 24:
+                q.put(Item(key, f"{key}-{round_}"))
+        for _ in range(3):
+            served[q.get().key] += 1
+    mean = sum(served.values()) / len(served)
+    assert all(abs(n - mean) <= 0.05 * mean for n in served.values()), served
 
 
 def test_a_lane_that_just_emptied_does_not_come_back_as_new():
@@ -98,15 +111,58 @@ def test_a_lane_that_just_emptied_does_not_come_back_as_new():
     assert [q.get().name for _ in range(2)] == ["c1", "f2"]
 
 
-def test_pushing_out_takes_the_newest_of_a_key():
+def test_pushing_out_takes_the_newest_or_the_oldest_of_a_key():
     q = queue()
-    for name in ("f0", "f1", "f2"):
+    for name in ("f0", "f1", "f2", "f3"):
         q.put(Item("flood", name))
     q.put(Item("cam", "c0"))
-    assert q.lanes() == {"flood": 3, "cam": 1}
-    assert q.pop_newest("flood").name == "f2"
-    assert q.pop_newest("cam").name == "c0" and q.pop_newest("cam") is None
-    assert [q.get().name for _ in range(2)] == ["f0", "f1"] and len(q) == 0 and q.rows == 0
+    lanes = q.lanes()
+    assert {k: lane.count for k, lane in lanes.items()} == {"flood": 4, "cam": 1}
+    assert (lanes["flood"].oldest.name, lanes["flood"].newest.name) == ("f0", "f3")
+    assert q.pop_newest("flood").name == "f3"
+    assert q.pop_oldest("flood").name == "f0"
+    assert q.pop_newest("cam").name == "c0" and q.pop_newest("cam") is None and q.pop_oldest("cam") is None
+    assert [q.get().name for _ in range(2)] == ["f1", "f2"] and len(q) == 0 and q.rows == 0
+
+
+def test_a_stream_keeps_its_newest_items_and_hands_back_the_ones_they_replace():
+    q = queue()
+    assert q.put(Item("cam", "c0", rows=2), keep=1) == []
+    q.put(Item("other", "o0"), keep=1)
+    replaced = q.put(Item("cam", "c1"), keep=1)
+    assert [i.name for i in replaced] == ["c0"] and q.count("cam") == 1 and len(q) == 2 and q.rows == 2
+    assert [i.name for i in q.put(Item("cam", "c2"), keep=2)] == []  # room for two
+    assert [i.name for i in q.put(Item("cam", "c3"), keep=2)] == ["c1"]
+    # The stream's lane kept its place in the round: it came first, and goes first.
+    assert [q.get().name for _ in range(3)] == ["c2", "o0", "c3"] and len(q) == 0 and q.rows == 0
+
+
+def test_a_stream_s_lane_keeps_its_turn_when_its_item_is_replaced():
+    q = queue()
+    q.put(Item("a", "a0"), keep=1)
+    q.put(Item("b", "b0"), keep=1)
+    q.put(Item("a", "a1"), keep=1)  # replaces a0 where a0 stood: a is still served first
+    assert [q.get().name for _ in range(2)] == ["a1", "b0"]
+    assert q.put(Item(None, "n0"), keep=0) == [] and q.put(Item(None, "n1")) == []  # no keep: all stay
+    assert len(q) == 2
+
+
+def test_streams_take_turns_by_how_long_they_waited_not_by_coming_back_as_new():
+    # A stream's lane empties each time it is served. Were its next frame "new" when it came after a
+    # dequeue, it would go ahead of a camera whose frame came just before one: that camera, its
+    # frame replaced but never emptied, waits behind the others' every frame (six equal cameras on
+    # a pipeline were served 59 to 101 frames each).
+    q = queue()
+    q.put(Item("c", "c0"), keep=1)
+    assert q.get().name == "c0"
+    q.put(Item("c", "c1"), keep=1)  # c waits from here on
+    served = []
+    for n in range(4):  # a and b come and go; c's frame is replaced as it waits, keeping its turn
+        q.put(Item("ab"[n % 2], f"{'ab'[n % 2]}{n}"), keep=1)
+        q.put(Item("c", f"c{n + 2}"), keep=1)
+        served.append(q.get().name)
+    assert served == ["c2", "a0", "c4", "b3"]  # in turns: c, then a, b as they joined, c replaced as it waits
+    assert q.put(Item(None, "n0")) == [] and q.get().name == "n0"  # a request of no stream is still new
 
 
 def test_take_counts_rows_and_leaves_what_would_pass_the_limit():
@@ -311,3 +367,35 @@ def test_wait_returns_once_an_item_is_queued_and_raises_once_closed_and_empty() 
     q.close()
     with pytest.raises(Closed):
         q.wait()
+
+
+# -- longest-queue drop at a full queue -------------------------------------------------------------
+
+
+def lanes(**held: list[tuple[int, int, int, str]]) -> dict[str, list[tuple[Lane[int], str]]]:
+    """Per key, (count, oldest arrival, newest arrival) in each named queue."""
+    return {key: [(Lane(n, old, new), where) for n, old, new, where in spots] for key, spots in held.items()}
+
+
+def test_the_key_holding_most_gives_up_one_for_a_key_holding_less() -> None:
+    held = lanes(flood=[(3, 1, 9, "ctx0"), (2, 4, 8, "ctx1")], cam=[(1, 5, 5, "ctx0")])
+    assert longest_lane(held, "cam", True, int) == ("flood", "ctx0")  # its newest, 9, is in ctx0
+    assert longest_lane(held, "other", True, int) == ("flood", "ctx0")
+    assert longest_lane(held, "cam", False, int) == ("flood", "ctx0")  # its oldest, 1, is in ctx0 too
+    assert longest_lane(held, "flood", True, int) is None  # it would hold no less than the most
+
+
+def test_a_key_one_short_of_the_most_is_refused_not_swapped() -> None:
+    held = lanes(a=[(2, 1, 2, "q")], b=[(1, 3, 3, "q")])
+    assert longest_lane(held, "b", True, int) is None  # b would hold 2, as much as a: nothing gained
+    assert longest_lane(held, "c", True, int) == ("a", "q")
+    assert longest_lane({}, "c", True, int) is None
+
+
+def test_among_keys_holding_as_much_the_newest_or_oldest_end_loses() -> None:
+    held = lanes(a=[(2, 1, 7, "q")], b=[(2, 3, 6, "q")])
+    assert longest_lane(held, "c", True, int) == ("a", "q")  # fifo: whose newest came last
+    assert longest_lane(held, "c", False, int) == ("a", "q")  # streams: whose oldest came first
+    held = lanes(a=[(2, 4, 5, "q")], b=[(2, 3, 6, "q")])
+    assert longest_lane(held, "c", True, int) == ("b", "q")
+    assert longest_lane(held, "c", False, int) == ("b", "q")

@@ -32,6 +32,13 @@ name = "guarded"
 version = "1"
 engine = "plain/1/model.onnx"
 fallback = "plain"
+
+[[models]]
+name = "cams"
+version = "1"
+engine = "plain/1/model.onnx"
+contexts = 2
+queue_policy = "newest_per_key"
 """
 X = np.arange(4, dtype=np.float32).reshape(1, 4)
 
@@ -142,3 +149,50 @@ def test_bad_input_gets_the_general_paths_error(server: Server, sent: Sent) -> N
     header = sent.reply()
     assert sent.general == 1
     assert header["status"] == 400 and "dimension 1 must be 4" in header["error"], header
+
+
+def stream_row(server: Server, model: str, key: str) -> dict[str, Any]:
+    from infermux.admin.commands import cmd_streams
+
+    return next(r for r in cmd_streams(server, {"model": model})["streams"] if r["key"] == key)
+
+
+@pytest.mark.parametrize("model", ["plain", "cams"])  # fifo, and newest_per_key with nothing of the key waiting
+def test_a_keyed_request_served_on_the_fast_path_is_counted_on_its_stream(server: Server, sent: Sent,
+                                                                          model: str) -> None:
+    key = f"fast-{model}"
+    ask(server, model, key=key)
+    assert sent.general == 0 and sent.reply()["status"] == 200  # computed inside _handle
+    row = stream_row(server, model, key)
+    assert (row["received"], row["served"]) == (1, 1), row
+    ask(server, model, key=key)
+    sent.reply()
+    assert (stream_row(server, model, key)["received"], stream_row(server, model, key)["served"]) == (2, 2)
+
+
+def test_a_keyed_request_the_fast_path_declines_is_counted_once(server: Server, sent: Sent) -> None:
+    executor = server.registry.model("plain").default().placement.executors[0]
+    with executor._busy:  # the fast path counts it, declines, and the general path must not count it again
+        ask(server, "plain", key="declined")
+        assert sent.general == 1
+    threading.Event().wait(0.2)
+    drain_outbox(server)
+    assert sent.reply()["status"] == 200
+    row = stream_row(server, "plain", "declined")
+    assert (row["received"], row["served"]) == (1, 1), row
+
+
+def test_a_newer_frame_of_a_stream_with_one_waiting_takes_the_general_path(server: Server, sent: Sent) -> None:
+    # Under newest_per_key an older frame of the key waiting on one context must be replaced (409) by
+    # the newer one, not overtaken by it on an idle context: serve_now leaves it to the general path.
+    placement = server.registry.model("cams").default().placement
+    waiting = placement.executors[0]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(placement, "_home", lambda executors, key: waiting if key == "cam-w" else None)
+        ask(server, "cams", key="cam-w")
+        assert sent.general == 1
+    threading.Event().wait(0.2)
+    drain_outbox(server)
+    assert sent.reply()["status"] == 200
+    ask(server, "cams", key="cam-x")  # no frame of it waiting: the fast path
+    assert sent.general == 1 and sent.reply()["status"] == 200

@@ -2,6 +2,7 @@
 // socket, both sample models asked at once, replies matched by `id`.
 //
 //	go build -o infermux-client . && ./infermux-client [ENDPOINT]
+//	./infermux-client frames [ENDPOINT] [PIPELINE]    # two cameras' frames to a pipeline (frames.go)
 //
 // ENDPOINT defaults to the packaged daemon's ipc:///run/infermux/infer.sock.
 package main
@@ -164,11 +165,25 @@ func run(endpoint string) error {
 }
 
 func main() {
-	endpoint := "ipc:///run/infermux/infer.sock"
-	if len(os.Args) > 1 {
-		endpoint = os.Args[1]
+	args := os.Args[1:]
+	frames := len(args) > 0 && args[0] == "frames"
+	if frames {
+		args = args[1:]
 	}
-	if err := run(endpoint); err != nil {
+	endpoint, pipeline := "ipc:///run/infermux/infer.sock", "camera"
+	if len(args) > 0 {
+		endpoint = args[0]
+	}
+	if len(args) > 1 {
+		pipeline = args[1]
+	}
+	var err error
+	if frames {
+		err = runFrames(endpoint, pipeline)
+	} else {
+		err = run(endpoint)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "infermux client:", err)
 		os.Exit(1)
 	}

@@ -14,6 +14,10 @@ package main
 // these small wrappers do it on the C side.
 static int set_int(void *s, int option, int value) { return zmq_setsockopt(s, option, &value, sizeof value); }
 static int more(void *s) { int m = 0; size_t n = sizeof m; zmq_getsockopt(s, ZMQ_RCVMORE, &m, &n); return m; }
+static int readable(void *s, long timeout_ms) {
+	zmq_pollitem_t item = {s, 0, ZMQ_POLLIN, 0};
+	return zmq_poll(&item, 1, timeout_ms);
+}
 */
 import "C"
 
@@ -94,6 +98,15 @@ func (s *Socket) Receive() ([][]byte, error) {
 			return frames, nil
 		}
 	}
+}
+
+// Poll waits up to timeoutMs for a message to receive; whether one is there.
+func (s *Socket) Poll(timeoutMs int) (bool, error) {
+	n := C.readable(s.sock, C.long(timeoutMs))
+	if n < 0 {
+		return false, lastError()
+	}
+	return n > 0, nil
 }
 
 // Close closes the socket and its context.

@@ -1,0 +1,119 @@
+"""The client library's frames and streams against a real daemon: `Frame` in `Client.infer` and
+`Pipeline.submit`, and `Stream`, which keeps one frame in flight and lets a newer frame replace one
+not sent yet. The pipeline's one thread holds a frame at the gate processor
+(tests/support/fakes/plugins/gate_processor.py) until the test opens it, so what is in flight is certain.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pytest
+import zmq
+
+from infermux.client import Client, Frame, Pipeline, Stream
+from infermux.pipelines.wire import send_frame
+from support.harness import Daemon
+from support.polling import eventually
+
+CLASSIFIER = '[[models]]\nname = "classifier"\nengine = "classifier/1/model.onnx"\n'
+STEPS = ('[[pipelines.steps]]\nprocessor = "decode"\n'
+         '[[pipelines.steps]]\nprocessor = "resize"\noptions = {{ mode = "stretch", size = [64, 64] }}\n'
+         '[[pipelines.steps]]\nprocessor = "normalize"\n'
+         '[[pipelines.steps]]\nmodel = "classifier"\n'
+         '[[pipelines.steps]]\nprocessor = "classify"\noptions = {{ k = 3 }}\n')
+RNG = np.random.default_rng(5)
+
+
+def pipeline(name: str, gate: Path | None = None) -> str:
+    held = f'[[pipelines.steps]]\nprocessor = "gate_processor:Gate"\noptions = {{{{ path = "{gate}" }}}}\n' if gate else ""
+    return f'[[pipelines]]\nname = "{name}"\nworkers = 1\nqueue_policy = "newest_per_key"\n{held}{STEPS}'
+
+
+def image(seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 255, (48, 64, 3), dtype=np.uint8)
+
+
+def classes(reply) -> list[int]:
+    assert reply.status == 200, reply.header
+    return [c["index"] for c in reply.header["classes"][0]]
+
+
+@pytest.fixture(scope="module")
+def d(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iterator[Daemon]:
+    from support.harness import DAEMON_HEAD
+
+    workdir = tmp_path_factory.mktemp("client-frames")
+    daemon = Daemon(workdir, (DAEMON_HEAD + CLASSIFIER + pipeline("cams")).format(engines=engines)).start()
+    yield daemon
+    daemon.stop()
+
+
+def test_a_frame_goes_through_client_and_pipeline_as_the_wire_sends_it(d: Daemon) -> None:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(d.endpoint)
+    try:
+        expected = classes(send_frame(sock, "cams", image(1).tobytes(), "bgr", width=64, height=48))
+    finally:
+        sock.close()
+    with Client(d.endpoint) as client:
+        assert classes(client.infer("cams", Frame.of(image(1)), key="gate-1")) == expected  # a bare Frame: "image"
+        assert classes(client.infer("cams", {"image": Frame.of(image(1))})) == expected
+        gray = client.infer("cams", Frame.of(image(1)[:, :, 0].copy(), "gray"))
+        assert gray.status == 200, gray.header
+    with Pipeline(d.endpoint) as pipe:  # a key each: none replaces another
+        replies = pipe.gather([pipe.submit("cams", Frame.of(image(1)), key=f"cam{k}") for k in range(4)])
+    assert [classes(r) for r in replies] == [expected] * 4
+
+
+def test_a_frame_the_daemon_would_refuse_is_refused_before_it_is_sent(d: Daemon) -> None:
+    with Client(d.endpoint) as client:
+        with pytest.raises(ValueError, match="is 9216 bytes, got 100"):
+            client.infer("cams", Frame(bytes(100), "bgr", width=64, height=48))
+        assert client.infer("cams", Frame.of(image(2))).status == 200  # the client goes on
+
+
+def test_a_stream_keeps_one_frame_in_flight_and_the_newest_waiting(make_daemon, tmp_path: Path) -> None:
+    gate = tmp_path / "open"
+    d = make_daemon(CLASSIFIER + pipeline("held", gate))
+    with Stream(d.endpoint, "held", key="gate-7", timeout_s=30) as camera:
+        assert camera.latest() is None
+        camera.send(Frame.of(image(0)))
+        eventually(lambda: gate.with_suffix(".entered").exists(), "the first frame at the gate")
+        for seed in range(1, 6):  # the daemon holds the first: each of these waits here, the next replaces it
+            camera.send(Frame.of(image(seed)))
+        assert (camera.counts.sent, camera.counts.replaced) == (1, 4)
+        gate.touch()
+        last = camera.wait(30)
+        assert last is not None and last is camera.latest()
+        assert last.header["id"] == 6  # the newest frame's: sent once the first was answered
+        assert classes(last) == classes(Client(d.endpoint).infer("held", Frame.of(image(5))))
+        assert (camera.counts.sent, camera.counts.replies, camera.counts.served) == (2, 2, 2)
+    with d.admin() as admin:
+        (stream,) = [s for s in admin.call("streams")["streams"] if s["key"] == "gate-7"]
+    # The daemon saw what the stream sent, nothing to supersede: the replacing was done on the client.
+    assert (stream["received"], stream["served"], stream["superseded"]) == (2, 2, 0)
+
+
+def test_a_stream_to_a_model_sends_its_tensor_as_the_named_input(make_daemon) -> None:
+    d = make_daemon('[[models]]\nname = "fast"\nengine = "fast512/1/model.onnx"\n')
+    x = RNG.random((1, 512), dtype=np.float32)
+    seen = []
+    with Stream(d.endpoint, "fast", key="sensor-1", input="x", on_reply=seen.append) as sensor:
+        for k in range(3):
+            sensor.send(x + k)
+            sensor.wait(10)
+        latest = sensor.latest()
+    assert latest is not None and latest.status == 200
+    np.testing.assert_allclose(latest.outputs["y"], x + 2, rtol=1e-6)
+    assert [r.status for r in seen] == [200, 200, 200]
+
+
+def test_a_stream_gives_up_a_request_that_is_not_answered_and_goes_on(tmp_path: Path) -> None:
+    # Nothing listens: the request times out, the stream counts it and stays usable.
+    with Stream(f"ipc://{tmp_path}/nobody.sock", "fast", key="k", timeout_s=0.2) as lonely:
+        lonely.send({"x": np.zeros((1, 4), np.float32)})
+        assert lonely.wait(5) is None and lonely.counts.timeouts == 1 and lonely.counts.sent == 1
