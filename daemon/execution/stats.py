@@ -1,4 +1,5 @@
-"""Live statistics of one model version and its execution contexts (issue 4 item 6).
+"""Live statistics of one model version and its execution contexts: QPS, latency percentiles,
+batch sizes and each context's load.
 
 `record` sits on the hot path: executor threads and the frontend thread call
 it for every request. It takes no lock: each thread writes its own shard
