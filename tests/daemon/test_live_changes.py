@@ -44,10 +44,17 @@ def rows(d: Daemon) -> dict[tuple[str, str], dict]:
 
 
 def versions_served(d: Daemon, n: int = 200) -> Counter:
+    """The versions of addone that answered `n` pipelined requests. On a busy box a full queue sends
+    some to addone's live fallback `stand` (whose own version is "1" too): those are checked to be
+    stand-ins, and left out, so that the count says where routing sent the rest."""
     with d.pipeline() as pipe:
         replies = pipe.gather([pipe.submit("addone", {"x": X4}) for _ in range(n)])
     assert all(r.status == 200 for r in replies), [r.status for r in replies if r.status != 200][:3]
-    return Counter(r.version for r in replies)
+    stand_ins = [r for r in replies if r.fallback]
+    assert all(r.model == "stand" and r.fallback["reason"] in ("queue_full", "deadline") for r in stand_ins), \
+        [r.header for r in stand_ins][:2]
+    assert len(stand_ins) < n, "every request went to the fallback: the box was too busy to route any"
+    return Counter(r.version for r in replies if not r.fallback)
 
 
 def events(d: Daemon, kind: str) -> list[dict]:
@@ -71,13 +78,13 @@ def test_a_reload_of_the_unchanged_file_keeps_live_weights_and_fallback(make_dae
     assert after[("addone", "1")]["fallback"] == "stand"
     assert after[("addone", "1")]["overrides"] == {"weight": {"live": 100, "file": 0},
                                                    "fallback": {"live": "stand", "file": ""}}
-    assert versions_served(d) == {"1": 200}  # the canary held at 0 % stays so
+    assert versions_served(d).keys() == {"1"}  # the canary held at 0 % stays so
     with d.admin() as admin:  # and SIGHUP is the same reload
         admin.call("set", model="addone", weights={"1": 0, "2": 100})
     since = len(d.log())
     d.signal(signal.SIGHUP)
     d.wait_for("reloaded", since=since)
-    assert versions_served(d) == {"2": 200}
+    assert versions_served(d).keys() == {"2"}
 
 
 def test_the_file_wins_for_a_field_it_changed_and_the_reply_and_an_event_say_so(make_daemon) -> None:
@@ -134,7 +141,7 @@ def test_live_changes_survive_a_restart_until_the_file_changes_the_field(make_da
     d.start()
     after = rows(d)
     assert after[("addone", "2")]["contexts"] == 3 and after[("addone", "1")]["fallback"] == "stand"
-    assert versions_served(d) == {"1": 200}
+    assert versions_served(d).keys() == {"1"}
     assert d.stop() == 0
     d.config_path.write_text(d.config_path.read_text().replace('version = "2"\n', 'version = "2"\ncontexts = 2\n', 1))
     d.start()  # the file changed contexts of version 2 while the daemon was stopped: the file wins there
