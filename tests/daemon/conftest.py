@@ -26,3 +26,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if item.path.parent == HERE and item.path.name in SLOW_FILES:
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """An empty engine directory for one test (the watched one, where its versions are published)."""
+    path = tmp_path / "engines"
+    path.mkdir()
+    return path

@@ -33,14 +33,6 @@ version_mismatch = "{mismatch}"
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    """An empty engine directory for one test."""
-    path = tmp_path / "engines"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
     """Start a daemon watching `root`; stopped (and checked to stop cleanly) after the test."""
     started: list[Daemon] = []

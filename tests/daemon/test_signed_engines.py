@@ -34,13 +34,6 @@ watch_rescan_s = 1.0
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "engines"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def keys(tmp_path: Path) -> dict[str, Path]:
     """The trusted publisher's private key and public key, and a stranger's private key."""
     (tmp_path / "keys").mkdir()
