@@ -22,8 +22,8 @@ every context of the serving version is busy, or while less than
 `min_idle_cpu` of the CPUs' time is idle (/proc/stat): it takes spare CPU
 only. Whether it is paused is said from the last half second, looked at
 every 50 ms: paused once most looks found it had to wait (`rollout_paused`),
-resumed once few did (`rollout_resumed`); the reason shows in the
-candidate's state. So a box at its capacity gets two events, not one per
+resumed once few did (`rollout_resumed`); the reason (the one most of
+those looks found) shows in the candidate's state. So a box at its capacity gets two events, not one per
 request.
 """
 
@@ -34,7 +34,7 @@ import math
 import os
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -298,7 +298,7 @@ class Rollouts:
         rollout.looks.append(busy)
         count = sum(1 for look in rollout.looks if look)
         if not rollout.paused and len(rollout.looks) == LOOKS and count >= PAUSE_AT:
-            rollout.paused = next(look for look in reversed(rollout.looks) if look)
+            rollout.paused = Counter(look for look in rollout.looks if look).most_common(1)[0][0]
             self.events.emit("rollout_paused", rollout.name, rollout.candidate.version, reason=rollout.paused)
         elif rollout.paused and count <= RESUME_AT:
             rollout.paused = ""
@@ -315,14 +315,16 @@ class Rollouts:
         placement = serving.placement if serving is not None else None
         if placement is None:
             return "no version serves"
-        contexts = max(1, len(placement.contexts()))
-        if placement.load() >= contexts:
-            return "the serving version is busy (every context)"
         # What the frontend computes itself waits in the socket, where no queue shows it; and a
         # candidate at nice 19 still holds the GIL it shares with the frontend when the box is
-        # full. So mirroring also waits while the CPUs have too little idle time to take it.
+        # full. So mirroring also waits while the CPUs have too little idle time to take it. The
+        # CPUs are named first where both hold: min_idle_cpu is the operator's own knob, and a
+        # serving version at its capacity comes and goes between requests.
         idle, needed = self._cpu.idle(), rollout.config.min_idle_cpu
-        return f"the CPUs are busy ({idle:.0%} idle, {needed:.0%} needed)" if idle < needed else ""
+        if idle < needed:
+            return f"the CPUs are busy ({idle:.0%} idle, {needed:.0%} needed)"
+        contexts = max(1, len(placement.contexts()))
+        return "the serving version is busy (every context)" if placement.load() >= contexts else ""
 
     def _compare(self, rollout: Rollout, sample: Sample) -> Verdict:
         outputs, error = self._compute(rollout.candidate, sample.inputs)

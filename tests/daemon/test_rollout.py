@@ -42,13 +42,6 @@ min_idle_cpu = {min_idle_cpu}
 
 
 @pytest.fixture
-def root(tmp_path: Path) -> Path:
-    path = tmp_path / "engines"
-    path.mkdir()
-    return path
-
-
-@pytest.fixture
 def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
     started: list[Daemon] = []
 
@@ -120,12 +113,13 @@ def test_an_identical_candidate_serves_after_exactly_its_shadow_requests_and_no_
     publish(root, "m", 1, offset=1)
     daemon = start(n=20, placement=placement)
     wait_served(daemon, "m", "1", offset=1, timeout=30)
+    publish(root, "m", 2, offset=1)  # the same answers
+    daemon.wait_for("rollout_started model=m version=2", 30)
+    # No request has come yet, so the candidate waits in its rollout however fast mirroring would go.
+    (shadowing,) = versions_status(daemon)["2"]
+    assert shadowing["state"] == "candidate" and "shadowing: 0/20 compared" in shadowing["reason"], shadowing
+    assert shadowing["rollout"]["compared"] == 0, shadowing
     with Traffic(daemon) as traffic:
-        publish(root, "m", 2, offset=1)  # the same answers
-        daemon.wait_for("rollout_started model=m version=2", 30)
-        shadowing = eventually(lambda: (rows := versions_status(daemon).get("2")) and rows[0].get("rollout") and rows[0],
-                               "the candidate listed with its rollout", 30)
-        assert shadowing["state"] == "candidate" and "shadowing:" in shadowing["reason"]
         daemon.wait_for("rollout_passed model=m version=2", 60)
         eventually(lambda: traffic.replies and traffic.replies[-1][0].version == "2", "version 2 serving", 30)
     (passed,) = events(daemon, "rollout_passed")
