@@ -23,6 +23,8 @@ import "C"
 
 import (
 	"errors"
+	"syscall"
+	"time"
 	"unsafe"
 )
 
@@ -34,20 +36,33 @@ type Socket struct {
 	ctx, sock unsafe.Pointer
 }
 
-func lastError() error {
-	if C.zmq_errno() == C.EAGAIN {
+// errorOf turns the errno a cgo call returned into an error. It is taken from
+// the call itself (`r, err := C.f()`): a later C.zmq_errno() may run on another
+// OS thread, whose errno is not the failed call's.
+func errorOf(err error) error {
+	if err == syscall.EAGAIN {
 		return ErrTimeout
 	}
-	return errors.New(C.GoString(C.zmq_strerror(C.zmq_errno())))
+	if errno, ok := err.(syscall.Errno); ok {
+		return errors.New(C.GoString(C.zmq_strerror(C.int(errno))))
+	}
+	return err
+}
+
+// interrupted: the call was cut short by a signal and is to be made again. The
+// Go runtime signals its own threads (SIGURG preempts goroutines), so a
+// blocking libzmq call sees EINTR now and then in any long-running client.
+func interrupted(err error) bool {
+	return err == syscall.EINTR
 }
 
 // NewDealer opens a DEALER socket with a receive timeout, and LINGER 0 so an
 // unsent request does not hold the process at exit.
 func NewDealer(timeoutMs int) (*Socket, error) {
 	ctx := C.zmq_ctx_new()
-	sock := C.zmq_socket(ctx, C.ZMQ_DEALER)
+	sock, err := C.zmq_socket(ctx, C.ZMQ_DEALER)
 	if sock == nil {
-		return nil, lastError()
+		return nil, errorOf(err)
 	}
 	C.set_int(sock, C.ZMQ_LINGER, 0)
 	C.set_int(sock, C.ZMQ_RCVTIMEO, C.int(timeoutMs))
@@ -58,8 +73,8 @@ func NewDealer(timeoutMs int) (*Socket, error) {
 func (s *Socket) Connect(endpoint string) error {
 	c := C.CString(endpoint)
 	defer C.free(unsafe.Pointer(c))
-	if C.zmq_connect(s.sock, c) != 0 {
-		return lastError()
+	if r, err := C.zmq_connect(s.sock, c); r != 0 {
+		return errorOf(err)
 	}
 	return nil
 }
@@ -75,8 +90,14 @@ func (s *Socket) Send(frames [][]byte) error {
 		if len(f) > 0 {
 			p = unsafe.Pointer(&f[0])
 		}
-		if C.zmq_send(s.sock, p, C.size_t(len(f)), flags) < 0 {
-			return lastError()
+		for {
+			r, err := C.zmq_send(s.sock, p, C.size_t(len(f)), flags)
+			if r >= 0 {
+				break
+			}
+			if !interrupted(err) { // interrupted: this part was not queued; send it again
+				return errorOf(err)
+			}
 		}
 	}
 	return nil
@@ -88,9 +109,12 @@ func (s *Socket) Receive() ([][]byte, error) {
 	for {
 		var msg C.zmq_msg_t
 		C.zmq_msg_init(&msg)
-		if C.zmq_msg_recv(&msg, s.sock, 0) < 0 {
+		if r, err := C.zmq_msg_recv(&msg, s.sock, 0); r < 0 {
 			C.zmq_msg_close(&msg)
-			return nil, lastError()
+			if interrupted(err) { // nothing was taken: wait for the part again
+				continue
+			}
+			return nil, errorOf(err)
 		}
 		frames = append(frames, C.GoBytes(C.zmq_msg_data(&msg), C.int(C.zmq_msg_size(&msg))))
 		C.zmq_msg_close(&msg)
@@ -102,11 +126,22 @@ func (s *Socket) Receive() ([][]byte, error) {
 
 // Poll waits up to timeoutMs for a message to receive; whether one is there.
 func (s *Socket) Poll(timeoutMs int) (bool, error) {
-	n := C.readable(s.sock, C.long(timeoutMs))
-	if n < 0 {
-		return false, lastError()
+	deadline := time.Now().Add(time.Duration(timeoutMs) * time.Millisecond)
+	for {
+		n, err := C.readable(s.sock, C.long(timeoutMs))
+		if n >= 0 {
+			return n > 0, nil
+		}
+		if !interrupted(err) {
+			return false, errorOf(err)
+		}
+		if timeoutMs >= 0 { // wait only what is left of the timeout
+			timeoutMs = int(time.Until(deadline) / time.Millisecond)
+			if timeoutMs < 0 {
+				timeoutMs = 0
+			}
+		}
 	}
-	return n > 0, nil
 }
 
 // Close closes the socket and its context.
