@@ -245,7 +245,7 @@ def test_answers_a_fallback_gave_are_not_held_against_the_candidate(root: Path, 
     for version in ("1", "2"):  # 2: the same engine as 1, published once 1 serves
         models.slow(root / "m" / f".{version}" / "model.onnx", layers=12, width=512)
     (root / "m" / ".1").rename(root / "m" / "1")
-    daemon = start(n=10, max_queue=2, extra='contexts = 1\nfallback = "fb"\n')
+    daemon = start(n=100000, max_queue=2, extra='contexts = 1\nfallback = "fb"\n')  # never decides by itself
     x = np.ones((4, 512), np.float32)
     with daemon.client() as client:
         eventually(lambda: client.infer("m", {"x": x}).status == 200 and client.infer("fb", {"x": x}).status == 200,
@@ -253,12 +253,19 @@ def test_answers_a_fallback_gave_are_not_held_against_the_candidate(root: Path, 
     (root / "m" / ".2").rename(root / "m" / "2")
     daemon.wait_for("rollout_started model=m version=2", 30)
     replies: list[Reply] = []
+
+    def compared() -> int:
+        return versions_status(daemon)["2"][0]["rollout"]["compared"]
+
     with daemon.pipeline(timeout_s=60) as client:
-        for _ in range(300):  # bursts past m's queue: fb answers some; until the candidate is decided
-            replies.extend(client.gather([client.submit("m", {"x": x}) for _ in range(8)]))
-            if "rollout_passed model=m" in daemon.log() or "rollout_failed model=m" in daemon.log():
+        for _ in range(300):  # bursts past m's queue, so that fb answers some, until both were seen
+            replies.extend(client.gather([client.submit("m", {"x": x}) for _ in range(16)]))
+            if any(r.fallback for r in replies) and compared() >= 10:
                 break
-    assert "rollout_passed model=m version=2 agreement=1.0 compared=10" in daemon.log()
+    (row,) = versions_status(daemon)["2"]
+    rollout = row["rollout"]
+    assert row["state"] == "candidate" and rollout["compared"] >= 10, row
+    assert rollout["agreed"] == rollout["compared"] and not rollout["worst"], row
     by_fallback = [r for r in replies if r.fallback]
     assert by_fallback and all(r.status == 200 and r.model == "fb" for r in by_fallback), by_fallback[:1]
     assert any(r.status == 200 and not r.fallback for r in replies)
