@@ -382,6 +382,12 @@ class Server:
     def _turn(self, timeout_ms: int, refuse: bool = False) -> None:
         """One wait on the sockets, then whatever became ready."""
         ready = dict(self._poller.poll(timeout_ms))
+        began = time.perf_counter()
+        self._on_ready(ready, refuse)
+        self.rollouts.frontend.add(time.perf_counter() - began)  # what a candidate's mirroring may not take
+
+    def _on_ready(self, ready: dict[Any, int], refuse: bool) -> None:
+        """Whatever `_turn`'s wait found ready: replies to forward, watched fds, requests to read."""
         if self._bell in ready:
             self._forward_replies()
         if self._watched:

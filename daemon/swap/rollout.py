@@ -18,9 +18,10 @@ Mirroring never costs a client: a copy is taken only while the rollout's
 queue has room (else the request is just counted as not mirrored), the
 candidate computes one request at a time at the lowest CPU priority (its
 executor threads or its worker process reniced), and mirroring waits while
-every context of the serving version is busy, or while less than
-`min_idle_cpu` of the CPUs' time is idle (/proc/stat): it takes spare CPU
-only. Whether it is paused is said from the last half second, looked at
+every context of the serving version is busy, while less than
+`min_idle_cpu` of the CPUs' time is idle (/proc/stat), or while the
+frontend thread worked more than half its time: it takes spare CPU only
+(`min_idle_cpu = 0` turns both spare-capacity gates off). Whether it is paused is said from the last half second, looked at
 every 50 ms: paused once most looks found it had to wait (`rollout_paused`),
 resumed once few did (`rollout_resumed`); the reason (the one most of
 those looks found) shows in the candidate's state. So a box at its capacity gets two events, not one per
@@ -60,6 +61,7 @@ LOOK_S = 0.05        # how often the shadow thread looks whether the serving ver
 LOOKS = 10           # the looks `paused` is decided on: the last half second
 PAUSE_AT, RESUME_AT = 8, 2  # busy looks of LOOKS that pause mirroring, and that resume it
 CPU_WINDOW_S = 0.05  # the CPUs' idle share is measured over this long at least
+FRONTEND_BUSY = 0.5  # mirroring waits while the frontend thread worked more than this share of its time
 
 
 @dataclass
@@ -126,6 +128,7 @@ class Rollouts:
         self.refused: Callable[[ModelVersion, str], None] = lambda mv, why: None
         self.promoted: Callable[[str], None] = lambda name: None
         self._cpu = CpuIdle()
+        self.frontend = LoopBusy()  # the frontend thread adds the time of each of its turns (server.py)
         self._lock = threading.Lock()
         self._bell = threading.Event()
         self._stopping = False
@@ -323,6 +326,12 @@ class Rollouts:
         idle, needed = self._cpu.idle(), rollout.config.min_idle_cpu
         if idle < needed:
             return f"the CPUs are busy ({idle:.0%} idle, {needed:.0%} needed)"
+        # The CPUs can be idle enough while the frontend, holding the interpreter lock, is the
+        # bottleneck: a candidate computing then takes its lock turns from the clients. An operator
+        # who set min_idle_cpu = 0 asked for mirroring whatever it costs: neither gate holds it.
+        busy = self.frontend.share()
+        if needed > 0 and busy > FRONTEND_BUSY:
+            return f"the frontend is busy ({busy:.0%} of its time, {FRONTEND_BUSY:.0%} at most)"
         contexts = max(1, len(placement.contexts()))
         return "the serving version is busy (every context)" if placement.load() >= contexts else ""
 
@@ -389,6 +398,29 @@ class CpuIdle:
         if total > 0:  # else no tick passed yet: keep the last reading and the window's start
             self._last, self._idle = now, idle / total
         return self._idle
+
+
+class LoopBusy:
+    """The share of wall time a loop spent working rather than waiting, over the last CPU_WINDOW_S or more.
+
+    The loop's own thread calls `add` with each turn's working time; another thread reads `share`."""
+
+    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
+        self.clock = clock
+        self.busy_s = 0.0
+        self._last = (clock(), 0.0)
+        self._share = 0.0
+
+    def add(self, seconds: float) -> None:
+        self.busy_s += seconds  # one writer, the loop's thread; a float read elsewhere is never torn
+
+    def share(self) -> float:
+        """The working share (0 to 1) since the window began; the last one while it is shorter than the window."""
+        now, busy = self.clock(), self.busy_s
+        then, before = self._last
+        if now - then >= CPU_WINDOW_S:
+            self._last, self._share = (now, busy), min(1.0, (busy - before) / (now - then))
+        return self._share
 
 
 def _shapes(inputs: dict[str, np.ndarray]) -> str:

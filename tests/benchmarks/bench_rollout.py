@@ -148,9 +148,14 @@ def measure(args: argparse.Namespace, work: Path) -> tuple[list[Case], dict[str,
             daemon.stop()
 
 
-def paired_p99(by: dict[tuple[str, int], Case], name: str, level: int) -> list[float]:
-    """p99 of `name` / plain per round, sorted: each round's runs were back to back, the fairest pairs."""
-    return sorted(a.p99_us / b.p99_us for a, b in zip(by[name, level].rounds, by["plain", level].rounds))
+def paired(by: dict[tuple[str, int], Case], name: str, level: int, figure: str = "p99_us") -> list[float]:
+    """`figure` of `name` / plain per round, sorted: each round's runs were back to back, the fairest pairs."""
+    return sorted(getattr(a, figure) / getattr(b, figure)
+                  for a, b in zip(by[name, level].rounds, by["plain", level].rounds))
+
+
+def median_of(ratios: list[float]) -> float:
+    return ratios[(len(ratios) - 1) // 2]
 
 
 def report(cases: list[Case], final: dict[str, dict[str, Any]], args: argparse.Namespace) -> str:
@@ -162,16 +167,15 @@ def report(cases: list[Case], final: dict[str, dict[str, Any]], args: argparse.N
     for name in ("shadowed", "forced"):
         parts = []
         for level in CONCURRENCY:
-            r, a, b = paired_p99(by, name, level), by[name, level], by["plain", level]
-            parts.append(f"c={level}: p99 per round median **{r[(len(r) - 1) // 2]:.2f}×** (range {r[0]:.2f}–"
-                         f"{r[-1]:.2f}×), p50 {a.median('p50_us') / b.median('p50_us'):.2f}×, "
-                         f"QPS {a.median('qps') / b.median('qps'):.2f}× (medians)")
+            r, p50, qps = (paired(by, name, level, figure) for figure in ("p99_us", "p50_us", "qps"))
+            parts.append(f"c={level}: p99 per round median **{median_of(r):.2f}×** (range {r[0]:.2f}–{r[-1]:.2f}×), "
+                         f"p50 {median_of(p50):.2f}× ({p50[0]:.2f}–{p50[-1]:.2f}), "
+                         f"QPS {median_of(qps):.2f}× ({qps[0]:.2f}–{qps[-1]:.2f})")
         f = final[name]
         lines.append(f"- {name} / plain: " + "; ".join(parts) + f". At the end its candidate had {f['compared']:,} "
                      f"compared (agreement {f['agreement']:.2%}), {f['not_mirrored']:,} live requests not copied, "
                      f"mirroring paused {f['paused_events']} times.")
-    r = paired_p99(by, "shadowed", 16)
-    verdict = r[(len(r) - 1) // 2]
+    verdict = median_of(paired(by, "shadowed", 16))
     return "\n".join([
         stamp(),
         f"Commit {commit()}; `flock /tmp/infermux-heavy.lock python tests/benchmarks/bench_rollout.py "
@@ -181,7 +185,8 @@ def report(cases: list[Case], final: dict[str, dict[str, Any]], args: argparse.N
         "(the same engine) as a candidate for the whole run, mirroring on spare CPU only (default "
         "`min_idle_cpu = 0.25`); *forced* the same with `min_idle_cpu = 0`; *plain* has no candidate. All three "
         "daemons up throughout, the rounds rotating them. Median round of each (by each figure); *compared*: "
-        "requests the candidate computed and compared during the median round.",
+        "requests the candidate computed and compared during the median round. Ratios: each figure's "
+        "per-round ratio against plain (the rounds ran back to back), median and range.",
         "",
         markdown_table(["daemon", "c", "QPS", "p50 µs", "p99 µs", "compared", "QPS each round"], rows),
         "",

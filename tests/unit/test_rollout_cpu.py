@@ -1,11 +1,12 @@
-"""A candidate mirrors on spare CPU only: the idle share the shadow thread reads from /proc/stat."""
+"""A candidate mirrors on spare CPU only: the idle share the shadow thread reads from /proc/stat, and the
+share of its time the frontend thread worked."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 from infermux.swap import rollout
-from infermux.swap.rollout import CpuIdle
+from infermux.swap.rollout import CpuIdle, LoopBusy
 
 
 def stat(path: Path, idle: int, iowait: int, busy: int) -> None:
@@ -30,3 +31,26 @@ def test_the_idle_share_is_idle_and_iowait_ticks_of_all_ticks_since_the_last_rea
 
 def test_without_proc_stat_mirroring_is_never_held_for_the_cpus(tmp_path: Path) -> None:
     assert CpuIdle(str(tmp_path / "absent")).idle() == 1.0
+
+
+def test_the_frontends_busy_share_is_its_working_time_over_the_wall_time_of_the_window() -> None:
+    now = [10.0]
+    loop = LoopBusy(clock=lambda: now[0])
+    assert loop.share() == 0.0  # nothing measured yet
+    now[0] += 0.1
+    loop.add(0.03)
+    loop.add(0.05)
+    assert abs(loop.share() - 0.8) < 1e-9
+    now[0] += rollout.CPU_WINDOW_S / 2
+    loop.add(0.001)
+    assert abs(loop.share() - 0.8) < 1e-9  # within the window: the last reading stands
+    now[0] += 1.0
+    assert abs(loop.share() - 0.001 / (1.0 + rollout.CPU_WINDOW_S / 2)) < 1e-9  # a quiet second
+
+
+def test_a_frontend_that_worked_throughout_reads_as_fully_busy_not_more() -> None:
+    now = [0.0]
+    loop = LoopBusy(clock=lambda: now[0])
+    now[0] += 0.1
+    loop.add(0.2)  # a long turn that began before the window did
+    assert loop.share() == 1.0
