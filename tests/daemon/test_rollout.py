@@ -38,7 +38,7 @@ shadow_requests = {n}
 compare = "{compare}"
 min_agreement = 0.99
 min_idle_cpu = {min_idle_cpu}
-"""
+{rollout_extra}"""
 
 
 @pytest.fixture
@@ -46,12 +46,13 @@ def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
     started: list[Daemon] = []
 
     def run(n: int = 20, placement: str = "hot", compare: str = "allclose", extra: str = "",
-            max_queue: int = 256, min_idle_cpu: float = 0) -> Daemon:
+            max_queue: int = 256, min_idle_cpu: float = 0, rollout_extra: str = "") -> Daemon:
         # min_idle_cpu 0: the shared test box is seldom idle, and these tests need their comparisons;
         # the CPU gate has tests of its own below.
         (root / "m").mkdir(exist_ok=True)
         (root / "m" / "model.toml").write_text(extra + ROLLOUT.format(n=n, placement=placement, compare=compare,
-                                                                      max_queue=max_queue, min_idle_cpu=min_idle_cpu))
+                                                                      max_queue=max_queue, min_idle_cpu=min_idle_cpu,
+                                                                      rollout_extra=rollout_extra))
         workdir = tmp_path / f"daemon{len(started)}"
         workdir.mkdir()
         daemon = Daemon(workdir, HEAD.format(root=root))
@@ -66,8 +67,10 @@ def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
 class Traffic:
     """A client sending requests without pause on its own thread, keeping every reply in order."""
 
-    def __init__(self, daemon: Daemon, model: str = "m") -> None:
+    def __init__(self, daemon: Daemon, model: str = "m",
+                 inputs: Callable[[np.random.Generator], np.ndarray] | None = None) -> None:
         self.daemon, self.model = daemon, model
+        self.inputs = inputs or (lambda rng: rng.standard_normal((2, 4)).astype(np.float32))
         self.replies: list[tuple[Reply, np.ndarray]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -84,7 +87,7 @@ class Traffic:
         rng = np.random.default_rng(1)
         with self.daemon.client(timeout_s=30) as client:
             while not self._stop.is_set():
-                x = rng.standard_normal((2, 4)).astype(np.float32)
+                x = self.inputs(rng)
                 self.replies.append((client.infer(self.model, {"x": x}), x))
 
 
@@ -164,6 +167,27 @@ def test_argmax_passes_a_candidate_whose_scores_move_but_whose_top_class_does_no
     assert "agreement=1.0 compared=10" in passed
     for reply, x in traffic.replies:
         np.testing.assert_array_equal(reply.outputs["y"], x + (1.5 if reply.version == "2" else 1))
+
+
+def boxes(rng: np.random.Generator) -> np.ndarray:
+    """Two 10 x 10 boxes [x0, y0, x1, y1] somewhere on a 100 x 100 image."""
+    corner = rng.uniform(0, 90, (2, 2)).astype(np.float32)
+    return np.concatenate([corner, corner + 10], axis=1)
+
+
+@pytest.mark.parametrize(("offset", "verdict"), [(1, "rollout_passed"), (8, "rollout_failed")])
+def test_iou_judges_a_detector_by_how_far_its_boxes_moved(root: Path, start: Callable[..., Daemon], offset: float,
+                                                          verdict: str) -> None:
+    publish(root, "m", 1, offset=0)  # the model's answer read as boxes: the input boxes, moved by `offset`
+    daemon = start(n=10, compare="iou", rollout_extra="iou = 0.5\n")
+    wait_served(daemon, "m", "1", offset=0)
+    with Traffic(daemon, inputs=boxes) as traffic:
+        publish(root, "m", 2, offset=offset)  # 1 along both axes: IoU 0.68 (81/119); 8: 0.02 (4/196)
+        daemon.wait_for(f"{verdict} model=m version=2", 60)
+    (event,) = events(daemon, verdict)
+    assert "compared=10" in event, event
+    if verdict == "rollout_failed":
+        assert "best overlap" in event and all(reply.version == "1" for reply, _ in traffic.replies), event
 
 
 def test_a_replaced_file_of_the_serving_version_is_a_candidate_too(root: Path, start: Callable[..., Daemon]) -> None:
