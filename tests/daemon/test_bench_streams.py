@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from support.harness import Daemon
+from support.pipelines import camera_pipeline
 
 cv2 = pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
 
@@ -25,18 +26,6 @@ name = "slow"
 engine = "slower/1/model.onnx"
 queue_policy = "newest_per_key"
 timeout_ms = 20000
-[[pipelines]]
-name = "cams"
-queue_policy = "newest_per_key"
-[[pipelines.steps]]
-processor = "decode"
-[[pipelines.steps]]
-processor = "resize"
-options = {{ mode = "stretch", size = [64, 64] }}
-[[pipelines.steps]]
-processor = "normalize"
-[[pipelines.steps]]
-model = "classifier"
 """
 
 
@@ -44,7 +33,7 @@ model = "classifier"
 def d(tmp_path_factory: pytest.TempPathFactory, engines) -> Iterator[Daemon]:
     from support.harness import DAEMON_HEAD
 
-    daemon = Daemon(tmp_path_factory.mktemp("bench-streams"), (DAEMON_HEAD + CONFIG).format(engines=engines)).start()
+    daemon = Daemon(tmp_path_factory.mktemp("bench-streams"), (DAEMON_HEAD + CONFIG + camera_pipeline("cams")).format(engines=engines)).start()
     yield daemon
     daemon.stop()
 

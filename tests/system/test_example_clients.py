@@ -28,27 +28,13 @@ import pytest
 from infermux.client import Client, Frame
 from support import system_packages
 from support.harness import DAEMON_HEAD, REPO, Daemon
+from support.pipelines import camera_pipeline
 
 CLIENTS = REPO / "examples" / "clients"
 SAMPLES = {"classifier": ("images", (1, 3, 64, 64)), "mlp": ("features", (1, 256))}
 MODELS = "".join(f'[[models]]\nname = "{name}"\nengine = "{name}/1/model.onnx"\n' for name in SAMPLES)
 # What the frames examples send to: a camera's frame, classified (queue_policy newest_per_key, as shipped).
-CAMERA = """
-[[pipelines]]
-name = "camera"
-queue_policy = "newest_per_key"
-[[pipelines.steps]]
-processor = "decode"
-[[pipelines.steps]]
-processor = "resize"
-options = {{ mode = "stretch", size = [64, 64] }}
-[[pipelines.steps]]
-processor = "normalize"
-[[pipelines.steps]]
-model = "classifier"
-[[pipelines.steps]]
-processor = "classify"
-"""
+CAMERA = camera_pipeline("camera", classify=True)
 FRAME = re.compile(r"^(cam-[12]) frame (\d+): status 200, class (\d+) \(([-+.e0-9]+)\)$")
 SUMMARY = re.compile(r"^(cam-[12]): 8 frames, (\d+) sent, (\d+) replaced, (\d+) served$")
 
