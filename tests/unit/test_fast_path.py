@@ -14,6 +14,7 @@ from infermux import config as cfg
 from infermux.frontend.server import Server
 from infermux.protocol import decode_reply, encode_request
 from support.models import add_one
+from support.polling import eventually
 
 MODELS = """
 [[models]]
@@ -47,8 +48,10 @@ X = np.arange(4, dtype=np.float32).reshape(1, 4)
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     tmp = tmp_path_factory.mktemp("fast")
     add_one(tmp / "engines" / "plain" / "1" / "model.onnx")
+    # The inline gate as wide as it goes: on a busy box one slow call can raise a context's estimate
+    # past the default limits, and these tests are about the paths, not that gate.
     text = (f'[daemon]\nlisten = ["ipc://infer.sock"]\nengine_dir = "{tmp / "engines"}"\nwatch = false\n'
-            + MODELS)
+            'inline_max_us = 1000000\ninline_busy_max_us = 1000000\n' + MODELS)
     s = Server(cfg.parse(text, tmp / "infermux.toml"), tmp / "run")
     s.bind()
     s.start_models().join()
@@ -84,6 +87,10 @@ class Sent:
 
 @pytest.fixture
 def sent(server: Server, monkeypatch: pytest.MonkeyPatch) -> Sent:
+    # Each test starts with every context idle: the general path's executor thread may still be
+    # finishing the last test's request (its reply is out before its count drops).
+    executors = [ex for mv in server.registry.all_versions() for ex in getattr(mv.placement, "executors", [])]
+    eventually(lambda: all(ex.load == 0 for ex in executors), "every context idle", 10)
     return Sent(server, monkeypatch)
 
 
