@@ -67,6 +67,10 @@ BIG_FRAME = 4096
 STALLED_RETRY_MS = 100  # the retry time in the 429 a peer gets while its replies are dropped (peers.py)
 _TOO_LARGE = Throttle()  # replies over max_reply_bytes: a few lines per interval, then counted
 _REFUSED_OVERSIZE = Throttle()  # requests refused uncomputed for such a reply: the same
+# ... and their 413 is sent this much later, so that a client looping on the refusal sends a few
+# requests a second, not thousands of messages the frontend must read whole (4 MiB each in the bench).
+REFUSAL_PAUSE_S = 0.1
+MAX_PAUSED = 1024  # refusals held back at once; past it they are sent at once
 QUIESCE_S = 1.0  # the longest `quiesce` waits for the loop's turn (it turns at least every poll_ms)
 
 
@@ -110,6 +114,7 @@ class Server:
         self.requests = 0
         self.replies_too_large = 0  # replies over max_reply_bytes, answered 413 instead
         self.oversize = OversizeMemory(config.daemon.oversize_memory_s)  # the kinds of request that just made one (oversize.py)
+        self._paused: deque[tuple[float, list[Any]]] = deque()  # (when due, frames): those refusals, held back
         self.ticks: list[Callable[[], None]] = [self._release_barriers]
         self.on_stopping: list[Callable[[], object]] = []  # called once the loop stops, before the drain
         self.poll_ms = 100  # the longest the loop sleeps: ticks (watchdog) run at least this often
@@ -128,6 +133,7 @@ class Server:
         self.rollouts = Rollouts(self.registry, self.events)  # candidates shadowing live requests
         self.mirror = Mirror(self.rollouts)
         self.ticks.append(self.recorder.expire)
+        self.ticks.append(self._send_paused)
         self.registry.signing = self.engine_signing(config.daemon)  # before any load: none escapes the check
 
     def engine_signing(self, daemon: cfg.DaemonConfig) -> EngineSigning | None:
@@ -354,6 +360,7 @@ class Server:
         self._looping = False
         self._release_barriers()
         self._forward_replies()
+        self._send_paused(every=True)
         # Requests clients sent before the signal may still sit in the socket's
         # queue: refuse them too, until the socket has been quiet for a moment,
         # or for REFUSE_S at most: clients that retry every few ms never let it
@@ -574,13 +581,29 @@ class Server:
         if held is not None:
             log.warning("a request of a kind whose reply was just %d bytes, over max_reply_bytes (%d), "
                         "refused without computing it%s", size, limit, f" ({held} more not logged)" if held else "")
-        self._send(envelope + encode_reply(error_header(
+        self._pause(envelope + encode_reply(error_header(
             Status.TOO_LARGE, f"refused without computing it: a request of the same shapes from this connection "
             f"just made a reply of {size} bytes; the limit is {limit} (max_reply_bytes): ask for fewer outputs "
             "(\"outputs\"), send a smaller batch, or have outputs written to shared memory (\"output_regions\"); "
             f"one request of these shapes is computed again {wait_s:g} s after the last reply over the limit",
             request.id, model=request.model, version=request.version)))
         return True
+
+    def _pause(self, frames: list[Any]) -> None:
+        """Send a refusal REFUSAL_PAUSE_S from now (at the first turn of the loop after it)."""
+        if len(self._paused) >= MAX_PAUSED:
+            self._send(frames)
+            return
+        self._paused.append((time.monotonic() + REFUSAL_PAUSE_S, frames))
+
+    def _send_paused(self, every: bool = False) -> None:
+        """A tick: send the refusals held back whose time has come (`every`: all, at the drain)."""
+        paused = self._paused
+        if not paused:
+            return
+        now = time.monotonic()
+        while paused and (every or paused[0][0] <= now):
+            self._send(paused.popleft()[1])
 
     # -- status for notify/admin ------------------------------------------------
 
