@@ -70,6 +70,9 @@ class DaemonConfig:
     memory_budget: str = "80%"
     max_message_bytes: int = 64 * 1024 * 1024
     max_reply_bytes: int = 64 * 1024 * 1024  # a reply's header and output frames; default: max_message_bytes
+    # After a reply over it, the same connection's requests of the same shapes are refused uncomputed this long
+    # (frontend/oversize.py); 0: never.
+    oversize_memory_s: float = 1.0
     max_header_bytes: int = 64 * 1024     # request limits: docs/security.md
     max_tensors: int = 64
     max_rank: int = 8
@@ -346,7 +349,8 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
     for key in ("stream_metrics_keys", "stream_max_keys"):
         if key in raw:
             _positive(file, f"daemon.{key}", raw[key], 1)
-    for key in ("watch_settle_s", "watch_debounce_s", "watch_rescan_s", "traceback_interval_s", "stream_silent_s"):
+    for key in ("watch_settle_s", "watch_debounce_s", "watch_rescan_s", "traceback_interval_s", "stream_silent_s",
+                "oversize_memory_s"):
         if key in raw:
             _check_type(file, f"daemon.{key}", raw[key], (int, float))
             if raw[key] < 0:

@@ -162,6 +162,13 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
                [({}, clients["idle_closed"])])
     out.family("infermux_connections", "gauge", "Live connections to the inference socket.",
                [({}, clients["connections"])])
+    out.family("infermux_replies_too_large_total", "counter",
+               "Replies over max_reply_bytes: computed, dropped, answered 413 instead.",
+               [({}, daemon["replies_too_large"])])
+    out.family("infermux_requests_refused_oversize_total", "counter",
+               "Requests answered 413 without computing: their connection's last request of the same shapes "
+               "made a reply over max_reply_bytes moments before.",
+               [({}, daemon["requests_refused_oversize"])])
     out.family("infermux_internal_errors_total", "counter", "Errors logged with a traceback (500s among them).",
                [({}, daemon["internal_errors"])])
     out.family("infermux_uptime_seconds", "gauge", "Seconds since the daemon started.", [({}, float(daemon["uptime_s"]))])

@@ -128,6 +128,8 @@ def daemon_view(server: "Server") -> dict[str, Any]:
         "endpoints": server.endpoints, "config": str(server.config.path),
         "requests": server.requests, "accepting": not server.draining,
         "replies_too_large": server.replies_too_large,  # over max_reply_bytes: answered 413 instead
+        # Requests of a kind whose reply was just over it: answered 413 without computing (oversize.py).
+        "requests_refused_oversize": server.oversize.refused,
         # Errors logged with a traceback (500s among them), repeats included: events.TRACEBACKS.
         "internal_errors": TRACEBACKS.total,
         "memory": {"budget_bytes": budget, "models_bytes": server.registry.memory_used(),

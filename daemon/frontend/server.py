@@ -36,14 +36,15 @@ from infermux.execution.hooks import FrontendHooks
 from infermux.execution.inline import InlinePolicy
 from infermux.execution.job import Job, Outcome, internal_sink
 from infermux.execution.streams import StreamTable
-from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Status, encode_reply, error_header, limits_reply,
-                               parse_request, request_id)
+from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Request, Status, encode_reply, error_header,
+                               limits_reply, parse_request, request_id)
 from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.overrides import Overrides
 from infermux.models.registry import Registry, State
 from infermux.models.statefile import StateFile
 from infermux.models.verified import EngineSigning, verified_store
 from infermux.frontend.mirror import Mirror
+from infermux.frontend.oversize import ClientEnvelope, OversizeMemory
 from infermux.frontend.recorder import Recorder
 from infermux.frontend.router import Router
 from infermux.pipelines.runner import Pipelines
@@ -65,6 +66,11 @@ REFUSE_S = 1.0  # ... and the longest it goes on refusing requests before closin
 BIG_FRAME = 4096
 STALLED_RETRY_MS = 100  # the retry time in the 429 a peer gets while its replies are dropped (peers.py)
 _TOO_LARGE = Throttle()  # replies over max_reply_bytes: a few lines per interval, then counted
+_REFUSED_OVERSIZE = Throttle()  # requests refused uncomputed for such a reply: the same
+# ... and their 413 is sent this much later, so that a client looping on the refusal sends a few
+# requests a second, not thousands of messages the frontend must read whole (4 MiB each in the bench).
+REFUSAL_PAUSE_S = 0.1
+MAX_PAUSED = 1024  # refusals held back at once; past it they are sent at once
 QUIESCE_S = 1.0  # the longest `quiesce` waits for the loop's turn (it turns at least every poll_ms)
 
 
@@ -79,7 +85,7 @@ class Server:
         self.ctx = zmq.Context()
         self.curve = curve.CurveGuard.from_config(config.daemon, self.ctx, self.events)
         self.endpoints = [cfg.resolve_endpoint(ep, run_dir) for ep in config.daemon.listen]
-        self._outbox: deque[list[Any]] = deque()
+        self._outbox: deque[tuple[list[Any], list[Any]]] = deque()  # (envelope, frames) from other threads
         self._bell = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.inline = InlinePolicy(config.daemon.inline_max_us, config.daemon.inline_busy_max_us)
         self._held: dict[Any, None] = {}  # schedulers with requests queued for the end of this burst
@@ -107,6 +113,8 @@ class Server:
         self.loop_turns = 0
         self.requests = 0
         self.replies_too_large = 0  # replies over max_reply_bytes, answered 413 instead
+        self.oversize = OversizeMemory(config.daemon.oversize_memory_s)  # the kinds of request that just made one (oversize.py)
+        self._paused: deque[tuple[float, list[Any]]] = deque()  # (when due, frames): those refusals, held back
         self.ticks: list[Callable[[], None]] = [self._release_barriers]
         self.on_stopping: list[Callable[[], object]] = []  # called once the loop stops, before the drain
         self.poll_ms = 100  # the longest the loop sleeps: ticks (watchdog) run at least this often
@@ -125,6 +133,7 @@ class Server:
         self.rollouts = Rollouts(self.registry, self.events)  # candidates shadowing live requests
         self.mirror = Mirror(self.rollouts)
         self.ticks.append(self.recorder.expire)
+        self.ticks.append(self._send_paused)
         self.registry.signing = self.engine_signing(config.daemon)  # before any load: none escapes the check
 
     def engine_signing(self, daemon: cfg.DaemonConfig) -> EngineSigning | None:
@@ -150,9 +159,9 @@ class Server:
             sink.deliver(frames, outcome)
             return
         if threading.get_ident() == self._frontend_thread:
-            self._send(envelope + frames)
+            self._send(envelope + frames, envelope)
             return
-        self._outbox.append(envelope + frames)
+        self._outbox.append((envelope, frames))
         os.eventfd_write(self._bell, 1)
 
     def admit_internal(self, job: Job) -> None:
@@ -318,6 +327,7 @@ class Server:
             self.registry.follow(new)
             self.router.configure(new)
             self.streams.silent_s, self.streams.max_keys = new.daemon.stream_silent_s, new.daemon.stream_max_keys
+            self.oversize.memory_s = new.daemon.oversize_memory_s
             return reload.apply(self, serving, overrides.over(new))
 
     def _reread_client_keys(self) -> None:
@@ -350,6 +360,7 @@ class Server:
         self._looping = False
         self._release_barriers()
         self._forward_replies()
+        self._send_paused(every=True)
         # Requests clients sent before the signal may still sit in the socket's
         # queue: refuse them too, until the socket has been quiet for a moment,
         # or for REFUSE_S at most: clients that retry every few ms never let it
@@ -424,16 +435,20 @@ class Server:
                 self.reply(job.envelope, encode_reply(refused))
         outbox = self._outbox
         while outbox:
-            self._send(outbox.popleft())
+            envelope, frames = outbox.popleft()
+            self._send(envelope + frames, envelope)
 
-    def _send(self, frames: list[Any]) -> None:
+    def _send(self, frames: list[Any], envelope: list[Any] | None = None) -> None:
         """Queue a reply without ever waiting: the frontend serves everyone, so a peer whose
-        pipe is full (it does not read) loses this reply instead of stalling the others."""
+        pipe is full (it does not read) loses this reply instead of stalling the others.
+        `envelope`: the request's own, where the reply answers a computed request."""
         assert self.frontend is not None
         size = sum(len(f) for f in frames)
         if size > self.limits.max_reply_bytes:
-            frames = self._bounded(frames)
+            frames = self._bounded(frames, envelope)
             size = sum(len(f) for f in frames)
+        elif type(envelope) is ClientEnvelope and envelope.probe is not None:
+            self.oversize.fits(envelope.probe)  # its kind no longer makes replies too large
         # What the client gets (a 413 in place of an oversized reply) is what is recorded and compared.
         if self.recorder.active:
             self.recorder.on_reply(frames, _delimiter(frames))
@@ -452,14 +467,18 @@ class Server:
         if self.peers.stalled:
             self.peers.delivered(frames[0])
 
-    def _bounded(self, frames: list[Any]) -> list[Any]:
+    def _bounded(self, frames: list[Any], envelope: list[Any] | None = None) -> list[Any]:
         """`frames` if the reply in them (after its envelope) is within max_reply_bytes, else a 413
         in its place: the outputs were computed, and are dropped here rather than queued for the
-        client (a 4 MiB input to a model that tiles it made 256 MiB)."""
+        client (a 4 MiB input to a model that tiles it made 256 MiB). The request's kind is
+        remembered, so that the next like it is refused before it is computed (oversize.py)."""
         split = _delimiter(frames)
         size, limit = sum(len(f) for f in frames[split:]), self.limits.max_reply_bytes
         if size <= limit:
             return frames
+        kind = envelope.kind() if type(envelope) is ClientEnvelope else None
+        if kind is not None:
+            self.oversize.over(kind, size)
         try:
             header = json.loads(bytes(frames[split]))
         except ValueError:
@@ -508,7 +527,7 @@ class Server:
     def _handle(self, frames: list[Any], refuse: bool) -> None:
         received = time.perf_counter_ns()
         split = _delimiter(frames)
-        envelope, body = frames[:split], frames[split:]
+        envelope, body = ClientEnvelope(frames[:split]), frames[split:]
         if self.peers.stalled and frames[0] in self.peers.stalled:
             if not self.peers.probe(frames[0]):
                 return
@@ -535,6 +554,9 @@ class Server:
                 max_message_bytes=self.limits.max_message_bytes if exc.status is Status.TOO_LARGE else None)
             self._send(envelope + encode_reply(answer))
             return
+        envelope.came_with(request)
+        if self.oversize and self._refused_oversize(envelope, request):
+            return
         if self.recorder.active:  # before admission: an inline answer is sent inside it
             self.recorder.on_request(envelope, request)
         if self.rollouts.by_model:  # a candidate shadows this model (swap/rollout.py)
@@ -549,6 +571,45 @@ class Server:
             raise
         if refused is not None:
             self._send(envelope + encode_reply(refused))
+
+    def _refused_oversize(self, envelope: ClientEnvelope, request: Request) -> bool:
+        """Answer `request` 413 at once if a request of its kind from this connection just made a reply
+        over max_reply_bytes (oversize.py), before it is queued or computed: on both the fast path and
+        the general one, which it never reaches; else mark it its kind's probe, if the kind is remembered."""
+        kind = envelope.kind()
+        assert kind is not None
+        size = self.oversize.refusal(kind)
+        if size is None:
+            envelope.probe = kind if self.oversize.probing(kind) else None
+            return False
+        limit, wait_s = self.limits.max_reply_bytes, self.oversize.memory_s
+        held = _REFUSED_OVERSIZE.admit("request")
+        if held is not None:
+            log.warning("a request of a kind whose reply was just %d bytes, over max_reply_bytes (%d), "
+                        "refused without computing it%s", size, limit, f" ({held} more not logged)" if held else "")
+        self._pause(envelope + encode_reply(error_header(
+            Status.TOO_LARGE, f"refused without computing it: a request of the same shapes from this connection "
+            f"just made a reply of {size} bytes; the limit is {limit} (max_reply_bytes): ask for fewer outputs "
+            "(\"outputs\"), send a smaller batch, or have outputs written to shared memory (\"output_regions\"); "
+            f"one request of these shapes is computed again {wait_s:g} s after the last reply over the limit",
+            request.id, model=request.model, version=request.version)))
+        return True
+
+    def _pause(self, frames: list[Any]) -> None:
+        """Send a refusal REFUSAL_PAUSE_S from now (at the first turn of the loop after it)."""
+        if len(self._paused) >= MAX_PAUSED:
+            self._send(frames)
+            return
+        self._paused.append((time.monotonic() + REFUSAL_PAUSE_S, frames))
+
+    def _send_paused(self, every: bool = False) -> None:
+        """A tick: send the refusals held back whose time has come (`every`: all, at the drain)."""
+        paused = self._paused
+        if not paused:
+            return
+        now = time.monotonic()
+        while paused and (every or paused[0][0] <= now):
+            self._send(paused.popleft()[1])
 
     # -- status for notify/admin ------------------------------------------------
 

@@ -8,6 +8,7 @@ import json
 import os
 import shutil
 import socket
+import time
 from pathlib import Path
 
 import numpy as np
@@ -173,13 +174,87 @@ def test_a_reply_over_max_reply_bytes_is_a_413_and_its_memory_is_let_go(make_dae
         small = client.infer("tile", {"x": x[:4], "repeats": np.array([2, 1], np.int64)})
         assert small.status == 200 and small.outputs["y"].shape == (8, 512)
         before = rss_mib(pid)
-        for _ in range(3):  # 250 MiB out, each time: before, each was queued for the client whole
-            reply = client.infer("tile", {"x": x, "repeats": np.array([64, 1], np.int64)})
+        for rows in (2000, 1999, 1998):  # 250 MiB out, each time: before, each was queued for the client whole
+            # (each of other shapes: the same again would be refused without computing it, below)
+            reply = client.infer("tile", {"x": x[:rows], "repeats": np.array([64, 1], np.int64)})
             assert reply.status == 413, reply.header
-            assert "the reply would be 262144" in reply.error and "the limit is 4194304 (max_reply_bytes)" in reply.error
+            assert "the reply would be 26" in reply.error and "the limit is 4194304 (max_reply_bytes)" in reply.error
             assert reply.header["model"] == "tile" and reply.header["id"] is not None
     # The executor thread lets go of the outputs just after the 413 has gone.
     eventually(lambda: rss_mib(pid) - before < 64, f"RSS back within 64 MiB of {before:.0f} MiB")
     with daemon.admin() as admin:
         assert admin.call("status")["daemon"]["replies_too_large"] == 3
+    assert daemon.stop() == 0
+
+
+# -- requests like one whose reply was too large -------------------------------------------------
+
+BIG = np.ones((2000, 512), np.float32)  # 3.9 MiB in; repeats [64, 1]: 250 MiB out
+
+
+def _tile(client, rows: int = 2000, repeat: int = 64, version: str | None = None):
+    return client.infer("tile", {"x": BIG[:rows], "repeats": np.array([repeat, 1], np.int64)}, version=version)
+
+
+def _computed(admin) -> int:
+    """Requests the tiler computed (every one it computed counts 200 there, a reply dropped for its size too)."""
+    stats = next(m for m in admin.call("models")["models"] if m["name"] == "tile")["stats"]
+    return stats["by_status"].get("200", 0)
+
+
+def _tiler(make_daemon, tile_engines: Path, placement: str, memory_s: float):
+    models = TILER + f'placement = "{placement}"\npreload = true\n'
+    head = HEAD_4MIB.replace("{engines}", str(tile_engines)) + f"oversize_memory_s = {memory_s}\n"
+    return make_daemon(models, head=head)
+
+
+# hot, no version asked: the fast path may take it; a version asked: the general path; cold: a worker's.
+@pytest.mark.parametrize(("placement", "version"), [("hot", None), ("hot", "1"), ("cold", None)])
+def test_requests_like_one_whose_reply_was_too_large_are_refused_without_computing(
+        make_daemon, tile_engines, placement, version) -> None:
+    # The time a kind is remembered is long here: on a busy box the next request may come a second later.
+    daemon = _tiler(make_daemon, tile_engines, placement, memory_s=60)
+    with daemon.client(timeout_s=60) as client, daemon.client(timeout_s=60) as other, daemon.admin() as admin:
+        first = _tile(client, version=version)
+        assert first.status == 413 and "it was computed" in first.error, first.header
+        assert _computed(admin) == 1
+        for repeat in (64, 64, 1):  # the same shapes (the repeats' values are not looked at)
+            start = time.monotonic()
+            again = _tile(client, repeat=repeat, version=version)
+            assert again.status == 413, again.header
+            assert time.monotonic() - start >= 0.1  # held back: a client looping on it cannot spin
+            assert again.error.startswith("refused without computing it: a request of the same shapes from this "
+                                          "connection just made a reply of 26"), again.error
+            assert "(max_reply_bytes): ask for fewer outputs" in again.error and "computed again 60 s" in again.error
+            assert again.header["model"] == "tile" and again.header["id"] is not None
+        assert _computed(admin) == 1  # before: each was computed (250 MiB written, then dropped)
+        # Other shapes from the same connection, and another connection's requests, are computed as ever.
+        assert _tile(client, rows=4, repeat=2, version=version).status == 200
+        assert _tile(other, rows=4, repeat=2, version=version).status == 200
+        theirs = _tile(other, version=version)  # the same shapes, from another connection: its own first
+        assert theirs.status == 413 and "it was computed" in theirs.error, theirs.header
+        assert _computed(admin) == 4
+        daemon_view = admin.call("status")["daemon"]
+        assert daemon_view["replies_too_large"] == 2 and daemon_view["requests_refused_oversize"] == 3
+    assert "refused without computing it" in daemon.log()
+    assert daemon.stop() == 0
+
+
+def test_after_the_memory_one_request_of_the_kind_is_computed_again_and_one_that_fits_forgets_it(
+        make_daemon, tile_engines) -> None:
+    daemon = _tiler(make_daemon, tile_engines, "hot", memory_s=0.5)
+    with daemon.client(timeout_s=60) as client, daemon.admin() as admin:
+        assert _tile(client).status == 413 and _computed(admin) == 1
+        time.sleep(0.6)
+        again = _tile(client)  # over again: computed, and remembered afresh
+        assert again.status == 413 and "it was computed" in again.error, again.header
+        assert _computed(admin) == 2
+        time.sleep(0.6)
+        small = _tile(client, repeat=1)  # the same shapes, a reply that fits (outputs depend on values)
+        assert small.status == 200 and small.outputs["y"].shape == (2000, 512), small.header
+        # Forgotten at once: the next of the kind is computed even within the time.
+        again = _tile(client)
+        assert again.status == 413 and "it was computed" in again.error, again.header
+        assert _computed(admin) == 4
+        assert admin.call("status")["daemon"]["requests_refused_oversize"] == 0
     assert daemon.stop() == 0

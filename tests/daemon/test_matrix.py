@@ -72,6 +72,7 @@ PLACED = [
     ("hs", "1", "addone/1/model.onnx", 'strategy = "hash"\ncontexts = 2\n'),
     ("hs", "2", "addone/2/model.onnx", 'strategy = "hash"\ncontexts = 2\n'),
     ("sm", "1", SLOW, ""),
+    ("ob", "1", SLOW, ""),  # replies over max_reply_bytes
     ("sw", "1", "sw/1/model.onnx", ""),  # relative: in the watched engine_dir, where the swap publishes
     ("ov", "1", "ov/1/model.onnx", ""),  # live changes: also in the watched engine_dir (a new version inherits)
     # A published version of these is a candidate first (docs/hot-swap.md#shadow-rollout).
@@ -97,6 +98,8 @@ HEAD = """
 listen = ["ipc://infer.sock"]
 engine_dir = "{watched}"
 max_message_bytes = 8388608
+max_reply_bytes = 7340032
+oversize_memory_s = 60
 watch_settle_s = 0.4
 watch_debounce_s = 0.02
 watch_rescan_s = 1.0
@@ -528,6 +531,26 @@ def test_a_newer_version_supersedes_a_candidate_and_removing_its_file_cancels_it
     for reply in traffic.replies:
         assert reply.status == 200 and reply.version == "1", reply.header
         assert_served(reply, cell, "cs", X4)
+
+
+# 7.2 MiB in and out of SLOW: within max_message_bytes (8 MiB), its reply over max_reply_bytes (7 MiB).
+OVER = RNG.random((3700, 512), dtype=np.float32)
+
+
+@every_placement
+def test_a_reply_over_max_reply_bytes_is_413_and_the_next_like_it_is_refused_without_computing(cell: Placement) -> None:
+    def computed_200(admin) -> int:
+        return next(m for m in admin.call("models")["models"] if m["name"] == "ob")["stats"]["by_status"].get("200", 0)
+
+    with cell.daemon.client(timeout_s=30) as client, cell.daemon.admin() as admin:
+        before = computed_200(admin)
+        first = client.infer("ob", {"x": OVER})
+        assert first.status == 413 and "(max_reply_bytes)" in first.error and "it was computed" in first.error, \
+            first.header
+        again = client.infer("ob", {"x": OVER})
+        assert again.status == 413 and again.error.startswith("refused without computing it"), again.header
+        assert_served(client.infer("ob", {"x": SLAB}), cell, "ob", SLAB)  # other shapes: computed
+        assert computed_200(admin) - before == 2  # the one over (its outputs dropped) and SLAB's
 
 
 @every_placement

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from infermux import config as cfg
+from infermux.frontend.oversize import kind_of
 from infermux.frontend.server import Server
-from infermux.protocol import decode_reply, encode_request
+from infermux.protocol import Request, decode_reply, encode_request
 from support.models import add_one
 from support.polling import eventually
 
@@ -73,7 +74,7 @@ class Sent:
             self.general += 1
             return admit(job)
 
-        monkeypatch.setattr(server, "_send", self.frames.append)
+        monkeypatch.setattr(server, "_send", lambda frames, envelope=None: self.frames.append(frames))
         monkeypatch.setattr(server.router, "admit", counted)
 
     def reply(self, timeout_s: float = 5.0) -> dict[str, Any]:
@@ -203,3 +204,23 @@ def test_a_newer_frame_of_a_stream_with_one_waiting_takes_the_general_path(serve
     assert sent.reply()["status"] == 200
     ask(server, "cams", key="cam-x")  # no frame of it waiting: the fast path
     assert sent.general == 1 and sent.reply()["status"] == 200
+
+
+def test_a_request_of_a_kind_whose_reply_was_just_too_large_is_refused_before_the_fast_path(
+        server: Server, sent: Sent) -> None:
+    server.oversize.over(kind_of([b"peer", b""], "plain", None, Request("plain", {"x": X})), 5_000_000)
+    stats = server.registry.model("plain").default().stats
+    before = stats.snapshot().total.served
+    ask(server, "plain")
+    assert not sent.frames  # held back a moment (a client looping on it cannot spin), then sent
+    server._send_paused(every=True)
+    header = sent.reply()
+    assert header["status"] == 413 and header["error"].startswith("refused without computing it"), header
+    assert sent.general == 0 and stats.snapshot().total.served == before  # neither path computed it
+    ask(server, "plain", np.zeros((2, 4), np.float32))  # other shapes: computed as ever
+    for _ in range(500):  # inside _handle, or by an executor if the fast path declined it
+        drain_outbox(server)
+        if sent.frames:
+            break
+        threading.Event().wait(0.01)
+    assert sent.reply()["status"] == 200
