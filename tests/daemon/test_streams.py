@@ -80,10 +80,10 @@ def test_every_stream_is_seen_and_its_newest_frame_served(make_daemon):
     for cam in cams:
         assert [r.status for (key, _), r in zip(sent, replies) if key == cam] == [409, 409, 200], \
             [r.header for r in replies]
-    # The four newest frames were served in turn, in the order their streams first came: each stream once.
-    served = sorted(((key, r) for (key, _), r in zip(sent, replies) if r.status == 200),
-                    key=lambda pair: pair[1].header["timing_us"]["queue"])
-    assert [key for key, _ in served] == cams
+    # The four newest frames were served, each stream's once. (Not in a fixed order: on a busy box the
+    # long compute can end before the last frames are read, and a lane then takes its turn by its age.)
+    served = [key for (key, _), r in zip(sent, replies) if r.status == 200]
+    assert sorted(served) == cams
 
 
 def test_a_reload_switches_the_policy_live(make_daemon):
