@@ -70,6 +70,9 @@ _REFUSED_OVERSIZE = Throttle()  # requests refused uncomputed for such a reply: 
 # ... and their 413 is sent this much later, so that a client looping on the refusal sends a few
 # requests a second, not thousands of messages the frontend must read whole (4 MiB each in the bench).
 REFUSAL_PAUSE_S = 0.1
+# A malformed message this large is refused as late: a client looping on one (40 frames of 1 MB)
+# made the frontend's I/O thread read 40 MB a turn, tens of times a second.
+PACED_REFUSAL_BYTES = 1 << 20
 MAX_PAUSED = 1024  # refusals held back at once; past it they are sent at once
 QUIESCE_S = 1.0  # the longest `quiesce` waits for the loop's turn (it turns at least every poll_ms)
 
@@ -552,7 +555,10 @@ class Server:
             answer = limits_reply(body, self.limits) or error_header(
                 exc.status, exc.message, request_id(body, self.limits),
                 max_message_bytes=self.limits.max_message_bytes if exc.status is Status.TOO_LARGE else None)
-            self._send(envelope + encode_reply(answer))
+            if sum(len(f) for f in body) >= PACED_REFUSAL_BYTES:
+                self._pause(envelope + encode_reply(answer))
+            else:  # small mistakes are answered at once: a client fixing its requests waits for nothing
+                self._send(envelope + encode_reply(answer))
             return
         envelope.came_with(request)
         if self.oversize and self._refused_oversize(envelope, request):

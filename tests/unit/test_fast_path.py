@@ -224,3 +224,14 @@ def test_a_request_of_a_kind_whose_reply_was_just_too_large_is_refused_before_th
             break
         threading.Event().wait(0.01)
     assert sent.reply()["status"] == 200
+
+
+def test_a_malformed_message_of_a_megabyte_is_refused_a_moment_late_and_a_small_one_at_once(
+        server: Server, sent: Sent) -> None:
+    header = bytes(memoryview(encode_request("plain", {"x": X}, id=7)[0]))
+    server._handle([b"peer", b"", header, *([bytes(1 << 16)] * 40)], False)  # 2.6 MB, too many frames
+    assert not sent.frames  # held back: a client looping on it sends a few a second
+    server._send_paused(every=True)
+    assert sent.reply()["status"] == 400
+    server._handle([b"peer", b"", header, *([bytes(16)] * 40)], False)  # the same mistake, small
+    assert sent.frames and sent.reply()["status"] == 400  # answered at once
