@@ -106,7 +106,8 @@ class Server:
         self.streams = StreamTable(self.events, daemon.stream_silent_s, daemon.stream_max_keys)
         self.router = Router(self.registry, config, self.reply, self.streams)
         self._admissions: deque[Job] = deque()  # internal requests (pipelines' model steps) to admit
-        self.pipelines = Pipelines(config.pipelines, self.admit_internal, self.reply, self._model_inputs, self.limits)
+        self.pipelines = Pipelines(config.pipelines, self.admit_internal, self.reply, self.reply_late,
+                                   self._model_inputs, self.limits)
         self.router.pipelines = self.pipelines.by_name
         self.frontend: zmq.Socket | None = None
         self.stopping = False
@@ -166,6 +167,15 @@ class Server:
             return
         self._outbox.append((envelope, frames))
         os.eventfd_write(self._bell, 1)
+
+    def reply_late(self, envelope: list[Any], frames: list[Any], outcome: Outcome | None = None) -> None:
+        """`reply`, REFUSAL_PAUSE_S from now: for a refusal the client can only meet by sending something
+        else (a pipeline's 400 or 413 after its steps ran), so that a client looping on it cannot keep
+        the steps busy. Safe from any thread: the frontend's tick sends it."""
+        if internal_sink(envelope) is not None or len(self._paused) >= MAX_PAUSED:
+            self.reply(envelope, frames, outcome)
+            return
+        self._paused.append((time.monotonic() + REFUSAL_PAUSE_S, envelope + frames))
 
     def admit_internal(self, job: Job) -> None:
         """Admit a request the daemon sends itself (a pipeline's model step) as a client's is: on

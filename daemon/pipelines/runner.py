@@ -62,8 +62,8 @@ class Crashed(Exception):
 class Pipeline:
     """One configured pipeline: its steps, its queue and threads, its statistics."""
 
-    def __init__(self, config: PipelineConfig, admit: AdmitFn, reply: ReplyFn, model_inputs: InputsFn,
-                 limits: Limits) -> None:
+    def __init__(self, config: PipelineConfig, admit: AdmitFn, reply: ReplyFn, reply_late: ReplyFn,
+                 model_inputs: InputsFn, limits: Limits) -> None:
         self.config = config
         self.name = config.name
         self.stages = spec.stages(config)
@@ -71,6 +71,7 @@ class Pipeline:
         self.model_steps = spec.model_steps(config)
         self.stats = PipelineStats([s.name for s in config.steps])
         self._admit, self._reply, self._model_inputs, self._limits = admit, reply, model_inputs, limits
+        self._reply_late = reply_late  # refusals of the frame itself: held back (server.reply_late)
         self._queue: FairQueue[Job] = FairQueue(key=lambda job: job.request.key)
         self._keep = config.per_key_depth if config.queue_policy == NEWEST_PER_KEY else 0
         # A reload replaces or removes this pipeline while the router may still be handing it a
@@ -173,7 +174,10 @@ class Pipeline:
                     Status.BACKEND_ERROR, "internal error in infermux (logged)", job.request.id))
             self.stats.frames.record(int(status), (time.perf_counter_ns() - job.received_ns) // 1000)
             job.answered(int(status))
-            self._reply(job.envelope, frames)
+            # A frame refused for what it is (undecodable, over a bound) is refused again if sent again:
+            # held back a moment, a client looping on it cannot keep the pipeline's threads busy.
+            refused = status in (Status.BAD_REQUEST, Status.TOO_LARGE)
+            (self._reply_late if refused else self._reply)(job.envelope, frames)
 
     def _answer(self, job: Job) -> tuple[int, list[Any]]:
         """The reply to one frame: 200 with its regions, or the error naming the step."""
@@ -387,14 +391,14 @@ class PipelineChanges:
 class Pipelines:
     """Every configured pipeline by name (the router dispatches to them); the views read `view`."""
 
-    def __init__(self, configs: tuple[PipelineConfig, ...], admit: AdmitFn, reply: ReplyFn,
+    def __init__(self, configs: tuple[PipelineConfig, ...], admit: AdmitFn, reply: ReplyFn, reply_late: ReplyFn,
                  model_inputs: InputsFn, limits: Limits) -> None:
-        self._admit, self._reply, self._model_inputs = admit, reply, model_inputs
+        self._admit, self._reply, self._reply_late, self._model_inputs = admit, reply, reply_late, model_inputs
         # The router holds this very dict: `apply` changes it in place.
         self.by_name = {c.name: self._build(c, limits) for c in configs}
 
     def _build(self, config: PipelineConfig, limits: Limits) -> Pipeline:
-        return Pipeline(config, self._admit, self._reply, self._model_inputs, limits)
+        return Pipeline(config, self._admit, self._reply, self._reply_late, self._model_inputs, limits)
 
     def apply(self, configs: tuple[PipelineConfig, ...], limits: Limits) -> PipelineChanges:
         """Move to `configs` (a reload): new pipelines start, removed ones stop, changed ones are
