@@ -45,6 +45,7 @@ from infermux.models.statefile import StateFile
 from infermux.models.verified import EngineSigning, verified_store
 from infermux.frontend.mirror import Mirror
 from infermux.frontend.oversize import ClientEnvelope, OversizeMemory
+from infermux.frontend.pacing import RefusalPacer
 from infermux.frontend.recorder import Recorder
 from infermux.frontend.router import Router
 from infermux.pipelines.runner import Pipelines
@@ -67,13 +68,9 @@ BIG_FRAME = 4096
 STALLED_RETRY_MS = 100  # the retry time in the 429 a peer gets while its replies are dropped (peers.py)
 _TOO_LARGE = Throttle()  # replies over max_reply_bytes: a few lines per interval, then counted
 _REFUSED_OVERSIZE = Throttle()  # requests refused uncomputed for such a reply: the same
-# ... and their 413 is sent this much later, so that a client looping on the refusal sends a few
-# requests a second, not thousands of messages the frontend must read whole (4 MiB each in the bench).
-REFUSAL_PAUSE_S = 0.1
-# A malformed message this large is refused as late: a client looping on one (40 frames of 1 MB)
-# made the frontend's I/O thread read 40 MB a turn, tens of times a second.
+# ... and their 413 is held back (pacing.py), as is the refusal of a malformed message this large: a
+# client looping on one (40 frames of 1 MB) made libzmq's I/O thread read 40 MB tens of times a second.
 PACED_REFUSAL_BYTES = 1 << 20
-MAX_PAUSED = 1024  # refusals held back at once; past it they are sent at once
 QUIESCE_S = 1.0  # the longest `quiesce` waits for the loop's turn (it turns at least every poll_ms)
 
 
@@ -118,7 +115,7 @@ class Server:
         self.requests = 0
         self.replies_too_large = 0  # replies over max_reply_bytes, answered 413 instead
         self.oversize = OversizeMemory(config.daemon.oversize_memory_s)  # the kinds of request that just made one (oversize.py)
-        self._paused: deque[tuple[float, list[Any]]] = deque()  # (when due, frames): those refusals, held back
+        self.pacer = RefusalPacer()  # refusals held back, a connection that keeps earning them longer
         self.ticks: list[Callable[[], None]] = [self._release_barriers]
         self.on_stopping: list[Callable[[], object]] = []  # called once the loop stops, before the drain
         self.poll_ms = 100  # the longest the loop sleeps: ticks (watchdog) run at least this often
@@ -169,13 +166,13 @@ class Server:
         os.eventfd_write(self._bell, 1)
 
     def reply_late(self, envelope: list[Any], frames: list[Any], outcome: Outcome | None = None) -> None:
-        """`reply`, REFUSAL_PAUSE_S from now: for a refusal the client can only meet by sending something
+        """`reply`, held back (pacing.py): for a refusal the client can only meet by sending something
         else (a pipeline's 400 or 413 after its steps ran), so that a client looping on it cannot keep
         the steps busy. Safe from any thread: the frontend's tick sends it."""
-        if internal_sink(envelope) is not None or len(self._paused) >= MAX_PAUSED:
+        if internal_sink(envelope) is not None:
             self.reply(envelope, frames, outcome)
             return
-        self._paused.append((time.monotonic() + REFUSAL_PAUSE_S, envelope + frames))
+        self.pacer.hold_later(envelope + frames)
 
     def admit_internal(self, job: Job) -> None:
         """Admit a request the daemon sends itself (a pipeline's model step) as a client's is: on
@@ -462,6 +459,8 @@ class Server:
             size = sum(len(f) for f in frames)
         elif type(envelope) is ClientEnvelope and envelope.probe is not None:
             self.oversize.fits(envelope.probe)  # its kind no longer makes replies too large
+        if envelope is not None:  # a computed request's reply: the connection's refusals start over
+            self.pacer.forgive(frames[0])
         # What the client gets (a 413 in place of an oversized reply) is what is recorded and compared.
         if self.recorder.active:
             self.recorder.on_reply(frames, _delimiter(frames))
@@ -612,20 +611,15 @@ class Server:
         return True
 
     def _pause(self, frames: list[Any]) -> None:
-        """Send a refusal REFUSAL_PAUSE_S from now (at the first turn of the loop after it)."""
-        if len(self._paused) >= MAX_PAUSED:
+        """Send a refusal when its connection's time comes (pacing.py; at a turn of the loop after it)."""
+        if not self.pacer.hold(frames):
             self._send(frames)
-            return
-        self._paused.append((time.monotonic() + REFUSAL_PAUSE_S, frames))
 
     def _send_paused(self, every: bool = False) -> None:
         """A tick: send the refusals held back whose time has come (`every`: all, at the drain)."""
-        paused = self._paused
-        if not paused:
-            return
-        now = time.monotonic()
-        while paused and (every or paused[0][0] <= now):
-            self._send(paused.popleft()[1])
+        if len(self.pacer):
+            for frames in self.pacer.due(every):
+                self._send(frames)
 
     # -- status for notify/admin ------------------------------------------------
 
