@@ -220,6 +220,30 @@ def test_every_module_is_in_a_layer() -> None:
     assert not unplaced, f"modules in no layer (add their package to LAYERS, where it belongs): {unplaced}"
 
 
+def _architecture_rows() -> list[tuple[str, str]]:
+    """docs/architecture.md's package table: (layer, the rest of its row), top row first."""
+    text = (ROOT / "docs/architecture.md").read_text()
+    table = text[text.index("| layer (bottom to top) |"):]
+    rows = []
+    for line in table.splitlines()[2:]:
+        if not line.startswith("|"):
+            break
+        layer, rest = line.split("|", 2)[1:]
+        rows.append((layer.strip().strip("`").rstrip("/"), rest))
+    return rows
+
+
+def test_the_architecture_table_has_the_layers_in_order_and_names_every_module() -> None:
+    rows = _architecture_rows()
+    names = [layer for layer, _, _ in LAYERS]
+    assert [layer for layer, _ in rows] == names
+    # The console's row points at docs/console.md for its many views instead of naming each.
+    unnamed = [f"{layer}: {module}" for layer, row in rows if layer != "tui"
+               for module, path in _modules().items() if names[layer_of(module) or 0] == layer
+               and path.stem not in ("__init__", "__main__") and path.stem not in row]
+    assert not unnamed, f"modules docs/architecture.md's package table does not name: {unnamed}"
+
+
 def test_no_package_imports_a_layer_above_it() -> None:
     found = upward(edges(_sources(), functions=True))
     assert not found, ("imports of a higher layer (move the type down, or pass a callable or Protocol up; "
