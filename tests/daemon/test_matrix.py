@@ -809,10 +809,16 @@ def test_a_full_queue_takes_a_stream_s_newer_frame_and_refuses_a_new_stream(cell
 
 @every_placement
 def test_a_superseded_frame_is_a_409_not_a_504_and_deadlines_still_hold(cell: Placement) -> None:
-    older, newer, late = behind_a_long_compute(cell, "st", ("cam", ROW, 5), ("cam", ROW * 2, None), ("cam2", ROW, 5))
-    assert_superseded(older, newer, "st")
-    assert_served(newer, cell, "st", ROW * 2)
-    assert late.status == 504 and "not computed" in late.error, late.header
+    for _ in range(5):
+        older, newer, late = behind_a_long_compute(cell, "st", ("cam", ROW, 5), ("cam", ROW * 2, None),
+                                                   ("cam2", ROW, 5))
+        assert_superseded(older, newer, "st")
+        assert_served(newer, cell, "st", ROW * 2)
+        if late.status == 200 and late.header["timing_us"]["queue"] < 5000:
+            continue  # computed within its 5 ms: a busy box read the burst late in HUGE's compute; again
+        assert late.status == 504 and "not computed" in late.error, late.header
+        return
+    pytest.fail("the box was too busy: five bursts in a row were read within 5 ms of the end of HUGE's compute")
 
 
 @every_placement
