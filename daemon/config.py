@@ -175,6 +175,7 @@ class ModelConfig:
     queue_policy: str = "fifo"  # QUEUE_POLICIES; newest_per_key keeps at most per_key_depth queued per key
     per_key_depth: int = 1
     rollout: "RolloutConfig | None" = None  # [models.rollout]: a published version earns its traffic first
+    nice: int = 0  # 0-19 added to its contexts' threads' nice value: the CPU goes to the rest first
 
     @property
     def key(self) -> tuple[str, str]:
@@ -235,6 +236,7 @@ class PipelineConfig:
     max_regions: int = 1000
     max_crop_width: int = 4096
     max_batch_bytes: int = 256 << 20
+    nice: int = 0  # as a model's: 0-19 added to the nice value of the threads that run the steps
 
 
 @dataclass(frozen=True)
@@ -495,8 +497,9 @@ def _parse_routing(file: Path, table: Any) -> RoutingConfig:
 
 _INT_FIELDS = {"contexts": 1, "max_queue": 1, "timeout_ms": 1, "max_batch": 1, "batch_delay_us": 0, "weight": 0,
                "canary_weight": 0,
-               "latest_n": 1, "per_key_depth": 1}
-_INT_MAXIMA = {"weight": MAX_WEIGHT, "contexts": MAX_CONTEXTS}
+               "latest_n": 1, "per_key_depth": 1, "nice": 0}
+MAX_NICE = 19  # Linux's lowest priority
+_INT_MAXIMA = {"weight": MAX_WEIGHT, "contexts": MAX_CONTEXTS, "nice": MAX_NICE}
 
 
 def model_labels(entries: list[tuple[Any, Any]]) -> list[str]:
@@ -808,6 +811,10 @@ def _parse_pipeline(file: Path, where: str, table: Any, models: set[str], engine
     for key in ("workers", "max_queue", "timeout_ms", "max_regions", "max_crop_width", "max_batch_bytes"):
         if key in raw:
             _positive(file, f"{where}.{key}", raw[key])
+    if "nice" in raw:
+        _positive(file, f"{where}.nice", raw["nice"], 0)
+        if raw["nice"] > MAX_NICE:
+            raise ConfigError(file, f"{where}.nice", f"must be <= {MAX_NICE}, got {raw['nice']}")
     _check_queue_policy(file, where, raw)
     steps = raw.get("steps")
     _check_type(file, f"{where}.steps", steps, list)

@@ -91,6 +91,7 @@ def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
         "preferred_batch": list(settings.preferred_batch if settings is not None else mc.preferred_batch),
         "queue_policy": settings.queue_policy if settings is not None else mc.queue_policy,
         "per_key_depth": settings.per_key_depth if settings is not None else mc.per_key_depth,
+        "nice": mc.nice,  # added to its contexts' threads' nice value (execution/priority.py)
         "memory_bytes": mv.memory_bytes, "engine": str(mc.engine),
         "backend": mc.backend or mc.engine.suffix.lstrip("."),
         "last_load_ms": round(mv.last_load_s * 1000),

@@ -14,6 +14,7 @@ import time
 from typing import Any, Callable, Protocol
 
 from infermux.execution import batcher
+from infermux.execution.priority import lower_this_thread
 from infermux.execution.fairqueue import Closed, FairQueue
 from infermux.execution.inline import track_compute
 from infermux.execution.job import Job, Outcome
@@ -55,8 +56,9 @@ class Executor:
     """Runs one context on its own thread, fed by its own fair queue."""
 
     def __init__(self, name: str, version: str, index: int, context: Context, reply: ReplyFn,
-                 on_late: LateFn, policy: BatchPolicy) -> None:
+                 on_late: LateFn, policy: BatchPolicy, nice: int = 0) -> None:
         self.name, self.version, self.index = name, version, index
+        self.nice = nice  # added to this context's thread's nice value (priority.py)
         self.queue: FairQueue[Job] = FairQueue(key=lambda job: job.request.key,
                                                size=lambda job: batcher.rows(job.request.inputs),
                                                patience=self._patience)
@@ -93,6 +95,7 @@ class Executor:
         return not self._thread.is_alive()
 
     def _run(self) -> None:
+        lower_this_thread(self.nice, f"model {self.name} version {self.version}")
         try:
             while True:
                 try:

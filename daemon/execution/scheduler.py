@@ -52,8 +52,10 @@ class Scheduler:
                                    batcher.batchable(engine.inputs, engine.outputs),
                                    batcher.row_limit(engine.inputs), f"{config.name}:{config.version}")
         self._reply, self._on_late, self._stats = hooks.reply, hooks.on_late, stats
-        self._inline = hooks.inline
-        self._hold = hooks.hold
+        # A version given a lower priority computes on its own threads only, never on the frontend's.
+        self.nice = config.nice
+        self._inline = hooks.inline if not config.nice else None
+        self._hold = hooks.hold if not config.nice else None
         self.warm_row_us = warm_row_us
         self._lock = threading.Lock()
         self.executors: list[Executor] = []
@@ -64,7 +66,7 @@ class Scheduler:
 
     def _new_executor(self, index: int) -> Executor:
         ex = Executor(self.name, self.version, index, self.engine.create_context(), self._reply,
-                      self._on_late, self.policy)
+                      self._on_late, self.policy, self.nice)
         ex.stats = self._stats.add_context(in_flight=lambda: ex.in_flight, queue_depth=lambda: len(ex.queue))
         ex.row_us = ex.row_wall_us = self.warm_row_us
         ex.start()

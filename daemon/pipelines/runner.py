@@ -31,6 +31,7 @@ from infermux.plugins.processors.base import FrameTooLarge, ProcessorError, Regi
 from infermux.plugins.processors.track import Track
 from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_header
 from infermux.execution.executor import ReplyFn
+from infermux.execution.priority import lower_this_thread
 from infermux.execution.fairqueue import Closed, FairQueue, longest_lane
 from infermux.execution.job import ONLY_INPUT, Job
 from infermux.execution.scheduler import NEWEST_PER_KEY, superseded
@@ -159,6 +160,7 @@ class Pipeline:
     # -- the worker threads ---------------------------------------------------------
 
     def _work(self) -> None:
+        lower_this_thread(self.config.nice, f"pipeline {self.name}")
         while True:
             try:
                 job = self._queue.get()
@@ -438,7 +440,7 @@ class Pipelines:
                     stats["steps"][step.name]["for_each"] = step.for_each
                 stats["steps"][step.name].update(p.state(step.name))
             out.append({"name": p.name, "input": p.config.input, "queued": len(p._queue), "workers": p.config.workers,
-                        "queue_policy": p.config.queue_policy, **stats})
+                        "nice": p.config.nice, "queue_policy": p.config.queue_policy, **stats})
         return out
 
     def stop(self) -> None:

@@ -28,7 +28,7 @@ from infermux.protocol import Limits
 log = logging.getLogger("infermux.reload")
 
 # Settings that need the engine loaded again; every other one applies live.
-RELOADING_FIELDS = {"engine", "backend", "placement", "options"}
+RELOADING_FIELDS = {"engine", "backend", "placement", "options", "nice"}  # nice: its threads are made anew
 LIVE_FIELDS = {"contexts", "max_queue", "timeout_ms", "max_batch", "batch_delay_us", "preferred_batch",
                "idle_unload_s", "preload", "weight", "default", "strategy", "fallback", "queue_policy",
                "per_key_depth", "rollout"}

@@ -542,13 +542,15 @@ def pipelines_usable() -> bool:
 
 def ocr_config(into: Path) -> str | None:
     """The OCR example's models and pipeline (etc/infermux/examples/ocr.toml, its bounds as shipped)
-    with their files in `into`, or None when rapidocr-onnxruntime is not there to take them from."""
+    with their files in `into`, or None when rapidocr-onnxruntime is not there to take them from.
+    The example's commented `nice = 10` lines are taken, as its comment says for a box that also
+    serves small models: the well-behaved clients here are such a model's."""
     out = subprocess.run([sys.executable, str(HERE.parent.parent / "engines/fetch_ppocr.py"), "--into", str(into)],
                          capture_output=True, text=True, timeout=300)
     if out.returncode != 0:
         return None
     text = (HERE.parent.parent / "etc/infermux/examples/ocr.toml").read_text()
-    text = text[text.index("[[models]]"):]
+    text = text[text.index("[[models]]"):].replace("# nice = 10", "nice = 10")
     for name in ("det.onnx", "cls.onnx", "rec.onnx", "keys.txt", "cls_labels.txt"):
         text = text.replace(f'"{name}"', f'"{into / name}"')
     return "\n" + text

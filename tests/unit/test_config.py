@@ -100,6 +100,8 @@ def test_model_toml_takes_the_placement_and_its_old_name_too(tmp_path: Path) -> 
     (MODEL + 'queue_policy = "lifo"\n', 'models[name="a"].queue_policy: must be one of fifo, newest_per_key'),
     (MODEL + "per_key_depth = 2\n", 'models[name="a"].per_key_depth: only applies to queue_policy = "newest_per_key"'),
     (MODEL + 'queue_policy = "newest_per_key"\nper_key_depth = 0\n', 'models[name="a"].per_key_depth: must be >= 1'),
+    (MODEL + "nice = -1\n", 'models[name="a"].nice: must be >= 0'),
+    (MODEL + "nice = 20\n", 'models[name="a"].nice: must be <= 19, got 20'),
     ("[daemon]\nstream_silent_s = -1\n", "daemon.stream_silent_s: must be >= 0"),
     ("[daemon]\nstream_metrics_keys = 0\n", "daemon.stream_metrics_keys: must be >= 1"),
     ("[daemon]\nstream_max_keys = 0\n", "daemon.stream_max_keys: must be >= 1"),
@@ -164,6 +166,8 @@ def test_an_entry_without_a_usable_name_is_named_by_its_index() -> None:
     ("max_regions = 0", ["pipelines[0].max_regions", ">= 1"]),
     ("max_batch_bytes = \"big\"", ["pipelines[0].max_batch_bytes", "must be int"]),
     ("max_crop_width = -4", ["pipelines[0].max_crop_width", ">= 1"]),
+    ("nice = -2", ["pipelines[0].nice", ">= 0"]),
+    ("nice = 40", ["pipelines[0].nice", "<= 19, got 40"]),
 ])
 def test_pipeline_bounds_in_the_file_are_checked(line: str, words: list[str]) -> None:
     text = f'[[models]]\nname = "m"\nengine = "m.onnx"\n[[pipelines]]\nname = "p"\n{line}\n' \

@@ -1,0 +1,80 @@
+"""`nice`: a model's contexts and a pipeline's threads run at a lower CPU priority, hot and cold,
+and are still served; a reload that changes it makes them anew at the new value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from support.pipelines import camera_pipeline
+from support.polling import eventually
+from support.workers import worker
+
+pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
+
+MODELS = """
+[[models]]
+name = "classifier"
+engine = "classifier/1/model.onnx"
+contexts = 2
+nice = {hot_nice}
+[[models]]
+name = "cold"
+engine = "fast512/1/model.onnx"
+placement = "cold"
+nice = 3
+[[models]]
+name = "plain"
+engine = "fast512/1/model.onnx"
+"""
+IMAGE = np.zeros((1, 3, 64, 64), np.float32)
+ROW = np.ones((1, 512), np.float32)
+
+
+def nice_values(pid: int) -> list[int]:
+    """The nice value of each thread of process `pid` (field 19 of /proc/PID/task/TID/stat)."""
+    values = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            values.append(int(stat.read_text().rsplit(")", 1)[1].split()[16]))
+        except (OSError, IndexError):  # a thread that ended meanwhile
+            continue
+    return values
+
+
+def config(hot_nice: int) -> str:
+    pipeline = camera_pipeline("cams").replace('queue_policy = "newest_per_key"\n',
+                                               'queue_policy = "newest_per_key"\nworkers = 3\nnice = 7\n')
+    return MODELS.replace("{hot_nice}", str(hot_nice)) + pipeline
+
+
+def test_contexts_and_pipeline_threads_run_at_their_nice_value_and_are_served(make_daemon) -> None:
+    d = make_daemon(config(hot_nice=5))
+    with d.client(timeout_s=30) as client:
+        for _ in range(20):  # never on the frontend's thread: each on the model's own (niced) ones
+            assert client.infer("classifier", {"images": IMAGE}).status == 200
+        assert client.infer("plain", {"x": ROW}).status == 200
+        eventually(lambda: client.infer("cold", {"x": ROW}).status == 200, "the cold model's worker serving",
+                   timeout_s=60)  # the first request starts its worker (503 while it loads)
+    daemon_nice = nice_values(d.proc.pid)
+    assert daemon_nice.count(5) == 2 and daemon_nice.count(7) == 3, daemon_nice  # 2 contexts, 3 workers
+    assert daemon_nice.count(0) == len(daemon_nice) - 5  # the frontend, plain's context, the rest: as started
+    worker_pid = worker(d, "cold")["pid"]
+    assert nice_values(worker_pid).count(3) == 1  # the cold model's one context, in its worker process
+    with d.admin() as admin:  # each setting where an operator looks
+        classifier = next(m for m in admin.call("models")["models"] if m["name"] == "classifier")
+        pipeline = next(p for p in admin.call("status")["pipelines"] if p["name"] == "cams")
+    assert classifier["stats"]["by_status"].get("200") == 20 and classifier["nice"] == 5 and pipeline["nice"] == 7
+
+
+def test_a_reload_that_changes_nice_makes_the_contexts_anew_at_the_new_value(make_daemon) -> None:
+    d = make_daemon(config(hot_nice=5))
+    d.config_path.write_text(d.config_path.read_text().replace("nice = 5", "nice = 12"))
+    with d.admin() as admin:
+        admin.call("reload")
+    eventually(lambda: nice_values(d.proc.pid).count(12) == 2, "two contexts at nice 12", timeout_s=30)
+    with d.client(timeout_s=30) as client:
+        assert client.infer("classifier", {"images": IMAGE}).status == 200
+    eventually(lambda: nice_values(d.proc.pid).count(5) == 0, "the old contexts gone", timeout_s=30)
