@@ -3,11 +3,13 @@ and are still served; a reload that changes it makes them anew at the new value.
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from support.harness import DAEMON_HEAD
 from support.pipelines import camera_pipeline
 from support.polling import eventually
 from support.workers import worker
@@ -78,3 +80,26 @@ def test_a_reload_that_changes_nice_makes_the_contexts_anew_at_the_new_value(mak
     with d.client(timeout_s=30) as client:
         assert client.infer("classifier", {"images": IMAGE}).status == 200
     eventually(lambda: nice_values(d.proc.pid).count(5) == 0, "the old contexts gone", timeout_s=30)
+
+
+def test_a_lower_priority_model_batches_and_a_version_published_later_takes_its_priority(
+        make_daemon, engines: Path, tmp_path: Path) -> None:
+    watched = tmp_path / "watched"
+    (watched / "b/1").mkdir(parents=True)
+    shutil.copy(engines / "fast512/1/model.onnx", watched / "b/1/model.onnx")
+    head = DAEMON_HEAD.replace('engine_dir = "{engines}"', 'engine_dir = "{watched}"') \
+        .replace("watch = false", "watch = true\nwatch_settle_s = 0.4")
+    d = make_daemon('[[models]]\nname = "b"\nengine = "b/1/model.onnx"\nnice = 4\nmax_batch = 8\n'
+                    'batch_delay_us = 50000\n', head=head, watched=str(watched))
+    with d.pipeline(timeout_s=30) as pipe:  # eight at once: they wait for each other and run as one call
+        replies = pipe.gather([pipe.submit("b", {"x": ROW}) for _ in range(8)])
+    assert all(r.status == 200 for r in replies) and max(r.header.get("batch", 0) for r in replies) > 1
+    assert nice_values(d.proc.pid).count(4) == 1
+    staged = watched / "b/.2.tmp"
+    staged.mkdir()
+    shutil.copy(watched / "b/1/model.onnx", staged / "model.onnx")
+    staged.rename(watched / "b/2")  # published the documented way
+    with d.client(timeout_s=30) as client:
+        eventually(lambda: client.infer("b", {"x": ROW}).version == "2", "version 2 serving", timeout_s=60)
+    # Version 1 stays (the file names it); version 2, found in the folder, runs at the model's nice too.
+    eventually(lambda: nice_values(d.proc.pid).count(4) == 2, "version 2's context at nice 4", timeout_s=30)
