@@ -502,6 +502,14 @@ MAX_NICE = 19  # Linux's lowest priority
 _INT_MAXIMA = {"weight": MAX_WEIGHT, "contexts": MAX_CONTEXTS, "nice": MAX_NICE}
 
 
+def _bounded_int(file: Path, where: str, raw: dict[str, Any], key: str, minimum: int) -> None:
+    """`raw[key]`, where given, is an int from `minimum` to its `_INT_MAXIMA` bound (if it has one)."""
+    if key in raw:
+        _positive(file, f"{where}.{key}", raw[key], minimum)
+        if raw[key] > _INT_MAXIMA.get(key, raw[key]):
+            raise ConfigError(file, f"{where}.{key}", f"must be <= {_INT_MAXIMA[key]}, got {raw[key]}")
+
+
 def model_labels(entries: list[tuple[Any, Any]]) -> list[str]:
     """How errors name each `[[models]]` entry, from its (name, version): `models[name="a"]`, with
     the version where entries share the name, the index where that is not enough (or no name)."""
@@ -538,10 +546,7 @@ def _parse_model(file: Path, where: str, table: Any, engine_dir: Path) -> ModelC
         if key in raw and not raw[key].isprintable():
             raise ConfigError(file, f"{where}.{key}", f"{ascii(raw[key])} holds control characters")
     for key, minimum in _INT_FIELDS.items():
-        if key in raw:
-            _positive(file, f"{where}.{key}", raw[key], minimum)
-            if raw[key] > _INT_MAXIMA.get(key, raw[key]):
-                raise ConfigError(file, f"{where}.{key}", f"must be <= {_INT_MAXIMA[key]}, got {raw[key]}")
+        _bounded_int(file, where, raw, key, minimum)
     _placement(file, where, raw)
     if raw.get("strategy", "") not in ("", *STRATEGIES):
         raise ConfigError(file, f"{where}.strategy", f"must be one of {', '.join(STRATEGIES)}")
@@ -811,10 +816,7 @@ def _parse_pipeline(file: Path, where: str, table: Any, models: set[str], engine
     for key in ("workers", "max_queue", "timeout_ms", "max_regions", "max_crop_width", "max_batch_bytes"):
         if key in raw:
             _positive(file, f"{where}.{key}", raw[key])
-    if "nice" in raw:
-        _positive(file, f"{where}.nice", raw["nice"], 0)
-        if raw["nice"] > MAX_NICE:
-            raise ConfigError(file, f"{where}.nice", f"must be <= {MAX_NICE}, got {raw['nice']}")
+    _bounded_int(file, where, raw, "nice", 0)
     _check_queue_policy(file, where, raw)
     steps = raw.get("steps")
     _check_type(file, f"{where}.steps", steps, list)

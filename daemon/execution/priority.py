@@ -14,6 +14,8 @@ import logging
 import os
 import threading
 
+from infermux.config import MAX_NICE
+
 log = logging.getLogger("infermux.priority")
 
 
@@ -23,7 +25,7 @@ def lower_this_thread(nice: int, what: str) -> None:
         return
     tid = threading.get_native_id()
     try:
-        os.setpriority(os.PRIO_PROCESS, tid, min(19, os.getpriority(os.PRIO_PROCESS, tid) + nice))
+        os.setpriority(os.PRIO_PROCESS, tid, min(MAX_NICE, os.getpriority(os.PRIO_PROCESS, tid) + nice))
     except OSError as exc:
         log.warning("cannot lower the priority of %s's thread (nice = %d): %s; it runs at the daemon's",
                     what, nice, exc)
