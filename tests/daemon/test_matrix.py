@@ -24,6 +24,7 @@ import os
 import shutil
 import signal
 import threading
+import time
 from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterator
@@ -34,8 +35,10 @@ import pytest
 
 from support.harness import Daemon
 from infermux.client import Pipeline, Reply, SharedMemory
+from infermux.frontend.pacing import FIRST_HOLD_S
 from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement
 from support.polling import eventually
+from support.procfs import nice_values
 from support.publish import PROBE, publish, wait_served
 from support.workers import until_200, worker
 
@@ -56,6 +59,7 @@ X4 = PROBE  # for the 4-wide add-one models
 SLOW, IDENTITY = "slow/1/model.onnx", "fast512/1/model.onnx"  # in conftest's `engines`
 BATCH_DELAY_US = 8_000_000  # a batch that waited this long was not sent by its preferred size
 STREAMS = 'queue_policy = "newest_per_key"\n'
+NICE = 10  # nc's: its context threads run at a lower CPU priority
 
 # A candidate mirrors whatever the CPUs' idle time, which a shared 2-core test box seldom has
 # (test_rollout.py tests that gate).
@@ -72,6 +76,7 @@ PLACED = [
     ("hs", "1", "addone/1/model.onnx", 'strategy = "hash"\ncontexts = 2\n'),
     ("hs", "2", "addone/2/model.onnx", 'strategy = "hash"\ncontexts = 2\n'),
     ("sm", "1", SLOW, ""),
+    ("nc", "1", SLOW, f'nice = {NICE}\nfallback = "fb"\nmax_queue = 4\ntimeout_ms = 20000\n'),
     ("ob", "1", SLOW, ""),  # replies over max_reply_bytes
     ("sw", "1", "sw/1/model.onnx", ""),  # relative: in the watched engine_dir, where the swap publishes
     ("ov", "1", "ov/1/model.onnx", ""),  # live changes: also in the watched engine_dir (a new version inherits)
@@ -241,31 +246,41 @@ def test_fallback_when_not_ready(cell: Placement) -> None:
     assert "ctl load nr" in alone.error and "no fallback" in alone.error
 
 
-@every_placement
-def test_fallback_when_the_queue_is_full(cell: Placement) -> None:
-    # max_queue = 4 (at most 4 queued and 1 running): 24 in a burst find it full unless 19 of them are
-    # computed while the frontend reads the burst. Those it refuses cost the fallback's copy alone.
+def assert_a_full_queue_falls_back(cell: Placement, model: str) -> None:
+    """24 HEAVY in a burst to `model` (max_queue = 4, fallback fb): some 200 from it, the rest from fb."""
+    # At most 4 queued and 1 running: 24 in a burst find it full unless 19 of them are computed
+    # while the frontend reads the burst. Those it refuses cost the fallback's copy alone.
     with cell.daemon.pipeline(timeout_s=30) as pipe:
-        replies = pipe.gather([pipe.submit("slowfb", {"x": HEAVY}) for _ in range(24)])
-    served = [r for r in replies if r.model == "slowfb"]
-    stand_ins = [r for r in replies if r.model != "slowfb"]
+        replies = pipe.gather([pipe.submit(model, {"x": HEAVY}) for _ in range(24)])
+    served = [r for r in replies if r.model == model]
+    stand_ins = [r for r in replies if r.model != model]
     assert served and stand_ins, [r.header for r in replies]
     for reply in served:
         assert reply.fallback is None
-        assert_served(reply, cell, "slowfb", HEAVY)
+        assert_served(reply, cell, model, HEAVY)
     for reply in stand_ins:
-        assert reply.fallback == {"from": "slowfb", "reason": "queue_full"}, reply.header
+        assert reply.fallback == {"from": model, "reason": "queue_full"}, reply.header
         assert_served(reply, cell, "fb", HEAVY)
 
 
-@every_placement
-def test_fallback_when_the_deadline_would_pass(cell: Placement) -> None:
-    stand_in = late_behind_a_long_compute(cell, "slowfb")
-    assert stand_in.fallback == {"from": "slowfb", "reason": "deadline"}, stand_in.header
+def assert_a_late_request_falls_back(cell: Placement, model: str) -> None:
+    """A 5 ms request to `model` (fallback fb) behind three long computes: fb's answer, `reason: deadline`."""
+    stand_in = late_behind_a_long_compute(cell, model)
+    assert stand_in.fallback == {"from": model, "reason": "deadline"}, stand_in.header
     if stand_in.status == 504:  # it keeps its 5 ms: a box busy enough can make the stand-in late too
         assert "waiting for model 'fb'" in stand_in.error, stand_in.header
     else:
         assert_served(stand_in, cell, "fb", ROW)
+
+
+@every_placement
+def test_fallback_when_the_queue_is_full(cell: Placement) -> None:
+    assert_a_full_queue_falls_back(cell, "slowfb")
+
+
+@every_placement
+def test_fallback_when_the_deadline_would_pass(cell: Placement) -> None:
+    assert_a_late_request_falls_back(cell, "slowfb")
 
 
 @every_placement
@@ -381,22 +396,42 @@ def test_504_when_the_deadline_passes_without_a_fallback(cell: Placement) -> Non
         assert_served(client.infer("slow", {"x": ROW}), cell, "slow", ROW)
 
 
-@every_placement
-def test_inputs_and_outputs_in_a_shared_memory_region(cell: Placement) -> None:
+def assert_regions_served(cell: Placement, model: str) -> None:
+    """Requests to `model` with inputs and outputs in a shared-memory region, then an output in a frame."""
     d = cell.daemon
-    with d.client() as client, SharedMemory.beside(d.endpoint, 1 << 20, f"matrix-{cell.name}") as shm:
+    with d.client() as client, SharedMemory.beside(d.endpoint, 1 << 20, f"matrix-{cell.name}-{model}") as shm:
         x = shm.ndarray(SLAB.shape, "float32")
         y = shm.ndarray(SLAB.shape, "float32", offset=x.nbytes)
         for k in (1, 2, 3):  # a worker learns the outputs' shapes once, then computes into place
             x[:] = SLAB * k  # the client rewrites its region between requests, as a camera would
             y[:] = -1
-            reply = client.infer("sm", {"x": shm.ref(x)}, output_regions={"y": shm.ref(y)})
-            assert_served(reply, cell, "sm", x.copy())
+            reply = client.infer(model, {"x": shm.ref(x)}, output_regions={"y": shm.ref(y)})
+            assert_served(reply, cell, model, x.copy())
             assert "region" in reply.header["outputs"][0], reply.header
-            np.testing.assert_allclose(y, computed(engine_of(cell, "sm"), x.copy()), rtol=1e-4, atol=1e-5)
-        framed = client.infer("sm", {"x": shm.ref(x)})  # the input in the region, the output in a frame
-        assert_served(framed, cell, "sm", x.copy())
+            np.testing.assert_allclose(y, computed(engine_of(cell, model), x.copy()), rtol=1e-4, atol=1e-5)
+        framed = client.infer(model, {"x": shm.ref(x)})  # the input in the region, the output in a frame
+        assert_served(framed, cell, model, x.copy())
         assert "region" not in framed.header["outputs"][0]
+
+
+@every_placement
+def test_inputs_and_outputs_in_a_shared_memory_region(cell: Placement) -> None:
+    assert_regions_served(cell, "sm")
+
+
+@every_placement
+def test_a_model_at_a_lower_cpu_priority_runs_niced_and_falls_back_and_serves_regions_as_any(
+        cell: Placement) -> None:
+    # nc: `nice = NICE`, SLOW, fallback fb, max_queue 4: its one context thread (in the daemon, or in its
+    # worker) runs at that nice value; it is served, overflows and misses deadlines as slowfb does.
+    d = cell.daemon
+    with d.client(timeout_s=30) as client:
+        assert_served(client.infer("nc", {"x": SLAB}), cell, "nc", SLAB)  # cold: starts an idle worker again
+    pid = d.proc.pid if cell.where == "hot" else worker(d, "nc")["pid"]
+    eventually(lambda: nice_values(pid).count(NICE) == 1, f"one thread at nice {NICE} (its one context)")
+    assert_a_full_queue_falls_back(cell, "nc")
+    assert_a_late_request_falls_back(cell, "nc")
+    assert_regions_served(cell, "nc")
 
 
 @every_placement
@@ -547,8 +582,11 @@ def test_a_reply_over_max_reply_bytes_is_413_and_the_next_like_it_is_refused_wit
         first = client.infer("ob", {"x": OVER})
         assert first.status == 413 and "(max_reply_bytes)" in first.error and "it was computed" in first.error, \
             first.header
+        asked = time.monotonic()
         again = client.infer("ob", {"x": OVER})
+        held_s = time.monotonic() - asked
         assert again.status == 413 and again.error.startswith("refused without computing it"), again.header
+        assert held_s >= FIRST_HOLD_S, held_s  # held back: sent at once, it could only be earned again
         assert_served(client.infer("ob", {"x": SLAB}), cell, "ob", SLAB)  # other shapes: computed
         assert computed_200(admin) - before == 2  # the one over (its outputs dropped) and SLAB's
 

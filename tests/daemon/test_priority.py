@@ -12,6 +12,7 @@ import pytest
 from support.harness import DAEMON_HEAD
 from support.pipelines import camera_pipeline
 from support.polling import eventually
+from support.procfs import nice_values
 from support.workers import worker
 
 pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
@@ -33,17 +34,6 @@ engine = "fast512/1/model.onnx"
 """
 IMAGE = np.zeros((1, 3, 64, 64), np.float32)
 ROW = np.ones((1, 512), np.float32)
-
-
-def nice_values(pid: int) -> list[int]:
-    """The nice value of each thread of process `pid` (field 19 of /proc/PID/task/TID/stat)."""
-    values = []
-    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
-        try:
-            values.append(int(stat.read_text().rsplit(")", 1)[1].split()[16]))
-        except (OSError, IndexError):  # a thread that ended meanwhile
-            continue
-    return values
 
 
 def config(hot_nice: int) -> str:

@@ -1,4 +1,4 @@
-"""What a process costs, read from /proc: resident memory, its peak, open descriptors.
+"""What a process costs, read from /proc: resident memory, its peak, open descriptors, its threads' nice values.
 
 The peak (VmHWM) is reset by writing 5 to /proc/PID/clear_refs (Linux 4.0+;
 the caller must own the process or be root), so a test can measure the
@@ -36,3 +36,14 @@ def reset_peak(pid: int) -> None:
 def fds(pid: int) -> int:
     """Open descriptors."""
     return len(os.listdir(f"/proc/{pid}/fd"))
+
+
+def nice_values(pid: int) -> list[int]:
+    """The nice value of each thread of process `pid` (field 19 of /proc/PID/task/TID/stat)."""
+    values = []
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            values.append(int(stat.read_text().rsplit(")", 1)[1].split()[16]))
+        except (OSError, IndexError):  # a thread that ended meanwhile
+            continue
+    return values
