@@ -29,6 +29,7 @@ from support.harness import Daemon
 # `cell` (tests/daemon/conftest.py) takes this module's `placed`, and fails a cell on a traceback or a 500.
 from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement
 from support.polling import eventually
+from support.procfs import nice_values
 from support.tracking import every_nth, id_switches, idf1, replay
 
 cv2 = pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
@@ -39,6 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 CLASSIFIER = REPO / "engines/classifier/1/model.onnx"
 every_placement = pytest.mark.parametrize("placed", PLACEMENTS, indirect=True)
 pytestmark = pytest.mark.timing  # swaps, restarts and deadlines, like test_matrix's: tests/stress.sh runs it
+NICE = 5  # `cls` and its pipeline `pcls` run at a lower CPU priority: served, falling back, as the others
 FRAME = cv2.imencode(".png", np.random.default_rng(19).integers(0, 255, (48, 64, 3), dtype=np.uint8))[1].tobytes()
 
 HEAD = """
@@ -56,7 +58,8 @@ engine = "{classifier}"
 
 
 def pipeline(name: str, model: str) -> str:
-    return (f'[[pipelines]]\nname = "{name}"\n[[pipelines.steps]]\nprocessor = "decode"\n'
+    niced = f"nice = {NICE}\n" if model == "cls" else ""
+    return (f'[[pipelines]]\nname = "{name}"\n{niced}[[pipelines.steps]]\nprocessor = "decode"\n'
             '[[pipelines.steps]]\nprocessor = "resize"\noptions = { size = [64, 64] }\n'
             f'[[pipelines.steps]]\nprocessor = "normalize"\n[[pipelines.steps]]\nmodel = "{model}"\n'
             '[[pipelines.steps]]\nprocessor = "classify"\noptions = { k = 3 }\n')
@@ -72,7 +75,7 @@ def config_text(placement: str, watched: Path) -> str:
     """The models as configured before any move (cold for cold and promoted), and a pipeline each."""
     mode = 'placement = "cold"\npreload = true\n' if placement in ("cold", "promoted") else ""
     text = HEAD.format(watched=watched, classifier=CLASSIFIER)
-    text += f'[[models]]\nname = "cls"\nengine = "{CLASSIFIER}"\nfallback = "ref"\n{mode}'
+    text += f'[[models]]\nname = "cls"\nengine = "{CLASSIFIER}"\nfallback = "ref"\nnice = {NICE}\n{mode}'
     text += f'[[models]]\nname = "cnf"\nengine = "{CLASSIFIER}"\n{mode}'
     text += f'[[models]]\nname = "csw"\nengine = "csw/1/model.onnx"\n{mode}'
     text += "".join(f'[[models]]\nname = "{m}"\nengine = "{m}/1/model.onnx"\n{mode}' for m in TRACKED_MODELS)
@@ -149,6 +152,10 @@ def test_a_pipeline_over_each_placement_computes_what_the_hot_reference_does(cel
         header, got = probs(sock, pipe)
         assert "fallbacks" not in header, header
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+    with cell.daemon.admin() as admin:
+        niced = {p["name"]: p["nice"] for p in admin.call("status")["pipelines"]}
+    assert niced["pcls"] == NICE and niced["pcnf"] == 0, niced
+    assert NICE in nice_values(cell.daemon.proc.pid)  # pcls's threads (and cls's context, where hot)
 
 
 @every_placement
