@@ -93,3 +93,20 @@ def test_the_rollout_benchmark_compares_a_shadowed_daemon_with_a_plain_one():
         assert f"| {case} | 1 |" in out.stdout and f"| {case} | 16 |" in out.stdout
     assert "- shadowed / plain: c=1: p99 per round median" in out.stdout and "- forced / plain:" in out.stdout
     assert "Goal p99 shadowed ≤ 1.1× plain at c=16" in out.stdout
+
+
+@pytest.mark.slow
+def test_the_system_call_count_prints_each_servers_calls_per_request(tmp_path):
+    import shutil
+
+    if shutil.which("strace") is None:
+        pytest.skip("strace is not installed (apt install strace)")
+    out = subprocess.run(["bash", str(BENCHMARKS / "syscalls_per_request.sh"), "1", "200"],
+                         capture_output=True, text=True, timeout=180)
+    if "strace could not attach" in out.stderr:
+        pytest.skip(out.stderr.strip())
+    assert out.returncode == 0, out.stderr[-2000:]
+    for server in ("daemon", "bare"):
+        block = out.stdout.split(f"== {server}: system calls per request (c=1, 200 requests)")[1].split("==")[0]
+        total = float(block.split("all")[1].split()[0])
+        assert total > 1, block  # at least a receive and a send per request
