@@ -5,7 +5,7 @@ a lock a second daemon would take the first one's sockets over and delete them
 when it stopped, leaving the first loaded and unreachable. The second daemon
 must say which process holds the sockets and exit 4 (docs/operating.md), touching
 nothing; a daemon that was SIGKILLed holds nothing, and its stale socket files
-are taken over.
+are taken over. A stopping daemon deletes only the socket files it bound itself.
 """
 
 from __future__ import annotations
@@ -105,3 +105,28 @@ def test_a_killed_daemons_stale_sockets_are_taken_over(make_daemon) -> None:
     finally:
         assert second.stop() == 0, second.log()
     assert not (first.run_dir / "infer.sock").exists()  # its own file, so it removed it
+
+
+def test_a_stopping_daemon_leaves_a_socket_another_process_bound_at_its_path_since(make_daemon) -> None:
+    first = make_daemon(MODEL)
+    path = first.run_dir / "infer.sock"
+    path.unlink()  # e.g. a cleaner swept the runtime directory, and another program bound the name since
+    ctx = zmq.Context.instance()
+    newcomer = ctx.socket(zmq.ROUTER)
+    newcomer.setsockopt(zmq.LINGER, 0)
+    newcomer.bind(f"ipc://{path}")
+    try:
+        inode = path.stat().st_ino
+        assert first.stop() == 0, first.log()
+        assert path.stat().st_ino == inode  # not the file the daemon bound: left where it is
+        caller = ctx.socket(zmq.DEALER)
+        caller.setsockopt(zmq.LINGER, 0)
+        try:
+            caller.connect(f"ipc://{path}")
+            caller.send(b"still here")
+            assert newcomer.poll(5000), "the newcomer's socket no longer receives"
+            assert newcomer.recv_multipart()[-1] == b"still here"
+        finally:
+            caller.close()
+    finally:
+        newcomer.close()
