@@ -230,7 +230,8 @@ def _rollouts(out: Exposition, models: list[dict], events: EventCounter, mv: Cal
                [(mv(m), m["rollout"]["compared"]) for m in shadowing])
     out.family("infermux_rollout_shadow_requests", "gauge", "Comparisons after which a candidate is decided.",
                [(mv(m), m["rollout"]["shadow_requests"]) for m in shadowing])
-    out.family("infermux_rollout_paused", "gauge", "1 while a candidate's mirroring waits for the serving version.",
+    out.family("infermux_rollout_paused", "gauge", "1 while a candidate's mirroring is paused for lack of spare CPU "
+               "(min_idle_cpu) or a busy frontend.",
                [(mv(m), 1 if m["rollout"]["paused"] else 0) for m in shadowing])
     out.family("infermux_rollout_not_mirrored_total", "counter", "Live requests not copied to a candidate: its "
                "queue was full (mirroring behind or paused).", [(mv(m), m["rollout"]["not_mirrored"]) for m in shadowing])

@@ -2,7 +2,7 @@
 
     python tests/benchmarks/bench_rollout.py [--duration 3] [--rounds 5] [--warmup 100] [--no-write]
 
-Two daemons serve the sample classifier ([1,3,64,64] conv, 2 contexts)
+Three daemons serve the sample classifier ([1,3,64,64] conv, 2 contexts)
 from watched engine directories whose `model.toml` has a `[rollout]`
 table (docs/hot-swap.md#shadow-rollout), and run for the whole script:
 
