@@ -103,8 +103,11 @@ class Resize:
         tw = max(c.multiple, round(int(w * ratio) / c.multiple) * c.multiple)
         th = max(c.multiple, round(int(h * ratio) / c.multiple) * c.multiple)
         if c.max_side is not None and max(tw, th) > c.max_side:  # before the model computes on it
+            # A small but elongated frame gets here by being scaled up, and a smaller one would not help.
+            advice = (f"its shorter side is scaled up to {c.limit_side} (limit = \"min\"), so crop it to a less "
+                      f"elongated frame or raise max_side" if ratio > 1 else "send a smaller frame")
             raise FrameTooLarge(self.step, f"the {w}x{h} frame would be resized to {tw}x{th} for the model; the "
-                                f"limit is {c.max_side} a side (max_side); send a smaller frame")
+                                f"limit is {c.max_side} a side (max_side); {advice}")
         return tw, th
 
     def _letterbox(self, image: np.ndarray, w: int, h: int) -> tuple[np.ndarray, float, float, float, float]:

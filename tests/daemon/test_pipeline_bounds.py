@@ -117,6 +117,7 @@ def test_a_frame_the_detector_would_scale_past_max_side_is_refused(sock: zmq.Soc
     assert reply.status == 413, reply.header
     assert "step 'det_resize'" in reply.header["error"] and "(max_side)" in reply.header["error"]
     assert "2000x600 frame would be resized to 2464x736" in reply.header["error"]
+    assert "scaled up to 736" in reply.header["error"] and "smaller frame" not in reply.header["error"]
 
 
 def test_a_frame_within_the_bounds_is_read(sock: zmq.Socket) -> None:
