@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from support.harness import REPO
+from support.harness import REPO, Daemon
 
 README = REPO / "README.md"
 SAMPLE = REPO / "etc" / "infermux" / "infermux.toml"
@@ -67,3 +67,35 @@ def test_the_readmes_client_commands_run_from_a_checkout_without_c(sample_daemon
             argv = [a if a != "5" else "1" for a in argv]  # --duration 5: one second says as much here
         run = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=sample_daemon, cwd=REPO)
         assert run.returncode == 0, f"{command}: {run.stderr}"
+
+
+def readme_ocr_block() -> list[str]:
+    """The README's shell block that serves the OCR example, a command per line, comments stripped."""
+    blocks = re.findall(r"```sh\n(.*?)```", README.read_text(), re.S)
+    block = next(b for b in blocks if "examples/ocr.toml" in b)
+    return [line.split("  #")[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_readmes_ocr_commands_install_opencv_and_read_the_page_they_draw(tmp_path: Path) -> None:
+    pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
+    lines = readme_ocr_block()
+    serve = next(i for i, line in enumerate(lines) if " serve " in line)
+    assert any("processors" in line and "pip install" in line for line in lines[:serve]), lines
+    engines = tmp_path / "ppocr"
+    fetch = subprocess.run([sys.executable, str(REPO / "engines/fetch_ppocr.py"), "--into", str(engines)],
+                           capture_output=True, text=True, timeout=120)
+    assert fetch.returncode == 0, fetch.stderr
+    text = (REPO / "etc/infermux/examples/ocr.toml").read_text()
+    (tmp_path / "d").mkdir()
+    config = text.replace('engine_dir = "../../../engines/ppocr"', f'engine_dir = "{engines}"')
+    daemon = Daemon(tmp_path / "d", config).start(timeout=120)
+    try:
+        draw = next(shlex.split(line) for line in lines if line.startswith(".venv/bin/python -c"))
+        subprocess.run([sys.executable, *draw[1:]], check=True, cwd=tmp_path, timeout=60)
+        infer = shlex.split(next(line for line in lines if " infer ocr " in line))
+        argv = [sys.executable, "-m", "infermux", *infer[1:]]
+        argv[argv.index("--config") + 1] = str(daemon.config_path)
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        assert run.returncode == 0 and "'infermux reads this'" in run.stdout, run.stdout + run.stderr
+    finally:
+        assert daemon.stop() == 0, daemon.log()[-3000:]
