@@ -95,7 +95,8 @@ def test_the_readmes_ocr_commands_install_opencv_and_read_the_page_they_draw(tmp
         infer = shlex.split(next(line for line in lines if " infer ocr " in line))
         argv = [sys.executable, "-m", "infermux", *infer[1:]]
         argv[argv.index("--config") + 1] = str(daemon.config_path)
-        run = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+        env = {**os.environ, "RUNTIME_DIRECTORY": str(daemon.run_dir)}  # this test's daemon, not one at /run
+        run = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=tmp_path, env=env)
         assert run.returncode == 0 and "'infermux reads this'" in run.stdout, run.stdout + run.stderr
     finally:
         assert daemon.stop() == 0, daemon.log()[-3000:]
