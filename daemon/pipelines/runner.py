@@ -25,6 +25,7 @@ import numpy as np
 from infermux.config import PipelineConfig
 from infermux.pipelines import calls, spec
 from infermux.pipelines.calls import AdmitFn, StepFailed
+from infermux.pipelines.refusals import FrameKind, Refusals
 from infermux.pipelines.reinfer import Reinfer
 from infermux.pipelines.stats import PipelineStats
 from infermux.plugins.processors.base import FrameTooLarge, ProcessorError, Region, Sample, working
@@ -71,6 +72,7 @@ class Pipeline:
         self._steps = {step.name: step for stage in self.stages for step in stage.steps}
         self.model_steps = spec.model_steps(config)
         self.stats = PipelineStats([s.name for s in config.steps])
+        self.refusals = Refusals()  # frames refused for what they are: the same again is not computed
         self._admit, self._reply, self._model_inputs, self._limits = admit, reply, model_inputs, limits
         self._reply_late = reply_late  # refusals of the frame itself: held back (server.reply_late)
         self._queue: FairQueue[Job] = FairQueue(key=lambda job: job.request.key)
@@ -185,9 +187,17 @@ class Pipeline:
         """The reply to one frame: 200 with its regions, or the error naming the step."""
         req = job.request
         where = f"pipeline {self.name!r}"
+        kind: FrameKind | None = None
         try:
             run = Run(job, self._wanted(job))
             sample = self._sample(job)
+            kind = FrameKind.of(sample, run.wanted)
+            refused = self.refusals.recall(kind)
+            if refused is not None:
+                ago = time.monotonic() - refused.at
+                return refused.status, encode_reply(error_header(
+                    Status(refused.status), f"{refused.message} (this frame was refused {ago:.0f} s ago and "
+                    "is not computed again for a minute: send a different frame)", req.id, model=self.name))
             for stage in self.stages:
                 self._stage(stage, sample, run)
             header: dict[str, Any] = {"id": req.id, "status": 200, "model": self.name,
@@ -199,10 +209,11 @@ class Pipeline:
                 header["classes"] = [[{"index": c.index, "label": c.label, "score": round(c.score, 6)}
                                       for c in row] for row in sample.classes]
             return Status.OK, encode_reply(header, {k: run.tensors[k] for k in run.wanted})
-        except FrameTooLarge as exc:
-            status, message, retry = Status.TOO_LARGE, f"{where} {exc}", None
-        except ProcessorError as exc:
-            status, message, retry = Status.BAD_REQUEST, f"{where} {exc}", None
+        except ProcessorError as exc:  # a step's refusal of what the frame is: the same frame again gets it again
+            status = Status.TOO_LARGE if isinstance(exc, FrameTooLarge) else Status.BAD_REQUEST
+            message, retry = f"{where} {exc}", None
+            if kind is not None:
+                self.refusals.remember(kind, int(status), message)
         except StepFailed as exc:
             status, message, retry = Status(exc.status), f"{where} {exc.message}", exc.retry_after_ms
         except Crashed as exc:
@@ -440,7 +451,8 @@ class Pipelines:
                     stats["steps"][step.name]["for_each"] = step.for_each
                 stats["steps"][step.name].update(p.state(step.name))
             out.append({"name": p.name, "input": p.config.input, "queued": len(p._queue), "workers": p.config.workers,
-                        "nice": p.config.nice, "queue_policy": p.config.queue_policy, **stats})
+                        "nice": p.config.nice, "queue_policy": p.config.queue_policy,
+                        "refused_from_memory": p.refusals.recalled, **stats})
         return out
 
     def stop(self) -> None:

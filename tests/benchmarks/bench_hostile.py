@@ -320,18 +320,31 @@ def frame_bombs(endpoint: str) -> Callable[[Stop], None]:
     return attack
 
 
-def ocr_bombs(endpoint: str) -> Callable[[Stop], None]:
-    """1,000 tiny tokens, a long thin line, a blank 8192 x 8192 PNG, in turn, to the OCR example."""
+def ocr_bombs(endpoint: str, vary: bool = False) -> Callable[[Stop], None]:
+    """1,000 tiny tokens, a long thin line, a blank 8192 x 8192 PNG, in turn, to the OCR example;
+    with `vary`, each sent with a text chunk of its own, so that no two sends are the same bytes
+    (the pipeline remembers the frames it refused, not their pixels)."""
     def attack(stop: Stop) -> None:
         from support import hostile_files as hf
         from infermux.pipelines.wire import encode_frame
         bombs = [hf.drawn(25, 40), hf.drawn(3, 4, line=150), hf.blank_png(8192, 8192)]
         sock = _dealer(endpoint)
+        sent, own = 0, os.urandom(8).hex()  # each round's attacker is a new process: its texts its own too
         while not stop.is_set():
             for data in bombs:
-                _ask(sock, encode_frame("ocr", data, "png", id=1))
+                sent += 1
+                _ask(sock, encode_frame("ocr", _png_text(data, f"{own}-{sent}") if vary else data, "png", id=1))
         sock.close()
     return attack
+
+
+def _png_text(png: bytes, text: str) -> bytes:
+    """`png` with a tEXt chunk after its header: other bytes, the same image."""
+    import struct
+    import zlib
+    body = b"tEXt" + b"n\0" + text.encode()
+    chunk = struct.pack(">I", len(body) - 4) + body + struct.pack(">I", zlib.crc32(body))
+    return png[:33] + chunk + png[33:]  # the 8-byte signature and the 25-byte IHDR chunk come first
 
 
 def module_path_backends(engines: Path, source: Path) -> Callable[[Stop], None]:
@@ -573,7 +586,8 @@ def run_scenarios(daemon: Daemon, port: int, engines: Path, seconds: float, only
         # round two
         *([("JPEG/PNG bombs to a decode step (fill byte, SOF past 64 KiB, chunk before IHDR, PPM)",
             frame_bombs(daemon.endpoint))] if 'name = "frames"' in config else []),
-        *([("OCR bombs: 1,000 tokens, a long thin line, a blank 8192² PNG", ocr_bombs(daemon.endpoint))]
+        *([("OCR bombs: 1,000 tokens, a long thin line, a blank 8192² PNG", ocr_bombs(daemon.endpoint)),
+           ("OCR bombs, each send other bytes (a PNG text chunk of its own)", ocr_bombs(daemon.endpoint, vary=True))]
           if 'name = "ocr"' in config else []),
         ("model.toml with backend = \"os:abort\" published and removed in a loop",
          module_path_backends(engines, engines / "fast512/1/model.onnx")),

@@ -7,7 +7,8 @@ text that every crop of its frame is padded to, a blank 8192 x 8192 PNG,
 a frame whose short side the detector scales up. Each is refused with 413
 naming the bound, before the recogniser runs; the daemon's peak RSS
 (VmHWM, /proc) is read around each. A frame whose deadline passes inside
-a step is not carried into the next one.
+a step is not carried into the next one. The same refused frame sent
+again is refused from memory, without running a step.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.
 pytest.importorskip("PIL", reason="the frames are drawn with Pillow")
 from PIL import Image  # noqa: E402
 
-from support.harness import REPO, Daemon, dealer  # noqa: E402
+from support.harness import REPO, Daemon, dealer, free_port  # noqa: E402
+from support.metrics import scrape  # noqa: E402
 from support.hostile_files import blank_png, drawn  # noqa: E402
 from support.procfs import peak_rss_mib, reset_peak, rss_mib  # noqa: E402
 
@@ -60,8 +62,10 @@ def engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iterator[Daemon]:
     text = (REPO / "etc/infermux/examples/ocr.toml").read_text()
-    text = text.replace('engine_dir = "../../../engines/ppocr"', f'engine_dir = "{engines}"')
+    port = free_port()
+    text = text.replace('engine_dir = "../../../engines/ppocr"', f'engine_dir = "{engines}"\nmetrics_port = {port}')
     d = Daemon(tmp_path_factory.mktemp("bounds"), text + SLEEPY).start(timeout=120)
+    d.metrics_port = port  # type: ignore[attr-defined]
     yield d
     assert d.stop() == 0, d.log()[-3000:]
 
@@ -124,6 +128,35 @@ def test_a_frame_within_the_bounds_is_read(sock: zmq.Socket) -> None:
     reply = send_frame(sock, "ocr", drawn(3, 4), "png", timeout_s=60, timeout_ms=55_000)
     assert reply.status == 200, reply.header
     assert len(reply.header["regions"]) == 12 and {r["text"] for r in reply.header["regions"]} == {"AB"}
+
+
+def _refused_from_memory(daemon: Daemon) -> int:
+    with daemon.admin() as admin:
+        return next(p for p in admin.call("pipelines")["pipelines"] if p["name"] == "ocr")["refused_from_memory"]
+
+
+def test_the_same_refused_frame_again_is_refused_from_memory_and_a_changed_one_is_computed(
+        daemon: Daemon, sock: zmq.Socket) -> None:
+    frame = drawn(24, 40)  # 960 tokens, over max_regions once the detector has run
+    same_pixels = io.BytesIO()
+    Image.open(io.BytesIO(frame)).save(same_pixels, "PNG", compress_level=1)  # other bytes, the same image
+    assert same_pixels.getvalue() != frame
+    det, recalled = _runs(daemon, "det"), _refused_from_memory(daemon)
+
+    first = send_frame(sock, "ocr", frame, "png", timeout_s=120, timeout_ms=110_000)
+    again = send_frame(sock, "ocr", frame, "png", timeout_s=120, timeout_ms=110_000)
+    assert first.status == again.status == 413, (first.header, again.header)
+    assert again.header["error"].startswith(first.header["error"])
+    assert "is not computed again for a minute: send a different frame" in again.header["error"]
+    assert _runs(daemon, "det") == det + 1  # the detector ran for the first only
+    assert _refused_from_memory(daemon) == recalled + 1
+    metrics = scrape(daemon.metrics_port)  # type: ignore[attr-defined]
+    assert metrics['infermux_pipeline_refused_from_memory_total{pipeline="ocr"}'] == recalled + 1
+
+    other = send_frame(sock, "ocr", same_pixels.getvalue(), "png", timeout_s=120, timeout_ms=110_000)
+    assert other.status == 413 and "(max_regions)" in other.header["error"], other.header
+    assert "refused" not in other.header["error"].partition("(max_regions)")[2]  # computed, not recalled
+    assert _runs(daemon, "det") == det + 2
 
 
 def test_a_frame_past_its_deadline_is_not_carried_into_the_next_step(daemon: Daemon, sock: zmq.Socket) -> None:

@@ -87,6 +87,10 @@ async def test_the_pipelines_tab_shows_frames_by_status_and_each_steps_runs(daem
         await asyncio.to_thread(frames, daemon, 2, 0)  # inside the statistics window: latencies show
         await until(pilot, lambda: table.cell_text("classify", "ok") == "5", what="the two frames more")
         assert table.cell_text("classify/net", "p50") != "-" and table.cell_text("classify/net", "p99") != "-"
+        await asyncio.to_thread(frames, daemon, 0, 1)  # the same undecodable bytes: refused from memory
+        await until(pilot, lambda: table.cell_text("classify", "errors") == "2", what="the frame refused again")
+        assert table.cell_text("classify", "detail").endswith("queue 0/2  refused again 1")
+        assert table.cell_text("classify/decode", "errors") == "1"  # the step did not run again
         text = screen_text(app)
         assert "1 pipeline ·" in text and "  net" in text and app.focused is table
         await pilot.press("enter")  # a pipeline row is not a model version: no detail screen

@@ -65,6 +65,8 @@ class PipelinesTable(KeyedTable):
             frames = p.get("frames") or {}
             failed = fmt.failures(frames)
             queue = f"  queue {p.get('queued', 0)}/{p.get('workers', '?')}"
+            if p.get("refused_from_memory"):  # the same refused frame sent again (docs/pipelines.md#bounds)
+                queue += f"  refused again {fmt.count(p['refused_from_memory'])}"
             yield p["name"], _cells((p["name"], "bold"), frames, failed, (statuses(frames) + queue, ""))
             for name, step in (p.get("steps") or {}).items():
                 yield f"{p['name']}/{name}", _cells((f"  {name}", ""), step, fmt.failures(step),
