@@ -7,7 +7,9 @@ counted, and the regions are cropped before the widest can be measured. A client
 looping on such a frame would keep a core busy computing refusals. So a pipeline
 remembers its latest refusals by the frame's digest and what the request says
 about it (format, geometry, stream key, outputs asked for), for `REMEMBER_S`; the same frame
-again is answered the same refusal without running a step. A frame that differs
+again is answered the same refusal without running a step. The digest is taken only of a frame
+whose size and description match a remembered refusal's: a raw 1080p frame takes ~10 ms to
+hash on the 2-core box, which a camera whose frames are served should not pay. A frame that differs
 by one byte is computed as any other: this bounds a loop, not an attacker who
 varies the frame (docs/security.md).
 
@@ -21,7 +23,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
@@ -35,10 +37,11 @@ CAPACITY = 256  # frames remembered per pipeline: a few hundred bytes each
 
 @dataclass(frozen=True)
 class FrameKind:
-    """What decides a refusal: the frame's bytes (by digest), how the request describes them, its
-    stream's key (a `track` step refuses a frame without one) and the outputs it asks for."""
+    """What the request says of its frame: its size in bytes, format and geometry, its stream's
+    key (a `track` step refuses a frame without one) and the outputs it asks for. With the
+    frame's digest, what decides a refusal."""
 
-    digest: bytes
+    size: int
     format: str
     geometry: tuple[int | None, int | None, int | None]  # width, height, stride as the request declares
     key: str | int | None
@@ -46,11 +49,15 @@ class FrameKind:
 
     @classmethod
     def of(cls, sample: Sample, wanted: tuple[str, ...]) -> "FrameKind":
-        """The kind of the frame in `sample` (its undecoded bytes: a digest of a few MB takes about a
-        millisecond, against the tens to hundreds a refused frame's detector takes)."""
-        data = np.ascontiguousarray(sample.data if sample.data is not None else np.empty(0, np.uint8))
-        digest = hashlib.blake2b(data.data, digest_size=16).digest()
-        return cls(digest, sample.format, (sample.width, sample.height, sample.stride), sample.key, wanted)
+        """The kind of the frame in `sample` (its undecoded bytes)."""
+        size = 0 if sample.data is None else int(sample.data.nbytes)
+        return cls(size, sample.format, (sample.width, sample.height, sample.stride), sample.key, wanted)
+
+
+def digest(sample: Sample) -> bytes:
+    """A 16-byte BLAKE2b digest of the frame's bytes."""
+    data = np.ascontiguousarray(sample.data if sample.data is not None else np.empty(0, np.uint8))
+    return hashlib.blake2b(data.data, digest_size=16).digest()
 
 
 @dataclass(frozen=True)
@@ -68,29 +75,49 @@ class Refusals:
     def __init__(self, capacity: int = CAPACITY, remember_s: float = REMEMBER_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._capacity, self._remember_s, self._clock = capacity, remember_s, clock
-        self._by_kind: OrderedDict[FrameKind, Refusal] = OrderedDict()
+        self._by_frame: OrderedDict[tuple[FrameKind, bytes], Refusal] = OrderedDict()
+        self._kinds: Counter[FrameKind] = Counter()  # of the frames remembered: which need a digest
         self._lock = threading.Lock()
         self.recalled = 0  # frames answered from memory, for the views
+        self.digests = 0  # frames hashed, for the tests: only those that might be remembered
 
-    def remember(self, kind: FrameKind, status: int, message: str) -> None:
-        """Keep the refusal of a frame of `kind` (the oldest goes when full)."""
+    def remember(self, sample: Sample, kind: FrameKind, status: int, message: str) -> None:
+        """Keep the refusal of the frame in `sample` (the oldest goes when full)."""
+        frame = (kind, self._digest(sample))
         with self._lock:
-            self._by_kind[kind] = Refusal(status, message, self._clock())
-            self._by_kind.move_to_end(kind)
-            while len(self._by_kind) > self._capacity:
-                self._by_kind.popitem(last=False)
+            if frame not in self._by_frame:
+                self._kinds[kind] += 1
+            self._by_frame[frame] = Refusal(status, message, self._clock())
+            self._by_frame.move_to_end(frame)
+            while len(self._by_frame) > self._capacity:
+                self._forget(next(iter(self._by_frame)))
 
-    def recall(self, kind: FrameKind) -> Refusal | None:
-        """The refusal of a frame of `kind` made within `remember_s`, or None."""
+    def recall(self, sample: Sample, kind: FrameKind) -> Refusal | None:
+        """The refusal of this very frame made within `remember_s`, or None (without hashing the
+        frame when no remembered one is of its kind)."""
+        if kind not in self._kinds:  # read without the lock: a frame remembered meanwhile is computed once more
+            return None
+        frame = (kind, self._digest(sample))
         with self._lock:
-            refusal = self._by_kind.get(kind)
+            refusal = self._by_frame.get(frame)
             if refusal is None:
                 return None
             if self._clock() - refusal.at > self._remember_s:
-                del self._by_kind[kind]
+                self._forget(frame)
                 return None
             self.recalled += 1
             return refusal
 
+    def _digest(self, sample: Sample) -> bytes:
+        self.digests += 1
+        return digest(sample)
+
+    def _forget(self, frame: tuple[FrameKind, bytes]) -> None:
+        del self._by_frame[frame]
+        kind = frame[0]
+        self._kinds[kind] -= 1
+        if not self._kinds[kind]:
+            del self._kinds[kind]
+
     def __len__(self) -> int:
-        return len(self._by_kind)
+        return len(self._by_frame)

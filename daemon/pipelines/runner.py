@@ -187,12 +187,12 @@ class Pipeline:
         """The reply to one frame: 200 with its regions, or the error naming the step."""
         req = job.request
         where = f"pipeline {self.name!r}"
-        kind: FrameKind | None = None
+        frame: tuple[Sample, FrameKind] | None = None  # once read: what a refusal is remembered by
         try:
             run = Run(job, self._wanted(job))
             sample = self._sample(job)
-            kind = FrameKind.of(sample, run.wanted)
-            refused = self.refusals.recall(kind)
+            frame = sample, FrameKind.of(sample, run.wanted)
+            refused = self.refusals.recall(*frame)
             if refused is not None:
                 ago = time.monotonic() - refused.at
                 return refused.status, encode_reply(error_header(
@@ -212,8 +212,8 @@ class Pipeline:
         except ProcessorError as exc:  # a step's refusal of what the frame is: the same frame again gets it again
             status = Status.TOO_LARGE if isinstance(exc, FrameTooLarge) else Status.BAD_REQUEST
             message, retry = f"{where} {exc}", None
-            if kind is not None:
-                self.refusals.remember(kind, int(status), message)
+            if frame is not None:
+                self.refusals.remember(*frame, int(status), message)
         except StepFailed as exc:
             status, message, retry = Status(exc.status), f"{where} {exc.message}", exc.retry_after_ms
         except Crashed as exc:
