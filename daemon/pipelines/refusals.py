@@ -94,19 +94,28 @@ class Refusals:
 
     def recall(self, sample: Sample, kind: FrameKind) -> Refusal | None:
         """The refusal of this very frame made within `remember_s`, or None (without hashing the
-        frame when no remembered one is of its kind)."""
-        if kind not in self._kinds:  # read without the lock: a frame remembered meanwhile is computed once more
-            return None
-        frame = (kind, self._digest(sample))
+        frame when no refusal still remembered is of its kind)."""
+        with self._lock:
+            self._expire()
+            if kind not in self._kinds:
+                return None
+        frame = (kind, self._digest(sample))  # outside the lock: the other threads need not wait for it
         with self._lock:
             refusal = self._by_frame.get(frame)
             if refusal is None:
                 return None
-            if self._clock() - refusal.at > self._remember_s:
-                self._forget(frame)
-                return None
             self.recalled += 1
             return refusal
+
+    def _expire(self) -> None:
+        """Forget the refusals older than `remember_s` (the oldest come first: `remember` moves each
+        to the end), so that their kinds no longer cost a digest."""
+        oldest = self._clock() - self._remember_s
+        while self._by_frame:
+            frame, refusal = next(iter(self._by_frame.items()))
+            if refusal.at >= oldest:
+                return
+            self._forget(frame)
 
     def _digest(self, sample: Sample) -> bytes:
         self.digests += 1
