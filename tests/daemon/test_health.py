@@ -9,6 +9,7 @@ import pytest
 
 from support.harness import DAEMON_HEAD, free_port
 from infermux.admin.health import Liveness
+from support.clock import Clock
 
 
 def probe(port: int, path: str) -> tuple[int, str]:
@@ -18,16 +19,6 @@ def probe(port: int, path: str) -> tuple[int, str]:
             return reply.status, reply.read().decode()
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read().decode()
-
-
-class Clock:
-    """Time that moves only when the test says so."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_liveness_follows_the_loop_turns() -> None:

@@ -6,14 +6,7 @@ import numpy as np
 
 from infermux.frontend.oversize import ClientEnvelope, OversizeMemory
 from infermux.protocol import Request
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from support.clock import Clock
 
 
 def _kind(identity: bytes = b"peer", rows: int = 4, outputs: tuple[str, ...] | None = None):

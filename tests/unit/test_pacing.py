@@ -6,14 +6,7 @@ from typing import Any
 
 from infermux.frontend import pacing
 from infermux.frontend.pacing import FIRST_HOLD_S, FORGET_S, MAX_HOLD_S, RefusalPacer
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from support.clock import Clock
 
 
 def refusal(peer: bytes, n: int = 0) -> list[Any]:

@@ -7,20 +7,13 @@ import numpy as np
 
 from infermux.pipelines.refusals import FrameKind, Refusals
 from infermux.plugins.processors.base import Sample
+from support.clock import Clock
 
 
 def _frame(data: bytes, fmt: str = "png", key: str | None = None,
            wanted: tuple[str, ...] = ()) -> tuple[Sample, FrameKind]:
     sample = Sample(data=np.frombuffer(data, np.uint8), format=fmt, key=key)
     return sample, FrameKind.of(sample, wanted)
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_remembered_refusal_is_recalled_for_the_same_bytes_and_description_only() -> None:

@@ -10,14 +10,7 @@ import numpy as np
 
 from infermux.pipelines.reinfer import Lifetimes, Policy, Reinfer, TokenBucket
 from infermux.plugins.processors.base import Region
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+from support.clock import Clock
 
 
 def square(track_id: int | None, side: float = 10.0) -> Region:
@@ -71,7 +64,7 @@ def test_streams_keep_their_own_answers_for_the_same_track_id() -> None:
 
 
 def test_the_budget_goes_to_tracks_without_an_answer_then_the_stalest() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     reinfer = Reinfer(Policy(every=1, max_calls_per_s=2), Lifetimes(), clock)
     first = frame(reinfer, "cam", square(1), square(2), square(3))
     assert [r.cached for r in first] == [False, False, False] and first[2].skipped  # 2 tokens, 3 tracks
@@ -85,7 +78,7 @@ def test_the_budget_goes_to_tracks_without_an_answer_then_the_stalest() -> None:
 
 
 def test_the_budget_is_shared_by_every_stream() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     reinfer = Reinfer(Policy(max_calls_per_s=10), Lifetimes(), clock)
     computed = 0
     for step in range(100):  # 10 streams sending 10 frames a second, for 10 s
@@ -96,13 +89,13 @@ def test_the_budget_is_shared_by_every_stream() -> None:
 
 
 def test_regions_without_a_track_are_computed_while_the_budget_lasts_and_skipped_after() -> None:
-    reinfer = Reinfer(Policy(max_calls_per_s=1), Lifetimes(), Clock())
+    reinfer = Reinfer(Policy(max_calls_per_s=1), Lifetimes(), Clock(0.0))
     first = frame(reinfer, None, square(None), square(None))
     assert [(r.cached, r.skipped) for r in first] == [(False, False), (False, True)]
 
 
 def test_token_bucket_refills_at_its_rate_up_to_its_burst() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     bucket = TokenBucket(rate=4, burst=2, clock=clock)
     assert bucket.take(5) == 2 and bucket.take(1) == 0
     clock.now = 0.25
@@ -121,7 +114,7 @@ def test_a_track_unseen_longer_than_a_track_lives_is_forgotten() -> None:
 
 
 def test_a_silent_stream_is_forgotten_and_at_most_max_keys_are_kept() -> None:
-    clock = Clock()
+    clock = Clock(0.0)
     reinfer = Reinfer(Policy(every=10), Lifetimes(ttl_s=5, max_keys=2), clock)
     for key in ("a", "b", "c"):
         frame(reinfer, key, square(1))

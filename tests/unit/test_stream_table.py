@@ -6,18 +6,11 @@ from __future__ import annotations
 from infermux.admin.streamseries import StreamSeries
 from infermux.events import EventLog
 from infermux.execution.streams import AGES, KEY_CHARS, StreamTable
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
+from support.clock import Clock
 
 
 def table(**kw: object) -> tuple[StreamTable, Clock, EventLog]:
-    clock, events = Clock(), EventLog()
+    clock, events = Clock(1000.0), EventLog()
     return StreamTable(events, clock=clock, **kw), clock, events  # type: ignore[arg-type]
 
 
