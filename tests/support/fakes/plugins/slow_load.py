@@ -1,7 +1,9 @@
-"""A backend plugin for tests: onnxruntime, but loading takes `load_delay_s`.
+"""A backend plugin for tests: onnxruntime, but loading takes `load_delay_s`, or, given `gate`,
+lasts until the file at that path exists (at most a minute).
 
 Lets tests see a model in state `loading` (503 + retry_after_ms) for as
-long as they need, with real inference once it is ready.
+long as they need, with real inference once it is ready. The gate lets a test
+decide when a load ends instead of racing a clock.
 """
 
 from __future__ import annotations
@@ -12,10 +14,22 @@ from typing import Any, Mapping
 
 from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimeEngine
 
+OWN_OPTIONS = ("load_delay_s", "gate")
+
 
 class SlowLoadBackend(OnnxRuntimeBackend):
     name = "slow_load"
 
     def load(self, path: Path, options: Mapping[str, Any]) -> OnnxRuntimeEngine:
-        time.sleep(float(options.get("load_delay_s", 2.0)))
-        return super().load(path, {k: v for k, v in options.items() if k != "load_delay_s"})
+        if "gate" in options:
+            wait_for(Path(str(options["gate"])), limit_s=60.0)
+        else:
+            time.sleep(float(options.get("load_delay_s", 2.0)))
+        return super().load(path, {k: v for k, v in options.items() if k not in OWN_OPTIONS})
+
+
+def wait_for(gate: Path, limit_s: float) -> None:
+    """Polls: the gate is opened by the test, another process."""
+    deadline = time.monotonic() + limit_s
+    while not gate.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
