@@ -64,7 +64,7 @@ class Supervisor:
         self.notifier.ready(status)
 
     def tick(self) -> None:
-        """Called by the frontend loop on every turn (at most `poll_ms` apart)."""
+        """Called by the frontend loop between its turns: at least every `poll_ms`, at most every TICK_S."""
         if self._reload_asked:
             self._reload_asked = False
             self.reload()
