@@ -123,6 +123,7 @@ class Server:
         self.ticks: list[Callable[[], None]] = [self._release_barriers]
         self.on_stopping: list[Callable[[], object]] = []  # called once the loop stops, before the drain
         self.poll_ms = 100  # the longest the loop sleeps: ticks (watchdog) run at least this often
+        self._next_tick = 0.0  # ... and, under load, not before this (TICK_S)
         self._frontend_thread = threading.get_ident()
         # Inputs that local clients leave in shared memory (regions.py); bound in bind().
         self.regions = RegionTable()
@@ -304,17 +305,8 @@ class Server:
         assert self.frontend is not None, "bind() first"
         self._frontend_thread = threading.get_ident()
         self._looping = True
-        next_tick = 0.0
         while not self.stopping:
-            self._turn(self.poll_ms)
-            self.loop_turns += 1
-            now = time.monotonic()
-            if now >= next_tick:
-                next_tick = now + TICK_S
-                for tick in self.ticks:
-                    tick()
-            if self._held:  # a tick may have queued requests (a worker restart)
-                self._run_held()
+            self.step()
         for hook in self.on_stopping:
             hook()
         self._drain()
@@ -405,6 +397,18 @@ class Server:
         os.close(self._bell)
         for endpoint in self.endpoints:
             ipc.remove(endpoint)
+
+    def step(self) -> None:
+        """One turn of the loop: wait for what is ready and handle it, then the ticks when due."""
+        self._turn(self.poll_ms)
+        self.loop_turns += 1
+        now = time.monotonic()
+        if now >= self._next_tick:
+            self._next_tick = now + TICK_S
+            for tick in self.ticks:
+                tick()
+        if self._held:  # a tick may have queued requests (a worker restart)
+            self._run_held()
 
     # -- the hot path -----------------------------------------------------------
 

@@ -13,9 +13,19 @@ In one process, on the sample classifier (one [1,3,64,64] image a request):
            once, so that only the Python around the model remains
 
 No socket, no second process, no thread hand-off: what is left between
-the rows is the daemon's own code per request. The best of `rounds` rounds
-is shown (the least disturbed by the box's other tenants). Writes the
-"## Frontend Python per request" section of RESULTS.md.
+the rows is the daemon's own code per request.
+
+A second table adds the sockets: one request sent by a DEALER over inproc
+and its reply read back, served by one turn of the daemon's loop
+(`Server.step`: the poll, the burst's reads, `_handle`, the send, the
+ticks when due) against the bare loop's recv_multipart, handler and
+send_multipart on a ROUTER of the same kind. inproc keeps ZeroMQ's I/O
+thread out of it (and has no descriptor for the connection guard to read,
+which costs the daemon a caught error a request here only).
+
+The best of `rounds` rounds is shown (the least disturbed by the box's
+other tenants). Writes the "## Frontend Python per request" section of
+RESULTS.md.
 """
 
 from __future__ import annotations
@@ -29,13 +39,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
+import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from results import markdown_table, stamp, write_section  # noqa: E402
 
 from infermux import config as cfg  # noqa: E402
-from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend  # noqa: E402
 from infermux.protocol import Status, encode_reply, encode_request, parse_request  # noqa: E402
 from infermux.frontend.server import Server  # noqa: E402
 
@@ -83,60 +93,116 @@ def best_us(fn: Callable[[], object], calls: int, rounds: int, between: Callable
     return min(times)
 
 
-def measure(calls: int, rounds: int, tmp: Path) -> dict[str, tuple[float, float]]:
-    """µs per request, (with onnxruntime, with the instant backend), for bare and daemon."""
+Results = dict[str, tuple[float, float]]  # row label -> (bare µs, daemon µs)
+
+
+def measure(calls: int, rounds: int, tmp: Path) -> tuple[Results, Results]:
+    """µs per request, bare and daemon, for each backend: handling alone, then one loop turn with sockets."""
     (tmp / "daemon.toml").write_text(CONFIG.format(engines=ROOT / "engines"))
     server = Server(cfg.load(tmp / "daemon.toml"), tmp / "run")
     server.bind()
     try:
         server.start_models().join()
-        sent: list[list[Any]] = []
-        server._send = lambda frames, envelope=None: sent.append(frames)  # the socket is what is left out
         server._frontend_thread = threading.get_ident()
         image = np.random.default_rng(0).random((1, 3, 64, 64), dtype=np.float32)
         body = [bytes(memoryview(f)) for f in encode_request("classifier", {"images": image}, id=1)]
-        frames: list[Any] = [b"peer", b"", *body]
-        context = OnnxRuntimeBackend().load(ENGINE, {"intra_op_num_threads": 1}).create_context()
-        outputs = context.infer({"images": image})
-
-        def bare(infer: Callable[[Any], dict[str, np.ndarray]]) -> Callable[[], object]:
-            def once() -> object:
-                request = parse_request(body)
-                return encode_reply({"id": request.id, "status": int(Status.OK), "model": request.model},
-                                    infer(request.inputs))
-            return once
-
         version = server.registry.model("classifier").default()
         executor = version.placement.executors[0]
         real = executor._context
-        results = {}
+        outputs = real.infer({"images": image})
+        handling, turns = {}, {}
         for label, ctx in (("with onnxruntime", real), ("instant backend", Instant(outputs))):
             executor._context = ctx
-            infer = context.infer if ctx is real else ctx.infer
-            bare_us = best_us(bare(infer), calls, rounds, sent.clear)
-            daemon_us = best_us(lambda: server._handle(frames, False), calls, rounds, sent.clear)
-            server._handle(frames, False)
-            reply = bytes(sent.pop()[2])  # envelope (2 frames), then the header: what was measured served
-            assert b'"status":200' in reply, reply[:300]
-            results[label] = (bare_us, daemon_us)
+            handling[label] = _handling(server, body, ctx.infer, calls, rounds)
+            turns[label] = _turns(server, body, ctx.infer, calls, rounds)
         executor._context = real
-        return results
+        return handling, turns
     finally:
         server.registry.close(10)
         server.close()
 
 
-def report(results: dict[str, tuple[float, float]], calls: int, rounds: int) -> str:
+def _bare(body: list[bytes], infer: Callable[[Any], dict[str, np.ndarray]]) -> Callable[[list[Any]], list[Any]]:
+    """The bare loop's handler (baselines.py): parse, infer, encode."""
+    def handle(frames: list[Any]) -> list[Any]:
+        request = parse_request(frames)
+        return encode_reply({"id": request.id, "status": int(Status.OK), "model": request.model},
+                            infer(request.inputs))
+    return handle
+
+
+def _handling(server: Server, body: list[bytes], infer: Callable[[Any], dict[str, np.ndarray]],
+              calls: int, rounds: int) -> tuple[float, float]:
+    """`Server._handle` with its send a no-op, against the bare handler: no socket at all."""
+    sent: list[list[Any]] = []
+    send = server._send
+    server._send = lambda frames, envelope=None: sent.append(frames)  # type: ignore[method-assign]
+    try:
+        frames: list[Any] = [b"peer", b"", *body]
+        bare = _bare(body, infer)
+        bare_us = best_us(lambda: bare(body), calls, rounds, sent.clear)
+        daemon_us = best_us(lambda: server._handle(frames, False), calls, rounds, sent.clear)
+        server._handle(frames, False)
+        reply = bytes(sent.pop()[2])  # envelope (2 frames), then the header: what was measured served
+        assert b'"status":200' in reply, reply[:300]
+        return bare_us, daemon_us
+    finally:
+        server._send = send  # type: ignore[method-assign]
+
+
+def _turns(server: Server, body: list[bytes], infer: Callable[[Any], dict[str, np.ndarray]],
+           calls: int, rounds: int) -> tuple[float, float]:
+    """A request and its reply over inproc: one turn of the daemon's loop against the bare loop's."""
+    assert server.frontend is not None
+    ctx = server.ctx  # inproc: the same context as the daemon's ROUTER
+    endpoint = f"inproc://turn-{id(infer)}"
+    server.frontend.bind(endpoint)
+    client, router, bare_client = ctx.socket(zmq.DEALER), ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
+    router.bind(endpoint + "-bare")
+    client.connect(endpoint)
+    bare_client.connect(endpoint + "-bare")
+    handle = _bare(body, infer)
+    message = [b"", *body]
+
+    def daemon_once() -> list[bytes]:
+        client.send_multipart(message)
+        while not client.poll(0):  # answered inline within the turn that read it; a turn may find only a tick
+            server.step()
+        return client.recv_multipart()
+
+    def bare_once() -> list[bytes]:
+        bare_client.send_multipart(message)
+        frames = router.recv_multipart(copy=False)
+        router.send_multipart([frames[0], b"", *handle([f.buffer for f in frames[2:]])])
+        return bare_client.recv_multipart()
+
+    try:
+        assert b'"status":200' in daemon_once()[1] and b'"status":200' in bare_once()[1]
+        return best_us(bare_once, calls, rounds, lambda: None), best_us(daemon_once, calls, rounds, lambda: None)
+    finally:
+        for sock in (client, router, bare_client):
+            sock.close(0)
+        server.frontend.unbind(endpoint)
+
+
+def _table(results: Results) -> str:
     rows = [[label, f"{bare:,.1f}", f"{daemon:,.1f}", f"{daemon - bare:,.1f}", f"{daemon / bare:.2f}×"]
             for label, (bare, daemon) in results.items()]
-    table = markdown_table(["backend", "bare µs/req", "daemon µs/req", "daemon − bare µs", "daemon ÷ bare"], rows)
+    return markdown_table(["backend", "bare µs/req", "daemon µs/req", "daemon − bare µs", "daemon ÷ bare"], rows)
+
+
+def report(handling: Results, turns: Results, calls: int, rounds: int) -> str:
     return "\n".join([
         stamp(), "",
         f"One process, no sockets; {calls:,} calls a round, best of {rounds} rounds. bare = parse_request + "
         "the backend + encode_reply (the bare loop's handler); daemon = `Server._handle` on a loaded "
         "1-context Server with its send a no-op (routing, admission, inline compute, statistics, reply "
         "header). The instant backend returns a ready output, leaving only the Python around the model.",
-        "", table, "",
+        "", _table(handling), "",
+        "With the sockets, one process: a DEALER sends each request over inproc and reads its reply; bare = "
+        "the bare loop's recv_multipart, handler and send_multipart on a ROUTER; daemon = one turn of the "
+        "daemon's loop (`Server.step`: poll, reads, `_handle`, send, ticks when due). Same calls and rounds.",
+        "", _table(turns), "",
         "Reproduce: `python tests/benchmarks/bench_handling.py`.",
     ])
 
@@ -148,7 +214,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="imx-handle-") as tmp:
-        body = report(measure(args.calls, args.rounds, Path(tmp)), args.calls, args.rounds)
+        handling, turns = measure(args.calls, args.rounds, Path(tmp))
+        body = report(handling, turns, args.calls, args.rounds)
     print(f"\n## {SECTION}\n\n{body}")
     if not args.no_write:
         write_section(SECTION, body)
