@@ -481,6 +481,12 @@ class Traffic:
         self.thread.start()
         return self
 
+    def saw(self, version: str, timeout: float = 30.0) -> None:
+        """Wait until this traffic has been served by `version` itself: another client seeing the
+        switch says nothing of when this thread, starved on a busy box, sends its next request."""
+        eventually(lambda: any(r.status == 200 and r.version == version for r in self.replies),
+                   f"{self.model} version {version} in the traffic's replies", timeout)
+
     def __exit__(self, *exc: object) -> None:
         self.stop.set()
         self.thread.join()
@@ -512,6 +518,7 @@ def test_a_candidate_shadows_then_serves_from_its_configured_placement(cell: Pla
         with d.admin() as admin:
             admin.call("promote-now", model="cd", version="2")
         wait_served(d, "cd", "2", offset=1, timeout=30)
+        traffic.saw("2")
     assert not weights["ok"] and "no version '2'" in weights["error"]
     for reply in acted:
         assert not reply["ok"] and "cd:2 is a candidate" in reply["error"] and "promote-now cd 2" in reply["error"]
