@@ -4,9 +4,10 @@ A test stand-in; named as "gate_processor:Gate"."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Any, Mapping
+
+from gates import opened
 
 from infermux.plugins.processors.base import ProcessorError, Sample
 
@@ -21,8 +22,5 @@ class Gate:
 
     def __call__(self, sample: Sample) -> None:
         self.entered.touch()
-        deadline = time.monotonic() + 60
-        while not self.path.exists():  # polled: the opening is another process's file
-            if time.monotonic() > deadline:
-                raise ProcessorError(self.step, f"{self.path} never appeared")
-            time.sleep(0.01)
+        if not opened(self.path, limit_s=60):
+            raise ProcessorError(self.step, f"{self.path} never appeared")

@@ -12,6 +12,8 @@ import time
 from pathlib import Path
 from typing import Any, Mapping
 
+from gates import opened
+
 from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend, OnnxRuntimeEngine
 
 OWN_OPTIONS = ("load_delay_s", "gate")
@@ -22,14 +24,7 @@ class SlowLoadBackend(OnnxRuntimeBackend):
 
     def load(self, path: Path, options: Mapping[str, Any]) -> OnnxRuntimeEngine:
         if "gate" in options:
-            wait_for(Path(str(options["gate"])), limit_s=60.0)
+            opened(Path(str(options["gate"])), limit_s=60.0)  # not opened in time: load anyway
         else:
             time.sleep(float(options.get("load_delay_s", 2.0)))
         return super().load(path, {k: v for k, v in options.items() if k not in OWN_OPTIONS})
-
-
-def wait_for(gate: Path, limit_s: float) -> None:
-    """Polls: the gate is opened by the test, another process."""
-    deadline = time.monotonic() + limit_s
-    while not gate.exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
