@@ -22,7 +22,7 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import zmq
 
@@ -61,11 +61,16 @@ def echo_handler(reply_spec: str) -> Handler:
 def bare_handler(engine: Path) -> Handler:
     """Parse, infer on one onnxruntime context, reply: the daemon's work minus routing."""
     context = OnnxRuntimeBackend().load(engine, {"intra_op_num_threads": 1}).create_context()
+    return handler_for(context.infer)
+
+
+def handler_for(infer: Callable[[Any], dict[str, Any]]) -> Handler:
+    """The bare loop's handler around `infer` (a context's call): parse, infer, encode."""
 
     def handle(body: list[memoryview]) -> list:
         try:
             request = parse_request(body)
-            outputs = context.infer(request.inputs)
+            outputs = infer(request.inputs)
         except ProtocolError as exc:
             return encode_reply(error_header(exc.status, exc.message, request_id(body)))
         except InputRejected as exc:

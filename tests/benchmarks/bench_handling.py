@@ -43,10 +43,11 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from baselines import handler_for  # noqa: E402
 from results import markdown_table, stamp, write_section  # noqa: E402
 
 from infermux import config as cfg  # noqa: E402
-from infermux.protocol import Status, encode_reply, encode_request, parse_request  # noqa: E402
+from infermux.protocol import encode_request  # noqa: E402
 from infermux.frontend.server import Server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -122,15 +123,6 @@ def measure(calls: int, rounds: int, tmp: Path) -> tuple[Results, Results]:
         server.close()
 
 
-def _bare(body: list[bytes], infer: Callable[[Any], dict[str, np.ndarray]]) -> Callable[[list[Any]], list[Any]]:
-    """The bare loop's handler (baselines.py): parse, infer, encode."""
-    def handle(frames: list[Any]) -> list[Any]:
-        request = parse_request(frames)
-        return encode_reply({"id": request.id, "status": int(Status.OK), "model": request.model},
-                            infer(request.inputs))
-    return handle
-
-
 def _handling(server: Server, body: list[bytes], infer: Callable[[Any], dict[str, np.ndarray]],
               calls: int, rounds: int) -> tuple[float, float]:
     """`Server._handle` with its send a no-op, against the bare handler: no socket at all."""
@@ -139,7 +131,7 @@ def _handling(server: Server, body: list[bytes], infer: Callable[[Any], dict[str
     server._send = lambda frames, envelope=None: sent.append(frames)  # type: ignore[method-assign]
     try:
         frames: list[Any] = [b"peer", b"", *body]
-        bare = _bare(body, infer)
+        bare = handler_for(infer)
         bare_us = best_us(lambda: bare(body), calls, rounds, sent.clear)
         daemon_us = best_us(lambda: server._handle(frames, False), calls, rounds, sent.clear)
         server._handle(frames, False)
@@ -161,7 +153,7 @@ def _turns(server: Server, body: list[bytes], infer: Callable[[Any], dict[str, n
     router.bind(endpoint + "-bare")
     client.connect(endpoint)
     bare_client.connect(endpoint + "-bare")
-    handle = _bare(body, infer)
+    handle = handler_for(infer)
     message = [b"", *body]
 
     def daemon_once() -> list[bytes]:
