@@ -6,10 +6,11 @@ Both serve the sample classifier through onnxruntime (1 intra-op thread a
 session), one [1,3,64,64] float32 image a request, at concurrency 1, 16
 and 64, rounds alternating between the two servers:
 
-  infermux   `infermux serve`, 2 contexts (one shared session), unbatched and
-             batched (max_batch 16, 200 µs delay), driven by
+  infermux   `infermux serve` in three configurations (CONFIGURATIONS): 1
+             context, 2 contexts (one shared session), and 2 contexts batched
+             (max_batch 16, 200 µs delay), driven by
              `infermux.cli.bench.run_load` (one DEALER, c requests in flight);
-             the better of the two at each concurrency is compared
+             the best of the three at each concurrency is compared
   pytriton   `Triton.bind` with 2 model instances (a session each) and
              Triton's dynamic batcher (max_batch_size 16, 100 µs delay),
              driven over gRPC by `tritonclient.grpc.aio` (c requests in flight)
@@ -27,6 +28,7 @@ section of RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing
 import statistics
@@ -39,7 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_core import ENGINE, daemon_command, serving  # noqa: E402
+from bench_core import BASELINES, ENGINE, daemon_command, serving  # noqa: E402
 from results import markdown_table, stamp, write_section  # noqa: E402
 
 from infermux.cli.bench import run_load  # noqa: E402
@@ -47,6 +49,17 @@ from infermux.cli.infer import parse_inputs  # noqa: E402
 
 SECTION = "Peer comparison: PyTriton"
 LEVELS = (1, 16, 64)
+# infermux's configurations, each its own daemon: (case, contexts, extra config lines). One context
+# computes every request on the frontend thread (the fast path); two let a second request run on an
+# executor thread; batching merges what waits.
+CONFIGURATIONS = (
+    ("infermux 1 context", 1, ""),
+    ("infermux 2 contexts", 2, ""),
+    ("infermux batched", 2, "max_batch = 16\nbatch_delay_us = 200\n"),
+)
+# Measured beside them, on the same socket and load generator (baselines.py): the bare loop, and the
+# echo server, which answers without parsing or computing: what this box and load generator allow.
+REFERENCES = (("echo", "echo"), ("bare loop", "bare", str(ENGINE)))
 GRPC_PORT, HTTP_PORT, METRICS_PORT = 18801, 18800, 18802
 SERVER = """\
 import sys
@@ -170,26 +183,32 @@ def main(argv: list[str] | None = None) -> int:
                                        str(HTTP_PORT), str(METRICS_PORT), "2"], stdout=out, stderr=subprocess.STDOUT)
         try:
             wait_for_pytriton(triton, log)
-            command, endpoint = daemon_command(tmp, "daemon", 2)
-            batched, batched_endpoint = daemon_command(tmp, "batched", 2)
-            config = tmp / "batched.toml"
-            config.write_text(config.read_text() + "max_batch = 16\nbatch_delay_us = 200\n")
+            daemons = {}
+            for n, (case, contexts, extra) in enumerate(CONFIGURATIONS):
+                command, endpoint = daemon_command(tmp, f"daemon{n}", contexts)
+                config = tmp / f"daemon{n}.toml"
+                config.write_text(config.read_text() + extra)
+                daemons[case] = (command, endpoint)
+            for case, kind, *more in REFERENCES:
+                endpoint = f"ipc://{tmp}/{kind}.sock"
+                daemons[case] = ([sys.executable, str(BASELINES), kind, endpoint, *more], endpoint)
             inputs = parse_inputs([], ["images=1x3x64x64"], "float32")
             ctx = multiprocessing.get_context("spawn")
-            with serving("daemon", command, endpoint, tmp), serving("batched", batched, batched_endpoint, tmp), \
-                    ProcessPoolExecutor(1, mp_context=ctx) as generator:
+            with contextlib.ExitStack() as stack:
+                for case, (command, endpoint) in daemons.items():
+                    stack.enter_context(serving(case, command, endpoint, tmp))
+                generator = stack.enter_context(ProcessPoolExecutor(1, mp_context=ctx))
                 for round_ in range(args.rounds):
                     for c in LEVELS:
                         p = pytriton_round(interpreter, tmp / "client.py", c, args)
                         rows.setdefault(("pytriton", c), []).append(p)
-                        for case, where in (("infermux", endpoint), ("infermux batched", batched_endpoint)):
-                            r = generator.submit(run_load, where, "classifier", inputs, concurrency=c,
+                        for case, (_, endpoint) in daemons.items():
+                            r = generator.submit(run_load, endpoint, "classifier", inputs, concurrency=c,
                                                  duration_s=args.duration, warmup=args.warmup).result()
                             rows.setdefault((case, c), []).append(
                                 {"qps": r.qps, "p50_us": r.p50_us, "p99_us": r.p99_us, "errors": r.requests - r.ok})
-                        print(f"  round {round_ + 1} c={c:<3} infermux {rows['infermux', c][-1]['qps']:8,.0f}/s  "
-                              f"batched {rows['infermux batched', c][-1]['qps']:8,.0f}/s  pytriton {p['qps']:8,.0f}/s",
-                              file=sys.stderr)
+                        ours = "  ".join(f"{case} {rows[case, c][-1]['qps']:7,.0f}/s" for case in daemons)
+                        print(f"  round {round_ + 1} c={c:<3} {ours}  pytriton {p['qps']:7,.0f}/s", file=sys.stderr)
         finally:
             triton.terminate()
             try:
@@ -207,11 +226,15 @@ def report(rows: dict[tuple[str, int], list[dict]], args: argparse.Namespace) ->
     table = []
     med = lambda runs, key: statistics.median(r[key] for r in runs if r[key] is not None)  # noqa: E731
     for c in LEVELS:
-        best = max(("infermux", "infermux batched"), key=lambda case: med(rows[case, c], "qps"))
+        cases = [case for case, _, _ in CONFIGURATIONS]
+        best = max(cases, key=lambda case: med(rows[case, c], "qps"))
         mine, theirs = rows[best, c], rows["pytriton", c]
         ratios = sorted(m["qps"] / t["qps"] for m, t in zip(mine, theirs) if t["qps"])
-        table.append([str(c), best, f"{med(rows['infermux', c], 'qps'):,.0f}",
-                      f"{med(rows['infermux batched', c], 'qps'):,.0f}", f"{med(theirs, 'qps'):,.0f}",
+        table.append([str(c), best.removeprefix("infermux "),
+                      *(f"{med(rows[case, c], 'qps'):,.0f}" for case in cases), f"{med(theirs, 'qps'):,.0f}",
+                      f"{med(rows['bare loop', c], 'qps'):,.0f}", f"{med(rows['echo', c], 'qps'):,.0f}",
+                      f"{5 * med(theirs, 'qps') / med(rows['bare loop', c], 'qps'):.2f} / "
+                      f"{5 * med(theirs, 'qps') / med(rows['echo', c], 'qps'):.2f}",
                       f"**{statistics.median(ratios):.2f}×** ({ratios[0]:.2f}–{ratios[-1]:.2f})",
                       f"{med(mine, 'p50_us'):,.0f}", f"{med(theirs, 'p50_us'):,.0f}",
                       f"{med(mine, 'p99_us'):,.0f}", f"{med(theirs, 'p99_us'):,.0f}",
@@ -221,12 +244,17 @@ def report(rows: dict[tuple[str, int], list[dict]], args: argparse.Namespace) ->
         f"Sample classifier, one [1,3,64,64] float32 image a request; {args.rounds} rounds × {args.duration:g} s "
         f"per server and concurrency after {args.warmup} warm-up requests, alternating; medians, and the "
         "per-round QPS ratios' median and range (the better infermux configuration at each c against PyTriton; "
-        "p50/p99 are that configuration's). infermux: 2 contexts, unbatched and batched (max_batch 16, 200 µs), "
-        "ipc, its own load generator. PyTriton "
+        "p50/p99 are that configuration's). infermux: 1 context, 2 contexts, and 2 contexts batched (max_batch "
+        "16, 200 µs), each its own daemon, ipc, its own load generator; beside them on the same socket and load "
+        "generator, the bare loop (receive, parse, onnxruntime, reply in one Python thread) and the echo server "
+        "(one Python thread answering a fixed reply: no parsing, no compute). \"5 × PyTriton ÷ bare loop\" above "
+        "1 means that the ≥ 5× goal asks infermux for more than the bare loop answers; \"÷ echo\" above 1, for "
+        "more than the echo server, which does no work, answers on this box with this load generator. PyTriton "
         "(nvidia-pytriton in its own venv on the system Python): 2 instances, dynamic batching up to 16 with "
         "100 µs delay, gRPC on 127.0.0.1, `tritonclient.grpc.aio`. Each side's client is its own, so the "
         "figures include each protocol's client cost.", "",
-        markdown_table(["c", "best infermux", "infermux QPS", "batched QPS", "PyTriton QPS",
+        markdown_table(["c", "best infermux", "1 context QPS", "2 contexts QPS", "batched QPS", "PyTriton QPS",
+                        "bare loop QPS", "echo QPS", "5 × PyTriton ÷ bare loop / ÷ echo",
                         "best infermux ÷ PyTriton", "p50 µs infermux",
                         "p50 µs PyTriton", "p99 µs infermux", "p99 µs PyTriton", "errors"], table), "",
         "Reproduce: `python tests/benchmarks/bench_pytriton.py` (makes ~/.cache/infermux/pytriton-venv first).",
