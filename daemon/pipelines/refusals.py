@@ -21,6 +21,7 @@ pipeline starts with nothing remembered.
 from __future__ import annotations
 
 import hashlib
+import math
 import threading
 import time
 from collections import Counter, OrderedDict
@@ -74,16 +75,15 @@ class Refusals:
 
     def __init__(self, capacity: int = CAPACITY, remember_s: float = REMEMBER_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._capacity, self._remember_s, self._clock = capacity, remember_s, clock
+        self._capacity, self.remember_s, self._clock = capacity, remember_s, clock
         self._by_frame: OrderedDict[tuple[FrameKind, bytes], Refusal] = OrderedDict()
         self._kinds: Counter[FrameKind] = Counter()  # of the frames remembered: which need a digest
         self._lock = threading.Lock()
         self.recalled = 0  # frames answered from memory, for the views
-        self.digests = 0  # frames hashed, for the tests: only those that might be remembered
 
     def remember(self, sample: Sample, kind: FrameKind, status: int, message: str) -> None:
         """Keep the refusal of the frame in `sample` (the oldest goes when full)."""
-        frame = (kind, self._digest(sample))
+        frame = (kind, digest(sample))
         with self._lock:
             if frame not in self._by_frame:
                 self._kinds[kind] += 1
@@ -99,7 +99,7 @@ class Refusals:
             self._expire()
             if kind not in self._kinds:
                 return None
-        frame = (kind, self._digest(sample))  # outside the lock: the other threads need not wait for it
+        frame = (kind, digest(sample))  # outside the lock: the other threads need not wait for it
         with self._lock:
             refusal = self._by_frame.get(frame)
             if refusal is None:
@@ -107,19 +107,23 @@ class Refusals:
             self.recalled += 1
             return refusal
 
+    def reminder(self, refusal: Refusal) -> str:
+        """What a refusal recalled from memory adds to its message: how long ago it was made, and
+        for how much longer the same frame is refused without being computed."""
+        ago = self._clock() - refusal.at
+        left = max(1, math.ceil(self.remember_s - ago))
+        return (f"(this frame was refused {ago:.0f} s ago and is not computed again for another {left} s: "
+                "send a different frame)")
+
     def _expire(self) -> None:
         """Forget the refusals older than `remember_s` (the oldest come first: `remember` moves each
         to the end), so that their kinds no longer cost a digest."""
-        oldest = self._clock() - self._remember_s
+        oldest = self._clock() - self.remember_s
         while self._by_frame:
             frame, refusal = next(iter(self._by_frame.items()))
             if refusal.at >= oldest:
                 return
             self._forget(frame)
-
-    def _digest(self, sample: Sample) -> bytes:
-        self.digests += 1
-        return digest(sample)
 
     def _forget(self, frame: tuple[FrameKind, bytes]) -> None:
         del self._by_frame[frame]

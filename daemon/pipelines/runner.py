@@ -194,10 +194,9 @@ class Pipeline:
             frame = sample, FrameKind.of(sample, run.wanted)
             refused = self.refusals.recall(*frame)
             if refused is not None:
-                ago = time.monotonic() - refused.at
                 return refused.status, encode_reply(error_header(
-                    Status(refused.status), f"{refused.message} (this frame was refused {ago:.0f} s ago and "
-                    "is not computed again for a minute: send a different frame)", req.id, model=self.name))
+                    Status(refused.status), f"{refused.message} {self.refusals.reminder(refused)}",
+                    req.id, model=self.name))
             for stage in self.stages:
                 self._stage(stage, sample, run)
             header: dict[str, Any] = {"id": req.id, "status": 200, "model": self.name,

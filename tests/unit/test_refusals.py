@@ -4,7 +4,9 @@ and hashing only the frames it might hold."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
+from infermux.pipelines import refusals
 from infermux.pipelines.refusals import FrameKind, Refusals
 from infermux.plugins.processors.base import Sample
 from support.clock import Clock
@@ -27,27 +29,53 @@ def test_a_remembered_refusal_is_recalled_for_the_same_bytes_and_description_onl
     assert memory.recalled == 1
 
 
-def test_only_a_frame_of_a_remembered_size_and_description_is_hashed() -> None:
+@pytest.fixture
+def hashed(monkeypatch: pytest.MonkeyPatch) -> list[bytes]:
+    """The frames the memory hashes, in order."""
+    frames: list[bytes] = []
+    real = refusals.digest
+
+    def counted(sample: Sample) -> bytes:
+        frames.append(sample.data.tobytes() if sample.data is not None else b"")
+        return real(sample)
+    monkeypatch.setattr(refusals, "digest", counted)
+    return frames
+
+
+def test_only_a_frame_of_a_remembered_size_and_description_is_hashed(hashed: list[bytes]) -> None:
     memory = Refusals()
-    assert memory.recall(*_frame(b"frame")) is None and memory.digests == 0  # nothing remembered: no hash
+    assert memory.recall(*_frame(b"frame")) is None and hashed == []  # nothing remembered: no hash
     memory.remember(*_frame(b"frame"), 400, "undecodable")
-    digests = memory.digests
+    hashed.clear()
     for other in (_frame(b"longer frame"), _frame(b"frame", fmt="jpeg"), _frame(b"frame", key="cam1")):
         assert memory.recall(*other) is None
-    assert memory.digests == digests
-    assert memory.recall(*_frame(b"framE")) is None and memory.digests == digests + 1  # same size: hashed
+    assert hashed == []
+    assert memory.recall(*_frame(b"framE")) is None and hashed == [b"framE"]  # same size: hashed
 
 
-def test_a_refusal_is_forgotten_after_its_time() -> None:
+def test_a_refusal_is_forgotten_after_its_time(hashed: list[bytes]) -> None:
     clock = Clock()
     memory = Refusals(remember_s=60, clock=clock)
     memory.remember(*_frame(b"frame"), 400, "undecodable")
     clock.now += 59
     assert memory.recall(*_frame(b"frame")) is not None
     clock.now += 2
-    digests = memory.digests
-    assert memory.recall(*_frame(b"framE")) is None and memory.digests == digests  # forgotten: no hash
+    hashed.clear()
+    assert memory.recall(*_frame(b"framE")) is None and hashed == []  # forgotten: no hash
     assert memory.recall(*_frame(b"frame")) is None and len(memory) == 0
+
+
+def test_a_recalled_refusal_says_when_it_was_made_and_how_long_it_still_holds() -> None:
+    clock = Clock()
+    memory = Refusals(remember_s=60, clock=clock)
+    memory.remember(*_frame(b"frame"), 400, "undecodable")
+    clock.now += 12.4
+    recalled = memory.recall(*_frame(b"frame"))
+    assert recalled is not None
+    assert memory.reminder(recalled) == ("(this frame was refused 12 s ago and is not computed again "
+                                         "for another 48 s: send a different frame)")
+    clock.now += 47.9  # a fraction of a second left still reads as one
+    assert memory.reminder(recalled).endswith("for another 1 s: send a different frame)")
 
 
 def test_the_oldest_refusal_goes_when_the_memory_is_full() -> None:
