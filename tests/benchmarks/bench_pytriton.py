@@ -183,31 +183,31 @@ def main(argv: list[str] | None = None) -> int:
                                        str(HTTP_PORT), str(METRICS_PORT), "2"], stdout=out, stderr=subprocess.STDOUT)
         try:
             wait_for_pytriton(triton, log)
-            daemons = {}
+            servers = {}
             for n, (case, contexts, extra) in enumerate(CONFIGURATIONS):
                 command, endpoint = daemon_command(tmp, f"daemon{n}", contexts)
                 config = tmp / f"daemon{n}.toml"
                 config.write_text(config.read_text() + extra)
-                daemons[case] = (command, endpoint)
+                servers[case] = (command, endpoint)
             for case, kind, *more in REFERENCES:
                 endpoint = f"ipc://{tmp}/{kind}.sock"
-                daemons[case] = ([sys.executable, str(BASELINES), kind, endpoint, *more], endpoint)
+                servers[case] = ([sys.executable, str(BASELINES), kind, endpoint, *more], endpoint)
             inputs = parse_inputs([], ["images=1x3x64x64"], "float32")
             ctx = multiprocessing.get_context("spawn")
             with contextlib.ExitStack() as stack:
-                for case, (command, endpoint) in daemons.items():
+                for case, (command, endpoint) in servers.items():
                     stack.enter_context(serving(case, command, endpoint, tmp))
                 generator = stack.enter_context(ProcessPoolExecutor(1, mp_context=ctx))
                 for round_ in range(args.rounds):
                     for c in LEVELS:
                         p = pytriton_round(interpreter, tmp / "client.py", c, args)
                         rows.setdefault(("pytriton", c), []).append(p)
-                        for case, (_, endpoint) in daemons.items():
+                        for case, (_, endpoint) in servers.items():
                             r = generator.submit(run_load, endpoint, "classifier", inputs, concurrency=c,
                                                  duration_s=args.duration, warmup=args.warmup).result()
                             rows.setdefault((case, c), []).append(
                                 {"qps": r.qps, "p50_us": r.p50_us, "p99_us": r.p99_us, "errors": r.requests - r.ok})
-                        ours = "  ".join(f"{case} {rows[case, c][-1]['qps']:7,.0f}/s" for case in daemons)
+                        ours = "  ".join(f"{case} {rows[case, c][-1]['qps']:7,.0f}/s" for case in servers)
                         print(f"  round {round_ + 1} c={c:<3} {ours}  pytriton {p['qps']:7,.0f}/s", file=sys.stderr)
         finally:
             triton.terminate()
