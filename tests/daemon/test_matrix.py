@@ -40,6 +40,7 @@ from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement
 from support.polling import eventually
 from support.procfs import nice_values
 from support.publish import PROBE, publish, wait_served
+from support.traffic import Traffic
 from support.workers import until_200, worker
 
 # Every cell takes every placement, so that pytest runs each placement's cells together on one daemon;
@@ -461,37 +462,6 @@ def test_hot_swap_of_a_new_version_loses_no_request(cell: Placement) -> None:
         assert_served(client.infer("sw", {"x": X4}, version="1"), cell, "sw", X4, "1")
 
 
-class Traffic:
-    """Requests for `model` without pause on a thread of their own, every reply kept in order."""
-
-    def __init__(self, d: Daemon, model: str) -> None:
-        self.d, self.model, self.replies, self.errors = d, model, [], []  # type: ignore[var-annotated]
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run)
-
-    def _run(self) -> None:
-        try:
-            with self.d.client(timeout_s=30) as client:
-                while not self.stop.is_set():
-                    self.replies.append(client.infer(self.model, {"x": X4}))
-        except Exception as exc:  # reported by the cell: a thread's exception would vanish
-            self.errors.append(exc)
-
-    def __enter__(self) -> "Traffic":
-        self.thread.start()
-        return self
-
-    def saw(self, version: str, timeout: float = 30.0) -> None:
-        """Wait until this traffic has been served by `version` itself: another client seeing the
-        switch says nothing of when this thread, starved on a busy box, sends its next request."""
-        eventually(lambda: any(r.status == 200 and r.version == version for r in self.replies),
-                   f"{self.model} version {version} in the traffic's replies", timeout)
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        self.thread.join()
-
-
 def row(d: Daemon, model: str, version: str) -> dict:
     with d.admin() as admin:
         return next((m for m in admin.call("models")["models"] if (m["name"], m["version"]) == (model, version)), {})
@@ -524,13 +494,13 @@ def test_a_candidate_shadows_then_serves_from_its_configured_placement(cell: Pla
         assert not reply["ok"] and "cd:2 is a candidate" in reply["error"] and "promote-now cd 2" in reply["error"]
     assert named.status == 200 and named.version == "1" and named.header["fallback"]["reason"] == "version"
     assert refused.status == 503 and "draining" in refused.error
-    assert not traffic.errors and traffic.replies
+    assert traffic.replies
     served = [r.version for r in traffic.replies if r.status == 200]
     assert "2" in served and set(served[:served.index("2")]) == {"1"} and set(served[served.index("2"):]) == {"2"}
-    for reply in traffic.replies:
+    for reply, x in traffic.sent:
         assert reply.status in (200, 503), reply.header  # 503 only while drained
         if reply.status == 200:
-            assert_served(reply, cell, "cd", X4, reply.version or "")
+            assert_served(reply, cell, "cd", x, reply.version or "")
     # A published version loads as configured: cold in the promoted row, hot in the demoted one.
     assert row(d, "cd", "2")["placement"] == ("cold" if cell.name in ("cold", "promoted") else "hot")
 
@@ -546,10 +516,10 @@ def test_a_pin_holds_back_a_candidate_and_a_refused_one_leaves_the_serving_versi
         with Traffic(d, "cr") as traffic:
             admin.call("unpin", model="cr")
             d.wait_for("rollout_failed model=cr version=2", 60)
-    assert not traffic.errors and traffic.replies
-    for reply in traffic.replies:
+    assert traffic.replies
+    for reply, x in traffic.sent:
         assert reply.status == 200 and reply.version == "1", reply.header
-        assert_served(reply, cell, "cr", X4)
+        assert_served(reply, cell, "cr", x)
     refused = row(d, "cr", "2")
     assert refused["state"] == "failed" and "rollout failed" in refused["reason"]
     wait_served(d, "cr", "1", offset=1)
@@ -569,10 +539,10 @@ def test_a_newer_version_supersedes_a_candidate_and_removing_its_file_cancels_it
         # Version 2 was never judged: with 3 gone it is the newest again, and a candidate again.
         eventually(lambda: row(d, "cs", "2").get("state") == "candidate", "version 2 a candidate again", 30)
     assert not row(d, "cs", "3")
-    assert not traffic.errors and traffic.replies
-    for reply in traffic.replies:
+    assert traffic.replies
+    for reply, x in traffic.sent:
         assert reply.status == 200 and reply.version == "1", reply.header
-        assert_served(reply, cell, "cs", X4)
+        assert_served(reply, cell, "cs", x)
 
 
 # 7.2 MiB in and out of SLOW: within max_message_bytes (8 MiB), its reply over max_reply_bytes (7 MiB).

@@ -19,6 +19,7 @@ from support import models
 from support.harness import Daemon
 from support.polling import eventually
 from support.publish import publish, wait_served
+from support.traffic import Traffic
 
 HEAD = """
 [daemon]
@@ -64,33 +65,6 @@ def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
         assert daemon.stop() == 0, daemon.log()
 
 
-class Traffic:
-    """A client sending requests without pause on its own thread, keeping every reply in order."""
-
-    def __init__(self, daemon: Daemon, model: str = "m",
-                 inputs: Callable[[np.random.Generator], np.ndarray] | None = None) -> None:
-        self.daemon, self.model = daemon, model
-        self.inputs = inputs or (lambda rng: rng.standard_normal((2, 4)).astype(np.float32))
-        self.replies: list[tuple[Reply, np.ndarray]] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def __enter__(self) -> "Traffic":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-    def _run(self) -> None:
-        rng = np.random.default_rng(1)
-        with self.daemon.client(timeout_s=30) as client:
-            while not self._stop.is_set():
-                x = self.inputs(rng)
-                self.replies.append((client.infer(self.model, {"x": x}), x))
-
-
 def cli(daemon: Daemon, *argv: str) -> subprocess.CompletedProcess:
     """`infermux ARGV` against this daemon's admin socket, as an operator runs it."""
     return subprocess.run([sys.executable, "-m", "infermux", *argv, "-e", daemon.admin_endpoint], text=True,
@@ -122,16 +96,16 @@ def test_an_identical_candidate_serves_after_exactly_its_shadow_requests_and_no_
     (shadowing,) = versions_status(daemon)["2"]
     assert shadowing["state"] == "candidate" and "shadowing: 0/20 compared" in shadowing["reason"], shadowing
     assert shadowing["rollout"]["compared"] == 0, shadowing
-    with Traffic(daemon) as traffic:
+    with Traffic(daemon, "m") as traffic:
         daemon.wait_for("rollout_passed model=m version=2", 60)
-        eventually(lambda: traffic.replies and traffic.replies[-1][0].version == "2", "version 2 serving", 30)
+        traffic.saw("2")
     (passed,) = events(daemon, "rollout_passed")
     assert "compared=20 " in passed + " " and "agreement=1.0" in passed
-    served = [reply.version for reply, _ in traffic.replies]
-    assert all(reply.status == 200 for reply, _ in traffic.replies)
+    served = [reply.version for reply in traffic.replies]
+    assert all(reply.status == 200 for reply in traffic.replies)
     first_two = served.index("2")
     assert set(served[:first_two]) == {"1"} and set(served[first_two:]) == {"2"}  # never back to 1
-    for reply, x in traffic.replies:
+    for reply, x in traffic.sent:
         np.testing.assert_array_equal(reply.outputs["y"], x + 1)
     daemon.wait_for("unloaded model=m version=1", 30)
 
@@ -140,13 +114,13 @@ def test_a_perturbed_candidate_is_refused_and_never_answers_a_client(root: Path,
     publish(root, "m", 1, offset=1)
     daemon = start(n=15)
     wait_served(daemon, "m", "1", offset=1)
-    with Traffic(daemon) as traffic:
+    with Traffic(daemon, "m") as traffic:
         publish(root, "m", 2, offset=1.5)
         daemon.wait_for("rollout_failed model=m version=2", 60)
     (failed,) = events(daemon, "rollout_failed")
     assert "agreement=0.0 compared=15" in failed and "inputs=\"x float32[2,4]\"" in failed and "|Δ| 0.5" in failed
-    assert all(reply.status == 200 and reply.version == "1" for reply, _ in traffic.replies)
-    for reply, x in traffic.replies:
+    assert all(reply.status == 200 and reply.version == "1" for reply in traffic.replies)
+    for reply, x in traffic.sent:
         np.testing.assert_array_equal(reply.outputs["y"], x + 1)
     (row,) = versions_status(daemon)["2"]
     assert row["state"] == "failed" and "rollout failed: 0.00% of 15 shadowed requests agree" in row["reason"]
@@ -159,13 +133,13 @@ def test_argmax_passes_a_candidate_whose_scores_move_but_whose_top_class_does_no
     publish(root, "m", 1, offset=1)
     daemon = start(n=10, compare="argmax")
     wait_served(daemon, "m", "1", offset=1)
-    with Traffic(daemon) as traffic:
+    with Traffic(daemon, "m") as traffic:
         publish(root, "m", 2, offset=1.5)  # every score 0.5 higher: allclose refuses it (above), argmax not
         daemon.wait_for("rollout_passed model=m version=2", 60)
-        eventually(lambda: traffic.replies and traffic.replies[-1][0].version == "2", "version 2 serving", 30)
+        traffic.saw("2")
     (passed,) = events(daemon, "rollout_passed")
     assert "agreement=1.0 compared=10" in passed
-    for reply, x in traffic.replies:
+    for reply, x in traffic.sent:
         np.testing.assert_array_equal(reply.outputs["y"], x + (1.5 if reply.version == "2" else 1))
 
 
@@ -181,20 +155,20 @@ def test_iou_judges_a_detector_by_how_far_its_boxes_moved(root: Path, start: Cal
     publish(root, "m", 1, offset=0)  # the model's answer read as boxes: the input boxes, moved by `offset`
     daemon = start(n=10, compare="iou", rollout_extra="iou = 0.5\n")
     wait_served(daemon, "m", "1", offset=0)
-    with Traffic(daemon, inputs=boxes) as traffic:
+    with Traffic(daemon, "m", inputs=boxes) as traffic:
         publish(root, "m", 2, offset=offset)  # 1 along both axes: IoU 0.68 (81/119); 8: 0.02 (4/196)
         daemon.wait_for(f"{verdict} model=m version=2", 60)
     (event,) = events(daemon, verdict)
     assert "compared=10" in event, event
     if verdict == "rollout_failed":
-        assert "best overlap" in event and all(reply.version == "1" for reply, _ in traffic.replies), event
+        assert "best overlap" in event and all(reply.version == "1" for reply in traffic.replies), event
 
 
 def test_a_replaced_file_of_the_serving_version_is_a_candidate_too(root: Path, start: Callable[..., Daemon]) -> None:
     publish(root, "m", 1, offset=1)
     daemon = start(n=10)
     wait_served(daemon, "m", "1", offset=1)
-    with Traffic(daemon):
+    with Traffic(daemon, "m"):
         publish(root, "m", 1, offset=3)  # the serving version's own file, answering otherwise
         daemon.wait_for("rollout_failed model=m version=1", 60)
     (row,) = versions_status(daemon)["1"]
@@ -208,7 +182,7 @@ def test_an_operator_decides_early(root: Path, start: Callable[..., Daemon]) -> 
     wait_served(daemon, "m", "1", offset=1)
     publish(root, "m", 2, offset=7)
     daemon.wait_for("rollout_started model=m version=2", 30)
-    with Traffic(daemon):  # comparisons to show
+    with Traffic(daemon, "m"):  # comparisons to show
         eventually(lambda: versions_status(daemon)["2"][0]["rollout"]["compared"] >= 2, "comparisons", 30)
     status = cli(daemon, "status")
     assert status.returncode == 0 and re.search(r"m\s+2\s+hot\s+candidate", status.stdout), status.stdout
@@ -300,11 +274,11 @@ def test_mirroring_waits_while_the_cpus_have_less_idle_time_than_min_idle_cpu(
     publish(root, "m", 1, offset=1)
     daemon = start(n=5, min_idle_cpu=1.0)  # never met while anything runs: it must wait throughout
     wait_served(daemon, "m", "1", offset=1)
-    with Traffic(daemon) as traffic:
+    with Traffic(daemon, "m") as traffic:
         publish(root, "m", 2, offset=1)
         daemon.wait_for('rollout_paused model=m version=2 reason="the CPUs are busy (', 30)
         eventually(lambda: len(traffic.replies) > 50, "requests while it waits", 30)
     (row,) = versions_status(daemon)["2"]
     assert row["state"] == "candidate" and row["rollout"]["compared"] == 0, row
     assert "mirroring paused: the CPUs are busy" in row["reason"] and "100% needed" in row["reason"]
-    assert all(reply.status == 200 and reply.version == "1" for reply, _ in traffic.replies)
+    assert all(reply.status == 200 and reply.version == "1" for reply in traffic.replies)
