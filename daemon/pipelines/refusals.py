@@ -75,7 +75,7 @@ class Refusals:
 
     def __init__(self, capacity: int = CAPACITY, remember_s: float = REMEMBER_S,
                  clock: Callable[[], float] = time.monotonic) -> None:
-        self._capacity, self.remember_s, self._clock = capacity, remember_s, clock
+        self._capacity, self._remember_s, self._clock = capacity, remember_s, clock
         self._by_frame: OrderedDict[tuple[FrameKind, bytes], Refusal] = OrderedDict()
         self._kinds: Counter[FrameKind] = Counter()  # of the frames remembered: which need a digest
         self._lock = threading.Lock()
@@ -111,14 +111,14 @@ class Refusals:
         """What a refusal recalled from memory adds to its message: how long ago it was made, and
         for how much longer the same frame is refused without being computed."""
         ago = self._clock() - refusal.at
-        left = max(1, math.ceil(self.remember_s - ago))
+        left = max(1, math.ceil(self._remember_s - ago))
         return (f"(this frame was refused {ago:.0f} s ago and is not computed again for another {left} s: "
                 "send a different frame)")
 
     def _expire(self) -> None:
         """Forget the refusals older than `remember_s` (the oldest come first: `remember` moves each
         to the end), so that their kinds no longer cost a digest."""
-        oldest = self._clock() - self.remember_s
+        oldest = self._clock() - self._remember_s
         while self._by_frame:
             frame, refusal = next(iter(self._by_frame.items()))
             if refusal.at >= oldest:
