@@ -31,6 +31,7 @@ RESULTS.md.
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 import tempfile
 import threading
@@ -53,6 +54,9 @@ from infermux.frontend.server import Server  # noqa: E402
 ROOT = Path(__file__).resolve().parents[2]
 ENGINE = ROOT / "engines" / "classifier" / "1" / "model.onnx"
 SECTION = "Frontend Python per request"
+# Each measurement binds endpoints of its own: a closed socket's inproc name is released later, on
+# libzmq's reaper thread, so a name used again at once may still be taken.
+TURN_ENDPOINTS = itertools.count()
 CONFIG = """\
 [daemon]
 listen = ["ipc://infer.sock"]
@@ -147,7 +151,7 @@ def _turns(server: Server, body: list[bytes], infer: Callable[[Any], dict[str, n
     """A request and its reply over inproc: one turn of the daemon's loop against the bare loop's."""
     assert server.frontend is not None
     ctx = server.ctx  # inproc: the same context as the daemon's ROUTER
-    endpoint = f"inproc://turn-{id(infer)}"
+    endpoint = f"inproc://turn-{next(TURN_ENDPOINTS)}"
     server.frontend.bind(endpoint)
     client, router, bare_client = ctx.socket(zmq.DEALER), ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
     router.bind(endpoint + "-bare")
