@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -110,3 +111,61 @@ def test_the_system_call_count_prints_each_servers_calls_per_request(tmp_path):
         block = out.stdout.split(f"== {server}: system calls per request (c=1, 200 requests)")[1].split("==")[0]
         total = float(block.split("all")[1].split()[0])
         assert total > 1, block  # at least a receive and a send per request
+
+
+@pytest.mark.slow
+def test_the_budget_benchmark_charges_each_process_its_cpu():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_budget.py"), "--no-write", "--duration", "0.3",
+                          "--rounds", "1", "--warmup", "10", "--concurrency", "8", "--target", "1000"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    servers = ["echo", "bare loop", "daemon"] + (["C echo"] if shutil.which("cc") else [])
+    for server in servers:
+        row = next(line for line in out.stdout.splitlines() if line.startswith(f"| {server} |"))
+        assert row.endswith("| 0 |"), row  # every request answered 200
+    if not shutil.which("cc"):
+        assert "C echo left out: no C compiler (cc)" in out.stdout
+    assert "Budget: 1,000 QPS (--target) on" in out.stdout
+
+
+def test_the_compiled_echo_answers_as_the_python_one_does(tmp_path):
+    import zmq
+    from baselines import echo_handler
+    from bench_budget import build_compiled_echo
+
+    from infermux.cli.infer import parse_inputs
+    from infermux.protocol import encode_request
+
+    binary, missing = build_compiled_echo(tmp_path)
+    if binary is None:
+        pytest.skip(f"the compiled echo cannot be built here: {missing}")
+    endpoint = f"ipc://{tmp_path}/echo.sock"
+    server = subprocess.Popen([str(binary), endpoint])
+    client = zmq.Context.instance().socket(zmq.DEALER)
+    client.setsockopt(zmq.RCVTIMEO, 10_000)
+    client.connect(endpoint)
+    try:
+        images = parse_inputs([], ["images=1x3x64x64"], "float32")
+        for ident in (7, "cam-1", 123456789):
+            request = encode_request("classifier", images, id=ident)
+            client.send_multipart([b"", *request])
+            delimiter, *reply = client.recv_multipart()
+            expected = echo_handler("probs=1x10")([memoryview(f) for f in request])
+            assert delimiter == b"" and reply[0] == expected[0]  # the same header, this request's id
+            assert len(reply[1]) == len(expected[1]) == 40  # float32 [1,10]
+    finally:
+        client.close(0)
+        server.kill()
+        server.wait()
+
+
+def test_the_budget_reads_pytritons_figure_from_the_peer_table(tmp_path):
+    from bench_budget import peer_qps
+
+    results = tmp_path / "RESULTS.md"
+    results.write_text("# Benchmark results\n\n## Peer comparison: PyTriton\n\nMeasured.\n\n"
+                       "| c | best infermux | PyTriton QPS | errors |\n|---|---:|---:|---:|\n"
+                       "| 1 | 2 contexts | 288 | 0 |\n| 64 | 1 context | 2,442 | 0 |\n\n## Next\n\n| 16 | x | 9 | 0 |\n")
+    assert peer_qps(64, results) == 2442
+    assert peer_qps(16, results) is None  # a row of another section is not PyTriton's
+    assert peer_qps(64, tmp_path / "missing.md") is None

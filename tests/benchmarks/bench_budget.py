@@ -1,0 +1,230 @@
+"""Where a request's CPU time goes, by process, and what is left for a compiled receive loop.
+
+    python tests/benchmarks/bench_budget.py [--concurrency 64] [--duration 3] [--rounds 3] [--no-write]
+
+The sample classifier, one [1,3,64,64] float32 image a request, driven by
+infermux's load generator (`run_load`, in its own process) against four
+servers on ipc, rounds alternating between them:
+
+  echo         baselines.py's echo server: Python receives and replies, no work
+  C echo       echo.c, the same replies from a loop with no interpreter, on
+               the libzmq that pyzmq loads (built here with the system's cc;
+               left out, and said so, where there is none)
+  bare loop    baselines.py's bare loop: receive, parse, onnxruntime, reply
+  daemon       `infermux serve` with 1 context, as the bare loop
+
+For each: QPS, and CPU time per request of the server process and of the
+load generator's process (user + system, every thread, ZeroMQ's I/O
+threads included); beside them, onnxruntime's own call, timed in one
+process. CPU time is not stretched by other tenants as QPS is.
+
+The verdict answers one question: to answer the `--target` QPS on this box
+(default: 5 × PyTriton's QPS at this concurrency, from RESULTS.md's peer
+comparison), how many µs of CPU a request may cost, and how many of those
+are left once the load generator, the compiled loop's receive and reply,
+and onnxruntime's call are paid. That is the budget a compiled fast path
+would have for parsing, routing, statistics and the reply header.
+Writes the "## CPU per request, by process" section of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing
+import os
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_core import BASELINES, ENGINE, MODEL, SHAPE, daemon_command, serving  # noqa: E402
+from results import RESULTS, markdown_table, process_cpu_s, stamp, write_section  # noqa: E402
+
+from infermux.cli.bench import BenchResult, run_load  # noqa: E402
+from infermux.cli.infer import parse_inputs  # noqa: E402
+
+SECTION = "CPU per request, by process"
+ECHO_C = Path(__file__).resolve().parent / "echo.c"
+PEER_SECTION = "## Peer comparison: PyTriton"
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round of one server: the load generator's figures and both processes' CPU µs per request."""
+
+    result: BenchResult
+    server_us: float
+    generator_us: float
+
+
+def loaded_libzmq() -> Path | None:
+    """The libzmq shared library this interpreter's pyzmq has loaded (bundled in its wheel, or the system's)."""
+    import zmq  # noqa: F401  (loads the library)
+
+    for line in Path("/proc/self/maps").read_text().splitlines():
+        path = line.split()[-1]
+        if "libzmq" in Path(path).name and ".so" in path:
+            return Path(path)
+    return None
+
+
+def build_compiled_echo(out_dir: Path) -> tuple[Path | None, str]:
+    """echo.c built against pyzmq's libzmq, or None and why not."""
+    cc, libzmq = shutil.which("cc"), loaded_libzmq()
+    if cc is None:
+        return None, "no C compiler (cc) on this machine"
+    if libzmq is None:
+        return None, "pyzmq's libzmq was not found in this process's mappings"
+    binary = out_dir / "echo"
+    r = subprocess.run([cc, "-O2", "-o", str(binary), str(ECHO_C), str(libzmq), f"-Wl,-rpath,{libzmq.parent}"],
+                       capture_output=True, text=True, timeout=120)
+    if r.returncode != 0:
+        return None, f"cc failed: {(r.stdout + r.stderr).strip()[-300:]}"
+    return binary, ""
+
+
+def timed_load(endpoint: str, inputs: Mapping[str, Any], concurrency: int, duration_s: float,
+               warmup: int) -> tuple[BenchResult, float]:
+    """run_load in the generator's process, with that process's CPU seconds over the measured part."""
+    run_load(endpoint, MODEL, inputs, concurrency=concurrency, count=warmup)
+    before = resource.getrusage(resource.RUSAGE_SELF)
+    result = run_load(endpoint, MODEL, inputs, concurrency=concurrency, duration_s=duration_s)
+    after = resource.getrusage(resource.RUSAGE_SELF)
+    return result, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+
+
+def onnxruntime_call_us(calls: int = 2000, rounds: int = 5) -> float:
+    """CPU µs of one context's call on one image, best of `rounds` (1 intra-op thread, as every server here)."""
+    from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend
+
+    context = OnnxRuntimeBackend().load(ENGINE, {"intra_op_num_threads": 1}).create_context()
+    inputs = parse_inputs([], [SHAPE], "float32")
+    for _ in range(200):
+        context.infer(inputs)
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.process_time()
+        for _ in range(calls):
+            context.infer(inputs)
+        best = min(best, (time.process_time() - start) / calls * 1e6)
+    return best
+
+
+def peer_qps(concurrency: int, results: Path = RESULTS) -> float | None:
+    """PyTriton's QPS at `concurrency` in RESULTS.md's peer comparison table, if it is there."""
+    text = results.read_text() if results.exists() else ""
+    section = text.split(PEER_SECTION, 1)[1].split("\n## ", 1)[0] if PEER_SECTION in text else ""
+    rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("|")]
+    if len(rows) < 3:
+        return None
+    column = [c.strip() for c in rows[0]].index("PyTriton QPS")
+    for row in rows[2:]:
+        if row[0].strip() == str(concurrency):
+            return float(re.sub(r"[^0-9.]", "", row[column]))
+    return None
+
+
+def measure(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, list[Round]], str]:
+    """Every server's rounds, alternating; and why the compiled echo is missing, if it is."""
+    binary, missing = build_compiled_echo(tmp)
+    endpoints = {name: f"ipc://{tmp}/{name.replace(' ', '-')}.sock" for name in ("echo", "C echo", "bare loop")}
+    commands = {"echo": [sys.executable, str(BASELINES), "echo", endpoints["echo"]],
+                "bare loop": [sys.executable, str(BASELINES), "bare", endpoints["bare loop"], str(ENGINE)]}
+    if binary is not None:
+        commands["C echo"] = [str(binary), endpoints["C echo"]]
+    commands["daemon"], endpoints["daemon"] = daemon_command(tmp, contexts=1)
+    order = [name for name in ("echo", "C echo", "bare loop", "daemon") if name in commands]
+    inputs = parse_inputs([], [SHAPE], "float32")
+    rounds: dict[str, list[Round]] = {name: [] for name in order}
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as generator, \
+            contextlib.ExitStack() as stack:
+        served = {name: stack.enter_context(serving(name, commands[name], endpoints[name], tmp)) for name in order}
+        for k in range(args.rounds):
+            for name in order:
+                before = process_cpu_s(served[name].pid)
+                result, generator_s = generator.submit(timed_load, endpoints[name], inputs, args.concurrency,
+                                                       args.duration, args.warmup).result()
+                # The server's CPU spans the warm-up too; so does its count of requests here.
+                server_s = process_cpu_s(served[name].pid) - before
+                rounds[name].append(Round(result, server_s * 1e6 / (result.requests + args.warmup),
+                                          generator_s * 1e6 / max(1, result.requests)))
+                print(f"round {k + 1}/{args.rounds} {name}: {result.qps:,.0f} QPS, server "
+                      f"{rounds[name][-1].server_us:.1f} µs/req, load generator {rounds[name][-1].generator_us:.1f}",
+                      flush=True)
+    return rounds, missing
+
+
+def report(rounds: dict[str, list[Round]], missing: str, ort_us: float, args: argparse.Namespace) -> str:
+    """The section: one row per server (medians), onnxruntime's call, and the budget left."""
+    med = {name: (statistics.median(r.result.qps for r in rs), statistics.median(r.server_us for r in rs),
+                  statistics.median(r.generator_us for r in rs)) for name, rs in rounds.items()}
+    errors = {name: sum(r.result.requests - r.result.ok for r in rs) for name, rs in rounds.items()}
+    cores = len(os.sched_getaffinity(0))
+    rows = [[name, f"{qps:,.0f}", f"{server:.1f}", f"{gen:.1f}", f"{server + gen:.1f}",
+             f"{(server + gen) * qps / 1e6:.2f}", str(errors[name])] for name, (qps, server, gen) in med.items()]
+    table = markdown_table(["server", "QPS", "server CPU µs/req", "load generator CPU µs/req", "together",
+                            "cores busy", "errors"], rows)
+    lines = [stamp(), "",
+             f"Sample classifier, one [1,3,64,64] float32 image a request, concurrency {args.concurrency}, ipc; "
+             f"{args.rounds} rounds × {args.duration:g} s per server after {args.warmup} warm-up requests, "
+             "alternating; medians. CPU is user + system of each whole process over the round (ZeroMQ's I/O "
+             "threads included); the server's is charged to the round's requests and its warm-up.", "", table, "",
+             f"onnxruntime's call alone, one context, 1 intra-op thread: **{ort_us:.1f} µs** of CPU a request."]
+    if missing:
+        lines += ["", f"C echo left out: {missing}."]
+    lines += ["", budget_line(med, ort_us, cores, args), "",
+              "Reproduce: `python tests/benchmarks/bench_budget.py` (the C echo needs a C compiler, `cc`)."]
+    return "\n".join(lines) + "\n"
+
+
+def budget_line(med: dict[str, tuple[float, float, float]], ort_us: float, cores: int,
+                args: argparse.Namespace) -> str:
+    """What the target asks of each request's CPU, and what is left after the parts no frontend avoids."""
+    target = args.target or (5 * peer if (peer := peer_qps(args.concurrency)) else None)
+    if target is None:
+        return "No target: give --target QPS (no PyTriton figure at this concurrency in RESULTS.md)."
+    per_request = cores * 1e6 / target
+    echo = "C echo" if "C echo" in med else "echo"
+    generator, transport = med[echo][2], med[echo][1]
+    left = per_request - generator - transport - ort_us
+    source = "--target" if args.target else f"5 × PyTriton's QPS at c={args.concurrency} in RESULTS.md"
+    busy = [(server + gen) * qps / 1e6 for qps, server, gen in med.values()]
+    return (f"Budget: {target:,.0f} QPS ({source}) on {cores} cores is at most **{per_request:.0f} µs** of CPU a "
+            f"request for every process together (with every core busy all the time; the servers above keep "
+            f"{min(busy):.2f}–{max(busy):.2f} busy). The load generator takes {generator:.0f}, the {echo} server's receive "
+            f"and reply {transport:.0f}, onnxruntime's call {ort_us:.0f}: **{left:.0f} µs** are left for "
+            f"parsing, routing, statistics and the reply header (the daemon's server process spends "
+            f"{med['daemon'][1]:.0f} µs a request in all; the bare loop's {med['bare loop'][1]:.0f}).")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=64, help="requests in flight (default 64)")
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per server and round (default 3)")
+    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--warmup", type=int, default=200, help="warm-up requests per server and round")
+    parser.add_argument("--target", type=float, help="QPS to budget for (default: 5 × PyTriton's, RESULTS.md)")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-budget.") as tmp:
+        rounds, missing = measure(args, Path(tmp))
+    body = report(rounds, missing, onnxruntime_call_us(), args)
+    print(body)
+    if not args.no_write:
+        write_section(SECTION, body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
