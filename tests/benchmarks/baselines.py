@@ -2,6 +2,7 @@
 
     python tests/benchmarks/baselines.py echo ENDPOINT [--reply probs=1x10]
     python tests/benchmarks/baselines.py bare ENDPOINT ENGINE.onnx
+    python tests/benchmarks/baselines.py compiled-bare ENDPOINT ENGINE.onnx BUILD_DIR
 
 `echo`: a ROUTER that answers every request with a fixed reply of the
 model's output size; it reads only the header's `id` (so a pipelined client
@@ -12,7 +13,10 @@ ceiling no server on this socket can beat.
 infermux.protocol, infer on one context (1 intra-op thread), reply. This is
 the floor of any real server, and the daemon must reach ≥ 0.7× of it.
 
-Both run until killed; both speak wire protocol v1, so `infermux bench`
+`compiled-bare`: the bare loop's receive, parse and reply in C (bare.c,
+built into BUILD_DIR by compiled.py), calling the same onnxruntime context.
+
+All run until killed; all speak wire protocol v1, so `infermux bench`
 drives them unchanged.
 """
 
@@ -91,12 +95,27 @@ def main(argv: list[str]) -> None:
     bare = sub.add_parser("bare")
     bare.add_argument("endpoint")
     bare.add_argument("engine", type=Path)
+    compiled = sub.add_parser("compiled-bare")
+    compiled.add_argument("endpoint")
+    compiled.add_argument("engine", type=Path)
+    compiled.add_argument("build_dir", type=Path, help="where compiled.build_bare put the _cbare module")
     args = parser.parse_args(argv)
-    handler = echo_handler(args.reply) if args.kind == "echo" else bare_handler(args.engine)
     try:
-        serve(args.endpoint, handler)
+        if args.kind == "compiled-bare":
+            serve_compiled(args.endpoint, args.engine, args.build_dir)
+        else:
+            serve(args.endpoint, echo_handler(args.reply) if args.kind == "echo" else bare_handler(args.engine))
     except KeyboardInterrupt:
         pass
+
+
+def serve_compiled(endpoint: str, engine: Path, build_dir: Path) -> None:
+    """The bare loop's work with its loop in C: the _cbare module calls the context's infer for each request."""
+    sys.path.insert(0, str(build_dir))
+    import _cbare  # type: ignore[import-not-found]  # built at run time (compiled.py)
+
+    context = OnnxRuntimeBackend().load(engine, {"intra_op_num_threads": 1}).create_context()
+    _cbare.serve(endpoint, context.infer)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,9 @@
 """Where a request's CPU time goes, by process, and what is left for a compiled receive loop.
 
-    python tests/benchmarks/bench_budget.py [--concurrency 64] [--duration 3] [--rounds 3] [--no-write]
+    python tests/benchmarks/bench_budget.py [--concurrency 64] [--duration 3] [--rounds 7] [--no-write]
 
 The sample classifier, one [1,3,64,64] float32 image a request, driven by
-infermux's load generator (`run_load`, in its own process) against four
+infermux's load generator (`run_load`, in its own process) against five
 servers on ipc, rounds alternating between them:
 
   echo         baselines.py's echo server: Python receives and replies, no work
@@ -11,6 +11,8 @@ servers on ipc, rounds alternating between them:
                the libzmq that pyzmq loads (built here with the system's cc;
                left out, and said so, where there is none)
   bare loop    baselines.py's bare loop: receive, parse, onnxruntime, reply
+  C bare loop  the same with its receive, parse and reply in C (bare.c), calling
+               the same onnxruntime context through Python (left out as above)
   daemon       `infermux serve` with 1 context, as the bare loop
 
 For each: QPS, and CPU time per request of the server process and of the
@@ -23,7 +25,9 @@ The verdict answers one question: to answer the `--target` QPS on this box
 comparison), how many µs of CPU a request may cost, and how many of those
 are left once the load generator, the compiled loop's receive and reply,
 and onnxruntime's call are paid. That is the budget a compiled fast path
-would have for parsing, routing, statistics and the reply header.
+would have for parsing, routing, statistics and the reply header. It then
+says how near the C bare loop came to the target, and its QPS against the
+Python bare loop's round by round (median and range).
 Writes the "## CPU per request, by process" section of RESULTS.md.
 """
 
@@ -35,27 +39,25 @@ import multiprocessing
 import os
 import re
 import resource
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_core import BASELINES, ENGINE, MODEL, SHAPE, daemon_command, serving  # noqa: E402
+from compiled import build_bare, build_echo  # noqa: E402
 from results import RESULTS, markdown_table, process_cpu_s, stamp, write_section  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load  # noqa: E402
 from infermux.cli.infer import parse_inputs  # noqa: E402
 
 SECTION = "CPU per request, by process"
-ECHO_C = Path(__file__).resolve().parent / "echo.c"
 PEER_SECTION = "## Peer comparison: PyTriton"
 
 
@@ -66,32 +68,6 @@ class Round:
     result: BenchResult
     server_us: float
     generator_us: float
-
-
-def loaded_libzmq() -> Path | None:
-    """The libzmq shared library this interpreter's pyzmq has loaded (bundled in its wheel, or the system's)."""
-    import zmq  # noqa: F401  (loads the library)
-
-    for line in Path("/proc/self/maps").read_text().splitlines():
-        path = line.split()[-1]
-        if "libzmq" in Path(path).name and ".so" in path:
-            return Path(path)
-    return None
-
-
-def build_compiled_echo(out_dir: Path) -> tuple[Path | None, str]:
-    """echo.c built against pyzmq's libzmq, or None and why not."""
-    cc, libzmq = shutil.which("cc"), loaded_libzmq()
-    if cc is None:
-        return None, "no C compiler (cc) on this machine"
-    if libzmq is None:
-        return None, "pyzmq's libzmq was not found in this process's mappings"
-    binary = out_dir / "echo"
-    r = subprocess.run([cc, "-O2", "-o", str(binary), str(ECHO_C), str(libzmq), f"-Wl,-rpath,{libzmq.parent}"],
-                       capture_output=True, text=True, timeout=120)
-    if r.returncode != 0:
-        return None, f"cc failed: {(r.stdout + r.stderr).strip()[-300:]}"
-    return binary, ""
 
 
 def timed_load(endpoint: str, inputs: Mapping[str, Any], concurrency: int, duration_s: float,
@@ -135,21 +111,38 @@ def peer_qps(concurrency: int, results: Path = RESULTS) -> float | None:
     return None
 
 
-def measure(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, list[Round]], str]:
-    """Every server's rounds, alternating; and why the compiled echo is missing, if it is."""
-    binary, missing = build_compiled_echo(tmp)
-    endpoints = {name: f"ipc://{tmp}/{name.replace(' ', '-')}.sock" for name in ("echo", "C echo", "bare loop")}
-    commands = {"echo": [sys.executable, str(BASELINES), "echo", endpoints["echo"]],
-                "bare loop": [sys.executable, str(BASELINES), "bare", endpoints["bare loop"], str(ENGINE)]}
-    if binary is not None:
-        commands["C echo"] = [str(binary), endpoints["C echo"]]
-    commands["daemon"], endpoints["daemon"] = daemon_command(tmp, contexts=1)
-    order = [name for name in ("echo", "C echo", "bare loop", "daemon") if name in commands]
+def servers(tmp: Path) -> tuple[dict[str, tuple[list[str], str]], list[str]]:
+    """Each server's command and endpoint, in the order they run; and the compiled ones left out, with why."""
+    py = [sys.executable, str(BASELINES)]
+    echo, bare = build_echo(tmp), build_bare(tmp)
+    commands: dict[str, Callable[[str], list[str]] | None] = {
+        "echo": lambda endpoint: [*py, "echo", endpoint],
+        "C echo": (lambda endpoint: [str(echo.path), endpoint]) if echo.path else None,
+        "bare loop": lambda endpoint: [*py, "bare", endpoint, str(ENGINE)],
+        "C bare loop": ((lambda endpoint: [*py, "compiled-bare", endpoint, str(ENGINE), str(bare.path)])
+                        if bare.path else None),
+    }
+    chosen: dict[str, tuple[list[str], str]] = {}
+    for name, command in commands.items():
+        if command is not None:
+            endpoint = f"ipc://{tmp}/{name.replace(' ', '-')}.sock"
+            chosen[name] = (command(endpoint), endpoint)
+    chosen["daemon"] = daemon_command(tmp, contexts=1)
+    missing = [f"{name} left out: {built.missing}." for name, built in (("C echo", echo), ("C bare loop", bare))
+               if built.path is None]
+    return chosen, missing
+
+
+def measure(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, list[Round]], list[str]]:
+    """Every server's rounds, alternating; and which compiled servers are missing, and why."""
+    chosen, missing = servers(tmp)
+    order = list(chosen)
+    endpoints = {name: endpoint for name, (_, endpoint) in chosen.items()}
     inputs = parse_inputs([], [SHAPE], "float32")
     rounds: dict[str, list[Round]] = {name: [] for name in order}
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as generator, \
             contextlib.ExitStack() as stack:
-        served = {name: stack.enter_context(serving(name, commands[name], endpoints[name], tmp)) for name in order}
+        served = {name: stack.enter_context(serving(name, *chosen[name], tmp)) for name in order}
         for k in range(args.rounds):
             for name in order:
                 before = process_cpu_s(served[name].pid)
@@ -165,7 +158,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, list[Round]]
     return rounds, missing
 
 
-def report(rounds: dict[str, list[Round]], missing: str, ort_us: float, args: argparse.Namespace) -> str:
+def report(rounds: dict[str, list[Round]], missing: list[str], ort_us: float, args: argparse.Namespace) -> str:
     """The section: one row per server (medians), onnxruntime's call, and the budget left."""
     med = {name: (statistics.median(r.result.qps for r in rs), statistics.median(r.server_us for r in rs),
                   statistics.median(r.generator_us for r in rs)) for name, rs in rounds.items()}
@@ -181,15 +174,15 @@ def report(rounds: dict[str, list[Round]], missing: str, ort_us: float, args: ar
              "alternating; medians. CPU is user + system of each whole process over the round (ZeroMQ's I/O "
              "threads included); the server's is charged to the round's requests and its warm-up.", "", table, "",
              f"onnxruntime's call alone, one context, 1 intra-op thread: **{ort_us:.1f} µs** of CPU a request."]
-    if missing:
-        lines += ["", f"C echo left out: {missing}."]
-    lines += ["", budget_line(med, ort_us, cores, args), "",
-              "Reproduce: `python tests/benchmarks/bench_budget.py` (the C echo needs a C compiler, `cc`)."]
+    lines += [line for why in missing for line in ("", why)]
+    lines += ["", budget_line(rounds, med, ort_us, cores, args), "",
+              "Reproduce: `python tests/benchmarks/bench_budget.py` (the C servers need a C compiler, `cc`, and "
+              "Python's headers)."]
     return "\n".join(lines) + "\n"
 
 
-def budget_line(med: dict[str, tuple[float, float, float]], ort_us: float, cores: int,
-                args: argparse.Namespace) -> str:
+def budget_line(rounds: dict[str, list[Round]], med: dict[str, tuple[float, float, float]], ort_us: float,
+                cores: int, args: argparse.Namespace) -> str:
     """What the target asks of each request's CPU, and what is left after the parts no frontend avoids."""
     target = args.target or (5 * peer if (peer := peer_qps(args.concurrency)) else None)
     if target is None:
@@ -205,14 +198,28 @@ def budget_line(med: dict[str, tuple[float, float, float]], ort_us: float, cores
             f"{min(busy):.2f}–{max(busy):.2f} busy). The load generator takes {generator:.0f}, the {echo} server's receive "
             f"and reply {transport:.0f}, onnxruntime's call {ort_us:.0f}: **{left:.0f} µs** are left for "
             f"parsing, routing, statistics and the reply header (the daemon's server process spends "
-            f"{med['daemon'][1]:.0f} µs a request in all; the bare loop's {med['bare loop'][1]:.0f}).")
+            f"{med['daemon'][1]:.0f} µs a request in all; the bare loop's {med['bare loop'][1]:.0f})."
+            + compiled_line(rounds, target))
+
+
+def compiled_line(rounds: dict[str, list[Round]], target: float) -> str:
+    """How near the compiled bare loop came to the target, and its per-round ratio to the Python bare loop."""
+    if "C bare loop" not in rounds:
+        return ""
+    qps = statistics.median(r.result.qps for r in rounds["C bare loop"])
+    server = statistics.median(r.server_us for r in rounds["C bare loop"])
+    ratios = [c.result.qps / p.result.qps for c, p in zip(rounds["C bare loop"], rounds["bare loop"])]
+    return (f" The C bare loop, the bare loop's work with its loop in C and onnxruntime reached through Python, "
+            f"answered **{qps:,.0f}** a second ({qps / target:.2f}× the target) with {server:.0f} µs of server CPU "
+            f"a request; against the bare loop, round by round, **{statistics.median(ratios):.2f}×** "
+            f"({min(ratios):.2f}–{max(ratios):.2f}).")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     parser.add_argument("--concurrency", type=int, default=64, help="requests in flight (default 64)")
     parser.add_argument("--duration", type=float, default=3.0, help="seconds per server and round (default 3)")
-    parser.add_argument("--rounds", type=int, default=3, help="alternating rounds (default 3)")
+    parser.add_argument("--rounds", type=int, default=7, help="alternating rounds (default 7)")
     parser.add_argument("--warmup", type=int, default=200, help="warm-up requests per server and round")
     parser.add_argument("--target", type=float, help="QPS to budget for (default: 5 × PyTriton's, RESULTS.md)")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")

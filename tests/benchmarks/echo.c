@@ -1,35 +1,21 @@
 /* The echo server with no interpreter: what receiving and replying cost a compiled loop.
 
-   cc -O2 -o echo echo.c /path/to/libzmq.so.5 -Wl,-rpath,/path/to   (bench_budget.py builds it)
+   cc -O2 -o echo echo.c /path/to/libzmq.so.5 -Wl,-rpath,/path/to   (compiled.py builds it)
    ./echo ENDPOINT
 
    It answers every request as baselines.py's echo server does: a 200 header
    with the request's id and one float32 [1,10] output, the model's reply
    size. Only the header's "id" is read (a number or a string without commas
    or braces, which is what infermux's load generator sends). It links the
-   libzmq that pyzmq loads, so both echo servers use the same ZeroMQ build;
-   pyzmq's wheels ship that library but not zmq.h, so the few calls used are
-   declared here (libzmq's stable C ABI: zmq_msg_t is 64 opaque bytes). */
+   libzmq that pyzmq loads, so both echo servers use the same ZeroMQ build
+   (zmq_abi.h). */
 #include <stddef.h>
 #include <stdio.h>
 #include <string.h>
 
-typedef struct { unsigned char opaque[64]; } zmq_msg_t;
-void *zmq_ctx_new(void);
-void *zmq_socket(void *context, int type);
-int zmq_bind(void *socket, const char *endpoint);
-const char *zmq_strerror(int errnum);
-int zmq_errno(void);
-int zmq_msg_init(zmq_msg_t *msg);
-void *zmq_msg_data(zmq_msg_t *msg);
-size_t zmq_msg_size(const zmq_msg_t *msg);
-int zmq_msg_more(const zmq_msg_t *msg);
-int zmq_msg_recv(zmq_msg_t *msg, void *socket, int flags);
-int zmq_msg_send(zmq_msg_t *msg, void *socket, int flags);
-int zmq_msg_close(zmq_msg_t *msg);
-int zmq_send(void *socket, const void *buf, size_t len, int flags);
+#include "zmq_abi.h"
 
-enum { ZMQ_ROUTER = 6, ZMQ_SNDMORE = 2, KEPT = 3 };  /* identity, delimiter, header */
+enum { KEPT = 3 };  /* identity, delimiter, header */
 
 /* The header's id as JSON text (up to the next comma or brace), or null. */
 static void request_id(zmq_msg_t *header, char *id, size_t room) {

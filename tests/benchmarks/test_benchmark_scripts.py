@@ -119,7 +119,7 @@ def test_the_budget_benchmark_charges_each_process_its_cpu():
                           "--rounds", "1", "--warmup", "10", "--concurrency", "8", "--target", "1000"],
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
-    servers = ["echo", "bare loop", "daemon"] + (["C echo"] if shutil.which("cc") else [])
+    servers = ["echo", "bare loop", "daemon"] + (["C echo", "C bare loop"] if shutil.which("cc") else [])
     for server in servers:
         row = next(line for line in out.stdout.splitlines() if line.startswith(f"| {server} |"))
         assert row.endswith("| 0 |"), row  # every request answered 200
@@ -131,16 +131,16 @@ def test_the_budget_benchmark_charges_each_process_its_cpu():
 def test_the_compiled_echo_answers_as_the_python_one_does(tmp_path):
     import zmq
     from baselines import echo_handler
-    from bench_budget import build_compiled_echo
+    from compiled import build_echo
 
     from infermux.cli.infer import parse_inputs
     from infermux.protocol import encode_request
 
-    binary, missing = build_compiled_echo(tmp_path)
-    if binary is None:
-        pytest.skip(f"the compiled echo cannot be built here: {missing}")
+    built = build_echo(tmp_path)
+    if built.path is None:
+        pytest.skip(f"the compiled echo cannot be built here: {built.missing}")
     endpoint = f"ipc://{tmp_path}/echo.sock"
-    server = subprocess.Popen([str(binary), endpoint])
+    server = subprocess.Popen([str(built.path), endpoint])
     client = zmq.Context.instance().socket(zmq.DEALER)
     client.setsockopt(zmq.RCVTIMEO, 10_000)
     client.connect(endpoint)
@@ -153,6 +153,51 @@ def test_the_compiled_echo_answers_as_the_python_one_does(tmp_path):
             expected = echo_handler("probs=1x10")([memoryview(f) for f in request])
             assert delimiter == b"" and reply[0] == expected[0]  # the same header, this request's id
             assert len(reply[1]) == len(expected[1]) == 40  # float32 [1,10]
+    finally:
+        client.close(0)
+        server.kill()
+        server.wait()
+
+
+def test_the_compiled_bare_loop_answers_what_onnxruntime_computes_and_refuses_bad_requests(tmp_path):
+    import numpy as np
+    import zmq
+    from bench_core import ENGINE
+    from compiled import build_bare
+
+    from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend
+    from infermux.protocol import encode_request, parse_header
+
+    built = build_bare(tmp_path)
+    if built.path is None:
+        pytest.skip(f"the compiled bare loop cannot be built here: {built.missing}")
+    endpoint = f"ipc://{tmp_path}/bare.sock"
+    server = subprocess.Popen([sys.executable, str(BENCHMARKS / "baselines.py"), "compiled-bare", endpoint,
+                               str(ENGINE), str(built.path)])
+    client = zmq.Context.instance().socket(zmq.DEALER)
+    client.setsockopt(zmq.RCVTIMEO, 30_000)
+    client.connect(endpoint)
+
+    def ask(frames: list) -> tuple[dict, list[bytes]]:
+        client.send_multipart([b"", *frames])
+        delimiter, header, *tensors = client.recv_multipart()
+        return parse_header(header), tensors
+
+    try:
+        images = np.random.default_rng(7).random((1, 3, 64, 64), dtype=np.float32)
+        expected = OnnxRuntimeBackend().load(ENGINE, {"intra_op_num_threads": 1}).create_context().infer(
+            {"images": images})
+        header, tensors = ask(encode_request("classifier", {"images": images}, id="cam \"1\""))
+        assert header["id"] == 'cam "1"' and header["status"] == 200 and header["model"] == "classifier"
+        (meta,) = header["outputs"]
+        assert (meta["name"], meta["dtype"]) == ("probs", "float32")
+        got = np.frombuffer(tensors[0], dtype=np.float32).reshape(meta["shape"])
+        np.testing.assert_allclose(got, expected["probs"], rtol=1e-6)
+        short = encode_request("classifier", {"images": images}, id=2)
+        short[1] = bytes(short[1])[:-4]  # one float missing
+        assert ask(short)[0] == {"id": 2, "status": 400, "error": "a tensor frame does not match its shape"}
+        assert ask([b"not json"])[0]["status"] == 400
+        assert ask(encode_request("classifier", {"images": images}, id=3))[0]["status"] == 200  # still serving
     finally:
         client.close(0)
         server.kill()
