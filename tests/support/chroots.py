@@ -16,6 +16,7 @@ import signal
 import subprocess
 import tempfile
 import time
+import warnings
 from pathlib import Path
 from typing import Iterable, Mapping
 
@@ -51,11 +52,92 @@ def pack(root: Path, tarball: Path) -> None:
     os.replace(partial, tarball)
 
 
+# A chroot's folder is named for the process that made it, so that a later run can tell one whose
+# maker was killed before its close() (sweep_abandoned) from one in use by a run still going.
+WORK_PREFIX = "infermux-chroot."
+
+
+def sweep_abandoned(base: Path | None = None) -> list[Path]:
+    """Dismantle the chroots under `base` (the temporary folder) whose maker is gone; return them.
+
+    A run killed midway (a timeout, a ^C, a lost CI runner) leaves its chroot
+    mounted: /proc, /sys and /dev bound under /tmp, and bind mounts of the
+    caches. The next chroot made sweeps them. Folders named before the maker's
+    pid was in the name are left alone: nothing tells whether they are in use.
+    """
+    swept = []
+    for work in sorted((base or Path(tempfile.gettempdir())).glob(f"{WORK_PREFIX}*")):
+        maker = work.name[len(WORK_PREFIX):].split(".", 1)[0]
+        if not maker.isdigit() or _alive(int(maker)):
+            continue
+        try:
+            dismantle(work)
+        except RuntimeError as exc:  # a mount that will not go: the next sweep tries again
+            warnings.warn(f"an abandoned chroot stays: {exc}", stacklevel=2)
+            continue
+        swept.append(work)
+    return swept
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's: alive
+        return True
+    return True
+
+
+def dismantle(work: Path) -> None:
+    """End every process rooted in `work`/root, undo every mount under `work` (newest first), delete it.
+
+    A mount that will not go keeps the folder, and says why (RuntimeError).
+    """
+    root = str(work / "root")
+    for _ in range(50):
+        pids = _rooted_in(root)
+        if not pids:
+            break
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+    for target in reversed(_mounts_under(work)):
+        if subprocess.run(["umount", target], capture_output=True, timeout=30).returncode != 0:
+            subprocess.run(["umount", "-l", target], capture_output=True, timeout=30)
+    still = _mounts_under(work)
+    if still:
+        raise RuntimeError(f"still mounted under {work}, not deleting it: {still}")
+    shutil.rmtree(work, ignore_errors=True)
+
+
+def _mounts_under(work: Path) -> list[str]:
+    """Mount points below `work`, in the order they were mounted."""
+    inside = str(work) + "/"
+    return [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
+            if line.split()[1].startswith(inside)]
+
+
+def _rooted_in(root: str) -> list[int]:
+    """Every process whose root directory is `root`."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.readlink(entry / "root") == root:
+                    found.append(int(entry.name))
+            except OSError:  # gone, or not ours to read
+                continue
+    return found
+
+
 class Chroot:
     """One unpacked root file system under a fresh temporary folder; `close()` leaves nothing behind."""
 
     def __init__(self, tarball: Path) -> None:
-        self.work = Path(tempfile.mkdtemp(prefix="infermux-chroot."))
+        sweep_abandoned()
+        self.work = Path(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}."))
         self.root = self.work / "root"
         self.root.mkdir()
         self._mounts: list[Path] = []
@@ -147,34 +229,10 @@ class Chroot:
             pytest.fail(f"in the chroot: {' '.join(cmd)} exited {r.returncode}:\n{(r.stdout + r.stderr)[-3000:]}")
         return r
 
-    def processes(self) -> list[int]:
-        """Every process whose root directory is this chroot."""
-        found = []
-        for entry in Path("/proc").iterdir():
-            if entry.name.isdigit():
-                try:
-                    if os.readlink(entry / "root") == str(self.root):
-                        found.append(int(entry.name))
-                except OSError:  # gone, or not ours to read
-                    continue
-        return found
-
     def close(self) -> None:
         """End what still runs inside, unmount, delete; a mount that will not go keeps the folder (said why)."""
-        for _ in range(50):
-            pids = self.processes()
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.1)
-        self.unmount()
-        still = [line.split()[1] for line in Path("/proc/mounts").read_text().splitlines()
-                 if line.split()[1].startswith(str(self.work) + "/")]
-        if still:
-            raise RuntimeError(f"still mounted under {self.work}, not deleting it: {still}")
-        shutil.rmtree(self.work, ignore_errors=True)
+        self._mounts.clear()  # dismantle finds them all in /proc/mounts, these and any a command made
+        dismantle(self.work)
 
     # -- what is in it --------------------------------------------------------------------------
 

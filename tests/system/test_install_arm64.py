@@ -437,3 +437,26 @@ def test_paths_resolve_as_the_chroot_sees_them(tmp_path: Path) -> None:
         assert c.resolve(UNIT) == "/usr/lib/systemd/system/infermux.service"
         assert c.resolve("/usr/bin/python3") == c.resolve("/usr/bin/py") == "/usr/bin/python3.11"
         assert c.resolve("/etc/passwd") == "/etc/passwd"  # absent or plain: as given
+
+
+def test_a_chroot_left_mounted_by_a_killed_run_is_swept_by_the_next(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("needs root to mount")
+    ended = subprocess.Popen(["true"])
+    ended.wait()
+    abandoned = tmp_path / f"{chroots.WORK_PREFIX}{ended.pid}.x1"
+    (abandoned / "root/proc").mkdir(parents=True)
+    subprocess.run(["mount", "-t", "tmpfs", "abandoned", str(abandoned / "root/proc")], check=True)
+    (abandoned / "root/proc/held").mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "nested", str(abandoned / "root/proc/held")], check=True)
+    in_use = tmp_path / f"{chroots.WORK_PREFIX}{os.getpid()}.x2"
+    in_use.mkdir()
+    unnamed = tmp_path / f"{chroots.WORK_PREFIX}x3"  # made before the maker's pid was in the name
+    unnamed.mkdir()
+    try:
+        assert chroots.sweep_abandoned(tmp_path) == [abandoned]
+        assert not abandoned.exists() and in_use.is_dir() and unnamed.is_dir()
+        assert str(abandoned) not in Path("/proc/mounts").read_text()
+    finally:
+        for target in (abandoned / "root/proc/held", abandoned / "root/proc"):
+            subprocess.run(["umount", "-l", str(target)], capture_output=True)
