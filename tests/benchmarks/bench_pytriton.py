@@ -42,6 +42,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_core import BASELINES, ENGINE, daemon_command, serving  # noqa: E402
+from compiled import build_bare  # noqa: E402
 from results import markdown_table, stamp, write_section  # noqa: E402
 
 from infermux.cli.bench import run_load  # noqa: E402
@@ -57,9 +58,11 @@ CONFIGURATIONS = (
     ("infermux 2 contexts", 2, ""),
     ("infermux batched", 2, "max_batch = 16\nbatch_delay_us = 200\n"),
 )
-# Measured beside them, on the same socket and load generator (baselines.py): the bare loop, and the
-# echo server, which answers without parsing or computing: what this box and load generator allow.
+# Measured beside them, on the same socket and load generator (baselines.py): the bare loop, the echo
+# server, which answers without parsing or computing (what this box and load generator allow), and the
+# bare loop with its loop in C (bare.c), where it can be built: what a compiled receive loop would reach.
 REFERENCES = (("echo", "echo"), ("bare loop", "bare", str(ENGINE)))
+COMPILED = "C bare loop"
 GRPC_PORT, HTTP_PORT, METRICS_PORT = 18801, 18800, 18802
 SERVER = """\
 import sys
@@ -159,7 +162,8 @@ def wait_for_pytriton(process: subprocess.Popen, log: Path, timeout_s: float = 1
         if process.poll() is not None:
             raise RuntimeError(f"PyTriton exited: {log.read_text(errors='replace')[-3000:]}")
         time.sleep(0.2)
-    raise RuntimeError(f"PyTriton did not start in {timeout_s} s")
+    raise RuntimeError(f"PyTriton did not start in {timeout_s:g} s; its log ends:\n"
+                       f"{log.read_text(errors='replace')[-3000:]}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -189,7 +193,10 @@ def main(argv: list[str] | None = None) -> int:
                 config = tmp / f"daemon{n}.toml"
                 config.write_text(config.read_text() + extra)
                 servers[case] = (command, endpoint)
-            for case, kind, *more in REFERENCES:
+            built = build_bare(tmp)
+            references = [*REFERENCES, *([(COMPILED, "compiled-bare", str(ENGINE), str(built.path))]
+                                         if built.path else [])]
+            for case, kind, *more in references:
                 endpoint = f"ipc://{tmp}/{kind}.sock"
                 servers[case] = ([sys.executable, str(BASELINES), kind, endpoint, *more], endpoint)
             inputs = parse_inputs([], ["images=1x3x64x64"], "float32")
@@ -215,27 +222,35 @@ def main(argv: list[str] | None = None) -> int:
                 triton.wait(30)
             except subprocess.TimeoutExpired:
                 triton.kill()
-    body = report(rows, args)
+    body = report(rows, args, built.missing)
     print(f"\n## {SECTION}\n\n{body}")
     if not args.no_write:
         write_section(SECTION, body)
     return 0
 
 
-def report(rows: dict[tuple[str, int], list[dict]], args: argparse.Namespace) -> str:
+def ratio_range(mine: list[dict], theirs: list[dict]) -> str:
+    """Per-round QPS ratios, round i against round i: their median and range."""
+    ratios = sorted(m["qps"] / t["qps"] for m, t in zip(mine, theirs) if t["qps"])
+    return f"**{statistics.median(ratios):.2f}×** ({ratios[0]:.2f}–{ratios[-1]:.2f})"
+
+
+def report(rows: dict[tuple[str, int], list[dict]], args: argparse.Namespace, compiled_missing: str = "") -> str:
     table = []
     med = lambda runs, key: statistics.median(r[key] for r in runs if r[key] is not None)  # noqa: E731
     for c in LEVELS:
         cases = [case for case, _, _ in CONFIGURATIONS]
         best = max(cases, key=lambda case: med(rows[case, c], "qps"))
         mine, theirs = rows[best, c], rows["pytriton", c]
-        ratios = sorted(m["qps"] / t["qps"] for m, t in zip(mine, theirs) if t["qps"])
+        compiled = rows.get((COMPILED, c))
         table.append([str(c), best.removeprefix("infermux "),
                       *(f"{med(rows[case, c], 'qps'):,.0f}" for case in cases), f"{med(theirs, 'qps'):,.0f}",
                       f"{med(rows['bare loop', c], 'qps'):,.0f}", f"{med(rows['echo', c], 'qps'):,.0f}",
                       f"{5 * med(theirs, 'qps') / med(rows['bare loop', c], 'qps'):.2f} / "
                       f"{5 * med(theirs, 'qps') / med(rows['echo', c], 'qps'):.2f}",
-                      f"**{statistics.median(ratios):.2f}×** ({ratios[0]:.2f}–{ratios[-1]:.2f})",
+                      ratio_range(mine, theirs),
+                      f"{med(compiled, 'qps'):,.0f}" if compiled else "–",
+                      ratio_range(compiled, theirs) if compiled else "–",
                       f"{med(mine, 'p50_us'):,.0f}", f"{med(theirs, 'p50_us'):,.0f}",
                       f"{med(mine, 'p99_us'):,.0f}", f"{med(theirs, 'p99_us'):,.0f}",
                       str(sum(r["errors"] for r in mine + theirs))])
@@ -247,7 +262,9 @@ def report(rows: dict[tuple[str, int], list[dict]], args: argparse.Namespace) ->
         "p50/p99 are that configuration's). infermux: 1 context, 2 contexts, and 2 contexts batched (max_batch "
         "16, 200 µs), each its own daemon, ipc, its own load generator; beside them on the same socket and load "
         "generator, the bare loop (receive, parse, onnxruntime, reply in one Python thread) and the echo server "
-        "(one Python thread answering a fixed reply: no parsing, no compute). \"5 × PyTriton ÷ bare loop\" above "
+        "(one Python thread answering a fixed reply: no parsing, no compute), and the C bare loop (the bare "
+        "loop's receive, parse and reply in C, onnxruntime reached through Python: what a compiled receive loop "
+        "would reach, not a part of infermux). \"5 × PyTriton ÷ bare loop\" above "
         "1 means that the ≥ 5× goal asks infermux for more than the bare loop answers; \"÷ echo\" above 1, for "
         "more than the echo server, which does no work, answers on this box with this load generator. PyTriton "
         "(nvidia-pytriton in its own venv on the system Python): 2 instances, dynamic batching up to 16 with "
@@ -255,8 +272,9 @@ def report(rows: dict[tuple[str, int], list[dict]], args: argparse.Namespace) ->
         "figures include each protocol's client cost.", "",
         markdown_table(["c", "best infermux", "1 context QPS", "2 contexts QPS", "batched QPS", "PyTriton QPS",
                         "bare loop QPS", "echo QPS", "5 × PyTriton ÷ bare loop / ÷ echo",
-                        "best infermux ÷ PyTriton", "p50 µs infermux",
+                        "best infermux ÷ PyTriton", "C bare loop QPS", "C bare loop ÷ PyTriton", "p50 µs infermux",
                         "p50 µs PyTriton", "p99 µs infermux", "p99 µs PyTriton", "errors"], table), "",
+        *([f"C bare loop left out: {compiled_missing}.", ""] if compiled_missing else []),
         "Reproduce: `python tests/benchmarks/bench_pytriton.py` (makes ~/.cache/infermux/pytriton-venv first).",
     ])
 

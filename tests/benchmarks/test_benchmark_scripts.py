@@ -214,3 +214,26 @@ def test_the_budget_reads_pytritons_figure_from_the_peer_table(tmp_path):
     assert peer_qps(64, results) == 2442
     assert peer_qps(16, results) is None  # a row of another section is not PyTriton's
     assert peer_qps(64, tmp_path / "missing.md") is None
+
+
+def test_the_pytriton_table_shows_the_compiled_loop_or_says_why_it_is_missing():
+    import argparse
+
+    from bench_pytriton import COMPILED, CONFIGURATIONS, report
+
+    def runs(*qps: float) -> list[dict]:
+        return [{"qps": q, "p50_us": 100.0, "p99_us": 200.0, "errors": 0} for q in qps]
+
+    rows = {}
+    for c in (1, 16, 64):
+        rows["pytriton", c] = runs(100, 200)
+        rows["echo", c], rows["bare loop", c] = runs(3000, 3000), runs(1000, 1000)
+        for case, _, _ in CONFIGURATIONS:
+            rows[case, c] = runs(500, 800)
+    args = argparse.Namespace(rounds=2, duration=1.0, warmup=10)
+    without = report(rows, args, "no C compiler (cc) on this machine")
+    assert "C bare loop left out: no C compiler (cc) on this machine." in without
+    assert "| 64 | 1 context | 650 | 650 | 650 | 150 | 1,000 | 3,000 | 0.75 / 0.25 | **4.50×** (4.00–5.00) | – | – |" \
+        in without
+    rows.update({(COMPILED, c): runs(1200, 1400) for c in (1, 16, 64)})
+    assert "| **4.50×** (4.00–5.00) | 1,300 | **9.50×** (7.00–12.00) |" in report(rows, args)
