@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -309,11 +310,11 @@ def pipeline_input(args: argparse.Namespace) -> str | None:
         return str(args.image_input)
     pipelines: list[dict[str, Any]] = []
     admin = None
-    try:
-        admin = endpoint_from(args, "admin", check=False)
-    except (CliError, OSError, ValueError):
+    try:  # only a socket that is there and ours to use is asked: else the answer would be a 5 s timeout
+        admin = endpoint_from(args, "admin", check=True)
+    except (CliError, OSError, ValueError):  # NoDaemon (no socket file) is an OSError
         pass
-    if admin:
+    if admin and _may_connect(admin):
         try:
             with AdminClient(admin, timeout_s=5.0) as client:
                 pipelines = client.call("pipelines")["pipelines"]
@@ -323,6 +324,13 @@ def pipeline_input(args: argparse.Namespace) -> str | None:
     if found is not None:
         return str(found.get("input") or "image")
     return "image" if (args.image or args.synthetic) else None
+
+
+def _may_connect(endpoint: str) -> bool:
+    """False for an ipc:// socket this user may not write to (admin.sock outside its group): asking
+    it would only time out."""
+    path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else ""
+    return not path or path.startswith("@") or os.access(path, os.R_OK | os.W_OK)
 
 
 def frame_source(args: argparse.Namespace, streams: int) -> Callable[[int, int], Frame]:

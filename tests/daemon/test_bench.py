@@ -113,3 +113,50 @@ def test_result_json_round_trips():
     doc = json.loads(json.dumps(result.as_json()))
     assert doc["errors"] == 1 and doc["by_status"] == {"200": 1, "429": 1}
     assert "p99 0.030 ms" in result.summary()
+
+
+def test_an_admin_socket_that_is_not_there_is_not_asked(endpoint, monkeypatch, capsys):
+    import infermux.client
+
+    asked = []
+
+    class Recording(infermux.client.AdminClient):
+        def __init__(self, address: str, **kwargs) -> None:
+            asked.append(address)
+            super().__init__(address, **kwargs)
+
+    monkeypatch.setattr(infermux.client, "AdminClient", Recording)
+    code = bench.main(["--endpoint", endpoint, "--model", "classifier", "--shape", "images=1x3x64x64",
+                       "-n", "5", "--warmup", "0", "--json"])
+    assert code == 0 and json.loads(capsys.readouterr().out)["ok"] == 5
+    assert asked == []  # beside bare.sock there is no admin.sock: asking it was a 5 s wait for nothing
+
+
+def test_an_admin_socket_that_is_there_is_asked_whether_the_model_is_a_pipeline(endpoint, monkeypatch, capsys):
+    import infermux.client
+
+    asked = []
+
+    class Answering:
+        def __init__(self, address: str, **kwargs) -> None:
+            asked.append(address)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def call(self, command: str) -> dict:
+            return {"pipelines": []}
+
+    admin = Path(endpoint[len("ipc://"):]).with_name("admin.sock")
+    admin.touch()
+    try:
+        monkeypatch.setattr(infermux.client, "AdminClient", Answering)
+        code = bench.main(["--endpoint", endpoint, "--model", "classifier", "--shape", "images=1x3x64x64",
+                           "-n", "5", "--warmup", "0", "--json"])
+    finally:
+        admin.unlink()
+    assert code == 0 and json.loads(capsys.readouterr().out)["ok"] == 5
+    assert asked == [f"ipc://{admin}"]
