@@ -271,7 +271,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", help="affinity key for hash routing")
     parser.add_argument("--timeout", type=float, default=10.0, help="seconds to wait for any reply (default 10)")
     parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
-                        help="first wait up to SECONDS for the model to answer 200 (it says 503 while loading)")
+                        help="first wait up to SECONDS for the daemon's socket, then for the model to answer 200 (it says 503 while loading)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--shared-memory", action="store_true",
                         help="keep inputs and outputs in a shared-memory region registered with the daemon "
@@ -326,6 +326,26 @@ def pipeline_input(args: argparse.Namespace) -> str | None:
     return "image" if (args.image or args.synthetic) else None
 
 
+def _await_socket(args: argparse.Namespace, timeout_s: float) -> None:
+    """With --wait: a daemon still starting has not made its socket file yet; wait for it to appear
+    (what cannot be resolved, or never appears, is reported where the endpoint is used)."""
+    from infermux.cli.common import NoDaemon, present
+
+    try:
+        endpoint = endpoint_from(args, check=False)
+    except Exception:  # reported with its own message by run()
+        return
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            present(endpoint)
+            return
+        except NoDaemon:
+            if time.monotonic() >= deadline:
+                return
+            time.sleep(0.05)
+
+
 def _may_connect(endpoint: str) -> bool:
     """False for an ipc:// socket this user may not write to (admin.sock outside its group): asking
     it would only time out."""
@@ -356,6 +376,8 @@ def run(args: argparse.Namespace) -> int:
     from infermux.config import ConfigError
 
     model_of(args)
+    if args.wait:
+        _await_socket(args, args.wait)
     image_input = pipeline_input(args)
     if image_input is not None:  # a pipeline: frames, not tensors
         frame_of = frame_source(args, args.streams or 1)

@@ -43,7 +43,7 @@ bare_pid=$!
 
 load() {  # load ENDPOINT N
     "$python" -m infermux bench classifier -e "$1" --shape images=1x3x64x64 --concurrency "$concurrency" \
-        --requests "$2" --wait 60 >/dev/null 2>&1
+        --requests "$2" --wait 60 >/dev/null 2>"$work/load.err" || { echo "infermux bench failed against $1: $(tail -1 "$work/load.err")" >&2; exit 3; }
 }
 
 count() {  # count NAME PID ENDPOINT

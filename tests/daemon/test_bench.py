@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -160,3 +161,24 @@ def test_an_admin_socket_that_is_there_is_asked_whether_the_model_is_a_pipeline(
         admin.unlink()
     assert code == 0 and json.loads(capsys.readouterr().out)["ok"] == 5
     assert asked == [f"ipc://{admin}"]
+
+
+def test_wait_covers_a_server_that_has_not_made_its_socket_yet(tmp_path):
+    address = f"ipc://{tmp_path}/late.sock"
+    bench_run = subprocess.Popen([sys.executable, "-m", "infermux", "bench", "classifier", "-e", address,
+                                  "--shape", "images=1x3x64x64", "-n", "5", "--wait", "60", "--json"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.0)  # bench is waiting: the socket file does not exist yet
+        assert bench_run.poll() is None, bench_run.communicate()
+        server = subprocess.Popen([sys.executable, str(BASELINES), "bare", address, str(CLASSIFIER)])
+        try:
+            out, err = bench_run.communicate(timeout=60)
+        finally:
+            server.terminate()
+            server.wait(10)
+    finally:
+        if bench_run.poll() is None:
+            bench_run.kill()
+    assert bench_run.returncode == 0, err
+    assert json.loads(out)["ok"] == 5
