@@ -9,6 +9,7 @@ import grp
 import http.client
 import json
 import os
+import select
 import shutil
 import socket
 import subprocess
@@ -170,7 +171,13 @@ def test_slow_drips_and_held_scrapes_cannot_keep_the_health_probe_out(make_daemo
     held = _holding_scrapes(port, 4)
     try:
         # An attacker's connections are there before the probe comes: a request unfinished this long
-        # may make room for it (a burst of brand-new connections does not evict another).
+        # may make room for it (a burst of brand-new connections does not evict another). "This long"
+        # counts from the daemon's accept, which a busy box delays past the client's connect: first
+        # wait until it has dealt with every drip (those past the peer's slots are answered at once,
+        # refused or making room, so their answers mean the rest are in), then the grace.
+        answered = len(drip.conns) - HttpLimits().per_peer
+        eventually(lambda: len(select.select(drip.conns, [], [], 0)[0]) >= answered,
+                   "the daemon dealt with every drip", timeout_s=30)
         time.sleep(HttpLimits().grace_s)
         statuses = []
         for _ in range(30):
