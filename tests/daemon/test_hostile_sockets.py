@@ -161,6 +161,7 @@ def _holding_scrapes(port: int, count: int) -> list[socket.socket]:
     return held
 
 
+@pytest.mark.timing
 def test_slow_drips_and_held_scrapes_cannot_keep_the_health_probe_out(make_daemon) -> None:
     port = free_port()
     daemon = make_daemon('[[models]]\nname = "fast512"\nengine = "fast512/1/model.onnx"\n',
