@@ -384,7 +384,7 @@ def run(args: argparse.Namespace) -> int:
         inputs: dict[str, Any] = {image_input: frame_of(0, 0)}
         stream_inputs: Callable[[int, int], Mapping[str, Any]] = lambda s, n: {image_input: frame_of(s, n)}  # noqa: E731
     else:
-        inputs = inputs_for(args)  # exits with a message on bad specs
+        inputs = inputs_for(args, wait_s=args.wait)  # exits with a message on bad specs
         stream_inputs = lambda s, n: inputs  # noqa: E731
     try:
         endpoint = endpoint_from(args)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -73,17 +74,19 @@ def _random_array(rng: np.random.Generator, shape: tuple[int, ...], dtype: np.dt
     return array.astype(dtype)
 
 
-def inputs_for(args: argparse.Namespace, unknown_ok: bool = False) -> dict[str, np.ndarray]:
+def inputs_for(args: argparse.Namespace, unknown_ok: bool = False, wait_s: float = 0.0) -> dict[str, np.ndarray]:
     """The inputs the command line gives, else random ones shaped as the daemon says the model wants.
 
     `unknown_ok`: a model the daemon does not serve gets no inputs rather than an error, so that the
-    request goes out and the daemon's 404, which names the models it serves, is the answer (`infer`)."""
+    request goes out and the daemon's 404, which names the models it serves, is the answer (`infer`).
+    `wait_s` (bench --wait): a version still loading or warming is asked again until it knows its
+    inputs, for up to that long."""
     inputs = parse_inputs(args.input, args.shape, args.dtype)
     if inputs:
         return inputs
     hint = "give --shape NAME=DIMS or --input NAME=FILE.npy"
     try:
-        specs = model_inputs(args)
+        specs = _inputs_once_known(args, wait_s)
     except UnknownModel as exc:
         if unknown_ok:
             return {}
@@ -102,6 +105,22 @@ class UnknownModel(LookupError):
     """The daemon serves no model of that name (it may be a pipeline, or a typo)."""
 
 
+class NotKnownYet(LookupError):
+    """The version is loading or warming: the daemon cannot say its inputs yet."""
+
+
+def _inputs_once_known(args: argparse.Namespace, wait_s: float) -> list[dict[str, Any]]:
+    """model_inputs, asked again every 0.1 s while the version is not ready, for up to `wait_s`."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return model_inputs(args)
+        except NotKnownYet:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+
+
 def model_inputs(args: argparse.Namespace) -> list[dict[str, Any]]:
     """The input specs the admin socket reports for args.model (its default version, or args.version)."""
     from infermux.client import AdminClient
@@ -117,7 +136,7 @@ def model_inputs(args: argparse.Namespace) -> list[dict[str, Any]]:
         raise UnknownModel(f"no model {args.model!r} is configured; served models: {served}")
     row = next((m for m in rows if m["version"] == args.version or (not args.version and m["default"])), rows[0])
     if "inputs" not in row:
-        raise LookupError(f"version {row['version']} is {row['state']}, so its inputs are not known yet")
+        raise NotKnownYet(f"version {row['version']} is {row['state']}, so its inputs are not known yet")
     return row["inputs"]
 
 

@@ -182,3 +182,13 @@ def test_wait_covers_a_server_that_has_not_made_its_socket_yet(tmp_path):
             bench_run.kill()
     assert bench_run.returncode == 0, err
     assert json.loads(out)["ok"] == 5
+
+
+def test_wait_covers_a_model_still_loading_when_its_inputs_are_asked(make_daemon, capsys):
+    d = make_daemon('[[models]]\nname = "late"\nengine = "addone/1/model.onnx"\nbackend = "slow_load:SlowLoadBackend"\n'
+                    "[models.options]\nload_delay_s = 1.5\n", wait_ready=False)
+    # No --shape: bench asks the daemon for the inputs, which a loading version cannot say yet.
+    code = bench.main(["late", "--endpoint", d.endpoint, "--admin", d.admin_endpoint, "-n", "5", "--warmup", "0",
+                       "--wait", "60", "--json"])
+    assert code == 0, capsys.readouterr().err
+    assert json.loads(capsys.readouterr().out)["ok"] == 5
