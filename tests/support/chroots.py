@@ -22,6 +22,8 @@ from typing import Iterable, Mapping
 
 import pytest
 
+from infermux.workers.slots import pid_alive
+
 MIRROR = os.environ.get("DEBIAN_MIRROR", "http://deb.debian.org/debian")
 # What packaging/test-install.sh's in_chroot gives a command: nothing of the caller's environment.
 BASE_ENV = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LC_ALL": "C.UTF-8",
@@ -68,7 +70,7 @@ def sweep_abandoned(base: Path | None = None) -> list[Path]:
     swept = []
     for work in sorted((base or Path(tempfile.gettempdir())).glob(f"{WORK_PREFIX}*")):
         maker = work.name[len(WORK_PREFIX):].split(".", 1)[0]
-        if not maker.isdigit() or _alive(int(maker)):
+        if not maker.isdigit() or pid_alive(int(maker)):
             continue
         try:
             dismantle(work)
@@ -77,16 +79,6 @@ def sweep_abandoned(base: Path | None = None) -> list[Path]:
             continue
         swept.append(work)
     return swept
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's: alive
-        return True
-    return True
 
 
 def dismantle(work: Path) -> None:
@@ -103,13 +95,18 @@ def dismantle(work: Path) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         time.sleep(0.1)
-    for target in reversed(_mounts_under(work)):
-        if subprocess.run(["umount", target], capture_output=True, timeout=30).returncode != 0:
-            subprocess.run(["umount", "-l", target], capture_output=True, timeout=30)
+    unmount_all(work)
     still = _mounts_under(work)
     if still:
         raise RuntimeError(f"still mounted under {work}, not deleting it: {still}")
     shutil.rmtree(work, ignore_errors=True)
+
+
+def unmount_all(work: Path) -> None:
+    """Every mount under `work`, newest first (lazily where something still holds one)."""
+    for target in reversed(_mounts_under(work)):
+        if subprocess.run(["umount", target], capture_output=True, timeout=30).returncode != 0:
+            subprocess.run(["umount", "-l", target], capture_output=True, timeout=30)
 
 
 def _mounts_under(work: Path) -> list[str]:
@@ -140,7 +137,6 @@ class Chroot:
         self.work = Path(tempfile.mkdtemp(prefix=f"{WORK_PREFIX}{os.getpid()}."))
         self.root = self.work / "root"
         self.root.mkdir()
-        self._mounts: list[Path] = []
         subprocess.run(["tar", "-C", str(self.root), "--numeric-owner", "-xf", str(tarball)], check=True,
                        timeout=600)
 
@@ -203,14 +199,10 @@ class Chroot:
         if not target.exists():
             target.mkdir(parents=True)
         subprocess.run(["mount", *args, str(target)], check=True, capture_output=True, timeout=30)
-        self._mounts.append(target)
 
     def unmount(self) -> None:
-        """Every mount, newest first (lazily where something still holds one)."""
-        while self._mounts:
-            target = self._mounts.pop()
-            if subprocess.run(["umount", str(target)], capture_output=True, timeout=30).returncode != 0:
-                subprocess.run(["umount", "-l", str(target)], capture_output=True, timeout=30)
+        """Every mount in the chroot, newest first (lazily where something still holds one)."""
+        unmount_all(self.work)
 
     # -- commands -------------------------------------------------------------------------------
 
@@ -231,7 +223,6 @@ class Chroot:
 
     def close(self) -> None:
         """End what still runs inside, unmount, delete; a mount that will not go keeps the folder (said why)."""
-        self._mounts.clear()  # dismantle finds them all in /proc/mounts, these and any a command made
         dismantle(self.work)
 
     # -- what is in it --------------------------------------------------------------------------
