@@ -329,28 +329,20 @@ def pipeline_input(args: argparse.Namespace) -> str | None:
 def _await_socket(args: argparse.Namespace, timeout_s: float) -> None:
     """With --wait: a daemon still starting has not made its socket file yet; wait for it to appear
     (what cannot be resolved, or never appears, is reported where the endpoint is used)."""
-    from infermux.cli.common import NoDaemon, present
+    from infermux.cli.common import NoDaemon, present, retried
 
     try:
         endpoint = endpoint_from(args, check=False)
+        retried(lambda: present(endpoint), NoDaemon, timeout_s, every_s=0.05)
     except Exception:  # reported with its own message by run()
         return
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            present(endpoint)
-            return
-        except NoDaemon:
-            if time.monotonic() >= deadline:
-                return
-            time.sleep(0.05)
 
 
 def _may_connect(endpoint: str) -> bool:
     """False for an ipc:// socket this user may not write to (admin.sock outside its group): asking
     it would only time out."""
-    path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else ""
-    return not path or path.startswith("@") or os.access(path, os.R_OK | os.W_OK)
+    path = ipc.path_of(endpoint)
+    return path is None or os.access(path, os.R_OK | os.W_OK)
 
 
 def frame_source(args: argparse.Namespace, streams: int) -> Callable[[int, int], Frame]:

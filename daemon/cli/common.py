@@ -10,10 +10,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+import time
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 if TYPE_CHECKING:
     from infermux.config import DaemonConfig
+
+T = TypeVar("T")
 
 DEFAULT_CONFIG = "/etc/infermux/infermux.toml"
 
@@ -93,10 +96,24 @@ class NoDaemon(TimeoutError):
 
 def present(endpoint: str) -> None:
     """Fail at once, instead of after a timeout, when an ipc:// socket file does not exist."""
-    path = endpoint[len("ipc://"):] if endpoint.startswith("ipc://") else ""
-    if path and not path.startswith("@") and not os.path.exists(path):
+    from infermux.transport import ipc
+
+    path = ipc.path_of(endpoint)
+    if path is not None and not path.exists():
         raise NoDaemon(f"no daemon at {endpoint}: the socket does not exist (is `infermux serve` running? "
                        f"with this --config and --runtime-dir?)")
+
+
+def retried(call: Callable[[], T], errors: type[Exception], wait_s: float, every_s: float = 0.1) -> T:
+    """`call()`, made again every `every_s` while it raises `errors`, for up to `wait_s`; then its error."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            return call()
+        except errors:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(every_s)
 
 
 def _given_endpoint(args: argparse.Namespace, which: str) -> str | None:

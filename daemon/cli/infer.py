@@ -12,14 +12,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from infermux.cli.common import (NO_DAEMON, USAGE, CliError, add_endpoint_arguments, add_input_arguments,
-                                 add_model_arguments, endpoint_from, model_of)
+                                 add_model_arguments, endpoint_from, model_of, retried)
 from infermux.client.inference import AdminError
 
 __all__ = ["add_endpoint_arguments", "endpoint_from", "inputs_for", "parse_inputs", "random_inputs", "run"]
@@ -86,7 +85,7 @@ def inputs_for(args: argparse.Namespace, unknown_ok: bool = False, wait_s: float
         return inputs
     hint = "give --shape NAME=DIMS or --input NAME=FILE.npy"
     try:
-        specs = _inputs_once_known(args, wait_s)
+        specs = retried(lambda: model_inputs(args), NotKnownYet, wait_s)
     except UnknownModel as exc:
         if unknown_ok:
             return {}
@@ -107,18 +106,6 @@ class UnknownModel(LookupError):
 
 class NotKnownYet(LookupError):
     """The version is loading or warming: the daemon cannot say its inputs yet."""
-
-
-def _inputs_once_known(args: argparse.Namespace, wait_s: float) -> list[dict[str, Any]]:
-    """model_inputs, asked again every 0.1 s while the version is not ready, for up to `wait_s`."""
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            return model_inputs(args)
-        except NotKnownYet:
-            if time.monotonic() >= deadline:
-                raise
-            time.sleep(0.1)
 
 
 def model_inputs(args: argparse.Namespace) -> list[dict[str, Any]]:
