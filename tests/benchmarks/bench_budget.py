@@ -50,15 +50,15 @@ from typing import Any, Callable, Mapping
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_core import BASELINES, ENGINE, MODEL, SHAPE, daemon_command, serving  # noqa: E402
+from bench_core import BASELINES, ENGINE, MODEL, SHAPE, cpu_per_request, daemon_command, serving  # noqa: E402
+from bench_pytriton import SECTION as PEER  # noqa: E402
 from compiled import build_bare, build_echo  # noqa: E402
-from results import RESULTS, markdown_table, process_cpu_s, stamp, write_section  # noqa: E402
+from results import RESULTS, markdown_table, stamp, write_section  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load  # noqa: E402
 from infermux.cli.infer import parse_inputs  # noqa: E402
 
 SECTION = "CPU per request, by process"
-PEER_SECTION = "## Peer comparison: PyTriton"
 
 
 @dataclass(frozen=True)
@@ -100,7 +100,8 @@ def onnxruntime_call_us(calls: int = 2000, rounds: int = 5) -> float:
 def peer_qps(concurrency: int, results: Path = RESULTS) -> float | None:
     """PyTriton's QPS at `concurrency` in RESULTS.md's peer comparison table, if it is there."""
     text = results.read_text() if results.exists() else ""
-    section = text.split(PEER_SECTION, 1)[1].split("\n## ", 1)[0] if PEER_SECTION in text else ""
+    heading = f"## {PEER}\n"
+    section = text.split(heading, 1)[1].split("\n## ", 1)[0] if heading in text else ""
     rows = [line.split("|")[1:-1] for line in section.splitlines() if line.startswith("|")]
     if len(rows) < 3:
         return None
@@ -145,13 +146,17 @@ def measure(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, list[Round]]
         served = {name: stack.enter_context(serving(name, *chosen[name], tmp)) for name in order}
         for k in range(args.rounds):
             for name in order:
-                before = process_cpu_s(served[name].pid)
-                result, generator_s = generator.submit(timed_load, endpoints[name], inputs, args.concurrency,
+                generator_s: list[float] = []
+
+                def run(name: str = name) -> BenchResult:
+                    result, seconds = generator.submit(timed_load, endpoints[name], inputs, args.concurrency,
                                                        args.duration, args.warmup).result()
-                # The server's CPU spans the warm-up too; so does its count of requests here.
-                server_s = process_cpu_s(served[name].pid) - before
-                rounds[name].append(Round(result, server_s * 1e6 / (result.requests + args.warmup),
-                                          generator_s * 1e6 / max(1, result.requests)))
+                    generator_s.append(seconds)
+                    return result
+
+                result, server_us = cpu_per_request(served[name], args.warmup, run)
+                assert server_us is not None
+                rounds[name].append(Round(result, server_us, generator_s[0] * 1e6 / max(1, result.requests)))
                 print(f"round {k + 1}/{args.rounds} {name}: {result.qps:,.0f} QPS, server "
                       f"{rounds[name][-1].server_us:.1f} µs/req, load generator {rounds[name][-1].generator_us:.1f}",
                       flush=True)
