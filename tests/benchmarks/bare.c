@@ -92,24 +92,23 @@ static int put_string(Loop *loop, char *out, size_t room, size_t *at, PyObject *
     return rc;
 }
 
-/* Append the request's id: an int as digits, anything else as json.dumps gives it. */
+/* Append the request's id: an int that fits 64 bits as digits, anything else as json.dumps gives it. */
 static int put_id(Loop *loop, char *out, size_t room, size_t *at, PyObject *id) {
-    int n;
-    if (!id || id == Py_None) {
-        n = snprintf(out + *at, room - *at, "null");
-    } else if (PyLong_CheckExact(id)) {
-        n = snprintf(out + *at, room - *at, "%lld", PyLong_AsLongLong(id));
-    } else {
-        PyObject *text = PyObject_CallOneArg(loop->dumps, id);
-        if (!text)
-            return -1;
-        n = snprintf(out + *at, room - *at, "%s", PyUnicode_AsUTF8(text));
-        Py_DECREF(text);
+    if (!id || id == Py_None)
+        return put_raw(out, room, at, "null");
+    if (PyLong_CheckExact(id)) {
+        int overflow;
+        long long value = PyLong_AsLongLongAndOverflow(id, &overflow);
+        if (!overflow) {
+            char digits[24];
+            snprintf(digits, sizeof digits, "%lld", value);
+            return put_raw(out, room, at, digits);
+        }
     }
-    if (n < 0 || (size_t)n >= room - *at)
-        return -1;
-    *at += (size_t)n;
-    return 0;
+    PyObject *text = PyObject_CallOneArg(loop->dumps, id);
+    int rc = text ? put_raw(out, room, at, PyUnicode_AsUTF8(text)) : -1;
+    Py_XDECREF(text);
+    return rc;
 }
 
 /* The wire dtype of a buffer's struct format, or NULL. */

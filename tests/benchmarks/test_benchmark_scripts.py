@@ -187,6 +187,7 @@ def test_the_compiled_bare_loop_answers_what_onnxruntime_computes_and_refuses_ba
         images = np.random.default_rng(7).random((1, 3, 64, 64), dtype=np.float32)
         expected = OnnxRuntimeBackend().load(ENGINE, {"intra_op_num_threads": 1}).create_context().infer(
             {"images": images})
+        assert ask(encode_request("classifier", {"images": images}, id=2**70))[0]["id"] == 2**70  # past 64 bits
         header, tensors = ask(encode_request("classifier", {"images": images}, id="cam \"1\""))
         assert header["id"] == 'cam "1"' and header["status"] == 200 and header["model"] == "classifier"
         (meta,) = header["outputs"]
