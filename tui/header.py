@@ -32,6 +32,8 @@ def daemon_line(d: dict[str, Any]) -> list[str]:
         parts.append(f"[yellow]{fmt.count(int(clients['refused_connections']))} conns refused[/]")
     if clients.get("idle_closed"):
         parts.append(f"[yellow]{fmt.count(int(clients['idle_closed']))} silent conns closed[/]")
+    if (d.get("wire") or {}).get("kind") == "python":  # the frontend runs pyzmq's slower calls (wire.py)
+        parts.append("[yellow]pyzmq wire[/]")
     if d.get("internal_errors"):
         parts.append(f"[b red]{d['internal_errors']} err[/]")
     return parts

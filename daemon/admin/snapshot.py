@@ -128,6 +128,8 @@ def daemon_view(server: "Server") -> dict[str, Any]:
         "version": __version__, "pid": os.getpid(), "uptime_s": round(time.time() - server.started, 1),
         "endpoints": server.endpoints, "config": str(server.config.path),
         "requests": server.requests, "accepting": not server.draining,
+        # The frontend's socket calls: compiled (transport/_wire.c) or pyzmq's, and why (wire.py).
+        "wire": {"kind": server.wire_choice.kind, "detail": server.wire_choice.describe()},
         "replies_too_large": server.replies_too_large,  # over max_reply_bytes: answered 413 instead
         # Requests of a kind whose reply was just over it: answered 413 without computing (oversize.py).
         "requests_refused_oversize": server.oversize.refused,

@@ -91,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"infermux {daemon['version']}  pid {daemon['pid']}  up {fmt.duration(daemon['uptime_s'])}  "
               f"{daemon['requests']} requests  {'accepting' if daemon['accepting'] else 'DRAINING'}  "
               f"models {fmt.size(mem['models_bytes'])} of budget {fmt.size(mem['budget_bytes'])}")
+        wire = daemon.get("wire") or {}
+        if wire.get("kind") == "python":  # the slower calls: say so, and what brings the compiled ones
+            print(f"frontend: {wire.get('detail', '')}")
         mps = daemon.get("mps") or {}
         if mps.get("mode", "off") != "off":  # cold workers as MPS clients (workers/mps.py)
             print(f"mps {mps['mode']}: {'active' if mps.get('active') else 'not active'}, {mps.get('detail', '')}")

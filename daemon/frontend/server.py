@@ -30,8 +30,7 @@ from infermux import config as cfg
 from infermux.config import HOT
 from infermux.transport import curve, ipc
 from infermux.transport.peers import PeerGuard
-from infermux.transport.multipart import recv_frames, send_frames
-from infermux.transport.waiting import message_waiting
+from infermux.transport.wire import Wire, choose, wire_for
 from infermux.events import EventLog, Throttle
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.inline import InlinePolicy
@@ -63,9 +62,6 @@ MAX_ENVELOPE = 8  # identity frames a proxy chain may add before the delimiter
 BURST = 64  # messages handled per socket before looking at the other one
 QUIET_MS = 50  # at shutdown: how long the socket must stay empty before it is closed
 REFUSE_S = 1.0  # ... and the longest it goes on refusing requests before closing anyway
-# Frames from this size on are parsed in place in ZeroMQ's buffer (no copy into a bytes
-# object); smaller ones, headers and envelopes, are cheaper as bytes.
-BIG_FRAME = 4096
 STALLED_RETRY_MS = 100  # the retry time in the 429 a peer gets while its replies are dropped (peers.py)
 _TOO_LARGE = Throttle()  # replies over max_reply_bytes: a few lines per interval, then counted
 _REFUSED_OVERSIZE = Throttle()  # requests refused uncomputed for such a reply: the same
@@ -111,6 +107,8 @@ class Server:
                                    self._model_inputs, self.limits)
         self.router.pipelines = self.pipelines.by_name
         self.frontend: zmq.Socket | None = None
+        self.wire_choice = choose()  # the frontend's socket calls: compiled or pyzmq's (wire.py)
+        self.wire: Wire  # the calls on `frontend`, made in bind()
         self.stopping = False
         self.draining = False  # admin `drain`: refuse new requests until `resume`
         self._reload_lock = threading.Lock()
@@ -248,7 +246,7 @@ class Server:
 
     def _others_waiting(self) -> bool:
         """Whether more requests sit in the socket right now (what the inline limits depend on)."""
-        return self.frontend is not None and message_waiting(self.frontend)
+        return self.frontend is not None and self.wire.waiting()
 
     # -- lifecycle -----------------------------------------------------------
 
@@ -275,7 +273,8 @@ class Server:
                                    f"or is the directory not writable? (see --runtime-dir)") from None
             ipc.secure(endpoint)
             self.events.emit("listening", endpoint=endpoint)
-        self.frontend = sock
+        self.frontend, self.wire = sock, wire_for(sock, self.wire_choice)
+        self.events.emit("wire", calls=self.wire_choice.kind, detail=self.wire_choice.describe())
         self._poller.register(sock, zmq.POLLIN)
         self._poller.register(self._bell, zmq.POLLIN)
         self._bind_regions()
@@ -479,7 +478,7 @@ class Server:
         if self.mirror.pending:
             self.mirror.on_reply(frames, _delimiter(frames))
         try:
-            send_frames(self.frontend, frames, blocking=False, copy=size < 1 << 20)
+            self.wire.send(frames, copy=size < 1 << 20)
         except zmq.Again:  # only the identity frame can meet a full pipe: nothing was queued
             self.peers.dropped(frames[0])
             return
@@ -531,11 +530,10 @@ class Server:
             if n and not self._others_waiting():  # asked, not tried (waiting.py)
                 return
             try:
-                parts = recv_frames(self.frontend, blocking=False)
+                frames, fd = self.wire.recv()
             except zmq.Again:  # the poll's readiness can be stale
                 return
-            self.peers.hear(parts)  # this connection speaks: never closed as idle
-            frames = [p.bytes if len(p) < BIG_FRAME else p.buffer for p in parts]
+            self.peers.hear_fd(fd)  # this connection speaks: never closed as idle
             self.requests += 1
             if self._outbox:  # executors' replies go out between requests, not after the whole burst
                 self._forward_replies()

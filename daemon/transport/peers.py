@@ -56,6 +56,7 @@ import zmq
 from zmq.utils.monitor import parse_monitor_message
 
 from infermux.transport.oversize import DropWatch
+from infermux.transport.wire import source_fd
 
 log = logging.getLogger("infermux.peers")
 
@@ -65,7 +66,6 @@ _EVENTS = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_MONITOR_STOPPE
 # yet closed by libzmq. The connection bound stays this far under the table's end.
 MONITOR_LEAD = 2048
 MIN_GUARANTEED = 64  # below this many connections the lead is not kept: the bound would be useless
-SRCFD = int(zmq.SRCFD)  # a message's descriptor (Frame.get); a plain int: pyzmq's enum conversion costs more
 # A connection that has sent nothing this long after the guard judged it is silent, and may be
 # shut down to make room: a client's first request is read within milliseconds on a busy box.
 SILENT_GRACE_S = 0.5
@@ -249,13 +249,13 @@ class PeerGuard:
             log.warning(message, self.name, *args)
 
     def hear(self, parts: list[zmq.Frame]) -> None:
-        """The owner read the message `parts` (identity first): its connection speaks. The
-        descriptor is read off the last frame, one from the wire: libzmq 4.3.4 (Debian 12,
-        Ubuntu 22.04) gives the identity frame of a message the ROUTER prefetched for a poll no
-        properties. A message libzmq keeps no descriptor for (inproc) is not counted."""
-        try:
-            fd = parts[-1].get(SRCFD)
-        except zmq.ZMQError:
+        """The owner read the message `parts` (identity first) through pyzmq: its connection speaks."""
+        self.hear_fd(source_fd(parts))
+
+    def hear_fd(self, fd: int) -> None:
+        """The owner read a message from the connection on descriptor `fd` (wire.py: -1 for none,
+        as on inproc, which is not counted): it speaks, so it is never closed as idle."""
+        if fd < 0:
             return
         self.heard.add(fd)
         if self.drops is not None:

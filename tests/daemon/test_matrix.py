@@ -36,7 +36,7 @@ import pytest
 from support.harness import Daemon
 from infermux.client import Pipeline, Reply, SharedMemory
 from infermux.frontend.pacing import FIRST_HOLD_S
-from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement
+from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement, placement_daemon
 from support.polling import eventually
 from support.procfs import nice_values
 from support.publish import PROBE, publish, wait_served
@@ -146,7 +146,7 @@ def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     for model in WATCHED:
         publish(watched, model, 1, offset=1, width=512 if model == "ov" else 4)
     publish_copy(engines / SLOW, watched, "ss", 1)
-    d = Daemon(workdir, config_text(name, engines, watched)).start()
+    d = placement_daemon(name, workdir, config_text(name, engines, watched))
     try:
         move_all(d, name)
         yield Placement(name, d, engines, watched)

@@ -1,8 +1,8 @@
 """The feature matrix's pipeline row: a pipeline's model step × each placement of that model.
 
 A pipeline calls ordinary models (docs/pipelines.md): hot or cold, with a
-fallback, swapped, drained. Each placement (the matrix's four: hot,
-cold, promoted, demoted) gets one daemon serving three copies of the test
+fallback, swapped, drained. Each placement (the matrix's five: hot,
+cold, promoted, demoted, and hot on pyzmq's socket calls) gets one daemon serving three copies of the test
 classifier behind a `decode → resize → normalize → model → classify`
 pipeline each: `cls` (with the always-hot fallback `ref`), `cnf` (no
 fallback) and `csw` (in the watched engine_dir, for the swap). A fourth
@@ -27,7 +27,7 @@ import zmq
 from support import models, tracking
 from support.harness import Daemon
 # `cell` (tests/daemon/conftest.py) takes this module's `placed`, and fails a cell on a traceback or a 500.
-from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement
+from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement, placement_daemon
 from support.polling import eventually
 from support.procfs import nice_values
 from support.tracking import every_nth, id_switches, idf1, replay
@@ -102,7 +102,7 @@ def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     watched = workdir / "engines"
     for model in ("csw", *TRACKED_MODELS):
         publish_version(watched, model, 1)
-    d = Daemon(workdir, config_text(name, watched)).start()
+    d = placement_daemon(name, workdir, config_text(name, watched))
     try:
         if name in MOVES:
             with d.admin(timeout_s=60) as admin:

@@ -53,3 +53,15 @@ def test_status_shows_each_versions_weight_and_share_and_marks_the_default_only_
         admin.call("pin", model="addone", version="1")
     shares = {(m["name"], m["version"]): m["traffic_share"] for m in json.loads(status(d, "--json"))["models"]}
     assert (shares[("addone", "1")], shares[("addone", "2")]) == (100.0, 0.0)  # pinned: all of it
+
+
+def test_status_says_when_the_frontend_runs_pyzmqs_calls_and_the_log_says_which_run(make_daemon):
+    from infermux.transport.wire import choose
+
+    slow = make_daemon(TWO_VERSIONS_AND_FAST, env={"INFERMUX_WIRE": "python"})
+    assert "frontend: pyzmq's socket calls: INFERMUX_WIRE=python is set" in status(slow)
+    assert json.loads(status(slow, "--json"))["daemon"]["wire"]["kind"] == "python"
+    assert "wire calls=python" in slow.log()
+    default = make_daemon(TWO_VERSIONS_AND_FAST)
+    assert f"wire calls={choose().kind}" in default.log()
+    assert ("frontend:" in status(default)) == (not choose().compiled)

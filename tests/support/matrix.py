@@ -11,11 +11,26 @@ from typing import Iterator
 
 import pytest
 
+from infermux.transport.wire import choose
 from support.harness import Daemon
 
-PLACEMENTS = ("hot", "cold", "promoted", "demoted")
+# "pyzmq": hot, on a daemon whose frontend runs pyzmq's socket calls instead of the compiled ones
+# (transport/wire.py), so that every behaviour is checked through both.
+PLACEMENTS = ("hot", "cold", "promoted", "demoted", "pyzmq")
 WITH_WORKER = ("cold", "demoted")  # where the version ends up in a worker process
 MOVES = {"promoted": "promote", "demoted": "demote"}
+IN_DAEMON = ("hot", "promoted", "pyzmq")  # where the version ends up in the daemon's process
+WIRE_ENV = {"pyzmq": {"INFERMUX_WIRE": "python"}}  # the placements' environments, where they need one
+
+
+def placement_daemon(name: str, workdir: Path, config_text: str) -> Daemon:
+    """Placement `name`'s daemon, started, with the frontend's socket calls the placement says."""
+    d = Daemon(workdir, config_text, env=WIRE_ENV.get(name)).start()
+    with d.admin() as admin:
+        wire = admin.call("status")["daemon"]["wire"]
+    expected = "python" if name in WIRE_ENV else choose().kind  # compiled wherever the extension was built
+    assert wire["kind"] == expected, wire
+    return d
 
 
 @dataclass
@@ -30,7 +45,7 @@ class Placement:
     @property
     def where(self) -> str:
         """What admin `models` says of a placed version: "hot" or "cold"."""
-        return "hot" if self.name in ("hot", "promoted") else "cold"
+        return "hot" if self.name in IN_DAEMON else "cold"
 
 
 def counted_500(d: Daemon) -> dict[tuple[str, str], int]:

@@ -511,6 +511,18 @@ def test_the_header_shows_clients_held_off_only_when_there_are_some() -> None:
     assert "12k replies dropped · 7 conns refused · 40 silent conns closed" in first, first
 
 
+def test_the_header_says_when_the_frontend_runs_pyzmqs_slower_calls() -> None:
+    from support import tui_data
+
+    from infermux.tui.header import status_text
+
+    snap = tui_data.snapshot()
+    snap["daemon"]["wire"] = {"kind": "compiled", "detail": "compiled socket calls (libzmq 4.3.5)"}
+    assert "wire" not in status_text(snap)
+    snap["daemon"]["wire"] = {"kind": "python", "detail": "pyzmq's socket calls: INFERMUX_WIRE=python is set"}
+    assert "pyzmq wire" in status_text(snap)
+
+
 async def test_the_models_table_has_an_error_rate_and_a_qps_trend_per_row() -> None:
     from support import tui_data
 

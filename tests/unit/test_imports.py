@@ -65,6 +65,8 @@ ALLOWED_LOCAL = {
     ("infermux.cli.common", "*"): "shared by the subcommands' parsers: numpy, zmq and the config parser load "
                                   "only when a command runs, so `infermux --help` stays fast",
     ("infermux.tui.top", "*"): "`infermux top` imports the console (textual) only when it runs",
+    ("infermux.transport.wire", "infermux.transport"): "the compiled socket calls (`_wire`) are optional: "
+                                                       "imported where their absence is handled",
     ("infermux.tui.app", "infermux.tui.views.routing"): "a view module loaded when its view is first shown",
     ("infermux.tui.actions", "infermux.cli.ctl"): "the console's command line parses values as `ctl` does, "
                                                    "imported on the first command typed",
