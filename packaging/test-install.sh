@@ -1,22 +1,23 @@
 #!/bin/bash
-# The install test: build the .deb as sbuild would (a clean chroot holding
+# The install test: build the .debs as sbuild would (a clean chroot holding
 # only build-essential and debian/control's Build-Depends, no network, an
-# unprivileged user), install it into another fresh Debian 12 chroot, check
-# what it set up, run the daemon from it, upgrade to a second build
+# unprivileged user), install infermux and infermux-wire (its compiled
+# socket calls) into another fresh Debian 12 chroot, check
+# what they set up, run the daemon from them, upgrade to a second build
 # (0.1.1: a changed default in the shipped config, a new sample engine)
 # over an operator's edits, downgrade, remove, purge.
 #
 #   sudo packaging/test-install.sh            (KEEP=1 keeps the work dir)
 #   sudo BUILD_ONLY=DIR packaging/test-install.sh
-#                                             (build 0.1.0 only, copy it to DIR)
+#                                             (build 0.1.0 only, copy its two .debs to DIR)
 #
 # Needs root, debootstrap and network access to deb.debian.org and PyPI.
 # The minbase chroot and the build chroot (keyed by debian/control) are
 # cached as tarballs and the downloaded .debs and wheels are cached too
 # (INFERMUX_TEST_CACHE, default /var/cache/infermux-test), so reruns skip
-# debootstrap and the build dependencies' installation. The 0.1.0 .deb is
+# debootstrap and the build dependencies' installation. The 0.1.0 .debs are
 # kept too, keyed by the source tree's hash: BUILD_ONLY (the arm64 install
-# test, tests/system/test_install_arm64.py) reuses it when the tree is unchanged.
+# test, tests/system/test_install_arm64.py) reuses them when the tree is unchanged.
 #
 # No systemd runs in a chroot: the daemon is started directly, as user
 # infermux (setpriv), the way the unit would start it; the service's restart
@@ -34,6 +35,8 @@ BUILD_ONLY=${BUILD_ONLY:-}
 WORK=$(mktemp -d /tmp/infermux-install.XXXXXX)
 ROOT=$WORK/root
 BUILDER=$WORK/builder
+# infermux-wire is built for the build chroot's architecture, which is the host's (debootstrap's default).
+ARCH=$(dpkg --print-architecture)
 NOBODY=65534   # nobody:nogroup in Debian's base-passwd: the unprivileged builder
 DAEMON_PID=
 declare -a SUMMARY=()
@@ -193,42 +196,61 @@ build() {
     next_version "$BUILDER/build/v2" && chown -R $NOBODY:$NOBODY "$BUILDER/build" || return 1
     build_in v1 && build_in v2 || return 1
     DEB=$(ls "$BUILDER"/build/infermux_0.1.0_all.deb) && DEB2=$(ls "$BUILDER"/build/infermux_0.1.1_all.deb) &&
-        echo "built $(basename "$DEB") and $(basename "$DEB2")" && keep_deb
+    WIRE=$(ls "$BUILDER/build/infermux-wire_0.1.0_$ARCH.deb") && WIRE2=$(ls "$BUILDER/build/infermux-wire_0.1.1_$ARCH.deb") &&
+        echo "built $(basename "$DEB"), $(basename "$WIRE") and 0.1.1's" && packages_split && keep_deb
 }
 
-# The 0.1.0 .deb of this source tree, kept for BUILD_ONLY (one tree at a time).
+# packages_split: the compiled extension is infermux-wire's only file, and in no other package.
+packages_split() {
+    local files
+    files=$(dpkg-deb -c "$WIRE" | awk '$6 !~ /\/$/ {print $6}' | grep -v '^\./usr/share/doc/infermux-wire/')
+    echo "infermux-wire: $files"
+    [ -n "$files" ] && ! grep -qv '^\./usr/lib/python3/dist-packages/infermux/transport/_wire\..*\.so$' <<<"$files" ||
+        { echo "infermux-wire must hold the compiled extension and nothing else"; return 1; }
+    if dpkg-deb -c "$DEB" | grep -E '\.so(\.|$)'; then echo "infermux (Architecture: all) holds the compiled files above"; return 1; fi
+    dpkg-deb -f "$DEB" Recommends | grep -qx 'infermux-wire' &&
+    dpkg-deb -f "$WIRE" Depends | grep -q 'infermux (= 0\.1\.0)' &&
+        echo "infermux Recommends infermux-wire; infermux-wire Depends on infermux (= 0.1.0)"
+}
+
+# The 0.1.0 .debs of this source tree, kept for BUILD_ONLY (one tree at a time):
+# kept_deb PACKAGE ARCH says where.
 kept_deb() {
     local key
     key=$(cd "$WORK/deb/src" && find . -type f -print0 | LC_ALL=C sort -z | xargs -0 sha256sum | sha256sum | cut -c1-16)
-    echo "$CACHE/debs/infermux_0.1.0_all-$key.deb"
+    echo "$CACHE/debs/${1}_0.1.0_$2-$key.deb"
 }
 keep_deb() {
-    local kept; kept=$(kept_deb)
-    mkdir -p "$CACHE/debs" && find "$CACHE/debs" -name 'infermux_*.deb' -delete &&
+    local kept wire; kept=$(kept_deb infermux all) wire=$(kept_deb infermux-wire "$ARCH")
+    mkdir -p "$CACHE/debs" && find "$CACHE/debs" \( -name 'infermux_*.deb' -o -name 'infermux-wire_*.deb' \) -delete &&
+        cp "$WIRE" "$wire.tmp" && mv "$wire.tmp" "$wire" &&
         cp "$DEB" "$kept.tmp" && mv "$kept.tmp" "$kept"
 }
 
-# BUILD_ONLY: 0.1.0 alone, or the .deb kept from an earlier build of the same tree.
+# BUILD_ONLY: 0.1.0 alone, or the .debs kept from an earlier build of the same tree.
 build_only() {
-    local kept; kept=$(kept_deb)
-    if [ ! -s "$kept" ]; then
+    local kept wire; kept=$(kept_deb infermux all) wire=$(kept_deb infermux-wire "$ARCH")
+    if [ ! -s "$kept" ] || [ ! -s "$wire" ]; then
         step "Debian 12 minbase chroot (cached: $CACHE)" base &&
         step "build chroot: build-essential + Build-Depends only (cached per debian/control)" builder || return 1
         mkdir -p "$BUILDER/build/wheels" && cp "$WHEELS"/*.whl "$BUILDER/build/wheels/" &&
         cp -a "$WORK/deb/src" "$BUILDER/build/v1" && chown -R $NOBODY:$NOBODY "$BUILDER/build" || return 1
         step "build 0.1.0 there, as nobody, offline (tests included)" build_in v1 || return 1
-        DEB=$BUILDER/build/infermux_0.1.0_all.deb && keep_deb || return 1
+        DEB=$BUILDER/build/infermux_0.1.0_all.deb WIRE=$BUILDER/build/infermux-wire_0.1.0_$ARCH.deb &&
+            packages_split && keep_deb || return 1
     fi
-    mkdir -p "$BUILD_ONLY" && cp "$kept" "$BUILD_ONLY/infermux_0.1.0_all.deb" && echo "$BUILD_ONLY/infermux_0.1.0_all.deb from $kept"
+    mkdir -p "$BUILD_ONLY" && cp "$kept" "$BUILD_ONLY/infermux_0.1.0_all.deb" &&
+        cp "$wire" "$BUILD_ONLY/infermux-wire_0.1.0_$ARCH.deb" &&
+        echo "$BUILD_ONLY/infermux_0.1.0_all.deb from $kept, $BUILD_ONLY/infermux-wire_0.1.0_$ARCH.deb from $wire"
 }
 
 install_deb() {
-    cp "$DEB" "$DEB2" "$ROOT/tmp/" &&
+    cp "$DEB" "$DEB2" "$WIRE" "$WIRE2" "$ROOT/tmp/" &&
     in_root apt-get update -q >/dev/null &&
     in_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-        "/tmp/$(basename "$DEB")" >"$WORK/apt.log" 2>&1 || { tail -30 "$WORK/apt.log"; return 1; }
+        "/tmp/$(basename "$DEB")" "/tmp/$(basename "$WIRE")" >"$WORK/apt.log" 2>&1 || { tail -30 "$WORK/apt.log"; return 1; }
     grep -E '^(Setting up|Unpacking) infermux' "$WORK/apt.log"
-    in_root dpkg-query -W -f='${Status} ${Version}\n' infermux
+    in_root dpkg-query -W -f='${Package} ${Status} ${Version} ${Architecture}\n' infermux infermux-wire
 }
 
 check_user() {
@@ -407,6 +429,15 @@ doctor() {
     in_root infermux doctor --config /etc/infermux/infermux.toml
 }
 
+compiled_calls() {
+    # infermux-wire's extension imports with the installed Python and libzmq, and the daemon uses it.
+    local out
+    in_root dpkg -S '/usr/lib/python3/dist-packages/infermux/transport/_wire.*.so' || return 1
+    out=$(in_root infermux doctor --config /etc/infermux/infermux.toml 2>&1)
+    grep -i 'socket calls' <<<"$out"
+    grep -q 'compiled socket calls' <<<"$out" || { echo "doctor does not report the compiled socket calls"; return 1; }
+}
+
 operator_edits() {
     # As an operator would: a setting changed in the conffile, an engine deployed.
     sed -i 's/^contexts = 2$/contexts = 1  # edited by the operator/' "$ROOT/etc/infermux/infermux.toml" &&
@@ -426,14 +457,15 @@ kept_by_operator() {
     echo "operator's config and engine kept"
 }
 
-# apt_deb DEB [apt options]: install a built .deb keeping the operator's conffile
-# (what answering "N" to dpkg's prompt does; the package's is left as .dpkg-dist).
+# apt_deb VERSION [apt options]: install that build's two .debs together (infermux-wire
+# depends on the very version of infermux) keeping the operator's conffile (what
+# answering "N" to dpkg's prompt does; the package's is left as .dpkg-dist).
 apt_deb() {
-    local deb=$1; shift
+    local version=$1; shift
     apt_in "$ROOT" -o Dpkg::Options::=--force-confdef -o Dpkg::Options::=--force-confold "$@" \
-        install "/tmp/$(basename "$deb")" >"$WORK/apt-$(basename "$deb").log" 2>&1 ||
-        { tail -30 "$WORK/apt-$(basename "$deb").log"; return 1; }
-    in_root dpkg-query -W -f='${Status} ${Version}\n' infermux
+        install "/tmp/infermux_${version}_all.deb" "/tmp/infermux-wire_${version}_$ARCH.deb" \
+        >"$WORK/apt-$version.log" 2>&1 || { tail -30 "$WORK/apt-$version.log"; return 1; }
+    in_root dpkg-query -W -f='${Package} ${Status} ${Version}\n' infermux infermux-wire
 }
 
 fake_systemd() {
@@ -451,18 +483,18 @@ unit_stopped() {
 }
 
 installed_is() {
-    [ "$(in_root dpkg-query -W -f='${Version}' infermux)" = "$1" ] || { echo "not version $1"; return 1; }
+    [ "$(in_root dpkg-query -W -f='${Version} ' infermux infermux-wire)" = "$1 $1 " ] || { echo "not both at version $1"; return 1; }
 }
 
 upgrade_disabled() {
-    apt_deb "$DEB2" && installed_is 0.1.1 && kept_by_operator &&
+    apt_deb 0.1.1 && installed_is 0.1.1 && kept_by_operator &&
     grep -q '^contexts = 3$' "$ROOT/etc/infermux/infermux.toml.dpkg-dist" && echo "new default offered as .dpkg-dist" &&
     in_root test -f /usr/share/infermux/engines/mlp/1/model.onnx && echo "new sample engine installed" &&
     grep -q "is-enabled" "$ROOT/run/fake-systemd/calls" && unit_stopped
 }
 
 downgrade_disabled() {
-    apt_deb "$DEB" --allow-downgrades && installed_is 0.1.0 && kept_by_operator &&
+    apt_deb 0.1.0 --allow-downgrades && installed_is 0.1.0 && kept_by_operator &&
     ! in_root test -e /usr/share/infermux/engines/mlp && echo "0.1.1's sample engine removed" && unit_stopped
 }
 
@@ -476,7 +508,7 @@ enable_and_start() {
 
 upgrade_running() {
     local before; before=$(unit_pid)
-    apt_deb "$DEB2" && installed_is 0.1.1 && kept_by_operator || return 1
+    apt_deb 0.1.1 && installed_is 0.1.1 && kept_by_operator || return 1
     [ -n "$(unit_pid)" ] && [ "$(unit_pid)" != "$before" ] || { echo "not restarted (pid $before -> $(unit_pid))"; return 1; }
     echo "restarted: pid $before -> $(unit_pid)"
     answers classifier mine ||
@@ -486,22 +518,23 @@ upgrade_running() {
 remove() {
     apt_in "$ROOT" remove infermux >"$WORK/remove.log" 2>&1 || { tail -20 "$WORK/remove.log"; return 1; }
     # Debian policy: remove stops the service and keeps the configuration, the
-    # state and the user.
+    # state and the user. infermux-wire goes with infermux, which it depends on.
+    grep -q '^Removing infermux-wire ' "$WORK/remove.log" || { echo "infermux-wire not removed"; return 1; }
     unit_stopped && ! in_root test -e /usr/bin/infermux && kept_by_operator && in_root getent passwd infermux >/dev/null &&
     in_root dpkg-query -W -f='${Status}\n' infermux | grep -q config-files && echo "binaries gone; config, engines, user kept"
 }
 
 purge() {
-    in_root env DEBIAN_FRONTEND=noninteractive apt-get purge -y -q infermux >"$WORK/purge.log" 2>&1 ||
+    in_root env DEBIAN_FRONTEND=noninteractive apt-get purge -y -q infermux infermux-wire >"$WORK/purge.log" 2>&1 ||
         { tail -20 "$WORK/purge.log"; return 1; }
     local left=0 p
     for p in /etc/infermux /var/lib/infermux /usr/lib/infermux /usr/share/infermux /usr/bin/infermux \
              /usr/lib/python3/dist-packages/infermux /lib/systemd/system/infermux.service \
              /usr/lib/sysusers.d/infermux.conf /usr/lib/tmpfiles.d/infermux.conf \
-             /usr/share/bash-completion/completions/infermux /usr/share/doc/infermux; do
+             /usr/share/bash-completion/completions/infermux /usr/share/doc/infermux /usr/share/doc/infermux-wire; do
         if [ -e "$ROOT$p" ]; then echo "left behind: $p"; left=1; fi
     done
-    if in_root dpkg-query -W -f='${Status}\n' infermux 2>/dev/null | grep -q installed; then
+    if in_root dpkg-query -W -f='${Status}\n' infermux infermux-wire 2>/dev/null | grep -q ' installed'; then
         echo "still known to dpkg as installed"; left=1
     fi
     in_root getent passwd infermux >/dev/null && echo "user infermux kept (Debian practice: uids are not recycled)"
@@ -512,14 +545,14 @@ purge() {
 
 step "copy the tree, fetch the pinned wheels" prepare || exit
 if [ -n "$BUILD_ONLY" ]; then
-    step "infermux_0.1.0_all.deb into $BUILD_ONLY (kept per source tree: $CACHE/debs)" build_only
+    step "infermux_0.1.0_all.deb and infermux-wire_0.1.0_$ARCH.deb into $BUILD_ONLY (kept per source tree: $CACHE/debs)" build_only
     exit
 fi
 step "Debian 12 minbase chroot (cached: $CACHE)" base || exit
 step "build chroot: build-essential + Build-Depends only (cached per debian/control)" builder || exit
-step "build 0.1.0 and 0.1.1 there, as nobody, offline (tests included)" build || exit
+step "build 0.1.0 and 0.1.1 there, as nobody, offline (tests included); the .so in infermux-wire alone" build || exit
 step "mount /proc /sys /dev in the install chroot" mounts "$ROOT" || exit
-step "apt install ./infermux_0.1.0_all.deb" install_deb || exit
+step "apt install ./infermux_0.1.0_all.deb ./infermux-wire_0.1.0_$ARCH.deb" install_deb || exit
 step "system user and group infermux" check_user
 step "/var/lib/infermux{,/engines} owned by infermux, engines/ by group infermux-admin" check_dirs
 step "unit installed, not enabled, systemd-analyze verify clean" check_unit
@@ -531,6 +564,7 @@ step "onnxruntime from PyPI ($ORT)" install_backend
 step "packaged backend runs the sample engine as infermux" run_backend
 step "daemon as infermux answers 200, exits 0 on SIGTERM" run_daemon
 step "infermux doctor: no failure on a CPU-only box" doctor
+step "infermux doctor: compiled socket calls (infermux-wire)" compiled_calls
 step "operator edits the config and deploys an engine" operator_edits || exit
 step "systemctl stand-in for the maintainer scripts" fake_systemd || exit
 step "upgrade to 0.1.1 (disabled): config kept, .dpkg-dist offered, engine untouched, not started" upgrade_disabled

@@ -9,7 +9,8 @@
 #
 # Environment: BASE (another base image), TAG (default infermux:VERSION-VARIANT),
 # ENGINE (podman, buildah or docker; the first found), PYTHON (the host Python
-# whose pip makes the wheelhouse), OFFLINE=1 (put every dependency in the
+# whose setuptools makes infermux's sdist and whose pip fetches the
+# wheelhouse), OFFLINE=1 (put every dependency in the
 # wheelhouse and build without a package index: the host's Python version and
 # architecture must then be the image's).
 #
@@ -37,13 +38,21 @@ CTX=$(mktemp -d "${TMPDIR:-/tmp}/infermux-image.XXXXXX")
 trap 'rm -rf "$CTX"' EXIT
 cp "$HERE/Containerfile" "$HERE/infermux.toml" "$CTX/"
 mkdir "$CTX/wheels"
-echo "wheelhouse: infermux $VERSION${OFFLINE:+ and its dependencies ($extras)}" >&2
-"$PYTHON" -m pip wheel --quiet --no-deps --wheel-dir "$CTX/wheels" "$REPO" >&2
+echo "wheelhouse: infermux $VERSION's sdist${OFFLINE:+ and its dependencies ($extras)}" >&2
+# An sdist, not a wheel: the image builds it, so the compiled socket calls (a C extension) are made for the
+# image's architecture and Python, not this machine's. The project's own build backend makes it.
+"$PYTHON" -c 'import setuptools' 2>/dev/null ||
+    { echo "build.sh: $PYTHON has no setuptools to make infermux's sdist: $PYTHON -m pip install setuptools" >&2; exit 1; }
+(cd "$REPO" && "$PYTHON" -c 'import sys; sys.path.insert(0, "packaging"); import infermux_build
+infermux_build.build_sdist(sys.argv[1])' "$CTX/wheels") >&2
 offline=0
 if [ "${OFFLINE:-0}" = 1 ]; then
     offline=1
+    # With no index, the image's pip builds the sdist with what pyproject.toml's [build-system] requires
+    # (unquoted below: one argument a requirement) from here.
+    build_requires=$(sed -n '/^\[build-system\]/,/^\[/ s/^requires = \[\(.*\)\]$/\1/p' "$REPO/pyproject.toml" | tr -d '" ' | tr ',' ' ')
     "$PYTHON" -m pip download --quiet --only-binary=:all: --dest "$CTX/wheels" \
-        "$(ls "$CTX"/wheels/infermux-*.whl)[$extras]" >&2
+        "$(ls "$CTX"/wheels/infermux-*.tar.gz)[$extras]" $build_requires >&2
 fi
 
 case $(basename "$ENGINE") in   # HEALTHCHECK is kept only in the docker image format

@@ -384,6 +384,13 @@ def test_the_cpu_image_builds_and_answers_a_request(podman: dict[str, str], tmp_
         status = subprocess.run(["podman", "exec", name, "infermux", "status"], env=podman, capture_output=True,
                                 text=True, timeout=60)  # $INFERMUX_CONFIG in the image names the sockets
         assert status.returncode == 0 and "classifier" in status.stdout, status.stdout + status.stderr
+        # The image built infermux's sdist, its C extension included, with a compiler it then removed.
+        doctor = subprocess.run(["podman", "exec", name, "infermux", "doctor"], env=podman, capture_output=True,
+                                text=True, timeout=120)
+        assert "compiled socket calls" in doctor.stdout, doctor.stdout + doctor.stderr
+        compilers = subprocess.run(["podman", "exec", name, "sh", "-c", "command -v gcc cc || true"], env=podman,
+                                   capture_output=True, text=True, timeout=60)
+        assert compilers.stdout.strip() == "", compilers.stdout
         subprocess.run(["podman", "stop", "-t", "20", name], env=podman, check=True, capture_output=True,
                        timeout=60)
         code = subprocess.run(["podman", "inspect", name, "--format", "{{.State.ExitCode}}"], env=podman,

@@ -1,8 +1,10 @@
 """The install test (packaging/test-install.sh), run where the machine allows.
 
-It builds the .deb in a clean chroot from its declared Build-Depends,
-installs it into a fresh Debian 12 chroot, serves requests from the
-installed daemon, upgrades, downgrades, removes and purges it: a few
+It builds the two .debs (infermux, and infermux-wire: the compiled socket
+calls) in a clean chroot from the declared Build-Depends, installs both
+into a fresh Debian 12 chroot, checks that the daemon uses the compiled
+calls, serves requests from the installed daemon, upgrades, downgrades,
+removes and purges them: a few
 minutes, so it runs under CI (CI=true) or with INFERMUX_INSTALL_TEST=1, as
 root. In CI the host tools it needs (debootstrap) are installed
 (tests/support/system_packages.py); elsewhere it skips and says how to run it.
@@ -36,6 +38,7 @@ def test_the_deb_builds_installs_upgrades_and_purges_cleanly() -> None:
     print(summary)  # each step's verdict and seconds: pytest -rP shows it
     assert proc.returncode == 0, summary or proc.stdout[-3000:] + proc.stderr[-3000:]
     passed = [line for line in summary.splitlines() if line.startswith("PASS")]
-    for step in ("build 0.1.0 and 0.1.1", "daemon as infermux answers 200", "not started",
-                 "downgrade", "restarted, serves", "apt remove stops it", "apt purge"):
+    for step in ("build 0.1.0 and 0.1.1", "the .so in infermux-wire alone", "daemon as infermux answers 200",
+                 "compiled socket calls", "not started", "downgrade", "restarted, serves", "apt remove stops it",
+                 "apt purge"):
         assert any(step in line for line in passed), summary

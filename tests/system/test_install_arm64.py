@@ -1,8 +1,12 @@
 """The Debian package on arm64 (the Jetson's architecture), in an emulated Debian 12 arm64 userland.
 
-The .deb is the install test's build (packaging/test-install.sh with
-BUILD_ONLY: the same clean build chroot, and the very .deb when that test
-already built this source tree). A Debian bookworm arm64 minbase chroot,
+The .deb is the install test's build of infermux_0.1.0_all.deb (packaging/test-install.sh
+with BUILD_ONLY: the same clean build chroot, and the very .deb when that test
+already built this source tree). infermux-wire, the compiled socket calls, is
+Architecture: any and built there for x86-64 only (an arm64 build under
+emulation would take minutes): the chroot gets infermux alone, as on an arm64
+machine without infermux-wire, and `doctor` must say the daemon runs pyzmq's
+socket calls. A Debian bookworm arm64 minbase chroot,
 made by debootstrap and run through qemu-user-static (binfmt_misc), gets
 the package's declared Depends with apt and onnxruntime's aarch64 wheel the
 way README.Debian tells a user; both are cached as a tarball keyed by the
@@ -236,7 +240,7 @@ def test_the_deb_installs_serves_and_purges_on_arm64(emulator: system_packages.E
             steps("the daemon and the cold worker run the aarch64 python",
                   lambda: _runs_aarch64(c, emulator, service))
             steps("infermux top draws the models in a pseudo-terminal", lambda: _console(c))
-            steps("infermux doctor: exit 0, sees an aarch64 box", lambda: _doctor(c))
+            steps("infermux doctor: exit 0, sees an aarch64 box, pyzmq's socket calls", lambda: _doctor(c))
             steps("systemctl stop: SIGTERM, exit 0, no process left", lambda: _stops(service))
         finally:
             service.close()
@@ -362,6 +366,9 @@ def _doctor(c: Chroot) -> None:
     assert f" on {MACHINE} " in checks["Python"]["detail"], checks["Python"]
     assert "CPUExecutionProvider" in checks["onnxruntime"]["detail"], checks["onnxruntime"]
     assert checks["GPU"]["status"] == "WARN", checks["GPU"]  # no Jetson, no NVML: said, not failed
+    # Only infermux is installed (infermux-wire is not built for arm64 here): the daemon served above without
+    # the compiled extension, and doctor says so.
+    assert "pyzmq's socket calls" in r.stdout, r.stdout
 
 
 def _stops(service: systemd_unit.Service) -> None:
