@@ -13,7 +13,9 @@ servers on ipc, rounds alternating between them:
   bare loop    baselines.py's bare loop: receive, parse, onnxruntime, reply
   C bare loop  the same with its receive, parse and reply in C (bare.c), calling
                the same onnxruntime context through Python (left out as above)
-  daemon       `infermux serve` with 1 context, as the bare loop
+  daemon       `infermux serve` with 1 context, as the bare loop, on the compiled
+               socket calls where they are built (transport/wire.py)
+  daemon, pyzmq calls   the same on pyzmq's calls (INFERMUX_WIRE=python)
 
 For each: QPS, and CPU time per request of the server process and of the
 load generator's process (user + system, every thread, ZeroMQ's I/O
@@ -50,13 +52,15 @@ from typing import Any, Callable, Mapping
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_core import BASELINES, ENGINE, MODEL, SHAPE, cpu_per_request, daemon_command, serving  # noqa: E402
+from bench_core import (BASELINES, ENGINE, MODEL, PYZMQ_CALLS, SHAPE, cpu_per_request, daemon_command,  # noqa: E402
+                        serving)
 from bench_pytriton import SECTION as PEER  # noqa: E402
 from compiled import build_bare, build_echo  # noqa: E402
 from results import RESULTS, markdown_table, stamp, write_section  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load  # noqa: E402
 from infermux.cli.infer import parse_inputs  # noqa: E402
+from infermux.transport.wire import choose  # noqa: E402
 
 SECTION = "CPU per request, by process"
 
@@ -112,8 +116,12 @@ def peer_qps(concurrency: int, results: Path = RESULTS) -> float | None:
     return None
 
 
-def servers(tmp: Path) -> tuple[dict[str, tuple[list[str], str]], list[str]]:
-    """Each server's command and endpoint, in the order they run; and the compiled ones left out, with why."""
+Server = tuple[list[str], str, dict[str, str] | None]  # command, endpoint, environment added
+
+
+def servers(tmp: Path) -> tuple[dict[str, Server], list[str]]:
+    """Each server's command, endpoint and environment, in the order they run; and the compiled ones left
+    out, with why."""
     py = [sys.executable, str(BASELINES)]
     echo, bare = build_echo(tmp), build_bare(tmp)
     commands: dict[str, Callable[[str], list[str]] | None] = {
@@ -123,12 +131,14 @@ def servers(tmp: Path) -> tuple[dict[str, tuple[list[str], str]], list[str]]:
         "C bare loop": ((lambda endpoint: [*py, "compiled-bare", endpoint, str(ENGINE), str(bare.path)])
                         if bare.path else None),
     }
-    chosen: dict[str, tuple[list[str], str]] = {}
+    chosen: dict[str, Server] = {}
     for name, command in commands.items():
         if command is not None:
             endpoint = f"ipc://{tmp}/{name.replace(' ', '-')}.sock"
-            chosen[name] = (command(endpoint), endpoint)
-    chosen["daemon"] = daemon_command(tmp, contexts=1)
+            chosen[name] = (command(endpoint), endpoint, None)
+    chosen["daemon"] = (*daemon_command(tmp, contexts=1), None)
+    if choose().compiled:  # else "daemon" runs pyzmq's calls already
+        chosen["daemon, pyzmq calls"] = (*daemon_command(tmp, "daemon-pyzmq", contexts=1), PYZMQ_CALLS)
     missing = [f"{name} left out: {built.missing}." for name, built in (("C echo", echo), ("C bare loop", bare))
                if built.path is None]
     return chosen, missing
@@ -138,12 +148,13 @@ def measure(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, list[Round]]
     """Every server's rounds, alternating; and which compiled servers are missing, and why."""
     chosen, missing = servers(tmp)
     order = list(chosen)
-    endpoints = {name: endpoint for name, (_, endpoint) in chosen.items()}
+    endpoints = {name: endpoint for name, (_, endpoint, _) in chosen.items()}
     inputs = parse_inputs([], [SHAPE], "float32")
     rounds: dict[str, list[Round]] = {name: [] for name in order}
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as generator, \
             contextlib.ExitStack() as stack:
-        served = {name: stack.enter_context(serving(name, *chosen[name], tmp)) for name in order}
+        served = {name: stack.enter_context(serving(name, command, endpoint, tmp, env))
+                  for name, (command, endpoint, env) in chosen.items()}
         for k in range(args.rounds):
             for name in order:
                 generator_s: list[float] = []

@@ -13,6 +13,8 @@ concurrency 1 and 16:
                the baseline the daemon must reach ≥ 0.7× of
   d  daemon    `python -m infermux serve` (2 contexts), end to end
   d1 daemon    the same with 1 context, like the bare loop
+  d1p daemon   d1 on pyzmq's socket calls (INFERMUX_WIRE=python), where d1
+               runs the compiled ones (transport/wire.py): what they save
   e  daemon@REV with --against REV: the same daemon at another git revision,
                run beside d, so a change's cost is a ratio from one run
 
@@ -56,8 +58,10 @@ from revision import describe, package_env  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
 from infermux.cli.infer import parse_inputs  # noqa: E402
+from infermux.transport.wire import ENV as WIRE_ENV, choose  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+PYZMQ_CALLS = {WIRE_ENV: "python"}  # d1p: the frontend on pyzmq's socket calls (transport/wire.py)
 ENGINE = ROOT / "engines" / "classifier" / "1" / "model.onnx"
 BASELINES = Path(__file__).resolve().parent / "baselines.py"
 MODEL, SHAPE = "classifier", "images=1x3x64x64"
@@ -217,9 +221,10 @@ def measure_all(args: argparse.Namespace, tmp: Path) -> list[Measured]:
                                            bare_ep, tmp))
         cases["c bare"] = (CONCURRENCY, load(bare))
         if daemon_available():
-            for case, name, contexts in (("d daemon", "daemon", 2), ("d1 daemon", "daemon1", 1)):
+            for case, name, contexts, env in (("d daemon", "daemon", 2, None), ("d1 daemon", "daemon1", 1, None),
+                                              ("d1p daemon", "daemon1p", 1, PYZMQ_CALLS)):
                 command, daemon_ep = daemon_command(tmp, name, contexts)
-                cases[case] = (CONCURRENCY, load(stack.enter_context(serving(name, command, daemon_ep, tmp))))
+                cases[case] = (CONCURRENCY, load(stack.enter_context(serving(name, command, daemon_ep, tmp, env))))
         if args.against:
             old_env = package_env(args.against, tmp / "against")
             command, old_ep = daemon_command(tmp, "against")
@@ -302,6 +307,8 @@ def ratio_lines(by_key: dict[tuple[str, int], Measured], args: argparse.Namespac
              f"Daemon (1 context, as the bare loop) / bare loop: "
              f"{_ratios(by_key, 'd1 daemon', 'c bare', CONCURRENCY)}. "
              "Goals: ≥ 0.9× QPS at c=1, ≥ 0.8× QPS and ≤ 1.3× p99 at c=16."]
+    lines.append(f"Daemon (1 context), compiled socket calls / pyzmq's (d1 / d1p, same run): "
+                 f"{_ratios(by_key, 'd1 daemon', 'd1p daemon', CONCURRENCY)}; d1 ran {choose().describe()}.")
     if ("g ocr daemon", OCR_CONCURRENCY) in by_key:
         lines.append(f"PP-OCR detector, daemon (1 context) / bare loop: "
                      f"{_ratios(by_key, 'g ocr daemon', 'f ocr bare', (OCR_CONCURRENCY,))}. Goal: ≥ 0.95×.")
@@ -340,7 +347,8 @@ def report(measured: list[Measured], args: argparse.Namespace, load: tuple[float
         "",
         "a = onnxruntime in-process (c threads, one context each); b = ROUTER echo process (transport + "
         "generator ceiling); c = ROUTER + protocol parse + onnxruntime, one process, no routing; "
-        "d = `infermux serve`, 2 contexts; d1 = the same, 1 context; f = c on the PP-OCR detector; "
+        "d = `infermux serve`, 2 contexts; d1 = the same, 1 context; d1p = d1 with pyzmq's socket calls "
+        "(INFERMUX_WIRE=python) where d1 runs the compiled ones; f = c on the PP-OCR detector; "
         "g = d1 on it. b–g share one load generator (`infermux.cli.bench.run_load`: one "
         "DEALER, c requests in flight) in its own process.",
         "Reproduce: `python tests/benchmarks/bench_core.py`.",
