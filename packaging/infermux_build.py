@@ -26,11 +26,10 @@ BACKEND = "packaging/infermux_build.py"
 class _Sdist(sdist):
     """An sdist that carries this backend: without it the sdist cannot be built (the container image
     builds infermux from one). setuptools adds no backend-path module itself, and the top-level
-    layout has no place for a MANIFEST.in."""
+    layout has no place for a MANIFEST.in; the file is added to the tree the archive is made from."""
 
-    def add_defaults(self) -> None:
-        super().add_defaults()
-        self.filelist.append(BACKEND)
+    def make_release_tree(self, base_dir: str, files: list[str]) -> None:
+        super().make_release_tree(base_dir, files if BACKEND in files else [*files, BACKEND])
 
 
 class _Backend(_setuptools._BuildMetaBackend):

@@ -375,3 +375,26 @@ def test_every_python_package_in_the_tree_is_installed() -> None:
             parts = init.parent.relative_to(REPO / folder).parts
             found.add(".".join((name, *parts)))
     assert found - set(project["packages"]) == set(), "add these to [tool.setuptools] packages in pyproject.toml"
+
+
+def test_the_sdist_carries_its_build_backend_the_c_source_and_the_stub(tmp_path):
+    """The container image builds infermux from its sdist: one without packaging/infermux_build.py (the
+    backend pyproject.toml names) cannot be built at all. Made from a clean copy of the tracked files, as
+    a fresh clone has no egg-info whose file list could hide a missing one."""
+    import tarfile
+
+    tree = tmp_path / "tree"
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        if (REPO / name).is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, tree / name)
+    out = tmp_path / "dist"
+    subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'packaging'); import infermux_build; "
+                    "print(infermux_build.build_sdist(sys.argv[1]))", str(out)], cwd=tree, check=True,
+                   capture_output=True, timeout=120)
+    (archive,) = out.glob("infermux-*.tar.gz")
+    with tarfile.open(archive) as tar:
+        names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
+    assert {"pyproject.toml", "packaging/infermux_build.py", "daemon/transport/_wire.c",
+            "daemon/transport/_wire.pyi", "daemon/transport/wire.py"} <= names
