@@ -37,8 +37,11 @@ def readme_commands() -> list[str]:
 
 @pytest.fixture
 def sample_daemon(tmp_path: Path):
-    """`infermux serve --config etc/infermux/infermux.toml`, as the README starts it, its sockets in tmp_path."""
-    env = {**os.environ, "RUNTIME_DIRECTORY": str(tmp_path), "PYTHONUNBUFFERED": "1"}
+    """`infermux serve --config etc/infermux/infermux.toml`, as the README starts it, its sockets in tmp_path
+    and its live changes in tmp_path/state ($STATE_DIRECTORY, as systemd sets it): the README's `ctl set`
+    must not land in this machine's /var/lib/infermux, where every later daemon would serve it."""
+    env = {**os.environ, "RUNTIME_DIRECTORY": str(tmp_path), "STATE_DIRECTORY": str(tmp_path / "state"),
+           "PYTHONUNBUFFERED": "1"}
     env.pop("INFERMUX_CONFIG", None)
     log = tmp_path / "daemon.log"
     with open(log, "wb") as out:
@@ -67,6 +70,8 @@ def test_the_readmes_client_commands_run_from_a_checkout_without_c(sample_daemon
             argv = [a if a != "5" else "1" for a in argv]  # --duration 5: one second says as much here
         run = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=sample_daemon, cwd=REPO)
         assert run.returncode == 0, f"{command}: {run.stderr}"
+    if any(" ctl set " in c for c in commands):  # the live change was kept in the test's own state folder
+        assert (Path(sample_daemon["STATE_DIRECTORY"]) / "overrides.json").is_file()
 
 
 def readme_ocr_block() -> list[str]:
