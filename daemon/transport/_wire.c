@@ -84,6 +84,14 @@ static PyObject *zmq_error(void) {
     return NULL;
 }
 
+/* After a call failed: 1 to make it again, for a signal that interrupted it (its Python handler has
+   run, as pyzmq runs it before retrying: the daemon's SIGHUP lands in the middle of these calls);
+   0 for any other failure, and for a handler that raised (its exception is set). libzmq interrupted
+   in a frame's call has not taken that frame, so the same call again goes on with the same message. */
+static int interrupted(void) {
+    return zmq.errno_() == EINTR && PyErr_CheckSignals() == 0;
+}
+
 static int loaded(void) {
     if (zmq.msg_recv)
         return 1;
@@ -161,10 +169,13 @@ static PyObject *recv(PyObject *self, PyObject *args) {
     while (more) {
         zmq_msg_t msg;
         zmq.msg_init(&msg);
-        if (zmq.msg_recv(&msg, sock, ZMQ_DONTWAIT) < 0) {
+        int rc;
+        while ((rc = zmq.msg_recv(&msg, sock, ZMQ_DONTWAIT)) < 0 && interrupted())
+            ;
+        if (rc < 0) {
             zmq.msg_close(&msg);
             Py_DECREF(frames);
-            return zmq_error();  /* only the first frame can be missing: a message arrives whole */
+            return PyErr_Occurred() ? NULL : zmq_error();  /* only the first frame can be missing: a message arrives whole */
         }
         more = zmq.msg_more(&msg);
         if (!more)
@@ -198,8 +209,12 @@ static PyObject *send(PyObject *self, PyObject *args) {
             goto done;
     for (Py_ssize_t i = 0; i < count; i++) {
         int flags = ZMQ_DONTWAIT | (i + 1 < count ? ZMQ_SNDMORE : 0);
-        if (zmq.send(sock, views[i].buf, (size_t)views[i].len, flags) < 0) {
-            zmq_error();  /* only the first frame can meet a full pipe or a gone peer: nothing was queued */
+        int rc;
+        while ((rc = zmq.send(sock, views[i].buf, (size_t)views[i].len, flags)) < 0 && interrupted())
+            ;
+        if (rc < 0) {
+            if (!PyErr_Occurred())
+                zmq_error();  /* only the first frame can meet a full pipe or a gone peer: nothing was queued */
             goto done;
         }
     }
@@ -218,8 +233,11 @@ static PyObject *waiting(PyObject *self, PyObject *handle) {
         return NULL;
     int events = 0;
     size_t size = sizeof events;
-    if (zmq.getsockopt(sock, ZMQ_EVENTS, &events, &size) < 0)
-        return zmq_error();
+    int rc;
+    while ((rc = zmq.getsockopt(sock, ZMQ_EVENTS, &events, &size)) < 0 && interrupted())
+        ;
+    if (rc < 0)
+        return PyErr_Occurred() ? NULL : zmq_error();
     return PyBool_FromLong(events & ZMQ_POLLIN);
 }
 

@@ -6,6 +6,7 @@ over ipc (and inproc where the connection's descriptor matters)."""
 from __future__ import annotations
 
 import errno
+import signal
 import shutil
 import sysconfig
 from pathlib import Path
@@ -207,3 +208,27 @@ def test_an_install_with_a_compiler_built_the_compiled_calls() -> None:
     if shutil.which("cc") is None or not (include / "Python.h").is_file():
         pytest.skip("no C compiler or Python headers here: the extension is optional")
     assert choose().compiled or wire.ENV in choose().detail, choose().describe()
+
+
+def test_signals_arriving_during_the_calls_are_handled_and_the_calls_go_on(make, pair) -> None:
+    """The daemon's SIGHUP (reload) lands in the middle of these calls: libzmq then reports EINTR, and
+    the call is made again after the Python handler ran, as pyzmq does; an EINTR that escaped ended
+    the daemon in a reload storm."""
+    router, dealer = pair
+    w = make(router)
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGALRM, lambda signum, frame: seen.append(signum))
+    signal.setitimer(signal.ITIMER_REAL, 0.0001, 0.00005)  # a signal every 50 µs: many land inside a call
+    try:
+        for n in range(3000):
+            dealer.send_multipart([b"", str(n).encode()])
+            while not w.waiting():
+                pass
+            frames, _ = w.recv()
+            w.send(frames[:2] + [b"reply", frames[2]])
+            assert dealer.recv_multipart() == [b"", b"reply", str(n).encode()]
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert len(seen) > 100  # the signals did arrive, and every handler ran
+
