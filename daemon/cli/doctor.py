@@ -124,10 +124,10 @@ def _libraries() -> list[Check]:
 
 def _wire() -> Check:
     """The frontend's socket calls (transport/wire.py): compiled, or pyzmq's (it serves either way)."""
-    from infermux.transport.wire import ENV, choose
+    from infermux.transport.wire import choose
 
     choice = choose()
-    if choice.compiled or os.environ.get(ENV):  # compiled, or pyzmq's on purpose
+    if choice.compiled or choice.chosen:  # compiled, or pyzmq's on purpose
         return Check("wire", "OK", choice.describe())
     return Check("wire", "WARN", f"{choice.describe()} (it serves, at ~10 µs more CPU a request)")
 

@@ -59,6 +59,7 @@ class Choice:
 
     compiled: bool
     detail: str
+    chosen: bool = False  # pyzmq's calls because INFERMUX_WIRE asked for them, not for want of the compiled ones
 
     @property
     def kind(self) -> str:
@@ -103,8 +104,7 @@ class CompiledWire:
 
     def recv(self) -> tuple[list[Any], int]:
         self._open()
-        frames, fd = self._wire.recv(self._handle, BIG_FRAME)
-        return frames, fd
+        return self._wire.recv(self._handle, BIG_FRAME)
 
     def send(self, frames: list[Any], copy: bool = True) -> None:
         self._open()
@@ -148,7 +148,7 @@ def choose() -> Choice:
 
 def _check() -> Choice:
     if os.environ.get(ENV, "").strip().lower() == "python":
-        return Choice(False, f"{ENV}=python is set")
+        return Choice(False, f"{ENV}=python is set", chosen=True)
     try:
         from infermux.transport import _wire
     except ImportError:
