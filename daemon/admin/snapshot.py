@@ -130,6 +130,8 @@ def daemon_view(server: "Server") -> dict[str, Any]:
         "requests": server.requests, "accepting": not server.draining,
         # The frontend's socket calls: compiled (transport/_wire.c) or pyzmq's, and why (wire.py).
         "wire": {"kind": server.wire_choice.kind, "detail": server.wire_choice.describe()},
+        # Requests whose header was a known layout with another id: not decoded again (parsecache.py).
+        "headers_from_layout": server.parses.hits,
         "replies_too_large": server.replies_too_large,  # over max_reply_bytes: answered 413 instead
         # Requests of a kind whose reply was just over it: answered 413 without computing (oversize.py).
         "requests_refused_oversize": server.oversize.refused,

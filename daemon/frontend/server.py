@@ -37,7 +37,7 @@ from infermux.execution.inline import InlinePolicy
 from infermux.execution.job import Job, Outcome, internal_sink
 from infermux.execution.streams import StreamTable
 from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Request, Status, encode_reply, error_header,
-                               limits_reply, parse_request, request_id)
+                               limits_reply, request_id)
 from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.overrides import Overrides
 from infermux.models.registry import Registry, State
@@ -46,6 +46,7 @@ from infermux.models.verified import EngineSigning, verified_store
 from infermux.frontend.mirror import Mirror
 from infermux.frontend.oversize import ClientEnvelope, OversizeMemory
 from infermux.frontend.pacing import RefusalPacer
+from infermux.frontend.parsecache import ParseCache
 from infermux.frontend.recorder import Recorder
 from infermux.frontend.router import Router
 from infermux.pipelines.runner import Pipelines
@@ -116,6 +117,7 @@ class Server:
         self.loop_turns = 0
         self.requests = 0
         self.replies_too_large = 0  # replies over max_reply_bytes, answered 413 instead
+        self.parses = ParseCache()  # a header seen before, but for its id, is not decoded again (parsecache.py)
         self.oversize = OversizeMemory(config.daemon.oversize_memory_s)  # the kinds of request that just made one (oversize.py)
         self.pacer = RefusalPacer()  # refusals held back, a connection that keeps earning them longer
         self.ticks: list[Callable[[], None]] = [self._release_barriers]
@@ -569,7 +571,7 @@ class Server:
             if len(body) > self.limits.max_tensors + 1:
                 raise ProtocolError(Status.BAD_REQUEST, f"{len(body)} frames; at most "
                                     f"{self.limits.max_tensors} tensors may follow the header (max_tensors)")
-            request = parse_request(body, self.limits, self._lookup)
+            request = self.parses.parse(body, self.limits, self._lookup)
         except ProtocolError as exc:  # or a limits query, which no request field names
             answer = limits_reply(body, self.limits) or error_header(
                 exc.status, exc.message, request_id(body, self.limits),
