@@ -46,6 +46,7 @@ import logging
 import mmap
 import os
 import secrets
+import select
 import socket
 import stat
 import threading
@@ -230,7 +231,7 @@ class RegionServer:
                     return False  # closed at shutdown
                 return self._refuse_one(exc)
             now = time.monotonic()
-            if len(self._clients) >= MAX_CLIENTS and not self._close_oldest_silent(now):
+            if len(self._clients) >= MAX_CLIENTS and not self._close_gone() and not self._close_oldest_silent(now):
                 self.counts["refused_connections"] += 1
                 self._log_limited("refused", "regions.sock: refused a connection: %d clients are connected, none "
                                   "of them silent for %g s (%d refused so far)", MAX_CLIENTS, SILENT_GRACE_S,
@@ -244,6 +245,18 @@ class RegionServer:
             self._clients[fd] = conn
             self._silent[fd] = now
             self._watch(fd, functools.partial(self._serve, fd))
+
+    def _close_gone(self) -> bool:
+        """Close the paused connections whose client has hung up. A paused one is read again (and its
+        end seen) only after its pause, so a loop of clients sending garbage and leaving would
+        otherwise fill the table with the departed and have a newcomer refused."""
+        probe = select.poll()
+        for fd in self._paused:
+            probe.register(fd, select.POLLRDHUP)
+        gone = [fd for fd, events in probe.poll(0) if events & (select.POLLRDHUP | select.POLLHUP)]
+        for fd in gone:
+            self._closed(fd)
+        return bool(gone)
 
     def _close_oldest_silent(self, now: float) -> bool:
         """Close the oldest connection that has sent nothing for SILENT_GRACE_S, if there is one."""
