@@ -8,12 +8,17 @@ the same box, so the benchmark scripts start the old daemon beside the new
 one (`--against REV`) and interleave their rounds. The revision's daemon/,
 tui/ and plugins/ are exported with `git archive` and laid out as the
 installed package is (daemon/ is `infermux`, tui/ and plugins/ inside it);
-PYTHONPATH wins over this checkout's editable install.
+PYTHONPATH wins over this checkout's editable install. `git archive` holds
+no build outputs, so this checkout's compiled extensions are copied in where
+the revision's C source is the same (`carried`): otherwise the revision would
+run without them (the frontend on pyzmq's socket calls, say), and a ratio
+would compare builds, not revisions.
 """
 
 from __future__ import annotations
 
 import io
+import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -28,6 +33,9 @@ def package_env(rev: str, dest: Path) -> dict[str, str]:
     src = dest / "src"
     with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
         tar.extractall(src, filter="data")
+    names = carried(src / "daemon")
+    print(f"{rev}: " + (f"this checkout's {', '.join(names)} copied in" if names else
+                        "no compiled extension copied in (none built here, or its C source differs)"), flush=True)
     package = dest / "path" / "infermux"
     package.mkdir(parents=True)
     for entry in (src / "daemon").iterdir():
@@ -35,6 +43,19 @@ def package_env(rev: str, dest: Path) -> dict[str, str]:
     (package / "tui").symlink_to(src / "tui")
     (package / "plugins").symlink_to(src / "plugins")
     return {"PYTHONPATH": str(dest / "path")}
+
+
+def carried(exported: Path) -> list[str]:
+    """Copy this checkout's built extensions into `exported` (a revision's daemon/) where that revision's
+    C source for them is the same as this checkout's; the names of those copied."""
+    names = []
+    for built in sorted((ROOT / "daemon").rglob("*.so")):
+        source = built.with_name(built.name.split(".")[0] + ".c")
+        twin = exported / source.relative_to(ROOT / "daemon")
+        if source.exists() and twin.exists() and twin.read_bytes() == source.read_bytes():
+            shutil.copy2(built, twin.parent / built.name)
+            names.append(built.name)
+    return names
 
 
 def describe(rev: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,7 @@ BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
 
 from results import write_section  # noqa: E402
+from revision import ROOT, package_env  # noqa: E402
 
 
 def test_a_section_is_replaced_and_the_others_are_kept(tmp_path):
@@ -28,6 +30,16 @@ def test_a_missing_file_is_created(tmp_path):
     path = tmp_path / "RESULTS.md"
     write_section("Only", "body", path)
     assert path.read_text() == "# Benchmark results\n\n## Only\n\nbody\n"
+
+
+def test_a_revision_run_beside_this_checkout_gets_the_extension_this_checkout_built(tmp_path):
+    if not list((ROOT / "daemon").rglob("_wire*.so")):
+        pytest.skip("this checkout has no compiled socket calls to carry (no C compiler at install)")
+    env = {**os.environ, **package_env("HEAD", tmp_path)}
+    probe = "import infermux; from infermux.transport.wire import choose; print(infermux.__file__, choose().kind)"
+    out = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=60)
+    where, kind = out.stdout.split()
+    assert where.startswith(str(tmp_path)) and kind == "compiled", out.stderr
 
 
 @pytest.mark.slow
