@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import pytest
@@ -161,6 +162,60 @@ def test_an_admin_socket_that_is_there_is_asked_whether_the_model_is_a_pipeline(
         admin.unlink()
     assert code == 0 and json.loads(capsys.readouterr().out)["ok"] == 5
     assert asked == [f"ipc://{admin}"]
+
+
+NOBODY = 65534
+
+
+def as_nobody(check: Callable[[], str]) -> str:
+    """`check()` run in a forked child that has become `nobody` (no exec: the interpreter may live
+    where nobody cannot read, as under /root)."""
+    import os
+
+    reader, writer = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: drop root, answer, and leave without running the parent's cleanups
+        try:
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            os.write(writer, check().encode())
+        finally:
+            os._exit(0)
+    os.close(writer)
+    with os.fdopen(reader) as answer:
+        out = answer.read()
+    os.waitpid(pid, 0)
+    return out
+
+
+def test_an_admin_socket_outside_the_users_group_is_not_asked_by_a_user_who_is_not_root():
+    """As `nobody`: a socket file it may not write is not asked (the answer would be a timeout);
+    one it may write, and an endpoint that is not a file, are."""
+    import os
+    import shutil
+    import tempfile
+
+    from infermux.cli.bench import _may_connect
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run the check as another user")
+    folder = Path(tempfile.mkdtemp(prefix="infermux-may-connect-"))  # pytest's own folders may be 0700
+    try:
+        if not all(parent.stat().st_mode & 0o001 for parent in folder.parents):
+            pytest.skip(f"a folder above {folder} is closed to other users")
+        folder.chmod(0o755)
+        endpoints = []
+        for name, mode in (("open.sock", 0o666), ("group.sock", 0o660)):
+            (folder / name).touch()
+            (folder / name).chmod(mode)
+            endpoints.append(f"ipc://{folder / name}")
+        endpoints.append("tcp://127.0.0.1:5555")
+        as_user = as_nobody(lambda: " ".join(str(_may_connect(e)) for e in endpoints)).split()
+        assert as_user == ["True", "False", "True"]
+        assert [_may_connect(e) for e in endpoints] == [True, True, True]  # root may write anything
+    finally:
+        shutil.rmtree(folder)
 
 
 def test_wait_covers_a_server_that_has_not_made_its_socket_yet(tmp_path):
