@@ -169,6 +169,9 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
                "Requests answered 413 without computing: their connection's last request of the same shapes "
                "made a reply over max_reply_bytes moments before.",
                [({}, daemon["requests_refused_oversize"])])
+    out.family("infermux_headers_from_layout_total", "counter",
+               "Requests whose header was a known layout with another id: read by a comparison, not decoded.",
+               [({}, daemon["headers_from_layout"])])
     out.family("infermux_internal_errors_total", "counter", "Errors logged with a traceback (500s among them).",
                [({}, daemon["internal_errors"])])
     out.family("infermux_uptime_seconds", "gauge", "Seconds since the daemon started.", [({}, float(daemon["uptime_s"]))])

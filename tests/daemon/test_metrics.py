@@ -40,6 +40,8 @@ def test_counters_move_with_traffic(port_and_daemon) -> None:
         n for k, n in after.items() if k.startswith('infermux_inference_batches_total{model="addone"'))
     assert after['infermux_model_state{model="addone",version="1",state="ready"}'] == 1
     assert after["infermux_memory_budget_bytes"] > 0
+    # The five like requests: the first seen, the second kept as a layout, three read from it.
+    assert (before["infermux_headers_from_layout_total"], after["infermux_headers_from_layout_total"]) == (0, 3)
 
 
 def test_only_metrics_is_served_and_only_on_loopback(port_and_daemon) -> None:
