@@ -16,11 +16,16 @@ servers on ipc, rounds alternating between them:
   daemon       `infermux serve` with 1 context, as the bare loop, on the compiled
                socket calls where they are built (transport/wire.py)
   daemon, pyzmq calls   the same on pyzmq's calls (INFERMUX_WIRE=python)
+  daemon, batched       the batched daemon of bench_pytriton.py (2 contexts,
+               max_batch 16, 200 µs): the frontend thread hands compute to
+               the executors' threads
 
 For each: QPS, and CPU time per request of the server process and of the
 load generator's process (user + system, every thread, ZeroMQ's I/O
-threads included); beside them, onnxruntime's own call, timed in one
-process. CPU time is not stretched by other tenants as QPS is.
+threads included), and the server's busiest thread and ZeroMQ I/O threads
+alone (a thread is on one core at a time, so the busiest caps the QPS);
+beside them, onnxruntime's own call, timed in one process. CPU time is
+not stretched by other tenants as QPS is.
 
 The verdict answers one question: to answer the `--target` QPS on this box
 (default: 5 × PyTriton's QPS at this concurrency, from RESULTS.md's peer
@@ -54,9 +59,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_core import (BASELINES, ENGINE, MODEL, PYZMQ_CALLS, SHAPE, cpu_per_request, daemon_command,  # noqa: E402
                         serving)
-from bench_pytriton import SECTION as PEER  # noqa: E402
+from bench_pytriton import CONFIGURATIONS, SECTION as PEER  # noqa: E402
 from compiled import build_bare, build_echo  # noqa: E402
-from results import RESULTS, markdown_table, stamp, write_section  # noqa: E402
+from results import RESULTS, markdown_table, stamp, thread_cpu_s, write_section  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load  # noqa: E402
 from infermux.cli.infer import parse_inputs  # noqa: E402
@@ -72,6 +77,29 @@ class Round:
     result: BenchResult
     server_us: float
     generator_us: float
+    threads: Threads
+
+
+@dataclass(frozen=True)
+class Threads:
+    """The server's CPU µs a request on its busiest thread, and on ZeroMQ's I/O threads together.
+
+    A thread runs on one core at a time, so the busiest thread's cost caps
+    the server at 1e6 / busiest_us requests a second however many cores
+    are free: in a Python server, the thread that holds the request path.
+    """
+
+    busiest_us: float
+    io_us: float
+
+
+def thread_split(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]],
+                 requests: int) -> Threads:
+    """Each thread's CPU over a round (threads that ended are not counted), charged to its requests."""
+    spent = {tid: (name, cpu - before.get(tid, (name, 0.0))[1]) for tid, (name, cpu) in after.items()}
+    io = sum(s for name, s in spent.values() if name.startswith("ZMQbg/IO"))
+    busiest = max((s for name, s in spent.values() if not name.startswith("ZMQbg/")), default=0.0)
+    return Threads(busiest * 1e6 / max(1, requests), io * 1e6 / max(1, requests))
 
 
 def timed_load(endpoint: str, inputs: Mapping[str, Any], concurrency: int, duration_s: float,
@@ -139,6 +167,10 @@ def servers(tmp: Path) -> tuple[dict[str, Server], list[str]]:
     chosen["daemon"] = (*daemon_command(tmp, contexts=1), None)
     if choose().compiled:  # else "daemon" runs pyzmq's calls already
         chosen["daemon, pyzmq calls"] = (*daemon_command(tmp, "daemon-pyzmq", contexts=1), PYZMQ_CALLS)
+    _, contexts, batching = CONFIGURATIONS[-1]  # the batched daemon of the PyTriton comparison
+    command, endpoint = daemon_command(tmp, "daemon-batched", contexts=contexts)
+    (tmp / "daemon-batched.toml").write_text((tmp / "daemon-batched.toml").read_text() + batching)
+    chosen["daemon, batched"] = (command, endpoint, None)
     missing = [f"{name} left out: {built.missing}." for name, built in (("C echo", echo), ("C bare loop", bare))
                if built.path is None]
     return chosen, missing
@@ -165,12 +197,15 @@ def measure(args: argparse.Namespace, tmp: Path) -> tuple[dict[str, list[Round]]
                     generator_s.append(seconds)
                     return result
 
+                before = thread_cpu_s(served[name].pid)
                 result, server_us = cpu_per_request(served[name], args.warmup, run)
+                threads = thread_split(before, thread_cpu_s(served[name].pid), result.requests + args.warmup)
                 assert server_us is not None
-                rounds[name].append(Round(result, server_us, generator_s[0] * 1e6 / max(1, result.requests)))
+                rounds[name].append(Round(result, server_us, generator_s[0] * 1e6 / max(1, result.requests),
+                                          threads))
                 print(f"round {k + 1}/{args.rounds} {name}: {result.qps:,.0f} QPS, server "
-                      f"{rounds[name][-1].server_us:.1f} µs/req, load generator {rounds[name][-1].generator_us:.1f}",
-                      flush=True)
+                      f"{server_us:.1f} µs/req (busiest thread {threads.busiest_us:.1f}, ZeroMQ I/O "
+                      f"{threads.io_us:.1f}), load generator {rounds[name][-1].generator_us:.1f}", flush=True)
     return rounds, missing
 
 
@@ -178,20 +213,25 @@ def report(rounds: dict[str, list[Round]], missing: list[str], ort_us: float, ar
     """The section: one row per server (medians), onnxruntime's call, and the budget left."""
     med = {name: (statistics.median(r.result.qps for r in rs), statistics.median(r.server_us for r in rs),
                   statistics.median(r.generator_us for r in rs)) for name, rs in rounds.items()}
+    busiest = {name: statistics.median(r.threads.busiest_us for r in rs) for name, rs in rounds.items()}
+    io = {name: statistics.median(r.threads.io_us for r in rs) for name, rs in rounds.items()}
     errors = {name: sum(r.result.requests - r.result.ok for r in rs) for name, rs in rounds.items()}
     cores = len(os.sched_getaffinity(0))
-    rows = [[name, f"{qps:,.0f}", f"{server:.1f}", f"{gen:.1f}", f"{server + gen:.1f}",
-             f"{(server + gen) * qps / 1e6:.2f}", str(errors[name])] for name, (qps, server, gen) in med.items()]
-    table = markdown_table(["server", "QPS", "server CPU µs/req", "load generator CPU µs/req", "together",
-                            "cores busy", "errors"], rows)
+    rows = [[name, f"{qps:,.0f}", f"{server:.1f}", f"{busiest[name]:.1f}", f"{io[name]:.1f}", f"{gen:.1f}",
+             f"{server + gen:.1f}", f"{(server + gen) * qps / 1e6:.2f}", str(errors[name])]
+            for name, (qps, server, gen) in med.items()]
+    table = markdown_table(["server", "QPS", "server CPU µs/req", "its busiest thread", "its ZeroMQ I/O threads",
+                            "load generator CPU µs/req", "together", "cores busy", "errors"], rows)
     lines = [stamp(), "",
              f"Sample classifier, one [1,3,64,64] float32 image a request, concurrency {args.concurrency}, ipc; "
              f"{args.rounds} rounds × {args.duration:g} s per server after {args.warmup} warm-up requests, "
              "alternating; medians. CPU is user + system of each whole process over the round (ZeroMQ's I/O "
-             "threads included); the server's is charged to the round's requests and its warm-up.", "", table, "",
+             "threads included); the server's is charged to the round's requests and its warm-up, and so is "
+             "each of its threads' (read from /proc/PID/task).", "", table, "",
              f"onnxruntime's call alone, one context, 1 intra-op thread: **{ort_us:.1f} µs** of CPU a request."]
     lines += [line for why in missing for line in ("", why)]
-    lines += ["", budget_line(rounds, med, ort_us, cores, args), "",
+    ceiling = thread_line(busiest, args)
+    lines += ["", budget_line(rounds, med, ort_us, cores, args), *(["", ceiling] if ceiling else []), "",
               "Reproduce: `python tests/benchmarks/bench_budget.py` (the C servers need a C compiler, `cc`, and "
               "Python's headers)."]
     return "\n".join(lines) + "\n"
@@ -216,6 +256,17 @@ def budget_line(rounds: dict[str, list[Round]], med: dict[str, tuple[float, floa
             f"parsing, routing, statistics and the reply header (the daemon's server process spends "
             f"{med['daemon'][1]:.0f} µs a request in all; the bare loop's {med['bare loop'][1]:.0f})."
             + compiled_line(rounds, target))
+
+
+def thread_line(busiest: dict[str, float], args: argparse.Namespace) -> str:
+    """What the target asks of the busiest thread alone, and how far each server's is from it."""
+    target = args.target or (5 * peer if (peer := peer_qps(args.concurrency)) else None)
+    if target is None:
+        return ""
+    ceilings = ", ".join(f"{name} {us:.0f} µs ({1e6 / us:,.0f} a second)" for name, us in busiest.items() if us > 0)
+    return (f"One thread: a thread runs on one core at a time, so at {target:,.0f} QPS no thread may spend "
+            f"more than **{1e6 / target:.0f} µs** a request, however many cores are free. Each server's busiest "
+            f"thread, and the ceiling it sets by itself: {ceilings}.")
 
 
 def compiled_line(rounds: dict[str, list[Round]], target: float) -> str:

@@ -6,6 +6,7 @@ section, so scripts run at different times keep each other's figures.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
 import platform
@@ -84,3 +85,15 @@ def process_cpu_s(pid: int) -> float:
     sample = hardware.process_sample("benchmark", pid)
     assert sample is not None, f"process {pid} is gone"
     return sample.cpu_seconds
+
+
+def thread_cpu_s(pid: int) -> dict[int, tuple[str, float]]:
+    """Each thread of process `pid` by id: its name (comm) and its user + system time so far."""
+    tasks = Path(f"/proc/{pid}/task")
+    threads: dict[int, tuple[str, float]] = {}
+    for entry in tasks.iterdir():
+        sample = hardware.process_sample("thread", int(entry.name), tasks)
+        with contextlib.suppress(OSError):  # a thread that ended between the listing and the read
+            if sample is not None:
+                threads[int(entry.name)] = ((entry / "comm").read_text().strip(), sample.cpu_seconds)
+    return threads

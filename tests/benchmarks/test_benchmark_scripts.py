@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -131,13 +132,18 @@ def test_the_budget_benchmark_charges_each_process_its_cpu():
                           "--rounds", "1", "--warmup", "10", "--concurrency", "8", "--target", "1000"],
                          capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stderr[-2000:]
-    servers = ["echo", "bare loop", "daemon"] + (["C echo", "C bare loop"] if shutil.which("cc") else [])
+    servers = ["echo", "bare loop", "daemon", "daemon, batched"] + (["C echo", "C bare loop"] if shutil.which("cc")
+                                                                   else [])
     for server in servers:
         row = next(line for line in out.stdout.splitlines() if line.startswith(f"| {server} |"))
         assert row.endswith("| 0 |"), row  # every request answered 200
+        server_us, busiest_us, io_us = (float(cell.replace(",", "")) for cell in row.split("|")[3:6])
+        # The busiest thread is one of the process's threads, and every server here talks through ZeroMQ.
+        assert 0 < busiest_us <= server_us and 0 < io_us < server_us, row
     if not shutil.which("cc"):
         assert "C echo left out: no C compiler (cc)" in out.stdout
     assert "Budget: 1,000 QPS (--target) on" in out.stdout
+    assert "no thread may spend more than **1000 µs** a request" in out.stdout
 
 
 def test_the_compiled_echo_answers_as_the_python_one_does(tmp_path):
@@ -250,3 +256,16 @@ def test_the_pytriton_table_shows_the_compiled_loop_or_says_why_it_is_missing():
         in without
     rows.update({(COMPILED, c): runs(1200, 1400) for c in (1, 16, 64)})
     assert "| **4.50×** (4.00–5.00) | 1,300 | **9.50×** (7.00–12.00) |" in report(rows, args)
+
+
+def test_each_thread_is_charged_its_own_cpu_and_a_new_thread_all_of_its_own():
+    from bench_budget import thread_split
+    from results import thread_cpu_s
+
+    before = {1: ("python", 1.0), 2: ("ZMQbg/IO/0", 0.5), 3: ("ZMQbg/Reaper", 0.1)}
+    after = {1: ("python", 1.3), 2: ("ZMQbg/IO/0", 0.6), 3: ("ZMQbg/Reaper", 0.1), 4: ("python", 0.2)}
+    split = thread_split(before, after, requests=1000)
+    assert split.busiest_us == pytest.approx(300)  # the first thread, not the new one's 200
+    assert split.io_us == pytest.approx(100)
+    mine = thread_cpu_s(os.getpid())
+    assert threading.get_native_id() in mine and all(cpu >= 0 for _, cpu in mine.values())
