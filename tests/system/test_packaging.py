@@ -383,12 +383,7 @@ def test_the_sdist_carries_its_build_backend_the_c_source_and_the_stub(tmp_path)
     a fresh clone has no egg-info whose file list could hide a missing one."""
     import tarfile
 
-    tree = tmp_path / "tree"
-    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
-    for name in filter(None, files.decode().split("\0")):
-        if (REPO / name).is_file():
-            (tree / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(REPO / name, tree / name)
+    tree = tracked_tree(tmp_path / "tree")
     out = tmp_path / "dist"
     subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'packaging'); import infermux_build; "
                     "print(infermux_build.build_sdist(sys.argv[1]))", str(out)], cwd=tree, check=True,
@@ -398,3 +393,41 @@ def test_the_sdist_carries_its_build_backend_the_c_source_and_the_stub(tmp_path)
         names = {n.split("/", 1)[1] for n in tar.getnames() if "/" in n}
     assert {"pyproject.toml", "packaging/infermux_build.py", "daemon/transport/_wire.c",
             "daemon/transport/_wire.pyi", "daemon/transport/wire.py"} <= names
+
+
+def test_without_a_c_compiler_the_wheel_builds_and_its_daemon_says_it_runs_pyzmqs_calls(tmp_path):
+    """The extension is optional: where the compiler fails (none installed, as in a container whose apt
+    could not fetch one), the wheel still builds, without the module, and the daemon it installs runs
+    pyzmq's calls and says what to install. Built from a clean copy of the tracked files."""
+    import zipfile
+
+    tree = tracked_tree(tmp_path / "tree")
+    out = tmp_path / "dist"
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--disable-pip-version-check", "-v",
+                            "-w", str(out), str(tree)], capture_output=True, text=True, timeout=600,
+                           env={**os.environ, "CC": "false"})
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert "building extension \"infermux.transport._wire\" failed" in built.stdout + built.stderr  # said so
+    (wheel,) = out.glob("infermux-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = archive.namelist()
+        archive.extractall(tmp_path / "site")
+    assert "infermux/transport/wire.py" in names
+    assert not [n for n in names if n.startswith("infermux/transport/_wire") and n.endswith(".so")], names
+    doctor = subprocess.run([sys.executable, "-c", "from infermux.cli.doctor import _wire; import infermux; "
+                             "print(infermux.__file__); print(_wire())"], capture_output=True, text=True,
+                            timeout=60, env={**os.environ, "PYTHONPATH": str(tmp_path / "site")})
+    assert doctor.returncode == 0, doctor.stderr[-2000:]
+    where, check = doctor.stdout.splitlines()
+    assert where.startswith(str(tmp_path / "site"))  # the wheel's package, not this checkout's
+    assert "WARN" in check and "not installed" in check and "C compiler" in check, check
+
+
+def tracked_tree(tree: Path) -> Path:
+    """A copy of this checkout's tracked files: what a fresh clone holds, with no build outputs."""
+    files = subprocess.run(["git", "ls-files", "-z"], cwd=REPO, capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        if (REPO / name).is_file():
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, tree / name)
+    return tree
