@@ -269,3 +269,16 @@ def test_each_thread_is_charged_its_own_cpu_and_a_new_thread_all_of_its_own():
     assert split.io_us == pytest.approx(100)
     mine = thread_cpu_s(os.getpid())
     assert threading.get_native_id() in mine and all(cpu >= 0 for _, cpu in mine.values())
+
+
+@pytest.mark.slow
+def test_the_ladder_answers_every_request_on_every_rung():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_ladder.py"), "--no-write", "--duration", "0.3",
+                          "--rounds", "1", "--warmup", "300", "--concurrency", "8"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    from bench_ladder import RUNGS
+
+    for rung in RUNGS:
+        row = next(line for line in out.stdout.splitlines() if line.startswith(f"| {rung} |"))
+        assert row.endswith("| 0 |"), row  # every request answered 200, cut-down rungs included

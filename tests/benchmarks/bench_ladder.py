@@ -1,0 +1,174 @@
+"""The fast path's steps, each measured by leaving out the ones after it: where the frontend thread's CPU goes.
+
+    python tests/benchmarks/bench_ladder.py [--concurrency 64] [--duration 3] [--rounds 5] [--no-write]
+
+A measuring tool, not a server to run: each rung is the real daemon (1
+context, the sample classifier, one [1,3,64,64] float32 image a request)
+whose `Server._handle`, once WARM headers have been read from a layout,
+answers each request read from a layout with only that rung's steps:
+
+  compute and reply   the context's call and the 200 header from the parts
+                      OkReplies encoded once, sent: no statistics and no
+                      checks, the least a Python frontend could do
+  + statistics        and the estimate the inline gate learns
+                      (Executor._learn) and Stats.record
+  + the job's checks  and the envelope's note of its request, the Job, its
+                      deadline and the router's tensor check
+  + the executor's serve   the job computed and answered by
+                      Executor.serve_alone instead (its context's lock, the
+                      estimate, statistics, the reply through Executor._succeed)
+  the daemon          unchanged: the oversize, recorder and mirror checks,
+                      Router.admit_fast, Scheduler.serve_now (the inline
+                      gate) and all after them
+
+Rounds alternate between the rungs; for each, its QPS and its busiest
+thread's CPU µs a request (the frontend thread, which computes each
+request itself), medians. A thread is on one core at a time, so that
+thread's cost caps the QPS; two rungs' difference is what the steps
+between them cost on it, in a process whose caches onnxruntime's call
+shares. Writes the "## Frontend thread, step by step" section of RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_budget import thread_split  # noqa: E402
+from bench_core import MODEL, SHAPE, daemon_command, serving  # noqa: E402
+from results import markdown_table, stamp, thread_cpu_s, write_section  # noqa: E402
+
+from infermux.cli.bench import BenchResult, run_load  # noqa: E402
+from infermux.cli.infer import parse_inputs  # noqa: E402
+
+SECTION = "Frontend thread, step by step"
+RUNGS = ("compute and reply", "+ statistics", "+ the job's checks", "+ the executor's serve", "the daemon")
+WARM = 100  # headers read from a layout before a rung takes over: the layout is learnt by the daemon's own path
+
+
+def patch(rung: str) -> None:
+    """Replace `Server._handle` in this process by `rung`'s (the daemon's own for the last rung)."""
+    from infermux.execution.job import Job
+    from infermux.frontend import server as frontend
+    from infermux.frontend.oversize import ClientEnvelope
+    from infermux.protocol import ProtocolError
+
+    level = RUNGS.index(rung)
+    if level == len(RUNGS) - 1:
+        return
+    original = frontend.Server._handle
+
+    def handle(self: Any, frames: list[Any], refuse: bool) -> None:
+        if refuse or self.parses.hits < WARM:
+            return original(self, frames, refuse)
+        received = time.perf_counter_ns()
+        split = frontend._delimiter(frames)
+        envelope, body = ClientEnvelope(frames[:split]), frames[split:]
+        try:
+            request = self.parses.parse(body, self.limits, self._lookup)
+        except ProtocolError:
+            return original(self, frames, refuse)
+        version = self.registry.models[request.model].default()
+        executor = version.placement.executors[0]
+        if level >= 2:
+            envelope.came_with(request)
+            job = Job(envelope, request, frames, received, deadline_ns=0)
+            job.deadline_ns = received + (request.timeout_ms or version.config.timeout_ms) * 1_000_000
+            if job.late():
+                return original(self, frames, refuse)
+            self.router._check_tensors(version, job)
+            if level >= 3:
+                job.target = version
+                if not executor.serve_alone(job):
+                    raise RuntimeError("the one context was busy on a 1-context daemon's frontend thread")
+                return
+        start = time.perf_counter_ns()
+        outputs = executor._context.infer(request.inputs)
+        end = time.perf_counter_ns()
+        queue_us, compute_us, total_us = (start - received) // 1000, (end - start) // 1000, (end - received) // 1000
+        if level >= 1:
+            executor._learn(1, start, end)
+            executor.stats.record(200, total_us, queue_us, compute_us, 0)
+        self._send(envelope + executor._ok.encode(request.id, queue_us, compute_us, total_us, outputs))
+
+    frontend.Server._handle = handle
+
+
+def measure(args: argparse.Namespace, tmp: Path) -> dict[str, list[tuple[BenchResult, float]]]:
+    """Every rung's rounds, alternating: the load generator's figures and the busiest thread's µs a request."""
+    inputs = parse_inputs([], [SHAPE], "float32")
+    rounds: dict[str, list[tuple[BenchResult, float]]] = {rung: [] for rung in RUNGS}
+    with contextlib.ExitStack() as stack:
+        served = {}
+        for n, rung in enumerate(RUNGS):
+            command, endpoint = daemon_command(tmp, f"rung{n}", contexts=1)
+            command = [sys.executable, __file__, "--serve", rung, *command[3:]]  # [python, -m, infermux, serve...]
+            served[rung] = stack.enter_context(serving(f"rung{n}", command, endpoint, tmp))
+        for k in range(args.rounds):
+            for rung in RUNGS:
+                endpoint, pid = served[rung].endpoint, served[rung].pid
+                run_load(endpoint, MODEL, inputs, concurrency=args.concurrency, count=args.warmup)
+                before = thread_cpu_s(pid)
+                result = run_load(endpoint, MODEL, inputs, concurrency=args.concurrency, duration_s=args.duration)
+                busiest = thread_split(before, thread_cpu_s(pid), result.requests).busiest_us
+                rounds[rung].append((result, busiest))
+                print(f"round {k + 1}/{args.rounds} {rung}: {result.qps:,.0f} QPS, busiest thread {busiest:.1f} µs/req",
+                      flush=True)
+    return rounds
+
+
+def report(rounds: dict[str, list[tuple[BenchResult, float]]], args: argparse.Namespace) -> str:
+    """The section: each rung's medians and what its steps add to the rung before."""
+    rows, previous = [], None
+    for rung, measured in rounds.items():
+        qps = statistics.median(r.qps for r, _ in measured)
+        busiest = statistics.median(us for _, us in measured)
+        errors = sum(r.requests - r.ok for r, _ in measured)
+        added = f"+{busiest - previous:.1f}" if previous is not None else "–"
+        rows.append([rung, f"{qps:,.0f}", f"{busiest:.1f}", added, f"{1e6 / busiest:,.0f}" if busiest else "–",
+                     str(errors)])
+        previous = busiest
+    table = markdown_table(["rung", "QPS", "busiest thread µs/req", "added by its steps", "that thread's ceiling",
+                            "errors"], rows)
+    return "\n".join([
+        stamp(), "",
+        f"Sample classifier, concurrency {args.concurrency}, ipc, 1 context; {args.rounds} rounds × "
+        f"{args.duration:g} s per rung after {args.warmup} warm-up requests, alternating; medians. The first three "
+        "rungs are the daemon with `Server._handle` cut down to their steps (this script's docstring); they drop "
+        "what a server must do and are measurements, not configurations.", "", table, "",
+        "Reproduce: `python tests/benchmarks/bench_ladder.py`."]) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--serve"]:  # a rung's daemon: this script started it (measure)
+        patch(argv[1])
+        from infermux.cli import main as infermux
+
+        return infermux(argv[2:])
+    parser = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    parser.add_argument("--concurrency", type=int, default=64)
+    parser.add_argument("--duration", type=float, default=3.0, help="seconds per rung and round (default 3)")
+    parser.add_argument("--rounds", type=int, default=5, help="alternating rounds (default 5)")
+    parser.add_argument("--warmup", type=int, default=2000, help="requests per rung and round before measuring")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = parser.parse_args(argv)
+    with tempfile.TemporaryDirectory(prefix="bench-ladder.") as tmp:
+        rounds = measure(args, Path(tmp))
+    body = report(rounds, args)
+    print(body)
+    if not args.no_write:
+        write_section(SECTION, body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
