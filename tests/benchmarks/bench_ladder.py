@@ -141,8 +141,8 @@ def report(rounds: dict[str, list[tuple[BenchResult, float]]], args: argparse.Na
     return "\n".join([
         stamp(), "",
         f"Sample classifier, concurrency {args.concurrency}, ipc, 1 context; {args.rounds} rounds × "
-        f"{args.duration:g} s per rung after {args.warmup} warm-up requests, alternating; medians. The first three "
-        "rungs are the daemon with `Server._handle` cut down to their steps (this script's docstring); they drop "
+        f"{args.duration:g} s per rung after {args.warmup} warm-up requests, alternating; medians. The rungs above "
+        "the daemon are the daemon with `Server._handle` cut down to their steps (this script's docstring); they drop "
         "what a server must do and are measurements, not configurations.", "", table, "",
         "Reproduce: `python tests/benchmarks/bench_ladder.py`."]) + "\n"
 
