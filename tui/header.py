@@ -13,11 +13,13 @@ from rich.markup import escape
 from rich.text import Text
 
 from infermux import format as fmt
+from infermux.admin.threadload import BUSY
 
 
 def daemon_line(d: dict[str, Any]) -> list[str]:
     """uptime, pid, requests, accepting/DRAINING, ready count, failures, clients the daemon holds off
-    (replies dropped for those that do not read, connections refused), internal errors."""
+    (replies dropped for those that do not read, connections refused), a frontend thread near a full
+    core, internal errors."""
     states = d.get("states") or {}
     accepting = "[green]accepting[/]" if d.get("accepting", True) else "[b reverse red] DRAINING [/]"
     parts = [f"up {fmt.duration(d.get('uptime_s', 0))}", f"pid {d.get('pid', '?')}",
@@ -32,6 +34,9 @@ def daemon_line(d: dict[str, Any]) -> list[str]:
         parts.append(f"[yellow]{fmt.count(int(clients['refused_connections']))} conns refused[/]")
     if clients.get("idle_closed"):
         parts.append(f"[yellow]{fmt.count(int(clients['idle_closed']))} silent conns closed[/]")
+    busy = (d.get("frontend_thread") or {}).get("busy_ratio")
+    if busy is not None and busy >= BUSY:  # one thread near a full core: it limits the QPS
+        parts.append(f"[{_level(busy, BUSY, 0.9)}]frontend {100 * busy:.0f}% busy[/]")
     if (d.get("wire") or {}).get("kind") == "python":  # the frontend runs pyzmq's slower calls (wire.py)
         parts.append("[yellow]pyzmq wire[/]")
     if d.get("internal_errors"):

@@ -172,6 +172,11 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
     out.family("infermux_headers_from_layout_total", "counter",
                "Requests whose header was a known layout with another id: read by a comparison, not decoded.",
                [({}, daemon["headers_from_layout"])])
+    frontend = daemon.get("frontend_thread") or {}
+    out.family("infermux_frontend_thread_cpu_seconds_total", "counter",
+               "CPU time of the frontend thread, which receives, parses and answers every request (and computes "
+               "those of the fast path): its rate near 1 means that one thread limits the QPS.",
+               [({}, float(frontend["cpu_s"]))] if frontend else [])
     out.family("infermux_internal_errors_total", "counter", "Errors logged with a traceback (500s among them).",
                [({}, daemon["internal_errors"])])
     out.family("infermux_uptime_seconds", "gauge", "Seconds since the daemon started.", [({}, float(daemon["uptime_s"]))])

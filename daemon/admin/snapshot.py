@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from infermux import __version__
 from infermux.admin import hardware
+from infermux.admin.threadload import ThreadLoad
 from infermux.config import parse_budget
 from infermux.events import TRACEBACKS
 from infermux.models.budget import rss_bytes
@@ -62,6 +63,8 @@ class GpuReadings:
 
 #: The daemon's GPU readings (one source per process, like the metrics exporter's).
 GPUS = GpuReadings()
+#: The frontend thread's load (one frontend per process).
+FRONTEND = ThreadLoad()
 
 
 def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
@@ -132,6 +135,9 @@ def daemon_view(server: "Server") -> dict[str, Any]:
         "wire": {"kind": server.wire_choice.kind, "detail": server.wire_choice.describe()},
         # Requests whose header was a known layout with another id: not decoded again (parsecache.py).
         "headers_from_layout": server.parses.hits,
+        # The frontend thread's CPU, and the share of a core it used lately (admin/threadload.py):
+        # near 1, that one thread is what limits the QPS.
+        "frontend_thread": load.as_json() if (load := FRONTEND.read(server.frontend_native_id)) else None,
         "replies_too_large": server.replies_too_large,  # over max_reply_bytes: answered 413 instead
         # Requests of a kind whose reply was just over it: answered 413 without computing (oversize.py).
         "requests_refused_oversize": server.oversize.refused,

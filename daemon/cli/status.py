@@ -13,6 +13,7 @@ from typing import Any
 
 from infermux.cli.common import add_endpoint_arguments, endpoint_from, live_changes
 from infermux import format as fmt
+from infermux.admin.threadload import BUSY
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -94,6 +95,9 @@ def run(args: argparse.Namespace) -> int:
         wire = daemon.get("wire") or {}
         if wire.get("kind") == "python":  # the slower calls: say so, and what brings the compiled ones
             print(f"frontend: {wire.get('detail', '')}")
+        busy = busy_line(daemon)
+        if busy:
+            print(busy)
         mps = daemon.get("mps") or {}
         if mps.get("mode", "off") != "off":  # cold workers as MPS clients (workers/mps.py)
             print(f"mps {mps['mode']}: {'active' if mps.get('active') else 'not active'}, {mps.get('detail', '')}")
@@ -104,3 +108,13 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(f"infermux status: failed: {line}" for line in failed(models)), file=sys.stderr)
         return 1
     return 0
+
+
+def busy_line(daemon: dict[str, Any]) -> str:
+    """A line when the frontend thread used most of a core lately: that one thread limits the QPS
+    (admin/threadload.py); "" otherwise."""
+    load = daemon.get("frontend_thread") or {}
+    if load.get("busy_ratio") is None or load["busy_ratio"] < BUSY:
+        return ""
+    return (f"frontend thread: {100 * load['busy_ratio']:.0f}% of a core over the last {fmt.duration(load['over_s'])}; "
+            "near 100% it limits the QPS (docs/performance.md)")

@@ -118,6 +118,7 @@ class Server:
         self.requests = 0
         self.replies_too_large = 0  # replies over max_reply_bytes, answered 413 instead
         self.parses = ParseCache()  # a header seen before, but for its id, is not decoded again (parsecache.py)
+        self.frontend_native_id: int | None = None  # the loop's thread, whose load the status reports
         self.oversize = OversizeMemory(config.daemon.oversize_memory_s)  # the kinds of request that just made one (oversize.py)
         self.pacer = RefusalPacer()  # refusals held back, a connection that keeps earning them longer
         self.ticks: list[Callable[[], None]] = [self._release_barriers]
@@ -305,6 +306,7 @@ class Server:
         """Run the frontend loop until `stop()`; then drain and close."""
         assert self.frontend is not None, "bind() first"
         self._frontend_thread = threading.get_ident()
+        self.frontend_native_id = threading.get_native_id()
         self._looping = True
         while not self.stopping:
             self.step()

@@ -42,6 +42,20 @@ def test_counters_move_with_traffic(port_and_daemon) -> None:
     assert after["infermux_memory_budget_bytes"] > 0
     # The five like requests: the first seen, the second kept as a layout, three read from it.
     assert (before["infermux_headers_from_layout_total"], after["infermux_headers_from_layout_total"]) == (0, 3)
+    # The frontend thread (the daemon's main thread: its start-up counts too) is charged its CPU.
+    assert after["infermux_frontend_thread_cpu_seconds_total"] >= before["infermux_frontend_thread_cpu_seconds_total"] > 0
+
+
+def test_the_status_says_how_busy_the_frontend_thread_was_between_reads(port_and_daemon) -> None:
+    import time
+
+    _, d = port_and_daemon
+    with d.admin() as admin:
+        first = admin.call("status")["daemon"]["frontend_thread"]
+        time.sleep(1.1)  # the share of a core is measured over at least a second (admin/threadload.py)
+        second = admin.call("status")["daemon"]["frontend_thread"]
+    assert second["cpu_s"] >= first["cpu_s"] > 0
+    assert second["over_s"] >= 1.0 and 0 <= second["busy_ratio"] <= 1.05  # one thread: at most one core
 
 
 def test_only_metrics_is_served_and_only_on_loopback(port_and_daemon) -> None:

@@ -523,6 +523,27 @@ def test_the_header_says_when_the_frontend_runs_pyzmqs_slower_calls() -> None:
     assert "pyzmq wire" in status_text(snap)
 
 
+def test_the_header_shows_a_frontend_thread_near_a_full_core_and_nothing_below() -> None:
+    from support import tui_data
+    from rich.text import Text
+
+    from infermux.tui.header import status_text
+
+    def first(load: dict[str, Any] | None) -> str:
+        snap = tui_data.snapshot()
+        snap["daemon"]["frontend_thread"] = load
+        return Text.from_markup(status_text(snap)).plain.splitlines()[0]
+
+    assert "frontend" not in first(None)  # the loop has not started, or a daemon from before the reading
+    assert "frontend" not in first({"cpu_s": 3.0, "busy_ratio": None, "over_s": None})  # one read so far
+    assert "frontend" not in first({"cpu_s": 3.0, "busy_ratio": 0.4, "over_s": 1.0})
+    assert "frontend 74% busy" in first({"cpu_s": 3.0, "busy_ratio": 0.74, "over_s": 1.0})
+    busy = status_text(dict(tui_data.snapshot(), daemon=dict(tui_data.snapshot()["daemon"],
+                                                              frontend_thread={"cpu_s": 9.0, "busy_ratio": 0.97,
+                                                                               "over_s": 1.2})))
+    assert "[b red]frontend 97% busy[/]" in busy  # saturated: red, as a failed model is
+
+
 async def test_the_models_table_has_an_error_rate_and_a_qps_trend_per_row() -> None:
     from support import tui_data
 
