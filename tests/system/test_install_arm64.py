@@ -3,10 +3,11 @@
 The .deb is the install test's build of infermux_0.1.0_all.deb (packaging/test-install.sh
 with BUILD_ONLY: the same clean build chroot, and the very .deb when that test
 already built this source tree). infermux-wire, the compiled socket calls, is
-Architecture: any and built there for x86-64 only (an arm64 build under
-emulation would take minutes): the chroot gets infermux alone, as on an arm64
-machine without infermux-wire, and `doctor` must say the daemon runs pyzmq's
-socket calls. A Debian bookworm arm64 minbase chroot,
+Architecture: any and built there for x86-64 only: the main test's chroot gets
+infermux alone, as on an arm64 machine without infermux-wire, and `doctor`
+must say the daemon runs pyzmq's socket calls. A second test builds the
+extension's C source with the arm64 compiler in a layer that adds one (cached
+beside the other) and checks that the daemon serves on it. A Debian bookworm arm64 minbase chroot,
 made by debootstrap and run through qemu-user-static (binfmt_misc), gets
 the package's declared Depends with apt and onnxruntime's aarch64 wheel the
 way README.Debian tells a user; both are cached as a tarball keyed by the
@@ -155,6 +156,28 @@ def arm64_layer(base: Path, depends: str) -> Path:
         chroots.pack(c.root, tarball)
     print(f"made {tarball}")
     return tarball
+
+
+# What the infermux-wire package's arm64 build needs beyond the layer: a C compiler and Python's headers.
+BUILD_TOOLS = ("gcc", "libc6-dev", "python3-dev")
+
+
+@pytest.fixture(scope="module")
+def build_layer(layer: Path) -> Path:
+    """`layer` with BUILD_TOOLS installed, as a tarball, remade whenever `layer` is."""
+    with system_packages.exclusive(LOCK):
+        tarball = layer.with_name(f"{layer.stem}-cc.tar")  # arm64_layer's sweep of old layers takes it too
+        if tarball.is_file() and tarball.stat().st_mtime >= layer.stat().st_mtime:
+            print(f"cached {tarball}")
+            return tarball
+        with Chroot(layer) as c:
+            c.mount({arm64_cache("apt-archives"): "/var/cache/apt/archives"}, cpuinfo=jetson_cpuinfo())
+            c.run("apt-get", "-q", "update")
+            c.run("apt-get", "-y", "-q", "--no-install-recommends", "install", *BUILD_TOOLS, timeout=1200)
+            c.unmount()
+            chroots.pack(c.root, tarball)
+        print(f"made {tarball}")
+        return tarball
 
 
 def host_certificates(c: Chroot) -> list[str]:
@@ -384,6 +407,52 @@ def _purged(c: Chroot, before: set[str]) -> None:
     assert not left, f"left behind by apt purge: {left[:40]}"  # what the install added is all gone
     known = c.run("dpkg-query", "-W", "-f=${Status}", "infermux", check=False).stdout
     assert "installed" not in known.replace("not-installed", ""), known
+
+
+# -- the compiled socket calls on arm64 ------------------------------------------------------------
+
+@pytest.mark.slow
+def test_the_compiled_socket_calls_build_and_serve_on_arm64(deb: Path, build_layer: Path, steps: Steps) -> None:
+    """infermux-wire's C source, built by the arm64 compiler as its package build does (setuptools'
+    flags for the extension: -O2, -ldl; -Wall, as Python's own build gives extensions), into the installed package, where the
+    daemon then serves on it: its libzmq lookup, its ABI and its calls on aarch64, as a Jetson runs them.
+    The Debian packaging around it (debian/rules moving the .so to infermux-wire) is the x86-64 install
+    test's."""
+    with Chroot(build_layer) as c:
+        c.mount(cpuinfo=jetson_cpuinfo())
+        steps("apt install ./infermux_0.1.0_all.deb", lambda: _installs(c, deb))
+        steps("the compiled socket calls build for aarch64 without a warning", lambda: _builds_wire(c))
+        service = systemd_unit.start(c, UNIT, c.work / "journal.log")
+        try:
+            steps("the daemon starts and sends READY=1", lambda: _ready(c, service))
+            sample = np.random.default_rng(7).random((1, 3, 64, 64), dtype=np.float32)
+            np.save(c.path("/tmp/input.npy"), sample)
+            steps("infermux infer classifier through the compiled calls: onnxruntime's outputs on the host",
+                  lambda: _infers_as_host(c, "classifier", sample))
+            steps("status and doctor say the compiled calls run", lambda: _runs_compiled(c))
+            steps("systemctl stop: SIGTERM, exit 0, no process left", lambda: _stops(service))
+        finally:
+            service.close()
+
+
+def _builds_wire(c: Chroot) -> None:
+    c.path("/tmp/_wire.c").write_bytes((REPO / "daemon/transport/_wire.c").read_bytes())
+    where = c.run("python3", "-c", "import infermux.transport as t, os, sysconfig; "
+                  "print(os.path.dirname(t.__file__)); print(sysconfig.get_paths()['include']); "
+                  "print(sysconfig.get_config_var('EXT_SUFFIX'))").stdout.split()
+    package, include, suffix = where
+    assert suffix == f".cpython-311-{MACHINE}-linux-gnu.so", suffix
+    r = c.run("gcc", "-shared", "-fPIC", "-O2", "-Wall", f"-I{include}", "/tmp/_wire.c",
+              "-o", f"{package}/_wire{suffix}", "-ldl", timeout=600)
+    assert not r.stderr.strip(), r.stderr  # not one warning from the arm64 compiler
+    assert elf_machine(c.path(f"{package}/_wire{suffix}")) == EM_AARCH64
+
+
+def _runs_compiled(c: Chroot) -> None:
+    wire = json.loads(c.run("infermux", "status", "--json").stdout)["daemon"]["wire"]
+    assert wire["kind"] == "compiled", wire
+    checks = {check["name"]: check for check in json.loads(c.run("infermux", "doctor", "--json").stdout)}
+    assert checks["wire"]["status"] == "OK" and "compiled socket calls" in checks["wire"]["detail"], checks["wire"]
 
 
 # -- the same test on a broken package -----------------------------------------------------------
