@@ -2,9 +2,9 @@
 
 With one context the frontend thread also computes each request it can
 (the fast path), so it is the first thing a busy daemon runs out of: a
-thread is on one core at a time, and once it is busy all the time more
-contexts or cores do not raise the QPS (docs/performance.md, "One thread
-is the ceiling"). The daemon reads the thread's CPU time from /proc when
+thread is on one core at a time, and once it is busy all the time free
+cores do not raise the QPS (docs/performance.md, "One thread is the
+ceiling"). The daemon reads the thread's CPU time from /proc when
 it is asked (status, the console, a Prometheus scrape), off the request
 path, and reports the share of a core it used between two reads at least
 `every_s` apart.
