@@ -7,7 +7,10 @@ The sizing rule (docs/architecture.md#sizing-contexts): measure one context
 (QPS, p99), add contexts one at a time, and stop when QPS grows by less
 than 30 % while p99 grows by more than 20 %; the count before that step is
 the recommendation. If no step trips the rule up to --max-contexts, the
-count with the highest QPS is recommended. Contexts are changed through the
+count with the highest QPS is recommended. Each step also says how busy
+the daemon's frontend thread was: near a full core, that one thread limits
+the QPS whatever the count (docs/operating.md, "Sizing"), and the
+recommendation says so. Contexts are changed through the
 admin socket (`set contexts=N`); the original count is restored at the end
 unless --apply leaves the recommended one set (the configuration file is
 not changed: put `contexts = N` there to keep it across restarts).
@@ -18,11 +21,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
 QPS_GAIN = 0.30    # a new context must add at least this much QPS...
 P99_GROWTH = 0.20  # ...or else cost no more than this much p99
+FRONTEND_LIMITS = 0.9  # the frontend thread's share of a core from which it, not the contexts, limits the QPS
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class Step:
     qps: float
     p99_us: float
     errors: int = 0
+    frontend_busy: float | None = None  # the share of a core the frontend thread used (None: not reported)
 
 
 @dataclass(frozen=True)
@@ -72,6 +78,15 @@ def recommend(steps: Sequence[Step], qps_gain: float = QPS_GAIN, p99_growth: flo
         f"no step up to {steps[-1].contexts} contexts tripped the rule; {best.contexts} gave the most QPS"))
 
 
+def frontend_note(steps: Sequence[Step], choice: Recommendation) -> str:
+    """A sentence when the frontend thread was near a full core at the recommended count, else ""."""
+    step = next((s for s in steps if s.contexts == choice.contexts), None)
+    if step is None or step.frontend_busy is None or step.frontend_busy < FRONTEND_LIMITS:
+        return ""
+    return (f"; the frontend thread was {step.frontend_busy:.0%} busy there: that one thread, not the contexts, "
+            "limits the QPS (docs/operating.md, Sizing)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     from infermux.transport import curve
     from infermux.cli.common import add_endpoint_arguments, add_input_arguments, add_model_arguments
@@ -103,6 +118,11 @@ class _Target:
         self.admin.call("set", model=self.model, contexts=n,
                         **({"version": self.version} if self.version else {}))
 
+    def frontend_cpu_s(self) -> float | None:
+        """The daemon's frontend thread's CPU seconds so far (admin/threadload.py); None where not reported."""
+        load = self.admin.call("status")["daemon"].get("frontend_thread") or {}
+        return load.get("cpu_s")
+
     def current_contexts(self) -> tuple[str, int]:
         """(version, contexts) of the version `set` acts on."""
         rows = [m for m in self.admin.call("models")["models"] if m["name"] == self.model]
@@ -119,12 +139,15 @@ def measure(target: _Target, contexts: int, args: argparse.Namespace, concurrenc
     from infermux.cli.bench import run_load
 
     target.set_contexts(contexts)
+    cpu, start = target.frontend_cpu_s(), time.monotonic()
     result = run_load(target.endpoint, target.model, target.inputs, concurrency=concurrency,
                       duration_s=args.duration, warmup=args.warmup, curve=target.curve,
                       fields={"version": target.version})
+    cpu_after, elapsed = target.frontend_cpu_s(), time.monotonic() - start
     if result.p99_us is None:
         raise RuntimeError(f"no replies with {contexts} contexts")
-    return Step(contexts, result.qps, result.p99_us, result.errors)
+    busy = (cpu_after - cpu) / elapsed if cpu is not None and cpu_after is not None and elapsed > 0 else None
+    return Step(contexts, result.qps, result.p99_us, result.errors, busy)
 
 
 def sweep(target: _Target, args: argparse.Namespace, concurrency: int,
@@ -144,9 +167,11 @@ def sweep(target: _Target, args: argparse.Namespace, concurrency: int,
 
 def _row(step: Step, verdict: Verdict | None) -> str:
     growth = "" if verdict is None else f"{verdict.qps_growth:>+8.0%} {verdict.p99_growth:>+8.0%}"
+    frontend = "-" if step.frontend_busy is None else f"{step.frontend_busy:.0%}"
     mark = "  stop" if verdict is not None and verdict.stop else ""
     errors = f"  ({step.errors} errors)" if step.errors else ""
-    return f"{step.contexts:>8} {step.qps:>10,.0f} {step.p99_us / 1000:>9.2f} {growth:>17}{mark}{errors}"
+    return (f"{step.contexts:>8} {step.qps:>10,.0f} {step.p99_us / 1000:>9.2f} {frontend:>9} {growth:>17}"
+            f"{mark}{errors}")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -190,7 +215,7 @@ def _tune(target: _Target, args: argparse.Namespace, concurrency: int, original:
     out = sys.stderr if args.json else sys.stdout
     print(f"tuning {target.model}:{target.version} at concurrency {concurrency}, {args.duration:g} s a step "
           f"(now {original} context{'s' if original != 1 else ''})", file=out)
-    print(f"{'contexts':>8} {'QPS':>10} {'p99 ms':>9} {'ΔQPS':>8} {'Δp99':>8}", file=out)
+    print(f"{'contexts':>8} {'QPS':>10} {'p99 ms':>9} {'frontend':>9} {'ΔQPS':>8} {'Δp99':>8}", file=out)
     steps: list[Step] = []
     final = original
     try:
@@ -205,9 +230,11 @@ def _tune(target: _Target, args: argparse.Namespace, concurrency: int, original:
     if args.json:
         print(json.dumps({"model": target.model, "version": target.version, "concurrency": concurrency,
                           "steps": [asdict(s) for s in steps], "recommended": choice.contexts,
-                          "reason": choice.reason, "original": original, "contexts_now": final}, indent=2))
+                          "reason": choice.reason + frontend_note(steps, choice), "original": original,
+                          "contexts_now": final}, indent=2))
     else:
-        print(f"recommend {choice.contexts} context{'s' if choice.contexts > 1 else ''}: {choice.reason}")
+        print(f"recommend {choice.contexts} context{'s' if choice.contexts > 1 else ''}: {choice.reason}"
+              f"{frontend_note(steps, choice)}")
         print(f"left at {final} (--apply)" if args.apply else
               f"restored {original}; `infermux tune --apply` or `infermux ctl set {target.model} "
               f"contexts={choice.contexts}` sets it, `contexts = {choice.contexts}` in the config keeps it")

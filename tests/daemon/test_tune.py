@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from infermux.cli.tune import Step, judge, recommend
+from infermux.cli.tune import Recommendation, Step, frontend_note, judge, recommend
 
 CLASSIFIER = """
 [[models]]
@@ -54,6 +54,16 @@ def test_no_measurements_is_an_error() -> None:
         recommend([])
 
 
+def test_the_recommendation_says_when_the_frontend_thread_was_the_limit() -> None:
+    measured = [Step(1, 9000, 2000, frontend_busy=0.97), Step(2, 9100, 2600, frontend_busy=0.98),
+                Step(3, 9000, 3100, frontend_busy=0.62)]
+    note = frontend_note(measured, Recommendation(1, "..."))
+    assert note == ("; the frontend thread was 97% busy there: that one thread, not the contexts, limits the QPS "
+                    "(docs/operating.md, Sizing)")
+    assert frontend_note(measured, Recommendation(3, "...")) == ""  # below 90 % at the count recommended
+    assert frontend_note([Step(1, 9000, 2000)], Recommendation(1, "...")) == ""  # a daemon that does not say
+
+
 def contexts(daemon) -> int:
     return next(m["contexts"] for m in daemon.admin().call("models")["models"] if m["name"] == "classifier")
 
@@ -71,7 +81,7 @@ def test_tune_sweeps_a_real_daemon_then_restores_or_applies(make_daemon) -> None
     out = tune(daemon)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
-    assert "contexts" in lines[1] and "QPS" in lines[1] and "p99 ms" in lines[1]
+    assert "contexts" in lines[1] and "QPS" in lines[1] and "p99 ms" in lines[1] and "frontend" in lines[1]
     assert lines[2].split()[0] == "1" and float(lines[2].split()[1].replace(",", "")) > 0
     assert "recommend" in out.stdout and "restored 2" in out.stdout
     assert contexts(daemon) == 2  # put back as it was
@@ -81,6 +91,8 @@ def test_tune_sweeps_a_real_daemon_then_restores_or_applies(make_daemon) -> None
     result = json.loads(applied.stdout)
     assert [s["contexts"] for s in result["steps"]][:2] == [1, 2]
     assert all(s["qps"] > 0 and s["errors"] == 0 for s in result["steps"])
+    assert all(0 <= s["frontend_busy"] <= 1.05 for s in result["steps"])  # one thread: at most one core
+    assert result["steps"][0]["frontend_busy"] > 0  # with one context it computes every request itself
     assert result["recommended"] == result["contexts_now"] == contexts(daemon)
     assert 1 <= result["recommended"] <= 3 and result["original"] == 2
 
