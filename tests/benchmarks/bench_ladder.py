@@ -13,9 +13,15 @@ answers each request read from a layout with only that rung's steps:
   + a compact record  and one tuple of the request's figures appended to a
                       bounded deque: what a statistics record could cost at
                       the least (nothing reads it)
+  + the per-request checks   and what a request must still be checked for
+                      when the decisions that depend only on its header and
+                      version are kept: its deadline, an idle context (its
+                      lock), the inline gate, and the estimates the gate
+                      learns (track_compute): the path docs/performance.md
+                      proposes, but for a dictionary lookup
   + statistics        the context's call and the reply, with the estimate the
                       inline gate learns (Executor._learn) and Stats.record
-                      in place of the compact record
+                      in place of the compact record and the checks
   + the job's checks  and the envelope's note of its request, the Job, its
                       deadline and the router's tensor check
   + the executor's serve   the job computed and answered by
@@ -55,13 +61,14 @@ from infermux.cli.bench import BenchResult, run_load  # noqa: E402
 from infermux.cli.infer import parse_inputs  # noqa: E402
 
 SECTION = "Frontend thread, step by step"
-RUNGS = ("compute and reply", "+ a compact record", "+ statistics", "+ the job's checks", "+ the executor's serve",
-         "the daemon")
+RUNGS = ("compute and reply", "+ a compact record", "+ the per-request checks", "+ statistics",
+         "+ the job's checks", "+ the executor's serve", "the daemon")
 WARM = 100  # headers read from a layout before a rung takes over: the layout is learnt by the daemon's own path
 
 
 def patch(rung: str) -> None:
     """Replace `Server._handle` in this process by `rung`'s (the daemon's own for the last rung)."""
+    from infermux.execution.inline import track_compute
     from infermux.execution.job import Job
     from infermux.frontend import server as frontend
     from infermux.frontend.oversize import ClientEnvelope
@@ -85,14 +92,16 @@ def patch(rung: str) -> None:
             return original(self, frames, refuse)
         version = self.registry.models[request.model].default()
         executor = version.placement.executors[0]
-        if level >= 3:
+        if level == 2:
+            return lean(self, executor, version, request, envelope, frames, refuse, received)
+        if level >= 4:
             envelope.came_with(request)
             job = Job(envelope, request, frames, received, deadline_ns=0)
             job.deadline_ns = received + (request.timeout_ms or version.config.timeout_ms) * 1_000_000
             if job.late():
                 return original(self, frames, refuse)
             self.router._check_tensors(version, job)
-            if level >= 4:
+            if level >= 5:
                 job.target = version
                 if not executor.serve_alone(job):
                     raise RuntimeError("the one context was busy on a 1-context daemon's frontend thread")
@@ -103,9 +112,29 @@ def patch(rung: str) -> None:
         queue_us, compute_us, total_us = (start - received) // 1000, (end - start) // 1000, (end - received) // 1000
         if level == 1:
             records.append((200, total_us, queue_us, compute_us, 1))
-        elif level >= 2:
+        elif level >= 3:
             executor._learn(1, start, end)
             executor.stats.record(200, total_us, queue_us, compute_us, 0)
+        self._send(envelope + executor._ok.encode(request.id, queue_us, compute_us, total_us, outputs))
+
+    def lean(self: Any, executor: Any, version: Any, request: Any, envelope: Any, frames: list[Any], refuse: bool,
+             received: int) -> None:
+        scheduler = version.placement
+        deadline = received + (request.timeout_ms or version.config.timeout_ms) * 1_000_000
+        if (time.perf_counter_ns() > deadline or executor.in_flight or len(executor.queue)
+                or not scheduler._inline(executor.row_us, False) or not executor._busy.acquire(blocking=False)):
+            return original(self, frames, refuse)
+        try:
+            start = time.perf_counter_ns()
+            outputs = executor._context.infer(request.inputs)
+            end = time.perf_counter_ns()
+        finally:
+            executor._busy.release()
+        sample = (end - start) / 1000
+        executor.row_wall_us = track_compute(executor.row_wall_us, sample)
+        executor.row_us = track_compute(executor.row_us, sample)
+        queue_us, compute_us, total_us = (start - received) // 1000, (end - start) // 1000, (end - received) // 1000
+        records.append((200, total_us, queue_us, compute_us, 1))
         self._send(envelope + executor._ok.encode(request.id, queue_us, compute_us, total_us, outputs))
 
     frontend.Server._handle = handle
