@@ -13,7 +13,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from infermux import format as fmt
-from infermux.admin.threadload import BUSY
+from infermux.admin.threadload import BUSY, SATURATED
 
 
 def daemon_line(d: dict[str, Any]) -> list[str]:
@@ -36,7 +36,7 @@ def daemon_line(d: dict[str, Any]) -> list[str]:
         parts.append(f"[yellow]{fmt.count(int(clients['idle_closed']))} silent conns closed[/]")
     busy = (d.get("frontend_thread") or {}).get("busy_ratio")
     if busy is not None and busy >= BUSY:  # one thread near a full core: it limits the QPS
-        parts.append(f"[{_level(busy, BUSY, 0.9)}]frontend {100 * busy:.0f}% busy[/]")
+        parts.append(f"[{_level(busy, BUSY, SATURATED)}]frontend {100 * busy:.0f}% busy[/]")
     if (d.get("wire") or {}).get("kind") == "python":  # the frontend runs pyzmq's slower calls (wire.py)
         parts.append("[yellow]pyzmq wire[/]")
     if d.get("internal_errors"):

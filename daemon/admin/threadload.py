@@ -22,6 +22,8 @@ from infermux.admin import hardware
 
 #: The share of a core from which the console and `infermux status` show the frontend thread as busy.
 BUSY = 0.7
+#: The share from which that one thread is what limits the QPS (the console's red, `infermux tune`'s note).
+SATURATED = 0.9
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,7 @@ class ThreadLoad:
         self.every_s, self.clock, self.tasks = every_s, clock, tasks
         self._thread: int | None = None  # the id measured so far
         self._base: tuple[float, float] | None = None  # (when, CPU seconds) the ratio is measured from
-        self._last: Load | None = None
+        self._window: tuple[float, float] | None = None  # (busy_ratio, over_s) between the last two reads
         self._lock = threading.Lock()
 
     def read(self, native_id: int | None) -> Load | None:
@@ -56,7 +58,7 @@ class ThreadLoad:
             if native_id is None:
                 return None
             if native_id != self._thread:
-                self._thread, self._base, self._last = native_id, None, None
+                self._thread, self._base, self._window = native_id, None, None
             sample = hardware.process_sample("thread", native_id, self.tasks)
             if sample is None:
                 return None
@@ -65,7 +67,6 @@ class ThreadLoad:
                 self._base = (now, cpu)
             elif now - self._base[0] >= self.every_s:
                 since, base_cpu = self._base
-                self._last = Load(cpu, (cpu - base_cpu) / (now - since), now - since)
+                self._window = ((cpu - base_cpu) / (now - since), now - since)
                 self._base = (now, cpu)
-            last = self._last
-            return Load(cpu, last.busy_ratio, last.over_s) if last is not None else Load(cpu, None, None)
+            return Load(cpu, *(self._window or (None, None)))

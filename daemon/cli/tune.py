@@ -25,9 +25,10 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
+from infermux.admin.threadload import SATURATED
+
 QPS_GAIN = 0.30    # a new context must add at least this much QPS...
 P99_GROWTH = 0.20  # ...or else cost no more than this much p99
-FRONTEND_LIMITS = 0.9  # the frontend thread's share of a core from which it, not the contexts, limits the QPS
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,7 @@ def recommend(steps: Sequence[Step], qps_gain: float = QPS_GAIN, p99_growth: flo
 def frontend_note(steps: Sequence[Step], choice: Recommendation) -> str:
     """A sentence when the frontend thread was near a full core at the recommended count, else ""."""
     step = next((s for s in steps if s.contexts == choice.contexts), None)
-    if step is None or step.frontend_busy is None or step.frontend_busy < FRONTEND_LIMITS:
+    if step is None or step.frontend_busy is None or step.frontend_busy < SATURATED:
         return ""
     return (f"; the frontend thread was {step.frontend_busy:.0%} busy there: that one thread, not the contexts, "
             "limits the QPS (docs/operating.md, Sizing)")
