@@ -72,6 +72,7 @@ class ParseCache:
         self._layouts: dict[bytes, Layout | None] = {}  # None: this layout cannot be kept
         self._seen: set[bytes] = set()
         self.hits = 0
+        self.layout: Layout | None = None  # the last request's layout; None where it was parsed in full
 
     def parse(self, frames: Sequence[bytes | memoryview], limits: Limits,
               regions: RegionLookup | None = None) -> Request:
@@ -80,6 +81,7 @@ class ParseCache:
             self._limits, self._layouts, self._seen = limits, {}, set()
         raw = frames[0] if frames else b""
         if type(raw) is not bytes or len(raw) > MAX_CACHED_HEADER:
+            self.layout = None
             return parse_request(frames, limits, regions)
         shape, ident, id_at = _split(raw)
         layout = self._layouts.get(shape)
@@ -87,7 +89,9 @@ class ParseCache:
             request = _fill(layout, ident, frames, limits)
             if request is not None:
                 self.hits += 1
+                self.layout = layout
                 return request
+        self.layout = None
         request = parse_request(frames, limits, regions)
         if shape not in self._layouts:
             self._learn(shape, raw, id_at, ident, frames, request, limits)

@@ -29,6 +29,8 @@ from infermux.models.registry import Model, ModelVersion, Registry, State
 
 log = logging.getLogger("infermux.router")
 
+MAX_ACCEPTED = 256  # header layouts whose tensors are known to fit an engine; starts over when full
+
 
 class Router:
     """Admits jobs to placements (placement.py); returns an error header for those it cannot."""
@@ -42,6 +44,7 @@ class Router:
         self.routing: RoutingConfig = config.routing
         self.file_weights: dict[str, dict[str, int]] = {}  # model -> version -> weight the file gives
         self.pipelines: dict[str, Pipeline] = {}  # addressed like models (daemon/pipelines/)
+        self._accepted: dict[int, tuple[object, Any]] = {}  # id(layout) -> (layout, engine that accepts it)
         self.configure(config)
 
     def configure(self, config: Config) -> None:
@@ -66,7 +69,7 @@ class Router:
             self._count(job, exc.status)
             return error_header(exc.status, exc.message, job.request.id, retry_after_ms=exc.retry_after_ms)
 
-    def admit_fast(self, job: Job) -> bool:
+    def admit_fast(self, job: Job, layout: object | None = None) -> bool:
         """Serve `job` at once if nothing about it needs deciding; False, having done nothing, if
         something does (then `admit` takes it).
 
@@ -76,7 +79,9 @@ class Router:
         general path's, in its order, without the steps that cannot apply: pipelines, fallback
         and deadline decisions, batching holds, queues. A keyed request is counted on its stream
         here too (`_track`, once), and one whose stream has an older request waiting under
-        newest_per_key goes to the general path (Scheduler.serve_now).
+        newest_per_key goes to the general path (Scheduler.serve_now). `layout`: the header layout the
+        request was read from (parsecache.py), whose tensors, once accepted by an engine, are not
+        checked against it again.
         """
         req = job.request
         model = self.registry.models.get(req.model)
@@ -93,16 +98,28 @@ class Router:
         job.deadline_ns = job.received_ns + (req.timeout_ms or mv.config.timeout_ms) * 1_000_000
         if job.late():
             return False
-        try:
-            self._check_tensors(mv, job)
-        except ProtocolError:
-            return False
+        if layout is None or self._accepted.get(id(layout)) != (layout, mv.engine):
+            try:
+                self._check_tensors(mv, job)
+            except ProtocolError:
+                return False
+            self._accept(layout, mv)
         job.target = mv
         self._track(job)  # a stream's request served here is counted as on the general path
         if not placement.serve_now(job):
             return False
         mv.last_used = time.monotonic()
         return True
+
+    def _accept(self, layout: object | None, mv: ModelVersion) -> None:
+        """Remember that `mv`'s engine accepts the tensors of `layout`'s requests: a layout fixes their
+        names, dtypes, shapes and the outputs asked for, all that `_check_tensors` reads of a client's
+        request. Keyed by identity, with the layout kept so that its id is not reused."""
+        if layout is None or mv.engine is None:
+            return
+        if len(self._accepted) >= MAX_ACCEPTED:
+            self._accepted.clear()
+        self._accepted[id(layout)] = (layout, mv.engine)
 
     def _track(self, job: Job) -> None:
         """Count a client's keyed request on its stream (once: admit_fast, then admit if that declined);

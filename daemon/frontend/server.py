@@ -592,7 +592,7 @@ class Server:
             self.mirror.on_request(envelope, request)
         job = Job(envelope, request, frames, received, deadline_ns=0)  # the router sets the deadline
         try:
-            if self.router.admit_fast(job):  # computed and answered already: nothing needed deciding
+            if self.router.admit_fast(job, self.parses.layout):  # computed and answered: nothing needed deciding
                 return
             refused = self.router.admit(job)  # None: admitted; else the error reply
         except Exception:

@@ -14,6 +14,7 @@ from infermux import config as cfg
 from infermux.frontend.oversize import kind_of
 from infermux.frontend.server import Server
 from infermux.protocol import Request, decode_reply, encode_request
+from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend
 from support.models import add_one
 from support.polling import eventually
 
@@ -120,7 +121,7 @@ def test_a_plain_request_is_answered_at_once_without_the_general_path(server: Se
 def test_the_fast_reply_is_the_general_one(server: Server, sent: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
     ask(server, "plain")
     fast = sent.reply()
-    monkeypatch.setattr(server.router, "admit_fast", lambda job: False)
+    monkeypatch.setattr(server.router, "admit_fast", lambda job, layout=None: False)
     ask(server, "plain")
     drain_outbox(server)
     general = sent.reply()
@@ -157,6 +158,27 @@ def test_bad_input_gets_the_general_paths_error(server: Server, sent: Sent) -> N
     header = sent.reply()
     assert sent.general == 1
     assert header["status"] == 400 and "dimension 1 must be 4" in header["error"], header
+
+
+def test_a_layout_accepted_by_one_engine_is_checked_again_against_the_next(server: Server, sent: Sent,
+                                                                        tmp_path: Any) -> None:
+    # The third request of a header read from its layout: the first two taught the layout, the third
+    # let the router remember that this engine accepts its tensors.
+    for _ in range(3):
+        ask(server, "plain")
+        assert sent.reply()["status"] == 200
+    assert server.parses.layout is not None and sent.general == 0
+    mv = server.registry.model("plain").default()
+    wider = OnnxRuntimeBackend().load(add_one(tmp_path / "wider.onnx", width=5), {})
+    engine, mv.engine = mv.engine, wider  # what a swap brings: another engine, which takes [N, 5]
+    try:
+        ask(server, "plain")
+        header = sent.reply()
+    finally:
+        mv.engine = engine
+    assert sent.general == 1 and header["status"] == 400 and "dimension 1 must be 5" in header["error"], header
+    ask(server, "plain")  # the engine that accepts the layout again: served on the fast path
+    assert sent.reply()["status"] == 200 and sent.general == 1
 
 
 def stream_row(server: Server, model: str, key: str) -> dict[str, Any]:
