@@ -168,9 +168,7 @@ def servers(tmp: Path) -> tuple[dict[str, Server], list[str]]:
     if choose().compiled:  # else "daemon" runs pyzmq's calls already
         chosen["daemon, pyzmq calls"] = (*daemon_command(tmp, "daemon-pyzmq", contexts=1), PYZMQ_CALLS)
     _, contexts, batching = CONFIGURATIONS[-1]  # the batched daemon of the PyTriton comparison
-    command, endpoint = daemon_command(tmp, "daemon-batched", contexts=contexts)
-    (tmp / "daemon-batched.toml").write_text((tmp / "daemon-batched.toml").read_text() + batching)
-    chosen["daemon, batched"] = (command, endpoint, None)
+    chosen["daemon, batched"] = (*daemon_command(tmp, "daemon-batched", contexts=contexts, extra=batching), None)
     missing = [f"{name} left out: {built.missing}." for name, built in (("C echo", echo), ("C bare loop", bare))
                if built.path is None]
     return chosen, missing

@@ -148,11 +148,14 @@ def serving(name: str, command: list[str], endpoint: str, log_dir: Path,
 
 
 def daemon_command(tmp: Path, name: str = "daemon", contexts: int = 2, model: str = MODEL,
-                   engine: Path = ENGINE) -> tuple[list[str], str]:
-    """The daemon serving `engine` as `model` with `contexts` contexts, and where its socket will be."""
+                   engine: Path = ENGINE, extra: str = "") -> tuple[list[str], str]:
+    """The daemon serving `engine` as `model` with `contexts` contexts, and where its socket will be.
+
+    `extra`: more of the model's keys, as whole lines (`max_batch = 16`, ...); the config ends in its
+    `[[models]]` table, so they are appended to its end."""
     config = tmp / f"{name}.toml"
     config.write_text(DAEMON_TOML.format(engines=ROOT / "engines", model=model, contexts=contexts,
-                                         engine=engine.relative_to(ROOT / "engines")))
+                                         engine=engine.relative_to(ROOT / "engines")) + extra)
     run_dir = tmp / f"run-{name}"
     command = [sys.executable, "-m", "infermux", "serve", "--config", str(config), "--runtime-dir", str(run_dir)]
     return command, f"ipc://{run_dir}/infer.sock"

@@ -189,10 +189,7 @@ def main(argv: list[str] | None = None) -> int:
             wait_for_pytriton(triton, log)
             servers = {}
             for n, (case, contexts, extra) in enumerate(CONFIGURATIONS):
-                command, endpoint = daemon_command(tmp, f"daemon{n}", contexts)
-                config = tmp / f"daemon{n}.toml"
-                config.write_text(config.read_text() + extra)
-                servers[case] = (command, endpoint)
+                servers[case] = daemon_command(tmp, f"daemon{n}", contexts, extra=extra)
             built = build_bare(tmp)
             references = [*REFERENCES, *([(COMPILED, "compiled-bare", str(ENGINE), str(built.path))]
                                          if built.path else [])]

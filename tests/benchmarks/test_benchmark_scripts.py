@@ -11,6 +11,11 @@ from pathlib import Path
 
 import pytest
 
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10 (JetPack 6)
+    import tomli as tomllib
+
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
 
@@ -221,6 +226,24 @@ def test_the_compiled_bare_loop_answers_what_onnxruntime_computes_and_refuses_ba
         client.close(0)
         server.kill()
         server.wait()
+
+
+def test_a_daemon_config_with_extra_keys_holds_them_in_its_model_table(tmp_path):
+    from bench_core import MODEL, daemon_command
+    from bench_pytriton import CONFIGURATIONS
+
+    batching = CONFIGURATIONS[-1][2]  # what bench_pytriton and bench_budget pass for their batched daemon
+    command, endpoint = daemon_command(tmp_path, "batched", contexts=2, extra=batching)
+    config = tmp_path / "batched.toml"
+    assert command[command.index("--config") + 1] == str(config)
+    assert endpoint == f"ipc://{tmp_path}/run-batched/infer.sock"
+    text = config.read_text()
+    assert batching and text.endswith(batching)
+    (model,) = tomllib.loads(text)["models"]
+    assert (model["name"], model["contexts"], model["max_batch"], model["batch_delay_us"]) == (MODEL, 2, 16, 200)
+    daemon_command(tmp_path, "plain", contexts=1)
+    (plain,) = tomllib.loads((tmp_path / "plain.toml").read_text())["models"]
+    assert plain["contexts"] == 1 and "max_batch" not in plain
 
 
 def test_the_budget_reads_pytritons_figure_from_the_peer_table(tmp_path):
