@@ -225,6 +225,16 @@ def _loading_503s(d: Daemon, scene: Scene) -> None:
     scene.statuses["late"] = {503}
 
 
+def _ready(d: Daemon, names: set[str], timeout_s: float = 60.0) -> None:
+    """Wait until every model in `names` is ready: the daemon was started without waiting (for `late`'s
+    503s), and on a busy box the others may still be loading when those are seen."""
+    def ready() -> bool:
+        with d.admin() as admin:
+            return names <= {m["name"] for m in admin.call("models")["models"] if m["state"] == "ready"}
+
+    eventually(ready, f"models {sorted(names)} ready", timeout_s=timeout_s, interval_s=0.2)
+
+
 def _until_served(d: Daemon, scene: Scene) -> None:
     with d.client() as client:
         eventually(lambda: client.infer("late", {"x": X4}).status == 200, "late served", timeout_s=30, interval_s=0.2)
@@ -373,6 +383,7 @@ def scene(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iterator[S
         eventually(lambda: prom.series('infermux_model_state{model="late",state="loading"}'),
                "a scrape showing late loading", timeout_s=30, interval_s=0.2)
         _loading_503s(daemon, scene)
+        _ready(daemon, {"flood", "tardy", "cams", "classifier", "det"})  # the hot models the scene drives
         _flood(daemon, scene, lambda: prom.series('ALERTS{alertname="InfermuxQueueNearlyFull"}'))
         _deadlines(daemon, scene)
         _until_served(daemon, scene)
