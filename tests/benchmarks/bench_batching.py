@@ -42,7 +42,7 @@ import zmq
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results import markdown_table, stamp, stop_server, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp, stop_server  # noqa: E402
 
 from infermux import config as cfg  # noqa: E402
 from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
@@ -361,9 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.only:
         return 0
     body = report(cases, fair, args, (before, os.getloadavg()[0]))
-    print(body)
-    if not args.no_write:
-        write_section(SECTION, body)
+    print_and_write(SECTION, body, write=not args.no_write)
     return 0
 
 

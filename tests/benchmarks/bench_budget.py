@@ -61,7 +61,7 @@ from bench_core import (BASELINES, ENGINE, MODEL, PYZMQ_CALLS, SHAPE, cpu_per_re
                         serving)
 from bench_pytriton import CONFIGURATIONS, SECTION as PEER  # noqa: E402
 from compiled import build_bare, build_echo  # noqa: E402
-from results import RESULTS, markdown_table, stamp, thread_cpu_s, write_section  # noqa: E402
+from results import RESULTS, markdown_table, print_and_write, stamp, thread_cpu_s  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load  # noqa: E402
 from infermux.cli.infer import parse_inputs  # noqa: E402
@@ -292,9 +292,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-budget.") as tmp:
         rounds, missing = measure(args, Path(tmp))
     body = report(rounds, missing, onnxruntime_call_us(), args)
-    print(body)
-    if not args.no_write:
-        write_section(SECTION, body)
+    print_and_write(SECTION, body, write=not args.no_write)
     return 0
 
 

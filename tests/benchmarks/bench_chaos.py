@@ -25,7 +25,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 
 from support.chaos import WATCHED, Load, Tally  # noqa: E402
 from support.harness import Daemon  # noqa: E402
@@ -122,8 +122,7 @@ def main() -> None:
         "answered: those count as hung by design; every request the daemon read was answered.",
         "Reproduce: `python tests/benchmarks/bench_chaos.py`.",
     ])
-    print(body)
-    write_section("Chaos", body)
+    print_and_write("Chaos", body, write=True)
 
 
 if __name__ == "__main__":

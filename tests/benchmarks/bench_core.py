@@ -53,7 +53,7 @@ from typing import Callable, Iterator
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results import markdown_table, process_cpu_s, stamp, stop_server, write_section  # noqa: E402
+from results import markdown_table, print_and_write, process_cpu_s, stamp, stop_server  # noqa: E402
 from revision import describe, package_env  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
@@ -372,9 +372,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="imx-core-") as tmp:  # short: ipc paths are limited to ~100 bytes
         measured = measure_all(args, Path(tmp))
     body = report(measured, args, (load_before, os.getloadavg()[0]))
-    print(f"\n## {SECTION}\n\n{body}\n\n(took {time.monotonic() - started:.0f} s)")
-    if not args.no_write:
-        write_section(SECTION, body)
+    took = time.monotonic() - started
+    print_and_write(SECTION, body, write=not args.no_write, titled=True)
+    print(f"\n(took {took:.0f} s)")
     return 0
 
 

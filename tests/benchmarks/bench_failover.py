@@ -38,7 +38,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 
 from support import models  # noqa: E402
 from support.harness import DAEMON_HEAD, Daemon  # noqa: E402
@@ -176,9 +176,7 @@ def main() -> int:
         "connections stay open, is left after `failover_s`.",
         "Reproduce: `python tests/benchmarks/bench_failover.py`.",
     ])
-    print(body)
-    if not args.no_write:
-        write_section(SECTION, body)
+    print_and_write(SECTION, body, write=not args.no_write)
     return 0
 
 

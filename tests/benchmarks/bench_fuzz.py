@@ -27,7 +27,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent)]
 from support import models  # noqa: E402
 from support.fuzz_messages import FUZZ_MODELS, FuzzReport, MessageFactory, fuzz_specs, run_fuzz  # noqa: E402
 from support.harness import DAEMON_HEAD, REPO, Daemon  # noqa: E402
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 
 SECTION = "Fuzzing"
 # message kinds that share a first word are one family in the table
@@ -111,9 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     for line in report.failures:
         print("  " + line)
     text = body(report, args, exit_code)
-    print(text)
-    if not args.no_write:
-        write_section(SECTION, text)
+    print_and_write(SECTION, text, write=not args.no_write)
     return 0 if report.clean and not args.tracebacks and exit_code == 0 else 1
 
 

@@ -45,7 +45,7 @@ import zmq
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from baselines import handler_for  # noqa: E402
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 
 from infermux import config as cfg  # noqa: E402
 from infermux.protocol import encode_request  # noqa: E402
@@ -212,9 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="imx-handle-") as tmp:
         handling, turns = measure(args.calls, args.rounds, Path(tmp))
         body = report(handling, turns, args.calls, args.rounds)
-    print(f"\n## {SECTION}\n\n{body}")
-    if not args.no_write:
-        write_section(SECTION, body)
+    print_and_write(SECTION, body, write=not args.no_write, titled=True)
     return 0
 
 

@@ -42,7 +42,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from results import markdown_table, process_cpu_s, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, process_cpu_s, stamp  # noqa: E402
 
 from support.harness import Daemon  # noqa: E402
 from infermux.client import Client  # noqa: E402
@@ -538,9 +538,7 @@ def main() -> int:
                       "a serving daemon's are); "
                       "most fds: the most open descriptors sampled every 50 ms. On the 2-core box "
                       "(figures noisy).", *notes, "", table])
-    print(body)
-    if not args.no_write:
-        write_section("Hostile clients", body)
+    print_and_write("Hostile clients", body, write=not args.no_write)
     return 0
 
 

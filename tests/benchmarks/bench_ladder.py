@@ -55,7 +55,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_budget import thread_split  # noqa: E402
 from bench_core import MODEL, SHAPE, daemon_command, serving  # noqa: E402
-from results import markdown_table, stamp, thread_cpu_s, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp, thread_cpu_s  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load  # noqa: E402
 from infermux.cli.infer import parse_inputs  # noqa: E402
@@ -202,9 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-ladder.") as tmp:
         rounds = measure(args, Path(tmp))
     body = report(rounds, args)
-    print(body)
-    if not args.no_write:
-        write_section(SECTION, body)
+    print_and_write(SECTION, body, write=not args.no_write)
     return 0
 
 

@@ -51,7 +51,7 @@ import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
 
 from support.harness import REPO, Daemon, free_port  # noqa: E402
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
 
@@ -390,9 +390,7 @@ def main(argv: list[str] | None = None) -> int:
             print(daemon.log()[-3000:], file=sys.stderr)
             return 1
     text = report(rounds, note, args, (load_before, load_after))
-    print(text)
-    if not args.no_write:
-        write_section(SECTION, text)
+    print_and_write(SECTION, text, write=not args.no_write)
     return 0
 
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from support.harness import Daemon, example  # noqa: E402
-from results import markdown_table, process_cpu_s, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, process_cpu_s, stamp  # noqa: E402
 
 from infermux.pipelines.wire import send_frame  # noqa: E402
 
@@ -185,9 +185,7 @@ def main() -> None:
             + f"\n\n{args.frames} generated {width}x{height} JPEG frames per camera, after 2 warm-up frames. "
             "Reproduce: `python engines/fetch_ppocr.py && python tests/benchmarks/bench_pipeline.py`."
             + NOTE)
-    if not args.no_write:
-        write_section(SECTION, body)
-    print(body)
+    print_and_write(SECTION, body, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 
 from infermux.plugins.processors import create  # noqa: E402
 from infermux.plugins.processors.base import Region, Sample, Transform  # noqa: E402
@@ -184,9 +184,7 @@ def main() -> None:
             + markdown_table(["processor", "case", "µs per call", "µs per round"], rows)
             + f"\n\nOne thread, median of {args.rounds} rounds of {args.seconds} s. "
             "Reproduce: `python tests/benchmarks/bench_processors.py`.")
-    if not args.no_write:
-        write_section(SECTION, body)
-    print(body)
+    print_and_write(SECTION, body, write=not args.no_write)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_core import BASELINES, ENGINE, daemon_command, serving  # noqa: E402
 from compiled import build_bare  # noqa: E402
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 
 from infermux.cli.bench import run_load  # noqa: E402
 from infermux.cli.infer import parse_inputs  # noqa: E402
@@ -220,9 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             except subprocess.TimeoutExpired:
                 triton.kill()
     body = report(rows, args, built.missing)
-    print(f"\n## {SECTION}\n\n{body}")
-    if not args.no_write:
-        write_section(SECTION, body)
+    print_and_write(SECTION, body, write=not args.no_write, titled=True)
     return 0
 
 

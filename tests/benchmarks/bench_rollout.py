@@ -41,7 +41,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 
 from support.harness import Daemon  # noqa: E402
 from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
@@ -217,9 +217,7 @@ def main() -> int:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     text = report(cases, final, args)
-    print(text)
-    if not args.no_write:
-        write_section(SECTION, text)
+    print_and_write(SECTION, text, write=not args.no_write)
     return 0
 
 

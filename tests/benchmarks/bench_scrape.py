@@ -27,7 +27,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 
 from support import models  # noqa: E402
 from support.harness import DAEMON_HEAD, Daemon, free_port  # noqa: E402
@@ -94,9 +94,7 @@ def main() -> int:
         f"{per_scrape_ms:.3f} ms per scrape.",
         "Reproduce: `python tests/benchmarks/bench_scrape.py`.",
     ])
-    print(body)
-    if not args.no_write:
-        write_section("Metrics scrape", body)
+    print_and_write("Metrics scrape", body, write=not args.no_write)
     return 0
 
 

@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench_core import ENGINE, Measured, Round, cpu_per_request, run_rounds, serving  # noqa: E402
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 from support.models import one_matmul  # noqa: E402
 
 from infermux.cli.bench import run_load  # noqa: E402
@@ -109,9 +109,7 @@ def main(argv: list[str] | None = None) -> int:
             rows = [(model, size, label, rss_mib(pid), reported_mib(run_dir, model))
                     for model, size, daemons in memory for label, (_, pid, run_dir) in daemons.items()]
     body = report(measured, rows, args)
-    print(f"\n## {SECTION}\n\n{body}")
-    if not args.no_write:
-        write_section(SECTION, body)
+    print_and_write(SECTION, body, write=not args.no_write, titled=True)
     return 0
 
 

@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 
 from support.chaos import Load  # noqa: E402
 from support.harness import Daemon  # noqa: E402
@@ -176,8 +176,7 @@ def report(minutes, samples, hot, swapped, cold, swaps, unloads, regions) -> Non
         f"{dict(swapped.by_status)}; cold by status {cold}; with shared memory {regions}.",
         "Reproduce: `python tests/benchmarks/bench_soak.py --minutes 10`.",
     ])
-    print(body)
-    write_section("Soak", body)
+    print_and_write("Soak", body, write=True)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 
 from infermux.execution.stats import ModelStats, Stats  # noqa: E402
 
@@ -69,8 +69,7 @@ def main() -> None:
     body = (f"{stamp()}\n\n{table}\n\n"
             f"`ModelStats.snapshot()` with 2 contexts and full rings (4096 samples each): {snap} ms.\n"
             "µs per request = wall time / requests, all threads recording flat out (worst case).")
-    print(body)
-    write_section("Stats: cost per record", body)
+    print_and_write("Stats: cost per record", body, write=True)
 
 
 if __name__ == "__main__":

@@ -47,7 +47,7 @@ sys.path.insert(0, str(HERE.parent))
 
 from support import models  # noqa: E402
 from support.harness import Daemon  # noqa: E402
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 
 from infermux.cli.bench import run_load  # noqa: E402
 from infermux.cli.benchstreams import StreamsResult, run_streams, synthetic_frames  # noqa: E402
@@ -287,9 +287,7 @@ def main() -> None:
             "every stream, the daemon's received = served + superseded + refused + failed, and that it received what "
             "the client sent and served what the client got. Reproduce: `python engines/fetch_ppocr.py && flock /tmp/infermux-heavy.lock python "
             "tests/benchmarks/bench_streams.py`; one stream table by hand: `infermux bench ocr --streams 6 --fps F`.")
-    if not args.no_write:
-        write_section(SECTION, text)
-    print(text)
+    print_and_write(SECTION, text, write=not args.no_write)
 
 
 if __name__ == "__main__":

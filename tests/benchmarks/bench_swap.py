@@ -37,7 +37,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 
 from support.harness import Daemon  # noqa: E402
 from infermux.client import Client  # noqa: E402
@@ -209,10 +209,8 @@ Swap time = rename → first reply from the new version as a client sees it: ino
 (`watch_debounce_s` 0.05), onnxruntime session, warm-up, take-over. The old version drains after that.
 Reproduce: `python tests/benchmarks/bench_swap.py`.
 """
-    print(body)
+    print_and_write("Hot swap", body, write=not args.no_write)
     print("swap ms, idle:", [round(x) for x in idle], "loaded:", [round(x) for x in loaded_swaps])
-    if not args.no_write:
-        write_section("Hot swap", body)
     return 0 if errors == 0 else 1
 
 

@@ -37,7 +37,7 @@ REPO = HERE.parents[1]
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 from support import models, tracking  # noqa: E402
 from support.harness import Daemon, dealer  # noqa: E402
 from support.tracking import classifying, detecting, id_switches, idf1, replay, rows_computed  # noqa: E402
@@ -160,9 +160,7 @@ def main() -> None:
             + "\n\nCalls: rows the secondary classifier computed (its own statistics), each tracked region's crop "
             "once per call; the three pipelines run each sequence in turn on one daemon, one frame at a time. "
             "Reproduce: `python tests/benchmarks/bench_tracking.py`.")
-    if not args.no_write:
-        write_section(SECTION, body)
-    print(body)
+    print_and_write(SECTION, body, write=not args.no_write)
 
 
 if __name__ == "__main__":

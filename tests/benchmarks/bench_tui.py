@@ -25,7 +25,7 @@ sys.path[:0] = [str(BENCHMARKS), str(TESTS)]
 
 from support import models  # noqa: E402
 from support.harness import DAEMON_HEAD, Daemon  # noqa: E402
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 
 from infermux.tui.app import TopApp  # noqa: E402
 from infermux.tui.feed import Endpoints, LiveFeed  # noqa: E402
@@ -105,9 +105,7 @@ def main() -> int:
         "Target: under 5 % of one core at 4 snapshots/s. A table row is redrawn only when one of its "
         "cells changed; hidden tabs are not updated. Reproduce: `python tests/benchmarks/bench_tui.py`.",
     ])
-    print(body)
-    if not args.no_write:
-        write_section("Console CPU", body)
+    print_and_write("Console CPU", body, write=not args.no_write)
     return 0
 
 

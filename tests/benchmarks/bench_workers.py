@@ -40,7 +40,7 @@ from onnx import TensorProto, helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from results import markdown_table, stamp, write_section  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
 from revision import describe, package_env  # noqa: E402
 
 from infermux.cli.bench import BenchResult, run_load, wait_ready  # noqa: E402
@@ -228,9 +228,7 @@ def main(argv: list[str] | None = None) -> int:
             for d in daemons:
                 d.stop()
     body = report(runs, with_spare, without, args)
-    print(body)
-    if not args.no_write:
-        write_section(args.section, body)
+    print_and_write(args.section, body, write=not args.no_write)
     return 0
 
 

@@ -63,6 +63,14 @@ def write_section(heading: str, body: str, path: Path = RESULTS) -> None:
     path.write_text("\n".join(lines[:start] + section + lines[end:]).rstrip("\n") + "\n")
 
 
+def print_and_write(heading: str, body: str, *, write: bool, titled: bool = False, path: Path = RESULTS) -> None:
+    """The end of a script's run: print the section (under its `## heading` with `titled`) and, with
+    `write` (a script's --no-write clears it), put it in RESULTS.md in place of the last one."""
+    print(f"\n## {heading}\n\n{body}" if titled else body)
+    if write:
+        write_section(heading, body, path)
+
+
 def markdown_table(header: list[str], rows: list[list[str]]) -> str:
     """A GitHub table; numbers are right-aligned by the caller's formatting."""
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---:" if i else "---" for i in range(len(header))) + "|"]

@@ -19,7 +19,7 @@ else:  # Python 3.10 (JetPack 6)
 BENCHMARKS = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCHMARKS))
 
-from results import write_section  # noqa: E402
+from results import print_and_write, write_section  # noqa: E402
 from revision import ROOT, package_env  # noqa: E402
 
 
@@ -37,6 +37,14 @@ def test_a_missing_file_is_created(tmp_path):
     write_section("Only", "body", path)
     assert path.read_text() == "# Benchmark results\n\n## Only\n\nbody\n"
 
+
+def test_a_run_prints_its_section_and_writes_it_unless_told_not_to(tmp_path, capsys):
+    path = tmp_path / "RESULTS.md"
+    print_and_write("A", "table", write=False, path=path)
+    assert capsys.readouterr().out == "table\n" and not path.exists()  # --no-write
+    print_and_write("A", "table", write=True, titled=True, path=path)
+    assert capsys.readouterr().out == "\n## A\n\ntable\n"
+    assert path.read_text() == "# Benchmark results\n\n## A\n\ntable\n"
 
 def test_a_revision_run_beside_this_checkout_gets_the_extension_this_checkout_built(tmp_path):
     if not list((ROOT / "daemon").rglob("_wire*.so")):
