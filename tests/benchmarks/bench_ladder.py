@@ -93,8 +93,9 @@ def patch(rung: str) -> None:
         version = self.registry.models[request.model].default()
         executor = version.placement.executors[0]
         if level == 2:
-            return lean(self, executor, version, request, envelope, frames, refuse, received)
-        if level >= 4:
+            if not checked(executor, version, request, received):
+                return original(self, frames, refuse)
+        elif level >= 4:
             envelope.came_with(request)
             job = Job(envelope, request, frames, received, deadline_ns=0)
             job.deadline_ns = received + (request.timeout_ms or version.config.timeout_ms) * 1_000_000
@@ -107,35 +108,34 @@ def patch(rung: str) -> None:
                     raise RuntimeError("the one context was busy on a 1-context daemon's frontend thread")
                 return
         start = time.perf_counter_ns()
-        outputs = executor._context.infer(request.inputs)
+        try:
+            outputs = executor._context.infer(request.inputs)
+        except BaseException:
+            if level == 2:
+                executor._busy.release()
+            raise
         end = time.perf_counter_ns()
         queue_us, compute_us, total_us = (start - received) // 1000, (end - start) // 1000, (end - received) // 1000
         if level == 1:
+            records.append((200, total_us, queue_us, compute_us, 1))
+        elif level == 2:  # the context's lock back, the estimates the gate learns, and the compact record
+            executor._busy.release()
+            sample = (end - start) / 1000
+            executor.row_wall_us = track_compute(executor.row_wall_us, sample)
+            executor.row_us = track_compute(executor.row_us, sample)
             records.append((200, total_us, queue_us, compute_us, 1))
         elif level >= 3:
             executor._learn(1, start, end)
             executor.stats.record(200, total_us, queue_us, compute_us, 0)
         self._send(envelope + executor._ok.encode(request.id, queue_us, compute_us, total_us, outputs))
 
-    def lean(self: Any, executor: Any, version: Any, request: Any, envelope: Any, frames: list[Any], refuse: bool,
-             received: int) -> None:
+    def checked(executor: Any, version: Any, request: Any, received: int) -> bool:
+        """The per-request checks' rung before its call: the request's deadline, an idle context, the inline
+        gate; True with the context's lock taken (handle gives it back after the call)."""
         scheduler = version.placement
         deadline = received + (request.timeout_ms or version.config.timeout_ms) * 1_000_000
-        if (time.perf_counter_ns() > deadline or executor.in_flight or len(executor.queue)
-                or not scheduler._inline(executor.row_us, False) or not executor._busy.acquire(blocking=False)):
-            return original(self, frames, refuse)
-        try:
-            start = time.perf_counter_ns()
-            outputs = executor._context.infer(request.inputs)
-            end = time.perf_counter_ns()
-        finally:
-            executor._busy.release()
-        sample = (end - start) / 1000
-        executor.row_wall_us = track_compute(executor.row_wall_us, sample)
-        executor.row_us = track_compute(executor.row_us, sample)
-        queue_us, compute_us, total_us = (start - received) // 1000, (end - start) // 1000, (end - received) // 1000
-        records.append((200, total_us, queue_us, compute_us, 1))
-        self._send(envelope + executor._ok.encode(request.id, queue_us, compute_us, total_us, outputs))
+        return not (time.perf_counter_ns() > deadline or executor.in_flight or len(executor.queue)
+                    or not scheduler._inline(executor.row_us, False)) and executor._busy.acquire(blocking=False)
 
     frontend.Server._handle = handle
 
