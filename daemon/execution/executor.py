@@ -157,7 +157,7 @@ class Executor:
                 return True
             end = time.perf_counter_ns()
             self.in_flight = self.in_flight_rows = 0
-            self._learn(rows, start, end, may_rise=True)  # the caller's thread, never this context's own
+            self._learn(rows, start, end)
             self._succeed(job, outputs, start, end, 0, rows)
             self.served += 1
         except Exception as exc:  # as _guarded: a bug answers 500, the context lives on
@@ -260,26 +260,22 @@ class Executor:
                     exc_info=exc)  # the first of a kind names its exception, then counts (events.py)
         self._fail(jobs, Status.BACKEND_ERROR, f"backend error: {str(exc)[:500]}")
 
-    def _learn(self, rows: int, start: int, end: int, may_rise: bool | None = None) -> None:
-        """Count a backend call of `rows` rows from `start` to `end` (ns) and update the estimates;
-        `may_rise`: whether the sample may raise `row_us` (track_compute), where the caller knows
-        which thread computed; else it is asked."""
+    def _learn(self, rows: int, start: int, end: int) -> None:
+        """Count a backend call of `rows` rows from `start` to `end` (ns) and update the estimates."""
         # Batch sizes are rows, as max_batch is: the histogram shows what the engine ran.
         self.stats.record_batch(rows, (end - start) // 1000)
         sample = (end - start) / 1000 / max(1, rows)
         self.row_wall_us = track_compute(self.row_wall_us, sample)
-        if may_rise is None:
-            may_rise = threading.current_thread() is not self._thread
-        self.row_us = track_compute(self.row_us, sample, may_rise=may_rise)
+        self.row_us = track_compute(self.row_us, sample, may_rise=threading.current_thread() is not self._thread)
 
     def _infer_one(self, job: Job) -> dict[str, Any]:
         """One request alone: into the arrays its placement offers where the backend can (base.WritesOutputs):
         a worker's slot (workers/slotoutputs.py), or the client's own regions (execution/outputs.py)."""
-        if job.place is None and not job.request.output_regions:  # the common request: nowhere to write into
-            return self._context.infer(job.request.inputs)
-        into = getattr(self._context, "infer_into", None)
-        if job.place is None and job.request.output_regions:
+        if job.place is None:
+            if not job.request.output_regions:  # the common request: nowhere to write into
+                return self._context.infer(job.request.inputs)
             job.place = RegionOutputs(job.request, self._shapes)  # _succeed teaches it the shapes
+        into = getattr(self._context, "infer_into", None)
         place = job.place
         arrays = place.arrays() if place is not None and into is not None else None
         if arrays and into is not None and place is not None:

@@ -23,13 +23,12 @@ from infermux.execution.job import ONLY_INPUT, Job, internal_sink
 from infermux.execution.placement import Admission, Placement
 from infermux.execution.scheduler import Scheduler
 from infermux.execution.streams import StreamTable
+from infermux.frontend.parsecache import MAX_LAYOUTS, Layout
 from infermux.protocol import OPERATOR_RETRY_MS, ProtocolError, Status, dtype_name, encode_reply, error_header
 from infermux.models.overrides import file_weights
 from infermux.models.registry import Model, ModelVersion, Registry, State
 
 log = logging.getLogger("infermux.router")
-
-MAX_ACCEPTED = 256  # header layouts whose tensors are known to fit an engine; starts over when full
 
 
 class Router:
@@ -44,7 +43,7 @@ class Router:
         self.routing: RoutingConfig = config.routing
         self.file_weights: dict[str, dict[str, int]] = {}  # model -> version -> weight the file gives
         self.pipelines: dict[str, Pipeline] = {}  # addressed like models (daemon/pipelines/)
-        self._accepted: dict[int, tuple[object, Any]] = {}  # id(layout) -> (layout, engine that accepts it)
+        self._accepted: dict[int, tuple[Layout, Any]] = {}  # id(layout) -> (layout, engine that accepts it)
         self.configure(config)
 
     def configure(self, config: Config) -> None:
@@ -69,7 +68,7 @@ class Router:
             self._count(job, exc.status)
             return error_header(exc.status, exc.message, job.request.id, retry_after_ms=exc.retry_after_ms)
 
-    def admit_fast(self, job: Job, layout: object | None = None) -> bool:
+    def admit_fast(self, job: Job, layout: Layout | None = None) -> bool:
         """Serve `job` at once if nothing about it needs deciding; False, having done nothing, if
         something does (then `admit` takes it).
 
@@ -111,13 +110,13 @@ class Router:
         mv.last_used = time.monotonic()
         return True
 
-    def _accept(self, layout: object | None, mv: ModelVersion) -> None:
+    def _accept(self, layout: Layout | None, mv: ModelVersion) -> None:
         """Remember that `mv`'s engine accepts the tensors of `layout`'s requests: a layout fixes their
         names, dtypes, shapes and the outputs asked for, all that `_check_tensors` reads of a client's
         request. Keyed by identity, with the layout kept so that its id is not reused."""
         if layout is None or mv.engine is None:
             return
-        if len(self._accepted) >= MAX_ACCEPTED:
+        if len(self._accepted) >= MAX_LAYOUTS:  # as many as the parse keeps; starts over when full
             self._accepted.clear()
         self._accepted[id(layout)] = (layout, mv.engine)
 
