@@ -127,14 +127,17 @@ def daemon_view(server: "Server") -> dict[str, Any]:
     enforced = server.registry.memory.budget  # the budget the daemon enforces: of GPU memory where NVML reads it
     total, budget = enforced.total, enforced.limit
     states = {s.value: sum(1 for mv in versions if mv.state is s) for s in State}
+    express = server.express.served if server.express is not None else 0
     return {
         "version": __version__, "pid": os.getpid(), "uptime_s": round(time.time() - server.started, 1),
         "endpoints": server.endpoints, "config": str(server.config.path),
         "requests": server.requests, "accepting": not server.draining,
         # The frontend's socket calls: compiled (transport/_wire.c) or pyzmq's, and why (wire.py).
         "wire": {"kind": server.wire_choice.kind, "detail": server.wire_choice.describe()},
-        # Requests whose header was a known layout with another id: not decoded again (parsecache.py).
-        "headers_from_layout": server.parses.hits,
+        # Requests whose header was a known layout with another id: not decoded again (parsecache.py),
+        # the express lane's among them (express.py), which the lane answered from C.
+        "headers_from_layout": server.parses.hits + express,
+        "express": {"on": server.express is not None, "served": express},
         # The frontend thread's CPU, and the share of a core it used lately (admin/threadload.py):
         # near 1, that one thread is what limits the QPS.
         "frontend_thread": load.as_json() if (load := FRONTEND.read(server.frontend_native_id)) else None,

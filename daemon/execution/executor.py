@@ -168,6 +168,53 @@ class Executor:
             self._busy.release()
         return True
 
+    def answer_now(self, inputs: dict[str, Any], rows: int, id: Any, asked: tuple[str, ...] | None,
+                   received: int, job_of: Callable[[], Job]) -> list[Any] | bool | None:
+        """The express lane's compute (frontend/express.py): `serve_alone` for a client's request
+        that no `Job` was made for. The reply's frames, for the caller to send; True where it was
+        answered here, through the general reply (a failure, a reply only `encode_reply` makes:
+        `job_of()` makes its Job then); None, having done nothing, if the context is busy.
+
+        The same statistics and estimates as serve_alone, without the Job, the Outcome (only a
+        pipeline's sink reads one) and the reply's trip through the frontend's `reply`."""
+        if self.in_flight or len(self.queue) or not self._busy.acquire(blocking=False):
+            return None
+        try:
+            return self._answer(inputs, rows, id, asked, received, job_of)
+        finally:
+            self._busy.release()
+
+    def _answer(self, inputs: dict[str, Any], rows: int, id: Any, asked: tuple[str, ...] | None,
+                received: int, job_of: Callable[[], Job]) -> list[Any] | bool:
+        """answer_now's work, with the context's lock held."""
+        self.in_flight, self.in_flight_rows = 1, rows
+        start = time.perf_counter_ns()
+        try:
+            outputs = self._context.infer(inputs)
+        except Exception as exc:
+            self.in_flight = self.in_flight_rows = 0
+            self._failed([job_of()], exc)
+            return True
+        end = time.perf_counter_ns()
+        self.in_flight = self.in_flight_rows = 0
+        try:
+            self._learn(rows, start, end)
+            self.served += 1
+            if asked is not None:
+                outputs = {name: outputs[name] for name in asked}
+            queue_us, compute_us = (start - received) // 1000, (end - start) // 1000
+            total_us = (time.perf_counter_ns() - received) // 1000
+            frames = self._ok.encode(id, queue_us, compute_us, total_us, outputs)
+            if frames is None:
+                self._succeed(job_of(), outputs, start, end, 0, rows)
+                return True
+            self.stats.record(200, total_us, queue_us, compute_us, 0)
+            return frames
+        except Exception as exc:  # as serve_alone: a bug answers 500, the context lives on
+            log.exception("executor error model=%s version=%s context=%d", self.name, self.version, self.index)
+            self._fail([job_of()], Status.BACKEND_ERROR, f"internal error: {exc}")
+            return True
+
     def run_queued(self, gate: Callable[[float, int], bool]) -> None:
         """Compute queued batches on the calling thread while `gate` allows it, then wake this thread for the rest.
 

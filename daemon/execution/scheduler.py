@@ -186,18 +186,21 @@ class Scheduler:
         needs deciding: no batching, an idle context, a compute the inline gate allows, no key to
         hash to a context, no older request of its stream waiting (newest_per_key: the newer replaces
         that one, on the general path). True once it is answered; False, having done nothing, otherwise."""
-        key = job.request.key
+        executor = self.idle_context(batcher.rows(job.request.inputs), job.request.key)
+        return executor is not None and executor.serve_alone(job)
+
+    def idle_context(self, rows: int, key: Any = None) -> Executor | None:
+        """The context that may compute a request of `rows` rows (and `key`) on the calling thread at
+        once, by serve_now's rules; None where one may not. The express lane (express.py) asks it too."""
         if (self.policy.max_batch > 1 or self._inline is None or (self.strategy == "hash" and key is not None)
                 or self.depth() >= self.max_queue):
-            return False
+            return None
         if self.queue_policy == NEWEST_PER_KEY and key is not None and self._home(self.executors, key) is not None:
-            return False
+            return None
         for executor in self.executors:
             if executor.load == 0 and executor.row_us:
-                if not self._inline(executor.row_us * batcher.rows(job.request.inputs), False):
-                    return False
-                return executor.serve_alone(job)
-        return False
+                return executor if self._inline(executor.row_us * rows, False) else None
+        return None
 
     def _forward(self, job: Job) -> Admission:
         """This version takes no more work: its successor's, once a switch replaced it (hand_over)."""

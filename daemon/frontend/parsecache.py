@@ -63,6 +63,17 @@ class Layout:
     timeout_ms: int | None
     key: str | None
 
+    @property
+    def rows(self) -> int:
+        """Its requests' batch size (batcher.rows: dim 0 of the first input, 1 for a scalar)."""
+        shape = self.inputs[0].shape if self.inputs else ()
+        return shape[0] if shape else 1
+
+
+# The express lane's entry for a layout (express.py, looked up in C by _wire.serve): where the
+# id starts, the longest header the limits allow beside its tensors, each tensor frame's size.
+ExpressEntry = tuple[int, int, tuple[int, ...], Layout]
+
 
 class ParseCache:
     """`parse_request` for one frontend, with known header layouts parsed by a comparison."""
@@ -73,12 +84,13 @@ class ParseCache:
         self._seen: set[bytes] = set()
         self.hits = 0
         self.layout: Layout | None = None  # the last request's layout; None where it was parsed in full
+        # The layouts the express lane may take, by the same key: no version asked for, no stream key.
+        self.express: dict[bytes, ExpressEntry] = {}
 
     def parse(self, frames: Sequence[bytes | memoryview], limits: Limits,
               regions: RegionLookup | None = None) -> Request:
         """What `parse_request(frames, limits, regions)` returns, and the same errors."""
-        if limits is not self._limits:  # a reload changed the limits: layouts were checked against the old
-            self._limits, self._layouts, self._seen = limits, {}, set()
+        self.check_limits(limits)
         raw = frames[0] if frames else b""
         if type(raw) is not bytes or len(raw) > MAX_CACHED_HEADER:
             self.layout = None
@@ -97,6 +109,11 @@ class ParseCache:
             self._learn(shape, raw, id_at, ident, frames, request, limits)
         return request
 
+    def check_limits(self, limits: Limits) -> None:
+        """Forget every layout if `limits` are not those they were checked against (a reload)."""
+        if limits is not self._limits:
+            self._limits, self._layouts, self._seen, self.express = limits, {}, set(), {}
+
     def _learn(self, shape: bytes, raw: bytes, id_at: int, ident: bytes | None,
                frames: Sequence[bytes | memoryview], request: Request, limits: Limits) -> None:
         """Keep `raw`'s layout the second time it is seen, if another id in its place changes only the id."""
@@ -107,7 +124,12 @@ class ParseCache:
             return
         if len(self._layouts) >= MAX_LAYOUTS:
             self._layouts.clear()
-        self._layouts[shape] = _layout(raw, id_at, ident, frames, request, limits)
+            self.express.clear()
+        layout = self._layouts[shape] = _layout(raw, id_at, ident, frames, request, limits)
+        if layout is not None and layout.version is None and layout.key is None:
+            tensors = sum(spec.nbytes for spec in layout.inputs)
+            longest = min(MAX_CACHED_HEADER, limits.max_header_bytes, limits.max_message_bytes - tensors)
+            self.express[shape] = (id_at, longest, tuple(spec.nbytes for spec in layout.inputs), layout)
 
 
 def _split(raw: bytes) -> tuple[bytes, bytes | None, int]:

@@ -83,21 +83,14 @@ class Router:
         checked against it again.
         """
         req = job.request
-        model = self.registry.models.get(req.model)
-        if model is None or model.fallback or req.version is not None or req.model in self.pipelines:
+        plain = self.plain_version(req.model) if req.version is None else None
+        if plain is None:
             return False
-        if len(model.ordered()) > 1 and model.pinned is None and self.strategy(model) != "least_queue":
-            return False
-        mv = model.default()
-        if mv is None or mv.state is not State.READY:
-            return False
-        placement = mv.placement
-        if not isinstance(placement, Scheduler):
-            return False
+        mv, scheduler = plain
         job.deadline_ns = job.received_ns + (req.timeout_ms or mv.config.timeout_ms) * 1_000_000
         if job.late():
             return False
-        if layout is None or self._accepted.get(id(layout)) != (layout, mv.engine):
+        if not self.accepts(layout, mv):
             try:
                 self._check_tensors(mv, job)
             except ProtocolError:
@@ -105,10 +98,29 @@ class Router:
             self._accept(layout, mv)
         job.target = mv
         self._track(job)  # a stream's request served here is counted as on the general path
-        if not placement.serve_now(job):
+        if not scheduler.serve_now(job):
             return False
         mv.last_used = time.monotonic()
         return True
+
+    def plain_version(self, name: str) -> tuple[ModelVersion, Scheduler] | None:
+        """The version that serves model `name`'s requests when nothing about them needs deciding
+        (no version asked for): a model with no fallback, whose one version (or least_queue default)
+        is hot and ready, with its scheduler; None where something does. What admit_fast and the express lane
+        (express.py) both ask first."""
+        model = self.registry.models.get(name)
+        if model is None or model.fallback or name in self.pipelines:
+            return None
+        if len(model.ordered()) > 1 and model.pinned is None and self.strategy(model) != "least_queue":
+            return None
+        mv = model.default()
+        if mv is None or mv.state is not State.READY or not isinstance(mv.placement, Scheduler):
+            return None
+        return mv, mv.placement
+
+    def accepts(self, layout: Layout | None, mv: ModelVersion) -> bool:
+        """Whether `mv`'s engine accepted the tensors of `layout`'s requests already (_accept)."""
+        return layout is not None and self._accepted.get(id(layout)) == (layout, mv.engine)
 
     def _accept(self, layout: Layout | None, mv: ModelVersion) -> None:
         """Remember that `mv`'s engine accepts the tensors of `layout`'s requests: a layout fixes their

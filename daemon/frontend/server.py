@@ -43,6 +43,7 @@ from infermux.models.overrides import Overrides
 from infermux.models.registry import Registry, State
 from infermux.models.statefile import StateFile
 from infermux.models.verified import EngineSigning, verified_store
+from infermux.frontend.express import ExpressLane, express_wanted
 from infermux.frontend.mirror import Mirror
 from infermux.frontend.oversize import ClientEnvelope, OversizeMemory
 from infermux.frontend.pacing import RefusalPacer
@@ -118,6 +119,7 @@ class Server:
         self.requests = 0
         self.replies_too_large = 0  # replies over max_reply_bytes, answered 413 instead
         self.parses = ParseCache()  # a header seen before, but for its id, is not decoded again (parsecache.py)
+        self.express: ExpressLane | None = None  # the fast path's requests served from C, once bound (express.py)
         self.frontend_native_id: int | None = None  # the loop's thread, whose load the status reports
         self.oversize = OversizeMemory(config.daemon.oversize_memory_s)  # the kinds of request that just made one (oversize.py)
         self.pacer = RefusalPacer()  # refusals held back, a connection that keeps earning them longer
@@ -277,6 +279,9 @@ class Server:
             ipc.secure(endpoint)
             self.events.emit("listening", endpoint=endpoint)
         self.frontend, self.wire = sock, wire_for(sock, self.wire_choice)
+        if self.wire.kind == "compiled" and express_wanted():
+            self.express = ExpressLane(sock.underlying, self.router, self.parses, lambda: self.limits, self._send,
+                                       self.pacer.forgive)
         self.events.emit("wire", calls=self.wire_choice.kind, detail=self.wire_choice.describe())
         self._poller.register(sock, zmq.POLLIN)
         self._poller.register(self._bell, zmq.POLLIN)
@@ -530,25 +535,52 @@ class Server:
 
     def _read_burst(self, refuse: bool) -> None:
         assert self.frontend is not None
-        for n in range(BURST):
-            if n and not self._others_waiting():  # asked, not tried (waiting.py)
-                return
-            try:
-                frames, fd = self.wire.recv()
-            except zmq.Again:  # the poll's readiness can be stale
-                return
-            self.peers.hear_fd(fd)  # this connection speaks: never closed as idle
-            self.requests += 1
-            if self._outbox:  # executors' replies go out between requests, not after the whole burst
-                self._forward_replies()
-            try:
-                self._handle(frames, refuse or self.draining)
-            except Exception:  # a request must never take the frontend (and the daemon) down
-                log.exception("internal error on a request; answered 500")
-                split = _delimiter(frames)
-                header = error_header(Status.BACKEND_ERROR, "internal error in infermux (logged)",
-                                      request_id(frames[split:], self.limits))
-                self._send(frames[:split] + encode_reply(header))
+        n = 0
+        while n < BURST:
+            if self.express is not None and self._express_open(refuse):
+                served, message = self.express.run(BURST - n, 0 if n else 1, self._outbox, self.peers.hear_fd,
+                                                   self.peers.dropped)
+                self.requests += served
+                n += served
+                if message is None:  # nothing waits, the budget is spent, a reply waits or a peer stalled
+                    forwarded = bool(self._outbox)
+                    if forwarded:
+                        self._forward_replies()
+                    if not served or not (forwarded or self.peers.stalled):
+                        return
+                    continue
+                frames, fd = message
+            else:
+                if n and not self._others_waiting():  # asked, not tried (waiting.py)
+                    return
+                try:
+                    frames, fd = self.wire.recv()
+                except zmq.Again:  # the poll's readiness can be stale
+                    return
+            n += 1
+            self._general(frames, fd, refuse)
+
+    def _general(self, frames: list[Any], fd: int, refuse: bool) -> None:
+        """A message down the general path: `_handle`, whose failure is a 500, not the loop's end."""
+        self.peers.hear_fd(fd)  # this connection speaks: never closed as idle
+        self.requests += 1
+        if self._outbox:  # executors' replies go out between requests, not after the whole burst
+            self._forward_replies()
+        try:
+            self._handle(frames, refuse or self.draining)
+        except Exception:  # a request must never take the frontend (and the daemon) down
+            log.exception("internal error on a request; answered 500")
+            split = _delimiter(frames)
+            header = error_header(Status.BACKEND_ERROR, "internal error in infermux (logged)",
+                                  request_id(frames[split:], self.limits))
+            self._send(frames[:split] + encode_reply(header))
+
+    def _express_open(self, refuse: bool) -> bool:
+        """Whether the express lane may take this burst's requests (express.py): nothing that the
+        general path does for every request is pending."""
+        self.parses.check_limits(self.limits)
+        return not (refuse or self.draining or self.stopping or self.peers.stalled or self.recorder.active
+                    or self.rollouts.by_model or self.oversize or self._outbox)
 
     def _handle(self, frames: list[Any], refuse: bool) -> None:
         received = time.perf_counter_ns()

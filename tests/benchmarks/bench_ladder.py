@@ -27,9 +27,16 @@ answers each request read from a layout with only that rung's steps:
   + the executor's serve   the job computed and answered by
                       Executor.serve_alone instead (its context's lock, the
                       estimate, statistics, the reply through Executor._succeed)
-  the daemon          unchanged: the oversize, recorder and mirror checks,
-                      Router.admit_fast, Scheduler.serve_now (the inline
-                      gate) and all after them
+  the daemon, general path   unchanged but for the express lane, which
+                      INFERMUX_EXPRESS=off turns off: the oversize, recorder
+                      and mirror checks, Router.admit_fast,
+                      Scheduler.serve_now (the inline gate) and all after them
+  the daemon          unchanged: its express lane (express.py) receives,
+                      looks the layout up and replies in C, and computes
+                      with the fast path's checks and no Job
+
+Every rung but the last runs with the express lane off, so that its
+`Server._handle` sees every request.
 
 Rounds alternate between the rungs; for each, its QPS and its busiest
 thread's CPU µs a request (the frontend thread, which computes each
@@ -62,7 +69,7 @@ from infermux.cli.infer import parse_inputs  # noqa: E402
 
 SECTION = "Frontend thread, step by step"
 RUNGS = ("compute and reply", "+ a compact record", "+ the per-request checks", "+ statistics",
-         "+ the job's checks", "+ the executor's serve", "the daemon")
+         "+ the job's checks", "+ the executor's serve", "the daemon, general path", "the daemon")
 WARM = 100  # headers read from a layout before a rung takes over: the layout is learnt by the daemon's own path
 
 
@@ -75,7 +82,7 @@ def patch(rung: str) -> None:
     from infermux.protocol import ProtocolError
 
     level = RUNGS.index(rung)
-    if level == len(RUNGS) - 1:
+    if level >= len(RUNGS) - 2:
         return
     original = frontend.Server._handle
     records: deque[tuple[int, int, int, int, int]] = deque(maxlen=4096)
@@ -149,7 +156,8 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, list[tuple[BenchRe
         for n, rung in enumerate(RUNGS):
             command, endpoint = daemon_command(tmp, f"rung{n}", contexts=1)
             command = [sys.executable, __file__, "--serve", rung, *command[3:]]  # [python, -m, infermux, serve...]
-            served[rung] = stack.enter_context(serving(f"rung{n}", command, endpoint, tmp))
+            env = {} if rung == RUNGS[-1] else {"INFERMUX_EXPRESS": "off"}
+            served[rung] = stack.enter_context(serving(f"rung{n}", command, endpoint, tmp, env=env))
         for k in range(args.rounds):
             for rung in RUNGS:
                 endpoint, pid = served[rung].endpoint, served[rung].pid

@@ -1,0 +1,130 @@
+"""The express lane: the fast path's requests received, looked up and answered from C.
+
+At concurrency 64 one thread, the frontend's, caps the daemon's QPS: it
+computes each small request itself, and the Python around the backend's
+call (receiving each message, its envelope, the parse, the `Job`, the
+router's and executor's steps, the reply's trip through `Server.reply`)
+cost as much again as the call (docs/performance.md). This lane takes the
+requests that the fast path would take, read from a known header layout
+(parsecache.py), and does the rest of that work once:
+
+- in C (`_wire.serve`), for a burst of messages while the socket has
+  one: receive, find the envelope's end, cut the header's plain id out and
+  look the rest up in the parse cache's table of express layouts, check
+  each tensor frame's size; then one call into Python, `ExpressLane.serve`,
+  and the reply it returns sent, to the envelope the request came with;
+- in Python, per request: what the fast path checks (Router.plain_version,
+  the tensors accepted for the layout and engine, Scheduler.idle_context),
+  the compute and its statistics (Executor.answer_now), with no `Job`.
+
+Anything else goes down the general path, unchanged and in order: a
+message the table has no entry for (the first two of a layout, shared
+memory, a version or a stream key asked for) or whose frames do not fit
+it, and a request that something about needs deciding (the lane's
+callback returns None before doing anything). The burst itself runs only
+when nothing the general path would do for every request is pending
+(`Server._express_open`): no drain or stop, no stalled peer, the recorder
+off, no candidate mirrored, no oversize kind remembered, no reply waiting
+in the outbox; and it stops when a reply is dropped for a full pipe (that
+peer is stalled from then on).
+
+The lane needs the compiled socket calls (wire.py): with pyzmq's calls
+(INFERMUX_WIRE=python), or with INFERMUX_EXPRESS=off, the fast path runs
+in Python as before.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from typing import Any, Callable
+
+import numpy as np
+
+from infermux.execution.job import Job
+from infermux.frontend.oversize import ClientEnvelope
+from infermux.frontend.parsecache import Layout, ParseCache, _fill, _id_value
+from infermux.frontend.router import Router
+from infermux.protocol import Limits
+from infermux.transport.wire import BIG_FRAME
+
+ENV = "INFERMUX_EXPRESS"  # "off": every request down the general path (to rule the lane out)
+
+# A reply the lane sends itself is under this size: a larger one goes through the frontend's
+# `_send`, which may answer 413 in its place (max_reply_bytes) or send it without a copy.
+COPY_LIMIT = 1 << 20
+MAX_REPLY_FRAMES = 64 - 9  # the C send's frames, less the longest envelope (server.MAX_ENVELOPE + delimiter)
+
+
+def express_wanted() -> bool:
+    """Whether the environment leaves the lane on (INFERMUX_EXPRESS=off turns it off)."""
+    return os.environ.get(ENV, "").strip().lower() != "off"
+
+
+class ExpressLane:
+    """One frontend's express lane, on its socket's compiled calls (`wire`'s handle)."""
+
+    def __init__(self, handle: int, router: Router, parses: ParseCache, limits: Callable[[], Limits],
+                 send: Callable[[list[Any], list[Any] | None], None], forgive: Callable[[bytes], None]) -> None:
+        from infermux.transport import _wire  # the caller chose the compiled calls: it is built and loaded
+
+        self._serve_burst = _wire.serve
+        self._handle = handle  # the socket's `underlying` address
+        self.router, self.parses, self._limits, self._send = router, parses, limits, send
+        self._forgive = forgive  # a computed request's reply: its connection's refusals start over (pacing.py)
+        self.served = 0  # requests answered by the lane
+
+    def run(self, budget: int, asked: int, outbox: deque[Any], hear: Callable[[int], None],
+            dropped: Callable[[Any], None]) -> tuple[int, tuple[list[Any], int] | None]:
+        """Serve up to `budget` messages (the first `asked` received without asking whether one
+        waits) while `outbox` is empty; returns how many were served, and the message the lane
+        did not take, as (frames, fd), for the general path (None: no message waits, the budget
+        is spent or a reply waits in the outbox)."""
+        served, message = self._serve_burst(self._handle, BIG_FRAME, self.parses.express, self.serve, hear,
+                                            dropped, outbox, budget, asked)
+        self.served += served
+        return served, message
+
+    def serve(self, layout: Layout, ident: bytes | None, frames: list[Any], split: int) -> list[Any] | bool | None:
+        """One request read from `layout` (called from C): the reply's [header, outputs...] to send,
+        True where it was answered here, None (nothing done) where the general path must take it."""
+        received = time.perf_counter_ns()
+        plain = self.router.plain_version(layout.model)
+        if plain is None or not self.router.accepts(layout, plain[0]):
+            return None
+        mv, scheduler = plain
+        rows = layout.rows
+        executor = scheduler.idle_context(rows)
+        if executor is None:
+            return None
+        inputs = {spec.name: np.frombuffer(frame, dtype=spec.dtype).reshape(spec.shape)
+                  for spec, frame in zip(layout.inputs, frames[split + 1:])}
+
+        def job_of() -> Job:  # where the general path's reply answers it: a failure, a rare encoding
+            return self._job(layout, ident, frames, split, received, mv.config.timeout_ms)
+
+        answer = executor.answer_now(inputs, rows, _id_value(ident), layout.outputs, received, job_of)
+        if answer is None:
+            return None
+        mv.last_used = time.monotonic()
+        self._forgive(frames[0])
+        if isinstance(answer, bool) or (sum(map(len, answer)) <= self._room() and len(answer) <= MAX_REPLY_FRAMES):
+            return answer
+        envelope = self._job(layout, ident, frames, split, received, mv.config.timeout_ms).envelope
+        self._send(envelope + answer, envelope)  # 413 in its place if over max_reply_bytes, remembered by its kind
+        return True
+
+    def _room(self) -> int:
+        """The largest reply the lane sends itself: within max_reply_bytes, and small enough to copy."""
+        return min(COPY_LIMIT - 1024, self._limits().max_reply_bytes)
+
+    def _job(self, layout: Layout, ident: bytes | None, frames: list[Any], split: int, received: int,
+             timeout_ms: int) -> Job:
+        """The Job the general path would have made of this request."""
+        request = _fill(layout, ident, frames[split:], self._limits())
+        assert request is not None, "the lane checked the frames against the layout"
+        envelope = ClientEnvelope(frames[:split])
+        envelope.came_with(request)
+        deadline = received + (request.timeout_ms or timeout_ms) * 1_000_000
+        return Job(envelope, request, frames, received, deadline_ns=deadline)
