@@ -172,6 +172,10 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
     out.family("infermux_headers_from_layout_total", "counter",
                "Requests whose header was a known layout with another id: read by a comparison, not decoded.",
                [({}, daemon["headers_from_layout"])])
+    out.family("infermux_express_requests_total", "counter",
+               "Requests the express lane answered: received, looked up by their header layout and replied to "
+               "from C, with one call into Python each.",
+               [({}, daemon["express"]["served"])])
     frontend = daemon.get("frontend_thread") or {}
     out.family("infermux_frontend_thread_cpu_seconds_total", "counter",
                "CPU time of the frontend thread, which receives, parses and answers every request (and computes "

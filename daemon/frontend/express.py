@@ -35,6 +35,7 @@ in Python as before.
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections import deque
@@ -46,9 +47,10 @@ from infermux.execution.job import Job
 from infermux.frontend.oversize import ClientEnvelope
 from infermux.frontend.parsecache import Layout, ParseCache, _fill, _id_value
 from infermux.frontend.router import Router
-from infermux.protocol import Limits
-from infermux.transport.wire import BIG_FRAME
+from infermux.protocol import Limits, Status, encode_reply, error_header
+from infermux.transport.wire import CompiledWire
 
+log = logging.getLogger("infermux.server")  # the frontend's log: its errors read as the general path's
 ENV = "INFERMUX_EXPRESS"  # "off": every request down the general path (to rule the lane out)
 
 # A reply the lane sends itself is under this size: a larger one goes through the frontend's
@@ -63,14 +65,11 @@ def express_wanted() -> bool:
 
 
 class ExpressLane:
-    """One frontend's express lane, on its socket's compiled calls (`wire`'s handle)."""
+    """One frontend's express lane, on its socket's compiled calls."""
 
-    def __init__(self, handle: int, router: Router, parses: ParseCache, limits: Callable[[], Limits],
+    def __init__(self, wire: CompiledWire, router: Router, parses: ParseCache, limits: Callable[[], Limits],
                  send: Callable[[list[Any], list[Any] | None], None], forgive: Callable[[bytes], None]) -> None:
-        from infermux.transport import _wire  # the caller chose the compiled calls: it is built and loaded
-
-        self._serve_burst = _wire.serve
-        self._handle = handle  # the socket's `underlying` address
+        self._wire = wire
         self.router, self.parses, self._limits, self._send = router, parses, limits, send
         self._forgive = forgive  # a computed request's reply: its connection's refusals start over (pacing.py)
         self.served = 0  # requests answered by the lane
@@ -81,14 +80,21 @@ class ExpressLane:
         waits) while `outbox` is empty; returns how many were served, and the message the lane
         did not take, as (frames, fd), for the general path (None: no message waits, the budget
         is spent or a reply waits in the outbox)."""
-        served, message = self._serve_burst(self._handle, BIG_FRAME, self.parses.express, self.serve, hear,
-                                            dropped, outbox, budget, asked)
+        served, message = self._wire.serve(self.parses.express, self.serve, hear, dropped, outbox, budget, asked)
         self.served += served
         return served, message
 
     def serve(self, layout: Layout, ident: bytes | None, frames: list[Any], split: int) -> list[Any] | bool | None:
         """One request read from `layout` (called from C): the reply's [header, outputs...] to send,
         True where it was answered here, None (nothing done) where the general path must take it."""
+        try:
+            return self._serve(layout, ident, frames, split)
+        except Exception:  # as the general path: a request must never take the frontend down
+            log.exception("internal error on a request; answered 500")
+            header = error_header(Status.BACKEND_ERROR, "internal error in infermux (logged)", _id_value(ident))
+            return encode_reply(header)
+
+    def _serve(self, layout: Layout, ident: bytes | None, frames: list[Any], split: int) -> list[Any] | bool | None:
         received = time.perf_counter_ns()
         plain = self.router.plain_version(layout.model)
         if plain is None or not self.router.accepts(layout, plain[0]):

@@ -30,7 +30,7 @@ from infermux import config as cfg
 from infermux.config import HOT
 from infermux.transport import curve, ipc
 from infermux.transport.peers import PeerGuard
-from infermux.transport.wire import Wire, choose, wire_for
+from infermux.transport.wire import CompiledWire, Wire, choose, wire_for
 from infermux.events import EventLog, Throttle
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.inline import InlinePolicy
@@ -279,8 +279,8 @@ class Server:
             ipc.secure(endpoint)
             self.events.emit("listening", endpoint=endpoint)
         self.frontend, self.wire = sock, wire_for(sock, self.wire_choice)
-        if self.wire.kind == "compiled" and express_wanted():
-            self.express = ExpressLane(sock.underlying, self.router, self.parses, lambda: self.limits, self._send,
+        if isinstance(self.wire, CompiledWire) and express_wanted():
+            self.express = ExpressLane(self.wire, self.router, self.parses, lambda: self.limits, self._send,
                                        self.pacer.forgive)
         self.events.emit("wire", calls=self.wire_choice.kind, detail=self.wire_choice.describe())
         self._poller.register(sock, zmq.POLLIN)
@@ -538,8 +538,12 @@ class Server:
         n = 0
         while n < BURST:
             if self.express is not None and self._express_open(refuse):
-                served, message = self.express.run(BURST - n, 0 if n else 1, self._outbox, self.peers.hear_fd,
-                                                   self.peers.dropped)
+                try:
+                    served, message = self.express.run(BURST - n, 0 if n else 1, self._outbox, self.peers.hear_fd,
+                                                       self.peers.dropped)
+                except Exception:  # the socket's own failure (the callback answers its errors): as _send's
+                    log.exception("internal error in the express lane's socket calls")
+                    return
                 self.requests += served
                 n += served
                 if message is None:  # nothing waits, the budget is spent, a reply waits or a peer stalled

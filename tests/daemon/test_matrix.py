@@ -79,6 +79,7 @@ PLACED = [
     ("sm", "1", SLOW, ""),
     ("nc", "1", SLOW, f'nice = {NICE}\nfallback = "fb"\nmax_queue = 4\ntimeout_ms = 20000\n'),
     ("ob", "1", SLOW, ""),  # replies over max_reply_bytes
+    ("ex", "1", IDENTITY, ""),  # plain and quick: the express lane takes its repeated requests where it is hot
     ("sw", "1", "sw/1/model.onnx", ""),  # relative: in the watched engine_dir, where the swap publishes
     ("ov", "1", "ov/1/model.onnx", ""),  # live changes: also in the watched engine_dir (a new version inherits)
     # A published version of these is a candidate first (docs/hot-swap.md#shadow-rollout).
@@ -452,6 +453,8 @@ def test_hot_swap_of_a_new_version_loses_no_request(cell: Placement) -> None:
     try:
         publish(cell.watched, "sw", 2, offset=2)
         wait_served(d, "sw", "2", offset=2, timeout=30)
+        taken = lane_served(d)  # hot: v2 (hot too) takes the express lane once its acceptance is learnt
+        eventually(lambda: lane_served(d) > taken if cell.name == "hot" else True, "the lane to serve v2", 30)
     finally:
         stop.set()
         thread.join()
@@ -460,6 +463,32 @@ def test_hot_swap_of_a_new_version_loses_no_request(cell: Placement) -> None:
         assert_served(reply, cell, "sw", X4, reply.version or "")
     with d.client() as client:  # the configured version stays while its file does
         assert_served(client.infer("sw", {"x": X4}, version="1"), cell, "sw", X4, "1")
+
+
+def lane_served(d: Daemon) -> int:
+    """Requests the express lane answered so far (express.py); it is on where the compiled calls run."""
+    with d.admin() as admin:
+        return admin.call("status")["daemon"]["express"]["served"]
+
+
+LANE = ("hot", "promoted")  # where a plain request to a version in the daemon meets the compiled calls
+
+
+@every_placement
+def test_the_express_lane_answers_a_hot_models_repeated_requests_as_onnxruntime_computes(cell: Placement) -> None:
+    # hot, promoted: the lane takes them once the layout and its acceptance are learnt (the inline
+    # gate may send some down the general path on a busy box); cold, demoted: the version is in a
+    # worker, so none; pyzmq: no lane without the compiled calls.
+    d = cell.daemon
+    with d.admin() as admin:
+        assert admin.call("status")["daemon"]["express"]["on"] is (cell.name != "pyzmq")
+    before = lane_served(d)
+    with d.client() as client:
+        replies = [client.infer("ex", {"x": ROW}) for _ in range(30)]
+    for reply in replies:
+        assert_served(reply, cell, "ex", ROW)
+    taken = lane_served(d) - before
+    assert (taken > 0) if cell.name in LANE else (taken == 0), taken
 
 
 def row(d: Daemon, model: str, version: str) -> dict:
