@@ -95,6 +95,8 @@ def run(args: argparse.Namespace) -> int:
         wire = daemon.get("wire") or {}
         if wire.get("kind") == "python":  # the slower calls: say so, and what brings the compiled ones
             print(f"frontend: {wire.get('detail', '')}")
+        elif not (daemon.get("express") or {}).get("on", True):
+            print("frontend: the express lane is off (INFERMUX_EXPRESS=off in the daemon's environment)")
         busy = busy_line(daemon)
         if busy:
             print(busy)

@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from support.harness import DAEMON_HEAD, TWO_VERSIONS_AND_FAST
 
 WEIGHTED = '[routing]\nstrategy = "weighted"\n'
@@ -65,3 +67,13 @@ def test_status_says_when_the_frontend_runs_pyzmqs_calls_and_the_log_says_which_
     default = make_daemon(TWO_VERSIONS_AND_FAST)
     assert f"wire calls={choose().kind}" in default.log()
     assert ("frontend:" in status(default)) == (not choose().compiled)
+
+
+def test_status_says_when_the_express_lane_is_turned_off(make_daemon):
+    from infermux.transport.wire import choose
+
+    if not choose().compiled:
+        pytest.skip("no express lane without the compiled socket calls")
+    off = make_daemon(TWO_VERSIONS_AND_FAST, env={"INFERMUX_EXPRESS": "off"})
+    assert "frontend: the express lane is off (INFERMUX_EXPRESS=off" in status(off)
+    assert json.loads(status(off, "--json"))["daemon"]["express"] == {"on": False, "served": 0}
