@@ -6,7 +6,10 @@ reaching an idle context runs at once on the frontend thread.
 
 Where a test needs requests to merge, the merge is certain, not likely:
 the batch delay (LONG_US) is far longer than any stall of a busy box and
-the requests fill every batch to max_batch, so no batch waits it out.
+each batch is ended by its size (max_batch, or a preferred size) or by a
+queued request that cannot join it, so no batch waits it out. A request
+of another shape ends a batch the moment it is queued: a test sends each
+shape's requests together, never interleaved.
 """
 
 from __future__ import annotations
@@ -110,16 +113,18 @@ def test_only_requests_with_the_same_shapes_merge(make_daemon, engines: Path):
         path.write_bytes(model.SerializeToString())
     d = make_daemon('[[models]]\nname = "anywidth"\nengine = "anywidth/1/model.onnx"\n'
                     f"max_batch = 16\nbatch_delay_us = {LONG_US}\n{PATIENT}", head=HEAD)
-    # Two cameras of different widths, interleaved: each batches with its own kind. Last, a full
-    # batch of one width, which the batches before it see cannot fit: none waits out the delay.
-    inputs = [np.full((1, 4 if i % 2 else 8), i, np.float32) for i in range(16)] + [np.ones((16, 8), np.float32)]
+    # Two cameras of different widths, 8 frames each, then a full batch of the first width. A batch
+    # goes once no queued request fits it, so the sizes are certain however the threads interleave:
+    # each camera's 8 frames are queued before the request that cannot join them (the other width,
+    # then a batch too big), and none waits out the delay.
+    inputs = ([np.full((1, 8), i, np.float32) for i in range(8)] + [np.full((1, 4), i, np.float32) for i in range(8)]
+              + [np.ones((16, 8), np.float32)])
     with d.pipeline(timeout_s=60) as pipe:
         replies = pipe.gather([pipe.submit("anywidth", {"x": x}, key=f"cam{x.shape[1]}") for x in inputs])
     for x, reply in zip(inputs, replies):
         assert reply.status == 200
         np.testing.assert_array_equal(reply.outputs["y"], x + 1)
-        assert reply.header.get("batch", 1) <= 8  # 8 of each width: a batch never mixes them
-    assert max(r.header.get("batch", 1) for r in replies) > 1
+    assert [r.header.get("batch", 1) for r in replies] == [8] * 16 + [1]
 
 
 @pytest.mark.timing
