@@ -90,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         mem = daemon["memory"]
         print(f"infermux {daemon['version']}  pid {daemon['pid']}  up {fmt.duration(daemon['uptime_s'])}  "
-              f"{daemon['requests']} requests  {'accepting' if daemon['accepting'] else 'DRAINING'}  "
+              f"{daemon['requests']} requests{express_part(daemon)}  {'accepting' if daemon['accepting'] else 'DRAINING'}  "
               f"models {fmt.size(mem['models_bytes'])} of budget {fmt.size(mem['budget_bytes'])}")
         wire = daemon.get("wire") or {}
         if wire.get("kind") == "python":  # the slower calls: say so, and what brings the compiled ones
@@ -110,6 +110,12 @@ def run(args: argparse.Namespace) -> int:
         print("\n".join(f"infermux status: failed: {line}" for line in failed(models)), file=sys.stderr)
         return 1
     return 0
+
+
+def express_part(daemon: dict[str, Any]) -> str:
+    """" (N express)" when the express lane has answered requests, so an operator sees which path served."""
+    served = (daemon.get("express") or {}).get("served", 0)
+    return f" ({served} express)" if served else ""
 
 
 def busy_line(daemon: dict[str, Any]) -> str:

@@ -11,6 +11,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from support.harness import DAEMON_HEAD, TWO_VERSIONS_AND_FAST
@@ -77,3 +78,18 @@ def test_status_says_when_the_express_lane_is_turned_off(make_daemon):
     off = make_daemon(TWO_VERSIONS_AND_FAST, env={"INFERMUX_EXPRESS": "off"})
     assert "frontend: the express lane is off (INFERMUX_EXPRESS=off" in status(off)
     assert json.loads(status(off, "--json"))["daemon"]["express"] == {"on": False, "served": 0}
+
+
+def test_status_counts_what_the_express_lane_served(make_daemon):
+    from infermux.transport.wire import choose
+
+    if not choose().compiled:
+        pytest.skip("no express lane without the compiled socket calls")
+    d = make_daemon(TWO_VERSIONS_AND_FAST)
+    assert "express)" not in status(d).splitlines()[0]  # nothing served yet: no count
+    with d.client(timeout_s=30) as client:
+        for _ in range(20):  # the first request of a layout teaches it; the repeats may take the lane
+            assert client.infer("fast", {"x": np.ones((1, 512), np.float32)}).status == 200
+    served = json.loads(status(d, "--json"))["daemon"]["express"]["served"]
+    assert served > 0
+    assert f"20 requests ({served} express)" in status(d).splitlines()[0]
