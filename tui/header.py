@@ -23,7 +23,7 @@ def daemon_line(d: dict[str, Any]) -> list[str]:
     states = d.get("states") or {}
     accepting = "[green]accepting[/]" if d.get("accepting", True) else "[b reverse red] DRAINING [/]"
     parts = [f"up {fmt.duration(d.get('uptime_s', 0))}", f"pid {d.get('pid', '?')}",
-             f"{fmt.count(int(d.get('requests', 0)))} req", accepting,
+             f"{fmt.count(int(d.get('requests', 0)))} req{_express(d)}", accepting,
              f"{states.get('ready', 0)}/{sum(states.values())} ready"]
     if states.get("failed"):
         parts.append(f"[b red]{states['failed']} failed[/]")
@@ -39,9 +39,17 @@ def daemon_line(d: dict[str, Any]) -> list[str]:
         parts.append(f"[{_level(busy, BUSY, SATURATED)}]frontend {100 * busy:.0f}% busy[/]")
     if (d.get("wire") or {}).get("kind") == "python":  # the frontend runs pyzmq's slower calls (wire.py)
         parts.append("[yellow]pyzmq wire[/]")
+    if not (d.get("express") or {}).get("on", True):  # INFERMUX_EXPRESS=off: every request the general path's
+        parts.append("[yellow]express off[/]")
     if d.get("internal_errors"):
         parts.append(f"[b red]{d['internal_errors']} err[/]")
     return parts
+
+
+def _express(d: dict[str, Any]) -> str:
+    """` (1.2k express)`: how many of the requests the express lane answered; nothing before the first."""
+    served = int((d.get("express") or {}).get("served", 0))
+    return f" ({fmt.count(served)} express)" if served else ""
 
 
 def gpu_part(sample: dict[str, Any], label: str) -> str:

@@ -523,6 +523,24 @@ def test_the_header_says_when_the_frontend_runs_pyzmqs_slower_calls() -> None:
     assert "pyzmq wire" in status_text(snap)
 
 
+def test_the_header_counts_the_express_lanes_requests_and_says_when_it_is_off() -> None:
+    from support import tui_data
+    from rich.text import Text
+
+    from infermux.tui.header import status_text
+
+    snap = tui_data.snapshot()
+    snap["daemon"]["requests"] = 12_000
+    snap["daemon"]["express"] = {"on": True, "served": 0}
+    first = Text.from_markup(status_text(snap)).plain.splitlines()[0]
+    assert "express" not in first, first
+    snap["daemon"]["express"] = {"on": True, "served": 11_000}
+    first = Text.from_markup(status_text(snap)).plain.splitlines()[0]
+    assert "12k req (11k express)" in first, first
+    snap["daemon"]["express"] = {"on": False, "served": 0}
+    assert "express off" in Text.from_markup(status_text(snap)).plain.splitlines()[0]
+
+
 def test_the_header_shows_a_frontend_thread_near_a_full_core_and_nothing_below() -> None:
     from support import tui_data
     from rich.text import Text
