@@ -45,7 +45,7 @@ import numpy as np
 
 from infermux.execution.job import Job
 from infermux.frontend.oversize import ClientEnvelope
-from infermux.frontend.parsecache import Layout, ParseCache, _fill, _id_value
+from infermux.frontend.parsecache import Layout, ParseCache, fill, id_value
 from infermux.frontend.router import Router
 from infermux.protocol import Limits, Status, encode_reply, error_header
 from infermux.transport.wire import CompiledWire
@@ -73,6 +73,7 @@ class ExpressLane:
         self.router, self.parses, self._limits, self._send = router, parses, limits, send
         self._forgive = forgive  # a computed request's reply: its connection's refusals start over (pacing.py)
         self.served = 0  # requests answered by the lane
+        self._room = 0  # the largest reply the lane sends itself, read from the limits once a burst
 
     def run(self, budget: int, asked: int, outbox: deque[Any], hear: Callable[[int], None],
             dropped: Callable[[Any], None]) -> tuple[int, tuple[list[Any], int] | None]:
@@ -80,6 +81,8 @@ class ExpressLane:
         waits) while `outbox` is empty; returns how many were served, and the message the lane
         did not take, as (frames, fd), for the general path (None: no message waits, the budget
         is spent or a reply waits in the outbox)."""
+        # Within max_reply_bytes, and small enough to copy: a config reload changes it between bursts.
+        self._room = min(COPY_LIMIT - 1024, self._limits().max_reply_bytes)
         served, message = self._wire.serve(self.parses.express, self.serve, hear, dropped, outbox, budget, asked)
         self.served += served
         return served, message
@@ -91,7 +94,7 @@ class ExpressLane:
             return self._serve(layout, ident, frames, split)
         except Exception:  # as the general path: a request must never take the frontend down
             log.exception("internal error on a request; answered 500")
-            header = error_header(Status.BACKEND_ERROR, "internal error in infermux (logged)", _id_value(ident))
+            header = error_header(Status.BACKEND_ERROR, "internal error in infermux (logged)", id_value(ident))
             return encode_reply(header)
 
     def _serve(self, layout: Layout, ident: bytes | None, frames: list[Any], split: int) -> list[Any] | bool | None:
@@ -110,25 +113,21 @@ class ExpressLane:
         def job_of() -> Job:  # where the general path's reply answers it: a failure, a rare encoding
             return self._job(layout, ident, frames, split, received, mv.config.timeout_ms)
 
-        answer = executor.answer_now(inputs, rows, _id_value(ident), layout.outputs, received, job_of)
+        answer = executor.answer_now(inputs, rows, id_value(ident), layout.outputs, received, job_of)
         if answer is None:
             return None
         mv.last_used = time.monotonic()
         self._forgive(frames[0])
-        if isinstance(answer, bool) or (sum(map(len, answer)) <= self._room() and len(answer) <= MAX_REPLY_FRAMES):
+        if isinstance(answer, bool) or (sum(map(len, answer)) <= self._room and len(answer) <= MAX_REPLY_FRAMES):
             return answer
         envelope = self._job(layout, ident, frames, split, received, mv.config.timeout_ms).envelope
         self._send(envelope + answer, envelope)  # 413 in its place if over max_reply_bytes, remembered by its kind
         return True
 
-    def _room(self) -> int:
-        """The largest reply the lane sends itself: within max_reply_bytes, and small enough to copy."""
-        return min(COPY_LIMIT - 1024, self._limits().max_reply_bytes)
-
     def _job(self, layout: Layout, ident: bytes | None, frames: list[Any], split: int, received: int,
              timeout_ms: int) -> Job:
         """The Job the general path would have made of this request."""
-        request = _fill(layout, ident, frames[split:], self._limits())
+        request = fill(layout, ident, frames[split:], self._limits())
         assert request is not None, "the lane checked the frames against the layout"
         envelope = ClientEnvelope(frames[:split])
         envelope.came_with(request)

@@ -98,7 +98,7 @@ class ParseCache:
         shape, ident, id_at = _split(raw)
         layout = self._layouts.get(shape)
         if layout is not None and layout.id_at == id_at:  # the same bytes around the id, at the same place
-            request = _fill(layout, ident, frames, limits)
+            request = fill(layout, ident, frames, limits)
             if request is not None:
                 self.hits += 1
                 self.layout = layout
@@ -145,7 +145,8 @@ def _split(raw: bytes) -> tuple[bytes, bytes | None, int]:
     return raw[:start] + raw[token.end():], token.group(), start
 
 
-def _id_value(token: bytes | None) -> str | int | None:
+def id_value(token: bytes | None) -> str | int | None:
+    """The request id a plain id's bytes (as `_split` cut them out of a header) stand for; None for none."""
     if token is None:
         return None
     return token[1:-1].decode("ascii") if token[:1] == b'"' else int(token)
@@ -156,7 +157,7 @@ def _layout(raw: bytes, id_at: int, ident: bytes | None, frames: Sequence[bytes 
     """The layout of `raw`, which parsed to `request`; None where it cannot be kept."""
     if request.input_regions or request.output_regions:
         return None
-    if request.id != _id_value(ident):  # the id found is not the one the header holds
+    if request.id != id_value(ident):  # the id found is not the one the header holds
         return None
     if ident is not None:
         other = b"0" if ident != b"0" else b"1"
@@ -176,7 +177,7 @@ def _without_id(request: Request) -> tuple[Any, ...]:
             bool(request.input_regions), bool(request.output_regions))
 
 
-def _fill(layout: Layout, ident: bytes | None, frames: Sequence[bytes | memoryview],
+def fill(layout: Layout, ident: bytes | None, frames: Sequence[bytes | memoryview],
           limits: Limits) -> Request | None:
     """The request `frames` hold, read with `layout`; None if they do not fit it (parse_request says why)."""
     expected = layout.inputs
@@ -191,5 +192,5 @@ def _fill(layout: Layout, ident: bytes | None, frames: Sequence[bytes | memoryvi
         inputs[spec.name] = np.frombuffer(frame, dtype=spec.dtype).reshape(spec.shape)
     if total > limits.max_message_bytes:
         return None
-    return Request(model=layout.model, inputs=inputs, id=_id_value(ident), version=layout.version,
+    return Request(model=layout.model, inputs=inputs, id=id_value(ident), version=layout.version,
                    outputs=layout.outputs, timeout_ms=layout.timeout_ms, key=layout.key)
