@@ -196,6 +196,12 @@ def test_the_compiled_id_cut_is_the_parse_caches(raw: bytes) -> None:
     assert _wire.split_id(raw) == parsecache._split(raw)
 
 
+def test_the_compiled_lane_looks_up_headers_as_long_as_the_parse_cache_keeps() -> None:
+    from infermux.transport import _wire
+
+    assert _wire.MAX_HEADER == parsecache.MAX_CACHED_HEADER
+
+
 @pytest.mark.parametrize("model, fields", [
     ("plain", {"version": "1"}),  # a version asked for
     ("cams", {"key": "cam-1"}),  # a stream to count
