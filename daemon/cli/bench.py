@@ -114,9 +114,9 @@ class _Tally:
 class _Stream:
     """One DEALER socket sending the same request over and over; only its `id` changes.
 
-    The frames are encoded once by `protocol.encode_request`; each request
-    re-serialises only the small header and each reply parses only its
-    header. Against the echo server at c=16 this took 51–75 µs of generator
+    The frames are encoded once by `protocol.encode_request`; each request's
+    header is that header with its own id spliced in (`id_slot`), and each
+    reply parses only its header. Against the echo server at c=16 this took 51–75 µs of generator
     CPU per request, against 66–89 µs through `client.Pipeline` (which
     encodes every tensor and decodes every output): ~15 µs that a 2-core
     box would otherwise take from the server under test.
@@ -126,6 +126,7 @@ class _Stream:
                  fields: Mapping[str, Any], timeout_s: float, curve: Mapping[str, bytes] | None = None) -> None:
         frames = encode_request(model, inputs, id=0, **fields)
         self._header = parse_header(frames[0])
+        self._around_id = id_slot(json.dumps(self._header, separators=(",", ":")).encode())
         self._tensors = [bytes(f) for f in frames[1:]]
         self._endpoint = endpoint
         self._timeout_s = timeout_s
@@ -139,8 +140,12 @@ class _Stream:
         self.in_flight = 0
 
     def send(self, ident: int) -> None:
-        self._header["id"] = ident
-        header = json.dumps(self._header, separators=(",", ":")).encode()
+        slot = self._around_id
+        if slot is not None:  # json.dumps's bytes, in a twentieth of its time
+            header = b"%s%d%s" % (slot[0], ident, slot[1])
+        else:
+            self._header["id"] = ident
+            header = json.dumps(self._header, separators=(",", ":")).encode()
         self._socket.send_multipart([b"", header, *self._tensors])  # b"": the REQ envelope
         self.in_flight += 1
 
@@ -156,6 +161,15 @@ class _Stream:
 
     def close(self) -> None:
         self._socket.close(0)
+
+
+def id_slot(header: bytes) -> tuple[bytes, bytes] | None:
+    """A header encoded with `"id":0`, cut around the 0: another int id between the two halves
+    gives the bytes json.dumps would; None where `"id":0` is not found exactly once."""
+    parts = header.split(b'"id":0')
+    if len(parts) != 2 or parts[1][:1] not in (b",", b"}"):
+        return None
+    return parts[0] + b'"id":', parts[1]
 
 
 def _drive(stream: _Stream, concurrency: int, count: int | None, duration_s: float | None,

@@ -14,6 +14,7 @@ import pytest
 
 from infermux.cli import bench
 from infermux.cli.bench import BenchResult, run_load, wait_ready
+from infermux.protocol import encode_request
 
 ROOT = Path(__file__).resolve().parents[2]
 BASELINES = ROOT / "tests" / "benchmarks" / "baselines.py"
@@ -247,3 +248,18 @@ def test_wait_covers_a_model_still_loading_when_its_inputs_are_asked(make_daemon
                        "--wait", "60", "--json"])
     assert code == 0, capsys.readouterr().err
     assert json.loads(capsys.readouterr().out)["ok"] == 5
+
+
+@pytest.mark.parametrize("fields", [{}, {"version": "2", "timeout_ms": 50, "key": "cam-1"}, {"outputs": ["id"]}])
+def test_each_requests_header_is_what_json_makes_of_it_with_its_id(fields):
+    frames = encode_request("classifier", IMAGES, id=0, **fields)
+    header = json.loads(frames[0])
+    slot = bench.id_slot(json.dumps(header, separators=(",", ":")).encode())
+    assert slot is not None
+    for ident in (0, 7, 10, 123_456_789, -3):
+        assert b"%s%d%s" % (slot[0], ident, slot[1]) == json.dumps({**header, "id": ident}, separators=(",", ":")).encode()
+
+
+@pytest.mark.parametrize("header", [b'{"model":"m","x":{"id":0},"id":0}', b'{"model":"m","id":01}', b'{"model":"m"}'])
+def test_a_header_whose_id_cannot_be_cut_out_once_is_encoded_whole(header):
+    assert bench.id_slot(header) is None
