@@ -249,9 +249,10 @@ class FairQueue(Generic[T]):
 
         - `fits(first, item)`: may `item` share the first one's inference
           (same shapes and dtypes)? Lanes whose next item does not fit, or
-          would pass `limit` rows, are skipped and keep their turn (two
-          cameras of different resolutions still batch each their own);
-          once no queued item fits, the batch goes.
+          would pass `limit` rows, are skipped and keep their turn (the
+          queued frames of two cameras of different resolutions batch
+          each their own); once no queued item fits, the batch goes, at
+          once: a queued request that cannot join it ends the wait.
         - the batch never waits past the smallest patience of what it
           holds, and a request arriving with less patience ends the wait.
         - `preferred`: row counts that go at once, without waiting out
