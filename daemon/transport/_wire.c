@@ -428,7 +428,8 @@ static int reply(void *sock, PyObject *frames, Py_ssize_t split, PyObject *body,
    that `table` has an entry for goes to `callback(layout, ident, frames, split)`, which answers
    with the reply's [header, outputs...] (sent here), True (it answered), or None: it declines, and
    the message is returned as (frames, fd) for the general path, with the count served before it.
-   `hear(fd)` is called for each message served. The first `asked` messages are received without
+   `hear(fd)` is called for each message right after its read, as the general path does (a message
+   it then takes hears again, which changes nothing). The first `asked` messages are received without
    asking whether one waits (the caller's poll just said so). A reply dropped for a full pipe ends
    the burst: that peer is stalled now, which only the general path handles. */
 static PyObject *serve(PyObject *self, PyObject *args) {
@@ -454,6 +455,14 @@ static PyObject *serve(PyObject *self, PyObject *args) {
             PyErr_Clear();  /* the poll's readiness can be stale */
             return Py_BuildValue("(nO)", served, Py_None);
         }
+        /* Right after the read, before any reply: once it has its reply, the peer may send what makes
+           libzmq drop the connection (a frame over the cap), and `fd` may then be another's. */
+        PyObject *heard = fd >= 0 ? PyObject_CallFunction(hear, "i", fd) : Py_NewRef(Py_None);
+        if (!heard) {
+            Py_DECREF(frames);
+            return NULL;
+        }
+        Py_DECREF(heard);
         Py_ssize_t split = delimiter(frames);
         PyObject *ident = NULL, *entry = look_up(table, frames, split, &ident);
         PyObject *answer = NULL;
@@ -483,10 +492,6 @@ static PyObject *serve(PyObject *self, PyObject *args) {
         if (sent < 0)
             return NULL;
         served++;
-        PyObject *heard = fd >= 0 ? PyObject_CallFunction(hear, "i", fd) : Py_NewRef(Py_None);
-        if (!heard)
-            return NULL;
-        Py_DECREF(heard);
         if (sent == 1)
             break;
     }

@@ -392,3 +392,39 @@ def test_a_malformed_or_unusual_message_gets_the_general_paths_answer_with_the_l
         finally:
             lane_on(server)
     assert without_timing(on) == without_timing(off)
+
+
+def test_the_lane_hears_a_connection_before_it_answers_it(tmp_path: Path) -> None:
+    # Once it has its reply, a client may send a frame over the cap, and libzmq then drops the
+    # connection and frees its descriptor: the peer guard must have kept its duplicate by then
+    # (transport/oversize.py), as the general path does by hearing each message as it is read.
+    add_one(tmp_path / "engines" / "plain" / "1" / "model.onnx")
+    text = (f'[daemon]\nlisten = ["ipc://infer.sock"]\nengine_dir = "{tmp_path / "engines"}"\nwatch = false\n'
+            'inline_max_us = 1000000\ninline_busy_max_us = 1000000\n' + MODELS.split("[[models]]\nname = \"wide\"")[0])
+    s = Server(cfg.parse(text, tmp_path / "infermux.toml"), tmp_path / "run")
+    s.bind()
+    s.start_models().join()
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10_000)
+    sock.connect(s.endpoints[0])
+    try:
+        for n in range(3):  # the general path, stepped here: it teaches the layout
+            sock.send_multipart([b"", *encode_request("plain", {"x": X}, id=n)])
+            deadline = time.monotonic() + 10
+            while not sock.poll(0) and time.monotonic() < deadline:  # the first reply comes through the outbox
+                s.step()
+            sock.recv_multipart()
+        assert s.express is not None and s.parses.express, "the layout was not learned"
+        events: list[str] = []
+        answer = s.express.serve
+        s.express.serve = lambda *request: (events.append("answer"), answer(*request))[1]  # type: ignore[method-assign]
+        sock.send_multipart([b"", *encode_request("plain", {"x": X}, id=9)])
+        assert s.frontend is not None and s.frontend.poll(10_000)
+        served, message = s.express.run(1, 1, s._outbox, lambda fd: events.append("hear"), s.peers.dropped)
+        assert (served, message) == (1, None)
+        assert events == ["hear", "answer"]
+        assert decode_reply(sock.recv_multipart()[1:]).header["id"] == 9
+    finally:
+        sock.close()
+        s.stop()
