@@ -400,7 +400,8 @@ def test_the_lane_hears_a_connection_before_it_answers_it(tmp_path: Path) -> Non
     # (transport/oversize.py), as the general path does by hearing each message as it is read.
     add_one(tmp_path / "engines" / "plain" / "1" / "model.onnx")
     text = (f'[daemon]\nlisten = ["ipc://infer.sock"]\nengine_dir = "{tmp_path / "engines"}"\nwatch = false\n'
-            'inline_max_us = 1000000\ninline_busy_max_us = 1000000\n' + MODELS.split("[[models]]\nname = \"wide\"")[0])
+            'inline_max_us = 1000000\ninline_busy_max_us = 1000000\n'
+            '[[models]]\nname = "plain"\nversion = "1"\nengine = "plain/1/model.onnx"\n')
     s = Server(cfg.parse(text, tmp_path / "infermux.toml"), tmp_path / "run")
     s.bind()
     s.start_models().join()
