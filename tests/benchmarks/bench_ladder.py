@@ -31,11 +31,16 @@ answers each request read from a layout with only that rung's steps:
                       INFERMUX_EXPRESS=off turns off: the oversize, recorder
                       and mirror checks, Router.admit_fast,
                       Scheduler.serve_now (the inline gate) and all after them
+  the express lane: compute and reply   the daemon with its express lane
+                      on, the lane's Python (ExpressLane.serve) cut to the
+                      first rung's steps: the context's call and the 200
+                      header, between the lane's C receive, look-up and send:
+                      the most that trimming the lane's Python could reach
   the daemon          unchanged: its express lane (express.py) receives,
                       looks the layout up and replies in C, and computes
                       with the fast path's checks and no Job
 
-Every rung but the last runs with the express lane off, so that its
+Every rung but the last two runs with the express lane off, so that its
 `Server._handle` sees every request.
 
 Rounds alternate between the rungs; for each, its QPS and its busiest
@@ -68,22 +73,27 @@ from infermux.cli.bench import BenchResult, run_load  # noqa: E402
 from infermux.cli.infer import parse_inputs  # noqa: E402
 
 SECTION = "Frontend thread, step by step"
+GENERAL, LANE_FLOOR, DAEMON = "the daemon, general path", "the express lane: compute and reply", "the daemon"
 RUNGS = ("compute and reply", "+ a compact record", "+ the per-request checks", "+ statistics",
-         "+ the job's checks", "+ the executor's serve", "the daemon, general path", "the daemon")
+         "+ the job's checks", "+ the executor's serve", GENERAL, LANE_FLOOR, DAEMON)
+LANE_RUNGS = (LANE_FLOOR, DAEMON)  # the rungs that run with the express lane on
 WARM = 100  # headers read from a layout before a rung takes over: the layout is learnt by the daemon's own path
 
 
 def patch(rung: str) -> None:
-    """Replace `Server._handle` in this process by `rung`'s (the daemon's own for the last rung)."""
+    """Replace `Server._handle` in this process by `rung`'s (the daemon's own on the general path and
+    the daemon's rungs; the lane's Python on the lane's floor)."""
     from infermux.execution.inline import track_compute
     from infermux.execution.job import Job
     from infermux.frontend import server as frontend
     from infermux.frontend.oversize import ClientEnvelope
     from infermux.protocol import ProtocolError
 
-    level = RUNGS.index(rung)
-    if level >= len(RUNGS) - 2:
+    if rung == LANE_FLOOR:
+        return patch_lane()
+    if rung in (GENERAL, DAEMON):
         return
+    level = RUNGS.index(rung)
     original = frontend.Server._handle
     records: deque[tuple[int, int, int, int, int]] = deque(maxlen=4096)
 
@@ -147,6 +157,34 @@ def patch(rung: str) -> None:
     frontend.Server._handle = handle
 
 
+def patch_lane() -> None:
+    """Cut the express lane's Python to the first rung's steps: the context's call and the 200 header.
+    Its C receive, look-up and send are unchanged, so what this rung leaves out of the daemon is the
+    lane's per-request Python around the call: the checks, the lock, statistics and estimates."""
+    import numpy as np
+
+    from infermux.frontend import express
+    from infermux.frontend.parsecache import id_value
+
+    executors: dict[str, Any] = {}  # nothing swaps or reloads while a rung is measured
+
+    def serve(self: Any, layout: Any, ident: bytes | None, frames: list[Any], split: int) -> list[Any]:
+        executor = executors.get(layout.model)
+        if executor is None:
+            executor = executors[layout.model] = self.router.registry.models[layout.model].default() \
+                .placement.executors[0]
+        received = time.perf_counter_ns()
+        inputs = {spec.name: np.frombuffer(frame, dtype=spec.dtype).reshape(spec.shape)
+                  for spec, frame in zip(layout.inputs, frames[split + 1:])}
+        start = time.perf_counter_ns()
+        outputs = executor._context.infer(inputs)
+        end = time.perf_counter_ns()
+        return executor._ok.encode(id_value(ident), (start - received) // 1000, (end - start) // 1000,
+                                   (end - received) // 1000, outputs)
+
+    express.ExpressLane.serve = serve
+
+
 def measure(args: argparse.Namespace, tmp: Path) -> dict[str, list[tuple[BenchResult, float]]]:
     """Every rung's rounds, alternating: the load generator's figures and the busiest thread's µs a request."""
     inputs = parse_inputs([], [SHAPE], "float32")
@@ -156,7 +194,7 @@ def measure(args: argparse.Namespace, tmp: Path) -> dict[str, list[tuple[BenchRe
         for n, rung in enumerate(RUNGS):
             command, endpoint = daemon_command(tmp, f"rung{n}", contexts=1)
             command = [sys.executable, __file__, "--serve", rung, *command[3:]]  # [python, -m, infermux, serve...]
-            env = {} if rung == RUNGS[-1] else {"INFERMUX_EXPRESS": "off"}
+            env = {} if rung in LANE_RUNGS else {"INFERMUX_EXPRESS": "off"}
             served[rung] = stack.enter_context(serving(f"rung{n}", command, endpoint, tmp, env=env))
         for k in range(args.rounds):
             for rung in RUNGS:
@@ -188,8 +226,9 @@ def report(rounds: dict[str, list[tuple[BenchResult, float]]], args: argparse.Na
         stamp(), "",
         f"Sample classifier, concurrency {args.concurrency}, ipc, 1 context; {args.rounds} rounds × "
         f"{args.duration:g} s per rung after {args.warmup} warm-up requests, alternating; medians. The rungs above "
-        "the daemon are the daemon with `Server._handle` cut down to their steps (this script's docstring); they drop "
-        "what a server must do and are measurements, not configurations.", "", table, "",
+        "the general path are the daemon with `Server._handle` cut down to their steps, and the express lane's rung "
+        "the daemon with the lane's Python cut to the first rung's steps (this script's docstring); they drop what a "
+        "server must do and are measurements, not configurations.", "", table, "",
         "Reproduce: `python tests/benchmarks/bench_ladder.py`."]) + "\n"
 
 
