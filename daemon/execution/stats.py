@@ -23,6 +23,7 @@ import math
 import threading
 import time
 from array import array
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
@@ -196,6 +197,7 @@ class Stats:
         self._retired: dict[str, dict[Any, Any]] = {"status": {}, "batches": {}, "hist": {}, "sums": {}}
         self._lock = threading.Lock()
         self._ewma: float | None = None
+        self._soon: deque[tuple[int, int, int, int]] = deque()  # record_soon's, for settle
 
     def record(self, status: int, total_us: int, queue_us: int = 0, compute_us: int = 0,
                batch: int | None = None) -> None:
@@ -244,12 +246,32 @@ class Stats:
         ewma = self._ewma
         self._ewma = per_request if ewma is None else ewma + self._alpha * (per_request - ewma)
 
+    def record_soon(self, total_us: int, queue_us: int, compute_us: int, rows: int) -> None:
+        """`record` of a 200 and `record_batch` of the backend call it ran alone in, kept to be
+        folded by `settle`: what the express lane pays per request is an append, and the
+        recording runs once a burst, in one tight loop. Every reading (`snapshot`,
+        `service_time_us`) settles first, so a reply already sent is never missing from one."""
+        self._soon.append((total_us, queue_us, compute_us, rows))
+
+    def settle(self) -> None:
+        """Record what `record_soon` kept (from any thread: each is taken exactly once)."""
+        soon = self._soon
+        while soon:
+            try:
+                total_us, queue_us, compute_us, rows = soon.popleft()
+            except IndexError:  # another thread settled the last one first
+                return
+            self.record(OK, total_us, queue_us, compute_us, rows)
+            self.record_batch(rows, compute_us)
+
     def service_time_us(self) -> float:
         """EWMA of backend time per input row (µs); 0.0 before the first backend call.
 
         The router's Retry-After is queued rows × this; 0.0 (not None) keeps
         that arithmetic free of special cases while nothing is known yet.
         """
+        if self._soon:
+            self.settle()
         return self._ewma or 0.0
 
     def snapshot(self) -> StatsSnapshot:
@@ -278,6 +300,7 @@ class Stats:
 
     def _window(self) -> _Window:
         """Pool the shards over the sliding window (outside any hot-path lock)."""
+        self.settle()
         self._retire_dead_shards()
         queue_depth = self._queue_depth() if self._queue_depth else 0
         in_flight = self._in_flight() if self._in_flight else 0

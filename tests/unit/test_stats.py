@@ -154,6 +154,42 @@ def test_two_threads_lose_no_record():
     assert max(s.served for s in seen_alive) == per_thread
 
 
+def test_a_record_kept_for_later_is_in_the_next_reading_unsettled(clock):
+    """The express lane keeps its records (record_soon) and settles them once a burst: a reading
+    taken between a reply and that settle must count the reply already."""
+    stats = Stats(clock=clock)
+    stats.record_soon(150, 30, 120, 1)
+    stats.record_soon(250, 50, 200, 2)
+    assert stats.service_time_us() == pytest.approx(120 + 0.1 * (100 - 120))  # the EWMA a row, both calls in
+    snap = stats.snapshot()
+    assert snap.by_status == {200: 2} and snap.batches == {1: 1, 2: 1}
+    assert (snap.p50_us, snap.max_us, snap.compute_us) == (150, 250, 160)
+    stats.settle()  # the lane's settle after the reading finds nothing left to count twice
+    assert stats.snapshot().by_status == {200: 2}
+
+
+def test_records_kept_for_later_are_each_counted_once_however_many_threads_settle():
+    stats = Stats()
+    kept = 40_000
+    for i in range(kept):
+        stats.record_soon(i % 1000, 0, 100, 1)
+    start = threading.Barrier(4)
+
+    def settle() -> None:
+        start.wait()
+        stats.settle()
+
+    threads = [threading.Thread(target=settle) for _ in range(3)]
+    for t in threads:
+        t.start()
+    start.wait()
+    snap = stats.snapshot()  # settles beside the three threads
+    for t in threads:
+        t.join()
+    assert snap.by_status[200] <= kept
+    assert stats.snapshot().by_status == {200: kept} and stats.snapshot().batches == {1: kept}
+
+
 def test_memory_stays_bounded_under_many_records_and_threads(clock):
     stats = Stats(clock=clock, capacity=64)
     for i in range(10_000):
