@@ -77,6 +77,7 @@ class Executor:
         self._busy = threading.Lock()  # held while the context computes, by whichever thread
         self._shapes = ShapeMemory()  # output shapes by kind of request, for RegionOutputs
         self._ok = OkReplies(name, version)
+        self._samples: list[float] = []  # answer_now's compute µs a row, for settle
         self._thread = threading.Thread(target=self._run, name=f"exec-{name}-{version}-{index}", daemon=True)
 
     def start(self) -> None:
@@ -176,30 +177,23 @@ class Executor:
         `job_of()` makes its Job then); None, having done nothing, if the context is busy.
 
         The same statistics and estimates as serve_alone, without the Job, the Outcome (only a
-        pipeline's sink reads one) and the reply's trip through the frontend's `reply`."""
+        pipeline's sink reads one) and the reply's trip through the frontend's `reply`; they are
+        kept (`Stats.record_soon`, `_samples`) and folded by `settle`, which the lane calls once a
+        burst. serve_alone's steps are written out again here, since a helper shared by both would
+        cost the lane a call and a closure per request."""
         if self.in_flight or len(self.queue) or not self._busy.acquire(blocking=False):
             return None
         try:
-            return self._answer(inputs, rows, id, asked, received, job_of)
-        finally:
-            self._busy.release()
-
-    def _answer(self, inputs: dict[str, Any], rows: int, id: Any, asked: tuple[str, ...] | None,
-                received: int, job_of: Callable[[], Job]) -> list[Any] | bool:
-        """answer_now's work, with the context's lock held: serve_alone's steps written out again,
-        since a helper shared by both would cost the lane a call and a closure per request."""
-        self.in_flight, self.in_flight_rows = 1, rows
-        start = time.perf_counter_ns()
-        try:
-            outputs = self._context.infer(inputs)
-        except Exception as exc:
+            self.in_flight, self.in_flight_rows = 1, rows
+            start = time.perf_counter_ns()
+            try:
+                outputs = self._context.infer(inputs)
+            except Exception as exc:
+                self.in_flight = self.in_flight_rows = 0
+                self._failed([job_of()], exc)
+                return True
+            end = time.perf_counter_ns()
             self.in_flight = self.in_flight_rows = 0
-            self._failed([job_of()], exc)
-            return True
-        end = time.perf_counter_ns()
-        self.in_flight = self.in_flight_rows = 0
-        try:
-            self._learn(rows, start, end)
             self.served += 1
             if asked is not None:
                 outputs = {name: outputs[name] for name in asked}
@@ -207,14 +201,28 @@ class Executor:
             total_us = (time.perf_counter_ns() - received) // 1000
             frames = self._ok.encode(id, queue_us, compute_us, total_us, outputs)
             if frames is None:
+                self._learn(rows, start, end)
                 self._succeed(job_of(), outputs, start, end, 0, rows)
                 return True
-            self.stats.record(200, total_us, queue_us, compute_us, 0)
+            self._samples.append((end - start) / 1000 / max(1, rows))
+            self.stats.record_soon(total_us, queue_us, compute_us, rows)
             return frames
         except Exception as exc:  # as serve_alone: a bug answers 500, the context lives on
             log.exception("executor error model=%s version=%s context=%d", self.name, self.version, self.index)
             self._fail([job_of()], Status.BACKEND_ERROR, f"internal error: {exc}")
             return True
+        finally:
+            self._busy.release()
+
+    def settle(self) -> None:
+        """Fold what answer_now kept into the estimates and statistics (the calling thread is the
+        lane's, whose samples may raise an estimate as an inline call's do: `_learn`)."""
+        samples = self._samples
+        for sample in samples:
+            self.row_wall_us = track_compute(self.row_wall_us, sample)
+            self.row_us = track_compute(self.row_us, sample)
+        samples.clear()
+        self.stats.settle()
 
     def run_queued(self, gate: Callable[[float, int], bool]) -> None:
         """Compute queued batches on the calling thread while `gate` allows it, then wake this thread for the rest.

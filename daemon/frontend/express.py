@@ -15,7 +15,10 @@ requests that the fast path would take, read from a known header layout
   and the reply it returns sent, to the envelope the request came with;
 - in Python, per request: what the fast path checks (Router.plain_version,
   the tensors accepted for the layout and engine, Scheduler.idle_context),
-  the compute and its statistics (Executor.answer_now), with no `Job`.
+  the compute and its reply (Executor.answer_now), with no `Job`; its
+  statistics and estimates are kept and folded once the burst ends
+  (Executor.settle; a statistics reading folds them first, so it never
+  misses a reply already sent).
 
 Anything else goes down the general path, unchanged and in order: a
 message the table has no entry for (the first two of a layout, shared
@@ -43,6 +46,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from infermux.execution.executor import Executor
 from infermux.execution.job import Job
 from infermux.frontend.oversize import ClientEnvelope
 from infermux.frontend.parsecache import Layout, ParseCache, fill, id_value
@@ -74,16 +78,23 @@ class ExpressLane:
         self._forgive = forgive  # a computed request's reply: its connection's refusals start over (pacing.py)
         self.served = 0  # requests answered by the lane
         self._room = 0  # the largest reply the lane sends itself, read from the limits once a burst
+        self._computed: set[Executor] = set()  # the contexts this burst computed on, to settle after it
 
     def run(self, budget: int, asked: int, outbox: deque[Any], hear: Callable[[int], None],
             dropped: Callable[[Any], None]) -> tuple[int, tuple[list[Any], int] | None]:
         """Serve up to `budget` messages (the first `asked` received without asking whether one
         waits) while `outbox` is empty; returns how many were served, and the message the lane
         did not take, as (frames, fd), for the general path (None: no message waits, the budget
-        is spent or a reply waits in the outbox)."""
+        is spent or a reply waits in the outbox). The statistics and estimates of what it
+        computed are settled before it returns (Executor.settle)."""
         # Within max_reply_bytes, and small enough to copy: a config reload changes it between bursts.
         self._room = min(COPY_LIMIT - 1024, self._limits().max_reply_bytes)
-        served, message = self._wire.serve(self.parses.express, self.serve, hear, dropped, outbox, budget, asked)
+        try:
+            served, message = self._wire.serve(self.parses.express, self.serve, hear, dropped, outbox, budget, asked)
+        finally:
+            for executor in self._computed:
+                executor.settle()
+            self._computed.clear()
         self.served += served
         return served, message
 
@@ -91,38 +102,36 @@ class ExpressLane:
         """One request read from `layout` (called from C): the reply's [header, outputs...] to send,
         True where it was answered here, None (nothing done) where the general path must take it."""
         try:
-            return self._serve(layout, ident, frames, split)
+            received = time.perf_counter_ns()
+            plain = self.router.plain_version(layout.model)
+            if plain is None or not self.router.accepts(layout, plain[0]):
+                return None
+            mv, scheduler = plain
+            rows = layout.rows
+            executor = scheduler.idle_context(rows)
+            if executor is None:
+                return None
+            inputs = {spec.name: np.frombuffer(frame, dtype=spec.dtype).reshape(spec.shape)
+                      for spec, frame in zip(layout.inputs, frames[split + 1:])}
+
+            def job_of() -> Job:  # where the general path's reply answers it: a failure, a rare encoding
+                return self._job(layout, ident, frames, split, received, mv.config.timeout_ms)
+
+            answer = executor.answer_now(inputs, rows, id_value(ident), layout.outputs, received, job_of)
+            if answer is None:
+                return None
+            self._computed.add(executor)
+            mv.last_used = time.monotonic()
+            self._forgive(frames[0])
+            if isinstance(answer, bool) or (sum(map(len, answer)) <= self._room and len(answer) <= MAX_REPLY_FRAMES):
+                return answer
+            envelope = job_of().envelope
+            self._send(envelope + answer, envelope)  # 413 in its place if over max_reply_bytes, remembered by its kind
+            return True
         except Exception:  # as the general path: a request must never take the frontend down
             log.exception("internal error on a request; answered 500")
             header = error_header(Status.BACKEND_ERROR, "internal error in infermux (logged)", id_value(ident))
             return encode_reply(header)
-
-    def _serve(self, layout: Layout, ident: bytes | None, frames: list[Any], split: int) -> list[Any] | bool | None:
-        received = time.perf_counter_ns()
-        plain = self.router.plain_version(layout.model)
-        if plain is None or not self.router.accepts(layout, plain[0]):
-            return None
-        mv, scheduler = plain
-        rows = layout.rows
-        executor = scheduler.idle_context(rows)
-        if executor is None:
-            return None
-        inputs = {spec.name: np.frombuffer(frame, dtype=spec.dtype).reshape(spec.shape)
-                  for spec, frame in zip(layout.inputs, frames[split + 1:])}
-
-        def job_of() -> Job:  # where the general path's reply answers it: a failure, a rare encoding
-            return self._job(layout, ident, frames, split, received, mv.config.timeout_ms)
-
-        answer = executor.answer_now(inputs, rows, id_value(ident), layout.outputs, received, job_of)
-        if answer is None:
-            return None
-        mv.last_used = time.monotonic()
-        self._forgive(frames[0])
-        if isinstance(answer, bool) or (sum(map(len, answer)) <= self._room and len(answer) <= MAX_REPLY_FRAMES):
-            return answer
-        envelope = self._job(layout, ident, frames, split, received, mv.config.timeout_ms).envelope
-        self._send(envelope + answer, envelope)  # 413 in its place if over max_reply_bytes, remembered by its kind
-        return True
 
     def _job(self, layout: Layout, ident: bytes | None, frames: list[Any], split: int, received: int,
              timeout_ms: int) -> Job:
