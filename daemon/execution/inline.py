@@ -61,7 +61,7 @@ class InlinePolicy:
         the socket costs a few µs, and under load most requests are short
         enough for either limit.
         """
-        if not batching and expected_us <= min(self.busy_max_us, self.idle_max_us):
+        if not batching and expected_us <= self.busy_max_us and expected_us <= self.idle_max_us:
             return True
         if not others_waiting():
             return expected_us <= self.idle_max_us

@@ -49,8 +49,10 @@ import numpy as np
 from infermux.execution.executor import Executor
 from infermux.execution.job import Job
 from infermux.frontend.oversize import ClientEnvelope
+from infermux.frontend.pacing import RefusalPacer
 from infermux.frontend.parsecache import Layout, ParseCache, fill, id_value
 from infermux.frontend.router import Router
+from infermux.models.version import ModelVersion
 from infermux.protocol import Limits, Status, encode_reply, error_header
 from infermux.transport.wire import CompiledWire
 
@@ -72,13 +74,15 @@ class ExpressLane:
     """One frontend's express lane, on its socket's compiled calls."""
 
     def __init__(self, wire: CompiledWire, router: Router, parses: ParseCache, limits: Callable[[], Limits],
-                 send: Callable[[list[Any], list[Any] | None], None], forgive: Callable[[bytes], None]) -> None:
+                 send: Callable[[list[Any], list[Any] | None], None], pacer: RefusalPacer) -> None:
         self._wire = wire
         self.router, self.parses, self._limits, self._send = router, parses, limits, send
-        self._forgive = forgive  # a computed request's reply: its connection's refusals start over (pacing.py)
+        self._pacer = pacer  # a computed request's reply: its connection's refusals start over (pacing.py)
+        self._forgiving = False  # whether the pacer remembers a refusal, read once a burst
         self.served = 0  # requests answered by the lane
         self._room = 0  # the largest reply the lane sends itself, read from the limits once a burst
-        self._computed: set[Executor] = set()  # the contexts this burst computed on, to settle after it
+        # The contexts this burst computed on and their versions, settled and marked used after it.
+        self._computed: dict[Executor, ModelVersion] = {}
 
     def run(self, budget: int, asked: int, outbox: deque[Any], hear: Callable[[int], None],
             dropped: Callable[[Any], None]) -> tuple[int, tuple[list[Any], int] | None]:
@@ -86,14 +90,17 @@ class ExpressLane:
         waits) while `outbox` is empty; returns how many were served, and the message the lane
         did not take, as (frames, fd), for the general path (None: no message waits, the budget
         is spent or a reply waits in the outbox). The statistics and estimates of what it
-        computed are settled before it returns (Executor.settle)."""
+        computed are settled, and its versions marked used, before it returns (Executor.settle)."""
         # Within max_reply_bytes, and small enough to copy: a config reload changes it between bursts.
         self._room = min(COPY_LIMIT - 1024, self._limits().max_reply_bytes)
+        self._forgiving = self._pacer.remembers()  # only the general path's refusals add to it
         try:
             served, message = self._wire.serve(self.parses.express, self.serve, hear, dropped, outbox, budget, asked)
         finally:
-            for executor in self._computed:
+            now = time.monotonic()
+            for executor, mv in self._computed.items():
                 executor.settle()
+                mv.last_used = now
             self._computed.clear()
         self.served += served
         return served, message
@@ -120,13 +127,14 @@ class ExpressLane:
             answer = executor.answer_now(inputs, rows, id_value(ident), layout.outputs, received, job_of)
             if answer is None:
                 return None
-            self._computed.add(executor)
-            mv.last_used = time.monotonic()
-            self._forgive(frames[0])
+            self._computed[executor] = mv
+            if self._forgiving:
+                self._pacer.forgive(frames[0])
             if isinstance(answer, bool) or (sum(map(len, answer)) <= self._room and len(answer) <= MAX_REPLY_FRAMES):
                 return answer
             envelope = job_of().envelope
             self._send(envelope + answer, envelope)  # 413 in its place if over max_reply_bytes, remembered by its kind
+            self._forgiving = self._pacer.remembers()
             return True
         except Exception:  # as the general path: a request must never take the frontend down
             log.exception("internal error on a request; answered 500")

@@ -66,6 +66,11 @@ class RefusalPacer:
         while held and (every or held[0][0] <= now):
             yield heapq.heappop(held)[2]
 
+    def remembers(self, peer: bytes | None = None) -> bool:
+        """Whether `peer` (any connection, where None) was refused lately: else `forgive` has
+        nothing to do for it."""
+        return bool(self._earned) if peer is None else peer in self._earned
+
     def forgive(self, peer: bytes) -> None:
         """A request of `peer` was computed: its next refusal is held FIRST_HOLD_S again."""
         if self._earned:  # empty unless some connection was refused lately: one test per reply

@@ -120,6 +120,7 @@ class Server:
         self.replies_too_large = 0  # replies over max_reply_bytes, answered 413 instead
         self.parses = ParseCache()  # a header seen before, but for its id, is not decoded again (parsecache.py)
         self.express: ExpressLane | None = None  # the fast path's requests served from C, once bound (express.py)
+        self._waiting = self._others_waiting  # bound once: the inline gate asks for it on every request
         self.frontend_native_id: int | None = None  # the loop's thread, whose load the status reports
         self.oversize = OversizeMemory(config.daemon.oversize_memory_s)  # the kinds of request that just made one (oversize.py)
         self.pacer = RefusalPacer()  # refusals held back, a connection that keeps earning them longer
@@ -209,7 +210,7 @@ class Server:
         """May the frontend thread compute this request itself? (inline.py)"""
         if threading.get_ident() != self._frontend_thread or self.frontend is None:
             return False
-        return self.inline.allows(service_time_us, batching, self._others_waiting)
+        return self.inline.allows(service_time_us, batching, self._waiting)
 
     def quiesce(self, timeout_s: float = QUIESCE_S) -> bool:
         """Return once the frontend has finished the admission it may be in the middle of.
@@ -281,7 +282,7 @@ class Server:
         self.frontend, self.wire = sock, wire_for(sock, self.wire_choice)
         if isinstance(self.wire, CompiledWire) and express_wanted():
             self.express = ExpressLane(self.wire, self.router, self.parses, lambda: self.limits, self._send,
-                                       self.pacer.forgive)
+                                       self.pacer)
         self.events.emit("wire", calls=self.wire_choice.kind, detail=self.wire_choice.describe())
         self._poller.register(sock, zmq.POLLIN)
         self._poller.register(self._bell, zmq.POLLIN)

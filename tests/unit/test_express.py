@@ -247,6 +247,30 @@ def test_the_lane_counts_statistics_and_estimates_as_the_general_path(server: Se
     assert server.parses.hits + lane(server) - layouts == 10
 
 
+def test_a_reply_the_lane_computes_forgives_its_connection_a_refusal_held_back(server: Server) -> None:
+    """A refusal held back (pacing.py) makes its connection's next one wait longer, until a request of
+    that connection is computed: also when the lane computes it, which asks the pacer once a burst."""
+    identity = b"forgiven-peer"
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RCVTIMEO, 10_000)
+    sock.setsockopt(zmq.ROUTING_ID, identity)
+    sock.connect(server.endpoints[0])
+    try:
+        taught(server, sock, "plain", {"x": X}, id=0)
+        header = encode_request("plain", {"x": X}, id=7)[0]
+        sock.send_multipart([b"", header, *([bytes(1 << 16)] * 40)])  # 2.6 MB and too many frames: held, then 400
+        assert decode_reply(sock.recv_multipart()[1:]).status == 400
+        assert server.pacer.remembers(identity)
+        before = lane(server)
+        reply = decode_reply(ask(sock, "plain", {"x": X}, id=8))
+        assert reply.status == 200, reply.header
+        eventually(lambda: lane(server) > before, "the lane to compute the request")
+        assert not server.pacer.remembers(identity)
+    finally:
+        sock.close()
+
+
 def test_a_reply_over_max_reply_bytes_is_413_and_the_next_like_it_is_refused_uncomputed(
         server: Server, client: zmq.Socket) -> None:
     """Each 413 "computed" keeps its kind (oversize.py), which closes the lane; waited out, the next

@@ -49,6 +49,18 @@ def test_a_computed_reply_or_a_quiet_spell_forgives_the_connection() -> None:
     assert held_for(pacer, clock, refusal(b"a")) == FIRST_HOLD_S
 
 
+def test_the_pacer_says_whether_it_remembers_a_refusal_for_the_lane_to_skip_forgiving() -> None:
+    clock = Clock()
+    pacer = RefusalPacer(clock)
+    assert not pacer.remembers()
+    held_for(pacer, clock, refusal(b"a"))
+    assert pacer.remembers() and pacer.remembers(b"a") and not pacer.remembers(b"b")
+    pacer.forgive(b"b")
+    assert pacer.remembers(b"a")  # another connection's reply forgives only that one
+    pacer.forgive(b"a")
+    assert not pacer.remembers() and not pacer.remembers(b"a")
+
+
 def test_refusals_come_due_in_order_and_all_at_a_drain() -> None:
     clock = Clock()
     pacer = RefusalPacer(clock)
