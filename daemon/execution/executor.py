@@ -219,8 +219,7 @@ class Executor:
         lane's, whose samples may raise an estimate as an inline call's do: `_learn`)."""
         samples = self._samples
         for sample in samples:
-            self.row_wall_us = track_compute(self.row_wall_us, sample)
-            self.row_us = track_compute(self.row_us, sample)
+            self._estimate(sample, may_rise=True)
         samples.clear()
         self.stats.settle()
 
@@ -320,9 +319,12 @@ class Executor:
         """Count a backend call of `rows` rows from `start` to `end` (ns) and update the estimates."""
         # Batch sizes are rows, as max_batch is: the histogram shows what the engine ran.
         self.stats.record_batch(rows, (end - start) // 1000)
-        sample = (end - start) / 1000 / max(1, rows)
-        self.row_wall_us = track_compute(self.row_wall_us, sample)
-        self.row_us = track_compute(self.row_us, sample, may_rise=threading.current_thread() is not self._thread)
+        self._estimate((end - start) / 1000 / max(1, rows), threading.current_thread() is not self._thread)
+
+    def _estimate(self, sample_us: float, may_rise: bool) -> None:
+        """Move both compute estimates towards a call's µs a row (`may_rise`: track_compute's)."""
+        self.row_wall_us = track_compute(self.row_wall_us, sample_us)
+        self.row_us = track_compute(self.row_us, sample_us, may_rise=may_rise)
 
     def _infer_one(self, job: Job) -> dict[str, Any]:
         """One request alone: into the arrays its placement offers where the backend can (base.WritesOutputs):
