@@ -9,8 +9,8 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend, select_providers
-from infermux.plugins.base import BackendError
+from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend, direct_run, select_providers
+from infermux.plugins.base import BackendError, InputRejected
 
 MLP = Path(__file__).resolve().parents[2] / "engines" / "mlp" / "1" / "model.onnx"
 GPU_FIRST = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -65,3 +65,25 @@ def test_thread_options_reach_every_contexts_session(options, threads, spinning)
 def test_allow_spinning_that_is_not_a_boolean_is_a_load_error():
     with pytest.raises(BackendError, match="`allow_spinning` is true or false, got 'no'"):
         OnnxRuntimeBackend().load(MLP, {"allow_spinning": "no"})
+
+
+def test_a_cpu_context_calls_the_binding_and_answers_as_the_session_does():
+    engine = OnnxRuntimeBackend().load(MLP, {})
+    context = engine.create_context()
+    assert context._run == context._session._sess.run  # this onnxruntime still has the binding there
+    features = np.random.default_rng(0).standard_normal((3, 256)).astype(np.float32)
+    expected = context._session.run(None, {"features": features})[0]
+    assert np.array_equal(context.infer({"features": features})["logits"], expected)
+
+
+def test_a_bad_input_through_the_binding_is_still_a_rejected_input():
+    context = OnnxRuntimeBackend().load(MLP, {}).create_context()
+    with pytest.raises(InputRejected, match="features"):
+        context.infer({"features": np.ones((2, 7), np.float32)})
+
+
+def test_only_the_cpu_provider_alone_skips_the_wrapper():
+    session = ort.InferenceSession(str(MLP), providers=["CPUExecutionProvider"])
+    assert direct_run(session, ["CPUExecutionProvider"])
+    assert not direct_run(session, ["CUDAExecutionProvider", "CPUExecutionProvider"])
+    assert not direct_run(object(), ["CPUExecutionProvider"])  # a wrapper without the binding: its own run
