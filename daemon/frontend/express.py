@@ -118,7 +118,7 @@ class ExpressLane:
             executor = scheduler.idle_context(rows)
             if executor is None:
                 return None
-            # The array's own constructor over the frame: half frombuffer-and-reshape's time.
+            # The array's own constructor over the frame: cheaper than frombuffer-and-reshape.
             inputs = {spec.name: np.ndarray(spec.shape, spec.dtype, frame)
                       for spec, frame in zip(layout.inputs, frames[split + 1:])}
 

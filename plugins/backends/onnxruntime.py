@@ -133,8 +133,8 @@ def direct_run(session: Any, providers: list[str]) -> bool:
     `InferenceSession.run`: on the CPU provider alone, where none of what the wrapper adds
     applies (a CUDA graph's checks, a failed provider's retry on the next one). The wrapper's
     own check, that every input is fed, the daemon makes before a request reaches a context
-    (a missing input is a 400 there). Worth ~1 µs of a small model's ~36 µs run
-    (docs/performance.md), on the path that caps the daemon's QPS at high concurrency."""
+    (a missing input is a 400 there). It is on the path that caps the daemon's QPS at high
+    concurrency; what it is worth: docs/performance.md, "onnxruntime's run options made once"."""
     binding = getattr(session, "_sess", None)
     return providers == ["CPUExecutionProvider"] and callable(getattr(binding, "run", None))
 
