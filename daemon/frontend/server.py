@@ -100,7 +100,7 @@ class Server:
         self.hooks = FrontendHooks(reply=self.reply, on_late=self._on_late, inline=self._inline_ok, hold=self._hold,
                                    watch=self.watch, quiesce=self.quiesce)
         # Operators' live changes: kept in `state_dir` across restarts (models/statefile.py), else in memory.
-        self.registry = Registry(config, self.events, self.hooks, _overrides(state_dir, self.events))
+        self.registry = Registry(config, self.events, self.hooks, _overrides(state_dir, self.events, config))
         daemon = config.daemon
         self.streams = StreamTable(self.events, daemon.stream_silent_s, daemon.stream_max_keys)
         self.router = Router(self.registry, config, self.reply, self.streams)
@@ -688,11 +688,11 @@ class Server:
         return ", ".join(parts)
 
 
-def _overrides(state_dir: Path | None, events: EventLog) -> Overrides:
+def _overrides(state_dir: Path | None, events: EventLog, config: cfg.Config) -> Overrides:
     """The live changes, restored from the state file in `state_dir` and saved there on every change."""
     if state_dir is None:
         return Overrides(events)
-    store = StateFile(state_dir, events)
+    store = StateFile(state_dir, events, config.daemon)
     return Overrides(events, store.write, store.read())
 
 

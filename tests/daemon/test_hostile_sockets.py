@@ -352,7 +352,7 @@ def test_the_daemon_will_not_serve_from_a_runtime_directory_every_user_may_write
     config = tmp_path / "infermux.toml"
     config.write_text(DAEMON_HEAD.format(engines=engines) + FAST)
     out = subprocess.run([sys.executable, "-m", "infermux", "serve", "--config", str(config), "--runtime-dir",
-                          str(run)], capture_output=True, text=True, timeout=60)
+                          str(run), "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1, out.stderr
     assert f"will not serve from the runtime directory {run} is writable by every user (mode {mode:o}" \
         in out.stderr, out.stderr
@@ -365,7 +365,7 @@ def test_the_daemon_will_not_serve_from_a_runtime_directory_every_user_may_write
                       .format(engines=engines) + FAST)
     run.chmod(0o750)
     out = subprocess.run([sys.executable, "-m", "infermux", "serve", "--config", str(config), "--runtime-dir",
-                          str(run)], capture_output=True, text=True, timeout=60)
+                          str(run), "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and f"refusing ipc://{elsewhere}/infer.sock: {elsewhere} is writable" in out.stderr, \
         out.stderr
 
