@@ -439,9 +439,8 @@ COMMANDS: dict[str, Command] = {
                            slow=True),
     "reject": Command(_rollout("reject"), "refuse a candidate now; the serving version stays (model, version)",
                       slow=True),
-    "record": Command(cmd_record, "record the next requests of a model and its answers (model, count)",
-                      changes=False),
+    "record": Command(cmd_record, "record the next requests of a model and its answers (model, count)"),
     "record_take": Command(cmd_record_take, "what a recording captured so far, tensors as frames (model)",
                            changes=False),
-    "record_stop": Command(cmd_record_stop, "end a recording and drop what it holds (model)", changes=False),
+    "record_stop": Command(cmd_record_stop, "end a recording and drop what it holds (model)"),
 }
