@@ -378,6 +378,9 @@ def _check_signing_keys(file: Path, raw: dict[str, Any]) -> None:
     for i, key in enumerate(keys):
         _check_type(file, f"{where}[{i}]", key, str)
         path = _resolve(file, key)
+        why = signing.key_problem(path, private=False)
+        if why:
+            raise ConfigError(file, f"{where}[{i}]", f"will not trust {why}")
         try:
             signing.load_public(path)
         except (ValueError, ImportError) as exc:

@@ -241,6 +241,7 @@ def _configuration(path: Path, runtime_dir: str | None, tensorrt_ok: bool) -> li
         return [Check("configuration", "FAIL", str(exc), "fix the file (infermux(1) lists every setting)")]
     checks = [Check("configuration", "OK", f"{path}: {len(config.models)} model(s)")]
     checks += [_engine(m.name, m.version, m.engine, tensorrt_ok) for m in config.models]
+    checks += _signatures(config)
     checks.append(_engine_dir(config.daemon.engine_dir, config.daemon.admin_group))
     if config.daemon.watch:
         checks += _discovered(config, tensorrt_ok)
@@ -282,6 +283,25 @@ def _engine(name: str, version: str, engine: Path, tensorrt_ok: bool) -> Check:
     if engine.suffix in (".plan", ".engine"):
         return _plan(what, engine, tensorrt_ok)
     return Check(what, "OK", str(engine))
+
+
+def _signatures(config: cfg.Config) -> list[Check]:
+    """Under engine_signing_keys, each configured engine's signature, checked as the daemon will."""
+    import tempfile
+
+    from infermux.models.verified import EngineSigning
+
+    if not config.daemon.engine_signing_keys:
+        return []
+    checks = []
+    with tempfile.TemporaryDirectory() as scratch:
+        signing = EngineSigning.from_files(config.daemon.engine_signing_keys, Path(scratch))
+        for m in config.models:
+            why = signing.problem(m) if m.engine.is_file() else None
+            checks.append(Check(f"signature {m.name} {m.version}", "FAIL", why,
+                                f"sign it where it is published: infermux sign --key PUBLISHER.key {m.engine}")
+                          if why else Check(f"signature {m.name} {m.version}", "OK", "signed by a trusted key"))
+    return checks
 
 
 def _plan(what: str, engine: Path, tensorrt_ok: bool) -> Check:

@@ -342,12 +342,16 @@ class Server:
             overrides.follow(new)  # the file wins for each field it changed
             self.config, self.limits = new, limits_from(new.daemon)
             self._reread_client_keys()
+            keys_changed = new.daemon.engine_signing_keys != old.daemon.engine_signing_keys
             self._reread_signing_keys(new)
             self.registry.follow(new)
             self.router.configure(new)
             self.streams.silent_s, self.streams.max_keys = new.daemon.stream_silent_s, new.daemon.stream_max_keys
             self.oversize.memory_s = new.daemon.oversize_memory_s
-            return reload.apply(self, serving, overrides.over(new))
+            steps = reload.apply(self, serving, overrides.over(new))
+            if keys_changed:
+                steps.signing_would_refuse = self._signing_refusals()
+            return steps
 
     def _reread_client_keys(self) -> None:
         """A client key added to (or removed from) curve_authorized_dir counts from this reload on."""
@@ -357,6 +361,22 @@ class Server:
             self.curve.reload()
         except CurveError as exc:
             log.warning("%s; the keys read before stay authorised", exc)
+
+    def _signing_refusals(self) -> list[str]:
+        """The versions loaded now that the trusted keys in force would refuse at their next load (a
+        restart, a cold worker's restart): said at once, with a warning each, not at the next restart."""
+        signing = self.registry.signing
+        if signing is None:
+            return []
+        refused = []
+        for model in list(self.registry.models.values()):
+            for mv in model.ordered():
+                why = signing.problem(mv.config) if mv.ready else None
+                if why:
+                    refused.append(f"{mv.name}:{mv.version} {why}")
+                    log.warning("%s:%s is loaded, and would be refused at its next load: %s", mv.name,
+                                mv.version, why)
+        return refused
 
     def _reread_signing_keys(self, new: cfg.Config) -> None:
         """The trusted publishers' keys as `new` lists them, for every load from now on (the versions

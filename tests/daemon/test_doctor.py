@@ -170,3 +170,21 @@ def test_a_caller_outside_the_sockets_folder_is_told_to_join_the_group(tmp_path:
     assert r.returncode == 1, r.stdout + r.stderr
     line = next(line for line in r.stdout.splitlines() if " sockets: " in line)
     assert line.startswith("FAIL") and "adduser" in line
+
+
+def test_under_engine_signing_keys_each_engines_signature_is_checked(tmp_path: Path) -> None:
+    from infermux import signing
+    from support import models
+
+    private, public = signing.keygen(tmp_path / "publisher")
+    signed = models.add_one(tmp_path / "engines" / "signed" / "1" / "model.onnx")
+    signing.sign(signing.load_private(private), signed)
+    models.add_one(tmp_path / "engines" / "unsigned" / "1" / "model.onnx")
+    config = tmp_path / "infermux.toml"
+    config.write_text(f'[daemon]\nengine_dir = "{tmp_path}/engines"\nengine_signing_keys = ["{public}"]\n'
+                      + "".join(f'[[models]]\nname = "{m}"\nengine = "{m}/1/model.onnx"\n'
+                                for m in ("signed", "unsigned")))
+    checks = _by_name(doctor.diagnose(config))
+    assert checks["signature signed 1"].status == "OK"
+    assert checks["signature unsigned 1"].status == "FAIL" and "is not signed" in checks["signature unsigned 1"].detail
+    assert "infermux sign --key" in checks["signature unsigned 1"].fix

@@ -104,3 +104,16 @@ def brightness_map(path: Path) -> Path:
     return _save([helper.make_node("ReduceMax", ["x"], ["y"], axes=[1], keepdims=1)],
                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "H", "W"])], [], path)
+
+
+def external_weights(path: Path, width: int = 4, offset: float = 1.0) -> Path:
+    """add_one (y = x + offset) with its constant in `<path>.data` beside it, as ONNX external data."""
+    import onnx
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    add_one(path, width, offset)
+    model = onnx.load(str(path))
+    convert_model_to_external_data(model, all_tensors_to_one_file=True, location=path.name + ".data",
+                                   size_threshold=0)
+    onnx.save_model(model, str(path))
+    return path
