@@ -117,7 +117,8 @@ class Yolo:
         classes = candidates.argmax(axis=0)
         scores = candidates[classes, np.arange(candidates.shape[1])]
         cx, cy, w, h = cxcywh[:, hit]
-        xyxy = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
+        with np.errstate(invalid="ignore", over="ignore"):  # a model's inf gives NaN corners: dropped by the caller
+            xyxy = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
         return xyxy, scores, classes
 
     def _name(self, index: int) -> str:
