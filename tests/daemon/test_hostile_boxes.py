@@ -76,6 +76,28 @@ processor = "track"
 processor = "crop"
 
 [[pipelines]]
+name = "regions"
+max_batch_bytes = 10000
+[[pipelines.steps]]
+processor = "decode"
+options = {{ to = "gray" }}
+[[pipelines.steps]]
+processor = "normalize"
+options = {{ scale = 1.0 }}
+[[pipelines.steps]]
+model = "echo"
+[[pipelines.steps]]
+processor = "yolo"
+options = {{ score = 0.1, per_class = false }}
+[[pipelines.steps]]
+processor = "crop"
+options = {{ rectify = false }}
+[[pipelines.steps]]
+processor = "resize"
+for_each = "regions"
+options = {{ size = [64, 64] }}
+
+[[pipelines]]
 name = "frames"
 [[pipelines.steps]]
 processor = "decode"
@@ -134,6 +156,17 @@ def test_a_box_within_its_frame_is_cropped(sock: zmq.Socket) -> None:
     reply = send_frame(sock, "boxes", frame, "gray", width=5, height=1)
     assert reply.status == 200, reply.header
     assert [r["box"] for r in reply.header["regions"]] == [[[0.0, 0.0]] * 4]
+
+
+def test_what_a_per_region_step_makes_for_all_of_a_frames_regions_is_bounded(sock: zmq.Socket) -> None:
+    # Three small boxes, each stretched to 64 x 64 (4,096 bytes): the third is over max_batch_bytes (10,000).
+    frame = boxes_frame((10, 0, 4, 4, 1), (30, 0, 4, 4, 1), (50, 0, 4, 4, 1))
+    reply = send_frame(sock, "regions", frame, "gray", width=15, height=1)
+    assert reply.status == 413, reply.header
+    assert "step 'resize': made 12288 bytes for the frame's regions so far" in reply.header["error"]
+    assert "(max_batch_bytes)" in reply.header["error"]
+    two = send_frame(sock, "regions", boxes_frame((10, 0, 4, 4, 1), (30, 0, 4, 4, 1)), "gray", width=10, height=1)
+    assert two.status == 200 and len(two.header["regions"]) == 2, two.header
 
 
 def test_a_nan_box_is_dropped_and_counted_and_the_frame_is_answered(daemon: Daemon, sock: zmq.Socket) -> None:
