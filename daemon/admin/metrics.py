@@ -262,6 +262,9 @@ def _pipelines(out: Exposition, pipelines: list[dict]) -> None:
     out.family("infermux_pipeline_refused_from_memory_total", "counter",
                "Frames a pipeline refused from memory: the same frame it refused (400/413) sent again.",
                [({"pipeline": p["name"]}, p.get("refused_from_memory", 0)) for p in pipelines])
+    out.family("infermux_pipeline_regions_dropped_total", "counter",
+               "Regions a pipeline dropped because their box or score was not a finite number.",
+               [({"pipeline": p["name"]}, p.get("dropped_regions", 0)) for p in pipelines])
     steps = [({"pipeline": p["name"], "step": name}, s) for p in pipelines for name, s in p["steps"].items()]
     out.family("infermux_pipeline_step_runs_total", "counter", "Runs of a pipeline step, by status.",
                [({**labels, "status": code}, n) for labels, s in steps for code, n in s["by_status"].items()])

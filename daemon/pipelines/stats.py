@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from infermux.execution.stats import Stats
@@ -14,6 +15,13 @@ class PipelineStats:
     def __init__(self, steps: list[str]) -> None:
         self.frames = Stats()
         self.steps = {name: Stats() for name in steps}
+        self.dropped_regions = 0  # regions whose box or score was not a finite number
+        self._lock = threading.Lock()
+
+    def dropped(self, count: int) -> None:
+        """`count` regions of a frame were dropped for a box or score that is not a finite number."""
+        with self._lock:
+            self.dropped_regions += count
 
     def step(self, name: str, status: int, us: int) -> None:
         """Step `name` ran once (over one frame, or all of a frame's crops) in `us` µs."""

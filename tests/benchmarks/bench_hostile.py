@@ -80,6 +80,29 @@ name = "frames"
 [[pipelines.steps]]
 processor = "decode"
 """
+# A "detector" that echoes its frame's pixels as boxes (tests/support/models.py's box_echo): a raw gray
+# frame of a few bytes, scaled, is a box of any size ("boxes") or one of infinite corners ("infinite").
+BOXES = """
+[[models]]
+name = "echo"
+engine = "echo/1/model.onnx"
+""" + "".join(f"""
+[[pipelines]]
+name = "{name}"
+[[pipelines.steps]]
+processor = "decode"
+options = {{ to = "gray" }}
+[[pipelines.steps]]
+processor = "normalize"
+options = {{ scale = {scale} }}
+[[pipelines.steps]]
+model = "echo"
+[[pipelines.steps]]
+processor = "yolo"
+options = {{ score = 0.1, per_class = false }}
+{track}[[pipelines.steps]]
+processor = "crop"
+""" for name, scale, track in (("boxes", "200.0", ""), ("infinite", "1e38", "[[pipelines.steps]]\nprocessor = \"track\"\n")))
 X = np.ones((1, 512), np.float32)
 CLIENTS = 2
 
@@ -494,12 +517,61 @@ def huge_replies(endpoint: str) -> Callable[[Stop], None]:
     return attack
 
 
+def _echoed(*boxes: tuple[int, ...]) -> np.ndarray:
+    """The one-row gray frame the echo model reads as `boxes` (cx, cy, w, h, score: a byte each)."""
+    return np.array(boxes, np.uint8).T.reshape(1, -1)
+
+
+def giant_boxes(endpoint: str) -> Callable[[Stop], None]:
+    """One 40,000 x 40,000 box from a 10-byte frame, each send other bytes (a second box, scored 0)."""
+    def attack(stop: Stop) -> None:
+        from infermux.pipelines.wire import encode_frame
+        sock, sent = _dealer(endpoint), 0
+        while not stop.is_set():
+            sent += 1
+            frame = _echoed((100, 100, 200, 200, 1), (sent % 256, sent // 256 % 256, 0, 0, 0))
+            _ask(sock, encode_frame("boxes", frame, "gray", width=10, height=1, id=1))
+        sock.close()
+    return attack
+
+
+def nan_boxes(endpoint: str) -> Callable[[Stop], None]:
+    """A NaN box beside a good one, through `track` into `crop`, each send another key's."""
+    def attack(stop: Stop) -> None:
+        from infermux.pipelines.wire import encode_frame
+        sock, sent = _dealer(endpoint), 0
+        frame = _echoed((255, 0, 255, 0, 1), (0, 0, 0, 0, 1))
+        while not stop.is_set():
+            sent += 1
+            _ask(sock, encode_frame("infinite", frame, "gray", width=10, height=1, id=1, key=f"cam-{sent % 64}"))
+        sock.close()
+    return attack
+
+
+def scan_bombs(endpoint: str) -> Callable[[Stop], None]:
+    """A 1 MB progressive 2048 x 2048 JPEG of 100,000 empty scans to a `decode` step, each send with a
+    comment segment of its own (other bytes, the same image)."""
+    def attack(stop: Stop) -> None:
+        from support import hostile_files as hf
+        from infermux.pipelines.wire import encode_frame
+        bomb = hf.progressive_jpeg_with_scans(2048, 100_000)
+        sock, sent = _dealer(endpoint), 0
+        while not stop.is_set():
+            sent += 1
+            comment = str(sent).encode()
+            data = bomb[:2] + b"\xff\xfe" + (len(comment) + 2).to_bytes(2, "big") + comment + bomb[2:]
+            _ask(sock, encode_frame("frames", data, "jpeg", id=1, timeout_ms=10_000))
+        sock.close()
+    return attack
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--no-write", action="store_true", help="print the table, leave RESULTS.md alone")
     parser.add_argument("--rounds", type=int, default=3, help="pairs of windows per scenario (the median is shown)")
     parser.add_argument("--only", default="", help="run only the scenarios whose name contains this")
+    parser.add_argument("--skip-ocr", action="store_true", help="leave the OCR pipeline (and its scenarios) out")
     args = parser.parse_args()
     from support import models
 
@@ -507,17 +579,19 @@ def main() -> int:
         work = Path(tmp)
         models.add_one(work / "engines/fast512/1/model.onnx", width=512, offset=0.0)
         models.tiler(work / "engines/tile/1/model.onnx")
+        models.box_echo(work / "engines/echo/1/model.onnx")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         (work / "d").mkdir()
         config, notes = HEAD.format(engines=work / "engines", port=port), []
         if pipelines_usable():
-            config += FRAMES
-            ocr = ocr_config(work / "ppocr")
+            config += FRAMES + BOXES
+            ocr = None if args.skip_ocr else ocr_config(work / "ppocr")
             config += ocr or ""
             if not ocr:
-                notes.append("The OCR scenario was left out: rapidocr-onnxruntime (its models) is not installed.")
+                notes.append("The OCR scenarios were left out: " + ("--skip-ocr." if args.skip_ocr else
+                             "rapidocr-onnxruntime (its models) is not installed."))
         else:
             notes.append("The frame and OCR scenarios were left out: OpenCV or Pillow is not installed.")
         daemon = Daemon(work / "d", config, prefix=["prlimit", "--nofile=1024:2700", "--"]).start(timeout=180)
@@ -596,6 +670,13 @@ def run_scenarios(daemon: Daemon, port: int, engines: Path, seconds: float, only
         ("512 MiB and 64 MiB inputs in a sparse 2 GiB memfd", sparse_inputs(daemon.endpoint, regions)),
         ("set weights=10**400 and contexts=1024 in a loop", huge_sets(daemon.admin_endpoint)),
         ("128 MiB replies from a 4 MiB input (over max_reply_bytes)", huge_replies(daemon.endpoint)),
+        # round three
+        *([("a 40,000 × 40,000 box echoed from a 10-byte frame into crop, other bytes each send",
+            giant_boxes(daemon.endpoint)),
+           ("a NaN box beside a good one, through track into crop, each send another of 64 keys",
+            nan_boxes(daemon.endpoint)),
+           ("a 1 MB progressive 2048² JPEG of 100,000 scans, other bytes each send", scan_bombs(daemon.endpoint))]
+          if 'name = "boxes"' in config else []),
     ]
     warm_pipelines(daemon.endpoint, config)
     measure(daemon.endpoint, seconds, None)  # warm-up: the first seconds' p99 is the caches', not the daemon's
