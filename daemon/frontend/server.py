@@ -42,7 +42,7 @@ from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.overrides import Overrides
 from infermux.models.registry import Registry, State
 from infermux.models.statefile import StateFile
-from infermux.models.verified import EngineSigning, verified_store
+from infermux.models.verified import EngineSigning, Sequences, verified_store
 from infermux.frontend.express import ExpressLane, express_wanted
 from infermux.frontend.mirror import Mirror
 from infermux.frontend.oversize import ClientEnvelope, OversizeMemory
@@ -82,6 +82,7 @@ class Server:
     def __init__(self, config: cfg.Config, run_dir: Path, state_dir: Path | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
+        self.state_dir = state_dir
         self.events = EventLog()
         self.limits = limits_from(config.daemon)
         self.ctx = zmq.Context()
@@ -154,7 +155,9 @@ class Server:
             return None
         current = self.registry.signing
         store = current.store if current is not None else verified_store(self.run_dir)
-        signing = EngineSigning.from_files(daemon.engine_signing_keys, store)
+        sequences = current.sequences if current is not None else Sequences(
+            self.state_dir / "signatures.json" if self.state_dir is not None else None)
+        signing = EngineSigning.from_files(daemon.engine_signing_keys, store, sequences)
         if current is None:
             signing.prepare()
         return signing

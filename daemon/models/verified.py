@@ -24,18 +24,23 @@ refused without being read.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from infermux import signing
 from infermux.config import ConfigError, ModelConfig, parse_model_settings
+from infermux.models.statefile import read_json, write_json
 
 if TYPE_CHECKING:
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
+
+log = logging.getLogger("infermux.signing")
 
 SPARSE_FROM = 1 << 20  # a file this large with less than half of it on disk is refused before it is read
 
@@ -51,6 +56,58 @@ class SignatureRefused(Exception):
     """An engine without a valid signature by a trusted key: the message names the file and why."""
 
 
+class Sequences:
+    """The newest signing admitted of each model version (its statement's sequence), kept in
+    `<state_dir>/signatures.json` across restarts when `path` is given: an older signing of the same
+    version published again in its place (a downgrade) is refused. Signing the older build again
+    gives it a newer sequence: that is how a rollback is published on purpose."""
+
+    MAX_ENTRIES = 100_000
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._newest: dict[str, int] = self._read()
+
+    def older(self, statement: signing.Statement) -> int | None:
+        """The newer sequence admitted before for `statement`'s version, when it is older than that."""
+        newest = self._newest.get(_label(statement))
+        return newest if newest is not None and statement.sequence < newest else None
+
+    def admitted(self, statement: signing.Statement) -> None:
+        label = _label(statement)
+        with self._lock:
+            if statement.sequence <= self._newest.get(label, -1):
+                return
+            self._newest = {**self._newest, label: statement.sequence}
+            if self.path is not None:
+                try:
+                    write_json(self.path, {"format": 1, "newest": self._newest})
+                except OSError as exc:
+                    log.warning("signing sequences not saved to %s (%s): a downgrade is caught until the next "
+                                "restart only", self.path, exc)
+
+    def _read(self) -> dict[str, int]:
+        if self.path is None:
+            return {}
+        try:
+            data = read_json(self.path)
+            newest = data["newest"] if isinstance(data, dict) and data.get("format") == 1 else None
+            if not isinstance(newest, dict) or len(newest) > self.MAX_ENTRIES or not all(
+                    isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) for k, v in newest.items()):
+                raise ValueError("not a signing sequences file")
+            return dict(newest)
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError, RecursionError, KeyError) as exc:
+            log.warning("%s cannot be read (%s): older signings are caught from now on only", self.path, exc)
+            return {}
+
+
+def _label(statement: signing.Statement) -> str:
+    return f"{statement.model}/{statement.version}"
+
+
 class EngineSigning:
     """The check every load passes: `admit` a version's engine, or refuse it saying why.
 
@@ -58,13 +115,14 @@ class EngineSigning:
     mode 0700, by `prepare`; removed by `close`).
     """
 
-    def __init__(self, keys: dict[str, "Ed25519PublicKey"], store: Path) -> None:
+    def __init__(self, keys: dict[str, "Ed25519PublicKey"], store: Path, sequences: Sequences | None = None) -> None:
         self.keys = keys
         self.store = store
+        self.sequences = sequences or Sequences()
 
     @classmethod
-    def from_files(cls, paths: Sequence[Path], store: Path) -> "EngineSigning":
-        return cls(signing.load_keys(paths), store)
+    def from_files(cls, paths: Sequence[Path], store: Path, sequences: Sequences | None = None) -> "EngineSigning":
+        return cls(signing.load_keys(paths), store, sequences)
 
     def prepare(self) -> None:
         """Make the store afresh: a private folder of this user's, empty (a crash may have left copies)."""
@@ -98,6 +156,7 @@ class EngineSigning:
         except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
             raise
+        self.sequences.admitted(statement)
         return folder / engine.name
 
     def statement(self, engine: Path) -> signing.Statement:
@@ -118,6 +177,11 @@ class EngineSigning:
             raise SignatureRefused(f"bad signature {name}: it was made for {statement.model}/{statement.version}, "
                                    f"and the engine lies in {here[0]}/{here[1]}; a signature holds only where it "
                                    f"was made (sign it for this place: `infermux sign --key PUBLISHER.key {engine}`)")
+        newer = self.sequences.older(statement)
+        if newer is not None:
+            raise SignatureRefused(f"bad signature {name}: an older signing of {statement.model}/{statement.version} "
+                                   f"(sequence {statement.sequence}) than the one admitted before ({newer}): a "
+                                   "downgrade; to publish an older build on purpose, sign it again")
         _check_listing(engine, statement)
         return statement
 

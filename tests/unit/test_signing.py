@@ -236,3 +236,28 @@ def test_a_version_signed_in_its_hidden_staging_folder_holds_once_renamed_into_p
     signing.sign(signing.load_private(keys[0]), path)
     path.parent.rename(tmp_path / "engines" / "det" / "4")
     release(admit(checker(tmp_path, keys[1]), tmp_path / "engines" / "det" / "4" / "model.onnx"))
+
+
+def test_an_older_signing_of_the_same_version_is_refused_across_restarts_until_signed_again(
+        tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    from infermux.models.verified import Sequences
+
+    key = signing.load_private(keys[0])
+    path = engine(tmp_path, data=b"build one")
+    signing.sign(key, path)
+    old = {f.name: f.read_bytes() for f in path.parent.iterdir()}
+    path.write_bytes(b"build two")
+    signing.sign(key, path)
+    state = tmp_path / "state" / "signatures.json"
+    check = EngineSigning.from_files([keys[1]], tmp_path / "store", Sequences(state))
+    check.prepare()
+    release(admit(check, path))
+    for name, data in old.items():  # build one, with its own valid signature, put back in its place
+        (path.parent / name).write_bytes(data)
+    again = EngineSigning.from_files([keys[1]], tmp_path / "store2", Sequences(state))  # after a restart
+    again.prepare()
+    for checker_ in (check, again):
+        with pytest.raises(SignatureRefused, match="an older signing of det/4 .* a downgrade"):
+            admit(checker_, path)
+    signing.sign(key, path)  # the rollback, on purpose
+    assert admit(again, path).read_bytes() == b"build one"
