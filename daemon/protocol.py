@@ -338,7 +338,7 @@ def _optional(header: dict[str, Any], key: str, types: tuple[type, ...]) -> Any:
     return value
 
 
-def _key(header: dict[str, Any]) -> str | int | None:
+def _key(header: dict[str, Any]) -> Any:
     """The header's stream key, checked: printable text (no control characters, no lone surrogates,
     which UTF-8 cannot carry to a metrics page or a terminal) of at most MAX_KEY_BYTES, or an int64."""
     key = _optional(header, "key", (str, int))

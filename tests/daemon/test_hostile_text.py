@@ -22,7 +22,6 @@ from typing import Iterator
 
 import numpy as np
 import pytest
-import zmq
 
 pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
 
