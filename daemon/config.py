@@ -200,8 +200,9 @@ class StepConfig:
     Such a model step may be re-inferred per track (after a `track` step):
     computed for a tracked region every `reinfer_every` frames of its track,
     or when its box area changed by `reinfer_growth`, its last answer reused
-    between; `max_calls_per_s` bounds the regions it computes per second
-    (daemon/pipelines/reinfer.py). 0 leaves an option off."""
+    between; `max_calls_per_s` bounds the regions it computes per second,
+    split evenly across the streams sending (daemon/pipelines/reinfer.py).
+    0 leaves an option off."""
 
     name: str
     processor: str = ""

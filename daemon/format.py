@@ -11,6 +11,16 @@ import time
 from typing import Any, Sequence
 
 
+def printable(value: Any, limit: int = 64) -> str:
+    """Text a client sent (a stream key), fit to show on a terminal: what is not printable (a control
+    character, a lone surrogate that UTF-8 cannot carry) written as its escape (`\\x1b`, `\\ud800`),
+    cut to `limit` characters ending in "…"."""
+    text = str(value)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:max(0, limit - 1)] + "…"
+
+
 def us(value: float | None) -> str:
     """Microseconds as 85µs / 1.2ms / 12ms / 1.5s; "-" when there are no samples."""
     if value is None:

@@ -23,6 +23,12 @@ PROTOCOL_VERSION = 1
 # deadlines become float µs on the way, and 10**310 ms overflowed a float.
 MAX_TIMEOUT_MS = 2**31 - 1
 
+# The longest stream key, in bytes of UTF-8: a key is stored per stream, shown in metrics, `ctl`, the
+# console, events and logs, so it is bounded (and must be printable text) before any of them sees it.
+MAX_KEY_BYTES = 256
+# An integer key's bound: what a camera counter or id needs, and no 4,000-digit label.
+MAX_KEY_INT = 2**63 - 1
+
 # json.dumps with arguments builds a new encoder per call; this one is reused.
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -332,6 +338,21 @@ def _optional(header: dict[str, Any], key: str, types: tuple[type, ...]) -> Any:
     return value
 
 
+def _key(header: dict[str, Any]) -> Any:
+    """The header's stream key, checked: printable text (no control characters, no lone surrogates,
+    which UTF-8 cannot carry to a metrics page or a terminal) of at most MAX_KEY_BYTES, or an int64."""
+    key = _optional(header, "key", (str, int))
+    if isinstance(key, int) and not -MAX_KEY_INT - 1 <= key <= MAX_KEY_INT:
+        raise _bad(f"header field 'key' {_short(key, 40)} must be a string or a 64-bit integer")
+    if isinstance(key, str):
+        if not key.isprintable():  # a lone surrogate is category Cs: not printable either
+            raise _bad(f"header field 'key' {_short(key, 40)} must be printable text: no control characters, "
+                       "no lone surrogates")
+        if len(key) > MAX_KEY_BYTES // 4 and len(key.encode()) > MAX_KEY_BYTES:
+            raise _bad(f"header field 'key' is {len(key.encode())} bytes of UTF-8; the limit is {MAX_KEY_BYTES}")
+    return key
+
+
 def parse_header(raw: bytes | memoryview, limits: Limits = Limits()) -> dict[str, Any]:
     """Decode the JSON header frame; it must be an object."""
     if len(raw) > limits.max_header_bytes:
@@ -413,7 +434,7 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
         model=model, inputs=inputs, id=ident,
         version=None if version is None else str(version),
         outputs=None if outputs is None else tuple(outputs),
-        timeout_ms=timeout_ms, key=_optional(header, "key", (str, int)), input_regions=input_regions,
+        timeout_ms=timeout_ms, key=_key(header), input_regions=input_regions,
         output_regions=_parse_output_regions(header, regions, limits),
     )
 

@@ -238,7 +238,7 @@ class HttpServer:
             self._respond(conn, _answer(route), head)
 
     def _respond(self, conn: _Conn, reply: Reply, head: bool) -> None:
-        conn.outbox, conn.state = _encode(reply, head), "writing"
+        conn.outbox, conn.state = _rendered(lambda: reply, head), "writing"
         self._selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
         self._write(conn)
 
@@ -306,7 +306,7 @@ class HttpServer:
             conn, route, head = item
             if conn.state != "waiting" or time.monotonic() >= conn.deadline:
                 continue  # closed, or past its deadline, while it waited: not worth rendering
-            self._rendered.put((conn, _encode(_answer(route), head)))
+            self._rendered.put((conn, _rendered(lambda: _answer(route), head)))
             try:
                 self._wake_w.send(b"x")
             except OSError:
@@ -329,6 +329,16 @@ def _answer(route: Route) -> Reply:
     except Exception:  # a bug in a page must not take the port down
         log.exception("metrics port: internal error answering a request")
         return _plain(500, "internal error in infermux (logged)")
+
+
+def _rendered(answer: Callable[[], Reply], head: bool) -> bytes:
+    """The bytes of an answer; a 500 for this request when building or encoding it fails (text a
+    client sent that UTF-8 cannot carry), so that the thread lives on to answer the next one."""
+    try:
+        return _encode(answer(), head)
+    except Exception:
+        log.exception("metrics port: internal error encoding an answer")
+        return _encode(_plain(500, "internal error in infermux (logged)"), head)
 
 
 def _plain(status: int, text: str) -> Reply:

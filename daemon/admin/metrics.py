@@ -57,8 +57,17 @@ def _number(value: float) -> str:
     return str(value)
 
 
+def _value(value: Any) -> str:
+    """A label value: escaped, and UTF-8 whatever it holds (a lone surrogate in a name becomes the
+    text `\\ud800`, where it would fail the whole page's encoding)."""
+    text = str(value)
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode()
+    return text.translate(_LABEL_ESCAPES)
+
+
 def _labels(**labels: Any) -> str:
-    text = ",".join(f'{k}="{str(v).translate(_LABEL_ESCAPES)}"' for k, v in labels.items())
+    text = ",".join(f'{k}="{_value(v)}"' for k, v in labels.items())
     return "{" + text + "}" if text else ""
 
 

@@ -104,11 +104,14 @@ def short_events(events: list[dict[str, Any]]) -> str:
     """One line per event: ISO time (UTC), kind, model:version, the rest as key=value."""
     from datetime import datetime, timezone
 
+    from infermux import format as fmt
+
     skip = ("time", "kind", "model", "version")
     lines = []
     for e in events:
         when = datetime.fromtimestamp(float(e.get("time", 0)), timezone.utc).isoformat(timespec="milliseconds")
-        rest = " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in e.items() if k not in skip)
+        rest = " ".join(f"{k}={fmt.printable(v, 160) if isinstance(v, str) else json.dumps(v)}"
+                        for k, v in e.items() if k not in skip)
         lines.append(f"{when.replace('+00:00', 'Z')}  {e.get('kind', '?'):<9} {event_target(e) or '-'}  {rest}")
     return "\n".join(lines)
 
@@ -122,7 +125,8 @@ def short_streams(reply: dict[str, Any]) -> str:
     for s in reply.get("streams", []):
         age = {q: fmt.us(v * 1000 if v is not None else None) for q, v in (s.get("age_ms") or {}).items()}
         seen = f"{s['last_seen_s']:.1f}s ago" + (" SILENT" if s.get("silent") else "")
-        lines.append(f"{s['model'] + '/' + s['key']:<32} {s['received']:>8} {s['served']:>8} {s['superseded']:>7} "
+        name = fmt.printable(f"{s['model']}/{s['key']}", 48)
+        lines.append(f"{name:<32} {s['received']:>8} {s['served']:>8} {s['superseded']:>7} "
                      f"{s['refused']:>8} {s['failed']:>6} {fmt.rate(s.get('fps_in')):>7} {age.get('p50', '-'):>8} "
                      f"{age.get('p99', '-'):>8}  {seen}")
     lines.append(f"{reply.get('tracked', 0)} streams tracked (at most {reply.get('max_keys')})")

@@ -17,7 +17,10 @@ KEY_CHARS characters.
 
 A stream that sent two requests at most `silent_s` apart and then nothing
 for `silent_s` is *silent*: `check` (a frontend tick) emits one
-`stream_silent` event for it, and `stream_resumed` when it sends again.
+`stream_silent` event for it, and `stream_resumed` when it sends again:
+the first EVENTS_NAMED of each kind in EVENTS_INTERVAL_S, and then one
+event that counts the rest (`streams=N`), so that keys a client makes up
+and drops cannot flood the log.
 """
 
 from __future__ import annotations
@@ -30,12 +33,13 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from infermux.events import EventLog
+from infermux.events import EventLog, Throttle
 
 AGES = 256  # ages of served requests kept per stream: the percentiles are over the last AGES
 WINDOW_S = 5  # the rates cover the last WINDOW_S seconds (the current one included)
 KEY_CHARS = 128  # a longer key is counted under its first KEY_CHARS characters
 CHECK_S = 0.25  # how often `check` looks for silent streams
+EVENTS_NAMED, EVENTS_INTERVAL_S = 5, 10.0  # stream_silent/stream_resumed events with their key, per interval
 SERVED, SUPERSEDED = 200, 409
 REFUSED = frozenset((429, 503, 504))
 COUNTERS = ("received", "served", "superseded", "refused", "failed")
@@ -177,6 +181,9 @@ class StreamTable:
         self._next_check = 0.0
         self.forgotten: dict[str, Totals] = {}  # per model: the streams forgotten to stay within max_keys
         self._lock = threading.Lock()  # the table's shape; each stream counts under its own lock
+        # stream_silent and stream_resumed: keys a client makes up at will come and go as fast as it
+        # likes, so a few events of each kind per interval name their key, one more sums up the rest.
+        self._told = Throttle(first=EVENTS_NAMED, interval_s=EVENTS_INTERVAL_S, clock=clock)
 
     def receive(self, model: str, key: Any) -> Stream:
         """Count a request of `key` to `model` (frontend thread); its stream, to count the answer on."""
@@ -223,9 +230,19 @@ class StreamTable:
             if not stream.silent and stream.prev_seen and stream.last_seen - stream.prev_seen <= self.silent_s:
                 stream.silent = True
                 self._emit("stream_silent", stream, now)
+        for kind, count in self._told.held().items():
+            self._sum_up(kind, count)
+
+    def _sum_up(self, kind: str, count: int) -> None:
+        """The one event for `count` streams of `kind` not named in an interval (no key: too many)."""
+        if self.events is not None:
+            self.events.emit(kind, streams=count, within_s=self._told.interval_s)
 
     def _emit(self, kind: str, stream: Stream, now: float) -> None:
-        if self.events is not None:
+        held = self._told.admit(kind) if self.events is not None else None
+        if held:  # the first of a new interval: the last one's unnamed go first
+            self._sum_up(kind, held)
+        if held is not None and self.events is not None:
             detail: dict[str, Any] = {"key": stream.key}
             if kind == "stream_silent":
                 detail["silent_s"] = round(now - stream.last_seen, 1)

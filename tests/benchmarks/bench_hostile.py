@@ -80,6 +80,18 @@ name = "frames"
 [[pipelines.steps]]
 processor = "decode"
 """
+# The keys' scenarios: a `track` pipeline (its default max_keys, 256 streams) and a re-inferred classifier
+# within max_calls_per_s, behind tests/support/models.py's brightness map as the detector.
+KEYED = """
+[[models]]
+name = "det"
+engine = "det/1/model.onnx"
+
+[[models]]
+name = "cls"
+engine = "{classifier}"
+max_batch = 32
+"""
 # A "detector" that echoes its frame's pixels as boxes (tests/support/models.py's box_echo): a raw gray
 # frame of a few bytes, scaled, is a box of any size ("boxes") or one of infinite corners ("infinite").
 BOXES = """
@@ -565,6 +577,104 @@ def scan_bombs(endpoint: str) -> Callable[[Stop], None]:
     return attack
 
 
+# -- client text and budgets per stream ----------------------------------------------------------
+
+def keyed_config(engines: Path) -> str:
+    """KEYED's models (the detector written into `engines`) and its two pipelines."""
+    from support import models
+    from support.tracking import classifying, detecting
+    models.brightness_map(engines / "det/1/model.onnx")
+    classifier = HERE.parent.parent / "engines/classifier/1/model.onnx"
+    return (KEYED.format(classifier=classifier) + detecting("tracks")
+            + classifying("budget", "cls", "max_calls_per_s = 20"))
+
+
+def keyed_scenarios(daemon: Daemon, port: int) -> list[tuple[str, Callable[[Stop], None]]]:
+    """The keys' scenarios, each named "keys: ..." (`--only "keys:"` runs them alone)."""
+    return [
+        ("keys: lone surrogates and 60 KB keys to a model and a pipeline, /metrics scraped meanwhile",
+         bad_keys(daemon.endpoint, port)),
+        ("keys: 256-byte keys cycling through a track step, 4 frames in flight", cycling_keys(daemon.endpoint)),
+        ("keys: 150 new keys a second, each sending twice then silent", silent_keys(daemon.endpoint)),
+        ("keys: one camera flooding a max_calls_per_s step, 4 frames in flight", flooding_key(daemon.endpoint)),
+    ]
+
+
+def _crowd_frames(count: int = 8) -> list[bytes]:
+    from support import tracking
+    seq = tracking.crowd()
+    return [tracking.png(seq.frame(i)) for i in range(count)]
+
+
+def _in_flight(sock: zmq.Socket, stop: Stop, make: Callable[[int], list], depth: int = 4) -> None:
+    """Requests `make(n)` with `depth` of them in flight until `stop`."""
+    sent = 0
+    for _ in range(depth):
+        sock.send_multipart([b"", *make(sent)])
+        sent += 1
+    while not stop.is_set():
+        if sock.poll(1000):
+            sock.recv_multipart()
+            sock.send_multipart([b"", *make(sent)])
+            sent += 1
+
+
+def bad_keys(endpoint: str, port: int) -> Callable[[Stop], None]:
+    def attack(stop: Stop) -> None:
+        from infermux.pipelines.wire import encode_frame
+        frame = _crowd_frames(1)[0]
+        sock = _dealer(endpoint)
+        model = {"model": "fast512", "id": 1, "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 512]}]}
+        image = json.loads(encode_frame("tracks", frame, "png", id=2)[0])
+        n = 0
+        while not stop.is_set():
+            key = "cam\ud800" if n % 2 else "k" * 60_000
+            _ask(sock, [json.dumps({**model, "key": key}).encode(), X.tobytes()])
+            _ask(sock, [json.dumps({**image, "key": key}).encode(), frame])
+            if n % 8 == 0:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as http:
+                    http.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+                    while http.recv(65536):
+                        pass
+            n += 1
+        sock.close()
+    return attack
+
+
+def cycling_keys(endpoint: str) -> Callable[[Stop], None]:
+    def attack(stop: Stop) -> None:
+        from infermux.pipelines.wire import encode_frame
+        frames, sock = _crowd_frames(), _dealer(endpoint)
+        _in_flight(sock, stop, lambda n: encode_frame("tracks", frames[n % len(frames)], "png", id=n,
+                                                      key=f"{os.getpid()}-{n:08d}".ljust(256, "c")))
+        sock.close()
+    return attack
+
+
+def silent_keys(endpoint: str, per_s: float = 150.0) -> Callable[[Stop], None]:
+    """New keys at `per_s` (few enough that the stream table, 1024 keys, keeps each until it is silent)."""
+    def attack(stop: Stop) -> None:
+        sock = _dealer(endpoint)
+        header = {"model": "fast512", "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 512]}]}
+        start, n = time.monotonic(), 0
+        while not stop.is_set():
+            for _ in range(2):
+                _ask(sock, [json.dumps({**header, "id": n, "key": f"{os.getpid()}-gone-{n}"}).encode(), X.tobytes()])
+            n += 1
+            stop.wait(max(0.0, start + n / per_s - time.monotonic()))
+        sock.close()
+    return attack
+
+
+def flooding_key(endpoint: str) -> Callable[[Stop], None]:
+    def attack(stop: Stop) -> None:
+        from infermux.pipelines.wire import encode_frame
+        frames, sock = _crowd_frames(), _dealer(endpoint)
+        _in_flight(sock, stop, lambda n: encode_frame("budget", frames[n % len(frames)], "png", id=n, key="flood"))
+        sock.close()
+    return attack
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0)
@@ -586,7 +696,7 @@ def main() -> int:
         (work / "d").mkdir()
         config, notes = HEAD.format(engines=work / "engines", port=port), []
         if pipelines_usable():
-            config += FRAMES + BOXES
+            config += FRAMES + BOXES + keyed_config(work / "engines")
             ocr = None if args.skip_ocr else ocr_config(work / "ppocr")
             config += ocr or ""
             if not ocr:
@@ -601,7 +711,8 @@ def main() -> int:
             daemon.stop()
     table = markdown_table(["scenario", "answered %", "p99 ms", "p99 ms, none just before", "p99 vs none (median)",
                             "each round's ratio", "attacker's own CPU, cores", "peak RSS MiB (vs the quiet run)",
-                            "RSS MiB before → after", "most fds (before → after)"], rows)
+                            "RSS MiB before → after", "most fds (before → after)",
+                            "log growth KiB/min attacked"], rows)
     body = "\n".join([stamp(), "", "Daemon under `prlimit --nofile=1024:2700` (soft raised to hard at start); 2 well-behaved clients, "
                       f"{args.seconds:g} s with the attacker, each after {args.seconds:g} s without it "
                       f"(the \"none just before\" column, what its ratio is against), {args.rounds} such "
@@ -670,6 +781,7 @@ def run_scenarios(daemon: Daemon, port: int, engines: Path, seconds: float, only
         ("512 MiB and 64 MiB inputs in a sparse 2 GiB memfd", sparse_inputs(daemon.endpoint, regions)),
         ("set weights=10**400 and contexts=1024 in a loop", huge_sets(daemon.admin_endpoint)),
         ("128 MiB replies from a 4 MiB input (over max_reply_bytes)", huge_replies(daemon.endpoint)),
+        *(keyed_scenarios(daemon, port) if 'name = "tracks"' in config else []),
         # round three
         *([("a 40,000 × 40,000 box echoed from a 10-byte frame into crop, other bytes each send",
             giant_boxes(daemon.endpoint)),
@@ -712,11 +824,13 @@ def one_scenario(daemon: Daemon, name: str, attack: Callable[[Stop], None] | Non
     assert daemon.proc is not None
     pid = daemon.proc.pid
     rss0, fds0 = proc_facts(pid)
+    log0, attacked_s = log_bytes(daemon), 0.0
     reset_peak(pid)
     pairs, most_fds = [], fds0
     for _ in range(rounds if attack else 1):
         base = measure(daemon.endpoint, seconds, None) if attack else None
         result = measure(daemon.endpoint, seconds, attack, pid)
+        attacked_s += seconds
         if not daemon.alive():
             raise SystemExit(f"the daemon died in scenario {name!r}:\n{daemon.log()[-3000:]}")
         base = base or result
@@ -732,7 +846,13 @@ def one_scenario(daemon: Daemon, name: str, attack: Callable[[Stop], None] | Non
     versus = "quiet run" if quiet is None else f"{peak - quiet:+.0f}"
     return [name, f"{answered:.1f} ({requests})", f"{result['p99_ms']:.2f}", f"{base['p99_ms']:.2f}",
             f"{ratio:.2f}x", " / ".join(f"{r:.2f}" for r in ratios), f"{result['attacker_cpu']:.2f}",
-            f"{peak:.0f} ({versus})", f"{rss0:.0f} → {rss1:.0f}", f"{most_fds} ({fds0} → {fds1})"], peak
+            f"{peak:.0f} ({versus})", f"{rss0:.0f} → {rss1:.0f}", f"{most_fds} ({fds0} → {fds1})",
+            f"{(log_bytes(daemon) - log0) / 1024 / (attacked_s / 60):.0f}"], peak
+
+
+def log_bytes(daemon: Daemon) -> int:
+    """The daemon's log so far, in bytes (its growth over a scenario, per minute attacked, is a column)."""
+    return daemon.log_path.stat().st_size if daemon.log_path.exists() else 0
 
 
 if __name__ == "__main__":
