@@ -39,6 +39,7 @@ MPS_MODES = ("off", "auto", "on")
 # what it accepted; "newest_per_key" treats a key as a camera's stream, whose newer frame replaces its
 # oldest queued one (answered 409).
 QUEUE_POLICIES = ("fifo", "newest_per_key")
+STREAM_KEYS = ("open", "bound")  # [daemon] stream_keys: anyone may send a key, or its first connection only
 
 
 class ConfigError(Exception):
@@ -112,6 +113,9 @@ class DaemonConfig:
     stream_silent_s: float = 5.0
     stream_metrics_keys: int = 32
     stream_max_keys: int = 1024
+    # STREAM_KEYS: "bound" gives a stream's key to the first connection that sends it (its ZeroMQ
+    # envelope) until it has sent nothing for stream_silent_s; others' requests with it are 403.
+    stream_keys: str = "open"
     # Ed25519 public keys (PEM) of trusted publishers: with any, only engines one of them signed load
     # (docs/security.md#signed-engines).
     engine_signing_keys: tuple[Path, ...] = ()
@@ -361,11 +365,18 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
             raw[key] = float(raw[key])
     _check_mps(file, raw)
     _check_signing_keys(file, raw)
+    _check_stream_keys(file, raw)
     if "metrics_host" in raw:
         _check_type(file, "daemon.metrics_host", raw["metrics_host"], str)
     if raw.get("log_level", "info") not in ("debug", "info", "warning", "error"):
         raise ConfigError(file, "daemon.log_level", "must be debug, info, warning or error")
     return DaemonConfig(**raw)
+
+
+def _check_stream_keys(file: Path, raw: dict[str, Any]) -> None:
+    if raw.get("stream_keys", "open") not in STREAM_KEYS:
+        raise ConfigError(file, "daemon.stream_keys", f"must be {' or '.join(map(repr, STREAM_KEYS))}, got "
+                          f"{str(raw['stream_keys'])[:40]!r}")
 
 
 def _check_signing_keys(file: Path, raw: dict[str, Any]) -> None:

@@ -69,6 +69,7 @@ class Status(IntEnum):
 
     OK = 200
     BAD_REQUEST = 400
+    FORBIDDEN = 403  # the request's stream key belongs to another connection (stream_keys = "bound")
     NOT_FOUND = 404
     SUPERSEDED = 409  # a stream's newer request replaced this one before it was computed
     TOO_LARGE = 413

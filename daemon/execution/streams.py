@@ -21,6 +21,13 @@ for `silent_s` is *silent*: `check` (a frontend tick) emits one
 the first EVENTS_NAMED of each kind in EVENTS_INTERVAL_S, and then one
 event that counts the rest (`streams=N`), so that keys a client makes up
 and drops cannot flood the log.
+
+Under `[daemon] stream_keys = "bound"` a stream belongs to the connection
+that sent its first request (`receive`'s `owner`) until it has sent
+nothing for `silent_s` (HOLD_S when silence is off): another connection's
+request with the key is not counted on it, only as `foreign`, and the
+router answers it 403. The owner's own requests are all that keep it held,
+so a hijacker's refused ones never extend it.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ WINDOW_S = 5  # the rates cover the last WINDOW_S seconds (the current one inclu
 KEY_CHARS = 128  # a longer key is counted under its first KEY_CHARS characters
 CHECK_S = 0.25  # how often `check` looks for silent streams
 EVENTS_NAMED, EVENTS_INTERVAL_S = 5, 10.0  # stream_silent/stream_resumed events with their key, per interval
+HOLD_S = 5.0  # how long a quiet owner keeps its key under stream_keys = "bound" when stream_silent_s is 0
 SERVED, SUPERSEDED = 200, 409
 REFUSED = frozenset((429, 503, 504))
 COUNTERS = ("received", "served", "superseded", "refused", "failed")
@@ -106,6 +114,8 @@ class Stream:
     last_seen: float = 0.0
     prev_seen: float = 0.0  # the request before the last: whether the stream was "active" (check)
     silent: bool = False
+    owner: Any = None  # under stream_keys = "bound": the connection that holds the key (StreamTable.receive)
+    foreign: int = 0  # requests with the key from other connections, refused while it was held
     _in: _PerSecond = field(default_factory=_PerSecond)
     _out: _PerSecond = field(default_factory=_PerSecond)
     _dropped: _PerSecond = field(default_factory=_PerSecond)
@@ -157,7 +167,7 @@ class Stream:
             ages = sorted(self._ages)
             fps = {"fps_in": self._in.rate(now, self.first_seen), "fps_served": self._out.rate(now, self.first_seen),
                    "fps_dropped": self._dropped.rate(now, self.first_seen)}
-        return {"model": self.model, "key": self.key, **counts,
+        return {"model": self.model, "key": self.key, **counts, "foreign": self.foreign,
                 "age_ms": {"p50": percentile(ages, 50), "p99": percentile(ages, 99)},
                 "last_seen_s": round(now - self.last_seen, 3), **{k: round(v, 2) for k, v in fps.items()},
                 "silent": self.silent}
@@ -185,8 +195,22 @@ class StreamTable:
         # likes, so a few events of each kind per interval name their key, one more sums up the rest.
         self._told = Throttle(first=EVENTS_NAMED, interval_s=EVENTS_INTERVAL_S, clock=clock)
 
-    def receive(self, model: str, key: Any) -> Stream:
-        """Count a request of `key` to `model` (frontend thread); its stream, to count the answer on."""
+    def foreign(self, model: str, key: Any, owner: Any) -> bool:
+        """Whether `key`'s stream of `model` belongs to a connection other than `owner` that has sent
+        within `silent_s` (stream_keys = "bound"; frontend thread, before `receive`): then the request
+        is counted as the stream's `foreign` and not received."""
+        now = self.clock()
+        with self._lock:
+            stream = self._streams.get((model, stream_key(key)))
+            if stream is None or stream.owner in (None, owner) or now - stream.last_seen >= (self.silent_s or HOLD_S):
+                return False
+            stream.foreign += 1
+            return True
+
+    def receive(self, model: str, key: Any, owner: Any = None) -> Stream:
+        """Count a request of `key` to `model` (frontend thread); its stream, to count the answer on.
+        With an `owner` (stream_keys = "bound": the sending connection, `foreign` asked first), the
+        stream is that connection's from now on."""
         name = (model, stream_key(key))
         now = self.clock()
         with self._lock:
@@ -197,6 +221,8 @@ class StreamTable:
                     self._forget_one()
             else:
                 self._streams.move_to_end(name)
+            if owner is not None:
+                stream.owner = owner
         stream.receive(now)
         if stream.silent:
             stream.silent = False

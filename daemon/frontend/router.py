@@ -22,7 +22,7 @@ from infermux.execution.hashring import HashRing
 from infermux.execution.job import ONLY_INPUT, Job, internal_sink
 from infermux.execution.placement import Admission, Placement
 from infermux.execution.scheduler import Scheduler
-from infermux.execution.streams import StreamTable
+from infermux.execution.streams import HOLD_S, StreamTable, stream_key
 from infermux.frontend.parsecache import MAX_LAYOUTS, Layout
 from infermux.protocol import OPERATOR_RETRY_MS, ProtocolError, Status, dtype_name, encode_reply, error_header
 from infermux.models.overrides import file_weights
@@ -51,6 +51,7 @@ class Router:
         versions' weights the file gives; an operator's live weights (the registry's overrides)
         count over them until the file changes that weight or `ctl reset`."""
         self.routing, self.file_weights = config.routing, file_weights(config)
+        self.bound_keys = config.daemon.stream_keys == "bound"  # a key is its first connection's (streams.py)
 
     def weights(self, name: str) -> dict[str, int]:
         """Version -> weight of model `name` for `weighted` routing: the file's, live ones over them."""
@@ -60,8 +61,8 @@ class Router:
 
     def admit(self, job: Job) -> dict[str, Any] | None:
         """Queue `job` somewhere; None if queued, else the error header to send."""
-        self._track(job)
         try:
+            self._track(job)
             self._admit(job)
             return None
         except ProtocolError as exc:
@@ -84,7 +85,7 @@ class Router:
         """
         req = job.request
         plain = self.plain_version(req.model) if req.version is None else None
-        if plain is None:
+        if plain is None or (self.bound_keys and req.key is not None):  # whose key it is: the general path's
             return False
         mv, scheduler = plain
         job.deadline_ns = job.received_ns + (req.timeout_ms or mv.config.timeout_ms) * 1_000_000
@@ -134,11 +135,19 @@ class Router:
 
     def _track(self, job: Job) -> None:
         """Count a client's keyed request on its stream (once: admit_fast, then admit if that declined);
-        it is answered where it is answered (Job.answered)."""
+        it is answered where it is answered (Job.answered). Under stream_keys = "bound", 403 for a key
+        another connection holds (its envelope: the ROUTER's identity of the connection, and those of
+        any proxies before it)."""
         req = job.request
         if job.stream is None and req.key is not None and internal_sink(job.envelope) is None and \
                 (req.model in self.pipelines or self.registry.model(req.model) is not None):
-            job.stream = self.streams.receive(req.model, req.key)
+            owner = tuple(bytes(frame) for frame in job.envelope) if self.bound_keys else None
+            if owner is not None and self.streams.foreign(req.model, req.key, owner):
+                hold = f"{self.streams.silent_s or HOLD_S:g} s"
+                raise ProtocolError(Status.FORBIDDEN, f"stream key {stream_key(req.key)[:64]!r} of {req.model!r} "
+                                    f"belongs to another connection until it has sent nothing for {hold} "
+                                    "([daemon] stream_keys = \"bound\"); send your own key")
+            job.stream = self.streams.receive(req.model, req.key, owner)
 
     def _count(self, job: Job, status: int) -> None:
         """Record a reply no executor saw on the chosen version's statistics, and on the request's stream."""

@@ -675,6 +675,106 @@ def flooding_key(endpoint: str) -> Callable[[Stop], None]:
     return attack
 
 
+def churning_slowloris(port: int) -> Callable[[Stop], None]:
+    """64 slowloris connections from 127.0.0.2-9 (8 each) to the metrics port, each re-opened within
+    0.5 s of being dropped; a kubelet-like probe of /healthz (timeout 1 s) every 0.2 s meanwhile, whose
+    answers the attacker process prints ("victim: ...")."""
+    def attack(stop: Stop) -> None:
+        from support.churn import ChurningSlowloris
+        churn = ChurningSlowloris(port).start()
+        ok = total = 0
+        while not stop.wait(0.2):
+            total += 1
+            ok += _probe_ok(port)
+        churn.stop()
+        print(f"victim: {ok} of {total} /healthz probes answered 200 within 1 s; {churn.dropped} attacker "
+              "connections dropped and re-opened", flush=True)
+    return attack
+
+
+def _probe_ok(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+            conn.settimeout(1)
+            conn.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            return conn.recv(64).startswith(b"HTTP/1.0 200")
+    except OSError:
+        return False
+
+
+def chatty_region_peers(path: str) -> Callable[[Stop], None]:
+    """64 connections to regions.sock each sending a packet it refuses every 0.3 s (re-opened when
+    closed); a client registering a region every 0.2 s meanwhile: how many got in within 1 s."""
+    def attack(stop: Stop) -> None:
+        from infermux.client import SharedMemory
+        from support.churn import ChattyRegionPeers
+        peers = ChattyRegionPeers(path).start()
+        ok = total = 0
+        while not stop.wait(0.2):
+            total += 1
+            start = time.monotonic()
+            try:
+                with SharedMemory(path, 4096, name="camera"):
+                    ok += time.monotonic() - start < 1.0
+            except (ConnectionError, OSError):
+                pass
+        peers.stop()
+        print(f"victim: {ok} of {total} registrations within 1 s; {peers.dropped} attacker connections "
+              "closed by the daemon and re-opened", flush=True)
+    return attack
+
+
+def key_hijack(daemon: Daemon, bound: bool) -> Callable[[Stop], None]:
+    """A camera sending frames of key cam-7 to fast512 (queue_policy newest_per_key for the scenario),
+    one at a time, while another client sends frames with key cam-7 as fast as it is answered; under
+    `stream_keys = "bound"` (reloaded in for the scenario) or the default "open". The camera's outcomes
+    are printed: its frames superseded by the other's are the attack's doing."""
+    endpoint, admin_endpoint, path = daemon.endpoint, daemon.admin_endpoint, daemon.config_path
+
+    def attack(stop: Stop) -> None:
+        from infermux.client import AdminClient
+        original = path.read_text()
+        with AdminClient(admin_endpoint) as admin:
+            admin.call("set", model="fast512", queue_policy="newest_per_key")
+            if bound:
+                path.write_text(original.replace("[daemon]\n", '[daemon]\nstream_keys = "bound"\n', 1))
+                admin.call("reload")
+        other = threading.Thread(target=_hijacker, args=(endpoint, stop), daemon=True)
+        other.start()
+        outcomes = _camera(endpoint, stop)
+        other.join()
+        with AdminClient(admin_endpoint) as admin:
+            admin.call("set", model="fast512", queue_policy="fifo")
+            if bound:
+                path.write_text(original)
+                admin.call("reload")
+        print(f"victim ({'bound' if bound else 'open'}): camera's frames {outcomes}", flush=True)
+    return attack
+
+
+def _hijacker(endpoint: str, stop: Stop) -> None:
+    from infermux.protocol import encode_request
+    sock = _dealer(endpoint)
+    ident = 1_000_000  # the camera's are small: a 409's superseded_by tells whose frame replaced it
+    while not stop.is_set():
+        ident += 1
+        _ask(sock, encode_request("fast512", {"x": X}, id=ident, key="cam-7"), timeout_ms=5000)
+    sock.close()
+
+
+def _camera(endpoint: str, stop: Stop) -> dict[str, int]:
+    from infermux.client import Pipeline
+    outcomes = {"sent": 0, "200": 0, "409 by the other": 0, "other": 0}
+    with Pipeline(endpoint, timeout_s=10) as camera:
+        while not stop.wait(0.01):
+            reply = camera.result(camera.submit("fast512", {"x": X}, key="cam-7"))
+            outcomes["sent"] += 1
+            kind = "200" if reply.status == 200 else \
+                "409 by the other" if reply.status == 409 and (reply.superseded_by or 0) >= 1_000_000 else "other"
+            outcomes[kind] += 1
+    return outcomes
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0)
@@ -777,6 +877,13 @@ def run_scenarios(daemon: Daemon, port: int, engines: Path, seconds: float, only
         ("16 slow-drip connections and 4 unread scrapes on the metrics port", metrics_drip(port)),
         ("64 idle connections to regions.sock", regions_idle(regions)),
         ("bad packets on regions.sock in a loop", regions_bad_packets(regions)),
+        # round three: probes and sockets, stream keys
+        ("64 slowloris connections from 127.0.0.2-9 re-opened within 0.5 s; probes meanwhile",
+         churning_slowloris(port)),
+        ("64 regions.sock peers each sending a refused packet every 0.3 s; registrations meanwhile",
+         chatty_region_peers(regions)),
+        ("another client sending a camera's stream key, stream_keys = \"open\"", key_hijack(daemon, bound=False)),
+        ("another client sending a camera's stream key, stream_keys = \"bound\"", key_hijack(daemon, bound=True)),
         ("register/unregister on regions.sock in a loop", regions_register_loop(regions)),
         ("512 MiB and 64 MiB inputs in a sparse 2 GiB memfd", sparse_inputs(daemon.endpoint, regions)),
         ("set weights=10**400 and contexts=1024 in a loop", huge_sets(daemon.admin_endpoint)),

@@ -1,0 +1,100 @@
+"""Who may send a stream's key: anyone (`stream_keys = "open"`, the default), or under "bound" the
+connection that sent it first, until the key has gone silent (docs/protocol.md#streams).
+
+The attack: another client sends frames with a camera's key. Under newest_per_key its frame replaces
+the camera's waiting one, which is answered 409 and never computed. The camera's frame is made to wait
+by construction: the pipeline's one thread holds a first frame at a gate (test_streams.py does the same).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from infermux.client import Frame
+from infermux.config import ConfigError, parse
+from support.harness import DAEMON_HEAD, Daemon
+from support.polling import eventually
+
+CLASSIFIER = '[[models]]\nname = "classifier"\nengine = "classifier/1/model.onnx"\n'
+FAST = '[[models]]\nname = "fast512"\nengine = "fast512/1/model.onnx"\nqueue_policy = "newest_per_key"\n'
+PIXELS = np.full((48, 64, 3), 7, np.uint8).tobytes()
+pytestmark = pytest.mark.timing
+
+
+def gated(gate: Path) -> str:
+    """A classifier pipeline whose one thread holds each frame at `gate` until it exists."""
+    return (CLASSIFIER + '[[pipelines]]\nname = "cams"\nworkers = 1\nqueue_policy = "newest_per_key"\n'
+            f'[[pipelines.steps]]\nprocessor = "gate_processor:Gate"\noptions = {{{{ path = "{gate}" }}}}\n'
+            '[[pipelines.steps]]\nprocessor = "decode"\n'
+            '[[pipelines.steps]]\nprocessor = "resize"\noptions = {{ mode = "stretch", size = [64, 64] }}\n'
+            '[[pipelines.steps]]\nprocessor = "normalize"\n'
+            '[[pipelines.steps]]\nmodel = "classifier"\n'
+            '[[pipelines.steps]]\nprocessor = "classify"\n')
+
+
+def head(keys: str) -> str:
+    return DAEMON_HEAD + f'stream_keys = "{keys}"\nstream_silent_s = 1\n'
+
+
+def frame() -> Frame:
+    return Frame(PIXELS, "bgr", width=64, height=48)
+
+
+def streams(d: Daemon) -> dict[str, dict]:
+    with d.admin() as admin:
+        return {s["key"]: s for s in admin.call("streams", model="cams")["streams"]}
+
+
+def hijacked_camera(d: Daemon, gate: Path, bound: bool) -> tuple[int, int, int]:
+    """The camera's frame of key cam-7 waits behind one held at the gate; meanwhile another client
+    sends a frame with key cam-7. The camera's, the other's and the held frame's statuses."""
+    with d.pipeline(timeout_s=30) as camera, d.pipeline(timeout_s=30) as other:
+        held = camera.submit("cams", frame(), key="held")
+        eventually(lambda: gate.with_suffix(".entered").exists(), "the first frame at the gate")
+        mine = camera.submit("cams", frame(), key="cam-7")
+        eventually(lambda: streams(d).get("cam-7", {}).get("received") == 1, "the camera's frame queued")
+        theirs = other.submit("cams", frame(), key="cam-7")
+        refused = other.result(theirs).status if bound else None  # answered at once, before the gate opens
+        gate.touch()
+        return camera.result(mine).status, refused or other.result(theirs).status, camera.result(held).status
+
+
+def test_under_open_keys_another_client_supersedes_a_camera(make_daemon, tmp_path: Path) -> None:
+    gate = tmp_path / "open"
+    d = make_daemon(gated(gate), head=head("open"))
+    # The default: what "bound" is for. The other's frame replaces the camera's, which is never computed.
+    assert hijacked_camera(d, gate, bound=False) == (409, 200, 200)
+
+
+def test_under_bound_keys_another_client_gets_403_and_the_camera_is_served(make_daemon, tmp_path: Path) -> None:
+    gate = tmp_path / "open"
+    d = make_daemon(gated(gate), head=head("bound"))
+    assert hijacked_camera(d, gate, bound=True) == (200, 403, 200)
+    cam = streams(d)["cam-7"]
+    assert (cam["received"], cam["served"], cam["superseded"], cam["foreign"]) == (1, 1, 0, 1), cam
+
+
+def test_a_bound_key_says_whose_it_is_and_is_free_once_silent(make_daemon) -> None:
+    d = make_daemon(FAST, head=head("bound"))
+    x = {"x": np.ones((1, 512), np.float32)}
+    with d.client() as camera, d.client() as other:
+        assert camera.infer("fast512", x, key="cam-7").status == 200
+        refused = other.infer("fast512", x, key="cam-7")
+        assert refused.status == 403, refused.header
+        assert "stream key 'cam-7' of 'fast512' belongs to another connection" in refused.error
+        assert 'stream_keys = "bound"' in refused.error
+        assert other.infer("fast512", x, key="cam-8").status == 200  # a key of its own
+        assert camera.infer("fast512", x, key="cam-7").status == 200  # the owner keeps sending
+        # Once the camera has sent nothing for stream_silent_s (1 s), the key is anyone's again.
+        eventually(lambda: other.infer("fast512", x, key="cam-7").status == 200, "the key freed", timeout_s=30)
+        assert camera.infer("fast512", x, key="cam-7").status == 403  # and now the other's
+    assert d.stop() == 0
+
+
+def test_stream_keys_takes_open_or_bound(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"daemon.stream_keys: must be 'open' or 'bound', got 'mine'"):
+        parse('[daemon]\nstream_keys = "mine"\n', tmp_path / "infermux.toml")
+    assert parse('[daemon]\nstream_keys = "bound"\n', tmp_path / "infermux.toml").daemon.stream_keys == "bound"
