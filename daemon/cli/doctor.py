@@ -69,8 +69,8 @@ def run(args: argparse.Namespace) -> int:
     if found:  # say where the file came from, beside its own line
         checks.insert(at, Check("daemon", "OK", found))
     elif at < len(checks) and checks[at].status == "FAIL" and not args.config and not os.path.exists(path):
-        checks[at] = replace(checks[at], fix=f"give --config FILE, or start the daemon with it (`infermux serve "
-                             f"--config FILE`) and run doctor again: it asks the daemon on the default sockets")
+        checks[at] = replace(checks[at], fix="give --config FILE, or start the daemon with it (`infermux serve "
+                             "--config FILE`) and run doctor again: it asks the daemon on the default sockets")
     if args.json:
         print(json.dumps([asdict(c) for c in checks], indent=2))
     else:
