@@ -9,7 +9,13 @@ is then warmed at the smallest shape it takes, as every model was before `warm_f
 them), in turns; once it is ready one camera sends the same generated JPEG `--frames` times, one at
 a time. Per daemon: the detector step's time (`timing_us["det"]` of the reply) on the first frame
 and the median of the later ones, the whole frame's the same way, and the seconds from start to ready
-(what the warm-up costs). Writes "## Warm-up at the pipeline's shapes" in RESULTS.md.
+(what the warm-up costs).
+
+The daemon's figures are wall time, which a shared box's load swings by several times. So the
+detector is also measured alone, in this process, as the daemon loads and warms it (the onnxruntime
+backend, `models.hot.warm_up` with no shapes or with the one the pipeline sends): the CPU time of
+the one thread that runs it (`intra_op_num_threads = 1`, the example's) for its first call at the
+frames' shape and the median of the next ones. Writes "## Warm-up at the pipeline's shapes" in RESULTS.md.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
+import numpy as np
 import zmq
 
 HERE = Path(__file__).resolve().parent
@@ -85,6 +92,43 @@ def one_round(jpeg: bytes, frames: int, size: tuple[int, int] | None) -> Round:
     return Round(det[0], statistics.median(det[1:]), whole[0], statistics.median(whole[1:]), ready_s)
 
 
+def detector_alone(shape: tuple[int, ...], warmed: bool, later: int) -> tuple[float, float]:
+    """CPU ms of the detector's first call at `shape` after the daemon's warm-up (at `shape` where
+    `warmed`), and the median of `later` calls after it."""
+    from infermux.config import ModelConfig
+    from infermux.models.hot import WarmShape, warm_up
+    from infermux.plugins import backends
+
+    path = ENGINES / "det.onnx"
+    engine = backends.for_path(path).load(path, {})
+    try:
+        warm_up(engine, ModelConfig("ppocr_det", path), [WarmShape("", shape, "float32")] if warmed else [])
+        context = engine.create_context()
+        x = {engine.inputs[0].name: np.zeros(shape, np.float32)}
+        cpu = []
+        for _ in range(1 + later):
+            t = time.thread_time()
+            context.infer(x)
+            cpu.append((time.thread_time() - t) * 1000)
+        context.close()
+    finally:
+        engine.close()
+    return cpu[0], statistics.median(cpu[1:])
+
+
+def alone_table(shape: tuple[int, ...], rounds: int, later: int) -> str:
+    rows = []
+    for warmed in (False, True):
+        got = [detector_alone(shape, warmed, later) for _ in range(rounds)]
+        ratios = [first / rest for first, rest in got]
+        rows.append(["at its shape too" if warmed else "at its smallest shape (as before)",
+                     " / ".join(f"{first:,.0f}" for first, _ in got), " / ".join(f"{rest:,.0f}" for _, rest in got),
+                     f"{statistics.median(ratios):.2f}× ({min(ratios):.2f}-{max(ratios):.2f})"])
+        print(f"detector alone, warmed {rows[-1][0]}: first {rows[-1][1]} CPU ms, later {rows[-1][2]}", flush=True)
+    return markdown_table(["detector warmed", "1st call CPU ms", "later p50 CPU ms", "1st / later (median, range)"],
+                          rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=4, help="daemons started per variant")
@@ -98,6 +142,11 @@ def main() -> None:
     image = example("camera_ocr").synthetic(10_000, (width, height))
     jpeg = cv2.imencode(".jpg", image, [cv2.IMWRITE_JPEG_QUALITY, 92])[1].tobytes()
     load = os.getloadavg()[0]
+    from infermux.plugins.processors.geometry import Resize
+
+    tw, th = Resize({"mode": "multiple", "multiple": 32, "limit_side": 736, "limit": "min"}).output_size(width, height)
+    det_shape = (1, 3, th, tw)  # as ocr.toml's det_resize makes it
+    alone = alone_table(det_shape, args.rounds, args.frames - 1)
     rounds: dict[str, list[Round]] = {v: [] for v in VARIANTS}
     for r in range(args.rounds):  # the variants in turns, so that the box's load falls on both
         for variant, size in zip(VARIANTS, (None, (width, height))):
@@ -119,8 +168,11 @@ def main() -> None:
             + markdown_table(["daemon", "det, 1st frame ms", "det, later p50 ms", "1st / later (median, range)",
                               "frame, 1st ms", "frame, later p50 ms", "start to ready s"], rows)
             + f"\n\n{args.rounds} daemons per variant, one camera sending one generated {width}x{height} JPEG "
-            f"{args.frames} times, one at a time; the detector's input is the shape its resize makes of it. "
-            "Reproduce: `python engines/fetch_ppocr.py && python tests/benchmarks/bench_warmup.py`.")
+            f"{args.frames} times, one at a time; the detector's input is the shape its resize makes of it, "
+            f"{list(det_shape)}.\n\nThe detector alone, {args.rounds} engines per row, each warmed as the daemon "
+            "warms it, then called at that shape: the CPU time of its one thread, which the box's load moves "
+            "far less than wall time.\n\n" + alone
+            + "\n\nReproduce: `python engines/fetch_ppocr.py && python tests/benchmarks/bench_warmup.py`.")
     print_and_write(SECTION, body, write=not args.no_write)
 
 
