@@ -242,6 +242,13 @@ class PipelineConfig:
     max_crop_width: int = 4096
     max_batch_bytes: int = 256 << 20
     nice: int = 0  # as a model's: 0-19 added to the nice value of the threads that run the steps
+    # Frame sizes [width, height] its cameras send: its models are warmed at the shapes the resize steps
+    # make of them (daemon/pipelines/warmshapes.py), so the first frame costs what later ones do.
+    warm_frames: tuple[tuple[int, int], ...] = ()
+
+
+MAX_WARM_FRAMES = 8  # warm_frames entries a pipeline may list: each is one more inference per model at load
+MAX_WARM_SIDE = 16384  # a warm frame's side, at most
 
 
 @dataclass(frozen=True)
@@ -833,6 +840,8 @@ def _parse_pipeline(file: Path, where: str, table: Any, models: set[str], engine
             _positive(file, f"{where}.{key}", raw[key])
     _bounded_int(file, where, raw, "nice", 0)
     _check_queue_policy(file, where, raw)
+    if "warm_frames" in raw:
+        raw["warm_frames"] = _warm_frames(file, f"{where}.warm_frames", raw["warm_frames"])
     steps = raw.get("steps")
     _check_type(file, f"{where}.steps", steps, list)
     if not steps:
@@ -848,6 +857,22 @@ def _parse_pipeline(file: Path, where: str, table: Any, models: set[str], engine
     _check_tracked(file, where, raw["name"], parsed)
     raw["steps"] = tuple(parsed)
     return PipelineConfig(**raw)
+
+
+def _warm_frames(file: Path, where: str, value: Any) -> tuple[tuple[int, int], ...]:
+    """`warm_frames = [[1280, 720], ...]`: up to MAX_WARM_FRAMES sizes, each side 1..MAX_WARM_SIDE."""
+    _check_type(file, where, value, list)
+    if len(value) > MAX_WARM_FRAMES:
+        raise ConfigError(file, where, f"lists {len(value)} frame sizes; at most {MAX_WARM_FRAMES} (each is one "
+                          "more inference per model while it loads)")
+    sizes = []
+    for i, size in enumerate(value):
+        if not (isinstance(size, list) and len(size) == 2 and all(type(v) is int and 1 <= v <= MAX_WARM_SIDE
+                                                                  for v in size)):
+            raise ConfigError(file, f"{where}[{i}]", f"must be [width, height], two integers from 1 to "
+                              f"{MAX_WARM_SIDE}, got {size!r}")
+        sizes.append((size[0], size[1]))
+    return tuple(sizes)
 
 
 def _parse_step(file: Path, where: str, pipeline: str, table: Any, models: set[str],

@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("infermux.metrics")
 
-FAILURE_REASONS = {400: "bad_request", 404: "not_found", 409: "superseded", 413: "too_large", 429: "queue_full",
+# A 409 is not a failure: a newer request of the same stream replaced it (queue_policy newest_per_key),
+# counted by infermux_inference_request_superseded_total.
+FAILURE_REASONS = {400: "bad_request", 404: "not_found", 413: "too_large", 429: "queue_full",
                    500: "backend_error", 503: "not_ready", 504: "deadline"}
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROBE_TYPE = "text/plain; charset=utf-8"
@@ -118,6 +120,9 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
                [(mv(m), m["stats"]["served"]) for m in models])
     out.family("infermux_inference_request_failure_total", "counter", "Requests answered with an error, by reason.",
                [({**mv(m), "reason": reason}, n) for m in models for reason, n in _failures(m["stats"]["by_status"])])
+    out.family("infermux_inference_request_superseded_total", "counter", "Requests a newer one of their stream "
+               "replaced before they were computed (409, queue_policy newest_per_key): not errors.",
+               [(mv(m), int(m["stats"]["by_status"].get("409", 0))) for m in models])
     _histogram(out, models, mv)
     for part in ("queue", "compute"):
         out.family(f"infermux_inference_{part}_duration_seconds_total", "counter",
@@ -319,7 +324,7 @@ def _failures(by_status: dict[str, int]) -> list[tuple[str, int]]:
     """Error replies by reason, every known reason present (at 0 until it happens: see EventCounter.of)."""
     counts = Counter({reason: 0 for reason in FAILURE_REASONS.values()})
     for code, n in by_status.items():
-        if code != "200":
+        if code not in ("200", "409"):
             counts[FAILURE_REASONS.get(int(code), code)] += n
     return sorted(counts.items())
 

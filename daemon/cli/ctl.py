@@ -8,6 +8,7 @@
     infermux ctl models           # each version's inputs and outputs (--json: everything)
     infermux ctl events           # recent events, one line each with an ISO time (--json: as sent)
     infermux ctl streams          # per camera (model, key): received, served, superseded, refused, age
+    infermux ctl pipelines        # per pipeline and step: runs, fps, latency, 409s, errors, what it runs (--json: all)
 
 Exit codes: 0 done, 1 the daemon refused (the reason is printed), 2 usage,
 3 the daemon did not answer (within 5 s; a command it has accepted may then
@@ -133,6 +134,15 @@ def short_streams(reply: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def short_pipelines(pipelines: list[dict[str, Any]]) -> str:
+    """The pipelines as `infermux status` shows them, with what each pipeline takes and each step runs."""
+    from infermux.pipelines.stats import table
+
+    if not pipelines:
+        return "no pipelines: the daemon's configuration has no [[pipelines]] (docs/pipelines.md)"
+    return table(pipelines, runs_on=True)
+
+
 def show(cmd: str, reply: dict[str, Any], as_json: bool) -> None:
     """Print a successful reply: JSON for scripts and the data commands, else one `ok:` line."""
     if cmd == "models" and not as_json:
@@ -141,6 +151,8 @@ def show(cmd: str, reply: dict[str, Any], as_json: bool) -> None:
         print(short_events(reply.get("events", [])))
     elif cmd == "streams" and not as_json:
         print(short_streams(reply))
+    elif cmd == "pipelines" and not as_json:
+        print(short_pipelines(reply.get("pipelines", [])))
     elif as_json or cmd in ("models", "events", "status"):
         print(json.dumps(reply, indent=2))
     else:

@@ -10,6 +10,7 @@ or a full queue (the fallback, else 429); otherwise queued.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
@@ -29,6 +30,8 @@ from infermux.models.overrides import file_weights
 from infermux.models.registry import Model, ModelVersion, Registry, State
 
 log = logging.getLogger("infermux.router")
+
+MAX_NAMED_PIPELINES = 8  # a 400 names this many pipelines that take frames, then says how many more
 
 
 class Router:
@@ -292,12 +295,13 @@ class Router:
             inputs[engine.inputs[0].name] = inputs.pop(ONLY_INPUT)  # the version is chosen: its name
         if set(inputs) != names:
             raise ProtocolError(Status.BAD_REQUEST, f"model {mv.name!r} takes inputs "
-                                f"{sorted(names)}, got {sorted(inputs)}")
+                                f"{sorted(names)}, got {sorted(inputs)}{self._frames_go_to_pipelines(job)}")
         for spec in engine.inputs:
             array = inputs[spec.name]
             problem = spec.accepts(dtype_name(array.dtype), array.shape)
             if problem:
-                raise ProtocolError(Status.BAD_REQUEST, f"model {mv.name!r}: {problem}")
+                raise ProtocolError(Status.BAD_REQUEST, f"model {mv.name!r}: {problem}"
+                                    f"{self._frames_go_to_pipelines(job)}")
         wanted = job.request.outputs
         if wanted is not None:
             have = {s.name for s in engine.outputs}
@@ -305,6 +309,21 @@ class Router:
             if missing:
                 raise ProtocolError(Status.BAD_REQUEST, f"model {mv.name!r} has no output {missing[0]!r}; "
                                     f"outputs: {sorted(have)}")
+
+    def _frames_go_to_pipelines(self, job: Job) -> str:
+        """For a refused model request that sent a camera frame (an input entry with a "format"):
+        that frames go to pipelines, and which pipelines this daemon has; "" for plain tensors."""
+        sent = frame_inputs(job)
+        if not sent:
+            return ""
+        said = f"; input {sent[0]!r} is a camera frame (it has a \"format\"): a model takes tensors, a pipeline " \
+               f"takes frames, so send it to a pipeline"
+        if not self.pipelines:
+            return said + " (this daemon has none: docs/pipelines.md says how to add one)"
+        named = [f"{name!r} (input {p.config.input!r})" for name, p in sorted(self.pipelines.items())]
+        more = len(named) - MAX_NAMED_PIPELINES
+        listed = ", ".join(named[:MAX_NAMED_PIPELINES]) + (f" and {more} more" if more > 0 else "")
+        return f"{said}; pipelines that take frames: {listed}"
 
     # -- degradation -------------------------------------------------------
 
@@ -370,6 +389,19 @@ class Router:
         """Retry-After for a full queue: the time to work through it, at least 1 ms."""
         return max(1, int(placement.expected_wait_us() / 1000))
 
+
+
+def frame_inputs(job: Job) -> list[str]:
+    """Names of a client request's inputs that its header declares camera frames (a "format" in
+    their entry, as `protocol.Frame` sends them); [] for an internal request or plain tensors.
+    Only asked on the way to a 400: the header was bounded and parsed once already."""
+    if internal_sink(job.envelope) is not None or len(job.frames) <= len(job.envelope):
+        return []
+    try:
+        entries = json.loads(bytes(job.frames[len(job.envelope)])).get("inputs")
+    except (ValueError, AttributeError, TypeError):
+        return []
+    return [e["name"] for e in entries or () if isinstance(e, dict) and "format" in e and isinstance(e.get("name"), str)]
 
 
 def _not_ready(mv: ModelVersion, state: str) -> ProtocolError:

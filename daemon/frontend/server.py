@@ -50,6 +50,7 @@ from infermux.frontend.pacing import RefusalPacer
 from infermux.frontend.parsecache import ParseCache
 from infermux.frontend.recorder import Recorder
 from infermux.frontend.router import Router
+from infermux.pipelines import warmshapes
 from infermux.pipelines.runner import Pipelines
 from infermux.transport.curve import CurveError
 from infermux.transport.limits import frame_cap, limits_from
@@ -102,6 +103,7 @@ class Server:
                                    watch=self.watch, quiesce=self.quiesce)
         # Operators' live changes: kept in `state_dir` across restarts (models/statefile.py), else in memory.
         self.registry = Registry(config, self.events, self.hooks, _overrides(state_dir, self.events, config))
+        self.registry.warm_shapes = lambda name: warmshapes.for_model(self.registry.config, name)
         daemon = config.daemon
         self.streams = StreamTable(self.events, daemon.stream_silent_s, daemon.stream_max_keys)
         self.router = Router(self.registry, config, self.reply, self.streams)

@@ -200,16 +200,17 @@ class Pipeline:
                     req.id, model=self.name))
             for stage in self.stages:
                 self._stage(stage, sample, run)
-            header: dict[str, Any] = {"id": req.id, "status": 200, "model": self.name,
-                                      "regions": [r.to_json() for r in sample.regions],
-                                      "timing_us": run.timing_us}
+            header: dict[str, Any] = {"id": req.id, "status": 200, "model": self.name}
+            if sample.classes and not sample.regions:  # a whole-frame classifier: its classes, no regions
+                header["classes"] = [[{"index": c.index, "label": c.label, "score": round(c.score, 6)}
+                                      for c in row] for row in sample.classes]
+            else:
+                header["regions"] = [r.to_json() for r in sample.regions]
+            header["timing_us"] = run.timing_us
             if run.fallbacks:
                 header["fallbacks"] = run.fallbacks
             if sample.dropped:  # boxes that were not finite numbers: the answer says the frame had them
                 header["dropped_regions"] = sample.dropped
-            if sample.classes and not sample.regions:
-                header["classes"] = [[{"index": c.index, "label": c.label, "score": round(c.score, 6)}
-                                      for c in row] for row in sample.classes]
             return Status.OK, encode_reply(header, {k: run.tensors[k] for k in run.wanted})
         except OutOfTime as exc:  # the request's time, not the frame: another request may give it more
             status, message, retry = Status.DEADLINE, f"{where} {exc}", None

@@ -39,16 +39,29 @@ def _brief(snap: dict[str, Any]) -> dict[str, Any]:
     return {k: snap[k] for k in keep if k in snap}
 
 
-def table(pipelines: list[dict[str, Any]]) -> str:
-    """Each pipeline and its steps as a fixed-width table (`infermux status`)."""
-    head = ("PIPELINE/STEP", "RUNS", "FPS", "P50", "P99", "ERR", "QUEUE")
+def table(pipelines: list[dict[str, Any]], runs_on: bool = False) -> str:
+    """Each pipeline and its steps as a fixed-width table (`infermux status`; `ctl pipelines` adds
+    `runs_on`: each pipeline's input, workers and queue policy, and what each step runs). 409 counts
+    the frames a newer one of their stream replaced (queue_policy newest_per_key): not errors, so
+    ERR leaves them out."""
+    head = ("PIPELINE/STEP", "RUNS", "FPS", "P50", "P99", "409", "ERR", "QUEUE", *(("DETAIL",) if runs_on else ()))
     rows = [head]
     for p in pipelines:
         f = p["frames"]
+        what = (f"input {p.get('input', '?')!r}, {p.get('workers', '?')} workers, {p.get('queue_policy', '?')}",)
         rows.append((p["name"], str(f.get("served", 0)), fmt.rate(f.get("qps")), fmt.us(f.get("p50_us")),
-                     fmt.us(f.get("p99_us")), str(fmt.failures(f)), str(p.get("queued", 0))))
+                     fmt.us(f.get("p99_us")), str(fmt.superseded(f)), str(fmt.failures(f)), str(p.get("queued", 0)),
+                     *(what if runs_on else ())))
         for name, s in p["steps"].items():
+            step = (_runs_on(s),)
             rows.append((f"  {name}", str(s.get("served", 0)), fmt.rate(s.get("qps")), fmt.us(s.get("p50_us")),
-                         fmt.us(s.get("p99_us")), str(fmt.failures(s)), ""))
+                         fmt.us(s.get("p99_us")), str(fmt.superseded(s)), str(fmt.failures(s)), "",
+                         *(step if runs_on else ())))
     widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows)
+
+
+def _runs_on(step: dict[str, Any]) -> str:
+    """`model ppocr_rec, each region` or `processor crop`: what a step of the view runs."""
+    what = f"model {step['model']}" if step.get("model") else f"processor {step.get('processor', '?')}"
+    return what + (", each region" if step.get("for_each") else "")

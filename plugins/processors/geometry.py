@@ -88,6 +88,18 @@ class Resize:
         sample.tensor = out
         sample.transform = sample.transform.then(sx, sy, px, py)
 
+    def output_size(self, w: int, h: int) -> tuple[int, int]:
+        """The (width, height) this step makes of a w x h image, as `__call__` would, without an image
+        (what the daemon warms a model at); FrameTooLarge where `__call__` would refuse it."""
+        c = self.config
+        if c.mode == "letterbox":
+            assert c.size is not None
+            return c.size
+        tw, th = self._target(w, h)
+        if c.mode == "height" and c.pad and c.max_width and tw < c.max_width:
+            return c.max_width, th
+        return tw, th
+
     def _target(self, w: int, h: int) -> tuple[int, int]:
         c = self.config
         if c.mode == "stretch":

@@ -76,6 +76,24 @@ def test_a_frame_the_daemon_would_refuse_is_refused_before_it_is_sent(d: Daemon)
         assert client.infer("cams", Frame.of(image(2))).status == 200  # the client goes on
 
 
+def test_a_frame_sent_to_a_model_is_told_to_go_to_a_pipeline_and_which(d: Daemon) -> None:
+    with Client(d.endpoint) as client:
+        wrong = client.infer("classifier", Frame.of(image(1)))
+        plain = client.infer("classifier", {"x": np.zeros((1, 4), np.float32)})
+        assert client.infer("cams", Frame.of(image(1))).status == 200  # the pipeline still takes it
+    assert wrong.status == 400, wrong.header
+    assert "takes inputs" in wrong.error and "input 'image' is a camera frame" in wrong.error, wrong.error
+    assert "send it to a pipeline" in wrong.error and "pipelines that take frames: 'cams' (input 'image')" in wrong.error
+    assert plain.status == 400 and "pipeline" not in plain.error, plain.error  # plain tensors: as before
+
+
+def test_a_whole_frame_classifier_answers_its_classes_and_no_regions(d: Daemon) -> None:
+    with Client(d.endpoint) as client:
+        reply = client.infer("cams", Frame.of(image(3)))
+    assert reply.status == 200 and len(reply.header["classes"][0]) == 3, reply.header
+    assert "regions" not in reply.header, reply.header  # docs/pipelines.md: `classes` instead
+
+
 def test_a_stream_keeps_one_frame_in_flight_and_the_newest_waiting(make_daemon, tmp_path: Path) -> None:
     gate = tmp_path / "open"
     d = make_daemon(CLASSIFIER + pipeline("held", gate))
