@@ -120,3 +120,12 @@ async def test_a_track_step_shows_its_tracks_and_a_reinferred_step_how_often_it_
         await until(pilot, lambda: table.keys() == ["cams", "cams/track", "cams/cls"], what="the rows")
         assert table.cell_text("cams/track", "detail") == "track · 12 tracks/3 streams"
         assert table.cell_text("cams/cls", "detail") == "→ classifier · each region · reused 76%, skipped 4"
+
+
+def test_a_pipelines_row_counts_the_regions_it_dropped_for_boxes_that_are_not_numbers() -> None:
+    snapshot = {"pipelines": [{"name": "cams", "queued": 0, "workers": 2, "dropped_regions": 3,
+                               "frames": {"served": 5, "by_status": {"200": 5}}, "steps": {}}]}
+    rows = dict(PipelinesTable.row_cells(snapshot))
+    assert rows["cams"]["detail"][0].endswith("queue 0/2  NaN boxes 3")
+    del snapshot["pipelines"][0]["dropped_regions"]
+    assert "NaN" not in dict(PipelinesTable.row_cells(snapshot))["cams"]["detail"][0]
