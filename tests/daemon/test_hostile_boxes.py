@@ -208,7 +208,7 @@ def test_a_frame_whose_decoding_would_outlast_its_deadline_is_not_decoded(daemon
     # 996 scans, under this step's max_scans: at least 1,350 ms by its estimate.
     data = progressive_jpeg_with_scans(8192, 990)
     before = pipeline_view(daemon, "scans")
-    replies = [send_frame(sock, "scans", data, "jpeg", timeout_ms=300) for _ in range(2)]
+    replies = [send_frame(sock, "scans", data, "jpeg", timeout_ms=1000) for _ in range(2)]
     for reply in replies:
         assert reply.status == 504, reply.header
         assert "8192x8192 frame of 996 scan(s) would take at least 1350 ms; the frame's deadline is" \
