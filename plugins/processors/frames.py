@@ -41,10 +41,11 @@ _CHANNELS = {"bgr": 3, "rgb": 3, "gray": 1}
 # A camera writes one scan (three for a non-interleaved baseline), libjpeg's progressive mode ten, and
 # an encoder that searches for the smallest file a few dozen: each scan is a pass over the whole frame.
 DEFAULT_MAX_SCANS = 100
-# The least a decoder spends per pixel, and per pixel and scan of a progressive JPEG, in ns (on the
-# 2-core box it spent several times these): an estimate from them is a lower bound on the decode's
-# cost, so a frame refused by it would have cost more, and no frame is refused that costs less.
-NS_PER_PIXEL, NS_PER_PIXEL_SCAN = 1.0, 0.05
+# The least a decoder spends per pixel, and per pixel and scan of a progressive JPEG, in ns: set
+# several times under what libjpeg-turbo spent on a blank frame on the 2-core box (docs/pipelines.md),
+# so that an estimate from them is a lower bound on the decode's cost on a faster CPU too: a frame
+# refused by it would have cost more.
+NS_PER_PIXEL, NS_PER_PIXEL_SCAN = 0.2, 0.02
 
 
 @dataclass(frozen=True)

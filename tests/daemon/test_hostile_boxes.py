@@ -101,6 +101,12 @@ options = {{ size = [64, 64] }}
 name = "frames"
 [[pipelines.steps]]
 processor = "decode"
+
+[[pipelines]]
+name = "scans"
+[[pipelines.steps]]
+processor = "decode"
+options = {{ max_scans = 1000 }}
 """
 
 
@@ -189,7 +195,7 @@ def test_a_jpeg_of_thousands_of_scans_is_refused_from_its_markers_and_then_from_
     data = progressive_jpeg_with_scans(2048, 2000)
     assert len(data) < 40_000
     recalled = pipeline_view(daemon, "frames")["refused_from_memory"]
-    first = send_frame(sock, "frames", data, "jpeg", timeout_ms=60_000)  # decoded, 1.5 s of CPU on the 2-core box
+    first = send_frame(sock, "frames", data, "jpeg", timeout_ms=60_000)  # decoded, it took 6 s on the 2-core box
     assert first.status == 413, first.header
     assert "the JPEG has more than 100 scans (max_scans)" in first.header["error"]
     again = send_frame(sock, "frames", data, "jpeg", timeout_ms=60_000)
@@ -199,13 +205,14 @@ def test_a_jpeg_of_thousands_of_scans_is_refused_from_its_markers_and_then_from_
 
 
 def test_a_frame_whose_decoding_would_outlast_its_deadline_is_not_decoded(daemon: Daemon, sock: zmq.Socket) -> None:
-    data = progressive_jpeg_with_scans(8192, 90)  # 96 scans, under max_scans; at least 389 ms by its estimate
-    before = pipeline_view(daemon, "frames")
-    replies = [send_frame(sock, "frames", data, "jpeg", timeout_ms=300) for _ in range(2)]
+    # 996 scans, under this step's max_scans: at least 1,350 ms by its estimate.
+    data = progressive_jpeg_with_scans(8192, 990)
+    before = pipeline_view(daemon, "scans")
+    replies = [send_frame(sock, "scans", data, "jpeg", timeout_ms=1000) for _ in range(2)]
     for reply in replies:
         assert reply.status == 504, reply.header
-        assert "8192x8192 frame of 96 scan(s) would take at least 389 ms; the frame's deadline is" \
+        assert "8192x8192 frame of 996 scan(s) would take at least 1350 ms; the frame's deadline is" \
             in reply.header["error"], reply.header["error"]
-    after = pipeline_view(daemon, "frames")
+    after = pipeline_view(daemon, "scans")
     assert after["refused_from_memory"] == before["refused_from_memory"]  # the request's time, not the frame
     assert after["steps"]["decode"]["by_status"].get("504", 0) == before["steps"]["decode"]["by_status"].get("504", 0) + 2

@@ -135,3 +135,12 @@ async def test_superseded_frames_are_counted_in_their_own_column_never_as_errors
         assert table.cell_text("cams", "errors") == "1"  # the 400 alone
         assert table.cell_text("cams", "superseded") == "2325"
         assert "409:2325" in table.cell_text("cams", "detail")
+
+
+def test_a_pipelines_row_counts_the_regions_it_dropped_for_boxes_that_are_not_numbers() -> None:
+    snapshot = {"pipelines": [{"name": "cams", "queued": 0, "workers": 2, "dropped_regions": 3,
+                               "frames": {"served": 5, "by_status": {"200": 5}}, "steps": {}}]}
+    rows = dict(PipelinesTable.row_cells(snapshot))
+    assert rows["cams"]["detail"][0].endswith("queue 0/2  NaN boxes 3")
+    del snapshot["pipelines"][0]["dropped_regions"]
+    assert "NaN" not in dict(PipelinesTable.row_cells(snapshot))["cams"]["detail"][0]

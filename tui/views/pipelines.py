@@ -70,6 +70,8 @@ class PipelinesTable(KeyedTable):
             queue = f"  queue {p.get('queued', 0)}/{p.get('workers', '?')}"
             if p.get("refused_from_memory"):  # the same refused frame sent again (docs/pipelines.md#bounds)
                 queue += f"  refused again {fmt.count(p['refused_from_memory'])}"
+            if p.get("dropped_regions"):  # boxes a model gave as NaN or infinity (docs/pipelines.md#bounds)
+                queue += f"  NaN boxes {fmt.count(p['dropped_regions'])}"
             yield p["name"], _cells((p["name"], "bold"), frames, failed, (statuses(frames) + queue, ""))
             for name, step in (p.get("steps") or {}).items():
                 yield f"{p['name']}/{name}", _cells((f"  {name}", ""), step, fmt.failures(step),
