@@ -15,9 +15,9 @@ from support import models
 pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
 
 
-def config(engine: Path, warm_frames: str) -> str:
+def config(engine: Path, warm_frames: str, placement: str = "") -> str:
     # brightness_map takes float32 [1, 3, H, W], any H and W: what the resize makes of a frame.
-    return (f'[[models]]\nname = "bright"\nengine = "{engine}"\n'
+    return (f'[[models]]\nname = "bright"\nengine = "{engine}"\n{placement}'
             f'[[pipelines]]\nname = "cams"\n{warm_frames}'
             '[[pipelines.steps]]\nprocessor = "decode"\n'
             '[[pipelines.steps]]\nprocessor = "resize"\n'
@@ -27,12 +27,14 @@ def config(engine: Path, warm_frames: str) -> str:
             '[[pipelines.steps]]\nprocessor = "dbnet"\n')
 
 
-def test_a_model_is_warmed_at_the_shapes_the_pipelines_resize_makes_of_its_warm_frames(make_daemon,
-                                                                                      tmp_path: Path) -> None:
+@pytest.mark.parametrize("placement", ["", 'placement = "cold"\npreload = true\n'], ids=["hot", "cold"])
+def test_a_model_is_warmed_at_the_shapes_the_pipelines_resize_makes_of_its_warm_frames(make_daemon, tmp_path: Path,
+                                                                                      placement: str) -> None:
     engine = models.brightness_map(tmp_path / "bright/1/model.onnx")
     # 320x240: the short side scaled up to 256, the long side with it, to multiples of 32: 352 x 256.
     # 4000x100 would be 10240 wide: past max_side, refused, so not warmed (and the daemon still serves).
-    d = make_daemon(config(engine, "warm_frames = [[320, 240], [4000, 100]]\n"))
+    # Cold, the worker process warms it: the daemon sends the shapes with the version to load.
+    d = make_daemon(config(engine, "warm_frames = [[320, 240], [4000, 100]]\n", placement))
     d.wait_for("model bright warmed at float32 [1, 3, 256, 352] for pipeline 'cams' step 'bright' at 320x240", 30)
     assert "10240" not in d.log()
     with Client(d.endpoint) as client:
