@@ -15,6 +15,8 @@ import pytest
 
 from infermux.client import Frame
 from infermux.config import ConfigError, parse
+from infermux.execution.streams import HOLD_S, StreamTable
+from support.clock import Clock
 from support.harness import DAEMON_HEAD, Daemon
 from support.polling import eventually
 
@@ -98,3 +100,27 @@ def test_stream_keys_takes_open_or_bound(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"daemon.stream_keys: must be 'open' or 'bound', got 'mine'"):
         parse('[daemon]\nstream_keys = "mine"\n', tmp_path / "infermux.toml")
     assert parse('[daemon]\nstream_keys = "bound"\n', tmp_path / "infermux.toml").daemon.stream_keys == "bound"
+
+
+def test_a_key_is_held_while_its_holder_sends_and_freed_by_its_silence_alone() -> None:
+    clock = Clock(1000.0)
+    table = StreamTable(silent_s=2.0, clock=clock)  # type: ignore[arg-type]
+    camera, other = (b"cam", b""), (b"other", b"")
+    table.receive("m", "cam-7", camera)
+    clock.now += 1.5
+    assert table.foreign("m", "cam-7", other)  # held: the camera sent 1.5 s ago
+    assert not table.foreign("m", "cam-7", camera) and not table.foreign("m", "cam-8", other)
+    table.receive("m", "cam-7", camera)
+    for _ in range(5):  # the other's refused requests never keep the key held
+        clock.now += 0.5
+        held = table.foreign("m", "cam-7", other)
+    assert not held  # 2.5 s since the camera's last
+    table.receive("m", "cam-7", other)
+    assert table.foreign("m", "cam-7", camera)  # the other's now
+    (view,) = table.view()
+    assert (view["received"], view["foreign"]) == (3, 5), view  # 4 of the other's, 1 of the camera's
+    table.silent_s = 0  # silence turned off: a key is held HOLD_S
+    clock.now += HOLD_S - 0.1
+    assert table.foreign("m", "cam-7", camera)
+    clock.now += 0.2
+    assert not table.foreign("m", "cam-7", camera)
