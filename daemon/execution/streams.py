@@ -19,8 +19,9 @@ A stream that sent two requests at most `silent_s` apart and then nothing
 for `silent_s` is *silent*: `check` (a frontend tick) emits one
 `stream_silent` event for it, and `stream_resumed` when it sends again.
 
-Under `[daemon] stream_keys = "bound"` a stream belongs to the connection
-that sent its first request (`receive`'s `owner`) until it has sent
+Under `[daemon] stream_keys = "bound"` a stream belongs to the client (a
+connection, or a CURVE key: router._owner) that sent its first request
+(`receive`'s `owner`) until it has sent
 nothing for `silent_s` (HOLD_S when silence is off): another connection's
 request with the key is not counted on it, only as `foreign`, and the
 router answers it 403. The owner's own requests are all that keep it held,
