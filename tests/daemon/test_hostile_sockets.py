@@ -339,6 +339,7 @@ def _register_within(path: Path, seconds: float) -> bool:
         return False
 
 
+@pytest.mark.timing
 def test_peers_that_keep_sending_refused_packets_cannot_keep_a_client_from_registering(make_daemon) -> None:
     daemon = make_daemon(FAST)
     path = daemon.run_dir / "regions.sock"
