@@ -39,7 +39,7 @@ MPS_MODES = ("off", "auto", "on")
 # what it accepted; "newest_per_key" treats a key as a camera's stream, whose newer frame replaces its
 # oldest queued one (answered 409).
 QUEUE_POLICIES = ("fifo", "newest_per_key")
-STREAM_KEYS = ("open", "bound")  # [daemon] stream_keys: anyone may send a key, or its first connection only
+STREAM_KEYS = ("open", "bound")  # [daemon] stream_keys: anyone may send a key, or its first client only
 
 
 class ConfigError(Exception):
@@ -113,8 +113,8 @@ class DaemonConfig:
     stream_silent_s: float = 5.0
     stream_metrics_keys: int = 32
     stream_max_keys: int = 1024
-    # STREAM_KEYS: "bound" gives a stream's key to the first connection that sends it (its ZeroMQ
-    # envelope) until it has sent nothing for stream_silent_s; others' requests with it are 403.
+    # STREAM_KEYS: "bound" gives a stream's key to the first client that sends it (its connection, or
+    # its CURVE key over tcp://) until it has sent nothing for stream_silent_s; others' requests are 403.
     stream_keys: str = "open"
     # Ed25519 public keys (PEM) of trusted publishers: with any, only engines one of them signed load
     # (docs/security.md#signed-engines).

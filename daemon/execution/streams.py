@@ -22,8 +22,9 @@ the first EVENTS_NAMED of each kind in EVENTS_INTERVAL_S, and then one
 event that counts the rest (`streams=N`), so that keys a client makes up
 and drops cannot flood the log.
 
-Under `[daemon] stream_keys = "bound"` a stream belongs to the connection
-that sent its first request (`receive`'s `owner`) until it has sent
+Under `[daemon] stream_keys = "bound"` a stream belongs to the client (a
+connection, or a CURVE key: router._owner) that sent its first request
+(`receive`'s `owner`) until it has sent
 nothing for `silent_s` (HOLD_S when silence is off): another connection's
 request with the key is not counted on it, only as `foreign`, and the
 router answers it 403. The owner's own requests are all that keep it held,

@@ -139,16 +139,15 @@ class Router:
     def _track(self, job: Job) -> None:
         """Count a client's keyed request on its stream (once: admit_fast, then admit if that declined);
         it is answered where it is answered (Job.answered). Under stream_keys = "bound", 403 for a key
-        another connection holds (its envelope: the ROUTER's identity of the connection, and those of
-        any proxies before it)."""
+        another client holds (_owner)."""
         req = job.request
         if job.stream is None and req.key is not None and internal_sink(job.envelope) is None and \
                 (req.model in self.pipelines or self.registry.model(req.model) is not None):
-            owner = tuple(bytes(frame) for frame in job.envelope) if self.bound_keys else None
+            owner = _owner(job.envelope) if self.bound_keys else None
             if owner is not None and self.streams.foreign(req.model, req.key, owner):
                 hold = f"{self.streams.silent_s or HOLD_S:g} s"
                 raise ProtocolError(Status.FORBIDDEN, f"stream key {stream_key(req.key)[:64]!r} of {req.model!r} "
-                                    f"belongs to another connection until it has sent nothing for {hold} "
+                                    f"belongs to another client until it has sent nothing for {hold} "
                                     "([daemon] stream_keys = \"bound\"); send your own key")
             job.stream = self.streams.receive(req.model, req.key, owner)
 
@@ -412,3 +411,11 @@ def _not_ready(mv: ModelVersion, state: str) -> ProtocolError:
 
 def _retry(status: Status, message: str, retry_after_ms: int) -> ProtocolError:
     return ProtocolError(status, message, retry_after_ms=int(retry_after_ms))
+
+
+def _owner(envelope: list[Any]) -> Any:
+    """Who holds the keys a request sends under stream_keys = "bound": its CURVE client's key where the
+    frontend read one, else its connection (the envelope: the ROUTER's identity of the connection, and
+    those of any proxies before it)."""
+    user = getattr(envelope, "user", None)
+    return ("curve", user) if user else tuple(bytes(frame) for frame in envelope)

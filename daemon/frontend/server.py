@@ -30,7 +30,7 @@ from infermux import config as cfg
 from infermux.config import HOT
 from infermux.transport import curve, ipc
 from infermux.transport.peers import PeerGuard
-from infermux.transport.wire import CompiledWire, Wire, choose, wire_for
+from infermux.transport.wire import Choice, CompiledWire, PyzmqWire, Wire, choose, wire_for
 from infermux.events import EventLog, Throttle
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.inline import InlinePolicy
@@ -284,7 +284,13 @@ class Server:
                                    f"or is the directory not writable? (see --runtime-dir)") from None
             ipc.secure(endpoint)
             self.events.emit("listening", endpoint=endpoint)
+        identities = self.curve is not None and self.config.daemon.stream_keys == "bound"
+        if identities:  # a key is held by the CURVE client's key, which only pyzmq's calls read off a message
+            self.wire_choice = Choice(False, 'stream_keys = "bound" with CURVE reads each message\'s client key',
+                                      chosen=True)
         self.frontend, self.wire = sock, wire_for(sock, self.wire_choice)
+        if isinstance(self.wire, PyzmqWire):
+            self.wire.identities = identities
         if isinstance(self.wire, CompiledWire) and express_wanted():
             self.express = ExpressLane(self.wire, self.router, self.parses, lambda: self.limits, self._send,
                                        self.pacer)
@@ -616,6 +622,7 @@ class Server:
         received = time.perf_counter_ns()
         split = _delimiter(frames)
         envelope, body = ClientEnvelope(frames[:split]), frames[split:]
+        envelope.user = self.wire.user_id if type(self.wire) is PyzmqWire and self.wire.identities else None
         if self.peers.stalled and frames[0] in self.peers.stalled:
             if not self.peers.probe(frames[0]):
                 return

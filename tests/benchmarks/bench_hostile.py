@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import zmq
@@ -724,27 +724,30 @@ def chatty_region_peers(path: str) -> Callable[[Stop], None]:
     return attack
 
 
+HIJACKED = "cold"  # a worker's queue: a camera's frames wait there, where another's may replace them
+
+
 def key_hijack(daemon: Daemon, bound: bool) -> Callable[[Stop], None]:
-    """A camera sending frames of key cam-7 to fast512 (queue_policy newest_per_key for the scenario),
-    one at a time, while another client sends frames with key cam-7 as fast as it is answered; under
-    `stream_keys = "bound"` (reloaded in for the scenario) or the default "open". The camera's outcomes
-    are printed: its frames superseded by the other's are the attack's doing."""
+    """A camera streaming frames of its key to the cold model (queue_policy newest_per_key for the scenario)
+    at 200 a second without waiting for replies, as a camera does; once its first is answered, another
+    client sends bursts of 4 larger frames (4 MiB) with that key as fast as they are answered (a key of its own each round: the last
+    round's holder would still hold it). Under `stream_keys = "bound"`
+    (reloaded in for the scenario) or the default "open". The camera's outcomes are printed: a 409
+    whose `superseded_by` is the other's is the attack's doing (its own newer frames replace its
+    older ones too: the policy working)."""
     endpoint, admin_endpoint, path = daemon.endpoint, daemon.admin_endpoint, daemon.config_path
 
     def attack(stop: Stop) -> None:
         from infermux.client import AdminClient
         original = path.read_text()
         with AdminClient(admin_endpoint) as admin:
-            admin.call("set", model="fast512", queue_policy="newest_per_key")
+            admin.call("set", model=HIJACKED, queue_policy="newest_per_key")
             if bound:
                 path.write_text(original.replace("[daemon]\n", '[daemon]\nstream_keys = "bound"\n', 1))
                 admin.call("reload")
-        other = threading.Thread(target=_hijacker, args=(endpoint, stop), daemon=True)
-        other.start()
         outcomes = _camera(endpoint, stop)
-        other.join()
         with AdminClient(admin_endpoint) as admin:
-            admin.call("set", model="fast512", queue_policy="fifo")
+            admin.call("set", model=HIJACKED, queue_policy="fifo")
             if bound:
                 path.write_text(original)
                 admin.call("reload")
@@ -752,27 +755,47 @@ def key_hijack(daemon: Daemon, bound: bool) -> Callable[[Stop], None]:
     return attack
 
 
-def _hijacker(endpoint: str, stop: Stop) -> None:
+def _hijacker(endpoint: str, key: str, stop: threading.Event) -> None:
     from infermux.protocol import encode_request
     sock = _dealer(endpoint)
     ident = 1_000_000  # the camera's are small: a 409's superseded_by tells whose frame replaced it
-    while not stop.is_set():
-        ident += 1
-        _ask(sock, encode_request("fast512", {"x": X}, id=ident, key="cam-7"), timeout_ms=5000)
+    big = np.ones((2048, 512), np.float32)  # milliseconds each in the worker: the camera's frame waits meanwhile
+    while not stop.is_set():  # bursts of 4, as fast as they are answered: the next replaces the camera's
+        for _ in range(4):
+            ident += 1
+            sock.send_multipart([b"", *encode_request(HIJACKED, {"x": big}, id=ident, key=key)])
+        for _ in range(4):
+            if sock.poll(5000):
+                sock.recv_multipart()
     sock.close()
 
 
 def _camera(endpoint: str, stop: Stop) -> dict[str, int]:
-    from infermux.client import Pipeline
-    outcomes = {"sent": 0, "200": 0, "409 by the other": 0, "other": 0}
-    with Pipeline(endpoint, timeout_s=10) as camera:
-        while not stop.wait(0.01):
-            reply = camera.result(camera.submit("fast512", {"x": X}, key="cam-7"))
-            outcomes["sent"] += 1
-            kind = "200" if reply.status == 200 else \
-                "409 by the other" if reply.status == 409 and (reply.superseded_by or 0) >= 1_000_000 else "other"
-            outcomes[kind] += 1
+    from infermux.protocol import decode_reply, encode_request
+    outcomes = {"sent": 0, "200": 0, "409 by its own": 0, "409 by the other": 0, "other": 0}
+    sock, done, ident, key = _dealer(endpoint), threading.Event(), 0, f"cam-{os.getpid()}"
+    other = threading.Thread(target=_hijacker, args=(endpoint, key, done), daemon=True)
+    while not stop.wait(0.005):
+        ident += 1
+        sock.send_multipart([b"", *encode_request(HIJACKED, {"x": X}, id=ident, key=key)])
+        while sock.poll(0 if other.is_alive() or ident > 1 else 5000):
+            _tally(outcomes, decode_reply(sock.recv_multipart()[1:]))
+            if not other.is_alive():  # the camera's first frame is in: the key is its own
+                other.start()
+    outcomes["sent"] = ident
+    while sum(outcomes.values()) - ident < ident and sock.poll(5000):
+        _tally(outcomes, decode_reply(sock.recv_multipart()[1:]))
+    done.set()
+    other.join()
+    sock.close()
     return outcomes
+
+
+def _tally(outcomes: dict[str, int], reply: Any) -> None:
+    superseded_by = reply.superseded_by if reply.status == 409 else None
+    kind = "200" if reply.status == 200 else "other" if superseded_by is None else \
+        "409 by the other" if int(superseded_by) >= 1_000_000 else "409 by its own"
+    outcomes[kind] += 1
 
 
 def main() -> int:

@@ -8,14 +8,19 @@ by construction: the pipeline's one thread holds a first frame at a gate (test_s
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from infermux.client import Frame
+from infermux.cli.keygen import make_keypair
+from infermux.client import Client, Frame
 from infermux.config import ConfigError, parse
-from support.harness import DAEMON_HEAD, Daemon
+from infermux.execution.streams import HOLD_S, StreamTable
+from support.clock import Clock
+from infermux.transport.curve import client_options
+from support.harness import DAEMON_HEAD, Daemon, free_port
 from support.polling import eventually
 
 CLASSIFIER = '[[models]]\nname = "classifier"\nengine = "classifier/1/model.onnx"\n'
@@ -84,7 +89,7 @@ def test_a_bound_key_says_whose_it_is_and_is_free_once_silent(make_daemon) -> No
         assert camera.infer("fast512", x, key="cam-7").status == 200
         refused = other.infer("fast512", x, key="cam-7")
         assert refused.status == 403, refused.header
-        assert "stream key 'cam-7' of 'fast512' belongs to another connection" in refused.error
+        assert "stream key 'cam-7' of 'fast512' belongs to another client" in refused.error
         assert 'stream_keys = "bound"' in refused.error
         assert other.infer("fast512", x, key="cam-8").status == 200  # a key of its own
         assert camera.infer("fast512", x, key="cam-7").status == 200  # the owner keeps sending
@@ -98,3 +103,66 @@ def test_stream_keys_takes_open_or_bound(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"daemon.stream_keys: must be 'open' or 'bound', got 'mine'"):
         parse('[daemon]\nstream_keys = "mine"\n', tmp_path / "infermux.toml")
     assert parse('[daemon]\nstream_keys = "bound"\n', tmp_path / "infermux.toml").daemon.stream_keys == "bound"
+
+
+def test_a_key_is_held_while_its_holder_sends_and_freed_by_its_silence_alone() -> None:
+    clock = Clock(1000.0)
+    table = StreamTable(silent_s=2.0, clock=clock)  # type: ignore[arg-type]
+    camera, other = (b"cam", b""), (b"other", b"")
+    table.receive("m", "cam-7", camera)
+    clock.now += 1.5
+    assert table.foreign("m", "cam-7", other)  # held: the camera sent 1.5 s ago
+    assert not table.foreign("m", "cam-7", camera) and not table.foreign("m", "cam-8", other)
+    table.receive("m", "cam-7", camera)
+    for _ in range(5):  # the other's refused requests never keep the key held
+        clock.now += 0.5
+        held = table.foreign("m", "cam-7", other)
+    assert not held  # 2.5 s since the camera's last
+    table.receive("m", "cam-7", other)
+    assert table.foreign("m", "cam-7", camera)  # the other's now
+    (view,) = table.view()
+    assert (view["received"], view["foreign"]) == (3, 5), view  # 4 of the other's, 1 of the camera's
+    table.silent_s = 0  # silence turned off: a key is held HOLD_S
+    clock.now += HOLD_S - 0.1
+    assert table.foreign("m", "cam-7", camera)
+    clock.now += 0.2
+    assert not table.foreign("m", "cam-7", camera)
+
+
+CURVE_HEAD = """
+[daemon]
+listen = ["tcp://127.0.0.1:{port}", "ipc://infer.sock"]
+engine_dir = "{engines}"
+watch = false
+curve_secret_key = "{keys}/server/server.key_secret"
+curve_authorized_dir = "{keys}/authorized"
+stream_keys = "bound"
+stream_silent_s = 30
+"""
+
+
+def test_over_curve_a_key_is_held_by_the_client_key_across_its_connections(make_daemon, tmp_path: Path) -> None:
+    root = tmp_path / "keys"
+    server_public, _ = make_keypair(root / "server", "server")
+    (root / "authorized").mkdir()
+    for client in ("alice", "bob"):
+        make_keypair(root / client, client)
+        shutil.copy(server_public, root / client / "server.key")
+        shutil.copy(root / client / f"{client}.key", root / "authorized")
+    port = free_port()
+    d = make_daemon(FAST, head=CURVE_HEAD, port=str(port), keys=str(root))
+    x = {"x": np.ones((1, 512), np.float32)}
+
+    def send(who: str, key: str) -> int:
+        with Client(f"tcp://127.0.0.1:{port}", timeout_s=10, curve=client_options(root / who)) as client:
+            return client.infer("fast512", x, key=key).status
+
+    assert send("alice", "cam-7") == 200
+    assert send("alice", "cam-7") == 200  # another connection, the same client key: still alice's
+    assert send("bob", "cam-7") == 403
+    with d.client() as local:  # ipc, no CURVE key: held by its connection, as without CURVE
+        assert local.infer("fast512", x, key="cam-7").status == 403
+        assert local.infer("fast512", x, key="cam-9").status == 200
+    assert send("alice", "cam-9") == 403
+    with d.admin() as admin:
+        assert "stream_keys = \"bound\" with CURVE" in admin.call("status")["daemon"]["wire"]["detail"]

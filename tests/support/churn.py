@@ -28,6 +28,7 @@ class ChurningSlowloris:
         self.port, self.drip_s, self.reopen_s = port, drip_s, reopen_s
         self.sources = [a for a in addresses for _ in range(per_address)]
         self.dropped = 0  # connections the daemon ended (each one re-opened)
+        self.open = 0  # connections open now
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="slowloris", daemon=True)
 
@@ -58,6 +59,7 @@ class ChurningSlowloris:
         next_drip = time.monotonic()
         while not self._stop.is_set():
             live = [c for c in conns.values() if c is not None]
+            self.open = len(live)
             readable = select.select(live, [], [], 0.02)[0] if live else []
             now = time.monotonic()
             for i, conn in conns.items():
