@@ -6,7 +6,8 @@ serves keys (cameras) in turn, as a model's does (execution/fairqueue.py);
 under `queue_policy = "newest_per_key"` a camera's newer frame replaces its
 oldest waiting one, which is answered 409 at once. A worker
 thread decodes the frame, runs each step in order and sends the reply. A
-model step is an internal request through the router (calls.py); a
+model step hands its arrays to the model's placement from that thread, with
+every policy a client's request gets (calls.py); a
 fan-out stage (`for_each = "regions"`) runs its processors on each crop and
 sends all of a frame's crops to a model as one batched request.
 """
@@ -30,7 +31,7 @@ from infermux.pipelines.reinfer import Reinfer
 from infermux.pipelines.stats import PipelineStats
 from infermux.plugins.processors.base import FrameTooLarge, ProcessorError, Region, Sample, working
 from infermux.plugins.processors.track import Track
-from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_header
+from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header
 from infermux.execution.executor import ReplyFn
 from infermux.execution.priority import lower_this_thread
 from infermux.execution.fairqueue import Closed, FairQueue, longest_lane
@@ -237,8 +238,8 @@ class Pipeline:
         array = req.inputs[name]
         if array.dtype != np.uint8:
             raise ProcessorError("input", f"input {name!r} must be uint8 bytes, got {array.dtype}")
-        metas = parse_header(job.frames[len(job.envelope)], self._limits).get("inputs", [])
-        meta = next(m for m in metas if m.get("name") == name)
+        # The frontend's parse kept the frame's entry (Request.described): its header is not read again.
+        meta = (req.described or {}).get(name, {})
         fmt = meta.get("format")
         if not isinstance(fmt, str):
             raise ProcessorError("input", f"input {name!r} needs a \"format\": jpeg, png, nv12, i420, bgr, rgb, gray")
@@ -338,6 +339,7 @@ class Pipeline:
         names = self._model_inputs(step.model)
         name = step.input or (names[0] if names and len(names) == 1 else ONLY_INPUT)
         reply = calls.call(self._admit, step.model, {name: batch}, run.job.deadline_ns, run.job.request.id)
+        self.stats.called(step.name, reply.in_process, reply.here)
         if reply.fallback:
             run.fallbacks.append({"step": step.name, **reply.fallback})
         for out, value in reply.outputs.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from infermux.execution.stats import Stats
@@ -14,6 +15,20 @@ class PipelineStats:
     def __init__(self, steps: list[str]) -> None:
         self.frames = Stats()
         self.steps = {name: Stats() for name in steps}
+        # A model step's served calls by the way they went (pipelines/calls.py): "in_process" (admitted
+        # on the pipeline's thread), "computed_here" (of those, computed on it too), "via_frontend"
+        # (admitted by the frontend thread: a cold worker had to be started).
+        self.paths: dict[str, dict[str, int]] = {}
+        self._lock = threading.Lock()  # the pipeline's threads count side by side
+
+    def called(self, step: str, in_process: bool, here: bool) -> None:
+        """Model step `step` was served, admitted in-process or not, computed on its thread or not."""
+        with self._lock:
+            paths = self.paths.get(step)
+            if paths is None:
+                paths = self.paths[step] = {"in_process": 0, "computed_here": 0, "via_frontend": 0}
+            paths["in_process" if in_process else "via_frontend"] += 1
+            paths["computed_here"] += here
 
     def step(self, name: str, status: int, us: int) -> None:
         """Step `name` ran once (over one frame, or all of a frame's crops) in `us` µs."""
@@ -22,8 +37,11 @@ class PipelineStats:
     def view(self) -> dict[str, Any]:
         """What `infermux status`, the admin `models` command and Prometheus show."""
         frames = self.frames.snapshot()
-        return {"frames": _brief(frames.as_json()),
-                "steps": {name: _brief(s.snapshot().as_json()) for name, s in self.steps.items()}}
+        steps = {name: _brief(s.snapshot().as_json()) for name, s in self.steps.items()}
+        with self._lock:
+            for name, paths in self.paths.items():
+                steps[name]["calls"] = dict(paths)
+        return {"frames": _brief(frames.as_json()), "steps": steps}
 
 
 def _brief(snap: dict[str, Any]) -> dict[str, Any]:
