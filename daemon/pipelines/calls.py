@@ -46,6 +46,7 @@ class StepFailed(Exception):
     status: int
     message: str
     retry_after_ms: int | None = None
+    in_process: bool = True  # the way its call went (StepReply.in_process)
 
 
 @dataclass
@@ -128,5 +129,9 @@ def call(admit: AdmitFn, model: str, inputs: dict[str, np.ndarray], deadline_ns:
               time.perf_counter_ns(), deadline_ns)
     in_process = admit(job)  # a refusal (404, 429, 503...) comes back to the sink, like a result
     if not sink.wait(max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9) + GRACE_S):
-        raise StepFailed(Status.DEADLINE, f"model {model!r} did not answer before the deadline")
-    return sink.answer(model, in_process)
+        raise StepFailed(Status.DEADLINE, f"model {model!r} did not answer before the deadline", None, in_process)
+    try:
+        return sink.answer(model, in_process)
+    except StepFailed as exc:
+        exc.in_process = in_process
+        raise

@@ -338,7 +338,11 @@ class Pipeline:
         batch = stack(step.name, tensors, step.pad_value, step.pad_multiple)
         names = self._model_inputs(step.model)
         name = step.input or (names[0] if names and len(names) == 1 else ONLY_INPUT)
-        reply = calls.call(self._admit, step.model, {name: batch}, run.job.deadline_ns, run.job.request.id)
+        try:
+            reply = calls.call(self._admit, step.model, {name: batch}, run.job.deadline_ns, run.job.request.id)
+        except StepFailed as exc:
+            self.stats.called(step.name, exc.in_process, False)
+            raise
         self.stats.called(step.name, reply.in_process, reply.here)
         if reply.fallback:
             run.fallbacks.append({"step": step.name, **reply.fallback})

@@ -15,14 +15,14 @@ class PipelineStats:
     def __init__(self, steps: list[str]) -> None:
         self.frames = Stats()
         self.steps = {name: Stats() for name in steps}
-        # A model step's served calls by the way they went (pipelines/calls.py): "in_process" (admitted
+        # A model step's calls by the way they went (pipelines/calls.py): "in_process" (admitted
         # on the pipeline's thread), "computed_here" (of those, computed on it too), "via_frontend"
         # (admitted by the frontend thread: a cold worker had to be started).
         self.paths: dict[str, dict[str, int]] = {}
         self._lock = threading.Lock()  # the pipeline's threads count side by side
 
     def called(self, step: str, in_process: bool, here: bool) -> None:
-        """Model step `step` was served, admitted in-process or not, computed on its thread or not."""
+        """Model step `step` was answered (whatever the status), admitted in-process or not, computed on its thread or not."""
         with self._lock:
             paths = self.paths.get(step)
             if paths is None:
