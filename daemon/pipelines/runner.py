@@ -247,7 +247,8 @@ class Pipeline:
         for key, value in geometry.items():
             if value is not None and (type(value) is not int or value < 1):
                 raise ProcessorError("input", f"input {name!r}: {key!r} must be a positive integer, got {value!r}")
-        return Sample(data=array, format=fmt, key=req.key, time_ns=job.received_ns, **geometry)
+        return Sample(data=array, format=fmt, key=req.key, time_ns=job.received_ns, width=geometry["width"],
+                      height=geometry["height"], stride=geometry["stride"])
 
     def _stage(self, stage: spec.Stage, sample: Sample, run: Run) -> None:
         if not stage.fan_out:

@@ -1,0 +1,233 @@
+"""What a pipeline's model steps cost: a pipeline of N model steps against the bare pipeline.
+
+    python tests/benchmarks/bench_pipeline_steps.py [--seconds 2] [--rounds 5] [--against REV]
+                                                    [--no-ocr] [--ocr-frames 8] [--no-write]
+
+The bare pipeline is the same work in one thread of this process: the same
+processors (decode, resize, normalize: the pipeline's own step objects,
+pipelines/spec.py) and the same models, one onnxruntime context each, called
+one after the other, on the same frame. The daemon serves `p1` (one model
+step) and `p3` (three: the test classifier under three names, so each step is
+its own model), and one camera sends it that frame in a closed loop. Rounds
+alternate (bare, daemon, and with `--against REV` the daemon at revision REV,
+in turn, each case `--seconds` long) and the table gives each case's median
+frames/s over the rounds and the median of the per-round ratios to the bare
+pipeline. From the 1- and 3-step figures, the cost of one model step beyond
+its compute: (daemon's µs a frame at 3 steps - at 1) / 2 - (bare's at 3 - at
+1) / 2.
+
+Then the OCR example (etc/infermux/examples/ocr.toml) at 1 and 4 cameras
+against rapidocr in one process, as bench_pipeline.py measures it (its
+functions), for this checkout and REV: skipped without engines/ppocr/
+(`python engines/fetch_ppocr.py`) or with --no-ocr.
+Writes "## Pipeline steps" in RESULTS.md unless --no-write.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import cv2
+import numpy as np
+import zmq
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from support.harness import Daemon  # noqa: E402
+from results import markdown_table, print_and_write, stamp  # noqa: E402
+from revision import package_env  # noqa: E402
+
+from infermux import config as cfg  # noqa: E402
+from infermux.pipelines import spec  # noqa: E402
+from infermux.pipelines.wire import send_frame  # noqa: E402
+from infermux.plugins.processors.base import Sample  # noqa: E402
+
+SECTION = "Pipeline steps"
+CLASSIFIER = REPO / "engines/classifier/1/model.onnx"
+STEPS = (1, 3)
+SIZE = (320, 240)  # a small camera frame, JPEG
+
+
+def config_text() -> str:
+    """Three copies of the classifier, and pipelines of 1 and 3 model steps over them."""
+    text = '[daemon]\nlisten = ["ipc://infer.sock"]\n'
+    text += "".join(f'[[models]]\nname = "m{i}"\nengine = "{CLASSIFIER}"\n' for i in range(1, 4))
+    for n in STEPS:
+        text += (f'[[pipelines]]\nname = "p{n}"\n[[pipelines.steps]]\nprocessor = "decode"\n'
+                 '[[pipelines.steps]]\nprocessor = "resize"\noptions = { size = [64, 64] }\n'
+                 '[[pipelines.steps]]\nprocessor = "normalize"\n')
+        text += "".join(f'[[pipelines.steps]]\nmodel = "m{i}"\n' for i in range(1, n + 1))
+    return text
+
+
+def frame() -> bytes:
+    rng = np.random.default_rng(7)
+    width, height = SIZE
+    image = np.clip(np.linspace(0, 255, width)[None, :, None] + rng.normal(0, 12, (height, width, 3)), 0, 255)
+    return cv2.imencode(".jpg", image.astype(np.uint8), [cv2.IMWRITE_JPEG_QUALITY, 90])[1].tobytes()
+
+
+def bare(text: str, steps: int) -> Callable[[bytes], None]:
+    """The bare pipeline of `steps` model steps: the pipeline's own processors, the models' contexts."""
+    from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend
+
+    config = cfg.parse(text, Path(tempfile.gettempdir()) / "bench_pipeline_steps.toml")
+    pipeline = next(p for p in config.pipelines if p.name == f"p{steps}")
+    engine = OnnxRuntimeBackend().load(CLASSIFIER, {})  # the daemon's defaults: 1 intra-op thread
+    contexts = {m.name: engine.create_context() for m in config.models}
+    built = [step for stage in spec.stages(pipeline) for step in stage.steps]
+
+    def run(data: bytes) -> None:
+        sample = Sample(data=np.frombuffer(data, np.uint8), format="jpeg")
+        for step in built:
+            if isinstance(step, spec.ModelStep):
+                sample.outputs = dict(contexts[step.model].infer({"images": sample.tensor}))
+            else:
+                step.processor(sample)
+    return run
+
+
+def closed_loop(seconds: float, one: Callable[[], None]) -> float:
+    """Frames a second of `one()` called back to back for `seconds`."""
+    for _ in range(3):
+        one()
+    n, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        one()
+        n += 1
+    return n / (time.perf_counter() - start)
+
+
+def daemon_case(d: Daemon, data: bytes, steps: int) -> Callable[[], None]:
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(d.endpoint)
+
+    def one() -> None:
+        reply = send_frame(sock, f"p{steps}", data, "jpeg", timeout_s=30)
+        assert reply.status == 200, reply.header
+    return one
+
+
+def calls_of(d: Daemon) -> dict[str, Any]:
+    """p3's model steps' calls by the way they went (the pipeline's statistics); {} before they were counted."""
+    with d.admin() as admin:
+        view = next(p for p in admin.call("pipelines")["pipelines"] if p["name"] == "p3")
+    return {name: s["calls"] for name, s in view["steps"].items() if "calls" in s}
+
+
+def steps_rounds(args: argparse.Namespace, daemons: dict[str, Daemon]) -> dict[tuple[str, int], list[float]]:
+    """Case -> frames/s per round, the cases in turn within each round (each starting one later)."""
+    data, text = frame(), config_text()
+    cases: dict[tuple[str, int], Callable[[], None]] = {}
+    for n in STEPS:
+        run = bare(text, n)
+        cases["bare", n] = lambda run=run: run(data)
+        for name, d in daemons.items():
+            cases[name, n] = daemon_case(d, data, n)
+    fps: dict[tuple[str, int], list[float]] = {case: [] for case in cases}
+    order = list(cases)
+    for r in range(args.rounds):
+        for case in order[r % len(order):] + order[:r % len(order)]:
+            fps[case].append(closed_loop(args.seconds, cases[case]))
+        print(f"round {r + 1}: " + ", ".join(f"{name}/{n} {fps[name, n][-1]:.0f}" for name, n in order), flush=True)
+    return fps
+
+
+def steps_table(fps: dict[tuple[str, int], list[float]], names: list[str]) -> str:
+    rows = []
+    for n in STEPS:
+        bare_fps = fps["bare", n]
+        for name in ["bare", *names]:
+            ratios = [a / b for a, b in zip(fps[name, n], bare_fps)]
+            us = 1e6 / statistics.median(fps[name, n])
+            rows.append([name, str(n), f"{statistics.median(fps[name, n]):,.0f}", f"{us:,.0f}",
+                         f"{statistics.median(ratios):.3f}× ({min(ratios):.3f}-{max(ratios):.3f})"])
+    table = markdown_table(["pipeline", "model steps", "frames/s (median)", "µs a frame",
+                            "÷ bare, per round: median (range)"], rows)
+    lines = []
+    for name in names:
+        step_us = (1e6 / statistics.median(fps[name, 3]) - 1e6 / statistics.median(fps[name, 1])) / 2
+        compute_us = (1e6 / statistics.median(fps["bare", 3]) - 1e6 / statistics.median(fps["bare", 1])) / 2
+        lines.append(f"- {name}: one model step costs {step_us:,.0f} µs a frame, of which the model's own "
+                     f"call (the bare pipeline's) {compute_us:,.0f} µs: **{step_us - compute_us:,.0f} µs** beyond it.")
+    return table + "\n\n" + "\n".join(lines)
+
+
+def ocr(args: argparse.Namespace, envs: dict[str, dict[str, str]], tmp: Path) -> str:
+    """The OCR example against rapidocr, for each daemon in `envs` (bench_pipeline.py's runs)."""
+    import bench_pipeline as bp
+
+    frames = bp.jpegs(args.ocr_frames, (640, 360))
+    results: dict[str, Any] = {"rapidocr, one process, one frame at a time": bp.rapidocr_run(frames)}
+    bp.progress(results)
+    config = (REPO / "etc/infermux/examples/ocr.toml").read_text().replace(
+        'engine_dir = "../../../engines/ppocr"', f'engine_dir = "{bp.ENGINES}"')
+    for name, env in envs.items():
+        d = Daemon(made(tmp / f"ocr-{name}"), config, env=env).start(timeout=120)
+        try:
+            for cameras in (1, 4):
+                results[f"{name}: `ocr` pipeline, {cameras} camera{'s' if cameras > 1 else ''}"] = \
+                    bp.cameras_run(d, frames, cameras)
+                bp.progress(results)
+        finally:
+            d.stop()
+    base = next(iter(results.values())).fps
+    rows = [[name, f"{r.fps:.2f}", f"{r.p50_ms:,.0f}", f"{r.p99_ms:,.0f}", f"{r.cpu_s:.2f}", f"{r.fps / base:.2f}×"]
+            for name, r in results.items()]
+    return (markdown_table(["run", "fps", "p50 ms", "p99 ms", "CPU s per frame", "× rapidocr"], rows)
+            + f"\n\n{args.ocr_frames} generated 640x360 JPEG frames per camera after 2 warm-up frames, one run each.")
+
+
+def made(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=2.0, help="each case's closed loop, per round")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--against", metavar="REV", help="also run the daemon at git revision REV")
+    parser.add_argument("--no-ocr", action="store_true", help="leave the OCR example out")
+    parser.add_argument("--ocr-frames", type=int, default=8, help="OCR frames per camera")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as name:
+        tmp = Path(name)
+        envs: dict[str, dict[str, str]] = {"daemon": {}}
+        if args.against:
+            envs[f"daemon@{args.against}"] = package_env(args.against, tmp / "against")
+        daemons = {n: Daemon(made(tmp / n), config_text(), env=env) for n, env in envs.items()}
+        try:
+            for d in daemons.values():
+                d.start(timeout=60)
+            fps = steps_rounds(args, daemons)
+            paths = calls_of(daemons["daemon"])
+        finally:
+            for d in daemons.values():
+                d.stop()
+        body = (f"{stamp()}\n\n" + steps_table(fps, list(daemons))
+                + f"\n\nOne camera, a {SIZE[0]}x{SIZE[1]} JPEG, {args.rounds} rounds of {args.seconds:g} s per case. "
+                f"This checkout's `p3` steps' calls by the way they went: {paths or 'not counted (older revision)'}.")
+        ocr_ready = (REPO / "engines/ppocr/rec.onnx").is_file()
+        if not args.no_ocr and ocr_ready:
+            body += "\n\n" + ocr(args, envs, tmp)
+        elif not args.no_ocr:
+            body += "\n\nOCR left out: run `python engines/fetch_ppocr.py` first."
+    body += ("\n\nReproduce: `python tests/benchmarks/bench_pipeline_steps.py"
+             + (f" --against {args.against}" if args.against else "") + "`.")
+    print_and_write(SECTION, body, write=not args.no_write, titled=True)
+
+
+if __name__ == "__main__":
+    main()
