@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -226,6 +227,13 @@ def ocr(args: argparse.Namespace, envs: dict[str, dict[str, str]], tmp: Path) ->
             f"{args.ocr_rounds} round(s).")
 
 
+def head() -> str:
+    """This checkout's commit, with "+changes" where its tracked files differ from it."""
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    dirty = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", "daemon", "plugins"], cwd=REPO).returncode
+    return rev.strip() + (" +changes" if dirty else "")
+
+
 def made(path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     return path
@@ -255,7 +263,8 @@ def main() -> None:
         finally:
             for d in daemons.values():
                 d.stop()
-        body = (f"{stamp()}\n\n" + steps_table(fps, list(daemons))
+        body = (f"{stamp()} This checkout at {head()}"
+                + (f", against {args.against}" if args.against else "") + ".\n\n" + steps_table(fps, list(daemons))
                 + f"\n\nOne camera, a {SIZE[0]}x{SIZE[1]} JPEG, {args.rounds} rounds of {args.seconds:g} s per case. "
                 f"This checkout's `p3` steps' calls by the way they went: {paths or 'not counted (older revision)'}.")
         ocr_ready = (REPO / "engines/ppocr/rec.onnx").is_file()
