@@ -16,8 +16,8 @@ pipeline, two ways: frames over the whole loop, and at the loop's median
 frame time (one frame over its median time: on a box shared with other
 work, a loop's throughput counts the time the scheduler gave its threads to
 others, and the median frame does not). From the 1- and 3-step figures, the cost of one model step beyond
-its compute: (daemon's µs a frame at 3 steps - at 1) / 2 - (bare's at 3 - at
-1) / 2.
+its compute: the median time of p3's steps in the pipeline's own statistics
+(the step's admission, compute and answer) less the model's call alone.
 
 Then the OCR example (etc/infermux/examples/ocr.toml) at 1 and 4 cameras
 against rapidocr in one process, as bench_pipeline.py measures it (its
@@ -133,11 +133,39 @@ def daemon_case(d: Daemon, data: bytes, steps: int) -> Callable[[], None]:
     return one
 
 
-def calls_of(d: Daemon) -> dict[str, Any]:
-    """p3's model steps' calls by the way they went (the pipeline's statistics); {} before they were counted."""
+def p3_steps(d: Daemon) -> dict[str, Any]:
+    """p3's steps as the pipeline's statistics show them."""
     with d.admin() as admin:
         view = next(p for p in admin.call("pipelines")["pipelines"] if p["name"] == "p3")
-    return {name: s["calls"] for name, s in view["steps"].items() if "calls" in s}
+    return dict(view["steps"])
+
+
+def model_call_us(calls: int = 2000) -> float:
+    """The median µs of one call of the classifier's context on the pipeline's tensor ([1,3,64,64])."""
+    from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend
+
+    context = OnnxRuntimeBackend().load(CLASSIFIER, {}).create_context()
+    x = np.random.default_rng(3).random((1, 3, 64, 64), dtype=np.float32)
+    times = []
+    for _ in range(calls):
+        t = time.perf_counter_ns()
+        context.infer({"images": x})
+        times.append(time.perf_counter_ns() - t)
+    return statistics.median(times) / 1000
+
+
+def step_lines(steps: dict[str, dict[str, Any]], alone_us: float) -> str:
+    """Each daemon's model steps' median time (the step's own: admission, compute, answer) against the
+    model's call alone, and this checkout's calls by the way they went."""
+    lines = []
+    for name, view in steps.items():
+        p50 = [view[m]["p50_us"] for m in ("m1", "m2", "m3")]
+        beyond = statistics.median(p50) - alone_us
+        lines.append(f"- {name}: p3's model steps m1, m2, m3 take {', '.join(f'{v:,.0f}' for v in p50)} µs "
+                     f"(p50, the pipeline's own step statistics), the classifier's call alone {alone_us:,.0f} µs: "
+                     f"**{beyond:,.0f} µs** a step beyond the model's call."
+                     + (f" Calls by the way they went: {view['m3']['calls']} (m3)." if "calls" in view["m3"] else ""))
+    return "\n".join(lines)
 
 
 def steps_rounds(args: argparse.Namespace, daemons: dict[str, Daemon]) -> dict[tuple[str, int], list[Loop]]:
@@ -178,14 +206,7 @@ def steps_table(fps: dict[tuple[str, int], list[Loop]], names: list[str]) -> str
                          ratio(at_median, bare_median)])
     table = markdown_table(["pipeline", "model steps", "frames/s (loop)", "÷ bare, per round: median (range)",
                             "frames/s at the median frame", "µs, median frame", "÷ bare, per round"], rows)
-    lines = []
-    compute_us = (median_us["bare", 3] - median_us["bare", 1]) / 2
-    for name in names:
-        step_us = (median_us[name, 3] - median_us[name, 1]) / 2
-        lines.append(f"- {name}: one model step costs {step_us:,.0f} µs a frame (median frames), of which the "
-                     f"model's own call (the bare pipeline's) {compute_us:,.0f} µs: **{step_us - compute_us:,.0f} µs** "
-                     "beyond it.")
-    return table + "\n\n" + "\n".join(lines)
+    return table
 
 
 def ocr(args: argparse.Namespace, envs: dict[str, dict[str, str]], tmp: Path) -> str:
@@ -259,14 +280,14 @@ def main() -> None:
             for d in daemons.values():
                 d.start(timeout=60)
             fps = steps_rounds(args, daemons)
-            paths = calls_of(daemons["daemon"])
+            steps = {name: p3_steps(d) for name, d in daemons.items()}
         finally:
             for d in daemons.values():
                 d.stop()
         body = (f"{stamp()} This checkout at {head()}"
                 + (f", against {args.against}" if args.against else "") + ".\n\n" + steps_table(fps, list(daemons))
-                + f"\n\nOne camera, a {SIZE[0]}x{SIZE[1]} JPEG, {args.rounds} rounds of {args.seconds:g} s per case. "
-                f"This checkout's `p3` steps' calls by the way they went: {paths or 'not counted (older revision)'}.")
+                + f"\n\nOne camera, a {SIZE[0]}x{SIZE[1]} JPEG, {args.rounds} rounds of {args.seconds:g} s per case.\n\n"
+                + step_lines(steps, model_call_us()))
         ocr_ready = (REPO / "engines/ppocr/rec.onnx").is_file()
         if not args.no_ocr and ocr_ready:
             body += "\n\n" + ocr(args, envs, tmp)

@@ -322,6 +322,6 @@ def test_the_pipeline_steps_benchmark_compares_each_pipeline_with_the_bare_one()
     assert out.returncode == 0, out.stderr[-2000:]
     for steps in (1, 3):
         assert f"| bare | {steps} |" in out.stdout and f"| daemon | {steps} |" in out.stdout
-    assert "- daemon: one model step costs" in out.stdout
-    # The steps took the in-process path: each of p3's three counted its calls there, none via the frontend.
-    assert "'m3': {'in_process':" in out.stdout and "'via_frontend': 0}" in out.stdout
+    assert "- daemon: p3's model steps m1, m2, m3 take" in out.stdout
+    # The steps took the in-process path: p3's last step counted its calls there, none via the frontend.
+    assert "Calls by the way they went: {'in_process':" in out.stdout and "'via_frontend': 0} (m3)" in out.stdout
