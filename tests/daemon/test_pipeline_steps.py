@@ -241,3 +241,24 @@ def test_a_cameras_newer_frame_supersedes_its_queued_one_and_its_steps_stay_in_p
     assert set(statuses) <= {200, 409} and 200 in statuses and 409 in statuses, statuses
     after = calls(cell.daemon, "pst", "mst")
     assert after["in_process"] - before["in_process"] == statuses.count(200), (before, after, statuses)
+
+
+@in_both
+def test_a_step_that_must_start_a_cold_worker_is_admitted_by_the_frontend_and_the_next_in_process(
+        cell: Placement, sock: zmq.Socket) -> None:
+    d = cell.daemon
+    with d.admin(timeout_s=60) as admin:
+        admin.call("unload", model="m")
+    before = calls(d, "pm", "m")
+    reply = send_frame(sock, "pm", FRAME, "png")
+    assert reply.status == 503 and "step 'm'" in reply.header["error"], reply.header
+    after = calls(d, "pm", "m")
+    if cell.name == "hot":  # unloaded by an operator, it stays so: refused in-process
+        assert after["in_process"] == before["in_process"] + 1 and after["via_frontend"] == before["via_frontend"]
+        with d.admin(timeout_s=60) as admin:
+            admin.call("load", model="m")
+    else:  # only the frontend starts a worker: this step went there, and started it
+        assert after["via_frontend"] == before["via_frontend"] + 1, (before, after)
+        assert reply.header["retry_after_ms"] > 0, reply.header
+    eventually(lambda: send_frame(sock, "pm", FRAME, "png").status == 200, "pm served again", 60)
+    assert calls(d, "pm", "m")["in_process"] > after["in_process"]
