@@ -293,8 +293,9 @@ def main() -> None:
             body += "\n\n" + ocr(args, envs, tmp)
         elif not args.no_ocr:
             body += "\n\nOCR left out: run `python engines/fetch_ppocr.py` first."
-    body += ("\n\nReproduce: `python tests/benchmarks/bench_pipeline_steps.py"
-             + (f" --against {args.against}" if args.against else "") + "`.")
+    body += (f"\n\nCommand: `python tests/benchmarks/bench_pipeline_steps.py --rounds {args.rounds} "
+             f"--seconds {args.seconds:g}" + (f" --against {args.against}" if args.against else "")
+             + ("" if args.no_ocr else f" --ocr-frames {args.ocr_frames} --ocr-rounds {args.ocr_rounds}") + "`.")
     print_and_write(SECTION, body, write=not args.no_write, titled=True)
 
 
