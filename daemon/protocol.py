@@ -47,6 +47,7 @@ REQUEST_FIELDS = ("model", "inputs", "id", "version", "outputs", "timeout_ms", "
 # An input entry's last four describe a camera frame sent to a pipeline (docs/protocol.md, "Pipelines
 # on the wire"); the pipeline's first step reads and checks them.
 INPUT_FIELDS = ("name", "dtype", "shape", "region", "offset", "format", "width", "height", "stride")
+FRAME_FIELDS = ("format", "width", "height", "stride")  # what an input entry may say of a frame (Request.described)
 REGION_FIELDS = ("region", "offset")
 _REQUEST_SET, _INPUT_SET, _REGION_SET = frozenset(REQUEST_FIELDS), frozenset(INPUT_FIELDS), frozenset(REGION_FIELDS)
 # Names that other protocols give a field, too far from ours in spelling for difflib to find.
@@ -250,6 +251,10 @@ class Request:
     key: str | None = None
     input_regions: dict[str, SharedTensor] = field(default_factory=dict)
     output_regions: dict[str, OutputRegion] = field(default_factory=dict)
+    # A frame's entry as its header gave it ("format" and the geometry, FRAME_FIELDS), by input name,
+    # for the inputs that give any: a pipeline reads its frame from it instead of parsing the header
+    # again. Not checked here (the pipeline's processors check what they read); None where none does.
+    described: dict[str, dict[str, Any]] | None = None
 
 
 @dataclass
@@ -398,6 +403,7 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
     inputs: dict[str, np.ndarray] = {}
     input_regions: dict[str, SharedTensor] = {}
     in_regions = 0  # bytes read from regions so far: bounded before each is looked at
+    described: dict[str, dict[str, Any]] | None = None
     next_frame = iter(frames[1:])
     for index, item in enumerate(metas):
         if isinstance(item, dict) and not _INPUT_SET.issuperset(item):  # before a misspelt dtype reads as absent
@@ -421,6 +427,9 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
                 raise _bad(f"input {meta.name!r}: {meta.dtype}{list(meta.shape)} needs {want} bytes, "
                            f"frame has {len(frame)}")
         inputs[meta.name] = np.frombuffer(frame, dtype=dtype).reshape(meta.shape)
+        if "format" in item or "width" in item or "height" in item or "stride" in item:
+            described = described or {}
+            described[meta.name] = {k: item[k] for k in FRAME_FIELDS if k in item}
     outputs = header.get("outputs")
     if outputs is not None and (not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs)):
         raise _bad("header field 'outputs' must be a list of output names")
@@ -436,7 +445,7 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
         version=None if version is None else str(version),
         outputs=None if outputs is None else tuple(outputs),
         timeout_ms=timeout_ms, key=_key(header), input_regions=input_regions,
-        output_regions=_parse_output_regions(header, regions, limits),
+        output_regions=_parse_output_regions(header, regions, limits), described=described,
     )
 
 

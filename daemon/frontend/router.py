@@ -16,7 +16,7 @@ import random
 import time
 from typing import Any
 
-from infermux.config import MAX_FALLBACK_DEPTH, Config, RoutingConfig
+from infermux.config import COLD, MAX_FALLBACK_DEPTH, Config, RoutingConfig
 from infermux.pipelines.runner import Pipeline
 from infermux.execution.executor import ReplyFn
 from infermux.execution.hashring import HashRing
@@ -34,6 +34,11 @@ log = logging.getLogger("infermux.router")
 MAX_NAMED_PIPELINES = 8  # a 400 names this many pipelines that take frames, then says how many more
 
 
+class Deferred(Exception):
+    """A pipeline step's admission (Router.admit_step) needs a cold version's worker started, which
+    the frontend thread alone does (Registry.on_demand): nothing was admitted; the frontend admits it."""
+
+
 class Router:
     """Admits jobs to placements (placement.py); returns an error header for those it cannot."""
 
@@ -47,6 +52,7 @@ class Router:
         self.file_weights: dict[str, dict[str, int]] = {}  # model -> version -> weight the file gives
         self.pipelines: dict[str, Pipeline] = {}  # addressed like models (daemon/pipelines/)
         self._accepted: dict[int, tuple[Layout, Any]] = {}  # id(layout) -> (layout, engine that accepts it)
+        self._step: Job | None = None  # the pipeline step being admitted off the frontend thread (admit_step)
         self.configure(config)
 
     def configure(self, config: Config) -> None:
@@ -71,6 +77,23 @@ class Router:
         except ProtocolError as exc:
             self._count(job, exc.status)
             return error_header(exc.status, exc.message, job.request.id, retry_after_ms=exc.retry_after_ms)
+
+    def admit_step(self, job: Job) -> dict[str, Any] | None:
+        """`admit` for a pipeline's model step, on the pipeline's thread (Server.admit_step holds the
+        lock that makes these one at a time and that `quiesce` waits for). Every policy is the same;
+        where it would have to start a cold version's worker, it raises Deferred, having admitted nothing."""
+        self._step = job
+        try:
+            return self.admit(job)
+        finally:
+            self._step = None
+
+    def _on_demand(self, job: Job, mv: ModelVersion) -> None:
+        """Registry.on_demand, or Deferred where `job` is a step admitted off the frontend thread and
+        the version is a cold one not loading (its worker must be started, by the frontend)."""
+        if job is self._step and mv.config.placement == COLD and mv.state in (State.UNLOADED, State.FAILED):
+            raise Deferred(mv.name)
+        self.registry.on_demand(mv)
 
     def admit_fast(self, job: Job, layout: Layout | None = None) -> bool:
         """Serve `job` at once if nothing about it needs deciding; False, having done nothing, if
@@ -172,7 +195,7 @@ class Router:
         if not job.deadline_ns:
             job.deadline_ns = job.received_ns + (job.request.timeout_ms or mv.config.timeout_ms) * 1_000_000
         if not mv.ready:
-            self.registry.on_demand(mv)
+            self._on_demand(job, mv)
             if mv.state is State.UNLOADED:  # hot, unloaded by an operator: it stays so
                 self._unloaded(job, model, mv)
                 return
@@ -215,7 +238,7 @@ class Router:
         if model.fallback and self._fallback(job, model, reason):
             return
         if admitted is Admission.CLOSED or not mv.ready:
-            self.registry.on_demand(mv)
+            self._on_demand(job, mv)
             raise _not_ready(mv, mv.state.value if not mv.ready else "restarting")
         raise _retry(Status.TOO_MANY, f"model {mv.name!r} queue is full ({placement.settings().max_queue} "
                      f"requests); retry later", self._retry_ms(placement))
@@ -343,6 +366,9 @@ class Router:
         try:
             self._admit(job)
             return None
+        except Deferred:  # the frontend admits it from the start: as it was
+            job.fallback, job.request.model, job.request.version, job.hops, job.target = previous
+            raise
         except ProtocolError as exc:
             job.fallback, job.request.model, job.request.version, job.hops, job.target = previous
             return f"its fallback {target.name!r} did not take the request ({int(exc.status)}: {exc.message})"

@@ -49,7 +49,7 @@ from infermux.frontend.oversize import ClientEnvelope, OversizeMemory
 from infermux.frontend.pacing import RefusalPacer
 from infermux.frontend.parsecache import ParseCache
 from infermux.frontend.recorder import Recorder
-from infermux.frontend.router import Router
+from infermux.frontend.router import Deferred, Router
 from infermux.pipelines import warmshapes
 from infermux.pipelines.runner import Pipelines
 from infermux.transport.curve import CurveError
@@ -107,8 +107,10 @@ class Server:
         daemon = config.daemon
         self.streams = StreamTable(self.events, daemon.stream_silent_s, daemon.stream_max_keys)
         self.router = Router(self.registry, config, self.reply, self.streams)
-        self._admissions: deque[Job] = deque()  # internal requests (pipelines' model steps) to admit
-        self.pipelines = Pipelines(config.pipelines, self.admit_internal, self.reply, self.reply_late,
+        self._admissions: deque[Job] = deque()  # pipelines' model steps the frontend admits (admit_step)
+        # Pipelines' model steps admitted on their own threads: one at a time, and `quiesce` waits for it.
+        self._stepping = threading.Lock()
+        self.pipelines = Pipelines(config.pipelines, self.admit_step, self.reply, self.reply_late,
                                    self._model_inputs, self.limits)
         self.router.pipelines = self.pipelines.by_name
         self.frontend: zmq.Socket | None = None
@@ -188,11 +190,31 @@ class Server:
             return
         self.pacer.hold_later(envelope + frames)
 
-    def admit_internal(self, job: Job) -> None:
-        """Admit a request the daemon sends itself (a pipeline's model step) as a client's is: on
-        the frontend thread, which alone runs the router; a refusal goes to the job's sink."""
-        self._admissions.append(job)
-        os.eventfd_write(self._bell, 1)
+    def admit_step(self, job: Job) -> bool:
+        """Admit a pipeline's model step (pipelines/calls.py) as a client's request is, on the calling
+        pipeline thread: True once admitted there (a refusal goes to the job's sink at once), False
+        where it was handed to the frontend thread instead (Router.admit_step: a cold worker to start).
+
+        The router's admissions of steps take `_stepping`, one at a time; the frontend's own go on
+        beside them, as executors' fallbacks of late requests (Router.on_late) always did: what they
+        share is a placement's queues, which are thread-safe, and its depth bound, which two admissions
+        side by side may pass by one. `quiesce` waits for the step being admitted too."""
+        with self._stepping:
+            try:
+                refused = self.router.admit_step(job)
+            except Deferred:
+                self._admissions.append(job)
+                os.eventfd_write(self._bell, 1)
+                return False
+        if refused is not None:
+            self._refuse_step(job, refused)
+        return True
+
+    @staticmethod
+    def _refuse_step(job: Job, header: dict[str, Any]) -> None:
+        sink = internal_sink(job.envelope)
+        assert sink is not None, "a pipeline's step has an internal envelope"
+        sink.refused(header)
 
     def watch(self, fd: int, on_ready: Callable[[], bool]) -> None:
         """Call `on_ready()` on the frontend thread whenever `fd` is readable, until it returns
@@ -223,15 +245,21 @@ class Server:
         The router reads a version's placement and submits to it within one turn of the loop,
         so what was taken out of the routing tables before this call is out of every
         admission's reach once it returns: the switch's barrier (models/switch.py), and the
-        one way anything waits for the frontend to let go. Returns at once on the frontend
-        thread (it is between admissions there) and while the loop does not run; False if the
-        loop did not finish its turn within `timeout_s`.
+        one way anything waits for the frontend to let go. A pipeline's step admitted on its own
+        thread (admit_step) is waited for first, wherever this is called; then it returns at once
+        on the frontend thread (it is between admissions there) and while the loop does not run;
+        False if the step's admission or the loop's turn did not finish within `timeout_s`.
         """
+        began = time.monotonic()
+        if self._stepping.acquire(timeout=timeout_s):  # a pipeline's step being admitted (admit_step)
+            self._stepping.release()
+        else:
+            return False
         if not self._looping or threading.get_ident() == self._frontend_thread:
             return True
         done = threading.Event()
         self._barriers.append(done)
-        return done.wait(timeout_s)
+        return done.wait(max(0.0, timeout_s - (time.monotonic() - began)))
 
     def _release_barriers(self) -> None:
         """A tick, between two turns of the loop: every admission begun before is done."""
@@ -494,7 +522,7 @@ class Server:
             job = self._admissions.popleft()
             refused = self.router.admit(job)
             if refused is not None:
-                self.reply(job.envelope, encode_reply(refused))
+                self._refuse_step(job, refused)
         outbox = self._outbox
         while outbox:
             envelope, frames = outbox.popleft()

@@ -6,7 +6,8 @@ serves keys (cameras) in turn, as a model's does (execution/fairqueue.py);
 under `queue_policy = "newest_per_key"` a camera's newer frame replaces its
 oldest waiting one, which is answered 409 at once. A worker
 thread decodes the frame, runs each step in order and sends the reply. A
-model step is an internal request through the router (calls.py); a
+model step hands its arrays to the model's placement from that thread, with
+every policy a client's request gets (calls.py); a
 fan-out stage (`for_each = "regions"`) runs its processors on each crop and
 sends all of a frame's crops to a model as one batched request.
 """
@@ -31,7 +32,7 @@ from infermux.pipelines.stats import PipelineStats
 from infermux.plugins.processors.base import (FrameTooLarge, OutOfTime, ProcessorError, Region, Sample,
                                               finite_regions, working)
 from infermux.plugins.processors.track import Track
-from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_header
+from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header
 from infermux.execution.executor import ReplyFn
 from infermux.execution.priority import lower_this_thread
 from infermux.execution.fairqueue import Closed, FairQueue, longest_lane
@@ -243,8 +244,8 @@ class Pipeline:
         array = req.inputs[name]
         if array.dtype != np.uint8:
             raise ProcessorError("input", f"input {name!r} must be uint8 bytes, got {array.dtype}")
-        metas = parse_header(job.frames[len(job.envelope)], self._limits).get("inputs", [])
-        meta = next(m for m in metas if m.get("name") == name)
+        # The frontend's parse kept the frame's entry (Request.described): its header is not read again.
+        meta = (req.described or {}).get(name, {})
         fmt = meta.get("format")
         if not isinstance(fmt, str):
             raise ProcessorError("input", f"input {name!r} needs a \"format\": jpeg, png, nv12, i420, bgr, rgb, gray")
@@ -253,7 +254,7 @@ class Pipeline:
             if value is not None and (type(value) is not int or value < 1):
                 raise ProcessorError("input", f"input {name!r}: {key!r} must be a positive integer, got {value!r}")
         return Sample(data=array, format=fmt, key=req.key, time_ns=job.received_ns, deadline_ns=job.deadline_ns,
-                      **geometry)
+                      width=geometry["width"], height=geometry["height"], stride=geometry["stride"])
 
     def _stage(self, stage: spec.Stage, sample: Sample, run: Run) -> None:
         if not stage.fan_out:
@@ -369,7 +370,12 @@ class Pipeline:
         batch = stack(step.name, tensors, step.pad_value, step.pad_multiple)
         names = self._model_inputs(step.model)
         name = step.input or (names[0] if names and len(names) == 1 else ONLY_INPUT)
-        reply = calls.call(self._admit, step.model, {name: batch}, run.job.deadline_ns, run.job.request.id)
+        try:
+            reply = calls.call(self._admit, step.model, {name: batch}, run.job.deadline_ns, run.job.request.id)
+        except StepFailed as exc:
+            self.stats.called(step.name, exc.in_process, False)
+            raise
+        self.stats.called(step.name, reply.in_process, reply.here)
         if reply.fallback:
             run.fallbacks.append({"step": step.name, **reply.fallback})
         for out, value in reply.outputs.items():

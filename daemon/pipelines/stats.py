@@ -16,12 +16,25 @@ class PipelineStats:
         self.frames = Stats()
         self.steps = {name: Stats() for name in steps}
         self.dropped_regions = 0  # regions whose box or score was not a finite number
-        self._lock = threading.Lock()
+        # A model step's calls by the way they went (pipelines/calls.py): "in_process" (admitted
+        # on the pipeline's thread), "computed_here" (of those, computed on it too), "via_frontend"
+        # (admitted by the frontend thread: a cold worker had to be started).
+        self.paths: dict[str, dict[str, int]] = {}
+        self._lock = threading.Lock()  # the pipeline's threads count side by side
 
     def dropped(self, count: int) -> None:
         """`count` regions of a frame were dropped for a box or score that is not a finite number."""
         with self._lock:
             self.dropped_regions += count
+
+    def called(self, step: str, in_process: bool, here: bool) -> None:
+        """Model step `step` was answered (whatever the status), admitted in-process or not, computed on its thread or not."""
+        with self._lock:
+            paths = self.paths.get(step)
+            if paths is None:
+                paths = self.paths[step] = {"in_process": 0, "computed_here": 0, "via_frontend": 0}
+            paths["in_process" if in_process else "via_frontend"] += 1
+            paths["computed_here"] += here
 
     def step(self, name: str, status: int, us: int) -> None:
         """Step `name` ran once (over one frame, or all of a frame's crops) in `us` µs."""
@@ -30,8 +43,11 @@ class PipelineStats:
     def view(self) -> dict[str, Any]:
         """What `infermux status`, the admin `models` command and Prometheus show."""
         frames = self.frames.snapshot()
-        return {"frames": _brief(frames.as_json()),
-                "steps": {name: _brief(s.snapshot().as_json()) for name, s in self.steps.items()}}
+        steps = {name: _brief(s.snapshot().as_json()) for name, s in self.steps.items()}
+        with self._lock:
+            for name, paths in self.paths.items():
+                steps[name]["calls"] = dict(paths)
+        return {"frames": _brief(frames.as_json()), "steps": steps}
 
 
 def _brief(snap: dict[str, Any]) -> dict[str, Any]:
