@@ -351,11 +351,12 @@ def _key(header: dict[str, Any]) -> Any:
     if isinstance(key, int) and not -MAX_KEY_INT - 1 <= key <= MAX_KEY_INT:
         raise _bad(f"header field 'key' {_short(key, 40)} must be a string or a 64-bit integer")
     if isinstance(key, str):
+        if len(key) > MAX_KEY_BYTES // 4 and len(key.encode("utf-8", "surrogatepass")) > MAX_KEY_BYTES:
+            raise _bad(f"header field 'key' is {len(key.encode('utf-8', 'surrogatepass'))} bytes of UTF-8; "
+                       f"the limit is {MAX_KEY_BYTES}")
         if not key.isprintable():  # a lone surrogate is category Cs: not printable either
             raise _bad(f"header field 'key' {_short(key, 40)} must be printable text: no control characters, "
                        "no lone surrogates")
-        if len(key) > MAX_KEY_BYTES // 4 and len(key.encode()) > MAX_KEY_BYTES:
-            raise _bad(f"header field 'key' is {len(key.encode())} bytes of UTF-8; the limit is {MAX_KEY_BYTES}")
     return key
 
 

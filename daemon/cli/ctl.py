@@ -111,7 +111,7 @@ def short_events(events: list[dict[str, Any]]) -> str:
     lines = []
     for e in events:
         when = datetime.fromtimestamp(float(e.get("time", 0)), timezone.utc).isoformat(timespec="milliseconds")
-        rest = " ".join(f"{k}={fmt.printable(v, 160) if isinstance(v, str) else json.dumps(v)}"
+        rest = " ".join(f"{k}={fmt.printable(v, 300) if isinstance(v, str) else json.dumps(v)}"
                         for k, v in e.items() if k not in skip)
         lines.append(f"{when.replace('+00:00', 'Z')}  {e.get('kind', '?'):<9} {event_target(e) or '-'}  {rest}")
     return "\n".join(lines)

@@ -71,6 +71,8 @@ _REFUSED_OVERSIZE = Throttle()  # requests refused uncomputed for such a reply: 
 # ... and their 413 is held back (pacing.py), as is the refusal of a malformed message this large: a
 # client looping on one (40 frames of 1 MB) made libzmq's I/O thread read 40 MB tens of times a second.
 PACED_REFUSAL_BYTES = 1 << 20
+# A refused header this large is held back too: 60 KB keys in a loop kept the frontend thread parsing.
+PACED_REFUSAL_HEADER_BYTES = 16 << 10
 QUIESCE_S = 1.0  # the longest `quiesce` waits for the loop's turn (it turns at least every poll_ms)
 # Under load the loop turns once a request at concurrency 1; its ticks (watchdog, barriers, paused
 # refusals, silent streams...) cost ~3 µs a turn together, and none needs to run more often than this.
@@ -675,7 +677,7 @@ class Server:
             answer = limits_reply(body, self.limits) or error_header(
                 exc.status, exc.message, request_id(body, self.limits),
                 max_message_bytes=self.limits.max_message_bytes if exc.status is Status.TOO_LARGE else None)
-            if sum(len(f) for f in body) >= PACED_REFUSAL_BYTES:
+            if sum(len(f) for f in body) >= PACED_REFUSAL_BYTES or (body and len(body[0]) >= PACED_REFUSAL_HEADER_BYTES):
                 self._pause(envelope + encode_reply(answer))
             else:  # small mistakes are answered at once: a client fixing its requests waits for nothing
                 self._send(envelope + encode_reply(answer))

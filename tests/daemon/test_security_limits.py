@@ -94,11 +94,11 @@ def test_limits_change_on_reload(make_daemon) -> None:
     daemon = make_daemon(ADDONE, head=LIMITS_HEAD)
     x = np.ones((1, 4), np.float32)
     with daemon.client() as client:
-        assert _send(client, {"x": x}, key="p" * 600)[0] == 400
+        assert _send(client, {"x": x}, id="p" * 600)[0] == 400
         daemon.config_path.write_text(daemon.config_path.read_text().replace("max_header_bytes = 512",
                                                                              "max_header_bytes = 2048"))
         daemon.admin().call("reload")
-        assert _send(client, {"x": x}, key="p" * 600)[0] == 200
+        assert _send(client, {"x": x}, id="p" * 600)[0] == 200
 
 
 UNSAFE = [re.compile(p) for p in (r"\b(c?[Pp]ickle|dill|shelve|jsonpickle)\b", r"\b(recv|send)_pyobj\b",
