@@ -101,14 +101,7 @@ class StateFile:
 
     def _load(self) -> Any:
         """The file's JSON: a plain file (not a symlink) of at most MAX_BYTES, read with one size check."""
-        fd = os.open(self.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
-        with os.fdopen(fd, "rb") as src:
-            info = os.fstat(src.fileno())
-            if not stat.S_ISREG(info.st_mode):
-                raise ValueError("not a plain file")
-            if info.st_size > MAX_BYTES:
-                raise ValueError(f"{info.st_size} bytes, over the {MAX_BYTES} a state file may have")
-            return json.loads(src.read(MAX_BYTES + 1).decode("utf-8"))
+        return read_json(self.path, MAX_BYTES, "a state file")
 
     def _parse(self, data: Any) -> list[Override]:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -139,26 +132,48 @@ class StateFile:
     def write(self, records: list[dict[str, Any]]) -> None:
         """Replace the file with `records`, atomically; a failure is logged, never raised (the change
         holds until a restart)."""
-        tmp = self.path.with_name(f".{NAME}.{os.getpid()}.tmp")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.unlink(missing_ok=True)  # a stale one, or a link planted in its place: never written through
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as out:
-                json.dump({"format": FORMAT, "overrides": records}, out, indent=1, sort_keys=True)
-                out.flush()
-                os.fsync(out.fileno())
-            os.replace(tmp, self.path)  # replaces a link at the path itself, never its target
-            folder = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fsync(folder)
-            finally:
-                os.close(folder)
+            write_json(self.path, {"format": FORMAT, "overrides": records})
         except OSError as exc:
             self.events.emit("state_not_saved", file=str(self.path), reason=str(exc)[:200])
             log.warning("live changes not saved to %s (%s): they hold until the daemon restarts; "
                         "set [daemon] state_dir to a folder the daemon may write", self.path, exc)
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
+
+
+def read_json(path: Path, max_bytes: int, what: str) -> Any:
+    """The JSON of `path`: a plain file (not a symlink) of at most `max_bytes`, read with one size check.
+    FileNotFoundError when there is none; OSError, ValueError or RecursionError when it cannot be read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as src:
+        info = os.fstat(src.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError("not a plain file")
+        if info.st_size > max_bytes:
+            raise ValueError(f"{info.st_size} bytes, over the {max_bytes} {what} may have")
+        return json.loads(src.read(max_bytes + 1).decode("utf-8"))
+
+
+def write_json(path: Path, payload: Any) -> None:
+    """Replace `path` with `payload` as JSON, atomically (a temporary file beside it, fsync, rename, fsync of
+    the folder), never through a symlink (the temporary file is created exclusively, 0600); OSError."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.unlink(missing_ok=True)  # a stale one, or a link planted in its place: never written through
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(payload, out, indent=1, sort_keys=True)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)  # replaces a link at the path itself, never its target
+        folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+    except OSError:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise

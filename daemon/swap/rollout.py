@@ -47,12 +47,14 @@ from infermux.execution.job import Internal, Job
 from infermux.execution.placement import Admission
 from infermux.models.agreement import Rule, Verdict, compare, compare_regions
 from infermux.models.registry import Registry
+from infermux.models.verdicts import Decisions
 from infermux.models.version import ModelVersion, State
 from infermux.pipelines.calls import Waiter
 from infermux.protocol import MalformedReply, Request, decode_reply, encode_header
 
 log = logging.getLogger("infermux.rollout")
 
+REJECTED = "rejected by an operator"
 QUEUE = 4            # samples waiting for the shadow thread, per rollout; more live requests are not copied
 MIRROR_TIMEOUT_S = 10.0
 NO_DEADLINE_NS = 3600 * 10**9
@@ -80,6 +82,7 @@ class Rollout:
     candidate: ModelVersion
     config: RolloutConfig
     replaces: ModelVersion | None  # the entry of the candidate's own version it would replace, if any
+    digest: str = ""  # sha256 of its engine file: what its verdict is kept under (models/verdicts.py)
     queue: deque[Sample] = field(default_factory=lambda: deque(maxlen=QUEUE))
     compared: int = 0
     agreed: int = 0
@@ -119,11 +122,14 @@ class Rollouts:
     """The rollouts of one daemon, at most one per model, and the `shadow` thread that mirrors for them.
 
     `refused(candidate, reason)` tells the swapper a candidate's file must not be tried again;
-    `promoted(name)` tells it to retire what the candidate replaced.
+    `promoted(name)` tells it to retire what the candidate replaced; `retried(name, version)` that an
+    operator wants a refused version shadowed again. Every verdict is kept in `decisions`.
     """
 
-    def __init__(self, registry: Registry, events: EventLog) -> None:
+    def __init__(self, registry: Registry, events: EventLog, decisions: Decisions | None = None) -> None:
         self.registry, self.events = registry, events
+        self.decisions = decisions if decisions is not None else Decisions(None, events)
+        self.retried: Callable[[str, str], None] = lambda name, version: None
         self.by_model: dict[str, Rollout] = {}  # read by the frontend without a lock (one assignment)
         self.refused: Callable[[ModelVersion, str], None] = lambda mv, why: None
         self.promoted: Callable[[str], None] = lambda name: None
@@ -137,9 +143,9 @@ class Rollouts:
 
     # -- starting and deciding ------------------------------------------------------------
 
-    def start(self, candidate: ModelVersion, config: RolloutConfig) -> None:
-        """`candidate` (loaded by `Switch.load_beside`) shadows its model from now on; an earlier
-        candidate of the model is cancelled."""
+    def start(self, candidate: ModelVersion, config: RolloutConfig, digest: str = "") -> None:
+        """`candidate` (loaded by `Switch.load_beside`; `digest` its engine file's sha256) shadows its
+        model from now on; an earlier candidate of the model is cancelled."""
         model = self.registry.model(candidate.name)
         if model is None:
             self.registry.unload(candidate, reason="its model is gone")
@@ -148,7 +154,11 @@ class Rollouts:
         if previous is not None:
             self._end(previous, f"superseded by a newer candidate, version {candidate.version}", cancel=True)
         candidate.state = State.CANDIDATE
-        rollout = Rollout(candidate, config, model.versions.get(candidate.version))
+        listed = model.versions.get(candidate.version)
+        if listed is not None and not listed.ready:  # its earlier failure: the version is listed once, as candidate
+            self.registry.discard(listed)
+            listed = None
+        rollout = Rollout(candidate, config, listed, digest)
         candidate.reason = rollout.progress()
         _renice(candidate)
         model.candidate = candidate
@@ -171,8 +181,19 @@ class Rollouts:
 
     def reject(self, name: str, version: str) -> str:
         rollout = self.candidate_of(name, version)
-        self._decide(rollout, passed=False, why="rejected by an operator")
+        self._decide(rollout, passed=False, why=REJECTED)
         return f"{name}:{version} refused; the serving version stays"
+
+    def retry(self, name: str, version: str) -> str:
+        """An operator's `retry`: forget the verdict on `version` of `name`, so that it shadows again."""
+        if self.registry.model(name) is None:
+            raise ValueError(f"unknown model {name!r}; models: {', '.join(sorted(self.registry.models)) or 'none'}")
+        if not self.decisions.take_back(name, version):
+            raise ValueError(f"{name}:{version} has no verdict to take back (only a refused or rejected version "
+                             "is retried)")
+        self.events.emit("rollout_retry", name, version, reason="asked by an operator")
+        self.retried(name, version)
+        return f"{name}:{version} will shadow again once it loads"
 
     def cancel(self, name: str, why: str) -> None:
         """The candidate's file went away or a pin leaves it out: unload it, decide nothing."""
@@ -195,6 +216,7 @@ class Rollouts:
         candidate = rollout.candidate
         self.events.emit("rollout_passed", candidate.name, candidate.version, agreement=round(rollout.agreement(), 4),
                          compared=rollout.compared, **({"reason": why} if why else {}))
+        self.decisions.record(candidate.name, candidate.version, rollout.digest, "passed", why)
         model = self.registry.model(candidate.name)
         candidate.state, candidate.reason = State.READY, ""
         try:
@@ -218,6 +240,8 @@ class Rollouts:
                          f"{rollout.config.min_agreement:.2%} needed ({rollout.rule().describe()})"
                          + (f"; worst: {worst}, inputs {shapes}" if worst else ""))
         self._end(rollout, reason)
+        outcome = "rejected" if why == REJECTED else "refused"
+        self.decisions.record(candidate.name, candidate.version, rollout.digest, outcome, reason)
         self.refused(candidate, reason)
         self.events.emit("rollout_failed", candidate.name, candidate.version, agreement=round(rollout.agreement(), 4),
                          compared=rollout.compared, worst=worst, inputs=shapes, reason=reason)
@@ -230,14 +254,18 @@ class Rollouts:
         candidate = rollout.candidate
         if cancel:
             self.events.emit("rollout_cancelled", candidate.name, candidate.version, reason=reason)
+            self.decisions.record(candidate.name, candidate.version, rollout.digest, "cancelled", reason)
         self.registry.unload(candidate, self.registry.config.daemon.drain_timeout_s, reason="candidate refused"
                              if not cancel else "candidate cancelled")
         candidate.state, candidate.reason = State.FAILED, reason
         model = self.registry.model(candidate.name)
         if model is not None and model.candidate is candidate:
-            # A refused new version stays listed, saying why; a refused file of a serving version is
-            # said by that version's reason (swapper), and a cancelled candidate is forgotten.
-            model.candidate = None if cancel or candidate.version in model.versions else candidate
+            model.candidate = None
+        if model is not None and not cancel and candidate.version not in model.versions:
+            # A refused new version stays listed among the versions, failed, saying why (whatever candidate
+            # comes next); a refused file of a serving version is said by that version's reason (swapper),
+            # and a cancelled candidate is forgotten.
+            self.registry.put(candidate)
 
     def close(self) -> None:
         self._stopping = True
