@@ -50,6 +50,7 @@ from infermux.models.registry import Registry
 from infermux.models.verdicts import Decisions
 from infermux.models.version import ModelVersion, State
 from infermux.pipelines.calls import Waiter
+from infermux.swap.gate import Measures, judge
 from infermux.protocol import MalformedReply, Request, decode_reply, encode_header
 
 log = logging.getLogger("infermux.rollout")
@@ -62,6 +63,7 @@ NICE = 19            # the candidate's compute threads (or worker process): the 
 LOOK_S = 0.05        # how often the shadow thread looks whether the serving version is busy
 LOOKS = 10           # the looks `paused` is decided on: the last half second
 PAUSE_AT, RESUME_AT = 8, 2  # busy looks of LOOKS that pause mirroring, and that resume it
+PAUSE_EVENTS_S = 60.0  # at most one rollout_paused (and its rollout_resumed) per candidate this often
 CPU_WINDOW_S = 0.05  # the CPUs' idle share is measured over this long at least
 FRONTEND_BUSY = 0.5  # mirroring waits while the frontend thread worked more than this share of its time
 
@@ -73,6 +75,17 @@ class Sample:
     inputs: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray]
     version: str
+    serving_us: int = 0  # the serving version's compute time for it (its reply's timing_us)
+
+
+@dataclass
+class Computed:
+    """The candidate's answer to one sample, and what it cost."""
+
+    outputs: dict[str, np.ndarray]
+    error: str = ""
+    compute_us: int = 0
+    memory_bytes: int | None = None  # the most it was measured to hold meanwhile; None where it cannot be told
 
 
 @dataclass
@@ -83,6 +96,7 @@ class Rollout:
     config: RolloutConfig
     replaces: ModelVersion | None  # the entry of the candidate's own version it would replace, if any
     digest: str = ""  # sha256 of its engine file: what its verdict is kept under (models/verdicts.py)
+    measures: Measures = field(default_factory=Measures)  # its times beside the serving version's, its memory
     queue: deque[Sample] = field(default_factory=lambda: deque(maxlen=QUEUE))
     compared: int = 0
     agreed: int = 0
@@ -90,6 +104,9 @@ class Rollout:
     paused: str = ""  # why mirroring is paused, as said; "" when it goes on
     looks: deque[str] = field(default_factory=lambda: deque(maxlen=LOOKS))  # why it was busy at each look
     looked: float = 0.0
+    said_paused: float = -math.inf  # when `rollout_paused` was last said
+    unsaid: int = 0  # pauses since then that no event said (a box at its capacity comes and goes)
+    told: bool = False  # the current pause was said: its end is said too
     worst: tuple[Verdict, str] | None = None  # the worst disagreement and its request's input shapes
     decided: str = ""
     started: float = field(default_factory=time.monotonic)
@@ -115,7 +132,8 @@ class Rollout:
         return {"compared": self.compared, "shadow_requests": self.config.shadow_requests, "agreed": self.agreed,
                 "agreement": round(self.agreement(), 6), "min_agreement": self.config.min_agreement,
                 "compare": self.config.compare, "not_mirrored": self.not_mirrored, "paused": self.paused,
-                "worst": self.worst[0].detail if self.worst else ""}
+                "worst": self.worst[0].detail if self.worst else "", "max_latency_ratio": self.config.max_latency_ratio,
+                "max_memory_mb": self.config.max_memory_mb, **self.measures.view()}
 
 
 class Rollouts:
@@ -166,6 +184,9 @@ class Rollouts:
             self.by_model = {**self.by_model, candidate.name: rollout}
         self.events.emit("rollout_started", candidate.name, candidate.version, shadow_requests=config.shadow_requests,
                          compare=config.compare, min_agreement=config.min_agreement)
+        if candidate.memory_bytes:  # what its load measured: over max_memory_mb already, it is refused now
+            rollout.measures.held(candidate.memory_bytes)
+            self._judge(rollout)
 
     def candidate_of(self, name: str, version: str) -> Rollout:
         rollout = self.by_model.get(name)
@@ -237,8 +258,9 @@ class Rollouts:
         shapes = rollout.worst[1] if rollout.worst else ""
         worst = rollout.worst[0].detail if rollout.worst else ""
         reason = why or (f"rollout failed: {rollout.agreement():.2%} of {rollout.compared} shadowed requests agree, "
-                         f"{rollout.config.min_agreement:.2%} needed ({rollout.rule().describe()})"
-                         + (f"; worst: {worst}, inputs {shapes}" if worst else ""))
+                         f"{rollout.config.min_agreement:.2%} needed ({rollout.rule().describe()})")
+        if worst and reason.startswith("rollout failed"):  # the gate's, not an operator's: where it went wrong
+            reason += f"; worst: {worst}, inputs {shapes}"
         self._end(rollout, reason)
         outcome = "rejected" if why == REJECTED else "refused"
         self.decisions.record(candidate.name, candidate.version, rollout.digest, outcome, reason)
@@ -310,15 +332,25 @@ class Rollouts:
                 time.sleep(LOOK_S / 2)  # the waiting samples are old by then anyway: spare the GIL
                 return
             sample = rollout.queue.popleft()
-            verdict = self._compare(rollout, sample)
+            computed = self._compute(rollout.candidate, sample.inputs)
+            verdict = self._compare(rollout, sample, computed)
             rollout.compared += 1
             rollout.agreed += verdict.agree
             if not verdict.agree and (rollout.worst is None or verdict.error > rollout.worst[0].error):
                 rollout.worst = (verdict, _shapes(sample.inputs))
+            rollout.measures.timed(sample.serving_us, computed.compute_us)
+            rollout.measures.held(computed.memory_bytes)
+            rollout.candidate.memory_bytes = max(rollout.candidate.memory_bytes, rollout.measures.memory_bytes)
             rollout.candidate.reason = rollout.progress()
             rollout.candidate.last_used = time.monotonic()
-            if rollout.compared >= rollout.config.shadow_requests:
-                self._decide(rollout, passed=rollout.agreement() >= rollout.config.min_agreement)
+            self._judge(rollout)
+
+    def _judge(self, rollout: Rollout) -> None:
+        """Decide the candidate once it passed, or once it can no longer pass (swap/gate.py)."""
+        judgement = judge(rollout.config, rollout.compared, rollout.agreed, rollout.measures)
+        if judgement.outcome:
+            why = f"rollout failed: {judgement.reason}" if judgement.reason else ""
+            self._decide(rollout, passed=judgement.outcome == "passed", why=why)
 
     def _say_paused(self, rollout: Rollout, busy: str) -> None:
         """Every LOOK_S: whether mirroring is paused, from the last LOOKS looks, with an event when it changes."""
@@ -330,10 +362,18 @@ class Rollouts:
         count = sum(1 for look in rollout.looks if look)
         if not rollout.paused and len(rollout.looks) == LOOKS and count >= PAUSE_AT:
             rollout.paused = Counter(look for look in rollout.looks if look).most_common(1)[0][0]
-            self.events.emit("rollout_paused", rollout.name, rollout.candidate.version, reason=rollout.paused)
+            rollout.told = now - rollout.said_paused >= PAUSE_EVENTS_S
+            if rollout.told:  # else counted, and said with the next pause that is
+                extra = {"pauses": rollout.unsaid + 1} if rollout.unsaid else {}
+                self.events.emit("rollout_paused", rollout.name, rollout.candidate.version, reason=rollout.paused,
+                                 **extra)
+                rollout.said_paused, rollout.unsaid = now, 0
+            else:
+                rollout.unsaid += 1
         elif rollout.paused and count <= RESUME_AT:
             rollout.paused = ""
-            self.events.emit("rollout_resumed", rollout.name, rollout.candidate.version)
+            if rollout.told:
+                self.events.emit("rollout_resumed", rollout.name, rollout.candidate.version)
         else:
             return
         rollout.candidate.reason = rollout.progress()
@@ -363,19 +403,19 @@ class Rollouts:
         contexts = max(1, len(placement.contexts()))
         return "the serving version is busy (every context)" if placement.load() >= contexts else ""
 
-    def _compare(self, rollout: Rollout, sample: Sample) -> Verdict:
-        outputs, error = self._compute(rollout.candidate, sample.inputs)
-        if error:
-            return Verdict(False, math.inf, f"the candidate failed: {error}")
+    def _compare(self, rollout: Rollout, sample: Sample, computed: Computed) -> Verdict:
+        if computed.error:
+            return Verdict(False, math.inf, f"the candidate failed: {computed.error}")
         if rollout.config.compare == "iou":
-            return compare_regions(rollout.rule(), _boxes(sample.outputs), _boxes(outputs))
-        return compare(rollout.rule(), sample.outputs, outputs)
+            return compare_regions(rollout.rule(), _boxes(sample.outputs), _boxes(computed.outputs))
+        return compare(rollout.rule(), sample.outputs, computed.outputs)
 
-    def _compute(self, candidate: ModelVersion, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
-        """The candidate's answer to `inputs`, computed on its own placement; (outputs, error)."""
+    def _compute(self, candidate: ModelVersion, inputs: dict[str, np.ndarray]) -> Computed:
+        """The candidate's answer to `inputs`, computed on its own placement, with its compute time and
+        the memory it was seen to hold meanwhile."""
         placement = candidate.placement
         if placement is None:
-            return {}, "it is not loaded"
+            return Computed({}, "it is not loaded")
         waiter = Waiter()
         envelope: list[Any] = [Internal(waiter)]
         frames = [*envelope, encode_header({"model": candidate.name}), *(a.data.cast("B") for a in inputs.values())]
@@ -384,18 +424,70 @@ class Rollouts:
         # serving version (the fallback path); a stuck candidate is the waiter's timeout below.
         job = Job(envelope, Request(model=candidate.name, inputs=inputs), frames, now, now + NO_DEADLINE_NS)
         job.target = candidate
+        memory = MemoryProbe(candidate)
         admission = placement.submit(job)
         if admission is not Admission.QUEUED:
-            return {}, f"it took no request ({admission.name.lower()})"
-        if not waiter.wait(MIRROR_TIMEOUT_S + 1.0):
-            return {}, f"no answer within {MIRROR_TIMEOUT_S:.0f} s"
+            return Computed({}, f"it took no request ({admission.name.lower()})")
+        if not memory.watch(waiter, MIRROR_TIMEOUT_S + 1.0):
+            return Computed({}, f"no answer within {MIRROR_TIMEOUT_S:.0f} s", memory_bytes=memory.held())
         try:
             reply = decode_reply(waiter.frames)
         except MalformedReply as exc:
-            return {}, f"an unreadable answer ({exc})"
+            return Computed({}, f"an unreadable answer ({exc})", memory_bytes=memory.held())
         if reply.status != 200:
-            return {}, f"status {reply.status}: {reply.header.get('error', '')}"
-        return {k: np.array(v) for k, v in reply.outputs.items()}, ""
+            return Computed({}, f"status {reply.status}: {reply.header.get('error', '')}", memory_bytes=memory.held())
+        timing = reply.header.get("timing_us")
+        spent = timing.get("compute") if isinstance(timing, dict) else None
+        wall_us = (time.perf_counter_ns() - now) // 1000
+        return Computed({k: np.array(v) for k, v in reply.outputs.items()},
+                        compute_us=int(spent) if isinstance(spent, int) else wall_us, memory_bytes=memory.held())
+
+
+MEMORY_LOOK_S = 0.005  # how often the memory a candidate holds is read while it computes
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class MemoryProbe:
+    """The most memory a candidate is seen to hold while it computes one request: its worker process's
+    footprint (cold), or its engine's figure plus what the daemon's resident memory grew by meanwhile (hot:
+    the candidate computes one request at a time, so what the daemon grows by then is mostly its)."""
+
+    def __init__(self, candidate: ModelVersion) -> None:
+        self.candidate = candidate
+        self.cold = candidate.worker_info() is not None
+        self.base = self._read()
+        self.peak = self.base
+
+    def _read(self) -> int | None:
+        placement = self.candidate.placement
+        if self.cold:
+            return placement.footprint() if placement is not None else None
+        try:
+            with open("/proc/self/statm", "rb") as f:
+                return int(f.read().split()[1]) * PAGE
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def watch(self, waiter: Waiter, timeout_s: float) -> bool:
+        """Wait for the answer, reading the memory meanwhile; False if none came within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while not waiter.wait(MEMORY_LOOK_S):
+            now = self._read()
+            if now is not None and self.peak is not None:
+                self.peak = max(self.peak, now)
+            if time.monotonic() > deadline:
+                return False
+        return True
+
+    def held(self) -> int | None:
+        """The bytes it was seen to hold (None where they cannot be read)."""
+        if self.peak is None or self.base is None:
+            return None
+        if self.cold:
+            return self.peak
+        engine: Any = self.candidate.engine
+        own = engine.memory_bytes() if engine is not None and hasattr(engine, "memory_bytes") else 0
+        return own + max(0, self.peak - self.base)
 
 
 class CpuIdle:
