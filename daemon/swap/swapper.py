@@ -116,7 +116,7 @@ class Swapper:
             p = plan(name, snapshot, self.config, self.settings, model.pinned if model else None)
             if self._report(p):
                 continue
-            p = self._settle(self._hold_back(self._judge(p), snapshot), snapshot, None)
+            p = self._settle(self._hold_back(self._judge(p, snapshot), snapshot), snapshot, None)
             self._list_refused(p, snapshot)
             self._announce_ignored(p, snapshot, model.pinned if model else None)
             for version, (mc, f) in p.wanted.items():
@@ -186,7 +186,8 @@ class Swapper:
         """One pass over one model; True if a version failed to load in it (plan again: it settles)."""
         model = self.registry.model(name)
         pinned = model.pinned if model else None
-        p = self._settle(self._judge(plan(name, snapshot, self.config, self.settings, pinned)), snapshot, pinned)
+        p = self._settle(self._judge(plan(name, snapshot, self.config, self.settings, pinned), snapshot), snapshot,
+                         pinned)
         if self._report(p):
             return False
         self._announce_ignored(p, snapshot, pinned)
@@ -404,15 +405,19 @@ class Swapper:
         if mc.rollout is not None:
             self.decisions.record(mc.name, mc.version, self._digest(f), "served")
 
-    def _judge(self, p: ModelPlan) -> ModelPlan:
-        """A wanted version whose file a rollout refused (before a restart too) counts as failed: it is
-        listed with the reason, and `_settle` serves the newest older one in its place."""
-        for version, (mc, f) in p.wanted.items():
-            if mc.rollout is None or version in p.configured or not f.stable:
+    def _judge(self, p: ModelPlan, snapshot: Snapshot) -> ModelPlan:
+        """A version on disk whose file a rollout refused (before a restart too) counts as failed: listed
+        with the reason when wanted, never a stand-in, and `_settle` serves the newest older one instead."""
+        template = next(iter(p.wanted.values()), None)
+        if template is None or template[0].rollout is None:
+            return p
+        for version, f in snapshot.versions(p.name).items():
+            if version in p.configured or not f.stable:
                 continue
             why = self.decisions.refused(p.name, version, self._digest(f))
             known = self._bad.get((p.name, version))
             if why and (known is None or known[0][:2] != (f.sig, f.companions)):
+                mc = replace(template[0], version=version, engine=f.path)
                 self._bad[(p.name, version)] = (file_key(mc, f), why)
         return p
 
@@ -422,8 +427,9 @@ class Swapper:
         serves, and the watcher's first look makes the newer one its candidate."""
         files = snapshot.versions(p.name)
         for version, (mc, f) in sorted(p.wanted.items(), key=lambda item: version_key(item[0])):
-            if mc.rollout is None or version in p.configured or self.decisions.good(p.name, version, self._digest(f)):
-                continue
+            if mc.rollout is None or version in p.configured or self._is_bad(p.name, version, f) \
+                    or self.decisions.good(p.name, version, self._digest(f)):
+                continue  # a refused one is `_settle`'s: it stands in the newest older one that loads
             good = [v for v in sorted(files, key=version_key, reverse=True) if version_key(v) < version_key(version)
                     and files[v].stable and self.decisions.good(p.name, v, self._digest(files[v]))]
             if good and good[0] not in p.wanted:

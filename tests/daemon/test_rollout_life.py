@@ -257,3 +257,57 @@ def test_a_candidate_that_agrees_but_is_slow_or_memory_hungry_is_refused_before_
     assert compared < 200, failed  # the moment it could no longer pass, not after its 200 comparisons
     assert traffic.replies and all(r.status == 200 and r.version == "1" for r in traffic.replies)
     assert states(daemon) == {"1": "ready", "2": "failed"}
+
+
+def test_removing_the_serving_versions_folder_when_no_older_version_loads_keeps_it_serving(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    publish(root, "m", 1, offset=1)
+    daemon = start()
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    with Traffic(daemon, "m") as traffic:
+        promote_2(root, daemon, traffic)
+        (root / "m" / "1" / ".model.onnx.tmp").write_bytes(b"not an onnx file")  # version 1 breaks on disk
+        (root / "m" / "1" / ".model.onnx.tmp").replace(root / "m" / "1" / "model.onnx")
+        shutil.rmtree(root / "m" / "2")
+        daemon.wait_for("failed model=m version=1", 30)
+        daemon.wait_for("kept model=m version=2", 30)
+        served = len(traffic.replies)
+        eventually(lambda: len(traffic.replies) > served + 20, "requests after the removal", 30)
+    after_two = [r for r in traffic.replies[[r.version for r in traffic.replies].index("2"):]]
+    assert all(r.status == 200 and r.version == "2" for r in after_two), \
+        sorted({(r.status, r.version) for r in after_two})
+    assert states(daemon) == {"1": "failed", "2": "ready"}
+    assert "its engine folder was removed; it serves until another version" in dict(
+        (v, r) for v, _, r in listed(daemon))["2"]
+
+
+def test_a_restart_storm_keeps_the_served_version_and_every_verdict(root: Path, start: Callable[..., Daemon]) -> None:
+    """Versions published (agreeing or not) and served versions removed, a restart after each: the daemon
+    comes back serving the same version, with the same refusals listed, and never shadows a refused one."""
+    publish(root, "m", 1, offset=1)
+    daemon = start()
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    good, refused = [1], []  # versions on disk that served, and that their rollout refused
+    mark = 0
+    for version in range(2, 10):
+        with Traffic(daemon, "m") as traffic:
+            if version % 3 == 1:  # 4, 7: the serving version's folder is removed; the newest good one before it serves
+                shutil.rmtree(root / "m" / str(good.pop()))
+                daemon.wait_for(f"rolled_back model=m version={good[-1]} ", 30, since=mark)
+            elif version % 3 == 0:  # 3, 6, 9: answers otherwise, refused
+                publish(root, "m", version, offset=1.5)
+                daemon.wait_for(f"rollout_failed model=m version={version}", 60)
+                refused.append(version)
+            else:  # 2, 5, 8: the same answers, promoted
+                publish(root, "m", version, offset=1)
+                daemon.wait_for(f"rollout_passed model=m version={version}", 60)
+                good.append(version)
+            traffic.saw(str(good[-1]))
+        expected = {str(good[-1]): "ready", **{str(v): "failed" for v in refused}}
+        eventually(lambda: states(daemon) == expected, f"{expected} before restart {version}", 30)
+        mark = restart(daemon)
+        with daemon.client() as client:  # the first answer after READY: the same version, no 503
+            reply = client.infer("m", {"x": PROBE})
+        assert reply.status == 200 and reply.version == str(good[-1]), (version, reply.status, reply.header)
+        eventually(lambda: states(daemon) == expected, f"{expected} after restart {version}", 30)
+        assert "rollout_started" not in daemon.log()[mark:], daemon.log()[mark:]
