@@ -27,8 +27,8 @@ Writes the "## Shadow rollout" section of RESULTS.md.
 
 The gate's candidates instead (`gate`): a daemon serves `m` (y = x + 1,
 [2,4], support.models.heavy with nothing to spread) under a rollout table
-with the defaults (min_idle_cpu 0.25, max_latency_ratio 1.5) and
-shadow_requests = 200; a candidate that answers the same is published,
+with shadow_requests = 200, max_latency_ratio 1.5 (the default) and
+min_idle_cpu = 0 (mirroring whatever the load: the clients' worst case); a candidate that answers the same is published,
 while 4 clients keep sending: *slow* spreads each request over a
 [2,4,500000] intermediate (tens of ms a call), *memory-hungry* over a
 [2,4,4000000] one (128 MiB a call) under max_memory_mb = 64. Each round
@@ -215,7 +215,9 @@ def report(cases: list[Case], final: dict[str, dict[str, Any]], args: argparse.N
 
 GATE_SECTION = "Rollout gate: slow and memory-hungry candidates"
 GATE_CANDIDATES = {"slow": (500_000, ""), "memory-hungry": (4_000_000, "max_memory_mb = 64\n")}
-GATE_TOML = "max_queue = 256\ntimeout_ms = 30000\n[rollout]\nshadow_requests = 200\n"
+# min_idle_cpu = 0: on a shared box the CPUs are seldom a quarter idle, and a candidate that never mirrors
+# is never judged; this is the gate's worst case for the clients (it mirrors whatever the load).
+GATE_TOML = "max_queue = 256\ntimeout_ms = 30000\n[rollout]\nshadow_requests = 200\nmin_idle_cpu = 0\n"
 GATE_CLIENTS = 4
 
 
@@ -296,15 +298,16 @@ def gate_report(results: dict[str, list[GateRound]], args: argparse.Namespace) -
             rows.append([kind, str(i + 1), "refused" if refused else "**served**", fields.get("compared", "?"),
                          f"{r.seconds:.1f}", f"{r.before.p50_us:,.0f}", f"{r.before.p99_us:,.0f}",
                          f"{r.during.p50_us:,.0f}", f"{r.during.p99_us:,.0f}", f"{ratio:.2f}×"])
-    reasons = {kind: rounds[0].verdict.split('reason="', 1)[-1].split("; worst")[0][:220] for kind, rounds in
+    reasons = {kind: rounds[0].verdict.split('reason="', 1)[-1].split("; worst")[0].rstrip('"')[:220] for kind, rounds in
                results.items() if rounds}
     return "\n".join([
         stamp(),
         f"Commit {commit()}; `flock /tmp/infermux-heavy.lock python tests/benchmarks/bench_rollout.py --gate "
         f"--duration {args.duration:g} --rounds {args.rounds} --warmup {args.warmup}`.",
         "",
-        f"`m` (y = x + 1, [2,4]) under `[rollout]` with `shadow_requests = 200` and the defaults "
-        f"(`min_idle_cpu = 0.25`, `max_latency_ratio = 1.5`), {GATE_CLIENTS} closed-loop clients throughout. A "
+        f"`m` (y = x + 1, [2,4]) under `[rollout]` with `shadow_requests = 200`, `max_latency_ratio = 1.5` (the "
+        f"default) and `min_idle_cpu = 0` (it mirrors whatever the load: the clients' worst case; at the default "
+        f"0.25 this shared box seldom lets it mirror), {GATE_CLIENTS} closed-loop clients throughout. A "
         "candidate that answers the same is published: *slow* computes through a [2,4,500000] intermediate, "
         "*memory-hungry* through a [2,4,4000000] one (128 MiB a call) under `max_memory_mb = 64`. *compared*: "
         "comparisons when it was refused; *s*: publication to verdict; client latencies (µs) for "
