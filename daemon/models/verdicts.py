@@ -62,13 +62,18 @@ class Decision:
         """A verdict read back; ValueError for anything a daemon did not write."""
         if not isinstance(record, dict):
             raise ValueError("a verdict is not an object")
-        fields = {k: record.get(k) for k in ("model", "version", "digest", "outcome", "reason")}
-        if not all(isinstance(v, str) for v in fields.values()) or not isinstance(record.get("time"), (int, float)):
-            raise ValueError("a verdict has a field of the wrong type")
+        fields: dict[str, str] = {}
+        for key in ("model", "version", "digest", "outcome", "reason"):
+            value = record.get(key)
+            if not isinstance(value, str):
+                raise ValueError(f"a verdict's {key} is not a string")
+            fields[key] = value
+        if not isinstance(record.get("time"), (int, float)):
+            raise ValueError("a verdict's time is not a number")
         if fields["outcome"] not in OUTCOMES or len(fields["digest"]) != 64 or len(fields["reason"]) > MAX_REASON \
                 or not (0 < len(fields["model"]) <= 255 and 0 < len(fields["version"]) <= 255):
             raise ValueError(f"a verdict out of bounds ({fields['outcome']!r} on {fields['model']!r})"[:200])
-        return cls(**fields, time=float(record["time"]))  # type: ignore[arg-type]
+        return cls(**fields, time=float(record["time"]))
 
 
 def file_digest(path: Path) -> str:
