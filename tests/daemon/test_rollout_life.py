@@ -100,6 +100,7 @@ def promote_2(root: Path, daemon: Daemon, traffic: Traffic) -> None:
     daemon.wait_for("rollout_passed model=m version=2", 60)
     traffic.saw("2")
     eventually(lambda: states(daemon) == {"2": "ready"}, "version 1 retired once 2 serves", 30)
+    daemon.wait_for("unloaded model=m version=1 reason=superseded", 30)  # what it was promoted over drained
 
 
 def test_removing_the_promoted_versions_folder_falls_back_to_the_older_version_at_once(
