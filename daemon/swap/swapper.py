@@ -313,7 +313,7 @@ class Swapper:
         if not problem and mc.rollout is not None and before is not None and before.ready and not rollback:
             self._shadow(mc, f, current if replacing else None)
             return
-        if not problem and not replacing and mc.placement == COLD and not mc.preload:
+        if not problem and not replacing and mc.placement == COLD and not mc.preload and not rollback:
             self.registry.put(mv)  # a cold model: registered now, loaded by the first request for it
             return
         if problem:

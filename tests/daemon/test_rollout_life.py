@@ -32,6 +32,7 @@ watch_rescan_s = 1.0
 
 ROLLOUT = """
 timeout_ms = 30000
+placement = "{placement}"
 [rollout]
 shadow_requests = {n}
 min_agreement = 0.99
@@ -47,10 +48,10 @@ def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
     started: list[Daemon] = []
 
     def run(n: int = 5, daemon_extra: str = "", rollout_extra: str = "", workdir: Path | None = None,
-            ratio: float = 0) -> Daemon:
+            ratio: float = 0, placement: str = "hot") -> Daemon:
         # max_latency_ratio 0 but where a test judges speed: a nice-19 candidate's p99 on a busy box
         # says more about the box than about the engine.
-        write_settings(root, n, rollout_extra, ratio)
+        write_settings(root, n, rollout_extra, ratio, placement)
         if workdir is None:
             workdir = tmp_path / f"daemon{len(started)}"
             workdir.mkdir()
@@ -64,10 +65,10 @@ def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
             assert daemon.stop() == 0, daemon.log()
 
 
-def write_settings(root: Path, n: int, rollout_extra: str = "", ratio: float = 0) -> None:
+def write_settings(root: Path, n: int, rollout_extra: str = "", ratio: float = 0, placement: str = "hot") -> None:
     """m/model.toml with its rollout table; the same text again leaves a signature over it valid."""
     (root / "m").mkdir(exist_ok=True)
-    text = ROLLOUT.format(n=n, rollout_extra=rollout_extra, ratio=ratio)
+    text = ROLLOUT.format(n=n, rollout_extra=rollout_extra, ratio=ratio, placement=placement)
     if not (root / "m" / "model.toml").exists() or (root / "m" / "model.toml").read_text() != text:
         (root / "m" / "model.toml").write_text(text)
 
@@ -103,10 +104,11 @@ def promote_2(root: Path, daemon: Daemon, traffic: Traffic) -> None:
     daemon.wait_for("unloaded model=m version=1 reason=superseded", 30)  # what it was promoted over drained
 
 
+@pytest.mark.parametrize("placement", ["hot", "cold"])
 def test_removing_the_promoted_versions_folder_falls_back_to_the_older_version_at_once(
-        root: Path, start: Callable[..., Daemon]) -> None:
+        root: Path, start: Callable[..., Daemon], placement: str) -> None:
     publish(root, "m", 1, offset=1)
-    daemon = start()
+    daemon = start(placement=placement)
     wait_served(daemon, "m", "1", offset=1, timeout=30)
     with Traffic(daemon, "m") as traffic:
         promote_2(root, daemon, traffic)
