@@ -146,6 +146,8 @@ class RolloutConfig:
     iou: float = 0.5  # compare = "iou": a box matches one that overlaps it this much
     min_agreement: float = 0.99
     min_idle_cpu: float = 0.25  # mirroring waits while less of the CPUs' time is idle: it takes only spare CPU
+    max_latency_ratio: float = 1.5  # candidate p99 / serving p99 on the same mirrored requests; 0 = not judged
+    max_memory_mb: float = 0.0  # the most the candidate may be measured to hold; 0 = not judged (unknown fails)
 
 
 @dataclass(frozen=True)
@@ -634,6 +636,13 @@ def _parse_rollout(file: Path, where: str, table: Any) -> RolloutConfig:
             if raw[key] < 0 or (key in shares and raw[key] > 1):
                 bound = "between 0 and 1" if key in shares else ">= 0"
                 raise ConfigError(file, f"{where}.{key}", f"must be {bound}, got {raw[key]}")
+    for key in ("max_latency_ratio", "max_memory_mb"):
+        if key in raw:
+            _check_type(file, f"{where}.{key}", raw[key], (int, float))
+            raw[key] = float(raw[key])
+            if not 0 <= raw[key] < float("inf") or (key == "max_latency_ratio" and 0 < raw[key] < 1):
+                bound = ">= 1" if key == "max_latency_ratio" else "a size in MiB"
+                raise ConfigError(file, f"{where}.{key}", f"must be 0 (not judged) or {bound}, got {raw[key]}")
     if raw.get("compare", "allclose") != "allclose" and ({"rtol", "atol"} & set(raw)):
         raise ConfigError(file, where, "rtol and atol belong to compare = \"allclose\"")
     return RolloutConfig(**raw)

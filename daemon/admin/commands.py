@@ -439,6 +439,7 @@ COMMANDS: dict[str, Command] = {
                            slow=True),
     "reject": Command(_rollout("reject"), "refuse a candidate now; the serving version stays (model, version)",
                       slow=True),
+    "retry": Command(_rollout("retry"), "shadow a refused or rejected version again (model, version)"),
     "record": Command(cmd_record, "record the next requests of a model and its answers (model, count)"),
     "record_take": Command(cmd_record_take, "what a recording captured so far, tensors as frames (model)",
                            changes=False),

@@ -60,4 +60,7 @@ class Mirror:
                                                                                                     rollout.name):
             return
         outputs = {name: np.array(a, copy=True) for name, a in reply.outputs.items()}
-        self.rollouts.offer(rollout, Sample(inputs, outputs, str(reply.header.get("version", ""))))
+        timing = reply.header.get("timing_us")
+        spent = timing.get("compute") if isinstance(timing, dict) else None
+        self.rollouts.offer(rollout, Sample(inputs, outputs, str(reply.header.get("version", "")),
+                                            spent if isinstance(spent, int) else 0))

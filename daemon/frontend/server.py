@@ -42,6 +42,7 @@ from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.overrides import Overrides
 from infermux.models.registry import Registry, State
 from infermux.models.statefile import StateFile
+from infermux.models.verdicts import Decisions
 from infermux.models.verified import EngineSigning, Sequences, verified_store
 from infermux.frontend.express import ExpressLane, express_wanted
 from infermux.frontend.mirror import Mirror
@@ -147,7 +148,8 @@ class Server:
         self.workers = Workers(self.registry, run_dir, self.hooks, self.regions)
         self.ticks.append(self.streams.check)  # a stream that went silent: an event
         self.recorder = Recorder()  # `infermux record`: requests and answers of a model, copied as they pass
-        self.rollouts = Rollouts(self.registry, self.events)  # candidates shadowing live requests
+        # Candidates shadowing live requests; their verdicts kept in `state_dir` too (models/verdicts.py).
+        self.rollouts = Rollouts(self.registry, self.events, Decisions(state_dir, self.events))
         self.mirror = Mirror(self.rollouts)
         self.ticks.append(self.recorder.expire)
         self.ticks.append(self._send_paused)

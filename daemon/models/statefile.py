@@ -100,7 +100,8 @@ class StateFile:
         return restored
 
     def _load(self) -> Any:
-        return read_json(self.path)
+        """The file's JSON: a plain file (not a symlink) of at most MAX_BYTES, read with one size check."""
+        return read_json(self.path, MAX_BYTES, "a state file")
 
     def _parse(self, data: Any) -> list[Override]:
         if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -139,39 +140,40 @@ class StateFile:
                         "set [daemon] state_dir to a folder the daemon may write", self.path, exc)
 
 
-def read_json(path: Path, max_bytes: int = MAX_BYTES) -> Any:
-    """A state file's JSON: a plain file (never through a symlink) of at most `max_bytes`, checked before
-    it is read. FileNotFoundError when there is none; OSError, ValueError or RecursionError when it
-    cannot be taken."""
+def read_json(path: Path, max_bytes: int = MAX_BYTES, what: str = "a state file") -> Any:
+    """The JSON of `path`: a plain file (not a symlink) of at most `max_bytes`, read with one size check.
+    FileNotFoundError when there is none; OSError, ValueError or RecursionError when it cannot be read."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
     with os.fdopen(fd, "rb") as src:
         info = os.fstat(src.fileno())
         if not stat.S_ISREG(info.st_mode):
             raise ValueError("not a plain file")
         if info.st_size > max_bytes:
-            raise ValueError(f"{info.st_size} bytes, over the {max_bytes} a state file may have")
+            raise ValueError(f"{info.st_size} bytes, over the {max_bytes} {what} may have")
         return json.loads(src.read(max_bytes + 1).decode("utf-8"))
 
 
-def write_json(path: Path, data: Any) -> None:
-    """Replace `path` with `data` atomically (a temporary file beside it, fsync, rename, fsync of the
-    folder), never writing through a link: the temporary file is created exclusively, mode 0600, and
-    the rename replaces a link at the path itself. Raises OSError."""
+def write_json(path: Path, payload: Any) -> None:
+    """Replace `path` with `payload` as JSON, atomically (a temporary file beside it, fsync, rename, fsync of
+    the folder), never through a symlink (the temporary file is created exclusively, 0600); OSError."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp.unlink(missing_ok=True)  # a stale one, or a link planted in its place
+        tmp.unlink(missing_ok=True)  # a stale one, or a link planted in its place: never written through
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(data, out, indent=1, sort_keys=True)
+            json.dump(payload, out, indent=1, sort_keys=True)
             out.flush()
             os.fsync(out.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, path)  # replaces a link at the path itself, never its target
         folder = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(folder)
         finally:
             os.close(folder)
     except OSError:
-        tmp.unlink(missing_ok=True)
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
         raise

@@ -71,10 +71,11 @@ class StepCall:
         self.frames: list[Any] = []
         self._run: Callable[[], bool] | None = None  # handed back to run on this thread (hand_back)
         self.here = False
+        self.outcome: Outcome | None = None  # the placement's figures for it (a rollout reads compute_us)
 
     def computed(self, outputs: dict[str, np.ndarray], fallback: dict[str, str] | None,
                  outcome: Outcome | None) -> None:
-        self.outputs, self.fallback = outputs, fallback
+        self.outputs, self.fallback, self.outcome = outputs, fallback, outcome
         self._done.set()
 
     def refused(self, header: dict[str, Any]) -> None:
@@ -85,6 +86,7 @@ class StepCall:
         # A cold model's big outputs come as zero-copy frames on its slot: copy them out,
         # so the slot is free for the next request once this reply is read.
         self.frames = [f.bytes if isinstance(f, zmq.Frame) else f for f in frames]
+        self.outcome = outcome
         self._done.set()
 
     def hand_back(self, run: Callable[[], bool]) -> None:

@@ -47,12 +47,15 @@ from infermux.execution.job import Internal, Job
 from infermux.execution.placement import Admission
 from infermux.models.agreement import Rule, Verdict, compare, compare_regions
 from infermux.models.registry import Registry
+from infermux.models.verdicts import Decisions
 from infermux.models.version import ModelVersion, State
 from infermux.pipelines.calls import StepCall, StepFailed
+from infermux.swap.gate import Measures, judge
 from infermux.protocol import Request
 
 log = logging.getLogger("infermux.rollout")
 
+REJECTED = "rejected by an operator"
 QUEUE = 4            # samples waiting for the shadow thread, per rollout; more live requests are not copied
 MIRROR_TIMEOUT_S = 10.0
 NO_DEADLINE_NS = 3600 * 10**9
@@ -60,6 +63,7 @@ NICE = 19            # the candidate's compute threads (or worker process): the 
 LOOK_S = 0.05        # how often the shadow thread looks whether the serving version is busy
 LOOKS = 10           # the looks `paused` is decided on: the last half second
 PAUSE_AT, RESUME_AT = 8, 2  # busy looks of LOOKS that pause mirroring, and that resume it
+PAUSE_EVENTS_S = 60.0  # at most one rollout_paused (and its rollout_resumed) per candidate this often
 CPU_WINDOW_S = 0.05  # the CPUs' idle share is measured over this long at least
 FRONTEND_BUSY = 0.5  # mirroring waits while the frontend thread worked more than this share of its time
 
@@ -71,6 +75,17 @@ class Sample:
     inputs: dict[str, np.ndarray]
     outputs: dict[str, np.ndarray]
     version: str
+    serving_us: int = 0  # the serving version's compute time for it (its reply's timing_us)
+
+
+@dataclass
+class Computed:
+    """The candidate's answer to one sample, and what it cost."""
+
+    outputs: dict[str, np.ndarray]
+    error: str = ""
+    compute_us: int = 0
+    memory_bytes: int | None = None  # the most it was measured to hold meanwhile; None where it cannot be told
 
 
 @dataclass
@@ -80,6 +95,8 @@ class Rollout:
     candidate: ModelVersion
     config: RolloutConfig
     replaces: ModelVersion | None  # the entry of the candidate's own version it would replace, if any
+    digest: str = ""  # sha256 of its engine file: what its verdict is kept under (models/verdicts.py)
+    measures: Measures = field(default_factory=Measures)  # its times beside the serving version's, its memory
     queue: deque[Sample] = field(default_factory=lambda: deque(maxlen=QUEUE))
     compared: int = 0
     agreed: int = 0
@@ -87,6 +104,9 @@ class Rollout:
     paused: str = ""  # why mirroring is paused, as said; "" when it goes on
     looks: deque[str] = field(default_factory=lambda: deque(maxlen=LOOKS))  # why it was busy at each look
     looked: float = 0.0
+    said_paused: float = -math.inf  # when `rollout_paused` was last said
+    unsaid: int = 0  # pauses since then that no event said (a box at its capacity comes and goes)
+    told: bool = False  # the current pause was said: its end is said too
     worst: tuple[Verdict, str] | None = None  # the worst disagreement and its request's input shapes
     decided: str = ""
     started: float = field(default_factory=time.monotonic)
@@ -112,18 +132,22 @@ class Rollout:
         return {"compared": self.compared, "shadow_requests": self.config.shadow_requests, "agreed": self.agreed,
                 "agreement": round(self.agreement(), 6), "min_agreement": self.config.min_agreement,
                 "compare": self.config.compare, "not_mirrored": self.not_mirrored, "paused": self.paused,
-                "worst": self.worst[0].detail if self.worst else ""}
+                "worst": self.worst[0].detail if self.worst else "", "max_latency_ratio": self.config.max_latency_ratio,
+                "max_memory_mb": self.config.max_memory_mb, **self.measures.view()}
 
 
 class Rollouts:
     """The rollouts of one daemon, at most one per model, and the `shadow` thread that mirrors for them.
 
     `refused(candidate, reason)` tells the swapper a candidate's file must not be tried again;
-    `promoted(name)` tells it to retire what the candidate replaced.
+    `promoted(name)` tells it to retire what the candidate replaced; `retried(name, version)` that an
+    operator wants a refused version shadowed again. Every verdict is kept in `decisions`.
     """
 
-    def __init__(self, registry: Registry, events: EventLog) -> None:
+    def __init__(self, registry: Registry, events: EventLog, decisions: Decisions | None = None) -> None:
         self.registry, self.events = registry, events
+        self.decisions = decisions if decisions is not None else Decisions(None, events)
+        self.retried: Callable[[str, str], None] = lambda name, version: None
         self.by_model: dict[str, Rollout] = {}  # read by the frontend without a lock (one assignment)
         self.refused: Callable[[ModelVersion, str], None] = lambda mv, why: None
         self.promoted: Callable[[str], None] = lambda name: None
@@ -137,9 +161,9 @@ class Rollouts:
 
     # -- starting and deciding ------------------------------------------------------------
 
-    def start(self, candidate: ModelVersion, config: RolloutConfig) -> None:
-        """`candidate` (loaded by `Switch.load_beside`) shadows its model from now on; an earlier
-        candidate of the model is cancelled."""
+    def start(self, candidate: ModelVersion, config: RolloutConfig, digest: str = "") -> None:
+        """`candidate` (loaded by `Switch.load_beside`; `digest` its engine file's sha256) shadows its
+        model from now on; an earlier candidate of the model is cancelled."""
         model = self.registry.model(candidate.name)
         if model is None:
             self.registry.unload(candidate, reason="its model is gone")
@@ -148,7 +172,11 @@ class Rollouts:
         if previous is not None:
             self._end(previous, f"superseded by a newer candidate, version {candidate.version}", cancel=True)
         candidate.state = State.CANDIDATE
-        rollout = Rollout(candidate, config, model.versions.get(candidate.version))
+        listed = model.versions.get(candidate.version)
+        if listed is not None and not listed.ready:  # its earlier failure: the version is listed once, as candidate
+            self.registry.discard(listed)
+            listed = None
+        rollout = Rollout(candidate, config, listed, digest)
         candidate.reason = rollout.progress()
         _renice(candidate)
         model.candidate = candidate
@@ -156,6 +184,9 @@ class Rollouts:
             self.by_model = {**self.by_model, candidate.name: rollout}
         self.events.emit("rollout_started", candidate.name, candidate.version, shadow_requests=config.shadow_requests,
                          compare=config.compare, min_agreement=config.min_agreement)
+        if candidate.memory_bytes:  # what its load measured: over max_memory_mb already, it is refused now
+            rollout.measures.held(candidate.memory_bytes)
+            self._judge(rollout)
 
     def candidate_of(self, name: str, version: str) -> Rollout:
         rollout = self.by_model.get(name)
@@ -171,8 +202,19 @@ class Rollouts:
 
     def reject(self, name: str, version: str) -> str:
         rollout = self.candidate_of(name, version)
-        self._decide(rollout, passed=False, why="rejected by an operator")
+        self._decide(rollout, passed=False, why=REJECTED)
         return f"{name}:{version} refused; the serving version stays"
+
+    def retry(self, name: str, version: str) -> str:
+        """An operator's `retry`: forget the verdict on `version` of `name`, so that it shadows again."""
+        if self.registry.model(name) is None:
+            raise ValueError(f"unknown model {name!r}; models: {', '.join(sorted(self.registry.models)) or 'none'}")
+        if not self.decisions.take_back(name, version):
+            raise ValueError(f"{name}:{version} has no verdict to take back (only a refused or rejected version "
+                             "is retried)")
+        self.events.emit("rollout_retry", name, version, reason="asked by an operator")
+        self.retried(name, version)
+        return f"{name}:{version} will shadow again once it loads"
 
     def cancel(self, name: str, why: str) -> None:
         """The candidate's file went away or a pin leaves it out: unload it, decide nothing."""
@@ -195,6 +237,7 @@ class Rollouts:
         candidate = rollout.candidate
         self.events.emit("rollout_passed", candidate.name, candidate.version, agreement=round(rollout.agreement(), 4),
                          compared=rollout.compared, **({"reason": why} if why else {}))
+        self.decisions.record(candidate.name, candidate.version, rollout.digest, "passed", why)
         model = self.registry.model(candidate.name)
         candidate.state, candidate.reason = State.READY, ""
         try:
@@ -215,9 +258,12 @@ class Rollouts:
         shapes = rollout.worst[1] if rollout.worst else ""
         worst = rollout.worst[0].detail if rollout.worst else ""
         reason = why or (f"rollout failed: {rollout.agreement():.2%} of {rollout.compared} shadowed requests agree, "
-                         f"{rollout.config.min_agreement:.2%} needed ({rollout.rule().describe()})"
-                         + (f"; worst: {worst}, inputs {shapes}" if worst else ""))
+                         f"{rollout.config.min_agreement:.2%} needed ({rollout.rule().describe()})")
+        if worst and reason.startswith("rollout failed"):  # the gate's, not an operator's: where it went wrong
+            reason += f"; worst: {worst}, inputs {shapes}"
         self._end(rollout, reason)
+        outcome = "rejected" if why == REJECTED else "refused"
+        self.decisions.record(candidate.name, candidate.version, rollout.digest, outcome, reason)
         self.refused(candidate, reason)
         self.events.emit("rollout_failed", candidate.name, candidate.version, agreement=round(rollout.agreement(), 4),
                          compared=rollout.compared, worst=worst, inputs=shapes, reason=reason)
@@ -230,14 +276,18 @@ class Rollouts:
         candidate = rollout.candidate
         if cancel:
             self.events.emit("rollout_cancelled", candidate.name, candidate.version, reason=reason)
+            self.decisions.record(candidate.name, candidate.version, rollout.digest, "cancelled", reason)
         self.registry.unload(candidate, self.registry.config.daemon.drain_timeout_s, reason="candidate refused"
                              if not cancel else "candidate cancelled")
         candidate.state, candidate.reason = State.FAILED, reason
         model = self.registry.model(candidate.name)
         if model is not None and model.candidate is candidate:
-            # A refused new version stays listed, saying why; a refused file of a serving version is
-            # said by that version's reason (swapper), and a cancelled candidate is forgotten.
-            model.candidate = None if cancel or candidate.version in model.versions else candidate
+            model.candidate = None
+        if model is not None and not cancel and candidate.version not in model.versions:
+            # A refused new version stays listed among the versions, failed, saying why (whatever candidate
+            # comes next); a refused file of a serving version is said by that version's reason (swapper),
+            # and a cancelled candidate is forgotten.
+            self.registry.put(candidate)
 
     def close(self) -> None:
         self._stopping = True
@@ -282,15 +332,25 @@ class Rollouts:
                 time.sleep(LOOK_S / 2)  # the waiting samples are old by then anyway: spare the GIL
                 return
             sample = rollout.queue.popleft()
-            verdict = self._compare(rollout, sample)
+            computed = self._compute(rollout.candidate, sample.inputs)
+            verdict = self._compare(rollout, sample, computed)
             rollout.compared += 1
             rollout.agreed += verdict.agree
             if not verdict.agree and (rollout.worst is None or verdict.error > rollout.worst[0].error):
                 rollout.worst = (verdict, _shapes(sample.inputs))
+            rollout.measures.timed(sample.serving_us, computed.compute_us)
+            rollout.measures.held(computed.memory_bytes)
+            rollout.candidate.memory_bytes = max(rollout.candidate.memory_bytes, rollout.measures.memory_bytes)
             rollout.candidate.reason = rollout.progress()
             rollout.candidate.last_used = time.monotonic()
-            if rollout.compared >= rollout.config.shadow_requests:
-                self._decide(rollout, passed=rollout.agreement() >= rollout.config.min_agreement)
+            self._judge(rollout)
+
+    def _judge(self, rollout: Rollout) -> None:
+        """Decide the candidate once it passed, or once it can no longer pass (swap/gate.py)."""
+        judgement = judge(rollout.config, rollout.compared, rollout.agreed, rollout.measures)
+        if judgement.outcome:
+            why = f"rollout failed: {judgement.reason}" if judgement.reason else ""
+            self._decide(rollout, passed=judgement.outcome == "passed", why=why)
 
     def _say_paused(self, rollout: Rollout, busy: str) -> None:
         """Every LOOK_S: whether mirroring is paused, from the last LOOKS looks, with an event when it changes."""
@@ -302,10 +362,18 @@ class Rollouts:
         count = sum(1 for look in rollout.looks if look)
         if not rollout.paused and len(rollout.looks) == LOOKS and count >= PAUSE_AT:
             rollout.paused = Counter(look for look in rollout.looks if look).most_common(1)[0][0]
-            self.events.emit("rollout_paused", rollout.name, rollout.candidate.version, reason=rollout.paused)
+            rollout.told = now - rollout.said_paused >= PAUSE_EVENTS_S
+            if rollout.told:  # else counted, and said with the next pause that is
+                extra = {"pauses": rollout.unsaid + 1} if rollout.unsaid else {}
+                self.events.emit("rollout_paused", rollout.name, rollout.candidate.version, reason=rollout.paused,
+                                 **extra)
+                rollout.said_paused, rollout.unsaid = now, 0
+            else:
+                rollout.unsaid += 1
         elif rollout.paused and count <= RESUME_AT:
             rollout.paused = ""
-            self.events.emit("rollout_resumed", rollout.name, rollout.candidate.version)
+            if rollout.told:
+                self.events.emit("rollout_resumed", rollout.name, rollout.candidate.version)
         else:
             return
         rollout.candidate.reason = rollout.progress()
@@ -335,19 +403,19 @@ class Rollouts:
         contexts = max(1, len(placement.contexts()))
         return "the serving version is busy (every context)" if placement.load() >= contexts else ""
 
-    def _compare(self, rollout: Rollout, sample: Sample) -> Verdict:
-        outputs, error = self._compute(rollout.candidate, sample.inputs)
-        if error:
-            return Verdict(False, math.inf, f"the candidate failed: {error}")
+    def _compare(self, rollout: Rollout, sample: Sample, computed: Computed) -> Verdict:
+        if computed.error:
+            return Verdict(False, math.inf, f"the candidate failed: {computed.error}")
         if rollout.config.compare == "iou":
-            return compare_regions(rollout.rule(), _boxes(sample.outputs), _boxes(outputs))
-        return compare(rollout.rule(), sample.outputs, outputs)
+            return compare_regions(rollout.rule(), _boxes(sample.outputs), _boxes(computed.outputs))
+        return compare(rollout.rule(), sample.outputs, computed.outputs)
 
-    def _compute(self, candidate: ModelVersion, inputs: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str]:
-        """The candidate's answer to `inputs`, computed on its own placement; (outputs, error)."""
+    def _compute(self, candidate: ModelVersion, inputs: dict[str, np.ndarray]) -> Computed:
+        """The candidate's answer to `inputs`, computed on its own placement, with its compute time and
+        the memory it was seen to hold meanwhile."""
         placement = candidate.placement
         if placement is None:
-            return {}, "it is not loaded"
+            return Computed({}, "it is not loaded")
         sink = StepCall()
         envelope: list[Any] = [Internal(sink)]
         inputs = {name: np.ascontiguousarray(a) for name, a in inputs.items()}
@@ -356,16 +424,68 @@ class Rollouts:
         # serving version (the fallback path); a stuck candidate is the sink's timeout below.
         job = Job(envelope, Request(model=candidate.name, inputs=inputs), [], now, now + NO_DEADLINE_NS)
         job.target = candidate
+        memory = MemoryProbe(candidate)
         admission = placement.submit(job)
         if admission is not Admission.QUEUED:
-            return {}, f"it took no request ({admission.name.lower()})"
-        if not sink.wait(MIRROR_TIMEOUT_S + 1.0):
-            return {}, f"no answer within {MIRROR_TIMEOUT_S:.0f} s"
+            return Computed({}, f"it took no request ({admission.name.lower()})")
+        if not memory.watch(sink, MIRROR_TIMEOUT_S + 1.0):
+            return Computed({}, f"no answer within {MIRROR_TIMEOUT_S:.0f} s", memory_bytes=memory.held())
         try:
             reply = sink.answer(candidate.name, in_process=True)
         except StepFailed as exc:
-            return {}, f"status {exc.status}: {exc.message}"
-        return {k: np.array(v) for k, v in reply.outputs.items()}, ""
+            return Computed({}, f"status {exc.status}: {exc.message}", memory_bytes=memory.held())
+        # Its compute time as the serving version's is measured (the placement's figure); the time from
+        # submit to answer where the placement gave none.
+        spent = sink.outcome.compute_us if sink.outcome is not None else (time.perf_counter_ns() - now) // 1000
+        return Computed({k: np.array(v) for k, v in reply.outputs.items()}, compute_us=spent,
+                        memory_bytes=memory.held())
+
+
+MEMORY_LOOK_S = 0.005  # how often the memory a candidate holds is read while it computes
+PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+class MemoryProbe:
+    """The most memory a candidate is seen to hold while it computes one request: its worker process's
+    footprint (cold), or its engine's figure plus what the daemon's resident memory grew by meanwhile (hot:
+    the candidate computes one request at a time, so what the daemon grows by then is mostly its)."""
+
+    def __init__(self, candidate: ModelVersion) -> None:
+        self.candidate = candidate
+        self.cold = candidate.worker_info() is not None
+        self.base = self._read()
+        self.peak = self.base
+
+    def _read(self) -> int | None:
+        placement = self.candidate.placement
+        if self.cold:
+            return placement.footprint() if placement is not None else None
+        try:
+            with open("/proc/self/statm", "rb") as f:
+                return int(f.read().split()[1]) * PAGE
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def watch(self, waiter: StepCall, timeout_s: float) -> bool:
+        """Wait for the answer, reading the memory meanwhile; False if none came within `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while not waiter.wait(MEMORY_LOOK_S):
+            now = self._read()
+            if now is not None and self.peak is not None:
+                self.peak = max(self.peak, now)
+            if time.monotonic() > deadline:
+                return False
+        return True
+
+    def held(self) -> int | None:
+        """The bytes it was seen to hold (None where they cannot be read)."""
+        if self.peak is None or self.base is None:
+            return None
+        if self.cold:
+            return self.peak
+        engine: Any = self.candidate.engine
+        own = engine.memory_bytes() if engine is not None and hasattr(engine, "memory_bytes") else 0
+        return own + max(0, self.peak - self.base)
 
 
 class CpuIdle:

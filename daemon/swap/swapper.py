@@ -24,11 +24,13 @@ import hashlib
 import logging
 import time
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infermux.config import COLD, Config, ModelConfig
 from infermux.models.overrides import file_weights
 from infermux.models.registry import Model, ModelVersion, Registry, State, version_key
+from infermux.models.verdicts import file_digest
 from infermux.swap.repository import FolderScreen, ModelPlan, SettingsCache, plan
 from infermux.swap.watcher import EngineFile, EngineWatcher, Snapshot
 
@@ -85,10 +87,13 @@ class Swapper:
         self._bad: dict[tuple[str, str], tuple[Key, str]] = {}  # files that failed to load, and why
         self._settled: dict[str, tuple[str, ...]] = {}    # stand-ins for failed versions, last announced
         self._failures = 0                                # loads that failed in _load, ever
+        self._digests: dict[Path, tuple[Any, str]] = {}    # engine file -> (its sig, its sha256): rollout verdicts
         self._last = Snapshot()
         self.registry.catalog = self
         server.rollouts.refused = self._refused
         server.rollouts.promoted = lambda name: self.watcher.poke()  # retire what the candidate replaced
+        server.rollouts.retried = self._retried
+        self.decisions = server.rollouts.decisions
         # A reload changes which versions the configuration lists: look again.
         self.events.subscribe(lambda event: self.watcher.poke() if event.kind == "reloaded" else None)
 
@@ -111,6 +116,8 @@ class Swapper:
             p = plan(name, snapshot, self.config, self.settings, model.pinned if model else None)
             if self._report(p):
                 continue
+            p = self._settle(self._hold_back(self._judge(p, snapshot), snapshot), snapshot, None)
+            self._list_refused(p, snapshot)
             self._announce_ignored(p, snapshot, model.pinned if model else None)
             for version, (mc, f) in p.wanted.items():
                 if version in p.configured:  # the registry has it from the configuration already
@@ -120,6 +127,11 @@ class Swapper:
                 elif f.stable:
                     self._detected(f)
                     self._made_from[(name, version)] = file_key(mc, f)
+                    bad = self._bad.get((name, version))
+                    if bad is not None:  # refused before the restart: listed so, not loaded
+                        self.registry.put(ModelVersion(mc, state=State.FAILED, reason=bad[1]))
+                        continue
+                    self._served(mc, f)
                     self._check_before_start(self.registry.add(self.registry.overrides.reconcile(mc)), f)
         self._last = snapshot
 
@@ -174,7 +186,8 @@ class Swapper:
         """One pass over one model; True if a version failed to load in it (plan again: it settles)."""
         model = self.registry.model(name)
         pinned = model.pinned if model else None
-        p = self._settle(plan(name, snapshot, self.config, self.settings, pinned), snapshot, pinned)
+        p = self._settle(self._judge(plan(name, snapshot, self.config, self.settings, pinned), snapshot), snapshot,
+                         pinned)
         if self._report(p):
             return False
         self._announce_ignored(p, snapshot, pinned)
@@ -271,7 +284,7 @@ class Swapper:
                 self.registry.put(ModelVersion(mc, state=State.FAILED, reason=bad[1]))
             return
         self._bad.pop((p.name, version), None)
-        self._load(mc, f, current)
+        self._load(mc, f, current, p.on_disk)
 
     def _detected(self, f: EngineFile, ignored: str = "") -> None:
         """Announce each complete engine file once (again when it changes), and whether it will be served."""
@@ -287,7 +300,7 @@ class Swapper:
             if version not in p.wanted and f.stable:
                 self._detected(f, _why_ignored(configured.get(version), pinned))
 
-    def _load(self, mc: ModelConfig, f: EngineFile, current: ModelVersion | None) -> None:
+    def _load(self, mc: ModelConfig, f: EngineFile, current: ModelVersion | None, on_disk: set[str]) -> None:
         """Load beside what serves; take over only once warm; never make things worse."""
         started = time.monotonic()
         model = self.registry.model(mc.name)
@@ -296,10 +309,11 @@ class Swapper:
         mc = self.registry.overrides.reconcile(mc) if replacing or model is None else self._inherit(model, mc)
         mv = ModelVersion(mc)
         problem = checksum_problem(f)
-        if not problem and mc.rollout is not None and before is not None and before.ready:
+        rollback = _rollback_from(before, mc.version, on_disk)
+        if not problem and mc.rollout is not None and before is not None and before.ready and not rollback:
             self._shadow(mc, f, current if replacing else None)
             return
-        if not problem and not replacing and mc.placement == COLD and not mc.preload:
+        if not problem and not replacing and mc.placement == COLD and not mc.preload and not rollback:
             self.registry.put(mv)  # a cold model: registered now, loaded by the first request for it
             return
         if problem:
@@ -312,21 +326,30 @@ class Swapper:
             self.registry.put(mv)  # visible as loading: requests naming it get 503 + retry
             loaded = self.registry.load(mv)
         if not loaded:
-            if replacing:
-                assert current is not None
-                current.reason = f"new engine file rejected ({mv.reason}); serving the previous file"
-            else:
-                self._bad[mc.key] = (file_key(mc, f), mv.reason)
-                self._failures += 1
-                self.registry.put(mv)  # the failure is this version's state
+            self._not_loaded(mc, f, mv, current if replacing else None)
             return
         previous = self.registry.switch.switch(mv) if replacing else None  # every request from now on: the new engine
+        self._served(mc, f)
+        if rollback:
+            self.events.emit("rolled_back", mc.name, mc.version, **{"from": rollback},
+                             reason=f"version {rollback}'s engine folder was removed; version {mc.version}, the "
+                                    f"newest older version that loads, serves without shadowing")
         after = self.registry.model(mc.name)
         if after is not None and after.default() is mv:
             self.events.emit("swapped", mc.name, mc.version, previous=_label(before, mv),
                              took_ms=round((time.monotonic() - started) * 1000), **self._traffic(after, mv))
         if previous is not None:
             self.registry.switch.drain(previous)
+
+    def _not_loaded(self, mc: ModelConfig, f: EngineFile, mv: ModelVersion, replacing: ModelVersion | None) -> None:
+        """A new engine failed: a new file of a serving version leaves it serving, saying why; a new
+        version is listed failed, and that file is not tried again."""
+        if replacing is not None:
+            replacing.reason = f"new engine file rejected ({mv.reason}); serving the previous file"
+            return
+        self._bad[mc.key] = (file_key(mc, f), mv.reason)
+        self._failures += 1
+        self.registry.put(mv)  # the failure is this version's state
 
     def _inherit(self, model: Model, mc: ModelConfig) -> ModelConfig:
         """A new version takes the live settings of the version it supersedes (the newest older
@@ -366,13 +389,88 @@ class Swapper:
             return {}
         weights = self.registry.overrides.weights_of(model.name, file_weights(self.config))
         return weights if any(weights.values()) else {}
+    # -- rollout verdicts (models/verdicts.py) ------------------------------------
+
+    def _digest(self, f: EngineFile) -> str:
+        """sha256 of `f`, read again only when the file changed."""
+        known = self._digests.get(f.path)
+        if known is None or known[0] != f.sig:
+            known = (f.sig, file_digest(f.path))
+            self._digests[f.path] = known
+        return known[1]
+
+    def _served(self, mc: ModelConfig, f: EngineFile) -> None:
+        """A version of a model with a rollout table serves without shadowing (its first, a rollback):
+        kept, so that after a restart it serves and newer versions shadow it again."""
+        if mc.rollout is not None:
+            self.decisions.record(mc.name, mc.version, self._digest(f), "served")
+
+    def _judge(self, p: ModelPlan, snapshot: Snapshot) -> ModelPlan:
+        """A version on disk whose file a rollout refused (before a restart too) counts as failed: listed
+        with the reason when wanted, never a stand-in, and `_settle` serves the newest older one instead."""
+        template = next(iter(p.wanted.values()), None)
+        if template is None or template[0].rollout is None:
+            return p
+        for version, f in snapshot.versions(p.name).items():
+            if version in p.configured or not f.stable:
+                continue
+            why = self.decisions.refused(p.name, version, self._digest(f))
+            known = self._bad.get((p.name, version))
+            if why and (known is None or known[0][:2] != (f.sig, f.companions)):
+                mc = replace(template[0], version=version, engine=f.path)
+                self._bad[(p.name, version)] = (file_key(mc, f), why)
+        return p
+
+    def _hold_back(self, p: ModelPlan, snapshot: Snapshot) -> ModelPlan:
+        """At start, a wanted version never judged (say, a candidate when the daemon stopped) does not
+        serve without shadowing while an older version that passed or served is on disk: that one
+        serves, and the watcher's first look makes the newer one its candidate."""
+        files = snapshot.versions(p.name)
+        for version, (mc, f) in sorted(p.wanted.items(), key=lambda item: version_key(item[0])):
+            if mc.rollout is None or version in p.configured or self._is_bad(p.name, version, f) \
+                    or self.decisions.good(p.name, version, self._digest(f)):
+                continue  # a refused one is `_settle`'s: it stands in the newest older one that loads
+            good = [v for v in sorted(files, key=version_key, reverse=True) if version_key(v) < version_key(version)
+                    and files[v].stable and self.decisions.good(p.name, v, self._digest(files[v]))]
+            if good and good[0] not in p.wanted:
+                del p.wanted[version]
+                p.wanted[good[0]] = (replace(mc, version=good[0], engine=files[good[0]].path), files[good[0]])
+                self.events.emit("held_back", p.name, version, reason=f"never judged by its rollout: version "
+                                 f"{good[0]} serves, and {version} shadows it once the daemon is up")
+        return p
+
+    def _list_refused(self, p: ModelPlan, snapshot: Snapshot) -> None:
+        """At start, versions on disk that their rollout refused before are listed, failed with the reason,
+        whether the version policy wants them or not."""
+        template = next(iter(p.wanted.values()), None)
+        if template is None or template[0].rollout is None:
+            return
+        for version, f in snapshot.versions(p.name).items():
+            why = self.decisions.refused(p.name, version, self._digest(f)) if f.stable else ""
+            if not why or version in p.wanted or version in p.configured:
+                continue
+            mc = replace(template[0], version=version, engine=f.path)
+            self._made_from[(p.name, version)] = file_key(mc, f)
+            self._bad[(p.name, version)] = (file_key(mc, f), why)
+            self.registry.put(ModelVersion(mc, state=State.FAILED, reason=why))
+
+    def _retried(self, name: str, version: str) -> None:
+        """An operator asked to shadow a refused version again: its file is news again."""
+        self._bad.pop((name, version), None)
+        self._made_from.pop((name, version), None)
+        model = self.registry.model(name)
+        current = model.versions.get(version) if model is not None else None
+        if current is not None and current.ready and current.reason.startswith("new engine file rejected"):
+            current.reason = ""
+        self.watcher.poke()
+
     def _shadow(self, mc: ModelConfig, f: EngineFile, replacing: ModelVersion | None) -> None:
         """A model with `[models.rollout]`: the new engine loads beside what serves as its candidate,
         which shadows live requests until it is promoted or refused (swap/rollout.py)."""
         assert mc.rollout is not None
         candidate = self.registry.switch.load_beside(mc)
         if candidate.ready:
-            self.server.rollouts.start(candidate, mc.rollout)
+            self.server.rollouts.start(candidate, mc.rollout, self._digest(f))
         elif replacing is not None:
             replacing.reason = f"new engine file rejected ({candidate.reason}); serving the previous file"
         else:
@@ -421,6 +519,12 @@ class Swapper:
             removed = mv.version not in p.on_disk
             if not (removed or wanted_ready):
                 continue  # e.g. the new version failed: the old one keeps serving
+            if not removed and mv.state is State.FAILED and mv.config.rollout is not None \
+                    and self._is_bad(p.name, mv.version, self._last.versions(p.name)[mv.version]):
+                continue  # refused by its rollout: listed, saying why, while its file is there
+            if removed and p.wanted and mv.ready and not any(o.ready for o in model.ordered() if o is not mv):
+                self._keep_last(mv)  # its folder went, but nothing else serves the model yet
+                continue
             del self._made_from[(p.name, mv.version)]
             if mv.version in {mc.version for mc in self.config.versions(p.name)}:
                 # A configured version stays known (requests naming it get 503) until its file is back.
@@ -429,6 +533,14 @@ class Swapper:
             else:
                 self.registry.discard(mv)
             self.registry.switch.drain(mv, "engine file removed" if removed else "superseded")
+
+    def _keep_last(self, mv: ModelVersion) -> None:
+        """A model that had a serving version keeps one: the last one ready stays, from memory, until
+        another version of the model serves (said once)."""
+        reason = "its engine folder was removed; it serves until another version of the model does"
+        if mv.reason != reason:
+            mv.reason = reason
+            self.events.emit("kept", mv.name, mv.version, reason=reason)
 
     def _fail(self, mv: ModelVersion, reason: str) -> None:
         mv.state, mv.reason = State.FAILED, reason
@@ -447,6 +559,14 @@ def _why_ignored(configured: ModelConfig | None, pinned: str | None) -> str:
 def _ready(model: Model, version: str) -> bool:
     mv = model.versions.get(version)
     return mv is not None and mv.state is State.READY
+
+
+def _rollback_from(before: ModelVersion | None, version: str, on_disk: set[str]) -> str:
+    """The serving version that `version` stands in for because its folder was removed ("" if none): it
+    falls back at once, without shadowing, as nothing would be left to compare it with."""
+    if before is None or not before.ready or before.version in on_disk:
+        return ""
+    return before.version if version_key(version) < version_key(before.version) else ""
 
 
 def _label(before: ModelVersion | None, mv: ModelVersion) -> str:

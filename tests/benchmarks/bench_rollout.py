@@ -22,6 +22,21 @@ median round of each case and the requests the candidate compared in it
 (mirroring waits while the serving version or the CPUs are busy, so under
 load it compares fewer). Goal: p99 shadowed ≤ 1.1× plain at c=16.
 Writes the "## Shadow rollout" section of RESULTS.md.
+
+    python tests/benchmarks/bench_rollout.py --gate [--duration 3] [--rounds 3] [--no-write]
+
+The gate's candidates instead (`gate`): a daemon serves `m` (y = x + 1,
+[2,4], support.models.heavy with nothing to spread) under a rollout table
+with shadow_requests = 200, max_latency_ratio 1.5 (the default) and
+min_idle_cpu = 0 (mirroring whatever the load: the clients' worst case); a candidate that answers the same is published,
+while 4 clients keep sending: *slow* spreads each request over a
+[2,4,500000] intermediate (tens of ms a call), *memory-hungry* over a
+[2,4,4000000] one (128 MiB a call) under max_memory_mb = 64. Each round
+measures the clients for `--duration` before publishing, then from the
+publication until the verdict; goal: each refused before it serves, and
+the clients' p99 while it shadows within max_latency_ratio (1.5×) of
+theirs before. Writes the "## Rollout gate: slow and memory-hungry
+candidates" section.
 """
 
 from __future__ import annotations
@@ -32,6 +47,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -197,6 +213,117 @@ def report(cases: list[Case], final: dict[str, dict[str, Any]], args: argparse.N
     ])
 
 
+GATE_SECTION = "Rollout gate: slow and memory-hungry candidates"
+GATE_CANDIDATES = {"slow": (500_000, ""), "memory-hungry": (4_000_000, "max_memory_mb = 64\n")}
+# min_idle_cpu = 0: on a shared box the CPUs are seldom a quarter idle, and a candidate that never mirrors
+# is never judged; this is the gate's worst case for the clients (it mirrors whatever the load).
+GATE_TOML = "max_queue = 256\ntimeout_ms = 30000\n[rollout]\nshadow_requests = 200\nmin_idle_cpu = 0\n"
+GATE_CLIENTS = 4
+
+
+@dataclass
+class GateRound:
+    """One publication of one gate candidate, and what the clients saw before and while it shadowed."""
+
+    before: BenchResult
+    during: BenchResult
+    verdict: str  # the rollout_failed (or rollout_passed) line's fields
+    seconds: float  # from publication to the verdict
+    served_by_candidate: bool
+
+
+def gate_round(work: Path, kind: str, round_: int, args: argparse.Namespace, generator: Any) -> GateRound:
+    """A fresh daemon serving `m` 1; the `kind` candidate published under load until its verdict."""
+    from support import models
+
+    repeat, extra = GATE_CANDIDATES[kind]
+    root = work / f"{kind}{round_}" / "engines"
+    models.heavy(root / "m" / "1" / "model.onnx", offset=1, repeat=1)
+    (root / "m" / "model.toml").write_text(GATE_TOML + extra)
+    daemon = Daemon(work / f"{kind}{round_}", CONFIG.format(root=root)).start()
+    inputs = parse_inputs([], ["x=2x4"], "float32")
+    try:
+        before = generator.submit(run_load, daemon.endpoint, "m", inputs, concurrency=GATE_CLIENTS,
+                                  duration_s=args.duration, warmup=args.warmup).result()
+        models.heavy(root / "m" / ".2" / "model.onnx", offset=1, repeat=repeat)
+        began = time.monotonic()
+        (root / "m" / ".2").rename(root / "m" / "2")
+        windows: list[BenchResult] = []
+        while not windows or not verdict_line(daemon):  # 1 s windows of load until the verdict
+            if time.monotonic() - began > 120:
+                raise RuntimeError(f"{kind}: no verdict in 120 s:\n{daemon.log()[-3000:]}")
+            windows.append(generator.submit(run_load, daemon.endpoint, "m", inputs, concurrency=GATE_CLIENTS,
+                                            duration_s=1.0).result())
+        line = verdict_line(daemon)
+        seconds = time.monotonic() - began  # an upper bound: to the end of the window that saw it
+        during = max(windows, key=lambda w: w.p99_us or 0)
+        return GateRound(before, during, line.split("infermux.events: ")[1], seconds,
+                         "swapped model=m version=2" in daemon.log())
+    finally:
+        daemon.stop()
+
+
+def verdict_line(daemon: Daemon) -> str:
+    """The candidate's rollout_failed or rollout_passed line, "" before it."""
+    return next((x for x in daemon.log().splitlines() if "infermux.events: rollout_failed " in x
+                 or "infermux.events: rollout_passed " in x), "")
+
+
+def gate(args: argparse.Namespace) -> str:
+    work = Path(tempfile.mkdtemp(prefix="bench-gate-"))
+    ctx = multiprocessing.get_context("spawn")
+    results: dict[str, list[GateRound]] = {kind: [] for kind in GATE_CANDIDATES}
+    try:
+        with ProcessPoolExecutor(1, mp_context=ctx) as generator:
+            for round_ in range(args.rounds):
+                for kind in GATE_CANDIDATES:
+                    r = gate_round(work, kind, round_, args, generator)
+                    results[kind].append(r)
+                    print(f"  round {round_ + 1} {kind:<14} before p99 {r.before.p99_us:7.0f} µs  while shadowing "
+                          f"p99 {r.during.p99_us:7.0f} µs  verdict after {r.seconds:.1f} s: {r.verdict[:160]}",
+                          file=sys.stderr)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    return gate_report(results, args)
+
+
+def gate_report(results: dict[str, list[GateRound]], args: argparse.Namespace) -> str:
+    rows, met = [], True
+    for kind, rounds in results.items():
+        for i, r in enumerate(rounds):
+            ratio = (r.during.p99_us or 0) / (r.before.p99_us or 1)
+            refused = r.verdict.startswith("rollout_failed") and not r.served_by_candidate
+            met = met and refused and ratio <= 1.5
+            fields = dict(part.split("=", 1) for part in r.verdict.split(" ")[1:] if "=" in part and '"' not in part)
+            rows.append([kind, str(i + 1), "refused" if refused else "**served**", fields.get("compared", "?"),
+                         f"{r.seconds:.1f}", f"{r.before.p50_us:,.0f}", f"{r.before.p99_us:,.0f}",
+                         f"{r.during.p50_us:,.0f}", f"{r.during.p99_us:,.0f}", f"{ratio:.2f}×"])
+    reasons = {kind: rounds[0].verdict.split('reason="', 1)[-1].split("; worst")[0].rstrip('"')[:220] for kind, rounds in
+               results.items() if rounds}
+    return "\n".join([
+        stamp(),
+        f"Commit {commit()}; `flock /tmp/infermux-heavy.lock python tests/benchmarks/bench_rollout.py --gate "
+        f"--duration {args.duration:g} --rounds {args.rounds} --warmup {args.warmup}`.",
+        "",
+        f"`m` (y = x + 1, [2,4]) under `[rollout]` with `shadow_requests = 200`, `max_latency_ratio = 1.5` (the "
+        f"default) and `min_idle_cpu = 0` (it mirrors whatever the load: the clients' worst case; at the default "
+        f"0.25 this shared box seldom lets it mirror), {GATE_CLIENTS} closed-loop clients throughout. A "
+        "candidate that answers the same is published: *slow* computes through a [2,4,500000] intermediate, "
+        "*memory-hungry* through a [2,4,4000000] one (128 MiB a call) under `max_memory_mb = 64`. *compared*: "
+        "comparisons when it was refused; *s*: publication to verdict; client latencies (µs) for "
+        f"{args.duration:g} s before publishing and, while it shadowed, the worst 1 s window by p99 (*s* counts "
+        "to the end of the window that saw the verdict).",
+        "",
+        markdown_table(["candidate", "round", "verdict", "compared", "s", "p50 before", "p99 before",
+                        "p50 shadowing", "p99 shadowing", "p99 ratio"], rows),
+        "",
+        *[f"- {kind}: `{why}`" for kind, why in reasons.items()],
+        "",
+        "Goal: each refused before it serves, clients' p99 while it shadows within 1.5× of before: "
+        + ("met." if met else "**not met**."),
+    ])
+
+
 def commit() -> str:
     out = subprocess.run(["git", "log", "-1", "--format=%h"], cwd=ROOT, capture_output=True, text=True)
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "daemon"], cwd=ROOT,
@@ -210,7 +337,11 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--warmup", type=int, default=100, help="requests before each round, not measured")
     parser.add_argument("--no-write", action="store_true", help="print only; leave RESULTS.md alone")
+    parser.add_argument("--gate", action="store_true", help="the slow and the memory-hungry candidate instead")
     args = parser.parse_args()
+    if args.gate:
+        print_and_write(GATE_SECTION, gate(args), write=not args.no_write)
+        return 0
     work = Path(tempfile.mkdtemp(prefix="bench-rollout-"))
     try:
         cases, final = measure(args, work)

@@ -39,6 +39,7 @@ shadow_requests = {n}
 compare = "{compare}"
 min_agreement = 0.99
 min_idle_cpu = {min_idle_cpu}
+max_latency_ratio = 0
 {rollout_extra}"""
 
 
@@ -49,7 +50,8 @@ def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
     def run(n: int = 20, placement: str = "hot", compare: str = "allclose", extra: str = "",
             max_queue: int = 256, min_idle_cpu: float = 0, rollout_extra: str = "") -> Daemon:
         # min_idle_cpu 0: the shared test box is seldom idle, and these tests need their comparisons;
-        # the CPU gate has tests of its own below.
+        # the CPU gate has tests of its own below. max_latency_ratio 0: a nice-19 candidate's p99 on a
+        # busy box says more about the box than the engine (test_rollout_life.py judges a slow one).
         (root / "m").mkdir(exist_ok=True)
         (root / "m" / "model.toml").write_text(extra + ROLLOUT.format(n=n, placement=placement, compare=compare,
                                                                       max_queue=max_queue, min_idle_cpu=min_idle_cpu,
@@ -117,13 +119,14 @@ def test_a_perturbed_candidate_is_refused_and_never_answers_a_client(root: Path,
     with Traffic(daemon, "m") as traffic:
         publish(root, "m", 2, offset=1.5)
         daemon.wait_for("rollout_failed model=m version=2", 60)
-    (failed,) = events(daemon, "rollout_failed")
-    assert "agreement=0.0 compared=15" in failed and "inputs=\"x float32[2,4]\"" in failed and "|Δ| 0.5" in failed
+    (failed,) = events(daemon, "rollout_failed")  # at the first disagreement: 14 more could not make 99%
+    assert "agreement=0.0 compared=1 " in failed and "inputs=\"x float32[2,4]\"" in failed and "|Δ| 0.5" in failed
     assert all(reply.status == 200 and reply.version == "1" for reply in traffic.replies)
     for reply, x in traffic.sent:
         np.testing.assert_array_equal(reply.outputs["y"], x + 1)
     (row,) = versions_status(daemon)["2"]
-    assert row["state"] == "failed" and "rollout failed: 0.00% of 15 shadowed requests agree" in row["reason"]
+    assert row["state"] == "failed" and ("rollout failed: it can no longer reach min_agreement: 0 of 1 compared "
+                                         "agree, so at most 93.33% of 15, 99.00% needed") in row["reason"], row
     assert "worst: output 'y': |Δ| 0.5" in row["reason"]
     wait_served(daemon, "m", "1", offset=1)
 
@@ -159,7 +162,7 @@ def test_iou_judges_a_detector_by_how_far_its_boxes_moved(root: Path, start: Cal
         publish(root, "m", 2, offset=offset)  # 1 along both axes: IoU 0.68 (81/119); 8: 0.02 (4/196)
         daemon.wait_for(f"{verdict} model=m version=2", 60)
     (event,) = events(daemon, verdict)
-    assert "compared=10" in event, event
+    assert f"compared={10 if verdict == 'rollout_passed' else 1} " in event + " ", event  # refused at its first miss
     if verdict == "rollout_failed":
         assert "best overlap" in event and all(reply.version == "1" for reply in traffic.replies), event
 

@@ -26,6 +26,22 @@ def add_one(path: Path, width: int = 4, offset: float = 1.0) -> Path:
         [numpy_helper.from_array(np.float32([offset]), "c")], path)
 
 
+def heavy(path: Path, offset: float = 1.0, repeat: int = 1) -> Path:
+    """y = x + offset, float32 [N, 4], as add_one answers, computed through an [N, 4, repeat] intermediate
+    that each call allocates and sums: `repeat` makes it as slow and memory-hungry as wanted (16 B x N x
+    repeat per call), which a load does not show."""
+    nodes = [helper.make_node("Unsqueeze", ["x", "axis"], ["column"]),
+             helper.make_node("Expand", ["column", "wide"], ["spread"]),
+             helper.make_node("ReduceSum", ["spread", "axis"], ["sum"], keepdims=0),
+             helper.make_node("Mul", ["sum", "zero"], ["nothing"]),
+             helper.make_node("Add", ["x", "c"], ["shifted"]),
+             helper.make_node("Add", ["shifted", "nothing"], ["y"])]
+    constants = [numpy_helper.from_array(np.int64([2]), "axis"), numpy_helper.from_array(np.int64([1, 1, repeat]), "wide"),
+                 numpy_helper.from_array(np.float32([0]), "zero"), numpy_helper.from_array(np.float32([offset]), "c")]
+    return _save(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4])],
+                 [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4])], constants, path)
+
+
 def two_outputs(path: Path) -> Path:
     """sum = a + b and prod = a * b, float32 [N, 3]; for the outputs filter."""
     t = lambda n: helper.make_tensor_value_info(n, TensorProto.FLOAT, ["N", 3])  # noqa: E731

@@ -282,8 +282,8 @@ def test_every_cli_subcommand_is_completed_and_documented():
 def test_completion_offers_the_admin_commands_after_ctl():
     from infermux.admin.commands import COMMANDS
 
-    assert _complete(["infermux", "ctl", "re"], path="/usr/bin:/bin") == ["reject", "reset", "resume", "reload", "record",
-                                                                         "record_take", "record_stop"]
+    assert _complete(["infermux", "ctl", "re"], path="/usr/bin:/bin") == ["reject", "retry", "reset", "resume", "reload",
+                                                                         "record", "record_take", "record_stop"]
     listed = re.search(r'_infermux_ctl_commands="([^"]*)"', COMPLETION.read_text()).group(1).split()
     assert set(listed) == set(COMMANDS), "list every admin command in the bash completion"
 

@@ -54,3 +54,31 @@ def test_a_frontend_that_worked_throughout_reads_as_fully_busy_not_more() -> Non
     now[0] += 0.1
     loop.add(0.2)  # a long turn that began before the window did
     assert loop.share() == 1.0
+
+
+def test_a_pause_that_comes_and_goes_is_said_once_a_minute_with_the_pauses_no_event_said(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from infermux.config import ModelConfig, RolloutConfig
+    from infermux.events import EventLog
+    from infermux.models.version import ModelVersion
+
+    now = [1000.0]
+    monkeypatch.setattr(rollout.time, "monotonic", lambda: now[0])
+    shadow = rollout.Rollouts.__new__(rollout.Rollouts)  # the pause bookkeeping alone: no registry, no thread
+    shadow.events = EventLog()
+    candidate = ModelVersion(ModelConfig(name="m", engine=Path("m/2/model.onnx"), version="2"))
+    watched = rollout.Rollout(candidate, RolloutConfig(), None)
+
+    def looks(busy: str, count: int) -> None:
+        for _ in range(count):
+            now[0] += rollout.LOOK_S * 1.01
+            shadow._say_paused(watched, busy)
+
+    said = lambda: [(e.kind, e.detail.get("pauses")) for e in shadow.events.recent(100)]  # noqa: E731
+    for _ in range(5):  # a box at its capacity: busy half a second, free half a second, five times
+        looks("the CPUs are busy", rollout.LOOKS)
+        looks("", rollout.LOOKS)
+    assert said() == [("rollout_paused", None), ("rollout_resumed", None)]
+    assert watched.paused == "" and watched.unsaid == 4
+    now[0] += rollout.PAUSE_EVENTS_S
+    looks("the CPUs are busy", rollout.LOOKS)
+    assert said()[-1] == ("rollout_paused", 5) and "mirroring paused: the CPUs are busy" in candidate.reason

@@ -1,0 +1,316 @@
+"""A version's life under shadow rollout against a real daemon (docs/hot-swap.md#a-versions-life): whatever
+happens to the files, a model that had a serving version keeps one, each version is listed once with its
+state, and a candidate's verdict is the daemon's state, kept across a restart."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+from infermux import signing
+from support import models
+from support.harness import Daemon
+from support.polling import eventually
+from support.publish import PROBE, publish, wait_served
+from support.traffic import Traffic
+
+HEAD = """
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{root}"
+watch_settle_s = 0.4
+watch_debounce_s = 0.02
+watch_rescan_s = 1.0
+{extra}
+"""
+
+ROLLOUT = """
+timeout_ms = 30000
+placement = "{placement}"
+[rollout]
+shadow_requests = {n}
+min_agreement = 0.99
+min_idle_cpu = 0
+max_latency_ratio = {ratio}
+{rollout_extra}"""
+
+
+@pytest.fixture
+def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
+    """Start a daemon on `root` whose model `m` has a rollout table; `workdir` reuses a daemon's folder
+    (and so its state directory): a restart."""
+    started: list[Daemon] = []
+
+    def run(n: int = 5, daemon_extra: str = "", rollout_extra: str = "", workdir: Path | None = None,
+            ratio: float = 0, placement: str = "hot") -> Daemon:
+        # max_latency_ratio 0 but where a test judges speed: a nice-19 candidate's p99 on a busy box
+        # says more about the box than about the engine.
+        write_settings(root, n, rollout_extra, ratio, placement)
+        if workdir is None:
+            workdir = tmp_path / f"daemon{len(started)}"
+            workdir.mkdir()
+        daemon = Daemon(workdir, HEAD.format(root=root, extra=daemon_extra))
+        started.append(daemon)
+        return daemon.start()
+
+    yield run
+    for daemon in started:
+        if daemon.alive():
+            assert daemon.stop() == 0, daemon.log()
+
+
+def write_settings(root: Path, n: int, rollout_extra: str = "", ratio: float = 0, placement: str = "hot") -> None:
+    """m/model.toml with its rollout table; the same text again leaves a signature over it valid."""
+    (root / "m").mkdir(exist_ok=True)
+    text = ROLLOUT.format(n=n, rollout_extra=rollout_extra, ratio=ratio, placement=placement)
+    if not (root / "m" / "model.toml").exists() or (root / "m" / "model.toml").read_text() != text:
+        (root / "m" / "model.toml").write_text(text)
+
+
+def cli(daemon: Daemon, *argv: str) -> subprocess.CompletedProcess:
+    """`infermux ARGV` against this daemon's admin socket, as an operator runs it."""
+    return subprocess.run([sys.executable, "-m", "infermux", *argv, "-e", daemon.admin_endpoint], text=True,
+                          capture_output=True, timeout=60)
+
+
+def listed(daemon: Daemon, model: str = "m") -> list[tuple[str, str, str]]:
+    """(version, state, reason) of every row `infermux status --json` lists for `model`."""
+    done = cli(daemon, "status", "--json")
+    assert done.returncode == 0, done.stderr
+    return [(row["version"], row["state"], row["reason"]) for row in json.loads(done.stdout)["models"]
+            if row["name"] == model]
+
+
+def states(daemon: Daemon, model: str = "m") -> dict[str, str]:
+    """version -> state, checking that no version is listed twice."""
+    rows = listed(daemon, model)
+    versions = [version for version, _, _ in rows]
+    assert len(versions) == len(set(versions)), rows
+    return {version: state for version, state, _ in rows}
+
+
+def promote_2(root: Path, daemon: Daemon, traffic: Traffic) -> None:
+    """Version 1 serves; version 2 (the same answers) is published, shadows, passes and serves."""
+    publish(root, "m", 2, offset=1)
+    daemon.wait_for("rollout_passed model=m version=2", 60)
+    traffic.saw("2")
+    eventually(lambda: states(daemon) == {"2": "ready"}, "version 1 retired once 2 serves", 30)
+    daemon.wait_for("unloaded model=m version=1 reason=superseded", 30)  # what it was promoted over drained
+
+
+@pytest.mark.parametrize("placement", ["hot", "cold"])
+def test_removing_the_promoted_versions_folder_falls_back_to_the_older_version_at_once(
+        root: Path, start: Callable[..., Daemon], placement: str) -> None:
+    publish(root, "m", 1, offset=1)
+    daemon = start(placement=placement)
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    with Traffic(daemon, "m") as traffic:
+        promote_2(root, daemon, traffic)
+        shutil.rmtree(root / "m" / "2")
+        daemon.wait_for("rolled_back model=m version=1", 30)
+        wait_served(daemon, "m", "1", offset=1, timeout=30)
+        served = len(traffic.replies)
+        eventually(lambda: len(traffic.replies) > served + 20, "requests after the rollback", 30)
+    statuses = {reply.status for reply in traffic.replies}
+    assert statuses == {200}, (sorted(statuses), [r.header for r in traffic.replies if r.status != 200][:3])
+    assert "rollout_started model=m version=1" not in daemon.log()  # a rollback does not shadow
+    (line,) = [x for x in daemon.log().splitlines() if "infermux.events: rolled_back " in x]
+    assert "version 2's engine folder was removed" in line, line
+    assert states(daemon) == {"1": "ready"}
+
+
+@pytest.fixture
+def key(tmp_path: Path) -> tuple[Path, Path]:
+    """A trusted publisher's private and public key."""
+    (tmp_path / "keys").mkdir()
+    return signing.keygen(tmp_path / "keys" / "publisher")
+
+
+def publish_signed(root: Path, private: Path, version: int, offset: float) -> None:
+    """A version signed where it is staged, then renamed into place (docs/hot-swap.md, the device workflow)."""
+    staged = models.add_one(root / "m" / f".{version}" / "model.onnx", offset=offset)
+    signing.sign(signing.load_private(private), staged, "m", str(version))
+    (root / "m" / f".{version}").rename(root / "m" / str(version))
+
+
+def test_signing_a_refused_version_in_place_makes_it_a_candidate_and_leaves_the_promoted_one_serving(
+        root: Path, start: Callable[..., Daemon], key: tuple[Path, Path]) -> None:
+    private, public = key
+    write_settings(root, n=100000)  # signed with the engines: each decides only by an operator here
+    publish_signed(root, private, 1, offset=1)
+    daemon = start(n=100000, daemon_extra=f'engine_signing_keys = ["{public}"]')
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    with Traffic(daemon, "m") as traffic:
+        publish_signed(root, private, 2, offset=1)
+        daemon.wait_for("rollout_started model=m version=2", 30)
+        assert cli(daemon, "ctl", "promote-now", "m", "2").returncode == 0
+        traffic.saw("2")
+        eventually(lambda: states(daemon) == {"2": "ready"}, "version 1 retired once 2 serves", 30)
+        publish(root, "m", 5, offset=1)  # unsigned: refused
+        daemon.wait_for("failed model=m version=5", 30)
+        assert states(daemon) == {"2": "ready", "5": "failed"}
+        signing.sign(signing.load_private(private), root / "m" / "5" / "model.onnx")  # as the refusal advises
+        daemon.wait_for("rollout_started model=m version=5", 30)
+        served = len(traffic.replies)
+        eventually(lambda: len(traffic.replies) > served + 20, "requests while 5 shadows", 30)
+        rows = listed(daemon)
+        assert sorted((v, s) for v, s, _ in rows) == [("2", "ready"), ("5", "candidate")], rows
+        assert "not signed" not in dict((v, r) for v, _, r in rows)["5"], rows
+    first_two = [r.version for r in traffic.replies].index("2")
+    assert all(r.status == 200 and r.version == "2" for r in traffic.replies[first_two:]), \
+        sorted({(r.status, r.version) for r in traffic.replies[first_two:]})
+    assert "unloaded model=m version=2" not in daemon.log(), daemon.log()
+    assert daemon.log().count("infermux.events: loading model=m version=1 ") == 1  # never again once 2 served
+
+
+def restart(daemon: Daemon) -> int:
+    """Stop and start `daemon` on the same folders (its state directory included); where its new log begins."""
+    assert daemon.stop() == 0, daemon.log()
+    mark = len(daemon.log())
+    daemon.start()
+    return mark
+
+
+def test_a_refused_version_stays_refused_across_a_restart_until_an_operator_retries_it(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    publish(root, "m", 1, offset=1)
+    daemon = start()
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    with Traffic(daemon, "m"):
+        publish(root, "m", 2, offset=1.5)  # answers otherwise: refused
+        daemon.wait_for("rollout_failed model=m version=2", 60)
+    mark = restart(daemon)
+    wait_served(daemon, "m", "1", offset=1, timeout=30)  # at once: no 503, no shadowing again
+    (row,) = [r for r in listed(daemon) if r[0] == "2"]
+    assert row[1] == "failed" and "rollout failed: it can no longer reach min_agreement: 0 of 1 compared agree" in row[2], row
+    assert states(daemon) == {"1": "ready", "2": "failed"}
+    assert "rollout_started model=m version=2" not in daemon.log()[mark:]
+    assert (daemon.state_dir / "verdicts.json").stat().st_mode & 0o777 == 0o600
+    wrong = cli(daemon, "ctl", "retry", "m", "1")
+    assert wrong.returncode == 1 and "m:1 has no verdict to take back" in wrong.stderr, wrong.stderr
+    retried = cli(daemon, "ctl", "retry", "m", "2")
+    assert retried.returncode == 0 and "m:2 will shadow again" in retried.stdout, retried.stderr
+    daemon.wait_for("rollout_started model=m version=2", 30, since=mark)
+    assert states(daemon) == {"1": "ready", "2": "candidate"}
+
+
+def test_a_candidate_cancelled_by_a_restart_shadows_again_instead_of_serving_at_start(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    publish(root, "m", 1, offset=1)
+    daemon = start(n=100000)  # never decided by itself
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    publish(root, "m", 2, offset=2)
+    daemon.wait_for("rollout_started model=m version=2", 30)
+    mark = restart(daemon)
+    with daemon.client() as client:  # the first answer after READY already comes from version 1
+        reply = client.infer("m", {"x": PROBE})
+    assert reply.status == 200 and reply.version == "1", (reply.status, reply.version, reply.header)
+    daemon.wait_for("held_back model=m version=2", 5, since=mark)
+    daemon.wait_for("rollout_started model=m version=2", 30, since=mark)
+    assert states(daemon) == {"1": "ready", "2": "candidate"}
+    wait_served(daemon, "m", "1", offset=1)
+
+
+def test_a_rejected_version_stays_listed_with_its_reason_after_the_next_candidate_and_a_restart(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    publish(root, "m", 1, offset=1)
+    daemon = start(n=100000)
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    publish(root, "m", 2, offset=2)
+    daemon.wait_for("rollout_started model=m version=2", 30)
+    assert cli(daemon, "ctl", "reject", "m", "2").returncode == 0
+    publish(root, "m", 3, offset=1)
+    daemon.wait_for("rollout_started model=m version=3", 30)
+    rows = {version: (state, reason) for version, state, reason in listed(daemon)}
+    assert rows["2"] == ("failed", "rejected by an operator") and rows["3"][0] == "candidate", rows
+    assert states(daemon) == {"1": "ready", "2": "failed", "3": "candidate"}
+    restart(daemon)
+    wait_served(daemon, "m", "1", offset=1)
+    eventually(lambda: states(daemon) == {"1": "ready", "2": "failed", "3": "candidate"}, "3 shadows again", 30)
+    assert dict((v, r) for v, _, r in listed(daemon))["2"] == "rejected by an operator"
+
+
+def publish_heavy(root: Path, version: int, repeat: int) -> None:
+    """y = x + 1, as version 1 answers, through an [N, 4, repeat] intermediate each call allocates."""
+    models.heavy(root / "m" / f".{version}" / "model.onnx", offset=1, repeat=repeat)
+    (root / "m" / f".{version}").rename(root / "m" / str(version))
+
+
+@pytest.mark.parametrize(("repeat", "settings", "why"), [
+    (500_000, {"ratio": 1.5}, "rollout failed: too slow: its median "),
+    (4_000_000, {"rollout_extra": "max_memory_mb = 64\n"}, "MiB, over max_memory_mb = 64 (measured while it computed)"),
+], ids=["slow", "memory-hungry"])
+def test_a_candidate_that_agrees_but_is_slow_or_memory_hungry_is_refused_before_it_serves(
+        root: Path, start: Callable[..., Daemon], repeat: int, settings: dict, why: str) -> None:
+    publish_heavy(root, 1, repeat=1)
+    daemon = start(n=200, **settings)
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    with Traffic(daemon, "m") as traffic:
+        publish_heavy(root, 2, repeat=repeat)  # the same answers, at 30 ms or 128 MiB a call
+        daemon.wait_for("rollout_failed model=m version=2", 90)
+    (failed,) = [x for x in daemon.log().splitlines() if "infermux.events: rollout_failed " in x]
+    assert why in failed and "agreement=1.0 " in failed, failed
+    compared = int(failed.split(" compared=")[1].split()[0])
+    assert compared < 200, failed  # the moment it could no longer pass, not after its 200 comparisons
+    assert traffic.replies and all(r.status == 200 and r.version == "1" for r in traffic.replies)
+    assert states(daemon) == {"1": "ready", "2": "failed"}
+
+
+def test_removing_the_serving_versions_folder_when_no_older_version_loads_keeps_it_serving(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    publish(root, "m", 1, offset=1)
+    daemon = start()
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    with Traffic(daemon, "m") as traffic:
+        promote_2(root, daemon, traffic)
+        (root / "m" / "1" / ".model.onnx.tmp").write_bytes(b"not an onnx file")  # version 1 breaks on disk
+        (root / "m" / "1" / ".model.onnx.tmp").replace(root / "m" / "1" / "model.onnx")
+        shutil.rmtree(root / "m" / "2")
+        daemon.wait_for("failed model=m version=1", 30)
+        daemon.wait_for("kept model=m version=2", 30)
+        served = len(traffic.replies)
+        eventually(lambda: len(traffic.replies) > served + 20, "requests after the removal", 30)
+    after_two = [r for r in traffic.replies[[r.version for r in traffic.replies].index("2"):]]
+    assert all(r.status == 200 and r.version == "2" for r in after_two), \
+        sorted({(r.status, r.version) for r in after_two})
+    assert states(daemon) == {"1": "failed", "2": "ready"}
+    assert "its engine folder was removed; it serves until another version" in dict(
+        (v, r) for v, _, r in listed(daemon))["2"]
+
+
+def test_a_restart_storm_keeps_the_served_version_and_every_verdict(root: Path, start: Callable[..., Daemon]) -> None:
+    """Versions published (agreeing or not) and served versions removed, a restart after each: the daemon
+    comes back serving the same version, with the same refusals listed, and never shadows a refused one."""
+    publish(root, "m", 1, offset=1)
+    daemon = start()
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    good, refused = [1], []  # versions on disk that served, and that their rollout refused
+    mark = 0
+    for version in range(2, 10):
+        with Traffic(daemon, "m") as traffic:
+            if version % 3 == 1:  # 4, 7: the serving version's folder is removed; the newest good one before it serves
+                shutil.rmtree(root / "m" / str(good.pop()))
+                daemon.wait_for(f"rolled_back model=m version={good[-1]} ", 30, since=mark)
+            elif version % 3 == 0:  # 3, 6, 9: answers otherwise, refused
+                publish(root, "m", version, offset=1.5)
+                daemon.wait_for(f"rollout_failed model=m version={version}", 60)
+                refused.append(version)
+            else:  # 2, 5, 8: the same answers, promoted
+                publish(root, "m", version, offset=1)
+                daemon.wait_for(f"rollout_passed model=m version={version}", 60)
+                good.append(version)
+            traffic.saw(str(good[-1]))
+        expected = {str(good[-1]): "ready", **{str(v): "failed" for v in refused}}
+        eventually(lambda: states(daemon) == expected, f"{expected} before restart {version}", 30)
+        mark = restart(daemon)
+        with daemon.client() as client:  # the first answer after READY: the same version, no 503
+            reply = client.infer("m", {"x": PROBE})
+        assert reply.status == 200 and reply.version == str(good[-1]), (version, reply.status, reply.header)
+        eventually(lambda: states(daemon) == expected, f"{expected} after restart {version}", 30)
+        assert "rollout_started" not in daemon.log()[mark:], daemon.log()[mark:]
