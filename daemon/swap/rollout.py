@@ -154,6 +154,7 @@ class Rollouts:
         model.candidate = candidate
         with self._lock:
             self.by_model = {**self.by_model, candidate.name: rollout}
+        self._bell.set()  # the shadow thread sleeps while no candidate shadows: it has one to look at
         self.events.emit("rollout_started", candidate.name, candidate.version, shadow_requests=config.shadow_requests,
                          compare=config.compare, min_agreement=config.min_agreement)
 
@@ -263,7 +264,8 @@ class Rollouts:
 
     def _run(self) -> None:
         while not self._stopping:
-            self._bell.wait(LOOK_S)
+            # Without a candidate there is nothing to look at: sleep until `start` (or `close`) rings.
+            self._bell.wait(LOOK_S if self.by_model else None)
             self._bell.clear()
             for rollout in list(self.by_model.values()):
                 try:

@@ -268,8 +268,9 @@ from infermux.admin.notify import Notifier
 from infermux.admin.supervisor import Supervisor
 
 class Loop:  # what the supervisor drives of the Server: its flags and hooks
-    ticks, on_stopping, poll_ms, stopping = [], [], 100, False
+    ticks, dues, on_stopping, stopping = [], [], [], False
     def stop(self): self.stopping = True
+    def wake(self): pass
     def summary(self): return "test"
 
 loop = Loop()
