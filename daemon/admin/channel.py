@@ -85,6 +85,7 @@ class AdminServer:
         self._topics: frozenset[bytes] = frozenset()
         self._happened = 0  # events and admin commands so far: with the requests read, what moves a snapshot
         self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)  # events and slow commands' replies
+        self._wake_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="admin", daemon=True)
         self.admin: zmq.Socket | None = None
@@ -114,10 +115,9 @@ class AdminServer:
         return any(topic.startswith(prefix) for prefix in self._topics)
 
     def _ring(self) -> None:
-        try:
-            os.eventfd_write(self._wake, 1)
-        except OSError:  # closed: the thread has ended
-            pass
+        with self._wake_lock:  # never after `stop` closed it: the number may be another file's by then
+            if self._wake >= 0:
+                os.eventfd_write(self._wake, 1)
 
     def _bind(self, kind: int, endpoint: str, options: dict[int, int] | None = None,
               group: str = ipc.GROUP) -> zmq.Socket:
@@ -152,7 +152,9 @@ class AdminServer:
         for guard in self._guards.values():
             guard.close(1.0)
         if not self._thread.is_alive():
-            os.close(self._wake)
+            with self._wake_lock:
+                os.close(self._wake)
+                self._wake = -1
 
     # -- the thread --------------------------------------------------------------
 

@@ -313,3 +313,13 @@ def test_the_ladder_answers_every_request_on_every_rung():
     for rung in RUNGS:
         row = next(line for line in out.stdout.splitlines() if line.startswith(f"| {rung} |"))
         assert row.endswith("| 0 |"), row  # every request answered 200, cut-down rungs included
+
+
+@pytest.mark.slow
+def test_the_idle_benchmark_measures_every_mode():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_idle.py"), "--no-write", "--models", "1,2",
+                          "--seconds", "1", "--settle", "0", "--scrape-every", "0.5"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| this checkout | 1 |" in out.stdout and "| this checkout | 2 |" in out.stdout
+    assert "wakeups/s idle | wakeups/s console | wakeups/s scrape | threads |" in out.stdout
