@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import numpy as np
+import pytest
 import zmq
 
 from support.harness import DAEMON_HEAD, Daemon, free_port
@@ -56,6 +57,7 @@ def wakeups_per_s(d: Daemon, seconds: float) -> float:
     return (voluntary_switches(d.proc.pid) - before) / (time.monotonic() - began)
 
 
+@pytest.mark.timing
 def test_an_idle_daemon_with_many_hot_models_hardly_wakes(make_daemon) -> None:
     d = make_daemon(hot(HOT_MODELS), head=DAEMON_HEAD + f"metrics_port = {free_port()}\n")
     # Once the start's own work is over (loads, warm-ups), under ten a second: the frontend's
@@ -63,6 +65,7 @@ def test_an_idle_daemon_with_many_hot_models_hardly_wakes(make_daemon) -> None:
     eventually(lambda: wakeups_per_s(d, 2.0) < 10, "the idle daemon to wake under ten times a second", 60)
 
 
+@pytest.mark.timing
 def test_a_subscriber_gets_snapshots_while_the_daemon_is_idle_and_more_under_traffic(make_daemon) -> None:
     d = make_daemon(hot(2))
     sub = zmq.Context.instance().socket(zmq.SUB)
@@ -97,6 +100,7 @@ def test_a_subscriber_gets_snapshots_while_the_daemon_is_idle_and_more_under_tra
         sub.close(0)
 
 
+@pytest.mark.timing
 def test_a_stream_that_stops_is_reported_silent_on_time_by_an_idle_daemon(make_daemon) -> None:
     silent_s = 1.0
     d = make_daemon(hot(1), head=DAEMON_HEAD + f"stream_silent_s = {silent_s}\n")
@@ -144,6 +148,7 @@ def test_an_idle_daemon_answers_its_health_probes(make_daemon) -> None:
     assert probe(port, "/readyz")[0] == 200
 
 
+@pytest.mark.timing
 def test_a_worker_that_hangs_while_the_daemon_idles_is_killed_within_its_hang_time(make_daemon) -> None:
     hang_s = 1.0
     d = start_cold(make_daemon, '[[models]]\nname = "c"\nengine = "fast512/1/model.onnx"\nplacement = "cold"\n'
