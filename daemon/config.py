@@ -39,6 +39,7 @@ MPS_MODES = ("off", "auto", "on")
 # what it accepted; "newest_per_key" treats a key as a camera's stream, whose newer frame replaces its
 # oldest queued one (answered 409).
 QUEUE_POLICIES = ("fifo", "newest_per_key")
+STREAM_KEYS = ("open", "bound")  # [daemon] stream_keys: anyone may send a key, or its first client only
 
 
 class ConfigError(Exception):
@@ -112,6 +113,9 @@ class DaemonConfig:
     stream_silent_s: float = 5.0
     stream_metrics_keys: int = 32
     stream_max_keys: int = 1024
+    # STREAM_KEYS: "bound" gives a stream's key to the first client that sends it (its connection, or
+    # its CURVE key over tcp://) until it has sent nothing for stream_silent_s; others' requests are 403.
+    stream_keys: str = "open"
     # Ed25519 public keys (PEM) of trusted publishers: with any, only engines one of them signed load
     # (docs/security.md#signed-engines).
     engine_signing_keys: tuple[Path, ...] = ()
@@ -200,8 +204,9 @@ class StepConfig:
     Such a model step may be re-inferred per track (after a `track` step):
     computed for a tracked region every `reinfer_every` frames of its track,
     or when its box area changed by `reinfer_growth`, its last answer reused
-    between; `max_calls_per_s` bounds the regions it computes per second
-    (daemon/pipelines/reinfer.py). 0 leaves an option off."""
+    between; `max_calls_per_s` bounds the regions it computes per second,
+    split evenly across the streams sending (daemon/pipelines/reinfer.py).
+    0 leaves an option off."""
 
     name: str
     processor: str = ""
@@ -237,6 +242,13 @@ class PipelineConfig:
     max_crop_width: int = 4096
     max_batch_bytes: int = 256 << 20
     nice: int = 0  # as a model's: 0-19 added to the nice value of the threads that run the steps
+    # Frame sizes [width, height] its cameras send: its models are warmed at the shapes the resize steps
+    # make of them (daemon/pipelines/warmshapes.py), so the first frame costs what later ones do.
+    warm_frames: tuple[tuple[int, int], ...] = ()
+
+
+MAX_WARM_FRAMES = 8  # warm_frames entries a pipeline may list: each is one more inference per model at load
+MAX_WARM_SIDE = 16384  # a warm frame's side, at most
 
 
 @dataclass(frozen=True)
@@ -360,11 +372,18 @@ def _parse_daemon(file: Path, table: Any) -> DaemonConfig:
             raw[key] = float(raw[key])
     _check_mps(file, raw)
     _check_signing_keys(file, raw)
+    _check_stream_keys(file, raw)
     if "metrics_host" in raw:
         _check_type(file, "daemon.metrics_host", raw["metrics_host"], str)
     if raw.get("log_level", "info") not in ("debug", "info", "warning", "error"):
         raise ConfigError(file, "daemon.log_level", "must be debug, info, warning or error")
     return DaemonConfig(**raw)
+
+
+def _check_stream_keys(file: Path, raw: dict[str, Any]) -> None:
+    if raw.get("stream_keys", "open") not in STREAM_KEYS:
+        raise ConfigError(file, "daemon.stream_keys", f"must be {' or '.join(map(repr, STREAM_KEYS))}, got "
+                          f"{str(raw['stream_keys'])[:40]!r}")
 
 
 def _check_signing_keys(file: Path, raw: dict[str, Any]) -> None:
@@ -378,6 +397,9 @@ def _check_signing_keys(file: Path, raw: dict[str, Any]) -> None:
     for i, key in enumerate(keys):
         _check_type(file, f"{where}[{i}]", key, str)
         path = _resolve(file, key)
+        why = signing.key_problem(path, private=False)
+        if why:
+            raise ConfigError(file, f"{where}[{i}]", f"will not trust {why}")
         try:
             signing.load_public(path)
         except (ValueError, ImportError) as exc:
@@ -818,6 +840,8 @@ def _parse_pipeline(file: Path, where: str, table: Any, models: set[str], engine
             _positive(file, f"{where}.{key}", raw[key])
     _bounded_int(file, where, raw, "nice", 0)
     _check_queue_policy(file, where, raw)
+    if "warm_frames" in raw:
+        raw["warm_frames"] = _warm_frames(file, f"{where}.warm_frames", raw["warm_frames"])
     steps = raw.get("steps")
     _check_type(file, f"{where}.steps", steps, list)
     if not steps:
@@ -833,6 +857,22 @@ def _parse_pipeline(file: Path, where: str, table: Any, models: set[str], engine
     _check_tracked(file, where, raw["name"], parsed)
     raw["steps"] = tuple(parsed)
     return PipelineConfig(**raw)
+
+
+def _warm_frames(file: Path, where: str, value: Any) -> tuple[tuple[int, int], ...]:
+    """`warm_frames = [[1280, 720], ...]`: up to MAX_WARM_FRAMES sizes, each side 1..MAX_WARM_SIDE."""
+    _check_type(file, where, value, list)
+    if len(value) > MAX_WARM_FRAMES:
+        raise ConfigError(file, where, f"lists {len(value)} frame sizes; at most {MAX_WARM_FRAMES} (each is one "
+                          "more inference per model while it loads)")
+    sizes = []
+    for i, size in enumerate(value):
+        if not (isinstance(size, list) and len(size) == 2 and all(type(v) is int and 1 <= v <= MAX_WARM_SIDE
+                                                                  for v in size)):
+            raise ConfigError(file, f"{where}[{i}]", f"must be [width, height], two integers from 1 to "
+                              f"{MAX_WARM_SIDE}, got {size!r}")
+        sizes.append((size[0], size[1]))
+    return tuple(sizes)
 
 
 def _parse_step(file: Path, where: str, pipeline: str, table: Any, models: set[str],

@@ -11,6 +11,16 @@ import time
 from typing import Any, Sequence
 
 
+def printable(value: Any, limit: int = 64) -> str:
+    """Text a client sent (a stream key), fit to show on a terminal: what is not printable (a control
+    character, a lone surrogate that UTF-8 cannot carry) written as its escape (`\\x1b`, `\\ud800`),
+    cut to `limit` characters ending in "…"."""
+    text = str(value)
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return text if len(text) <= limit else text[:max(0, limit - 1)] + "…"
+
+
 def us(value: float | None) -> str:
     """Microseconds as 85µs / 1.2ms / 12ms / 1.5s; "-" when there are no samples."""
     if value is None:
@@ -98,9 +108,20 @@ def clock(timestamp: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(timestamp))
 
 
+# Not errors: served, and superseded (409: a newer frame of the same stream replaced it under
+# queue_policy newest_per_key, which is the policy working).
+NOT_FAILURES = ("200", "409")
+
+
 def failures(stats: dict[str, Any]) -> int:
-    """Replies other than 200 in a statistics view (the snapshot counts them per status in `by_status`)."""
-    return sum(n for status, n in (stats.get("by_status") or {}).items() if status != "200")
+    """Error replies in a statistics view: all but 200 and 409 (the snapshot counts them per status in
+    `by_status`); a 409 is counted by `superseded`."""
+    return sum(n for status, n in (stats.get("by_status") or {}).items() if status not in NOT_FAILURES)
+
+
+def superseded(stats: dict[str, Any]) -> int:
+    """Replies of 409 in a statistics view: requests a newer one of their stream replaced (newest_per_key)."""
+    return int((stats.get("by_status") or {}).get("409", 0))
 
 
 def version_key(model: dict[str, Any]) -> str:

@@ -23,6 +23,12 @@ PROTOCOL_VERSION = 1
 # deadlines become float µs on the way, and 10**310 ms overflowed a float.
 MAX_TIMEOUT_MS = 2**31 - 1
 
+# The longest stream key, in bytes of UTF-8: a key is stored per stream, shown in metrics, `ctl`, the
+# console, events and logs, so it is bounded (and must be printable text) before any of them sees it.
+MAX_KEY_BYTES = 256
+# An integer key's bound: what a camera counter or id needs, and no 4,000-digit label.
+MAX_KEY_INT = 2**63 - 1
+
 # json.dumps with arguments builds a new encoder per call; this one is reused.
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -41,6 +47,7 @@ REQUEST_FIELDS = ("model", "inputs", "id", "version", "outputs", "timeout_ms", "
 # An input entry's last four describe a camera frame sent to a pipeline (docs/protocol.md, "Pipelines
 # on the wire"); the pipeline's first step reads and checks them.
 INPUT_FIELDS = ("name", "dtype", "shape", "region", "offset", "format", "width", "height", "stride")
+FRAME_FIELDS = ("format", "width", "height", "stride")  # what an input entry may say of a frame (Request.described)
 REGION_FIELDS = ("region", "offset")
 _REQUEST_SET, _INPUT_SET, _REGION_SET = frozenset(REQUEST_FIELDS), frozenset(INPUT_FIELDS), frozenset(REGION_FIELDS)
 # Names that other protocols give a field, too far from ours in spelling for difflib to find.
@@ -63,6 +70,7 @@ class Status(IntEnum):
 
     OK = 200
     BAD_REQUEST = 400
+    FORBIDDEN = 403  # the request's stream key belongs to another connection (stream_keys = "bound")
     NOT_FOUND = 404
     SUPERSEDED = 409  # a stream's newer request replaced this one before it was computed
     TOO_LARGE = 413
@@ -243,6 +251,10 @@ class Request:
     key: str | None = None
     input_regions: dict[str, SharedTensor] = field(default_factory=dict)
     output_regions: dict[str, OutputRegion] = field(default_factory=dict)
+    # A frame's entry as its header gave it ("format" and the geometry, FRAME_FIELDS), by input name,
+    # for the inputs that give any: a pipeline reads its frame from it instead of parsing the header
+    # again. Not checked here (the pipeline's processors check what they read); None where none does.
+    described: dict[str, dict[str, Any]] | None = None
 
 
 @dataclass
@@ -332,6 +344,21 @@ def _optional(header: dict[str, Any], key: str, types: tuple[type, ...]) -> Any:
     return value
 
 
+def _key(header: dict[str, Any]) -> Any:
+    """The header's stream key, checked: printable text (no control characters, no lone surrogates,
+    which UTF-8 cannot carry to a metrics page or a terminal) of at most MAX_KEY_BYTES, or an int64."""
+    key = _optional(header, "key", (str, int))
+    if isinstance(key, int) and not -MAX_KEY_INT - 1 <= key <= MAX_KEY_INT:
+        raise _bad(f"header field 'key' {_short(key, 40)} must be a string or a 64-bit integer")
+    if isinstance(key, str):
+        if not key.isprintable():  # a lone surrogate is category Cs: not printable either
+            raise _bad(f"header field 'key' {_short(key, 40)} must be printable text: no control characters, "
+                       "no lone surrogates")
+        if len(key) > MAX_KEY_BYTES // 4 and len(key.encode()) > MAX_KEY_BYTES:
+            raise _bad(f"header field 'key' is {len(key.encode())} bytes of UTF-8; the limit is {MAX_KEY_BYTES}")
+    return key
+
+
 def parse_header(raw: bytes | memoryview, limits: Limits = Limits()) -> dict[str, Any]:
     """Decode the JSON header frame; it must be an object."""
     if len(raw) > limits.max_header_bytes:
@@ -376,6 +403,7 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
     inputs: dict[str, np.ndarray] = {}
     input_regions: dict[str, SharedTensor] = {}
     in_regions = 0  # bytes read from regions so far: bounded before each is looked at
+    described: dict[str, dict[str, Any]] | None = None
     next_frame = iter(frames[1:])
     for index, item in enumerate(metas):
         if isinstance(item, dict) and not _INPUT_SET.issuperset(item):  # before a misspelt dtype reads as absent
@@ -399,6 +427,9 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
                 raise _bad(f"input {meta.name!r}: {meta.dtype}{list(meta.shape)} needs {want} bytes, "
                            f"frame has {len(frame)}")
         inputs[meta.name] = np.frombuffer(frame, dtype=dtype).reshape(meta.shape)
+        if "format" in item or "width" in item or "height" in item or "stride" in item:
+            described = described or {}
+            described[meta.name] = {k: item[k] for k in FRAME_FIELDS if k in item}
     outputs = header.get("outputs")
     if outputs is not None and (not isinstance(outputs, list) or not all(isinstance(o, str) for o in outputs)):
         raise _bad("header field 'outputs' must be a list of output names")
@@ -413,8 +444,8 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
         model=model, inputs=inputs, id=ident,
         version=None if version is None else str(version),
         outputs=None if outputs is None else tuple(outputs),
-        timeout_ms=timeout_ms, key=_optional(header, "key", (str, int)), input_regions=input_regions,
-        output_regions=_parse_output_regions(header, regions, limits),
+        timeout_ms=timeout_ms, key=_key(header), input_regions=input_regions,
+        output_regions=_parse_output_regions(header, regions, limits), described=described,
     )
 
 

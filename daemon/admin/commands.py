@@ -180,9 +180,7 @@ def _placement(method: str) -> Callable[["Server", dict[str, Any]], dict[str, An
     return run
 
 
-# (smallest, largest): past the largest a value is a typo, and may not even fit a float.
-SETTABLE = {"contexts": (1, 1024), "max_queue": (1, 1 << 24), "timeout_ms": (1, 2**31 - 1),
-            "max_batch": (1, 1 << 16), "batch_delay_us": (0, 60_000_000), "per_key_depth": (1, 1 << 16)}
+SETTABLE = {key: bounds for key, bounds in overrides.BOUNDS.items() if key != "weight"}  # weights: `weights`, the whole split
 
 
 def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
@@ -441,9 +439,8 @@ COMMANDS: dict[str, Command] = {
                            slow=True),
     "reject": Command(_rollout("reject"), "refuse a candidate now; the serving version stays (model, version)",
                       slow=True),
-    "record": Command(cmd_record, "record the next requests of a model and its answers (model, count)",
-                      changes=False),
+    "record": Command(cmd_record, "record the next requests of a model and its answers (model, count)"),
     "record_take": Command(cmd_record_take, "what a recording captured so far, tensors as frames (model)",
                            changes=False),
-    "record_stop": Command(cmd_record_stop, "end a recording and drop what it holds (model)", changes=False),
+    "record_stop": Command(cmd_record_stop, "end a recording and drop what it holds (model)"),
 }

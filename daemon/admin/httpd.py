@@ -10,10 +10,17 @@ and a liveness probe that cannot get in restarts the pod. So:
 - each connection has one deadline for the whole exchange, from accept to
   the last byte of the reply (`deadline_s`), not per read;
 - there are more slots than probes need (`max_connections`), at most
-  `per_peer` from one address; a connection over either bound takes the
-  place of the oldest one of that peer (or of all) that has been sending
-  its request for `grace_s` without finishing it, and is refused only when
-  there is none;
+  `per_peer` from one address; a connection over either bound goes to one
+  of `reserve` slots kept apart, where it has `grace_s` to send a whole
+  request: a probe's (GET /healthz, a few dozen bytes sent at once) is
+  answered there and then; a scrape takes a slot of the pool, that of the
+  oldest connection unfinished for `grace_s` if none is free; anything
+  else is answered 503 and closed. A newcomer to a full reserve takes the
+  place of its oldest. So connections re-opened as fast as they are
+  dropped, from as many addresses as the attacker likes, never make room
+  for each other in the pool (each waits its turn in the reserve), and
+  what they cost a probe is a place in a queue `reserve` long that each
+  of them leaves within `grace_s`;
 - the exposition, which takes milliseconds to render, is rendered on a
   thread of its own (`slow` routes), so probes are answered at once even
   while scrapes wait or are held.
@@ -56,8 +63,9 @@ class HttpLimits:
     max_connections: int = 64  # a scraper or two and a few probes need a handful
     per_peer: int = 8  # connections from one address at once
     deadline_s: float = 5.0  # accept to the reply's last byte, whatever the client does meanwhile
-    grace_s: float = 0.5  # a request unfinished this long may make room for a newcomer
+    grace_s: float = 0.5  # a request unfinished this long may make room; what a reserve slot is held at most
     max_request_bytes: int = 8192  # request line and headers
+    reserve: int = 16  # slots beyond the pool for requests sent whole at once (probes), when the pool is full
 
 
 _serials = itertools.count()
@@ -74,6 +82,7 @@ class _Conn:
     outbox: bytes = b""
     state: str = "reading"  # reading -> waiting (a slow route renders) -> writing
     sent: int = 0
+    reserve: bool = False  # in a reserve slot: it has until `accepted + grace_s` to finish its request
 
 
 @dataclass
@@ -83,6 +92,7 @@ class HttpCounts:
     refused: int = 0
     evicted: int = 0
     timed_out: int = 0
+    reserved: int = 0  # requests answered from a reserve slot, the pool being full
 
 
 class HttpServer:
@@ -153,34 +163,61 @@ class HttpServer:
                 return
             peer = str(address[0]) if isinstance(address, tuple) else str(address)
             now = time.monotonic()
-            if not self._room_for(peer, now):
-                self.counts.refused += 1
-                self._warn("refused", "metrics port: refused a connection from %s: %d open (%d from it), none "
-                           "of them unfinished for %g s; %d refused so far", peer, len(self._conns),
-                           self._from(peer), self.limits.grace_s, self.counts.refused)
-                _refuse(sock)
-                continue
+            reserve = not self._pool_has_room(peer)
+            if reserve:
+                self._make_reserve_room()
             sock.setblocking(False)
-            conn = _Conn(sock, peer, now, now + self.limits.deadline_s)
+            conn = _Conn(sock, peer, now, now + (self.limits.grace_s if reserve else self.limits.deadline_s),
+                         reserve=reserve)
             self._conns[sock.fileno()] = conn
             heapq.heappush(self._deadlines, (conn.deadline, sock.fileno(), conn.serial))
             self._selector.register(sock, selectors.EVENT_READ, conn)
+            self._read(conn)  # a probe's request is often there already: answered before the next newcomer
 
     def _from(self, peer: str) -> int:
-        return sum(1 for c in self._conns.values() if c.peer == peer)
+        return sum(1 for c in self._conns.values() if c.peer == peer and not c.reserve)
 
-    def _room_for(self, peer: str, now: float) -> bool:
-        """Whether a new connection from `peer` fits, after closing the oldest stalled request
-        (of that peer when it is the peer's bound that is full) if one must make room."""
-        if self._from(peer) >= self.limits.per_peer:
-            return self._evict(now, peer)
-        if len(self._conns) >= self.limits.max_connections:
-            return self._evict(now, None)
+    def _pool_has_room(self, peer: str) -> bool:
+        """Whether a slot of the pool is free for `peer` (its own bound and the pool's)."""
+        return self._from(peer) < self.limits.per_peer and \
+            sum(1 for c in self._conns.values() if not c.reserve) < self.limits.max_connections
+
+    def _make_reserve_room(self) -> None:
+        """Close the oldest connection in a reserve slot if all of them are taken (503: a probe's
+        client retries), so that a newcomer always gets one."""
+        held = [c for c in self._conns.values() if c.reserve and c.state == "reading"]
+        if len(held) < self.limits.reserve:
+            return
+        self._refuse_reserved(min(held, key=lambda c: c.accepted), "a newer one needed its reserve slot")
+
+    def _refuse_reserved(self, conn: _Conn, why: str) -> None:
+        self.counts.refused += 1
+        self._warn("refused", "metrics port: refused a connection from %s: the pool is full (%d open, %d from "
+                   "it) and %s; %d refused so far", conn.peer, len(self._conns), self._from(conn.peer), why,
+                   self.counts.refused)
+        self._selector.unregister(conn.sock)
+        del self._conns[conn.sock.fileno()]
+        conn.state = "closed"
+        _refuse(conn.sock)
+
+    def _promote(self, conn: _Conn, now: float, evict: bool) -> bool:
+        """Move `conn` from a reserve slot into the pool: a free slot, or (`evict`: it sent a whole
+        request) that of the oldest request unfinished for `grace_s`, of its peer when it is the peer's
+        bound that is full. False if none. One still unfinished itself never evicts: re-opened as fast
+        as they are dropped, such connections would only ever make room for each other."""
+        if not self._pool_has_room(conn.peer):
+            if not evict:
+                return False
+            peer = conn.peer if self._from(conn.peer) >= self.limits.per_peer else None
+            if not self._evict(now, peer):
+                return False
+        conn.reserve, conn.deadline = False, conn.accepted + self.limits.deadline_s
+        heapq.heappush(self._deadlines, (conn.deadline, conn.sock.fileno(), conn.serial))
         return True
 
     def _evict(self, now: float, peer: str | None) -> bool:
-        stalled = [c for c in self._conns.values() if c.state == "reading" and now - c.accepted >= self.limits.grace_s
-                   and (peer is None or c.peer == peer)]
+        stalled = [c for c in self._conns.values() if c.state == "reading" and not c.reserve
+                   and now - c.accepted >= self.limits.grace_s and (peer is None or c.peer == peer)]
         if not stalled:
             return False
         self.counts.evicted += 1
@@ -229,6 +266,11 @@ class HttpServer:
             self._respond(conn, _plain(501, f"unsupported method {method[:20]!r}; GET or HEAD"), head=False)
             return
         route = self.routes.get(target.split("?", 1)[0])
+        if conn.reserve and (route is None or not route.slow):
+            self.counts.reserved += 1  # answered at once, small: the slot is free again by the return
+        elif conn.reserve and not self._promote(conn, time.monotonic(), evict=True):
+            self._respond(conn, _plain(503, "too many connections to the metrics port at once; retry"), head)
+            return
         if route is None:
             self._respond(conn, _plain(404, f"served here: {', '.join(self.routes)}"), head)
         elif route.slow:
@@ -239,7 +281,7 @@ class HttpServer:
             self._respond(conn, _answer(route), head)
 
     def _respond(self, conn: _Conn, reply: Reply, head: bool) -> None:
-        conn.outbox, conn.state = _encode(reply, head), "writing"
+        conn.outbox, conn.state = _rendered(lambda: reply, head), "writing"
         self._selector.modify(conn.sock, selectors.EVENT_WRITE, conn)
         self._write(conn)
 
@@ -271,11 +313,17 @@ class HttpServer:
                 self._write(conn)
 
     def _expire(self, now: float) -> None:
-        """Close every connection whose deadline has passed, whatever it was doing."""
+        """Close every connection whose deadline has passed, whatever it was doing; one whose reserve
+        slot's time is up goes into the pool if there is room there, else it is refused."""
         while self._deadlines and self._deadlines[0][0] <= now:
             _, fd, serial = heapq.heappop(self._deadlines)
             conn = self._conns.get(fd)
-            if conn is not None and conn.serial == serial:
+            if conn is None or conn.serial != serial or (not conn.reserve and conn.deadline > now):
+                continue  # gone, or promoted into the pool since (its own entry is further on)
+            if conn.reserve and conn.state == "reading":
+                if not self._promote(conn, now, evict=False):
+                    self._refuse_reserved(conn, f"it sent no whole request within {self.limits.grace_s:g} s")
+            else:
                 self.counts.timed_out += 1
                 self._close(conn)
 
@@ -307,7 +355,7 @@ class HttpServer:
             conn, route, head = item
             if conn.state != "waiting" or time.monotonic() >= conn.deadline:
                 continue  # closed, or past its deadline, while it waited: not worth rendering
-            self._rendered.put((conn, _encode(_answer(route), head)))
+            self._rendered.put((conn, _rendered(lambda: _answer(route), head)))
             try:
                 self._wake_w.send(b"x")
             except OSError:
@@ -330,6 +378,16 @@ def _answer(route: Route) -> Reply:
     except Exception:  # a bug in a page must not take the port down
         log.exception("metrics port: internal error answering a request")
         return _plain(500, "internal error in infermux (logged)")
+
+
+def _rendered(answer: Callable[[], Reply], head: bool) -> bytes:
+    """The bytes of an answer; a 500 for this request when building or encoding it fails (text a
+    client sent that UTF-8 cannot carry), so that the thread lives on to answer the next one."""
+    try:
+        return _encode(answer(), head)
+    except Exception:
+        log.exception("metrics port: internal error encoding an answer")
+        return _encode(_plain(500, "internal error in infermux (logged)"), head)
 
 
 def _plain(status: int, text: str) -> Reply:

@@ -28,7 +28,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("infermux.metrics")
 
-FAILURE_REASONS = {400: "bad_request", 404: "not_found", 409: "superseded", 413: "too_large", 429: "queue_full",
+# A 409 is not a failure: a newer request of the same stream replaced it (queue_policy newest_per_key),
+# counted by infermux_inference_request_superseded_total.
+FAILURE_REASONS = {400: "bad_request", 404: "not_found", 413: "too_large", 429: "queue_full",
                    500: "backend_error", 503: "not_ready", 504: "deadline"}
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 PROBE_TYPE = "text/plain; charset=utf-8"
@@ -57,8 +59,17 @@ def _number(value: float) -> str:
     return str(value)
 
 
+def _value(value: Any) -> str:
+    """A label value: escaped, and UTF-8 whatever it holds (a lone surrogate in a name becomes the
+    text `\\ud800`, where it would fail the whole page's encoding)."""
+    text = str(value)
+    if not text.isascii():
+        text = text.encode("utf-8", "backslashreplace").decode()
+    return text.translate(_LABEL_ESCAPES)
+
+
 def _labels(**labels: Any) -> str:
-    text = ",".join(f'{k}="{str(v).translate(_LABEL_ESCAPES)}"' for k, v in labels.items())
+    text = ",".join(f'{k}="{_value(v)}"' for k, v in labels.items())
     return "{" + text + "}" if text else ""
 
 
@@ -109,6 +120,9 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
                [(mv(m), m["stats"]["served"]) for m in models])
     out.family("infermux_inference_request_failure_total", "counter", "Requests answered with an error, by reason.",
                [({**mv(m), "reason": reason}, n) for m in models for reason, n in _failures(m["stats"]["by_status"])])
+    out.family("infermux_inference_request_superseded_total", "counter", "Requests a newer one of their stream "
+               "replaced before they were computed (409, queue_policy newest_per_key): not errors.",
+               [(mv(m), int(m["stats"]["by_status"].get("409", 0))) for m in models])
     _histogram(out, models, mv)
     for part in ("queue", "compute"):
         out.family(f"infermux_inference_{part}_duration_seconds_total", "counter",
@@ -262,6 +276,9 @@ def _pipelines(out: Exposition, pipelines: list[dict]) -> None:
     out.family("infermux_pipeline_refused_from_memory_total", "counter",
                "Frames a pipeline refused from memory: the same frame it refused (400/413) sent again.",
                [({"pipeline": p["name"]}, p.get("refused_from_memory", 0)) for p in pipelines])
+    out.family("infermux_pipeline_regions_dropped_total", "counter",
+               "Regions a pipeline dropped because their box or score was not a finite number.",
+               [({"pipeline": p["name"]}, p.get("dropped_regions", 0)) for p in pipelines])
     steps = [({"pipeline": p["name"], "step": name}, s) for p in pipelines for name, s in p["steps"].items()]
     out.family("infermux_pipeline_step_runs_total", "counter", "Runs of a pipeline step, by status.",
                [({**labels, "status": code}, n) for labels, s in steps for code, n in s["by_status"].items()])
@@ -307,7 +324,7 @@ def _failures(by_status: dict[str, int]) -> list[tuple[str, int]]:
     """Error replies by reason, every known reason present (at 0 until it happens: see EventCounter.of)."""
     counts = Counter({reason: 0 for reason in FAILURE_REASONS.values()})
     for code, n in by_status.items():
-        if code != "200":
+        if code not in ("200", "409"):
             counts[FAILURE_REASONS.get(int(code), code)] += n
     return sorted(counts.items())
 

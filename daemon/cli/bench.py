@@ -279,7 +279,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--concurrency", type=int, default=1, help="requests kept in flight (default 1)")
     stop = parser.add_mutually_exclusive_group()
     stop.add_argument("--requests", "-n", type=int, help="measure this many requests (default 1000)")
-    stop.add_argument("--duration", "-d", type=float, help="measure for this many seconds")
+    stop.add_argument("--duration", "-d", type=float, help="measure for this many seconds (with --streams: the "
+                      "cameras stop sending then, on time, and the replies in flight are waited for up to --timeout)")
     parser.add_argument("--warmup", type=int, default=100, help="unmeasured requests first (default 100)")
     add_input_arguments(parser)
     parser.add_argument("--key", help="affinity key for hash routing")

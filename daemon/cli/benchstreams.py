@@ -1,7 +1,9 @@
 """Open-loop streams for `infermux bench --streams N --fps F`: N cameras at a fixed rate each.
 
 A camera sends its frames at its rate whatever the daemon does with them
-(open loop): frame k of stream s goes at start + (k + s/N) / fps, each with
+(open loop): frame k of stream s goes at start + (k + s/N) / fps, until
+--duration is over (a frame not sent by then is not sent: the run stops on
+time even when the sender fell behind), each with
 the stream's key, on ONE DEALER socket driven by ONE thread (as bench.py's
 closed loop, so the generator takes as little CPU from a 2-core box as it
 can). Replies are read between sends. Per stream: frames sent, served
@@ -95,12 +97,17 @@ class _Sender:
         self._socket, self._model, self._inputs, self._keys, self._fields = socket, model, inputs, keys, fields
         self._cache: dict[tuple[int, int], tuple[dict[str, Any], list[bytes]]] = {}
 
-    def send(self, stream: int, n: int, ident: int) -> None:
+    def prepare(self, stream: int, n: int) -> tuple[dict[str, Any], list[bytes]]:
+        """Distinct frame `n` of `stream`, encoded (once)."""
         found = self._cache.get((stream, n))
         if found is None:
             frames = encode_request(self._model, self._inputs(stream, n), id=0, key=self._keys[stream], **self._fields)
             found = self._cache[(stream, n)] = (parse_header(frames[0]), [bytes(f) for f in frames[1:]])
-        header, tensors = found
+        return found
+
+    def send(self, stream: int, n: int, ident: int) -> None:
+        """Distinct frame `n` of `stream` with request id `ident`."""
+        header, tensors = self.prepare(stream, n)
         header["id"] = ident
         self._socket.send_multipart([b"", json.dumps(header, separators=(",", ":")).encode(), *tensors])
 
@@ -121,19 +128,25 @@ def run_streams(endpoint: str, model: str, inputs: InputsFn, *, streams: int, fp
     for option, value in (curve or {}).items():
         setattr(socket, option, value)
     socket.connect(endpoint)
-    sender = _Sender(socket, model, lambda s, n: inputs(s, n % distinct_frames), keys, fields or {})
+    sender = _Sender(socket, model, inputs, keys, fields or {})
+    for s in range(streams):  # every distinct frame made and encoded now, not while the clock runs
+        for n in range(distinct_frames):
+            sender.prepare(s, n)
     sent_at: dict[int, tuple[int, float]] = {}  # id -> (stream, when sent)
     period = 1.0 / fps
     try:
         start = time.perf_counter()
+        end = start + duration_s
         total = int(duration_s * fps) * streams
         next_report = start + 1.0
         for i in range(total):
             n, stream = divmod(i, streams)
             due = start + (n + stream / streams) * period
-            _read(socket, sent_at, tallies, until=due)
+            _read(socket, sent_at, tallies, until=min(due, end))
+            if time.perf_counter() >= end:  # --duration is over: a sender that fell behind stops here too
+                break
             sent_at[i + 1] = (stream, time.perf_counter())
-            sender.send(stream, n, i + 1)
+            sender.send(stream, n % distinct_frames, i + 1)
             tallies[stream].sent += 1
             if progress is not None and time.perf_counter() >= next_report:
                 progress(sum(t.answered for t in tallies), time.perf_counter() - start)

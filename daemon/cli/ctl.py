@@ -8,6 +8,7 @@
     infermux ctl models           # each version's inputs and outputs (--json: everything)
     infermux ctl events           # recent events, one line each with an ISO time (--json: as sent)
     infermux ctl streams          # per camera (model, key): received, served, superseded, refused, age
+    infermux ctl pipelines        # per pipeline and step: runs, fps, latency, 409s, errors, what it runs (--json: all)
 
 Exit codes: 0 done, 1 the daemon refused (the reason is printed), 2 usage,
 3 the daemon did not answer (within 5 s; a command it has accepted may then
@@ -104,11 +105,14 @@ def short_events(events: list[dict[str, Any]]) -> str:
     """One line per event: ISO time (UTC), kind, model:version, the rest as key=value."""
     from datetime import datetime, timezone
 
+    from infermux import format as fmt
+
     skip = ("time", "kind", "model", "version")
     lines = []
     for e in events:
         when = datetime.fromtimestamp(float(e.get("time", 0)), timezone.utc).isoformat(timespec="milliseconds")
-        rest = " ".join(f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in e.items() if k not in skip)
+        rest = " ".join(f"{k}={fmt.printable(v, 160) if isinstance(v, str) else json.dumps(v)}"
+                        for k, v in e.items() if k not in skip)
         lines.append(f"{when.replace('+00:00', 'Z')}  {e.get('kind', '?'):<9} {event_target(e) or '-'}  {rest}")
     return "\n".join(lines)
 
@@ -122,11 +126,21 @@ def short_streams(reply: dict[str, Any]) -> str:
     for s in reply.get("streams", []):
         age = {q: fmt.us(v * 1000 if v is not None else None) for q, v in (s.get("age_ms") or {}).items()}
         seen = f"{s['last_seen_s']:.1f}s ago" + (" SILENT" if s.get("silent") else "")
-        lines.append(f"{s['model'] + '/' + s['key']:<32} {s['received']:>8} {s['served']:>8} {s['superseded']:>7} "
+        name = fmt.printable(f"{s['model']}/{s['key']}", 48)
+        lines.append(f"{name:<32} {s['received']:>8} {s['served']:>8} {s['superseded']:>7} "
                      f"{s['refused']:>8} {s['failed']:>6} {fmt.rate(s.get('fps_in')):>7} {age.get('p50', '-'):>8} "
                      f"{age.get('p99', '-'):>8}  {seen}")
     lines.append(f"{reply.get('tracked', 0)} streams tracked (at most {reply.get('max_keys')})")
     return "\n".join(lines)
+
+
+def short_pipelines(pipelines: list[dict[str, Any]]) -> str:
+    """The pipelines as `infermux status` shows them, with what each pipeline takes and each step runs."""
+    from infermux.pipelines.stats import table
+
+    if not pipelines:
+        return "no pipelines: the daemon's configuration has no [[pipelines]] (docs/pipelines.md)"
+    return table(pipelines, runs_on=True)
 
 
 def show(cmd: str, reply: dict[str, Any], as_json: bool) -> None:
@@ -137,6 +151,8 @@ def show(cmd: str, reply: dict[str, Any], as_json: bool) -> None:
         print(short_events(reply.get("events", [])))
     elif cmd == "streams" and not as_json:
         print(short_streams(reply))
+    elif cmd == "pipelines" and not as_json:
+        print(short_pipelines(reply.get("pipelines", [])))
     elif as_json or cmd in ("models", "events", "status"):
         print(json.dumps(reply, indent=2))
     else:

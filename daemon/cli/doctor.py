@@ -24,7 +24,7 @@ import re
 import resource
 import stat
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Iterable, Iterator
@@ -55,19 +55,65 @@ class Check:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--config", "-c", default=os.environ.get("INFERMUX_CONFIG", DEFAULT_CONFIG),
-                        help=f"configuration file (default: $INFERMUX_CONFIG or {DEFAULT_CONFIG})")
+    parser.add_argument("--config", "-c", help=f"configuration file (default: $INFERMUX_CONFIG or {DEFAULT_CONFIG}, "
+                        "else the one the daemon on the default sockets in the runtime directory serves, as "
+                        "`status` and `infer` find it)")
     parser.add_argument("--runtime-dir", help="where the daemon's sockets are (as for `infermux serve`)")
     parser.add_argument("--json", action="store_true", help="print the checks as a JSON list")
 
 
 def run(args: argparse.Namespace) -> int:
-    checks = diagnose(Path(args.config), args.runtime_dir)
+    path, found = configuration_path(args.config, args.runtime_dir)
+    checks = diagnose(Path(path), args.runtime_dir)
+    at = next((i for i, c in enumerate(checks) if c.name == "configuration"), len(checks))
+    if found:  # say where the file came from, beside its own line
+        checks.insert(at, Check("daemon", "OK", found))
+    elif at < len(checks) and checks[at].status == "FAIL" and not args.config and not os.path.exists(path):
+        checks[at] = replace(checks[at], fix="give --config FILE, or start the daemon with it (`infermux serve "
+                             "--config FILE`) and run doctor again: it asks the daemon on the default sockets")
     if args.json:
         print(json.dumps([asdict(c) for c in checks], indent=2))
     else:
         print("\n".join(c.line() for c in checks))
     return 1 if any(c.status == "FAIL" for c in checks) else 0
+
+
+def configuration_path(given: str | None, runtime_dir: str | None) -> tuple[str, str]:
+    """The configuration to check, and how it was found ("" when named): --config, else
+    $INFERMUX_CONFIG, else the installed one, else, in a checkout, the file of the daemon listening on
+    the default sockets of the runtime directory (as the other client commands find that daemon);
+    else the installed path, whose check says it is missing."""
+    named = given or os.environ.get("INFERMUX_CONFIG")
+    if named or os.path.exists(DEFAULT_CONFIG):
+        return named or DEFAULT_CONFIG, ""
+    served = served_configuration(runtime_dir)
+    if served is None:
+        return DEFAULT_CONFIG, ""
+    endpoint, path = served
+    return path, f"{endpoint} answers, serving {path} (no {DEFAULT_CONFIG}: not installed)"
+
+
+ASK_S = 2.0  # how long doctor waits for a daemon it looks for on the default sockets
+
+
+def served_configuration(runtime_dir: str | None) -> tuple[str, str] | None:
+    """(admin endpoint, configuration file) of the daemon on the default admin socket in the runtime
+    directory; None where none answers (no socket, no reply within ASK_S, an unsafe folder, ...)."""
+    from infermux.cli.common import present
+    from infermux.client import AdminClient
+    from infermux.transport import ipc
+
+    defaults = cfg.DaemonConfig()
+    endpoint = cfg.resolve_endpoint(defaults.admin, cfg.runtime_dir(defaults, runtime_dir))
+    try:
+        ipc.check_directory(endpoint)
+        present(endpoint)
+        with AdminClient(endpoint, timeout_s=ASK_S) as admin:
+            admin.ping(ASK_S)
+            path = admin.call("status")["daemon"]["config"]
+    except Exception:  # whatever the reason (absent, refused, not a daemon), there is no daemon to ask
+        return None
+    return (endpoint, path) if isinstance(path, str) and path else None
 
 
 def diagnose(config_path: Path, runtime_dir: str | None = None) -> list[Check]:
@@ -241,6 +287,7 @@ def _configuration(path: Path, runtime_dir: str | None, tensorrt_ok: bool) -> li
         return [Check("configuration", "FAIL", str(exc), "fix the file (infermux(1) lists every setting)")]
     checks = [Check("configuration", "OK", f"{path}: {len(config.models)} model(s)")]
     checks += [_engine(m.name, m.version, m.engine, tensorrt_ok) for m in config.models]
+    checks += _signatures(config)
     checks.append(_engine_dir(config.daemon.engine_dir, config.daemon.admin_group))
     if config.daemon.watch:
         checks += _discovered(config, tensorrt_ok)
@@ -282,6 +329,25 @@ def _engine(name: str, version: str, engine: Path, tensorrt_ok: bool) -> Check:
     if engine.suffix in (".plan", ".engine"):
         return _plan(what, engine, tensorrt_ok)
     return Check(what, "OK", str(engine))
+
+
+def _signatures(config: cfg.Config) -> list[Check]:
+    """Under engine_signing_keys, each configured engine's signature, checked as the daemon will."""
+    import tempfile
+
+    from infermux.models.verified import EngineSigning
+
+    if not config.daemon.engine_signing_keys:
+        return []
+    checks = []
+    with tempfile.TemporaryDirectory() as scratch:
+        signing = EngineSigning.from_files(config.daemon.engine_signing_keys, Path(scratch))
+        for m in config.models:
+            why = signing.problem(m) if m.engine.is_file() else None
+            checks.append(Check(f"signature {m.name} {m.version}", "FAIL", why,
+                                f"sign it where it is published: infermux sign --key PUBLISHER.key {m.engine}")
+                          if why else Check(f"signature {m.name} {m.version}", "OK", "signed by a trusted key"))
+    return checks
 
 
 def _plan(what: str, engine: Path, tensorrt_ok: bool) -> Check:

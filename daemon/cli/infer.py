@@ -208,6 +208,8 @@ def run(args: argparse.Namespace) -> int:
             track = f"track {region['track_id']}  " if "track_id" in region else ""
             print(f"  {track}{region.get('text', region.get('label', ''))!r}  score {region['score']:.3f}  "
                   f"box {region['box']}")
+        for row in reply.header.get("classes") or []:  # a whole-frame classifier's answer, per batch row
+            print("  " + ", ".join(f"{c.get('label') or c.get('index')!r} {c.get('score', 0):.3f}" for c in row))
         for name, value in reply.outputs.items():
             print("\n".join(describe(name, value, args.top)))
     if args.save:

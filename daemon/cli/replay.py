@@ -44,6 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the share of requests that must agree (default 0.99)")
     parser.add_argument("--worst", type=int, default=5, help="how many of the worst cases to print")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--max-request-mb", type=float, default=256.0,
+                        help="the most one recorded request's arrays may take once read (default 256)")
 
 
 def _rule(args: argparse.Namespace) -> Any:
@@ -77,6 +79,8 @@ def run(args: argparse.Namespace) -> int:
     from infermux.client.recording import RecordingError, read_manifest
 
     rule = _rule(args)
+    if not args.max_request_mb > 0:
+        raise CliError("infermux replay: --max-request-mb must be more than 0", USAGE)
     options = _options(args.option)
     folder, engine_path = Path(args.dir).expanduser(), Path(args.engine).expanduser()
     try:
@@ -87,7 +91,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError(f"infermux replay: engine {engine_path} is not a file", USAGE)
     engine, backend = _load(engine_path, args.backend, options)
     try:
-        result = _replay(folder, manifest, engine, rule)
+        result = _replay(folder, manifest, engine, rule, int(args.max_request_mb * 2**20))
     finally:
         engine.close()
     result.update(engine=str(engine_path), backend=backend, model=manifest.get("model", ""),
@@ -109,7 +113,7 @@ def _load(path: Path, backend_name: str, options: dict[str, Any]) -> tuple[Any, 
         raise CliError(f"infermux replay: {path} does not load: {exc}") from None
 
 
-def _replay(folder: Path, manifest: dict[str, Any], engine: Any, rule: Any) -> dict[str, Any]:
+def _replay(folder: Path, manifest: dict[str, Any], engine: Any, rule: Any, max_bytes: int) -> dict[str, Any]:
     """Run every recorded request; the agreement, the verdicts (worst first) and latencies."""
     import numpy as np
 
@@ -123,7 +127,7 @@ def _replay(folder: Path, manifest: dict[str, Any], engine: Any, rule: Any) -> d
     recorded: list[int] = []
     shown = started = time.monotonic()
     try:
-        for entry in entries(folder, manifest):
+        for entry in entries(folder, manifest, max_bytes):
             begin = time.perf_counter()
             try:
                 outputs = context.infer(entry.inputs)

@@ -83,13 +83,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"infermux: will not serve from the runtime directory {why} (docs/security.md); nothing was "
               "started", file=sys.stderr)
         return 1
+    state_dir = statefile.state_dir(config.daemon, args.state_dir)
     try:  # before anything binds or sweeps the runtime directory; the locks last as long as the process
-        ownership.claim(run_dir, [cfg.resolve_endpoint(ep, run_dir) for ep in
-                                  [*config.daemon.listen, config.daemon.admin, config.daemon.stats] if ep])
+        owned = ownership.claim(run_dir, [cfg.resolve_endpoint(ep, run_dir) for ep in
+                                          [*config.daemon.listen, config.daemon.admin, config.daemon.stats] if ep])
+        why = statefile.claim(state_dir, owned)
     except ownership.SocketsTaken as exc:
         print(f"infermux: {exc}", file=sys.stderr)
         return ALREADY_SERVING
-    server = Server(config, run_dir, statefile.state_dir(config.daemon, args.state_dir))
+    if why:
+        print(f"infermux: will not keep live changes in the state directory {why} (docs/security.md); nothing "
+              "was started", file=sys.stderr)
+        return 1
+    server = Server(config, run_dir, state_dir)
     TRACEBACKS.events = server.events
     admin = AdminServer(server)
     metrics = None

@@ -6,8 +6,11 @@
 
 A daemon with `[daemon] engine_signing_keys = ["/etc/infermux/publisher.pub"]`
 loads only engines signed by one of those keys. The signature (FILE.sig)
-covers the engine and its model folder's model.toml: sign after the last
-edit of either. docs/security.md#signed-engines walks through publishing.
+binds the engine to the model and version it is published as (its folders,
+`<model>/<version>/FILE`, or --model and --version) and covers every file
+beside it and its model folder's model.toml: sign after the last edit of
+any, in the place it will be published. docs/security.md#signed-engines
+walks through publishing.
 """
 
 from __future__ import annotations
@@ -26,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       "as the daemon would")
     parser.add_argument("files", nargs="*", metavar="FILE", help="engine files (model.plan, model.onnx, ...)")
     parser.add_argument("--force", action="store_true", help="with --keygen: replace an existing key pair")
+    parser.add_argument("--model", help="with --key: the model name the engine is published as (default: the "
+                        "folder above its version folder)")
+    parser.add_argument("--version", dest="as_version", metavar="VERSION",
+                        help="with --key: the version it is published as (default: its folder's name)")
 
 
 def _fail(message: str, code: int = 1) -> int:
@@ -48,9 +55,13 @@ def run(args: argparse.Namespace) -> int:
                   f"on each device, in [daemon]: engine_signing_keys = [\"/etc/infermux/{public.name}\"]")
             return 0
         if args.key:
-            key = signing.load_private(Path(args.key).expanduser())
+            private = Path(args.key).expanduser()
+            why = signing.key_problem(private, private=True)
+            if why:
+                return _fail(f"will not sign with {why}")
+            key = signing.load_private(private)
             for f in files:
-                print(f"signed {f} -> {signing.sign(key, f)}")
+                print(f"signed {f} -> {signing.sign(key, f, args.model, args.as_version)}")
             return 0
         return _check(signing.load_keys([Path(args.check).expanduser()]), files)
     except (ValueError, ImportError, FileExistsError) as exc:

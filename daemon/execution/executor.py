@@ -17,7 +17,7 @@ from infermux.execution import batcher
 from infermux.execution.priority import lower_this_thread
 from infermux.execution.fairqueue import Closed, FairQueue
 from infermux.execution.inline import track_compute
-from infermux.execution.job import Job, Outcome
+from infermux.execution.job import Job, Outcome, ReplySink, internal_sink
 from infermux.plugins.base import Context, InputRejected, OutputsMismatch
 from infermux.protocol import OkReplies, Status, encode_reply, error_header
 from infermux.execution.outputs import RegionOutputs, ShapeMemory
@@ -75,6 +75,7 @@ class Executor:
         self.stats = Stats()  # replaced by the scheduler with this context's share of the model's stats
         self._policy = policy
         self._busy = threading.Lock()  # held while the context computes, by whichever thread
+        self._ended = False  # the context is closed (or about to be), under `_busy`: try_inline computes nothing
         self._shapes = ShapeMemory()  # output shapes by kind of request, for RegionOutputs
         self._ok = OkReplies(name, version)
         self._samples: list[float] = []  # answer_now's compute µs a row, for settle
@@ -109,6 +110,8 @@ class Executor:
                 # a client's shared-memory region that its client has let go (regions.py).
                 del jobs
         finally:
+            with self._busy:  # not under a pipeline thread's compute (try_inline, Scheduler.run_step)
+                self._ended = True
             try:
                 self._context.close()
             except Exception:  # a failing close must not hide the real exit reason
@@ -132,6 +135,8 @@ class Executor:
         if len(self.queue) or not self._busy.acquire(blocking=False):
             return False
         try:
+            if self._ended:
+                return False
             self._guarded([job])
         finally:
             self._busy.release()
@@ -351,6 +356,10 @@ class Executor:
         req = job.request
         if req.outputs is not None:
             outputs = {name: outputs[name] for name in req.outputs}
+        sink = internal_sink(job.envelope)
+        if sink is not None:  # a pipeline's step: its arrays as they are, no reply to encode (calls.py)
+            self._computed(job, sink, outputs, start, end, batch, rows)
+            return
         if isinstance(job.place, RegionOutputs):  # ran alone: the next of its kind goes straight there
             job.place.learn(outputs)
         queue_us, compute_us = (start - job.received_ns) // 1000, (end - start) // 1000
@@ -372,6 +381,15 @@ class Executor:
         self.stats.record(200, total_us, queue_us, compute_us, batch)
         job.answered(200)
         self._reply(job.envelope, frames, outcome)
+
+    def _computed(self, job: Job, sink: ReplySink, outputs: dict, start: int, end: int, batch: int,
+                  rows: int) -> None:
+        """`_succeed` for an internal request: counted as a client's, handed over as arrays."""
+        queue_us, compute_us = (start - job.received_ns) // 1000, (end - start) // 1000
+        total_us = (time.perf_counter_ns() - job.received_ns) // 1000
+        self.stats.record(200, total_us, queue_us, compute_us, batch)
+        job.answered(200)
+        sink.computed(outputs, job.fallback, Outcome(200, rows, queue_us, compute_us, total_us))
 
     def _fail(self, jobs: list[Job], status: Status, message: str) -> None:
         for job in jobs:

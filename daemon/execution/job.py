@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 import numpy as np
 
@@ -41,11 +41,28 @@ class Outcome:
 
 
 class ReplySink(Protocol):
-    """Where the reply to a request the daemon sent itself goes (a pipeline's model step,
-    daemon/pipelines/): called with the reply's frames, `[header, outputs...]`, on whichever
-    thread answers (an executor, the frontend reading a worker's lane)."""
+    """Where the answer to a request the daemon sent itself goes (a pipeline's model step,
+    pipelines/calls.py), on whichever thread answers (the pipeline's own, an executor, the
+    frontend reading a worker's lane)."""
 
-    def deliver(self, frames: list[Any], outcome: Outcome | None) -> None: ...
+    def computed(self, outputs: dict[str, np.ndarray], fallback: dict[str, str] | None,
+                 outcome: Outcome | None) -> None:
+        """A hot context computed it: its outputs as arrays, never encoded (Executor._succeed)."""
+        ...
+
+    def refused(self, header: dict[str, Any]) -> None:
+        """The router refused it: the error header it would have sent, never encoded."""
+        ...
+
+    def deliver(self, frames: list[Any], outcome: Outcome | None) -> None:
+        """Any other reply, as the wire carries it: `[header, outputs...]` (a cold worker's, an error)."""
+        ...
+
+    def hand_back(self, run: Callable[[], bool]) -> None:
+        """The placement took it to be computed on the sender's own thread: `run()` there, once the
+        admission is over, computes or queues it (Scheduler.run_step: True where it computed it); the
+        answer then comes as above."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,11 +26,11 @@ from infermux.execution.batchcap import CappedPolicy
 from infermux.execution.executor import Executor
 from infermux.execution.hashring import HashRing
 from infermux.execution.hooks import FrontendHooks
-from infermux.execution.job import Job, Outcome
+from infermux.execution.job import Job, Outcome, internal_sink
 from infermux.execution.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
 from infermux.plugins.base import Engine
 from infermux.execution.stats import ModelStats
-from infermux.protocol import Status, encode_reply, error_header
+from infermux.protocol import OPERATOR_RETRY_MS, Status, encode_reply, error_header
 
 NEWEST_PER_KEY = "newest_per_key"  # config.QUEUE_POLICIES
 
@@ -168,6 +168,8 @@ class Scheduler:
         if (home is None or home.queue.count(key) < keep) and self.depth() >= self.max_queue:
             return Admission.FULL
         executor = home or self._pick(executors, job)
+        if self._hand_back(executor, job):
+            return Admission.QUEUED
         if self.policy.max_batch > 1 and self._hold is not None and self._hold(self):
             try:  # the reading thread runs it with the rest of its burst (run_held)
                 self._superseded(executor.queue.put(job, wake=False, keep=keep), job)
@@ -183,6 +185,40 @@ class Scheduler:
         except Closed:  # the context is being removed, or this version stopped meanwhile
             return self._forward(job)
         return Admission.QUEUED
+
+    def _hand_back(self, executor: Executor, job: Job) -> bool:
+        """A pipeline's model step (calls.py) that its own thread may compute: the version does not
+        batch (so there is no company to wait for), is not niced (its compute stays on its own
+        threads) and `executor` is idle. Handed back to the step's sink, which runs `run_step` on its
+        thread once the admission is over; True where it was."""
+        if self.policy.max_batch > 1 or self.nice or executor.load:
+            return False
+        sink = internal_sink(job.envelope)
+        if sink is None:
+            return False
+        sink.hand_back(lambda: self.run_step(executor, job))
+        return True
+
+    def run_step(self, executor: Executor, job: Job) -> bool:
+        """Compute a step handed back (`_hand_back`) on the calling thread if `executor` is still idle,
+        else queue it there as any request; if the version stopped meanwhile, its successor takes it,
+        else 503 (as `Router._refused` says of a closed placement). True where it computed it."""
+        if executor.try_inline(job):
+            return True
+        try:
+            executor.queue.put(job)
+            return False
+        except Closed:
+            pass
+        if self._forward(job) is Admission.QUEUED:
+            return False
+        total_us = (time.perf_counter_ns() - job.received_ns) // 1000
+        self._stats.router.record(int(Status.NOT_READY), total_us)
+        job.answered(int(Status.NOT_READY))
+        self._reply(job.envelope, encode_reply(error_header(
+            Status.NOT_READY, f"model {self.name!r} version {self.version!r} stopped; retry", job.request.id,
+            retry_after_ms=OPERATOR_RETRY_MS, model=self.name, version=self.version)))
+        return False
 
     def serve_now(self, job: Job) -> bool:
         """The fast path (Router.admit_fast): compute `job` on the calling thread at once when nothing

@@ -33,6 +33,9 @@ Clock = Callable[[], float]
 Gauge = Callable[[], int]
 
 OK = 200  # protocol.Status.OK; a literal keeps this module free of protocol imports
+# A request replaced by a newer one of its stream (queue_policy newest_per_key): the policy working,
+# counted by status but not as an error.
+SUPERSEDED = 409
 
 # Upper bounds (µs) of the cumulative latency histogram Prometheus scrapes.
 LATENCY_BUCKETS_US = (100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000,
@@ -66,7 +69,7 @@ class StatsSnapshot:
     queue_depth: int
     in_flight: int
     qps: float                    # served requests per second over the window
-    error_qps: float              # non-200 replies per second over the window
+    error_qps: float              # error replies per second over the window: neither 200 nor 409 (superseded)
     samples: int                  # latency samples behind the percentiles
     p50_us: float | None
     p90_us: float | None
@@ -229,7 +232,7 @@ class Stats:
             sums["total"] += total_us
             sums["queue"] += queue_us
             sums["compute"] += compute_us
-        else:
+        elif status != SUPERSEDED:
             shard.err[shard.bucket % self._nbuckets] += 1
         shard.status[status] = shard.status.get(status, 0) + 1
 

@@ -17,7 +17,18 @@ KEY_CHARS characters.
 
 A stream that sent two requests at most `silent_s` apart and then nothing
 for `silent_s` is *silent*: `check` (a frontend tick) emits one
-`stream_silent` event for it, and `stream_resumed` when it sends again.
+`stream_silent` event for it, and `stream_resumed` when it sends again:
+the first EVENTS_NAMED of each kind in EVENTS_INTERVAL_S, and then one
+event that counts the rest (`streams=N`), so that keys a client makes up
+and drops cannot flood the log.
+
+Under `[daemon] stream_keys = "bound"` a stream belongs to the client (a
+connection, or a CURVE key: router._owner) that sent its first request
+(`receive`'s `owner`) until it has sent
+nothing for `silent_s` (HOLD_S when silence is off): another connection's
+request with the key is not counted on it, only as `foreign`, and the
+router answers it 403. The owner's own requests are all that keep it held,
+so a hijacker's refused ones never extend it.
 """
 
 from __future__ import annotations
@@ -30,12 +41,14 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from infermux.events import EventLog
+from infermux.events import EventLog, Throttle
 
 AGES = 256  # ages of served requests kept per stream: the percentiles are over the last AGES
 WINDOW_S = 5  # the rates cover the last WINDOW_S seconds (the current one included)
 KEY_CHARS = 128  # a longer key is counted under its first KEY_CHARS characters
 CHECK_S = 0.25  # how often `check` looks for silent streams
+EVENTS_NAMED, EVENTS_INTERVAL_S = 5, 10.0  # stream_silent/stream_resumed events with their key, per interval
+HOLD_S = 5.0  # how long a quiet owner keeps its key under stream_keys = "bound" when stream_silent_s is 0
 SERVED, SUPERSEDED = 200, 409
 REFUSED = frozenset((429, 503, 504))
 COUNTERS = ("received", "served", "superseded", "refused", "failed")
@@ -102,6 +115,8 @@ class Stream:
     last_seen: float = 0.0
     prev_seen: float = 0.0  # the request before the last: whether the stream was "active" (check)
     silent: bool = False
+    owner: Any = None  # under stream_keys = "bound": the connection that holds the key (StreamTable.receive)
+    foreign: int = 0  # requests with the key from other connections, refused while it was held
     _in: _PerSecond = field(default_factory=_PerSecond)
     _out: _PerSecond = field(default_factory=_PerSecond)
     _dropped: _PerSecond = field(default_factory=_PerSecond)
@@ -153,7 +168,7 @@ class Stream:
             ages = sorted(self._ages)
             fps = {"fps_in": self._in.rate(now, self.first_seen), "fps_served": self._out.rate(now, self.first_seen),
                    "fps_dropped": self._dropped.rate(now, self.first_seen)}
-        return {"model": self.model, "key": self.key, **counts,
+        return {"model": self.model, "key": self.key, **counts, "foreign": self.foreign,
                 "age_ms": {"p50": percentile(ages, 50), "p99": percentile(ages, 99)},
                 "last_seen_s": round(now - self.last_seen, 3), **{k: round(v, 2) for k, v in fps.items()},
                 "silent": self.silent}
@@ -178,9 +193,26 @@ class StreamTable:
         self._quiet_at = 0.0  # silent_s after the last request: every stream's silence is seen by then
         self.forgotten: dict[str, Totals] = {}  # per model: the streams forgotten to stay within max_keys
         self._lock = threading.Lock()  # the table's shape; each stream counts under its own lock
+        # stream_silent and stream_resumed: keys a client makes up at will come and go as fast as it
+        # likes, so a few events of each kind per interval name their key, one more sums up the rest.
+        self._told = Throttle(first=EVENTS_NAMED, interval_s=EVENTS_INTERVAL_S, clock=clock)
 
-    def receive(self, model: str, key: Any) -> Stream:
-        """Count a request of `key` to `model` (frontend thread); its stream, to count the answer on."""
+    def foreign(self, model: str, key: Any, owner: Any) -> bool:
+        """Whether `key`'s stream of `model` belongs to a connection other than `owner` that has sent
+        within `silent_s` (stream_keys = "bound"; frontend thread, before `receive`): then the request
+        is counted as the stream's `foreign` and not received."""
+        now = self.clock()
+        with self._lock:
+            stream = self._streams.get((model, stream_key(key)))
+            if stream is None or stream.owner in (None, owner) or now - stream.last_seen >= (self.silent_s or HOLD_S):
+                return False
+            stream.foreign += 1
+            return True
+
+    def receive(self, model: str, key: Any, owner: Any = None) -> Stream:
+        """Count a request of `key` to `model` (frontend thread); its stream, to count the answer on.
+        With an `owner` (stream_keys = "bound": the sending connection, `foreign` asked first), the
+        stream is that connection's from now on."""
         name = (model, stream_key(key))
         now = self.clock()
         self._quiet_at = now + self.silent_s
@@ -192,6 +224,8 @@ class StreamTable:
                     self._forget_one()
             else:
                 self._streams.move_to_end(name)
+            if owner is not None:
+                stream.owner = owner
         stream.receive(now)
         if stream.silent:
             stream.silent = False
@@ -225,6 +259,13 @@ class StreamTable:
             if not stream.silent and stream.prev_seen and stream.last_seen - stream.prev_seen <= self.silent_s:
                 stream.silent = True
                 self._emit("stream_silent", stream, now)
+        for kind, count in self._told.held().items():
+            self._sum_up(kind, count)
+
+    def _sum_up(self, kind: str, count: int) -> None:
+        """The one event for `count` streams of `kind` not named in an interval (no key: too many)."""
+        if self.events is not None:
+            self.events.emit(kind, streams=count, within_s=self._told.interval_s)
 
     def due(self, now: float) -> float | None:
         """Seconds from `now` until `check` must look again: every CHECK_S until each stream that
@@ -235,7 +276,10 @@ class StreamTable:
         return self._next_check - now
 
     def _emit(self, kind: str, stream: Stream, now: float) -> None:
-        if self.events is not None:
+        held = self._told.admit(kind) if self.events is not None else None
+        if held:  # the first of a new interval: the last one's unnamed go first
+            self._sum_up(kind, held)
+        if held is not None and self.events is not None:
             detail: dict[str, Any] = {"key": stream.key}
             if kind == "stream_silent":
                 detail["silent_s"] = round(now - stream.last_seen, 1)

@@ -32,12 +32,13 @@ class ClientEnvelope(list[Any]):
     reply found too large can be remembered by its kind; `probe` is the kind when this request
     was let through to see whether its kind still makes replies over the limit."""
 
-    __slots__ = ("request", "model", "version", "probe")
+    __slots__ = ("request", "model", "version", "probe", "user")
 
     request: Request | None
     model: str
     version: str | None
     probe: Kind | None
+    user: str | None  # the CURVE client's key it came with, where the frontend reads it (stream_keys = "bound")
 
     def came_with(self, request: Request) -> None:
         """Set the request (and the model and version it asks for, before any fallback changes them)."""

@@ -62,6 +62,8 @@ class Layout:
     outputs: tuple[str, ...] | None
     timeout_ms: int | None
     key: str | None
+    # Request.described, as items (a layout is immutable): a camera's raw frames repeat their header too.
+    described: tuple[tuple[str, tuple[tuple[str, Any], ...]], ...] = ()
 
     @property
     def rows(self) -> int:
@@ -168,13 +170,15 @@ def _layout(raw: bytes, id_at: int, ident: bytes | None, frames: Sequence[bytes 
         if check.id != int(other) or _without_id(check) != _without_id(request):
             return None  # those bytes are not (only) the header's id
     inputs = tuple(Input(name, array.dtype, array.shape, array.nbytes) for name, array in request.inputs.items())
-    return Layout(id_at, request.model, inputs, request.version, request.outputs, request.timeout_ms, request.key)
+    described = tuple((name, tuple(entry.items())) for name, entry in (request.described or {}).items())
+    return Layout(id_at, request.model, inputs, request.version, request.outputs, request.timeout_ms, request.key,
+                  described)
 
 
 def _without_id(request: Request) -> tuple[Any, ...]:
     shapes = tuple((name, array.dtype.str, array.shape) for name, array in request.inputs.items())
     return (request.model, shapes, request.version, request.outputs, request.timeout_ms, request.key,
-            bool(request.input_regions), bool(request.output_regions))
+            bool(request.input_regions), bool(request.output_regions), request.described)
 
 
 def fill(layout: Layout, ident: bytes | None, frames: Sequence[bytes | memoryview],
@@ -192,5 +196,6 @@ def fill(layout: Layout, ident: bytes | None, frames: Sequence[bytes | memoryvie
         inputs[spec.name] = np.frombuffer(frame, dtype=spec.dtype).reshape(spec.shape)
     if total > limits.max_message_bytes:
         return None
+    described = {name: dict(entry) for name, entry in layout.described} if layout.described else None
     return Request(model=layout.model, inputs=inputs, id=id_value(ident), version=layout.version,
-                   outputs=layout.outputs, timeout_ms=layout.timeout_ms, key=layout.key)
+                   outputs=layout.outputs, timeout_ms=layout.timeout_ms, key=layout.key, described=described)

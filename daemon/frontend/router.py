@@ -10,25 +10,33 @@ or a full queue (the fallback, else 429); otherwise queued.
 
 from __future__ import annotations
 
+import json
 import logging
 import random
 import time
 from typing import Any
 
-from infermux.config import MAX_FALLBACK_DEPTH, Config, RoutingConfig
+from infermux.config import COLD, MAX_FALLBACK_DEPTH, Config, RoutingConfig
 from infermux.pipelines.runner import Pipeline
 from infermux.execution.executor import ReplyFn
 from infermux.execution.hashring import HashRing
 from infermux.execution.job import ONLY_INPUT, Job, internal_sink
 from infermux.execution.placement import Admission, Placement
 from infermux.execution.scheduler import Scheduler
-from infermux.execution.streams import StreamTable
+from infermux.execution.streams import HOLD_S, StreamTable, stream_key
 from infermux.frontend.parsecache import MAX_LAYOUTS, Layout
 from infermux.protocol import OPERATOR_RETRY_MS, ProtocolError, Status, dtype_name, encode_reply, error_header
 from infermux.models.overrides import file_weights
 from infermux.models.registry import Model, ModelVersion, Registry, State
 
 log = logging.getLogger("infermux.router")
+
+MAX_NAMED_PIPELINES = 8  # a 400 names this many pipelines that take frames, then says how many more
+
+
+class Deferred(Exception):
+    """A pipeline step's admission (Router.admit_step) needs a cold version's worker started, which
+    the frontend thread alone does (Registry.on_demand): nothing was admitted; the frontend admits it."""
 
 
 class Router:
@@ -44,6 +52,7 @@ class Router:
         self.file_weights: dict[str, dict[str, int]] = {}  # model -> version -> weight the file gives
         self.pipelines: dict[str, Pipeline] = {}  # addressed like models (daemon/pipelines/)
         self._accepted: dict[int, tuple[Layout, Any]] = {}  # id(layout) -> (layout, engine that accepts it)
+        self._step: Job | None = None  # the pipeline step being admitted off the frontend thread (admit_step)
         self.configure(config)
 
     def configure(self, config: Config) -> None:
@@ -51,6 +60,7 @@ class Router:
         versions' weights the file gives; an operator's live weights (the registry's overrides)
         count over them until the file changes that weight or `ctl reset`."""
         self.routing, self.file_weights = config.routing, file_weights(config)
+        self.bound_keys = config.daemon.stream_keys == "bound"  # a key is its first connection's (streams.py)
 
     def weights(self, name: str) -> dict[str, int]:
         """Version -> weight of model `name` for `weighted` routing: the file's, live ones over them."""
@@ -60,13 +70,30 @@ class Router:
 
     def admit(self, job: Job) -> dict[str, Any] | None:
         """Queue `job` somewhere; None if queued, else the error header to send."""
-        self._track(job)
         try:
+            self._track(job)
             self._admit(job)
             return None
         except ProtocolError as exc:
             self._count(job, exc.status)
             return error_header(exc.status, exc.message, job.request.id, retry_after_ms=exc.retry_after_ms)
+
+    def admit_step(self, job: Job) -> dict[str, Any] | None:
+        """`admit` for a pipeline's model step, on the pipeline's thread (Server.admit_step holds the
+        lock that makes these one at a time and that `quiesce` waits for). Every policy is the same;
+        where it would have to start a cold version's worker, it raises Deferred, having admitted nothing."""
+        self._step = job
+        try:
+            return self.admit(job)
+        finally:
+            self._step = None
+
+    def _on_demand(self, job: Job, mv: ModelVersion) -> None:
+        """Registry.on_demand, or Deferred where `job` is a step admitted off the frontend thread and
+        the version is a cold one not loading (its worker must be started, by the frontend)."""
+        if job is self._step and mv.config.placement == COLD and mv.state in (State.UNLOADED, State.FAILED):
+            raise Deferred(mv.name)
+        self.registry.on_demand(mv)
 
     def admit_fast(self, job: Job, layout: Layout | None = None) -> bool:
         """Serve `job` at once if nothing about it needs deciding; False, having done nothing, if
@@ -84,7 +111,7 @@ class Router:
         """
         req = job.request
         plain = self.plain_version(req.model) if req.version is None else None
-        if plain is None:
+        if plain is None or (self.bound_keys and req.key is not None):  # whose key it is: the general path's
             return False
         mv, scheduler = plain
         job.deadline_ns = job.received_ns + (req.timeout_ms or mv.config.timeout_ms) * 1_000_000
@@ -134,11 +161,18 @@ class Router:
 
     def _track(self, job: Job) -> None:
         """Count a client's keyed request on its stream (once: admit_fast, then admit if that declined);
-        it is answered where it is answered (Job.answered)."""
+        it is answered where it is answered (Job.answered). Under stream_keys = "bound", 403 for a key
+        another client holds (_owner)."""
         req = job.request
         if job.stream is None and req.key is not None and internal_sink(job.envelope) is None and \
                 (req.model in self.pipelines or self.registry.model(req.model) is not None):
-            job.stream = self.streams.receive(req.model, req.key)
+            owner = _owner(job.envelope) if self.bound_keys else None
+            if owner is not None and self.streams.foreign(req.model, req.key, owner):
+                hold = f"{self.streams.silent_s or HOLD_S:g} s"
+                raise ProtocolError(Status.FORBIDDEN, f"stream key {stream_key(req.key)[:64]!r} of {req.model!r} "
+                                    f"belongs to another client until it has sent nothing for {hold} "
+                                    "([daemon] stream_keys = \"bound\"); send your own key")
+            job.stream = self.streams.receive(req.model, req.key, owner)
 
     def _count(self, job: Job, status: int) -> None:
         """Record a reply no executor saw on the chosen version's statistics, and on the request's stream."""
@@ -161,7 +195,7 @@ class Router:
         if not job.deadline_ns:
             job.deadline_ns = job.received_ns + (job.request.timeout_ms or mv.config.timeout_ms) * 1_000_000
         if not mv.ready:
-            self.registry.on_demand(mv)
+            self._on_demand(job, mv)
             if mv.state is State.UNLOADED:  # hot, unloaded by an operator: it stays so
                 self._unloaded(job, model, mv)
                 return
@@ -204,7 +238,7 @@ class Router:
         if model.fallback and self._fallback(job, model, reason):
             return
         if admitted is Admission.CLOSED or not mv.ready:
-            self.registry.on_demand(mv)
+            self._on_demand(job, mv)
             raise _not_ready(mv, mv.state.value if not mv.ready else "restarting")
         raise _retry(Status.TOO_MANY, f"model {mv.name!r} queue is full ({placement.settings().max_queue} "
                      f"requests); retry later", self._retry_ms(placement))
@@ -283,12 +317,13 @@ class Router:
             inputs[engine.inputs[0].name] = inputs.pop(ONLY_INPUT)  # the version is chosen: its name
         if set(inputs) != names:
             raise ProtocolError(Status.BAD_REQUEST, f"model {mv.name!r} takes inputs "
-                                f"{sorted(names)}, got {sorted(inputs)}")
+                                f"{sorted(names)}, got {sorted(inputs)}{self._frames_go_to_pipelines(job)}")
         for spec in engine.inputs:
             array = inputs[spec.name]
             problem = spec.accepts(dtype_name(array.dtype), array.shape)
             if problem:
-                raise ProtocolError(Status.BAD_REQUEST, f"model {mv.name!r}: {problem}")
+                raise ProtocolError(Status.BAD_REQUEST, f"model {mv.name!r}: {problem}"
+                                    f"{self._frames_go_to_pipelines(job)}")
         wanted = job.request.outputs
         if wanted is not None:
             have = {s.name for s in engine.outputs}
@@ -296,6 +331,21 @@ class Router:
             if missing:
                 raise ProtocolError(Status.BAD_REQUEST, f"model {mv.name!r} has no output {missing[0]!r}; "
                                     f"outputs: {sorted(have)}")
+
+    def _frames_go_to_pipelines(self, job: Job) -> str:
+        """For a refused model request that sent a camera frame (an input entry with a "format"):
+        that frames go to pipelines, and which pipelines this daemon has; "" for plain tensors."""
+        sent = frame_inputs(job)
+        if not sent:
+            return ""
+        said = f"; input {sent[0]!r} is a camera frame (it has a \"format\"): a model takes tensors, a pipeline " \
+               f"takes frames, so send it to a pipeline"
+        if not self.pipelines:
+            return said + " (this daemon has none: docs/pipelines.md says how to add one)"
+        named = [f"{name!r} (input {p.config.input!r})" for name, p in sorted(self.pipelines.items())]
+        more = len(named) - MAX_NAMED_PIPELINES
+        listed = ", ".join(named[:MAX_NAMED_PIPELINES]) + (f" and {more} more" if more > 0 else "")
+        return f"{said}; pipelines that take frames: {listed}"
 
     # -- degradation -------------------------------------------------------
 
@@ -316,6 +366,9 @@ class Router:
         try:
             self._admit(job)
             return None
+        except Deferred:  # the frontend admits it from the start: as it was
+            job.fallback, job.request.model, job.request.version, job.hops, job.target = previous
+            raise
         except ProtocolError as exc:
             job.fallback, job.request.model, job.request.version, job.hops, job.target = previous
             return f"its fallback {target.name!r} did not take the request ({int(exc.status)}: {exc.message})"
@@ -363,6 +416,19 @@ class Router:
 
 
 
+def frame_inputs(job: Job) -> list[str]:
+    """Names of a client request's inputs that its header declares camera frames (a "format" in
+    their entry, as `protocol.Frame` sends them); [] for an internal request or plain tensors.
+    Only asked on the way to a 400: the header was bounded and parsed once already."""
+    if internal_sink(job.envelope) is not None or len(job.frames) <= len(job.envelope):
+        return []
+    try:
+        entries = json.loads(bytes(job.frames[len(job.envelope)])).get("inputs")
+    except (ValueError, AttributeError, TypeError):
+        return []
+    return [e["name"] for e in entries or () if isinstance(e, dict) and "format" in e and isinstance(e.get("name"), str)]
+
+
 def _not_ready(mv: ModelVersion, state: str) -> ProtocolError:
     """503 with the time to retry after, and why."""
     return _retry(Status.NOT_READY, f"model {mv.name!r} version {mv.version!r} is {state}"
@@ -371,3 +437,11 @@ def _not_ready(mv: ModelVersion, state: str) -> ProtocolError:
 
 def _retry(status: Status, message: str, retry_after_ms: int) -> ProtocolError:
     return ProtocolError(status, message, retry_after_ms=int(retry_after_ms))
+
+
+def _owner(envelope: list[Any]) -> Any:
+    """Who holds the keys a request sends under stream_keys = "bound": its CURVE client's key where the
+    frontend read one, else its connection (the envelope: the ROUTER's identity of the connection, and
+    those of any proxies before it)."""
+    user = getattr(envelope, "user", None)
+    return ("curve", user) if user else tuple(bytes(frame) for frame in envelope)

@@ -31,7 +31,7 @@ from infermux import config as cfg
 from infermux.config import HOT
 from infermux.transport import curve, ipc
 from infermux.transport.peers import PeerGuard
-from infermux.transport.wire import CompiledWire, Wire, choose, wire_for
+from infermux.transport.wire import Choice, CompiledWire, PyzmqWire, Wire, choose, wire_for
 from infermux.events import EventLog, Throttle
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.inline import InlinePolicy
@@ -43,14 +43,15 @@ from infermux.transport.regions import RegionServer, RegionTable
 from infermux.models.overrides import Overrides
 from infermux.models.registry import Registry, State
 from infermux.models.statefile import StateFile
-from infermux.models.verified import EngineSigning, verified_store
+from infermux.models.verified import EngineSigning, Sequences, verified_store
 from infermux.frontend.express import ExpressLane, express_wanted
 from infermux.frontend.mirror import Mirror
 from infermux.frontend.oversize import ClientEnvelope, OversizeMemory
 from infermux.frontend.pacing import RefusalPacer
 from infermux.frontend.parsecache import ParseCache
 from infermux.frontend.recorder import Recorder
-from infermux.frontend.router import Router
+from infermux.frontend.router import Deferred, Router
+from infermux.pipelines import warmshapes
 from infermux.pipelines.runner import Pipelines
 from infermux.transport.curve import CurveError
 from infermux.transport.limits import frame_cap, limits_from
@@ -83,6 +84,7 @@ class Server:
     def __init__(self, config: cfg.Config, run_dir: Path, state_dir: Path | None = None) -> None:
         self.config = config
         self.run_dir = run_dir
+        self.state_dir = state_dir
         self.events = EventLog()
         self.limits = limits_from(config.daemon)
         self.ctx = zmq.Context()
@@ -101,12 +103,15 @@ class Server:
         self.hooks = FrontendHooks(reply=self.reply, on_late=self._on_late, inline=self._inline_ok, hold=self._hold,
                                    watch=self.watch, quiesce=self.quiesce)
         # Operators' live changes: kept in `state_dir` across restarts (models/statefile.py), else in memory.
-        self.registry = Registry(config, self.events, self.hooks, _overrides(state_dir, self.events))
+        self.registry = Registry(config, self.events, self.hooks, _overrides(state_dir, self.events, config))
+        self.registry.warm_shapes = lambda name: warmshapes.for_model(self.registry.config, name)
         daemon = config.daemon
         self.streams = StreamTable(self.events, daemon.stream_silent_s, daemon.stream_max_keys)
         self.router = Router(self.registry, config, self.reply, self.streams)
-        self._admissions: deque[Job] = deque()  # internal requests (pipelines' model steps) to admit
-        self.pipelines = Pipelines(config.pipelines, self.admit_internal, self.reply, self.reply_late,
+        self._admissions: deque[Job] = deque()  # pipelines' model steps the frontend admits (admit_step)
+        # Pipelines' model steps admitted on their own threads: one at a time, and `quiesce` waits for it.
+        self._stepping = threading.Lock()
+        self.pipelines = Pipelines(config.pipelines, self.admit_step, self.reply, self.reply_late,
                                    self._model_inputs, self.limits)
         self.router.pipelines = self.pipelines.by_name
         self.frontend: zmq.Socket | None = None
@@ -160,7 +165,9 @@ class Server:
             return None
         current = self.registry.signing
         store = current.store if current is not None else verified_store(self.run_dir)
-        signing = EngineSigning.from_files(daemon.engine_signing_keys, store)
+        sequences = current.sequences if current is not None else Sequences(
+            self.state_dir / "signatures.json" if self.state_dir is not None else None)
+        signing = EngineSigning.from_files(daemon.engine_signing_keys, store, sequences)
         if current is None:
             signing.prepare()
         return signing
@@ -190,11 +197,31 @@ class Server:
         self.pacer.hold_later(envelope + frames)
         self.wake()  # the loop may be asleep: its next tick sends it
 
-    def admit_internal(self, job: Job) -> None:
-        """Admit a request the daemon sends itself (a pipeline's model step) as a client's is: on
-        the frontend thread, which alone runs the router; a refusal goes to the job's sink."""
-        self._admissions.append(job)
-        os.eventfd_write(self._bell, 1)
+    def admit_step(self, job: Job) -> bool:
+        """Admit a pipeline's model step (pipelines/calls.py) as a client's request is, on the calling
+        pipeline thread: True once admitted there (a refusal goes to the job's sink at once), False
+        where it was handed to the frontend thread instead (Router.admit_step: a cold worker to start).
+
+        The router's admissions of steps take `_stepping`, one at a time; the frontend's own go on
+        beside them, as executors' fallbacks of late requests (Router.on_late) always did: what they
+        share is a placement's queues, which are thread-safe, and its depth bound, which two admissions
+        side by side may pass by one. `quiesce` waits for the step being admitted too."""
+        with self._stepping:
+            try:
+                refused = self.router.admit_step(job)
+            except Deferred:
+                self._admissions.append(job)
+                os.eventfd_write(self._bell, 1)
+                return False
+        if refused is not None:
+            self._refuse_step(job, refused)
+        return True
+
+    @staticmethod
+    def _refuse_step(job: Job, header: dict[str, Any]) -> None:
+        sink = internal_sink(job.envelope)
+        assert sink is not None, "a pipeline's step has an internal envelope"
+        sink.refused(header)
 
     def watch(self, fd: int, on_ready: Callable[[], bool]) -> None:
         """Call `on_ready()` on the frontend thread whenever `fd` is readable, until it returns
@@ -225,16 +252,22 @@ class Server:
         The router reads a version's placement and submits to it within one turn of the loop,
         so what was taken out of the routing tables before this call is out of every
         admission's reach once it returns: the switch's barrier (models/switch.py), and the
-        one way anything waits for the frontend to let go. Returns at once on the frontend
-        thread (it is between admissions there) and while the loop does not run; False if the
-        loop did not finish its turn within `timeout_s`.
+        one way anything waits for the frontend to let go. A pipeline's step admitted on its own
+        thread (admit_step) is waited for first, wherever this is called; then it returns at once
+        on the frontend thread (it is between admissions there) and while the loop does not run;
+        False if the step's admission or the loop's turn did not finish within `timeout_s`.
         """
+        began = time.monotonic()
+        if self._stepping.acquire(timeout=timeout_s):  # a pipeline's step being admitted (admit_step)
+            self._stepping.release()
+        else:
+            return False
         if not self._looping or threading.get_ident() == self._frontend_thread:
             return True
         done = threading.Event()
         self._barriers.append(done)
         self.wake()  # an idle loop sleeps: wake it for the tick that releases us
-        return done.wait(timeout_s)
+        return done.wait(max(0.0, timeout_s - (time.monotonic() - began)))
 
     def _release_barriers(self) -> None:
         """A tick, between two turns of the loop: every admission begun before is done."""
@@ -287,7 +320,13 @@ class Server:
                                    f"or is the directory not writable? (see --runtime-dir)") from None
             ipc.secure(endpoint)
             self.events.emit("listening", endpoint=endpoint)
+        identities = self.curve is not None and self.config.daemon.stream_keys == "bound"
+        if identities:  # a key is held by the CURVE client's key, which only pyzmq's calls read off a message
+            self.wire_choice = Choice(False, 'stream_keys = "bound" with CURVE reads each message\'s client key',
+                                      chosen=True)
         self.frontend, self.wire = sock, wire_for(sock, self.wire_choice)
+        if isinstance(self.wire, PyzmqWire):
+            self.wire.identities = identities
         if isinstance(self.wire, CompiledWire) and express_wanted():
             self.express = ExpressLane(self.wire, self.router, self.parses, lambda: self.limits, self._send,
                                        self.pacer)
@@ -361,13 +400,17 @@ class Server:
             overrides.follow(new)  # the file wins for each field it changed
             self.config, self.limits = new, limits_from(new.daemon)
             self._reread_client_keys()
+            keys_changed = new.daemon.engine_signing_keys != old.daemon.engine_signing_keys
             self._reread_signing_keys(new)
             self.registry.follow(new)
             self.workers.poke()  # a cold model added: the pool's watcher may now want a spare
             self.router.configure(new)
             self.streams.silent_s, self.streams.max_keys = new.daemon.stream_silent_s, new.daemon.stream_max_keys
             self.oversize.memory_s = new.daemon.oversize_memory_s
-            return reload.apply(self, serving, overrides.over(new))
+            steps = reload.apply(self, serving, overrides.over(new))
+            if keys_changed:
+                steps.signing_would_refuse = self._signing_refusals()
+            return steps
 
     def _reread_client_keys(self) -> None:
         """A client key added to (or removed from) curve_authorized_dir counts from this reload on."""
@@ -377,6 +420,22 @@ class Server:
             self.curve.reload()
         except CurveError as exc:
             log.warning("%s; the keys read before stay authorised", exc)
+
+    def _signing_refusals(self) -> list[str]:
+        """The versions loaded now that the trusted keys in force would refuse at their next load (a
+        restart, a cold worker's restart): said at once, with a warning each, not at the next restart."""
+        signing = self.registry.signing
+        if signing is None:
+            return []
+        refused = []
+        for model in list(self.registry.models.values()):
+            for mv in model.ordered():
+                why = signing.problem(mv.config) if mv.ready else None
+                if why:
+                    refused.append(f"{mv.name}:{mv.version} {why}")
+                    log.warning("%s:%s is loaded, and would be refused at its next load: %s", mv.name,
+                                mv.version, why)
+        return refused
 
     def _reread_signing_keys(self, new: cfg.Config) -> None:
         """The trusted publishers' keys as `new` lists them, for every load from now on (the versions
@@ -498,7 +557,7 @@ class Server:
             job = self._admissions.popleft()
             refused = self.router.admit(job)
             if refused is not None:
-                self.reply(job.envelope, encode_reply(refused))
+                self._refuse_step(job, refused)
         outbox = self._outbox
         while outbox:
             envelope, frames = outbox.popleft()
@@ -626,6 +685,7 @@ class Server:
         received = time.perf_counter_ns()
         split = _delimiter(frames)
         envelope, body = ClientEnvelope(frames[:split]), frames[split:]
+        envelope.user = self.wire.user_id if type(self.wire) is PyzmqWire and self.wire.identities else None
         if self.peers.stalled and frames[0] in self.peers.stalled:
             if not self.peers.probe(frames[0]):
                 return
@@ -723,11 +783,11 @@ class Server:
         return ", ".join(parts)
 
 
-def _overrides(state_dir: Path | None, events: EventLog) -> Overrides:
+def _overrides(state_dir: Path | None, events: EventLog, config: cfg.Config) -> Overrides:
     """The live changes, restored from the state file in `state_dir` and saved there on every change."""
     if state_dir is None:
         return Overrides(events)
-    store = StateFile(state_dir, events)
+    store = StateFile(state_dir, events, config.daemon)
     return Overrides(events, store.write, store.read())
 
 

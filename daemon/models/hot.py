@@ -7,8 +7,9 @@ warm-up and scheduler either side of the process boundary.
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -21,6 +22,36 @@ from infermux.models.placer import LoadFailed, Warming, missing_engine
 from infermux.models.version import ModelVersion
 from infermux.plugins import backends
 from infermux.plugins.base import Engine, TensorSpec
+
+
+log = logging.getLogger("infermux.models")
+
+
+@dataclass(frozen=True)
+class WarmShape:
+    """A shape a model will be sent (a pipeline's model step: daemon/pipelines/warmshapes.py), to warm
+    it at: `input` the input's name ("" for the model's only input), `why` where it comes from."""
+
+    input: str
+    shape: tuple[int, ...]
+    dtype: str
+    why: str = ""
+
+
+def no_shapes(model: str) -> Sequence[WarmShape]:
+    """No shapes known beyond the engine's own (a daemon without pipelines, a worker process)."""
+    return ()
+
+
+def shaped_inputs(specs: Sequence[TensorSpec], shape: WarmShape) -> dict[str, np.ndarray] | None:
+    """Zeros of `shape` for a one-input engine that accepts it; None where it does not (another
+    input named, another dtype, a shape outside the engine's range): that shape is not warmed."""
+    if len(specs) != 1 or shape.input not in ("", specs[0].name):
+        return None
+    spec = specs[0]
+    if spec.accepts(shape.dtype, shape.shape) is not None:
+        return None
+    return {spec.name: np.zeros(shape.shape, dtype=spec.dtype)}
 
 
 def warmup_inputs(specs: Sequence[TensorSpec], engine_path: Path) -> dict[str, np.ndarray]:
@@ -37,10 +68,12 @@ def warmup_inputs(specs: Sequence[TensorSpec], engine_path: Path) -> dict[str, n
     return inputs
 
 
-def warm_up(engine: Engine, mc: ModelConfig) -> float:
+def warm_up(engine: Engine, mc: ModelConfig, shapes: Sequence[WarmShape] = ()) -> float:
     """Run the engine before any client is sent to it; returns µs per input row.
 
-    The first call pays one-off set-up, so the second one is timed.
+    The first call pays one-off set-up, so the second one is timed. Then each of `shapes` the
+    engine accepts is run twice: a dynamic-shape model pays a first call at each new shape (memory
+    planned and allocated for it), which a camera's first frame would pay otherwise.
     """
     context = engine.create_context()
     inputs = warmup_inputs(engine.inputs, mc.engine)
@@ -49,6 +82,17 @@ def warm_up(engine: Engine, mc: ModelConfig) -> float:
         start = time.perf_counter()
         context.infer(inputs)
         elapsed_us = (time.perf_counter() - start) * 1e6
+        for shape in shapes:
+            shaped = shaped_inputs(engine.inputs, shape)
+            if shaped is None:
+                log.info("model %s not warmed at %s %s (%s): its engine does not take it", mc.name, shape.dtype,
+                         list(shape.shape), shape.why)
+                continue
+            began = time.perf_counter()
+            context.infer(shaped)
+            context.infer(shaped)
+            log.info("model %s warmed at %s %s for %s in %.0f ms", mc.name, shape.dtype, list(shape.shape),
+                     shape.why, (time.perf_counter() - began) * 1000)
     finally:
         context.close()
     first = next(iter(inputs.values()), None)
@@ -66,8 +110,9 @@ class HotPlacer:
 
     kind = HOT
 
-    def __init__(self, hooks: FrontendHooks, warming: Warming, strategy: Callable[[], str]) -> None:
-        self.hooks, self._warming, self._strategy = hooks, warming, strategy
+    def __init__(self, hooks: FrontendHooks, warming: Warming, strategy: Callable[[], str],
+                 shapes: Callable[[str], Sequence[WarmShape]] = no_shapes) -> None:
+        self.hooks, self._warming, self._strategy, self._shapes = hooks, warming, strategy, shapes
 
     def load(self, version: ModelVersion) -> Scheduler:
         mc = version.config
@@ -83,7 +128,7 @@ class HotPlacer:
             raise LoadFailed(exc) from exc
         try:
             self._warming(version, backend.name)
-            row_us = warm_up(engine, source)
+            row_us = warm_up(engine, source, self._shapes(mc.name))
             return Scheduler(mc, engine, version.stats, self.hooks, mc.strategy or self._strategy(), row_us,
                              backend.name)
         except Exception as exc:

@@ -23,7 +23,7 @@ from collections import deque
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Iterable, Mapping
 
-from infermux.config import Config, ModelConfig, fallback_of, fallback_problem
+from infermux.config import MAX_CONTEXTS, MAX_WEIGHT, QUEUE_POLICIES, Config, ModelConfig, fallback_of, fallback_problem
 from infermux.events import EventLog
 
 log = logging.getLogger("infermux.overrides")
@@ -35,6 +35,13 @@ INHERITED = tuple(f for f in VERSION_FIELDS if f != "weight")  # the weight foll
 MODEL_FIELDS = ("fallback",)  # of the whole model: its entries carry version ""
 FIELDS = VERSION_FIELDS + MODEL_FIELDS
 _TYPES: dict[str, type] = {f.name: {"int": int, "str": str}.get(str(f.type), object) for f in fields(ModelConfig)}
+# (smallest, largest) of each integer field, for `ctl set` and for the state file read back alike:
+# past the largest a value is a typo, and may not even fit a float.
+BOUNDS = {"contexts": (1, MAX_CONTEXTS), "max_queue": (1, 1 << 24), "timeout_ms": (1, 2**31 - 1),
+          "max_batch": (1, 1 << 16), "batch_delay_us": (0, 60_000_000), "per_key_depth": (1, 1 << 16),
+          "weight": (0, MAX_WEIGHT)}
+MAX_PREFERRED = 64  # batch sizes in one preferred_batch list
+MAX_NAME = 256  # a fallback model's name, as written in a state file
 
 
 @dataclass(frozen=True)
@@ -273,14 +280,26 @@ def _text(value: Any) -> str:
 
 
 def _value(name: str, value: Any) -> Any:
-    """A value read back from the state file, checked as the field's type."""
+    """A value read back from the state file, checked as the field's type and bounds (those of `ctl set`)."""
     if name == "preferred_batch":
-        if not isinstance(value, list) or not all(isinstance(v, int) and not isinstance(v, bool) for v in value):
-            raise ValueError(f"preferred_batch must be a list of sizes, got {str(value)[:40]}")
+        if not isinstance(value, list) or len(value) > MAX_PREFERRED or not all(
+                _integer(v) and 1 <= v <= BOUNDS["max_batch"][1] for v in value):
+            raise ValueError(f"preferred_batch must be a list of at most {MAX_PREFERRED} batch sizes, "
+                             f"got {str(value)[:40]}")
         return tuple(value)
-    want = _TYPES.get(name, object)
-    if want is int and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-        raise ValueError(f"{name} must be an integer >= 0, got {str(value)[:40]}")
-    if want is str and not isinstance(value, str):
+    if name == "queue_policy":
+        if value not in QUEUE_POLICIES:
+            raise ValueError(f"queue_policy must be one of {', '.join(QUEUE_POLICIES)}, got {str(value)[:40]}")
+        return value
+    if name in BOUNDS:
+        low, high = BOUNDS[name]
+        if not _integer(value) or not low <= value <= high:
+            raise ValueError(f"{name} must be an integer {low}..{high}, got {str(value)[:40]}")
+        return value
+    if _TYPES.get(name) is str and not (isinstance(value, str) and len(value) <= MAX_NAME):
         raise ValueError(f"{name} must be a model name, got {str(value)[:40]}")
     return value
+
+
+def _integer(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)

@@ -16,7 +16,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import replace
-from typing import Any, Callable, Iterator, Protocol
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 from infermux.config import COLD, HOT, Config, ModelConfig
 from infermux.events import EventLog
@@ -25,7 +25,7 @@ from infermux.execution.placement import Change, Placement
 from infermux.models import fallback as fallbacks
 from infermux.models import promote as moves
 from infermux.models.budget import BudgetExceeded, MemoryBudget, release_freed_memory
-from infermux.models.hot import HotPlacer
+from infermux.models.hot import HotPlacer, WarmShape, no_shapes
 from infermux.models.memory import MemoryKeeper
 from infermux.models.overrides import Overrides
 from infermux.models.placer import LoadFailed, Placer, missing_engine
@@ -69,7 +69,10 @@ class Registry:
         self._lock = threading.Lock()
         self.memory = MemoryKeeper(self, MemoryBudget(config.daemon.memory_budget, config.path))
         self.placers: dict[str, Placer] = {}
-        self.add_placer(HotPlacer(hooks, self.warming, lambda: self.config.routing.strategy))
+        # The shapes its pipelines send a model, to warm it at (the Server sets it: pipelines/warmshapes.py).
+        self.warm_shapes: Callable[[str], Sequence[WarmShape]] = no_shapes
+        self.add_placer(HotPlacer(hooks, self.warming, lambda: self.config.routing.strategy,
+                                  lambda name: self.warm_shapes(name)))
         self.switch = Switch(self, hooks.quiesce)
         self._changing: set[tuple[str, str]] = set()  # versions being moved or stopped (`claim`)
         self._refused: dict[tuple[str, str], float] = {}  # refused for memory: when on demand may try again

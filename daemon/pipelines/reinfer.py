@@ -7,8 +7,10 @@ has changed by g (a fraction) since it was last computed. Between, the
 region takes the answer its track got when the step last ran, and does not
 run the step or the rest of its stage. `max_calls_per_s` bounds the regions
 the step computes per second, over every stream of the pipeline (a token
-bucket holding one second's worth): a region that should be computed while
-the bucket is empty takes its track's last answer if there is one and is
+bucket holding one second's worth), split fairly across the streams that
+are sending (`FairBudget`: each its share, so one flooding camera cannot
+starve the others): a region that should be computed while its stream's
+share is spent takes its track's last answer if there is one and is
 computed on a later frame; one without an answer is skipped.
 
 The answer is what the stage leaves on the region: its `label`, `text` and
@@ -57,6 +59,9 @@ class Lifetimes:
     max_tracks: int = 128
 
 
+ACTIVE_S = 2.0  # a stream that sent a frame this recently is active: it has a share of max_calls_per_s
+
+
 class TokenBucket:
     """`rate` tokens a second, holding at most `burst`; starts full."""
 
@@ -71,6 +76,39 @@ class TokenBucket:
         self._at = now
         granted = min(wanted, int(self._tokens))
         self._tokens -= granted
+        return granted
+
+
+class FairBudget:
+    """`rate` calls a second split evenly across the streams seen in the last ACTIVE_S: each has a
+    bucket of its own filling at rate / n (n: the active streams), holding at most max(1, its share),
+    so a stream that floods spends its own share and no other's. A shared bucket of `rate` (holding one
+    second's worth) still bounds them all together, so that keys made up by the thousand, each with
+    a new bucket, cannot add up to more than the step's rate. A new stream's bucket starts with its
+    share (the first stream of all, alone, with the whole second's worth); `max_keys` buckets at most."""
+
+    def __init__(self, rate: float, max_keys: int, clock: Callable[[], float] = time.monotonic) -> None:
+        self.rate, self.max_keys, self._clock = rate, max_keys, clock
+        self._total = TokenBucket(rate, max(1.0, rate), clock)
+        self._keys: OrderedDict[str | int | None, list[float]] = OrderedDict()  # key -> [tokens, at]
+
+    def take(self, key: str | int | None, wanted: int) -> int:
+        """Take up to `wanted` whole calls for `key`'s frame; how many it may make now (the caller's lock)."""
+        now = self._clock()
+        while self._keys and now - next(iter(self._keys.values()))[1] > ACTIVE_S:
+            self._keys.popitem(last=False)
+        bucket = self._keys.pop(key, None)
+        share = self.rate / (len(self._keys) + 1)
+        if bucket is None:
+            bucket = [max(1.0, share) if not self._keys else share, now]
+            if len(self._keys) >= self.max_keys:
+                self._keys.popitem(last=False)
+        bucket[0] = min(max(1.0, share), bucket[0] + (now - bucket[1]) * share)
+        bucket[1] = now
+        self._keys[key] = bucket
+        granted = min(wanted, int(bucket[0] + 1e-9))  # a share's tenths add up to 0.999...: still a call
+        granted = self._total.take(granted) if granted else 0
+        bucket[0] = max(0.0, bucket[0] - granted)
         return granted
 
 
@@ -115,7 +153,7 @@ class Reinfer:
     def __init__(self, policy: Policy, lifetimes: Lifetimes, clock: Callable[[], float] = time.monotonic) -> None:
         self.policy, self.lifetimes, self._clock = policy, lifetimes, clock
         rate = policy.max_calls_per_s
-        self._bucket = TokenBucket(rate, max(1.0, rate), clock) if rate else None
+        self._budget = FairBudget(rate, lifetimes.max_keys, clock) if rate else None
         self._keys: OrderedDict[str | int, KeyMemos] = OrderedDict()  # least recently seen first
         self._lock = threading.Lock()
         self.computed = self.reused = self.skipped = 0
@@ -133,7 +171,7 @@ class Reinfer:
                 elif self._due(memo, region):
                     wanted.append((-memo.frames, index))
             wanted.sort()
-            granted = self._bucket.take(len(wanted)) if self._bucket else len(wanted)
+            granted = self._budget.take(key, len(wanted)) if self._budget and wanted else len(wanted)
             now = sorted(index for _, index in wanted[:granted])
             for index in now:
                 memo = self._memo(memos, regions[index], count=False)

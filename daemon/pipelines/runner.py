@@ -6,7 +6,8 @@ serves keys (cameras) in turn, as a model's does (execution/fairqueue.py);
 under `queue_policy = "newest_per_key"` a camera's newer frame replaces its
 oldest waiting one, which is answered 409 at once. A worker
 thread decodes the frame, runs each step in order and sends the reply. A
-model step is an internal request through the router (calls.py); a
+model step hands its arrays to the model's placement from that thread, with
+every policy a client's request gets (calls.py); a
 fan-out stage (`for_each = "regions"`) runs its processors on each crop and
 sends all of a frame's crops to a model as one batched request.
 """
@@ -28,9 +29,10 @@ from infermux.pipelines.calls import AdmitFn, StepFailed
 from infermux.pipelines.refusals import FrameKind, Refusals
 from infermux.pipelines.reinfer import Reinfer
 from infermux.pipelines.stats import PipelineStats
-from infermux.plugins.processors.base import FrameTooLarge, ProcessorError, Region, Sample, working
+from infermux.plugins.processors.base import (FrameTooLarge, OutOfTime, ProcessorError, Region, Sample,
+                                              finite_regions, working)
 from infermux.plugins.processors.track import Track
-from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header, parse_header
+from infermux.protocol import Limits, ProtocolError, Status, encode_reply, error_header
 from infermux.execution.executor import ReplyFn
 from infermux.execution.priority import lower_this_thread
 from infermux.execution.fairqueue import Closed, FairQueue, longest_lane
@@ -199,15 +201,20 @@ class Pipeline:
                     req.id, model=self.name))
             for stage in self.stages:
                 self._stage(stage, sample, run)
-            header: dict[str, Any] = {"id": req.id, "status": 200, "model": self.name,
-                                      "regions": [r.to_json() for r in sample.regions],
-                                      "timing_us": run.timing_us}
-            if run.fallbacks:
-                header["fallbacks"] = run.fallbacks
-            if sample.classes and not sample.regions:
+            header: dict[str, Any] = {"id": req.id, "status": 200, "model": self.name}
+            if sample.classes and not sample.regions:  # a whole-frame classifier: its classes, no regions
                 header["classes"] = [[{"index": c.index, "label": c.label, "score": round(c.score, 6)}
                                       for c in row] for row in sample.classes]
+            else:
+                header["regions"] = [r.to_json() for r in sample.regions]
+            header["timing_us"] = run.timing_us
+            if run.fallbacks:
+                header["fallbacks"] = run.fallbacks
+            if sample.dropped:  # boxes that were not finite numbers: the answer says the frame had them
+                header["dropped_regions"] = sample.dropped
             return Status.OK, encode_reply(header, {k: run.tensors[k] for k in run.wanted})
+        except OutOfTime as exc:  # the request's time, not the frame: another request may give it more
+            status, message, retry = Status.DEADLINE, f"{where} {exc}", None
         except ProcessorError as exc:  # a step's refusal of what the frame is: the same frame again gets it again
             status = Status.TOO_LARGE if isinstance(exc, FrameTooLarge) else Status.BAD_REQUEST
             message, retry = f"{where} {exc}", None
@@ -237,8 +244,8 @@ class Pipeline:
         array = req.inputs[name]
         if array.dtype != np.uint8:
             raise ProcessorError("input", f"input {name!r} must be uint8 bytes, got {array.dtype}")
-        metas = parse_header(job.frames[len(job.envelope)], self._limits).get("inputs", [])
-        meta = next(m for m in metas if m.get("name") == name)
+        # The frontend's parse kept the frame's entry (Request.described): its header is not read again.
+        meta = (req.described or {}).get(name, {})
         fmt = meta.get("format")
         if not isinstance(fmt, str):
             raise ProcessorError("input", f"input {name!r} needs a \"format\": jpeg, png, nv12, i420, bgr, rgb, gray")
@@ -246,7 +253,8 @@ class Pipeline:
         for key, value in geometry.items():
             if value is not None and (type(value) is not int or value < 1):
                 raise ProcessorError("input", f"input {name!r}: {key!r} must be a positive integer, got {value!r}")
-        return Sample(data=array, format=fmt, key=req.key, time_ns=job.received_ns, **geometry)
+        return Sample(data=array, format=fmt, key=req.key, time_ns=job.received_ns, deadline_ns=job.deadline_ns,
+                      width=geometry["width"], height=geometry["height"], stride=geometry["stride"])
 
     def _stage(self, stage: spec.Stage, sample: Sample, run: Run) -> None:
         if not stage.fan_out:
@@ -286,12 +294,18 @@ class Pipeline:
             if isinstance(step, spec.ModelStep):
                 self._model(step, samples, run)
             else:
+                made, dropped = 0, samples[0].dropped
                 for one in samples:
                     step.processor(one)
-                    if len(samples) > 1:  # a stage over many regions: each may take a while
+                    if len(samples) > 1:  # a stage over many regions: each may take a while, and make much
                         self._in_time(step.name, run)
+                        made = self._few_bytes(step.name, one, made)
                 if not step.fan_out:
+                    self._finite_regions(samples[0], dropped)
                     self._few_regions(step.name, samples[0])
+        except OutOfTime:
+            status = Status.DEADLINE
+            raise
         except ProcessorError as exc:
             status = Status.TOO_LARGE if isinstance(exc, FrameTooLarge) else Status.BAD_REQUEST
             raise
@@ -315,6 +329,25 @@ class Pipeline:
             raise StepFailed(Status.DEADLINE, f"step {step!r}: the frame's deadline passed {late_ms:.0f} ms before "
                              "it; it and the steps after it were not computed")
 
+    def _finite_regions(self, sample: Sample, before: int) -> None:
+        """Drop the regions whose box or score is not a finite number (a model's NaN or infinity),
+        before a later step tracks or crops them; those and the ones the step dropped itself (since
+        `before`) are counted on the frame's answer and the pipeline's view."""
+        sample.regions, dropped = finite_regions(sample.regions)
+        sample.dropped += dropped
+        if sample.dropped > before:
+            self.stats.dropped(sample.dropped - before)
+
+    def _few_bytes(self, step: str, sample: Sample, made: int) -> int:
+        """The bytes a per-region step has made for the frame's regions so far, with `sample`'s; 413 as
+        soon as they are over max_batch_bytes, before the step runs on the frame's other regions."""
+        array = sample.tensor if sample.tensor is not None else sample.image
+        made += int(array.nbytes) if isinstance(array, np.ndarray) else 0
+        if made > self.config.max_batch_bytes:
+            raise FrameTooLarge(step, f"made {made} bytes for the frame's regions so far; the pipeline takes at "
+                                f"most {self.config.max_batch_bytes} per frame (max_batch_bytes)")
+        return made
+
     def _few_regions(self, step: str, sample: Sample) -> None:
         """413 as soon as a step finds more regions than the pipeline takes per frame (before crops)."""
         if len(sample.regions) > self.config.max_regions:
@@ -337,7 +370,12 @@ class Pipeline:
         batch = stack(step.name, tensors, step.pad_value, step.pad_multiple)
         names = self._model_inputs(step.model)
         name = step.input or (names[0] if names and len(names) == 1 else ONLY_INPUT)
-        reply = calls.call(self._admit, step.model, {name: batch}, run.job.deadline_ns, run.job.request.id)
+        try:
+            reply = calls.call(self._admit, step.model, {name: batch}, run.job.deadline_ns, run.job.request.id)
+        except StepFailed as exc:
+            self.stats.called(step.name, exc.in_process, False)
+            raise
+        self.stats.called(step.name, reply.in_process, reply.here)
         if reply.fallback:
             run.fallbacks.append({"step": step.name, **reply.fallback})
         for out, value in reply.outputs.items():
@@ -451,7 +489,8 @@ class Pipelines:
                 stats["steps"][step.name].update(p.state(step.name))
             out.append({"name": p.name, "input": p.config.input, "queued": len(p._queue), "workers": p.config.workers,
                         "nice": p.config.nice, "queue_policy": p.config.queue_policy,
-                        "refused_from_memory": p.refusals.recalled, **stats})
+                        "refused_from_memory": p.refusals.recalled, "dropped_regions": p.stats.dropped_regions,
+                        **stats})
         return out
 
     def stop(self) -> None:

@@ -45,6 +45,7 @@ class ReloadPlan:
     restart_needed: list[str] = field(default_factory=list)
     pipelines: PipelineChanges = field(default_factory=PipelineChanges)
     overrides_dropped: list[Dropped] = field(default_factory=list)  # live changes the file overruled
+    signing_would_refuse: list[str] = field(default_factory=list)  # loaded versions the new keys refuse
 
     def summary(self) -> dict[str, list[str]]:
         key = lambda m: f"{m.name}:{m.version}"  # noqa: E731
@@ -54,7 +55,8 @@ class ReloadPlan:
                 "restart_needed": self.restart_needed,
                 "pipelines_added": self.pipelines.added, "pipelines_removed": self.pipelines.removed,
                 "pipelines_changed": self.pipelines.changed,
-                "overrides_dropped": [d.summary() for d in self.overrides_dropped]}
+                "overrides_dropped": [d.summary() for d in self.overrides_dropped],
+                "signing_would_refuse": self.signing_would_refuse}
 
 
 def plan(old: cfg.Config, new: cfg.Config) -> ReloadPlan:

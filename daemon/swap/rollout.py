@@ -48,8 +48,8 @@ from infermux.execution.placement import Admission
 from infermux.models.agreement import Rule, Verdict, compare, compare_regions
 from infermux.models.registry import Registry
 from infermux.models.version import ModelVersion, State
-from infermux.pipelines.calls import Waiter
-from infermux.protocol import MalformedReply, Request, decode_reply, encode_header
+from infermux.pipelines.calls import StepCall, StepFailed
+from infermux.protocol import Request
 
 log = logging.getLogger("infermux.rollout")
 
@@ -350,25 +350,23 @@ class Rollouts:
         placement = candidate.placement
         if placement is None:
             return {}, "it is not loaded"
-        waiter = Waiter()
-        envelope: list[Any] = [Internal(waiter)]
-        frames = [*envelope, encode_header({"model": candidate.name}), *(a.data.cast("B") for a in inputs.values())]
+        sink = StepCall()
+        envelope: list[Any] = [Internal(sink)]
+        inputs = {name: np.ascontiguousarray(a) for name, a in inputs.items()}
         now = time.perf_counter_ns()
         # No deadline it could pass: a late job goes to the router, which would answer it from the
-        # serving version (the fallback path); a stuck candidate is the waiter's timeout below.
-        job = Job(envelope, Request(model=candidate.name, inputs=inputs), frames, now, now + NO_DEADLINE_NS)
+        # serving version (the fallback path); a stuck candidate is the sink's timeout below.
+        job = Job(envelope, Request(model=candidate.name, inputs=inputs), [], now, now + NO_DEADLINE_NS)
         job.target = candidate
         admission = placement.submit(job)
         if admission is not Admission.QUEUED:
             return {}, f"it took no request ({admission.name.lower()})"
-        if not waiter.wait(MIRROR_TIMEOUT_S + 1.0):
+        if not sink.wait(MIRROR_TIMEOUT_S + 1.0):
             return {}, f"no answer within {MIRROR_TIMEOUT_S:.0f} s"
         try:
-            reply = decode_reply(waiter.frames)
-        except MalformedReply as exc:
-            return {}, f"an unreadable answer ({exc})"
-        if reply.status != 200:
-            return {}, f"status {reply.status}: {reply.header.get('error', '')}"
+            reply = sink.answer(candidate.name, in_process=True)
+        except StepFailed as exc:
+            return {}, f"status {exc.status}: {exc.message}"
         return {k: np.array(v) for k, v in reply.outputs.items()}, ""
 
 

@@ -43,7 +43,7 @@ class UnsafeDirectory(PermissionError):
     """A socket file's directory that every user may write (docs/security.md, "runtime directory")."""
 
 
-def unsafe_directory(path: Path) -> str | None:
+def unsafe_directory(path: Path, risk: str = "another user could put a socket of their own there") -> str | None:
     """Why sockets must not be bound, or connected to, in folder `path`, or None.
 
     Every user may write it (mode o+w): another user can then put a socket of
@@ -60,8 +60,8 @@ def unsafe_directory(path: Path) -> str | None:
     if not mode & stat.S_IWOTH:
         return None
     sticky = ", sticky" if mode & stat.S_ISVTX else ""
-    return (f"{path} is writable by every user (mode {stat.S_IMODE(mode):o}{sticky}): another user could put a "
-            f"socket of their own there; use a folder only the daemon's user (and group) may write, e.g. mode 0750")
+    return (f"{path} is writable by every user (mode {stat.S_IMODE(mode):o}{sticky}): {risk}; "
+            f"use a folder only the daemon's user (and group) may write, e.g. mode 0750")
 
 
 def check_directory(endpoint: str) -> None:

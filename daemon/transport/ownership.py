@@ -30,16 +30,16 @@ from infermux.transport import ipc
 log = logging.getLogger("infermux.ipc")
 
 DIR_LOCK = "daemon.lock"
+SOCKETS_REMEDY = "give this one other sockets ([daemon] listen, admin, stats) and another --runtime-dir"
 
 
 class SocketsTaken(RuntimeError):
     """Another live daemon (or program) holds a socket or the runtime directory this one needs."""
 
-    def __init__(self, pid: int | None, what: str) -> None:
+    def __init__(self, pid: int | None, what: str, remedy: str = SOCKETS_REMEDY) -> None:
         who = f"pid {pid}" if pid else "a process whose pid is unknown"
         super().__init__(f"another infermux daemon ({who}) already serves {what}; stop it first "
-                         f"(`systemctl stop infermux`, or `kill {pid or 'PID'}`), or give this one other "
-                         "sockets ([daemon] listen, admin, stats) and another --runtime-dir")
+                         f"(`systemctl stop infermux`, or `kill {pid or 'PID'}`), or {remedy}")
         self.pid = pid
         self.what = what
 
@@ -50,15 +50,16 @@ class Ownership:
     def __init__(self) -> None:
         self._fds: list[int] = []
 
-    def take(self, lock_path: Path, what: str) -> None:
-        """Lock `lock_path` (created if missing) and write our pid in it; SocketsTaken if held."""
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o640)
+    def take(self, lock_path: Path, what: str, remedy: str = SOCKETS_REMEDY) -> None:
+        """Lock `lock_path` (created if missing, never through a symlink) and write our pid in it;
+        SocketsTaken if held."""
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o640)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             pid = _pid_in(fd)
             os.close(fd)
-            raise SocketsTaken(pid, what) from None
+            raise SocketsTaken(pid, what, remedy) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fds.append(fd)

@@ -80,6 +80,17 @@ BAD_PACKET_PAUSE_S = 0.01
 # in a loop used to raise the other clients' p99 five-fold).
 PACKET_BURST = 2 * MAX_REGIONS_PER_CLIENT
 PACKETS_PER_S = 100.0
+# A connection that holds no region and whose last this many packets were all refused is told so
+# and closed: it takes a slot of MAX_CLIENTS and does nothing with it. Before that, when all the
+# slots are taken, one whose last packet was refused (and that holds no region) makes room for a
+# newcomer at once, as a silent one does after SILENT_GRACE_S: peers that keep sending refused
+# packets can no longer keep a client that registers out.
+MAX_REFUSED_IN_A_ROW = 8
+# A newcomer that finds every slot taken by connections not yet to be closed (silent for less than
+# SILENT_GRACE_S, their packets not refused) waits this long, unread, for one of them to be; up to
+# MAX_PARKED at once. Peers closed together and re-opened together have all slots young for a moment.
+PARK_S = 1.0
+MAX_PARKED = 16
 # accept() errors that say "not now", not "closed": the socket stays watched (a full
 # descriptor table must not end registrations for good).
 _TRANSIENT_ACCEPT = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM, errno.ECONNABORTED, errno.EPROTO}
@@ -202,11 +213,14 @@ class RegionServer:
         self._silent: dict[int, float] = {}
         self._paused: dict[int, float] = {}  # fd -> when it is read again (BAD_PACKET_PAUSE_S, the bucket)
         self._buckets: dict[int, tuple[float, float]] = {}  # fd -> (packets it may send now, as of when)
+        # Connections holding no region whose last packet was refused -> how many in a row, oldest first.
+        self._refusing: dict[int, int] = {}
+        self._parked: dict[int, tuple[socket.socket, float]] = {}  # newcomers waiting for a slot, until when
         # Registrations and releases are events (a log line each, and the ring): a client in a loop
         # gets a few per interval, then a count (events.Throttle).
         self._throttle = Throttle()
         self.counts = table.counts
-        self.counts.update({"refused_connections": 0, "idle_closed": 0, "bad_packets": 0})
+        self.counts.update({"refused_connections": 0, "idle_closed": 0, "bad_packets": 0, "refusing_closed": 0})
         # A descriptor kept free for the moment the table is full: closing it lets accept()
         # take the waiting client so it can be told why, instead of the listener spinning.
         self._spare: int | None = _open_spare()
@@ -231,20 +245,46 @@ class RegionServer:
                     return False  # closed at shutdown
                 return self._refuse_one(exc)
             now = time.monotonic()
-            if len(self._clients) >= MAX_CLIENTS and not self._close_gone() and not self._close_oldest_silent(now):
-                self.counts["refused_connections"] += 1
-                self._log_limited("refused", "regions.sock: refused a connection: %d clients are connected, none "
-                                  "of them silent for %g s (%d refused so far)", MAX_CLIENTS, SILENT_GRACE_S,
-                                  self.counts["refused_connections"])
-                _answer(conn, {"ok": False, "error": f"{MAX_CLIENTS} clients hold shared memory already; "
-                                                     "close one, or send tensors in frames"})
-                conn.close()
-                continue
-            conn.setblocking(False)
-            fd = conn.fileno()
-            self._clients[fd] = conn
-            self._silent[fd] = now
-            self._watch(fd, functools.partial(self._serve, fd))
+            if self._room(now):
+                self._admit(conn, now)
+            elif len(self._parked) < MAX_PARKED:
+                self._parked[conn.fileno()] = (conn, now + PARK_S)
+            else:
+                self._refuse_full(conn)
+
+    def _room(self, now: float) -> bool:
+        """Whether a connection may be admitted, after closing one to make room if one must."""
+        return len(self._clients) < MAX_CLIENTS or self._close_gone() or self._close_refusing() or \
+            self._close_oldest_silent(now)
+
+    def _admit(self, conn: socket.socket, now: float) -> None:
+        conn.setblocking(False)
+        fd = conn.fileno()
+        self._clients[fd] = conn
+        self._silent[fd] = now
+        self._watch(fd, functools.partial(self._serve, fd))
+
+    def _refuse_full(self, conn: socket.socket) -> None:
+        self.counts["refused_connections"] += 1
+        self._log_limited("refused", "regions.sock: refused a connection: %d clients are connected, none "
+                          "of them silent for %g s or refused (%d refused so far)", MAX_CLIENTS, SILENT_GRACE_S,
+                          self.counts["refused_connections"])
+        _answer(conn, {"ok": False, "error": f"{MAX_CLIENTS} clients hold shared memory already; "
+                                             "close one, or send tensors in frames"})
+        conn.close()
+
+    def _unpark(self, now: float) -> None:
+        """Admit the newcomers waiting for a slot, oldest first, as slots come free; refuse those
+        that waited PARK_S."""
+        room = True
+        for fd, (conn, until) in list(self._parked.items()):
+            room = room and self._room(now)  # no room for one: none for those after it either
+            if room or now >= until:
+                del self._parked[fd]
+                if room:
+                    self._admit(conn, now)
+                else:
+                    self._refuse_full(conn)
 
     def _close_gone(self) -> bool:
         """Close the paused connections whose client has hung up. A paused one is read again (and its
@@ -257,6 +297,19 @@ class RegionServer:
         for fd in gone:
             self._closed(fd)
         return bool(gone)
+
+    def _close_refusing(self, fd: int | None = None, why: str = "to make room for a new one") -> bool:
+        """Close `fd`, or else the connection holding no region whose refused packets began longest ago,
+        if there is one."""
+        fd = next(iter(self._refusing), None) if fd is None else fd
+        if fd is None:
+            return False
+        self.counts["refusing_closed"] += 1
+        self._log_limited("refusing", "regions.sock: closed a connection holding no region whose last %d packet(s) "
+                          "were refused, %s (%d closed so far)", self._refusing[fd], why,
+                          self.counts["refusing_closed"])
+        self._closed(fd)
+        return True
 
     def _close_oldest_silent(self, now: float) -> bool:
         """Close the oldest connection that has sent nothing for SILENT_GRACE_S, if there is one."""
@@ -280,7 +333,10 @@ class RegionServer:
         return min(self._paused.values()) - now if self._paused else None
 
     def tick(self) -> None:
-        """On the frontend thread's ticks: read paused connections again; tell held-back counts."""
+        """On the frontend thread's ticks: admit newcomers as slots come free; read paused connections
+        again; tell held-back counts."""
+        if self._parked:
+            self._unpark(time.monotonic())
         if self._paused:
             now = time.monotonic()
             for fd, until in list(self._paused.items()):
@@ -338,13 +394,28 @@ class RegionServer:
             if answer is None:  # end of file (or an empty packet, which SEQPACKET cannot tell apart)
                 self._closed(fd)
                 return False
-            self._silent.pop(fd, None)  # it speaks: never closed to make room
+            self._silent.pop(fd, None)  # it speaks: no longer closed to make room for being silent
             # Counted before it is answered: a peer holding its answer finds it in the counts.
             wait = self._paced(fd, bad=not answer.get("ok"))
+            if self._refusals(fd, bad=not answer.get("ok")) >= MAX_REFUSED_IN_A_ROW:
+                answer["error"] = f"{answer['error']} ({MAX_REFUSED_IN_A_ROW} packets refused in a row on a " \
+                                  "connection holding no region: closing it)"
+                _answer(conn, answer)
+                self._close_refusing(fd, "and will not be read again")
+                return False
             _answer(conn, answer)
             if wait:  # not read again for a moment (tick() takes it up)
                 self._paused[fd] = time.monotonic() + wait
                 return False
+
+    def _refusals(self, fd: int, bad: bool) -> int:
+        """Packets refused in a row on `fd` while it holds no region (0 once one is accepted or it holds one)."""
+        if not bad or self.table.owned_by(fd):
+            self._refusing.pop(fd, None)
+            return 0
+        # A new entry goes last (an existing one keeps its place): the order is when its refusals began.
+        self._refusing[fd] = self._refusing.get(fd, 0) + 1
+        return self._refusing[fd]
 
     def _paced(self, fd: int, bad: bool) -> float:
         """Seconds before `fd` is read again after this packet: BAD_PACKET_PAUSE_S after a refused one,
@@ -404,6 +475,7 @@ class RegionServer:
         self._silent.pop(fd, None)
         self._paused.pop(fd, None)
         self._buckets.pop(fd, None)
+        self._refusing.pop(fd, None)
         self._clients.pop(fd).close()
 
     def _drop(self, token: str, reason: str) -> None:
@@ -430,6 +502,9 @@ class RegionServer:
         """Stop taking registrations and forget every region (at shutdown)."""
         for fd in list(self._clients):
             self._closed(fd)
+        for conn, _ in self._parked.values():
+            conn.close()
+        self._parked.clear()
         if self._spare is not None:
             os.close(self._spare)
             self._spare = None

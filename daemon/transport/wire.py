@@ -77,11 +77,17 @@ class PyzmqWire:
 
     kind = "python"
 
-    def __init__(self, sock: zmq.Socket) -> None:
+    def __init__(self, sock: zmq.Socket, identities: bool = False) -> None:
         self.sock = sock
+        # With `identities`, each message's User-Id (a CURVE client's key, z85) is kept in `user_id`
+        # until the next: what `stream_keys = "bound"` holds keys by over CURVE (Server.bind).
+        self.identities = identities
+        self.user_id: str | None = None
 
     def recv(self) -> tuple[list[Any], int]:
         parts = recv_frames(self.sock, blocking=False)
+        if self.identities:
+            self.user_id = user_id(parts)
         return [p.bytes if len(p) < BIG_FRAME else p.buffer for p in parts], source_fd(parts)
 
     def send(self, frames: list[Any], copy: bool = True) -> None:
@@ -139,6 +145,16 @@ def source_fd(parts: list[zmq.Frame]) -> int:
     except zmq.ZMQError:
         return -1
     return fd if isinstance(fd, int) else -1
+
+
+def user_id(parts: list[zmq.Frame]) -> str | None:
+    """The User-Id the ZAP handler gave the connection message `parts` came on (a CURVE client's
+    public key), None where there is none (ipc, plain tcp). Read off the last frame, as source_fd."""
+    try:
+        value = parts[-1].get("User-Id")
+    except zmq.ZMQError:
+        return None
+    return value or None if isinstance(value, str) else None
 
 
 _CHOICE: Choice | None = None

@@ -43,7 +43,7 @@ from infermux.plugins.base import BackendError
 from infermux.protocol import DTYPES, OutputRegion, Request, Status, encode_reply, error_header
 from infermux.transport.regions import MappedRegions
 from infermux.transport.waiting import message_waiting
-from infermux.models.hot import HotPlacer
+from infermux.models.hot import HotPlacer, WarmShape
 from infermux.models.placer import LoadFailed
 from infermux.models.version import ModelVersion
 from infermux.execution.hooks import FrontendHooks
@@ -108,8 +108,10 @@ class Worker:
         self.engine: Any = None
         self.name = self.version = ""
         # The daemon sent the version's routing strategy in its config: "least_queue" is never read.
+        self.warm_shapes: tuple[WarmShape, ...] = ()  # the LOAD message's: what the daemon's pipelines send
         self.placer = HotPlacer(FrontendHooks(reply=self._reply, on_late=self._late, inline=self._inline_ok),
-                                warming=self._warming, strategy=lambda: "least_queue")
+                                warming=self._warming, strategy=lambda: "least_queue",
+                                shapes=lambda name: self.warm_shapes)
 
     def send(self, frames: list[Any], copy: bool = True) -> None:
         with self._send_lock:
@@ -182,6 +184,7 @@ class Worker:
         elif isinstance(message, wire.Unmap):
             self.regions.unmap(message.region)
         elif isinstance(message, wire.Load):
+            self.warm_shapes = message.shapes
             self._load(message.config)
         elif isinstance(message, wire.Set):
             self._set(message.change)

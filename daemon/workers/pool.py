@@ -204,7 +204,8 @@ class Workers:
         # The daemon's proxy bounds what is in flight; the worker's own queue must never refuse.
         config = replace(mv.config, engine=mv.source or mv.config.engine, rollout=None, max_queue=1 << 30,
                          strategy=mv.config.strategy or self.registry.config.routing.strategy)
-        if not process.send([wire.Load(config).encode()], wait_s=10.0):
+        shapes = tuple(self.registry.warm_shapes(config.name))  # what its pipelines send it, to warm it at
+        if not process.send([wire.Load(config, shapes).encode()], wait_s=10.0):
             raise WorkerExited(f"worker {process.pid} does not take messages")
         while True:
             message = process.wait_for(wire.Stage, wire.Ready, wire.Error, timeout_s=LOAD_TIMEOUT_S)

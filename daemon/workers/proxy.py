@@ -34,7 +34,7 @@ from infermux.execution import batcher
 from infermux.workers import wire as wire
 from infermux.config import COLD, ModelConfig
 from infermux.execution.hooks import FrontendHooks
-from infermux.execution.job import Job
+from infermux.execution.job import Job, internal_sink
 from infermux.execution.stats import ModelStats, Stats
 from infermux.execution.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
 from infermux.workers.lane import LaneClosed
@@ -274,6 +274,8 @@ class WorkerProxy:
         client's region itself. A region the worker cannot be given (the lane is full) is
         copied like a frame."""
         req = job.request
+        if internal_sink(job.envelope) is not None:  # a pipeline's step: its arrays, no frames (calls.py)
+            return [array.data.cast("B") for array in req.inputs.values()], []
         frames = job.frames[len(job.envelope) + 1:]
         if not req.input_regions:
             return list(frames), []

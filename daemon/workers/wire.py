@@ -17,7 +17,8 @@ logs it and stops that worker (the next request starts another), the
 worker logs it (and answers a LOAD it cannot read with ERROR).
 
 daemon → worker
-    Load    [b"l" config JSON]               load, warm up, then READY or ERROR
+    Load    [b"l" {"config", "shapes"}]      load, warm up (at the shapes its pipelines send too), then
+                                             READY or ERROR
     Infer   [b"I" JSON array, *inline tensors]
                                              one request as the daemon parsed and checked it, and
                                              where its tensors are (its fields, in order)
@@ -61,6 +62,7 @@ from infermux.plugins.base import TensorSpec
 from infermux.protocol import Request, dtype_name
 from infermux.execution.job import Outcome
 from infermux.execution.placement import Change
+from infermux.models.hot import WarmShape
 
 LOAD, INFER, FORGET, SET, EXIT, MAP, UNMAP = b"l", b"I", b"F", b"C", b"X", b"M", b"U"
 HELLO, STAGE, READY, ERROR, REPLY, LATE, BEAT, BYE = b"h", b"s", b"r", b"e", b"R", b"L", b"H", b"b"
@@ -199,10 +201,12 @@ class Infer(Message):
 
 @dataclass(frozen=True, slots=True)
 class Load(Message):
-    """LOAD: the configuration of the version to load (max_queue and strategy as the daemon set them)."""
+    """LOAD: the configuration of the version to load (max_queue and strategy as the daemon set them),
+    and the shapes its pipelines send it, to warm it at (pipelines/warmshapes.py)."""
 
     KIND: ClassVar[bytes] = LOAD
     config: ModelConfig
+    shapes: tuple[WarmShape, ...] = ()
 
     def encode(self) -> bytes:
         mc = self.config
@@ -211,15 +215,17 @@ class Load(Message):
         raw["options"] = dict(mc.options)
         raw["preferred_batch"] = list(mc.preferred_batch)
         raw["versions"] = list(mc.versions)
-        return LOAD + dumps(raw).encode()
+        return LOAD + dumps({"config": raw, "shapes": [asdict(s) for s in self.shapes]}).encode()
 
     @classmethod
     def decode(cls, frame: bytes) -> "Load":
-        data = _json(frame)
+        message = _json(frame)
+        data = message["config"]
         data["engine"] = Path(data["engine"])
         data["preferred_batch"] = tuple(data["preferred_batch"])
         data["versions"] = tuple(data["versions"])
-        return cls(ModelConfig(**data))
+        shapes = tuple(WarmShape(s["input"], tuple(s["shape"]), s["dtype"], s["why"]) for s in message["shapes"])
+        return cls(ModelConfig(**data), shapes)
 
 
 @dataclass(frozen=True, slots=True)

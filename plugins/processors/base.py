@@ -35,6 +35,11 @@ class FrameTooLarge(ProcessorError):
     """The frame is over the step's pixel limit (the pipeline answers 413, as for an oversized tensor)."""
 
 
+class OutOfTime(ProcessorError):
+    """The frame cannot be processed before its deadline (the pipeline answers 504; not remembered as a
+    refusal of the frame, since another request may give it more time)."""
+
+
 class ProcessorConfigError(ProcessorError):
     """A step's options are invalid (the configuration is refused; the message names the field)."""
 
@@ -120,7 +125,8 @@ class Sample:
     (HWC uint8, kept for cropping); `tensor` is the current working array;
     `outputs` holds model outputs by name for the post-processors.
     `key` names the stream (camera) the frame belongs to and `time_ns` when it
-    arrived (perf_counter_ns), which orders a stream's frames for `track`.
+    arrived (perf_counter_ns), which orders a stream's frames for `track`;
+    a step that cannot be stopped once started checks `deadline_ns` first.
     """
 
     data: np.ndarray | None = None
@@ -138,6 +144,8 @@ class Sample:
     texts: list[tuple[str, float]] = field(default_factory=list)
     key: str | int | None = None
     time_ns: int | None = None
+    deadline_ns: int | None = None  # perf_counter_ns by which the frame must be answered
+    dropped: int = 0  # regions dropped for a box or score that is not a finite number
 
 
 @runtime_checkable
@@ -252,6 +260,13 @@ def model_output(step: str, sample: Sample, name: str | None) -> np.ndarray:
     if name not in sample.outputs:
         raise ProcessorError(step, f"no model output {name!r}; outputs: {sorted(sample.outputs)}")
     return sample.outputs[name]
+
+
+def finite_regions(regions: list[Region]) -> tuple[list[Region], int]:
+    """The regions whose box and score are finite numbers, and how many others there were: a NaN or an
+    infinity from a model has no place in a frame, and nothing after it could crop or track it."""
+    kept = [r for r in regions if np.isfinite(r.box).all() and np.isfinite(r.score)]
+    return kept, len(regions) - len(kept)
 
 
 def working(step: str, sample: Sample) -> np.ndarray:

@@ -80,6 +80,10 @@ class Yolo:
     def __call__(self, sample: Sample) -> None:
         out = np.asarray(model_output(self.step, sample, self.config.output), np.float32)
         xyxy, scores, classes = self._candidates(self._check(out)[0])
+        finite = np.isfinite(xyxy).all(axis=1)
+        if not finite.all():  # a NaN box would suppress every box in NMS: dropped first, and counted
+            sample.dropped += int((~finite).sum())
+            xyxy, scores, classes = xyxy[finite], scores[finite], classes[finite]
         offset = classes[:, None] * (float(xyxy.max()) + 1) if self.config.per_class and xyxy.size else 0
         kept = nms(xyxy + offset, scores, self.config.iou, self.config.max_detections)
         boxes = sample.transform.to_original(np.stack([corners(xyxy[i]) for i in kept]) if kept.size
@@ -113,7 +117,8 @@ class Yolo:
         classes = candidates.argmax(axis=0)
         scores = candidates[classes, np.arange(candidates.shape[1])]
         cx, cy, w, h = cxcywh[:, hit]
-        xyxy = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
+        with np.errstate(invalid="ignore", over="ignore"):  # a model's inf gives NaN corners: dropped by the caller
+            xyxy = np.stack([cx - w / 2, cy - h / 2, cx + w / 2, cy + h / 2], axis=1)
         return xyxy, scores, classes
 
     def _name(self, index: int) -> str:

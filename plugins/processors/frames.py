@@ -8,6 +8,8 @@ decode as a sheared picture rather than fail.
 from __future__ import annotations
 
 import os
+import re
+import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -15,7 +17,7 @@ import cv2
 import numpy as np
 
 from infermux.plugins.processors import DEFAULT_MAX_PIXELS, OPENCV_PIXELS
-from infermux.plugins.processors.base import FrameTooLarge, ProcessorError, Sample, parse_config
+from infermux.plugins.processors.base import FrameTooLarge, OutOfTime, ProcessorError, Sample, parse_config
 
 ENCODED = ("jpeg", "jpg", "png")
 RAW = ("bgr", "rgb", "gray", "nv12", "i420")
@@ -36,18 +38,33 @@ _YUV = {
 _CHANNELS = {"bgr": 3, "rgb": 3, "gray": 1}
 
 
+# A camera writes one scan (three for a non-interleaved baseline), libjpeg's progressive mode ten, and
+# an encoder that searches for the smallest file a few dozen: each scan is a pass over the whole frame.
+DEFAULT_MAX_SCANS = 100
+# The least a decoder spends per pixel, and per pixel and scan of a progressive JPEG, in ns: set
+# several times under what libjpeg-turbo spent on a blank frame on the 2-core box (docs/pipelines.md),
+# so that an estimate from them is a lower bound on the decode's cost on a faster CPU too: a frame
+# refused by it would have cost more.
+NS_PER_PIXEL, NS_PER_PIXEL_SCAN = 0.2, 0.02
+
+
 @dataclass(frozen=True)
 class DecodeConfig:
-    """`to`: the channel order the model wants ("rgb", "bgr" or "gray"); `max_pixels`: larger frames are refused."""
+    """`to`: the channel order the model wants ("rgb", "bgr" or "gray"); `max_pixels`: larger frames are
+    refused; `max_scans`: a JPEG with more scans is refused from its markers; `max_decode_ms`: the CPU one
+    frame's decode may take (refused up front where its estimate is over, and once it took more)."""
 
     to: str = "rgb"
     max_pixels: int = DEFAULT_MAX_PIXELS
+    max_scans: int = DEFAULT_MAX_SCANS
+    max_decode_ms: int = 2000
 
     def check(self) -> tuple[str, str] | None:
         if self.to not in ORDERS:
             return "to", f"must be one of {', '.join(ORDERS)}, got {self.to!r}"
-        if self.max_pixels < 1:
-            return "max_pixels", "must be at least 1"
+        for name in ("max_pixels", "max_scans", "max_decode_ms"):
+            if getattr(self, name) < 1:
+                return name, "must be at least 1"
         if self.max_pixels > opencv_pixel_limit():
             return "max_pixels", (f"is over OpenCV's own limit of {opencv_pixel_limit()} pixels, which it reads "
                                   f"from ${OPENCV_PIXELS} at start: set that in the daemon's environment")
@@ -75,7 +92,7 @@ class Decode:
         data = np.ascontiguousarray(sample.data).reshape(-1).view(np.uint8)
         fmt = sample.format.lower()
         if fmt in ENCODED:
-            image = self._encoded(data)
+            image = self._encoded(data, sample)
         elif fmt in RAW:
             image = self._raw(data, fmt, sample)
         else:
@@ -83,7 +100,7 @@ class Decode:
                                  f"known: {', '.join(ENCODED + RAW)}")
         sample.image = sample.tensor = image
 
-    def _encoded(self, data: np.ndarray) -> np.ndarray:
+    def _encoded(self, data: np.ndarray, sample: Sample) -> np.ndarray:
         head = data.tobytes()
         try:
             width, height = header_size(head)
@@ -91,17 +108,44 @@ class Decode:
             raise ProcessorError(self.step, f"cannot decode the image ({data.size} bytes): not a valid JPEG or "
                                  f"PNG ({exc})") from None
         self._check_pixels(width, height)  # refused before decoding allocates it
+        self._check_cost(head, width, height, sample)
         flag = cv2.IMREAD_GRAYSCALE if self.config.to == "gray" else cv2.IMREAD_COLOR
+        start = time.thread_time()  # the decoder runs on this thread: its CPU, not the box's load
         try:
             image = cv2.imdecode(data, flag)
         except cv2.error:  # OpenCV's own limit (OPENCV_IO_MAX_IMAGE_PIXELS, processors/__init__.py)
             image = None
+        spent_ms = (time.thread_time() - start) * 1000
         if image is None:
             raise ProcessorError(self.step, f"cannot decode the image ({data.size} bytes): not a valid JPEG or PNG")
         self._check_pixels(image.shape[1], image.shape[0])
+        if spent_ms > self.config.max_decode_ms:  # refused, and remembered: the same frame again costs a hash
+            raise FrameTooLarge(self.step, f"decoding the {width}x{height} frame took {spent_ms:.0f} ms of CPU; "
+                                f"the step allows {self.config.max_decode_ms} (max_decode_ms)")
         if self.config.to == "rgb":
             image = cv2.cvtColor(image, cv2.COLOR_BGR2RGB)
         return _hwc(image)
+
+    def _check_cost(self, head: bytes, width: int, height: int, sample: Sample) -> None:
+        """Refuse, before decoding, a JPEG of more scans than `max_scans` and a frame whose least cost
+        (NS_PER_PIXEL...) is over `max_decode_ms`, or over the time its request has left: a decoder
+        cannot be stopped once it runs."""
+        scans = 1
+        if head[:2] == b"\xff\xd8":
+            scans = jpeg_scans(head, self.config.max_scans)
+            if scans > self.config.max_scans:
+                raise FrameTooLarge(self.step, f"the JPEG has more than {self.config.max_scans} scans (max_scans), "
+                                    "each a pass over the whole frame; a camera writes 1, a progressive encoder ~10")
+        least_ms = width * height * (NS_PER_PIXEL + NS_PER_PIXEL_SCAN * scans) / 1e6
+        if least_ms > self.config.max_decode_ms:
+            raise FrameTooLarge(self.step, f"decoding the {width}x{height} frame of {scans} scan(s) would take at "
+                                f"least {least_ms:.0f} ms of CPU; the step allows {self.config.max_decode_ms} "
+                                "(max_decode_ms)")
+        if sample.deadline_ns is not None:
+            left_ms = (sample.deadline_ns - time.perf_counter_ns()) / 1e6
+            if least_ms > left_ms:
+                raise OutOfTime(self.step, f"decoding the {width}x{height} frame of {scans} scan(s) would take at "
+                                f"least {least_ms:.0f} ms; the frame's deadline is {max(left_ms, 0):.0f} ms away")
 
     def _raw(self, data: np.ndarray, fmt: str, sample: Sample) -> np.ndarray:
         width, height = self._dimensions(sample, fmt)
@@ -232,6 +276,41 @@ def _jpeg_size(data: bytes) -> tuple[int, int]:
             return width, height
         at += length
     raise ValueError(f"no frame header in the JPEG's first {MAX_JPEG_SEGMENTS} segments")
+
+
+# In a scan's entropy-coded data a 0xFF byte is followed by 0x00 (a stuffed byte) or a restart marker
+# (0xD0-0xD7): any other byte after it is the marker that ends the scan.
+_SCAN_END = re.compile(rb"\xff[^\x00\xd0-\xd7]")
+
+
+def jpeg_scans(data: bytes, limit: int) -> int:
+    """How many scans (SOS segments) the JPEG holds, counted up to `limit + 1` (a file of more is
+    refused whatever their number): the segments are walked by their lengths, each scan's entropy-coded
+    data skipped to the marker that ends it. A file laid out against the format counts what was read."""
+    at, end, scans = 2, len(data), 0
+    for _ in range(MAX_JPEG_SEGMENTS + 8 * (limit + 1)):  # a progressive scan comes with a few tables
+        if at >= end or data[at] != 0xFF:  # the end, or no marker where one belongs
+            return scans
+        while at < end and data[at] == 0xFF:  # fill bytes
+            at += 1
+        if at >= end or data[at] == 0xD9:  # EOI
+            return scans
+        marker = data[at]
+        at += 1
+        if marker in _STANDALONE or marker == 0xD8:
+            continue
+        if at + 2 > end:
+            return scans
+        at += max(2, int.from_bytes(data[at:at + 2], "big"))
+        if marker == 0xDA:
+            scans += 1
+            if scans > limit:
+                return scans
+            found = _SCAN_END.search(data, at)
+            if found is None:
+                return scans
+            at = found.start()
+    return scans
 
 
 def _packed_yuv(data: np.ndarray, fmt: str, width: int, height: int, stride: int) -> np.ndarray:

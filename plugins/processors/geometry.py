@@ -13,6 +13,7 @@ from typing import Any, Mapping
 import cv2
 import numpy as np
 
+from infermux.plugins.processors import DEFAULT_MAX_PIXELS
 from infermux.plugins.processors.base import FrameTooLarge, Sample, parse_config, working
 
 INTERPOLATION = {"nearest": cv2.INTER_NEAREST, "linear": cv2.INTER_LINEAR,
@@ -36,6 +37,7 @@ class ResizeConfig:
     pad: bool = True  # `height`: pad up to max_width (false: leave it narrower; a pipeline pads the batch)
     center: bool = True
     interpolation: str = "linear"
+    max_pixels: int = DEFAULT_MAX_PIXELS  # the image it makes, checked before making it (mode height: any width)
 
     def check(self) -> tuple[str, str] | None:
         if self.mode not in MODES:
@@ -57,7 +59,7 @@ class ResizeConfig:
             return "pad_value", "must be 0..255"
         if self.interpolation not in INTERPOLATION:
             return "interpolation", f"must be one of {', '.join(INTERPOLATION)}"
-        return None
+        return ("max_pixels", "must be at least 1") if self.max_pixels < 1 else None
 
 
 class Resize:
@@ -78,12 +80,25 @@ class Resize:
             out, sx, sy, px, py = self._letterbox(image, w, h)
         else:
             tw, th = self._target(w, h)
+            self._check_pixels(w, h, max(tw, self.config.max_width or 0) if mode == "height" else tw, th)
             out = self._resize(image, tw, th)
             sx, sy, px, py = tw / w, th / h, 0.0, 0.0
             if mode == "height" and self.config.pad and self.config.max_width and tw < self.config.max_width:
                 out = self._pad(out, self.config.max_width, th, 0, 0)
         sample.tensor = out
         sample.transform = sample.transform.then(sx, sy, px, py)
+
+    def output_size(self, w: int, h: int) -> tuple[int, int]:
+        """The (width, height) this step makes of a w x h image, as `__call__` would, without an image
+        (what the daemon warms a model at); FrameTooLarge where `__call__` would refuse it."""
+        c = self.config
+        if c.mode == "letterbox":
+            assert c.size is not None
+            return c.size
+        tw, th = self._target(w, h)
+        if c.mode == "height" and c.pad and c.max_width and tw < c.max_width:
+            return c.max_width, th
+        return tw, th
 
     def _target(self, w: int, h: int) -> tuple[int, int]:
         c = self.config
@@ -109,6 +124,13 @@ class Resize:
             raise FrameTooLarge(self.step, f"the {w}x{h} frame would be resized to {tw}x{th} for the model; the "
                                 f"limit is {c.max_side} a side (max_side); {advice}")
         return tw, th
+
+    def _check_pixels(self, w: int, h: int, tw: int, th: int) -> None:
+        """FrameTooLarge before resizing where the image made would be over `max_pixels` (mode `height`
+        without `max_width` makes an image as wide as its input is elongated)."""
+        if tw * th > self.config.max_pixels:
+            raise FrameTooLarge(self.step, f"the {w}x{h} image would be resized to {tw}x{th}, over the "
+                                f"{self.config.max_pixels} pixels this step makes (max_pixels)")
 
     def _letterbox(self, image: np.ndarray, w: int, h: int) -> tuple[np.ndarray, float, float, float, float]:
         assert self.config.size is not None

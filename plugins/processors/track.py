@@ -43,6 +43,9 @@ from infermux.plugins.processors.base import ProcessorError, Region, Sample, par
 
 log = logging.getLogger("infermux.processors.track")
 
+FORGOT_LINE_S = 10.0  # streams forgotten past max_keys: one log line per interval at most, the rest counted
+KEY_SHOWN = 64  # a key in a log line is cut to this many characters
+
 ALPHA, BETA = 0.7, 0.3  # the filter's gains on position and velocity: detections are trusted, velocity smoothed
 
 
@@ -78,6 +81,13 @@ class TrackConfig:
             if getattr(self, name) < 1:
                 return name, "must be at least 1"
         return None
+
+
+def _quoted(key: Any) -> str:
+    """A key as a log line shows it: quoted and escaped (repr), at most KEY_SHOWN characters of it."""
+    if not isinstance(key, str):
+        return repr(key)
+    return repr(key) if len(key) <= KEY_SHOWN else repr(key[:KEY_SHOWN]) + f"... ({len(key)} characters)"
 
 
 def bounds(regions: list[Region]) -> np.ndarray:
@@ -191,6 +201,9 @@ class Track:
         self._streams: OrderedDict[str | int, Stream] = OrderedDict()  # least recently seen first
         self._lock = threading.Lock()  # guards `_streams` and the id counter, never held while matching
         self._next_id = 1
+        self.forgotten = 0  # streams forgotten past max_keys, since the step was built
+        self._unsaid, self._said_at = 0, float("-inf")  # streams forgotten and not yet logged; the last line
+        self._latest: str | int | None = None
 
     def __call__(self, sample: Sample) -> None:
         if sample.key is None:
@@ -214,6 +227,7 @@ class Track:
     def streams(self) -> dict[str, int]:
         """How many streams are tracked and their tracks in all (for the pipeline's view)."""
         with self._lock:
+            self._say_forgotten(time.monotonic())  # what the last burst of forgetting left unsaid
             streams = list(self._streams.values())
         return {"streams": len(streams), "tracks": sum(len(s.tracks.ids) for s in streams)}
 
@@ -231,12 +245,29 @@ class Track:
                 stream = Stream()
                 if len(self._streams) >= self.config.max_keys:
                     forgotten, _ = self._streams.popitem(last=False)
-                    log.warning("step %r: tracking more than max_keys=%d streams; forgot stream %r, the least "
-                                "recently seen (raise max_keys to track more cameras)", self.step,
-                                self.config.max_keys, forgotten)
+                    self._forgot(forgotten)
             stream.last_seen = now
             self._streams[key] = stream
             return stream
+
+    def _forgot(self, key: str | int) -> None:
+        """A stream forgotten past max_keys (under `_lock`): counted, and told in one line per
+        FORGOT_LINE_S at most, the rest summed up in the next, so that keys cycling through the step
+        cannot flood the log."""
+        self.forgotten += 1
+        self._unsaid += 1
+        self._latest = key
+        self._say_forgotten(time.monotonic())
+
+    def _say_forgotten(self, now: float) -> None:
+        if not self._unsaid or now - self._said_at < FORGOT_LINE_S:
+            return
+        count, since = self._unsaid, now - self._said_at
+        self._unsaid, self._said_at = 0, now
+        what = f"stream {_quoted(self._latest)}" if count == 1 else \
+            f"{count} streams in the last {since:.0f} s (the latest {_quoted(self._latest)})"
+        log.warning("step %r: tracking more than max_keys=%d streams; forgot %s, the least recently seen "
+                    "(raise max_keys to track more cameras)", self.step, self.config.max_keys, what)
 
     def _ids(self, n: int) -> list[int]:
         with self._lock:

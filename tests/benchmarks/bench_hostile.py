@@ -33,7 +33,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import numpy as np
 import zmq
@@ -80,6 +80,41 @@ name = "frames"
 [[pipelines.steps]]
 processor = "decode"
 """
+# The keys' scenarios: a `track` pipeline (its default max_keys, 256 streams) and a re-inferred classifier
+# within max_calls_per_s, behind tests/support/models.py's brightness map as the detector.
+KEYED = """
+[[models]]
+name = "det"
+engine = "det/1/model.onnx"
+
+[[models]]
+name = "cls"
+engine = "{classifier}"
+max_batch = 32
+"""
+# A "detector" that echoes its frame's pixels as boxes (tests/support/models.py's box_echo): a raw gray
+# frame of a few bytes, scaled, is a box of any size ("boxes") or one of infinite corners ("infinite").
+BOXES = """
+[[models]]
+name = "echo"
+engine = "echo/1/model.onnx"
+""" + "".join(f"""
+[[pipelines]]
+name = "{name}"
+[[pipelines.steps]]
+processor = "decode"
+options = {{ to = "gray" }}
+[[pipelines.steps]]
+processor = "normalize"
+options = {{ scale = {scale} }}
+[[pipelines.steps]]
+model = "echo"
+[[pipelines.steps]]
+processor = "yolo"
+options = {{ score = 0.1, per_class = false }}
+{track}[[pipelines.steps]]
+processor = "crop"
+""" for name, scale, track in (("boxes", "200.0", ""), ("infinite", "1e38", "[[pipelines.steps]]\nprocessor = \"track\"\n")))
 X = np.ones((1, 512), np.float32)
 CLIENTS = 2
 
@@ -494,12 +529,282 @@ def huge_replies(endpoint: str) -> Callable[[Stop], None]:
     return attack
 
 
+def _echoed(*boxes: tuple[int, ...]) -> np.ndarray:
+    """The one-row gray frame the echo model reads as `boxes` (cx, cy, w, h, score: a byte each)."""
+    return np.array(boxes, np.uint8).T.reshape(1, -1)
+
+
+def giant_boxes(endpoint: str) -> Callable[[Stop], None]:
+    """One 40,000 x 40,000 box from a 10-byte frame, each send other bytes (a second box, scored 0)."""
+    def attack(stop: Stop) -> None:
+        from infermux.pipelines.wire import encode_frame
+        sock, sent = _dealer(endpoint), 0
+        while not stop.is_set():
+            sent += 1
+            frame = _echoed((100, 100, 200, 200, 1), (sent % 256, sent // 256 % 256, 0, 0, 0))
+            _ask(sock, encode_frame("boxes", frame, "gray", width=10, height=1, id=1))
+        sock.close()
+    return attack
+
+
+def nan_boxes(endpoint: str) -> Callable[[Stop], None]:
+    """A NaN box beside a good one, through `track` into `crop`, each send another key's."""
+    def attack(stop: Stop) -> None:
+        from infermux.pipelines.wire import encode_frame
+        sock, sent = _dealer(endpoint), 0
+        frame = _echoed((255, 0, 255, 0, 1), (0, 0, 0, 0, 1))
+        while not stop.is_set():
+            sent += 1
+            _ask(sock, encode_frame("infinite", frame, "gray", width=10, height=1, id=1, key=f"cam-{sent % 64}"))
+        sock.close()
+    return attack
+
+
+def scan_bombs(endpoint: str) -> Callable[[Stop], None]:
+    """A 1 MB progressive 2048 x 2048 JPEG of 100,000 empty scans to a `decode` step, each send with a
+    comment segment of its own (other bytes, the same image)."""
+    def attack(stop: Stop) -> None:
+        from support import hostile_files as hf
+        from infermux.pipelines.wire import encode_frame
+        bomb = hf.progressive_jpeg_with_scans(2048, 100_000)
+        sock, sent = _dealer(endpoint), 0
+        while not stop.is_set():
+            sent += 1
+            comment = str(sent).encode()
+            data = bomb[:2] + b"\xff\xfe" + (len(comment) + 2).to_bytes(2, "big") + comment + bomb[2:]
+            _ask(sock, encode_frame("frames", data, "jpeg", id=1, timeout_ms=10_000))
+        sock.close()
+    return attack
+
+
+# -- client text and budgets per stream ----------------------------------------------------------
+
+def keyed_config(engines: Path) -> str:
+    """KEYED's models (the detector written into `engines`) and its two pipelines."""
+    from support import models
+    from support.tracking import classifying, detecting
+    models.brightness_map(engines / "det/1/model.onnx")
+    classifier = HERE.parent.parent / "engines/classifier/1/model.onnx"
+    return (KEYED.format(classifier=classifier) + detecting("tracks")
+            + classifying("budget", "cls", "max_calls_per_s = 20"))
+
+
+def keyed_scenarios(daemon: Daemon, port: int) -> list[tuple[str, Callable[[Stop], None]]]:
+    """The keys' scenarios, each named "keys: ..." (`--only "keys:"` runs them alone)."""
+    return [
+        ("keys: lone surrogates and 60 KB keys to a model and a pipeline, /metrics scraped meanwhile",
+         bad_keys(daemon.endpoint, port)),
+        ("keys: 256-byte keys cycling through a track step, 4 frames in flight", cycling_keys(daemon.endpoint)),
+        ("keys: 150 new keys a second, each sending twice then silent", silent_keys(daemon.endpoint)),
+        ("keys: one camera flooding a max_calls_per_s step, 4 frames in flight", flooding_key(daemon.endpoint)),
+    ]
+
+
+def _crowd_frames(count: int = 8) -> list[bytes]:
+    from support import tracking
+    seq = tracking.crowd()
+    return [tracking.png(seq.frame(i)) for i in range(count)]
+
+
+def _in_flight(sock: zmq.Socket, stop: Stop, make: Callable[[int], list], depth: int = 4) -> None:
+    """Requests `make(n)` with `depth` of them in flight until `stop`."""
+    sent = 0
+    for _ in range(depth):
+        sock.send_multipart([b"", *make(sent)])
+        sent += 1
+    while not stop.is_set():
+        if sock.poll(1000):
+            sock.recv_multipart()
+            sock.send_multipart([b"", *make(sent)])
+            sent += 1
+
+
+def bad_keys(endpoint: str, port: int) -> Callable[[Stop], None]:
+    def attack(stop: Stop) -> None:
+        from infermux.pipelines.wire import encode_frame
+        frame = _crowd_frames(1)[0]
+        sock = _dealer(endpoint)
+        model = {"model": "fast512", "id": 1, "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 512]}]}
+        image = json.loads(encode_frame("tracks", frame, "png", id=2)[0])
+        n = 0
+        while not stop.is_set():
+            key = "cam\ud800" if n % 2 else "k" * 60_000
+            _ask(sock, [json.dumps({**model, "key": key}).encode(), X.tobytes()])
+            _ask(sock, [json.dumps({**image, "key": key}).encode(), frame])
+            if n % 8 == 0:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as http:
+                    http.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+                    while http.recv(65536):
+                        pass
+            n += 1
+        sock.close()
+    return attack
+
+
+def cycling_keys(endpoint: str) -> Callable[[Stop], None]:
+    def attack(stop: Stop) -> None:
+        from infermux.pipelines.wire import encode_frame
+        frames, sock = _crowd_frames(), _dealer(endpoint)
+        _in_flight(sock, stop, lambda n: encode_frame("tracks", frames[n % len(frames)], "png", id=n,
+                                                      key=f"{os.getpid()}-{n:08d}".ljust(256, "c")))
+        sock.close()
+    return attack
+
+
+def silent_keys(endpoint: str, per_s: float = 150.0) -> Callable[[Stop], None]:
+    """New keys at `per_s` (few enough that the stream table, 1024 keys, keeps each until it is silent)."""
+    def attack(stop: Stop) -> None:
+        sock = _dealer(endpoint)
+        header = {"model": "fast512", "inputs": [{"name": "x", "dtype": "float32", "shape": [1, 512]}]}
+        start, n = time.monotonic(), 0
+        while not stop.is_set():
+            for _ in range(2):
+                _ask(sock, [json.dumps({**header, "id": n, "key": f"{os.getpid()}-gone-{n}"}).encode(), X.tobytes()])
+            n += 1
+            stop.wait(max(0.0, start + n / per_s - time.monotonic()))
+        sock.close()
+    return attack
+
+
+def flooding_key(endpoint: str) -> Callable[[Stop], None]:
+    def attack(stop: Stop) -> None:
+        from infermux.pipelines.wire import encode_frame
+        frames, sock = _crowd_frames(), _dealer(endpoint)
+        _in_flight(sock, stop, lambda n: encode_frame("budget", frames[n % len(frames)], "png", id=n, key="flood"))
+        sock.close()
+    return attack
+
+
+def churning_slowloris(port: int) -> Callable[[Stop], None]:
+    """64 slowloris connections from 127.0.0.2-9 (8 each) to the metrics port, each re-opened within
+    0.5 s of being dropped; a kubelet-like probe of /healthz (timeout 1 s) every 0.2 s meanwhile, whose
+    answers the attacker process prints ("victim: ...")."""
+    def attack(stop: Stop) -> None:
+        from support.churn import ChurningSlowloris
+        churn = ChurningSlowloris(port).start()
+        ok = total = 0
+        while not stop.wait(0.2):
+            total += 1
+            ok += _probe_ok(port)
+        churn.stop()
+        print(f"victim: {ok} of {total} /healthz probes answered 200 within 1 s; {churn.dropped} attacker "
+              "connections dropped and re-opened", flush=True)
+    return attack
+
+
+def _probe_ok(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1) as conn:
+            conn.settimeout(1)
+            conn.sendall(b"GET /healthz HTTP/1.0\r\n\r\n")
+            return conn.recv(64).startswith(b"HTTP/1.0 200")
+    except OSError:
+        return False
+
+
+def chatty_region_peers(path: str) -> Callable[[Stop], None]:
+    """64 connections to regions.sock each sending a packet it refuses every 0.3 s (re-opened when
+    closed); a client registering a region every 0.2 s meanwhile: how many got in within 1 s."""
+    def attack(stop: Stop) -> None:
+        from infermux.client import SharedMemory
+        from support.churn import ChattyRegionPeers
+        peers = ChattyRegionPeers(path).start()
+        ok = total = 0
+        while not stop.wait(0.2):
+            total += 1
+            start = time.monotonic()
+            try:
+                with SharedMemory(path, 4096, name="camera"):
+                    ok += time.monotonic() - start < 1.0
+            except (ConnectionError, OSError):
+                pass
+        peers.stop()
+        print(f"victim: {ok} of {total} registrations within 1 s; {peers.dropped} attacker connections "
+              "closed by the daemon and re-opened", flush=True)
+    return attack
+
+
+HIJACKED = "cold"  # a worker's queue: a camera's frames wait there, where another's may replace them
+
+
+def key_hijack(daemon: Daemon, bound: bool) -> Callable[[Stop], None]:
+    """A camera streaming frames of its key to the cold model (queue_policy newest_per_key for the scenario)
+    at 200 a second without waiting for replies, as a camera does; once its first is answered, another
+    client sends bursts of 4 larger frames (4 MiB) with that key as fast as they are answered (a key of its own each round: the last
+    round's holder would still hold it). Under `stream_keys = "bound"`
+    (reloaded in for the scenario) or the default "open". The camera's outcomes are printed: a 409
+    whose `superseded_by` is the other's is the attack's doing (its own newer frames replace its
+    older ones too: the policy working)."""
+    endpoint, admin_endpoint, path = daemon.endpoint, daemon.admin_endpoint, daemon.config_path
+
+    def attack(stop: Stop) -> None:
+        from infermux.client import AdminClient
+        original = path.read_text()
+        with AdminClient(admin_endpoint) as admin:
+            admin.call("set", model=HIJACKED, queue_policy="newest_per_key")
+            if bound:
+                path.write_text(original.replace("[daemon]\n", '[daemon]\nstream_keys = "bound"\n', 1))
+                admin.call("reload")
+        outcomes = _camera(endpoint, stop)
+        with AdminClient(admin_endpoint) as admin:
+            admin.call("set", model=HIJACKED, queue_policy="fifo")
+            if bound:
+                path.write_text(original)
+                admin.call("reload")
+        print(f"victim ({'bound' if bound else 'open'}): camera's frames {outcomes}", flush=True)
+    return attack
+
+
+def _hijacker(endpoint: str, key: str, stop: threading.Event) -> None:
+    from infermux.protocol import encode_request
+    sock = _dealer(endpoint)
+    ident = 1_000_000  # the camera's are small: a 409's superseded_by tells whose frame replaced it
+    big = np.ones((2048, 512), np.float32)  # milliseconds each in the worker: the camera's frame waits meanwhile
+    while not stop.is_set():  # bursts of 4, as fast as they are answered: the next replaces the camera's
+        for _ in range(4):
+            ident += 1
+            sock.send_multipart([b"", *encode_request(HIJACKED, {"x": big}, id=ident, key=key)])
+        for _ in range(4):
+            if sock.poll(5000):
+                sock.recv_multipart()
+    sock.close()
+
+
+def _camera(endpoint: str, stop: Stop) -> dict[str, int]:
+    from infermux.protocol import decode_reply, encode_request
+    outcomes = {"sent": 0, "200": 0, "409 by its own": 0, "409 by the other": 0, "other": 0}
+    sock, done, ident, key = _dealer(endpoint), threading.Event(), 0, f"cam-{os.getpid()}"
+    other = threading.Thread(target=_hijacker, args=(endpoint, key, done), daemon=True)
+    while not stop.wait(0.005):
+        ident += 1
+        sock.send_multipart([b"", *encode_request(HIJACKED, {"x": X}, id=ident, key=key)])
+        while sock.poll(0 if other.is_alive() or ident > 1 else 5000):
+            _tally(outcomes, decode_reply(sock.recv_multipart()[1:]))
+            if not other.is_alive():  # the camera's first frame is in: the key is its own
+                other.start()
+    outcomes["sent"] = ident
+    while sum(outcomes.values()) - ident < ident and sock.poll(5000):
+        _tally(outcomes, decode_reply(sock.recv_multipart()[1:]))
+    done.set()
+    other.join()
+    sock.close()
+    return outcomes
+
+
+def _tally(outcomes: dict[str, int], reply: Any) -> None:
+    superseded_by = reply.superseded_by if reply.status == 409 else None
+    kind = "200" if reply.status == 200 else "other" if superseded_by is None else \
+        "409 by the other" if int(superseded_by) >= 1_000_000 else "409 by its own"
+    outcomes[kind] += 1
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seconds", type=float, default=4.0)
     parser.add_argument("--no-write", action="store_true", help="print the table, leave RESULTS.md alone")
     parser.add_argument("--rounds", type=int, default=3, help="pairs of windows per scenario (the median is shown)")
     parser.add_argument("--only", default="", help="run only the scenarios whose name contains this")
+    parser.add_argument("--skip-ocr", action="store_true", help="leave the OCR pipeline (and its scenarios) out")
     args = parser.parse_args()
     from support import models
 
@@ -507,17 +812,19 @@ def main() -> int:
         work = Path(tmp)
         models.add_one(work / "engines/fast512/1/model.onnx", width=512, offset=0.0)
         models.tiler(work / "engines/tile/1/model.onnx")
+        models.box_echo(work / "engines/echo/1/model.onnx")
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         (work / "d").mkdir()
         config, notes = HEAD.format(engines=work / "engines", port=port), []
         if pipelines_usable():
-            config += FRAMES
-            ocr = ocr_config(work / "ppocr")
+            config += FRAMES + BOXES + keyed_config(work / "engines")
+            ocr = None if args.skip_ocr else ocr_config(work / "ppocr")
             config += ocr or ""
             if not ocr:
-                notes.append("The OCR scenario was left out: rapidocr-onnxruntime (its models) is not installed.")
+                notes.append("The OCR scenarios were left out: " + ("--skip-ocr." if args.skip_ocr else
+                             "rapidocr-onnxruntime (its models) is not installed."))
         else:
             notes.append("The frame and OCR scenarios were left out: OpenCV or Pillow is not installed.")
         daemon = Daemon(work / "d", config, prefix=["prlimit", "--nofile=1024:2700", "--"]).start(timeout=180)
@@ -527,7 +834,8 @@ def main() -> int:
             daemon.stop()
     table = markdown_table(["scenario", "answered %", "p99 ms", "p99 ms, none just before", "p99 vs none (median)",
                             "each round's ratio", "attacker's own CPU, cores", "peak RSS MiB (vs the quiet run)",
-                            "RSS MiB before → after", "most fds (before → after)"], rows)
+                            "RSS MiB before → after", "most fds (before → after)",
+                            "log growth KiB/min attacked"], rows)
     body = "\n".join([stamp(), "", "Daemon under `prlimit --nofile=1024:2700` (soft raised to hard at start); 2 well-behaved clients, "
                       f"{args.seconds:g} s with the attacker, each after {args.seconds:g} s without it "
                       f"(the \"none just before\" column, what its ratio is against), {args.rounds} such "
@@ -592,10 +900,25 @@ def run_scenarios(daemon: Daemon, port: int, engines: Path, seconds: float, only
         ("16 slow-drip connections and 4 unread scrapes on the metrics port", metrics_drip(port)),
         ("64 idle connections to regions.sock", regions_idle(regions)),
         ("bad packets on regions.sock in a loop", regions_bad_packets(regions)),
+        # round three: probes and sockets, stream keys
+        ("64 slowloris connections from 127.0.0.2-9 re-opened within 0.5 s; probes meanwhile",
+         churning_slowloris(port)),
+        ("64 regions.sock peers each sending a refused packet every 0.3 s; registrations meanwhile",
+         chatty_region_peers(regions)),
+        ("another client sending a camera's stream key, stream_keys = \"open\"", key_hijack(daemon, bound=False)),
+        ("another client sending a camera's stream key, stream_keys = \"bound\"", key_hijack(daemon, bound=True)),
         ("register/unregister on regions.sock in a loop", regions_register_loop(regions)),
         ("512 MiB and 64 MiB inputs in a sparse 2 GiB memfd", sparse_inputs(daemon.endpoint, regions)),
         ("set weights=10**400 and contexts=1024 in a loop", huge_sets(daemon.admin_endpoint)),
         ("128 MiB replies from a 4 MiB input (over max_reply_bytes)", huge_replies(daemon.endpoint)),
+        *(keyed_scenarios(daemon, port) if 'name = "tracks"' in config else []),
+        # round three
+        *([("a 40,000 × 40,000 box echoed from a 10-byte frame into crop, other bytes each send",
+            giant_boxes(daemon.endpoint)),
+           ("a NaN box beside a good one, through track into crop, each send another of 64 keys",
+            nan_boxes(daemon.endpoint)),
+           ("a 1 MB progressive 2048² JPEG of 100,000 scans, other bytes each send", scan_bombs(daemon.endpoint))]
+          if 'name = "boxes"' in config else []),
     ]
     warm_pipelines(daemon.endpoint, config)
     measure(daemon.endpoint, seconds, None)  # warm-up: the first seconds' p99 is the caches', not the daemon's
@@ -631,11 +954,13 @@ def one_scenario(daemon: Daemon, name: str, attack: Callable[[Stop], None] | Non
     assert daemon.proc is not None
     pid = daemon.proc.pid
     rss0, fds0 = proc_facts(pid)
+    log0, attacked_s = log_bytes(daemon), 0.0
     reset_peak(pid)
     pairs, most_fds = [], fds0
     for _ in range(rounds if attack else 1):
         base = measure(daemon.endpoint, seconds, None) if attack else None
         result = measure(daemon.endpoint, seconds, attack, pid)
+        attacked_s += seconds
         if not daemon.alive():
             raise SystemExit(f"the daemon died in scenario {name!r}:\n{daemon.log()[-3000:]}")
         base = base or result
@@ -651,7 +976,13 @@ def one_scenario(daemon: Daemon, name: str, attack: Callable[[Stop], None] | Non
     versus = "quiet run" if quiet is None else f"{peak - quiet:+.0f}"
     return [name, f"{answered:.1f} ({requests})", f"{result['p99_ms']:.2f}", f"{base['p99_ms']:.2f}",
             f"{ratio:.2f}x", " / ".join(f"{r:.2f}" for r in ratios), f"{result['attacker_cpu']:.2f}",
-            f"{peak:.0f} ({versus})", f"{rss0:.0f} → {rss1:.0f}", f"{most_fds} ({fds0} → {fds1})"], peak
+            f"{peak:.0f} ({versus})", f"{rss0:.0f} → {rss1:.0f}", f"{most_fds} ({fds0} → {fds1})",
+            f"{(log_bytes(daemon) - log0) / 1024 / (attacked_s / 60):.0f}"], peak
+
+
+def log_bytes(daemon: Daemon) -> int:
+    """The daemon's log so far, in bytes (its growth over a scenario, per minute attacked, is a column)."""
+    return daemon.log_path.stat().st_size if daemon.log_path.exists() else 0
 
 
 if __name__ == "__main__":

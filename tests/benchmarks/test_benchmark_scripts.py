@@ -316,6 +316,16 @@ def test_the_ladder_answers_every_request_on_every_rung():
 
 
 @pytest.mark.slow
+def test_the_pipeline_steps_benchmark_compares_each_pipeline_with_the_bare_one():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_pipeline_steps.py"), "--no-write", "--no-ocr",
+                          "--seconds", "0.2", "--rounds", "1"], capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for steps in (1, 3):
+        assert f"| bare | {steps} |" in out.stdout and f"| daemon | {steps} |" in out.stdout
+    assert "- daemon: p3's model steps m1, m2, m3 take" in out.stdout
+    # The steps took the in-process path: p3's last step counted its calls there, none via the frontend.
+    assert "Calls by the way they went: {'in_process':" in out.stdout and "'via_frontend': 0} (m3)" in out.stdout
+
 def test_the_idle_benchmark_measures_every_mode():
     out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_idle.py"), "--no-write", "--models", "1,2",
                           "--seconds", "1", "--settle", "0", "--scrape-every", "0.5"],

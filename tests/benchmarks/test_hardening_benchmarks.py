@@ -31,3 +31,16 @@ def test_the_peer_benchmark_says_why_mlserver_is_missing_and_still_measures_infe
     for case in ("| infermux tcp | 1 |", "| infermux ipc | 1 |", "| infermux tcp | 16 |", "| infermux ipc | 16 |"):
         assert case in out.stdout
     assert "| MLServer http |" not in out.stdout
+
+
+@pytest.mark.slow
+def test_the_hostile_benchmark_answers_every_client_beside_giant_nan_and_many_scan_frames() -> None:
+    pytest.importorskip("cv2", reason="the pipeline scenarios need OpenCV")
+    pytest.importorskip("PIL", reason="the pipeline scenarios need Pillow")
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_hostile.py"), "--only", "each send", "--rounds", "1",
+                          "--seconds", "0.5", "--skip-ocr", "--no-write"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
+    for scenario in ("| a 40,000 × 40,000 box echoed from a 10-byte frame into crop, other bytes each send | 100.0 ",
+                     "| a NaN box beside a good one, through track into crop, each send another of 64 keys | 100.0 ",
+                     "| a 1 MB progressive 2048² JPEG of 100,000 scans, other bytes each send | 100.0 "):
+        assert scenario in out.stdout, out.stdout[-3000:]

@@ -65,7 +65,8 @@ def test_open_loop_streams_are_counted_per_stream_as_the_daemon_counts_them(d: D
     assert (result["streams"], result["fps"]) == (3, 10.0)
     counted = streams(d, "cams")
     for row in result["per_stream"]:
-        assert row["sent"] == 15 and row["unanswered"] == 0 and row["other"] == 0, row
+        # 15 due in 1.5 s; a sender that fell behind on a busy box stops on time with one or two fewer
+        assert 13 <= row["sent"] <= 15 and row["unanswered"] == 0 and row["other"] == 0, row
         assert row["served"] + row["superseded"] + row["refused"] == row["sent"]
         daemon = counted[row["key"]]
         assert (daemon["received"], daemon["served"], daemon["superseded"], daemon["refused"]) == \
@@ -85,7 +86,20 @@ def test_streams_past_what_a_model_serves_are_superseded_not_refused(d: Daemon) 
     rows = {line.split()[0]: line.split() for line in lines[2:]}
     assert set(rows) == {"stream-0", "stream-1", "stream-2", "stream-3", "all"}
     sent, served, superseded, refused = (int(v) for v in (rows["all"][1], rows["all"][4], rows["all"][5], rows["all"][6]))
-    assert sent == 320 and superseded > 0 and refused == 0 and served + superseded == sent
+    assert 300 <= sent <= 320 and superseded > 0 and refused == 0 and served + superseded == sent
+
+
+def test_duration_stops_the_streams_on_time_even_when_the_sender_falls_behind(d: Daemon) -> None:
+    # 2 x 5000 frames a second is more than one Python thread sends on a busy box: the old fixed count
+    # (10,000 frames) ran for several times --duration.
+    proc = bench(d, "cams", "--streams", "2", "--fps", "5000", "--duration", "1", "--size", "64x48",
+                 "--key-prefix", "fast", "--json")
+    result = json.loads(proc.stdout)
+    assert result["duration_s"] <= 1.3, result["duration_s"]  # the sending, measured by bench itself
+    counted = streams(d, "cams")
+    for row in result["per_stream"]:
+        assert 0 < row["sent"] <= 5000 and row["unanswered"] == 0, row
+        assert counted[row["key"]]["received"] == row["sent"], (row, counted[row["key"]])
 
 
 def test_bench_says_what_is_wrong_in_one_line(d: Daemon) -> None:

@@ -6,6 +6,8 @@ not sent yet. The pipeline's one thread holds a frame at the gate processor
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -17,6 +19,8 @@ from infermux.client import Client, Frame, Pipeline, Stream
 from infermux.pipelines.wire import send_frame
 from support.harness import Daemon
 from support.polling import eventually
+
+cv2 = pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
 
 CLASSIFIER = '[[models]]\nname = "classifier"\nengine = "classifier/1/model.onnx"\n'
 STEPS = ('[[pipelines.steps]]\nprocessor = "decode"\n'
@@ -74,6 +78,31 @@ def test_a_frame_the_daemon_would_refuse_is_refused_before_it_is_sent(d: Daemon)
         with pytest.raises(ValueError, match="is 9216 bytes, got 100"):
             client.infer("cams", Frame(bytes(100), "bgr", width=64, height=48))
         assert client.infer("cams", Frame.of(image(2))).status == 200  # the client goes on
+
+
+def test_a_frame_sent_to_a_model_is_told_to_go_to_a_pipeline_and_which(d: Daemon) -> None:
+    with Client(d.endpoint) as client:
+        wrong = client.infer("classifier", Frame.of(image(1)))
+        plain = client.infer("classifier", {"x": np.zeros((1, 4), np.float32)})
+        assert client.infer("cams", Frame.of(image(1))).status == 200  # the pipeline still takes it
+    assert wrong.status == 400, wrong.header
+    assert "takes inputs" in wrong.error and "input 'image' is a camera frame" in wrong.error, wrong.error
+    assert "send it to a pipeline" in wrong.error and "pipelines that take frames: 'cams' (input 'image')" in wrong.error
+    assert plain.status == 400 and "pipeline" not in plain.error, plain.error  # plain tensors: as before
+
+
+def test_a_whole_frame_classifier_answers_its_classes_and_no_regions(d: Daemon) -> None:
+    with Client(d.endpoint) as client:
+        reply = client.infer("cams", Frame.of(image(3)))
+    assert reply.status == 200 and len(reply.header["classes"][0]) == 3, reply.header
+    assert "regions" not in reply.header, reply.header  # docs/pipelines.md: `classes` instead
+    png = d.workdir / "frame.png"
+    png.write_bytes(cv2.imencode(".png", image(3))[1].tobytes())
+    out = subprocess.run([sys.executable, "-m", "infermux", "infer", "cams", "--image", str(png), "-e", d.endpoint],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    best = reply.header["classes"][0][0]
+    assert f"  {best['label'] or best['index']!r} {best['score']:.3f}, " in out.stdout, out.stdout  # a line per row
 
 
 def test_a_stream_keeps_one_frame_in_flight_and_the_newest_waiting(make_daemon, tmp_path: Path) -> None:

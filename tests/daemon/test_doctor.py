@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import resource
 import shutil
@@ -66,6 +67,30 @@ def test_a_missing_configuration_fails_in_one_line(tmp_path: Path) -> None:
     assert "Traceback" not in r.stdout + r.stderr
     fail = [line for line in r.stdout.splitlines() if line.startswith("FAIL")]
     assert len(fail) == 1 and "configuration" in fail[0] and "nope.toml" in fail[0]
+
+
+@pytest.mark.skipif(Path(doctor.DEFAULT_CONFIG).exists(), reason="an installed configuration is the one checked")
+def test_without_config_it_finds_the_daemon_as_status_does(make_daemon, tmp_path: Path) -> None:
+    d = make_daemon('[[models]]\nname = "classifier"\nengine = "classifier/1/model.onnx"\n')
+    env = {k: v for k, v in os.environ.items() if k != "INFERMUX_CONFIG"}
+
+    def doctor_in(run_dir: Path) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-m", "infermux", "doctor", "--runtime-dir", str(run_dir)],
+                              capture_output=True, text=True, timeout=120, env=env, cwd=tmp_path)
+
+    status = subprocess.run([sys.executable, "-m", "infermux", "status", "--runtime-dir", str(d.run_dir)],
+                            capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+    assert status.returncode == 0, status.stderr  # the other client commands find it so
+    found = doctor_in(d.run_dir)
+    assert found.returncode == 0, found.stdout + found.stderr
+    lines = found.stdout.splitlines()
+    assert any(line.startswith("OK    daemon: ") and f"serving {d.config_path}" in line for line in lines), lines
+    assert any(line.startswith("OK    configuration: ") and str(d.config_path) in line for line in lines), lines
+    assert any(line.startswith("OK    engine classifier 1") for line in lines), lines
+    alone = doctor_in(tmp_path / "no-daemon")  # nothing listens there: the installed path, missing, and what to do
+    fail = [line for line in alone.stdout.splitlines() if line.startswith("FAIL")]
+    assert alone.returncode == 1 and len(fail) == 1, alone.stdout + alone.stderr
+    assert doctor.DEFAULT_CONFIG in fail[0] and "give --config FILE" in fail[0], fail
 
 
 def test_a_missing_or_unreadable_engine_fails_with_its_path(tmp_path: Path) -> None:
@@ -170,3 +195,21 @@ def test_a_caller_outside_the_sockets_folder_is_told_to_join_the_group(tmp_path:
     assert r.returncode == 1, r.stdout + r.stderr
     line = next(line for line in r.stdout.splitlines() if " sockets: " in line)
     assert line.startswith("FAIL") and "adduser" in line
+
+
+def test_under_engine_signing_keys_each_engines_signature_is_checked(tmp_path: Path) -> None:
+    from infermux import signing
+    from support import models
+
+    private, public = signing.keygen(tmp_path / "publisher")
+    signed = models.add_one(tmp_path / "engines" / "signed" / "1" / "model.onnx")
+    signing.sign(signing.load_private(private), signed)
+    models.add_one(tmp_path / "engines" / "unsigned" / "1" / "model.onnx")
+    config = tmp_path / "infermux.toml"
+    config.write_text(f'[daemon]\nengine_dir = "{tmp_path}/engines"\nengine_signing_keys = ["{public}"]\n'
+                      + "".join(f'[[models]]\nname = "{m}"\nengine = "{m}/1/model.onnx"\n'
+                                for m in ("signed", "unsigned")))
+    checks = _by_name(doctor.diagnose(config))
+    assert checks["signature signed 1"].status == "OK"
+    assert checks["signature unsigned 1"].status == "FAIL" and "is not signed" in checks["signature unsigned 1"].detail
+    assert "infermux sign --key" in checks["signature unsigned 1"].fix

@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import zmq
 
+from support.churn import ChattyRegionPeers, ChurningSlowloris
 from support.harness import DAEMON_HEAD, Daemon, free_port
 from support.polling import eventually
 from support.procfs import fds
@@ -33,7 +34,7 @@ from infermux.admin.httpd import HttpLimits
 from infermux.client import AdminClient, Client, SharedMemory
 from infermux.transport.ipc import UnsafeDirectory
 from infermux.transport.peers import SILENT_GRACE_S
-from infermux.transport.regions import MAX_CLIENTS, PACKET_BURST, PACKETS_PER_S
+from infermux.transport.regions import MAX_CLIENTS, MAX_REFUSED_IN_A_ROW, PACKET_BURST, PACKETS_PER_S
 
 CLIENTS_GID = 47101  # the daemon's own (primary) group, as infermux is under the unit: the clients'
 
@@ -217,6 +218,34 @@ def test_one_peer_gets_a_bounded_few_slots(make_daemon) -> None:
     assert daemon.stop() == 0
 
 
+@pytest.mark.timing
+def test_slowloris_churning_from_many_addresses_cannot_keep_the_health_probe_out(make_daemon) -> None:
+    port = free_port()
+    daemon = make_daemon('[[models]]\nname = "fast512"\nengine = "fast512/1/model.onnx"\n',
+                         head=DAEMON_HEAD + f"metrics_port = {port}\n")
+    assert _probe(port) == 200 and daemon.proc is not None
+    before = fds(daemon.proc.pid)
+    # 64 connections from 127.0.0.2-9 (8 each: every address within its bound), each re-opened within
+    # 0.5 s of being dropped. Before: a probe took the place of an unfinished request, whose re-opened
+    # connection took another's, and so on: every slot was soon a young one and 3 probes in 4 got 503.
+    attack = ChurningSlowloris(port).start()
+    try:
+        # Every attacker connection open, and (give or take a few the daemon may have closed since
+        # `before`) accepted: the pool is the attacker's.
+        pool = HttpLimits().max_connections
+        eventually(lambda: attack.open == pool and fds(daemon.proc.pid) >= before + pool - 8,
+                   "the attacker holds the pool", timeout_s=30)
+        statuses = []
+        for _ in range(20):
+            statuses.append(_probe(port))  # the kubelet's timeoutSeconds: 1
+            time.sleep(0.1)
+    finally:
+        attack.stop()
+    assert statuses == [200] * 20, statuses
+    assert _probe(port, "/metrics", timeout_s=10) == 200
+    assert daemon.stop() == 0
+
+
 def _raw(port: int, request: bytes) -> bytes:
     with socket.create_connection(("127.0.0.1", port), timeout=10) as conn:
         conn.sendall(request)
@@ -277,19 +306,57 @@ def test_silent_connections_to_regions_sock_make_room_for_a_client_that_register
 
 def test_a_bad_packet_flood_on_regions_sock_is_paced_and_others_are_served(make_daemon) -> None:
     daemon = make_daemon(FAST)
-    flood = _seqpacket(daemon.run_dir / "regions.sock")
-    answered, start = 0, time.monotonic()
+    path = daemon.run_dir / "regions.sock"
+    flood, answered, closed, start = _seqpacket(path), 0, 0, time.monotonic()
     while time.monotonic() - start < 1.0:
         flood.send(b"[not json")
-        assert b"JSON object" in flood.recv(4096)
+        answer = flood.recv(4096)
+        assert b"JSON object" in answer
         answered += 1
+        if b"closing it" in answer:  # MAX_REFUSED_IN_A_ROW refused: it was closed, as said
+            assert flood.recv(4096) == b""
+            flood.close()
+            flood, closed = _seqpacket(path), closed + 1
     flood.close()
     # Each bad packet pauses its connection for 10 ms: at most ~100 a second (it was every packet the
     # frontend could read between requests, ~12,000 a second on the 2-core box).
     assert answered <= 120, answered
-    assert _shared_memory_view(daemon)["bad_packets"] == answered
+    assert closed == answered // MAX_REFUSED_IN_A_ROW, (closed, answered)
+    view = _shared_memory_view(daemon)
+    assert view["bad_packets"] == answered and view["refusing_closed"] == closed, view
     with daemon.client() as client:
         assert client.infer("fast512", {"x": np.ones((1, 512), np.float32)}).status == 200
+    assert daemon.stop() == 0
+
+
+def _register_within(path: Path, seconds: float) -> bool:
+    """Whether a client registers a region and is answered within `seconds` (a refusal: False)."""
+    start = time.monotonic()
+    try:
+        with SharedMemory(path, 4096, name="camera"):
+            return time.monotonic() - start < seconds
+    except (ConnectionError, OSError):
+        return False
+
+
+@pytest.mark.timing
+def test_peers_that_keep_sending_refused_packets_cannot_keep_a_client_from_registering(make_daemon) -> None:
+    daemon = make_daemon(FAST)
+    path = daemon.run_dir / "regions.sock"
+    # MAX_CLIENTS connections, each sending a packet the daemon refuses every 0.3 s (never silent, so
+    # never closed to make room) and re-opened when closed. Before: 0 of 20 registrations got in.
+    attack = ChattyRegionPeers(str(path), count=MAX_CLIENTS, every_s=0.3).start()
+    try:
+        # Long enough that the daemon has closed peers after their refusals and they came back.
+        eventually(lambda: attack.refused >= MAX_REFUSED_IN_A_ROW * MAX_CLIENTS, "the peers' packets refused",
+                   timeout_s=60)
+        registered = [_register_within(path, 1.0) for _ in range(20)]
+    finally:
+        attack.stop()
+    assert registered == [True] * 20, registered
+    view = _shared_memory_view(daemon)
+    assert view["refused_connections"] == 0 and view["refusing_closed"] >= 20 + MAX_CLIENTS // 2, view
+    assert "regions.sock: closed a connection holding no region" in daemon.log()
     assert daemon.stop() == 0
 
 
@@ -352,7 +419,7 @@ def test_the_daemon_will_not_serve_from_a_runtime_directory_every_user_may_write
     config = tmp_path / "infermux.toml"
     config.write_text(DAEMON_HEAD.format(engines=engines) + FAST)
     out = subprocess.run([sys.executable, "-m", "infermux", "serve", "--config", str(config), "--runtime-dir",
-                          str(run)], capture_output=True, text=True, timeout=60)
+                          str(run), "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1, out.stderr
     assert f"will not serve from the runtime directory {run} is writable by every user (mode {mode:o}" \
         in out.stderr, out.stderr
@@ -365,7 +432,7 @@ def test_the_daemon_will_not_serve_from_a_runtime_directory_every_user_may_write
                       .format(engines=engines) + FAST)
     run.chmod(0o750)
     out = subprocess.run([sys.executable, "-m", "infermux", "serve", "--config", str(config), "--runtime-dir",
-                          str(run)], capture_output=True, text=True, timeout=60)
+                          str(run), "--state-dir", str(tmp_path / "state")], capture_output=True, text=True, timeout=60)
     assert out.returncode == 1 and f"refusing ipc://{elsewhere}/infer.sock: {elsewhere} is writable" in out.stderr, \
         out.stderr
 

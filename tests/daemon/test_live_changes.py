@@ -141,6 +141,7 @@ def test_live_changes_survive_a_restart_until_the_file_changes_the_field(make_da
     d.start()
     after = rows(d)
     assert after[("addone", "2")]["contexts"] == 3 and after[("addone", "1")]["fallback"] == "stand"
+    assert "restored 3 live change(s)" in d.log() and "addone:2 contexts=3" in d.log()
     assert versions_served(d).keys() == {"1"}
     assert d.stop() == 0
     d.config_path.write_text(d.config_path.read_text().replace('version = "2"\n', 'version = "2"\ncontexts = 2\n', 1))
@@ -167,6 +168,44 @@ def test_an_unreadable_state_file_is_set_aside_and_the_daemon_starts(make_daemon
     with d.admin() as admin:  # and the next live change is saved again
         admin.call("set", model="addone", version="2", contexts=2)
     assert json.loads(state.read_text())["overrides"][0]["live"] == 2
+
+
+def test_a_state_file_value_over_a_live_sets_bounds_is_set_aside_and_the_daemon_serves(make_daemon) -> None:
+    d = make_daemon(WEIGHTED)
+    assert d.stop() == 0
+    huge = {"model": "addone", "version": "2", "field": "contexts", "live": 100_000, "file": 1}
+    weight = {"model": "addone", "version": "1", "field": "weight", "live": 10**400, "file": 0}
+    (d.state_dir / "overrides.json").write_text(json.dumps({"format": 1, "overrides": [huge, weight]}))
+    d.start()
+    assert rows(d)[("addone", "2")]["contexts"] == 1  # the file's settings serve; no 100,000 threads
+    assert sum(versions_served(d).values()) > 0
+    assert list(d.state_dir.glob("overrides.json.unreadable-*")) and "contexts must be an integer 1..1024" in d.log()
+
+
+def test_a_second_daemon_given_the_same_state_directory_is_refused(make_daemon, tmp_path: Path) -> None:
+    first = make_daemon(WEIGHTED)
+    with first.admin() as admin:
+        admin.call("set", model="addone", version="2", contexts=2)
+    run = subprocess.run([sys.executable, "-m", "infermux", "serve", "--config", str(first.config_path),
+                          "--runtime-dir", str(tmp_path / "other-run"), "--state-dir", str(first.state_dir)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 4 and "Traceback" not in run.stderr, run.stderr
+    assert f"already serves the state directory {first.state_dir}" in run.stderr and "--state-dir" in run.stderr
+    assert json.loads((first.state_dir / "overrides.json").read_text())["overrides"][0]["live"] == 2
+    assert rows(first)[("addone", "2")]["contexts"] == 2
+
+
+def test_a_state_directory_every_user_may_write_is_refused_with_one_line(make_daemon, tmp_path: Path) -> None:
+    d = make_daemon(WEIGHTED)
+    assert d.stop() == 0
+    d.state_dir.chmod(0o777)
+    run = subprocess.run([sys.executable, "-m", "infermux", "serve", "--config", str(d.config_path),
+                          "--runtime-dir", str(d.run_dir), "--state-dir", str(d.state_dir)],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and "Traceback" not in run.stderr, run.stderr
+    (line,) = [line for line in run.stderr.splitlines() if line.startswith("infermux:")]
+    assert f"state directory {d.state_dir} is writable by every user (mode 777)" in line, line
+    assert not list(d.run_dir.glob("*.sock"))  # nothing was bound
 
 
 # -- new versions ---------------------------------------------------------------------------------

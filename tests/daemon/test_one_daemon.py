@@ -29,7 +29,8 @@ ALREADY_SERVING = 4
 def serve(d: Daemon, config: Path | None = None) -> subprocess.CompletedProcess[str]:
     """`infermux serve` with `d`'s runtime directory, run to its end."""
     return subprocess.run([sys.executable, "-m", "infermux", "serve", "--config", str(config or d.config_path),
-                           "--runtime-dir", str(d.run_dir)], capture_output=True, text=True, timeout=60)
+                           "--runtime-dir", str(d.run_dir), "--state-dir", str(d.state_dir)],
+                          capture_output=True, text=True, timeout=60)
 
 
 def refusal(run: subprocess.CompletedProcess[str]) -> str:
@@ -64,7 +65,8 @@ def test_a_second_daemon_with_its_own_runtime_dir_but_the_same_socket_names_the_
     other = tmp_path / "other.toml"
     other.write_text(first.config_path.read_text().replace('"ipc://infer.sock"', f'"{shared}"'))
     run = subprocess.run([sys.executable, "-m", "infermux", "serve", "--config", str(other),
-                          "--runtime-dir", str(tmp_path / "other-run")], capture_output=True, text=True, timeout=60)
+                          "--runtime-dir", str(tmp_path / "other-run"), "--state-dir", str(tmp_path / "other-state")],
+                         capture_output=True, text=True, timeout=60)
     assert run.returncode == ALREADY_SERVING, run.stderr
     line = refusal(run)
     assert f"pid {first.proc.pid}" in line and shared in line, line

@@ -27,13 +27,14 @@ import zmq
 from support import models, tracking
 from support.harness import Daemon
 # `cell` (tests/daemon/conftest.py) takes this module's `placed`, and fails a cell on a traceback or a 500.
-from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement, placement_daemon
+from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement, placement_daemon, superseded_counted_as_errors
 from support.polling import eventually
 from support.procfs import nice_values
 from support.tracking import every_nth, id_switches, idf1, replay
 
 cv2 = pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
 
+from infermux.client import Frame  # noqa: E402
 from infermux.pipelines.wire import send_frame  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -79,7 +80,16 @@ def config_text(placement: str, watched: Path) -> str:
     text += f'[[models]]\nname = "cnf"\nengine = "{CLASSIFIER}"\n{mode}'
     text += f'[[models]]\nname = "csw"\nengine = "csw/1/model.onnx"\n{mode}'
     text += "".join(f'[[models]]\nname = "{m}"\nengine = "{m}/1/model.onnx"\n{mode}' for m in TRACKED_MODELS)
-    return text + "".join(pipeline(f"p{m}", m) for m in ("ref", "cls", "cnf", "csw")) + TRACKED
+    return text + "".join(pipeline(f"p{m}", m) for m in ("ref", "cls", "cnf", "csw")) + TRACKED + streamed(watched)
+
+
+def streamed(watched: Path) -> str:
+    """`pstream`: cameras' frames over `cnf`, the newest of each camera kept; its one thread holds each frame
+    at the gate processor until the gate file (beside the engine_dir) exists, so what waits is certain."""
+    gate = watched.parent / "open"
+    return ('[[pipelines]]\nname = "pstream"\nworkers = 1\nqueue_policy = "newest_per_key"\n'
+            f'[[pipelines.steps]]\nprocessor = "gate_processor:Gate"\noptions = {{ path = "{gate}" }}\n'
+            + pipeline("", "cnf").split("\n", 2)[2])
 
 
 def publish_version(watched: Path, model: str, version: int) -> None:
@@ -267,6 +277,33 @@ def test_drain_refuses_frames_and_resume_reopens(cell: Placement, sock: zmq.Sock
             admin.call("resume")
     assert reply.status == 503 and reply.header.get("draining") is True, reply.header
     probs(sock, "pcls")
+
+
+# -- streams (queue_policy = "newest_per_key"): a superseded frame is a 409, never counted as an error ---
+
+
+@every_placement
+def test_a_camera_s_newer_frame_supersedes_its_waiting_one_and_the_409_is_not_an_error(cell: Placement) -> None:
+    d, gate = cell.daemon, cell.watched.parent / "open"
+    frame = Frame(FRAME, "png")
+    with d.pipeline(timeout_s=60) as pipe:
+        held = pipe.submit("pstream", frame, key="held")
+        eventually(lambda: gate.with_suffix(".entered").exists(), "the first frame at the gate")
+        ids = [pipe.submit("pstream", frame, key=key) for key in ("cam", "cam", "cam2")]
+        eventually(lambda: queued(d, "pstream") == 2, "cam's newer frame in place of its older one, and cam2's")
+        gate.touch()
+        replies = pipe.gather([held, *ids])
+    assert [r.status for r in replies] == [200, 409, 200, 200], [r.header for r in replies]
+    assert replies[1].superseded_by == ids[1] and "superseded by a newer request of key 'cam'" in replies[1].error
+    with d.admin() as admin:
+        frames = next(p for p in admin.call("pipelines")["pipelines"] if p["name"] == "pstream")["frames"]
+    assert frames["by_status"] == {"200": 3, "409": 1} and frames["error_qps"] == 0, frames
+    assert not superseded_counted_as_errors(d)  # the models behind it too (the cell checks it again)
+
+
+def queued(d: Daemon, name: str) -> int:
+    with d.admin() as admin:
+        return next(p for p in admin.call("pipelines")["pipelines"] if p["name"] == name)["queued"]
 
 
 # -- tracking and per-track secondary inference: ptrack, over tdet and tcls -------------------------

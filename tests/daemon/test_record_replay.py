@@ -4,9 +4,11 @@ version's answers as .npz files, `infermux replay` judges another engine on them
 from __future__ import annotations
 
 import json
+import stat
 import subprocess
 import sys
 import time
+import zipfile
 from pathlib import Path
 from typing import Iterator
 
@@ -145,3 +147,75 @@ def test_failures_are_one_line_with_the_documented_code(daemon: Daemon, engines:
     got, out, err = finish(infermux(*argv))
     assert got == code and says in err, (got, out, err)
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_record_writes_private_files_never_through_a_planted_link_and_is_audited(daemon: Daemon,
+                                                                                tmp_path: Path) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("someone else's file\n")
+    out = tmp_path / "rec"
+    (code, _, err), _ = record_while_sending(daemon, "addone", 3, out)
+    assert code == 0, err
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+    assert {stat.S_IMODE(p.stat().st_mode) for p in out.iterdir()} == {0o600}
+    with daemon.admin() as admin:
+        audited = [e for e in admin.call("events", limit=1000)["events"] if e["kind"] == "admin"]
+    assert any(e["cmd"] == "record" and e["model"] == "addone" for e in audited), audited[-3:]
+    # Another user's link where the next file goes: the write fails, the link's target is untouched.
+    from infermux.client.recording import Writer
+    trap = tmp_path / "trap"
+    trap.mkdir(mode=0o700)
+    writer = Writer(trap, "addone")
+    (trap / "000000.npz").symlink_to(victim)
+    with pytest.raises(FileExistsError):
+        writer.add({"x": np.ones((1, 4), np.float32)}, {"y": np.ones((1, 4), np.float32)}, "1", 10)
+    assert victim.read_text() == "someone else's file\n"
+
+
+def test_record_refuses_a_folder_other_users_may_write(daemon: Daemon, tmp_path: Path) -> None:
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    shared.chmod(0o777)
+    got, out, err = finish(infermux("record", "addone", "--count", "1", "--out", str(shared),
+                                    "--endpoint", daemon.admin_endpoint))
+    assert got == 2 and "may be written by other users (mode 777)" in err and "Traceback" not in err, err
+
+
+def recording_with(folder: Path, files: list[str]) -> Path:
+    folder.mkdir()
+    requests = [{"file": f, "version": "1", "latency_us": 1} for f in files]
+    (folder / "manifest.json").write_text(json.dumps({"format": "infermux-recording 1", "model": "addone",
+                                                      "requests": requests}))
+    return folder
+
+
+@pytest.mark.parametrize("name", ["../outside.npz", "/etc/passwd", "link.npz"])
+def test_replay_reads_only_plain_files_inside_its_folder(engines: Path, tmp_path: Path, name: str) -> None:
+    np.savez(tmp_path / "outside.npz", **{"inputs/x": np.ones((1, 4), np.float32)})
+    rec = recording_with(tmp_path / "rec", [name])
+    (rec / "link.npz").symlink_to(tmp_path / "outside.npz")
+    got, _, err = finish(infermux("replay", str(rec), "--engine", str(engines / "same" / "model.onnx")))
+    assert got == 1 and "not a plain file inside" in err and "Traceback" not in err, err
+
+
+def test_replay_refuses_a_zip_bomb_before_decompressing_it(engines: Path, tmp_path: Path) -> None:
+    rec = recording_with(tmp_path / "rec", ["000000.npz"])
+    with zipfile.ZipFile(rec / "000000.npz", "w", zipfile.ZIP_DEFLATED) as bomb:  # 1 GiB of zeros in ~1 MB
+        with bomb.open("inputs/x.npy", "w", force_zip64=True) as member:
+            member.write(b"\x93NUMPY\x01\x00v\x00{'descr': '<f4', 'fortran_order': False, 'shape': (268435456,), }"
+                         .ljust(127, b" ") + b"\n")
+            zeros = bytes(1 << 24)
+            for _ in range(64):
+                member.write(zeros)
+    assert (rec / "000000.npz").stat().st_size < 4 << 20
+    got, _, err = finish(infermux("replay", str(rec), "--engine", str(engines / "same" / "model.onnx")))
+    assert got == 1 and "over the 268435456 a recorded request may" in err and "Traceback" not in err, err
+
+
+def test_replay_refuses_an_array_whose_header_claims_more_than_its_bound(engines: Path, tmp_path: Path) -> None:
+    rec = recording_with(tmp_path / "rec", ["000000.npz"])
+    with zipfile.ZipFile(rec / "000000.npz", "w") as liar:  # a few bytes that claim 40 GB
+        liar.writestr("inputs/x.npy", b"\x93NUMPY\x01\x00v\x00{'descr': '<f4', 'fortran_order': False, "
+                                      b"'shape': (10000000000,), }".ljust(127, b" ") + b"\n" + bytes(16))
+    got, _, err = finish(infermux("replay", str(rec), "--engine", str(engines / "same" / "model.onnx")))
+    assert got == 1 and "its arrays take 40000000000 bytes" in err and "Traceback" not in err, err

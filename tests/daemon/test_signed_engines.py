@@ -191,3 +191,69 @@ def test_what_is_loaded_is_the_checked_copy_not_the_file_as_it_is_later(
 
 def stat_mode(path: Path) -> int:
     return os.stat(path).st_mode & 0o777
+
+
+def copy_version(root: Path, source: tuple[str, int], target: tuple[str, int]) -> Path:
+    """Every file of a published version, signature included, published again under another name or version."""
+    staged = root / target[0] / f".{target[1]}.tmp"
+    staged.mkdir(parents=True)
+    for f in (root / source[0] / str(source[1])).iterdir():
+        (staged / f.name).write_bytes(f.read_bytes())
+    staged.rename(root / target[0] / str(target[1]))
+    return root / target[0] / str(target[1]) / "model.onnx"
+
+
+def test_signed_files_copied_under_another_name_or_an_older_build_as_a_newer_version_are_refused(
+        root: Path, keys: dict[str, Path], start: Callable[..., Daemon]) -> None:
+    sign(keys["private"], publish(root, "sg", 1, offset=1))
+    daemon = start()
+    wait_served(daemon, "sg", "1", offset=1)
+    sign(keys["private"], publish(root, "sg", 2, offset=2))
+    wait_served(daemon, "sg", "2", offset=2)
+    copy_version(root, ("sg", 1), ("other", 1))  # a signed model served under a name it was not signed for
+    copy_version(root, ("sg", 1), ("sg", 9))  # v1's signed bytes as the newest version: a downgrade
+    daemon.wait_for("failed model=other version=1", 15)
+    daemon.wait_for("failed model=sg version=9", 15)
+    assert "made for sg/1, and the engine lies in other/1" in status(daemon, "other")["1"]["reason"]
+    assert "made for sg/1, and the engine lies in sg/9" in status(daemon, "sg")["9"]["reason"]
+    assert ask(daemon, "sg").version == "2" and ask(daemon, "other").status in (404, 503)
+
+
+def test_an_unsigned_warmup_file_voids_the_signature_and_external_weights_load_when_signed(
+        root: Path, keys: dict[str, Path], start: Callable[..., Daemon]) -> None:
+    path = models.external_weights(root / "ext" / ".1.tmp" / "model.onnx", offset=3)
+    signing.sign(signing.load_private(keys["private"]), path, "ext", "1")  # signed for where it goes
+    path.parent.rename(root / "ext" / "1")
+    daemon = start()
+    eventually(lambda: ask(daemon, "ext").status == 200, "the model with external weights served", 30)
+    np.testing.assert_array_equal(ask(daemon, "ext").outputs["y"], PROBE + 3)
+    staged = root / "ext" / ".warmup.npz.tmp"
+    with open(staged, "wb") as out:
+        np.savez(out, x=np.zeros((64, 4), np.float32))
+    staged.rename(root / "ext" / "1" / "warmup.npz")  # planted beside the signed engine
+    np.testing.assert_array_equal(ask(daemon, "ext").outputs["y"], PROBE + 3)  # the checked copy serves on
+    assert daemon.stop() == 0
+    daemon.start()  # at the next start the planted file is seen before anything reads it
+    eventually(lambda: "warmup.npz added" in status(daemon, "ext")["1"]["reason"], "the planted file refused", 15)
+    assert status(daemon, "ext")["1"]["state"] == "failed" and "Traceback" not in daemon.log()
+
+
+def test_turning_signing_on_by_reload_names_at_once_the_loaded_engines_it_would_refuse(
+        root: Path, keys: dict[str, Path], tmp_path: Path) -> None:
+    configured(root, keys, "signed")
+    configured(root, keys, "unsigned")
+    models_toml = "".join(f'[[models]]\nname = "{m}"\nengine = "{m}/1/model.onnx"\n' for m in ("signed", "unsigned"))
+    head = HEAD.format(root=root, key=keys["public"], watch="false")
+    without = head.replace(f'engine_signing_keys = ["{keys["public"]}"]\n', "")
+    (tmp_path / "d").mkdir()
+    daemon = Daemon(tmp_path / "d", without + models_toml).start()
+    try:
+        assert ask(daemon, "unsigned").status == 200
+        daemon.config_path.write_text(head + models_toml)
+        with daemon.admin() as admin:
+            refused = admin.call("reload")["changes"]["signing_would_refuse"]
+        assert len(refused) == 1 and refused[0].startswith("unsigned:1 ") and "is not signed" in refused[0], refused
+        assert "would be refused at its next load" in daemon.log()
+        assert ask(daemon, "unsigned").status == 200  # what is loaded stays until its next load
+    finally:
+        assert daemon.stop() == 0

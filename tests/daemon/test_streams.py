@@ -9,6 +9,9 @@ are all queued while it runs. A pipeline's frames are held by the gate processor
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,7 +20,8 @@ import pytest
 
 from infermux.client import Reply
 from infermux.pipelines.wire import encode_frame
-from support.harness import Daemon
+from support.harness import DAEMON_HEAD, Daemon, free_port
+from support.metrics import scrape
 from support.polling import eventually
 
 RNG = np.random.default_rng(32)
@@ -50,6 +54,20 @@ def test_a_newer_frame_replaces_the_queued_one_of_its_stream_with_a_409(make_dae
     assert "superseded by a newer request of key 'cam1'" in older.error and "not computed" in older.error
     assert (older.model, older.version) == ("slow", "1") and not older.outputs
     assert newer.status == 200, newer.header
+
+
+def test_a_409_is_counted_as_superseded_and_never_as_an_error(make_daemon):
+    port = free_port()
+    d = make_daemon(slow(), head=DAEMON_HEAD + f"metrics_port = {port}\n")
+    statuses = [r.status for r in behind_a_long_compute(d, *[("cam1", ROW * k) for k in range(4)])]
+    assert statuses == [409, 409, 409, 200], statuses
+    with d.admin() as admin:
+        stats = next(v for v in admin.call("models")["models"] if v["name"] == "slow")["stats"]
+    assert stats["by_status"] == {"200": 2, "409": 3} and stats["error_qps"] == 0, stats  # the console's ERR%
+    samples = scrape(port)
+    assert samples['infermux_inference_request_superseded_total{model="slow",version="1"}'] == 3
+    failures = {k: v for k, v in samples.items() if k.startswith("infermux_inference_request_failure_total")}
+    assert failures and not any(failures.values()) and not any("superseded" in k for k in failures), failures
 
 
 def test_requests_without_a_key_and_other_keys_are_not_replaced(make_daemon):
@@ -152,8 +170,23 @@ def test_a_pipeline_keeps_the_newest_frame_of_each_camera(make_daemon, tmp_path:
     assert c1a.model == "cams" and "version" not in c1a.header
     assert "superseded by a newer request of key 'cam1'" in c1a.error
     with d.admin() as admin:
-        frames = admin.call("pipelines")["pipelines"][0]["frames"]["by_status"]
-    assert frames == {"200": 4, "409": 2}
+        frames = admin.call("pipelines")["pipelines"][0]["frames"]
+    assert frames["by_status"] == {"200": 4, "409": 2} and frames["error_qps"] == 0, frames
+    # `ctl pipelines` and `status`: the superseded frames in the 409 column, none in ERR.
+    for argv in (["ctl", "pipelines"], ["status"]):
+        out = cli(d, *argv).splitlines()
+        head = next(line.split() for line in out if line.startswith("PIPELINE/STEP"))
+        row = dict(zip(head, next(line.split() for line in out if line.startswith("cams "))))
+        assert (row["RUNS"], row["409"], row["ERR"]) == ("4", "2", "0"), out
+    assert "model classifier" in cli(d, "ctl", "pipelines")  # what each step runs
+    assert json.loads(cli(d, "ctl", "pipelines", "--json"))["pipelines"][0]["frames"]["by_status"]["409"] == 2
+
+
+def cli(d: Daemon, *argv: str) -> str:
+    proc = subprocess.run([sys.executable, "-m", "infermux", *argv, "-e", d.admin_endpoint],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and not proc.stderr, proc.stdout + proc.stderr
+    return proc.stdout
 
 
 def test_a_fifo_pipeline_serves_every_frame(make_daemon, tmp_path: Path):

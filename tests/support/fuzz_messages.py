@@ -31,7 +31,7 @@ import numpy as np
 import onnxruntime as ort
 import zmq
 
-from infermux.protocol import ProtocolError, parse_request
+from infermux.protocol import MAX_KEY_BYTES, ProtocolError, parse_request
 
 MALFORMED = "4xx"   # must be answered 400/404/413 with an error text
 VALID = "ok"        # must be 200 with the right outputs
@@ -290,7 +290,7 @@ class MessageFactory:
             ("timeout_ms", 10**30, MALFORMED), ("timeout_ms", 10**310, MALFORMED), ("timeout_ms", 2**31, MALFORMED),
             ("timeout_ms", 2**31 - 1, VALID),
             ("id", 10**100, VALID), ("id", -(10**100), VALID), ("version", 10**50, VALID),
-            ("key", 10**80, VALID), ("timeout_ms", "1e400", MALFORMED), ("timeout_ms", "-1e400", MALFORMED),
+            ("key", 10**80, MALFORMED), ("key", 2**63 - 1, VALID), ("timeout_ms", "1e400", MALFORMED), ("timeout_ms", "-1e400", MALFORMED),
             ("timeout_ms", "NaN", MALFORMED), ("id", "Infinity", MALFORMED), ("timeout_ms", "9" * 5000, MALFORMED),
         ])
         raw = _dumps({**header, key: "__NUM__"})
@@ -312,8 +312,11 @@ class MessageFactory:
         if where == "overlong":  # an overlong UTF-8 encoding of "/": invalid UTF-8
             raw = _dumps(header).replace(b'"model":"', b'"model":"\xc0\xaf', 1)
             return Message("unicode_overlong", [raw, *tensors], MALFORMED, None)
+        if where == "key" and not (odd.isprintable() and len(odd.encode("utf-8", "surrogatepass")) <= MAX_KEY_BYTES):
+            header["key"] = odd  # a stream key is printable text of at most MAX_KEY_BYTES: a 400 naming it
+            return Message("unicode_key_refused", [_dumps(header, ascii_only=True), *tensors], MALFORMED, header["id"])
         if where in ("id", "key", "version"):
-            header[where] = odd  # ids and keys are free text; an unknown version falls back to the default
+            header[where] = odd  # ids are free text, keys printable text; an unknown version falls back to the default
             raw = _dumps(header, ascii_only=self.rng.random() < 0.5)
             try:
                 raw.decode("utf-8")

@@ -80,3 +80,12 @@ def blank_png(width: int, height: int) -> bytes:
     out = io.BytesIO()
     Image.new("L", (width, height), 255).save(out, "PNG")
     return out.getvalue()
+
+
+def progressive_jpeg_with_scans(side: int = 2048, scans: int = 2000) -> bytes:
+    """A progressive gray JPEG of `side` x `side` black pixels with `scans` more scans after its own,
+    each a 10-byte DC refinement scan header and no data: libjpeg passes over the whole frame for each,
+    so a file of tens of KB costs seconds of CPU, where a camera writes one scan."""
+    jpeg = cv2.imencode(".jpg", np.zeros((side, side), np.uint8), [cv2.IMWRITE_JPEG_PROGRESSIVE, 1])[1].tobytes()
+    sos = b"\xff\xda\x00\x08\x01\x01\x00\x00\x00\x10"  # one component, Ss = Se = 0, Ah = 1, Al = 0
+    return jpeg[:-2] + sos * scans + b"\xff\xd9"

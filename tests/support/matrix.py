@@ -11,6 +11,7 @@ from typing import Iterator
 
 import pytest
 
+from infermux import format as fmt
 from infermux.transport.wire import choose
 from support.harness import Daemon
 
@@ -55,9 +56,29 @@ def counted_500(d: Daemon) -> dict[tuple[str, str], int]:
     return {(v["name"], v["version"]): v["stats"]["by_status"].get("500", 0) for v in views}
 
 
+def superseded_counted_as_errors(d: Daemon) -> dict[str, dict]:
+    """The versions and pipelines whose statistics count a 409 (superseded under newest_per_key: the
+    policy working) as an error, with their statistics: those that answered nothing but 200 and 409,
+    at least one 409, and yet show an error rate (the console's ERR%), or errors in the `status` and
+    `ctl pipelines` tables' ERR column."""
+    with d.admin() as admin:
+        views = admin.call("models")["models"]
+        pipelines = admin.call("pipelines")["pipelines"]
+    seen = [(f"{v['name']}:{v['version']}", v["stats"]) for v in views]
+    seen += [(f"pipeline {p['name']}", p["frames"]) for p in pipelines]
+    wrong = {}
+    for name, stats in seen:
+        by_status = stats.get("by_status") or {}
+        if by_status.get("409") and set(by_status) <= {"200", "409"}:
+            if stats.get("error_qps") or fmt.failures(stats):
+                wrong[name] = stats
+    return wrong
+
+
 @pytest.fixture
 def cell(placed: Placement) -> Iterator[Placement]:
-    """One cell on its placement's daemon; fails it if the daemon logged a traceback or counted a 500 meanwhile."""
+    """One cell on its placement's daemon; fails it if the daemon logged a traceback or counted a 500
+    meanwhile, or counts a stream's 409 as an error."""
     d = placed.daemon
     start, before = len(d.log()), counted_500(d)
     yield placed
@@ -65,3 +86,5 @@ def cell(placed: Placement) -> Iterator[Placement]:
     assert "Traceback" not in during and "answered 500" not in during, during[-6000:]
     grew = {k: n - before.get(k, 0) for k, n in counted_500(d).items() if n > before.get(k, 0)}
     assert not grew, f"500s counted during the cell: {grew}"
+    wrong = superseded_counted_as_errors(d)
+    assert not wrong, f"409s (superseded) counted as errors: {wrong}"

@@ -104,3 +104,28 @@ def brightness_map(path: Path) -> Path:
     return _save([helper.make_node("ReduceMax", ["x"], ["y"], axes=[1], keepdims=1)],
                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, "H", "W"])],
                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 1, "H", "W"])], [], path)
+
+
+def external_weights(path: Path, width: int = 4, offset: float = 1.0) -> Path:
+    """add_one (y = x + offset) with its constant in `<path>.data` beside it, as ONNX external data."""
+    import onnx
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    add_one(path, width, offset)
+    model = onnx.load(str(path))
+    convert_model_to_external_data(model, all_tensors_to_one_file=True, location=path.name + ".data",
+                                   size_threshold=0)
+    onnx.save_model(model, str(path))
+    return path
+
+
+def box_echo(path: Path) -> Path:
+    """y = x reshaped to [1, 5, W / 5], float32 [1, 1, 1, W] in: a "detector" that answers, in YOLOv8's
+    layout (cx, cy, w, h, score per box), whatever boxes its frame's pixels spell (tests/daemon/
+    test_hostile_boxes.py): one pixel row scaled by `normalize` is a box of any size, or infinity."""
+    shape = numpy_helper.from_array(np.array([1, 5, -1], np.int64), "shape")
+    _save([helper.make_node("Reshape", ["x", "shape"], ["y"])],
+          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 1, "W"])],
+          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, "B"])], [shape], path)
+    np.savez(path.parent / "warmup.npz", x=np.zeros((1, 1, 1, 5), np.float32))  # W = 1 spells no box
+    return path

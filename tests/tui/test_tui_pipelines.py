@@ -120,3 +120,27 @@ async def test_a_track_step_shows_its_tracks_and_a_reinferred_step_how_often_it_
         await until(pilot, lambda: table.keys() == ["cams", "cams/track", "cams/cls"], what="the rows")
         assert table.cell_text("cams/track", "detail") == "track · 12 tracks/3 streams"
         assert table.cell_text("cams/cls", "detail") == "→ classifier · each region · reused 76%, skipped 4"
+
+
+async def test_superseded_frames_are_counted_in_their_own_column_never_as_errors() -> None:
+    # Under newest_per_key a 409 is the policy working: a camera's newer frame replaced a waiting one.
+    frames = {"served": 40, "by_status": {"200": 40, "409": 2325, "400": 1}}
+    pipeline = {"name": "cams", "queued": 0, "workers": 2, "frames": frames, "steps": {}}
+    app = TopApp(StaticFeed({"time": 0.0, "daemon": {}, "models": [], "pipelines": [pipeline]}))
+    async with app.run_test(size=(120, 24)) as pilot:
+        await until(pilot, lambda: app.snapshots_seen > 0, what="a snapshot")
+        await pilot.press("6")
+        table = app.pipelines_view.query_one(PipelinesTable)
+        await until(pilot, lambda: table.keys() == ["cams"], what="the pipeline's row")
+        assert table.cell_text("cams", "errors") == "1"  # the 400 alone
+        assert table.cell_text("cams", "superseded") == "2325"
+        assert "409:2325" in table.cell_text("cams", "detail")
+
+
+def test_a_pipelines_row_counts_the_regions_it_dropped_for_boxes_that_are_not_numbers() -> None:
+    snapshot = {"pipelines": [{"name": "cams", "queued": 0, "workers": 2, "dropped_regions": 3,
+                               "frames": {"served": 5, "by_status": {"200": 5}}, "steps": {}}]}
+    rows = dict(PipelinesTable.row_cells(snapshot))
+    assert rows["cams"]["detail"][0].endswith("queue 0/2  NaN boxes 3")
+    del snapshot["pipelines"][0]["dropped_regions"]
+    assert "NaN" not in dict(PipelinesTable.row_cells(snapshot))["cams"]["detail"][0]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -102,3 +104,72 @@ def test_the_state_directory_is_the_configured_one_then_systemds(monkeypatch, tm
     monkeypatch.setenv("STATE_DIRECTORY", f"{tmp_path}/a:{tmp_path}/b")
     assert state_dir(cfg.DaemonConfig()) == tmp_path / "a"
     assert state_dir(cfg.DaemonConfig(state_dir=str(tmp_path / "c"))) == tmp_path / "c"
+
+
+def saved(folder: Path, *entries: object) -> StateFile:
+    """A state file holding `entries`, written as a hand (or another program) might have."""
+    (folder / "overrides.json").write_text(json.dumps({"format": 1, "overrides": list(entries)}))
+    return StateFile(folder, EventLog(), cfg.DaemonConfig())
+
+
+def entry(field: str, live: object, version: str = "1") -> dict[str, object]:
+    return {"model": "det", "version": version, "field": field, "live": live, "file": "" if version == "" else 1}
+
+
+def test_a_state_file_value_a_live_set_would_refuse_sets_the_whole_file_aside(tmp_path: Path) -> None:
+    for bad in [entry("contexts", 100_000), entry("weight", 10**400), entry("queue_policy", "lifo"),
+                entry("preferred_batch", list(range(1, 1000))), entry("max_queue", 0),
+                entry("fallback", "x" * 10_000, version="")]:
+        folder = tmp_path / str(len(list(tmp_path.iterdir())))
+        folder.mkdir()
+        store = saved(folder, entry("timeout_ms", 500), bad)
+        assert store.read() == [], bad
+        assert [p.name.split("-")[0] for p in folder.iterdir()] == ["overrides.json.unreadable"], bad
+        assert "state_set_aside" in kinds(store.events)
+
+
+def test_contexts_over_the_daemons_max_contexts_are_refused_as_a_live_set_would_be(tmp_path: Path) -> None:
+    store = saved(tmp_path, entry("contexts", 9))
+    store.daemon = cfg.DaemonConfig(max_contexts=8)
+    assert store.read() == []
+    assert "max_contexts" in store.events.recent(1)[0].detail["reason"]
+
+
+def test_a_deeply_nested_or_huge_state_file_is_set_aside_not_a_failed_start(tmp_path: Path) -> None:
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "overrides.json").write_text("[" * 100_000 + "]" * 100_000)
+    assert StateFile(deep, EventLog()).read() == []
+    huge = tmp_path / "huge"
+    huge.mkdir()
+    with open(huge / "overrides.json", "wb") as out:  # sparse: the size alone refuses it, nothing is read
+        out.truncate(1 << 30)
+    store = StateFile(huge, EventLog())
+    assert store.read() == [] and "over the" in store.events.recent(1)[0].detail["reason"]
+    assert not (huge / "overrides.json").exists()
+
+
+def test_the_state_file_is_never_read_or_written_through_a_symlink(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("root's own\n")
+    folder = tmp_path / "state"
+    folder.mkdir()
+    (folder / "overrides.json").symlink_to(secret)
+    assert StateFile(folder, EventLog()).read() == []  # a link is not a state file: set aside, not followed
+    planted = folder / f".overrides.json.{os.getpid()}.tmp"
+    planted.symlink_to(secret)
+    store = StateFile(folder, EventLog())
+    Overrides(store.events, store.write).set("det", "1", "contexts", 2, 1)
+    assert secret.read_text() == "root's own\n"
+    state = folder / "overrides.json"
+    assert not state.is_symlink() and stat.S_IMODE(state.stat().st_mode) == 0o600
+    assert [o.live for o in StateFile(folder, EventLog()).read()] == [2]
+
+
+def test_restored_changes_are_listed_in_one_event_and_log_line(tmp_path: Path, caplog) -> None:
+    store = saved(tmp_path, entry("contexts", 3), entry("fallback", "cls", version=""))
+    with caplog.at_level("INFO", logger="infermux.state"):
+        assert len(store.read()) == 2
+    (event,) = [e for e in store.events.recent(10) if e.kind == "state_restored"]
+    assert event.detail["count"] == 2 and sorted(event.detail["changes"]) == ["det fallback=cls", "det:1 contexts=3"]
+    assert "restored 2 live change(s)" in caplog.text and "det:1 contexts=3" in caplog.text

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infermux.frontend.parsecache import MAX_LAYOUTS, ParseCache
+from infermux.pipelines.wire import encode_frame
 from infermux.protocol import Limits, ProtocolError, Request, encode_request, parse_request
 
 IMAGE = np.arange(2 * 3, dtype=np.float32).reshape(2, 3)
@@ -29,7 +30,7 @@ def outcome(parse, frames: list[bytes], limits: Limits = LIMITS) -> tuple:
         return ("error", exc.status, exc.message)
     arrays = {name: (a.dtype.str, a.shape, a.tobytes(), a.flags.writeable) for name, a in request.inputs.items()}
     return (request.model, arrays, request.id, type(request.id), request.version, request.outputs,
-            request.timeout_ms, request.key, request.input_regions, request.output_regions)
+            request.timeout_ms, request.key, request.input_regions, request.output_regions, request.described)
 
 
 def test_a_header_seen_twice_is_read_from_its_layout_after_with_any_plain_id():
@@ -38,6 +39,21 @@ def test_a_header_seen_twice_is_read_from_its_layout_after_with_any_plain_id():
         frames = frames_with_id(ident)
         assert outcome(cache.parse, frames) == outcome(parse_request, frames)
     assert cache.hits == 6  # all but the first two: the layout is kept on its second sighting
+
+
+def test_a_frames_format_and_geometry_stay_on_the_request_whether_parsed_or_read_from_its_layout():
+    # A pipeline reads its frame from them (Request.described) instead of parsing the header again.
+    pixels = np.zeros((4, 6, 3), np.uint8)
+    cache = ParseCache()
+    for ident in range(4):
+        frames = [bytes(memoryview(f)) for f in encode_frame("ocr", pixels.tobytes(), "bgr", width=6, height=4,
+                                                             stride=18, id=ident, key="cam")]
+        request = cache.parse(frames, LIMITS)
+        assert request.described == {"image": {"format": "bgr", "width": 6, "height": 4, "stride": 18}}
+        assert outcome(cache.parse, frames) == outcome(parse_request, frames)
+    assert cache.hits >= 2
+    plain = cache.parse(frames_with_id(9), LIMITS)
+    assert plain.described is None  # a model's tensors say nothing of frames
 
 
 def test_arrays_from_a_layout_are_views_on_the_frames_not_copies():

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
-from infermux.protocol import (DTYPES, INPUT_FIELDS, MAX_TIMEOUT_MS, REQUEST_FIELDS, Limits, MalformedReply,
+from infermux.protocol import (DTYPES, INPUT_FIELDS, MAX_KEY_BYTES, MAX_TIMEOUT_MS, REQUEST_FIELDS, Limits, MalformedReply,
                                ProtocolError, Status, decode_reply, encode_reply, encode_request, error_header,
                                parse_header, parse_request, request_id)
 
@@ -135,11 +135,13 @@ def test_any_field_outside_the_protocol_is_refused_and_named(extra, in_an_input)
 wire_arrays = st.sampled_from(list(DTYPES)).flatmap(
     lambda dt: hnp.arrays(np.dtype(dt), hnp.array_shapes(min_dims=0, max_dims=4, min_side=0, max_side=5)))
 names = st.text(st.characters(codec=None), min_size=1, max_size=8)
+# The stream keys the daemon takes: printable text (within MAX_KEY_BYTES) or a 64-bit integer.
+stream_keys = any_text.filter(str.isprintable) | st.integers(-(2**63), 2**63 - 1)
 
 
 @FAST
 @given(st.dictionaries(names, wire_arrays, min_size=0, max_size=4), any_text.filter(bool),
-       st.integers(-(2**63), 2**63) | any_text, any_text, st.integers(1, MAX_TIMEOUT_MS), any_text)
+       st.integers(-(2**63), 2**63) | any_text, any_text, st.integers(1, MAX_TIMEOUT_MS), stream_keys)
 def test_valid_requests_round_trip(inputs, model, ident, version, timeout_ms, key):
     frames = [bytes(f) for f in encode_request(model, inputs, id=ident, version=version,
                                                timeout_ms=timeout_ms, key=key)]
@@ -202,3 +204,13 @@ def test_each_limit_is_enforced_and_named(max_rank, max_tensors, max_elements):
         error = only_protocol_errors(parse_request, [bytes(f) for f in encode_request("m", inputs)], limits)
         assert isinstance(error, ProtocolError) and error.status == Status.BAD_REQUEST
         assert name in error.message
+
+
+@FAST
+@given(any_text.filter(lambda t: not t.isprintable()) | st.text(min_size=MAX_KEY_BYTES + 1, max_size=400)
+       | st.integers(2**63, 2**80))
+def test_a_key_that_is_not_printable_bounded_text_is_a_400_naming_it(key):
+    frames = [bytes(f) for f in encode_request("m", {}, key=key)]
+    with pytest.raises(ProtocolError) as refused:
+        parse_request(frames)
+    assert refused.value.status == Status.BAD_REQUEST and "'key'" in refused.value.message

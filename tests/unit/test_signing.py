@@ -141,3 +141,123 @@ def test_sign_failures_are_one_line_with_the_documented_code(tmp_path: Path, arg
                          timeout=60, cwd=tmp_path)
     assert run.returncode == code and says in run.stderr, run.stderr
     assert len(run.stderr.strip().splitlines()) == 1 and "Traceback" not in run.stderr
+
+
+def test_a_signature_holds_only_for_the_model_and_version_it_was_made_for(tmp_path: Path,
+                                                                          keys: tuple[Path, Path]) -> None:
+    path = engine(tmp_path)
+    signing.sign(signing.load_private(keys[0]), path)
+    check = checker(tmp_path, keys[1])
+    for model, version in (("other", "4"), ("det", "9")):  # a copy under another name; an older build as a newer version
+        moved = tmp_path / "engines" / model / version / "model.onnx"
+        moved.parent.mkdir(parents=True, exist_ok=True)
+        for f in path.parent.iterdir():
+            (moved.parent / f.name).write_bytes(f.read_bytes())
+        with pytest.raises(SignatureRefused, match=f"made for det/4, and the engine lies in {model}/{version}"):
+            check.admit(ModelConfig(name=model, version=version, engine=moved), False)
+    built = tmp_path / "build" / "out" / "model.onnx"  # signed where it was built, for where it will be published
+    built.parent.mkdir(parents=True)
+    built.write_bytes(b"engine bytes v5")
+    signing.sign(signing.load_private(keys[0]), built, model="det", version="5")  # what --model/--version do
+    published = tmp_path / "engines" / "det" / "5"
+    built.parent.rename(published)
+    release(check.admit(ModelConfig(name="det", version="5", engine=published / "model.onnx"), False))
+
+
+def test_every_file_beside_the_engine_is_covered_and_copied(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    path = engine(tmp_path)
+    (path.parent / "warmup.npz").write_bytes(b"warm-up arrays")
+    (path.parent / "model.onnx.data").write_bytes(b"external weights")
+    signing.sign(signing.load_private(keys[0]), path)
+    check = checker(tmp_path, keys[1])
+    copy = admit(check, path)
+    assert sorted(p.name for p in copy.parent.iterdir()) == ["model.onnx", "model.onnx.data", "warmup.npz"]
+    assert (copy.parent / "model.onnx.data").read_bytes() == b"external weights"
+    release(copy)
+    for damage, says in (("add", "extra.bin added"), ("change", "it does not match warmup.npz"),
+                         ("remove", "model.onnx.data missing")):
+        signing.sign(signing.load_private(keys[0]), path)
+        if damage == "add":
+            (path.parent / "extra.bin").write_bytes(b"x")
+        elif damage == "change":
+            (path.parent / "warmup.npz").write_bytes(b"warm-up arrayz")
+        else:
+            (path.parent / "model.onnx.data").rename(tmp_path / "aside")
+        with pytest.raises(SignatureRefused, match=says):
+            admit(check, path)
+        assert list(check.store.iterdir()) == []
+        (path.parent / "extra.bin").unlink(missing_ok=True)
+        if (tmp_path / "aside").exists():
+            (tmp_path / "aside").rename(path.parent / "model.onnx.data")
+
+
+def test_a_file_of_another_size_than_signed_is_refused_before_it_is_read(tmp_path: Path,
+                                                                          keys: tuple[Path, Path]) -> None:
+    path = engine(tmp_path)
+    signing.sign(signing.load_private(keys[0]), path)
+    with open(path, "r+b") as f:  # a sparse GiB where the signed engine was
+        f.truncate(1 << 30)
+    check = checker(tmp_path, keys[1])
+    with pytest.raises(SignatureRefused, match="it does not match model.onnx"):
+        admit(check, path)
+    assert list(check.store.iterdir()) == []
+
+
+def test_a_first_format_signature_is_refused_saying_to_sign_again(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    path = engine(tmp_path)
+    path.with_name("model.onnx.sig").write_text("infermux-signature 1\nkey 0123456789abcdef\nmodel.toml none\n"
+                                                "signature AAAA\n")
+    with pytest.raises(SignatureRefused, match="first signature format.*sign it again"):
+        admit(checker(tmp_path, keys[1]), path)
+
+
+def test_keys_others_may_change_or_read_are_not_used(tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    private, public = keys
+    public.chmod(0o666)
+    assert "may be written by other users (mode 666)" in signing.key_problem(public, private=False)
+    config = tmp_path / "infermux.toml"
+    config.write_text(f'[daemon]\nengine_signing_keys = ["{public}"]\n')
+    from infermux import config as cfg
+    with pytest.raises(cfg.ConfigError, match="will not trust .* may be written by other users"):
+        cfg.load(config)
+    private.chmod(0o640)
+    path = engine(tmp_path)
+    run = sign_cli("--key", str(private), str(path))
+    assert run.returncode == 1 and "will not sign with" in run.stderr and "may be read or written" in run.stderr
+    assert not path.with_name("model.onnx.sig").exists()
+
+
+@pytest.mark.parametrize("staged", [".4", ".4.tmp"])
+def test_a_version_signed_in_its_hidden_staging_folder_holds_once_renamed_into_place(
+        tmp_path: Path, keys: tuple[Path, Path], staged: str) -> None:
+    path = tmp_path / "engines" / "det" / staged / "model.onnx"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"engine bytes")
+    signing.sign(signing.load_private(keys[0]), path)
+    path.parent.rename(tmp_path / "engines" / "det" / "4")
+    release(admit(checker(tmp_path, keys[1]), tmp_path / "engines" / "det" / "4" / "model.onnx"))
+
+
+def test_an_older_signing_of_the_same_version_is_refused_across_restarts_until_signed_again(
+        tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    from infermux.models.verified import Sequences
+
+    key = signing.load_private(keys[0])
+    path = engine(tmp_path, data=b"build one")
+    signing.sign(key, path)
+    old = {f.name: f.read_bytes() for f in path.parent.iterdir()}
+    path.write_bytes(b"build two")
+    signing.sign(key, path)
+    state = tmp_path / "state" / "signatures.json"
+    check = EngineSigning.from_files([keys[1]], tmp_path / "store", Sequences(state))
+    check.prepare()
+    release(admit(check, path))
+    for name, data in old.items():  # build one, with its own valid signature, put back in its place
+        (path.parent / name).write_bytes(data)
+    again = EngineSigning.from_files([keys[1]], tmp_path / "store2", Sequences(state))  # after a restart
+    again.prepare()
+    for checker_ in (check, again):
+        with pytest.raises(SignatureRefused, match="an older signing of det/4 .* a downgrade"):
+            admit(checker_, path)
+    signing.sign(key, path)  # the rollback, on purpose
+    assert admit(again, path).read_bytes() == b"build one"

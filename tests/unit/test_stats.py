@@ -92,6 +92,16 @@ def test_replies_are_counted_by_status_and_only_served_ones_shape_latency(clock)
     assert snap.qps == pytest.approx(2) and snap.error_qps == pytest.approx(3)
 
 
+def test_a_superseded_reply_is_counted_by_status_but_not_as_an_error(clock):
+    stats = Stats(clock=clock)
+    clock.advance(1)
+    for status in (200, 409, 409, 409, 500):
+        stats.record(status, 10)
+    snap = stats.snapshot()
+    assert snap.by_status == {200: 1, 409: 3, 500: 1}
+    assert snap.qps == pytest.approx(1) and snap.error_qps == pytest.approx(1)  # the 500 only
+
+
 def test_queue_and_compute_time_are_split(clock):
     stats = Stats(clock=clock)
     stats.record(200, 1000, queue_us=300, compute_us=700)

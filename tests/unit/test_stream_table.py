@@ -126,3 +126,19 @@ def test_prometheus_names_the_busiest_keys_and_sums_the_rest_without_going_back(
     third = scrape()
     assert third == {"a": 5, "c": 1, "other": 8}
     assert sum(third.values()) == 14 and all(third[k] >= first.get(k, 0) for k in third)
+
+
+def test_keys_going_silent_by_the_thousand_make_a_few_events_and_one_that_counts_the_rest() -> None:
+    streams, clock, events = table(silent_s=1.0, max_keys=5000)
+    for n in range(3000):
+        streams.receive("det", f"made-up-{n}")
+        streams.receive("det", f"made-up-{n}")
+    clock.now += 2
+    streams.check()
+    named = [e for e in events.recent(5000) if e.kind == "stream_silent"]
+    assert len(named) == 5 and all("key" in e.detail for e in named)
+    assert sum(v["silent"] for v in streams.view()) == 3000  # each is still marked silent
+    clock.now += 10  # the interval is over: one event counts the streams not named
+    streams.check()
+    summed = [e for e in events.recent(5000) if e.kind == "stream_silent"][5:]
+    assert [(e.detail["streams"], "key" in e.detail) for e in summed] == [(2995, False)]

@@ -281,3 +281,19 @@ def test_bad_options_are_refused_naming_the_option(options: dict, words: list[st
     with pytest.raises(ProcessorConfigError) as error:
         create("track", options)
     assert all(w in str(error.value) for w in words), str(error.value)
+
+
+def test_keys_cycling_past_max_keys_log_one_line_an_interval_with_the_key_cut_short(
+        caplog: pytest.LogCaptureFixture) -> None:
+    tracker = create("track", {"max_keys": 2})
+    with caplog.at_level("WARNING", logger="infermux.processors.track"):
+        for n in range(500):  # each a new stream past max_keys: 498 forgotten
+            tracker(frame(f"{n:05d}" + "k" * 60_000, moving(0)))
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1 and "forgot stream '00000kkk" in lines[0], lines[:3]
+        assert len(lines[0]) < 400 and "(60005 characters)" in lines[0]
+        tracker._said_at -= 10  # type: ignore[attr-defined]  # the interval is over: the next line sums up
+        tracker.streams()  # type: ignore[attr-defined]
+        summed = [r.getMessage() for r in caplog.records][1:]
+    assert len(summed) == 1 and "forgot 497 streams in the last 10 s" in summed[0], summed
+    assert "'00497kkk" in summed[0] and len(summed[0]) < 400  # the latest forgotten (498, 499 are kept)

@@ -11,6 +11,7 @@ import pytest
 from infermux.config import ModelConfig
 from infermux.execution.job import Outcome
 from infermux.execution.placement import Change
+from infermux.models.hot import WarmShape
 from infermux.plugins.base import TensorSpec
 from infermux.workers import wire
 
@@ -18,6 +19,8 @@ SPECS = [TensorSpec("x", "float32", (-1, 4), (1, 4), (8, 4)), TensorSpec("y", "i
 MESSAGES = [
     wire.Load(ModelConfig("m", Path("/engines/m/1/model.onnx"), version="1", placement="cold", contexts=2,
                           preferred_batch=(2, 4), options={"intra_op_threads": 1})),
+    wire.Load(ModelConfig("det", Path("/engines/det/1/model.onnx")),  # with the shapes its pipelines send it
+              (WarmShape("", (1, 3, 736, 1312), "float32", "pipeline 'ocr' step 'det' at 1280x720"),)),
     wire.Infer(7, 10, 20, "req-1", "m", "cam-3", ["y"], [wire.Tensor("x", "float32", [2, 4])],
                {"from": "big"}, "infermux-1-1-1", [[0, 32]], 64, [wire.RegionInput(1, "tok", 128, 32)],
                [wire.RegionOutput("y", "tok", 256)]),

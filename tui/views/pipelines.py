@@ -1,4 +1,6 @@
 """The pipelines view: each pipeline's frames by status, and each step's runs, errors and latency.
+A 409 (a frame replaced by a newer one of its stream under newest_per_key) is the policy working:
+counted in the 409 column (and STATUS), never in ERR.
 
 It reads the snapshot's `pipelines` list (daemon/pipelines/stats.py, the
 same figures `infermux status` and Prometheus show). A step's run is one
@@ -49,7 +51,8 @@ class PipelinesTable(KeyedTable):
 
     COLUMNS = (
         Col("name", "PIPELINE / STEP", 16), Col("ok", "OK", 7, True), Col("rate", "FPS", 6, True),
-        Col("errors", "ERR", 5, True), Col("p50", "P50", 7, True), Col("p99", "P99", 7, True),
+        Col("superseded", "409", 6, True, optional=True), Col("errors", "ERR", 5, True),
+        Col("p50", "P50", 7, True), Col("p99", "P99", 7, True),
         Col("detail", "STATUS / RUNS ON", 30),
     )
 
@@ -67,6 +70,8 @@ class PipelinesTable(KeyedTable):
             queue = f"  queue {p.get('queued', 0)}/{p.get('workers', '?')}"
             if p.get("refused_from_memory"):  # the same refused frame sent again (docs/pipelines.md#bounds)
                 queue += f"  refused again {fmt.count(p['refused_from_memory'])}"
+            if p.get("dropped_regions"):  # boxes a model gave as NaN or infinity (docs/pipelines.md#bounds)
+                queue += f"  NaN boxes {fmt.count(p['dropped_regions'])}"
             yield p["name"], _cells((p["name"], "bold"), frames, failed, (statuses(frames) + queue, ""))
             for name, step in (p.get("steps") or {}).items():
                 yield f"{p['name']}/{name}", _cells((f"  {name}", ""), step, fmt.failures(step),
@@ -76,6 +81,7 @@ class PipelinesTable(KeyedTable):
 def _cells(name: Cell, stats: dict[str, Any], failed: int, detail: Cell) -> dict[str, Cell]:
     return {"name": name, "ok": (fmt.count(int(stats.get("served") or 0)), ""),
             "rate": (fmt.rate(stats.get("qps")), ""), "errors": (fmt.count(failed), "bold red" if failed else "dim"),
+            "superseded": (fmt.count(fmt.superseded(stats)), "" if fmt.superseded(stats) else "dim"),
             "p50": (fmt.us(stats.get("p50_us")), ""), "p99": (fmt.us(stats.get("p99_us")), ""), "detail": detail}
 
 

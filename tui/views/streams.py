@@ -96,7 +96,7 @@ class StreamsTable(KeyedTable):
             p99 = (s.get("age_ms") or {}).get("p99")
             yield stream_key(s), {
                 "model": (str(s["model"]), red),
-                "key": (str(s["key"]), red or "bold"),
+                "key": (fmt.printable(s["key"]), red or "bold"),
                 "fps_in": (fmt.rate(s.get("fps_in")), red),
                 "fps_served": (fmt.rate(s.get("fps_served")), red),
                 "drop": (fmt.percent(dropped, received), red or ("yellow" if dropped else "dim")),
