@@ -138,9 +138,10 @@ class HttpServer:
 
     def _serve(self) -> None:
         while not self._stopping:
-            timeout = max(0.0, self._deadlines[0][0] - time.monotonic()) if self._deadlines else 1.0
+            # Asleep until a connection, a rendered page, `stop` (the wake socket) or a deadline.
+            timeout = max(0.0, self._deadlines[0][0] - time.monotonic()) if self._deadlines else None
             accept = False
-            for key, events in self._selector.select(min(timeout, 1.0)):
+            for key, events in self._selector.select(timeout):
                 if key.fileobj is self._listener:
                     accept = True
                 elif key.fileobj is self._wake_r:

@@ -104,8 +104,7 @@ def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
     }
     engine = mv.engine
     if engine is not None:  # model metadata, as Triton's: what to send and what comes back
-        view["inputs"] = [asdict(spec) for spec in engine.inputs]
-        view["outputs"] = [asdict(spec) for spec in engine.outputs]
+        view["inputs"], view["outputs"] = _specs(engine)
     worker = getattr(mv, "worker_info", None)
     if callable(worker):
         view["worker"] = worker()
@@ -113,6 +112,21 @@ def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
     if rollout is not None and rollout.candidate is mv:  # a candidate shadowing (swap/rollout.py)
         view["rollout"] = rollout.view()
     return view
+
+
+_SPECS: dict[int, tuple[Any, list[dict[str, Any]], list[dict[str, Any]]]] = {}  # id(engine): its specs as dicts
+_SPECS_KEPT = 1024  # engines remembered at most (hot swaps make new ones): then it starts over
+
+
+def _specs(engine: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """An engine's inputs and outputs as dicts (copies), converted once per engine: its specs never
+    change, and asdict over every model's was most of a snapshot's time."""
+    kept = _SPECS.get(id(engine))
+    if kept is None or kept[0] is not engine:
+        if len(_SPECS) >= _SPECS_KEPT:
+            _SPECS.clear()
+        kept = _SPECS[id(engine)] = (engine, [asdict(s) for s in engine.inputs], [asdict(s) for s in engine.outputs])
+    return [dict(d) for d in kept[1]], [dict(d) for d in kept[2]]
 
 
 def models_view(server: "Server") -> list[dict[str, Any]]:

@@ -36,9 +36,8 @@ class Supervisor:
         self._last = {"watchdog": 0.0, "status": 0.0, "extend": 0.0}
         self._reload_asked = False  # SIGHUP arrived; the next tick reloads
         server.ticks.append(self.tick)
+        server.dues.append(self.due)
         server.on_stopping.append(self.notifier.stopping)
-        if self.watchdog_s:
-            server.poll_ms = min(server.poll_ms, max(1, int(self.watchdog_s * 1000 / 2)))
 
     def install_signals(self) -> None:
         """SIGTERM and SIGINT stop the daemon, SIGHUP reloads it.
@@ -55,6 +54,21 @@ class Supervisor:
 
     def _ask_reload(self) -> None:
         self._reload_asked = True
+        self.server.wake()  # an idle loop sleeps: the reload must not wait for its next turn
+
+    def due(self, now: float) -> float | None:
+        """Seconds from `now` until `tick` has something to send: the next WATCHDOG=1 (every half
+        of WatchdogSec), STATUS= and EXTEND_TIMEOUT_USEC; None without a notification socket
+        (all three are no-ops then)."""
+        if not self.notifier.enabled:
+            return None
+        last = self._last
+        soonest = last["status"] + STATUS_EVERY_S
+        if self.watchdog_s:
+            soonest = min(soonest, last["watchdog"] + self.watchdog_s)
+        if not self.ready:
+            soonest = min(soonest, last["extend"] + EXTEND_EVERY_S)
+        return soonest - now
 
     def models_ready(self) -> None:
         """Every hot model is ready or failed: tell systemd we serve."""
@@ -64,7 +78,8 @@ class Supervisor:
         self.notifier.ready(status)
 
     def tick(self) -> None:
-        """Called by the frontend loop between its turns: at least every `poll_ms`, at most every TICK_S."""
+        """Called by the frontend loop between its turns: when `due` says, at least every `poll_ms`,
+        at most every TICK_S."""
         if self._reload_asked:
             self._reload_asked = False
             self.reload()

@@ -281,6 +281,20 @@ class Stats:
         """Percentiles, rates and counters as of now."""
         return _summarize([self._window()], self.window_s, self._ewma)
 
+    def mark(self) -> tuple[Any, ...]:
+        """What changes whenever anything a snapshot shows could have: records (and those kept to
+        settle), backend calls, retired counts, the EWMA and the gauges. Cheap: no ring is read."""
+        shards = self._shards
+        return (len(shards), len(self._soon), self._ewma,
+                sum(sum(s.status.values()) + sum(s.batches.values()) for s in shards),
+                sum(self._retired["status"].values()), sum(self._retired["batches"].values()),
+                self._queue_depth() if self._queue_depth else 0, self._in_flight() if self._in_flight else 0)
+
+    @property
+    def quiet_s(self) -> float:
+        """How long after its last record the window holds nothing (the sliding buckets and the ring)."""
+        return (self._nbuckets + 1) * self._bucket_s
+
     def _new_shard(self) -> _Shard:
         shard = _Shard(self._nbuckets, self._capacity, int(self._clock() / self._bucket_s))
         self._local.shard = shard
@@ -405,8 +419,14 @@ class ModelSnapshot:
     contexts: tuple[StatsSnapshot, ...]
 
     def as_json(self) -> dict[str, Any]:
-        return {"model": self.model, "version": self.version, **self.total.as_json(),
-                "contexts": [c.as_json() for c in self.contexts]}
+        """The snapshot as JSON-ready dicts: built once per snapshot (an idle version's is reused
+        snapshot after snapshot), a fresh copy of the outer dicts each call."""
+        built = self.__dict__.get("_json")
+        if built is None:
+            built = {"model": self.model, "version": self.version, **self.total.as_json(),
+                     "contexts": [c.as_json() for c in self.contexts]}
+            object.__setattr__(self, "_json", built)  # frozen: a cache, not a field
+        return {**built, "contexts": [dict(c) for c in built["contexts"]]}
 
 
 class ModelStats:
@@ -427,6 +447,9 @@ class ModelStats:
         # Copy-on-write tuple: executors and the publisher read it without a lock.
         self._contexts: tuple[Stats, ...] = ()
         self._lock = threading.Lock()
+        # A version without traffic: (its marks, since when they stand, the snapshot once its
+        # window emptied). Snapshots of an idle version then cost a few sums, not a pass over rings.
+        self._quiet: tuple[tuple[Any, ...], float, ModelSnapshot | None] | None = None
 
     @property
     def contexts(self) -> tuple[Stats, ...]:
@@ -460,8 +483,22 @@ class ModelStats:
         return 1.0 / sum(1.0 / t for t in times) if times else self.router.service_time_us()
 
     def snapshot(self) -> ModelSnapshot:
-        """The model's totals and per-context figures as of now."""
+        """The model's totals and per-context figures as of now: nothing recorded since its window
+        emptied, the same as the last one (every figure is then a count or empty)."""
         contexts = self._contexts
+        marks = (contexts, self.router.mark(), *(s.mark() for s in contexts))
+        now = self.router._clock()
+        quiet = self._quiet
+        if quiet is None or quiet[0] != marks:
+            self._quiet = (marks, now, None)
+        elif quiet[2] is not None:
+            return quiet[2]
+        snapshot = self._snapshot(contexts)
+        if quiet is not None and quiet[0] == marks and now - quiet[1] > self.router.quiet_s:
+            self._quiet = (marks, quiet[1], snapshot)
+        return snapshot
+
+    def _snapshot(self, contexts: tuple[Stats, ...]) -> ModelSnapshot:
         windows = [self.router._window()] + [s._window() for s in contexts]
         per_context = tuple(_summarize([w], s.window_s, s._ewma)
                             for w, s in zip(windows[1:], contexts))

@@ -190,6 +190,7 @@ class StreamTable:
         self.events, self.silent_s, self.max_keys, self.clock = events, silent_s, max_keys, clock
         self._streams: OrderedDict[tuple[str, str], Stream] = OrderedDict()
         self._next_check = 0.0
+        self._quiet_at = 0.0  # silent_s after the last request: every stream's silence is seen by then
         self.forgotten: dict[str, Totals] = {}  # per model: the streams forgotten to stay within max_keys
         self._lock = threading.Lock()  # the table's shape; each stream counts under its own lock
         # stream_silent and stream_resumed: keys a client makes up at will come and go as fast as it
@@ -214,6 +215,7 @@ class StreamTable:
         stream is that connection's from now on."""
         name = (model, stream_key(key))
         now = self.clock()
+        self._quiet_at = now + self.silent_s
         with self._lock:
             stream = self._streams.get(name)
             if stream is None:
@@ -264,6 +266,14 @@ class StreamTable:
         """The one event for `count` streams of `kind` not named in an interval (no key: too many)."""
         if self.events is not None:
             self.events.emit(kind, streams=count, within_s=self._told.interval_s)
+
+    def due(self, now: float) -> float | None:
+        """Seconds from `now` until `check` must look again: every CHECK_S until each stream that
+        could go silent has been seen silent (`silent_s` after the last request, plus one look);
+        then None, and an idle daemon does not wake for streams."""
+        if not self.silent_s or now > self._quiet_at + CHECK_S:
+            return None
+        return self._next_check - now
 
     def _emit(self, kind: str, stream: Stream, now: float) -> None:
         held = self._told.admit(kind) if self.events is not None else None

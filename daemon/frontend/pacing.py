@@ -66,6 +66,13 @@ class RefusalPacer:
         while held and (every or held[0][0] <= now):
             yield heapq.heappop(held)[2]
 
+    def next_due(self, now: float) -> float | None:
+        """Seconds from `now` until the first held refusal is due (0: some wait to be taken up),
+        None when none is held."""
+        if self._handed_in:
+            return 0.0
+        return self._held[0][0] - now if self._held else None
+
     def remembers(self, peer: bytes | None = None) -> bool:
         """Whether `peer` (any connection, where None) was refused lately: else `forgive` has
         nothing to do for it."""

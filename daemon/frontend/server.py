@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import json
 import logging
+import math
 import os
 import sys
 from collections import deque
@@ -74,7 +75,7 @@ _REFUSED_OVERSIZE = Throttle()  # requests refused uncomputed for such a reply: 
 PACED_REFUSAL_BYTES = 1 << 20
 # A refused header this large is held back too: 60 KB keys in a loop kept the frontend thread parsing.
 PACED_REFUSAL_HEADER_BYTES = 16 << 10
-QUIESCE_S = 1.0  # the longest `quiesce` waits for the loop's turn (it turns at least every poll_ms)
+QUIESCE_S = 1.0  # the longest `quiesce` waits for the loop's turn (its bell wakes the loop at once)
 # Under load the loop turns once a request at concurrency 1; its ticks (watchdog, barriers, paused
 # refusals, silent streams...) cost ~3 µs a turn together, and none needs to run more often than this.
 TICK_S = 0.002
@@ -133,8 +134,12 @@ class Server:
         self.oversize = OversizeMemory(config.daemon.oversize_memory_s)  # the kinds of request that just made one (oversize.py)
         self.pacer = RefusalPacer()  # refusals held back, a connection that keeps earning them longer
         self.ticks: list[Callable[[], None]] = [self._release_barriers]
+        # How soon each tick must run again, in seconds from `now` (None: not until something wakes
+        # the loop): an idle loop sleeps until the nearest, so it wakes for due work only.
+        self.dues: list[Callable[[float], float | None]] = [self._pacer_due]
         self.on_stopping: list[Callable[[], object]] = []  # called once the loop stops, before the drain
-        self.poll_ms = 100  # the longest the loop sleeps: ticks (watchdog) run at least this often
+        self.poll_ms = 1000  # the longest the loop sleeps: ticks (liveness) run at least this often
+        self._wait_ms = 0  # how long the next turn may sleep: the nearest due, at most poll_ms
         self._next_tick = 0.0  # ... and, under load, not before this (TICK_S)
         self._frontend_thread = threading.get_ident()
         # Inputs that local clients leave in shared memory (regions.py); bound in bind().
@@ -147,6 +152,7 @@ class Server:
         # Cold models run in worker processes: the pool is the registry's cold placer (workers/pool.py).
         self.workers = Workers(self.registry, run_dir, self.hooks, self.regions)
         self.ticks.append(self.streams.check)  # a stream that went silent: an event
+        self.dues.append(self.streams.due)
         self.recorder = Recorder()  # `infermux record`: requests and answers of a model, copied as they pass
         # Candidates shadowing live requests; their verdicts kept in `state_dir` too (models/verdicts.py).
         self.rollouts = Rollouts(self.registry, self.events, Decisions(state_dir, self.events))
@@ -193,6 +199,7 @@ class Server:
             self.reply(envelope, frames, outcome)
             return
         self.pacer.hold_later(envelope + frames)
+        self.wake()  # the loop may be asleep: its next tick sends it
 
     def admit_step(self, job: Job) -> bool:
         """Admit a pipeline's model step (pipelines/calls.py) as a client's request is, on the calling
@@ -263,6 +270,7 @@ class Server:
             return True
         done = threading.Event()
         self._barriers.append(done)
+        self.wake()  # an idle loop sleeps: wake it for the tick that releases us
         return done.wait(max(0.0, timeout_s - (time.monotonic() - began)))
 
     def _release_barriers(self) -> None:
@@ -342,6 +350,7 @@ class Server:
             raise RuntimeError(f"cannot listen for shared-memory regions on {path}: {exc}; "
                                "set [daemon] shared_memory to another name, or \"\" to turn it off") from None
         self.ticks.append(self.region_server.tick)
+        self.dues.append(self.region_server.due)
         self._lookup = self.regions
         self.events.emit("listening", endpoint=f"unix://{path}", what="shared-memory regions")
 
@@ -366,6 +375,16 @@ class Server:
     def stop(self) -> None:
         """Ask the loop to stop (safe from a signal handler)."""
         self.stopping = True
+        self.wake()
+
+    def wake(self) -> None:
+        """Make the loop turn and run its ticks now (any thread, a signal handler too): for work a
+        tick does that no socket announces."""
+        self._next_tick = 0.0
+        try:
+            os.eventfd_write(self._bell, 1)
+        except OSError:  # closed: the loop has ended
+            pass
 
     def reload(self) -> ReloadPlan:
         """Apply the configuration file again, one reload at a time: SIGHUP (admin/supervisor.py)
@@ -388,6 +407,7 @@ class Server:
             keys_changed = new.daemon.engine_signing_keys != old.daemon.engine_signing_keys
             self._reread_signing_keys(new)
             self.registry.follow(new)
+            self.workers.poke()  # a cold model added: the pool's watcher may now want a spare
             self.router.configure(new)
             self.streams.silent_s, self.streams.max_keys = new.daemon.stream_silent_s, new.daemon.stream_max_keys
             self.oversize.memory_s = new.daemon.oversize_memory_s
@@ -472,15 +492,30 @@ class Server:
 
     def step(self) -> None:
         """One turn of the loop: wait for what is ready and handle it, then the ticks when due."""
-        self._turn(self.poll_ms)
+        self._turn(self._wait_ms)
         self.loop_turns += 1
         now = time.monotonic()
         if now >= self._next_tick:
             self._next_tick = now + TICK_S
             for tick in self.ticks:
                 tick()
+            self._wait_ms = self._longest_wait(time.monotonic())
         if self._held:  # a tick may have queued requests (a worker restart)
             self._run_held()
+
+    def _longest_wait(self, now: float) -> int:
+        """Milliseconds the loop may sleep from `now`: until the nearest tick's due time, at most
+        poll_ms. Worked out after the ticks (at most every TICK_S), not on every turn: under load
+        the loop never sleeps that long anyway."""
+        wait_s = self.poll_ms / 1000
+        for due in self.dues:
+            soon = due(now)
+            if soon is not None and soon < wait_s:
+                wait_s = max(0.0, soon)
+        return math.ceil(wait_s * 1000)  # rounded up: a turn that woke a little early would find nothing due
+
+    def _pacer_due(self, now: float) -> float | None:
+        return self.pacer.next_due(now)
 
     # -- the hot path -----------------------------------------------------------
 

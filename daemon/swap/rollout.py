@@ -182,6 +182,7 @@ class Rollouts:
         model.candidate = candidate
         with self._lock:
             self.by_model = {**self.by_model, candidate.name: rollout}
+        self._bell.set()  # the shadow thread sleeps while no candidate shadows: it has one to look at
         self.events.emit("rollout_started", candidate.name, candidate.version, shadow_requests=config.shadow_requests,
                          compare=config.compare, min_agreement=config.min_agreement)
         if candidate.memory_bytes:  # what its load measured: over max_memory_mb already, it is refused now
@@ -313,7 +314,8 @@ class Rollouts:
 
     def _run(self) -> None:
         while not self._stopping:
-            self._bell.wait(LOOK_S)
+            # Without a candidate there is nothing to look at: sleep until `start` (or `close`) rings.
+            self._bell.wait(LOOK_S if self.by_model else None)
             self._bell.clear()
             for rollout in list(self.by_model.values()):
                 try:

@@ -327,6 +327,11 @@ class RegionServer:
         if held is not None:
             log.warning(message + (f" ({held} more like this not logged)" if held else ""), *args)
 
+    def due(self, now: float) -> float | None:
+        """Seconds from `now` until a paused connection is read again (the frontend's wait), None
+        when none is paused: the held-back counts wait for the loop's next turn."""
+        return min(self._paused.values()) - now if self._paused else None
+
     def tick(self) -> None:
         """On the frontend thread's ticks: admit newcomers as slots come free; read paused connections
         again; tell held-back counts."""

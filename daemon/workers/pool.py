@@ -196,6 +196,7 @@ class Workers:
         proxy.unseen_bytes = self.memory.unseen(free_before, process.rss() - process.hello.rss)
         with self._lock:
             self._placed[proxy] = version
+            self._lock.notify_all()  # the watcher may sleep without a timeout: it has one to watch now
         self._refill()
         return proxy
 
@@ -260,10 +261,23 @@ class Workers:
 
     # -- the watcher --------------------------------------------------------------------
 
+    def poke(self) -> None:
+        """The configuration changed: let the watcher see whether it now wants a spare."""
+        with self._lock:
+            self._lock.notify_all()
+
+    def _watching(self) -> bool:
+        """Whether the watcher has anything to look at every WATCH_S: a worker, or a spare (running,
+        starting or wanted). Without, it sleeps until `place`, a spare, `poke` or `close` wakes it."""
+        return bool(self._placed) or self._spare is not None or self._spare_starting or self._want_spare()
+
     def _watch(self) -> None:
         last_gpu = 0.0
         while not self._closed:
-            time.sleep(WATCH_S)
+            with self._lock:
+                self._lock.wait(WATCH_S if self._watching() else None)
+            if self._closed:
+                break
             now = time.monotonic()
             gpu = None
             if self.memory.budget.gpu is not None and now - last_gpu > 2.0:
@@ -336,6 +350,7 @@ class Workers:
         self._closed = True
         with self._lock:
             spare, self._spare = self._spare, None
+            self._lock.notify_all()
         if spare is not None:
             spare.stop(SPARE_STOP_S)
             spare.close()

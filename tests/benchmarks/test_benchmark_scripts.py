@@ -325,3 +325,11 @@ def test_the_pipeline_steps_benchmark_compares_each_pipeline_with_the_bare_one()
     assert "- daemon: p3's model steps m1, m2, m3 take" in out.stdout
     # The steps took the in-process path: p3's last step counted its calls there, none via the frontend.
     assert "Calls by the way they went: {'in_process':" in out.stdout and "'via_frontend': 0} (m3)" in out.stdout
+
+def test_the_idle_benchmark_measures_every_mode():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_idle.py"), "--no-write", "--models", "1,2",
+                          "--seconds", "1", "--settle", "0", "--scrape-every", "0.5"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| this checkout | 1 |" in out.stdout and "| this checkout | 2 |" in out.stdout
+    assert "wakeups/s idle | wakeups/s console | wakeups/s scrape | threads |" in out.stdout

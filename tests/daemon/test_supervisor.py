@@ -199,6 +199,21 @@ def test_watchdog_keeps_pinging_while_requests_flow(start):
     assert d.proc.poll() is None
 
 
+@pytest.mark.timing
+def test_an_idle_daemon_still_feeds_the_watchdog_in_time(start):
+    # Idle, the loop sleeps until its next due tick: the watchdog's is one of them, so the pings
+    # keep their pace (every WATCHDOG_USEC/2) with no request to turn the loop.
+    d = start(config_text(CLASSIFIER))
+    ready = d.wait_for("READY=1")
+    first = d.wait_for("WATCHDOG=1", after=ready + 1)
+    d.wait_for("WATCHDOG=1", after=first + 6)  # several periods, nothing sent meanwhile
+    pings = [t for t, m in d.messages[first:] if "WATCHDOG=1" in m.split("\n")]
+    gaps = np.diff(pings)
+    assert gaps.max() < WATCHDOG_USEC / 1e6, gaps   # systemd would have killed it
+    assert np.median(gaps) >= WATCHDOG_USEC / 1e6 / 4, gaps  # paced, not sent on every turn
+    assert d.proc.poll() is None
+
+
 def test_sighup_reloads_the_configuration(start):
     d = start(config_text(CLASSIFIER))
     ready = d.wait_for("READY=1")
@@ -268,8 +283,9 @@ from infermux.admin.notify import Notifier
 from infermux.admin.supervisor import Supervisor
 
 class Loop:  # what the supervisor drives of the Server: its flags and hooks
-    ticks, on_stopping, poll_ms, stopping = [], [], 100, False
+    ticks, dues, on_stopping, stopping = [], [], [], False
     def stop(self): self.stopping = True
+    def wake(self): pass
     def summary(self): return "test"
 
 loop = Loop()
