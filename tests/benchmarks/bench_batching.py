@@ -106,7 +106,8 @@ def daemon(tmp: Path, text: str, models: list[str]) -> Iterator[tuple[str, str]]
     config.write_text(text)
     log = open(tmp / "daemon.log", "wb")
     process = subprocess.Popen([sys.executable, "-m", "infermux", "serve", "--config", str(config),
-                                "--runtime-dir", str(run_dir)], stdout=log, stderr=subprocess.STDOUT)
+                                "--runtime-dir", str(run_dir), "--state-dir", str(tmp / "state")],
+                               stdout=log, stderr=subprocess.STDOUT)
     endpoint = f"ipc://{run_dir}/infer.sock"
     try:
         for name in models:

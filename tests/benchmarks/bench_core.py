@@ -157,7 +157,8 @@ def daemon_command(tmp: Path, name: str = "daemon", contexts: int = 2, model: st
     config.write_text(DAEMON_TOML.format(engines=ROOT / "engines", model=model, contexts=contexts,
                                          engine=engine.relative_to(ROOT / "engines")) + extra)
     run_dir = tmp / f"run-{name}"
-    command = [sys.executable, "-m", "infermux", "serve", "--config", str(config), "--runtime-dir", str(run_dir)]
+    command = [sys.executable, "-m", "infermux", "serve", "--config", str(config), "--runtime-dir", str(run_dir),
+               "--state-dir", str(tmp / f"state-{name}")]  # one daemon per state directory
     return command, f"ipc://{run_dir}/infer.sock"
 
 

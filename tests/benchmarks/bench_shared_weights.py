@@ -61,7 +61,8 @@ def daemon(stack: contextlib.ExitStack, tmp: Path, name: str, model: str, engine
     config.write_text(TOML.format(engines=engine.parent, model=model, engine=engine, contexts=contexts,
                                   shared=str(shared).lower()))
     run_dir = tmp / f"run-{name}"
-    command = [sys.executable, "-m", "infermux", "serve", "--config", str(config), "--runtime-dir", str(run_dir)]
+    command = [sys.executable, "-m", "infermux", "serve", "--config", str(config), "--runtime-dir", str(run_dir),
+               "--state-dir", str(tmp / f"state-{name}")]  # one daemon per state directory
     served = stack.enter_context(serving(name, command, f"ipc://{run_dir}/infer.sock", tmp, model=model,
                                          shape=shape))
     return served.endpoint, served.pid, run_dir

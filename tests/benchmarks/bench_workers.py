@@ -90,7 +90,8 @@ class Daemon:
         self.admin = f"ipc://{self.dir / 'run' / 'admin.sock'}"
         with open(self.log, "wb") as out:
             self.proc = subprocess.Popen([sys.executable, "-m", "infermux", "serve", "--config", str(config),
-                                          "--runtime-dir", str(self.dir / "run"), "--log-level", "info"],
+                                          "--runtime-dir", str(self.dir / "run"), "--state-dir",
+                                          str(self.dir / "state"), "--log-level", "info"],
                                          stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
 
     def text(self) -> str:

@@ -43,7 +43,8 @@ def daemon(plan_fp32: Path, tmp_path: Path):
     config.write_text(CONFIG.format(engine_dir=engine_dir))
     log = open(tmp_path / "serve.log", "w+")
     proc = subprocess.Popen([sys.executable, "-m", "infermux", "serve", "--config", str(config),
-                             "--runtime-dir", str(runtime)], stdout=log, stderr=subprocess.STDOUT)
+                             "--runtime-dir", str(runtime), "--state-dir", str(tmp_path / "state")],
+                            stdout=log, stderr=subprocess.STDOUT)
     try:
         yield f"ipc://{runtime / 'infer.sock'}", proc, log
     finally:
