@@ -469,15 +469,24 @@ class MemoryProbe:
             return None
 
     def watch(self, waiter: StepCall, timeout_s: float) -> bool:
-        """Wait for the answer, reading the memory meanwhile; False if none came within `timeout_s`."""
-        deadline = time.monotonic() + timeout_s
-        while not waiter.wait(MEMORY_LOOK_S):
-            now = self._read()
-            if now is not None and self.peak is not None:
-                self.peak = max(self.peak, now)
-            if time.monotonic() > deadline:
-                return False
-        return True
+        """Wait for the answer, reading the memory meanwhile from a thread of its own (the placement
+        may hand the compute back to run on this very thread: StepCall.wait); False if none came
+        within `timeout_s`."""
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.wait(MEMORY_LOOK_S):
+                now = self._read()
+                if now is not None and self.peak is not None:
+                    self.peak = max(self.peak, now)
+
+        sampler = threading.Thread(target=sample, name="rollout-memory", daemon=True)
+        sampler.start()
+        try:
+            return waiter.wait(timeout_s)
+        finally:
+            done.set()
+            sampler.join()
 
     def held(self) -> int | None:
         """The bytes it was seen to hold (None where they cannot be read)."""

@@ -16,7 +16,8 @@ SLOW_FILES = {
     "test_admin.py", "test_batching.py", "test_chaos.py", "test_cli.py", "test_curve.py", "test_hostile.py",
     "test_hostile_sockets.py", "test_hot_swap.py", "test_matrix.py", "test_pipeline_matrix.py",
     "test_pipelines.py", "test_regions.py", "test_routing.py", "test_shared_weights.py", "test_tracking.py",
-    "test_workers.py",
+    "test_workers.py", "test_rollout_life.py", "test_pipeline_steps.py", "test_hostile_boxes.py",
+    "test_hostile_text.py",
 }
 HERE = Path(__file__).resolve().parent
 
