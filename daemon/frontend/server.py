@@ -5,9 +5,9 @@ and sends the replies that executor threads leave in its outbox. ZeroMQ
 sockets are not thread-safe, so only this thread touches the ROUTER.
 
 Replies come back through a deque plus an eventfd doorbell rather than
-the inproc PUSH/PULL pair first designed: the socket hop cost ~10 µs of GIL
-time per request on the 2-core box, a deque append and an eventfd write
-about 1 µs (docs/decisions.md). Worker processes' replies skip even that:
+the inproc PUSH/PULL pair first designed: the socket hop cost several times
+the GIL time per request of a deque append and an eventfd write (the
+figures: docs/decisions.md). Worker processes' replies skip even that:
 the loop polls their fast lanes itself (`watch`, lane.py).
 """
 

@@ -28,8 +28,8 @@ from infermux.plugins import backends
 log = logging.getLogger("infermux.budget")
 
 # An engine in memory costs about its file size again per loaded copy (weights,
-# plus activations and the file read during deserialisation): x2 is what an
-# onnxruntime model measured on the 2-core box; TensorRT plans are similar.
+# plus activations and the file read during deserialisation): x2 is what
+# onnxruntime models measured (docs/performance.md); TensorRT plans are similar.
 FILE_FACTOR = 2.0
 DEFAULT_WORKER_BASE = 96 << 20  # a worker's Python + numpy + zmq + backend before any engine
 

@@ -8,8 +8,8 @@ looping on such a frame would keep a core busy computing refusals. So a pipeline
 remembers its latest refusals by the frame's digest and what the request says
 about it (format, geometry, stream key, outputs asked for), for `REMEMBER_S`; the same frame
 again is answered the same refusal without running a step. The digest is taken only of a frame
-whose size and description match a remembered refusal's: a raw 1080p frame takes ~10 ms to
-hash on the 2-core box, which a camera whose frames are served should not pay. A frame that differs
+whose size and description match a remembered refusal's: hashing a raw 1080p frame costs
+milliseconds (docs/performance.md), which a camera whose frames are served should not pay. A frame that differs
 by one byte is computed as any other: this bounds a loop, not an attacker who
 varies the frame (docs/security.md).
 
