@@ -119,15 +119,8 @@ class StateFile:
         return restored
 
     def _set_aside(self, problem: Exception) -> None:
-        aside = self.path.with_name(f"{NAME}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
-        try:
-            os.replace(self.path, aside)
-            where = f"set aside as {aside}"
-        except OSError as exc:
-            where = f"could not be set aside ({exc.strerror}); it is overwritten at the next live change"
-        self.events.emit("state_set_aside", file=str(self.path), reason=str(problem)[:200], moved_to=where)
-        log.warning("state file %s cannot be read (%s): %s; starting with the configuration's settings",
-                    self.path, problem, where)
+        set_aside(self.path, problem, self.events, "state file", "live change",
+                  "starting with the configuration's settings")
 
     def write(self, records: list[dict[str, Any]]) -> None:
         """Replace the file with `records`, atomically; a failure is logged, never raised (the change
@@ -138,6 +131,19 @@ class StateFile:
             self.events.emit("state_not_saved", file=str(self.path), reason=str(exc)[:200])
             log.warning("live changes not saved to %s (%s): they hold until the daemon restarts; "
                         "set [daemon] state_dir to a folder the daemon may write", self.path, exc)
+
+
+def set_aside(path: Path, problem: Exception, events: EventLog, what: str, next_write: str, meanwhile: str) -> None:
+    """Rename a `what` that cannot be read to `<name>.unreadable-<time>`, with a `state_set_aside` event
+    and a warning saying what the daemon does `meanwhile`: a bad file never stops the service."""
+    aside = path.with_name(f"{path.name}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
+    try:
+        os.replace(path, aside)
+        where = f"set aside as {aside}"
+    except OSError as exc:
+        where = f"could not be set aside ({exc.strerror}); it is overwritten at the next {next_write}"
+    events.emit("state_set_aside", file=str(path), reason=str(problem)[:200], moved_to=where)
+    log.warning("%s %s cannot be read (%s): %s; %s", what, path, problem, where, meanwhile)
 
 
 def read_json(path: Path, max_bytes: int = MAX_BYTES, what: str = "a state file") -> Any:

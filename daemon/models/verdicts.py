@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from infermux.events import EventLog
-from infermux.models.statefile import read_json, write_json
+from infermux.models.statefile import read_json, set_aside, write_json
 
 log = logging.getLogger("infermux.state")
 
@@ -158,15 +157,7 @@ class Decisions:
 
     def _set_aside(self, problem: Exception) -> None:
         assert self.path is not None
-        aside = self.path.with_name(f"{NAME}.unreadable-{time.strftime('%Y%m%dT%H%M%S')}")
-        try:
-            os.replace(self.path, aside)
-            where = f"set aside as {aside}"
-        except OSError as exc:
-            where = f"could not be set aside ({exc.strerror}); it is overwritten at the next verdict"
-        self.events.emit("state_set_aside", file=str(self.path), reason=str(problem)[:200], moved_to=where)
-        log.warning("verdicts file %s cannot be read (%s): %s; every version on disk is judged afresh",
-                    self.path, problem, where)
+        set_aside(self.path, problem, self.events, "verdicts file", "verdict", "every version on disk is judged afresh")
 
     def _write(self) -> None:
         if self.path is None:
