@@ -200,7 +200,11 @@ class EngineSigning:
     def _signature(engine: Path) -> signing.SignatureFile:
         sig_file = signing.signature_path(engine)
         try:
-            text = sig_file.read_text(encoding="ascii")
+            with open(sig_file, "rb") as src:  # a statement's bound, plus its short head: never a whole big file
+                raw = src.read(signing.MAX_STATEMENT + 1024)
+            if len(raw) > signing.MAX_STATEMENT + 512:
+                raise SignatureRefused(f"bad signature {sig_file}: over {signing.MAX_STATEMENT} bytes, not a signature")
+            text = raw.decode("utf-8")  # names in the statement may be any printable text (signing.sign)
         except FileNotFoundError:
             raise SignatureRefused(f"{engine} is not signed: {sig_file.name} is missing (sign it with "
                                    f"`infermux sign --key PUBLISHER.key {engine}`)") from None

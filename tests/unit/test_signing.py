@@ -261,3 +261,16 @@ def test_an_older_signing_of_the_same_version_is_refused_across_restarts_until_s
             admit(checker_, path)
     signing.sign(key, path)  # the rollback, on purpose
     assert admit(again, path).read_bytes() == b"build one"
+
+
+def test_a_model_named_in_any_script_is_signed_and_admitted_and_a_huge_sig_is_not_read_whole(
+        tmp_path: Path, keys: tuple[Path, Path]) -> None:
+    path = tmp_path / "engines" / "détecteur" / "4" / "model.onnx"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"engine bytes")
+    signing.sign(signing.load_private(keys[0]), path)
+    check = checker(tmp_path, keys[1])
+    release(check.admit(ModelConfig(name="détecteur", version="4", engine=path), False))
+    path.with_name("model.onnx.sig").write_bytes(b"x" * (1 << 20))
+    with pytest.raises(SignatureRefused, match="not a signature"):
+        check.admit(ModelConfig(name="détecteur", version="4", engine=path), False)
