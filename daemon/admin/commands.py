@@ -180,7 +180,10 @@ def _placement(method: str) -> Callable[["Server", dict[str, Any]], dict[str, An
     return run
 
 
-SETTABLE = {key: bounds for key, bounds in overrides.BOUNDS.items() if key != "weight"}  # weights: `weights`, the whole split
+# What `ctl set` changes: the settings declared settable (config/settings.py); the integers held to their
+# declared bounds, the weights given as the whole split (`weights`).
+SETTABLE = {key: bounds for key, bounds in overrides.BOUNDS.items() if key != "weight"}
+SET_OTHERS = [*(key for key in overrides.FIELDS if key not in overrides.BOUNDS), "weights"]
 
 
 def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
@@ -191,11 +194,12 @@ def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     if "preferred_batch" in args:  # reaches a cold version's worker too (Placement.apply)
         changes["preferred_batch"] = _sizes(args, "preferred_batch")
     if "queue_policy" in args:
-        if args["queue_policy"] not in cfg.QUEUE_POLICIES:
-            raise CommandError(f"'queue_policy' must be one of {', '.join(cfg.QUEUE_POLICIES)}, "
+        policies = overrides.SETTINGS["queue_policy"].choices
+        if args["queue_policy"] not in policies:
+            raise CommandError(f"'queue_policy' must be one of {', '.join(policies)}, "
                                f"got {str(args['queue_policy'])[:40]}")
         changes["queue_policy"] = args["queue_policy"]
-    others = ["preferred_batch", "queue_policy", "fallback", "weights"]
+    others = SET_OTHERS
     unknown = set(args) - set(SETTABLE) - {"cmd", "model", "version", *others}
     if unknown:
         raise CommandError(f"cannot set {', '.join(sorted(unknown))}; settable: {', '.join([*SETTABLE, *others])}")
@@ -281,8 +285,9 @@ def _set_weights(server: "Server", name: str, weights: Any) -> dict[str, int]:
     for version, weight in weights.items():
         if version not in model.versions:
             raise CommandError(f"model {name!r} has no version {version!r}")
-        if not isinstance(weight, int) or isinstance(weight, bool) or not 0 <= weight <= cfg.MAX_WEIGHT:
-            raise CommandError(f"weight of {version!r} must be an integer 0..{cfg.MAX_WEIGHT} (weights are "
+        low, high = overrides.BOUNDS["weight"]
+        if not isinstance(weight, int) or isinstance(weight, bool) or not low <= weight <= high:
+            raise CommandError(f"weight of {version!r} must be an integer {low}..{high} (weights are "
                                f"ratios), got {str(weight)[:40]}")
     current = server.router.weights(name)
     for version in model.versions:  # the split is the whole table: a version left out gets 0
@@ -426,9 +431,7 @@ COMMANDS: dict[str, Command] = {
     "unload": Command(cmd_unload, "drain and unload a version (model, version?)", slow=True),
     "promote": Command(_placement("promote"), "move a version to the daemon process (hot)", slow=True),
     "demote": Command(_placement("demote"), "move a version to a worker process (cold)", slow=True),
-    "set": Command(cmd_set, "change contexts, max_queue, timeout_ms, max_batch, batch_delay_us, preferred_batch, "
-                   "queue_policy, per_key_depth, fallback, weights",
-                   slow=True),
+    "set": Command(cmd_set, f"change {', '.join([*SETTABLE, *SET_OTHERS])}", slow=True),
     "drain": Command(cmd_drain, "with model: drain and unload it; alone: stop accepting requests", slow=True),
     "resume": Command(cmd_resume, "accept requests again after `drain`"),
     "pin": Command(cmd_pin, "serve this version by default, ignore newer ones (model, version)"),

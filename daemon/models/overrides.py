@@ -23,23 +23,25 @@ from collections import deque
 from dataclasses import dataclass, fields, replace
 from typing import Any, Callable, Iterable, Mapping
 
-from infermux.config import MAX_CONTEXTS, MAX_WEIGHT, QUEUE_POLICIES, Config, ModelConfig, fallback_of, fallback_problem
+from infermux.config import Config, ModelConfig, fallback_of, fallback_problem, settings_of
+from infermux.config.kinds import INT
 from infermux.events import EventLog
 
 log = logging.getLogger("infermux.overrides")
 
-# Fields of one version an operator changes live, and what a new version takes from the one it supersedes.
-VERSION_FIELDS = ("contexts", "max_queue", "timeout_ms", "max_batch", "batch_delay_us", "preferred_batch", "queue_policy",
-                  "per_key_depth", "weight")
-INHERITED = tuple(f for f in VERSION_FIELDS if f != "weight")  # the weight follows the share rule instead
-MODEL_FIELDS = ("fallback",)  # of the whole model: its entries carry version ""
+# The fields an operator changes live: those declared `settable` (config/settings.py). A model's fallback is
+# the whole model's (its entries carry version ""); a new version takes the others from the version it
+# supersedes, but for the weight, which follows the share rule instead.
+SETTINGS = {key: s for key, s in settings_of(ModelConfig).items() if s.settable}
+MODEL_FIELDS = ("fallback",)
+VERSION_FIELDS = tuple(key for key in SETTINGS if key not in MODEL_FIELDS)
+INHERITED = tuple(f for f in VERSION_FIELDS if f != "weight")
 FIELDS = VERSION_FIELDS + MODEL_FIELDS
 _TYPES: dict[str, type] = {f.name: {"int": int, "str": str}.get(str(f.type), object) for f in fields(ModelConfig)}
-# (smallest, largest) of each integer field, for `ctl set` and for the state file read back alike:
-# past the largest a value is a typo, and may not even fit a float.
-BOUNDS = {"contexts": (1, MAX_CONTEXTS), "max_queue": (1, 1 << 24), "timeout_ms": (1, 2**31 - 1),
-          "max_batch": (1, 1 << 16), "batch_delay_us": (0, 60_000_000), "per_key_depth": (1, 1 << 16),
-          "weight": (0, MAX_WEIGHT)}
+# (smallest, largest) of each integer field, for `ctl set` and for the state file read back alike, as the
+# file has them: past the largest a value is a typo, and may not even fit a float.
+BOUNDS = {key: (int(s.low), int(s.high)) for key, s in SETTINGS.items()
+          if s.kind is INT and s.low is not None and s.high is not None}
 MAX_PREFERRED = 64  # batch sizes in one preferred_batch list
 MAX_NAME = 256  # a fallback model's name, as written in a state file
 
@@ -288,8 +290,9 @@ def _value(name: str, value: Any) -> Any:
                              f"got {str(value)[:40]}")
         return tuple(value)
     if name == "queue_policy":
-        if value not in QUEUE_POLICIES:
-            raise ValueError(f"queue_policy must be one of {', '.join(QUEUE_POLICIES)}, got {str(value)[:40]}")
+        policies = SETTINGS["queue_policy"].choices
+        if value not in policies:
+            raise ValueError(f"queue_policy must be one of {', '.join(policies)}, got {str(value)[:40]}")
         return value
     if name in BOUNDS:
         low, high = BOUNDS[name]

@@ -9,7 +9,8 @@ a bad state file never stops the service.
 
 The file is input like any other: it is read only when it is a plain file of
 at most MAX_BYTES (not through a symlink), and every value is checked against
-the bounds a live `ctl set` has (models/overrides.py BOUNDS, `[daemon]
+the bounds a live `ctl set` has (those the settings declare, config/settings.py, read by
+models/overrides.py BOUNDS; `[daemon]
 max_contexts`); a file that fails any check is set aside whole. It is written
 without following symlinks (a new temporary file created exclusively, mode
 0600), in a folder no other user may write, and one daemon at a time holds

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, fields
 from typing import Protocol
 
 from infermux import config as cfg
-from infermux.config import HOT, ModelConfig
+from infermux.config import HOT, RELOAD, RESTART, DaemonConfig, ModelConfig, settings_of
 from infermux.events import EventLog
 from infermux.models.overrides import Dropped
 from infermux.models.registry import Registry
@@ -27,11 +27,10 @@ from infermux.protocol import Limits
 
 log = logging.getLogger("infermux.reload")
 
-# Settings that need the engine loaded again; every other one applies live.
-RELOADING_FIELDS = {"engine", "backend", "placement", "options", "nice"}  # nice: its threads are made anew
-LIVE_FIELDS = {"contexts", "max_queue", "timeout_ms", "max_batch", "batch_delay_us", "preferred_batch",
-               "idle_unload_s", "preload", "weight", "default", "strategy", "fallback", "queue_policy",
-               "per_key_depth", "rollout"}
+# What a change to a setting asks for, read from its declaration (config/settings.py): a version loaded
+# anew (every other model setting applies in place), or a restart of the daemon.
+RELOADING_FIELDS = frozenset(key for key, s in settings_of(ModelConfig).items() if s.applies == RELOAD)
+RESTART_FIELDS = tuple(key for key, s in settings_of(DaemonConfig).items() if s.applies == RESTART)
 
 
 @dataclass
@@ -73,8 +72,7 @@ def plan(old: cfg.Config, new: cfg.Config) -> ReloadPlan:
             result.reloaded.append(after[k])
         elif diff:
             result.changed.append((after[k], diff))
-    for name in ("listen", "admin", "stats", "runtime_dir", "metrics_port", "metrics_host", "curve_secret_key",
-                 "curve_authorized_dir", "allow_insecure_tcp", "state_dir"):
+    for name in RESTART_FIELDS:
         if getattr(old.daemon, name) != getattr(new.daemon, name):
             result.restart_needed.append(f"daemon.{name}")
     return result

@@ -1,0 +1,168 @@
+"""The kinds of value a setting takes (declare.Kind): each checks a TOML value and reads it into what
+the configuration's dataclasses hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from infermux import signing
+from infermux.config.declare import Kind, at_least, check_type, resolve
+from infermux.config.errors import ConfigError
+
+
+def _typed(*types: type) -> Any:
+    def read(file: Path, where: str, value: Any) -> Any:
+        check_type(file, where, value, types)
+        return value
+    return read
+
+
+def _number(file: Path, where: str, value: Any) -> float:
+    check_type(file, where, value, (int, float))
+    return float(value)
+
+
+def _name(file: Path, where: str, value: Any) -> str:
+    check_type(file, where, value, str)
+    if not value:
+        raise ConfigError(file, where, "must not be empty")
+    return str(value)
+
+
+def _path(file: Path, where: str, value: Any) -> Path:
+    check_type(file, where, value, str)
+    return resolve(file, value)
+
+
+def _existing(what: str) -> Any:
+    def read(file: Path, where: str, value: Any) -> Path:
+        path = _path(file, where, value)
+        if not (path.is_file() if what == "file" else path.is_dir()):
+            raise ConfigError(file, where, f"{path} is not a readable {what} (make keys with `infermux keygen`)")
+        return path
+    return read
+
+
+def _endpoint(file: Path, where: str, value: Any) -> str:
+    check_type(file, where, value, str)
+    if value and not value.startswith(("ipc://", "tcp://")):
+        raise ConfigError(file, where, f"endpoint {value!r} must start with ipc:// or tcp://")
+    return str(value)
+
+
+def _endpoints(file: Path, where: str, value: Any) -> tuple[str, ...]:
+    listen = [value] if isinstance(value, str) else value
+    check_type(file, where, listen, list)
+    if not listen:
+        raise ConfigError(file, where, "needs at least one endpoint")
+    for i, endpoint in enumerate(listen):
+        check_type(file, f"{where}[{i}]", endpoint, str)
+        if not endpoint:
+            raise ConfigError(file, f"{where}[{i}]", "endpoint '' must start with ipc:// or tcp://")
+        _endpoint(file, f"{where}[{i}]", endpoint)
+    return tuple(listen)
+
+
+def parse_budget(file: Path | str, value: Any, total: int) -> int:
+    """Bytes allowed by a `memory_budget` of "80%", "6GiB", "512MB" or a byte count."""
+    where = "daemon.memory_budget"
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if not isinstance(value, str):
+        raise ConfigError(file, where, f"must be a percentage or a size like '6GiB', got {value!r}")
+    text = value.strip()
+    units = {"%": None, "gib": 1 << 30, "mib": 1 << 20, "kib": 1 << 10, "gb": 10**9, "mb": 10**6, "kb": 10**3}
+    for suffix, scale in units.items():
+        if text.lower().endswith(suffix):
+            number = text[: -len(suffix)].strip()
+            try:
+                amount = float(number)
+            except ValueError:
+                break
+            if amount <= 0 or (scale is None and amount > 100):
+                break
+            return int(total * amount / 100) if scale is None else int(amount * scale)
+    raise ConfigError(file, where, f"{value!r} is not a percentage (1-100%) or a size like '6GiB'")
+
+
+def _budget(file: Path, where: str, value: Any) -> Any:
+    parse_budget(file, value, total=1)
+    return value
+
+
+def _signing_keys(file: Path, where: str, value: Any) -> tuple[Path, ...]:
+    """Each trusted publisher's key must be read now: a reload with a broken one changes nothing."""
+    check_type(file, where, value, list)
+    paths = []
+    for i, key in enumerate(value):
+        check_type(file, f"{where}[{i}]", key, str)
+        path = resolve(file, key)
+        why = signing.key_problem(path, private=False)
+        if why:
+            raise ConfigError(file, f"{where}[{i}]", f"will not trust {why}")
+        try:
+            signing.load_public(path)
+        except (ValueError, ImportError) as exc:
+            raise ConfigError(file, f"{where}[{i}]", str(exc)) from None
+        except OSError as exc:
+            raise ConfigError(file, f"{where}[{i}]", f"cannot read {path}: {exc.strerror} (a publisher's "
+                              "PREFIX.pub, made by `infermux sign --keygen PREFIX`)") from None
+        paths.append(path)
+    return tuple(paths)
+
+
+def _sizes(file: Path, where: str, value: Any) -> tuple[int, ...]:
+    check_type(file, where, value, list)
+    for i, size in enumerate(value):
+        at_least(file, f"{where}[{i}]", size)
+    return tuple(sorted(value))
+
+
+def _version(file: Path, where: str, value: Any) -> str:
+    check_type(file, where, value, (str, int))
+    return str(value)
+
+
+def _versions(file: Path, where: str, value: Any) -> tuple[str, ...]:
+    check_type(file, where, value, list)
+    return tuple(_version(file, f"{where}[{i}]", v) for i, v in enumerate(value))
+
+
+def _frames(file: Path, where: str, value: Any) -> tuple[tuple[int, int], ...]:
+    """`warm_frames = [[1280, 720], ...]`: up to MAX_WARM_FRAMES sizes, each side 1..MAX_WARM_SIDE."""
+    check_type(file, where, value, list)
+    if len(value) > MAX_WARM_FRAMES:
+        raise ConfigError(file, where, f"lists {len(value)} frame sizes; at most {MAX_WARM_FRAMES} (each is one "
+                          "more inference per model while it loads)")
+    sizes = []
+    for i, size in enumerate(value):
+        if not (isinstance(size, list) and len(size) == 2 and all(type(v) is int and 1 <= v <= MAX_WARM_SIDE
+                                                                  for v in size)):
+            raise ConfigError(file, f"{where}[{i}]", f"must be [width, height], two integers from 1 to "
+                              f"{MAX_WARM_SIDE}, got {size!r}")
+        sizes.append((size[0], size[1]))
+    return tuple(sizes)
+
+
+MAX_WARM_FRAMES = 8  # warm_frames entries a pipeline may list: each is one more inference per model at load
+MAX_WARM_SIDE = 16384  # a warm frame's side, at most
+
+INT = Kind("integer", _typed(int))
+NUMBER = Kind("number", _number)
+BOOL = Kind("boolean", _typed(bool))
+STR = Kind("string", _typed(str))
+NAME = Kind("non-empty string", _name)
+PATH = Kind("path", _path)
+KEY_FILE = Kind("path of a file", _existing("file"))
+KEY_DIR = Kind("path of a directory", _existing("directory"))
+ENDPOINT = Kind("endpoint (`ipc://` or `tcp://`; \"\": none)", _endpoint)
+ENDPOINTS = Kind("endpoint or list of endpoints", _endpoints)
+BUDGET = Kind("percentage or size (\"80%\", \"6GiB\", bytes)", _budget)
+PUBLIC_KEYS = Kind("list of paths (Ed25519 public keys, PEM)", _signing_keys)
+SIZES = Kind("list of integers", _sizes)
+VERSION = Kind("string or integer", _version)
+VERSIONS = Kind("list of strings or integers", _versions)
+FRAMES = Kind(f"list of [width, height] (at most {MAX_WARM_FRAMES}, sides 1 to {MAX_WARM_SIDE})", _frames)
+TABLE = Kind("table", _typed(dict))
+TABLES = Kind("list of tables", _typed(list))
