@@ -64,6 +64,7 @@ class Setting:
     choice_text: str = ""  # what "must be ..." says of the choices, where a list of them does not say enough
     rule: Rule | None = None
     settable: bool = False  # `infermux ctl set` changes it on a running version (models/overrides.py)
+    unset: bool = False  # the default means "not set" (the option off), a value the file may not write
     section: type | None = None  # a nested table's (or list of tables') dataclass, whose keys are declared alike
     key: str = ""  # the field's name, filled in by `settings_of`
 
@@ -144,13 +145,12 @@ def read_table(file: Path, where: str, table: Any, section: type, old_names: tup
     check_type(file, where, table, dict)
     declared = settings_of(section)
     known_keys(file, where, table, {*declared, *old_names})
-    for key, s in declared.items():
-        if s.required and key not in table:
-            raise ConfigError(file, child(where, key), "is required")
     raw = dict(table)
-    for key, value in table.items():
-        if key in declared:
-            raw[key] = _read(file, child(where, key), value, declared[key])
+    for key, s in declared.items():  # in the order declared: a name's error before its engine's
+        if key in table:
+            raw[key] = _read(file, child(where, key), table[key], s)
+        elif s.required:
+            raise ConfigError(file, child(where, key), "is required")
     return raw
 
 
@@ -237,5 +237,5 @@ def _toml(value: Any) -> str:
 
 
 def toml_value(value: Any) -> str:
-    """A default as the reference shows it."""
-    return "(none)" if value is None else _toml(value)
+    """A default as the reference shows it, as TOML writes it."""
+    return _toml(value)

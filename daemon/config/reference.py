@@ -33,7 +33,8 @@ def _cell(text: str) -> str:
 
 
 def _row(s: Setting) -> str:
-    default = "required" if s.required else f"`{toml_value(s.default)}`"
+    default = "required" if s.required else "none" if s.default is None else f"`{toml_value(s.default)}`"
+    default = f"{default} (not set)" if s.unset else default
     applies = f"{s.applies}, `ctl set`" if s.settable else s.applies
     kind = f"{s.kind.name} ({'tables' if s.kind.name.startswith('list') else 'table'} below)" if s.section \
         else s.kind.name

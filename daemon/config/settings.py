@@ -53,6 +53,7 @@ ROLLOUT_COMPARES = ("allclose", "argmax", "iou")
 FOR_EACH = ("", "regions")
 REINFER = ("reinfer_every", "reinfer_growth", "max_calls_per_s")  # a fan-out model step's, per track
 PATH_OPTIONS = ("dictionary", "labels")  # processor options that name a file: relative to engine_dir
+POSITIVE = Rule("positive", lambda v: v > 0)
 PERCENTAGE = Rule("a percentage (1-100, 0 = not set)", lambda v: 0 <= v <= 100)
 
 
@@ -284,11 +285,11 @@ class StepConfig:
                                applies=RELOAD)
     pad_multiple: int = setting(1, INT, "... and their last axis to a multiple of it", applies=RELOAD, low=1)
     reinfer_every: int = setting(0, INT, "after a track step: a region computed every this many frames of its "
-                                 "track", applies=RELOAD, low=1)
+                                 "track", applies=RELOAD, low=1, unset=True)
     reinfer_growth: float = setting(0.0, NUMBER, "... or when its box area changed by this much", applies=RELOAD,
-                                    low=0, low_open=True)
+                                    rule=POSITIVE, unset=True)
     max_calls_per_s: float = setting(0.0, NUMBER, "regions it computes per second, split across the streams",
-                                     applies=RELOAD, low=0, low_open=True)
+                                     applies=RELOAD, rule=POSITIVE, unset=True)
 
 
 @dataclass(frozen=True)

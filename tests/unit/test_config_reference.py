@@ -1,0 +1,75 @@
+"""Each setting is declared once (daemon/config/settings.py), and what lists settings reads that declaration:
+the reference in docs/configuration.md, the reload planner, `ctl set` and the state file."""
+
+from __future__ import annotations
+
+from dataclasses import fields, replace
+from pathlib import Path
+
+import pytest
+
+from infermux import config as cfg
+from infermux.admin import commands
+from infermux.config import reference
+from infermux.config.declare import APPLIES
+from infermux.config.settings import Section
+from infermux.models import overrides
+from infermux.swap import reload
+from support.harness import REPO
+
+FILE = Path("/etc/infermux/test.toml")
+MODEL = '[[models]]\nname = "a"\nengine = "a.onnx"\n'
+SECTIONS = [pytest.param(s, id=s.name) for s in cfg.SECTIONS]
+
+
+def test_the_committed_reference_is_what_the_declarations_generate() -> None:
+    committed = (REPO / "docs/configuration.md").read_text()
+    assert committed == reference.markdown(), f"docs/configuration.md is out of date: run `{reference.COMMAND}`"
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_every_key_of_a_section_is_declared_with_a_line_of_documentation(section: Section) -> None:
+    declared = cfg.settings_of(section.settings)
+    assert [f.name for f in fields(section.settings)] == list(declared)
+    for key, s in declared.items():
+        assert s.doc and "\n" not in s.doc, key
+        assert s.applies in APPLIES, key
+        assert f"`{key}`" in reference.markdown()
+
+
+@pytest.mark.parametrize("section", SECTIONS)
+def test_every_default_is_a_value_its_own_declaration_allows(section: Section) -> None:
+    for key, s in cfg.settings_of(section.settings).items():
+        if s.default is not None and not s.required and not s.unset:
+            assert s.problem(s.default) is None, (key, s.problem(s.default))
+
+
+def test_a_bound_declared_once_holds_in_the_file_and_for_ctl_set_alike() -> None:
+    for key, (low, high) in overrides.BOUNDS.items():
+        declared = cfg.settings_of(cfg.ModelConfig)[key]
+        assert (declared.low, declared.high) == (low, high)
+        for bad in (low - 1, high + 1):
+            with pytest.raises(cfg.ConfigError, match=rf'models\[name="a"\]\.{key}: must be [<>]='):
+                cfg.parse(MODEL + f"{key} = {bad}\n", FILE)
+    assert set(commands.SETTABLE) | {"weight"} == set(overrides.BOUNDS)
+
+
+def test_ctl_set_and_its_help_name_every_settable_setting() -> None:
+    settable = [key for key, s in cfg.settings_of(cfg.ModelConfig).items() if s.settable]
+    assert set(overrides.FIELDS) == set(settable)
+    help_text = commands.COMMANDS["set"].help
+    assert all(key in help_text for key in settable)
+
+
+def test_the_reload_planner_reads_when_each_change_applies() -> None:
+    old = cfg.parse(MODEL, FILE)
+    declared = cfg.settings_of(cfg.ModelConfig)
+    loaded_anew = replace(old, models=(replace(old.models[0], nice=3),))
+    in_place = replace(old, models=(replace(old.models[0], max_queue=3),))
+    assert declared["nice"].applies == cfg.RELOAD and reload.plan(old, loaded_anew).reloaded
+    assert declared["max_queue"].applies == cfg.LIVE and reload.plan(old, in_place).changed
+    for key, s in cfg.settings_of(cfg.DaemonConfig).items():
+        if s.applies == cfg.RESTART:
+            assert key in reload.RESTART_FIELDS
+    restarted = replace(old, daemon=replace(old.daemon, metrics_port=9100))
+    assert reload.plan(old, restarted).restart_needed == ["daemon.metrics_port"]
