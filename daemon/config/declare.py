@@ -12,8 +12,9 @@ against another, paths against engine_dir) stays in that section's parser.
 from __future__ import annotations
 
 import difflib
+import functools
 import math
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -129,13 +130,18 @@ def required(kind: Kind, doc: str, *, applies: str, **more: Any) -> Any:
 
 def settings_of(section: type) -> dict[str, Setting]:
     """Key -> declaration of every setting of a section's dataclass, in the order declared."""
-    found = {}
+    return dict(_declared(section))
+
+
+@functools.lru_cache(maxsize=None)
+def _declared(section: type) -> tuple[tuple[str, Setting], ...]:
+    found = []
     for f in fields(section):
         declared = f.metadata.get("setting")
         if declared is not None:
             default = declared.default if f.default is MISSING else f.default
-            found[f.name] = Setting(**{**declared.__dict__, "key": f.name, "default": default})
-    return found
+            found.append((f.name, replace(declared, key=f.name, default=default)))
+    return tuple(found)
 
 
 def read_table(file: Path, where: str, table: Any, section: type, old_names: tuple[str, ...] = ()) -> dict[str, Any]:

@@ -41,7 +41,8 @@ def _row(s: Setting) -> str:
     return "| " + " | ".join(_cell(c) for c in (f"`{s.key}`", kind, default, s.bounds(), applies, s.doc)) + " |"
 
 
-def _section(section: Section) -> str:
+def section_text(section: Section) -> str:
+    """One section's heading, what it is, and a row per key."""
     title = f"[[{section.name}]]" if section.many else f"[{section.name}]"
     rows = [_row(s) for s in settings_of(section.settings).values()]
     return "\n".join([f"## `{title}`", "", section.doc, "",
@@ -50,7 +51,7 @@ def _section(section: Section) -> str:
 
 def markdown() -> str:
     """The whole reference page."""
-    return "\n".join([HEADER, *(_section(s) for s in SECTIONS)])
+    return "\n".join([HEADER, *(section_text(s) for s in SECTIONS)])
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ the reference in docs/configuration.md, the reload planner, `ctl set` and the st
 
 from __future__ import annotations
 
-from dataclasses import fields, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 import pytest
@@ -11,7 +11,8 @@ import pytest
 from infermux import config as cfg
 from infermux.admin import commands
 from infermux.config import reference
-from infermux.config.declare import APPLIES
+from infermux.config.declare import APPLIES, LIVE, RELOAD, read_table, required, setting
+from infermux.config.kinds import INT, NAME, NUMBER, TABLE
 from infermux.config.settings import Section
 from infermux.models import overrides
 from infermux.swap import reload
@@ -73,3 +74,36 @@ def test_the_reload_planner_reads_when_each_change_applies() -> None:
             assert key in reload.RESTART_FIELDS
     restarted = replace(old, daemon=replace(old.daemon, metrics_port=9100))
     assert reload.plan(old, restarted).restart_needed == ["daemon.metrics_port"]
+
+
+@dataclass(frozen=True)
+class _Gate:
+    """A table inside a list entry, as a camera's gate would be."""
+
+    min_score: float = setting(0.5, NUMBER, "a detection below it is dropped", applies=LIVE, low=0, high=1)
+
+
+@dataclass(frozen=True)
+class _Camera:
+    """A list section declared as the others are."""
+
+    name: str = required(NAME, "the camera's name", applies=RELOAD)
+    fps: int = setting(10, INT, "frames a second", applies=LIVE, low=1, high=120)
+    gate: _Gate | None = setting(None, TABLE, "what passes", applies=LIVE, section=_Gate)
+
+
+@pytest.mark.parametrize("table, message", [
+    ({"fps": 10}, "cameras[0].name: is required"),
+    ({"name": "door", "fsp": 10}, "cameras[0].fsp: unknown field; did you mean `fps`?"),
+    ({"name": "door", "fps": 0}, "cameras[0].fps: must be >= 1, got 0"),
+    ({"name": "door", "gate": {"min_scor": 0.2}}, "cameras[0].gate.min_scor: unknown field; did you mean `min_score`?"),
+    ({"name": "door", "gate": {"min_score": 2}}, "cameras[0].gate.min_score: must be between 0 and 1, got 2.0"),
+])
+def test_a_new_list_section_with_a_nested_table_is_checked_from_its_declarations(table: dict, message: str) -> None:
+    with pytest.raises(cfg.ConfigError) as info:
+        read_table(FILE, "cameras[0]", table, _Camera)
+    assert str(info.value).startswith(f"{FILE}: {message}")
+    assert read_table(FILE, "cameras[0]", {"name": "door", "gate": {"min_score": 1}}, _Camera) == {
+        "name": "door", "gate": {"min_score": 1.0}}
+    shown = reference.section_text(Section("cameras", _Camera, True, "Cameras."))
+    assert "## `[[cameras]]`" in shown and "| `fps` | integer | `10` | 1 to 120 | live | frames a second |" in shown
