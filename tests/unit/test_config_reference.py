@@ -94,7 +94,7 @@ class _Camera:
 
 @pytest.mark.parametrize("table, message", [
     ({"fps": 10}, "cameras[0].name: is required"),
-    ({"name": "door", "fsp": 10}, "cameras[0].fsp: unknown field; did you mean `fps`?"),
+    ({"name": "door", "fpss": 10}, "cameras[0].fpss: unknown field; did you mean `fps`?"),
     ({"name": "door", "fps": 0}, "cameras[0].fps: must be >= 1, got 0"),
     ({"name": "door", "gate": {"min_scor": 0.2}}, "cameras[0].gate.min_scor: unknown field; did you mean `min_score`?"),
     ({"name": "door", "gate": {"min_score": 2}}, "cameras[0].gate.min_score: must be between 0 and 1, got 2.0"),
