@@ -75,7 +75,7 @@ class DaemonConfig:
     engine_dir: Path = setting(Path("/var/lib/infermux/engines"), PATH, "engines, relative to which a model's "
                                "`engine` is found, and where models are discovered (hot-swap.md)", applies=RESTART)
     memory_budget: str = setting("80%", BUDGET, "what loaded engines may hold: of GPU memory (host memory on "
-                                 "CPU-only boxes and Jetson)", applies=RESTART)
+                                 "CPU-only boxes and Jetson)", applies=LIVE)
     max_message_bytes: int = setting(64 * 1024 * 1024, INT, "a request's bytes, header and tensors",
                                      applies=LIVE, low=1024)
     max_reply_bytes: int = setting(64 * 1024 * 1024, INT, "a reply's header and output frames; past it 413 "
