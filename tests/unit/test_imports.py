@@ -46,6 +46,8 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
      "the frontend loop and the router: requests in, replies out"),
     ("admin", ("infermux.admin",),
      "operators and the service manager: admin socket, stats, metrics, sd_notify"),
+    ("app", ("infermux.app",),
+     "the composition root: the daemon's parts built in order, and its lifecycle"),
     ("client", ("infermux.client",),
      "the public client library"),
     ("cli", ("infermux.cli", "infermux.__main__"),
