@@ -54,7 +54,21 @@ class Barrier:
 
     def wait(self, timeout_s: float, on_frontend: bool) -> bool:
         """Return once a step being admitted on its own thread is done and, off the frontend thread,
-        once the loop has turned; False if either did not happen within `timeout_s`."""
+        once the loop has turned; False if either did not happen within `timeout_s`.
+
+        The router reads a version's placement and submits to it within one turn of the loop,
+        so what was taken out of the routing tables before this call is out of every
+        admission's reach once it returns: the switch's barrier (models/switch.py), and the
+        one way anything waits for the frontend to let go. A pipeline's step admitted on its own
+        thread (Server.admit_step) is waited for first, wherever this is called; then it returns
+        at once on the frontend thread (it is between admissions there) and while the loop does
+        not run.
+
+        The router's admissions of steps take `stepping`, one at a time; the frontend's own go on
+        beside them, as executors' fallbacks of late requests (Router.on_late) always did: what
+        they share is a placement's queues, which are thread-safe, and its depth bound, which two
+        admissions side by side may pass by one.
+        """
         began = time.monotonic()
         if self.stepping.acquire(timeout=timeout_s):  # a pipeline's step being admitted (admit_step)
             self.stepping.release()

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import json
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infermux.events import Throttle
 from infermux.frontend.oversize import ClientEnvelope, OversizeMemory
 from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Request, Status, encode_reply, error_header,
                                limits_reply, request_id)
 from infermux.transport.limits import Limits
+from infermux.transport.regions import RegionTable
+
+if TYPE_CHECKING:
+    from infermux.frontend.parsecache import ParseCache
+    from infermux.frontend.sender import Sender
 
 log = logging.getLogger("infermux.server")
 
@@ -125,3 +130,44 @@ def oversize_refusal(envelope: ClientEnvelope, request: Request, limit: int,
         "(\"outputs\"), send a smaller batch, or have outputs written to shared memory (\"output_regions\"); "
         f"one request of these shapes is computed again {oversize.memory_s:g} s after the last reply over the limit",
         request.id, model=request.model, version=request.version))
+
+
+def unserved(sender: "Sender", envelope: ClientEnvelope, body: list[Any], refuse: bool, stopping: bool) -> bool:
+    """Answer a request the frontend takes nothing from now, True if it was one: its connection does
+    not read its replies (a 429 now and then, else nothing), or the daemon drains or stops (503)."""
+    peers = sender.peers
+    if peers.stalled and envelope[0] in peers.stalled:
+        if peers.probe(envelope[0]):
+            sender.send(envelope + stalled(body, sender.limits))
+        return True
+    if refuse:
+        sender.send(envelope + not_serving(body, sender.limits, stopping))
+    return refuse
+
+
+def parsed(sender: "Sender", parses: "ParseCache", lookup: RegionTable | None, envelope: ClientEnvelope,
+           body: list[Any]) -> Request | None:
+    """The request in `body`, or None once its error (or a limits query's answer) is sent or held."""
+    limits = sender.limits
+    try:
+        too_many = too_many_tensors(body, limits)
+        if too_many is not None:
+            raise too_many
+        return parses.parse(body, limits, lookup)
+    except ProtocolError as exc:  # or a limits query, which no request field names
+        answer, paced = malformed(body, exc, limits)
+        if paced:
+            sender.pause(envelope + answer)
+        else:
+            sender.send(envelope + answer)
+        return None
+
+
+def oversized(sender: "Sender", envelope: ClientEnvelope, request: Request) -> bool:
+    """Answer `request` 413 at once if its kind just made a reply over max_reply_bytes
+    (`oversize_refusal`): True if it was."""
+    refused = oversize_refusal(envelope, request, sender.limits.max_reply_bytes, sender.oversize)
+    if refused is None:
+        return False
+    sender.pause(refused)
+    return True

@@ -11,7 +11,6 @@ around it: this module is the loop and nothing else.
 
 from __future__ import annotations
 
-import errno
 import logging
 import math
 import sys
@@ -37,7 +36,8 @@ from infermux.frontend.pacing import RefusalPacer
 from infermux.frontend.parsecache import ParseCache
 from infermux.frontend.recorder import Recorder
 from infermux.frontend.router import Deferred, Router
-from infermux.protocol import ProtocolError, Request, Status, encode_reply, error_header, request_id
+from infermux.frontend.sender import Sender
+from infermux.protocol import Status, encode_reply, error_header, request_id
 from infermux.swap.rollout import Rollouts
 from infermux.transport import ipc
 from infermux.transport.curve import CurveGuard
@@ -89,14 +89,14 @@ class Server:
         self.stopping = False
         self.draining = False  # admin `drain`: refuse new requests until `resume`
         self.loop_turns = self.requests = 0
-        self.replies_too_large = 0  # replies over max_reply_bytes, answered 413 instead
         self.parses = ParseCache()  # a header seen before, but for its id, is not decoded again (parsecache.py)
         self.express: ExpressLane | None = None  # the fast path's requests served from C, once bound (express.py)
         self._waiting = self._others_waiting  # bound once: the inline gate asks for it on every request
         self.frontend_native_id: int | None = None  # the loop's thread, whose load the status reports
         self.oversize = OversizeMemory(config.daemon.oversize_memory_s)  # the kinds of request that just made one
         self.pacer = RefusalPacer()  # refusals held back, a connection that keeps earning them longer
-        self.ticks: list[Callable[[], None]] = [self.barrier.release, recorder.expire, self._send_paused]
+        self.sender = Sender(self.limits, peers, self.pacer, self.oversize, recorder)
+        self.ticks: list[Callable[[], None]] = [self.barrier.release, recorder.expire, self.sender.send_paused]
         # How soon each tick must run again, in seconds from `now` (None: not until something wakes
         # the loop): an idle loop sleeps until the nearest, so it wakes for due work only.
         self.dues: list[Callable[[float], float | None]] = [self.pacer.next_due]
@@ -111,10 +111,16 @@ class Server:
         """The router that admits requests, and the rollouts whose candidates shadow them: built on
         the registry, which is built on this loop's hooks, so they come after it."""
         self.router, self.rollouts, self.mirror = router, rollouts, Mirror(rollouts)
+        self.sender.mirror = self.mirror
+
+    @property
+    def replies_too_large(self) -> int:
+        """Replies over max_reply_bytes, answered 413 instead."""
+        return self.sender.replies_too_large
 
     def follow(self, daemon: cfg.DaemonConfig) -> None:
         """The request limits and settings of a reloaded configuration, from the next request on."""
-        self.limits = limits_from(daemon)
+        self.limits = self.sender.limits = limits_from(daemon)
         self.oversize.memory_s = daemon.oversize_memory_s
 
     # -- what other threads may ask ------------------------------------------
@@ -127,7 +133,7 @@ class Server:
             sink.deliver(frames, outcome)
             return
         if threading.get_ident() == self._frontend_thread:
-            self._send(envelope + frames, envelope)
+            self.sender.send(envelope + frames, envelope)
             return
         self._outbox.append((envelope, frames))
         self.bell.ring()
@@ -146,11 +152,8 @@ class Server:
         """Admit a pipeline's model step (pipelines/calls.py) as a client's request is, on the calling
         pipeline thread: True once admitted there (a refusal goes to the job's sink at once), False
         where it was handed to the frontend thread instead (Router.admit_step: a cold worker to start).
-
-        The router's admissions of steps take the barrier's `stepping` lock, one at a time; the
-        frontend's own go on beside them, as executors' fallbacks of late requests (Router.on_late)
-        always did: what they share is a placement's queues, which are thread-safe, and its depth
-        bound, which two admissions side by side may pass by one. `quiesce` waits for the step too."""
+        Steps are admitted one at a time, beside the frontend's own admissions (docs/pipelines.md),
+        and `quiesce` waits for the one under way."""
         with self.barrier.stepping:
             try:
                 refused = self.router.admit_step(job)
@@ -184,16 +187,8 @@ class Server:
         return self.inline.allows(service_time_us, batching, self._waiting)
 
     def quiesce(self, timeout_s: float = QUIESCE_S) -> bool:
-        """Return once the frontend has finished the admission it may be in the middle of.
-
-        The router reads a version's placement and submits to it within one turn of the loop,
-        so what was taken out of the routing tables before this call is out of every
-        admission's reach once it returns: the switch's barrier (models/switch.py), and the
-        one way anything waits for the frontend to let go. A pipeline's step admitted on its own
-        thread (admit_step) is waited for first, wherever this is called; then it returns at once
-        on the frontend thread (it is between admissions there) and while the loop does not run;
-        False if the step's admission or the loop's turn did not finish within `timeout_s`.
-        """
+        """Return once the frontend has finished the admission it may be in the middle of: the
+        switch's barrier (models/switch.py; Barrier.wait says how); False if it did not in time."""
         return self.barrier.wait(timeout_s, threading.get_ident() == self._frontend_thread)
 
     def _hold(self, scheduler: Any) -> bool:
@@ -227,10 +222,11 @@ class Server:
             self.wire_choice = Choice(False, 'stream_keys = "bound" with CURVE reads each message\'s client key',
                                       chosen=True)
         self.socket, self.wire = sock, wire_for(sock, self.wire_choice)
+        self.sender.wire = self.wire
         if isinstance(self.wire, PyzmqWire):
             self.wire.identities = identities
         if isinstance(self.wire, CompiledWire) and express_wanted():
-            self.express = ExpressLane(self.wire, self.router, self.parses, lambda: self.limits, self._send,
+            self.express = ExpressLane(self.wire, self.router, self.parses, lambda: self.limits, self.sender.send,
                                        self.pacer)
         self.events.emit("wire", calls=self.wire_choice.kind, detail=self.wire_choice.describe())
         self._poller.register(sock, zmq.POLLIN)
@@ -273,7 +269,7 @@ class Server:
         self.barrier.looping = False
         self.barrier.release()
         self._forward_replies()
-        self._send_paused(every=True)
+        self.sender.send_paused(every=True)
         # Requests clients sent before the signal may still sit in the socket's
         # queue: refuse them too, until the socket has been quiet for a moment,
         # or for REFUSE_S at most: clients that retry every few ms never let it
@@ -366,49 +362,7 @@ class Server:
         outbox = self._outbox
         while outbox:
             envelope, frames = outbox.popleft()
-            self._send(envelope + frames, envelope)
-
-    def _send(self, frames: list[Any], envelope: list[Any] | None = None) -> None:
-        """Queue a reply without ever waiting: the frontend serves everyone, so a peer whose
-        pipe is full (it does not read) loses this reply instead of stalling the others.
-        `envelope`: the request's own, where the reply answers a computed request."""
-        size = sum(len(f) for f in frames)
-        if size > self.limits.max_reply_bytes:
-            frames, size = self._bounded(frames, envelope, size)
-        elif type(envelope) is ClientEnvelope and envelope.probe is not None:
-            self.oversize.fits(envelope.probe)  # its kind no longer makes replies too large
-        if envelope is not None:  # a computed request's reply: the connection's refusals start over
-            self.pacer.forgive(frames[0])
-        # What the client gets (a 413 in place of an oversized reply) is what is recorded and compared.
-        if self.recorder.active or self.mirror.pending:
-            self._observe(frames)
-        try:
-            self.wire.send(frames, copy=size < 1 << 20)
-        except zmq.Again:  # only the identity frame can meet a full pipe: nothing was queued
-            self.peers.dropped(frames[0])
-            return
-        except zmq.ZMQError as exc:
-            if exc.errno != errno.EHOSTUNREACH:
-                raise
-            log.debug("client went away before its reply")
-            return
-        if self.peers.stalled:
-            self.peers.delivered(frames[0])
-
-    def _bounded(self, frames: list[Any], envelope: list[Any] | None, size: int) -> tuple[list[Any], int]:
-        """A 413 in place of a reply over max_reply_bytes (refusals.bounded), and its size."""
-        refused = refusals.bounded(frames, envelope, self.limits.max_reply_bytes, self.oversize)
-        if refused is None:  # the envelope's own frames took it over: the reply itself fits
-            return frames, size
-        self.replies_too_large += 1
-        return refused, sum(len(f) for f in refused)
-
-    def _observe(self, frames: list[Any]) -> None:
-        """A reply for `infermux record` and for a candidate's comparison with what serves."""
-        if self.recorder.active:
-            self.recorder.on_reply(frames, _delimiter(frames))
-        if self.mirror.pending:
-            self.mirror.on_reply(frames, _delimiter(frames))
+            self.sender.send(envelope + frames, envelope)
 
     def _read_requests(self, refuse: bool = False) -> None:
         try:
@@ -447,7 +401,7 @@ class Server:
         try:
             served, message = self.express.run(BURST - n, 0 if n else 1, self._outbox, self.peers.hear_fd,
                                                self.peers.dropped)
-        except Exception:  # the socket's own failure (the callback answers its errors): as _send's
+        except Exception:  # the socket's own failure (the callback answers its errors): as Sender.send's
             log.exception("internal error in the express lane's socket calls")
             return -1, None
         self.requests += served
@@ -474,7 +428,7 @@ class Server:
             split = _delimiter(frames)
             header = error_header(Status.BACKEND_ERROR, "internal error in infermux (logged)",
                                   request_id(frames[split:], self.limits))
-            self._send(frames[:split] + encode_reply(header))
+            self.sender.send(frames[:split] + encode_reply(header))
 
     def _express_open(self, refuse: bool) -> bool:
         """Whether the express lane may take this burst's requests (express.py): nothing that the
@@ -488,13 +442,13 @@ class Server:
         split = _delimiter(frames)
         envelope, body = ClientEnvelope(frames[:split]), frames[split:]
         envelope.user = self.wire.user_id if type(self.wire) is PyzmqWire and self.wire.identities else None
-        if (self.peers.stalled or refuse) and self._refused(envelope, body, refuse):
+        if (self.peers.stalled or refuse) and refusals.unserved(self.sender, envelope, body, refuse, self.stopping):
             return
-        request = self._parse(envelope, body)
+        request = refusals.parsed(self.sender, self.parses, self._lookup, envelope, body)
         if request is None:
             return
         envelope.came_with(request)
-        if self.oversize and self._refused_oversize(envelope, request):
+        if self.oversize and refusals.oversized(self.sender, envelope, request):
             return
         if self.recorder.active:  # before admission: an inline answer is sent inside it
             self.recorder.on_request(envelope, request)
@@ -509,53 +463,7 @@ class Server:
             job.answered(int(Status.BACKEND_ERROR))  # the 500 the burst's handler sends (_general)
             raise
         if refused is not None:
-            self._send(envelope + encode_reply(refused))
-
-    def _refused(self, envelope: ClientEnvelope, body: list[Any], refuse: bool) -> bool:
-        """Answer a request the loop takes no request from now: its connection does not read its
-        replies (a 429 now and then, else nothing), or the daemon drains or stops (503)."""
-        if self.peers.stalled and envelope[0] in self.peers.stalled:
-            if self.peers.probe(envelope[0]):
-                self._send(envelope + refusals.stalled(body, self.limits))
-            return True
-        if refuse:
-            self._send(envelope + refusals.not_serving(body, self.limits, self.stopping))
-        return refuse
-
-    def _parse(self, envelope: ClientEnvelope, body: list[Any]) -> Request | None:
-        """The request in `body`, or None once its error (or a limits query's answer) is sent."""
-        try:
-            too_many = refusals.too_many_tensors(body, self.limits)
-            if too_many is not None:
-                raise too_many
-            return self.parses.parse(body, self.limits, self._lookup)
-        except ProtocolError as exc:  # or a limits query, which no request field names
-            answer, paced = refusals.malformed(body, exc, self.limits)
-            if paced:
-                self._pause(envelope + answer)
-            else:
-                self._send(envelope + answer)
-            return None
-
-    def _refused_oversize(self, envelope: ClientEnvelope, request: Request) -> bool:
-        """Answer `request` 413 at once if its kind just made a reply over max_reply_bytes
-        (refusals.oversize_refusal): True if it was."""
-        refused = refusals.oversize_refusal(envelope, request, self.limits.max_reply_bytes, self.oversize)
-        if refused is None:
-            return False
-        self._pause(refused)
-        return True
-
-    def _pause(self, frames: list[Any]) -> None:
-        """Send a refusal when its connection's time comes (pacing.py; at a turn of the loop after it)."""
-        if not self.pacer.hold(frames):
-            self._send(frames)
-
-    def _send_paused(self, every: bool = False) -> None:
-        """A tick: send the refusals held back whose time has come (`every`: all, at the drain)."""
-        if len(self.pacer):
-            for frames in self.pacer.due(every):
-                self._send(frames)
+            self.sender.send(envelope + encode_reply(refused))
 
 
 if sys.platform != "linux":  # pragma: no cover

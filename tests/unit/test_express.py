@@ -284,7 +284,7 @@ def test_a_reply_over_max_reply_bytes_is_413_and_the_next_like_it_is_refused_unc
         first = decode_reply(ask(client, "wide", {"x": WIDE}, id=n))
         assert first.status == 413 and "it was computed" in first.error, first.header
         assert mv_served(server, "wide") - computed == 1
-        if lane(server) - before == 1:  # the lane computed it, and _send answered 413 in its place
+        if lane(server) - before == 1:  # the lane computed it, and Sender.send answered 413 in its place
             break
     else:
         raise AssertionError("the lane never took the wide request")

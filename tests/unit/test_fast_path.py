@@ -75,7 +75,7 @@ class Sent:
             self.general += 1
             return admit(job)
 
-        monkeypatch.setattr(server.frontend, "_send", lambda frames, envelope=None: self.frames.append(frames))
+        monkeypatch.setattr(server.frontend.sender, "send", lambda frames, envelope=None: self.frames.append(frames))
         monkeypatch.setattr(server.router, "admit", counted)
 
     def reply(self, timeout_s: float = 5.0) -> dict[str, Any]:
@@ -235,7 +235,7 @@ def test_a_request_of_a_kind_whose_reply_was_just_too_large_is_refused_before_th
     before = stats.snapshot().total.served
     ask(server, "plain")
     assert not sent.frames  # held back a moment (a client looping on it cannot spin), then sent
-    server.frontend._send_paused(every=True)
+    server.frontend.sender.send_paused(every=True)
     header = sent.reply()
     assert header["status"] == 413 and header["error"].startswith("refused without computing it"), header
     assert sent.general == 0 and stats.snapshot().total.served == before  # neither path computed it
@@ -253,7 +253,7 @@ def test_a_malformed_message_of_a_megabyte_is_refused_a_moment_late_and_a_small_
     header = bytes(memoryview(encode_request("plain", {"x": X}, id=7)[0]))
     server.frontend._handle([b"peer", b"", header, *([bytes(1 << 16)] * 40)], False)  # 2.6 MB, too many frames
     assert not sent.frames  # held back: a client looping on it sends a few a second
-    server.frontend._send_paused(every=True)
+    server.frontend.sender.send_paused(every=True)
     assert sent.reply()["status"] == 400
     server.frontend._handle([b"peer", b"", header, *([bytes(16)] * 40)], False)  # the same mistake, small
     assert sent.frames and sent.reply()["status"] == 400  # answered at once
