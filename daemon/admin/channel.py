@@ -34,7 +34,7 @@ from infermux.events import Event
 from infermux.frontend.recorder import FRAMES
 
 if TYPE_CHECKING:
-    from infermux.frontend.server import Server
+    from infermux.admin.daemon import Daemon
 
 log = logging.getLogger("infermux.admin")
 
@@ -71,7 +71,7 @@ def peer(frame: zmq.Frame) -> dict[str, Any]:
 class AdminServer:
     """Owns the admin ROUTER and the stats PUB; both live on this object's thread."""
 
-    def __init__(self, server: "Server", interval_s: float = 0.25) -> None:
+    def __init__(self, server: "Daemon", interval_s: float = 0.25) -> None:
         self.server = server
         self.interval_s = interval_s
         daemon = server.config.daemon
@@ -308,7 +308,7 @@ def _parse(body: list[zmq.Frame]) -> dict[str, Any]:
     return request
 
 
-def _execute(server: "Server", command: Any, request: dict[str, Any]) -> dict[str, Any]:
+def _execute(server: "Daemon", command: Any, request: dict[str, Any]) -> dict[str, Any]:
     try:
         return {"ok": True, **command.run(server, request)}
     except CommandError as exc:

@@ -20,7 +20,7 @@ from infermux.models import overrides
 from infermux.models.registry import ModelVersion, State
 
 if TYPE_CHECKING:
-    from infermux.frontend.server import Server
+    from infermux.admin.daemon import Daemon
 
 
 class CommandError(Exception):
@@ -31,7 +31,7 @@ class CommandError(Exception):
 class Command:
     """One admin command: what it does, whether it changes the daemon, whether it blocks."""
 
-    run: Callable[["Server", dict[str, Any]], dict[str, Any]]
+    run: Callable[["Daemon", dict[str, Any]], dict[str, Any]]
     help: str
     changes: bool = True
     slow: bool = False
@@ -59,7 +59,7 @@ def _int(args: dict[str, Any], key: str, minimum: int, maximum: int = 2**31 - 1)
     return value
 
 
-def target(server: "Server", args: dict[str, Any]) -> ModelVersion:
+def target(server: "Daemon", args: dict[str, Any]) -> ModelVersion:
     """The version a command names: `model` and optional `version` (default: the model's default)."""
     name = _str(args, "model")
     model = server.registry.model(name or "")
@@ -77,7 +77,7 @@ def target(server: "Server", args: dict[str, Any]) -> ModelVersion:
     return model.versions[version]
 
 
-def refuse_candidate(server: "Server", name: str, version: str) -> None:
+def refuse_candidate(server: "Daemon", name: str, version: str) -> None:
     """A command naming a candidate (swap/rollout.py) is told what decides it, instead of acting on it."""
     rollout = server.rollouts.by_model.get(name)
     if rollout is not None and rollout.candidate.version == version:
@@ -106,18 +106,18 @@ def _label(mv: ModelVersion) -> dict[str, str]:
 
 # -- read-only ----------------------------------------------------------------
 
-def cmd_status(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_status(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     models = [{k: v[k] for k in ("name", "version", "state", "placement", "default", "contexts",
                                   "queue_depth", "in_flight", "memory_bytes", "reason")}
               for v in snapshot.models_view(server)]
     return {"daemon": snapshot.daemon_view(server), "models": models, "pipelines": server.pipelines.view()}
 
 
-def cmd_pipelines(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_pipelines(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     return {"pipelines": server.pipelines.view()}
 
 
-def cmd_streams(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_streams(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     """Per stream (model or pipeline, key): its counts, rates, ages and whether it went silent."""
     model = _str(args, "model", required=False)
     table = server.streams
@@ -125,11 +125,11 @@ def cmd_streams(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
             "silent_s": table.silent_s}
 
 
-def cmd_models(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_models(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     return {"models": snapshot.models_view(server)}
 
 
-def cmd_events(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_events(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     limit = _int(args, "limit", 1) or 100
     kind = _str(args, "kind", required=False)  # kind=admin: the audit trail, which traffic never evicts
     return {"events": [e.as_json() for e in server.events.recent(limit, frozenset({kind}) if kind else None)]}
@@ -137,7 +137,7 @@ def cmd_events(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
 
 # -- changes ------------------------------------------------------------------
 
-def cmd_load(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_load(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     mv = target(server, args)
     if mv.state is State.READY:
         return {**_label(mv), "message": "already loaded"}
@@ -156,7 +156,7 @@ def _wait_loaded(mv: ModelVersion, timeout_s: float) -> None:
         raise CommandError(f"{mv.name}:{mv.version} is {mv.state.value}: {mv.reason}")
 
 
-def cmd_unload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_unload(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     mv = target(server, args)
     if mv.state is State.UNLOADED:
         return {**_label(mv), "message": "not loaded"}
@@ -165,8 +165,8 @@ def cmd_unload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return {**_label(mv), "drained": queued}
 
 
-def _placement(method: str) -> Callable[["Server", dict[str, Any]], dict[str, Any]]:
-    def run(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def _placement(method: str) -> Callable[["Daemon", dict[str, Any]], dict[str, Any]]:
+    def run(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
         mv = target(server, args)
         move = getattr(server.registry, method, None)
         if move is None:
@@ -186,7 +186,7 @@ SETTABLE = {key: bounds for key, bounds in overrides.BOUNDS.items() if key != "w
 SET_OTHERS = [*(key for key in overrides.FIELDS if key not in overrides.BOUNDS), "weights"]
 
 
-def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_set(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     mv = target(server, args)
     changes: dict[str, Any] = {k: _int(args, k, *bounds) for k, bounds in SETTABLE.items() if k in args}
     if "contexts" in changes:
@@ -220,7 +220,7 @@ def cmd_set(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return {**_label(mv), "set": done, **({"note": note} if note else {})}
 
 
-def _check_contexts(server: "Server", mv: ModelVersion, contexts: int) -> None:
+def _check_contexts(server: "Daemon", mv: ModelVersion, contexts: int) -> None:
     """Each context is a session with its own memory and thread: at most `[daemon] max_contexts`, and
     what more of them would take must fit the memory budget."""
     why = cfg.contexts_problem(contexts, server.config.daemon)
@@ -243,7 +243,7 @@ def _sizes(args: dict[str, Any], key: str) -> tuple[int, ...]:
     return tuple(sizes)
 
 
-def _set_fallback(server: "Server", name: str, fallback: Any) -> str:
+def _set_fallback(server: "Daemon", name: str, fallback: Any) -> str:
     if not isinstance(fallback, str):
         raise CommandError("'fallback' must be a model name, or \"\" to remove it")
     if fallback and server.registry.model(fallback) is None:
@@ -266,7 +266,7 @@ def _set_fallback(server: "Server", name: str, fallback: Any) -> str:
     return fallback
 
 
-def _unchecked(server: "Server", name: str, fallback: str) -> str:
+def _unchecked(server: "Daemon", name: str, fallback: str) -> str:
     """A note when a new fallback's inputs could not be compared with its model's yet."""
     model, target = server.registry.model(name), server.registry.model(fallback) if fallback else None
     if model is None or target is None or (fallbacks.inputs_of(model) and fallbacks.inputs_of(target)):
@@ -275,7 +275,7 @@ def _unchecked(server: "Server", name: str, fallback: str) -> str:
             f"and the fallback removed with a fallback_refused event if they differ")
 
 
-def _set_weights(server: "Server", name: str, weights: Any) -> dict[str, int]:
+def _set_weights(server: "Daemon", name: str, weights: Any) -> dict[str, int]:
     model = server.registry.model(name)
     assert model is not None
     if not isinstance(weights, dict) or not weights:
@@ -295,7 +295,7 @@ def _set_weights(server: "Server", name: str, weights: Any) -> dict[str, int]:
     return dict(weights)
 
 
-def cmd_drain(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_drain(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     if "model" in args:
         return cmd_unload(server, args)
     server.draining = True
@@ -306,12 +306,12 @@ def cmd_drain(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return {"accepting": False, "message": "new requests get 503 until `resume`"}
 
 
-def cmd_resume(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_resume(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     server.draining = False
     return {"accepting": True}
 
 
-def cmd_pin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_pin(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     name, version = _str(args, "model") or "", _str(args, "version") or ""
     refuse_candidate(server, name, version)  # a pin would leave it shadowing while the pin says it serves
     try:  # the registry also accepts a version only on disk (rollback): the watcher loads it
@@ -322,7 +322,7 @@ def cmd_pin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return _label(mv) if mv is not None else {"model": name, "version": version, "state": "loading"}
 
 
-def cmd_unpin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_unpin(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     name = _str(args, "model") or ""
     try:
         server.registry.unpin(name)
@@ -332,7 +332,7 @@ def cmd_unpin(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return {"model": name, "default": default.version if default else None}
 
 
-def cmd_reset(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_reset(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     """Forget live changes of a model (of one field when `field` is given): the file's values serve."""
     name = _str(args, "model") or ""
     model = server.registry.model(name)
@@ -356,7 +356,7 @@ def cmd_reset(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
             **({} if dropped else {"message": "no live changes to reset"})}
 
 
-def cmd_reload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_reload(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     try:  # the same reload as SIGHUP's, one at a time
         steps = server.reload()
     except cfg.LibraryMissing as exc:
@@ -366,9 +366,9 @@ def cmd_reload(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return {"changes": steps.summary()}
 
 
-def _rollout(decide: str) -> Callable[["Server", dict[str, Any]], dict[str, Any]]:
+def _rollout(decide: str) -> Callable[["Daemon", dict[str, Any]], dict[str, Any]]:
     """`promote-now` / `reject` MODEL VERSION: decide a candidate's rollout now (swap/rollout.py)."""
-    def run(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    def run(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
         name, version = _str(args, "model") or "", _str(args, "version") or ""
         try:
             message = getattr(server.rollouts, decide)(name, version)
@@ -381,7 +381,7 @@ def _rollout(decide: str) -> Callable[["Server", dict[str, Any]], dict[str, Any]
 TAKE_BYTES = 32 << 20  # tensors one `record_take` reply carries at most (one entry at least)
 
 
-def cmd_record(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_record(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     """Record the next `count` requests of `model` answered by it (frontend/recorder.py)."""
     name = _str(args, "model") or ""
     if server.registry.model(name) is None:
@@ -396,7 +396,7 @@ def cmd_record(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return {"model": name, **recording.progress().as_json()}
 
 
-def cmd_record_take(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_record_take(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     """What a recording captured since the last take: JSON entries, their tensors as frames after it."""
     name = _str(args, "model") or ""
     recording = server.recorder.get(name)
@@ -411,7 +411,7 @@ def cmd_record_take(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return {"model": name, "entries": entries, **progress, "finished": finished, recorder.FRAMES: frames}
 
 
-def cmd_record_stop(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_record_stop(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     name = _str(args, "model") or ""
     if server.recorder.get(name) is None:
         raise CommandError(f"{name!r} is not being recorded")

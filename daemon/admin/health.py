@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from infermux.config import HOT
 from infermux.models.registry import State
 
 if TYPE_CHECKING:
-    from infermux.models.registry import Model
-    from infermux.frontend.server import Server
+    from infermux.models.registry import Model, Registry
 
 # The serving loop turns at least every `poll_ms` (1 s; idle, it sleeps until then
 # or until a tick is due, the systemd watchdog's among them). Ten seconds without
@@ -38,7 +37,7 @@ class Verdict:
 
 
 class Liveness:
-    """Remembers the serving loop's last turn: a tick on `Server.ticks`, beside the watchdog's."""
+    """Remembers the serving loop's last turn: a tick on the frontend loop's `ticks`, beside the watchdog's."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, within_s: float = LIVE_WITHIN_S) -> None:
         self._clock, self.within_s = clock, within_s
@@ -60,7 +59,18 @@ class Liveness:
         return Verdict(True, "alive")
 
 
-def readiness(server: "Server") -> Verdict:
+class Serving(Protocol):
+    """What readiness reads of the daemon (app.py's App): whether it stops or drains, and its models."""
+
+    @property
+    def stopping(self) -> bool: ...
+    @property
+    def draining(self) -> bool: ...
+    @property
+    def registry(self) -> "Registry": ...
+
+
+def readiness(server: Serving) -> Verdict:
     """Ready when not draining and every hot model's serving version is ready."""
     if server.stopping:
         return Verdict(False, "not ready: shutting down")

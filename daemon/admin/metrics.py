@@ -24,7 +24,7 @@ from infermux.execution.stats import LATENCY_BUCKETS_US
 from infermux.transport.peers import SILENT_GRACE_S
 
 if TYPE_CHECKING:
-    from infermux.frontend.server import Server
+    from infermux.admin.daemon import Daemon
 
 log = logging.getLogger("infermux.metrics")
 
@@ -108,7 +108,7 @@ class EventCounter:
         return [(dict(zip(names, key)), n) for key, n in sorted(counts.items())]
 
 
-def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | None = None,
+def render(server: "Daemon", events: EventCounter, gpu: hardware.GpuSource | None = None,
            streams: StreamSeries | None = None) -> str:
     """The whole exposition for one scrape (`streams`: the exporter's choice of stream series, kept
     between scrapes so that no counter goes back)."""
@@ -213,7 +213,7 @@ STREAM_COUNTERS = (("requests", "received", "Requests of a stream (a model's or 
                    ("failed", "failed", "Requests of a stream answered with another error (400, 413, 500...)."))
 
 
-def _streams(out: Exposition, server: "Server", chosen: StreamSeries) -> None:
+def _streams(out: Exposition, server: "Daemon", chosen: StreamSeries) -> None:
     """Per stream: the busiest `stream_metrics_keys` keys of each model by name, the rest as key="other"
     (admin/streamseries.py); per model, how many streams there are and how many went silent."""
     series, models = chosen.select(server.streams, server.config.daemon.stream_metrics_keys)
@@ -303,7 +303,7 @@ def _gpus(out: Exposition, samples: list[hardware.GpuSample]) -> None:
                     if (value := getattr(s, field)) is not None])
 
 
-def _process_samples(server: "Server") -> list[hardware.ProcessSample]:
+def _process_samples(server: "Daemon") -> list[hardware.ProcessSample]:
     """The daemon, and the worker process of every cold version that has one."""
     found = [hardware.process_sample("daemon", os.getpid())]
     for mv in server.registry.all_versions():
@@ -348,7 +348,7 @@ def _histogram(out: Exposition, models: list[dict], mv: Any) -> None:
 class MetricsServer:
     """The HTTP port answering GET /metrics, /healthz and /readyz (httpd.py serves it)."""
 
-    def __init__(self, server: "Server", port: int, host: str = "127.0.0.1",
+    def __init__(self, server: "Daemon", port: int, host: str = "127.0.0.1",
                  gpu: hardware.GpuSource | None = None) -> None:
         self.server = server
         self.events = EventCounter()

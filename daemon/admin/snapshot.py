@@ -22,7 +22,7 @@ from infermux.models.budget import rss_bytes
 from infermux.models.registry import ModelVersion, State
 
 if TYPE_CHECKING:
-    from infermux.frontend.server import Server
+    from infermux.admin.daemon import Daemon
 
 
 def host_memory_total() -> int:
@@ -67,7 +67,7 @@ GPUS = GpuReadings()
 FRONTEND = ThreadLoad()
 
 
-def version_view(server: "Server", mv: ModelVersion) -> dict[str, Any]:
+def version_view(server: "Daemon", mv: ModelVersion) -> dict[str, Any]:
     """One model version: settings, state, queues and live statistics."""
     model = server.registry.model(mv.name)
     placement = mv.placement
@@ -129,11 +129,11 @@ def _specs(engine: Any) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     return [dict(d) for d in kept[1]], [dict(d) for d in kept[2]]
 
 
-def models_view(server: "Server") -> list[dict[str, Any]]:
+def models_view(server: "Daemon") -> list[dict[str, Any]]:
     return [version_view(server, mv) for mv in server.registry.all_versions()]
 
 
-def daemon_view(server: "Server") -> dict[str, Any]:
+def daemon_view(server: "Daemon") -> dict[str, Any]:
     """The daemon as a whole: identity, uptime, memory, request count."""
     versions = server.registry.all_versions()
     total = host_memory_total()
@@ -141,23 +141,24 @@ def daemon_view(server: "Server") -> dict[str, Any]:
     enforced = server.registry.memory.budget  # the budget the daemon enforces: of GPU memory where NVML reads it
     total, budget = enforced.total, enforced.limit
     states = {s.value: sum(1 for mv in versions if mv.state is s) for s in State}
-    express = server.express.served if server.express is not None else 0
+    loop = server.frontend
+    express = loop.express.served if loop.express is not None else 0
     return {
         "version": __version__, "pid": os.getpid(), "uptime_s": round(time.time() - server.started, 1),
         "endpoints": server.endpoints, "config": str(server.config.path),
         "requests": server.requests, "accepting": not server.draining,
         # The frontend's socket calls: compiled (transport/_wire.c) or pyzmq's, and why (wire.py).
-        "wire": {"kind": server.wire_choice.kind, "detail": server.wire_choice.describe()},
+        "wire": {"kind": loop.wire_choice.kind, "detail": loop.wire_choice.describe()},
         # Requests whose header was a known layout with another id: not decoded again (parsecache.py),
         # the express lane's among them (express.py), which the lane answered from C.
-        "headers_from_layout": server.parses.hits + express,
-        "express": {"on": server.express is not None, "served": express},
+        "headers_from_layout": loop.parses.hits + express,
+        "express": {"on": loop.express is not None, "served": express},
         # The frontend thread's CPU, and the share of a core it used lately (admin/threadload.py):
         # near 1, that one thread is what limits the QPS.
-        "frontend_thread": load.as_json() if (load := FRONTEND.read(server.frontend_native_id)) else None,
-        "replies_too_large": server.replies_too_large,  # over max_reply_bytes: answered 413 instead
+        "frontend_thread": load.as_json() if (load := FRONTEND.read(loop.frontend_native_id)) else None,
+        "replies_too_large": loop.replies_too_large,  # over max_reply_bytes: answered 413 instead
         # Requests of a kind whose reply was just over it: answered 413 without computing (oversize.py).
-        "requests_refused_oversize": server.oversize.refused,
+        "requests_refused_oversize": loop.oversize.refused,
         # Errors logged with a traceback (500s among them), repeats included: events.TRACEBACKS.
         "internal_errors": TRACEBACKS.total,
         "memory": {"budget_bytes": budget, "models_bytes": server.registry.memory_used(),
@@ -166,10 +167,10 @@ def daemon_view(server: "Server") -> dict[str, Any]:
         "routing": {"strategy": server.config.routing.strategy,
                     "version_mismatch": server.config.routing.version_mismatch},
         # Clients' input regions (regions.py): mapped, not owned; they count in no budget.
-        "shared_memory": {"socket": str(server.region_server.path) if server.region_server else "",
-                          **server.regions.info()},
+        "shared_memory": {"socket": str(loop.region_server.path) if loop.region_server else "",
+                          **loop.regions.info()},
         # Inference connections, refusals, replies dropped for peers that do not read (peers.py).
-        "clients": server.peers.info(),
+        "clients": loop.peers.info(),
         # Cold workers as CUDA MPS clients (workers/mps.py).
         "mps": server.workers.mps.view(server.config.daemon.mps),
         "gpu": GPUS.view(),
@@ -179,7 +180,7 @@ def daemon_view(server: "Server") -> dict[str, Any]:
 SNAPSHOT_STREAMS = 256  # streams a snapshot carries at most: the silent ones, then the most recently seen
 
 
-def streams_view(server: "Server") -> dict[str, Any]:
+def streams_view(server: "Daemon") -> dict[str, Any]:
     """The streams for the stats stream (the console's Streams view): at most SNAPSHOT_STREAMS of them
     (admin `streams` has them all), and how many there are."""
     table = server.streams
@@ -191,7 +192,7 @@ def streams_view(server: "Server") -> dict[str, Any]:
     return {"total": len(streams), "shown": views, "silent_s": table.silent_s}
 
 
-def full(server: "Server") -> dict[str, Any]:
+def full(server: "Daemon") -> dict[str, Any]:
     """Everything the stats stream publishes in one snapshot."""
     return {"time": time.time(), "daemon": daemon_view(server), "models": models_view(server),
             "pipelines": server.pipelines.view(), "streams": streams_view(server)}

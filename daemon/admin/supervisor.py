@@ -11,23 +11,39 @@ from __future__ import annotations
 import signal
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Protocol
 
 from infermux.admin.notify import Notifier
 from infermux.config import ConfigError
 
 if TYPE_CHECKING:
-    from infermux.frontend.server import Server
+    from infermux.events import EventLog
+    from infermux.swap.reload import ReloadPlan
 
 STATUS_EVERY_S = 2.0
 EXTEND_EVERY_S = 10.0
 EXTEND_BY_USEC = 30_000_000  # each extension covers three periods: a slow load never races it
 
 
-class Supervisor:
-    """Feeds sd_notify from the server's loop and turns signals into server actions."""
+class Supervised(Protocol):
+    """What the supervisor drives of the daemon (app.py's App): the loop's ticks and what wakes it,
+    its stop, its reload, and the one-line summary systemd shows."""
 
-    def __init__(self, server: "Server", notifier: Notifier | None = None) -> None:
+    ticks: list[Callable[[], None]]
+    dues: list[Callable[[float], float | None]]
+    on_stopping: list[Callable[[], object]]
+    events: "EventLog"
+
+    def stop(self) -> None: ...
+    def wake(self) -> None: ...
+    def summary(self) -> str: ...
+    def reload(self) -> "ReloadPlan": ...
+
+
+class Supervisor:
+    """Feeds sd_notify from the daemon's loop and turns signals into its actions."""
+
+    def __init__(self, server: Supervised, notifier: Notifier | None = None) -> None:
         self.server = server
         # The daemon's own children (cold workers) must not inherit NOTIFY_SOCKET.
         self.notifier = notifier or Notifier(unset_environment=True)
@@ -97,7 +113,7 @@ class Supervisor:
 
     def reload(self) -> None:
         """SIGHUP: re-read the configuration on a thread, bracketed by RELOADING/READY (the same
-        `Server.reload` as the admin command's: one at a time)."""
+        `App.reload` as the admin command's: one at a time)."""
         def run() -> None:
             self.notifier.reloading()
             try:

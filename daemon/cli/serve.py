@@ -6,8 +6,13 @@ import argparse
 import logging
 import os
 import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infermux.events import TRACEBACKS, limit_tracebacks
+
+if TYPE_CHECKING:
+    from infermux import config as cfg
 
 DEFAULT_CONFIG = "/etc/infermux/infermux.toml"
 # Exit status when another live daemon holds this one's sockets or runtime directory: the unit's
@@ -46,24 +51,14 @@ def _raise_fd_limit() -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from infermux.models import budget, statefile
-    from infermux import config as cfg
-    from infermux.swap import swapper as swap
-    from infermux.admin.channel import AdminServer
-    from infermux.admin.metrics import MetricsServer
-    from infermux.frontend.server import Server
-    from infermux.admin.supervisor import Supervisor
-    from infermux.transport import ipc, ownership
+    """Serve until SIGTERM: the configuration read, the process set up, the directories claimed, then
+    the daemon (app.py) runs; the exit status."""
+    from infermux.app import App
+    from infermux.models import budget
 
-    try:
-        config = cfg.load(args.config)
-    except cfg.LibraryMissing as exc:  # the file is fine: say what to install, not "fix the file"
-        print(f"infermux: cannot serve {exc.file}: {exc.reason} ({exc.path})", file=sys.stderr)
-        return 1
-    except cfg.ConfigError as exc:
-        print(f"infermux: configuration error: {exc}", file=sys.stderr)
-        print("infermux: fix the file and start again; nothing was started.", file=sys.stderr)
-        return 2
+    config = _load(args.config)
+    if isinstance(config, int):
+        return config
     setup_logging(args.log_level or config.daemon.log_level)
     TRACEBACKS.interval_s = config.daemon.traceback_interval_s or TRACEBACKS.interval_s
     _raise_fd_limit()
@@ -71,6 +66,36 @@ def run(args: argparse.Namespace) -> int:
     # The default 5 ms switch interval lets the frontend sit on the GIL while
     # an executor with a finished inference waits (docs/architecture.md#measured-facts: 0.52x -> 0.74x).
     sys.setswitchinterval(1e-4)
+    dirs = _claim_directories(config, args)
+    if isinstance(dirs, int):
+        return dirs
+    app = App(config, *dirs)
+    TRACEBACKS.events = app.events
+    return app.run()
+
+
+def _load(path: str) -> "cfg.Config | int":
+    """The configuration in `path`, or the exit status once what is wrong with it is said."""
+    from infermux import config as cfg
+
+    try:
+        return cfg.load(path)
+    except cfg.LibraryMissing as exc:  # the file is fine: say what to install, not "fix the file"
+        print(f"infermux: cannot serve {exc.file}: {exc.reason} ({exc.path})", file=sys.stderr)
+        return 1
+    except cfg.ConfigError as exc:
+        print(f"infermux: configuration error: {exc}", file=sys.stderr)
+        print("infermux: fix the file and start again; nothing was started.", file=sys.stderr)
+        return 2
+
+
+def _claim_directories(config: "cfg.Config", args: argparse.Namespace) -> "tuple[Path, Path | None] | int":
+    """The runtime and state directories, made, checked and claimed for this daemon (the locks last
+    as long as the process), before anything binds or sweeps them; else the exit status, said why."""
+    from infermux import config as cfg
+    from infermux.models import statefile
+    from infermux.transport import ipc, ownership
+
     run_dir = cfg.runtime_dir(config.daemon, args.runtime_dir)
     try:
         ipc.make_dir(run_dir)  # started by hand, no RuntimeDirectory= made it (workers' sockets go there too)
@@ -84,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
               "started", file=sys.stderr)
         return 1
     state_dir = statefile.state_dir(config.daemon, args.state_dir)
-    try:  # before anything binds or sweeps the runtime directory; the locks last as long as the process
+    try:
         owned = ownership.claim(run_dir, [cfg.resolve_endpoint(ep, run_dir) for ep in
                                           [*config.daemon.listen, config.daemon.admin, config.daemon.stats] if ep])
         why = statefile.claim(state_dir, owned)
@@ -95,37 +120,4 @@ def run(args: argparse.Namespace) -> int:
         print(f"infermux: will not keep live changes in the state directory {why} (docs/security.md); nothing "
               "was started", file=sys.stderr)
         return 1
-    server = Server(config, run_dir, state_dir)
-    TRACEBACKS.events = server.events
-    admin = AdminServer(server)
-    metrics = None
-    try:
-        server.bind()
-        admin.start()
-        if config.daemon.metrics_port:
-            metrics = MetricsServer(server, config.daemon.metrics_port, config.daemon.metrics_host)
-            metrics.start()
-    except (RuntimeError, OSError) as exc:
-        logging.getLogger("infermux").error("%s", exc)
-        return 1
-    swapper = swap.attach(server)  # engine_dir discovery before READY; hot swap after (docs/hot-swap.md)
-    supervisor = Supervisor(server)
-    supervisor.install_signals()
-
-    def ready() -> None:
-        if swapper is not None:
-            swapper.start()
-        supervisor.models_ready()
-
-    server.start_models(done=ready)
-    try:
-        server.serve_forever()
-    finally:
-        if swapper is not None:
-            swapper.stop()
-        admin.stop()
-        if metrics is not None:
-            metrics.stop()
-        server.ctx.term()
-    logging.getLogger("infermux").info("stopped")
-    return 0
+    return run_dir, state_dir

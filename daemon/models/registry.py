@@ -52,9 +52,10 @@ class Registry:
     """Models by name; loads and unloads versions on loader threads.
 
     `hooks` are the frontend's callbacks (execution/hooks.py), handed to the placers and the
-    switch. `placers` holds a placer per placement: hot from the start, cold once the worker
-    pool adds itself (`add_placer`). `overrides` are the operators' live changes (restored from
-    the state file at start): every version added takes those that still hold.
+    switch. `placers` holds a placer per placement: hot from the start, cold once the
+    composition root adds the worker pool (`add_placer`, app.py). `overrides` are the
+    operators' live changes (restored from the state file at start): every version added
+    takes those that still hold.
     """
 
     def __init__(self, config: Config, events: EventLog, hooks: FrontendHooks,

@@ -1,6 +1,6 @@
 """Apply a new configuration's models and pipelines to a running daemon.
 
-`Server.reload` (SIGHUP and the admin `reload` both) reads and checks the
+`App.reload` (app.py; SIGHUP and the admin `reload` both) reads and checks the
 file, takes in what it owns (its configuration, limits, client keys) and
 has the router configure itself, then calls `apply` here, one reload at a
 time. New versions load, removed ones drain and unload, changed settings
@@ -79,12 +79,15 @@ def plan(old: cfg.Config, new: cfg.Config) -> ReloadPlan:
 
 
 class Daemon(Protocol):
-    """What a reload reads of the running daemon (frontend/server.py's Server); it assigns none of it."""
+    """What a reload reads of the running daemon (app.py's App); it assigns none of it."""
 
     registry: Registry
     pipelines: Pipelines
     events: EventLog
-    limits: Limits  # the new configuration's, already in force
+
+    @property
+    def limits(self) -> Limits:
+        """The new configuration's, already in force."""
 
 
 def apply(daemon: Daemon, old: cfg.Config, new: cfg.Config) -> ReloadPlan:

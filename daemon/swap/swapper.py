@@ -25,7 +25,7 @@ import logging
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from infermux.config import COLD, Config, ModelConfig
 from infermux.models.overrides import file_weights
@@ -35,7 +35,8 @@ from infermux.swap.repository import FolderScreen, ModelPlan, SettingsCache, pla
 from infermux.swap.watcher import EngineFile, EngineWatcher, Snapshot
 
 if TYPE_CHECKING:
-    from infermux.frontend.server import Server
+    from infermux.events import EventLog
+    from infermux.swap.rollout import Rollouts
 
 log = logging.getLogger("infermux.swap")
 
@@ -68,19 +69,29 @@ def checksum_problem(f: EngineFile) -> str:
     return "" if have == want else f"sha256 of {f.path.name} is {have[:16]}…, {f.checksum.name} says {want[:16]}…"
 
 
+class Daemon(Protocol):
+    """What the swapper reads of the running daemon (app.py's App): the configuration in force
+    (a reload replaces it), the registry it keeps in step, events, and the rollouts it starts."""
+
+    config: Config
+    registry: Registry
+    events: "EventLog"
+    rollouts: "Rollouts"
+
+
 class Swapper:
     """Keeps the registry in step with the engine directory; pin/unpin ask it to catch up."""
 
-    def __init__(self, server: "Server") -> None:
-        self.server = server
-        self.registry: Registry = server.registry
-        self.events = server.events
-        daemon = server.config.daemon
-        self.engine_dir = daemon.engine_dir
-        self.settings = SettingsCache(self.engine_dir, lambda: self.server.config.daemon)
+    def __init__(self, daemon: Daemon) -> None:
+        self.daemon = daemon
+        self.registry: Registry = daemon.registry
+        self.events = daemon.events
+        settings = daemon.config.daemon
+        self.engine_dir = settings.engine_dir
+        self.settings = SettingsCache(self.engine_dir, lambda: self.daemon.config.daemon)
         self.screen = FolderScreen()  # refused folder names, symlinks out of engine_dir (repository.py)
-        self.watcher = EngineWatcher(self.engine_dir, self.apply, daemon.watch_settle_s,
-                                     daemon.watch_debounce_s, daemon.watch_rescan_s)
+        self.watcher = EngineWatcher(self.engine_dir, self.apply, settings.watch_settle_s,
+                                     settings.watch_debounce_s, settings.watch_rescan_s)
         self._made_from: dict[tuple[str, str], Key] = {}  # managed entries: what each was made from
         self._announced: dict[tuple[str, str], Key] = {}  # what "detected" last said per version
         self._reported: dict[str, str] = {}               # model.toml errors already reported
@@ -90,17 +101,17 @@ class Swapper:
         self._digests: dict[Path, tuple[Any, str]] = {}    # engine file -> (its sig, its sha256): rollout verdicts
         self._last = Snapshot()
         self.registry.catalog = self
-        server.rollouts.refused = self._refused
-        server.rollouts.promoted = lambda name: self.watcher.poke()  # retire what the candidate replaced
-        server.rollouts.retried = self._retried
-        self.decisions = server.rollouts.decisions
+        daemon.rollouts.refused = self._refused
+        daemon.rollouts.promoted = lambda name: self.watcher.poke()  # retire what the candidate replaced
+        daemon.rollouts.retried = self._retried
+        self.decisions = daemon.rollouts.decisions
         # A reload changes which versions the configuration lists: look again.
         self.events.subscribe(lambda event: self.watcher.poke() if event.kind == "reloaded" else None)
 
     @property
     def config(self) -> Config:
         """The configuration in force (SIGHUP replaces it)."""
-        return self.server.config
+        return self.daemon.config
 
     # -- start and stop --------------------------------------------------------
 
@@ -470,7 +481,7 @@ class Swapper:
         assert mc.rollout is not None
         candidate = self.registry.switch.load_beside(mc)
         if candidate.ready:
-            self.server.rollouts.start(candidate, mc.rollout, self._digest(f))
+            self.daemon.rollouts.start(candidate, mc.rollout, self._digest(f))
         elif replacing is not None:
             replacing.reason = f"new engine file rejected ({candidate.reason}); serving the previous file"
         else:
@@ -493,7 +504,7 @@ class Swapper:
     def _cancel_unwanted_candidate(self, p: ModelPlan) -> None:
         """A candidate whose version the plan no longer wants (a pin, a newer version, its file removed) is
         unloaded; it was never judged, so its file is tried again once the plan wants it back."""
-        rollout = self.server.rollouts.by_model.get(p.name)
+        rollout = self.daemon.rollouts.by_model.get(p.name)
         if rollout is None or rollout.candidate.version in p.wanted:
             return
         version = rollout.candidate.version
@@ -502,7 +513,7 @@ class Swapper:
         newer = [v for v in p.wanted if version_key(v) > version_key(version)]
         why = (f"pinned to {pinned}" if pinned else f"superseded by version {max(newer, key=version_key)}" if newer
                else "its engine file was removed" if version not in p.on_disk else "no longer wanted")
-        self.server.rollouts.cancel(p.name, why)
+        self.daemon.rollouts.cancel(p.name, why)
         self._made_from.pop((p.name, version), None)
 
     def _retire_unwanted(self, p: ModelPlan) -> None:
@@ -575,10 +586,11 @@ def _label(before: ModelVersion | None, mv: ModelVersion) -> str:
     return f"{before.version} (previous file)" if before.version == mv.version else before.version
 
 
-def attach(server: "Server") -> Swapper | None:
-    """serve.py's hook: scan engine_dir into the registry; None when `[daemon] watch = false`."""
-    if not server.config.daemon.watch:
+def attach(daemon: Daemon) -> Swapper | None:
+    """The composition root's hook (app.py): scan engine_dir into the registry; None when
+    `[daemon] watch = false`."""
+    if not daemon.config.daemon.watch:
         return None
-    swapper = Swapper(server)
+    swapper = Swapper(daemon)
     swapper.initial_scan()
     return swapper

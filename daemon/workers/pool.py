@@ -55,7 +55,7 @@ SPARE_STOP_S = 2.0  # at shutdown, the spare's time to exit before it is killed 
 
 class Workers:
     """The cold `Placer`: starts, watches and stops worker processes. It places the registry's
-    cold versions from its creation on (`Registry.add_placer`); `hooks` are the frontend's
+    cold versions once the composition root adds it (`Registry.add_placer`, app.py); `hooks` are the frontend's
     callbacks its proxies reply through (they need `watch`)."""
 
     kind = COLD
@@ -84,7 +84,6 @@ class Workers:
             self.events.emit("swept", segments=len(removed), reason="left by a daemon that was killed")
         self._watcher = threading.Thread(target=self._watch, name="workers", daemon=True)
         self._watcher.start()
-        registry.add_placer(self)
         self._refill()
 
     # -- settings -----------------------------------------------------------------------

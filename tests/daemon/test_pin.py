@@ -1,6 +1,6 @@
 """Rollback: registry.pin / unpin (what the admin socket's pin and unpin commands call).
 
-The daemon runs in this process (same Server, swapper and frontend thread
+The daemon runs in this process (same App, swapper and frontend thread
 as `infermux serve`, real sockets and files) so the test can call the
 registry the way the admin server will.
 """
@@ -19,7 +19,7 @@ import pytest
 from infermux import config as cfg
 from infermux.swap import swapper as swap
 from infermux.client import Client
-from infermux.frontend.server import Server
+from infermux.app import App
 from support.polling import eventually
 from support.publish import publish
 
@@ -36,10 +36,10 @@ watch_debounce_s = 0.02
 
 
 @contextmanager
-def running(tmp_path: Path, root: Path, models: str = "", watch: bool = True) -> Iterator[Server]:
+def running(tmp_path: Path, root: Path, models: str = "", watch: bool = True) -> Iterator[App]:
     """serve.py's start-up sequence, with the frontend on a thread of this process."""
     text = HEAD.format(root=root, watch=str(watch).lower()) + models
-    server = Server(cfg.parse(text, tmp_path / "infermux.toml"), tmp_path / "run")
+    server = App(cfg.parse(text, tmp_path / "infermux.toml"), tmp_path / "run")
     server.bind()
     swapper = swap.attach(server)
     ready = threading.Event()
@@ -62,7 +62,7 @@ def running(tmp_path: Path, root: Path, models: str = "", watch: bool = True) ->
         frontend.join(15)
 
 
-def version_served(server: Server, model: str = "m") -> str:
+def version_served(server: App, model: str = "m") -> str:
     with Client(server.endpoints[0], timeout_s=5) as client:
         reply = client.infer(model, {"x": X})
     assert reply.status == 200, reply.error
@@ -70,7 +70,7 @@ def version_served(server: Server, model: str = "m") -> str:
     return reply.version or ""
 
 
-def kinds(server: Server, model: str, version: str) -> list[str]:
+def kinds(server: App, model: str, version: str) -> list[str]:
     return [e.kind for e in server.events.recent(1000) if e.model == model and e.version == version]
 
 

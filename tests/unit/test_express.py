@@ -1,7 +1,7 @@
 """The express lane (frontend/express.py): a hot model's repeated plain requests are received, looked
 up and answered from C with the replies, statistics and estimates of the general path; every request
 that needs a decision, and every burst while something the general path does for each request is
-pending, goes down the general path instead. A real Server on a real ipc socket, its loop on a thread."""
+pending, goes down the general path instead. A real App on a real ipc socket, its loop on a thread."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from infermux import config as cfg
 from infermux.frontend import parsecache
+from infermux.app import App
 from infermux.frontend.server import Server
 from infermux.protocol import decode_reply, encode_request
 from infermux.transport.wire import choose
@@ -69,7 +70,7 @@ TIMING = re.compile(rb'"timing_us":\{"queue":\d+,"compute":\d+,"total":\d+\}')
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
     tmp = tmp_path_factory.mktemp("express")
     add_one(tmp / "engines" / "plain" / "1" / "model.onnx")
     add_one(tmp / "engines" / "wide" / "1" / "model.onnx", width=2048)
@@ -78,7 +79,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     text = (f'[daemon]\nlisten = ["ipc://infer.sock"]\nengine_dir = "{tmp / "engines"}"\nwatch = false\n'
             'inline_max_us = 1000000\ninline_busy_max_us = 1000000\nmax_reply_bytes = 4096\n'
             f'oversize_memory_s = {OVERSIZE_MEMORY_S}\n' + MODELS)
-    s = Server(cfg.parse(text, tmp / "infermux.toml"), tmp / "run")
+    s = App(cfg.parse(text, tmp / "infermux.toml"), tmp / "run")
     s.bind()
     s.start_models().join()
     loop = threading.Thread(target=s.serve_forever, daemon=True)
@@ -89,7 +90,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 
 
 @pytest.fixture
-def client(server: Server) -> Iterator[zmq.Socket]:
+def client(server: App) -> Iterator[zmq.Socket]:
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, 10_000)
@@ -106,12 +107,12 @@ def ask(sock: zmq.Socket, model: str, inputs: dict[str, np.ndarray], **fields: A
     return frames[1:]
 
 
-def lane(server: Server) -> int:
-    assert server.express is not None
-    return server.express.served
+def lane(server: App) -> int:
+    assert server.frontend.express is not None
+    return server.frontend.express.served
 
 
-def taught(server: Server, sock: zmq.Socket, model: str, inputs: dict[str, np.ndarray], **fields: Any) -> None:
+def taught(server: App, sock: zmq.Socket, model: str, inputs: dict[str, np.ndarray], **fields: Any) -> None:
     """Send until the lane takes this kind of request (the first ones teach the layout and its acceptance)."""
     def taken() -> bool:
         before = lane(server)
@@ -125,7 +126,7 @@ def without_timing(frames: list[bytes]) -> list[bytes]:
     return [TIMING.sub(b"T", frame) for frame in frames]
 
 
-def test_the_lane_takes_a_repeated_plain_request_and_answers_it(server: Server, client: zmq.Socket) -> None:
+def test_the_lane_takes_a_repeated_plain_request_and_answers_it(server: App, client: zmq.Socket) -> None:
     taught(server, client, "plain", {"x": X}, id=0)
     before = lane(server)
     replies = [decode_reply(ask(client, "plain", {"x": X}, id=n)) for n in range(1, 21)]
@@ -144,7 +145,7 @@ IDS = st.one_of(st.integers(-(10 ** 18) + 1, 10 ** 18 - 1),
 @settings(max_examples=40, deadline=None)
 @given(ids=st.lists(IDS, min_size=1, max_size=4), asked=st.sampled_from([None, ["sum"], ["prod", "sum"]]))
 def test_the_lanes_replies_are_the_general_paths_byte_for_byte_but_for_the_timing(
-        server: Server, ids: list[Any], asked: list[str] | None) -> None:
+        server: App, ids: list[Any], asked: list[str] | None) -> None:
     a = np.float32([[1, 2, 3]])
     b = np.float32([[4, 5, 6]])
     with zmq.Context.instance().socket(zmq.DEALER) as sock:
@@ -166,13 +167,13 @@ def test_the_lanes_replies_are_the_general_paths_byte_for_byte_but_for_the_timin
 _lanes: dict[int, Any] = {}
 
 
-def lane_off(server: Server) -> None:
-    """Take the lane away between two requests (the loop reads `server.express` at each burst)."""
-    _lanes[id(server)], server.express = server.express, None
+def lane_off(server: App) -> None:
+    """Take the lane away between two requests (the loop reads `server.frontend.express` at each burst)."""
+    _lanes[id(server)], server.frontend.express = server.frontend.express, None
 
 
-def lane_on(server: Server) -> None:
-    server.express = _lanes.pop(id(server))
+def lane_on(server: App) -> None:
+    server.frontend.express = _lanes.pop(id(server))
 
 
 HEADERS = st.one_of(
@@ -209,7 +210,7 @@ def test_the_compiled_lane_looks_up_headers_as_long_as_the_parse_cache_keeps() -
     ("guarded", {}),  # a fallback to decide
 ])
 def test_a_request_that_needs_a_decision_goes_down_the_general_path(
-        server: Server, client: zmq.Socket, model: str, fields: dict[str, Any]) -> None:
+        server: App, client: zmq.Socket, model: str, fields: dict[str, Any]) -> None:
     for n in range(6):
         before = lane(server)
         reply = decode_reply(ask(client, model, {"x": X}, id=n, **fields))
@@ -218,7 +219,7 @@ def test_a_request_that_needs_a_decision_goes_down_the_general_path(
         assert lane(server) == before
 
 
-def test_frames_that_do_not_fit_the_layout_get_the_general_paths_error(server: Server, client: zmq.Socket) -> None:
+def test_frames_that_do_not_fit_the_layout_get_the_general_paths_error(server: App, client: zmq.Socket) -> None:
     taught(server, client, "plain", {"x": X}, id=0)
     header = encode_request("plain", {"x": X}, id=7)[0]
     before = lane(server)
@@ -229,12 +230,12 @@ def test_frames_that_do_not_fit_the_layout_get_the_general_paths_error(server: S
     taught(server, client, "plain", {"x": X}, id=8)  # and the lane goes on
 
 
-def test_the_lane_counts_statistics_and_estimates_as_the_general_path(server: Server, client: zmq.Socket) -> None:
+def test_the_lane_counts_statistics_and_estimates_as_the_general_path(server: App, client: zmq.Socket) -> None:
     taught(server, client, "plain", {"x": X}, id=0)
     mv = server.registry.model("plain").default()
     executor = mv.placement.executors[0]
     stats, served = mv.stats.snapshot().total.served, executor.served
-    requests, layouts = server.requests, server.parses.hits + lane(server)
+    requests, layouts = server.requests, server.frontend.parses.hits + lane(server)
     executor.row_us = 200.0  # far above add_one's compute, under the inline gate's 250 µs: the estimate must fall
     for n in range(10):
         ask(client, "plain", {"x": X}, id=n)
@@ -244,10 +245,10 @@ def test_the_lane_counts_statistics_and_estimates_as_the_general_path(server: Se
     eventually(lambda: executor.row_us < 200.0, "the lane's compute times folded into the estimate")
     # The burst's count is added once it returns, after its last reply: wait for it.
     eventually(lambda: server.requests - requests == 10, "the frontend's count of the lane's requests")
-    assert server.parses.hits + lane(server) - layouts == 10
+    assert server.frontend.parses.hits + lane(server) - layouts == 10
 
 
-def test_a_reply_the_lane_computes_forgives_its_connection_a_refusal_held_back(server: Server) -> None:
+def test_a_reply_the_lane_computes_forgives_its_connection_a_refusal_held_back(server: App) -> None:
     """A refusal held back (pacing.py) makes its connection's next one wait longer, until a request of
     that connection is computed: also when the lane computes it, which asks the pacer once a burst."""
     identity = b"forgiven-peer"
@@ -261,18 +262,18 @@ def test_a_reply_the_lane_computes_forgives_its_connection_a_refusal_held_back(s
         header = encode_request("plain", {"x": X}, id=7)[0]
         sock.send_multipart([b"", header, *([bytes(1 << 16)] * 40)])  # 2.6 MB and too many frames: held, then 400
         assert decode_reply(sock.recv_multipart()[1:]).status == 400
-        assert server.pacer.remembers(identity)
+        assert server.frontend.pacer.remembers(identity)
         before = lane(server)
         reply = decode_reply(ask(sock, "plain", {"x": X}, id=8))
         assert reply.status == 200, reply.header
         eventually(lambda: lane(server) > before, "the lane to compute the request")
-        assert not server.pacer.remembers(identity)
+        assert not server.frontend.pacer.remembers(identity)
     finally:
         sock.close()
 
 
 def test_a_reply_over_max_reply_bytes_is_413_and_the_next_like_it_is_refused_uncomputed(
-        server: Server, client: zmq.Socket) -> None:
+        server: App, client: zmq.Socket) -> None:
     """Each 413 "computed" keeps its kind (oversize.py), which closes the lane; waited out, the next
     request (the general path's look at the kinds forgets it) opens it again. The layout and its
     acceptance are learnt from the first of these rounds, then the lane computes one."""
@@ -283,7 +284,7 @@ def test_a_reply_over_max_reply_bytes_is_413_and_the_next_like_it_is_refused_unc
         first = decode_reply(ask(client, "wide", {"x": WIDE}, id=n))
         assert first.status == 413 and "it was computed" in first.error, first.header
         assert mv_served(server, "wide") - computed == 1
-        if lane(server) - before == 1:  # the lane computed it, and _send answered 413 in its place
+        if lane(server) - before == 1:  # the lane computed it, and Sender.send answered 413 in its place
             break
     else:
         raise AssertionError("the lane never took the wide request")
@@ -292,11 +293,11 @@ def test_a_reply_over_max_reply_bytes_is_413_and_the_next_like_it_is_refused_unc
     assert lane(server) - before == 1 and mv_served(server, "wide") - computed == 1
 
 
-def mv_served(server: Server, model: str) -> int:
+def mv_served(server: App, model: str) -> int:
     return sum(ex.served for ex in server.registry.model(model).default().placement.executors)
 
 
-def test_a_drained_daemon_refuses_what_the_lane_would_have_taken(server: Server, client: zmq.Socket) -> None:
+def test_a_drained_daemon_refuses_what_the_lane_would_have_taken(server: App, client: zmq.Socket) -> None:
     taught(server, client, "plain", {"x": X}, id=0)
     before = lane(server)
     server.draining = True
@@ -315,9 +316,9 @@ def idle(tmp_path: Path) -> Iterator[Server]:
     add_one(tmp_path / "engines" / "plain" / "1" / "model.onnx")
     text = (f'[daemon]\nlisten = ["ipc://infer.sock"]\nengine_dir = "{tmp_path / "engines"}"\nwatch = false\n'
             '[[models]]\nname = "plain"\nversion = "1"\nengine = "plain/1/model.onnx"\n')
-    s = Server(cfg.parse(text, tmp_path / "infermux.toml"), tmp_path / "run")
+    s = App(cfg.parse(text, tmp_path / "infermux.toml"), tmp_path / "run")
     s.bind()
-    yield s
+    yield s.frontend
     s.close()
 
 
@@ -348,7 +349,7 @@ def test_each_pending_per_request_duty_closes_the_lane_for_the_burst(idle: Serve
     assert not idle._express_open(refuse)
 
 
-def test_a_bug_on_the_lane_answers_500_and_the_lane_goes_on(server: Server, client: zmq.Socket,
+def test_a_bug_on_the_lane_answers_500_and_the_lane_goes_on(server: App, client: zmq.Socket,
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     taught(server, client, "plain", {"x": X}, id=0)
     before = lane(server)
@@ -361,7 +362,7 @@ def test_a_bug_on_the_lane_answers_500_and_the_lane_goes_on(server: Server, clie
 
 
 def test_a_backend_failure_on_the_lane_is_answered_as_the_general_path_answers_it(
-        server: Server, client: zmq.Socket, monkeypatch: pytest.MonkeyPatch) -> None:
+        server: App, client: zmq.Socket, monkeypatch: pytest.MonkeyPatch) -> None:
     taught(server, client, "plain", {"x": X}, id=0)
     executor = server.registry.model("plain").default().placement.executors[0]
     context = executor._context
@@ -406,7 +407,7 @@ HOW = ["no tensor", "one tensor more", "tensor shorter", "tensor longer", "no de
 @settings(max_examples=60, deadline=None)
 @given(how=st.sampled_from(HOW), n=st.integers(1, 16), ident=st.integers(0, 10 ** 6))
 def test_a_malformed_or_unusual_message_gets_the_general_paths_answer_with_the_lane_on(
-        server: Server, how: str, n: int, ident: int) -> None:
+        server: App, how: str, n: int, ident: int) -> None:
     frames = mutated([b"", *encode_request("plain", {"x": X}, id=ident)], how, n)
     with zmq.Context.instance().socket(zmq.DEALER) as sock:
         sock.setsockopt(zmq.RCVTIMEO, 10_000)
@@ -431,7 +432,7 @@ def test_the_lane_hears_a_connection_before_it_answers_it(tmp_path: Path) -> Non
     text = (f'[daemon]\nlisten = ["ipc://infer.sock"]\nengine_dir = "{tmp_path / "engines"}"\nwatch = false\n'
             'inline_max_us = 1000000\ninline_busy_max_us = 1000000\n'
             '[[models]]\nname = "plain"\nversion = "1"\nengine = "plain/1/model.onnx"\n')
-    s = Server(cfg.parse(text, tmp_path / "infermux.toml"), tmp_path / "run")
+    s = App(cfg.parse(text, tmp_path / "infermux.toml"), tmp_path / "run")
     s.bind()
     s.start_models().join()
     sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -443,15 +444,15 @@ def test_the_lane_hears_a_connection_before_it_answers_it(tmp_path: Path) -> Non
             sock.send_multipart([b"", *encode_request("plain", {"x": X}, id=n)])
             deadline = time.monotonic() + 10
             while not sock.poll(0) and time.monotonic() < deadline:  # the first reply comes through the outbox
-                s.step()
+                s.frontend.step()
             sock.recv_multipart()
-        assert s.express is not None and s.parses.express, "the layout was not learned"
+        assert s.frontend.express is not None and s.frontend.parses.express, "the layout was not learned"
         events: list[str] = []
-        answer = s.express.serve
-        s.express.serve = lambda *request: (events.append("answer"), answer(*request))[1]  # type: ignore[method-assign]
+        answer = s.frontend.express.serve
+        s.frontend.express.serve = lambda *request: (events.append("answer"), answer(*request))[1]  # type: ignore[method-assign]
         sock.send_multipart([b"", *encode_request("plain", {"x": X}, id=9)])
-        assert s.frontend is not None and s.frontend.poll(10_000)
-        served, message = s.express.run(1, 1, s._outbox, lambda fd: events.append("hear"), s.peers.dropped)
+        assert s.frontend.socket is not None and s.frontend.socket.poll(10_000)
+        served, message = s.frontend.express.run(1, 1, s.frontend._outbox, lambda fd: events.append("hear"), s.peers.dropped)
         assert (served, message) == (1, None)
         assert events == ["hear", "answer"]
         assert decode_reply(sock.recv_multipart()[1:]).header["id"] == 9

@@ -12,7 +12,7 @@ import pytest
 
 from infermux import config as cfg
 from infermux.frontend.oversize import kind_of
-from infermux.frontend.server import Server
+from infermux.app import App
 from infermux.protocol import Request, decode_reply, encode_request
 from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend
 from support.models import add_one
@@ -47,17 +47,17 @@ X = np.arange(4, dtype=np.float32).reshape(1, 4)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
     tmp = tmp_path_factory.mktemp("fast")
     add_one(tmp / "engines" / "plain" / "1" / "model.onnx")
     # The inline gate as wide as it goes: on a busy box one slow call can raise a context's estimate
     # past the default limits, and these tests are about the paths, not that gate.
     text = (f'[daemon]\nlisten = ["ipc://infer.sock"]\nengine_dir = "{tmp / "engines"}"\nwatch = false\n'
             'inline_max_us = 1000000\ninline_busy_max_us = 1000000\n' + MODELS)
-    s = Server(cfg.parse(text, tmp / "infermux.toml"), tmp / "run")
+    s = App(cfg.parse(text, tmp / "infermux.toml"), tmp / "run")
     s.bind()
     s.start_models().join()
-    s._frontend_thread = threading.get_ident()  # this thread reads requests, as the loop would
+    s.frontend._frontend_thread = threading.get_ident()  # this thread reads requests, as the loop would
     yield s
     s.registry.close(5.0)
     s.close()
@@ -66,7 +66,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
 class Sent:
     """What the server sent, and how many requests went to the general path."""
 
-    def __init__(self, server: Server, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, server: App, monkeypatch: pytest.MonkeyPatch) -> None:
         self.frames: list[list[Any]] = []
         self.general = 0
         admit = server.router.admit
@@ -75,7 +75,7 @@ class Sent:
             self.general += 1
             return admit(job)
 
-        monkeypatch.setattr(server, "_send", lambda frames, envelope=None: self.frames.append(frames))
+        monkeypatch.setattr(server.frontend.sender, "send", lambda frames, envelope=None: self.frames.append(frames))
         monkeypatch.setattr(server.router, "admit", counted)
 
     def reply(self, timeout_s: float = 5.0) -> dict[str, Any]:
@@ -88,7 +88,7 @@ class Sent:
 
 
 @pytest.fixture
-def sent(server: Server, monkeypatch: pytest.MonkeyPatch) -> Sent:
+def sent(server: App, monkeypatch: pytest.MonkeyPatch) -> Sent:
     # Each test starts with every context idle: the general path's executor thread may still be
     # finishing the last test's request (its reply is out before its count drops).
     executors = [ex for mv in server.registry.all_versions() for ex in getattr(mv.placement, "executors", [])]
@@ -96,16 +96,16 @@ def sent(server: Server, monkeypatch: pytest.MonkeyPatch) -> Sent:
     return Sent(server, monkeypatch)
 
 
-def ask(server: Server, model: str, x: np.ndarray = X, **options: Any) -> None:
+def ask(server: App, model: str, x: np.ndarray = X, **options: Any) -> None:
     body = [bytes(memoryview(f)) for f in encode_request(model, {"x": x}, id=7, **options)]
-    server._handle([b"peer", b"", *body], False)
+    server.frontend._handle([b"peer", b"", *body], False)
 
 
-def drain_outbox(server: Server) -> None:
-    server._forward_replies()
+def drain_outbox(server: App) -> None:
+    server.frontend._forward_replies()
 
 
-def test_a_plain_request_is_answered_at_once_without_the_general_path(server: Server, sent: Sent) -> None:
+def test_a_plain_request_is_answered_at_once_without_the_general_path(server: App, sent: Sent) -> None:
     stats = server.registry.model("plain").default().stats
     before = stats.snapshot().total
     ask(server, "plain")
@@ -118,7 +118,7 @@ def test_a_plain_request_is_answered_at_once_without_the_general_path(server: Se
     assert after.batches.get(1, 0) == before.batches.get(1, 0) + 1
 
 
-def test_the_fast_reply_is_the_general_one(server: Server, sent: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_fast_reply_is_the_general_one(server: App, sent: Sent, monkeypatch: pytest.MonkeyPatch) -> None:
     ask(server, "plain")
     fast = sent.reply()
     monkeypatch.setattr(server.router, "admit_fast", lambda job, layout=None: False)
@@ -134,16 +134,16 @@ def test_the_fast_reply_is_the_general_one(server: Server, sent: Sent, monkeypat
     ("batched", {}),  # its request waits for company
     ("guarded", {}),  # a fallback: the deadline decision is the general path's
 ])
-def test_a_request_that_needs_a_decision_takes_the_general_path(server: Server, sent: Sent, model: str,
+def test_a_request_that_needs_a_decision_takes_the_general_path(server: App, sent: Sent, model: str,
                                                                 options: dict[str, Any]) -> None:
     ask(server, model, **options)
-    server._run_held()  # the end of the burst, for the batched model's held request
+    server.frontend._run_held()  # the end of the burst, for the batched model's held request
     drain_outbox(server)
     assert sent.general == 1
     assert sent.reply()["status"] == 200
 
 
-def test_a_busy_context_sends_the_request_to_the_general_path(server: Server, sent: Sent) -> None:
+def test_a_busy_context_sends_the_request_to_the_general_path(server: App, sent: Sent) -> None:
     executor = server.registry.model("plain").default().placement.executors[0]
     with executor._busy:  # another thread computes on it
         ask(server, "plain")
@@ -153,21 +153,21 @@ def test_a_busy_context_sends_the_request_to_the_general_path(server: Server, se
     assert sent.reply()["status"] == 200
 
 
-def test_bad_input_gets_the_general_paths_error(server: Server, sent: Sent) -> None:
+def test_bad_input_gets_the_general_paths_error(server: App, sent: Sent) -> None:
     ask(server, "plain", x=np.zeros((1, 5), np.float32))
     header = sent.reply()
     assert sent.general == 1
     assert header["status"] == 400 and "dimension 1 must be 4" in header["error"], header
 
 
-def test_a_layout_accepted_by_one_engine_is_checked_again_against_the_next(server: Server, sent: Sent,
+def test_a_layout_accepted_by_one_engine_is_checked_again_against_the_next(server: App, sent: Sent,
                                                                         tmp_path: Any) -> None:
     # The third request of a header read from its layout: the first two taught the layout, the third
     # let the router remember that this engine accepts its tensors.
     for _ in range(3):
         ask(server, "plain")
         assert sent.reply()["status"] == 200
-    assert server.parses.layout is not None and sent.general == 0
+    assert server.frontend.parses.layout is not None and sent.general == 0
     mv = server.registry.model("plain").default()
     wider = OnnxRuntimeBackend().load(add_one(tmp_path / "wider.onnx", width=5), {})
     engine, mv.engine = mv.engine, wider  # what a swap brings: another engine, which takes [N, 5]
@@ -181,14 +181,14 @@ def test_a_layout_accepted_by_one_engine_is_checked_again_against_the_next(serve
     assert sent.reply()["status"] == 200 and sent.general == 1
 
 
-def stream_row(server: Server, model: str, key: str) -> dict[str, Any]:
+def stream_row(server: App, model: str, key: str) -> dict[str, Any]:
     from infermux.admin.commands import cmd_streams
 
     return next(r for r in cmd_streams(server, {"model": model})["streams"] if r["key"] == key)
 
 
 @pytest.mark.parametrize("model", ["plain", "cams"])  # fifo, and newest_per_key with nothing of the key waiting
-def test_a_keyed_request_served_on_the_fast_path_is_counted_on_its_stream(server: Server, sent: Sent,
+def test_a_keyed_request_served_on_the_fast_path_is_counted_on_its_stream(server: App, sent: Sent,
                                                                           model: str) -> None:
     key = f"fast-{model}"
     ask(server, model, key=key)
@@ -200,7 +200,7 @@ def test_a_keyed_request_served_on_the_fast_path_is_counted_on_its_stream(server
     assert (stream_row(server, model, key)["received"], stream_row(server, model, key)["served"]) == (2, 2)
 
 
-def test_a_keyed_request_the_fast_path_declines_is_counted_once(server: Server, sent: Sent) -> None:
+def test_a_keyed_request_the_fast_path_declines_is_counted_once(server: App, sent: Sent) -> None:
     executor = server.registry.model("plain").default().placement.executors[0]
     with executor._busy:  # the fast path counts it, declines, and the general path must not count it again
         ask(server, "plain", key="declined")
@@ -212,7 +212,7 @@ def test_a_keyed_request_the_fast_path_declines_is_counted_once(server: Server, 
     assert (row["received"], row["served"]) == (1, 1), row
 
 
-def test_a_newer_frame_of_a_stream_with_one_waiting_takes_the_general_path(server: Server, sent: Sent) -> None:
+def test_a_newer_frame_of_a_stream_with_one_waiting_takes_the_general_path(server: App, sent: Sent) -> None:
     # Under newest_per_key an older frame of the key waiting on one context must be replaced (409) by
     # the newer one, not overtaken by it on an idle context: serve_now leaves it to the general path.
     placement = server.registry.model("cams").default().placement
@@ -229,13 +229,13 @@ def test_a_newer_frame_of_a_stream_with_one_waiting_takes_the_general_path(serve
 
 
 def test_a_request_of_a_kind_whose_reply_was_just_too_large_is_refused_before_the_fast_path(
-        server: Server, sent: Sent) -> None:
-    server.oversize.over(kind_of([b"peer", b""], "plain", None, Request("plain", {"x": X})), 5_000_000)
+        server: App, sent: Sent) -> None:
+    server.frontend.oversize.over(kind_of([b"peer", b""], "plain", None, Request("plain", {"x": X})), 5_000_000)
     stats = server.registry.model("plain").default().stats
     before = stats.snapshot().total.served
     ask(server, "plain")
     assert not sent.frames  # held back a moment (a client looping on it cannot spin), then sent
-    server._send_paused(every=True)
+    server.frontend.sender.send_paused(every=True)
     header = sent.reply()
     assert header["status"] == 413 and header["error"].startswith("refused without computing it"), header
     assert sent.general == 0 and stats.snapshot().total.served == before  # neither path computed it
@@ -249,11 +249,11 @@ def test_a_request_of_a_kind_whose_reply_was_just_too_large_is_refused_before_th
 
 
 def test_a_malformed_message_of_a_megabyte_is_refused_a_moment_late_and_a_small_one_at_once(
-        server: Server, sent: Sent) -> None:
+        server: App, sent: Sent) -> None:
     header = bytes(memoryview(encode_request("plain", {"x": X}, id=7)[0]))
-    server._handle([b"peer", b"", header, *([bytes(1 << 16)] * 40)], False)  # 2.6 MB, too many frames
+    server.frontend._handle([b"peer", b"", header, *([bytes(1 << 16)] * 40)], False)  # 2.6 MB, too many frames
     assert not sent.frames  # held back: a client looping on it sends a few a second
-    server._send_paused(every=True)
+    server.frontend.sender.send_paused(every=True)
     assert sent.reply()["status"] == 400
-    server._handle([b"peer", b"", header, *([bytes(16)] * 40)], False)  # the same mistake, small
+    server.frontend._handle([b"peer", b"", header, *([bytes(16)] * 40)], False)  # the same mistake, small
     assert sent.frames and sent.reply()["status"] == 400  # answered at once
