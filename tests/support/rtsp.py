@@ -47,6 +47,7 @@ SERVER_PACKAGES = {
 CLIENT_PACKAGES = {
     f"{_LIB}/gstreamer-1.0/libgstrtsp.so": "gstreamer1.0-plugins-good",
     f"{_LIB}/gstreamer-1.0/libgstlibav.so": "gstreamer1.0-libav",
+    f"{_LIB}/gstreamer-1.0/libgstvideoparsersbad.so": "gstreamer1.0-plugins-bad",
 }
 FFMPEG_PACKAGES = {"ffmpeg": "ffmpeg", "ffprobe": "ffmpeg"}
 START_TIMEOUT_S = 30
