@@ -333,3 +333,19 @@ def test_the_idle_benchmark_measures_every_mode():
     assert out.returncode == 0, out.stderr[-2000:]
     assert "| this checkout | 1 |" in out.stdout and "| this checkout | 2 |" in out.stdout
     assert "wakeups/s idle | wakeups/s console | wakeups/s scrape | threads |" in out.stdout
+
+
+@pytest.mark.slow
+def test_the_cameras_benchmark_measures_every_decoder_against_the_floor():
+    from support import rtsp, system_packages
+
+    pytest.importorskip("av")
+    rtsp.require_server()
+    system_packages.require({**rtsp.FFMPEG_PACKAGES, **rtsp.CLIENT_PACKAGES})
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_cameras.py"), "--no-write", "--size", "320x180",
+                          "--seconds", "0.5", "--warmup", "0.2", "--rounds", "1", "--clip-seconds", "1"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for kind in ("floor", "pyav", "pyav-yuv", "ffmpeg", "gstreamer"):
+        assert f"| 320×180 | {kind} |" in out.stdout, out.stdout
+    assert "| 320×180 | floor |" in out.stdout and "| 1.00 × |" in out.stdout
