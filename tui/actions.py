@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from infermux.format import parse_value
+
 #: (admin command, its arguments)
 Request = tuple[str, dict[str, Any]]
 
@@ -41,8 +43,6 @@ def _contexts_to(m: dict[str, Any], text: str) -> Request:
 
 
 def _weights(m: dict[str, Any], text: str) -> Request:
-    from infermux.cli.ctl import parse_value
-
     try:
         weights = parse_value("weights", text.strip())
     except ValueError:
