@@ -197,14 +197,6 @@ class Decode:
                                  f"{stride} is {needed} bytes")
 
 
-def encoded_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) a PNG or JPEG declares in its header, or None where it declares none readable."""
-    try:
-        return header_size(data)
-    except ValueError:
-        return None
-
-
 def header_size(data: bytes) -> tuple[int, int]:
     """(width, height) a PNG or JPEG declares, read the way the decoders read it; ValueError saying
     why when there is none to read (not PNG or JPEG, truncated, or laid out against the format).
