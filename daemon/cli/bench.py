@@ -116,10 +116,10 @@ class _Stream:
 
     The frames are encoded once by `protocol.encode_request`; each request's
     header is that header with its own id spliced in (`id_slot`), and each
-    reply parses only its header. Against the echo server at c=16 this took 51–75 µs of generator
-    CPU per request, against 66–89 µs through `client.Pipeline` (which
-    encodes every tensor and decodes every output): ~15 µs that a 2-core
-    box would otherwise take from the server under test.
+    reply parses only its header. It takes less of the generator's CPU per
+    request than `client.Pipeline` (which encodes every tensor and decodes
+    every output), CPU a small device would otherwise take from the server
+    under test (docs/performance.md has the figures).
     """
 
     def __init__(self, endpoint: str, model: str, inputs: Mapping[str, Any],

@@ -104,7 +104,7 @@ class FairQueue(Generic[T]):
         self._size = 0
         self.rows = 0
         self._need = 0  # queued rows at which the waiting consumer is worth waking (0: any item, even 0 rows)
-        self._waiting = 0  # consumers in wait(): without one, put() skips notify() (~1 µs a request)
+        self._waiting = 0  # consumers in wait(): without one, put() skips notify(), a cost every request would pay
         self._cut: float | None = None  # when the batch being formed goes, while `take` waits
         self._closed = False
         self._ready = threading.Condition(threading.Lock())
