@@ -275,9 +275,7 @@ class FairQueue(Generic[T]):
         with self._ready:
             while rows < limit and rows != largest:
                 if self._size:
-                    room = limit - rows
-                    key = self._first_fitting(lambda item: self._size_of(item) <= room and (
-                        fits is None or fits(first, item)))
+                    key = self._joining(first, limit - rows, fits)
                     if key is NONE:
                         break
                     nxt = self._pop(key)
@@ -285,19 +283,29 @@ class FairQueue(Generic[T]):
                     rows += self._size_of(nxt)
                     if patience is not None:
                         cut = min(cut, time.monotonic() + patience(nxt))
-                    continue
-                if rows in preferred:
+                elif not self._wait_for_company(rows, limit, preferred, cut):
                     break
-                left = cut - time.monotonic()
-                if left <= 0 or self._closed:
-                    break
-                target = min((p for p in preferred if p > rows), default=limit)
-                self._need, self._cut = target - rows, cut
-                try:
-                    self._wait(left)
-                finally:
-                    self._need, self._cut = 0, None
         return items
+
+    def _joining(self, first: T, room: int, fits: Callable[[T, T], bool] | None) -> Hashable:
+        """The key of the first lane whose head may join `first`'s batch within `room` rows (else NONE)."""
+        return self._first_fitting(lambda item: self._size_of(item) <= room and (fits is None or fits(first, item)))
+
+    def _wait_for_company(self, rows: int, limit: int, preferred: list[int], cut: float) -> bool:
+        """With the lock held and nothing queued: wait for more rows, until `cut` at most. False: the batch
+        of `rows` goes now (a preferred size, its time is up, or the queue is closed)."""
+        if rows in preferred:
+            return False
+        left = cut - time.monotonic()
+        if left <= 0 or self._closed:
+            return False
+        target = min((p for p in preferred if p > rows), default=limit)
+        self._need, self._cut = target - rows, cut
+        try:
+            self._wait(left)
+        finally:
+            self._need, self._cut = 0, None
+        return True
 
     def lanes(self) -> dict[Hashable, Lane[T]]:
         """Per key with queued items: how many, the oldest and the newest, as of now."""
