@@ -31,8 +31,8 @@ most `wait_s` for company after the first item, never longer than the
 earliest `patience` of an item already taken (its deadline), and at once
 when the rows reach a preferred size. The waiting consumer is woken only
 when enough rows have arrived to matter, not on every `put`: a wake-up per
-request costs a GIL hand-off that, on a 2-core box, ate most of what
-batching saves.
+request costs a GIL hand-off that, on a device with few cores, ate most
+of what batching saves.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ _CHANNELS = {"bgr": 3, "rgb": 3, "gray": 1}
 # an encoder that searches for the smallest file a few dozen: each scan is a pass over the whole frame.
 DEFAULT_MAX_SCANS = 100
 # The least a decoder spends per pixel, and per pixel and scan of a progressive JPEG, in ns: set
-# several times under what libjpeg-turbo spent on a blank frame on the 2-core box (docs/pipelines.md),
+# several times under what libjpeg-turbo was measured to spend on a blank frame (docs/pipelines.md),
 # so that an estimate from them is a lower bound on the decode's cost on a faster CPU too: a frame
 # refused by it would have cost more.
 NS_PER_PIXEL, NS_PER_PIXEL_SCAN = 0.2, 0.02
