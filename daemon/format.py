@@ -2,11 +2,14 @@
 
 Plain functions, no Rich and no Textual: `infermux status`, the pipelines'
 stats table and the console (tui/, whose colours and markup are
-tui/markup.py) all write numbers the same way.
+tui/markup.py) all write numbers the same way; and `infermux ctl` and the
+console's editor read a setting's value as an operator types it the same way
+(`parse_value`).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from typing import Any, Sequence
 
@@ -127,3 +130,17 @@ def superseded(stats: dict[str, Any]) -> int:
 def version_key(model: dict[str, Any]) -> str:
     """The row key of a model version everywhere in the console: name:version."""
     return f"{model['name']}:{model['version']}"
+
+
+def parse_value(key: str, text: str) -> Any:
+    """`3` -> 3, `2.1:90,2.2:10` -> {"2.1": 90, "2.2": 10} for weights, JSON where it parses, else text."""
+    if key == "weights" and not text.startswith("{"):
+        try:
+            pairs = (item.rsplit(":", 1) for item in text.split(",") if item)
+            return {version: int(weight) for version, weight in pairs}
+        except ValueError:
+            raise ValueError(f"weights={text!r}: write VERSION:WEIGHT,... (e.g. 2.1:90,2.2:10)") from None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

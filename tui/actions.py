@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from infermux.format import parse_value
+
 #: (admin command, its arguments)
 Request = tuple[str, dict[str, Any]]
 
@@ -41,8 +43,6 @@ def _contexts_to(m: dict[str, Any], text: str) -> Request:
 
 
 def _weights(m: dict[str, Any], text: str) -> Request:
-    from infermux.cli.ctl import parse_value
-
     try:
         weights = parse_value("weights", text.strip())
     except ValueError:
@@ -147,20 +147,30 @@ def summary(cmd: str, reply: dict[str, Any]) -> str:
         return str(reply.get("error", "failed"))
     if reply.get("message"):
         return str(reply["message"])
-    if cmd == "set":
-        return "; ".join(f"{k} {_text(v)}" for k, v in (reply.get("set") or {}).items()) or "nothing changed"
-    if cmd == "load":
-        return f"loaded in {reply.get('load_ms', '?')} ms"
     if cmd in ("unload", "drain") and "drained" in reply:  # drain of a version: unload after its queue
         return f"unloaded after answering {reply.get('drained', 0)} queued request(s)"
-    if cmd == "pin":
-        return f"{reply.get('model')}:{reply.get('version')} pinned"
-    if cmd == "unpin":
-        return f"unpinned; default now {reply.get('default')}"
-    if cmd == "resume":
-        return "accepting requests again"
-    if cmd == "reload":
-        changes = {k: v for k, v in (reply.get("changes") or {}).items() if v}
-        return "configuration reloaded: " + ("; ".join(f"{k} {v}" for k, v in changes.items()) or "no changes")
+    said = _SUMMARIES.get(cmd)
+    if said is not None:
+        return said(reply)
     fields = {k: v for k, v in reply.items() if k not in ("ok", "model", "version")}
     return ", ".join(f"{k} {v}" for k, v in fields.items()) or "done"
+
+
+def _set_summary(reply: dict[str, Any]) -> str:
+    return "; ".join(f"{k} {_text(v)}" for k, v in (reply.get("set") or {}).items()) or "nothing changed"
+
+
+def _reload_summary(reply: dict[str, Any]) -> str:
+    changes = {k: v for k, v in (reply.get("changes") or {}).items() if v}
+    return "configuration reloaded: " + ("; ".join(f"{k} {v}" for k, v in changes.items()) or "no changes")
+
+
+#: What a command's success says, where it says more than its reply's fields.
+_SUMMARIES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "set": _set_summary,
+    "load": lambda reply: f"loaded in {reply.get('load_ms', '?')} ms",
+    "pin": lambda reply: f"{reply.get('model')}:{reply.get('version')} pinned",
+    "unpin": lambda reply: f"unpinned; default now {reply.get('default')}",
+    "resume": lambda reply: "accepting requests again",
+    "reload": _reload_summary,
+}

@@ -27,13 +27,7 @@ def daemon_line(d: dict[str, Any]) -> list[str]:
              f"{states.get('ready', 0)}/{sum(states.values())} ready"]
     if states.get("failed"):
         parts.append(f"[b red]{states['failed']} failed[/]")
-    clients = d.get("clients") or {}
-    if clients.get("dropped_replies"):
-        parts.append(f"[yellow]{fmt.count(int(clients['dropped_replies']))} replies dropped[/]")
-    if clients.get("refused_connections"):
-        parts.append(f"[yellow]{fmt.count(int(clients['refused_connections']))} conns refused[/]")
-    if clients.get("idle_closed"):
-        parts.append(f"[yellow]{fmt.count(int(clients['idle_closed']))} silent conns closed[/]")
+    parts += _held_off(d.get("clients") or {})
     busy = (d.get("frontend_thread") or {}).get("busy_ratio")
     if busy is not None and busy >= BUSY:  # one thread near a full core: it limits the QPS
         parts.append(f"[{_level(busy, BUSY, SATURATED)}]frontend {100 * busy:.0f}% busy[/]")
@@ -44,6 +38,13 @@ def daemon_line(d: dict[str, Any]) -> list[str]:
     if d.get("internal_errors"):
         parts.append(f"[b red]{d['internal_errors']} err[/]")
     return parts
+
+
+def _held_off(clients: dict[str, Any]) -> list[str]:
+    """What the daemon did about clients, where it did any: replies dropped, connections refused or closed."""
+    return [f"[yellow]{fmt.count(int(clients[key]))} {what}[/]" for key, what in (
+        ("dropped_replies", "replies dropped"), ("refused_connections", "conns refused"),
+        ("idle_closed", "silent conns closed")) if clients.get(key)]
 
 
 def _express(d: dict[str, Any]) -> str:

@@ -161,11 +161,7 @@ class AdminServer:
     def _run(self) -> None:
         """Serve until stopped, asleep until a command, a subscription, an event or the next snapshot
         a subscriber wants: nothing wakes an idle daemon's admin thread on a timer."""
-        poller = zmq.Poller()
-        for sock in (self.admin, self.stats):
-            if sock is not None:
-                poller.register(sock, zmq.POLLIN)
-        poller.register(self._wake, zmq.POLLIN)
+        poller = self._poller()
         pace = _Pace(self.interval_s)
         while not self._stop.is_set():
             wants = self.stats is not None and self._wants(b"snapshot")
@@ -174,11 +170,7 @@ class AdminServer:
             if self._wake in ready:
                 self._take_wake()
             if self.admin is not None and self.admin in ready:
-                self._happened += 1
-                try:
-                    self._serve_one()
-                except Exception:  # one bad request must not end admin and stats for good
-                    log.exception("internal error on an admin request; serving on")
+                self._answer()
             while self._done and self.admin is not None:
                 self.admin.send_multipart(self._done.popleft())
             if self.stats is not None and self.stats in ready:
@@ -186,6 +178,22 @@ class AdminServer:
             self._publish_events()
             if self.stats is not None and self._wants(b"snapshot") and pace.due((self.server.requests, self._happened)):
                 self._publish("snapshot", snapshot.full(self.server))
+
+    def _poller(self) -> zmq.Poller:
+        """What the thread waits on: the admin and stats sockets it has, and its wake-up."""
+        poller = zmq.Poller()
+        for sock in (self.admin, self.stats):
+            if sock is not None:
+                poller.register(sock, zmq.POLLIN)
+        poller.register(self._wake, zmq.POLLIN)
+        return poller
+
+    def _answer(self) -> None:
+        self._happened += 1
+        try:
+            self._serve_one()
+        except Exception:  # one bad request must not end admin and stats for good
+            log.exception("internal error on an admin request; serving on")
 
     def _take_wake(self) -> None:
         try:

@@ -335,25 +335,38 @@ def cmd_unpin(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
 def cmd_reset(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     """Forget live changes of a model (of one field when `field` is given): the file's values serve."""
     name = _str(args, "model") or ""
-    model = server.registry.model(name)
-    field = _str(args, "field", required=False)
-    if field is not None and field not in (*overrides.FIELDS, "weights"):
-        raise CommandError(f"cannot reset {field!r}; fields: {', '.join([*overrides.FIELDS, 'weights'])}")
+    field = _reset_field(args)
     live = [o for o in server.registry.overrides.all() if o.model == name]
-    if model is None and not live:
+    if server.registry.model(name) is None and not live:
         raise CommandError(f"unknown model {name!r}; models: {', '.join(sorted(server.registry.models)) or 'none'}")
     dropped = server.registry.overrides.reset(name, "weight" if field == "weights" else field)
-    for d in dropped:
-        o = d.override
-        mv = model.versions.get(o.version) if model is not None else None
-        if o.field == "fallback" and model is not None:
-            model.fallback = d.file
-        elif mv is not None and o.field != "weight":
-            server.registry.configure(mv, **{o.field: d.file})
+    _serve_the_files(server, name, dropped)
     if any(d.override.field == "fallback" for d in dropped):
         server.registry.check_fallbacks(name)
     return {"model": name, "reset": [d.summary() for d in dropped],
             **({} if dropped else {"message": "no live changes to reset"})}
+
+
+def _reset_field(args: dict[str, Any]) -> str | None:
+    """The field `reset` names, if any (one of the overridable fields or `weights`)."""
+    field = _str(args, "field", required=False)
+    if field is not None and field not in (*overrides.FIELDS, "weights"):
+        raise CommandError(f"cannot reset {field!r}; fields: {', '.join([*overrides.FIELDS, 'weights'])}")
+    return field
+
+
+def _serve_the_files(server: "Daemon", name: str, dropped: list[overrides.Dropped]) -> None:
+    """Give model `name` and its versions the file's values of the live changes just dropped."""
+    model = server.registry.model(name)
+    if model is None:
+        return
+    for d in dropped:
+        o = d.override
+        mv = model.versions.get(o.version)
+        if o.field == "fallback":
+            model.fallback = d.file
+        elif mv is not None and o.field != "weight":
+            server.registry.configure(mv, **{o.field: d.file})
 
 
 def cmd_reload(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:

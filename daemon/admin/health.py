@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 # The serving loop turns at least every `poll_ms` (1 s; idle, it sleeps until then
 # or until a tick is due, the systemd watchdog's among them). Ten seconds without
 # a turn is a wedged loop, not a busy one: well above a slow turn on a loaded
-# 2-core box, well under the packaged unit's WatchdogSec=30.
+# small device, well under the packaged unit's WatchdogSec=30.
 LIVE_WITHIN_S = 10.0
 
 

@@ -115,7 +115,26 @@ def render(server: "Daemon", events: EventCounter, gpu: hardware.GpuSource | Non
     models = snapshot.models_view(server)
     daemon = snapshot.daemon_view(server)
     out = Exposition()
-    mv = lambda m: {"model": m["name"], "version": m["version"]}  # noqa: E731
+    _requests(out, models)
+    _models(out, models, events)
+    _memory(out, daemon["memory"])
+    _clients(out, daemon["clients"])
+    _frontend(out, daemon)
+    _gpus(out, gpu.samples() if gpu is not None else [])
+    _processes(out, _process_samples(server))
+    _pipelines(out, server.pipelines.view())
+    _streams(out, server, streams or StreamSeries())
+    return out.text()
+
+
+def _version(m: dict) -> dict:
+    """A model version's labels."""
+    return {"model": m["name"], "version": m["version"]}
+
+
+def _requests(out: Exposition, models: list[dict]) -> None:
+    """Per model version: requests by outcome, their latency and times, batches, queues."""
+    mv = _version
     out.family("infermux_inference_request_success_total", "counter", "Requests served (status 200).",
                [(mv(m), m["stats"]["served"]) for m in models])
     out.family("infermux_inference_request_failure_total", "counter", "Requests answered with an error, by reason.",
@@ -140,6 +159,11 @@ def render(server: "Daemon", events: EventCounter, gpu: hardware.GpuSource | Non
                [(mv(m), m["queue_depth"]) for m in models])
     out.family("infermux_inference_max_queue", "gauge", "The queue's bound: requests past it are answered 429.",
                [(mv(m), m["max_queue"]) for m in models])
+
+
+def _models(out: Exposition, models: list[dict], events: EventCounter) -> None:
+    """Per model version: its state, contexts, memory, restarts, swaps and rollouts."""
+    mv = _version
     out.family("infermux_model_state", "gauge", "1 for the state each model version is in.",
                [({**mv(m), "state": m["state"]}, 1) for m in models])
     out.family("infermux_model_contexts", "gauge", "Execution contexts per model version.",
@@ -152,11 +176,16 @@ def render(server: "Daemon", events: EventCounter, gpu: hardware.GpuSource | Non
     out.family("infermux_model_swaps_total", "counter", "Versions swapped in without downtime.",
                events.of("swapped", {(m["name"],) for m in models}))
     _rollouts(out, models, events, mv)
-    memory = daemon["memory"]
+
+
+def _memory(out: Exposition, memory: dict) -> None:
     out.family("infermux_memory_budget_bytes", "gauge", "Memory budget for models.", [({}, memory["budget_bytes"])])
     out.family("infermux_memory_models_bytes", "gauge", "Memory used by loaded models.", [({}, memory["models_bytes"])])
     out.family("infermux_process_resident_bytes", "gauge", "Daemon resident memory.", [({}, memory["rss_bytes"])])
-    clients = daemon["clients"]
+
+
+def _clients(out: Exposition, clients: dict) -> None:
+    """What the daemon did about its clients: replies dropped, requests stalled, connections refused."""
     out.family("infermux_replies_dropped_total", "counter",
                "Replies dropped because the client's pipe was full (it does not read them).",
                [({}, clients["dropped_replies"])])
@@ -176,6 +205,10 @@ def render(server: "Daemon", events: EventCounter, gpu: hardware.GpuSource | Non
                [({}, clients["idle_closed"])])
     out.family("infermux_connections", "gauge", "Live connections to the inference socket.",
                [({}, clients["connections"])])
+
+
+def _frontend(out: Exposition, daemon: dict) -> None:
+    """The frontend's refusals and shortcuts, its thread's CPU, errors and uptime."""
     out.family("infermux_replies_too_large_total", "counter",
                "Replies over max_reply_bytes: computed, dropped, answered 413 instead.",
                [({}, daemon["replies_too_large"])])
@@ -198,11 +231,6 @@ def render(server: "Daemon", events: EventCounter, gpu: hardware.GpuSource | Non
     out.family("infermux_internal_errors_total", "counter", "Errors logged with a traceback (500s among them).",
                [({}, daemon["internal_errors"])])
     out.family("infermux_uptime_seconds", "gauge", "Seconds since the daemon started.", [({}, float(daemon["uptime_s"]))])
-    _gpus(out, gpu.samples() if gpu is not None else [])
-    _processes(out, _process_samples(server))
-    _pipelines(out, server.pipelines.view())
-    _streams(out, server, streams or StreamSeries())
-    return out.text()
 
 
 STREAM_COUNTERS = (("requests", "received", "Requests of a stream (a model's or pipeline's key), as received."),
@@ -279,7 +307,11 @@ def _pipelines(out: Exposition, pipelines: list[dict]) -> None:
     out.family("infermux_pipeline_regions_dropped_total", "counter",
                "Regions a pipeline dropped because their box or score was not a finite number.",
                [({"pipeline": p["name"]}, p.get("dropped_regions", 0)) for p in pipelines])
-    steps = [({"pipeline": p["name"], "step": name}, s) for p in pipelines for name, s in p["steps"].items()]
+    _steps(out, [({"pipeline": p["name"], "step": name}, s) for p in pipelines for name, s in p["steps"].items()])
+
+
+def _steps(out: Exposition, steps: list[tuple[dict, dict]]) -> None:
+    """Each pipeline step's runs and time, what its re-inference did, the tracks it holds."""
     out.family("infermux_pipeline_step_runs_total", "counter", "Runs of a pipeline step, by status.",
                [({**labels, "status": code}, n) for labels, s in steps for code, n in s["by_status"].items()])
     out.family("infermux_pipeline_step_duration_seconds_total", "counter",

@@ -20,7 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("infermux.cli.bench", "closed-loop load generator: QPS and latency percentiles"),
     "status": ("infermux.cli.status", "print the daemon's models table once"),
     "ctl": ("infermux.cli.ctl", "run one admin command (load, unload, set, pin, drain, reload, ...)"),
-    "top": ("infermux.tui.top", "live console: queues, memory, routing, with control"),
+    "top": ("infermux.cli.top", "live console: queues, memory, routing, with control"),
     "build": ("infermux.cli.build", "build a TensorRT engine from an ONNX model on this device"),
     "keygen": ("infermux.cli.keygen", "make a CURVE keypair for a tcp:// listener or a client"),
     "sign": ("infermux.cli.sign", "make a publisher's key pair, sign engines, check their signatures"),

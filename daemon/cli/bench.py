@@ -116,10 +116,10 @@ class _Stream:
 
     The frames are encoded once by `protocol.encode_request`; each request's
     header is that header with its own id spliced in (`id_slot`), and each
-    reply parses only its header. Against the echo server at c=16 this took 51–75 µs of generator
-    CPU per request, against 66–89 µs through `client.Pipeline` (which
-    encodes every tensor and decodes every output): ~15 µs that a 2-core
-    box would otherwise take from the server under test.
+    reply parses only its header. It takes less of the generator's CPU per
+    request than `client.Pipeline` (which encodes every tensor and decodes
+    every output), CPU a small device would otherwise take from the server
+    under test (docs/performance.md has the figures).
     """
 
     def __init__(self, endpoint: str, model: str, inputs: Mapping[str, Any],
@@ -385,14 +385,7 @@ def run(args: argparse.Namespace) -> int:
     model_of(args)
     if args.wait:
         _await_socket(args, args.wait)
-    image_input = pipeline_input(args)
-    if image_input is not None:  # a pipeline: frames, not tensors
-        frame_of = frame_source(args, args.streams or 1)
-        inputs: dict[str, Any] = {image_input: frame_of(0, 0)}
-        stream_inputs: Callable[[int, int], Mapping[str, Any]] = lambda s, n: {image_input: frame_of(s, n)}  # noqa: E731
-    else:
-        inputs = inputs_for(args, wait_s=args.wait)  # exits with a message on bad specs
-        stream_inputs = lambda s, n: inputs  # noqa: E731
+    inputs, stream_inputs = _inputs(args)
     try:
         endpoint = endpoint_from(args)
     except TimeoutError:  # NoDaemon, an OSError too: exit 3, not a configuration problem
@@ -412,6 +405,22 @@ def run(args: argparse.Namespace) -> int:
         return 2
     if args.streams is not None:
         return _run_streams(args, endpoint, stream_inputs, keys)
+    return _closed_loop(args, endpoint, inputs, keys)
+
+
+def _inputs(args: argparse.Namespace) -> tuple[dict[str, Any], Callable[[int, int], Mapping[str, Any]]]:
+    """What each request sends, and what request `n` of stream `s` sends (a pipeline's: frames)."""
+    image_input = pipeline_input(args)
+    if image_input is None:
+        inputs = inputs_for(args, wait_s=args.wait)  # exits with a message on bad specs
+        return inputs, lambda s, n: inputs
+    frame_of = frame_source(args, args.streams or 1)
+    return {image_input: frame_of(0, 0)}, lambda s, n: {image_input: frame_of(s, n)}
+
+
+def _closed_loop(args: argparse.Namespace, endpoint: str, inputs: dict[str, Any],
+                 keys: Mapping[str, bytes] | None) -> int:
+    """`bench` at --concurrency for --requests or --duration: a summary or JSON; 0 if every reply was 200."""
     count: int | None = None if args.duration is not None else (args.requests or 1000)
     progress = _StderrProgress(args.duration, " s") if count is None else _StderrProgress(count, " replies")
     fields: dict[str, Any] = {"version": args.version, "key": args.key}

@@ -122,12 +122,7 @@ def run_streams(endpoint: str, model: str, inputs: InputsFn, *, streams: int, fp
         raise ValueError("--streams, --fps and --duration must be positive")
     keys = [f"{key_prefix}-{s}" for s in range(streams)]
     tallies = [StreamTally(k) for k in keys]
-    socket: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
-    socket.setsockopt(zmq.LINGER, 0)
-    socket.setsockopt(zmq.SNDHWM, 0)  # open loop: never block a send behind the daemon
-    for option, value in (curve or {}).items():
-        setattr(socket, option, value)
-    socket.connect(endpoint)
+    socket = _dealer(endpoint, curve)
     sender = _Sender(socket, model, inputs, keys, fields or {})
     for s in range(streams):  # every distinct frame made and encoded now, not while the clock runs
         for n in range(distinct_frames):
@@ -152,12 +147,29 @@ def run_streams(endpoint: str, model: str, inputs: InputsFn, *, streams: int, fp
                 progress(sum(t.answered for t in tallies), time.perf_counter() - start)
                 next_report += 1.0
         elapsed = time.perf_counter() - start
-        deadline = time.perf_counter() + timeout_s
-        while sent_at and time.perf_counter() < deadline:
-            _read(socket, sent_at, tallies, until=min(deadline, time.perf_counter() + 0.1))
+        _await_replies(socket, sent_at, tallies, timeout_s)
     finally:
         socket.close(0)
     return StreamsResult(endpoint, model, fps, max(elapsed, duration_s), tallies)
+
+
+def _dealer(endpoint: str, curve: Mapping[str, bytes] | None) -> zmq.Socket:
+    """The one socket every stream sends on, connected."""
+    socket: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.setsockopt(zmq.SNDHWM, 0)  # open loop: never block a send behind the daemon
+    for option, value in (curve or {}).items():
+        setattr(socket, option, value)
+    socket.connect(endpoint)
+    return socket
+
+
+def _await_replies(socket: zmq.Socket, sent_at: dict[int, tuple[int, float]], tallies: list[StreamTally],
+                   timeout_s: float) -> None:
+    """The replies still due after the last send, for up to `timeout_s`."""
+    deadline = time.perf_counter() + timeout_s
+    while sent_at and time.perf_counter() < deadline:
+        _read(socket, sent_at, tallies, until=min(deadline, time.perf_counter() + 0.1))
 
 
 def _read(socket: zmq.Socket, sent_at: dict[int, tuple[int, float]], tallies: list[StreamTally], until: float) -> None:

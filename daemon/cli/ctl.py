@@ -23,6 +23,7 @@ import sys
 from typing import Any
 
 from infermux.cli.common import USAGE, CliError, add_endpoint_arguments, endpoint_from, live_changes
+from infermux.format import parse_value
 
 PING_S = 5.0  # how long an absent daemon may keep an operator waiting
 
@@ -38,20 +39,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print the raw JSON reply")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                         help="how long a command the daemon answers may take (a load, a drain; default 600)")
-
-
-def parse_value(key: str, text: str) -> Any:
-    """`3` -> 3, `2.1:90,2.2:10` -> {"2.1": 90, "2.2": 10} for weights, JSON where it parses, else text."""
-    if key == "weights" and not text.startswith("{"):
-        try:
-            pairs = (item.rsplit(":", 1) for item in text.split(",") if item)
-            return {version: int(weight) for version, weight in pairs}
-        except ValueError:
-            raise ValueError(f"weights={text!r}: write VERSION:WEIGHT,... (e.g. 2.1:90,2.2:10)") from None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return text
 
 
 def request_args(words: list[str]) -> dict[str, Any]:

@@ -175,7 +175,7 @@ def _wire() -> Check:
     choice = choose()
     if choice.compiled or choice.chosen:  # compiled, or pyzmq's on purpose
         return Check("wire", "OK", choice.describe())
-    return Check("wire", "WARN", f"{choice.describe()} (it serves, at ~10 µs more CPU a request)")
+    return Check("wire", "WARN", f"{choice.describe()} (it serves, at more CPU a request)")
 
 
 def _backends() -> list[Check]:

@@ -181,6 +181,19 @@ def send_image(client: Any, args: argparse.Namespace, data: bytes, fmt: str) -> 
                       input=args.image_input, timeout_ms=args.timeout_ms, outputs=args.output, key=args.key)
 
 
+def _show(reply: Any, top: int) -> None:
+    """A reply as text: its header, then its regions, a classifier's classes, and each output (`top` values)."""
+    print(json.dumps(reply.header))
+    for region in reply.header.get("regions") or []:
+        track = f"track {region['track_id']}  " if "track_id" in region else ""
+        print(f"  {track}{region.get('text', region.get('label', ''))!r}  score {region['score']:.3f}  "
+              f"box {region['box']}")
+    for row in reply.header.get("classes") or []:  # a whole-frame classifier's answer, per batch row
+        print("  " + ", ".join(f"{c.get('label') or c.get('index')!r} {c.get('score', 0):.3f}" for c in row))
+    for name, value in reply.outputs.items():
+        print("\n".join(describe(name, value, top)))
+
+
 def run(args: argparse.Namespace) -> int:
     from infermux.transport import curve
     from infermux.client import Client
@@ -203,15 +216,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(reply.header, indent=2))
     else:
-        print(json.dumps(reply.header))
-        for region in reply.header.get("regions") or []:
-            track = f"track {region['track_id']}  " if "track_id" in region else ""
-            print(f"  {track}{region.get('text', region.get('label', ''))!r}  score {region['score']:.3f}  "
-                  f"box {region['box']}")
-        for row in reply.header.get("classes") or []:  # a whole-frame classifier's answer, per batch row
-            print("  " + ", ".join(f"{c.get('label') or c.get('index')!r} {c.get('score', 0):.3f}" for c in row))
-        for name, value in reply.outputs.items():
-            print("\n".join(describe(name, value, args.top)))
+        _show(reply, args.top)
     if args.save:
         out = Path(args.save)
         out.mkdir(parents=True, exist_ok=True)

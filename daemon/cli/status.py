@@ -75,9 +75,32 @@ def _names(endpoint: str) -> int:
     return 0
 
 
+def _show(daemon: dict[str, Any], models: list[dict[str, Any]], pipelines: list[dict[str, Any]]) -> None:
+    """The daemon's line, what its frontend and MPS run, the models' table, the pipelines' table."""
+    from infermux.pipelines.stats import table as pipeline_table
+
+    mem = daemon["memory"]
+    print(f"infermux {daemon['version']}  pid {daemon['pid']}  up {fmt.duration(daemon['uptime_s'])}  "
+          f"{daemon['requests']} requests{express_part(daemon)}  {'accepting' if daemon['accepting'] else 'DRAINING'}  "
+          f"models {fmt.size(mem['models_bytes'])} of budget {fmt.size(mem['budget_bytes'])}")
+    wire = daemon.get("wire") or {}
+    if wire.get("kind") == "python":  # the slower calls: say so, and what brings the compiled ones
+        print(f"frontend: {wire.get('detail', '')}")
+    elif not (daemon.get("express") or {}).get("on", True):
+        print("frontend: the express lane is off (INFERMUX_EXPRESS=off in the daemon's environment)")
+    busy = busy_line(daemon)
+    if busy:
+        print(busy)
+    mps = daemon.get("mps") or {}
+    if mps.get("mode", "off") != "off":  # cold workers as MPS clients (workers/mps.py)
+        print(f"mps {mps['mode']}: {'active' if mps.get('active') else 'not active'}, {mps.get('detail', '')}")
+    print(table(models))
+    if pipelines:
+        print(pipeline_table(pipelines))
+
+
 def run(args: argparse.Namespace) -> int:
     from infermux.client import AdminClient
-    from infermux.pipelines.stats import table as pipeline_table
 
     if args.names:
         return _names(endpoint_from(args, "admin"))
@@ -88,24 +111,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({"daemon": daemon, "models": models, "pipelines": pipelines}, indent=2))
     else:
-        mem = daemon["memory"]
-        print(f"infermux {daemon['version']}  pid {daemon['pid']}  up {fmt.duration(daemon['uptime_s'])}  "
-              f"{daemon['requests']} requests{express_part(daemon)}  {'accepting' if daemon['accepting'] else 'DRAINING'}  "
-              f"models {fmt.size(mem['models_bytes'])} of budget {fmt.size(mem['budget_bytes'])}")
-        wire = daemon.get("wire") or {}
-        if wire.get("kind") == "python":  # the slower calls: say so, and what brings the compiled ones
-            print(f"frontend: {wire.get('detail', '')}")
-        elif not (daemon.get("express") or {}).get("on", True):
-            print("frontend: the express lane is off (INFERMUX_EXPRESS=off in the daemon's environment)")
-        busy = busy_line(daemon)
-        if busy:
-            print(busy)
-        mps = daemon.get("mps") or {}
-        if mps.get("mode", "off") != "off":  # cold workers as MPS clients (workers/mps.py)
-            print(f"mps {mps['mode']}: {'active' if mps.get('active') else 'not active'}, {mps.get('detail', '')}")
-        print(table(models))
-        if pipelines:
-            print(pipeline_table(pipelines))
+        _show(daemon, models, pipelines)
     if args.check and failed(models):
         print("\n".join(f"infermux status: failed: {line}" for line in failed(models)), file=sys.stderr)
         return 1

@@ -31,8 +31,8 @@ most `wait_s` for company after the first item, never longer than the
 earliest `patience` of an item already taken (its deadline), and at once
 when the rows reach a preferred size. The waiting consumer is woken only
 when enough rows have arrived to matter, not on every `put`: a wake-up per
-request costs a GIL hand-off that, on a 2-core box, ate most of what
-batching saves.
+request costs a GIL hand-off that, on a device with few cores, ate most
+of what batching saves.
 """
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ class FairQueue(Generic[T]):
         self._size = 0
         self.rows = 0
         self._need = 0  # queued rows at which the waiting consumer is worth waking (0: any item, even 0 rows)
-        self._waiting = 0  # consumers in wait(): without one, put() skips notify() (~1 µs a request)
+        self._waiting = 0  # consumers in wait(): without one, put() skips notify(), a cost every request would pay
         self._cut: float | None = None  # when the batch being formed goes, while `take` waits
         self._closed = False
         self._ready = threading.Condition(threading.Lock())
@@ -275,9 +275,7 @@ class FairQueue(Generic[T]):
         with self._ready:
             while rows < limit and rows != largest:
                 if self._size:
-                    room = limit - rows
-                    key = self._first_fitting(lambda item: self._size_of(item) <= room and (
-                        fits is None or fits(first, item)))
+                    key = self._joining(first, limit - rows, fits)
                     if key is NONE:
                         break
                     nxt = self._pop(key)
@@ -285,19 +283,29 @@ class FairQueue(Generic[T]):
                     rows += self._size_of(nxt)
                     if patience is not None:
                         cut = min(cut, time.monotonic() + patience(nxt))
-                    continue
-                if rows in preferred:
+                elif not self._wait_for_company(rows, limit, preferred, cut):
                     break
-                left = cut - time.monotonic()
-                if left <= 0 or self._closed:
-                    break
-                target = min((p for p in preferred if p > rows), default=limit)
-                self._need, self._cut = target - rows, cut
-                try:
-                    self._wait(left)
-                finally:
-                    self._need, self._cut = 0, None
         return items
+
+    def _joining(self, first: T, room: int, fits: Callable[[T, T], bool] | None) -> Hashable:
+        """The key of the first lane whose head may join `first`'s batch within `room` rows (else NONE)."""
+        return self._first_fitting(lambda item: self._size_of(item) <= room and (fits is None or fits(first, item)))
+
+    def _wait_for_company(self, rows: int, limit: int, preferred: list[int], cut: float) -> bool:
+        """With the lock held and nothing queued: wait for more rows, until `cut` at most. False: the batch
+        of `rows` goes now (a preferred size, its time is up, or the queue is closed)."""
+        if rows in preferred:
+            return False
+        left = cut - time.monotonic()
+        if left <= 0 or self._closed:
+            return False
+        target = min((p for p in preferred if p > rows), default=limit)
+        self._need, self._cut = target - rows, cut
+        try:
+            self._wait(left)
+        finally:
+            self._need, self._cut = 0, None
+        return True
 
     def lanes(self) -> dict[Hashable, Lane[T]]:
         """Per key with queued items: how many, the oldest and the newest, as of now."""

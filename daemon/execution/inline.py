@@ -2,16 +2,15 @@
 
 Handing a request to an executor thread costs the reading thread about
 as much GIL time as it saves: a queue put, a wake-up, and later the reply
-coming back through the outbox. On the 2-core development box that hand-off
-costs ~70–110 µs of the frontend's time per request, more than the sample
-classifier's whole compute (38 µs). So a request whose expected compute is
+coming back through the outbox: that hand-off costs the frontend more time
+than the sample classifier's whole compute. So a request whose expected compute is
 short runs on the reading thread when its context is idle:
 
 - nothing else waits on the socket: up to `idle_max_us` (default 500 µs),
   since nobody is delayed by it;
 - other requests wait: only up to `busy_max_us` (default 250 µs, never
-  more than `idle_max_us`), about the hand-off's own cost in wall time
-  (~225 µs there); longer computes go to the executors, where they
+  more than `idle_max_us`), about the hand-off's own cost in wall time;
+  longer computes go to the executors, where they
   overlap with reading the next requests;
 - a batched model's request is never computed alone while others wait:
   they could join its batch. The frontend queues it without waking the
@@ -86,7 +85,7 @@ def track_compute(estimate_us: float, sample_us: float, may_rise: bool = True) -
     An executor thread coming back from the backend waits for the GIL while
     the frontend holds it, and that wait lands in its sample; on a loaded box
     the scheduler can also leave it off the CPU for a while. A plain average
-    would let such stalls make a 38 µs model look several times slower and
+    would let such stalls make a small model look several times slower and
     close the inline gate exactly under the load it is for. So a slower
     sample counts for at most 4× the estimate, and only by 1/16: a real
     slowdown still shows within ~50 calls (a new engine gets new executors
@@ -96,9 +95,8 @@ def track_compute(estimate_us: float, sample_us: float, may_rise: bool = True) -
     only a faster sample counts. That thread waits for the GIL while the
     reading thread holds it, so its samples grow exactly when the reading
     thread is busy; letting them raise the estimate closed the gate, which
-    sent more requests to the executor, whose samples grew more: on the
-    2-core box the classifier's estimate climbed to 250 µs and two thirds
-    of the requests at concurrency 16 were handed off. A real slowdown
+    sent more requests to the executor, whose samples grew more, until most
+    of the requests were handed off (docs/decisions.md). A real slowdown
     still shows in the samples of the requests computed inline.
     """
     if not estimate_us:

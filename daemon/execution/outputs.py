@@ -2,8 +2,8 @@
 
 Without this the outputs are copied after they are computed: into the
 client's region by protocol.encode_reply, into a worker's slot by the worker
-(a second memcpy of the tensor on the cold path, ~200 µs at 4.9 MB on the
-2-core box). A backend that can write into arrays it is given
+(a second memcpy of the tensor on the cold path, which shows for a large
+output). A backend that can write into arrays it is given
 (base.WritesOutputs: onnxruntime through an IOBinding, TensorRT by copying
 from the device straight into them) computes into views on that memory
 instead. `RegionOutputs` places a hot request's outputs in its client's

@@ -22,8 +22,6 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-COMPARES = ("allclose", "argmax", "iou")
-
 
 @dataclass(frozen=True)
 class Rule:

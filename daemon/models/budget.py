@@ -240,10 +240,10 @@ def mb(n: int) -> str:
 # cold worker, an executor per context of every swapped-in engine, loader
 # and stop threads); each lands in some arena and leaves long-lived
 # allocations scattered there, so every arena's heap creeps up and no other
-# thread reuses its free space. Measured with the soak's load (one cold
-# worker restart every ~5 s): RSS grew ~50 KiB per restart with the default
-# arenas, ~13 KiB with 2; hot-path QPS was the same within noise (threads
-# mostly allocate under the GIL anyway).
+# thread reuses its free space. Under the soak's load (cold workers
+# restarting all the time) RSS grew per restart with the default arenas,
+# a quarter as much with 2 (docs/performance.md); hot-path QPS was the same
+# within noise (threads mostly allocate under the GIL anyway).
 MALLOC_ARENAS = 2
 _M_ARENA_MAX = -8  # mallopt parameter, <malloc.h>
 
@@ -280,7 +280,7 @@ def release_freed_memory() -> None:
     lived long enough to reach the oldest generation, which Python collects
     only every few minutes at the daemon's object count. Until then nothing
     was freed and there was nothing to trim: the soak's RSS saw-toothed by
-    2-3 MiB. The collection takes ~5 ms of GIL, once per unload.
+    a few MiB. The collection holds the GIL a few milliseconds, once per unload.
 
     Then glibc's malloc_trim: backends free their arenas into glibc, which
     keeps them mapped; across many swaps the daemon's RSS would creep up by

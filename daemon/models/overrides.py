@@ -194,8 +194,19 @@ class Overrides:
         versions it lists and the fallbacks of the models it lists (a version found in engine_dir
         is reconciled when the swap applies its new settings); a live fallback that would now make
         a cycle goes too."""
-        listed = {mc.key: mc for mc in config.models}
         chain = fallback_of(config.models)
+        self._follow_changes(config, chain)
+        for o in [o for o in self.all() if o.field == "fallback" and o.live]:
+            problem = fallback_problem(self.fallbacks(chain))
+            if problem is None:
+                break
+            without = {**self.fallbacks(chain), o.model: chain.get(o.model, "")}
+            if fallback_problem({k: v for k, v in without.items() if v}) is None:  # this one closes it
+                self._drop(o, chain.get(o.model, ""), problem[1])
+
+    def _follow_changes(self, config: Config, chain: dict[str, str]) -> None:
+        """Drop every live change of a field `config` gives another value than the file did."""
+        listed = {mc.key: mc for mc in config.models}
         names = {mc.name for mc in config.models}
         for o in self.all():
             if o.version and (o.model, o.version) in listed:
@@ -206,13 +217,6 @@ class Overrides:
                 continue
             if now != o.file:
                 self._drop(o, now, "the file changed it")
-        for o in [o for o in self.all() if o.field == "fallback" and o.live]:
-            problem = fallback_problem(self.fallbacks(chain))
-            if problem is None:
-                break
-            without = {**self.fallbacks(chain), o.model: chain.get(o.model, "")}
-            if fallback_problem({k: v for k, v in without.items() if v}) is None:  # this one closes it
-                self._drop(o, chain.get(o.model, ""), problem[1])
 
     def inherit(self, mc: ModelConfig, superseded: str | None, share: int | None) -> tuple[ModelConfig, dict[str, Any]]:
         """A new version `mc` (as the file gives it) takes the live settings of the version it

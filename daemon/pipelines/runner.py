@@ -201,18 +201,7 @@ class Pipeline:
                     req.id, model=self.name))
             for stage in self.stages:
                 self._stage(stage, sample, run)
-            header: dict[str, Any] = {"id": req.id, "status": 200, "model": self.name}
-            if sample.classes and not sample.regions:  # a whole-frame classifier: its classes, no regions
-                header["classes"] = [[{"index": c.index, "label": c.label, "score": round(c.score, 6)}
-                                      for c in row] for row in sample.classes]
-            else:
-                header["regions"] = [r.to_json() for r in sample.regions]
-            header["timing_us"] = run.timing_us
-            if run.fallbacks:
-                header["fallbacks"] = run.fallbacks
-            if sample.dropped:  # boxes that were not finite numbers: the answer says the frame had them
-                header["dropped_regions"] = sample.dropped
-            return Status.OK, encode_reply(header, {k: run.tensors[k] for k in run.wanted})
+            return Status.OK, encode_reply(self._header(req.id, sample, run), {k: run.tensors[k] for k in run.wanted})
         except OutOfTime as exc:  # the request's time, not the frame: another request may give it more
             status, message, retry = Status.DEADLINE, f"{where} {exc}", None
         except ProcessorError as exc:  # a step's refusal of what the frame is: the same frame again gets it again
@@ -226,6 +215,22 @@ class Pipeline:
             log.error("%s %s", where, exc, exc_info=exc.__cause__)
             status, message, retry = Status.BACKEND_ERROR, f"{where} {exc}", None
         return status, encode_reply(error_header(status, message, req.id, retry_after_ms=retry, model=self.name))
+
+    def _header(self, request_id: Any, sample: Sample, run: Run) -> dict[str, Any]:
+        """A computed frame's reply header: its regions (or a whole-frame classifier's classes), the steps'
+        times, the fallbacks taken and how many boxes were dropped."""
+        header: dict[str, Any] = {"id": request_id, "status": 200, "model": self.name}
+        if sample.classes and not sample.regions:  # a whole-frame classifier: its classes, no regions
+            header["classes"] = [[{"index": c.index, "label": c.label, "score": round(c.score, 6)}
+                                  for c in row] for row in sample.classes]
+        else:
+            header["regions"] = [r.to_json() for r in sample.regions]
+        header["timing_us"] = run.timing_us
+        if run.fallbacks:
+            header["fallbacks"] = run.fallbacks
+        if sample.dropped:  # boxes that were not finite numbers: the answer says the frame had them
+            header["dropped_regions"] = sample.dropped
+        return header
 
     def _wanted(self, job: Job) -> tuple[str, ...]:
         """The tensors the request asks for back: "step.output" of a model step."""
@@ -357,17 +362,7 @@ class Pipeline:
     def _model(self, step: spec.ModelStep, samples: list[Sample], run: Run) -> None:
         """The samples' tensors as one request to `step.model`; each sample gets its rows of the outputs."""
         tensors = [working(step.name, s) for s in samples]
-        if step.fan_out:
-            widest = max(t.shape[-1] for t in tensors)
-            if widest > self.config.max_crop_width:
-                raise FrameTooLarge(step.name, f"a region's tensor is {widest} wide; the pipeline pads every crop "
-                                    f"of the frame to the widest and takes at most {self.config.max_crop_width} "
-                                    f"(max_crop_width)")
-        size = batch_bytes(tensors, step.pad_multiple)
-        if size > self.config.max_batch_bytes:  # before the batch (or the model's work on it) is made
-            raise FrameTooLarge(step.name, f"its batch of {len(tensors)} tensor(s) would be {size} bytes; the "
-                                f"limit is {self.config.max_batch_bytes} (max_batch_bytes)")
-        batch = stack(step.name, tensors, step.pad_value, step.pad_multiple)
+        batch = self._batch(step, tensors)
         names = self._model_inputs(step.model)
         name = step.input or (names[0] if names and len(names) == 1 else ONLY_INPUT)
         try:
@@ -381,18 +376,37 @@ class Pipeline:
         for out, value in reply.outputs.items():
             if f"{step.name}.{out}" in run.wanted:
                 run.tensors[f"{step.name}.{out}"] = value
-        if len(samples) == 1:
-            samples[0].outputs = dict(reply.outputs)
-            return
-        cuts = np.cumsum([t.shape[0] for t in tensors])[:-1]
-        for one in samples:  # this model's outputs replace the previous model's
-            one.outputs = {}
-        for out, value in reply.outputs.items():
-            if value.shape[:1] != batch.shape[:1]:
-                raise ProcessorError(step.name, f"output {out!r} has shape {list(value.shape)}, not one row "
-                                     f"per input row ({batch.shape[0]})")
-            for one, part in zip(samples, np.split(value, cuts)):
-                one.outputs[out] = part
+        share(step.name, samples, [t.shape[0] for t in tensors], batch, reply.outputs)
+
+    def _batch(self, step: spec.ModelStep, tensors: list[np.ndarray]) -> np.ndarray:
+        """The samples' tensors as one batch, once its crops' width and its size are within the bounds."""
+        if step.fan_out:
+            widest = max(t.shape[-1] for t in tensors)
+            if widest > self.config.max_crop_width:
+                raise FrameTooLarge(step.name, f"a region's tensor is {widest} wide; the pipeline pads every crop "
+                                    f"of the frame to the widest and takes at most {self.config.max_crop_width} "
+                                    f"(max_crop_width)")
+        size = batch_bytes(tensors, step.pad_multiple)
+        if size > self.config.max_batch_bytes:  # before the batch (or the model's work on it) is made
+            raise FrameTooLarge(step.name, f"its batch of {len(tensors)} tensor(s) would be {size} bytes; the "
+                                f"limit is {self.config.max_batch_bytes} (max_batch_bytes)")
+        return stack(step.name, tensors, step.pad_value, step.pad_multiple)
+
+
+def share(step: str, samples: list[Sample], rows: list[int], batch: np.ndarray, outputs: dict[str, np.ndarray]) -> None:
+    """Each sample gets its `rows` of the model's outputs for `batch` (they replace the previous model's)."""
+    if len(samples) == 1:
+        samples[0].outputs = dict(outputs)
+        return
+    cuts = np.cumsum(rows)[:-1]
+    for one in samples:
+        one.outputs = {}
+    for out, value in outputs.items():
+        if value.shape[:1] != batch.shape[:1]:
+            raise ProcessorError(step, f"output {out!r} has shape {list(value.shape)}, not one row "
+                                 f"per input row ({batch.shape[0]})")
+        for one, part in zip(samples, np.split(value, cuts)):
+            one.outputs[out] = part
 
 
 def batch_bytes(tensors: list[np.ndarray], multiple: int) -> int:

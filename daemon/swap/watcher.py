@@ -245,8 +245,8 @@ def _shorten_move_pairing() -> None:
 
     watchdog holds each IN_MOVED_FROM for 0.5 s to pair it with its
     IN_MOVED_TO, and a reader already waiting on it sleeps out the whole
-    delay even once the pair is found: about one rename in five reached us
-    0.4-0.5 s late on the development box. The kernel queues both halves of
+    delay even once the pair is found, so a rename could reach us that much
+    late. The kernel queues both halves of
     a rename together, so 50 ms is ample; an unpaired half only costs the
     settle window, never correctness.
     """

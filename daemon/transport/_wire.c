@@ -2,7 +2,7 @@
 
    The frontend receives each request as 3-5 frames and sends each reply as
    4-6, and pyzmq makes every frame a Python call, a Frame object and a
-   flags check; on the 2-core box those calls were a large part of the
+   flags check; those calls were a large part of the
    Python the daemon spends around the bare loop's work (docs/performance.md).
    This module does the same libzmq calls from C, on the socket pyzmq made:
 

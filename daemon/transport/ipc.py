@@ -24,9 +24,6 @@ from typing import Iterator
 log = logging.getLogger("infermux.ipc")
 
 GROUP = "infermux"
-# admin.sock's group by default: who may drain the daemon or unload models is not every
-# camera pipeline that may run them ([daemon] admin_group, docs/security.md).
-ADMIN_GROUP = "infermux-admin"
 # What the unit's RuntimeDirectory= makes (/run/infermux, 0750): members of
 # the group reach the sockets, nobody else lists them.
 DIR_MODE = 0o750

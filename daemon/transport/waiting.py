@@ -3,9 +3,9 @@
 The frontend and a worker's I/O thread ask this once or twice a request
 (inline.py's limits depend on it, and a burst of reads stops on it). A
 receive that finds nothing raises zmq.Again, whose construction (strerror,
-an import inside pyzmq) was ~5 % of the frontend's time at concurrency 1;
-and `getsockopt(zmq.EVENTS) & zmq.POLLIN` goes through enum conversions,
-5.4 against 3.1 µs a call with plain ints on the 2-core box.
+an import inside pyzmq) showed in the frontend's profile at concurrency 1;
+and `getsockopt(zmq.EVENTS) & zmq.POLLIN` goes through enum conversions that
+a call with plain ints skips (docs/performance.md has the figures).
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@
 The frontend makes three calls on its ROUTER for every request: is a
 message waiting, receive it, send the reply. Through pyzmq each frame of
 a message is a Python call and a Frame object; `_wire.c` makes the same
-libzmq calls for a whole message in one call, which saves ~10 µs of the
-frontend's CPU a request on the 2-core box (docs/performance.md). The
+libzmq calls for a whole message in one call, which saves a part of the
+frontend's CPU a request that shows at high rates (docs/performance.md). The
 extension is optional (packaging/infermux_build.py): without it, or with
 INFERMUX_WIRE=python in the environment, the frontend runs pyzmq's calls,
 which behave the same. `choose()` says which, and why.

@@ -279,22 +279,8 @@ def build_engine(opts: BuildOptions, on_phase: OnPhase | None = None) -> BuildRe
         _static_for_dla(shapes)
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, opts.workspace_mib << 20)
-    first = None
-    for profiles in shapes if shapes[0] else []:  # static shapes: no profile at all
-        profile = builder.create_optimization_profile()
-        for name, (low, opt, high) in profiles.items():
-            profile.set_shape(name, low, opt, high)
-        config.add_optimization_profile(profile)
-        if first is None:  # no truthiness test on a binding object
-            first = profile
-    _set_precision(trt, config, opts, first)  # INT8 calibrates with the first profile
-    if opts.dla_core is not None:
-        _use_dla(trt, builder, config, opts.dla_core, opts.gpu_fallback)
-    if opts.timing_cache is not None:
-        _use_timing_cache(shared, config, opts.timing_cache)
-    monitor = _progress_monitor(trt, on_phase)
-    if monitor is not None:
-        config.progress_monitor = monitor
+    first = _add_profiles(builder, config, shapes)
+    _configure(shared, builder, config, opts, first, on_phase)
     plan = builder.build_serialized_network(network, config)  # releases the GIL while it builds
     if plan is None:
         raise BuildError(f"TensorRT could not build {opts.onnx}: {shared.last_error() or 'no reason logged'}")
@@ -305,6 +291,33 @@ def build_engine(opts: BuildOptions, on_phase: OnPhase | None = None) -> BuildRe
     dla = None if opts.dla_core is None else _on_dla(trt, network, config, opts)
     return BuildReport(opts.output, size, time.monotonic() - start, trt.__version__, shapes[0], shapes,
                        int(network.num_layers), dla)
+
+
+def _add_profiles(builder: Any, config: Any, shapes: Sequence[dict[str, tuple[Shape, Shape, Shape]]]) -> Any:
+    """One optimization profile per batch range (none for static shapes); the first, or None."""
+    first = None
+    for profiles in shapes if shapes[0] else []:  # static shapes: no profile at all
+        profile = builder.create_optimization_profile()
+        for name, (low, opt, high) in profiles.items():
+            profile.set_shape(name, low, opt, high)
+        config.add_optimization_profile(profile)
+        if first is None:  # no truthiness test on a binding object
+            first = profile
+    return first
+
+
+def _configure(shared: trtlib.Shared, builder: Any, config: Any, opts: BuildOptions, first: Any,
+               on_phase: OnPhase) -> None:
+    """The build's precision, DLA core, timing cache and progress monitor."""
+    trt = shared.trt
+    _set_precision(trt, config, opts, first)  # INT8 calibrates with the first profile
+    if opts.dla_core is not None:
+        _use_dla(trt, builder, config, opts.dla_core, opts.gpu_fallback)
+    if opts.timing_cache is not None:
+        _use_timing_cache(shared, config, opts.timing_cache)
+    monitor = _progress_monitor(trt, on_phase)
+    if monitor is not None:
+        config.progress_monitor = monitor
 
 
 def _unheard(phase: str) -> None:

@@ -214,13 +214,7 @@ def _as_type(want: Any, value: Any) -> tuple[bool, Any]:
     if want is type(None):
         return value is None, None
     if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            return False, None
-        items = args[:1] * len(value) if len(args) == 2 and args[1] is Ellipsis else args
-        if len(items) != len(value):
-            return False, None
-        converted = [_as_type(a, v) for a, v in zip(items, value)]
-        return all(ok for ok, _ in converted), tuple(v for _, v in converted)
+        return _as_tuple(args, value)
     if want is float:
         ok = isinstance(value, (int, float)) and not isinstance(value, bool)
         return ok, float(value) if ok else None
@@ -229,6 +223,17 @@ def _as_type(want: Any, value: Any) -> tuple[bool, Any]:
     if want is Path:
         return isinstance(value, (str, Path)), Path(value) if isinstance(value, (str, Path)) else None
     return isinstance(value, want), value
+
+
+def _as_tuple(args: tuple[Any, ...], value: Any) -> tuple[bool, Any]:
+    """`value` as tuple[args] (tuple[X, ...]: any length), each item converted as `_as_type` does."""
+    if not isinstance(value, (list, tuple)):
+        return False, None
+    items = args[:1] * len(value) if len(args) == 2 and args[1] is Ellipsis else args
+    if len(items) != len(value):
+        return False, None
+    converted = [_as_type(a, v) for a, v in zip(items, value)]
+    return all(ok for ok, _ in converted), tuple(v for _, v in converted)
 
 
 def _describe(want: Any) -> str:

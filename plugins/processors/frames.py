@@ -42,7 +42,7 @@ _CHANNELS = {"bgr": 3, "rgb": 3, "gray": 1}
 # an encoder that searches for the smallest file a few dozen: each scan is a pass over the whole frame.
 DEFAULT_MAX_SCANS = 100
 # The least a decoder spends per pixel, and per pixel and scan of a progressive JPEG, in ns: set
-# several times under what libjpeg-turbo spent on a blank frame on the 2-core box (docs/pipelines.md),
+# several times under what libjpeg-turbo was measured to spend on a blank frame (docs/pipelines.md),
 # so that an estimate from them is a lower bound on the decode's cost on a faster CPU too: a frame
 # refused by it would have cost more.
 NS_PER_PIXEL, NS_PER_PIXEL_SCAN = 0.2, 0.02
@@ -197,14 +197,6 @@ class Decode:
                                  f"{stride} is {needed} bytes")
 
 
-def encoded_size(data: bytes) -> tuple[int, int] | None:
-    """(width, height) a PNG or JPEG declares in its header, or None where it declares none readable."""
-    try:
-        return header_size(data)
-    except ValueError:
-        return None
-
-
 def header_size(data: bytes) -> tuple[int, int]:
     """(width, height) a PNG or JPEG declares, read the way the decoders read it; ValueError saying
     why when there is none to read (not PNG or JPEG, truncated, or laid out against the format).
@@ -250,14 +242,7 @@ def _jpeg_size(data: bytes) -> tuple[int, int]:
     fill bytes before a marker, each segment skipped by its own length, however long."""
     at, end = 2, len(data)
     for _ in range(MAX_JPEG_SEGMENTS):
-        if at >= end or data[at] != 0xFF:
-            raise ValueError(f"no JPEG marker at byte {at}" if at < end else "the JPEG ends before its frame header")
-        while at < end and data[at] == 0xFF:  # fill bytes
-            at += 1
-        if at >= end:
-            raise ValueError("the JPEG ends before its frame header")
-        marker = data[at]
-        at += 1
+        marker, at = _marker(data, at)
         if marker in _STANDALONE:
             continue
         if marker in (0xD8, 0xD9, 0xDA, 0x00):  # SOI again, EOI or a scan before any frame header
@@ -268,14 +253,31 @@ def _jpeg_size(data: bytes) -> tuple[int, int]:
         if length < 2:
             raise ValueError(f"segment 0xFF{marker:02X} at byte {at - 1} has length {length}")
         if marker in _SOF:
-            if length < 8 or at + 7 > end:
-                raise ValueError("the JPEG's frame header is cut short")
-            height, width = int.from_bytes(data[at + 3:at + 5], "big"), int.from_bytes(data[at + 5:at + 7], "big")
-            if not (width and height):  # a height of 0 is defined later (DNL), which libjpeg refuses too
-                raise ValueError(f"the JPEG's frame header declares {width}x{height}")
-            return width, height
+            return _frame_size(data, at, length)
         at += length
     raise ValueError(f"no frame header in the JPEG's first {MAX_JPEG_SEGMENTS} segments")
+
+
+def _marker(data: bytes, at: int) -> tuple[int, int]:
+    """The marker at byte `at` (after any 0xFF fill bytes), and the byte after it."""
+    end = len(data)
+    if at >= end or data[at] != 0xFF:
+        raise ValueError(f"no JPEG marker at byte {at}" if at < end else "the JPEG ends before its frame header")
+    while at < end and data[at] == 0xFF:  # fill bytes
+        at += 1
+    if at >= end:
+        raise ValueError("the JPEG ends before its frame header")
+    return data[at], at + 1
+
+
+def _frame_size(data: bytes, at: int, length: int) -> tuple[int, int]:
+    """(width, height) of the frame header (SOF) segment of `length` bytes at byte `at`."""
+    if length < 8 or at + 7 > len(data):
+        raise ValueError("the JPEG's frame header is cut short")
+    height, width = int.from_bytes(data[at + 3:at + 5], "big"), int.from_bytes(data[at + 5:at + 7], "big")
+    if not (width and height):  # a height of 0 is defined later (DNL), which libjpeg refuses too
+        raise ValueError(f"the JPEG's frame header declares {width}x{height}")
+    return width, height
 
 
 # In a scan's entropy-coded data a 0xFF byte is followed by 0x00 (a stuffed byte) or a restart marker

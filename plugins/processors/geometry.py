@@ -40,12 +40,21 @@ class ResizeConfig:
     max_pixels: int = DEFAULT_MAX_PIXELS  # the image it makes, checked before making it (mode height: any width)
 
     def check(self) -> tuple[str, str] | None:
+        """The first option out of its bounds, and why (None: all within)."""
+        return self._check_mode() or self._check_bounds()
+
+    def _check_mode(self) -> tuple[str, str] | None:
+        """The mode, and the size or height it needs."""
         if self.mode not in MODES:
             return "mode", f"must be one of {', '.join(MODES)}, got {self.mode!r}"
         if self.mode in ("stretch", "letterbox") and (self.size is None or min(self.size) < 1):
             return "size", f"must be [width, height], two positive integers, for mode {self.mode!r}"
         if self.mode == "height" and (self.height is None or self.height < 1):
             return "height", "must be a positive integer for mode 'height'"
+        return None
+
+    def _check_bounds(self) -> tuple[str, str] | None:
+        """The other options."""
         if self.multiple < 1:
             return "multiple", "must be at least 1"
         if self.limit not in ("max", "min"):

@@ -293,8 +293,15 @@ class Track:
         ids: list[int | None] = [None] * len(regions)
         for t, d in pairs:
             ids[int(d)] = int(tracks.ids[t])
-        if not advance:
-            return ids
+        if advance:
+            self._advance(tracks, pairs, dets, high, ids)
+        return ids
+
+    def _advance(self, tracks: Tracks, pairs: list[tuple[Any, Any]], dets: np.ndarray, high: np.ndarray,
+                 ids: list[int | None]) -> None:
+        """The tracks move on to this frame: the matched corrected, the others aged (and the long lost
+        ended), a track born for each high-score region left over (its id written into `ids`)."""
+        c = self.config
         rows = np.array([t for t, _ in pairs], np.intp)
         unmatched = np.ones(len(tracks.ids), bool)
         unmatched[rows] = False
@@ -308,7 +315,6 @@ class Track:
         for d, track_id in zip(births, born):
             ids[d] = track_id
         tracks.add(born, dets[births])
-        return ids
 
     def _room(self, tracks: Tracks, wanted: int) -> int:
         """Make room for up to `wanted` new tracks under max_tracks by ending the longest-lost ones;

@@ -96,7 +96,7 @@ async def console_rows(top: str, clone: Path, env: dict[str, str]) -> list[str]:
     """Tab 7 of `infermux top` (built as the command builds it) once it has four cameras."""
     import argparse
 
-    from infermux.tui import top as top_command
+    from infermux.cli import top as top_command
     from infermux.tui.app import TopApp
     from infermux.tui.feed import Endpoints, LiveFeed
     from infermux.tui.views.streams import StreamsTable

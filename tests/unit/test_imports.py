@@ -4,10 +4,11 @@ The graph is read from the source (ast): daemon/ is the infermux package,
 tui/ and plugins/ its subpackages. Every package sits in one layer of
 LAYERS, written bottom to top; a module may import its own layer and the
 layers below, never one above, whether the import runs when the module is
-imported or later, inside a function. Only imports under
+imported or later, inside a function, or by a string handed to `importlib`
+(the command table names its subcommands' modules). Only imports under
 `if TYPE_CHECKING:` are left out: they exist for annotations and never run.
-So no two packages can import each other, and nothing below the command
-line imports `cli` or `tui`. Within a package, the modules' import-time
+So no two packages can import each other, nothing imports `cli`, the
+command line at the top, and nothing below the console imports `tui`. Within a package, the modules' import-time
 imports have no cycle either, and an import inside a function says why it
 is there (ALLOWED_LOCAL), so none hides a cycle.
 """
@@ -50,10 +51,10 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
      "the composition root: the daemon's parts built in order, and its lifecycle"),
     ("client", ("infermux.client",),
      "the public client library"),
-    ("cli", ("infermux.cli", "infermux.__main__"),
-     "the `infermux` command"),
     ("tui", ("infermux.tui",),
      "the console"),
+    ("cli", ("infermux.cli", "infermux.__main__"),
+     "the `infermux` command"),
 ]
 
 # Imports inside a function, of infermux modules, that are there on purpose: (module, imported) -> why.
@@ -61,17 +62,15 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
 ALLOWED_LOCAL = {
     **{(f"infermux.cli.{cmd}", "*"): "a subcommand imports what it runs inside `run`, so that `infermux --help` "
                                       "and the other subcommands start fast"
-       for cmd in ("serve", "ctl", "status", "infer", "bench", "tune", "keygen", "doctor", "sign", "record", "replay")},
+       for cmd in ("serve", "ctl", "status", "infer", "bench", "tune", "keygen", "doctor", "sign", "record", "replay",
+                   "top")},
     ("infermux.cli", "infermux"): "`infermux --version` reads the version without importing the daemon",
     ("infermux.cli", "infermux.cli.common"): "the error guard is imported once a subcommand runs, not for --help",
     ("infermux.cli.common", "*"): "shared by the subcommands' parsers: numpy, zmq and the config parser load "
                                   "only when a command runs, so `infermux --help` stays fast",
-    ("infermux.tui.top", "*"): "`infermux top` imports the console (textual) only when it runs",
     ("infermux.transport.wire", "infermux.transport"): "the compiled socket calls (`_wire`) are optional: "
                                                        "imported where their absence is handled",
     ("infermux.tui.app", "infermux.tui.views.routing"): "a view module loaded when its view is first shown",
-    ("infermux.tui.actions", "infermux.cli.ctl"): "the console's command line parses values as `ctl` does, "
-                                                   "imported on the first command typed",
 }
 
 
@@ -128,8 +127,23 @@ def _local_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
+def _named(tree: ast.Module, sources: dict[str, tuple[bool, str]]) -> Iterator[tuple[str, int]]:
+    """Modules a string names, to be imported by name: `importlib.import_module("infermux.x")`, a
+    command table's `"infermux.cli.serve"`. The bare package name (a folder, a group, a shared-memory
+    prefix) and logger names (`logging.getLogger("infermux.swap")`, an import of nothing) are not imports."""
+    loggers = {id(arg) for call in ast.walk(tree) if isinstance(call, ast.Call)
+               and getattr(call.func, "attr", getattr(call.func, "id", "")) == "getLogger" for arg in call.args}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in sources
+                and node.value != "infermux" and id(node) not in loggers):
+            yield node.value, node.lineno
+
+
 def edges(sources: dict[str, tuple[bool, str]], functions: bool) -> dict[str, dict[str, int]]:
-    """module -> {infermux module it imports: line}, from each module's (is a package, source text)."""
+    """module -> {infermux module it imports: line}, from each module's (is a package, source text).
+
+    With `functions`, every import that may ever run: also those inside functions, and the modules a
+    string names for `importlib` (the command table); without, those that run at import time."""
     found: dict[str, dict[str, int]] = {}
     for module, (is_package, text) in sources.items():
         tree = ast.parse(text, module)
@@ -138,6 +152,9 @@ def edges(sources: dict[str, tuple[bool, str]], functions: bool) -> dict[str, di
             for target in _target(module, is_package, node):
                 if target in sources and target != module:
                     found[module].setdefault(target, node.lineno)
+        for target, line in _named(tree, sources) if functions else ():
+            if target != module:
+                found[module].setdefault(target, line)
     return found
 
 
@@ -267,6 +284,21 @@ def test_the_layer_check_catches_an_upward_import_even_inside_a_function() -> No
         "infermux.low:2 (low) imports infermux.high (high)",
         "infermux.low:2 (low) imports infermux.high.tool (high)"]
     assert upward(edges(sources, functions=False), layers) == []  # the import in f runs only when f does
+
+
+def test_the_layer_check_sees_a_module_named_by_a_string_for_importlib() -> None:
+    layers = [("low", ("infermux.low",), ""), ("high", ("infermux.high",), "")]
+    sources = {
+        "infermux.low": (True, "import importlib\nCOMMANDS = {'run': ('infermux.high.tool', 'help')}\n"
+                               "def load():\n    return importlib.import_module('infermux.high')\n"),
+        "infermux.low.log": (False, "import logging\nlog = logging.getLogger('infermux.high')\n"
+                                    "HOME = 'infermux'\n"),
+        "infermux.high": (True, ""),
+        "infermux.high.tool": (False, ""),
+    }
+    assert upward(edges(sources, functions=True), layers) == [
+        "infermux.low:4 (low) imports infermux.high (high)",
+        "infermux.low:2 (low) imports infermux.high.tool (high)"]
     assert layer_of("infermux.other", layers) is None and layer_of("infermux", LAYERS) == 1
     assert layer_of("infermux.execution.job") == layer_of("infermux.execution")
 

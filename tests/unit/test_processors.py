@@ -425,11 +425,11 @@ def test_nothing_found_is_an_empty_list_not_an_error() -> None:
 
 def test_an_image_declaring_too_many_pixels_is_refused_before_decoding() -> None:
     from infermux.plugins.processors.base import FrameTooLarge
-    from infermux.plugins.processors.frames import encoded_size
+    from infermux.plugins.processors.frames import header_size
     image = np.zeros((40, 60, 3), np.uint8)
     for ext in (".png", ".jpg"):
         encoded = cv2.imencode(ext, image)[1].reshape(-1)
-        assert encoded_size(encoded.tobytes()) == (60, 40)
+        assert header_size(encoded.tobytes()) == (60, 40)
         with pytest.raises(FrameTooLarge, match="frame 60x40 is over the 2000 pixels"):
             create("decode", {"max_pixels": 2000})(Sample(data=encoded, format=ext[1:]))
     # A PNG header claiming 100000 x 100000 with nothing behind it: refused by its header.

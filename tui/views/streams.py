@@ -102,10 +102,17 @@ class StreamsTable(KeyedTable):
                 "drop": (fmt.percent(dropped, received), red or ("yellow" if dropped else "dim")),
                 "age": (fmt.us(p99 * 1000 if p99 is not None else None), red),
                 "seen": (("SILENT " if silent else "") + seen(float(s.get("last_seen_s") or 0)), red),
-                "received": (fmt.count(int(s.get("received") or 0)), red),
-                "superseded": (fmt.count(int(s.get("superseded") or 0)), red or "dim"),
-                "refused": (fmt.count(int(s.get("refused") or 0)), red or ("yellow" if s.get("refused") else "dim")),
+                **_counts(s, red),
             }
+
+
+def _counts(s: dict[str, Any], red: str) -> dict[str, Cell]:
+    """A stream's requests received, superseded and refused, each in its style (`red`: a silent stream's)."""
+    return {
+        "received": (fmt.count(int(s.get("received") or 0)), red),
+        "superseded": (fmt.count(int(s.get("superseded") or 0)), red or "dim"),
+        "refused": (fmt.count(int(s.get("refused") or 0)), red or ("yellow" if s.get("refused") else "dim")),
+    }
 
 
 class StreamsView(Vertical):

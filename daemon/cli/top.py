@@ -5,7 +5,8 @@
     infermux top --admin ipc:///run/infermux/admin.sock --stats ipc:///run/infermux/stats.sock
     infermux status --json > dump.json && infermux top --from-file dump.json
 
-Keys are shown in the footer; ctrl+p opens the command palette.
+Keys are shown in the footer; ctrl+p opens the command palette. This module
+is the command (its arguments, the sockets); the console is infermux.tui.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def endpoints(args: argparse.Namespace) -> tuple[str, str, str]:
     """(admin, stats, config path): --admin/--stats, else the configuration's sockets."""
     import os
 
-    from infermux.cli.infer import endpoint_from
+    from infermux.cli.common import endpoint_from
 
     config = args.config or os.environ.get("INFERMUX_CONFIG", "/etc/infermux/infermux.toml")
     found = {}
