@@ -1,4 +1,4 @@
-"""A camera's motion gate (docs/cameras.md#motion-gate): which decoded frames go on to the target.
+"""A camera's motion gate (docs/motion-gate.md): which decoded frames go on to the target.
 
 A frame is shrunk to a grey image `width` pixels wide and compared with a
 background that follows the scene: a working pixel whose grey level is more
