@@ -56,13 +56,18 @@ class Stream:
     `input` names the input a bare Frame or array goes to (a pipeline's is "image"); a mapping is
     sent as it is. `on_reply(reply)` is called for every reply, on the stream's thread. A request
     unanswered after `timeout_s` is given up (its late reply is ignored) so that the stream goes on.
+    `on_dropped(id)` is called for each id `send` returned that will never get a reply: a frame
+    replaced before it was sent (on the thread calling `send`, before it returns) or a request given
+    up (on the stream's thread). So every id gets one call of either, and what a caller keeps per id
+    can be let go there (examples/camera_ocr.py). Neither is called with the stream's lock held.
     """
 
     def __init__(self, endpoint: str, model: str, key: str, *, input: str = "image", timeout_ms: int | None = None,
                  timeout_s: float = 10.0, context: zmq.Context | None = None,
-                 curve: Mapping[str, bytes] | None = None, on_reply: Callable[[Reply], None] | None = None) -> None:
+                 curve: Mapping[str, bytes] | None = None, on_reply: Callable[[Reply], None] | None = None,
+                 on_dropped: Callable[[int], None] | None = None) -> None:
         self.endpoint, self.model, self.key, self.input = endpoint, model, key, input
-        self.timeout_ms, self.timeout_s, self.on_reply = timeout_ms, timeout_s, on_reply
+        self.timeout_ms, self.timeout_s, self.on_reply, self.on_dropped = timeout_ms, timeout_s, on_reply, on_dropped
         self.counts = StreamCounts()
         self._socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -95,11 +100,14 @@ class Stream:
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"stream {self.key!r} is closed")
-            if self._waiting is not None:
+            replaced = self._waiting
+            if replaced is not None:
                 self.counts.replaced += 1
                 self._unreported += 1
             self._waiting = (ident, frames)
         os.write(self._wake_w, b"x")
+        if replaced is not None and self.on_dropped is not None:
+            self.on_dropped(replaced[0])
         return ident
 
     def latest(self) -> Reply | None:
@@ -172,11 +180,14 @@ class Stream:
                 self.on_reply(reply)
 
     def _expire(self) -> None:
+        given_up = None
         with self._answered:
             if self._in_flight is not None and time.monotonic() - self._in_flight[1] > self.timeout_s:
-                self._in_flight = None
+                given_up, self._in_flight = self._in_flight[0], None
                 self.counts.timeouts += 1
                 self._answered.notify_all()
+        if given_up is not None and self.on_dropped is not None:
+            self.on_dropped(given_up)
 
     def _send_waiting(self) -> None:
         with self._lock:
