@@ -139,7 +139,17 @@ def table(title: str, rounds: int, length: int | None, **options: float) -> str:
     header = ["detector", f"static ({still.length} frames): sent",
               f"moving ({sum(c.length for c in movers)} frames): frames with an object sent", "missed in",
               "ms hot p50", "ms hot p99", "ms cold p50"]
-    return f"{title}\n\n{markdown_table(header, [t.row(n) for n, t in tallies.items()])}\n"
+    return f"{title}\n\n{markdown_table(header, [t.row(n) for n, t in tallies.items()])}\n\n{goals(tallies['background'])}\n"
+
+
+def goals(t: Tally) -> str:
+    """The issue's goals for what ships, met or not, on these clips."""
+    still, moving = 100 * t.still_sent / t.still_frames, 100 * t.reached / max(1, t.shown)
+    cost = statistics.median(t.hot) / 1000
+    verdict = lambda ok: "met" if ok else "**not met**"  # noqa: E731
+    return (f"Goals for `background`: static ≤ 5 % sent: {verdict(still <= 5)} ({still:.1f} %); frames with an "
+            f"object ≥ 99 % sent: {verdict(moving >= 99)} ({moving:.2f} %); ≤ 0.5 ms a frame: "
+            f"{verdict(cost <= 0.5)} (p50 {cost:.3f} ms hot, p99 {statistics.quantiles(t.hot, n=100)[98] / 1000:.3f}).")
 
 
 def commit() -> str:
