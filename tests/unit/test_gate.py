@@ -142,6 +142,15 @@ def test_a_frame_of_another_size_starts_over():
     assert decision.reason == "first" and decision.boxes == [(0, 0, 640, 360)]
 
 
+def test_an_image_that_is_not_rgb_uint8_is_refused_by_name():
+    gate = MotionGate(GateConfig())
+    with pytest.raises(ValueError, match=r"H×W×3 uint8 RGB image, got uint8 \[180, 320\]"):
+        gate.decide(np.zeros((180, 320), np.uint8), 0.0)
+    with pytest.raises(ValueError, match=r"got float32 \[180, 320, 3\]"):
+        gate.decide(np.zeros((180, 320, 3), np.float32), 0.0)
+    assert gate.decide(np.zeros((180, 320, 3), np.uint8), 0.0).reason == "first"  # the gate is unharmed
+
+
 def test_a_gate_table_becomes_its_config():
     config = parse_gate({"threshold": 0.01, "delta": 20, "every_s": 5, "width": 120,
                          "masks": [[[0, 0], [1, 0], [0.5, 0.5]]]}, 'cameras[name="door"].gate')
