@@ -191,7 +191,7 @@ class MotionGate:
         for polygon in self.config.masks:
             points = np.array([[round(x * w), round(y * h)] for x, y in polygon], np.int32)
             self._cv2.fillPoly(ignored, [points], 255)
-        self._counting = self._cv2.bitwise_not(ignored) if self.config.masks else None
+        self._counting = np.bitwise_not(ignored) if self.config.masks else None
         self._counted = int(ignored.size - np.count_nonzero(ignored))
 
     def _changed(self, grey: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
