@@ -73,11 +73,11 @@ class _PerSecond:
         self.stamps = [-1] * (WINDOW_S + 1)
         self.counts = [0] * (WINDOW_S + 1)
 
-    def add(self, second: int) -> None:
+    def add(self, second: int, count: int = 1) -> None:
         i = second % len(self.stamps)
         if self.stamps[i] != second:
             self.stamps[i], self.counts[i] = second, 0
-        self.counts[i] += 1
+        self.counts[i] += count
 
     def rate(self, now: float, since: float) -> float:
         """Per second over the last WINDOW_S seconds (the current one included), or since `since` if later."""
@@ -126,15 +126,18 @@ class Stream:
     _in: _PerSecond = field(default_factory=_PerSecond)
     _out: _PerSecond = field(default_factory=_PerSecond)
     _dropped: _PerSecond = field(default_factory=_PerSecond)
+    _replaced: _PerSecond = field(default_factory=_PerSecond)  # frames the client replaced, as it told
     _ages: array = field(default_factory=lambda: array("d"))  # ms, a ring of AGES once full
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def receive(self, now: float, replaced: int = 0) -> None:
         with self._lock:
             self.totals.received += 1
-            self.totals.replaced_by_client += replaced
             self.prev_seen, self.last_seen = self.last_seen, now
             self._in.add(int(now))
+            if replaced:
+                self.totals.replaced_by_client += replaced
+                self._replaced.add(int(now), replaced)
 
     def answer(self, status: int, age_ns: int) -> None:
         now = self.clock()
@@ -174,7 +177,8 @@ class Stream:
             counts = {name: getattr(t, name) for name in COUNTERS}
             ages = sorted(self._ages)
             fps = {"fps_in": self._in.rate(now, self.first_seen), "fps_served": self._out.rate(now, self.first_seen),
-                   "fps_dropped": self._dropped.rate(now, self.first_seen)}
+                   "fps_dropped": self._dropped.rate(now, self.first_seen),
+                   "fps_replaced_by_client": self._replaced.rate(now, self.first_seen)}
         return {"model": self.model, "key": self.key, **counts, "foreign": self.foreign,
                 "age_ms": {"p50": percentile(ages, 50), "p99": percentile(ages, 99)},
                 "last_seen_s": round(now - self.last_seen, 3), **{k: round(v, 2) for k, v in fps.items()},

@@ -2,7 +2,8 @@
 
 It reads the snapshot's `streams` (execution/streams.py, the same figures
 admin `streams` and Prometheus show): frames per second in and served over
-the last seconds, the share dropped (superseded, refused or failed), the
+the last seconds, the share dropped (superseded, refused or failed, or
+replaced on the client before it was sent), the
 age of served frames at p99 (receipt to reply), and how long ago the
 stream last sent; wider terminals add the counts, CLIENT the frames its
 client replaced before sending them. A stream that went silent is red: a camera that stops is
@@ -27,8 +28,10 @@ HEAD = ("{n} · rates over the last 5 s\n"
 
 
 def drop_share(s: dict[str, Any]) -> tuple[float, float]:
-    """(dropped, received) per second: the DROP% column's parts."""
-    return float(s.get("fps_dropped") or 0), float(s.get("fps_in") or 0)
+    """(dropped, taken) per second: the DROP% column's parts. Frames the camera's client replaced before
+    sending them count as taken and dropped: the daemon never received them, and the camera lost them."""
+    replaced = float(s.get("fps_replaced_by_client") or 0)
+    return float(s.get("fps_dropped") or 0) + replaced, float(s.get("fps_in") or 0) + replaced
 
 
 def _drop_rate(s: dict[str, Any]) -> float:
