@@ -195,7 +195,7 @@ class MotionGate:
         self._counted = int(ignored.size - np.count_nonzero(ignored))
 
     def _changed(self, grey: npt.NDArray[np.float32]) -> npt.NDArray[np.uint8]:
-        """255 where a counted pixel changed, else 0 (OpenCV's calls: several numpy passes cost twice as much)."""
+        """255 where a counted pixel changed, else 0 (OpenCV's calls, each one pass: numpy's expressions make more)."""
         cv2 = self._cv2
         diff = cv2.subtract(grey, self._background)
         shift = cv2.mean(diff, mask=self._counting)[0] if self._counted else 0.0  # the scene lighter or darker
@@ -212,7 +212,8 @@ class MotionGate:
     def _boxes(self, changed: npt.NDArray[np.uint8], shape: tuple[int, ...]) -> list[Box]:
         cv2 = self._cv2
         grown = cv2.dilate(changed, self._kernel)  # joins the pieces of one object
-        # Outer contours' bounds: OpenCV's connected components cost several times more on a frame this small.
+        # Outer contours' bounds: cheaper than OpenCV's connected components on a frame this small
+        # (docs/decisions.md, "Motion gate: a running background, not MOG2").
         contours, _ = cv2.findContours(grown, cv2.RETR_EXTERNAL, cv2.CHAIN_APPROX_SIMPLE)
         parts = [tuple(int(v) for v in cv2.boundingRect(c)) for c in contours]
         # A lone changed pixel (3×3 once grown) is noise where anything larger changed too.
