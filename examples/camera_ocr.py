@@ -15,7 +15,10 @@ sent yet, so what comes back is about the newest frame. The pipeline `ocr`
 (etc/infermux/examples/ocr.toml, queue_policy = "newest_per_key") serves the
 cameras in turn and batches the text lines of all their frames into its
 recogniser. It prints each answer with its age (frame taken to answer) and,
-per camera, the frames taken, sent and replaced. Frames come from a video
+per camera, the frames taken, sent and replaced. A camera keeps a frame's
+image only while a reply can still come for it: the stream tells it of
+each frame replaced before it was sent (and of each it gave up), and the
+daemon counts those too (`infermux ctl streams`, CLIENT). Frames come from a video
 file (OpenCV), a folder of images, or, by default, a generator that renders
 words onto noise with Pillow.
 """
@@ -33,7 +36,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 if TYPE_CHECKING:
-    from infermux.client import Frame
+    from infermux.client import Frame, Reply, Stream
 
 WORDS = ["INFERMUX", "camera", "pipeline", "Jetson", "hello", "world", "batch", "frame", "edge", "OCR",
          "stream", "model", "text", "2026", "gate 7", "exit", "parking", "lane 3", "speed 40", "open"]
@@ -137,39 +140,72 @@ def encode(bgr: np.ndarray, fmt: str) -> Frame:
     return Frame(cv2.imencode(".jpg", bgr, [cv2.IMWRITE_JPEG_QUALITY, 92])[1].tobytes(), "jpeg")
 
 
-def camera(index: int, args: argparse.Namespace, latencies: list[float], lock: threading.Lock) -> None:
-    """One camera: a frame every 1/fps s on its own stream, whatever the daemon does with them."""
-    import cv2
+class Camera:
+    """What one camera keeps of its frames: the image and when it was taken, by request id, only while a
+    reply can still come for it (the frame in flight and the one waiting to be sent): the stream tells
+    `dropped` of every frame replaced before it was sent or given up, `answered` of every reply."""
 
-    from infermux.client import Reply, Stream
+    def __init__(self, index: int, out: str | None = None, latencies: list[float] | None = None) -> None:
+        self.index, self.out = index, out
+        self.latencies = latencies if latencies is not None else []
+        self.taken: dict[int, tuple[int, float, np.ndarray]] = {}  # request id -> (frame number, when taken, image)
+        # The stream's thread answers while this one sends; re-entrant: `send` calls `dropped` before it returns.
+        self._lock = threading.RLock()
 
-    taken: dict[int, tuple[int, float, np.ndarray]] = {}  # request id -> (frame number, when taken, image)
+    def take(self, stream: Stream, n: int, bgr: np.ndarray, fmt: str = "jpeg") -> int:
+        """Send frame `n` on `stream` and keep its image until its reply or its drop; the request's id."""
+        frame = encode(bgr, fmt)
+        with self._lock:  # before the reply can be handled: it may come the moment the frame is sent
+            ident = stream.send(frame)
+            self.taken[ident] = (n, time.perf_counter(), bgr)
+        return ident
 
-    def answered(reply: Reply) -> None:  # on the stream's thread
-        n, at, bgr = taken.pop(reply.header["id"])
+    def dropped(self, ident: int) -> None:
+        """A frame that will never get a reply: replaced by a newer one before it was sent, or given up."""
+        with self._lock:
+            self.taken.pop(ident, None)
+
+    def answered(self, reply: Reply) -> None:  # on the stream's thread
+        """Print a reply with its age, and draw it where --out asks."""
+        with self._lock:
+            kept = self.taken.pop(reply.header.get("id"), None)
+        if kept is None:
+            return
+        n, at, bgr = kept
         ms = (time.perf_counter() - at) * 1000
         if reply.status != 200:
-            print(f"camera {index} frame {n}: {reply.status} {reply.header.get('error')}", flush=True)
+            print(f"camera {self.index} frame {n}: {reply.status} {reply.header.get('error')}", flush=True)
             return
-        regions = reply.header["regions"]
+        regions = reply.header.get("regions", [])
         texts = ", ".join(r.get("text", "?") for r in regions) or "(no text)"
-        print(f"camera {index} frame {n}: {ms:7.1f} ms old  {texts}", flush=True)
-        with lock:
-            latencies.append(ms)
-        if args.out:
-            cv2.imwrite(str(Path(args.out) / f"cam{index}_{n:05d}.jpg"), draw(bgr, regions))
+        print(f"camera {self.index} frame {n}: {ms:7.1f} ms old  {texts}", flush=True)
+        with self._lock:
+            self.latencies.append(ms)
+        if self.out:
+            import cv2
 
+            cv2.imwrite(str(Path(self.out) / f"cam{self.index}_{n:05d}.jpg"), draw(bgr, regions))
+
+
+def camera(index: int, args: argparse.Namespace, latencies: list[float], lock: threading.Lock) -> None:
+    """One camera: a frame every 1/fps s on its own stream, whatever the daemon does with them."""
+    from infermux.client import Stream
+
+    mine = Camera(index, args.out)
     period = 1.0 / args.fps if args.fps else 0.0
-    with Stream(args.endpoint, args.model, key=f"camera-{index}", on_reply=answered, timeout_s=30) as stream:
+    n = -1
+    with Stream(args.endpoint, args.model, key=f"camera-{index}", on_reply=mine.answered, on_dropped=mine.dropped,
+                timeout_s=30) as stream:
         start = time.perf_counter()
         for n, bgr in enumerate(frames(args.source, args.frames, index)):
             if not period:
                 stream.wait()  # --fps 0: the next frame once the last is answered
-            frame = encode(bgr, args.format)
-            taken[stream.send(frame)] = (n, time.perf_counter(), bgr)
+            mine.take(stream, n, bgr, args.format)
             time.sleep(max(0.0, start + (n + 1) * period - time.perf_counter()))
         stream.wait()
         counts = stream.counts
+    with lock:
+        latencies.extend(mine.latencies)
     print(f"camera {index}: {n + 1} frames taken, {counts.sent} sent, {counts.replaced} replaced by a newer one "
           f"before they were sent, {counts.served} answered 200", flush=True)
 

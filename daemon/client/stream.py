@@ -10,7 +10,10 @@
 A camera produces frames whatever the daemon does with them. `send` keeps
 at most one request in flight on the stream's own socket: while one is,
 the next frame waits here, and a newer frame replaces it (counted in
-`replaced`); the moment the reply comes, the frame waiting is sent. So a
+`replaced`); the moment the reply comes, the frame waiting is sent, its
+header saying how many frames of the key were replaced since the last one
+(`replaced`, docs/protocol.md#streams), so that the daemon counts them too
+(`ctl streams`' CLIENT, the console's Streams view). So a
 frame never waits behind older frames of its own camera, on the client
 or, with `queue_policy = "newest_per_key"`, in the daemon (docs/protocol.md,
 "Streams"). A thread of the stream's own owns the socket, sends and reads
@@ -20,6 +23,7 @@ replies; `send` and `latest` only hand over and read.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import threading
 import time
@@ -30,7 +34,7 @@ import numpy as np
 import zmq
 
 from infermux.client.shared_memory import local_view
-from infermux.protocol import Frame, MalformedReply, Reply, decode_reply, encode_request
+from infermux.protocol import MAX_REPLACED, Frame, MalformedReply, Reply, decode_reply, encode_header, encode_request
 
 Input = Frame | np.ndarray | Mapping[str, Any]
 
@@ -52,13 +56,18 @@ class Stream:
     `input` names the input a bare Frame or array goes to (a pipeline's is "image"); a mapping is
     sent as it is. `on_reply(reply)` is called for every reply, on the stream's thread. A request
     unanswered after `timeout_s` is given up (its late reply is ignored) so that the stream goes on.
+    `on_dropped(id)` is called for each id `send` returned that will never get a reply: a frame
+    replaced before it was sent (on the thread calling `send`, before it returns) or a request given
+    up (on the stream's thread). So every id gets one call of either, and what a caller keeps per id
+    can be let go there (examples/camera_ocr.py). Neither is called with the stream's lock held.
     """
 
     def __init__(self, endpoint: str, model: str, key: str, *, input: str = "image", timeout_ms: int | None = None,
                  timeout_s: float = 10.0, context: zmq.Context | None = None,
-                 curve: Mapping[str, bytes] | None = None, on_reply: Callable[[Reply], None] | None = None) -> None:
+                 curve: Mapping[str, bytes] | None = None, on_reply: Callable[[Reply], None] | None = None,
+                 on_dropped: Callable[[int], None] | None = None) -> None:
         self.endpoint, self.model, self.key, self.input = endpoint, model, key, input
-        self.timeout_ms, self.timeout_s, self.on_reply = timeout_ms, timeout_s, on_reply
+        self.timeout_ms, self.timeout_s, self.on_reply, self.on_dropped = timeout_ms, timeout_s, on_reply, on_dropped
         self.counts = StreamCounts()
         self._socket = (context or zmq.Context.instance()).socket(zmq.DEALER)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -71,6 +80,7 @@ class Stream:
         self._waiting: tuple[int, list[Any]] | None = None  # the request to send next: its id and frames
         self._in_flight: tuple[int, float] | None = None  # (id, when sent)
         self._latest: Reply | None = None
+        self._unreported = 0  # frames replaced that no request sent has counted yet
         self._closed = False
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name=f"stream-{model}-{key}", daemon=True)
@@ -90,10 +100,14 @@ class Stream:
         with self._lock:
             if self._closed:
                 raise RuntimeError(f"stream {self.key!r} is closed")
-            if self._waiting is not None:
+            replaced = self._waiting
+            if replaced is not None:
                 self.counts.replaced += 1
+                self._unreported += 1
             self._waiting = (ident, frames)
         os.write(self._wake_w, b"x")
+        if replaced is not None and self.on_dropped is not None:
+            self.on_dropped(replaced[0])
         return ident
 
     def latest(self) -> Reply | None:
@@ -166,11 +180,14 @@ class Stream:
                 self.on_reply(reply)
 
     def _expire(self) -> None:
+        given_up = None
         with self._answered:
             if self._in_flight is not None and time.monotonic() - self._in_flight[1] > self.timeout_s:
-                self._in_flight = None
+                given_up, self._in_flight = self._in_flight[0], None
                 self.counts.timeouts += 1
                 self._answered.notify_all()
+        if given_up is not None and self.on_dropped is not None:
+            self.on_dropped(given_up)
 
     def _send_waiting(self) -> None:
         with self._lock:
@@ -179,4 +196,15 @@ class Stream:
             (ident, frames), self._waiting = self._waiting, None
             self._in_flight = (ident, time.monotonic())
             self.counts.sent += 1
+            replaced = min(self._unreported, MAX_REPLACED)  # a larger backlog goes with the next requests
+            self._unreported -= replaced
+        if replaced:
+            frames = [_with_replaced(frames[0], replaced), *frames[1:]]
         self._socket.send_multipart([b"", *frames], copy=sum(len(f) for f in frames) < 1 << 20)
+
+
+def _with_replaced(header: bytes, replaced: int) -> bytes:
+    """A request's encoded header with its `replaced` count set (a small header: decoded and encoded again)."""
+    fields = json.loads(header)
+    fields["replaced"] = replaced
+    return encode_header(fields)

@@ -6,6 +6,9 @@ answered, wherever that happens (`Job.answered`: an executor, the frontend,
 a worker's reply, a pipeline thread), as `served` (200), `superseded`
 (409), `refused` (429, 503, 504) or `failed` (any other status); so once
 nothing is in flight, received = served + superseded + refused + failed.
+Frames a client replaced before it sent them (client/stream.py), which
+the daemon never receives, are counted as `replaced_by_client` from the
+count its next request carries.
 The age of a served request is receipt to reply.
 
 Memory is bounded: at most `max_keys` streams are tracked (a few KB
@@ -51,7 +54,7 @@ EVENTS_NAMED, EVENTS_INTERVAL_S = 5, 10.0  # stream_silent/stream_resumed events
 HOLD_S = 5.0  # how long a quiet owner keeps its key under stream_keys = "bound" when stream_silent_s is 0
 SERVED, SUPERSEDED = 200, 409
 REFUSED = frozenset((429, 503, 504))
-COUNTERS = ("received", "served", "superseded", "refused", "failed")
+COUNTERS = ("received", "served", "superseded", "refused", "failed", "replaced_by_client")
 
 Clock = Callable[[], float]
 
@@ -70,11 +73,11 @@ class _PerSecond:
         self.stamps = [-1] * (WINDOW_S + 1)
         self.counts = [0] * (WINDOW_S + 1)
 
-    def add(self, second: int) -> None:
+    def add(self, second: int, count: int = 1) -> None:
         i = second % len(self.stamps)
         if self.stamps[i] != second:
             self.stamps[i], self.counts[i] = second, 0
-        self.counts[i] += 1
+        self.counts[i] += count
 
     def rate(self, now: float, since: float) -> float:
         """Per second over the last WINDOW_S seconds (the current one included), or since `since` if later."""
@@ -93,6 +96,9 @@ class Totals:
     superseded: int = 0
     refused: int = 0
     failed: int = 0
+    # Frames the client replaced by newer ones before sending them (its requests' `replaced` field): lost
+    # on the client's side, never received here, so outside received = served + superseded + ...
+    replaced_by_client: int = 0
     age_s: float = 0.0  # the ages of served requests, summed (Prometheus' _sum)
 
     def add(self, other: "Totals") -> None:
@@ -120,14 +126,18 @@ class Stream:
     _in: _PerSecond = field(default_factory=_PerSecond)
     _out: _PerSecond = field(default_factory=_PerSecond)
     _dropped: _PerSecond = field(default_factory=_PerSecond)
+    _replaced: _PerSecond = field(default_factory=_PerSecond)  # frames the client replaced, as it told
     _ages: array = field(default_factory=lambda: array("d"))  # ms, a ring of AGES once full
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def receive(self, now: float) -> None:
+    def receive(self, now: float, replaced: int = 0) -> None:
         with self._lock:
             self.totals.received += 1
             self.prev_seen, self.last_seen = self.last_seen, now
             self._in.add(int(now))
+            if replaced:
+                self.totals.replaced_by_client += replaced
+                self._replaced.add(int(now), replaced)
 
     def answer(self, status: int, age_ns: int) -> None:
         now = self.clock()
@@ -167,7 +177,8 @@ class Stream:
             counts = {name: getattr(t, name) for name in COUNTERS}
             ages = sorted(self._ages)
             fps = {"fps_in": self._in.rate(now, self.first_seen), "fps_served": self._out.rate(now, self.first_seen),
-                   "fps_dropped": self._dropped.rate(now, self.first_seen)}
+                   "fps_dropped": self._dropped.rate(now, self.first_seen),
+                   "fps_replaced_by_client": self._replaced.rate(now, self.first_seen)}
         return {"model": self.model, "key": self.key, **counts, "foreign": self.foreign,
                 "age_ms": {"p50": percentile(ages, 50), "p99": percentile(ages, 99)},
                 "last_seen_s": round(now - self.last_seen, 3), **{k: round(v, 2) for k, v in fps.items()},
@@ -209,10 +220,10 @@ class StreamTable:
             stream.foreign += 1
             return True
 
-    def receive(self, model: str, key: Any, owner: Any = None) -> Stream:
-        """Count a request of `key` to `model` (frontend thread); its stream, to count the answer on.
-        With an `owner` (stream_keys = "bound": the sending connection, `foreign` asked first), the
-        stream is that connection's from now on."""
+    def receive(self, model: str, key: Any, owner: Any = None, replaced: int = 0) -> Stream:
+        """Count a request of `key` to `model` (frontend thread), and the `replaced` frames its client says
+        it dropped before it; its stream, to count the answer on. With an `owner` (stream_keys = "bound":
+        the sending connection, `foreign` asked first), the stream is that connection's from now on."""
         name = (model, stream_key(key))
         now = self.clock()
         self._quiet_at = now + self.silent_s
@@ -226,7 +237,7 @@ class StreamTable:
                 self._streams.move_to_end(name)
             if owner is not None:
                 stream.owner = owner
-        stream.receive(now)
+        stream.receive(now, replaced)
         if stream.silent:
             stream.silent = False
             self._emit("stream_resumed", stream, now)

@@ -102,6 +102,16 @@ def test_the_streams_benchmark_compares_both_policies():
 
 
 @pytest.mark.slow
+def test_the_gate_benchmark_measures_each_detector_on_every_clip():
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_gate.py"), "--no-write", "--rounds", "1",
+                          "--frames", "15"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for detector in ("background", "mog2", "framediff"):
+        assert out.stdout.count(f"| {detector} | ") == 2, out.stdout  # the test's clips and the harder ones
+    assert out.stdout.count("Goals for `background`") == 2 and "ms hot p50" in out.stdout
+
+
+@pytest.mark.slow
 def test_the_tracking_benchmark_scores_every_sequence():
     out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_tracking.py"), "--no-write", "--rounds", "1",
                           "--frames", "15"], capture_output=True, text=True, timeout=300)

@@ -17,7 +17,7 @@ import zmq
 
 from infermux.client import Client, Frame, Pipeline, Stream
 from infermux.pipelines.wire import send_frame
-from support.harness import Daemon
+from support.harness import Daemon, example
 from support.polling import eventually
 
 cv2 = pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
@@ -105,7 +105,8 @@ def test_a_whole_frame_classifier_answers_its_classes_and_no_regions(d: Daemon) 
     assert f"  {best['label'] or best['index']!r} {best['score']:.3f}, " in out.stdout, out.stdout  # a line per row
 
 
-def test_a_stream_keeps_one_frame_in_flight_and_the_newest_waiting(make_daemon, tmp_path: Path) -> None:
+def test_a_stream_keeps_one_frame_in_flight_and_the_newest_waiting_and_tells_the_daemon_what_it_replaced(
+        make_daemon, tmp_path: Path) -> None:
     gate = tmp_path / "open"
     d = make_daemon(CLASSIFIER + pipeline("held", gate))
     with Stream(d.endpoint, "held", key="gate-7", timeout_s=30) as camera:
@@ -123,8 +124,16 @@ def test_a_stream_keeps_one_frame_in_flight_and_the_newest_waiting(make_daemon, 
         assert (camera.counts.sent, camera.counts.replies, camera.counts.served) == (2, 2, 2)
     with d.admin() as admin:
         (stream,) = [s for s in admin.call("streams")["streams"] if s["key"] == "gate-7"]
-    # The daemon saw what the stream sent, nothing to supersede: the replacing was done on the client.
+    # The daemon saw what the stream sent, nothing to supersede: the replacing was done on the client,
+    # which said so with its second request.
     assert (stream["received"], stream["served"], stream["superseded"]) == (2, 2, 0)
+    assert stream["replaced_by_client"] == 4
+    out = subprocess.run([sys.executable, "-m", "infermux", "ctl", "streams", "--config", str(d.config_path),
+                          "--runtime-dir", str(d.run_dir)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    head, row = out.stdout.splitlines()[0].split(), next(line for line in out.stdout.splitlines() if "held/gate-7" in line)
+    counts = dict(zip(head[1:7], row.split()[1:7]))
+    assert counts == {"RECEIVED": "2", "SERVED": "2", "409": "0", "REFUSED": "0", "FAILED": "0", "CLIENT": "4"}, out.stdout
 
 
 def test_a_stream_to_a_model_sends_its_tensor_as_the_named_input(make_daemon) -> None:
@@ -146,3 +155,33 @@ def test_a_stream_gives_up_a_request_that_is_not_answered_and_goes_on(tmp_path: 
     with Stream(f"ipc://{tmp_path}/nobody.sock", "fast", key="k", timeout_s=0.2) as lonely:
         lonely.send({"x": np.zeros((1, 4), np.float32)})
         assert lonely.wait(5) is None and lonely.counts.timeouts == 1 and lonely.counts.sent == 1
+
+
+def test_the_camera_example_keeps_only_the_images_a_reply_can_still_come_for(make_daemon, tmp_path: Path) -> None:
+    camera_ocr = example("camera_ocr")
+    gate = tmp_path / "open"
+    d = make_daemon(CLASSIFIER + pipeline("held", gate))
+    camera = camera_ocr.Camera(0)
+    held = []
+    with Stream(d.endpoint, "held", key="camera-0", timeout_s=30, on_reply=camera.answered,
+                on_dropped=camera.dropped) as stream:
+        camera.take(stream, 0, image(0))
+        eventually(lambda: gate.with_suffix(".entered").exists(), "the first frame at the gate")
+        for n in range(1, 300):  # the first is held: each of these waits on the client and the next replaces it
+            camera.take(stream, n, image(n % 5))
+            held.append(len(camera.taken))
+        gate.touch()
+        assert stream.wait(30) is not None
+        assert (stream.counts.sent, stream.counts.replaced, stream.counts.served) == (2, 298, 2)
+    assert max(held) == 2  # the frame in flight and the one waiting, not one image per frame taken
+    assert camera.taken == {} and len(camera.latencies) == 2  # both answers were seen, nothing else is kept
+
+
+def test_a_stream_tells_of_every_id_that_will_never_get_a_reply(tmp_path: Path) -> None:
+    dropped: list[int] = []
+    with Stream(f"ipc://{tmp_path}/nobody.sock", "fast", key="k", timeout_s=0.2, on_dropped=dropped.append) as lonely:
+        first = lonely.send({"x": np.zeros((1, 4), np.float32)})
+        eventually(lambda: lonely.counts.sent == 1, "the first request sent")
+        replaced = [lonely.send({"x": np.zeros((1, 4), np.float32)}) for _ in range(3)][:-1]
+        assert dropped[:2] == replaced  # told at once, on the caller's thread, before `send` returned
+        eventually(lambda: first in dropped, "the unanswered request given up")

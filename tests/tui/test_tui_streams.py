@@ -40,3 +40,13 @@ async def test_the_streams_tab_follows_a_camera_and_shows_it_red_when_it_stops(m
         await until(pilot, lambda: not table.cell_text("fast/gate-1", "seen").startswith("SILENT"),
                     what="the camera back")
         assert table.cell_text("fast/gate-1", "received") == "23"
+
+
+def test_frames_the_client_replaced_count_in_the_drop_share_of_what_the_camera_took() -> None:
+    from infermux.tui.views.streams import drop_share
+
+    camera = {"fps_in": 1.0, "fps_dropped": 0.0, "fps_replaced_by_client": 14.0}  # 15 taken, 1 sent, served
+    assert drop_share(camera) == (14.0, 15.0)
+    (_, cells), = StreamsTable.row_cells([{"model": "ocr", "key": "door", **camera}])
+    assert cells["drop"][0] == "93%"
+    assert drop_share({"fps_in": 10.0, "fps_dropped": 2.0}) == (2.0, 10.0)  # a daemon before the field: as it was

@@ -45,6 +45,8 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
      "keeping what is served in step with the engine directory and the configuration"),
     ("frontend", ("infermux.frontend",),
      "the frontend loop and the router: requests in, replies out"),
+    ("cameras", ("infermux.cameras",),
+     "cameras the daemon reads itself: their configuration, decoding, motion gate and processes"),
     ("admin", ("infermux.admin",),
      "operators and the service manager: admin socket, stats, metrics, sd_notify"),
     ("app", ("infermux.app",),

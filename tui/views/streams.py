@@ -2,9 +2,11 @@
 
 It reads the snapshot's `streams` (execution/streams.py, the same figures
 admin `streams` and Prometheus show): frames per second in and served over
-the last seconds, the share dropped (superseded, refused or failed), the
+the last seconds, the share dropped (superseded, refused or failed, or
+replaced on the client before it was sent), the
 age of served frames at p99 (receipt to reply), and how long ago the
-stream last sent. A stream that went silent is red: a camera that stops is
+stream last sent; wider terminals add the counts, CLIENT the frames its
+client replaced before sending them. A stream that went silent is red: a camera that stops is
 the first thing an operator wants to know.
 """
 
@@ -26,8 +28,10 @@ HEAD = ("{n} · rates over the last 5 s\n"
 
 
 def drop_share(s: dict[str, Any]) -> tuple[float, float]:
-    """(dropped, received) per second: the DROP% column's parts."""
-    return float(s.get("fps_dropped") or 0), float(s.get("fps_in") or 0)
+    """(dropped, taken) per second: the DROP% column's parts. Frames the camera's client replaced before
+    sending them count as taken and dropped: the daemon never received them, and the camera lost them."""
+    replaced = float(s.get("fps_replaced_by_client") or 0)
+    return float(s.get("fps_dropped") or 0) + replaced, float(s.get("fps_in") or 0) + replaced
 
 
 def _drop_rate(s: dict[str, Any]) -> float:
@@ -66,7 +70,8 @@ class StreamsTable(KeyedTable):
         Col("model", "MODEL", 13), Col("key", "STREAM", 14), Col("fps_in", "FPS IN", 7, True),
         Col("fps_served", "SERVED/S", 9, True), Col("drop", "DROP%", 6, True), Col("age", "AGE P99", 8, True),
         Col("seen", "LAST SEEN", 13, True), Col("received", "RECEIVED", 9, True, optional=True),
-        Col("superseded", "409", 6, True, optional=True), Col("refused", "REFUSED", 8, True, optional=True),
+        Col("superseded", "409", 6, True, optional=True), Col("client", "CLIENT", 7, True, optional=True),
+        Col("refused", "REFUSED", 8, True, optional=True),
     )
 
     #: Only rows whose model/key holds this text (the `/` key); "" shows all.
@@ -111,6 +116,7 @@ def _counts(s: dict[str, Any], red: str) -> dict[str, Cell]:
     return {
         "received": (fmt.count(int(s.get("received") or 0)), red),
         "superseded": (fmt.count(int(s.get("superseded") or 0)), red or "dim"),
+        "client": (fmt.count(int(s.get("replaced_by_client") or 0)), red or "dim"),
         "refused": (fmt.count(int(s.get("refused") or 0)), red or ("yellow" if s.get("refused") else "dim")),
     }
 
