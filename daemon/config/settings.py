@@ -135,7 +135,7 @@ class DaemonConfig:
     mps_pipe_dir: Path = setting(Path("/tmp/nvidia-mps"), PATH, "CUDA_MPS_PIPE_DIRECTORY of the control daemon",
                                  applies=LIVE)
     mps_thread_percentage: int = setting(0, INT, "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE of each worker; 0: MPS's own "
-                                         "(100)", applies=LIVE, low=0, rule=PERCENTAGE)
+                                         "(100)", applies=LIVE, rule=PERCENTAGE)
     admin_group: str = setting("infermux-admin", STR, "admin.sock's group, apart from the clients' (security.md)",
                                applies=RESTART)
     max_contexts: int = setting(32, INT, "contexts one version may have: the file, a model.toml or `ctl set`",
@@ -242,7 +242,7 @@ class ModelConfig:
     latest_n: int = setting(1, INT, "version_policy = \"latest\": how many of the newest", applies=LIVE, low=1)
     versions: tuple[str, ...] = setting((), VERSIONS, "version_policy = \"specific\": which", applies=LIVE)
     mps_thread_percentage: int = setting(0, INT, "a cold worker's share of the GPU's SMs under MPS; 0: [daemon]'s",
-                                         applies=LIVE, low=0, rule=PERCENTAGE)
+                                         applies=LIVE, rule=PERCENTAGE)
     queue_policy: str = setting("fifo", STR, "newest_per_key: a key's newer request replaces its oldest queued one "
                                 "(409) (protocol.md#streams)", applies=LIVE, choices=QUEUE_POLICIES, settable=True)
     per_key_depth: int = setting(1, INT, "queue_policy = \"newest_per_key\": requests of one key that may wait",
