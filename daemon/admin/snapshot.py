@@ -106,7 +106,7 @@ def version_view(server: "Daemon", mv: ModelVersion) -> dict[str, Any]:
     return {**view, **_attached(server, mv)}
 
 
-def _routing(server: "Server", mv: ModelVersion) -> dict[str, Any]:
+def _routing(server: "Daemon", mv: ModelVersion) -> dict[str, Any]:
     """Whether requests that name no version reach `mv`: default, pinned, fallback, strategy, share."""
     model = server.registry.model(mv.name)
     if model is None:
@@ -115,7 +115,7 @@ def _routing(server: "Server", mv: ModelVersion) -> dict[str, Any]:
             "strategy": server.router.strategy(model), "traffic_share": server.router.traffic_share(model, mv.version)}
 
 
-def _attached(server: "Server", mv: ModelVersion) -> dict[str, Any]:
+def _attached(server: "Daemon", mv: ModelVersion) -> dict[str, Any]:
     """What a version has only some of the time: its engine's inputs and outputs, its worker, its rollout."""
     view: dict[str, Any] = {}
     engine = mv.engine
