@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from infermux import signing
+from infermux.cameras.config import CameraConfig, CameraFieldError, parse_cameras
 from infermux.plugins import backends, processors
 from infermux.plugins.requirements import MissingDependency
 
@@ -262,6 +263,7 @@ class Config:
     routing: RoutingConfig
     models: tuple[ModelConfig, ...]
     pipelines: tuple[PipelineConfig, ...] = ()
+    cameras: tuple[CameraConfig, ...] = ()  # [[cameras]]: daemon/cameras/config.py
 
     def versions(self, name: str) -> list[ModelConfig]:
         return [m for m in self.models if m.name == name]
@@ -802,7 +804,7 @@ def parse(text: str, file: Path) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(file, "", f"not valid TOML: {exc}") from None
-    top = {"daemon", "routing", "models", "pipelines"}
+    top = {"daemon", "routing", "models", "pipelines", "cameras"}
     for key in data:
         if key not in top:
             raise ConfigError(file, key, f"unknown table; expected {', '.join(sorted(top))}")
@@ -815,7 +817,12 @@ def parse(text: str, file: Path) -> Config:
     models = [_parse_model(file, label, m, daemon.engine_dir) for label, m in zip(labels, raw_models)]
     _check_models(file, models, routing, daemon)
     pipelines = _parse_pipelines(file, data.get("pipelines", []), models, daemon.engine_dir)
-    return Config(path=file, daemon=daemon, routing=routing, models=tuple(models), pipelines=pipelines)
+    try:
+        cameras = parse_cameras(data.get("cameras", []), {p.name for p in pipelines}, file.parent)
+    except CameraFieldError as exc:
+        raise ConfigError(file, exc.path, exc.reason) from None
+    return Config(path=file, daemon=daemon, routing=routing, models=tuple(models), pipelines=pipelines,
+                  cameras=cameras)
 
 
 def _parse_pipelines(file: Path, raw: Any, models: list[ModelConfig],
