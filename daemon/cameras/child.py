@@ -122,7 +122,7 @@ class Sender:
     def __init__(self, camera: CameraConfig, endpoint: str, regions: str, input_name: str, counts: Counts) -> None:
         self.camera, self.input, self.counts = camera, input_name, counts
         self.regions = regions
-        self.socket = zmq.Context.instance().socket(zmq.DEALER)
+        self.socket: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
         self.socket.connect(endpoint)
         self.shm: SharedMemory | None = None

@@ -12,6 +12,7 @@ where GStreamer's Python bindings are missing.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import time
 from dataclasses import dataclass
@@ -80,13 +81,11 @@ def open_source(camera: CameraConfig) -> FrameSource:
 
 
 def _gstreamer(camera: CameraConfig) -> FrameSource:
-    try:
-        import gi  # noqa: F401 - GStreamer's Python bindings: whether the Jetson path can run here
-    except ImportError:
+    if importlib.util.find_spec("gi") is None:  # GStreamer's Python bindings: whether the Jetson path can run here
         raise CameraRefused("decoder = \"gstreamer\" needs GStreamer's Python bindings (Debian: python3-gi, "
                             "gir1.2-gstreamer-1.0, gstreamer1.0-plugins-good; on a Jetson also "
                             "nvidia-l4t-gstreamer for nvv4l2decoder); use decoder = \"software\" or "
-                            "\"auto\" here") from None
+                            "\"auto\" here")
     raise CameraRefused("decoder = \"gstreamer\" is not built into this version yet; use decoder = \"software\" "
                         "or \"auto\"")
 
