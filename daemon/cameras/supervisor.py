@@ -52,6 +52,7 @@ STATE_FILE = "cameras.json"
 STATE_FORMAT = 1
 STATE_MAX_BYTES = 1 << 20
 COUNTERS = ("decoded", "taken", "gated", "sent", "superseded", "served", "failed")
+TOTALS = (*COUNTERS, "reconnects", "decode_ms_sum")  # a process's counters, summed over its restarts
 
 
 @dataclass
@@ -71,6 +72,7 @@ class Camera:
     reason: str = ""
     last_error: str = ""
     report: dict[str, Any] = field(default_factory=dict)
+    carried: dict[str, float] = field(default_factory=dict)  # the counters of its processes that ended
     samples: deque[tuple[float, dict[str, Any]]] = field(default_factory=lambda: deque(maxlen=64))
     restarts: int = 0  # processes started again after one ended
     failures: int = 0  # in a row, for the backoff
@@ -313,6 +315,10 @@ class Cameras:
     def _reap(self, camera: Camera) -> None:
         if camera.proc is not None:
             camera.proc.wait()
+            # Its counts go on in `carried`, so that the camera's totals never go back (Prometheus' counters).
+            camera.carried = {k: camera.carried.get(k, 0) + camera.report.get(k, 0) for k in TOTALS}
+            camera.report = {}
+            camera.samples.clear()
         for fd in (camera.status_r, camera.lifeline_w):
             if fd >= 0:
                 os.close(fd)
@@ -352,18 +358,19 @@ class Cameras:
         out = []
         for name, camera in self.cameras.items():
             stream = streams.get((camera.config.pipeline, name), {})
-            report = camera.report
-            decoded = report.get("decoded", 0)
+            report = {k: camera.carried.get(k, 0) + camera.report.get(k, 0) for k in TOTALS}
+            decoded = report["decoded"]
             out.append({
                 "camera": name, "url": _redacted(camera.config.url), "pipeline": camera.config.pipeline,
                 "state": camera.state, "reason": camera.reason, "enabled": camera.state != "disabled",
                 "pid": camera.proc.pid if camera.proc is not None else None,
                 **{f"fps_{k}": v for k, v in _rates(camera.samples, now).items()},
-                **{k: report.get(k, 0) for k in COUNTERS},
+                **{k: report[k] for k in COUNTERS},
                 "superseded_daemon": stream.get("superseded", 0),
-                "decode_ms": round(report.get("decode_ms_sum", 0.0) / decoded, 3) if decoded else None,
+                "decode_ms": round(report["decode_ms_sum"] / decoded, 3) if decoded else None,
+                "decode_seconds_total": round(report["decode_ms_sum"] / 1e3, 6),
                 "capture_age_ms": stream.get("capture_age_ms", {"p50": None, "p99": None}),
-                "reconnects": report.get("reconnects", 0), "restarts": camera.restarts,
+                "reconnects": report["reconnects"], "restarts": camera.restarts,
                 "last_error": camera.last_error,
             })
         self._published = out

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import urllib.request
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -25,6 +26,7 @@ from support.polling import eventually
 pytest.importorskip("av", reason="cameras decode with PyAV: pip install -e '.[cameras]'")
 pytest.importorskip("cv2", reason="the pipeline's processors need OpenCV: pip install -e '.[processors]'")
 
+METRICS_PORT = free_port()
 MODELS = """
 [[models]]
 name = "classifier"
@@ -41,7 +43,8 @@ def configuration(clips: Path, engines: Path, *, extra: str = "", without: str =
         "big": camera("big", str(clips / "big.mp4"), max_pixels=10_000),
     }
     text = "".join(entry for name, entry in cameras.items() if name != without)
-    return (DAEMON_HEAD + MODELS + camera_pipeline("cams") + text + extra).format(engines=engines)
+    head = DAEMON_HEAD + f"metrics_port = {METRICS_PORT}\n"
+    return (head + MODELS + camera_pipeline("cams") + text + extra).format(engines=engines)
 
 
 @pytest.fixture(scope="module")
@@ -90,6 +93,10 @@ def test_a_file_camera_is_served_as_the_stream_of_its_name_with_its_capture_age(
     out = subprocess.run([sys.executable, "-m", "infermux", "ctl", "cameras", "-c", str(d.config_path),
                           "--runtime-dir", str(d.run_dir)], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0 and "front" in out.stdout and "streaming" in out.stdout, out.stdout + out.stderr
+    with urllib.request.urlopen(f"http://127.0.0.1:{METRICS_PORT}/metrics", timeout=10) as page:
+        metrics = page.read().decode()
+    assert 'infermux_camera_up{camera="front"} 1' in metrics
+    assert 'infermux_camera_frames_total{camera="front",what="served"}' in metrics
 
 
 @pytest.mark.timing
