@@ -33,7 +33,9 @@ from infermux.client.shared_memory import SharedMemory
 from infermux.protocol import Frame, MalformedReply, SharedTensor, decode_reply, encode_request
 
 HEARTBEAT_S = 0.25
-RETRY_FIRST_S, RETRY_CAP_S = 0.25, 2.0  # a lost camera is opened again after these, doubling up to the cap
+# A lost camera is opened again after these, doubling up to the cap: a camera back is seen within the cap,
+# and its frames flow after its next key frame (cameras send one every second or two).
+RETRY_FIRST_S, RETRY_CAP_S = 0.25, 1.0
 REFUSED_RETRY_S = 30.0  # a refused stream (over max_pixels) is tried again this seldom
 REPLY_TIMEOUT_S = 10.0  # a request unanswered this long is given up, so that frames go on
 ERROR_CHARS = 300

@@ -24,6 +24,9 @@ from infermux.cameras.config import CameraConfig
 
 OPEN_TIMEOUT_S = 5.0  # opening a stream (a connect, RTSP's DESCRIBE and SETUP) that takes longer is lost
 READ_TIMEOUT_S = 5.0  # a stream silent this long is lost
+# A live stream's probe: FFmpeg's default reads seconds of it to estimate the frame rate, all of it added
+# to each reconnection (docs/cameras.md#decoding); a camera's stream gives its size in its first key frame.
+PROBE = {"analyzeduration": "500000", "probesize": "1000000"}
 MAX_BAD_PACKETS = 50  # packets in a row that do not decode: the stream sends garbage
 REASON_CHARS = 300  # a reason's length, at most: it travels in events and `ctl cameras`
 
@@ -111,6 +114,8 @@ class PyAVSource:
         camera = self.camera
         options: dict[str, str] = {}
         fmt = None
+        if camera.kind in ("rtsp", "http"):
+            options.update(PROBE)
         if camera.kind == "rtsp":
             options["rtsp_transport"] = camera.transport
         elif camera.kind == "device":
@@ -149,8 +154,10 @@ class PyAVSource:
                         _sleep_until(start + pts - first_pts)
                         decoded.captured = time.time()  # a file's frame is "captured" when its time comes
                     yield decoded
-                if not paced or not self.camera.loop:
-                    raise CameraEnded("the file ended" if paced else "the stream ended")
+                if not paced:  # a live stream that ends was closed by the camera: lost, and opened again
+                    raise CameraError(f"{redact(self.camera.url)} closed the stream")
+                if not self.camera.loop:
+                    raise CameraEnded("the file ended")
                 container.seek(0)
         finally:
             self.close()
