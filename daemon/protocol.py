@@ -34,6 +34,10 @@ MAX_KEY_INT = 2**63 - 1
 # stream's ages count it.
 MAX_CAPTURE_SKEW_S = 86_400.0
 
+# The most frames a client may say it replaced since its last request of a key (`replaced`): a count,
+# added to the stream's; a larger backlog is carried to the client's next request (client/stream.py).
+MAX_REPLACED = 1_000_000
+
 # json.dumps with arguments builds a new encoder per call; this one is reused.
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
@@ -48,7 +52,8 @@ DTYPES: dict[str, np.dtype] = {
 # them. Anything else is refused (400 naming it) rather than ignored, so that a
 # typo such as `timout_ms` or a field from another server's protocol
 # (`deadline_ms`) is seen instead of silently changing nothing.
-REQUEST_FIELDS = ("model", "inputs", "id", "version", "outputs", "timeout_ms", "key", "output_regions", "captured")
+REQUEST_FIELDS = ("model", "inputs", "id", "version", "outputs", "timeout_ms", "key", "output_regions", "captured",
+                  "replaced")
 # An input entry's last four describe a camera frame sent to a pipeline (docs/protocol.md, "Pipelines
 # on the wire"); the pipeline's first step reads and checks them.
 INPUT_FIELDS = ("name", "dtype", "shape", "region", "offset", "format", "width", "height", "stride")
@@ -255,6 +260,7 @@ class Request:
     timeout_ms: int | None = None
     key: str | None = None
     captured: float | None = None  # when the frame was captured (epoch seconds): stream ages count from it
+    replaced: int = 0  # frames of this key the client replaced before sending them, since its last request
     input_regions: dict[str, SharedTensor] = field(default_factory=dict)
     output_regions: dict[str, OutputRegion] = field(default_factory=dict)
     # A frame's entry as its header gave it ("format" and the geometry, FRAME_FIELDS), by input name,
@@ -444,6 +450,7 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
     if timeout_ms is not None and not 0 < timeout_ms <= MAX_TIMEOUT_MS:
         raise _bad(f"header field 'timeout_ms' must be a positive integer of at most {MAX_TIMEOUT_MS}")
     version = _optional(header, "version", (str, int))
+    replaced = _replaced(header)
     ident = header.get("id")
     if ident is not None and (not isinstance(ident, (str, int)) or isinstance(ident, bool)):
         raise _bad("header field 'id' must be a string or an integer")
@@ -451,7 +458,8 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
         model=model, inputs=inputs, id=ident,
         version=None if version is None else str(version),
         outputs=None if outputs is None else tuple(outputs),
-        timeout_ms=timeout_ms, key=_key(header), captured=_captured(header), input_regions=input_regions,
+        timeout_ms=timeout_ms, key=_key(header), captured=_captured(header), replaced=replaced,
+        input_regions=input_regions,
         output_regions=_parse_output_regions(header, regions, limits), described=described,
     )
 
@@ -466,6 +474,18 @@ def _captured(header: dict[str, Any]) -> float | None:
         raise _bad(f"header field 'captured' {_short(value, 40)} must be the frame's capture time in epoch "
                    f"seconds, within {MAX_CAPTURE_SKEW_S:.0f} s of the daemon's clock")
     return float(value)
+
+
+def _replaced(header: dict[str, Any]) -> int:
+    """The header's `replaced` count: an integer 0 to MAX_REPLACED, with a `key` (it counts on the key's stream)."""
+    replaced = _optional(header, "replaced", (int,))
+    if replaced is None:
+        return 0
+    if not 0 <= replaced <= MAX_REPLACED:
+        raise _bad(f"header field 'replaced' must be an integer from 0 to {MAX_REPLACED}, got {_short(replaced, 40)}")
+    if replaced and header.get("key") is None:
+        raise _bad("header field 'replaced' counts frames of a stream: it needs a 'key'")
+    return replaced
 
 
 def _parse_output_regions(header: dict[str, Any], regions: RegionLookup | None,
@@ -538,11 +558,13 @@ def _frame(array: np.ndarray) -> memoryview | bytes:
 def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor | Frame], *, id: Any = None,
                    version: str | None = None, outputs: Sequence[str] | None = None,
                    timeout_ms: int | None = None, key: str | int | None = None,
-                   output_regions: Mapping[str, SharedTensor] | None = None, captured: float | None = None,
-                   described: Mapping[str, Mapping[str, Any]] | None = None) -> list[Any]:
+                   output_regions: Mapping[str, SharedTensor] | None = None, replaced: int = 0,
+                   captured: float | None = None, described: Mapping[str, Mapping[str, Any]] | None = None,
+                   ) -> list[Any]:
     """Frames of a request: the header, then one raw frame per input (none for a SharedTensor; a
     Frame's bytes for a Frame, its format and geometry in its entry).
 
+    `replaced`: frames of `key` the client replaced before sending them since its last request (sent when > 0).
     `captured`: the frame's capture time (epoch seconds); `described`: a frame's format and geometry
     (FRAME_FIELDS) for an input sent as a SharedTensor, by input name.
 
@@ -575,6 +597,8 @@ def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor | 
     if output_regions:
         header["output_regions"] = {name: {"region": ref.region, "offset": ref.offset}
                                     for name, ref in output_regions.items()}
+    if replaced:
+        header["replaced"] = replaced
     frames[0] = encode_header(header)
     return frames
 

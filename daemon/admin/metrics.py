@@ -213,7 +213,9 @@ STREAM_COUNTERS = (("requests", "received", "Requests of a stream (a model's or 
                    ("superseded", "superseded", "Requests of a stream replaced by a newer one of it before they "
                                                 "were computed (409, queue_policy newest_per_key)."),
                    ("refused", "refused", "Requests of a stream refused: 429, 503 or 504."),
-                   ("failed", "failed", "Requests of a stream answered with another error (400, 413, 500...)."))
+                   ("failed", "failed", "Requests of a stream answered with another error (400, 413, 500...)."),
+                   ("replaced_by_client", "replaced_by_client", "Frames of a stream its client replaced by a newer "
+                                                                "one before sending them (the requests' `replaced`)."))
 
 
 def _streams(out: Exposition, server: "Server", chosen: StreamSeries) -> None:

@@ -27,7 +27,7 @@ import numpy as np
 import zmq
 
 from infermux.cameras.config import CameraConfig
-from infermux.cameras.gate import GateConfig, MotionGate
+from infermux.cameras.gate import MotionGate, parse_gate
 from infermux.cameras.source import CameraEnded, CameraError, CameraRefused, Decoded, open_source
 from infermux.client.shared_memory import SharedMemory
 from infermux.protocol import Frame, MalformedReply, SharedTensor, decode_reply, encode_request
@@ -133,11 +133,13 @@ class Sender:
         self.in_flight: tuple[int, float] | None = None  # (id, when sent)
         self.ids = itertools.count(1)
         self.last_error = ""
+        self.replaced = 0  # frames superseded here since the last request sent
 
     def offer(self, frame: Decoded) -> None:
         """Send `frame` now if nothing is in flight, else keep it (replacing the one kept)."""
         if self.waiting is not None:
             self.counts.superseded += 1
+            self.replaced += 1  # told to the daemon with the next request: its stream counts every frame lost
         self.waiting = frame
         self.send_waiting()
 
@@ -152,10 +154,12 @@ class Sender:
         ref = self._into_region(image)
         if ref is None:
             frames = encode_request(self.camera.pipeline, {self.input: Frame.of(image, "rgb")}, id=ident,
-                                    key=self.camera.name, captured=frame.captured)
+                                    key=self.camera.name, captured=frame.captured, replaced=self.replaced)
         else:
             frames = encode_request(self.camera.pipeline, {self.input: ref}, id=ident, key=self.camera.name,
-                                    captured=frame.captured, described={self.input: geometry})
+                                    captured=frame.captured, described={self.input: geometry},
+                                    replaced=self.replaced)
+        self.replaced = 0
         self.socket.send_multipart([b"", *frames])
         self.in_flight = (ident, time.monotonic())
         self.counts.sent += 1
@@ -271,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     _watch_lifeline(args.lifeline)
     raw = json.loads(args.camera)
     raw["size"] = tuple(raw["size"]) if raw.get("size") else None
-    raw["gate"] = GateConfig(**raw["gate"]) if raw.get("gate") else None
+    raw["gate"] = parse_gate(raw["gate"], "gate") if raw.get("gate") else None
     camera = CameraConfig(**raw)
     return run(camera, args.endpoint, args.regions, args.input, args.status_fd)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from infermux.cameras.gate import GateConfig
+from infermux.cameras.gate import GateConfig, parse_gate
 
 TRANSPORTS = ("tcp", "udp")
 DECODERS = ("auto", "software", "gstreamer")
@@ -68,15 +68,16 @@ class CameraConfig:
         return out
 
 
-def parse_cameras(raw: Any, pipelines: set[str], folder: Path) -> tuple[CameraConfig, ...]:
-    """Every `[[cameras]]` entry; names are unique and each names a pipeline of `pipelines`."""
+def parse_cameras(raw: Any, pipelines: set[str], file: Path) -> tuple[CameraConfig, ...]:
+    """Every `[[cameras]]` entry of configuration `file`; names are unique and each names a pipeline of
+    `pipelines`. Raises CameraFieldError (the gate's own errors: config.ConfigError, naming the file)."""
     if not isinstance(raw, list):
         raise CameraFieldError("cameras", f"must be an array of tables ([[cameras]]), got {type(raw).__name__}")
     cameras: list[CameraConfig] = []
     for i, table in enumerate(raw):
         name = table.get("name") if isinstance(table, dict) else None
         where = f"cameras[name={json.dumps(name)}]" if isinstance(name, str) and name else f"cameras[{i}]"
-        camera = _parse_camera(where, table, pipelines, folder)
+        camera = _parse_camera(where, table, pipelines, file)
         if any(c.name == camera.name for c in cameras):
             raise CameraFieldError(f"cameras[{i}].name", f"camera {camera.name!r} is already defined; each "
                                    "camera's name is its stream key and must be unique")
@@ -84,7 +85,7 @@ def parse_cameras(raw: Any, pipelines: set[str], folder: Path) -> tuple[CameraCo
     return tuple(cameras)
 
 
-def _parse_camera(where: str, table: Any, pipelines: set[str], folder: Path) -> CameraConfig:
+def _parse_camera(where: str, table: Any, pipelines: set[str], file: Path) -> CameraConfig:
     if not isinstance(table, dict):
         raise CameraFieldError(where, f"must be a table, got {type(table).__name__}")
     raw = _known(where, table, CameraConfig)
@@ -95,7 +96,7 @@ def _parse_camera(where: str, table: Any, pipelines: set[str], folder: Path) -> 
         if not raw[key]:
             raise CameraFieldError(f"{where}.{key}", "must not be empty")
     _check_name(f"{where}.name", raw["name"])
-    raw["url"] = _url(f"{where}.url", raw["url"], folder)
+    raw["url"] = _url(f"{where}.url", raw["url"], file.parent)
     if raw["pipeline"] not in pipelines:
         near = difflib.get_close_matches(raw["pipeline"], sorted(pipelines), n=1, cutoff=0.75)
         hint = f"did you mean `{near[0]}`? " if near else ""
@@ -118,7 +119,7 @@ def _parse_camera(where: str, table: Any, pipelines: set[str], folder: Path) -> 
     if "size" in raw:
         raw["size"] = _size(f"{where}.size", raw["size"])
     if "gate" in raw:
-        raw["gate"] = _gate(f"{where}.gate", raw["gate"])
+        raw["gate"] = parse_gate(raw["gate"], f"{where}.gate", str(file))
     return CameraConfig(**raw)
 
 
@@ -148,29 +149,6 @@ def _size(where: str, value: Any) -> tuple[int, int]:
                                                                 for v in value)):
         raise CameraFieldError(where, f"must be [width, height], two integers from 1 to {MAX_SIDE}, got {value!r}")
     return (value[0], value[1])
-
-
-def _gate(where: str, value: Any) -> GateConfig:
-    """`[cameras.gate]`: GateConfig's fields, each of its default's type; GateConfig's own `check()`
-    (where it has one) says what else is wrong."""
-    if not isinstance(value, dict):
-        raise CameraFieldError(where, f"must be a table ([cameras.gate]), got {type(value).__name__}")
-    raw = _known(where, value, GateConfig)
-    for f in dataclasses.fields(GateConfig):
-        default = f.default if f.default is not dataclasses.MISSING else None
-        if f.name in raw and isinstance(default, (bool, int, float, str)):
-            want: Any = (int, float) if isinstance(default, float) else type(default)
-            _type(f"{where}.{f.name}", raw[f.name], want)
-    try:
-        gate = GateConfig(**raw)
-    except (TypeError, ValueError) as exc:
-        raise CameraFieldError(where, str(exc)) from None
-    check = getattr(gate, "check", None)
-    problem = check() if callable(check) else None
-    if problem:
-        field_name, reason = problem if isinstance(problem, tuple) else ("", str(problem))
-        raise CameraFieldError(f"{where}.{field_name}" if field_name else where, reason)
-    return gate
 
 
 def _known(where: str, table: dict[str, Any], cls: type) -> dict[str, Any]:

@@ -120,17 +120,19 @@ def short_events(events: list[dict[str, Any]]) -> str:
 
 
 def short_streams(reply: dict[str, Any]) -> str:
-    """One line per stream: its counts, rates, age of served frames and when it last sent."""
+    """One line per stream: its counts (CLIENT: frames its client replaced before sending them), rates, age
+    of served frames and when it last sent."""
     from infermux import format as fmt
 
     lines = [f"{'MODEL/KEY':<32} {'RECEIVED':>8} {'SERVED':>8} {'409':>7} {'REFUSED':>8} {'FAILED':>6} "
-             f"{'FPS IN':>7} {'AGE P50':>8} {'AGE P99':>8}  LAST SEEN"]
+             f"{'CLIENT':>7} {'FPS IN':>7} {'AGE P50':>8} {'AGE P99':>8}  LAST SEEN"]
     for s in reply.get("streams", []):
         age = {q: fmt.us(v * 1000 if v is not None else None) for q, v in (s.get("age_ms") or {}).items()}
         seen = f"{s['last_seen_s']:.1f}s ago" + (" SILENT" if s.get("silent") else "")
         name = fmt.printable(f"{s['model']}/{s['key']}", 48)
         lines.append(f"{name:<32} {s['received']:>8} {s['served']:>8} {s['superseded']:>7} "
-                     f"{s['refused']:>8} {s['failed']:>6} {fmt.rate(s.get('fps_in')):>7} {age.get('p50', '-'):>8} "
+                     f"{s['refused']:>8} {s['failed']:>6} {s.get('replaced_by_client', 0):>7} "
+                     f"{fmt.rate(s.get('fps_in')):>7} {age.get('p50', '-'):>8} "
                      f"{age.get('p99', '-'):>8}  {seen}")
     lines.append(f"{reply.get('tracked', 0)} streams tracked (at most {reply.get('max_keys')})")
     return "\n".join(lines)

@@ -6,6 +6,9 @@ answered, wherever that happens (`Job.answered`: an executor, the frontend,
 a worker's reply, a pipeline thread), as `served` (200), `superseded`
 (409), `refused` (429, 503, 504) or `failed` (any other status); so once
 nothing is in flight, received = served + superseded + refused + failed.
+Frames a client replaced before it sent them (client/stream.py), which
+the daemon never receives, are counted as `replaced_by_client` from the
+count its next request carries.
 The age of a served request is receipt to reply; where the request said
 when its frame was captured (`captured`), its capture-to-reply age is kept
 too (`capture_age_ms`), which adds what the camera's decoder and network took.
@@ -53,7 +56,7 @@ EVENTS_NAMED, EVENTS_INTERVAL_S = 5, 10.0  # stream_silent/stream_resumed events
 HOLD_S = 5.0  # how long a quiet owner keeps its key under stream_keys = "bound" when stream_silent_s is 0
 SERVED, SUPERSEDED = 200, 409
 REFUSED = frozenset((429, 503, 504))
-COUNTERS = ("received", "served", "superseded", "refused", "failed")
+COUNTERS = ("received", "served", "superseded", "refused", "failed", "replaced_by_client")
 
 Clock = Callable[[], float]
 
@@ -95,6 +98,9 @@ class Totals:
     superseded: int = 0
     refused: int = 0
     failed: int = 0
+    # Frames the client replaced by newer ones before sending them (its requests' `replaced` field): lost
+    # on the client's side, never received here, so outside received = served + superseded + ...
+    replaced_by_client: int = 0
     age_s: float = 0.0  # the ages of served requests, summed (Prometheus' _sum)
 
     def add(self, other: "Totals") -> None:
@@ -127,9 +133,10 @@ class Stream:
     _captured: int = 0  # served requests that said when they were captured
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def receive(self, now: float) -> None:
+    def receive(self, now: float, replaced: int = 0) -> None:
         with self._lock:
             self.totals.received += 1
+            self.totals.replaced_by_client += replaced
             self.prev_seen, self.last_seen = self.last_seen, now
             self._in.add(int(now))
 
@@ -222,10 +229,10 @@ class StreamTable:
             stream.foreign += 1
             return True
 
-    def receive(self, model: str, key: Any, owner: Any = None) -> Stream:
-        """Count a request of `key` to `model` (frontend thread); its stream, to count the answer on.
-        With an `owner` (stream_keys = "bound": the sending connection, `foreign` asked first), the
-        stream is that connection's from now on."""
+    def receive(self, model: str, key: Any, owner: Any = None, replaced: int = 0) -> Stream:
+        """Count a request of `key` to `model` (frontend thread), and the `replaced` frames its client says
+        it dropped before it; its stream, to count the answer on. With an `owner` (stream_keys = "bound":
+        the sending connection, `foreign` asked first), the stream is that connection's from now on."""
         name = (model, stream_key(key))
         now = self.clock()
         self._quiet_at = now + self.silent_s
@@ -239,7 +246,7 @@ class StreamTable:
                 self._streams.move_to_end(name)
             if owner is not None:
                 stream.owner = owner
-        stream.receive(now)
+        stream.receive(now, replaced)
         if stream.silent:
             stream.silent = False
             self._emit("stream_resumed", stream, now)

@@ -82,3 +82,12 @@ def test_the_capture_time_travels_in_the_header_and_a_time_far_off_is_refused() 
         header = json.dumps({"model": "cams", "captured": bad}).encode()
         with pytest.raises(ProtocolError, match="'captured'"):
             parse_request([header])
+
+
+def test_a_cameras_gate_is_parsed_by_the_gate_and_its_errors_name_the_camera() -> None:
+    entry = '[[cameras]]\nname = "yard"\nurl = "a.mp4"\npipeline = "cams"\n[cameras.gate]\n'
+    (camera,) = parse(entry + "every_s = 5\n").cameras
+    assert camera.gate is not None and camera.gate.every_s == 5.0
+    exc = error(entry + "treshold = 0.1\n")
+    assert exc.path == 'cameras[name="yard"].gate.treshold' and "did you mean `threshold`?" in exc.reason
+    assert exc.file.endswith("infermux.toml")

@@ -46,7 +46,7 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
      "the frontend loop and the router: requests in, replies out"),
     ("cameras", ("infermux.cameras.supervisor", "infermux.cameras.source", "infermux.cameras.table",
                  "infermux.cameras.series"),
-     "the daemon's own cameras: their processes, supervised; what they decode and how frames travel"),
+     "cameras the daemon reads itself: their processes, supervised; what they decode and how frames travel"),
     ("admin", ("infermux.admin",),
      "operators and the service manager: admin socket, stats, metrics, sd_notify"),
     # A camera's process is a client of the daemon; the cameras package's other modules sit lower (above).
@@ -65,6 +65,8 @@ ALLOWED_LOCAL = {
                                       "and the other subcommands start fast"
        for cmd in ("serve", "ctl", "status", "infer", "bench", "tune", "keygen", "doctor", "sign", "record", "replay")},
     ("infermux.cli", "infermux"): "`infermux --version` reads the version without importing the daemon",
+    ("infermux.config", "infermux.cameras.config"): "the cameras' settings hold the motion gate's, whose parser "
+                                                     "raises this module's ConfigError: imported once it is defined",
     ("infermux.cli", "infermux.cli.common"): "the error guard is imported once a subcommand runs, not for --help",
     ("infermux.cli.common", "*"): "shared by the subcommands' parsers: numpy, zmq and the config parser load "
                                   "only when a command runs, so `infermux --help` stays fast",
