@@ -41,6 +41,7 @@ def configuration(clips: Path, engines: Path, *, extra: str = "", without: str =
         "once": camera("once", str(clips / "small.mp4"), loop=False),
         "far": camera("far", f"rtsp://127.0.0.1:{free_port()}/never", transport="tcp"),
         "big": camera("big", str(clips / "big.mp4"), max_pixels=10_000),
+        "still": camera("still", str(clips / "still.mp4")) + "[cameras.gate]\nevery_s = 60\n",
     }
     text = "".join(entry for name, entry in cameras.items() if name != without)
     head = DAEMON_HEAD + f"metrics_port = {METRICS_PORT}\n"
@@ -52,6 +53,7 @@ def clips(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("clips")
     write_clip(folder / "small.mp4", 64, 48, frames=30)
     write_clip(folder / "big.mp4", 320, 240, frames=5)
+    write_clip(folder / "still.mp4", 64, 48, frames=15, moving=False)
     return folder
 
 
@@ -128,6 +130,11 @@ def test_a_camera_process_killed_or_stopped_is_restarted_and_nothing_else_notice
         worker.join()
     assert cameras(d)["front"]["pid"] == front["pid"] and not events(d, "camera_lost", "front")
     assert statuses and set(statuses) == {200}, sorted(set(statuses))
+
+
+def test_a_gated_camera_of_a_still_scene_sends_its_first_frame_and_gates_out_the_rest(d: Daemon) -> None:
+    still = eventually(lambda: (c := cameras(d)["still"])["gated"] >= 10 and c, "still's frames gated out", 30)
+    assert still["sent"] == 1 and still["served"] == 1 and still["taken"] == still["gated"] + still["sent"]
 
 
 def test_a_file_played_once_ends_with_camera_ended(d: Daemon) -> None:

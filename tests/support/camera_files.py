@@ -7,9 +7,10 @@ from pathlib import Path
 import numpy as np
 
 
-def write_clip(path: Path, width: int = 64, height: int = 48, frames: int = 30, fps: int = 15) -> Path:
+def write_clip(path: Path, width: int = 64, height: int = 48, frames: int = 30, fps: int = 15,
+               moving: bool = True) -> Path:
     """A short H.264 clip (MPEG-4 part 2 where this FFmpeg has no H.264 encoder) of a bar moving across
-    a dark frame, written with PyAV."""
+    a dark frame (standing still: `moving` false), written with PyAV."""
     import av
 
     codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
@@ -18,7 +19,7 @@ def write_clip(path: Path, width: int = 64, height: int = 48, frames: int = 30, 
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         for i in range(frames):
             image = np.full((height, width, 3), 20, np.uint8)
-            image[:, (i * 3) % width] = 255
+            image[:, (i * 3 if moving else 5) % width] = 255
             for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
                 out.mux(packet)
         for packet in stream.encode():
