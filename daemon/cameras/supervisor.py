@@ -40,7 +40,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("infermux.cameras")
 
-HANG_S = 3.0  # a running camera process that wrote no status line this long is killed (its beat is 0.25 s)
+HANG_S = 5.0  # a running camera process that wrote no status line this long is killed (its beat is 0.25 s; a
+# loaded box may hold a healthy one back for a second or two)
 START_GRACE_S = 20.0  # ... and one just started may take this long to write its first (imports, a busy box)
 RESTART_FIRST_S, RESTART_CAP_S = 0.25, 2.0  # a process that ended is started again after these, doubling
 STEADY_S = 10.0  # a process that ran this long before it ended starts its backoff afresh
