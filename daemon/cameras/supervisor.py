@@ -48,6 +48,7 @@ STEADY_S = 10.0  # a process that ran this long before it ended starts its backo
 STOP_GRACE_S = 1.0  # SIGTERM, then SIGKILL after this
 TURN_S = 0.1  # the thread's longest sleep: hangs and restarts are seen at least this often
 RATE_WINDOW_S = 5.0
+PUBLISH_S = 0.25  # how often what `ctl cameras` shows is made again (it reads every stream's accounting)
 MAX_LINE = 64 << 10  # a status line longer than this is not the child's: the process is restarted
 STATE_FILE = "cameras.json"
 STATE_FORMAT = 1
@@ -96,6 +97,7 @@ class Cameras:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cameras", daemon=True)
         self._published: list[dict[str, Any]] = []
+        self._next_publish = 0.0
         self._wake_r, self._wake_w = os.pipe()
         self.events.subscribe(self._on_event)
 
@@ -159,7 +161,9 @@ class Cameras:
             while self._asks:
                 self._asks.popleft()()
             fds = [c.status_r for c in self.cameras.values() if c.status_r >= 0]
-            ready, _, _ = select.select([self._wake_r, *fds], [], [], TURN_S)
+            # With no process to watch or restart, sleep until woken (an idle daemon wakes for nothing).
+            watching = fds or any(c.state == "restarting" for c in self.cameras.values())
+            ready, _, _ = select.select([self._wake_r, *fds], [], [], TURN_S if watching else None)
             if self._wake_r in ready:
                 os.read(self._wake_r, 4096)
             now = time.monotonic()
@@ -167,7 +171,9 @@ class Cameras:
                 if camera.status_r in ready:
                     self._read(camera, now)
                 self._check(camera, now)
-            self._publish(now)
+            if now >= self._next_publish or not watching:
+                self._next_publish = now + PUBLISH_S
+                self._publish(now)
 
     def _follow(self, config: cfg.Config) -> None:
         """Make the running cameras those `config` lists and enables: only a camera added, removed,
@@ -355,7 +361,8 @@ class Cameras:
     # -- what is shown ----------------------------------------------------------------------------
 
     def _publish(self, now: float) -> None:
-        streams = {(s["model"], s["key"]): s for s in self.server.streams.view()}
+        pipelines = {c.config.pipeline for c in self.cameras.values()}
+        streams = {(s["model"], s["key"]): s for p in pipelines for s in self.server.streams.view(p)}
         out = []
         for name, camera in self.cameras.items():
             stream = streams.get((camera.config.pipeline, name), {})
