@@ -265,7 +265,6 @@ def _watch_lifeline(fd: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m infermux.cameras.child")
-    parser.add_argument("--camera", required=True, help="the camera's settings, as JSON")
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--regions", default="", help="the daemon's shared-memory socket; empty: frames inline")
     parser.add_argument("--input", default="image", help="the pipeline's input")
@@ -273,7 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lifeline", type=int, required=True)
     args = parser.parse_args(argv)
     _watch_lifeline(args.lifeline)
-    raw = json.loads(args.camera)
+    raw = json.loads(sys.stdin.read())  # the camera's settings, as JSON (not in argv: a URL may hold a password)
     raw["size"] = tuple(raw["size"]) if raw.get("size") else None
     raw["gate"] = parse_gate(raw["gate"], "gate") if raw.get("gate") else None
     camera = CameraConfig(**raw)

@@ -210,12 +210,21 @@ class Cameras:
         lifeline_r, lifeline_w = os.pipe()
         os.set_blocking(status_r, False)
         try:
+            # The settings go in on stdin, not the command line, which every local user may read: a URL
+            # can hold the camera's password.
             camera.proc = subprocess.Popen(
-                [sys.executable, "-m", "infermux.cameras.child", "--camera", json.dumps(camera.config.as_json()),
-                 "--endpoint", endpoint, "--regions", str(regions or ""), "--input", camera.input,
-                 "--status-fd", str(status_w), "--lifeline", str(lifeline_r)],
-                pass_fds=(status_w, lifeline_r), stdin=subprocess.DEVNULL)
-        except OSError as exc:
+                [sys.executable, "-m", "infermux.cameras.child", "--endpoint", endpoint, "--regions",
+                 str(regions or ""), "--input", camera.input, "--status-fd", str(status_w), "--lifeline",
+                 str(lifeline_r)],
+                pass_fds=(status_w, lifeline_r), stdin=subprocess.PIPE)
+            assert camera.proc.stdin is not None
+            with camera.proc.stdin as settings:  # a few KB: the pipe takes them whole, the child reads them first
+                settings.write(json.dumps(camera.config.as_json()).encode())
+        except OSError as exc:  # BrokenPipeError too: the child ended before it read its settings
+            if camera.proc is not None:
+                camera.proc.kill()
+                camera.proc.wait()
+                camera.proc = None
             for fd in (status_r, lifeline_w):
                 os.close(fd)
             self._lose(camera, f"cannot start its process: {exc}")
