@@ -7,12 +7,11 @@ refuses, sends what does not decode, or stops sending; `CameraEnded` at the end 
 Software decoding is FFmpeg through PyAV, for every URL kind: rtsp:// (over `transport`), http(s)://
 MJPEG, files (played at their own pace, looped or not) and /dev/videoN (V4L2). `decoder = "gstreamer"`
 is the Jetson path (nvv4l2decoder): the same protocol with GStreamer elements, refused with the reason
-where GStreamer's Python bindings are missing.
+where GStreamer's Python bindings are missing (cameras/gstreamer.py).
 """
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import time
 from dataclasses import dataclass
@@ -84,13 +83,9 @@ def open_source(camera: CameraConfig) -> FrameSource:
 
 
 def _gstreamer(camera: CameraConfig) -> FrameSource:
-    if importlib.util.find_spec("gi") is None:  # GStreamer's Python bindings: whether the Jetson path can run here
-        raise CameraRefused("decoder = \"gstreamer\" needs GStreamer's Python bindings (Debian: python3-gi, "
-                            "gir1.2-gstreamer-1.0, gstreamer1.0-plugins-good; on a Jetson also "
-                            "nvidia-l4t-gstreamer for nvv4l2decoder); use decoder = \"software\" or "
-                            "\"auto\" here")
-    raise CameraRefused("decoder = \"gstreamer\" is not built into this version yet; use decoder = \"software\" "
-                        "or \"auto\"")
+    from infermux.cameras.gstreamer import GStreamerSource  # imports this module's errors: loaded when asked for
+
+    return GStreamerSource(camera)
 
 
 def _av() -> Any:

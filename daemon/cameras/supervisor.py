@@ -107,7 +107,8 @@ class Cameras:
         """Start every enabled camera of the configuration, and the thread that watches them."""
         if self._thread.is_alive():
             return
-        self._ask(lambda: self._follow(self.server.config))
+        self._follow(self.server.config)  # before the thread runs: `view` lists every camera from the start
+        self._publish(time.monotonic())
         self._thread.start()
 
     def stop(self) -> None:

@@ -3,6 +3,7 @@ H.264 the test made, an HTTP MJPEG server, and a port that answers garbage; one 
 
 from __future__ import annotations
 
+import subprocess
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -33,12 +34,27 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]
         yield {"rtsp": server, "mjpeg": http, "junk": junk}
 
 
+def gi_path(folder: Path) -> Path | None:
+    """A folder holding only the system's GStreamer bindings (`gi`, for its Python), for the daemon's
+    PYTHONPATH: the cameras' decoder = "gstreamer" path imports them. None where they are missing."""
+    found = subprocess.run([rtsp.DEBIAN_PYTHON, "-c", "import gi; print(gi.__path__[0])"], capture_output=True,
+                           text=True)
+    if found.returncode != 0:
+        return None
+    (folder / "gi").symlink_to(found.stdout.strip())
+    return folder
+
+
 @pytest.fixture(scope="module")
 def d(tmp_path_factory: pytest.TempPathFactory, engines: Path, servers: dict[str, Any]) -> Iterator[Daemon]:
     cameras = (camera("door", servers["rtsp"].url, transport="tcp") + camera("hall", servers["mjpeg"].url)
                + camera("junk", f"rtsp://127.0.0.1:{servers['junk']}/cam"))
+    gi = gi_path(tmp_path_factory.mktemp("gi"))
+    if gi is not None:
+        cameras += camera("porch", servers["rtsp"].url, decoder="gstreamer")
     daemon = Daemon(tmp_path_factory.mktemp("camera-streams"),
-                    (DAEMON_HEAD + MODELS + camera_pipeline("cams") + cameras).format(engines=engines)).start()
+                    (DAEMON_HEAD + MODELS + camera_pipeline("cams") + cameras).format(engines=engines),
+                    env={"PYTHONPATH": str(gi)} if gi is not None else None).start()
     yield daemon
     daemon.stop()
 
@@ -56,6 +72,13 @@ def events(d: Daemon, kind: str, name: str) -> list[dict[str, Any]]:
 
 def served(d: Daemon, name: str) -> int:
     return int(cameras(d)[name]["served"])
+
+
+def test_an_rtsp_camera_decoded_by_gstreamer_is_served(d: Daemon) -> None:
+    if "porch" not in d.config_path.read_text():
+        pytest.skip("GStreamer's Python bindings (python3-gi) are not installed")
+    porch = eventually(lambda: (c := cameras(d)["porch"])["served"] >= 3 and c, "porch served through GStreamer", 30)
+    assert porch["state"] == "streaming" and porch["decode_ms"] is not None
 
 
 @pytest.mark.timing

@@ -45,7 +45,7 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
     ("frontend", ("infermux.frontend",),
      "the frontend loop and the router: requests in, replies out"),
     ("cameras", ("infermux.cameras.supervisor", "infermux.cameras.source", "infermux.cameras.table",
-                 "infermux.cameras.series"),
+                 "infermux.cameras.series", "infermux.cameras.gstreamer"),
      "cameras the daemon reads itself: their processes, supervised; what they decode and how frames travel"),
     ("admin", ("infermux.admin",),
      "operators and the service manager: admin socket, stats, metrics, sd_notify"),
@@ -65,6 +65,8 @@ ALLOWED_LOCAL = {
                                       "and the other subcommands start fast"
        for cmd in ("serve", "ctl", "status", "infer", "bench", "tune", "keygen", "doctor", "sign", "record", "replay")},
     ("infermux.cli", "infermux"): "`infermux --version` reads the version without importing the daemon",
+    ("infermux.cameras.source", "infermux.cameras.gstreamer"): "the GStreamer path imports the errors defined here; "
+                                                               "loaded only for decoder = \"gstreamer\"",
     ("infermux.config", "infermux.cameras.config"): "the cameras' settings hold the motion gate's, whose parser "
                                                      "raises this module's ConfigError: imported once it is defined",
     ("infermux.cli", "infermux.cli.common"): "the error guard is imported once a subcommand runs, not for --help",
