@@ -39,6 +39,14 @@ def _gst() -> Any:
     return gst
 
 
+def has_hardware_decoder() -> bool:
+    """Whether GStreamer (with its bindings) has the Jetson's decoder here: `decoder = "auto"` then uses it."""
+    try:
+        return _gst().ElementFactory.find("nvv4l2decoder") is not None
+    except CameraRefused:
+        return False
+
+
 def description(camera: CameraConfig, h264: str) -> str:
     """The pipeline for `camera`, with `h264` as its H.264 decoder; the source element is named `src` (its
     location is set as a property, never written into this text)."""

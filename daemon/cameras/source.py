@@ -76,16 +76,15 @@ def redact(url: str) -> str:
 
 
 def open_source(camera: CameraConfig) -> FrameSource:
-    """The FrameSource of `camera`'s decoder; CameraError where that decoder cannot run here."""
-    if camera.decoder == "gstreamer":
-        return _gstreamer(camera)
+    """The FrameSource of `camera`'s decoder; CameraError where that decoder cannot run here. "auto" is the
+    Jetson's hardware decoder for an RTSP camera where GStreamer has it, else PyAV."""
+    if camera.decoder == "software":
+        return PyAVSource(camera)
+    from infermux.cameras import gstreamer  # imports this module's errors: loaded when a camera may use it
+
+    if camera.decoder == "gstreamer" or (camera.kind == "rtsp" and gstreamer.has_hardware_decoder()):
+        return gstreamer.GStreamerSource(camera)
     return PyAVSource(camera)
-
-
-def _gstreamer(camera: CameraConfig) -> FrameSource:
-    from infermux.cameras.gstreamer import GStreamerSource  # imports this module's errors: loaded when asked for
-
-    return GStreamerSource(camera)
 
 
 def _av() -> Any:

@@ -66,7 +66,7 @@ ALLOWED_LOCAL = {
        for cmd in ("serve", "ctl", "status", "infer", "bench", "tune", "keygen", "doctor", "sign", "record", "replay")},
     ("infermux.cli", "infermux"): "`infermux --version` reads the version without importing the daemon",
     ("infermux.cameras.source", "infermux.cameras.gstreamer"): "the GStreamer path imports the errors defined here; "
-                                                               "loaded only for decoder = \"gstreamer\"",
+                                                               "loaded only where a camera may use it",
     ("infermux.config", "infermux.cameras.config"): "the cameras' settings hold the motion gate's, whose parser "
                                                      "raises this module's ConfigError: imported once it is defined",
     ("infermux.cli", "infermux.cli.common"): "the error guard is imported once a subcommand runs, not for --help",
