@@ -80,10 +80,11 @@ def open_source(camera: CameraConfig) -> FrameSource:
     Jetson's hardware decoder for an RTSP camera where GStreamer has it, else PyAV."""
     if camera.decoder == "software":
         return PyAVSource(camera)
-    from infermux.cameras import gstreamer  # imports this module's errors: loaded when a camera may use it
+    # Imports this module's errors: loaded when a camera may use GStreamer, not at import.
+    from infermux.cameras.gstreamer import GStreamerSource, has_hardware_decoder
 
-    if camera.decoder == "gstreamer" or (camera.kind == "rtsp" and gstreamer.has_hardware_decoder()):
-        return gstreamer.GStreamerSource(camera)
+    if camera.decoder == "gstreamer" or (camera.kind == "rtsp" and has_hardware_decoder()):
+        return GStreamerSource(camera)
     return PyAVSource(camera)
 
 
