@@ -18,6 +18,7 @@ from infermux.admin import hardware, snapshot
 from infermux.admin.httpd import HttpServer, Reply, Route
 from infermux.admin.health import Liveness, Verdict, readiness
 from infermux.admin.streamseries import Series, StreamSeries
+from infermux.cameras.series import families as camera_families
 from infermux.execution.streams import percentile
 from infermux.events import Event
 from infermux.execution.stats import LATENCY_BUCKETS_US
@@ -124,7 +125,14 @@ def render(server: "Daemon", events: EventCounter, gpu: hardware.GpuSource | Non
     _processes(out, _process_samples(server))
     _pipelines(out, server.pipelines.view())
     _streams(out, server, streams or StreamSeries())
+    _cameras(out, server)
     return out.text()
+
+
+def _cameras(out: Exposition, server: "Daemon") -> None:
+    """Per configured camera: its state, frames at each stage, decode time and capture-to-result age."""
+    for family in camera_families(server.cameras.view() if server.cameras is not None else []):
+        out.family(*family)
 
 
 def _version(m: dict) -> dict:

@@ -9,6 +9,8 @@
     infermux ctl events           # recent events, one line each with an ISO time (--json: as sent)
     infermux ctl streams          # per camera (model, key): received, served, superseded, refused, age
     infermux ctl pipelines        # per pipeline and step: runs, fps, latency, 409s, errors, what it runs (--json: all)
+    infermux ctl cameras          # per camera: state, fps decoded/gated/sent/served, decode ms, age, last error
+    infermux ctl camera gate-3 disable   # live, kept across restarts; `enable` to start it again
 
 Exit codes: 0 done, 1 the daemon refused (the reason is printed), 2 usage,
 3 the daemon did not answer (within 5 s; a command it has accepted may then
@@ -140,6 +142,10 @@ def show(cmd: str, reply: dict[str, Any], as_json: bool) -> None:
         print(short_events(reply.get("events", [])))
     elif cmd == "streams" and not as_json:
         print(short_streams(reply))
+    elif cmd == "cameras" and not as_json:
+        from infermux.cameras.table import table
+
+        print(table(reply.get("cameras", [])))
     elif cmd == "pipelines" and not as_json:
         print(short_pipelines(reply.get("pipelines", [])))
     elif as_json or cmd in ("models", "events", "status"):

@@ -53,7 +53,7 @@ def parse(text: str, file: Path) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(file, "", f"not valid TOML: {exc}") from None
-    top = {s.name for s in SECTIONS if "." not in s.name}
+    top = {s.name for s in SECTIONS if "." not in s.name} | {"cameras"}
     for key in data:
         if key not in top:
             raise ConfigError(file, key, f"unknown table; expected {', '.join(sorted(top))}")
@@ -66,7 +66,14 @@ def parse(text: str, file: Path) -> Config:
     models = [parse_model(file, label, m, daemon.engine_dir) for label, m in zip(labels, raw_models)]
     check_models(file, models, routing, daemon)
     pipelines = parse_pipelines(file, data.get("pipelines", []), models, daemon.engine_dir)
-    return Config(path=file, daemon=daemon, routing=routing, models=tuple(models), pipelines=pipelines)
+    from infermux.cameras.config import CameraFieldError, parse_cameras
+
+    try:
+        cameras = parse_cameras(data.get("cameras", []), {p.name for p in pipelines}, file)
+    except CameraFieldError as exc:
+        raise ConfigError(file, exc.path, exc.reason) from None
+    return Config(path=file, daemon=daemon, routing=routing, models=tuple(models), pipelines=pipelines,
+                  cameras=cameras)
 
 
 def load(path: str | os.PathLike[str]) -> Config:

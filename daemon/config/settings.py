@@ -29,11 +29,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from infermux.config.declare import LIVE, RELOAD, RESTART, Rule, required, setting
 from infermux.config.kinds import (BOOL, BUDGET, ENDPOINT, ENDPOINTS, FRAMES, INT, KEY_DIR, KEY_FILE, NAME, NUMBER,
                                    PATH, PUBLIC_KEYS, SIZES, STR, TABLE, TABLES, VERSION, VERSIONS)
+
+if TYPE_CHECKING:
+    from infermux.cameras.config import CameraConfig
 
 STRATEGIES = ("least_queue", "weighted", "hash")
 HOT, COLD = "hot", "cold"
@@ -353,6 +356,7 @@ class Config:
     routing: RoutingConfig
     models: tuple[ModelConfig, ...]
     pipelines: tuple[PipelineConfig, ...] = ()
+    cameras: tuple["CameraConfig", ...] = ()  # [[cameras]]: daemon/cameras/config.py
 
     def versions(self, name: str) -> list[ModelConfig]:
         return [m for m in self.models if m.name == name]

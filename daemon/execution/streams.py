@@ -9,7 +9,9 @@ nothing is in flight, received = served + superseded + refused + failed.
 Frames a client replaced before it sent them (client/stream.py), which
 the daemon never receives, are counted as `replaced_by_client` from the
 count its next request carries.
-The age of a served request is receipt to reply.
+The age of a served request is receipt to reply; where the request said
+when its frame was captured (`captured`), its capture-to-reply age is kept
+too (`capture_age_ms`), which adds what the camera's decoder and network took.
 
 Memory is bounded: at most `max_keys` streams are tracked (a few KB
 each: the counters, the ages of its last AGES served requests, a few
@@ -128,6 +130,8 @@ class Stream:
     _dropped: _PerSecond = field(default_factory=_PerSecond)
     _replaced: _PerSecond = field(default_factory=_PerSecond)  # frames the client replaced, as it told
     _ages: array = field(default_factory=lambda: array("d"))  # ms, a ring of AGES once full
+    _capture_ages: array = field(default_factory=lambda: array("d"))  # ms from capture, a ring of AGES once full
+    _captured: int = 0  # served requests that said when they were captured
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def receive(self, now: float, replaced: int = 0) -> None:
@@ -139,18 +143,17 @@ class Stream:
                 self.totals.replaced_by_client += replaced
                 self._replaced.add(int(now), replaced)
 
-    def answer(self, status: int, age_ns: int) -> None:
+    def answer(self, status: int, age_ns: int, capture_age_s: float | None = None) -> None:
         now = self.clock()
         with self._lock:
             totals = self.totals
             if status == SERVED:
                 totals.served += 1
                 totals.age_s += age_ns / 1e9
-                ages = self._ages
-                if len(ages) < AGES:
-                    ages.append(age_ns / 1e6)
-                else:
-                    ages[totals.served % AGES] = age_ns / 1e6
+                _ring(self._ages, totals.served, age_ns / 1e6)
+                if capture_age_s is not None:
+                    self._captured += 1
+                    _ring(self._capture_ages, self._captured, capture_age_s * 1e3)
                 self._out.add(int(now))
                 return
             if status == SUPERSEDED:
@@ -176,13 +179,23 @@ class Stream:
             t = self.totals
             counts = {name: getattr(t, name) for name in COUNTERS}
             ages = sorted(self._ages)
+            captured = sorted(self._capture_ages)
             fps = {"fps_in": self._in.rate(now, self.first_seen), "fps_served": self._out.rate(now, self.first_seen),
                    "fps_dropped": self._dropped.rate(now, self.first_seen),
                    "fps_replaced_by_client": self._replaced.rate(now, self.first_seen)}
         return {"model": self.model, "key": self.key, **counts, "foreign": self.foreign,
                 "age_ms": {"p50": percentile(ages, 50), "p99": percentile(ages, 99)},
+                "capture_age_ms": {"p50": percentile(captured, 50), "p99": percentile(captured, 99)},
                 "last_seen_s": round(now - self.last_seen, 3), **{k: round(v, 2) for k, v in fps.items()},
                 "silent": self.silent}
+
+
+def _ring(ages: array, count: int, value: float) -> None:
+    """Keep `value`, the `count`-th, in a ring of the last AGES."""
+    if len(ages) < AGES:
+        ages.append(value)
+    else:
+        ages[count % AGES] = value
 
 
 def percentile(ordered: list[float], q: float) -> float | None:

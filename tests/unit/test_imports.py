@@ -29,7 +29,7 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
     ("plugins", ("infermux.plugins",),
      "backends and processors behind their protocols; they know nothing of the daemon"),
     ("root", ("infermux", "infermux.config", "infermux.events", "infermux.protocol", "infermux.format",
-              "infermux.vendor", "infermux.signing"),
+              "infermux.vendor", "infermux.signing", "infermux.cameras.config", "infermux.cameras.gate"),
      "what every part reads: the configuration, events, the wire protocol, numbers as text, engine signatures"),
     ("transport", ("infermux.transport",),
      "sockets and what a peer or a message may cost"),
@@ -45,13 +45,15 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
      "keeping what is served in step with the engine directory and the configuration"),
     ("frontend", ("infermux.frontend",),
      "the frontend loop and the router: requests in, replies out"),
-    ("cameras", ("infermux.cameras",),
-     "cameras the daemon reads itself: their configuration, decoding, motion gate and processes"),
+    ("cameras", ("infermux.cameras.supervisor", "infermux.cameras.source", "infermux.cameras.table",
+                 "infermux.cameras.series", "infermux.cameras.gstreamer"),
+     "cameras the daemon reads itself: their processes, supervised; what they decode and how frames travel"),
     ("admin", ("infermux.admin",),
      "operators and the service manager: admin socket, stats, metrics, sd_notify"),
     ("app", ("infermux.app",),
      "the composition root: the daemon's parts built in order, and its lifecycle"),
-    ("client", ("infermux.client",),
+    # A camera's process is a client of the daemon; the cameras package's other modules sit lower (above).
+    ("client", ("infermux.client", "infermux.cameras.child", "infermux.cameras"),
      "the public client library"),
     ("tui", ("infermux.tui",),
      "the console"),
@@ -67,6 +69,10 @@ ALLOWED_LOCAL = {
        for cmd in ("serve", "ctl", "status", "infer", "bench", "tune", "keygen", "doctor", "sign", "record", "replay",
                    "top")},
     ("infermux.cli", "infermux"): "`infermux --version` reads the version without importing the daemon",
+    ("infermux.cameras.source", "infermux.cameras.gstreamer"): "the GStreamer path imports the errors defined here; "
+                                                               "loaded only where a camera may use it",
+    ("infermux.config", "infermux.cameras.config"): "the cameras' settings hold the motion gate's, whose parser "
+                                                     "raises this module's ConfigError: imported once it is defined",
     ("infermux.cli", "infermux.cli.common"): "the error guard is imported once a subcommand runs, not for --help",
     ("infermux.cli.common", "*"): "shared by the subcommands' parsers: numpy, zmq and the config parser load "
                                   "only when a command runs, so `infermux --help` stays fast",
