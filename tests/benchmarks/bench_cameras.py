@@ -47,11 +47,14 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from support import rtsp  # noqa: E402
-from results import markdown_table, print_and_write, stamp  # noqa: E402
+# The readers (`--reader`, one process per camera) import only what they use: `support.rtsp` and
+# `results` (pytest, infermux) are the parent's, imported where it needs them.
 
 SECTION = "Cameras: decoding"
 DAEMON_SECTION = "Cameras: through the daemon"
+# A live stream's probe, as the cameras open one (daemon/cameras/source.py): FFmpeg's default reads
+# seconds of the stream before its first frame.
+PROBE = {"analyzeduration": "500000", "probesize": "1000000"}
 KINDS = ("floor", "pyav", "pyav-yuv", "pyav-half", "ffmpeg", "gstreamer")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -78,7 +81,7 @@ def read_pyav(url: str, warmup: float, seconds: float, transport: str, out: str 
     height (scaled and converted in one pass, "half"), or its YUV planes copied as they are ("yuv")."""
     import av
 
-    with av.open(url, options={"rtsp_transport": transport}, timeout=10) as container:
+    with av.open(url, options={"rtsp_transport": transport, **PROBE}, timeout=10) as container:
         counter = _Counter(warmup, seconds, time.process_time)
         for frame in container.decode(video=0):
             if out == "yuv":
@@ -93,8 +96,8 @@ def read_pyav(url: str, warmup: float, seconds: float, transport: str, out: str 
 
 def read_ffmpeg_pipe(url: str, warmup: float, seconds: float, transport: str, size: tuple[int, int]) -> Window:
     """`ffmpeg` as a child writing BGR frames to a pipe; this process reads them into one buffer."""
-    cmd = ["ffmpeg", "-v", "error", "-rtsp_transport", transport, "-i", url, "-f", "rawvideo", "-pix_fmt", "bgr24",
-           "pipe:1"]
+    cmd = ["ffmpeg", "-v", "error", "-rtsp_transport", transport, *_probe_flags(), "-i", url, "-f", "rawvideo",
+           "-pix_fmt", "bgr24", "pipe:1"]
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     assert child.stdout is not None
     buffer = memoryview(bytearray(size[0] * size[1] * 3))
@@ -114,9 +117,13 @@ def read_ffmpeg_pipe(url: str, warmup: float, seconds: float, transport: str, si
         child.wait()
 
 
+def _probe_flags() -> list[str]:
+    return [arg for key, value in PROBE.items() for arg in (f"-{key}", value)]
+
+
 def read_floor(url: str, warmup: float, seconds: float, transport: str) -> Window:
     """`ffmpeg -i URL -f null -`: its frame count from -progress, its CPU from /proc."""
-    cmd = ["ffmpeg", "-v", "error", "-rtsp_transport", transport, "-i", url, "-f", "null", "-",
+    cmd = ["ffmpeg", "-v", "error", "-rtsp_transport", transport, *_probe_flags(), "-i", url, "-f", "null", "-",
            "-progress", "pipe:1", "-stats_period", "0.2"]
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     assert child.stdout is not None
@@ -172,6 +179,8 @@ class _Counter:
 
 def reader_command(kind: str, url: str, args: argparse.Namespace, size: tuple[int, int]) -> list[str]:
     """The command line of one reader process of `kind`."""
+    from support import rtsp
+
     common = ["--warmup", str(args.warmup), "--seconds", str(args.seconds), "--transport", args.transport]
     if kind == "gstreamer":
         return [rtsp.DEBIAN_PYTHON, str(rtsp.DECODE), "--url", url, *common]
@@ -234,6 +243,9 @@ def size_table(size: tuple[int, int], rounds: dict[str, list[list[Window]]], fps
 
 def decode_run(args: argparse.Namespace) -> None:
     """Each size: the RTSP server, every kind's readers over the rounds (kinds alternating), one table."""
+    from results import markdown_table, print_and_write, stamp
+    from support import rtsp
+
     check_packages(args.decoders)
     rows: list[list[str]] = []
     with tempfile.TemporaryDirectory(prefix="bench-cameras-") as tmp:
@@ -258,7 +270,7 @@ def decode_run(args: argparse.Namespace) -> None:
 
 def check_packages(kinds: list[str]) -> None:
     """Exit, naming the command, where this box lacks what the chosen readers need."""
-    from support import system_packages
+    from support import rtsp, system_packages
 
     needs = {**rtsp.SERVER_PACKAGES, **(rtsp.FFMPEG_PACKAGES if {"floor", "ffmpeg"} & set(kinds) else {}),
              **(rtsp.CLIENT_PACKAGES if "gstreamer" in kinds else {})}
@@ -368,6 +380,9 @@ def daemon_run(args: argparse.Namespace) -> None:
     if importlib.util.find_spec("infermux.cameras") is None:
         print("skipped: this checkout has no infermux.cameras (the daemon does not read cameras yet)")
         return
+    from results import markdown_table, print_and_write, stamp
+    from support import rtsp
+
     check_packages([])
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-cameras-daemon-") as tmp:
