@@ -14,11 +14,14 @@ import os
 import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from infermux import signing
 from infermux.plugins import backends, processors
 from infermux.plugins.requirements import MissingDependency
+
+if TYPE_CHECKING:
+    from infermux.cameras.config import CameraConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -262,6 +265,7 @@ class Config:
     routing: RoutingConfig
     models: tuple[ModelConfig, ...]
     pipelines: tuple[PipelineConfig, ...] = ()
+    cameras: tuple["CameraConfig", ...] = ()  # [[cameras]]: daemon/cameras/config.py
 
     def versions(self, name: str) -> list[ModelConfig]:
         return [m for m in self.models if m.name == name]
@@ -802,7 +806,7 @@ def parse(text: str, file: Path) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(file, "", f"not valid TOML: {exc}") from None
-    top = {"daemon", "routing", "models", "pipelines"}
+    top = {"daemon", "routing", "models", "pipelines", "cameras"}
     for key in data:
         if key not in top:
             raise ConfigError(file, key, f"unknown table; expected {', '.join(sorted(top))}")
@@ -815,7 +819,14 @@ def parse(text: str, file: Path) -> Config:
     models = [_parse_model(file, label, m, daemon.engine_dir) for label, m in zip(labels, raw_models)]
     _check_models(file, models, routing, daemon)
     pipelines = _parse_pipelines(file, data.get("pipelines", []), models, daemon.engine_dir)
-    return Config(path=file, daemon=daemon, routing=routing, models=tuple(models), pipelines=pipelines)
+    from infermux.cameras.config import CameraFieldError, parse_cameras
+
+    try:
+        cameras = parse_cameras(data.get("cameras", []), {p.name for p in pipelines}, file)
+    except CameraFieldError as exc:
+        raise ConfigError(file, exc.path, exc.reason) from None
+    return Config(path=file, daemon=daemon, routing=routing, models=tuple(models), pipelines=pipelines,
+                  cameras=cameras)
 
 
 def _parse_pipelines(file: Path, raw: Any, models: list[ModelConfig],

@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import json
 import math
+import time
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any, Callable, Mapping, Protocol, Sequence
@@ -28,6 +29,14 @@ MAX_TIMEOUT_MS = 2**31 - 1
 MAX_KEY_BYTES = 256
 # An integer key's bound: what a camera counter or id needs, and no 4,000-digit label.
 MAX_KEY_INT = 2**63 - 1
+# How far a request's `captured` time (epoch seconds) may lie from the daemon's clock, either side: a
+# camera's clock may drift, but a capture time days away is a client's mistake, refused before any
+# stream's ages count it.
+MAX_CAPTURE_SKEW_S = 86_400.0
+
+# The most frames a client may say it replaced since its last request of a key (`replaced`): a count,
+# added to the stream's; a larger backlog is carried to the client's next request (client/stream.py).
+MAX_REPLACED = 1_000_000
 
 # json.dumps with arguments builds a new encoder per call; this one is reused.
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
@@ -43,7 +52,8 @@ DTYPES: dict[str, np.dtype] = {
 # them. Anything else is refused (400 naming it) rather than ignored, so that a
 # typo such as `timout_ms` or a field from another server's protocol
 # (`deadline_ms`) is seen instead of silently changing nothing.
-REQUEST_FIELDS = ("model", "inputs", "id", "version", "outputs", "timeout_ms", "key", "output_regions")
+REQUEST_FIELDS = ("model", "inputs", "id", "version", "outputs", "timeout_ms", "key", "output_regions", "captured",
+                  "replaced")
 # An input entry's last four describe a camera frame sent to a pipeline (docs/protocol.md, "Pipelines
 # on the wire"); the pipeline's first step reads and checks them.
 INPUT_FIELDS = ("name", "dtype", "shape", "region", "offset", "format", "width", "height", "stride")
@@ -249,6 +259,8 @@ class Request:
     outputs: tuple[str, ...] | None = None
     timeout_ms: int | None = None
     key: str | None = None
+    captured: float | None = None  # when the frame was captured (epoch seconds): stream ages count from it
+    replaced: int = 0  # frames of this key the client replaced before sending them, since its last request
     input_regions: dict[str, SharedTensor] = field(default_factory=dict)
     output_regions: dict[str, OutputRegion] = field(default_factory=dict)
     # A frame's entry as its header gave it ("format" and the geometry, FRAME_FIELDS), by input name,
@@ -438,6 +450,7 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
     if timeout_ms is not None and not 0 < timeout_ms <= MAX_TIMEOUT_MS:
         raise _bad(f"header field 'timeout_ms' must be a positive integer of at most {MAX_TIMEOUT_MS}")
     version = _optional(header, "version", (str, int))
+    replaced = _replaced(header)
     ident = header.get("id")
     if ident is not None and (not isinstance(ident, (str, int)) or isinstance(ident, bool)):
         raise _bad("header field 'id' must be a string or an integer")
@@ -445,9 +458,34 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
         model=model, inputs=inputs, id=ident,
         version=None if version is None else str(version),
         outputs=None if outputs is None else tuple(outputs),
-        timeout_ms=timeout_ms, key=_key(header), input_regions=input_regions,
+        timeout_ms=timeout_ms, key=_key(header), captured=_captured(header), replaced=replaced,
+        input_regions=input_regions,
         output_regions=_parse_output_regions(header, regions, limits), described=described,
     )
+
+
+def _captured(header: dict[str, Any]) -> float | None:
+    """The header's capture time: epoch seconds within MAX_CAPTURE_SKEW_S of the daemon's clock."""
+    value = header.get("captured")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) \
+            or abs(value - time.time()) > MAX_CAPTURE_SKEW_S:
+        raise _bad(f"header field 'captured' {_short(value, 40)} must be the frame's capture time in epoch "
+                   f"seconds, within {MAX_CAPTURE_SKEW_S:.0f} s of the daemon's clock")
+    return float(value)
+
+
+def _replaced(header: dict[str, Any]) -> int:
+    """The header's `replaced` count: an integer 0 to MAX_REPLACED, with a `key` (it counts on the key's stream)."""
+    replaced = _optional(header, "replaced", (int,))
+    if replaced is None:
+        return 0
+    if not 0 <= replaced <= MAX_REPLACED:
+        raise _bad(f"header field 'replaced' must be an integer from 0 to {MAX_REPLACED}, got {_short(replaced, 40)}")
+    if replaced and header.get("key") is None:
+        raise _bad("header field 'replaced' counts frames of a stream: it needs a 'key'")
+    return replaced
 
 
 def _parse_output_regions(header: dict[str, Any], regions: RegionLookup | None,
@@ -520,9 +558,15 @@ def _frame(array: np.ndarray) -> memoryview | bytes:
 def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor | Frame], *, id: Any = None,
                    version: str | None = None, outputs: Sequence[str] | None = None,
                    timeout_ms: int | None = None, key: str | int | None = None,
-                   output_regions: Mapping[str, SharedTensor] | None = None) -> list[Any]:
+                   output_regions: Mapping[str, SharedTensor] | None = None, replaced: int = 0,
+                   captured: float | None = None, described: Mapping[str, Mapping[str, Any]] | None = None,
+                   ) -> list[Any]:
     """Frames of a request: the header, then one raw frame per input (none for a SharedTensor; a
     Frame's bytes for a Frame, its format and geometry in its entry).
+
+    `replaced`: frames of `key` the client replaced before sending them since its last request (sent when > 0).
+    `captured`: the frame's capture time (epoch seconds); `described`: a frame's format and geometry
+    (FRAME_FIELDS) for an input sent as a SharedTensor, by input name.
 
     `output_regions`: outputs to be written into the client's regions, each at
     the offset of the given SharedTensor (its dtype and shape are not sent)."""
@@ -534,8 +578,9 @@ def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor | 
             frames.append(value.payload())
             continue
         if isinstance(value, SharedTensor):  # no frame: the daemon reads it in the region
+            frame = {k: v for k, v in (described or {}).get(name, {}).items() if k in FRAME_FIELDS}
             header["inputs"].append({**TensorMeta(name, value.dtype, value.shape).as_json(),
-                                     "region": value.region, "offset": value.offset})
+                                     "region": value.region, "offset": value.offset, **frame})
             continue
         array = np.asarray(value)
         dtype = dtype_name(array.dtype)
@@ -543,7 +588,8 @@ def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor | 
             raise ValueError(f"input {name!r} has dtype {dtype}; the wire takes {', '.join(DTYPES)}")
         header["inputs"].append(TensorMeta(name, dtype, tuple(array.shape)).as_json())
         frames.append(_frame(array))
-    for key_, given in (("id", id), ("version", version), ("timeout_ms", timeout_ms), ("key", key)):
+    for key_, given in (("id", id), ("version", version), ("timeout_ms", timeout_ms), ("key", key),
+                        ("captured", captured)):
         if given is not None:
             header[key_] = given
     if outputs is not None:
@@ -551,6 +597,8 @@ def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor | 
     if output_regions:
         header["output_regions"] = {name: {"region": ref.region, "offset": ref.offset}
                                     for name, ref in output_regions.items()}
+    if replaced:
+        header["replaced"] = replaced
     frames[0] = encode_header(header)
     return frames
 

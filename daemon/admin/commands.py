@@ -414,6 +414,23 @@ def cmd_record_stop(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
     return {"model": name, "stopped": True}
 
 
+def cmd_cameras(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    return {"cameras": server.cameras.view() if server.cameras is not None else []}
+
+
+def cmd_camera(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+    """`ctl camera NAME enable|disable` (NAME and the action arrive as `model` and `version`)."""
+    name, action = _str(args, "model") or "", _str(args, "version") or ""
+    if action not in ("enable", "disable"):
+        raise CommandError(f"camera {name[:80]!r}: say enable or disable, got {action[:40]!r}")
+    if server.cameras is None:
+        raise CommandError("this daemon runs no cameras")
+    try:
+        return server.cameras.set_enabled(name, action == "enable")
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+
+
 COMMANDS: dict[str, Command] = {
     "status": Command(cmd_status, "daemon summary and one line per model version", changes=False),
     "models": Command(cmd_models, "every model version with settings and live statistics", changes=False),
@@ -444,4 +461,7 @@ COMMANDS: dict[str, Command] = {
     "record_take": Command(cmd_record_take, "what a recording captured so far, tensors as frames (model)",
                            changes=False),
     "record_stop": Command(cmd_record_stop, "end a recording and drop what it holds (model)"),
+    "cameras": Command(cmd_cameras, "per camera: state, fps decoded/gated/sent/served, decode ms, capture-to-result "
+                       "age, reconnects, last error", changes=False),
+    "camera": Command(cmd_camera, "enable or disable a camera live, kept across restarts (NAME enable|disable)"),
 }

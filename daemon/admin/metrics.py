@@ -18,6 +18,7 @@ from infermux.admin import hardware, snapshot
 from infermux.admin.httpd import HttpServer, Reply, Route
 from infermux.admin.health import Liveness, Verdict, readiness
 from infermux.admin.streamseries import Series, StreamSeries
+from infermux.cameras.series import families as camera_families
 from infermux.execution.streams import percentile
 from infermux.events import Event
 from infermux.execution.stats import LATENCY_BUCKETS_US
@@ -202,6 +203,8 @@ def render(server: "Server", events: EventCounter, gpu: hardware.GpuSource | Non
     _processes(out, _process_samples(server))
     _pipelines(out, server.pipelines.view())
     _streams(out, server, streams or StreamSeries())
+    for family in camera_families(server.cameras.view() if server.cameras is not None else []):
+        out.family(*family)
     return out.text()
 
 
@@ -210,7 +213,9 @@ STREAM_COUNTERS = (("requests", "received", "Requests of a stream (a model's or 
                    ("superseded", "superseded", "Requests of a stream replaced by a newer one of it before they "
                                                 "were computed (409, queue_policy newest_per_key)."),
                    ("refused", "refused", "Requests of a stream refused: 429, 503 or 504."),
-                   ("failed", "failed", "Requests of a stream answered with another error (400, 413, 500...)."))
+                   ("failed", "failed", "Requests of a stream answered with another error (400, 413, 500...)."),
+                   ("replaced_by_client", "replaced_by_client", "Frames of a stream its client replaced by a newer "
+                                                                "one before sending them (the requests' `replaced`)."))
 
 
 def _streams(out: Exposition, server: "Server", chosen: StreamSeries) -> None:

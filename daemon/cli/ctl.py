@@ -9,6 +9,8 @@
     infermux ctl events           # recent events, one line each with an ISO time (--json: as sent)
     infermux ctl streams          # per camera (model, key): received, served, superseded, refused, age
     infermux ctl pipelines        # per pipeline and step: runs, fps, latency, 409s, errors, what it runs (--json: all)
+    infermux ctl cameras          # per camera: state, fps decoded/gated/sent/served, decode ms, age, last error
+    infermux ctl camera gate-3 disable   # live, kept across restarts; `enable` to start it again
 
 Exit codes: 0 done, 1 the daemon refused (the reason is printed), 2 usage,
 3 the daemon did not answer (within 5 s; a command it has accepted may then
@@ -118,17 +120,19 @@ def short_events(events: list[dict[str, Any]]) -> str:
 
 
 def short_streams(reply: dict[str, Any]) -> str:
-    """One line per stream: its counts, rates, age of served frames and when it last sent."""
+    """One line per stream: its counts (CLIENT: frames its client replaced before sending them), rates, age
+    of served frames and when it last sent."""
     from infermux import format as fmt
 
     lines = [f"{'MODEL/KEY':<32} {'RECEIVED':>8} {'SERVED':>8} {'409':>7} {'REFUSED':>8} {'FAILED':>6} "
-             f"{'FPS IN':>7} {'AGE P50':>8} {'AGE P99':>8}  LAST SEEN"]
+             f"{'CLIENT':>7} {'FPS IN':>7} {'AGE P50':>8} {'AGE P99':>8}  LAST SEEN"]
     for s in reply.get("streams", []):
         age = {q: fmt.us(v * 1000 if v is not None else None) for q, v in (s.get("age_ms") or {}).items()}
         seen = f"{s['last_seen_s']:.1f}s ago" + (" SILENT" if s.get("silent") else "")
         name = fmt.printable(f"{s['model']}/{s['key']}", 48)
         lines.append(f"{name:<32} {s['received']:>8} {s['served']:>8} {s['superseded']:>7} "
-                     f"{s['refused']:>8} {s['failed']:>6} {fmt.rate(s.get('fps_in')):>7} {age.get('p50', '-'):>8} "
+                     f"{s['refused']:>8} {s['failed']:>6} {s.get('replaced_by_client', 0):>7} "
+                     f"{fmt.rate(s.get('fps_in')):>7} {age.get('p50', '-'):>8} "
                      f"{age.get('p99', '-'):>8}  {seen}")
     lines.append(f"{reply.get('tracked', 0)} streams tracked (at most {reply.get('max_keys')})")
     return "\n".join(lines)
@@ -151,6 +155,10 @@ def show(cmd: str, reply: dict[str, Any], as_json: bool) -> None:
         print(short_events(reply.get("events", [])))
     elif cmd == "streams" and not as_json:
         print(short_streams(reply))
+    elif cmd == "cameras" and not as_json:
+        from infermux.cameras.table import table
+
+        print(table(reply.get("cameras", [])))
     elif cmd == "pipelines" and not as_json:
         print(short_pipelines(reply.get("pipelines", [])))
     elif as_json or cmd in ("models", "events", "status"):

@@ -53,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from infermux.admin.metrics import MetricsServer
     from infermux.frontend.server import Server
     from infermux.admin.supervisor import Supervisor
+    from infermux.cameras import supervisor as camera_supervisor
     from infermux.transport import ipc, ownership
 
     try:
@@ -111,10 +112,12 @@ def run(args: argparse.Namespace) -> int:
     swapper = swap.attach(server)  # engine_dir discovery before READY; hot swap after (docs/hot-swap.md)
     supervisor = Supervisor(server)
     supervisor.install_signals()
+    cameras = camera_supervisor.attach(server)  # stopped with the loop, before the drain
 
     def ready() -> None:
         if swapper is not None:
             swapper.start()
+        cameras.start()
         supervisor.models_ready()
 
     server.start_models(done=ready)

@@ -10,7 +10,10 @@
 A camera produces frames whatever the daemon does with them. `send` keeps
 at most one request in flight on the stream's own socket: while one is,
 the next frame waits here, and a newer frame replaces it (counted in
-`replaced`); the moment the reply comes, the frame waiting is sent. So a
+`replaced`); the moment the reply comes, the frame waiting is sent, its
+header saying how many frames of the key were replaced since the last one
+(`replaced`, docs/protocol.md#streams), so that the daemon counts them too
+(`ctl streams`' CLIENT, the console's Streams view). So a
 frame never waits behind older frames of its own camera, on the client
 or, with `queue_policy = "newest_per_key"`, in the daemon (docs/protocol.md,
 "Streams"). A thread of the stream's own owns the socket, sends and reads
@@ -20,6 +23,7 @@ replies; `send` and `latest` only hand over and read.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import threading
 import time
@@ -30,7 +34,7 @@ import numpy as np
 import zmq
 
 from infermux.client.shared_memory import local_view
-from infermux.protocol import Frame, MalformedReply, Reply, decode_reply, encode_request
+from infermux.protocol import MAX_REPLACED, Frame, MalformedReply, Reply, decode_reply, encode_header, encode_request
 
 Input = Frame | np.ndarray | Mapping[str, Any]
 
@@ -71,6 +75,7 @@ class Stream:
         self._waiting: tuple[int, list[Any]] | None = None  # the request to send next: its id and frames
         self._in_flight: tuple[int, float] | None = None  # (id, when sent)
         self._latest: Reply | None = None
+        self._unreported = 0  # frames replaced that no request sent has counted yet
         self._closed = False
         self._wake_r, self._wake_w = os.pipe()
         self._thread = threading.Thread(target=self._run, name=f"stream-{model}-{key}", daemon=True)
@@ -92,6 +97,7 @@ class Stream:
                 raise RuntimeError(f"stream {self.key!r} is closed")
             if self._waiting is not None:
                 self.counts.replaced += 1
+                self._unreported += 1
             self._waiting = (ident, frames)
         os.write(self._wake_w, b"x")
         return ident
@@ -179,4 +185,15 @@ class Stream:
             (ident, frames), self._waiting = self._waiting, None
             self._in_flight = (ident, time.monotonic())
             self.counts.sent += 1
+            replaced = min(self._unreported, MAX_REPLACED)  # a larger backlog goes with the next requests
+            self._unreported -= replaced
+        if replaced:
+            frames = [_with_replaced(frames[0], replaced), *frames[1:]]
         self._socket.send_multipart([b"", *frames], copy=sum(len(f) for f in frames) < 1 << 20)
+
+
+def _with_replaced(header: bytes, replaced: int) -> bytes:
+    """A request's encoded header with its `replaced` count set (a small header: decoded and encoded again)."""
+    fields = json.loads(header)
+    fields["replaced"] = replaced
+    return encode_header(fields)

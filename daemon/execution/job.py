@@ -114,7 +114,9 @@ class Job:
         the first call counts."""
         stream, self.stream = self.stream, None
         if stream is not None:
-            stream.answer(status, time.perf_counter_ns() - self.received_ns)
+            captured = self.request.captured
+            stream.answer(status, time.perf_counter_ns() - self.received_ns,
+                          None if captured is None else max(0.0, time.time() - captured))
 
     def late(self, now_ns: int | None = None) -> bool:
         return (now_ns or time.perf_counter_ns()) >= self.deadline_ns

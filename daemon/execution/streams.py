@@ -6,7 +6,12 @@ answered, wherever that happens (`Job.answered`: an executor, the frontend,
 a worker's reply, a pipeline thread), as `served` (200), `superseded`
 (409), `refused` (429, 503, 504) or `failed` (any other status); so once
 nothing is in flight, received = served + superseded + refused + failed.
-The age of a served request is receipt to reply.
+Frames a client replaced before it sent them (client/stream.py), which
+the daemon never receives, are counted as `replaced_by_client` from the
+count its next request carries.
+The age of a served request is receipt to reply; where the request said
+when its frame was captured (`captured`), its capture-to-reply age is kept
+too (`capture_age_ms`), which adds what the camera's decoder and network took.
 
 Memory is bounded: at most `max_keys` streams are tracked (a few KB
 each: the counters, the ages of its last AGES served requests, a few
@@ -51,7 +56,7 @@ EVENTS_NAMED, EVENTS_INTERVAL_S = 5, 10.0  # stream_silent/stream_resumed events
 HOLD_S = 5.0  # how long a quiet owner keeps its key under stream_keys = "bound" when stream_silent_s is 0
 SERVED, SUPERSEDED = 200, 409
 REFUSED = frozenset((429, 503, 504))
-COUNTERS = ("received", "served", "superseded", "refused", "failed")
+COUNTERS = ("received", "served", "superseded", "refused", "failed", "replaced_by_client")
 
 Clock = Callable[[], float]
 
@@ -93,6 +98,9 @@ class Totals:
     superseded: int = 0
     refused: int = 0
     failed: int = 0
+    # Frames the client replaced by newer ones before sending them (its requests' `replaced` field): lost
+    # on the client's side, never received here, so outside received = served + superseded + ...
+    replaced_by_client: int = 0
     age_s: float = 0.0  # the ages of served requests, summed (Prometheus' _sum)
 
     def add(self, other: "Totals") -> None:
@@ -121,26 +129,28 @@ class Stream:
     _out: _PerSecond = field(default_factory=_PerSecond)
     _dropped: _PerSecond = field(default_factory=_PerSecond)
     _ages: array = field(default_factory=lambda: array("d"))  # ms, a ring of AGES once full
+    _capture_ages: array = field(default_factory=lambda: array("d"))  # ms from capture, a ring of AGES once full
+    _captured: int = 0  # served requests that said when they were captured
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
-    def receive(self, now: float) -> None:
+    def receive(self, now: float, replaced: int = 0) -> None:
         with self._lock:
             self.totals.received += 1
+            self.totals.replaced_by_client += replaced
             self.prev_seen, self.last_seen = self.last_seen, now
             self._in.add(int(now))
 
-    def answer(self, status: int, age_ns: int) -> None:
+    def answer(self, status: int, age_ns: int, capture_age_s: float | None = None) -> None:
         now = self.clock()
         with self._lock:
             totals = self.totals
             if status == SERVED:
                 totals.served += 1
                 totals.age_s += age_ns / 1e9
-                ages = self._ages
-                if len(ages) < AGES:
-                    ages.append(age_ns / 1e6)
-                else:
-                    ages[totals.served % AGES] = age_ns / 1e6
+                _ring(self._ages, totals.served, age_ns / 1e6)
+                if capture_age_s is not None:
+                    self._captured += 1
+                    _ring(self._capture_ages, self._captured, capture_age_s * 1e3)
                 self._out.add(int(now))
                 return
             if status == SUPERSEDED:
@@ -166,12 +176,22 @@ class Stream:
             t = self.totals
             counts = {name: getattr(t, name) for name in COUNTERS}
             ages = sorted(self._ages)
+            captured = sorted(self._capture_ages)
             fps = {"fps_in": self._in.rate(now, self.first_seen), "fps_served": self._out.rate(now, self.first_seen),
                    "fps_dropped": self._dropped.rate(now, self.first_seen)}
         return {"model": self.model, "key": self.key, **counts, "foreign": self.foreign,
                 "age_ms": {"p50": percentile(ages, 50), "p99": percentile(ages, 99)},
+                "capture_age_ms": {"p50": percentile(captured, 50), "p99": percentile(captured, 99)},
                 "last_seen_s": round(now - self.last_seen, 3), **{k: round(v, 2) for k, v in fps.items()},
                 "silent": self.silent}
+
+
+def _ring(ages: array, count: int, value: float) -> None:
+    """Keep `value`, the `count`-th, in a ring of the last AGES."""
+    if len(ages) < AGES:
+        ages.append(value)
+    else:
+        ages[count % AGES] = value
 
 
 def percentile(ordered: list[float], q: float) -> float | None:
@@ -209,10 +229,10 @@ class StreamTable:
             stream.foreign += 1
             return True
 
-    def receive(self, model: str, key: Any, owner: Any = None) -> Stream:
-        """Count a request of `key` to `model` (frontend thread); its stream, to count the answer on.
-        With an `owner` (stream_keys = "bound": the sending connection, `foreign` asked first), the
-        stream is that connection's from now on."""
+    def receive(self, model: str, key: Any, owner: Any = None, replaced: int = 0) -> Stream:
+        """Count a request of `key` to `model` (frontend thread), and the `replaced` frames its client says
+        it dropped before it; its stream, to count the answer on. With an `owner` (stream_keys = "bound":
+        the sending connection, `foreign` asked first), the stream is that connection's from now on."""
         name = (model, stream_key(key))
         now = self.clock()
         self._quiet_at = now + self.silent_s
@@ -226,7 +246,7 @@ class StreamTable:
                 self._streams.move_to_end(name)
             if owner is not None:
                 stream.owner = owner
-        stream.receive(now)
+        stream.receive(now, replaced)
         if stream.silent:
             stream.silent = False
             self._emit("stream_resumed", stream, now)

@@ -157,7 +157,7 @@ def id_value(token: bytes | None) -> str | int | None:
 def _layout(raw: bytes, id_at: int, ident: bytes | None, frames: Sequence[bytes | memoryview],
             request: Request, limits: Limits) -> Layout | None:
     """The layout of `raw`, which parsed to `request`; None where it cannot be kept."""
-    if request.input_regions or request.output_regions:
+    if request.input_regions or request.output_regions or request.replaced:  # a count to add each time, not a layout
         return None
     if request.id != id_value(ident):  # the id found is not the one the header holds
         return None

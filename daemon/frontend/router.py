@@ -172,7 +172,7 @@ class Router:
                 raise ProtocolError(Status.FORBIDDEN, f"stream key {stream_key(req.key)[:64]!r} of {req.model!r} "
                                     f"belongs to another client until it has sent nothing for {hold} "
                                     "([daemon] stream_keys = \"bound\"); send your own key")
-            job.stream = self.streams.receive(req.model, req.key, owner)
+            job.stream = self.streams.receive(req.model, req.key, owner, req.replaced)
 
     def _count(self, job: Job, status: int) -> None:
         """Record a reply no executor saw on the chosen version's statistics, and on the request's stream."""

@@ -23,7 +23,7 @@ from collections import deque
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import zmq
 
@@ -60,6 +60,9 @@ from infermux.swap import reload
 from infermux.swap.rollout import Rollouts
 from infermux.swap.reload import ReloadPlan
 from infermux.workers.pool import Workers
+
+if TYPE_CHECKING:
+    from infermux.cameras.supervisor import Cameras
 
 log = logging.getLogger("infermux.server")
 
@@ -160,6 +163,7 @@ class Server:
         self.ticks.append(self.recorder.expire)
         self.ticks.append(self._send_paused)
         self.registry.signing = self.engine_signing(config.daemon)  # before any load: none escapes the check
+        self.cameras: Cameras | None = None  # [[cameras]]' processes, once serve attaches them (cameras/supervisor.py)
 
     def engine_signing(self, daemon: cfg.DaemonConfig) -> EngineSigning | None:
         """The check of engines' signatures under `engine_signing_keys` (models/verified.py), None

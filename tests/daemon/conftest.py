@@ -18,6 +18,7 @@ SLOW_FILES = {
     "test_pipelines.py", "test_regions.py", "test_routing.py", "test_shared_weights.py", "test_tracking.py",
     "test_workers.py", "test_rollout_life.py", "test_pipeline_steps.py", "test_hostile_boxes.py",
     "test_hostile_text.py",
+    "test_cameras.py", "test_camera_streams.py",
 }
 HERE = Path(__file__).resolve().parent
 

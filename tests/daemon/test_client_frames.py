@@ -123,8 +123,33 @@ def test_a_stream_keeps_one_frame_in_flight_and_the_newest_waiting(make_daemon, 
         assert (camera.counts.sent, camera.counts.replies, camera.counts.served) == (2, 2, 2)
     with d.admin() as admin:
         (stream,) = [s for s in admin.call("streams")["streams"] if s["key"] == "gate-7"]
-    # The daemon saw what the stream sent, nothing to supersede: the replacing was done on the client.
+    # The daemon saw what the stream sent, nothing to supersede: the replacing was done on the client,
+    # which said so with its second request.
     assert (stream["received"], stream["served"], stream["superseded"]) == (2, 2, 0)
+    assert stream["replaced_by_client"] == 4
+
+
+def test_frames_a_stream_replaced_on_the_client_are_counted_in_ctl_streams(make_daemon, tmp_path: Path) -> None:
+    gate = tmp_path / "open"
+    d = make_daemon(CLASSIFIER + pipeline("held", gate))
+    with Stream(d.endpoint, "held", key="door", timeout_s=30) as camera:
+        camera.send(Frame.of(image(0)))
+        eventually(lambda: gate.with_suffix(".entered").exists(), "the first frame at the gate")
+        for seed in range(1, 12):  # 11 frames while the first is held: 10 replaced, the last sent next
+            camera.send(Frame.of(image(seed)))
+        gate.touch()
+        assert camera.wait(30) is not None
+        for seed in range(3):  # answered at once now: nothing more replaced
+            camera.send(Frame.of(image(seed)))
+            camera.wait(30)
+        assert (camera.counts.sent, camera.counts.replaced) == (5, 10)
+    out = subprocess.run([sys.executable, "-m", "infermux", "ctl", "streams", "--config", str(d.config_path),
+                          "--runtime-dir", str(d.run_dir)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    head, row = out.stdout.splitlines()[0].split(), next(line for line in out.stdout.splitlines() if "held/door" in line)
+    counts = dict(zip(head[1:7], row.split()[1:7]))
+    assert counts == {"RECEIVED": "5", "SERVED": "5", "409": "0", "REFUSED": "0", "FAILED": "0", "CLIENT": "10"}, out.stdout
 
 
 def test_a_stream_to_a_model_sends_its_tensor_as_the_named_input(make_daemon) -> None:

@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
     ("plugins", ("infermux.plugins",),
      "backends and processors behind their protocols; they know nothing of the daemon"),
     ("root", ("infermux", "infermux.config", "infermux.events", "infermux.protocol", "infermux.format",
-              "infermux.vendor", "infermux.signing"),
+              "infermux.vendor", "infermux.signing", "infermux.cameras.config", "infermux.cameras.gate"),
      "what every part reads: the configuration, events, the wire protocol, numbers as text, engine signatures"),
     ("transport", ("infermux.transport",),
      "sockets and what a peer or a message may cost"),
@@ -44,9 +44,13 @@ LAYERS: list[tuple[str, tuple[str, ...], str]] = [
      "keeping what is served in step with the engine directory and the configuration"),
     ("frontend", ("infermux.frontend",),
      "the frontend loop and the router: requests in, replies out"),
+    ("cameras", ("infermux.cameras.supervisor", "infermux.cameras.source", "infermux.cameras.table",
+                 "infermux.cameras.series"),
+     "cameras the daemon reads itself: their processes, supervised; what they decode and how frames travel"),
     ("admin", ("infermux.admin",),
      "operators and the service manager: admin socket, stats, metrics, sd_notify"),
-    ("client", ("infermux.client",),
+    # A camera's process is a client of the daemon; the cameras package's other modules sit lower (above).
+    ("client", ("infermux.client", "infermux.cameras.child", "infermux.cameras"),
      "the public client library"),
     ("cli", ("infermux.cli", "infermux.__main__"),
      "the `infermux` command"),
@@ -61,6 +65,8 @@ ALLOWED_LOCAL = {
                                       "and the other subcommands start fast"
        for cmd in ("serve", "ctl", "status", "infer", "bench", "tune", "keygen", "doctor", "sign", "record", "replay")},
     ("infermux.cli", "infermux"): "`infermux --version` reads the version without importing the daemon",
+    ("infermux.config", "infermux.cameras.config"): "the cameras' settings hold the motion gate's, whose parser "
+                                                     "raises this module's ConfigError: imported once it is defined",
     ("infermux.cli", "infermux.cli.common"): "the error guard is imported once a subcommand runs, not for --help",
     ("infermux.cli.common", "*"): "shared by the subcommands' parsers: numpy, zmq and the config parser load "
                                   "only when a command runs, so `infermux --help` stays fast",

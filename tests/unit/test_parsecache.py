@@ -162,3 +162,11 @@ def test_any_sequence_of_headers_parses_as_parse_request_parses_each(layout, tok
     for first, second in tokens + tokens:
         frames = [layout.replace(b"%s", first).replace(b"%t", second), tensor]
         assert outcome(cache.parse, frames) == outcome(parse_request, frames)
+
+
+def test_a_header_with_a_replaced_count_is_never_read_from_a_layout():
+    cache = ParseCache()
+    for ident in range(4):  # the same bytes but the id: a layout would drop the counts
+        frames = [bytes(memoryview(f)) for f in encode_request("m", {"x": IMAGE}, id=ident, key="cam", replaced=2)]
+        assert cache.parse(frames, LIMITS).replaced == 2
+    assert cache.hits == 0

@@ -243,3 +243,22 @@ def test_ok_replies_leave_what_they_cannot_encode_to_encode_reply() -> None:
     ok = OkReplies("m", "1")
     assert ok.encode(1, 0, 0, 0, {}) is None  # no outputs: no "outputs" key at all
     assert ok.encode(1, 0, 0, 0, {"s": np.array(["text"])}) is None  # not a wire dtype
+
+
+def test_a_keyed_request_says_how_many_frames_its_client_replaced() -> None:
+    frames = [bytes(f) for f in encode_request("m", {}, key="cam1", replaced=7)]
+    assert json.loads(frames[0])["replaced"] == 7 and parse_request(frames).replaced == 7
+    plain = [bytes(f) for f in encode_request("m", {}, key="cam1")]
+    assert "replaced" not in json.loads(plain[0]) and parse_request(plain).replaced == 0
+
+
+@pytest.mark.parametrize("header, fragment", [
+    ({"model": "m", "key": "c", "replaced": -1}, "'replaced' must be an integer from 0 to 1000000, got -1"),
+    ({"model": "m", "key": "c", "replaced": 10**30}, "'replaced' must be an integer from 0 to 1000000"),
+    ({"model": "m", "key": "c", "replaced": 2.5}, "'replaced' must be int"),
+    ({"model": "m", "key": "c", "replaced": True}, "'replaced' must be int"),
+    ({"model": "m", "replaced": 3}, "'replaced' counts frames of a stream: it needs a 'key'"),
+])
+def test_a_replaced_count_out_of_bounds_or_without_a_key_is_refused(header: dict, fragment: str) -> None:
+    error = refused(frames_of(header))
+    assert error.status == Status.BAD_REQUEST and fragment in error.message, error.message

@@ -142,3 +142,12 @@ def test_keys_going_silent_by_the_thousand_make_a_few_events_and_one_that_counts
     streams.check()
     summed = [e for e in events.recent(5000) if e.kind == "stream_silent"][5:]
     assert [(e.detail["streams"], "key" in e.detail) for e in summed] == [(2995, False)]
+
+
+def test_frames_replaced_on_the_client_add_up_outside_what_was_received() -> None:
+    streams, _, _ = table()
+    for replaced in (0, 4, 3):
+        streams.receive("det", "cam1", replaced=replaced).answer(200, age_ns=1_000_000)
+    (view,) = streams.view()
+    assert (view["received"], view["served"], view["replaced_by_client"]) == (3, 3, 7)
+    assert streams.streams()[0].in_flight() == 0

@@ -4,7 +4,8 @@ It reads the snapshot's `streams` (execution/streams.py, the same figures
 admin `streams` and Prometheus show): frames per second in and served over
 the last seconds, the share dropped (superseded, refused or failed), the
 age of served frames at p99 (receipt to reply), and how long ago the
-stream last sent. A stream that went silent is red: a camera that stops is
+stream last sent; wider terminals add the counts, CLIENT the frames its
+client replaced before sending them. A stream that went silent is red: a camera that stops is
 the first thing an operator wants to know.
 """
 
@@ -66,7 +67,8 @@ class StreamsTable(KeyedTable):
         Col("model", "MODEL", 13), Col("key", "STREAM", 14), Col("fps_in", "FPS IN", 7, True),
         Col("fps_served", "SERVED/S", 9, True), Col("drop", "DROP%", 6, True), Col("age", "AGE P99", 8, True),
         Col("seen", "LAST SEEN", 13, True), Col("received", "RECEIVED", 9, True, optional=True),
-        Col("superseded", "409", 6, True, optional=True), Col("refused", "REFUSED", 8, True, optional=True),
+        Col("superseded", "409", 6, True, optional=True), Col("client", "CLIENT", 7, True, optional=True),
+        Col("refused", "REFUSED", 8, True, optional=True),
     )
 
     #: Only rows whose model/key holds this text (the `/` key); "" shows all.
@@ -104,6 +106,7 @@ class StreamsTable(KeyedTable):
                 "seen": (("SILENT " if silent else "") + seen(float(s.get("last_seen_s") or 0)), red),
                 "received": (fmt.count(int(s.get("received") or 0)), red),
                 "superseded": (fmt.count(int(s.get("superseded") or 0)), red or "dim"),
+                "client": (fmt.count(int(s.get("replaced_by_client") or 0)), red or "dim"),
                 "refused": (fmt.count(int(s.get("refused") or 0)), red or ("yellow" if s.get("refused") else "dim")),
             }
 

@@ -1,0 +1,1 @@
+"""Cameras the daemon reads itself (docs/cameras.md): configuration, decoding, motion gating, supervision."""

@@ -1,0 +1,36 @@
+"""Video files and `[[cameras]]` entries for the tests of the daemon's own cameras."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+
+def write_clip(path: Path, width: int = 64, height: int = 48, frames: int = 30, fps: int = 15,
+               moving: bool = True) -> Path:
+    """A short H.264 clip (MPEG-4 part 2 where this FFmpeg has no H.264 encoder) of a bar moving across
+    a dark frame (standing still: `moving` false), written with PyAV."""
+    import av
+
+    codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream(codec, rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for i in range(frames):
+            image = np.full((height, width, 3), 20, np.uint8)
+            image[:, (i * 3 if moving else 5) % width] = 255
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return path
+
+
+def camera(name: str, url: str, pipeline: str = "cams", **settings: object) -> str:
+    """One `[[cameras]]` entry (braces doubled: the tests' configurations are str.format templates)."""
+    lines = [f'name = "{name}"', f'url = "{url}"', f'pipeline = "{pipeline}"']
+    for key, value in settings.items():
+        text = str(value).lower() if isinstance(value, bool) else f'"{value}"' if isinstance(value, str) else value
+        lines.append(f"{key} = {text}")
+    return "[[cameras]]\n" + "\n".join(lines).replace("{", "{{").replace("}", "}}") + "\n"
