@@ -2,7 +2,7 @@
 
     python tests/benchmarks/bench_cameras.py [--cameras 1] [--size 640x360 --size 1280x720] [--fps 15]
         [--seconds 8] [--warmup 2] [--rounds 2] [--decoders floor,pyav,ffmpeg,gstreamer] [--no-write]
-    python tests/benchmarks/bench_cameras.py --daemon [--cameras 4] ...     # through the daemon's [[cameras]]
+    python tests/benchmarks/bench_cameras.py --daemon [--cameras 4] [--still] ...   # through the daemon's [[cameras]]
 
 The cameras are a real RTSP server (GStreamer's, tests/support/rtsp.py) serving an H.264 clip the script
 encodes (moving shapes on a textured background with sensor noise; one IDR frame a second, no B-frames,
@@ -24,9 +24,12 @@ The kinds alternate over `--rounds`; the median round per kind is shown: ms of C
 to the floor in the same run (the goal: <= 1.25 x), and cameras per core at `fps` (1 / (CPU per frame x fps)).
 Writes "## Cameras: decoding" in RESULTS.md.
 
-The daemon mode (`--daemon`, `daemon_run` below) runs N cameras through the daemon's [[cameras]] to a
-one-model pipeline, gate on and off, and reports capture-to-result age p50/p95/p99 and cameras per core;
-it skips (exit 0, saying so) where this checkout has no infermux.cameras.
+The daemon mode (`--daemon`, `daemon_run` below) runs N cameras through the daemon's [[cameras]] to the
+tests' one-model camera pipeline, gate off then on, a moving scene or (`--still`) one where only the
+sensor noise changes, and reports per camera the frames decoded and served a second, the capture-to-result
+age p50 and p99 (what the daemon keeps of it: `ctl cameras`), CPU per decoded frame of the daemon and its
+camera processes, and cameras per core. Writes "## Cameras: through the daemon" (", still scene"). It
+skips (exit 0, saying so) where this checkout has no infermux.cameras.
 """
 
 from __future__ import annotations
@@ -42,6 +45,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -251,7 +255,7 @@ def decode_run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-cameras-") as tmp:
         for text in args.size:
             size = parse_size(text)
-            clip = rtsp.make_clip(Path(tmp), *size, fps=args.fps, seconds=args.clip_seconds)
+            clip = rtsp.make_clip(Path(tmp), *size, fps=args.fps, seconds=args.clip_seconds, moving=not args.still)
             rounds: dict[str, list[list[Window]]] = {kind: [] for kind in args.decoders}
             with rtsp.RtspServer(clip) as server:
                 for n in range(args.rounds):
@@ -281,31 +285,20 @@ def check_packages(kinds: list[str]) -> None:
         raise SystemExit("PyAV missing: pip install av")
 
 
-# -- through the daemon (the lead finishes this once infermux.cameras has landed) -------------------
+# -- through the daemon --------------------------------------------------------------------------
 
-# The [[cameras]] of docs/cameras.md as the issue describes them: N cameras of one RTSP server, each to a
-# one-model pipeline (resize, normalize, the conv net); the gate's table is left out for "gate off".
-DAEMON_CONFIG = """
+# N cameras of one RTSP server, each to the tests' one-model camera pipeline (tests/support/pipelines.py:
+# decode, resize to 64 x 64, normalize, the sample classifier of engines/); "gate on" adds [cameras.gate]
+# with a keep-alive every second.
+DAEMON_HEAD = """
 [daemon]
 listen = ["ipc://infer.sock"]
 engine_dir = "{engines}"
 watch = false
 
 [[models]]
-name = "camnet"
-engine = "camnet/1/model.onnx"
-contexts = 1
-
-[[pipelines]]
-name = "camera"
-queue_policy = "newest_per_key"
-[[pipelines.steps]]
-processor = "resize"
-options = {{ mode = "stretch", size = [112, 112] }}
-[[pipelines.steps]]
-processor = "normalize"
-[[pipelines.steps]]
-model = "camnet"
+name = "classifier"
+engine = "classifier/1/model.onnx"
 """
 CAMERA = """
 [[cameras]]
@@ -316,6 +309,7 @@ pipeline = "camera"
 fps = {fps}
 {gate}"""
 GATE = "[cameras.gate]\nevery_s = 1.0\n"
+AGES = ("p50", "p99")  # what the daemon keeps of a stream's capture-to-result age
 
 
 @dataclass(frozen=True)
@@ -323,60 +317,61 @@ class DaemonRound:
     """One run of N cameras through the daemon: the ages of their results and the CPU it took."""
 
     gate: bool
-    ages_ms: dict[str, float]  # p50, p95, p99 of capture-to-result age over every camera
+    ages_ms: dict[str, float]  # capture-to-result age, the median over the cameras of each one's percentile
     cpu_s: float  # the daemon and its camera processes, over the window
     frames: int  # frames decoded by the cameras over the window
+    served: int  # frames whose results came back over the window
     wall_s: float
 
 
-def daemon_config(engines: Path, url: str, args: argparse.Namespace, gate: bool) -> str:
+def daemon_config(url: str, args: argparse.Namespace, gate: bool) -> str:
     """The daemon's configuration: the model, its pipeline, and `args.cameras` cameras of `url`."""
+    from support.pipelines import camera_pipeline
+
     cameras = "".join(CAMERA.format(i=i, url=url, transport=args.transport, fps=args.fps, gate=GATE if gate else "")
                       for i in range(args.cameras))
-    return DAEMON_CONFIG.format(engines=engines) + cameras
+    return (DAEMON_HEAD + camera_pipeline("camera")).format(engines=HERE.parents[1] / "engines") + cameras
 
 
 def tree_cpu_s(pid: int) -> float:
     """User + system seconds of process `pid` and its children (the camera processes), alive now."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    # Each thread lists the children it started: the cameras are started by the daemon's supervisor thread.
+    children = [c for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
     return proc_cpu_s(pid) + sum(tree_cpu_s(int(c)) for c in children if Path(f"/proc/{c}").exists())
 
 
-def camera_stats(admin: object) -> dict[str, dict[str, float]]:
-    """Per camera: frames decoded so far and capture-to-result age percentiles (ms), from the daemon.
-
-    To finish with the cameras' admin command (`infermux ctl cameras`'s source): the names below are the
-    issue's, not yet the daemon's."""
-    raise NotImplementedError("read `cameras` from the admin socket: decoded, age_ms p50/p95/p99 per camera")
+def camera_stats(admin: Any) -> dict[str, dict[str, Any]]:
+    """Per camera, the admin command `cameras`' row: counters, state, capture_age_ms {p50, p99}."""
+    return {row["camera"]: row for row in admin.call("cameras")["cameras"]}
 
 
 def daemon_round(url: str, args: argparse.Namespace, workdir: Path, gate: bool) -> DaemonRound:
-    """Start a daemon with the cameras, wait for frames from each, then measure over `args.seconds`."""
-    from support import models
+    """Start a daemon with the cameras, wait for results for each, then measure over `args.seconds`."""
     from support.harness import Daemon
     from support.polling import eventually
 
-    engines = workdir / "engines"
-    models.conv(engines / "camnet" / "1" / "model.onnx")
-    daemon = Daemon(workdir / ("gate" if gate else "plain"), daemon_config(engines, url, args, gate)).start()
+    workdir.mkdir(parents=True, exist_ok=True)
+    daemon = Daemon(workdir, daemon_config(url, args, gate)).start()
     try:
-        admin = daemon.admin()
-        eventually(lambda: all(s.get("decoded", 0) > 0 for s in camera_stats(admin).values()),
-                   "frames from every camera", timeout_s=60)
-        time.sleep(args.warmup)  # past the cameras' start-up: the window measures steady state
-        assert daemon.proc is not None
-        before, cpu0, t0 = camera_stats(admin), tree_cpu_s(daemon.proc.pid), time.monotonic()
-        time.sleep(args.seconds)
-        after, cpu1, t1 = camera_stats(admin), tree_cpu_s(daemon.proc.pid), time.monotonic()
-        frames = sum(int(after[c]["decoded"] - before[c]["decoded"]) for c in after)
-        ages = {p: statistics.median(after[c][f"age_{p}_ms"] for c in after) for p in ("p50", "p95", "p99")}
-        return DaemonRound(gate, ages, cpu1 - cpu0, frames, t1 - t0)
+        with daemon.admin() as admin:
+            eventually(lambda: all(s["served"] > 0 for s in camera_stats(admin).values()),
+                       "results for every camera", timeout_s=60)
+            time.sleep(args.warmup)  # past the cameras' start-up: the window measures steady state
+            assert daemon.proc is not None
+            before, cpu0, t0 = camera_stats(admin), tree_cpu_s(daemon.proc.pid), time.monotonic()
+            time.sleep(args.seconds)
+            after, cpu1, t1 = camera_stats(admin), tree_cpu_s(daemon.proc.pid), time.monotonic()
+        frames = sum(after[c]["decoded"] - before[c]["decoded"] for c in after)
+        served = sum(after[c]["served"] - before[c]["served"] for c in after)
+        ages = {p: statistics.median(after[c]["capture_age_ms"][p] or 0.0 for c in after) for p in AGES}
+        return DaemonRound(gate, ages, cpu1 - cpu0, frames, served, t1 - t0)
     finally:
         daemon.stop()
 
 
 def daemon_run(args: argparse.Namespace) -> None:
-    """`--daemon`: N cameras through the daemon, gate off then on; skipped without infermux.cameras."""
+    """`--daemon`: N cameras through the daemon, gate off then on; skipped without infermux.cameras.
+    Cameras per core: the cameras over the cores the daemon and its camera processes kept busy."""
     if importlib.util.find_spec("infermux.cameras") is None:
         print("skipped: this checkout has no infermux.cameras (the daemon does not read cameras yet)")
         return
@@ -388,18 +383,21 @@ def daemon_run(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-cameras-daemon-") as tmp:
         for text in args.size:
             size = parse_size(text)
-            clip = rtsp.make_clip(Path(tmp), *size, fps=args.fps, seconds=args.clip_seconds)
+            clip = rtsp.make_clip(Path(tmp), *size, fps=args.fps, seconds=args.clip_seconds, moving=not args.still)
             with rtsp.RtspServer(clip) as server:
                 for gate in (False, True):
-                    r = daemon_round(server.url, args, Path(tmp) / text, gate)
-                    per_core = (r.frames / r.wall_s / args.cameras) and args.cameras / (r.cpu_s / r.wall_s)
-                    rows.append([text, "on" if gate else "off", *(f"{r.ages_ms[p]:.1f}" for p in ("p50", "p95", "p99")),
-                                 f"{1000 * r.cpu_s / max(1, r.frames):.2f}", f"{per_core:.1f}"])
-    header = ["size", "gate", "age p50 ms", "age p95 ms", "age p99 ms", "CPU ms / frame", f"cameras / core at {args.fps} fps"]
+                    r = daemon_round(server.url, args, Path(tmp) / text / ("gate" if gate else "plain"), gate)
+                    rows.append([text, "on" if gate else "off", f"{r.frames / r.wall_s / args.cameras:.1f}",
+                                 f"{r.served / r.wall_s / args.cameras:.1f}", *(f"{r.ages_ms[p]:.1f}" for p in AGES),
+                                 f"{1000 * r.cpu_s / max(1, r.frames):.2f}", f"{args.cameras / (r.cpu_s / r.wall_s):.1f}"])
+    header = ["size", "gate", "decoded fps / camera", "served fps / camera", "age p50 ms", "age p99 ms",
+              "CPU ms / decoded frame", "cameras / core"]
     body = (f"{stamp()}\n\n`python tests/benchmarks/bench_cameras.py {' '.join(sys.argv[1:])}`: {args.cameras} "
-            "cameras through the daemon's [[cameras]] to a one-model pipeline; age from capture to result.\n\n"
+            f"cameras of a {'still' if args.still else 'moving'} scene through the daemon's [[cameras]] to a "
+            "one-model pipeline; age from capture to result (the median over the cameras of each one's "
+            "percentile), CPU of the daemon and its camera processes.\n\n"
             + markdown_table(header, rows))
-    print_and_write(DAEMON_SECTION, body, write=args.write, titled=True)
+    print_and_write(DAEMON_SECTION + (", still scene" if args.still else ""), body, write=args.write, titled=True)
 
 
 def main() -> None:
@@ -414,6 +412,7 @@ def main() -> None:
     parser.add_argument("--clip-seconds", type=float, default=4.0, help="the looped clip's length")
     parser.add_argument("--decoders", default=",".join(KINDS), help=f"a comma-separated subset of {','.join(KINDS)}")
     parser.add_argument("--transport", default="tcp", choices=("tcp", "udp"))
+    parser.add_argument("--still", action="store_true", help="a scene that does not move (the gate's case)")
     parser.add_argument("--daemon", action="store_true", help="through the daemon's [[cameras]] (needs infermux.cameras)")
     parser.add_argument("--no-write", dest="write", action="store_false", help="print only; leave RESULTS.md")
     parser.add_argument("--reader", choices=("pyav", "pyav-yuv", "pyav-half", "ffmpeg", "floor"), help=argparse.SUPPRESS)
