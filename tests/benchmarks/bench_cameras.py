@@ -35,6 +35,7 @@ skips (exit 0, saying so) where this checkout has no infermux.cameras.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -336,8 +337,16 @@ def daemon_config(url: str, args: argparse.Namespace, gate: bool) -> str:
 def tree_cpu_s(pid: int) -> float:
     """User + system seconds of process `pid` and its children (the camera processes), alive now."""
     # Each thread lists the children it started: the cameras are started by the daemon's supervisor thread.
-    children = [c for task in Path(f"/proc/{pid}/task").iterdir() for c in (task / "children").read_text().split()]
-    return proc_cpu_s(pid) + sum(tree_cpu_s(int(c)) for c in children if Path(f"/proc/{c}").exists())
+    # A thread or a child may end while it is read (a camera restarted): what it took goes with it.
+    children: list[str] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            children += (task / "children").read_text().split()
+    total = proc_cpu_s(pid)
+    for child in children:
+        with contextlib.suppress(OSError):
+            total += tree_cpu_s(int(child))
+    return total
 
 
 def camera_stats(admin: Any) -> dict[str, dict[str, Any]]:
@@ -361,6 +370,10 @@ def daemon_round(url: str, args: argparse.Namespace, workdir: Path, gate: bool) 
             before, cpu0, t0 = camera_stats(admin), tree_cpu_s(daemon.proc.pid), time.monotonic()
             time.sleep(args.seconds)
             after, cpu1, t1 = camera_stats(admin), tree_cpu_s(daemon.proc.pid), time.monotonic()
+        for name, row in after.items():  # what each camera went through in the window, on stderr
+            print(f"{name}: {row['state']} decoded {row['decoded'] - before[name]['decoded']} served "
+                  f"{row['served'] - before[name]['served']} reconnects {row['reconnects'] - before[name]['reconnects']} "
+                  f"restarts {row['restarts'] - before[name]['restarts']} {row['last_error'] or ''}", file=sys.stderr)
         frames = sum(after[c]["decoded"] - before[c]["decoded"] for c in after)
         served = sum(after[c]["served"] - before[c]["served"] for c in after)
         ages = {p: statistics.median(after[c]["capture_age_ms"][p] or 0.0 for c in after) for p in AGES}

@@ -5,6 +5,7 @@
         url = server.url                                      # rtsp://127.0.0.1:PORT/cam
         server.stop(); server.start()                         # an outage: the same port again
     with rtsp.garbage() as port: ...                          # a port that answers with bytes that are not RTSP
+    with rtsp.silent() as port: ...                           # a port that connects and never answers
 
 The server needs Debian's python3-gi and gst-rtsp-server with the plugins it uses (appsrc,
 rtph264pay): `require_server()` installs them in CI and skips elsewhere, naming the command
@@ -220,3 +221,10 @@ def garbage(payload: bytes = b"\x00\xffNOT RTSP\r\n" * 64) -> Iterator[int]:
         stop.set()
         thread.join(5)
         listener.close()
+
+
+@contextlib.contextmanager
+def silent() -> Iterator[int]:
+    """A port on 127.0.0.1 that takes connections (the kernel completes them) and never says a word."""
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as listener:
+        yield listener.getsockname()[1]
