@@ -2,7 +2,7 @@
 
     python tests/benchmarks/bench_cameras.py [--cameras 1] [--size 640x360 --size 1280x720] [--fps 15]
         [--seconds 8] [--warmup 2] [--rounds 2] [--decoders floor,pyav,ffmpeg,gstreamer] [--no-write]
-    python tests/benchmarks/bench_cameras.py --daemon [--cameras 4] ...     # through the daemon's [[cameras]]
+    python tests/benchmarks/bench_cameras.py --daemon [--cameras 4] [--still] ...   # through the daemon's [[cameras]]
 
 The cameras are a real RTSP server (GStreamer's, tests/support/rtsp.py) serving an H.264 clip the script
 encodes (moving shapes on a textured background with sensor noise; one IDR frame a second, no B-frames,
@@ -24,14 +24,18 @@ The kinds alternate over `--rounds`; the median round per kind is shown: ms of C
 to the floor in the same run (the goal: <= 1.25 x), and cameras per core at `fps` (1 / (CPU per frame x fps)).
 Writes "## Cameras: decoding" in RESULTS.md.
 
-The daemon mode (`--daemon`, `daemon_run` below) runs N cameras through the daemon's [[cameras]] to a
-one-model pipeline, gate on and off, and reports capture-to-result age p50/p95/p99 and cameras per core;
-it skips (exit 0, saying so) where this checkout has no infermux.cameras.
+The daemon mode (`--daemon`, `daemon_run` below) runs N cameras through the daemon's [[cameras]] to the
+tests' one-model camera pipeline, gate off then on, a moving scene or (`--still`) one where only the
+sensor noise changes, and reports per camera the frames decoded and served a second, the capture-to-result
+age p50 and p99 (what the daemon keeps of it: `ctl cameras`), CPU per decoded frame of the daemon and its
+camera processes, and cameras per core. Writes "## Cameras: through the daemon" (", still scene"). It
+skips (exit 0, saying so) where this checkout has no infermux.cameras.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -42,16 +46,20 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from support import rtsp  # noqa: E402
-from results import markdown_table, print_and_write, stamp  # noqa: E402
+# The readers (`--reader`, one process per camera) import only what they use: `support.rtsp` and
+# `results` (pytest, infermux) are the parent's, imported where it needs them.
 
 SECTION = "Cameras: decoding"
 DAEMON_SECTION = "Cameras: through the daemon"
+# A live stream's probe, as the cameras open one (daemon/cameras/source.py): FFmpeg's default reads
+# seconds of the stream before its first frame.
+PROBE = {"analyzeduration": "500000", "probesize": "1000000"}
 KINDS = ("floor", "pyav", "pyav-yuv", "pyav-half", "ffmpeg", "gstreamer")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -78,7 +86,7 @@ def read_pyav(url: str, warmup: float, seconds: float, transport: str, out: str 
     height (scaled and converted in one pass, "half"), or its YUV planes copied as they are ("yuv")."""
     import av
 
-    with av.open(url, options={"rtsp_transport": transport}, timeout=10) as container:
+    with av.open(url, options={"rtsp_transport": transport, **PROBE}, timeout=10) as container:
         counter = _Counter(warmup, seconds, time.process_time)
         for frame in container.decode(video=0):
             if out == "yuv":
@@ -93,8 +101,8 @@ def read_pyav(url: str, warmup: float, seconds: float, transport: str, out: str 
 
 def read_ffmpeg_pipe(url: str, warmup: float, seconds: float, transport: str, size: tuple[int, int]) -> Window:
     """`ffmpeg` as a child writing BGR frames to a pipe; this process reads them into one buffer."""
-    cmd = ["ffmpeg", "-v", "error", "-rtsp_transport", transport, "-i", url, "-f", "rawvideo", "-pix_fmt", "bgr24",
-           "pipe:1"]
+    cmd = ["ffmpeg", "-v", "error", "-rtsp_transport", transport, *_probe_flags(), "-i", url, "-f", "rawvideo",
+           "-pix_fmt", "bgr24", "pipe:1"]
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL)
     assert child.stdout is not None
     buffer = memoryview(bytearray(size[0] * size[1] * 3))
@@ -114,9 +122,13 @@ def read_ffmpeg_pipe(url: str, warmup: float, seconds: float, transport: str, si
         child.wait()
 
 
+def _probe_flags() -> list[str]:
+    return [arg for key, value in PROBE.items() for arg in (f"-{key}", value)]
+
+
 def read_floor(url: str, warmup: float, seconds: float, transport: str) -> Window:
     """`ffmpeg -i URL -f null -`: its frame count from -progress, its CPU from /proc."""
-    cmd = ["ffmpeg", "-v", "error", "-rtsp_transport", transport, "-i", url, "-f", "null", "-",
+    cmd = ["ffmpeg", "-v", "error", "-rtsp_transport", transport, *_probe_flags(), "-i", url, "-f", "null", "-",
            "-progress", "pipe:1", "-stats_period", "0.2"]
     child = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
     assert child.stdout is not None
@@ -172,6 +184,8 @@ class _Counter:
 
 def reader_command(kind: str, url: str, args: argparse.Namespace, size: tuple[int, int]) -> list[str]:
     """The command line of one reader process of `kind`."""
+    from support import rtsp
+
     common = ["--warmup", str(args.warmup), "--seconds", str(args.seconds), "--transport", args.transport]
     if kind == "gstreamer":
         return [rtsp.DEBIAN_PYTHON, str(rtsp.DECODE), "--url", url, *common]
@@ -234,12 +248,15 @@ def size_table(size: tuple[int, int], rounds: dict[str, list[list[Window]]], fps
 
 def decode_run(args: argparse.Namespace) -> None:
     """Each size: the RTSP server, every kind's readers over the rounds (kinds alternating), one table."""
+    from results import markdown_table, print_and_write, stamp
+    from support import rtsp
+
     check_packages(args.decoders)
     rows: list[list[str]] = []
     with tempfile.TemporaryDirectory(prefix="bench-cameras-") as tmp:
         for text in args.size:
             size = parse_size(text)
-            clip = rtsp.make_clip(Path(tmp), *size, fps=args.fps, seconds=args.clip_seconds)
+            clip = rtsp.make_clip(Path(tmp), *size, fps=args.fps, seconds=args.clip_seconds, moving=not args.still)
             rounds: dict[str, list[list[Window]]] = {kind: [] for kind in args.decoders}
             with rtsp.RtspServer(clip) as server:
                 for n in range(args.rounds):
@@ -258,7 +275,7 @@ def decode_run(args: argparse.Namespace) -> None:
 
 def check_packages(kinds: list[str]) -> None:
     """Exit, naming the command, where this box lacks what the chosen readers need."""
-    from support import system_packages
+    from support import rtsp, system_packages
 
     needs = {**rtsp.SERVER_PACKAGES, **(rtsp.FFMPEG_PACKAGES if {"floor", "ffmpeg"} & set(kinds) else {}),
              **(rtsp.CLIENT_PACKAGES if "gstreamer" in kinds else {})}
@@ -269,31 +286,20 @@ def check_packages(kinds: list[str]) -> None:
         raise SystemExit("PyAV missing: pip install av")
 
 
-# -- through the daemon (the lead finishes this once infermux.cameras has landed) -------------------
+# -- through the daemon --------------------------------------------------------------------------
 
-# The [[cameras]] of docs/cameras.md as the issue describes them: N cameras of one RTSP server, each to a
-# one-model pipeline (resize, normalize, the conv net); the gate's table is left out for "gate off".
-DAEMON_CONFIG = """
+# N cameras of one RTSP server, each to the tests' one-model camera pipeline (tests/support/pipelines.py:
+# decode, resize to 64 x 64, normalize, the sample classifier of engines/); "gate on" adds [cameras.gate]
+# with a keep-alive every second.
+DAEMON_HEAD = """
 [daemon]
 listen = ["ipc://infer.sock"]
 engine_dir = "{engines}"
 watch = false
 
 [[models]]
-name = "camnet"
-engine = "camnet/1/model.onnx"
-contexts = 1
-
-[[pipelines]]
-name = "camera"
-queue_policy = "newest_per_key"
-[[pipelines.steps]]
-processor = "resize"
-options = {{ mode = "stretch", size = [112, 112] }}
-[[pipelines.steps]]
-processor = "normalize"
-[[pipelines.steps]]
-model = "camnet"
+name = "classifier"
+engine = "classifier/1/model.onnx"
 """
 CAMERA = """
 [[cameras]]
@@ -304,6 +310,7 @@ pipeline = "camera"
 fps = {fps}
 {gate}"""
 GATE = "[cameras.gate]\nevery_s = 1.0\n"
+AGES = ("p50", "p99")  # what the daemon keeps of a stream's capture-to-result age
 
 
 @dataclass(frozen=True)
@@ -311,80 +318,103 @@ class DaemonRound:
     """One run of N cameras through the daemon: the ages of their results and the CPU it took."""
 
     gate: bool
-    ages_ms: dict[str, float]  # p50, p95, p99 of capture-to-result age over every camera
+    ages_ms: dict[str, float]  # capture-to-result age, the median over the cameras of each one's percentile
     cpu_s: float  # the daemon and its camera processes, over the window
     frames: int  # frames decoded by the cameras over the window
+    served: int  # frames whose results came back over the window
     wall_s: float
 
 
-def daemon_config(engines: Path, url: str, args: argparse.Namespace, gate: bool) -> str:
+def daemon_config(url: str, args: argparse.Namespace, gate: bool) -> str:
     """The daemon's configuration: the model, its pipeline, and `args.cameras` cameras of `url`."""
+    from support.pipelines import camera_pipeline
+
     cameras = "".join(CAMERA.format(i=i, url=url, transport=args.transport, fps=args.fps, gate=GATE if gate else "")
                       for i in range(args.cameras))
-    return DAEMON_CONFIG.format(engines=engines) + cameras
+    return (DAEMON_HEAD + camera_pipeline("camera")).format(engines=HERE.parents[1] / "engines") + cameras
 
 
 def tree_cpu_s(pid: int) -> float:
     """User + system seconds of process `pid` and its children (the camera processes), alive now."""
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    return proc_cpu_s(pid) + sum(tree_cpu_s(int(c)) for c in children if Path(f"/proc/{c}").exists())
+    # Each thread lists the children it started: the cameras are started by the daemon's supervisor thread.
+    # A thread or a child may end while it is read (a camera restarted): what it took goes with it.
+    children: list[str] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            children += (task / "children").read_text().split()
+    total = proc_cpu_s(pid)
+    for child in children:
+        with contextlib.suppress(OSError):
+            total += tree_cpu_s(int(child))
+    return total
 
 
-def camera_stats(admin: object) -> dict[str, dict[str, float]]:
-    """Per camera: frames decoded so far and capture-to-result age percentiles (ms), from the daemon.
-
-    To finish with the cameras' admin command (`infermux ctl cameras`'s source): the names below are the
-    issue's, not yet the daemon's."""
-    raise NotImplementedError("read `cameras` from the admin socket: decoded, age_ms p50/p95/p99 per camera")
+def camera_stats(admin: Any) -> dict[str, dict[str, Any]]:
+    """Per camera, the admin command `cameras`' row: counters, state, capture_age_ms {p50, p99}."""
+    return {row["camera"]: row for row in admin.call("cameras")["cameras"]}
 
 
 def daemon_round(url: str, args: argparse.Namespace, workdir: Path, gate: bool) -> DaemonRound:
-    """Start a daemon with the cameras, wait for frames from each, then measure over `args.seconds`."""
-    from support import models
+    """Start a daemon with the cameras, wait for results for each, then measure over `args.seconds`."""
     from support.harness import Daemon
     from support.polling import eventually
 
-    engines = workdir / "engines"
-    models.conv(engines / "camnet" / "1" / "model.onnx")
-    daemon = Daemon(workdir / ("gate" if gate else "plain"), daemon_config(engines, url, args, gate)).start()
+    workdir.mkdir(parents=True, exist_ok=True)
+    daemon = Daemon(workdir, daemon_config(url, args, gate)).start()
     try:
-        admin = daemon.admin()
-        eventually(lambda: all(s.get("decoded", 0) > 0 for s in camera_stats(admin).values()),
-                   "frames from every camera", timeout_s=60)
-        time.sleep(args.warmup)  # past the cameras' start-up: the window measures steady state
-        assert daemon.proc is not None
-        before, cpu0, t0 = camera_stats(admin), tree_cpu_s(daemon.proc.pid), time.monotonic()
-        time.sleep(args.seconds)
-        after, cpu1, t1 = camera_stats(admin), tree_cpu_s(daemon.proc.pid), time.monotonic()
-        frames = sum(int(after[c]["decoded"] - before[c]["decoded"]) for c in after)
-        ages = {p: statistics.median(after[c][f"age_{p}_ms"] for c in after) for p in ("p50", "p95", "p99")}
-        return DaemonRound(gate, ages, cpu1 - cpu0, frames, t1 - t0)
+        with daemon.admin() as admin:
+            eventually(lambda: all(s["served"] > 0 for s in camera_stats(admin).values()),
+                       "results for every camera", timeout_s=60)
+            time.sleep(args.warmup)  # past the cameras' start-up: the window measures steady state
+            assert daemon.proc is not None
+            before, cpu0, t0 = camera_stats(admin), tree_cpu_s(daemon.proc.pid), time.monotonic()
+            time.sleep(args.seconds)
+            after, cpu1, t1 = camera_stats(admin), tree_cpu_s(daemon.proc.pid), time.monotonic()
+        for name, row in after.items():  # what each camera went through in the window, on stderr
+            print(f"{name}: {row['state']} decoded {row['decoded'] - before[name]['decoded']} served "
+                  f"{row['served'] - before[name]['served']} reconnects {row['reconnects'] - before[name]['reconnects']} "
+                  f"restarts {row['restarts'] - before[name]['restarts']} {row['last_error'] or ''}", file=sys.stderr)
+        frames = sum(after[c]["decoded"] - before[c]["decoded"] for c in after)
+        served = sum(after[c]["served"] - before[c]["served"] for c in after)
+        ages = {p: statistics.median(after[c]["capture_age_ms"][p] or 0.0 for c in after) for p in AGES}
+        return DaemonRound(gate, ages, cpu1 - cpu0, frames, served, t1 - t0)
     finally:
         daemon.stop()
 
 
 def daemon_run(args: argparse.Namespace) -> None:
-    """`--daemon`: N cameras through the daemon, gate off then on; skipped without infermux.cameras."""
+    """`--daemon`: N cameras through the daemon, gate off then on; skipped without infermux.cameras.
+    Cameras per core: how many cameras at `fps` one core's CPU time pays for, at the window's CPU per decoded
+    frame (as in the decoding table; not the cameras over the cores used, which flatters a starved round)."""
     if importlib.util.find_spec("infermux.cameras") is None:
         print("skipped: this checkout has no infermux.cameras (the daemon does not read cameras yet)")
         return
+    from results import markdown_table, print_and_write, stamp
+    from support import rtsp
+
     check_packages([])
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-cameras-daemon-") as tmp:
         for text in args.size:
             size = parse_size(text)
-            clip = rtsp.make_clip(Path(tmp), *size, fps=args.fps, seconds=args.clip_seconds)
+            clip = rtsp.make_clip(Path(tmp), *size, fps=args.fps, seconds=args.clip_seconds, moving=not args.still)
             with rtsp.RtspServer(clip) as server:
                 for gate in (False, True):
-                    r = daemon_round(server.url, args, Path(tmp) / text, gate)
-                    per_core = (r.frames / r.wall_s / args.cameras) and args.cameras / (r.cpu_s / r.wall_s)
-                    rows.append([text, "on" if gate else "off", *(f"{r.ages_ms[p]:.1f}" for p in ("p50", "p95", "p99")),
-                                 f"{1000 * r.cpu_s / max(1, r.frames):.2f}", f"{per_core:.1f}"])
-    header = ["size", "gate", "age p50 ms", "age p95 ms", "age p99 ms", "CPU ms / frame", f"cameras / core at {args.fps} fps"]
+                    r = daemon_round(server.url, args, Path(tmp) / text / ("gate" if gate else "plain"), gate)
+                    if not r.frames:  # no camera decoded in the window (stderr says what each went through)
+                        rows.append([text, "on" if gate else "off", *["no frame in the window"] * 6])
+                        continue
+                    rows.append([text, "on" if gate else "off", f"{r.frames / r.wall_s / args.cameras:.1f}",
+                                 f"{r.served / r.wall_s / args.cameras:.1f}", *(f"{r.ages_ms[p]:.1f}" for p in AGES),
+                                 f"{1000 * r.cpu_s / r.frames:.2f}", f"{r.frames / (r.cpu_s * args.fps):.1f}"])
+    header = ["size", "gate", "decoded fps / camera", "served fps / camera", "age p50 ms", "age p99 ms",
+              "CPU ms / decoded frame", f"cameras / core at {args.fps} fps"]
     body = (f"{stamp()}\n\n`python tests/benchmarks/bench_cameras.py {' '.join(sys.argv[1:])}`: {args.cameras} "
-            "cameras through the daemon's [[cameras]] to a one-model pipeline; age from capture to result.\n\n"
+            f"cameras of a {'still' if args.still else 'moving'} scene through the daemon's [[cameras]] to a "
+            "one-model pipeline; age from capture to result (the median over the cameras of each one's "
+            "percentile), CPU of the daemon and its camera processes.\n\n"
             + markdown_table(header, rows))
-    print_and_write(DAEMON_SECTION, body, write=args.write, titled=True)
+    print_and_write(DAEMON_SECTION + (", still scene" if args.still else ""), body, write=args.write, titled=True)
 
 
 def main() -> None:
@@ -399,6 +429,7 @@ def main() -> None:
     parser.add_argument("--clip-seconds", type=float, default=4.0, help="the looped clip's length")
     parser.add_argument("--decoders", default=",".join(KINDS), help=f"a comma-separated subset of {','.join(KINDS)}")
     parser.add_argument("--transport", default="tcp", choices=("tcp", "udp"))
+    parser.add_argument("--still", action="store_true", help="a scene that does not move (the gate's case)")
     parser.add_argument("--daemon", action="store_true", help="through the daemon's [[cameras]] (needs infermux.cameras)")
     parser.add_argument("--no-write", dest="write", action="store_false", help="print only; leave RESULTS.md")
     parser.add_argument("--reader", choices=("pyav", "pyav-yuv", "pyav-half", "ffmpeg", "floor"), help=argparse.SUPPRESS)

@@ -5,6 +5,7 @@
         url = server.url                                      # rtsp://127.0.0.1:PORT/cam
         server.stop(); server.start()                         # an outage: the same port again
     with rtsp.garbage() as port: ...                          # a port that answers with bytes that are not RTSP
+    with rtsp.silent() as port: ...                           # a port that connects and never answers
 
 The server needs Debian's python3-gi and gst-rtsp-server with the plugins it uses (appsrc,
 rtph264pay): `require_server()` installs them in CI and skips elsewhere, naming the command
@@ -69,9 +70,10 @@ class Clip:
     frames: int
 
 
-def scene(width: int, height: int, n: int, fps: int, seed: int = 0) -> Iterator[np.ndarray]:
+def scene(width: int, height: int, n: int, fps: int, seed: int = 0, moving: bool = True) -> Iterator[np.ndarray]:
     """`n` BGR frames of a camera-like scene: a textured background with sensor noise, shapes moving
-    across it at different speeds, and the frame's number written in one corner."""
+    across it at different speeds, and the frame's time written in one corner; not `moving`: the same
+    shapes standing still and no time (only the noise changes)."""
     import cv2
 
     rng = np.random.default_rng(seed)
@@ -85,20 +87,22 @@ def scene(width: int, height: int, n: int, fps: int, seed: int = 0) -> Iterator[
     for i in range(n):
         frame = background.copy()
         for x, y, dx, dy, r, colour in shapes:
-            cx, cy = int((x + dx * i) % width), int((y + dy * i) % height)
+            t = i if moving else 0
+            cx, cy = int((x + dx * t) % width), int((y + dy * t) % height)
             cv2.circle(frame, (cx, cy), r, colour, -1) if r % 2 else cv2.rectangle(
                 frame, (cx - r, cy - r), (cx + r, cy + r), colour, -1)
-        cv2.putText(frame, f"{i / fps:6.2f}", (8, height - 12), cv2.FONT_HERSHEY_SIMPLEX, height / 360,
-                    (255, 255, 255), 2)
+        if moving:
+            cv2.putText(frame, f"{i / fps:6.2f}", (8, height - 12), cv2.FONT_HERSHEY_SIMPLEX, height / 360,
+                        (255, 255, 255), 2)
         yield cv2.add(frame, noise[i % len(noise)], dtype=cv2.CV_8U)
 
 
-def make_clip(folder: Path, width: int, height: int, fps: int = 15, seconds: float = 2.0) -> Clip:
-    """Encode (once per size, rate and length in `folder`) a looping clip of `scene` to H.264."""
+def make_clip(folder: Path, width: int, height: int, fps: int = 15, seconds: float = 2.0, moving: bool = True) -> Clip:
+    """Encode (once per size, rate, length and motion in `folder`) a looping clip of `scene` to H.264."""
     import av
 
     frames = max(1, round(seconds * fps))
-    path = folder / f"clip-{width}x{height}-{fps}fps-{frames}.h264au"
+    path = folder / f"clip-{width}x{height}-{fps}fps-{frames}{'' if moving else '-still'}.h264au"
     if not path.exists():
         codec = av.CodecContext.create("libx264", "w")
         codec.width, codec.height, codec.pix_fmt = width, height, "yuv420p"
@@ -107,7 +111,7 @@ def make_clip(folder: Path, width: int, height: int, fps: int = 15, seconds: flo
         codec.gop_size, codec.max_b_frames = fps, 0
         codec.options = {"preset": "veryfast", "x264-params": f"keyint={fps}:min-keyint={fps}:scenecut=0:repeat-headers=1:sliced-threads=0:slices=1"}
         units: list[bytes] = []
-        for i, image in enumerate(scene(width, height, frames, fps)):
+        for i, image in enumerate(scene(width, height, frames, fps, moving=moving)):
             frame = av.VideoFrame.from_ndarray(image, format="bgr24").reformat(format="yuv420p")
             frame.pts = i
             units += [bytes(p) for p in codec.encode(frame)]
@@ -217,3 +221,10 @@ def garbage(payload: bytes = b"\x00\xffNOT RTSP\r\n" * 64) -> Iterator[int]:
         stop.set()
         thread.join(5)
         listener.close()
+
+
+@contextlib.contextmanager
+def silent() -> Iterator[int]:
+    """A port on 127.0.0.1 that takes connections (the kernel completes them) and never says a word."""
+    with socket.create_server(("127.0.0.1", 0), backlog=64) as listener:
+        yield listener.getsockname()[1]
