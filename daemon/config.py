@@ -14,11 +14,12 @@ import os
 import sys
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
-from infermux import signing
+from infermux import signing, sinkconfig
 from infermux.plugins import backends, processors
 from infermux.plugins.requirements import MissingDependency
+from infermux.sinkconfig import LifecycleConfig, SinkConfig
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -247,6 +248,8 @@ class PipelineConfig:
     # Frame sizes [width, height] its cameras send: its models are warmed at the shapes the resize steps
     # make of them (daemon/pipelines/warmshapes.py), so the first frame costs what later ones do.
     warm_frames: tuple[tuple[int, int], ...] = ()
+    # Tracked objects' new / update / end events, sent to the sinks (docs/events.md); needs a `track` step.
+    events: LifecycleConfig | None = None
 
 
 MAX_WARM_FRAMES = 8  # warm_frames entries a pipeline may list: each is one more inference per model at load
@@ -262,6 +265,7 @@ class Config:
     routing: RoutingConfig
     models: tuple[ModelConfig, ...]
     pipelines: tuple[PipelineConfig, ...] = ()
+    sinks: tuple[SinkConfig, ...] = ()  # where events go (docs/events.md#sinks)
 
     def versions(self, name: str) -> list[ModelConfig]:
         return [m for m in self.models if m.name == name]
@@ -802,7 +806,7 @@ def parse(text: str, file: Path) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(file, "", f"not valid TOML: {exc}") from None
-    top = {"daemon", "routing", "models", "pipelines"}
+    top = {"daemon", "routing", "models", "pipelines", "sinks"}
     for key in data:
         if key not in top:
             raise ConfigError(file, key, f"unknown table; expected {', '.join(sorted(top))}")
@@ -815,7 +819,16 @@ def parse(text: str, file: Path) -> Config:
     models = [_parse_model(file, label, m, daemon.engine_dir) for label, m in zip(labels, raw_models)]
     _check_models(file, models, routing, daemon)
     pipelines = _parse_pipelines(file, data.get("pipelines", []), models, daemon.engine_dir)
-    return Config(path=file, daemon=daemon, routing=routing, models=tuple(models), pipelines=pipelines)
+    sinks = _settings(file, sinkconfig.parse_sinks, data.get("sinks", []), {p.name for p in pipelines})
+    return Config(path=file, daemon=daemon, routing=routing, models=tuple(models), pipelines=pipelines, sinks=sinks)
+
+
+def _settings(file: Path, parse: Callable[..., Any], *args: Any) -> Any:
+    """`parse(*args)` of sinkconfig.py, its Problem as this file's ConfigError."""
+    try:
+        return parse(*args)
+    except sinkconfig.Problem as exc:
+        raise ConfigError(file, exc.where, exc.reason) from None
 
 
 def _parse_pipelines(file: Path, raw: Any, models: list[ModelConfig],
@@ -865,6 +878,11 @@ def _parse_pipeline(file: Path, where: str, table: Any, models: set[str], engine
         seen.add(step.name)
     _check_tracked(file, where, raw["name"], parsed)
     raw["steps"] = tuple(parsed)
+    if "events" in raw:
+        raw["events"] = _settings(file, sinkconfig.parse_lifecycle, f"{where}.events", raw["events"])
+        if not any(step.processor == "track" for step in parsed):
+            raise ConfigError(file, f"{where}.events", f"pipeline {raw['name']!r} makes events of tracked objects: "
+                              "it needs a 'track' step (docs/events.md)")
     return PipelineConfig(**raw)
 
 

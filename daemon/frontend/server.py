@@ -54,6 +54,7 @@ from infermux.frontend.recorder import Recorder
 from infermux.frontend.router import Deferred, Router
 from infermux.pipelines import warmshapes
 from infermux.pipelines.runner import Pipelines
+from infermux.sinks.hub import Hub
 from infermux.transport.curve import CurveError
 from infermux.transport.limits import frame_cap, limits_from
 from infermux.swap import reload
@@ -117,6 +118,8 @@ class Server:
         self.pipelines = Pipelines(config.pipelines, self.admit_step, self.reply, self.reply_late,
                                    self._model_inputs, self.limits)
         self.router.pipelines = self.pipelines.by_name
+        # Tracked objects' events leave the box through the sinks, each spooled under the state directory.
+        self.sinks = Hub(config.sinks, (state_dir or run_dir) / "sinks", self.events).attach(self.pipelines.outlet)
         self.frontend: zmq.Socket | None = None
         self.wire_choice = choose()  # the frontend's socket calls: compiled or pyzmq's (wire.py)
         self.wire: Wire  # the calls on `frontend`, made in bind()
@@ -484,6 +487,7 @@ class Server:
             self.region_server.close()
         self.peers.close()
         self.rollouts.close()
+        self.sinks.stop()
         if self.registry.signing is not None:
             self.registry.signing.close()
         os.close(self._bell)

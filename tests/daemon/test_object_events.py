@@ -1,0 +1,214 @@
+"""Tracked objects' events on a real daemon, out through real sinks: a file, a PUB socket, HTTP endpoints.
+
+One daemon serves a detector pipeline with a `track` step and `events`
+(tests/support/tracking.py's generated sequences, drawn and sent as PNG),
+and a plain classifier. Its sinks: `jsonl` into the test's folder, `zmq`
+(with each frame's result) to a subscriber of the test's, a webhook whose
+endpoint answers 500 twice before 200, and a webhook that never answers
+with a spool of 5 events. Every event seen is checked against the shipped
+JSON Schema. The expected events are worked out from the replies' track
+ids and scores, by the rules docs/events.md states.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import pytest
+import zmq
+
+pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
+
+from support import models, tracking  # noqa: E402
+from support.harness import REPO, Daemon, dealer, free_port  # noqa: E402
+from support.metrics import scrape  # noqa: E402
+from support.sinks import Endpoint, by_track, valid, waiting  # noqa: E402
+from support.tracking import Replay, detecting, replay  # noqa: E402
+
+CLASSIFIER = REPO / "engines/classifier/1/model.onnx"
+MIN_FRAMES, MIN_SCORE, GAIN, END_AFTER_S = 3, 0.5, 0.02, 3.0
+
+
+def config_text(workdir: Path, pub: str, hook: str, stuck: str, metrics_port: int) -> str:
+    pipeline = detecting("tracked").replace('name = "tracked"\n', f'name = "tracked"\nevents = {{ min_frames = '
+                                            f'{MIN_FRAMES}, min_score = {MIN_SCORE}, min_score_gain = {GAIN}, '
+                                            f'end_after_s = {END_AFTER_S}, update_every_s = 0.0 }}\n', 1)
+    return f"""
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{workdir / 'engines'}"
+metrics_port = {metrics_port}
+
+[[models]]
+name = "det"
+engine = "det/1/model.onnx"
+
+[[models]]
+name = "classifier"
+engine = "{CLASSIFIER}"
+{pipeline}
+[[sinks]]
+name = "files"
+kind = "jsonl"
+options = {{ path = "{workdir / 'out' / 'events.jsonl'}" }}
+
+[[sinks]]
+name = "pub"
+kind = "zmq"
+options = {{ bind = "{pub}", results = true }}
+
+[[sinks]]
+name = "hook"
+kind = "webhook"
+retry_s = 0.05
+max_retry_s = 0.2
+options = {{ url = "{hook}", timeout_s = 5 }}
+
+[[sinks]]
+name = "stuck"
+kind = "webhook"
+max_events = 5
+retry_s = 0.05
+max_retry_s = 0.1
+options = {{ url = "{stuck}", timeout_s = 0.5 }}
+"""
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    workdir = tmp_path_factory.mktemp("object_events")
+    models.brightness_map(workdir / "engines" / "det" / "1" / "model.onnx")
+    hook, stuck = Endpoint([500, 500, 200]), Endpoint([None])
+    pub, port = f"tcp://127.0.0.1:{free_port()}", free_port()
+    ctx = zmq.Context.instance()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.RCVTIMEO, 5000)
+    sub.connect(pub)  # before the daemon binds: ZeroMQ connects once it does, and no event is missed
+    monitor = sub.get_monitor_socket(zmq.EVENT_HANDSHAKE_SUCCEEDED)
+    d = Daemon(workdir, config_text(workdir, pub, hook.url, stuck.url, port)).start()
+    assert monitor.poll(30_000), "the subscriber never reached the daemon's PUB socket"
+    sub.disable_monitor()
+    monitor.close(linger=0)
+    seq = tracking.crossing()
+    with dealer(d.endpoint) as sock:
+        sent = replay(sock, "tracked", seq, "cam-a")
+    yield {"daemon": d, "sub": sub, "hook": hook, "stuck": stuck, "replay": sent, "seq": seq, "workdir": workdir,
+           "metrics_port": port}
+    sub.close(linger=0)
+    assert d.stop() == 0, d.log()[-4000:]
+    hook.close()
+    stuck.close()
+    assert "Traceback" not in d.log(), d.log()[-6000:]
+
+
+def expected(sent: Replay) -> dict[tuple[str, int], list[str]]:
+    """Each track's events by docs/events.md's rules, from what the replies said: `new` on its
+    MIN_FRAMES-th frame scoring MIN_SCORE or more, an `update` on each frame whose best score
+    rose GAIN over the last event's (update_every_s = 0), and its `end`."""
+    out: dict[tuple[str, int], list[str]] = {}
+    state: dict[int, tuple[int, float, float]] = {}  # track -> hits, best, best at the last event
+    for header in sent.headers:
+        for region in header["regions"]:
+            hits, best, told = state.get(region["track_id"], (0, 0.0, 0.0))
+            if region["score"] >= MIN_SCORE:
+                hits, best = hits + 1, max(best, region["score"])
+            events = out.setdefault(("cam-a", region["track_id"]), [])
+            if not events and hits >= MIN_FRAMES:
+                events.append("new")
+                told = best
+            elif events and best >= told + GAIN - 1e-6:
+                events.append("update")
+                told = best
+            state[region["track_id"]] = (hits, best, told)
+    return {track: events + ["end"] for track, events in out.items() if events}
+
+
+def file_events(workdir: Path) -> list[dict[str, Any]]:
+    path = workdir / "out" / "events.jsonl"
+    return [valid(json.loads(line)) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_each_tracked_object_makes_exactly_its_new_updates_and_end(setup: dict[str, Any]) -> None:
+    sent: Replay = setup["replay"]
+    assert set(sent.statuses) == {200}, sent.statuses
+    want = expected(sent)
+    ends = sum(1 for events in want.values() if events)
+    got = waiting(lambda: (lambda e: e if sum(x["type"] == "end" for x in e) >= ends else None)(
+        file_events(setup["workdir"])), "every object's end in the jsonl file", timeout_s=60)
+    assert by_track(got) == want
+    assert len({e["id"] for e in got}) == len(got)
+    assert len(want) == len(setup["seq"].things), "the crossing's objects are one track each"
+    for event in got:
+        assert event["pipeline"] == "tracked" and event["captured"] is False and event["zones"] == []
+        assert event["first_seen"] <= event["last_seen"] <= event["time"]
+
+
+def test_the_pub_socket_publishes_each_event_on_its_key_and_type_and_each_result(setup: dict[str, Any]) -> None:
+    file = waiting(lambda: (lambda e: e if any(x["type"] == "end" for x in e) else None)(
+        file_events(setup["workdir"])), "events in the file", timeout_s=60)
+    topics: dict[str, list[dict[str, Any]]] = {}
+    deadline = time.monotonic() + 60
+    while sum(len(v) for k, v in topics.items() if not k.endswith("/result")) < len(file):
+        assert time.monotonic() < deadline, {k: len(v) for k, v in topics.items()}
+        topic, data = setup["sub"].recv_multipart()
+        topics.setdefault(topic.decode(), []).append(json.loads(data))
+    assert {t for t in topics if not t.endswith("/result")} == {f"cam-a/{e['type']}" for e in file}
+    published = [e for t, events in topics.items() if not t.endswith("/result") for e in events]
+    assert sorted(valid(e)["id"] for e in published) == sorted(e["id"] for e in file)
+    results = topics.get("cam-a/result", [])
+    assert len(results) == len(setup["replay"].headers)
+    assert all(r["pipeline"] == "tracked" and r["key"] == "cam-a" and "regions" in r for r in results)
+
+
+def test_a_webhook_answering_500_gets_every_event_after_its_retries(setup: dict[str, Any]) -> None:
+    file = waiting(lambda: (lambda e: e if any(x["type"] == "end" for x in e) else None)(
+        file_events(setup["workdir"])), "events in the file", timeout_s=60)
+    hook: Endpoint = setup["hook"]
+    waiting(lambda: len(hook.bodies) >= len(file), "the webhook's deliveries", timeout_s=60)
+    assert [e["id"] for e in hook.bodies[:len(file)]] == [e["id"] for e in file]  # in order, once each
+    assert hook.posts >= len(file) + 2  # the two 500s were retried
+    with setup["daemon"].admin() as admin:
+        view = {s["name"]: s for s in admin.call("sinks")["sinks"]}
+    assert view["hook"]["state"] == "up" and view["hook"]["delivered"] >= len(file)
+
+
+def test_a_webhook_that_never_answers_fills_its_spool_and_no_client_waits_for_it(setup: dict[str, Any]) -> None:
+    d: Daemon = setup["daemon"]
+    with d.admin() as admin:
+        stuck = waiting(lambda: (lambda s: s if s["dropped"] > 0 and s["state"] == "down" else None)(
+            {s["name"]: s for s in admin.call("sinks")["sinks"]}["stuck"]), "the stuck sink's spool to overflow")
+    assert stuck["backlog"] == 5 and stuck["oldest_age_s"] is not None and "timed out" in stuck["last_error"]
+    # More frames make more events for the stuck spool, which drops its oldest; clients are answered as ever.
+    started = time.monotonic()
+    with dealer(d.endpoint) as sock:
+        again = replay(sock, "tracked", tracking.stop_and_go(), "cam-b", frames=20)
+    with d.client() as client:
+        replies = [client.infer("classifier", {"images": np.zeros((1, 3, 64, 64), np.float32)}) for _ in range(20)]
+    assert set(again.statuses) == {200} and {r.status for r in replies} == {200}
+    assert time.monotonic() - started < 30  # not one 0.5 s webhook timeout per frame
+    with d.admin() as admin:  # said by the sink's thread between two tries (each up to its timeout)
+        events = waiting(lambda: admin.call("events", kind="sink_dropped")["events"], "a sink_dropped event")
+    assert events[0]["sink"] == "stuck" and events[0]["dropped"] > 0, events
+
+
+def test_ctl_sinks_and_prometheus_show_each_sink(setup: dict[str, Any]) -> None:
+    d: Daemon = setup["daemon"]
+    shown = subprocess.run([sys.executable, "-m", "infermux", "ctl", "sinks", "--config", str(d.config_path),
+                            "--runtime-dir", str(d.run_dir)], capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 0, shown.stderr
+    lines = {line.split()[0]: line.split() for line in shown.stdout.splitlines()[1:] if not line.startswith(" ")}
+    assert lines["hook"][2] == "up" and lines["stuck"][2] == "down" and lines["stuck"][3] == "5", shown.stdout
+    assert "last error:" in shown.stdout
+    samples = scrape(setup["metrics_port"])
+    assert samples['infermux_sink_up{sink="hook",kind="webhook"}'] == 1
+    assert samples['infermux_sink_up{sink="stuck",kind="webhook"}'] == 0
+    assert samples['infermux_sink_backlog_events{sink="stuck",kind="webhook"}'] == 5
+    assert samples['infermux_sink_dropped_total{sink="stuck",kind="webhook"}'] > 0
+    assert samples['infermux_pipeline_events_total{pipeline="tracked",type="new"}'] >= 2
