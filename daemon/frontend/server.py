@@ -487,6 +487,7 @@ class Server:
             self.region_server.close()
         self.peers.close()
         self.rollouts.close()
+        self.pipelines.stop()  # their objects end (events spooled), then the sinks stop with what waits on disk
         self.sinks.stop()
         if self.registry.signing is not None:
             self.registry.signing.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import shutil
 import socket
@@ -40,7 +41,9 @@ class Mosquitto:
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         self.conf = folder / "mosquitto.conf"
-        self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+        # `user`: as root, mosquitto would switch to its own user, which may not write the test's folder.
+        self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+                             f"user {getpass.getuser()}\n")
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> "Mosquitto":
