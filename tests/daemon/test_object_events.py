@@ -212,3 +212,24 @@ def test_ctl_sinks_and_prometheus_show_each_sink(setup: dict[str, Any]) -> None:
     assert samples['infermux_sink_backlog_events{sink="stuck",kind="webhook"}'] == 5
     assert samples['infermux_sink_dropped_total{sink="stuck",kind="webhook"}'] > 0
     assert samples['infermux_pipeline_events_total{pipeline="tracked",type="new"}'] >= 2
+
+
+def test_a_reload_that_changes_one_sink_leaves_the_others_and_its_spool(setup: dict[str, Any]) -> None:
+    d: Daemon = setup["daemon"]
+    with d.admin() as admin:
+        before = {s["name"]: s for s in admin.call("sinks")["sinks"]}
+        text = d.config_path.read_text().replace("max_retry_s = 0.1\n", "max_retry_s = 0.2\n")
+        assert text != d.config_path.read_text()
+        d.config_path.write_text(text)
+        reloaded = time.time()
+        admin.call("reload", check=True)
+        after = {s["name"]: s for s in admin.call("sinks")["sinks"]}
+        changed = [e for e in admin.call("events", limit=1000)["events"] if e["kind"] in ("sink_added", "sink_removed", "sink_changed") and e["time"] >= reloaded]
+    assert [(e["kind"], e["sink"]) for e in changed] == [("sink_changed", "stuck")]
+    for name in ("files", "pub", "hook"):  # the same runner: its counts went on, not from zero
+        assert after[name]["delivered"] >= before[name]["delivered"] and after[name]["state"] == "up", name
+    assert after["stuck"]["backlog"] == 5  # its successor took its spool
+    made = len(file_events(setup["workdir"]))
+    with dealer(d.endpoint) as sock:
+        assert set(replay(sock, "tracked", tracking.crossing(), "cam-c", frames=12).statuses) == {200}
+    waiting(lambda: len(file_events(setup["workdir"])) > made, "events after the reload in the file")
