@@ -65,12 +65,14 @@ class Runner:
         return not self.config.pipelines or pipeline in self.config.pipelines
 
     def _run(self) -> None:
-        wait = self.config.retry_s
+        wait, synced = self.config.retry_s, 0.0
         while not self._stop.is_set():
-            self.spool.wait(SYNC_S * 4)
+            self.spool.wait(SYNC_S)
             try:
-                self.spool.sync()
-                self._report_drops()
+                if time.monotonic() - synced >= SYNC_S:
+                    self.spool.sync()
+                    self._report_drops()
+                    synced = time.monotonic()
                 if self._deliver_some():
                     wait = self.config.retry_s
                     continue

@@ -23,6 +23,7 @@ KIND = "mqtt"
 OPTIONS = {"host", "port", "prefix", "client_id", "keepalive_s", "ack_timeout_s", "tls", "ca_file", "cert_file",
            "key_file", "credentials_file", "availability_topic"}
 MAX_CREDENTIALS_BYTES = 4096
+MAX_INFLIGHT = 1000
 
 
 def _credentials(path: str) -> tuple[str, str]:
@@ -83,6 +84,7 @@ class MqttSink:
         if self.options.get("tls"):
             client.tls_set(ca_certs=self.options.get("ca_file") or None, certfile=self.options.get("cert_file") or None,
                            keyfile=self.options.get("key_file") or None, tls_version=ssl.PROTOCOL_TLS_CLIENT)
+        client.max_inflight_messages_set(MAX_INFLIGHT)  # a delivery's batch goes out without waiting for PUBACKs
         client.on_connect = self._on_connect
         client.on_disconnect = lambda *args: self._connected.clear()
         client.connect_timeout = min(self.ack_timeout_s, 10.0)
