@@ -141,14 +141,15 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=20000)
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--seconds", type=float, default=5.0)
+    parser.add_argument("--batch", type=int, default=100, help="the sinks' batch (events handed to a sink at once)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     folder = Path(tempfile.mkdtemp(prefix="bench_events."))
     mqtt_broker, port = broker(folder)
     pub = f"tcp://127.0.0.1:{free_port()}"
-    sinks = {"mqtt": (SinkConfig("bench-mqtt", "mqtt", {"host": "127.0.0.1", "port": port, "prefix": "bench"}),
+    sinks = {"mqtt": (SinkConfig("bench-mqtt", "mqtt", {"host": "127.0.0.1", "port": port, "prefix": "bench"}, batch=args.batch),
                       str(port)),
-             "zmq": (SinkConfig("bench-pub", "zmq", {"bind": pub}), pub)}
+             "zmq": (SinkConfig("bench-pub", "zmq", {"bind": pub}, batch=args.batch), pub)}
     rows = []
     try:
         for kind, (sink, target) in sinks.items():
