@@ -191,8 +191,13 @@ class Hub:
             old = self.runners[name]
             old.stop(close_spool=False)
             self.runners[name] = Runner(wanted[name], self.folder, self.events, old.spool)
-        for name in changes["added"]:
-            self.runners[name] = Runner(wanted[name], self.folder, self.events)
+        for name in list(changes["added"]):
+            try:
+                self.runners[name] = Runner(wanted[name], self.folder, self.events)
+            except OSError as exc:  # its spool's folder: the other sinks, and the daemon, go on without it
+                self.events.emit("sink_failed", sink=name, error=f"cannot open its spool under {self.folder}: "
+                                 f"{exc.strerror or exc}; set [daemon] state_dir to a folder the daemon may write")
+                changes["added"].remove(name)
         self._connect()
         for kind, names in changes.items():
             for name in names:

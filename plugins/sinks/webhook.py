@@ -63,7 +63,7 @@ class WebhookSink:
                 answer = conn.getresponse()
                 answer.read(MAX_ANSWER_BYTES)
                 status = answer.status
-                if answer.will_close:
+                if answer.will_close or not answer.isclosed():  # closing, or a body past what is read
                     self.close()
             except (OSError, http.client.HTTPException) as exc:
                 self.close()

@@ -85,6 +85,11 @@ def sinks(d: Daemon) -> dict[str, dict[str, Any]]:
         return {s["name"]: s for s in admin.call("sinks")["sinks"]}
 
 
+def objects(d: Daemon) -> int:
+    with d.admin() as admin:
+        return next(p for p in admin.call("pipelines")["pipelines"] if p["name"] == "tracked")["events"]["objects"]
+
+
 def test_events_reach_a_subscriber_at_qos_1_with_the_availability_topic(rig: dict[str, Any]) -> None:
     send(rig["daemon"], "cam-a", tracking.crossing(), 20)
     made = waiting(lambda: reference(rig["workdir"]), "events in the reference file")
@@ -107,11 +112,11 @@ def test_no_event_is_lost_through_a_broker_outage_and_a_daemon_restart(rig: dict
     assert sinks(d)["broker"]["backlog"] > 0, "the restarted daemon lost its spool"
     send(d, "cam-b", tracking.stop_and_go(), 10)
     broker.start()
+    waiting(lambda: objects(d) == 0, "every object ended (end_after_s)")  # no event is made after this
+    done = waiting(lambda: (lambda s: s if all(x["backlog"] == 0 and x["state"] == "up" for x in s.values()) else None)(
+        sinks(d)), "both spools delivered", timeout_s=60)
+    assert done["broker"]["delivered"] > 0
     made = reference(workdir)
-    ends = waiting(lambda: (lambda s: s if s["backlog"] == 0 and s["state"] == "up" else None)(sinks(d)["broker"]),
-                   "the spool delivered", timeout_s=60)
-    made = reference(workdir)
-    assert ends["delivered"] > 0
     waiting(lambda: {e["id"] for e in sub.events()} >= {e["id"] for e in made}, "every event at the subscriber",
             timeout_s=60)
     got = sub.events()
