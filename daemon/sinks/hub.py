@@ -122,7 +122,8 @@ class Runner:
         return {"name": self.config.name, "kind": self.config.kind, "state": self.state, "backlog": waiting,
                 "backlog_bytes": size, "oldest_age_s": round(max(0.0, time.time() - oldest), 3) if oldest else None,
                 "delivered": self.delivered, "dropped": self.spool.dropped, "max_events": self.config.max_events,
-                "max_bytes": int(self.config.max_mb * (1 << 20)), "last_error": self.last_error,
+                "max_bytes": int(self.config.max_mb * (1 << 20)),
+                "last_error": self.last_error or (f"spool: {self.spool.write_error}" if self.spool.write_error else ""),
                 "last_error_time": self.last_error_time}
 
     def stop(self, close_spool: bool = True) -> None:

@@ -57,6 +57,7 @@ class Spool:
         self._readers: dict[int, int] = {}  # segment -> fd
         self._dirty = False
         self._closed = False  # a removed sink's spool: appends that come late are dropped, not written
+        self.write_error = ""  # the last append that could not be written (a full disk), for the views
         self._cursor_fd = os.open(folder / "cursor", os.O_RDWR | os.O_CREAT | OPEN_FLAGS, 0o600)
         self._segment, self._size = self._recover()
         self._writer = self._open_segment(self._segment)
@@ -132,7 +133,15 @@ class Spool:
                 os.close(self._writer)
                 self._segment, self._size = self._segment + 1, 0
                 self._writer = self._open_segment(self._segment)
-            os.write(self._writer, record)
+            try:
+                written = os.write(self._writer, record)
+                if written != len(record):
+                    raise OSError(f"wrote {written} of {len(record)} bytes")
+            except OSError as exc:  # a full disk: this event is lost, counted; the file stays whole
+                self._cut_back()
+                self.dropped += 1
+                self.write_error = str(exc)
+                return False
             self._seq += 1
             self._entries.append(Entry(self._seq, self._segment, self._size, len(data), stamp))
             self._size += len(record)
@@ -140,6 +149,13 @@ class Spool:
             self._dirty = True
             self.ready.notify()
         return True
+
+    def _cut_back(self) -> None:
+        """Remove what a failed write left of its record, so that the records after it can be read."""
+        try:
+            os.ftruncate(self._writer, self._size)
+        except OSError:
+            pass
 
     # -- the sink's thread ---------------------------------------------------------------
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import resource
+import signal
 import stat
 from pathlib import Path
 
@@ -95,3 +97,21 @@ def test_a_symlink_in_place_of_a_segment_is_not_followed(tmp_path: Path) -> None
     else:
         raise AssertionError("the spool opened a symlinked segment")
     assert target.read_bytes() == b""
+
+
+def test_an_append_the_disk_refuses_is_dropped_counted_and_leaves_the_file_readable(tmp_path: Path) -> None:
+    spool = Spool(tmp_path / "s", max_events=100, max_bytes=1 << 20)
+    spool.append(b"before")
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    segment = next((tmp_path / "s").glob("*.seg"))
+    old = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past RLIMIT_FSIZE: EFBIG, as a full disk's ENOSPC
+    resource.setrlimit(resource.RLIMIT_FSIZE, (segment.stat().st_size + 10, hard))
+    try:
+        assert not spool.append(b"x" * 100)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, old)
+    assert spool.dropped == 1 and spool.write_error
+    spool.append(b"after")
+    spool.close()
+    assert payloads(Spool(tmp_path / "s", max_events=100, max_bytes=1 << 20)) == [b"before", b"after"]
