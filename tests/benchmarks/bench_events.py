@@ -1,6 +1,7 @@
 """Events through the sinks: events/s through MQTT and ZeroMQ PUB, CPU per event, event-to-subscriber latency.
 
-    python tests/benchmarks/bench_events.py [--events 20000] [--rate 1000] [--seconds 5] [--no-write]
+    python tests/benchmarks/bench_events.py [--events 20000] [--rate 1000] [--seconds 5] [--batch 100]
+                                            [--outage 60] [--no-write]
 
 The sinks' path as the daemon runs it (daemon/sinks/hub.py): `Hub.publish`
 appends each event to the sink's durable spool under a temporary state
@@ -19,12 +20,18 @@ each PUBACK awaited) or to a PUB socket. The subscriber is another process
   (when it was made) to its arrival at the subscriber, p50 and p99 (one
   clock: the same box).
 
+With `--outage S`, first: 50 events/s through the MQTT sink while the broker
+is stopped for S seconds and the hub (the daemon's, with its spool) is
+stopped and started again halfway through; a subscriber whose session the
+broker keeps says whether every event arrived, in order per key.
+
 Writes "## Events through the sinks" in RESULTS.md unless --no-write.
 """
 
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import resource
@@ -87,6 +94,33 @@ print(json.dumps(got))
 """
 
 
+# The outage's subscriber: a session the broker keeps (clean_session off, the broker's persistence on),
+# so what is published while it reconnects waits for it; prints each event's (key, id) once it has `n` ids.
+KEEPER = r"""
+import json, sys, threading
+from paho.mqtt import client as paho
+port, n = int(sys.argv[1]), int(sys.argv[2])
+got, ids, done, ready = [], set(), threading.Event(), threading.Event()
+def on_message(client, userdata, message):
+    e = json.loads(message.payload)
+    got.append((e["key"], e["id"]))
+    ids.add(e["id"])
+    if len(ids) >= n:
+        done.set()
+c = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id="bench-keeper", clean_session=False)
+c.on_message = on_message
+c.on_connect = lambda c, u, f, r, p: c.subscribe("bench/+/events", qos=1)
+c.on_subscribe = lambda *a: ready.set()
+c.reconnect_delay_set(0.2, 1.0)
+c.connect("127.0.0.1", port)
+c.loop_start()
+ready.wait(30)
+print("ready", flush=True)
+done.wait(float(sys.argv[3]))
+print(json.dumps(got))
+"""
+
+
 def event(i: int) -> dict[str, Any]:
     now = time.time()
     return {"id": IDS.new(), "type": "update", "time": now, "pipeline": "bench", "key": f"cam-{i % 4}",
@@ -126,14 +160,66 @@ def run(kind: str, sink: SinkConfig, target: str, n: int, rate: float | None) ->
             "p50_ms": lat[len(lat) // 2] * 1e3, "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1e3}
 
 
-def broker(folder: Path) -> tuple[subprocess.Popen[bytes], int]:
-    port = free_port()
+def broker(folder: Path, port: int = 0) -> tuple[subprocess.Popen[bytes], int]:
+    """Mosquitto on `port` (a free one by default), persistent in `folder`, as this user."""
+    port = port or free_port()
     conf = folder / "mosquitto.conf"
-    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence false\n")
+    conf.write_text(f"listener {port} 127.0.0.1\nallow_anonymous true\npersistence true\n"
+                    f"persistence_location {folder}/\nuser {getpass.getuser()}\n")
     proc = subprocess.Popen([shutil.which("mosquitto") or "/usr/sbin/mosquitto", "-c", str(conf)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.5)
     return proc, port
+
+
+def outage(rate: float, outage_s: float, around_s: float) -> str:
+    """`rate` events/s over 4 keys for around_s, the broker stopped for outage_s (the hub, as the daemon
+    has it, stopped and started again on its spool halfway), then around_s more: what arrived."""
+    folder = Path(tempfile.mkdtemp(prefix="bench_events_outage."))
+    proc, port = broker(folder)
+    sink = SinkConfig("outage", "mqtt", {"host": "127.0.0.1", "port": port, "prefix": "bench"}, retry_s=0.2,
+                      max_retry_s=2.0)
+    total = int(rate * (2 * around_s + outage_s))
+    keeper = subprocess.Popen([sys.executable, "-c", KEEPER, str(port), str(total), str(outage_s + 120)],
+                              stdout=subprocess.PIPE, text=True)
+    assert keeper.stdout is not None and keeper.stdout.readline().strip() == "ready"
+    made: list[tuple[str, str]] = []
+    hub = Hub((sink,), folder / "state", EventLog())
+    start = time.perf_counter()
+    phases = {around_s: "stop broker", around_s + outage_s / 2: "restart", around_s + outage_s: "start broker"}
+    for i in range(total):
+        at = i / rate
+        for when in [w for w in phases if w <= at]:
+            what = phases.pop(when)
+            if what == "stop broker":
+                proc.terminate()
+                proc.wait(10)
+            elif what == "restart":
+                hub.stop()
+                hub = Hub((sink,), folder / "state", EventLog())
+            else:
+                proc, _ = broker(folder, port)
+                back = time.perf_counter()
+        while time.perf_counter() < start + at:
+            time.sleep(0.002)
+        one = event(i)
+        made.append((one["key"], one["id"]))
+        hub.publish("bench", one)
+    ended = time.perf_counter()
+    out, _ = keeper.communicate(timeout=outage_s + 180)
+    drained, caught_up = time.perf_counter() - ended, ended - back
+    hub.stop()
+    proc.terminate()
+    proc.wait(10)
+    shutil.rmtree(folder, ignore_errors=True)
+    got = [tuple(x) for x in json.loads(out.splitlines()[-1])]
+    firsts = list(dict.fromkeys(got))
+    in_order = all([i for k, i in firsts if k == key] == [i for k, i in made if k == key] for key in {k for k, _ in made})
+    lost = len(set(made) - set(got))
+    return (f"{len(made)} events at {rate:g}/s over 4 keys; the broker stopped {outage_s:g} s, the hub restarted on "
+            f"its spool after {outage_s / 2:g} s of it: **{lost} lost**, {len(got) - len(firsts)} delivered twice "
+            f"(same id), in order per key: **{'yes' if in_order else 'no'}**; the subscriber had every event "
+            f"{drained:.1f} s after the last was made ({caught_up:.1f} s after the broker came back).")
 
 
 def main() -> None:
@@ -142,8 +228,13 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=1000.0)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--batch", type=int, default=100, help="the sinks' batch (events handed to a sink at once)")
+    parser.add_argument("--outage", type=float, default=0.0, help="also: a broker outage of this many seconds "
+                        "at 50 events/s, the hub restarted during it (0: not run)")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
+    lost = outage(50.0, args.outage, 5.0) if args.outage else ""
+    if lost:
+        print(lost, flush=True)
     folder = Path(tempfile.mkdtemp(prefix="bench_events."))
     mqtt_broker, port = broker(folder)
     pub = f"tcp://127.0.0.1:{free_port()}"
@@ -170,7 +261,8 @@ def main() -> None:
         markdown_table(["sink", "events/s (most)", "CPU µs/event (most)", f"CPU µs/event at {rate}/s",
                         f"cores at {rate}/s", "p50 ms", "p99 ms"], rows),
         "Latency: from the event's `time` (made) to its arrival at a subscriber in another process, at "
-        f"{rate} events/s. CPU: this process (spool appends, fsyncs, the sink's thread), not the broker's."])
+        f"{rate} events/s. CPU: this process (spool appends, fsyncs, the sink's thread), not the broker's.",
+        *([f"Outage (`--outage {args.outage:g}`): {lost}"] if lost else [])])
     print_and_write(SECTION, body, write=not args.no_write, titled=True)
 
 
