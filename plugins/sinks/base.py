@@ -61,6 +61,16 @@ class SinkFactory(Protocol):
     def __call__(self, name: str, options: Mapping[str, Any]) -> Sink: ...
 
 
+TOPIC_ESCAPES = {"%": "%25", "/": "%2F", "+": "%2B", "#": "%23"}
+
+
+def topic_key(key: str) -> str:
+    """A stream key as one level of a topic: a client's key may hold `/` (another level), or MQTT's
+    wildcards `+` and `#`, which a broker refuses in a published topic (and would then refuse that
+    event for ever); those and `%` are written as their %-escapes. The event's `key` field is as sent."""
+    return "".join(TOPIC_ESCAPES.get(c, c) for c in key)
+
+
 def option(kind: str, options: Mapping[str, Any], key: str, want: type | tuple[type, ...], default: Any) -> Any:
     """`options[key]` checked to be of type `want` (default when absent); SinkConfigError naming it."""
     value = options.get(key, default)

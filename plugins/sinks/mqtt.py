@@ -17,7 +17,7 @@ import threading
 import time
 from typing import Any, Mapping
 
-from infermux.plugins.sinks.base import OutEvent, SinkConfigError, SinkDown, bounded, known, option
+from infermux.plugins.sinks.base import OutEvent, SinkConfigError, SinkDown, bounded, known, option, topic_key
 
 KIND = "mqtt"
 OPTIONS = {"host", "port", "prefix", "client_id", "keepalive_s", "ack_timeout_s", "tls", "ca_file", "cert_file",
@@ -120,7 +120,7 @@ class MqttSink:
         if self._client is None or not self._connected.is_set():
             self.close()
             self._client = self._connect()
-        infos = [self._client.publish(f"{self.prefix}/{e.key}/events", e.data, qos=1) for e in events]
+        infos = [self._client.publish(f"{self.prefix}/{topic_key(e.key)}/events", e.data, qos=1) for e in events]
         deadline = time.monotonic() + self.ack_timeout_s
         acked = 0
         for info in infos:

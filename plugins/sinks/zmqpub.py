@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 import zmq
 
-from infermux.plugins.sinks.base import OutEvent, SinkConfigError, SinkDown, bounded, known, option
+from infermux.plugins.sinks.base import OutEvent, SinkConfigError, SinkDown, bounded, known, option, topic_key
 
 KIND = "zmq"
 OPTIONS = {"bind", "results", "hwm"}
@@ -61,7 +61,7 @@ class ZmqSink:
         with self._lock:
             sock = self._socket()
             for event in events:
-                topic = f"{event.key}/{event.type}".encode()
+                topic = f"{topic_key(event.key)}/{event.type}".encode()
                 try:
                     sock.send_multipart([topic, event.data], flags=zmq.NOBLOCK)
                 except zmq.Again:
@@ -74,7 +74,7 @@ class ZmqSink:
             return
         with self._lock:
             try:
-                self._socket().send_multipart([f"{key}/result".encode(), payload], flags=zmq.NOBLOCK)
+                self._socket().send_multipart([f"{topic_key(key)}/result".encode(), payload], flags=zmq.NOBLOCK)
             except (zmq.Again, SinkDown):
                 pass
 

@@ -97,6 +97,11 @@ def test_events_reach_a_subscriber_at_qos_1_with_the_availability_topic(rig: dic
     waiting(lambda: len(sub.events()) >= len(made), "the events at the subscriber")
     assert {qos for topic, _, qos in sub.messages if topic.endswith("/events")} == {1}
     assert {topic for topic, _, _ in sub.messages if topic.endswith("/events")} == {"infermux/cam-a/events"}
+    # A key holding MQTT's wildcards and a level separator: escaped in the topic, as sent in the event.
+    send(rig["daemon"], "gate #2/a+b", tracking.crossing(), 12)
+    odd = waiting(lambda: [e for e in sub.events() if e["key"] == "gate #2/a+b"], "the odd key's events")
+    assert {t for t, p, _ in sub.messages if t.endswith("/events") and json.loads(p)["key"] == "gate #2/a+b"} == \
+        {"infermux/gate %232%2Fa%2Bb/events"}, odd
     assert ("infermux/available", b"online") in {(t, p) for t, p, _ in sub.messages}
 
 
