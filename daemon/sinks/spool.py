@@ -57,6 +57,8 @@ class Spool:
         self._readers: dict[int, int] = {}  # segment -> fd
         self._dirty = False
         self._closed = False  # a removed sink's spool: appends that come late are dropped, not written
+        self._syncing = threading.Lock()  # one sync at a time, and none while the files close
+        self._rolled: list[int] = []  # writers of finished segments, to fsync and close
         self.write_error = ""  # the last append that could not be written (a full disk), for the views
         self._cursor_fd = os.open(folder / "cursor", os.O_RDWR | os.O_CREAT | OPEN_FLAGS, 0o600)
         self._segment, self._size = self._recover()
@@ -130,7 +132,7 @@ class Spool:
                 return False
             self._bound(len(data))
             if self._size >= self.segment_bytes:
-                os.close(self._writer)
+                self._rolled.append(self._writer)  # fsynced and closed by the next sync, off this thread
                 self._segment, self._size = self._segment + 1, 0
                 self._writer = self._open_segment(self._segment)
             try:
@@ -195,17 +197,27 @@ class Spool:
 
     def sync(self) -> None:
         """Make the appended events and the cursor durable; delete the segments wholly acknowledged."""
+        with self._syncing:
+            self._sync()
+
+    def _sync(self) -> None:
         with self._lock:
             if not self._dirty or self._closed:
                 return
             self._dirty = False
             head = (self._entries[0].segment, self._entries[0].offset) if self._entries else (self._segment, self._size)
-            os.fsync(self._writer)
-            os.pwrite(self._cursor_fd, CURSOR.pack(*head), 0)
-            os.fsync(self._cursor_fd)
+            # fsync waits for the disk: done on copies of the descriptors, outside the lock appends take
+            written, self._rolled = [os.dup(self._writer), *self._rolled], []
             done = [n for n in self._readers if n < head[0]]
             for number in done:
                 os.close(self._readers.pop(number))
+        for fd in written:
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        os.pwrite(self._cursor_fd, CURSOR.pack(*head), 0)
+        os.fsync(self._cursor_fd)
         for number in self._segments():
             if number < head[0]:
                 try:
@@ -219,9 +231,15 @@ class Spool:
             return len(self._entries), self._bytes, self._entries[0].time if self._entries else None
 
     def close(self) -> None:
-        self.sync()
+        """Sync, and close every file (a later append is dropped; a sync in another thread is waited for)."""
+        with self._syncing:
+            self._sync()
+            self._close()
+
+    def _close(self) -> None:
         with self._lock:
             self._closed = True
-            for fd in (self._writer, self._cursor_fd, *self._readers.values()):
+            for fd in (self._writer, self._cursor_fd, *self._readers.values(), *self._rolled):
                 os.close(fd)
             self._readers.clear()
+            self._rolled.clear()
