@@ -62,6 +62,7 @@ class Runner:
         self._thread.start()
 
     def takes(self, pipeline: str) -> bool:
+        """Whether the sink takes `pipeline`'s events (`pipelines` in its entry; empty: every one)."""
         return not self.config.pipelines or pipeline in self.config.pipelines
 
     def _run(self) -> None:
@@ -93,14 +94,15 @@ class Runner:
             return False
         events = [_out(data) for _, data in batch]
         done = self.sink.deliver(events)
-        if done > 0:
-            self.spool.ack(batch[done - 1][0])
-            self.delivered += done
-            if self.state != "up":
-                if self.state == "down":
-                    self.events.emit("sink_up", sink=self.config.name)
-                self.state = "up"
-        return done > 0
+        if not 0 < done <= len(events):  # a plugin that neither delivered nor said why: tried again later
+            raise SinkDown(f"the sink acknowledged {done} of {len(events)} events")
+        self.spool.ack(batch[done - 1][0])
+        self.delivered += done
+        if self.state != "up":
+            if self.state == "down":
+                self.events.emit("sink_up", sink=self.config.name)
+            self.state = "up"
+        return True
 
     def _down(self, error: str) -> None:
         self.last_error, self.last_error_time = error[:MAX_ERROR_CHARS], time.time()
