@@ -237,3 +237,18 @@ def test_a_reload_that_changes_one_sink_leaves_the_others_and_its_spool(setup: d
     with dealer(d.endpoint) as sock:
         assert set(replay(sock, "tracked", tracking.crossing(), "cam-c", frames=12).statuses) == {200}
     waiting(lambda: len(file_events(setup["workdir"])) > made, "events after the reload in the file")
+
+
+def test_the_stats_stream_carries_the_sinks_for_the_console(setup: dict[str, Any]) -> None:
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"snapshot")
+    sub.connect(setup["daemon"].stats_endpoint)
+    try:
+        assert sub.poll(20_000), "no snapshot on the stats stream"
+        snapshot = json.loads(sub.recv_multipart()[1])
+    finally:
+        sub.close()
+    sinks = {s["name"]: s for s in snapshot["sinks"]}
+    assert set(sinks) == {"files", "pub", "hook", "stuck"} and sinks["hook"]["state"] == "up"
+    assert sinks["stuck"]["backlog"] == 5
