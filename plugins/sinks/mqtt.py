@@ -26,6 +26,15 @@ MAX_CREDENTIALS_BYTES = 4096
 MAX_INFLIGHT = 1000
 
 
+def _paho_version() -> str:
+    """paho-mqtt's version, "" when it is not installed (its package only: the client is imported later)."""
+    if importlib.util.find_spec("paho") is None or importlib.util.find_spec("paho.mqtt") is None:
+        return ""
+    import paho.mqtt  # the package's __init__ holds only its version
+
+    return str(getattr(paho.mqtt, "__version__", ""))
+
+
 def _credentials(path: str) -> tuple[str, str]:
     """Username and password from `path`: its first line `user:password` (a file only its owner reads)."""
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -43,9 +52,11 @@ class MqttSink:
     @staticmethod
     def check(options: Mapping[str, Any]) -> None:
         known(KIND, options, OPTIONS)
-        if importlib.util.find_spec("paho") is None:
-            raise SinkConfigError(KIND, "needs paho-mqtt 2.x: `pip install 'infermux[mqtt]'` or "
-                                  "`apt install python3-paho-mqtt`")
+        version = _paho_version()
+        if not version.startswith("2."):
+            found = f"found {version}" if version else "not installed"
+            raise SinkConfigError(KIND, f"needs paho-mqtt 2.x ({found}): `pip install 'infermux[mqtt]'`, or "
+                                  "`apt install python3-paho-mqtt` where it is 2.x (Debian 13)")
         if not option(KIND, options, "host", str, ""):
             raise SinkConfigError(KIND, "option 'host' is required (the broker's name or address)")
         bounded(KIND, "port", option(KIND, options, "port", int, 1883), 1, 65535)
