@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Mapping
 
+from infermux.sinkconfig import LifecycleConfig, SinkConfig
 from infermux.config.declare import LIVE, RELOAD, RESTART, Rule, required, setting
 from infermux.config.kinds import (BOOL, BUDGET, ENDPOINT, ENDPOINTS, FRAMES, INT, KEY_DIR, KEY_FILE, NAME, NUMBER,
                                    PATH, PUBLIC_KEYS, SIZES, STR, TABLE, TABLES, VERSION, VERSIONS)
@@ -325,6 +326,8 @@ class PipelineConfig:
     warm_frames: tuple[tuple[int, int], ...] = setting((), FRAMES, "frame sizes its cameras send: its models are "
                                                        "warmed at the shapes its resize steps make of them",
                                                        applies=RELOAD)
+    events: LifecycleConfig | None = setting(None, TABLE, "tracked objects' new / update / end events, sent to "
+                                             "the sinks (events.md); needs a `track` step", applies=RELOAD)
 
 
 @dataclass(frozen=True)
@@ -357,6 +360,7 @@ class Config:
     models: tuple[ModelConfig, ...]
     pipelines: tuple[PipelineConfig, ...] = ()
     cameras: tuple["CameraConfig", ...] = ()  # [[cameras]]: daemon/cameras/config.py
+    sinks: tuple[SinkConfig, ...] = ()  # [[sinks]]: where events go (sinkconfig.py, docs/events.md#sinks)
 
     def versions(self, name: str) -> list[ModelConfig]:
         return [m for m in self.models if m.name == name]
