@@ -41,6 +41,8 @@ from infermux.models.verified import EngineSigning, Sequences, verified_store
 from infermux.pipelines import warmshapes
 from infermux.pipelines.runner import Pipelines
 from infermux.sinks.hub import Hub
+from infermux.cameras.supervisor import Cameras
+from infermux.cameras.supervisor import attach as attach_cameras
 from infermux.swap import reload as reloading
 from infermux.swap import swapper as swap
 from infermux.swap.reload import ReloadPlan
@@ -73,6 +75,7 @@ class App:
         self.admin: AdminServer | None = None  # the operators' side, opened by start()
         self.metrics: MetricsServer | None = None
         self.swapper: swap.Swapper | None = None
+        self.cameras: Cameras | None = None  # [[cameras]]' processes, from start() (cameras/supervisor.py)
 
     # -- construction, in order ------------------------------------------------
 
@@ -178,10 +181,12 @@ class App:
         self.swapper = swap.attach(self)
         supervisor = Supervisor(self)
         supervisor.install_signals()
+        cameras = self.cameras = attach_cameras(self)  # stopped with the loop, before the drain
 
         def ready() -> None:
             if self.swapper is not None:
                 self.swapper.start()
+            cameras.start()
             supervisor.models_ready()
 
         self.start_models(done=ready)

@@ -15,6 +15,7 @@ from typing import Callable, Protocol
 import zmq
 
 from infermux import config as cfg
+from infermux.cameras.supervisor import Cameras
 from infermux.events import EventLog
 from infermux.execution.streams import StreamTable
 from infermux.frontend.express import ExpressLane
@@ -24,6 +25,7 @@ from infermux.frontend.recorder import Recorder
 from infermux.frontend.router import Router
 from infermux.models.registry import Registry
 from infermux.pipelines.runner import Pipelines
+from infermux.sinks.hub import Hub
 from infermux.swap.reload import ReloadPlan
 from infermux.swap.rollout import Rollouts
 from infermux.transport.peers import PeerGuard
@@ -75,6 +77,8 @@ class Daemon(Protocol):
     workers: Workers
     ticks: list[Callable[[], None]]  # called on the loop's turns (the liveness probe's among them)
     draining: bool  # admin `drain` sets it: new requests are refused until `resume`
+    cameras: Cameras | None  # [[cameras]]' processes, once started
+    sinks: Hub  # where events go
 
     @property
     def frontend(self) -> Frontend: ...

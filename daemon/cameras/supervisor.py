@@ -27,7 +27,7 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from infermux import config as cfg
 from infermux.cameras.config import CameraConfig
@@ -36,7 +36,7 @@ from infermux.events import Event, EventLog
 from infermux.models.statefile import read_json, set_aside, write_json
 
 if TYPE_CHECKING:
-    from infermux.frontend.server import Server
+    from infermux.execution.streams import StreamTable
 
 log = logging.getLogger("infermux.cameras")
 
@@ -84,10 +84,22 @@ class Camera:
     lost: bool = False
 
 
+class Host(Protocol):
+    """What the cameras need of the daemon (app.py's App satisfies it)."""
+
+    config: cfg.Config  # the one in force: a reload replaces it
+    run_dir: Path
+    state_dir: Path | None
+    events: EventLog
+    endpoints: list[str]
+    streams: "StreamTable"
+    on_stopping: list[Callable[[], object]]  # called once the loop stops, before the drain
+
+
 class Cameras:
     """Every configured camera's process; `start` once the daemon serves, `stop` when it stops."""
 
-    def __init__(self, server: "Server") -> None:
+    def __init__(self, server: Host) -> None:
         self.server = server
         self.events: EventLog = server.events
         self.state_path = None if server.state_dir is None else Path(server.state_dir) / STATE_FILE
@@ -457,9 +469,8 @@ def _exit_reason(code: int) -> str:
     return f"exit code {code}"
 
 
-def attach(server: "Server") -> Cameras:
+def attach(server: Host) -> Cameras:
     """The daemon's cameras, stopped when its loop stops (before the drain)."""
     cameras = Cameras(server)
-    server.cameras = cameras
     server.on_stopping.append(cameras.stop)
     return cameras
