@@ -144,7 +144,7 @@ def patch(rung: str) -> None:
         elif level >= 3:
             executor._learn(1, start, end)
             executor.stats.record(200, total_us, queue_us, compute_us, 0)
-        self._send(envelope + executor._ok.encode(request.id, queue_us, compute_us, total_us, outputs))
+        self.sender.send(envelope + executor._ok.encode(request.id, queue_us, compute_us, total_us, outputs))
 
     def checked(executor: Any, version: Any, request: Any, received: int) -> bool:
         """The per-request checks' rung before its call: the request's deadline, an idle context, the inline

@@ -57,7 +57,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
     s = App(cfg.parse(text, tmp / "infermux.toml"), tmp / "run")
     s.bind()
     s.start_models().join()
-    s.frontend._frontend_thread = threading.get_ident()  # this thread reads requests, as the loop would
+    s.frontend.bell.thread = threading.get_ident()  # this thread reads requests, as the loop would
     yield s
     s.registry.close(5.0)
     s.close()
@@ -75,7 +75,11 @@ class Sent:
             self.general += 1
             return admit(job)
 
-        monkeypatch.setattr(server.frontend.sender, "send", lambda frames, envelope=None: self.frames.append(frames))
+        def send(frames: list[Any], envelope: Any = None) -> None:
+            self.frames.append(frames)
+
+        monkeypatch.setattr(server.frontend.sender, "send", send)
+        monkeypatch.setattr(server.frontend.bell, "send", send)  # a reply on the loop's own thread
         monkeypatch.setattr(server.router, "admit", counted)
 
     def reply(self, timeout_s: float = 5.0) -> dict[str, Any]:
