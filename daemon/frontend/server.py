@@ -23,7 +23,7 @@ from collections import deque
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import zmq
 
@@ -35,7 +35,7 @@ from infermux.transport.wire import Choice, CompiledWire, PyzmqWire, Wire, choos
 from infermux.events import EventLog, Throttle
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.inline import InlinePolicy
-from infermux.execution.job import Job, Outcome, internal_sink
+from infermux.execution.job import Envelope, Job, Outcome, ReplyTo, internal_sink
 from infermux.execution.streams import StreamTable
 from infermux.protocol import (OPERATOR_RETRY_MS, ProtocolError, Request, Status, encode_reply, error_header,
                                limits_reply, request_id)
@@ -178,27 +178,28 @@ class Server:
 
     # -- replies from any thread -------------------------------------------
 
-    def reply(self, envelope: list[Any], frames: list[Any], outcome: Outcome | None = None) -> None:
+    def reply(self, to: ReplyTo, frames: list[Any], outcome: Outcome | None = None) -> None:
         """Send a reply: directly on the frontend thread, else through the outbox (executor.ReplyFn);
         an internal request's (a pipeline step's) goes to its sink instead (job.Internal)."""
-        sink = internal_sink(envelope)
+        sink = internal_sink(to)
         if sink is not None:
             sink.deliver(frames, outcome)
             return
+        envelope = cast(Envelope, to)  # the frontend's requests are its clients' or internal
         if threading.get_ident() == self._frontend_thread:
             self._send(envelope + frames, envelope)
             return
         self._outbox.append((envelope, frames))
         os.eventfd_write(self._bell, 1)
 
-    def reply_late(self, envelope: list[Any], frames: list[Any], outcome: Outcome | None = None) -> None:
+    def reply_late(self, to: ReplyTo, frames: list[Any], outcome: Outcome | None = None) -> None:
         """`reply`, held back (pacing.py): for a refusal the client can only meet by sending something
         else (a pipeline's 400 or 413 after its steps ran), so that a client looping on it cannot keep
         the steps busy. Safe from any thread: the frontend's tick sends it."""
-        if internal_sink(envelope) is not None:
-            self.reply(envelope, frames, outcome)
+        if internal_sink(to) is not None:
+            self.reply(to, frames, outcome)
             return
-        self.pacer.hold_later(envelope + frames)
+        self.pacer.hold_later(cast(Envelope, to) + frames)
         self.wake()  # the loop may be asleep: its next tick sends it
 
     def admit_step(self, job: Job) -> bool:
@@ -223,8 +224,8 @@ class Server:
 
     @staticmethod
     def _refuse_step(job: Job, header: dict[str, Any]) -> None:
-        sink = internal_sink(job.envelope)
-        assert sink is not None, "a pipeline's step has an internal envelope"
+        sink = internal_sink(job.reply_to)
+        assert sink is not None, "a pipeline's step replies to an Internal"
         sink.refused(header)
 
     def watch(self, fd: int, on_ready: Callable[[], bool]) -> None:

@@ -34,7 +34,7 @@ from infermux.execution import batcher
 from infermux.workers import wire as wire
 from infermux.config import COLD, ModelConfig
 from infermux.execution.hooks import FrontendHooks
-from infermux.execution.job import Job, internal_sink
+from infermux.execution.job import Job
 from infermux.execution.stats import ModelStats, Stats
 from infermux.execution.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
 from infermux.workers.lane import LaneClosed
@@ -183,6 +183,10 @@ class WorkerProxy:
         return settings.queue_policy == "newest_per_key" and key is not None and \
             self._keyed.get(key, 0) >= settings.per_key_depth
 
+    def idle_context(self, rows: int, key: Any = None) -> None:
+        """None: a cold version's contexts compute in its worker, never on the calling thread."""
+        return None
+
     def push_out(self, job: Job) -> Job | None:
         """None: the queue lives in the worker, whose requests are on their way or running there,
         so a full cold queue refuses the newcomer (429 or the fallback) instead of a queued one.
@@ -274,9 +278,10 @@ class WorkerProxy:
         client's region itself. A region the worker cannot be given (the lane is full) is
         copied like a frame."""
         req = job.request
-        if internal_sink(job.envelope) is not None:  # a pipeline's step: its arrays, no frames (calls.py)
+        envelope = job.reply_to
+        if not isinstance(envelope, list):  # a pipeline's step (Internal): its arrays, no frames (calls.py)
             return [array.data.cast("B") for array in req.inputs.values()], []
-        frames = job.frames[len(job.envelope) + 1:]
+        frames = job.frames[len(envelope) + 1:]
         if not req.input_regions:
             return list(frames), []
         tensors: list[Any] = []
@@ -514,7 +519,7 @@ class WorkerProxy:
             stats.record_batch(outcome.batch, outcome.compute_us)
         stats.record(outcome.status, outcome.total_us, outcome.queue_us, outcome.compute_us, outcome.batch)
         job.answered(outcome.status)
-        self._reply(job.envelope, [header, *outputs])
+        self._reply(job.reply_to, [header, *outputs])
 
     @staticmethod
     def _from_slot(slot: Slot | None, places: list[list[int]]) -> tuple[list[Any], zmq.MessageTracker | None, int]:
@@ -566,7 +571,7 @@ class WorkerProxy:
                                   model=self.name, version=self.version)
             self._stats.router.record(int(Status.NOT_READY), (time.perf_counter_ns() - job.received_ns) // 1000)
             job.answered(int(Status.NOT_READY))
-            self._reply(job.envelope, encode_reply(header))
+            self._reply(job.reply_to, encode_reply(header))
         for view in self.executors:
             self._stats.remove_context(view.stats)
         if self._regions is not None:

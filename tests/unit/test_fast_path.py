@@ -214,7 +214,7 @@ def test_a_keyed_request_the_fast_path_declines_is_counted_once(server: Server, 
 
 def test_a_newer_frame_of_a_stream_with_one_waiting_takes_the_general_path(server: Server, sent: Sent) -> None:
     # Under newest_per_key an older frame of the key waiting on one context must be replaced (409) by
-    # the newer one, not overtaken by it on an idle context: serve_now leaves it to the general path.
+    # the newer one, not overtaken by it on an idle context: the placement offers no idle context for it (Placement.idle_context), and the general path takes it.
     placement = server.registry.model("cams").default().placement
     waiting = placement.executors[0]
     with pytest.MonkeyPatch.context() as mp:
