@@ -193,7 +193,20 @@ class Executor:
             if job.late():
                 self._on_late(job)
                 return True
-            self._compute_alone(job)
+            rows = batcher.rows(job.request.inputs)
+            self.in_flight, self.in_flight_rows = 1, rows
+            start = time.perf_counter_ns()
+            try:
+                outputs = self._infer_one(job)
+            except Exception as exc:
+                self.in_flight = self.in_flight_rows = 0
+                self._failed([job], exc)
+                return True
+            end = time.perf_counter_ns()
+            self.in_flight = self.in_flight_rows = 0
+            self._learn(rows, start, end)
+            self._succeed(job, outputs, start, end, 0, rows)
+            self.served += 1
         except Exception as exc:  # as _guarded: a bug answers 500, the context lives on
             log.exception("executor error model=%s version=%s context=%d", self.name, self.version, self.index)
             self.in_flight = self.in_flight_rows = 0
@@ -201,23 +214,6 @@ class Executor:
         finally:
             self._busy.release()
         return True
-
-    def _compute_alone(self, job: Job) -> None:
-        """One backend call for `job` alone, and its reply (under `_busy`)."""
-        rows = batcher.rows(job.request.inputs)
-        self.in_flight, self.in_flight_rows = 1, rows
-        start = time.perf_counter_ns()
-        try:
-            outputs = self._infer_one(job)
-        except Exception as exc:
-            self.in_flight = self.in_flight_rows = 0
-            self._failed([job], exc)
-            return
-        end = time.perf_counter_ns()
-        self.in_flight = self.in_flight_rows = 0
-        self._learn(rows, start, end)
-        self._succeed(job, outputs, start, end, 0, rows)
-        self.served += 1
 
     def _bare(self, work: Bare) -> list[Any] | bool | None:
         """`compute` of a Bare request (frontend/express.py): `_alone` for a client's request that no `Job`

@@ -98,7 +98,7 @@ class Placement(Protocol):
 
     @property
     def engine(self) -> Engine:
-        """Its engine; a cold one's only describes the tensors (workers/proxy.py RemoteEngine)."""
+        """Its engine; a cold one's only describes the tensors (workers/remote.py RemoteEngine)."""
         ...
 
     @property

@@ -184,6 +184,8 @@ class Router:
         job.answered(int(status))
 
     def _admit(self, job: Job) -> None:
+        """Route `job` (the policy in the module's docstring) and submit it to the chosen version's
+        placement, or to a fallback; raises ProtocolError with the reply for one it refuses."""
         req = job.request
         pipeline = self.pipelines.get(req.model)
         if pipeline is not None:  # its threads run the steps; each model step comes back through here
@@ -198,13 +200,8 @@ class Router:
         if not job.deadline_ns:
             job.deadline_ns = job.received_ns + (job.request.timeout_ms or mv.config.timeout_ms) * 1_000_000
         if not mv.ready:
-            self._on_demand(job, mv)
-            if mv.state is State.UNLOADED:  # hot, unloaded by an operator: it stays so
-                self._unloaded(job, model, mv)
-                return
-            if model.fallback and self._fallback(job, model, "not_ready"):
-                return
-            raise _not_ready(mv, mv.state.value)
+            self._unready(job, model, mv)
+            return
         self._check_tensors(mv, job)
         placement = mv.placement
         if placement is None:  # unloaded between the state check and here
@@ -219,6 +216,17 @@ class Router:
         if admitted is not Admission.QUEUED:
             self._refused(job, model, mv, placement, admitted)
         mv.last_used = time.monotonic()
+
+    def _unready(self, job: Job, model: Model, mv: ModelVersion) -> None:
+        """The version chosen for `job` is not ready: start it on demand (a cold one's worker), then its
+        fallback serves, else 503 with the time to retry after; an unloaded hot one stays so (_unloaded)."""
+        self._on_demand(job, mv)
+        if mv.state is State.UNLOADED:  # hot, unloaded by an operator: it stays so
+            self._unloaded(job, model, mv)
+            return
+        if model.fallback and self._fallback(job, model, "not_ready"):
+            return
+        raise _not_ready(mv, mv.state.value)
 
     def _unloaded(self, job: Job, model: Model, mv: ModelVersion) -> None:
         """An unloaded hot version does not come back by itself: its fallback serves
