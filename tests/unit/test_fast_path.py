@@ -153,6 +153,33 @@ def test_a_busy_context_sends_the_request_to_the_general_path(server: Server, se
     assert sent.reply()["status"] == 200
 
 
+class Wrapped:
+    """A placement of another class that answers as the one it wraps: what the fast path asks is
+    the placement's own answer (Placement.idle_context), never which class it is."""
+
+    def __init__(self, inner: Any, idle: bool = True) -> None:
+        self._inner, self._idle = inner, idle
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def idle_context(self, rows: int, key: Any = None) -> Any:
+        return self._inner.idle_context(rows, key) if self._idle else None
+
+
+@pytest.mark.parametrize("idle", [True, False], ids=["offers-a-context", "offers-none"])
+def test_the_fast_path_is_what_the_placement_offers_whatever_its_class(server: Server, sent: Sent,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       idle: bool) -> None:
+    version = server.registry.model("plain").default()
+    monkeypatch.setattr(version, "placement", Wrapped(version.placement, idle))
+    ask(server, "plain")
+    # Offering none (as a cold placement does), the general path computes it, inline or on the executor.
+    eventually(lambda: drain_outbox(server) or bool(sent.frames), "the reply", 10)
+    assert sent.general == (0 if idle else 1)
+    assert sent.reply()["status"] == 200
+
+
 def test_bad_input_gets_the_general_paths_error(server: Server, sent: Sent) -> None:
     ask(server, "plain", x=np.zeros((1, 5), np.float32))
     header = sent.reply()
