@@ -225,7 +225,7 @@ class Executor:
         if self.in_flight or len(self.queue) or not self._busy.acquire(blocking=False):
             return None
         try:
-            rows = work.rows
+            rows, asked = work.rows, work.asked
             self.in_flight, self.in_flight_rows = 1, rows
             start = time.perf_counter_ns()
             try:
@@ -237,8 +237,8 @@ class Executor:
             end = time.perf_counter_ns()
             self.in_flight = self.in_flight_rows = 0
             self.served += 1
-            if work.asked is not None:
-                outputs = {name: outputs[name] for name in work.asked}
+            if asked is not None:
+                outputs = {name: outputs[name] for name in asked}
             received = work.received_ns
             queue_us, compute_us = (start - received) // 1000, (end - start) // 1000
             total_us = (time.perf_counter_ns() - received) // 1000

@@ -84,6 +84,10 @@ class ExpressLane:
         self._room = 0  # the largest reply the lane sends itself, read from the limits once a burst
         # The contexts this burst computed on and their versions, settled and marked used after it.
         self._computed: dict[Executor, ModelVersion] = {}
+        # What each request asks a context to compute: one record, filled per request (cheaper than
+        # a new one, and safe: the lane serves one request at a time, and `compute` keeps none of it),
+        # emptied once a burst so that it holds no request's frames after it.
+        self._work = Bare({}, 1, None, None, 0, _no_job)
 
     def run(self, budget: int, asked: int, outbox: deque[Any], hear: Callable[[int], None],
             dropped: Callable[[Any], None]) -> tuple[int, tuple[list[Any], int] | None]:
@@ -103,6 +107,7 @@ class ExpressLane:
                 executor.settle()
                 mv.last_used = now
             self._computed.clear()
+            self._work.inputs, self._work.job_of = {}, _no_job
         self.served += served
         return served, message
 
@@ -122,7 +127,10 @@ class ExpressLane:
             def job_of() -> Job:  # where the general path's reply answers it: a failure, a rare encoding
                 return self._job(layout, ident, frames, split, received, mv.config.timeout_ms)
 
-            answer = executor.compute(Bare(inputs, layout.rows, id_value(ident), layout.outputs, received, job_of))
+            work = self._work
+            work.inputs, work.rows, work.id, work.asked, work.received_ns, work.job_of = \
+                inputs, layout.rows, id_value(ident), layout.outputs, received, job_of
+            answer = executor.compute(work)
             if answer is None:
                 return None
             self._computed[executor] = mv
@@ -148,3 +156,8 @@ class ExpressLane:
         envelope.came_with(request)
         deadline = received + (request.timeout_ms or timeout_ms) * 1_000_000
         return Job(envelope, request, frames, received, deadline_ns=deadline)
+
+
+def _no_job() -> Job:
+    """The lane's work record between bursts: no request, so no Job to make."""
+    raise AssertionError("the lane's work record holds no request between bursts")
