@@ -12,11 +12,11 @@ import os
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import zmq
 
-from infermux.execution.job import Job, Outcome, internal_sink
+from infermux.execution.job import Envelope, Job, Outcome, ReplyTo, internal_sink
 from infermux.frontend.pacing import RefusalPacer
 
 log = logging.getLogger("infermux.server")
@@ -36,27 +36,28 @@ class Doorbell:
         self.watches: deque[tuple[int, Callable[[], bool]]] = deque()  # fd -> on_ready, for the loop to poll
         self.admissions: deque[Job] = deque()  # pipelines' model steps the frontend admits (admit_step)
 
-    def reply(self, envelope: list[Any], frames: list[Any], outcome: Outcome | None = None) -> None:
+    def reply(self, to: ReplyTo, frames: list[Any], outcome: Outcome | None = None) -> None:
         """Send a reply: directly on the frontend thread, else through the queue; an internal
         request's (a pipeline step's) goes to its sink instead (job.Internal)."""
-        sink = internal_sink(envelope)
+        sink = internal_sink(to)
         if sink is not None:
             sink.deliver(frames, outcome)
             return
+        envelope = cast(Envelope, to)  # the frontend's requests are its clients' or internal
         if threading.get_ident() == self.thread:
             self.send(envelope + frames, envelope)
             return
         self.replies.append((envelope, frames))
         os.eventfd_write(self.fd, 1)
 
-    def reply_late(self, envelope: list[Any], frames: list[Any], outcome: Outcome | None = None) -> None:
+    def reply_late(self, to: ReplyTo, frames: list[Any], outcome: Outcome | None = None) -> None:
         """`reply`, held back (pacing.py): for a refusal the client can only meet by sending something
         else (a pipeline's 400 or 413 after its steps ran), so that a client looping on it cannot keep
         the steps busy. Safe from any thread: the loop's tick sends it."""
-        if internal_sink(envelope) is not None:
-            self.reply(envelope, frames, outcome)
+        if internal_sink(to) is not None:
+            self.reply(to, frames, outcome)
             return
-        self.pacer.hold_later(envelope + frames)
+        self.pacer.hold_later(cast(Envelope, to) + frames)
         self.wake()  # the loop may be asleep: its next tick sends it
 
     def watch(self, fd: int, on_ready: Callable[[], bool]) -> None:

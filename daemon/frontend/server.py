@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import zmq
 
@@ -138,8 +138,8 @@ class Server:
 
     @staticmethod
     def _refuse_step(job: Job, header: dict[str, Any]) -> None:
-        sink = internal_sink(job.envelope)
-        assert sink is not None, "a pipeline's step has an internal envelope"
+        sink = internal_sink(job.reply_to)
+        assert sink is not None, "a pipeline's step replies to an Internal"
         sink.refused(header)
 
     def _on_late(self, job: Job) -> None:
