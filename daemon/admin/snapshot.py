@@ -16,9 +16,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from infermux import __version__
 from infermux.admin import hardware
 from infermux.admin.threadload import ThreadLoad
-from infermux.config import ModelConfig, parse_budget
+from infermux.config import parse_budget
 from infermux.events import TRACEBACKS
-from infermux.execution.placement import Settings
 from infermux.models.budget import rss_bytes
 from infermux.models.registry import Model, ModelVersion, State
 
@@ -73,6 +72,7 @@ def version_view(server: "Daemon", mv: ModelVersion) -> dict[str, Any]:
     placement = mv.placement
     contexts = placement.contexts() if placement is not None else []
     mc = mv.config
+    model = server.registry.model(mv.name)
     queueing = _queueing(placement.settings() if placement is not None else mc)
     view: dict[str, Any] = {
         "name": mv.name, "version": mv.version, "state": mv.state.value, "reason": mv.reason,

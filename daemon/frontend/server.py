@@ -16,7 +16,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, Callable
 
 import zmq
 
