@@ -63,8 +63,8 @@ def run(args: argparse.Namespace) -> int:
     TRACEBACKS.interval_s = config.daemon.traceback_interval_s or TRACEBACKS.interval_s
     _raise_fd_limit()
     budget.limit_malloc_arenas()  # before any thread: see budget.MALLOC_ARENAS
-    # The default 5 ms switch interval lets the frontend sit on the GIL while
-    # an executor with a finished inference waits (docs/architecture.md#measured-facts: 0.52x -> 0.74x).
+    # Python's default switch interval lets the frontend sit on the GIL while an executor with a
+    # finished inference waits (docs/architecture.md#measured-facts gives the figures).
     sys.setswitchinterval(1e-4)
     dirs = _claim_directories(config, args)
     if isinstance(dirs, int):

@@ -185,12 +185,16 @@ def child(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
 
 
+# Python's types as a TOML file's author knows them.
+TOML_NAMES: dict[type, str] = {float: "number", dict: "a table"}
+
+
 def check_type(file: Path, where: str, value: Any, want: type | tuple[type, ...]) -> None:
     """`value` is one of the types `want` (a bool is no int)."""
     wants = want if isinstance(want, tuple) else (want,)
     ok = bool in wants if isinstance(value, bool) else isinstance(value, wants)
     if not ok:
-        names = " or ".join("number" if w is float else w.__name__ for w in wants)
+        names = " or ".join(TOML_NAMES.get(w, w.__name__) for w in wants)
         raise ConfigError(file, where, f"must be {names}, got {type(value).__name__} {value!r}")
 
 
