@@ -59,7 +59,7 @@ def test_an_unknown_pipeline_is_refused_with_the_pipelines_there_are() -> None:
 
 
 @pytest.mark.parametrize("field, value, words", [
-    ("fps", "0", "more than 0"), ("fps", "1000", "at most 240"), ("transport", '"http"', "tcp, udp"),
+    ("fps", "0", "must be > 0"), ("fps", "1000", "must be <= 240"), ("transport", '"http"', "tcp, udp"),
     ("decoder", '"nvdec"', "auto, software, gstreamer"), ("size", "[640]", "[width, height]"),
     ("max_pixels", "0", ">= 1"), ("loop", '"yes"', "must be bool"), ("url", '"ftp://x/y"', "ftp://"),
     ("name", '"a\\u001b[2Jb"', "printable")])
@@ -84,7 +84,7 @@ def test_the_capture_time_travels_in_the_header_and_a_time_far_off_is_refused() 
             parse_request([header])
 
 
-def test_a_cameras_gate_is_parsed_by_the_gate_and_its_errors_name_the_camera() -> None:
+def test_a_cameras_gate_is_read_with_the_camera_and_its_errors_name_the_camera() -> None:
     entry = '[[cameras]]\nname = "yard"\nurl = "a.mp4"\npipeline = "cams"\n[cameras.gate]\n'
     (camera,) = parse(entry + "every_s = 5\n").cameras
     assert camera.gate is not None and camera.gate.every_s == 5.0
