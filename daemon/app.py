@@ -40,6 +40,7 @@ from infermux.models.verdicts import Decisions
 from infermux.models.verified import EngineSigning, Sequences, verified_store
 from infermux.pipelines import warmshapes
 from infermux.pipelines.runner import Pipelines
+from infermux.sinks.hub import Hub
 from infermux.swap import reload as reloading
 from infermux.swap import swapper as swap
 from infermux.swap.reload import ReloadPlan
@@ -108,6 +109,9 @@ class App:
         self.pipelines = Pipelines(self.config.pipelines, frontend.admit_step, frontend.reply, frontend.reply_late,
                                    self._model_inputs, frontend.limits)
         self.router.pipelines = self.pipelines.by_name
+        # Tracked objects' events leave the box through the sinks, each spooled under the state directory.
+        self.sinks = Hub(self.config.sinks, (self.state_dir or self.run_dir) / "sinks",
+                         self.events).attach(self.pipelines.outlet)
         self.ticks.append(self.streams.check)  # a stream that went silent: an event
         self.dues.append(self.streams.due)
 
@@ -215,6 +219,8 @@ class App:
         if self.curve is not None:
             self.curve.stop()
         self.rollouts.close()
+        self.pipelines.stop()  # their objects end (events spooled), then the sinks stop with what waits on disk
+        self.sinks.stop()
         if self.registry.signing is not None:
             self.registry.signing.close()
 

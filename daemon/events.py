@@ -64,6 +64,7 @@ def _quote(value: Any) -> str:
 _LEVELS = {"error": logging.ERROR, "failed": logging.ERROR, "crashed": logging.ERROR, "evicted": logging.WARNING,
            "refused": logging.WARNING, "rejected": logging.WARNING, "fallback_refused": logging.WARNING,
            "stream_silent": logging.WARNING, "camera_lost": logging.WARNING, "camera_refused": logging.WARNING}
+_LEVELS.update({"sink_down": logging.WARNING, "sink_dropped": logging.WARNING, "sink_failed": logging.ERROR})
 
 
 # Kinds kept in a ring of their own: what operators did (the admin socket's audit trail) must

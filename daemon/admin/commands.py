@@ -125,6 +125,11 @@ def cmd_streams(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
             "silent_s": table.silent_s}
 
 
+def cmd_sinks(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+    """Per sink: state, backlog, oldest waiting event's age, delivered, dropped, last error."""
+    return {"sinks": server.sinks.view()}
+
+
 def cmd_models(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     return {"models": snapshot.models_view(server)}
 
@@ -455,6 +460,8 @@ COMMANDS: dict[str, Command] = {
     "pipelines": Command(cmd_pipelines, "every pipeline with per-step counts and latencies", changes=False),
     "streams": Command(cmd_streams, "per stream (model, key): received, served, superseded, refused, ages, "
                        "rates, silent (model?)", changes=False),
+    "sinks": Command(cmd_sinks, "per sink: state, backlog, oldest waiting event's age, delivered, dropped, "
+                     "last error", changes=False),
     "events": Command(cmd_events, "recent events (limit=N, kind=KIND: e.g. kind=admin, the audit trail)",
                       changes=False),
     "load": Command(cmd_load, "load a version (model, version?)", slow=True),

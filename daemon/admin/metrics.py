@@ -126,6 +126,7 @@ def render(server: "Daemon", events: EventCounter, gpu: hardware.GpuSource | Non
     _pipelines(out, server.pipelines.view())
     _streams(out, server, streams or StreamSeries())
     _cameras(out, server)
+    _sinks(out, server.sinks.view(), server.pipelines.view())
     return out.text()
 
 
@@ -419,3 +420,28 @@ class MetricsServer:
 
 def _probe(verdict: Verdict) -> Reply:
     return verdict.status, PROBE_TYPE, verdict.reason + "\n"
+
+
+def _sinks(out: Exposition, sinks: list[dict], pipelines: list[dict]) -> None:
+    """Per sink: whether it delivers, its spool's backlog against its bound, delivered and dropped events
+    (daemon/sinks/hub.py); per pipeline, the tracked objects' events it made (docs/events.md)."""
+    labels = lambda s: {"sink": s["name"], "kind": s["kind"]}  # noqa: E731
+    out.family("infermux_sink_up", "gauge", "1 while a sink delivers (its last delivery was acknowledged), "
+               "0 while it fails.", [(labels(s), int(s["state"] == "up")) for s in sinks if s["state"] != "starting"])
+    out.family("infermux_sink_backlog_events", "gauge", "Events waiting in a sink's spool.",
+               [(labels(s), s["backlog"]) for s in sinks])
+    out.family("infermux_sink_backlog_bytes", "gauge", "Bytes of the events waiting in a sink's spool.",
+               [(labels(s), s["backlog_bytes"]) for s in sinks])
+    out.family("infermux_sink_spool_max_events", "gauge", "A sink's spool bound in events (max_events): past it "
+               "the oldest are dropped.", [(labels(s), s["max_events"]) for s in sinks])
+    out.family("infermux_sink_spool_max_bytes", "gauge", "A sink's spool bound in bytes (max_mb).",
+               [(labels(s), s["max_bytes"]) for s in sinks])
+    out.family("infermux_sink_oldest_waiting_seconds", "gauge", "Age of the oldest event waiting in a sink's spool "
+               "(0 when none waits).", [(labels(s), float(s["oldest_age_s"] or 0.0)) for s in sinks])
+    out.family("infermux_sink_delivered_total", "counter", "Events a sink acknowledged.",
+               [(labels(s), s["delivered"]) for s in sinks])
+    out.family("infermux_sink_dropped_total", "counter", "Events dropped from a full spool (its oldest).",
+               [(labels(s), s["dropped"]) for s in sinks])
+    out.family("infermux_pipeline_events_total", "counter", "Tracked objects' events a pipeline made, by type.",
+               [({"pipeline": p["name"], "type": kind}, n) for p in pipelines if "events" in p
+                for kind, n in p["events"]["events"].items()])

@@ -211,4 +211,5 @@ def streams_view(server: "Daemon") -> dict[str, Any]:
 def full(server: "Daemon") -> dict[str, Any]:
     """Everything the stats stream publishes in one snapshot."""
     return {"time": time.time(), "daemon": daemon_view(server), "models": models_view(server),
-            "pipelines": server.pipelines.view(), "streams": streams_view(server)}
+            "pipelines": server.pipelines.view(), "streams": streams_view(server),
+            "sinks": server.sinks.view()}  # docs/events.md: for the console, as `ctl sinks` shows them

@@ -8,6 +8,7 @@
     infermux ctl models           # each version's inputs and outputs (--json: everything)
     infermux ctl events           # recent events, one line each with an ISO time (--json: as sent)
     infermux ctl streams          # per camera (model, key): received, served, superseded, refused, age
+    infermux ctl sinks            # per sink: state, backlog, oldest waiting, delivered, dropped, last error
     infermux ctl pipelines        # per pipeline and step: runs, fps, latency, 409s, errors, what it runs (--json: all)
     infermux ctl cameras          # per camera: state, fps decoded/gated/sent/served, decode ms, age, last error
     infermux ctl camera gate-3 disable   # live, kept across restarts; `enable` to start it again
@@ -125,6 +126,22 @@ def short_streams(reply: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def short_sinks(sinks: list[dict[str, Any]]) -> str:
+    """One line per sink; its last error (escaped: a broker's or server's text) on the next."""
+    from infermux import format as fmt
+
+    if not sinks:
+        return "no sinks: the daemon's configuration has no [[sinks]] (docs/events.md)"
+    lines = [f"{'SINK':<20} {'KIND':<8} {'STATE':<8} {'BACKLOG':>8} {'OLDEST':>8} {'DELIVERED':>10} {'DROPPED':>8}"]
+    for s in sinks:
+        oldest = "-" if s.get("oldest_age_s") is None else f"{s['oldest_age_s']:.1f}s"
+        lines.append(f"{fmt.printable(s['name'], 20):<20} {fmt.printable(s['kind'], 8):<8} {s['state']:<8} "
+                     f"{s['backlog']:>8} {oldest:>8} {s['delivered']:>10} {s['dropped']:>8}")
+        if s.get("last_error"):
+            lines.append(f"  last error: {fmt.printable(s['last_error'], 200)}")
+    return "\n".join(lines)
+
+
 def short_pipelines(pipelines: list[dict[str, Any]]) -> str:
     """The pipelines as `infermux status` shows them, with what each pipeline takes and each step runs."""
     from infermux.pipelines.stats import table
@@ -146,6 +163,8 @@ def show(cmd: str, reply: dict[str, Any], as_json: bool) -> None:
         from infermux.cameras.table import table
 
         print(table(reply.get("cameras", [])))
+    elif cmd == "sinks" and not as_json:
+        print(short_sinks(reply.get("sinks", [])))
     elif cmd == "pipelines" and not as_json:
         print(short_pipelines(reply.get("pipelines", [])))
     elif as_json or cmd in ("models", "events", "status"):

@@ -18,6 +18,7 @@ import os
 import sys
 from pathlib import Path
 
+from infermux import sinkconfig
 from infermux.config.cameras import parse_cameras
 from infermux.config.daemon import SOCKET_FIELDS, load_sockets, parse_daemon, regions_path, resolve_endpoint, runtime_dir
 from infermux.config.declare import CAMERA, LIVE, RELOAD, RESTART, Setting, check_type, read_table, settings_of
@@ -54,7 +55,7 @@ def parse(text: str, file: Path) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(file, "", f"not valid TOML: {exc}") from None
-    top = {s.name for s in SECTIONS if "." not in s.name}
+    top = {s.name for s in SECTIONS if "." not in s.name} | {"sinks"}
     for key in data:
         if key not in top:
             raise ConfigError(file, key, f"unknown table; expected {', '.join(sorted(top))}")
@@ -68,8 +69,12 @@ def parse(text: str, file: Path) -> Config:
     check_models(file, models, routing, daemon)
     pipelines = parse_pipelines(file, data.get("pipelines", []), models, daemon.engine_dir)
     cameras = parse_cameras(file, data.get("cameras", []), {p.name for p in pipelines})
+    try:
+        sinks = sinkconfig.parse_sinks(data.get("sinks", []), {p.name for p in pipelines})
+    except sinkconfig.Problem as exc:
+        raise ConfigError(file, exc.where, exc.reason) from None
     return Config(path=file, daemon=daemon, routing=routing, models=tuple(models), pipelines=pipelines,
-                  cameras=cameras)
+                  cameras=cameras, sinks=sinks)
 
 
 def load(path: str | os.PathLike[str]) -> Config:

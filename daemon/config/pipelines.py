@@ -7,6 +7,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any, Mapping
 
+from infermux import sinkconfig
+from infermux.sinkconfig import LifecycleConfig
 from infermux.config.declare import check_type, read_table
 from infermux.config.errors import ConfigError, LibraryMissing
 from infermux.config.models import check_queue_policy
@@ -47,7 +49,20 @@ def _parse_pipeline(file: Path, where: str, table: Any, models: set[str], engine
         seen.add(step.name)
     _check_tracked(file, where, name, steps)
     raw["steps"] = tuple(steps)
+    if raw.get("events") is not None:
+        raw["events"] = _lifecycle(file, f"{where}.events", name, raw["events"], steps)
     return PipelineConfig(**raw)
+
+
+def _lifecycle(file: Path, where: str, name: str, table: Any, steps: list[StepConfig]) -> LifecycleConfig:
+    """A pipeline's `events` table (sinkconfig.py): only where a `track` step gives objects their ids."""
+    if not any(step.processor == "track" for step in steps):
+        raise ConfigError(file, where, f"pipeline {name!r} makes events of tracked objects: it needs a 'track' "
+                          "step (docs/events.md)")
+    try:
+        return sinkconfig.parse_lifecycle(where, table)
+    except sinkconfig.Problem as exc:
+        raise ConfigError(file, exc.where, exc.reason) from None
 
 
 def _parse_step(file: Path, where: str, pipeline: str, raw: dict[str, Any], models: set[str],

@@ -36,6 +36,7 @@ from typing import Any, Mapping
 from infermux.config.declare import CAMERA, LIVE, RELOAD, RESTART, Rule, required, setting
 from infermux.config.kinds import (BOOL, BUDGET, ENDPOINT, ENDPOINTS, FRAMES, INT, KEY_DIR, KEY_FILE, MASKS, NAME,
                                    NUMBER, PATH, PUBLIC_KEYS, SIZE, SIZES, STR, TABLE, TABLES, VERSION, VERSIONS)
+from infermux.sinkconfig import LifecycleConfig, SinkConfig
 
 STRATEGIES = ("least_queue", "weighted", "hash")
 HOT, COLD = "hot", "cold"
@@ -324,6 +325,8 @@ class PipelineConfig:
     warm_frames: tuple[tuple[int, int], ...] = setting((), FRAMES, "frame sizes its cameras send: its models are "
                                                        "warmed at the shapes its resize steps make of them",
                                                        applies=RELOAD)
+    events: LifecycleConfig | None = setting(None, TABLE, "tracked objects' new / update / end events, sent to "
+                                             "the sinks (events.md); needs a `track` step", applies=RELOAD)
 
 
 Polygon = tuple[tuple[float, float], ...]  # points (x, y), fractions of the frame's width and height
@@ -436,6 +439,7 @@ class Config:
     models: tuple[ModelConfig, ...]
     pipelines: tuple[PipelineConfig, ...] = ()
     cameras: tuple[CameraConfig, ...] = ()
+    sinks: tuple[SinkConfig, ...] = ()  # [[sinks]]: where events go (sinkconfig.py, docs/events.md#sinks)
 
     def versions(self, name: str) -> list[ModelConfig]:
         return [m for m in self.models if m.name == name]

@@ -26,6 +26,7 @@ import numpy as np
 from infermux.config import PipelineConfig
 from infermux.pipelines import calls, spec
 from infermux.pipelines.calls import AdmitFn, StepFailed
+from infermux.pipelines.lifecycle import Lifecycle, Outlet, seen_at
 from infermux.pipelines.refusals import FrameKind, Refusals
 from infermux.pipelines.reinfer import Reinfer
 from infermux.pipelines.stats import PipelineStats
@@ -41,6 +42,7 @@ from infermux.execution.scheduler import NEWEST_PER_KEY, superseded
 
 log = logging.getLogger("infermux.pipelines")
 
+SWEEP_S = 0.1  # how often objects are looked at for their `end`: events come this much after end_after_s at most
 InputsFn = Callable[[str], "list[str] | None"]  # a model's input names, None while not loaded
 
 
@@ -67,8 +69,10 @@ class Pipeline:
     """One configured pipeline: its steps, its queue and threads, its statistics."""
 
     def __init__(self, config: PipelineConfig, admit: AdmitFn, reply: ReplyFn, reply_late: ReplyFn,
-                 model_inputs: InputsFn, limits: Limits) -> None:
+                 model_inputs: InputsFn, limits: Limits, outlet: Outlet | None = None) -> None:
         self.config = config
+        self.outlet = outlet or Outlet()
+        self.lifecycle = Lifecycle(config.events, config.name) if config.events is not None else None
         self.name = config.name
         self.stages = spec.stages(config)
         self._steps = {step.name: step for stage in self.stages for step in stage.steps}
@@ -160,6 +164,9 @@ class Pipeline:
                 return
             self.successor, self._closed = successor, True
         self._queue.close()
+        if self.lifecycle is not None and self.outlet.events is not None:
+            for event in self.lifecycle.end_all():
+                self.outlet.events(self.name, event)
 
     # -- the worker threads ---------------------------------------------------------
 
@@ -201,7 +208,10 @@ class Pipeline:
                     req.id, model=self.name))
             for stage in self.stages:
                 self._stage(stage, sample, run)
-            return Status.OK, encode_reply(self._header(req.id, sample, run), {k: run.tensors[k] for k in run.wanted})
+            header = self._header(req.id, sample, run)
+            if req.key is not None and (self.lifecycle is not None or self.outlet.results is not None):
+                self._observed(job, sample, header)
+            return Status.OK, encode_reply(header, {k: run.tensors[k] for k in run.wanted})
         except OutOfTime as exc:  # the request's time, not the frame: another request may give it more
             status, message, retry = Status.DEADLINE, f"{where} {exc}", None
         except ProcessorError as exc:  # a step's refusal of what the frame is: the same frame again gets it again
@@ -231,6 +241,27 @@ class Pipeline:
         if sample.dropped:  # boxes that were not finite numbers: the answer says the frame had them
             header["dropped_regions"] = sample.dropped
         return header
+
+    def _observed(self, job: Job, sample: Sample, header: dict[str, Any]) -> None:
+        """A served frame of a keyed stream: its objects' events and its result, to the sinks."""
+        key = str(job.request.key)
+        results, events = self.outlet.results, self.outlet.events
+        if results is not None:
+            results(self.name, key, header)
+        if self.lifecycle is not None:
+            seen, captured = seen_at(getattr(job.request, "captured", None), job.received_ns)
+            for event in self.lifecycle.observe(key, sample.regions, seen, captured):
+                if events is not None:
+                    events(self.name, event)
+
+    def sweep(self) -> None:
+        """End the objects gone quiet (and send the updates whose wait is over)."""
+        if self.lifecycle is None:
+            return
+        events = self.outlet.events
+        for event in self.lifecycle.sweep():
+            if events is not None:
+                events(self.name, event)
 
     def _wanted(self, job: Job) -> tuple[str, ...]:
         """The tensors the request asks for back: "step.output" of a model step."""
@@ -458,11 +489,24 @@ class Pipelines:
     def __init__(self, configs: tuple[PipelineConfig, ...], admit: AdmitFn, reply: ReplyFn, reply_late: ReplyFn,
                  model_inputs: InputsFn, limits: Limits) -> None:
         self._admit, self._reply, self._reply_late, self._model_inputs = admit, reply, reply_late, model_inputs
+        self.outlet = Outlet()  # where events and results go: the daemon connects the sinks (docs/events.md)
         # The router holds this very dict: `apply` changes it in place.
         self.by_name = {c.name: self._build(c, limits) for c in configs}
+        self._stopped = threading.Event()
+        # Objects end when their stream goes quiet, without a frame to notice it on: a thread looks.
+        self._sweeper = threading.Thread(target=self._sweep, name="pipeline-lifecycles", daemon=True)
+        self._sweeper.start()
 
     def _build(self, config: PipelineConfig, limits: Limits) -> Pipeline:
-        return Pipeline(config, self._admit, self._reply, self._reply_late, self._model_inputs, limits)
+        return Pipeline(config, self._admit, self._reply, self._reply_late, self._model_inputs, limits, self.outlet)
+
+    def _sweep(self) -> None:
+        while not self._stopped.wait(SWEEP_S):
+            for pipeline in list(self.by_name.values()):
+                try:
+                    pipeline.sweep()
+                except Exception:  # never lose the thread: the next sweep tries again
+                    log.exception("internal error ending tracked objects of pipeline %r", pipeline.name)
 
     def apply(self, configs: tuple[PipelineConfig, ...], limits: Limits) -> PipelineChanges:
         """Move to `configs` (a reload): new pipelines start, removed ones stop, changed ones are
@@ -504,9 +548,10 @@ class Pipelines:
             out.append({"name": p.name, "input": p.config.input, "queued": len(p._queue), "workers": p.config.workers,
                         "nice": p.config.nice, "queue_policy": p.config.queue_policy,
                         "refused_from_memory": p.refusals.recalled, "dropped_regions": p.stats.dropped_regions,
-                        **stats})
+                        **({"events": p.lifecycle.counts()} if p.lifecycle is not None else {}), **stats})
         return out
 
     def stop(self) -> None:
+        self._stopped.set()
         for pipeline in self.by_name.values():
             pipeline.stop()

@@ -25,6 +25,7 @@ from infermux.models.registry import Registry
 from infermux.models.version import ModelVersion
 from infermux.pipelines.runner import PipelineChanges, Pipelines
 from infermux.protocol import Limits
+from infermux.sinks.hub import Hub
 
 log = logging.getLogger("infermux.reload")
 
@@ -87,6 +88,7 @@ class Daemon(Protocol):
 
     registry: Registry
     pipelines: Pipelines
+    sinks: Hub
     events: EventLog
 
     @property
@@ -125,6 +127,7 @@ def apply(daemon: Daemon, old: cfg.Config, new: cfg.Config) -> ReloadPlan:
         if mv.config.placement == HOT or mv.config.preload:
             registry.load(mv)
     steps.pipelines = _apply_pipelines(daemon, new)
+    daemon.sinks.apply(new.sinks)
     steps.overrides_dropped = registry.overrides.take_dropped()
     for item in steps.restart_needed:
         log.warning("%s changed: restart the daemon to apply it", item)

@@ -17,7 +17,7 @@ SLOW_FILES = {
     "test_hostile_sockets.py", "test_hot_swap.py", "test_matrix.py", "test_pipeline_matrix.py",
     "test_pipelines.py", "test_regions.py", "test_routing.py", "test_shared_weights.py", "test_tracking.py",
     "test_workers.py", "test_rollout_life.py", "test_pipeline_steps.py", "test_hostile_boxes.py",
-    "test_hostile_text.py",
+    "test_hostile_text.py", "test_object_events.py", "test_mqtt_sink.py",
     "test_cameras.py", "test_camera_streams.py",
     "test_cameras_rtsp.py",
 }

@@ -58,6 +58,8 @@ RATE_INTERVAL = "1m"
 # Dashboard expressions that may return nothing after the scene, by a metric name they read.
 ALLOWED_EMPTY = {
     "infermux_gpu_": "no GPU here: the GPU families are declared without samples (docs/fleet.md)",
+    "infermux_sink_": "the scene's configuration has no [[sinks]]: tests/daemon/test_object_events.py scrapes them",
+    "infermux_pipeline_events_": "the scene's tracked pipeline has no `events` table (docs/events.md)",
 }
 # Alerts the scene does not drive (their promtool unit tests fire them).
 NOT_DRIVEN = {
@@ -66,6 +68,10 @@ NOT_DRIVEN = {
     "InfermuxFrontendSaturated": "its recording rule is checked on this scene's data; holding the frontend thread "
                                  "over 90% of a core for the rule's window would take a flood of its own beside "
                                  "Prometheus on the same cores (promtool's unit test drives the alert)",
+    "InfermuxSinkDown": "the scene has no [[sinks]]; promtool's unit test drives it, and "
+                        "tests/daemon/test_object_events.py scrapes infermux_sink_up 0 from a sink that is down",
+    "InfermuxSinkSpoolNearlyFull": "the scene has no [[sinks]]; promtool's unit test drives it, and "
+                                   "tests/daemon/test_object_events.py scrapes a full spool's backlog",
 }
 
 # Queries that find something once Prometheus has scraped the end of the scene and evaluated its rules.

@@ -1,0 +1,181 @@
+"""Tracked objects' lifecycles: the `new`, `update` and `end` events a pipeline's `track` step ids make.
+
+Per stream key, each track id is an object. It is `new` once seen
+`min_frames` times scoring at least `min_score` (a passing false alarm makes
+no event); then an `update` when its label, its zones or its best score (by
+`min_score_gain` at least) change, at most one per `update_every_s` (a change
+in between is sent when that time is up, or rides on the `end`); and `end`
+once unseen for `end_after_s`. The events go to the sinks (daemon/sinks/),
+which only append them to their spools: nothing here waits for a sink.
+Times are the frames' capture times where the request gave one, else when
+the daemon received them (docs/events.md).
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from infermux.plugins.processors.base import Region
+from infermux.sinkconfig import LifecycleConfig
+
+CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
+
+
+class Ids:
+    """ULIDs: 48 bits of milliseconds then 80 random bits, in Crockford's base 32; ids made in one
+    millisecond count up, so they sort in the order they were made."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._last_ms, self._last = 0, 0
+
+    def new(self) -> str:
+        ms = time.time_ns() // 1_000_000
+        with self._lock:
+            if ms <= self._last_ms:
+                ms, rand = self._last_ms, (self._last + 1) & ((1 << 80) - 1)
+            else:
+                rand = int.from_bytes(os.urandom(10), "big") >> 1  # room to count up within the millisecond
+            self._last_ms, self._last = ms, rand
+        value = (ms << 80) | rand
+        return "".join(CROCKFORD[(value >> shift) & 31] for shift in range(125, -1, -5))
+
+
+IDS = Ids()
+
+
+@dataclass
+class TrackedObject:
+    """What is known of one track: when it was seen, its best score and label, what was last sent."""
+
+    key: str
+    track_id: int
+    first_seen: float
+    last_seen: float
+    last_mono: float
+    box: list[list[float]]
+    label: str | None = None
+    score: float = 0.0
+    hits: int = 0  # frames it scored at least min_score
+    frames: int = 0
+    zones: tuple[str, ...] = ()
+    announced: bool = False
+    captured: bool = False  # its times are the frames' capture times
+    sent: tuple[str | None, float, tuple[str, ...]] = (None, 0.0, ())  # label, score, zones of the last event
+    sent_mono: float = 0.0
+
+
+EventFn = Callable[[dict[str, Any]], None]
+
+
+class Lifecycle:
+    """The objects of one pipeline's streams; `observe` takes a frame's regions, `sweep` ends the
+    objects gone quiet. Both return the events they made, in order. Safe from any thread."""
+
+    def __init__(self, config: LifecycleConfig, pipeline: str, clock: Callable[[], float] = time.monotonic) -> None:
+        self.config, self.pipeline, self._clock = config, pipeline, clock
+        self._objects: dict[tuple[str, int], TrackedObject] = {}
+        self._lock = threading.Lock()
+        self.made = {"new": 0, "update": 0, "end": 0}
+        self.not_followed = 0  # objects seen while max_objects were followed
+
+    def observe(self, key: str, regions: list[Region], seen: float, captured: bool) -> list[dict[str, Any]]:
+        """A frame of stream `key` seen at `seen` (Unix seconds): its tracked regions' events."""
+        now = self._clock()
+        out: list[dict[str, Any]] = []
+        with self._lock:
+            for region in regions:
+                if region.track_id is not None:
+                    self._one(key, region, seen, captured, now, out)
+        return out
+
+    def _one(self, key: str, region: Region, seen: float, captured: bool, now: float,
+             out: list[dict[str, Any]]) -> None:
+        obj = self._objects.get((key, region.track_id or 0))
+        if obj is None:
+            if len(self._objects) >= self.config.max_objects:
+                self.not_followed += 1
+                return
+            obj = TrackedObject(key, region.track_id or 0, seen, seen, now, box_of(region))
+            self._objects[(key, obj.track_id)] = obj
+        obj.frames += 1
+        obj.last_mono, obj.captured = now, captured
+        if seen >= obj.last_seen:  # a frame that overtook a newer one does not move the object back
+            obj.last_seen, obj.box = seen, box_of(region)
+        obj.first_seen = min(obj.first_seen, seen)
+        if region.label is not None:
+            obj.label = region.label
+        if region.score >= self.config.min_score:
+            obj.hits += 1
+            obj.score = max(obj.score, float(region.score))
+        if not obj.announced:
+            if obj.hits >= self.config.min_frames:
+                obj.announced = True
+                out.append(self._event("new", obj, captured, now))
+        elif self._changed(obj) and now - obj.sent_mono >= self.config.update_every_s:
+            out.append(self._event("update", obj, captured, now))
+
+    def _changed(self, obj: TrackedObject) -> bool:
+        label, score, zones = obj.sent
+        return obj.label != label or obj.zones != zones or obj.score >= score + self.config.min_score_gain
+
+    def sweep(self) -> list[dict[str, Any]]:
+        """The `end` of every object unseen for end_after_s, and the `update`s whose wait is over."""
+        now = self._clock()
+        out: list[dict[str, Any]] = []
+        with self._lock:
+            for ident, obj in list(self._objects.items()):
+                if now - obj.last_mono >= self.config.end_after_s:
+                    del self._objects[ident]
+                    if obj.announced:
+                        out.append(self._event("end", obj, obj.captured, now))
+                elif obj.announced and self._changed(obj) and now - obj.sent_mono >= self.config.update_every_s:
+                    out.append(self._event("update", obj, obj.captured, now))
+        return out
+
+    def end_all(self) -> list[dict[str, Any]]:
+        """The `end` of every object announced (the pipeline stops: a reload rebuilds its tracks)."""
+        now = self._clock()
+        with self._lock:
+            gone, self._objects = list(self._objects.values()), {}
+            return [self._event("end", obj, obj.captured, now) for obj in gone if obj.announced]
+
+    def _event(self, kind: str, obj: TrackedObject, captured: bool, now: float) -> dict[str, Any]:
+        obj.sent, obj.sent_mono = (obj.label, obj.score, obj.zones), now
+        self.made[kind] += 1
+        return {"id": IDS.new(), "type": kind, "time": round(time.time(), 6), "pipeline": self.pipeline,
+                "key": obj.key, "track_id": obj.track_id, "label": obj.label, "score": round(obj.score, 6),
+                "box": obj.box, "first_seen": round(obj.first_seen, 6), "last_seen": round(obj.last_seen, 6),
+                "frames": obj.frames, "zones": list(obj.zones), "captured": captured}
+
+    def counts(self) -> dict[str, Any]:
+        """For the views: objects followed now, events made by type, objects not followed (max_objects)."""
+        with self._lock:
+            return {"objects": len(self._objects), "events": dict(self.made), "not_followed": self.not_followed}
+
+
+def box_of(region: Region) -> list[list[float]]:
+    """The region's box as the reply gives it: four [x, y] corners, clockwise from top-left."""
+    return [[round(float(x), 2), round(float(y), 2)] for x, y in region.box]
+
+
+class Outlet:
+    """Where a pipeline's events and frame results go: the sinks' hub once the daemon connects it
+    (`events(pipeline, event)`; `results(pipeline, key, header)` only while a sink publishes results)."""
+
+    def __init__(self) -> None:
+        self.events: Callable[[str, dict[str, Any]], None] | None = None
+        self.results: Callable[[str, str, dict[str, Any]], None] | None = None
+
+
+def seen_at(captured: Any, received_ns: int) -> tuple[float, bool]:
+    """A frame's time in Unix seconds, and whether it is its capture time: the request's `captured`
+    (seconds, or nanoseconds where it is that large) when it gave a finite positive one, else when
+    the daemon received it (`received_ns` on the perf_counter clock)."""
+    if isinstance(captured, (int, float)) and not isinstance(captured, bool) and 0 < captured < float("inf"):
+        return (captured / 1e9 if captured > 1e12 else float(captured)), True
+    return time.time() - (time.perf_counter_ns() - received_ns) / 1e9, False

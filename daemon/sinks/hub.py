@@ -1,0 +1,216 @@
+"""The sinks the configuration names, each a spool and a thread that delivers it (docs/events.md#sinks).
+
+The pipelines hand every event to `Hub.publish`, which appends it to the
+spool of each sink that takes the pipeline's events, and returns: a sink
+that is slow, down or stuck delays nobody but itself. Each sink's thread
+takes the oldest waiting events, hands them to the sink, and drops from the
+spool those the sink acknowledged; after a failure it waits (`retry_s`,
+doubling to `max_retry_s`) and offers the same events again, so they arrive
+in order, at least once. A reload replaces the sinks whose entry changed
+and leaves the others running; a replaced sink's spool is kept (its name
+is its folder), so nothing waiting is lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Protocol
+
+from infermux.events import EventLog
+from infermux.plugins import sinks as plugins
+from infermux.plugins.sinks import OutEvent, Sink, SinkDown
+from infermux.sinkconfig import SinkConfig
+from infermux.sinks.spool import Spool
+
+log = logging.getLogger("infermux.sinks")
+
+SYNC_S = 0.05  # appended events are fsynced this often at most: one fsync covers many events
+DROPPED_EVERY_S = 10.0  # a spool that drops events says so once per this interval, with the count
+MAX_ERROR_CHARS = 500
+STOP_WAIT_S = 5.0  # a delivery under way when the sink stops may take this long; its events stay spooled
+
+
+class Outlet(Protocol):
+    """Where a pipeline hands its events and results (pipelines/lifecycle.py's Outlet)."""
+
+    events: Callable[[str, dict[str, Any]], None] | None
+    results: Callable[[str, str, dict[str, Any]], None] | None
+
+
+class Runner:
+    """One sink: its spool, its plugin, the thread that delivers, and its counts for the views."""
+
+    def __init__(self, config: SinkConfig, folder: Path, events: EventLog, spool: Spool | None = None) -> None:
+        self.config, self.events = config, events
+        if spool is None:
+            spool = Spool(folder / config.name, config.max_events, int(config.max_mb * (1 << 20)))
+        spool.max_events, spool.max_bytes = config.max_events, int(config.max_mb * (1 << 20))
+        self.spool = spool  # a reload that changes the sink hands its successor the same spool
+        self.sink: Sink = plugins.create(config.kind, config.name, config.options)
+        self.state = "starting"
+        self.delivered = 0
+        self.last_error = ""
+        self.last_error_time: float | None = None
+        self._reported_drops = 0
+        self._reported_at = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"sink-{config.name}", daemon=True)
+        self._thread.start()
+
+    def takes(self, pipeline: str) -> bool:
+        """Whether the sink takes `pipeline`'s events (`pipelines` in its entry; empty: every one)."""
+        return not self.config.pipelines or pipeline in self.config.pipelines
+
+    def _run(self) -> None:
+        wait, synced = self.config.retry_s, 0.0
+        while not self._stop.is_set():
+            self.spool.wait(SYNC_S)
+            try:
+                if time.monotonic() - synced >= SYNC_S:
+                    self.spool.sync()
+                    self._report_drops()
+                    synced = time.monotonic()
+                if self._deliver_some():
+                    wait = self.config.retry_s
+                    continue
+            except SinkDown as exc:
+                self._down(str(exc))
+            except Exception as exc:  # a plugin's bug: the sink retries, the daemon goes on
+                log.exception("sink %r failed", self.config.name)
+                self._down(f"{type(exc).__name__}: {exc}")
+            else:
+                continue
+            self._stop.wait(wait)
+            wait = min(wait * 2, self.config.max_retry_s)
+
+    def _deliver_some(self) -> bool:
+        """Hand the oldest waiting events to the sink; True when any were acknowledged."""
+        batch = self.spool.peek(self.config.batch)
+        if not batch:
+            return False
+        events = [_out(data) for _, data in batch]
+        done = self.sink.deliver(events)
+        if not 0 < done <= len(events):  # a plugin that neither delivered nor said why: tried again later
+            raise SinkDown(f"the sink acknowledged {done} of {len(events)} events")
+        self.spool.ack(batch[done - 1][0])
+        self.delivered += done
+        if self.state != "up":
+            if self.state == "down":
+                self.events.emit("sink_up", sink=self.config.name)
+            self.state = "up"
+        return True
+
+    def _down(self, error: str) -> None:
+        self.last_error, self.last_error_time = error[:MAX_ERROR_CHARS], time.time()
+        if self.state != "down":
+            self.events.emit("sink_down", sink=self.config.name, error=self.last_error)
+            self.state = "down"
+
+    def _report_drops(self) -> None:
+        dropped = self.spool.dropped
+        now = time.monotonic()
+        if dropped > self._reported_drops and now - self._reported_at >= DROPPED_EVERY_S:
+            self.events.emit("sink_dropped", sink=self.config.name, dropped=dropped - self._reported_drops,
+                             max_events=self.config.max_events, max_mb=self.config.max_mb)
+            self._reported_drops, self._reported_at = dropped, now
+
+    def view(self) -> dict[str, Any]:
+        """State, backlog and counts, as `ctl sinks`, the console and Prometheus show them."""
+        waiting, size, oldest = self.spool.backlog()
+        return {"name": self.config.name, "kind": self.config.kind, "state": self.state, "backlog": waiting,
+                "backlog_bytes": size, "oldest_age_s": round(max(0.0, time.time() - oldest), 3) if oldest else None,
+                "delivered": self.delivered, "dropped": self.spool.dropped, "max_events": self.config.max_events,
+                "max_bytes": int(self.config.max_mb * (1 << 20)),
+                "last_error": self.last_error or (f"spool: {self.spool.write_error}" if self.spool.write_error else ""),
+                "last_error_time": self.last_error_time}
+
+    def stop(self, close_spool: bool = True) -> None:
+        """End the thread (after the delivery under way) and the sink; the spool too, unless handed on."""
+        self._stop.set()
+        self.spool.wake()
+        self._thread.join(timeout=STOP_WAIT_S)
+        self.sink.close()
+        if close_spool:
+            self.spool.close()
+
+
+def _out(data: bytes) -> OutEvent:
+    event = json.loads(data)
+    return OutEvent(str(event.get("key", "")), str(event.get("type", "")), str(event.get("id", "")), data)
+
+
+class Hub:
+    """Every configured sink by name; the pipelines' outlet (pipelines/lifecycle.py) feeds it."""
+
+    def __init__(self, configs: tuple[SinkConfig, ...], folder: Path, events: EventLog) -> None:
+        self.folder, self.events = folder, events
+        self.runners: dict[str, Runner] = {}
+        self._outlets: list[Outlet] = []
+        self.apply(configs)
+
+    @property
+    def wants_results(self) -> bool:
+        return any(r.config.kind == "zmq" and r.config.options.get("results") for r in self.runners.values())
+
+    def attach(self, outlet: Outlet) -> "Hub":
+        """Take the pipelines' events (and their results while a sink publishes them)."""
+        self._outlets.append(outlet)
+        self._connect()
+        return self
+
+    def _connect(self) -> None:
+        for outlet in self._outlets:
+            outlet.events = self.publish
+            outlet.results = self.result if self.wants_results else None
+
+    def publish(self, pipeline: str, event: dict[str, Any]) -> None:
+        """Append `event` to the spool of each sink taking `pipeline`'s events."""
+        data = json.dumps(event, separators=(",", ":")).encode()
+        for runner in list(self.runners.values()):
+            if runner.takes(pipeline):
+                runner.spool.append(data)
+
+    def result(self, pipeline: str, key: str, header: dict[str, Any]) -> None:
+        """A frame's reply header, to the sinks that publish results (never waiting)."""
+        data = json.dumps({"pipeline": pipeline, "key": key, **header}, separators=(",", ":")).encode()
+        for runner in list(self.runners.values()):
+            if runner.takes(pipeline):
+                runner.sink.result(key, data)
+
+    def apply(self, configs: tuple[SinkConfig, ...]) -> dict[str, list[str]]:
+        """Move to `configs` (start, reload): unchanged sinks go on; changed ones restart on their spool."""
+        wanted = {c.name: c for c in configs}
+        changes: dict[str, list[str]] = {
+            "added": [n for n in wanted if n not in self.runners],
+            "removed": [n for n in self.runners if n not in wanted],
+            "changed": [n for n in wanted if n in self.runners and self.runners[n].config != wanted[n]]}
+        for name in changes["removed"]:
+            self.runners.pop(name).stop()
+        for name in changes["changed"]:  # the old runner's spool takes events until its successor has it
+            old = self.runners[name]
+            old.stop(close_spool=False)
+            self.runners[name] = Runner(wanted[name], self.folder, self.events, old.spool)
+        for name in list(changes["added"]):
+            try:
+                self.runners[name] = Runner(wanted[name], self.folder, self.events)
+            except OSError as exc:  # its spool's folder: the other sinks, and the daemon, go on without it
+                self.events.emit("sink_failed", sink=name, error=f"cannot open its spool under {self.folder}: "
+                                 f"{exc.strerror or exc}; set [daemon] state_dir to a folder the daemon may write")
+                changes["added"].remove(name)
+        self._connect()
+        for kind, names in changes.items():
+            for name in names:
+                self.events.emit(f"sink_{kind}", sink=name)
+        return changes
+
+    def view(self) -> list[dict[str, Any]]:
+        return [r.view() for r in self.runners.values()]
+
+    def stop(self) -> None:
+        for runner in list(self.runners.values()):
+            runner.stop()
+        self.runners.clear()

@@ -1,0 +1,51 @@
+"""The sinks' hub: events to each sink's spool, delivered by its thread; a sink that cannot start stays out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from support.polling import eventually
+from support.sinks import valid
+
+from infermux.events import EventLog
+from infermux.pipelines.lifecycle import IDS
+from infermux.sinkconfig import SinkConfig
+from infermux.sinks.hub import Hub
+
+
+def event(key: str, n: int) -> dict:
+    return valid({"id": IDS.new(), "type": "new", "time": 1.0, "pipeline": "p", "key": key, "track_id": n,
+                  "label": None, "score": 0.9, "box": [[0, 0], [1, 0], [1, 1], [0, 1]], "first_seen": 1.0,
+                  "last_seen": 1.0, "frames": 1, "zones": [], "captured": False})
+
+
+def test_a_sink_takes_only_the_pipelines_it_names_and_writes_them_in_order(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    sinks = (SinkConfig("all", "jsonl", {"path": str(out / "all.jsonl")}),
+             SinkConfig("some", "jsonl", {"path": str(out / "some.jsonl")}, pipelines=("q",)))
+    hub = Hub(sinks, tmp_path / "state", EventLog())
+    sent = [event("cam", i + 1) for i in range(50)]
+    for i, one in enumerate(sent):
+        hub.publish("q" if i % 2 else "p", one)
+    lines = lambda name: (out / name).read_text().splitlines() if (out / name).exists() else []  # noqa: E731
+    eventually(lambda: len(lines("all.jsonl")) == 50 and len(lines("some.jsonl")) == 25, "both files written")
+    assert [json.loads(line)["id"] for line in lines("all.jsonl")] == [e["id"] for e in sent]
+    assert [json.loads(line)["id"] for line in lines("some.jsonl")] == [e["id"] for e in sent[1::2]]
+    # The file is written before the sink's thread counts what it acknowledged: wait for the count.
+    view = eventually(lambda: (lambda v: v if (v["all"]["delivered"], v["some"]["delivered"]) == (50, 25) else None)(
+        {s["name"]: s for s in hub.view()}), "the deliveries counted")
+    assert view["all"]["state"] == "up" and view["all"]["backlog"] == view["some"]["backlog"] == 0
+    hub.stop()
+
+
+def test_a_sink_whose_spool_cannot_be_made_stays_out_and_says_why(tmp_path: Path) -> None:
+    blocked = tmp_path / "state"
+    blocked.write_text("a file where the spools' folder should be")
+    events = EventLog()
+    hub = Hub((SinkConfig("files", "jsonl", {"path": str(tmp_path / "x.jsonl")}),), blocked, events)
+    assert hub.view() == []
+    (failed,) = events.recent(kinds=frozenset({"sink_failed"}))
+    assert failed.detail["sink"] == "files" and "state_dir" in failed.detail["error"]
+    hub.publish("p", event("cam", 1))  # nothing to append to: no error either
+    hub.stop()
