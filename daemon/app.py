@@ -27,6 +27,8 @@ from infermux import config as cfg
 from infermux.admin.channel import AdminServer
 from infermux.admin.metrics import MetricsServer
 from infermux.admin.supervisor import Supervisor
+from infermux.cameras import supervisor as camera_supervisor
+from infermux.cameras.supervisor import Cameras
 from infermux.config import HOT
 from infermux.events import EventLog
 from infermux.execution.streams import StreamTable
@@ -73,6 +75,7 @@ class App:
         self.admin: AdminServer | None = None  # the operators' side, opened by start()
         self.metrics: MetricsServer | None = None
         self.swapper: swap.Swapper | None = None
+        self.cameras: Cameras | None = None  # [[cameras]]' processes, started once the models are
 
     # -- construction, in order ------------------------------------------------
 
@@ -178,10 +181,12 @@ class App:
         self.swapper = swap.attach(self)
         supervisor = Supervisor(self)
         supervisor.install_signals()
+        cameras = self.cameras = camera_supervisor.attach(self)  # stopped with the loop, before the drain
 
         def ready() -> None:
             if self.swapper is not None:
                 self.swapper.start()
+            cameras.start()
             supervisor.models_ready()
 
         self.start_models(done=ready)

@@ -437,11 +437,11 @@ def cmd_record_stop(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     return {"model": name, "stopped": True}
 
 
-def cmd_cameras(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_cameras(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     return {"cameras": server.cameras.view() if server.cameras is not None else []}
 
 
-def cmd_camera(server: "Server", args: dict[str, Any]) -> dict[str, Any]:
+def cmd_camera(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
     """`ctl camera NAME enable|disable` (NAME and the action arrive as `model` and `version`)."""
     name, action = _str(args, "model") or "", _str(args, "version") or ""
     if action not in ("enable", "disable"):

@@ -15,6 +15,7 @@ from typing import Callable, Protocol
 import zmq
 
 from infermux import config as cfg
+from infermux.cameras.supervisor import Cameras
 from infermux.events import EventLog
 from infermux.execution.streams import StreamTable
 from infermux.frontend.express import ExpressLane
@@ -75,6 +76,7 @@ class Daemon(Protocol):
     workers: Workers
     ticks: list[Callable[[], None]]  # called on the loop's turns (the liveness probe's among them)
     draining: bool  # admin `drain` sets it: new requests are refused until `resume`
+    cameras: Cameras | None  # [[cameras]]' processes (cameras/supervisor.py), once the daemon starts them
 
     @property
     def frontend(self) -> Frontend: ...

@@ -27,16 +27,14 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from infermux import config as cfg
 from infermux.cameras.config import CameraConfig, restart_needed
 from infermux.cameras.source import redact
 from infermux.events import Event, EventLog
+from infermux.execution.streams import StreamTable
 from infermux.models.statefile import read_json, set_aside, write_json
-
-if TYPE_CHECKING:
-    from infermux.frontend.server import Server
 
 log = logging.getLogger("infermux.cameras")
 
@@ -55,6 +53,20 @@ STATE_FORMAT = 1
 STATE_MAX_BYTES = 1 << 20
 COUNTERS = ("decoded", "taken", "gated", "sent", "superseded", "served", "failed")
 TOTALS = (*COUNTERS, "reconnects", "decode_ms_sum")  # a process's counters, summed over its restarts
+
+
+class Host(Protocol):
+    """What the cameras need of the daemon (app.py's App): its configuration in force, where its
+    sockets and state are, its events and streams, and the hooks run when its loop stops."""
+
+    config: cfg.Config
+    run_dir: Path
+    state_dir: Path | None
+    events: EventLog
+    endpoints: list[str]
+    streams: StreamTable
+    on_stopping: list[Callable[[], object]]
+    cameras: Cameras | None
 
 
 @dataclass
@@ -87,7 +99,7 @@ class Camera:
 class Cameras:
     """Every configured camera's process; `start` once the daemon serves, `stop` when it stops."""
 
-    def __init__(self, server: "Server") -> None:
+    def __init__(self, server: Host) -> None:
         self.server = server
         self.events: EventLog = server.events
         self.state_path = None if server.state_dir is None else Path(server.state_dir) / STATE_FILE
@@ -460,7 +472,7 @@ def _exit_reason(code: int) -> str:
     return f"exit code {code}"
 
 
-def attach(server: "Server") -> Cameras:
+def attach(server: Host) -> Cameras:
     """The daemon's cameras, stopped when its loop stops (before the drain)."""
     cameras = Cameras(server)
     server.cameras = cameras
