@@ -15,13 +15,15 @@ it. Read it where it is used (`config.daemon.queue_depth`). Then regenerate the 
 `.venv/bin/python -m infermux.config.reference > docs/configuration.md` (tests/unit/test_config_reference.py
 checks it). A rule between keys (one only with another) goes in its section's parser.
 
-A new section (a `[[cameras]]` list, say) declares its keys the same way in a dataclass of its own, is
-listed in SECTIONS (a `[[list]]` one with `many=True`; the reference shows it from there), gets a field
-in `Config`, and a parser that calls `read_table` for each entry (config/__init__.py `parse` calls it).
-A table inside an entry (`[models.rollout]`, `[[pipelines.steps]]`, a `[cameras.gate]`) is a field of
-kind TABLE or TABLES whose `section=` names the nested dataclass: `read_table` checks the nested keys
-too (unknown ones, types, bounds), and hands them to the section's parser as a dict (a list of dicts)
-to build the nested dataclass from.
+A new section declares its keys the same way in a dataclass of its own (as `[[cameras]]` does below),
+is listed in SECTIONS (a `[[list]]` one with `many=True`; the reference shows it from there), gets a
+field in `Config`, and a parser that calls `read_table` for each entry (config/__init__.py `parse`
+calls it; config/cameras.py is a small one). A table inside an entry (`[models.rollout]`,
+`[[pipelines.steps]]`, `[cameras.gate]`) is a field of kind TABLE or TABLES whose `section=` names the
+nested dataclass: `read_table` checks the nested keys too (unknown ones, types, bounds), and hands them
+to the section's parser as a dict (a list of dicts) to build the nested dataclass from. A setting that
+a part applies by itself says so with its own `applies` value (`CAMERA`: the camera's process is
+restarted), which that part and the reload planner both read.
 """
 
 from __future__ import annotations
