@@ -27,8 +27,8 @@ from infermux import config as cfg
 from infermux.admin.channel import AdminServer
 from infermux.admin.metrics import MetricsServer
 from infermux.admin.supervisor import Supervisor
-from infermux.cameras import supervisor as camera_supervisor
 from infermux.cameras.supervisor import Cameras
+from infermux.cameras.supervisor import attach as attach_cameras
 from infermux.config import HOT
 from infermux.events import EventLog
 from infermux.execution.streams import StreamTable
@@ -181,7 +181,7 @@ class App:
         self.swapper = swap.attach(self)
         supervisor = Supervisor(self)
         supervisor.install_signals()
-        cameras = self.cameras = camera_supervisor.attach(self)  # stopped with the loop, before the drain
+        cameras = self.cameras = attach_cameras(self)  # stopped with the loop, before the drain
 
         def ready() -> None:
             if self.swapper is not None:

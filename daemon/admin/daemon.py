@@ -25,6 +25,7 @@ from infermux.frontend.recorder import Recorder
 from infermux.frontend.router import Router
 from infermux.models.registry import Registry
 from infermux.pipelines.runner import Pipelines
+from infermux.sinks.hub import Hub
 from infermux.swap.reload import ReloadPlan
 from infermux.swap.rollout import Rollouts
 from infermux.transport.peers import PeerGuard
@@ -76,6 +77,7 @@ class Daemon(Protocol):
     workers: Workers
     ticks: list[Callable[[], None]]  # called on the loop's turns (the liveness probe's among them)
     draining: bool  # admin `drain` sets it: new requests are refused until `resume`
+    sinks: Hub  # [[sinks]]: where tracked objects' events leave the box
     cameras: Cameras | None  # [[cameras]]' processes (cameras/supervisor.py), once the daemon starts them
 
     @property
