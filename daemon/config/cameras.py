@@ -1,6 +1,7 @@
 """`[[cameras]]` entries and their `[cameras.gate]`: their keys read as declared (config/settings.py),
 then the rules a declaration cannot hold: a name fit to be a stream key and unique, a URL a camera's
-process can open, a pipeline that exists, a gate's `absorb_s` no faster than its `background_s`."""
+process can open, `transport` and `loop` only for the kind of URL they apply to, a pipeline that
+exists, a gate's `absorb_s` no faster than its `background_s`."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any, Sequence
 
 from infermux.config.declare import CAMERA, check_type, child, read_table, settings_of
 from infermux.config.errors import ConfigError
-from infermux.config.settings import DEVICE, CameraConfig, GateConfig
+from infermux.config.settings import DEVICE, CameraConfig, GateConfig, url_kind
 
 NETWORK_SCHEMES = ("rtsp://", "rtsps://", "http://", "https://")
 MAX_NAME_BYTES = 128  # a camera's name is its stream key (shown in metrics and events): short, printable
@@ -38,6 +39,7 @@ def parse_camera(file: Path, where: str, table: Any, pipelines: set[str]) -> Cam
     raw = read_table(file, where, table, CameraConfig)
     _check_name(file, child(where, "name"), raw["name"])
     raw["url"] = _url(file, child(where, "url"), raw["url"])
+    _check_kind_keys(file, where, raw)
     if raw["pipeline"] not in pipelines:
         near = difflib.get_close_matches(raw["pipeline"], sorted(pipelines), n=1, cutoff=0.75)
         hint = f"did you mean `{near[0]}`? " if near else ""
@@ -62,6 +64,17 @@ def _gate(file: Path | str, where: str, raw: dict[str, Any]) -> GateConfig:
         raise ConfigError(file, child(where, "absorb_s"), f"must be >= background_s ({config.background_s}), got "
                           f"{config.absorb_s}: a changed pixel joins the background no faster than a still one")
     return config
+
+
+# Keys that mean something for one kind of URL only: written for another, they are a mistake.
+KIND_KEYS = {"transport": ("rtsp", "an rtsp:// or rtsps:// url"), "loop": ("file", "a video file")}
+
+
+def _check_kind_keys(file: Path, where: str, raw: dict[str, Any]) -> None:
+    kind = url_kind(raw["url"])
+    for key, (wanted, text) in KIND_KEYS.items():
+        if key in raw and kind != wanted:
+            raise ConfigError(file, child(where, key), f"only applies to {text}, not a {kind} camera's; remove it")
 
 
 def _check_name(file: Path, where: str, name: str) -> None:

@@ -365,6 +365,15 @@ MAX_FPS = 240.0
 DEFAULT_MAX_PIXELS = 3840 * 2160  # a 4K stream; larger ones are refused unless max_pixels says otherwise
 
 
+def url_kind(url: str) -> str:
+    """What a camera's `url` names: "rtsp", "http", "device" or "file"."""
+    if url.startswith(("rtsp://", "rtsps://")):
+        return "rtsp"
+    if url.startswith(("http://", "https://")):
+        return "http"
+    return "device" if DEVICE.fullmatch(url) else "file"
+
+
 @dataclass(frozen=True)
 class CameraConfig:
     """One `[[cameras]]` entry (docs/cameras.md): a stream the daemon reads itself, in a process of its
@@ -394,11 +403,7 @@ class CameraConfig:
     @property
     def kind(self) -> str:
         """"rtsp", "http", "device" or "file"."""
-        if self.url.startswith(("rtsp://", "rtsps://")):
-            return "rtsp"
-        if self.url.startswith(("http://", "https://")):
-            return "http"
-        return "device" if DEVICE.fullmatch(self.url) else "file"
+        return url_kind(self.url)
 
     def as_json(self) -> dict[str, Any]:
         """For the camera's process (its command line) and `ctl cameras`."""

@@ -69,6 +69,15 @@ def test_a_bad_value_is_refused_naming_its_field(field: str, value: str, words: 
     assert exc.path.endswith(f".{field}") and words in exc.reason, exc
 
 
+@pytest.mark.parametrize("url, field, value", [
+    ("clips/yard.mp4", "transport", '"udp"'), ("http://cam/video.mjpg", "transport", '"tcp"'),
+    ("rtsp://10.0.0.1/s", "loop", "false"), ("/dev/video0", "loop", "true")])
+def test_a_field_for_another_kind_of_url_is_refused_naming_the_kind_it_belongs_to(url: str, field: str,
+                                                                                    value: str) -> None:
+    exc = error(f'[[cameras]]\nname = "yard"\nurl = "{url}"\npipeline = "cams"\n{field} = {value}\n')
+    assert exc.path == f'cameras[name="yard"].{field}' and "only applies to" in exc.reason, exc
+
+
 def test_two_cameras_of_one_name_are_refused() -> None:
     exc = error('[[cameras]]\nname = "a"\nurl = "a.mp4"\npipeline = "cams"\n' * 2)
     assert exc.path == "cameras[1].name" and "already defined" in exc.reason
