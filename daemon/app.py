@@ -27,8 +27,6 @@ from infermux import config as cfg
 from infermux.admin.channel import AdminServer
 from infermux.admin.metrics import MetricsServer
 from infermux.admin.supervisor import Supervisor
-from infermux.cameras.supervisor import Cameras
-from infermux.cameras.supervisor import attach as attach_cameras
 from infermux.config import HOT
 from infermux.events import EventLog
 from infermux.execution.streams import StreamTable
@@ -43,6 +41,8 @@ from infermux.models.verified import EngineSigning, Sequences, verified_store
 from infermux.pipelines import warmshapes
 from infermux.pipelines.runner import Pipelines
 from infermux.sinks.hub import Hub
+from infermux.cameras.supervisor import Cameras
+from infermux.cameras.supervisor import attach as attach_cameras
 from infermux.swap import reload as reloading
 from infermux.swap import swapper as swap
 from infermux.swap.reload import ReloadPlan
@@ -75,7 +75,7 @@ class App:
         self.admin: AdminServer | None = None  # the operators' side, opened by start()
         self.metrics: MetricsServer | None = None
         self.swapper: swap.Swapper | None = None
-        self.cameras: Cameras | None = None  # [[cameras]]' processes, started once the models are
+        self.cameras: Cameras | None = None  # [[cameras]]' processes, from start() (cameras/supervisor.py)
 
     # -- construction, in order ------------------------------------------------
 

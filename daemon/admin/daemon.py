@@ -77,8 +77,8 @@ class Daemon(Protocol):
     workers: Workers
     ticks: list[Callable[[], None]]  # called on the loop's turns (the liveness probe's among them)
     draining: bool  # admin `drain` sets it: new requests are refused until `resume`
-    sinks: Hub  # [[sinks]]: where tracked objects' events leave the box
-    cameras: Cameras | None  # [[cameras]]' processes (cameras/supervisor.py), once the daemon starts them
+    cameras: Cameras | None  # [[cameras]]' processes, once started
+    sinks: Hub  # where events go
 
     @property
     def frontend(self) -> Frontend: ...

@@ -16,11 +16,10 @@ from typing import TYPE_CHECKING, Any, Callable
 from infermux import __version__
 from infermux.admin import hardware
 from infermux.admin.threadload import ThreadLoad
-from infermux.config import ModelConfig, parse_budget
+from infermux.config import parse_budget
 from infermux.events import TRACEBACKS
-from infermux.execution.placement import Settings
 from infermux.models.budget import rss_bytes
-from infermux.models.registry import ModelVersion, State
+from infermux.models.registry import Model, ModelVersion, State
 
 if TYPE_CHECKING:
     from infermux.admin.daemon import Daemon
@@ -73,28 +72,19 @@ def version_view(server: "Daemon", mv: ModelVersion) -> dict[str, Any]:
     placement = mv.placement
     contexts = placement.contexts() if placement is not None else []
     mc = mv.config
-    # The settings in force where the version is placed, else the file's (the same names).
-    live: Settings | ModelConfig = placement.settings() if placement is not None else mc
-    route = _routing(server, mv)
+    model = server.registry.model(mv.name)
+    queueing = _queueing(placement.settings() if placement is not None else mc)
     view: dict[str, Any] = {
         "name": mv.name, "version": mv.version, "state": mv.state.value, "reason": mv.reason,
         "placement": mc.placement,
-        "default": route["default"], "pinned": route["pinned"],
+        "default": model is not None and model.default() is mv,
+        "pinned": model is not None and model.pinned == mv.version,
         "contexts": len(contexts) if contexts else mc.contexts,
         "queues": [c.queued for c in contexts],
         "queue_depth": sum(c.queued for c in contexts),
         "in_flight": sum(c.in_flight for c in contexts),
-        "max_queue": live.max_queue,
-        "timeout_ms": mc.timeout_ms, "fallback": route["fallback"],
-        "weight": server.router.weights(mv.name).get(mv.version, 0),
-        "strategy": route["strategy"],
-        # Where requests that name no version go now: pinned, default or weights (None under hash).
-        "traffic_share": route["traffic_share"],
-        "max_batch": live.max_batch,
-        "batch_delay_us": live.batch_delay_us,
-        "preferred_batch": list(live.preferred_batch),
-        "queue_policy": live.queue_policy,
-        "per_key_depth": live.per_key_depth,
+        "max_queue": queueing.pop("max_queue"),
+        "timeout_ms": mc.timeout_ms, **_routing(server, model, mv), **queueing,
         "nice": mc.nice,  # added to its contexts' threads' nice value (execution/priority.py)
         "memory_bytes": mv.memory_bytes, "engine": str(mc.engine),
         "backend": mc.backend or mc.engine.suffix.lstrip("."),
@@ -103,21 +93,30 @@ def version_view(server: "Daemon", mv: ModelVersion) -> dict[str, Any]:
         # Fields an operator changed live, each with the file's value (models/overrides.py).
         "overrides": {field: o.as_json() for field, o in sorted(server.registry.overrides.of(mv.name, mv.version).items())},
     }
-    return {**view, **_attached(server, mv)}
+    _add_details(server, mv, view)
+    return view
 
 
-def _routing(server: "Daemon", mv: ModelVersion) -> dict[str, Any]:
-    """Whether requests that name no version reach `mv`: default, pinned, fallback, strategy, share."""
-    model = server.registry.model(mv.name)
-    if model is None:
-        return {"default": False, "pinned": False, "fallback": "", "strategy": "", "traffic_share": 0.0}
-    return {"default": model.default() is mv, "pinned": model.pinned == mv.version, "fallback": model.fallback,
-            "strategy": server.router.strategy(model), "traffic_share": server.router.traffic_share(model, mv.version)}
+def _queueing(settings: Any) -> dict[str, Any]:
+    """How a version queues and batches: its placement's settings in force, else its configuration's."""
+    return {"max_queue": settings.max_queue, "max_batch": settings.max_batch,
+            "batch_delay_us": settings.batch_delay_us, "preferred_batch": list(settings.preferred_batch),
+            "queue_policy": settings.queue_policy, "per_key_depth": settings.per_key_depth}
 
 
-def _attached(server: "Daemon", mv: ModelVersion) -> dict[str, Any]:
-    """What a version has only some of the time: its engine's inputs and outputs, its worker, its rollout."""
-    view: dict[str, Any] = {}
+def _routing(server: "Daemon", model: Model | None, mv: ModelVersion) -> dict[str, Any]:
+    """How requests reach a version: fallback, weight, strategy and its share of the traffic."""
+    return {
+        "fallback": model.fallback if model is not None else "",
+        "weight": server.router.weights(mv.name).get(mv.version, 0),
+        "strategy": server.router.strategy(model) if model is not None else "",
+        # Where requests that name no version go now: pinned, default or weights (None under hash).
+        "traffic_share": server.router.traffic_share(model, mv.version) if model is not None else 0.0,
+    }
+
+
+def _add_details(server: "Daemon", mv: ModelVersion, view: dict[str, Any]) -> None:
+    """What only some versions have: the engine's specs, a cold worker, a rollout it is the candidate of."""
     engine = mv.engine
     if engine is not None:  # model metadata, as Triton's: what to send and what comes back
         view["inputs"], view["outputs"] = _specs(engine)
@@ -127,7 +126,6 @@ def _attached(server: "Daemon", mv: ModelVersion) -> dict[str, Any]:
     rollout = server.rollouts.by_model.get(mv.name)
     if rollout is not None and rollout.candidate is mv:  # a candidate shadowing (swap/rollout.py)
         view["rollout"] = rollout.view()
-    return view
 
 
 _SPECS: dict[int, tuple[Any, list[dict[str, Any]], list[dict[str, Any]]]] = {}  # id(engine): its specs as dicts

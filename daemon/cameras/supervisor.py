@@ -27,14 +27,16 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from infermux import config as cfg
 from infermux.cameras.config import CameraConfig, restart_needed
 from infermux.cameras.source import redact
 from infermux.events import Event, EventLog
-from infermux.execution.streams import StreamTable
 from infermux.models.statefile import read_json, set_aside, write_json
+
+if TYPE_CHECKING:
+    from infermux.execution.streams import StreamTable
 
 log = logging.getLogger("infermux.cameras")
 
@@ -53,20 +55,6 @@ STATE_FORMAT = 1
 STATE_MAX_BYTES = 1 << 20
 COUNTERS = ("decoded", "taken", "gated", "sent", "superseded", "served", "failed")
 TOTALS = (*COUNTERS, "reconnects", "decode_ms_sum")  # a process's counters, summed over its restarts
-
-
-class Host(Protocol):
-    """What the cameras need of the daemon (app.py's App): its configuration in force, where its
-    sockets and state are, its events and streams, and the hooks run when its loop stops."""
-
-    config: cfg.Config
-    run_dir: Path
-    state_dir: Path | None
-    events: EventLog
-    endpoints: list[str]
-    streams: StreamTable
-    on_stopping: list[Callable[[], object]]
-    cameras: Cameras | None
 
 
 @dataclass
@@ -94,6 +82,18 @@ class Camera:
     killed_for: str = ""  # why the daemon killed the process (a hang), said once it has ended
     was_streaming: bool = False  # frames flowed before it was lost: the next frames are `camera_back`
     lost: bool = False
+
+
+class Host(Protocol):
+    """What the cameras need of the daemon (app.py's App satisfies it)."""
+
+    config: cfg.Config  # the one in force: a reload replaces it
+    run_dir: Path
+    state_dir: Path | None
+    events: EventLog
+    endpoints: list[str]
+    streams: "StreamTable"
+    on_stopping: list[Callable[[], object]]  # called once the loop stops, before the drain
 
 
 class Cameras:
@@ -475,6 +475,5 @@ def _exit_reason(code: int) -> str:
 def attach(server: Host) -> Cameras:
     """The daemon's cameras, stopped when its loop stops (before the drain)."""
     cameras = Cameras(server)
-    server.cameras = cameras
     server.on_stopping.append(cameras.stop)
     return cameras

@@ -23,7 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, Callable
 
 from infermux.cli.common import USAGE, CliError, add_endpoint_arguments, endpoint_from, live_changes
 from infermux.format import parse_value
@@ -151,22 +151,27 @@ def short_pipelines(pipelines: list[dict[str, Any]]) -> str:
     return table(pipelines, runs_on=True)
 
 
+def _cameras_table(reply: dict[str, Any]) -> str:
+    from infermux.cameras.table import table
+
+    return table(reply.get("cameras", []))
+
+
+# The data commands' tables for people (`--json` gives their JSON instead).
+TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
+    "models": lambda reply: short_models(reply.get("models", [])),
+    "events": lambda reply: short_events(reply.get("events", [])),
+    "streams": short_streams,
+    "cameras": _cameras_table,
+    "sinks": lambda reply: short_sinks(reply.get("sinks", [])),
+    "pipelines": lambda reply: short_pipelines(reply.get("pipelines", [])),
+}
+
+
 def show(cmd: str, reply: dict[str, Any], as_json: bool) -> None:
     """Print a successful reply: JSON for scripts and the data commands, else one `ok:` line."""
-    if cmd == "models" and not as_json:
-        print(short_models(reply.get("models", [])))
-    elif cmd == "events" and not as_json:
-        print(short_events(reply.get("events", [])))
-    elif cmd == "streams" and not as_json:
-        print(short_streams(reply))
-    elif cmd == "cameras" and not as_json:
-        from infermux.cameras.table import table
-
-        print(table(reply.get("cameras", [])))
-    elif cmd == "sinks" and not as_json:
-        print(short_sinks(reply.get("sinks", [])))
-    elif cmd == "pipelines" and not as_json:
-        print(short_pipelines(reply.get("pipelines", [])))
+    if cmd in TABLES and not as_json:
+        print(TABLES[cmd](reply))
     elif as_json or cmd in ("models", "events", "status"):
         print(json.dumps(reply, indent=2))
     else:

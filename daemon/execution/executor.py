@@ -11,13 +11,14 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, Callable, Protocol
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, overload
 
 from infermux.execution import batcher
 from infermux.execution.priority import lower_this_thread
 from infermux.execution.fairqueue import Closed, FairQueue
 from infermux.execution.inline import track_compute
-from infermux.execution.job import Job, Outcome, ReplySink, internal_sink
+from infermux.execution.job import Job, Outcome, ReplySink, ReplyTo, internal_sink
 from infermux.plugins.base import Context, InputRejected, OutputsMismatch
 from infermux.protocol import OkReplies, Status, encode_reply, error_header
 from infermux.execution.outputs import RegionOutputs, ShapeMemory
@@ -28,12 +29,37 @@ log = logging.getLogger("infermux.executor")
 
 
 class ReplyFn(Protocol):
-    """Send a reply's `frames` to `envelope`; `outcome` says how it ended, where known."""
+    """Send a reply's `frames` to where `to` says (job.ReplyTo); `outcome` says how it ended, where known."""
 
-    def __call__(self, envelope: list[Any], frames: list[Any], outcome: Outcome | None = None) -> None: ...
+    def __call__(self, to: ReplyTo, frames: list[Any], outcome: Outcome | None = None) -> None: ...
 
 
 LateFn = Callable[[Job], None]
+
+
+@dataclass(slots=True)
+class Bare:
+    """A client's request that the express lane read with no `Job` (frontend/express.py), to compute
+    at once: its inputs and rows, the id its reply carries, the outputs it asked for (None: all),
+    when it was received (perf_counter_ns), and `job_of`, which makes the Job the general path
+    would have made, for a reply only that path sends (a failure, a rare encoding)."""
+
+    inputs: dict[str, Any]
+    rows: int
+    id: Any
+    asked: tuple[str, ...] | None
+    received_ns: int
+    job_of: Callable[[], Job]
+
+
+@dataclass(frozen=True, slots=True)
+class Queued:
+    """What waits in a context's queue, to compute on the calling thread while `gate(expected_us,
+    requests)` allows the next batch: the frontend asks it at the end of each burst of reads for
+    the batched versions it held (inline.py), whose burst is the batch's company, so the batch
+    runs without a thread hand-off (Scheduler.run_held)."""
+
+    gate: Callable[[float, int], bool]
 
 
 class BatchPolicy:
@@ -75,10 +101,10 @@ class Executor:
         self.stats = Stats()  # replaced by the scheduler with this context's share of the model's stats
         self._policy = policy
         self._busy = threading.Lock()  # held while the context computes, by whichever thread
-        self._ended = False  # the context is closed (or about to be), under `_busy`: try_inline computes nothing
+        self._ended = False  # the context is closed (or about to be), under `_busy`: `compute` computes nothing
         self._shapes = ShapeMemory()  # output shapes by kind of request, for RegionOutputs
         self._ok = OkReplies(name, version)
-        self._samples: list[float] = []  # answer_now's compute µs a row, for settle
+        self._samples: list[float] = []  # Bare requests' compute µs a row, for settle
         self._thread = threading.Thread(target=self._run, name=f"exec-{name}-{version}-{index}", daemon=True)
 
     def start(self) -> None:
@@ -110,7 +136,7 @@ class Executor:
                 # a client's shared-memory region that its client has let go (regions.py).
                 del jobs
         finally:
-            with self._busy:  # not under a pipeline thread's compute (try_inline, Scheduler.run_step)
+            with self._busy:  # not under a pipeline thread's compute (`compute`, Scheduler.run_step)
                 self._ended = True
             try:
                 self._context.close()
@@ -126,32 +152,47 @@ class Executor:
             self.in_flight = self.in_flight_rows = 0
             self._fail(jobs, Status.BACKEND_ERROR, f"internal error: {exc}")
 
-    def try_inline(self, job: Job) -> bool:
-        """Run `job` on the calling thread if this context is idle with nothing queued.
+    @overload
+    def compute(self, work: Job) -> bool: ...
 
-        Under light load this saves two thread hand-offs (~100–250 µs on the
-        2-core box); the `_busy` lock keeps the context to one thread at a time.
-        """
-        if len(self.queue) or not self._busy.acquire(blocking=False):
+    @overload
+    def compute(self, work: Bare) -> list[Any] | bool | None: ...
+
+    @overload
+    def compute(self, work: Queued) -> None: ...
+
+    def compute(self, work: Job | Bare | Queued) -> list[Any] | bool | None:
+        """The one way another thread computes on this context (its own thread takes `queue`):
+
+        - a `Job`: computed on the calling thread at once if this context is idle with nothing
+          queued (answered 504 or by the fallback, uncomputed, if it is past its deadline); True
+          once it is answered, False, having done nothing, if the context is busy or closed;
+        - a `Bare` request (the express lane's, no Job): the same, its reply's frames returned for
+          the caller to send; True where it was answered through the general reply; None, having
+          done nothing, if the context is busy (Bare says more);
+        - `Queued`: what waits in the queue, in batches on the calling thread while its gate
+          allows, then this context's thread woken for the rest.
+
+        The placement decides which context may compute on a calling thread (Placement.idle_context)."""
+        kind = type(work)
+        if kind is Bare:
+            return self._bare(work)  # type: ignore[arg-type]
+        if kind is Queued:
+            self._queued(work.gate)  # type: ignore[union-attr]
+            return None
+        return self._alone(work)  # type: ignore[arg-type]
+
+    def _alone(self, job: Job) -> bool:
+        """`compute` of a Job: one request, alone, in fewer steps than a batch's (`_guarded`) with the same
+        deadline check, statistics, estimates and reply."""
+        if self.in_flight or len(self.queue) or not self._busy.acquire(blocking=False):
             return False
         try:
             if self._ended:
                 return False
-            self._guarded([job])
-        finally:
-            self._busy.release()
-        return True
-
-    def serve_alone(self, job: Job) -> bool:
-        """The fast path's compute (Router.admit_fast): run `job` on the calling thread at once
-        if this context is idle; True once it is answered, False (nothing done) if it is busy.
-
-        What `try_inline` does for a lone request, in fewer steps: the same deadline check is the
-        caller's (the request was read microseconds ago), the same statistics, estimates and reply.
-        """
-        if self.in_flight or len(self.queue) or not self._busy.acquire(blocking=False):
-            return False
-        try:
+            if job.late():
+                self._on_late(job)
+                return True
             rows = batcher.rows(job.request.inputs)
             self.in_flight, self.in_flight_rows = 1, rows
             start = time.perf_counter_ns()
@@ -174,53 +215,50 @@ class Executor:
             self._busy.release()
         return True
 
-    def answer_now(self, inputs: dict[str, Any], rows: int, id: Any, asked: tuple[str, ...] | None,
-                   received: int, job_of: Callable[[], Job]) -> list[Any] | bool | None:
-        """The express lane's compute (frontend/express.py): `serve_alone` for a client's request
-        that no `Job` was made for. The reply's frames, for the caller to send; True where it was
-        answered here, through the general reply (a failure, a reply only `encode_reply` makes:
-        `job_of()` makes its Job then); None, having done nothing, if the context is busy.
-
-        The same statistics and estimates as serve_alone, without the Job, the Outcome (only a
+    def _bare(self, work: Bare) -> list[Any] | bool | None:
+        """`compute` of a Bare request (frontend/express.py): `_alone` for a client's request that no `Job`
+        was made for. The same statistics and estimates, without the Job, the Outcome (only a
         pipeline's sink reads one) and the reply's trip through the frontend's `reply`; they are
         kept (`Stats.record_soon`, `_samples`) and folded by `settle`, which the lane calls once a
-        burst. serve_alone's steps are written out again here, since a helper shared by both would
+        burst. `_alone`'s steps are written out again here, since a helper shared by both would
         cost the lane a call and a closure per request."""
         if self.in_flight or len(self.queue) or not self._busy.acquire(blocking=False):
             return None
         try:
+            rows, asked = work.rows, work.asked
             self.in_flight, self.in_flight_rows = 1, rows
             start = time.perf_counter_ns()
             try:
-                outputs = self._context.infer(inputs)
+                outputs = self._context.infer(work.inputs)
             except Exception as exc:
                 self.in_flight = self.in_flight_rows = 0
-                self._failed([job_of()], exc)
+                self._failed([work.job_of()], exc)
                 return True
             end = time.perf_counter_ns()
             self.in_flight = self.in_flight_rows = 0
             self.served += 1
             if asked is not None:
                 outputs = {name: outputs[name] for name in asked}
+            received = work.received_ns
             queue_us, compute_us = (start - received) // 1000, (end - start) // 1000
             total_us = (time.perf_counter_ns() - received) // 1000
-            frames = self._ok.encode(id, queue_us, compute_us, total_us, outputs)
+            frames = self._ok.encode(work.id, queue_us, compute_us, total_us, outputs)
             if frames is None:
                 self._learn(rows, start, end)
-                self._succeed(job_of(), outputs, start, end, 0, rows)
+                self._succeed(work.job_of(), outputs, start, end, 0, rows)
                 return True
             self._samples.append((end - start) / 1000 / max(1, rows))
             self.stats.record_soon(total_us, queue_us, compute_us, rows)
             return frames
-        except Exception as exc:  # as serve_alone: a bug answers 500, the context lives on
+        except Exception as exc:  # as _alone: a bug answers 500, the context lives on
             log.exception("executor error model=%s version=%s context=%d", self.name, self.version, self.index)
-            self._fail([job_of()], Status.BACKEND_ERROR, f"internal error: {exc}")
+            self._fail([work.job_of()], Status.BACKEND_ERROR, f"internal error: {exc}")
             return True
         finally:
             self._busy.release()
 
     def settle(self) -> None:
-        """Fold what answer_now kept into the estimates and statistics (the calling thread is the
+        """Fold what `compute` kept of Bare requests into the estimates and statistics (the calling thread is the
         lane's, whose samples may raise an estimate as an inline call's do: `_learn`)."""
         samples = self._samples
         for sample in samples:
@@ -228,13 +266,9 @@ class Executor:
         samples.clear()
         self.stats.settle()
 
-    def run_queued(self, gate: Callable[[float, int], bool]) -> None:
-        """Compute queued batches on the calling thread while `gate` allows it, then wake this thread for the rest.
-
-        The frontend calls it at the end of each burst of reads for the
-        batched models it held (inline.py): the burst is the batch's
-        company, and the batch runs without a thread hand-off.
-        """
+    def _queued(self, gate: Callable[[float, int], bool]) -> None:
+        """`compute` of Queued: queued batches on the calling thread while `gate` allows it, then this
+        context's thread woken for the rest."""
         policy = self._policy
         try:
             while len(self.queue) and self.row_us and self._batch_allowed(gate):
@@ -332,21 +366,21 @@ class Executor:
         self.row_us = track_compute(self.row_us, sample_us, may_rise=may_rise)
 
     def _infer_one(self, job: Job) -> dict[str, Any]:
-        """One request alone: into the arrays its placement offers where the backend can (base.WritesOutputs):
+        """One request alone: into the arrays it offers (Job.outputs_into) where the backend can (base.WritesOutputs):
         a worker's slot (workers/slotoutputs.py), or the client's own regions (execution/outputs.py)."""
-        if job.place is None:
+        if job.outputs_into is None:
             if not job.request.output_regions:  # the common request: nowhere to write into
                 return self._context.infer(job.request.inputs)
-            job.place = RegionOutputs(job.request, self._shapes)  # _succeed teaches it the shapes
+            job.outputs_into = RegionOutputs(job.request, self._shapes)  # _succeed teaches it the shapes
         into = getattr(self._context, "infer_into", None)
-        place = job.place
-        arrays = place.arrays() if place is not None and into is not None else None
-        if arrays and into is not None and place is not None:
+        offered = job.outputs_into
+        arrays = offered.arrays() if offered is not None and into is not None else None
+        if arrays and into is not None and offered is not None:
             try:
                 outputs: dict[str, Any] = into(job.request.inputs, arrays)
                 return outputs
             except OutputsMismatch:
-                place.mismatch()
+                offered.mismatch()
         return self._context.infer(job.request.inputs)
 
     def _succeed(self, job: Job, outputs: dict, start: int, end: int, batch: int, rows: int) -> None:
@@ -356,12 +390,12 @@ class Executor:
         req = job.request
         if req.outputs is not None:
             outputs = {name: outputs[name] for name in req.outputs}
-        sink = internal_sink(job.envelope)
+        sink = internal_sink(job.reply_to)
         if sink is not None:  # a pipeline's step: its arrays as they are, no reply to encode (calls.py)
             self._computed(job, sink, outputs, start, end, batch, rows)
             return
-        if isinstance(job.place, RegionOutputs):  # ran alone: the next of its kind goes straight there
-            job.place.learn(outputs)
+        if isinstance(job.outputs_into, RegionOutputs):  # ran alone: the next of its kind goes straight there
+            job.outputs_into.learn(outputs)
         queue_us, compute_us = (start - job.received_ns) // 1000, (end - start) // 1000
         total_us = (time.perf_counter_ns() - job.received_ns) // 1000
         plain = not batch and not job.fallback and not req.output_regions
@@ -380,7 +414,7 @@ class Executor:
         # Counted before it leaves: a client that has its reply finds it in the statistics.
         self.stats.record(200, total_us, queue_us, compute_us, batch)
         job.answered(200)
-        self._reply(job.envelope, frames, outcome)
+        self._reply(job.reply_to, frames, outcome)
 
     def _computed(self, job: Job, sink: ReplySink, outputs: dict, start: int, end: int, batch: int,
                   rows: int) -> None:
@@ -398,7 +432,7 @@ class Executor:
             frames = encode_reply(header)
             self.stats.record(int(status), total_us)
             job.answered(int(status))
-            self._reply(job.envelope, frames, Outcome(int(status), 1, 0, 0, total_us))
+            self._reply(job.reply_to, frames, Outcome(int(status), 1, 0, 0, total_us))
 
 
 def _mergeable(first: Job, job: Job) -> bool:

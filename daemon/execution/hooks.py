@@ -34,7 +34,7 @@ def no_frontend() -> bool:
 class FrontendHooks:
     """The frontend's callbacks, as placements, the registry and the switch use them.
 
-    - `reply(envelope, frames, outcome=None)`: send a reply, from any thread (`ReplyFn`);
+    - `reply(to, frames, outcome=None)`: send a reply where `to` says (job.ReplyTo), from any thread (`ReplyFn`);
     - `on_late(job)`: a request found past its deadline before it was computed: the
       router's fallback, else 504 (`LateFn`);
     - `inline(expected_us, batching)`: may the calling thread compute this request itself

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
     from infermux.models.version import ModelVersion
 
 
-class OutputPlacement(Protocol):
-    """Where a request's outputs may be computed into (a worker's slot: workers/slotoutputs.py; a client's regions: execution/outputs.py)."""
+class OutputArrays(Protocol):
+    """Arrays a request's outputs may be computed into (a worker's slot: workers/slotoutputs.py; a client's regions: execution/outputs.py)."""
 
     def arrays(self) -> dict[str, np.ndarray] | None:
         """Arrays to compute the outputs into, or None where they are not known to fit."""
@@ -65,12 +65,40 @@ class ReplySink(Protocol):
         ...
 
 
+# Where a request's reply goes, which is one of three things:
+#
+# - `Envelope`: a client's, the ZeroMQ routing frames its request came with (the identities
+#   of its connection and of any proxies before it; the frontend's ClientEnvelope), which the
+#   frontend's ROUTER socket sends the reply back by;
+# - `Internal`: a request the daemon sent itself (a pipeline's step, a rollout's shadow), whose
+#   reply goes to its sink;
+# - `SlotAddress`: a request a worker process computes (workers/child.py), whose reply goes back
+#   to the daemon by the sequence number and slot the daemon sent it with.
+#
+# Every reply goes through one reply function (executor.ReplyFn), which knows which it serves.
+Envelope = list[Any]
+
+
 @dataclass(frozen=True, slots=True)
 class Internal:
-    """The envelope of an internal request: `[Internal(sink)]` instead of a client's identities.
-    Every reply goes through the one reply function (executor.ReplyFn), which hands it to `sink`."""
+    """The reply-to of an internal request: its `sink`, in place of a client's envelope."""
 
     sink: ReplySink
+
+
+@dataclass(slots=True)
+class SlotAddress:
+    """The reply-to of a request in a worker process: the daemon's sequence number for it, its
+    shared-memory slot (workers/slots.Slot; None where its tensors came inline), and the views on
+    that slot its outputs may be computed into (workers/slotoutputs.SlotOutputs), if any. The
+    worker's types are its own: this layer holds them without reading them."""
+
+    seq: int
+    slot: Any
+    outputs: Any = None
+
+
+ReplyTo = Envelope | Internal | SlotAddress
 
 
 # The name an internal request gives its one tensor when the model's input name is not known
@@ -79,22 +107,21 @@ class Internal:
 ONLY_INPUT = "(the model's only input)"
 
 
-def internal_sink(envelope: list[Any]) -> ReplySink | None:
-    """The sink of an internal request's envelope; None for a client's."""
-    first = envelope[0] if envelope else None
-    return first.sink if type(first) is Internal else None
+def internal_sink(to: ReplyTo) -> ReplySink | None:
+    """The sink of an internal request's reply-to; None for a client's or a worker's."""
+    return to.sink if type(to) is Internal else None
 
 
 @dataclass(slots=True)
 class Job:
     """One accepted request.
 
-    `frames` keeps the received ZeroMQ frames alive: the input arrays are
+    `reply_to` says where its reply goes (Envelope, Internal or SlotAddress). `frames` keeps the received ZeroMQ frames alive: the input arrays are
     views on them. `fallback` is set once the request is degraded to a
     stand-in model, and names the model it asked for and why.
     """
 
-    envelope: list[Any]
+    reply_to: ReplyTo
     request: Request
     frames: list[Any]
     received_ns: int
@@ -102,7 +129,7 @@ class Job:
     fallback: dict[str, str] | None = None
     hops: int = 0
     target: ModelVersion | None = None  # the version the router chose, for its statistics
-    place: OutputPlacement | None = None  # outputs may go straight into a worker's slot or the client's regions
+    outputs_into: OutputArrays | None = None  # outputs may go straight into a worker's slot or the client's regions
     stream: Stream | None = None  # a client's keyed request: its stream's accounting (execution/streams.py)
 
     @property

@@ -10,7 +10,8 @@ There are two, and "placement" means only these (`kind`, as the configuration's
 
 A placer makes one (models/placer.py: `HotPlacer`, and the worker pool for
 cold) and `ModelVersion.placement` holds it. The router admits requests to it
-(`submit`, `push_out`, `expected_wait_us`), the registry changes (`apply`),
+(`submit`, `push_out`, `expected_wait_us`) or computes one at once on an idle
+context it offers (`idle_context`: the fast path, hot only), the registry changes (`apply`),
 measures (`footprint`) and stops it, the switch hands one over to its
 successor (`hand_over`: hot swap, reload, promote/demote), and the admin
 views read it (`contexts`, `settings`, `worker_info`). Whatever one of them is
@@ -24,6 +25,7 @@ import enum
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
+from infermux.execution.executor import Executor
 from infermux.execution.job import Job
 from infermux.plugins.base import Engine
 
@@ -96,7 +98,7 @@ class Placement(Protocol):
 
     @property
     def engine(self) -> Engine:
-        """Its engine; a cold one's only describes the tensors (workers/proxy.py RemoteEngine)."""
+        """Its engine; a cold one's only describes the tensors (workers/remote.py RemoteEngine)."""
         ...
 
     @property
@@ -124,6 +126,14 @@ class Placement(Protocol):
 
     def expected_wait_us(self) -> float:
         """Queueing plus service time for a request admitted now (deadline fallback, Retry-After)."""
+        ...
+
+    def idle_context(self, rows: int, key: Any = None) -> Executor | None:
+        """The fast path: a context that may compute a request of `rows` rows (and `key`) on the
+        calling thread at once, because nothing about it needs deciding (no batching, no queue, no
+        key to place, the inline gate allows it), for `Executor.compute`; None where none may, and
+        always for a cold placement (its contexts are in its worker). What the router asks, once,
+        for the general path's checks and the express lane's alike (Router.idle)."""
         ...
 
     # -- what is queued ---------------------------------------------------------------

@@ -23,7 +23,7 @@ from infermux.execution import batcher
 from infermux.config import HOT, ModelConfig
 from infermux.execution.fairqueue import Closed, Lane, longest_lane
 from infermux.execution.batchcap import CappedPolicy
-from infermux.execution.executor import Executor
+from infermux.execution.executor import Executor, Queued
 from infermux.execution.hashring import HashRing
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.job import Job, Outcome, internal_sink
@@ -170,20 +170,22 @@ class Scheduler:
         executor = home or self._pick(executors, job)
         if self._hand_back(executor, job):
             return Admission.QUEUED
-        if self.policy.max_batch > 1 and self._hold is not None and self._hold(self):
-            try:  # the reading thread runs it with the rest of its burst (run_held)
-                self._superseded(executor.queue.put(job, wake=False, keep=keep), job)
-            except Closed:
-                return Admission.CLOSED
+        batched = self.policy.max_batch > 1
+        if batched and self._hold is not None and self._hold(self):
+            return self._put(executor, job, keep, held=True)
+        here = self._computes_here(executor, batcher.rows(job.request.inputs), batched)
+        if here is not None and here.compute(job):
             return Admission.QUEUED
-        if self._inline is not None and executor.load == 0 and executor.row_us:
-            expected_us = executor.row_us * batcher.rows(job.request.inputs)
-            if self._inline(expected_us, self.policy.max_batch > 1) and executor.try_inline(job):
-                return Admission.QUEUED
+        return self._put(executor, job, keep, held=False)
+
+    def _put(self, executor: Executor, job: Job, keep: int, held: bool) -> Admission:
+        """Queue `job` on `executor` (`held`: for the reading thread to run with the rest of its burst,
+        run_held, the context's thread not woken); a closed queue (the context is being removed, or
+        this version stopped meanwhile) sends it to the successor, or CLOSED for a held one."""
         try:
-            self._superseded(executor.queue.put(job, keep=keep), job)
-        except Closed:  # the context is being removed, or this version stopped meanwhile
-            return self._forward(job)
+            self._superseded(executor.queue.put(job, wake=not held, keep=keep), job)
+        except Closed:
+            return Admission.CLOSED if held else self._forward(job)
         return Admission.QUEUED
 
     def _hand_back(self, executor: Executor, job: Job) -> bool:
@@ -193,7 +195,7 @@ class Scheduler:
         thread once the admission is over; True where it was."""
         if self.policy.max_batch > 1 or self.nice or executor.load:
             return False
-        sink = internal_sink(job.envelope)
+        sink = internal_sink(job.reply_to)
         if sink is None:
             return False
         sink.hand_back(lambda: self.run_step(executor, job))
@@ -203,7 +205,7 @@ class Scheduler:
         """Compute a step handed back (`_hand_back`) on the calling thread if `executor` is still idle,
         else queue it there as any request; if the version stopped meanwhile, its successor takes it,
         else 503 (as `Router._refused` says of a closed placement). True where it computed it."""
-        if executor.try_inline(job):
+        if executor.compute(job):
             return True
         try:
             executor.queue.put(job)
@@ -215,31 +217,35 @@ class Scheduler:
         total_us = (time.perf_counter_ns() - job.received_ns) // 1000
         self._stats.router.record(int(Status.NOT_READY), total_us)
         job.answered(int(Status.NOT_READY))
-        self._reply(job.envelope, encode_reply(error_header(
+        self._reply(job.reply_to, encode_reply(error_header(
             Status.NOT_READY, f"model {self.name!r} version {self.version!r} stopped; retry", job.request.id,
             retry_after_ms=OPERATOR_RETRY_MS, model=self.name, version=self.version)))
         return False
 
-    def serve_now(self, job: Job) -> bool:
-        """The fast path (Router.admit_fast): compute `job` on the calling thread at once when nothing
-        needs deciding: no batching, an idle context, a compute the inline gate allows, no key to
-        hash to a context, no older request of its stream waiting (newest_per_key: the newer replaces
-        that one, on the general path). True once it is answered; False, having done nothing, otherwise."""
-        executor = self.idle_context(batcher.rows(job.request.inputs), job.request.key)
-        return executor is not None and executor.serve_alone(job)
-
     def idle_context(self, rows: int, key: Any = None) -> Executor | None:
-        """The context that may compute a request of `rows` rows (and `key`) on the calling thread at
-        once, by serve_now's rules; None where one may not. The express lane (express.py) asks it too."""
+        """Placement.idle_context: the context that may compute a request of `rows` rows (and `key`) on
+        the calling thread at once, nothing about it needing deciding: the version does not batch,
+        its queue has room, no key to hash to a context, no older request of its stream waiting
+        (newest_per_key: the newer replaces that one, on the general path), and an idle context
+        whose compute the inline gate allows (`_computes_here`). None where none may."""
         if (self.policy.max_batch > 1 or self._inline is None or (self.strategy == "hash" and key is not None)
                 or self.depth() >= self.max_queue):
             return None
         if self.queue_policy == NEWEST_PER_KEY and key is not None and self._home(self.executors, key) is not None:
             return None
         for executor in self.executors:
-            if executor.load == 0 and executor.row_us:
-                return executor if self._inline(executor.row_us * rows, False) else None
+            if executor.load == 0 and executor.row_us:  # the first idle one decides
+                return self._computes_here(executor, rows, False)
         return None
+
+    def _computes_here(self, executor: Executor, rows: int, batched: bool) -> Executor | None:
+        """`executor`, where the calling thread may compute a request of `rows` rows on it at once: it is idle, its compute time is known, and the inline gate (inline.py)
+        allows that much on this thread (`batched`: the version batches); else None. The one place
+        this is asked: the fast path's `idle_context`, and `submit`'s inline compute."""
+        inline = self._inline
+        if inline is None or executor.load or not executor.row_us:
+            return None
+        return executor if inline(executor.row_us * rows, batched) else None
 
     def _forward(self, job: Job) -> Admission:
         """This version takes no more work: its successor's, once a switch replaced it (hand_over)."""
@@ -258,13 +264,14 @@ class Scheduler:
             total_us = (time.perf_counter_ns() - job.received_ns) // 1000
             self._stats.router.record(int(Status.SUPERSEDED), total_us)
             job.answered(int(Status.SUPERSEDED))
-            self._reply(job.envelope, encode_reply(superseded(job, newer, self.name, self.version)),
+            self._reply(job.reply_to, encode_reply(superseded(job, newer, self.name, self.version)),
                         Outcome(int(Status.SUPERSEDED), 1, 0, 0, total_us))
 
     def run_held(self, gate: Callable[[float, int], bool]) -> None:
         """Compute what was held for the calling thread (while `gate` allows), wake the executors for the rest."""
+        queued = Queued(gate)
         for executor in self.executors:
-            executor.run_queued(gate)
+            executor.compute(queued)
 
     def push_out(self, job: Job) -> Job | None:
         """The queue is full: make room for `job` if its key holds less of it than another key.

@@ -7,24 +7,64 @@ request of a deque append and an eventfd write (docs/decisions.md).
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
-from infermux.execution.job import Job
+import zmq
+
+from infermux.execution.job import Envelope, Job, Outcome, ReplyTo, internal_sink
+from infermux.frontend.pacing import RefusalPacer
+
+log = logging.getLogger("infermux.server")
 
 
 class Doorbell:
-    """The queues other threads fill for the frontend thread (replies, fds to poll, pipelines' steps to
-    admit) and the eventfd each of them rings; the loop polls `fd` beside its socket."""
+    """The frontend thread's door for the others: the replies they send (executor.ReplyFn), the fds
+    they ask it to poll, pipelines' steps to admit, and the eventfd each of them rings; the loop
+    polls `fd` beside its socket. On the frontend thread itself a reply is sent at once."""
 
-    def __init__(self) -> None:
+    def __init__(self, send: Callable[[list[Any], list[Any] | None], None], pacer: RefusalPacer,
+                 wake: Callable[[], None]) -> None:
+        self.send, self.pacer, self.wake = send, pacer, wake
+        self.thread = threading.get_ident()  # the frontend thread's, once its loop runs
         self.fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self.replies: deque[tuple[list[Any], list[Any]]] = deque()  # (envelope, frames) from other threads
         self.watches: deque[tuple[int, Callable[[], bool]]] = deque()  # fd -> on_ready, for the loop to poll
         self.admissions: deque[Job] = deque()  # pipelines' model steps the frontend admits (admit_step)
+
+    def reply(self, to: ReplyTo, frames: list[Any], outcome: Outcome | None = None) -> None:
+        """Send a reply: directly on the frontend thread, else through the queue; an internal
+        request's (a pipeline step's) goes to its sink instead (job.Internal)."""
+        sink = internal_sink(to)
+        if sink is not None:
+            sink.deliver(frames, outcome)
+            return
+        envelope = cast(Envelope, to)  # the frontend's requests are its clients' or internal
+        if threading.get_ident() == self.thread:
+            self.send(envelope + frames, envelope)
+            return
+        self.replies.append((envelope, frames))
+        os.eventfd_write(self.fd, 1)
+
+    def reply_late(self, to: ReplyTo, frames: list[Any], outcome: Outcome | None = None) -> None:
+        """`reply`, held back (pacing.py): for a refusal the client can only meet by sending something
+        else (a pipeline's 400 or 413 after its steps ran), so that a client looping on it cannot keep
+        the steps busy. Safe from any thread: the loop's tick sends it."""
+        if internal_sink(to) is not None:
+            self.reply(to, frames, outcome)
+            return
+        self.pacer.hold_later(cast(Envelope, to) + frames)
+        self.wake()  # the loop may be asleep: its next tick sends it
+
+    def watch(self, fd: int, on_ready: Callable[[], bool]) -> None:
+        """Call `on_ready()` on the frontend thread whenever `fd` is readable, until it returns
+        False (then the fd is forgotten). Safe from any thread; takes effect at the next turn."""
+        self.watches.append((fd, on_ready))
+        self.ring()
 
     def ring(self) -> None:
         """Wake the loop (any thread, a signal handler too); raises OSError once closed."""
@@ -86,3 +126,33 @@ class Barrier:
         waiting = self._waiting
         while waiting:
             waiting.popleft().set()
+
+
+class Watched:
+    """The fds the loop polls beside its socket (workers' lanes, the regions' connections), each
+    with the callable that reads it on the frontend thread until it returns False."""
+
+    def __init__(self, poller: zmq.Poller) -> None:
+        self.poller = poller
+        self.fds: dict[int, Callable[[], bool]] = {}
+
+    def add(self, fd: int, on_ready: Callable[[], bool]) -> None:
+        self.fds[fd] = on_ready
+        self.poller.register(fd, zmq.POLLIN)
+
+    def handle(self, ready: dict[Any, int]) -> None:
+        """Call the reader of each ready fd; forget those that are done, or failed."""
+        fds = self.fds
+        for fd in ready:
+            on_ready = fds.get(fd)
+            if on_ready is not None and not _still_watching(on_ready):
+                del fds[fd]
+                self.poller.unregister(fd)
+
+
+def _still_watching(on_ready: Callable[[], bool]) -> bool:
+    try:
+        return on_ready()
+    except Exception:  # a watcher's bug must not take the frontend (and the daemon) down
+        log.exception("internal error reading a worker's lane; no longer watching it")
+        return False

@@ -13,12 +13,13 @@ requests that the fast path would take, read from a known header layout
   look the rest up in the parse cache's table of express layouts, check
   each tensor frame's size; then one call into Python, `ExpressLane.serve`,
   and the reply it returns sent, to the envelope the request came with;
-- in Python, per request: what the fast path checks (Router.plain_version,
-  the tensors accepted for the layout and engine, Scheduler.idle_context),
-  the compute and its reply (Executor.answer_now), with no `Job`; its
-  statistics and estimates are kept and folded once the burst ends
-  (Executor.settle; a statistics reading folds them first, so it never
-  misses a reply already sent).
+- in Python, per request: what the fast path asks (Router.idle: the
+  version and the idle context its placement offers) and the tensors
+  accepted for the layout and engine, the compute and its reply
+  (Executor.compute of a `Bare` request), with no `Job`; its statistics
+  and estimates are kept and folded once the burst ends (Executor.settle;
+  a statistics reading folds them first, so it never misses a reply
+  already sent).
 
 Anything else goes down the general path, unchanged and in order: a
 message the table has no entry for (the first two of a layout, shared
@@ -42,12 +43,12 @@ import logging
 import os
 import time
 from collections import deque
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
-from infermux.execution.executor import Executor
-from infermux.execution.job import Job
+from infermux.execution.executor import Bare, Executor
+from infermux.execution.job import Envelope, Job
 from infermux.frontend.oversize import ClientEnvelope
 from infermux.frontend.pacing import RefusalPacer
 from infermux.frontend.parsecache import Layout, ParseCache, fill, id_value
@@ -83,6 +84,10 @@ class ExpressLane:
         self._room = 0  # the largest reply the lane sends itself, read from the limits once a burst
         # The contexts this burst computed on and their versions, settled and marked used after it.
         self._computed: dict[Executor, ModelVersion] = {}
+        # What each request asks a context to compute: one record, filled per request (cheaper than
+        # a new one, and safe: the lane serves one request at a time, and `compute` keeps none of it),
+        # emptied once a burst so that it holds no request's frames after it.
+        self._work = Bare({}, 1, None, None, 0, _no_job)
 
     def run(self, budget: int, asked: int, outbox: deque[Any], hear: Callable[[int], None],
             dropped: Callable[[Any], None]) -> tuple[int, tuple[list[Any], int] | None]:
@@ -102,6 +107,7 @@ class ExpressLane:
                 executor.settle()
                 mv.last_used = now
             self._computed.clear()
+            self._work.inputs, self._work.job_of = {}, _no_job
         self.served += served
         return served, message
 
@@ -110,14 +116,10 @@ class ExpressLane:
         True where it was answered here, None (nothing done) where the general path must take it."""
         try:
             received = time.perf_counter_ns()
-            plain = self.router.plain_version(layout.model)
-            if plain is None or not self.router.accepts(layout, plain[0]):
+            fast = self.router.idle(layout.model, layout.rows)
+            if fast is None or not self.router.accepts(layout, fast[0]):
                 return None
-            mv, scheduler = plain
-            rows = layout.rows
-            executor = scheduler.idle_context(rows)
-            if executor is None:
-                return None
+            mv, executor = fast
             # The array's own constructor over the frame: cheaper than frombuffer-and-reshape.
             inputs = {spec.name: np.ndarray(spec.shape, spec.dtype, frame)
                       for spec, frame in zip(layout.inputs, frames[split + 1:])}
@@ -125,7 +127,10 @@ class ExpressLane:
             def job_of() -> Job:  # where the general path's reply answers it: a failure, a rare encoding
                 return self._job(layout, ident, frames, split, received, mv.config.timeout_ms)
 
-            answer = executor.answer_now(inputs, rows, id_value(ident), layout.outputs, received, job_of)
+            work = self._work
+            work.inputs, work.rows, work.id, work.asked, work.received_ns, work.job_of = \
+                inputs, layout.rows, id_value(ident), layout.outputs, received, job_of
+            answer = executor.compute(work)
             if answer is None:
                 return None
             self._computed[executor] = mv
@@ -133,7 +138,7 @@ class ExpressLane:
                 self._pacer.forgive(frames[0])
             if isinstance(answer, bool) or (sum(map(len, answer)) <= self._room and len(answer) <= MAX_REPLY_FRAMES):
                 return answer
-            envelope = job_of().envelope
+            envelope = cast(Envelope, job_of().reply_to)  # the lane's Job is a client's (_job)
             self._send(envelope + answer, envelope)  # 413 in its place if over max_reply_bytes, remembered by its kind
             self._forgiving = self._pacer.remembers()
             return True
@@ -151,3 +156,8 @@ class ExpressLane:
         envelope.came_with(request)
         deadline = received + (request.timeout_ms or timeout_ms) * 1_000_000
         return Job(envelope, request, frames, received, deadline_ns=deadline)
+
+
+def _no_job() -> Job:
+    """The lane's work record between bursts: no request, so no Job to make."""
+    raise AssertionError("the lane's work record holds no request between bursts")

@@ -17,6 +17,7 @@ from infermux.transport import curve, ipc
 from infermux.transport.limits import frame_cap
 from infermux.transport.peers import PeerGuard
 from infermux.transport.regions import RegionServer, RegionTable
+from infermux.transport.wire import Choice, PyzmqWire, Wire, wire_for
 
 RCVHWM = 10000  # requests libzmq queues for the frontend before it drops a peer's messages
 SNDHWM = 1000  # replies queued for one peer before its pipe is full (the frontend then drops: peers.py)
@@ -65,3 +66,16 @@ def open_regions(daemon: cfg.DaemonConfig, run_dir: Path, regions: RegionTable,
                            "set [daemon] shared_memory to another name, or \"\" to turn it off") from None
     events.emit("listening", endpoint=f"unix://{path}", what="shared-memory regions")
     return server
+
+
+def open_wire(sock: zmq.Socket, choice: Choice, guard: curve.CurveGuard | None,
+              daemon: cfg.DaemonConfig) -> tuple[Wire, Choice]:
+    """The calls the frontend makes on `sock` (wire.py), and the choice they follow: pyzmq's where a
+    stream is keyed by the CURVE client's key, which only pyzmq's calls read off a message."""
+    identities = guard is not None and daemon.stream_keys == "bound"
+    if identities:
+        choice = Choice(False, 'stream_keys = "bound" with CURVE reads each message\'s client key', chosen=True)
+    wire = wire_for(sock, choice)
+    if isinstance(wire, PyzmqWire):
+        wire.identities = identities
+    return wire, choice

@@ -28,9 +28,10 @@ Kind = tuple[Any, ...]
 
 
 class ClientEnvelope(list[Any]):
-    """A client's envelope (its identity frames) that knows the request it came with, so that a
-    reply found too large can be remembered by its kind; `probe` is the kind when this request
-    was let through to see whether its kind still makes replies over the limit."""
+    """A client's envelope (its identity frames, where its reply goes: job.Envelope) that knows the
+    request it came with, so that a reply found too large can be remembered by its kind; `probe` is
+    the kind when this request was let through to see whether its kind still makes replies over the
+    limit."""
 
     __slots__ = ("request", "model", "version", "probe", "user")
 

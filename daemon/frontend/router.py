@@ -18,11 +18,11 @@ from typing import Any
 
 from infermux.config import COLD, MAX_FALLBACK_DEPTH, Config, RoutingConfig
 from infermux.pipelines.runner import Pipeline
-from infermux.execution.executor import ReplyFn
+from infermux.execution import batcher
+from infermux.execution.executor import Executor, ReplyFn
 from infermux.execution.hashring import HashRing
-from infermux.execution.job import ONLY_INPUT, Job, internal_sink
+from infermux.execution.job import ONLY_INPUT, Envelope, Job, internal_sink
 from infermux.execution.placement import Admission, Placement
-from infermux.execution.scheduler import Scheduler
 from infermux.execution.streams import HOLD_S, StreamTable, stream_key
 from infermux.frontend.parsecache import MAX_LAYOUTS, Layout
 from infermux.protocol import OPERATOR_RETRY_MS, ProtocolError, Status, dtype_name, encode_reply, error_header
@@ -99,21 +99,20 @@ class Router:
         """Serve `job` at once if nothing about it needs deciding; False, having done nothing, if
         something does (then `admit` takes it).
 
-        The common request: a model with no fallback and no version asked for, whose one version
-        (or least_queue default) is hot and ready, with time left, inputs it accepts and an idle
-        context that may compute it on this thread (Scheduler.serve_now). Those checks are the
-        general path's, in its order, without the steps that cannot apply: pipelines, fallback
-        and deadline decisions, batching holds, queues. A keyed request is counted on its stream
-        here too (`_track`, once), and one whose stream has an older request waiting under
-        newest_per_key goes to the general path (Scheduler.serve_now). `layout`: the header layout the
-        request was read from (parsecache.py), whose tensors, once accepted by an engine, are not
-        checked against it again.
+        The common request: no version asked for, a model and context `idle` offers, time left and
+        inputs the version accepts. Those checks are the general path's, in its order, without the
+        steps that cannot apply: pipelines, fallback and deadline decisions, batching holds, queues.
+        A keyed request is counted on its stream here too (`_track`, once). `layout`: the header
+        layout the request was read from (parsecache.py), whose tensors, once accepted by an
+        engine, are not checked against it again.
         """
         req = job.request
-        plain = self.plain_version(req.model) if req.version is None else None
-        if plain is None or (self.bound_keys and req.key is not None):  # whose key it is: the general path's
+        if req.version is not None or (self.bound_keys and req.key is not None):  # whose key: the general path's
             return False
-        mv, scheduler = plain
+        fast = self.idle(req.model, batcher.rows(req.inputs), req.key)
+        if fast is None:
+            return False
+        mv, executor = fast
         job.deadline_ns = job.received_ns + (req.timeout_ms or mv.config.timeout_ms) * 1_000_000
         if job.late():
             return False
@@ -125,25 +124,28 @@ class Router:
             self._accept(layout, mv)
         job.target = mv
         self._track(job)  # a stream's request served here is counted as on the general path
-        if not scheduler.serve_now(job):
+        if not executor.compute(job):
             return False
         mv.last_used = time.monotonic()
         return True
 
-    def plain_version(self, name: str) -> tuple[ModelVersion, Scheduler] | None:
-        """The version that serves model `name`'s requests when nothing about them needs deciding
-        (no version asked for): a model with no fallback, whose one version (or least_queue default)
-        is hot and ready, with its scheduler; None where something does. What admit_fast and the express lane
-        (express.py) both ask first."""
+    def idle(self, name: str, rows: int, key: Any = None) -> tuple[ModelVersion, Executor] | None:
+        """Where a request for model `name` (no version asked for) of `rows` rows and `key` is computed
+        at once, nothing about it needing deciding: the version that serves the model's plain requests
+        (no fallback, and its one version, or its least_queue default, ready) and the idle context its
+        placement offers (Placement.idle_context; a cold one offers none); None where the general
+        path must decide. The one question the fast path asks, for admit_fast and the express lane
+        (express.py) alike."""
         model = self.registry.models.get(name)
         if model is None or model.fallback or name in self.pipelines:
             return None
         if len(model.ordered()) > 1 and model.pinned is None and self.strategy(model) != "least_queue":
             return None
         mv = model.default()
-        if mv is None or mv.state is not State.READY or not isinstance(mv.placement, Scheduler):
+        if mv is None or mv.state is not State.READY or mv.placement is None:
             return None
-        return mv, mv.placement
+        executor = mv.placement.idle_context(rows, key)
+        return None if executor is None else (mv, executor)
 
     def accepts(self, layout: Layout | None, mv: ModelVersion) -> bool:
         """Whether `mv`'s engine accepted the tensors of `layout`'s requests already (_accept)."""
@@ -164,9 +166,10 @@ class Router:
         it is answered where it is answered (Job.answered). Under stream_keys = "bound", 403 for a key
         another client holds (_owner)."""
         req = job.request
-        if job.stream is None and req.key is not None and internal_sink(job.envelope) is None and \
+        envelope = job.reply_to
+        if job.stream is None and req.key is not None and isinstance(envelope, list) and \
                 (req.model in self.pipelines or self.registry.model(req.model) is not None):
-            owner = _owner(job.envelope) if self.bound_keys else None
+            owner = _owner(envelope) if self.bound_keys else None
             if owner is not None and self.streams.foreign(req.model, req.key, owner):
                 hold = f"{self.streams.silent_s or HOLD_S:g} s"
                 raise ProtocolError(Status.FORBIDDEN, f"stream key {stream_key(req.key)[:64]!r} of {req.model!r} "
@@ -181,6 +184,8 @@ class Router:
         job.answered(int(status))
 
     def _admit(self, job: Job) -> None:
+        """Route `job` (the policy in the module's docstring) and submit it to the chosen version's
+        placement, or to a fallback; raises ProtocolError with the reply for one it refuses."""
         req = job.request
         pipeline = self.pipelines.get(req.model)
         if pipeline is not None:  # its threads run the steps; each model step comes back through here
@@ -195,13 +200,8 @@ class Router:
         if not job.deadline_ns:
             job.deadline_ns = job.received_ns + (job.request.timeout_ms or mv.config.timeout_ms) * 1_000_000
         if not mv.ready:
-            self._on_demand(job, mv)
-            if mv.state is State.UNLOADED:  # hot, unloaded by an operator: it stays so
-                self._unloaded(job, model, mv)
-                return
-            if model.fallback and self._fallback(job, model, "not_ready"):
-                return
-            raise _not_ready(mv, mv.state.value)
+            self._unready(job, model, mv)
+            return
         self._check_tensors(mv, job)
         placement = mv.placement
         if placement is None:  # unloaded between the state check and here
@@ -216,6 +216,17 @@ class Router:
         if admitted is not Admission.QUEUED:
             self._refused(job, model, mv, placement, admitted)
         mv.last_used = time.monotonic()
+
+    def _unready(self, job: Job, model: Model, mv: ModelVersion) -> None:
+        """The version chosen for `job` is not ready: start it on demand (a cold one's worker), then its
+        fallback serves, else 503 with the time to retry after; an unloaded hot one stays so (_unloaded)."""
+        self._on_demand(job, mv)
+        if mv.state is State.UNLOADED:  # hot, unloaded by an operator: it stays so
+            self._unloaded(job, model, mv)
+            return
+        if model.fallback and self._fallback(job, model, "not_ready"):
+            return
+        raise _not_ready(mv, mv.state.value)
 
     def _unloaded(self, job: Job, model: Model, mv: ModelVersion) -> None:
         """An unloaded hot version does not come back by itself: its fallback serves
@@ -313,7 +324,7 @@ class Router:
             return
         inputs = job.request.inputs
         names = {s.name for s in engine.inputs}
-        if ONLY_INPUT in inputs and len(inputs) == len(names) == 1 and internal_sink(job.envelope) is not None:
+        if ONLY_INPUT in inputs and len(inputs) == len(names) == 1 and internal_sink(job.reply_to) is not None:
             inputs[engine.inputs[0].name] = inputs.pop(ONLY_INPUT)  # the version is chosen: its name
         if set(inputs) != names:
             raise ProtocolError(Status.BAD_REQUEST, f"model {mv.name!r} takes inputs "
@@ -386,7 +397,7 @@ class Router:
             header = error_header(Status.TOO_MANY, f"model {mv.name!r} queue is full and key "
                                   f"{victim.request.key!r} holds the most of it; retry later",
                                   victim.request.id, retry_after_ms=self._retry_ms(placement))
-            self._reply(victim.envelope, encode_reply(header))
+            self._reply(victim.reply_to, encode_reply(header))
         if queued:
             mv.last_used = time.monotonic()
         return queued
@@ -407,7 +418,7 @@ class Router:
         header = error_header(Status.DEADLINE, f"deadline passed after {waited_ms:.1f} ms waiting for "
                               f"model {job.request.model!r}; not computed", job.request.id,
                               fallback=job.fallback)
-        self._reply(job.envelope, encode_reply(header))
+        self._reply(job.reply_to, encode_reply(header))
 
     @staticmethod
     def _retry_ms(placement: Placement) -> int:
@@ -420,10 +431,11 @@ def frame_inputs(job: Job) -> list[str]:
     """Names of a client request's inputs that its header declares camera frames (a "format" in
     their entry, as `protocol.Frame` sends them); [] for an internal request or plain tensors.
     Only asked on the way to a 400: the header was bounded and parsed once already."""
-    if internal_sink(job.envelope) is not None or len(job.frames) <= len(job.envelope):
+    envelope = job.reply_to
+    if not isinstance(envelope, list) or len(job.frames) <= len(envelope):
         return []
     try:
-        entries = json.loads(bytes(job.frames[len(job.envelope)])).get("inputs")
+        entries = json.loads(bytes(job.frames[len(envelope)])).get("inputs")
     except (ValueError, AttributeError, TypeError):
         return []
     return [e["name"] for e in entries or () if isinstance(e, dict) and "format" in e and isinstance(e.get("name"), str)]
@@ -439,7 +451,7 @@ def _retry(status: Status, message: str, retry_after_ms: int) -> ProtocolError:
     return ProtocolError(status, message, retry_after_ms=int(retry_after_ms))
 
 
-def _owner(envelope: list[Any]) -> Any:
+def _owner(envelope: Envelope) -> Any:
     """Who holds the keys a request sends under stream_keys = "bound": its CURVE client's key where the
     frontend read one, else its connection (the envelope: the ROUTER's identity of the connection, and
     those of any proxies before it)."""

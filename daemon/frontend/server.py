@@ -12,7 +12,6 @@ around it: this module is the loop and nothing else.
 from __future__ import annotations
 
 import logging
-import math
 import sys
 import threading
 import time
@@ -25,11 +24,11 @@ from infermux import config as cfg
 from infermux.events import EventLog
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.inline import InlinePolicy
-from infermux.execution.job import Job, Outcome, internal_sink
+from infermux.execution.job import Job, internal_sink
 from infermux.frontend import refusals
-from infermux.frontend.doorbell import Barrier, Doorbell
+from infermux.frontend.doorbell import Barrier, Doorbell, Watched
 from infermux.frontend.express import ExpressLane, express_wanted
-from infermux.frontend.listen import open_regions, open_router
+from infermux.frontend.listen import open_regions, open_router, open_wire
 from infermux.frontend.mirror import Mirror
 from infermux.frontend.oversize import ClientEnvelope, OversizeMemory
 from infermux.frontend.pacing import RefusalPacer
@@ -37,6 +36,7 @@ from infermux.frontend.parsecache import ParseCache
 from infermux.frontend.recorder import Recorder
 from infermux.frontend.router import Deferred, Router
 from infermux.frontend.sender import Sender
+from infermux.frontend.ticks import Ticks
 from infermux.protocol import Status, encode_reply, error_header, request_id
 from infermux.swap.rollout import Rollouts
 from infermux.transport import ipc
@@ -44,7 +44,7 @@ from infermux.transport.curve import CurveGuard
 from infermux.transport.limits import limits_from
 from infermux.transport.peers import PeerGuard
 from infermux.transport.regions import RegionServer, RegionTable
-from infermux.transport.wire import Choice, CompiledWire, PyzmqWire, Wire, choose, wire_for
+from infermux.transport.wire import CompiledWire, PyzmqWire, Wire, choose
 
 __all__ = ["Server", "REFUSE_S", "limits_from"]
 
@@ -54,9 +54,6 @@ BURST = 64  # messages handled per socket before looking at the other one
 QUIET_MS = 50  # at shutdown: how long the socket must stay empty before it is closed
 REFUSE_S = 1.0  # ... and the longest it goes on refusing requests before closing anyway
 QUIESCE_S = 1.0  # the longest `quiesce` waits for the loop's turn (its bell wakes the loop at once)
-# Under load the loop turns once a request at concurrency 1; none of its ticks (watchdog, barriers,
-# paused refusals, silent streams...) needs to run more often than this (docs/performance.md).
-TICK_S = 0.002
 _delimiter = refusals.delimiter
 
 
@@ -70,16 +67,11 @@ class Server:
         self.peers, self.regions, self.recorder = peers, regions, recorder
         self.limits = limits_from(config.daemon)
         self.endpoints = [cfg.resolve_endpoint(ep, run_dir) for ep in config.daemon.listen]
-        self.bell = Doorbell()
-        self._outbox = self.bell.replies  # read on every request: one attribute, not two
         self.barrier = Barrier(self.wake)
         self.inline = InlinePolicy(config.daemon.inline_max_us, config.daemon.inline_busy_max_us)
         self._held: dict[Any, None] = {}  # schedulers with requests queued for the end of this burst
         self._poller = zmq.Poller()
-        self._watched: dict[int, Callable[[], bool]] = {}  # fd -> on_ready, polled by the loop
-        # What the layers below may ask of the frontend (execution/hooks.py), handed down once.
-        self.hooks = FrontendHooks(reply=self.reply, on_late=self._on_late, inline=self._inline_ok, hold=self._hold,
-                                   watch=self.watch, quiesce=self.quiesce)
+        self.watched = Watched(self._poller)  # fds polled beside the socket (workers' lanes...)
         self.router: Router  # set by admit_with, before bind
         self.rollouts: Rollouts
         self.mirror: Mirror
@@ -96,14 +88,16 @@ class Server:
         self.oversize = OversizeMemory(config.daemon.oversize_memory_s)  # the kinds of request that just made one
         self.pacer = RefusalPacer()  # refusals held back, a connection that keeps earning them longer
         self.sender = Sender(self.limits, peers, self.pacer, self.oversize, recorder)
-        self.ticks: list[Callable[[], None]] = [self.barrier.release, recorder.expire, self.sender.send_paused]
-        # How soon each tick must run again, in seconds from `now` (None: not until something wakes
-        # the loop): an idle loop sleeps until the nearest, so it wakes for due work only.
-        self.dues: list[Callable[[float], float | None]] = [self.pacer.next_due]
-        self.poll_ms = 1000  # the longest the loop sleeps: ticks (liveness) run at least this often
-        self._wait_ms = 0  # how long the next turn may sleep: the nearest due, at most poll_ms
-        self._next_tick = 0.0  # ... and, under load, not before this (TICK_S)
-        self._frontend_thread = threading.get_ident()
+        self.bell = Doorbell(self.sender.send, self.pacer, self.wake)  # what other threads hand the loop
+        self._outbox = self.bell.replies  # read on every request: one attribute, not two
+        self.reply, self.reply_late, self.watch = self.bell.reply, self.bell.reply_late, self.bell.watch
+        # What the layers below may ask of the frontend (execution/hooks.py), handed down once.
+        self.hooks = FrontendHooks(reply=self.reply, on_late=self._on_late, inline=self._inline_ok, hold=self._hold,
+                                   watch=self.watch, quiesce=self.quiesce)
+        self.timer = Ticks()  # what runs between two turns, and how long an idle loop sleeps (ticks.py)
+        self.ticks, self.dues = self.timer.ticks, self.timer.dues
+        self.ticks += [self.barrier.release, recorder.expire, self.sender.send_paused]
+        self.dues.append(self.pacer.next_due)
         self.region_server: RegionServer | None = None  # shared-memory inputs (regions.py), once bound
         self._lookup: RegionTable | None = None
 
@@ -123,30 +117,7 @@ class Server:
         self.limits = self.sender.limits = limits_from(daemon)
         self.oversize.memory_s = daemon.oversize_memory_s
 
-    # -- what other threads may ask ------------------------------------------
-
-    def reply(self, envelope: list[Any], frames: list[Any], outcome: Outcome | None = None) -> None:
-        """Send a reply: directly on the frontend thread, else through the doorbell (executor.ReplyFn);
-        an internal request's (a pipeline step's) goes to its sink instead (job.Internal)."""
-        sink = internal_sink(envelope)
-        if sink is not None:
-            sink.deliver(frames, outcome)
-            return
-        if threading.get_ident() == self._frontend_thread:
-            self.sender.send(envelope + frames, envelope)
-            return
-        self._outbox.append((envelope, frames))
-        self.bell.ring()
-
-    def reply_late(self, envelope: list[Any], frames: list[Any], outcome: Outcome | None = None) -> None:
-        """`reply`, held back (pacing.py): for a refusal the client can only meet by sending something
-        else (a pipeline's 400 or 413 after its steps ran), so that a client looping on it cannot keep
-        the steps busy. Safe from any thread: the frontend's tick sends it."""
-        if internal_sink(envelope) is not None:
-            self.reply(envelope, frames, outcome)
-            return
-        self.pacer.hold_later(envelope + frames)
-        self.wake()  # the loop may be asleep: its next tick sends it
+    # -- what other threads may ask (and the doorbell's reply, reply_late, watch) ----
 
     def admit_step(self, job: Job) -> bool:
         """Admit a pipeline's model step (pipelines/calls.py) as a client's request is, on the calling
@@ -167,33 +138,27 @@ class Server:
 
     @staticmethod
     def _refuse_step(job: Job, header: dict[str, Any]) -> None:
-        sink = internal_sink(job.envelope)
-        assert sink is not None, "a pipeline's step has an internal envelope"
+        sink = internal_sink(job.reply_to)
+        assert sink is not None, "a pipeline's step replies to an Internal"
         sink.refused(header)
-
-    def watch(self, fd: int, on_ready: Callable[[], bool]) -> None:
-        """Call `on_ready()` on the frontend thread whenever `fd` is readable, until it returns
-        False (then the fd is forgotten). Safe from any thread; takes effect at the next turn."""
-        self.bell.watches.append((fd, on_ready))
-        self.bell.ring()
 
     def _on_late(self, job: Job) -> None:
         self.router.on_late(job)
 
     def _inline_ok(self, service_time_us: float, batching: bool) -> bool:
         """May the frontend thread compute this request itself? (inline.py)"""
-        if threading.get_ident() != self._frontend_thread or self.socket is None:
+        if threading.get_ident() != self.bell.thread or self.socket is None:
             return False
         return self.inline.allows(service_time_us, batching, self._waiting)
 
     def quiesce(self, timeout_s: float = QUIESCE_S) -> bool:
         """Return once the frontend has finished the admission it may be in the middle of: the
         switch's barrier (models/switch.py; Barrier.wait says how); False if it did not in time."""
-        return self.barrier.wait(timeout_s, threading.get_ident() == self._frontend_thread)
+        return self.barrier.wait(timeout_s, threading.get_ident() == self.bell.thread)
 
     def _hold(self, scheduler: Any) -> bool:
         """Keep a batched model's request for the end of this burst (inline.py); only on the frontend."""
-        if threading.get_ident() != self._frontend_thread:
+        if threading.get_ident() != self.bell.thread:
             return False
         self._held[scheduler] = None
         return True
@@ -217,14 +182,8 @@ class Server:
         """Bind every listen endpoint and the shared-memory regions' socket; raises RuntimeError."""
         daemon = self.config.daemon
         sock = open_router(self.ctx, daemon, self.endpoints, self.curve, self.peers, self.events)
-        identities = self.curve is not None and daemon.stream_keys == "bound"
-        if identities:  # a key is held by the CURVE client's key, which only pyzmq's calls read off a message
-            self.wire_choice = Choice(False, 'stream_keys = "bound" with CURVE reads each message\'s client key',
-                                      chosen=True)
-        self.socket, self.wire = sock, wire_for(sock, self.wire_choice)
-        self.sender.wire = self.wire
-        if isinstance(self.wire, PyzmqWire):
-            self.wire.identities = identities
+        self.wire, self.wire_choice = open_wire(sock, self.wire_choice, self.curve, daemon)
+        self.socket, self.sender.wire = sock, self.wire
         if isinstance(self.wire, CompiledWire) and express_wanted():
             self.express = ExpressLane(self.wire, self.router, self.parses, lambda: self.limits, self.sender.send,
                                        self.pacer)
@@ -240,7 +199,7 @@ class Server:
     def serve_forever(self) -> None:
         """Run the loop until `stop()`; the root drains (`drain`) and closes it after."""
         assert self.socket is not None, "bind() first"
-        self._frontend_thread = threading.get_ident()
+        self.bell.thread = threading.get_ident()
         self.frontend_native_id = threading.get_native_id()
         self.barrier.looping = True
         while not self.stopping:
@@ -254,7 +213,7 @@ class Server:
     def wake(self) -> None:
         """Make the loop turn and run its ticks now (any thread, a signal handler too): for work a
         tick does that no socket announces."""
-        self._next_tick = 0.0
+        self.timer.soon()
         try:
             self.bell.ring()
         except OSError:  # closed: the loop has ended
@@ -293,27 +252,11 @@ class Server:
 
     def step(self) -> None:
         """One turn of the loop: wait for what is ready and handle it, then the ticks when due."""
-        self._turn(self._wait_ms)
+        self._turn(self.timer.wait_ms)
         self.loop_turns += 1
-        now = time.monotonic()
-        if now >= self._next_tick:
-            self._next_tick = now + TICK_S
-            for tick in self.ticks:
-                tick()
-            self._wait_ms = self._longest_wait(time.monotonic())
+        self.timer.run_if_due()
         if self._held:  # a tick may have queued requests (a worker restart)
             self._run_held()
-
-    def _longest_wait(self, now: float) -> int:
-        """Milliseconds the loop may sleep from `now`: until the nearest tick's due time, at most
-        poll_ms. Worked out after the ticks (at most every TICK_S), not on every turn: under load
-        the loop never sleeps that long anyway."""
-        wait_s = self.poll_ms / 1000
-        for due in self.dues:
-            soon = due(now)
-            if soon is not None and soon < wait_s:
-                wait_s = max(0.0, soon)
-        return math.ceil(wait_s * 1000)  # rounded up: a turn that woke a little early would find nothing due
 
     # -- the hot path -----------------------------------------------------------
 
@@ -328,22 +271,10 @@ class Server:
         """Whatever `_turn`'s wait found ready: replies to forward, watched fds, requests to read."""
         if self.bell.fd in ready:
             self._forward_replies()
-        if self._watched:
-            for fd in ready:
-                on_ready = self._watched.get(fd)
-                if on_ready is not None and not self._still_watching(on_ready):
-                    del self._watched[fd]
-                    self._poller.unregister(fd)
+        if self.watched.fds:
+            self.watched.handle(ready)
         if self.socket in ready:
             self._read_requests(refuse)
-
-    @staticmethod
-    def _still_watching(on_ready: Callable[[], bool]) -> bool:
-        try:
-            return on_ready()
-        except Exception:  # a watcher's bug must not take the frontend (and the daemon) down
-            log.exception("internal error reading a worker's lane; no longer watching it")
-            return False
 
     def _forward_replies(self) -> None:
         """Answer the bell: take up the fds `watch` was asked for, admit the steps handed over, send
@@ -351,9 +282,7 @@ class Server:
         bell = self.bell
         bell.answer()
         while bell.watches:
-            fd, on_ready = bell.watches.popleft()
-            self._watched[fd] = on_ready
-            self._poller.register(fd, zmq.POLLIN)
+            self.watched.add(*bell.watches.popleft())
         while bell.admissions:
             job = bell.admissions.popleft()
             refused = self.router.admit(job)

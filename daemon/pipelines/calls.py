@@ -7,8 +7,8 @@ choice, readiness, fallback, deadline, queue bounds and push-out, stream
 policy), so the model's batcher merges it with other clients' requests. A hot
 model's idle, unbatched context computes it on the pipeline's thread; a
 batched or busy one queues it for its executor; a cold one copies it into
-its worker's shared memory (workers/proxy.py). Its envelope is
-`[Internal(sink)]`: the executor hands the outputs to the sink as arrays
+its worker's shared memory (workers/proxy.py). Its reply goes to
+`Internal(sink)` (job.ReplyTo): the executor hands the outputs to the sink as arrays
 (`StepCall.computed`), a refusal comes as the router's header
 (`StepCall.refused`), and what only the wire carries (a cold worker's reply,
 an executor's error) as frames (`StepCall.deliver`); each wakes the
@@ -127,7 +127,7 @@ def call(admit: AdmitFn, model: str, inputs: dict[str, np.ndarray], deadline_ns:
     """Run `model` on `inputs` before `deadline_ns`; its answer, or StepFailed."""
     inputs = {name: np.ascontiguousarray(a) for name, a in inputs.items()}
     sink = StepCall()
-    job = Job([Internal(sink)], Request(model=model, inputs=inputs, id=request_id), [],
+    job = Job(Internal(sink), Request(model=model, inputs=inputs, id=request_id), [],
               time.perf_counter_ns(), deadline_ns)
     in_process = admit(job)  # a refusal (404, 429, 503...) comes back to the sink, like a result
     if not sink.wait(max(0.0, (deadline_ns - time.perf_counter_ns()) / 1e9) + GRACE_S):

@@ -130,7 +130,7 @@ class Pipeline:
         for old in self._queue.put(job, keep=keep):  # Closed only once stopped, under the gate: not here
             self.stats.frames.record(int(Status.SUPERSEDED), (time.perf_counter_ns() - old.received_ns) // 1000)
             old.answered(int(Status.SUPERSEDED))
-            self._reply(old.envelope, encode_reply(superseded(old, job, self.name, None)))
+            self._reply(old.reply_to, encode_reply(superseded(old, job, self.name, None)))
 
     def _push_out(self, job: Job) -> bool:
         """The queue is full: make room for `job` if its key holds less of it than another key, as a
@@ -147,7 +147,7 @@ class Pipeline:
         if victim is not None:  # (None: a thread took the lane's last frame meanwhile, which made room too)
             self.stats.frames.record(int(Status.TOO_MANY), (time.perf_counter_ns() - victim.received_ns) // 1000)
             victim.answered(int(Status.TOO_MANY))
-            self._reply(victim.envelope, encode_reply(error_header(
+            self._reply(victim.reply_to, encode_reply(error_header(
                 Status.TOO_MANY, f"pipeline {self.name!r} queue is full and key {hog!r} holds the most of it; "
                 "retry later", victim.request.id, retry_after_ms=self._retry_after_ms())))
         return True
@@ -190,7 +190,7 @@ class Pipeline:
             # A frame refused for what it is (undecodable, over a bound) is refused again if sent again:
             # held back a moment, a client looping on it cannot keep the pipeline's threads busy.
             refused = status in (Status.BAD_REQUEST, Status.TOO_LARGE)
-            (self._reply_late if refused else self._reply)(job.envelope, frames)
+            (self._reply_late if refused else self._reply)(job.reply_to, frames)
 
     def _answer(self, job: Job) -> tuple[int, list[Any]]:
         """The reply to one frame: 200 with its regions, or the error naming the step."""

@@ -194,18 +194,22 @@ class Hub:
             old = self.runners[name]
             old.stop(close_spool=False)
             self.runners[name] = Runner(wanted[name], self.folder, self.events, old.spool)
-        for name in list(changes["added"]):
-            try:
-                self.runners[name] = Runner(wanted[name], self.folder, self.events)
-            except OSError as exc:  # its spool's folder: the other sinks, and the daemon, go on without it
-                self.events.emit("sink_failed", sink=name, error=f"cannot open its spool under {self.folder}: "
-                                 f"{exc.strerror or exc}; set [daemon] state_dir to a folder the daemon may write")
-                changes["added"].remove(name)
+        changes["added"] = [name for name in changes["added"] if self._start(wanted[name])]
         self._connect()
         for kind, names in changes.items():
             for name in names:
                 self.events.emit(f"sink_{kind}", sink=name)
         return changes
+
+    def _start(self, config: SinkConfig) -> bool:
+        """Start a new sink on its spool; False (and `sink_failed`) where its spool cannot be opened."""
+        try:
+            self.runners[config.name] = Runner(config, self.folder, self.events)
+        except OSError as exc:  # its spool's folder: the other sinks, and the daemon, go on without it
+            self.events.emit("sink_failed", sink=config.name, error=f"cannot open its spool under {self.folder}: "
+                             f"{exc.strerror or exc}; set [daemon] state_dir to a folder the daemon may write")
+            return False
+        return True
 
     def view(self) -> list[dict[str, Any]]:
         return [r.view() for r in self.runners.values()]

@@ -419,12 +419,11 @@ class Rollouts:
         if placement is None:
             return Computed({}, "it is not loaded")
         sink = StepCall()
-        envelope: list[Any] = [Internal(sink)]
         inputs = {name: np.ascontiguousarray(a) for name, a in inputs.items()}
         now = time.perf_counter_ns()
         # No deadline it could pass: a late job goes to the router, which would answer it from the
         # serving version (the fallback path); a stuck candidate is the sink's timeout below.
-        job = Job(envelope, Request(model=candidate.name, inputs=inputs), [], now, now + NO_DEADLINE_NS)
+        job = Job(Internal(sink), Request(model=candidate.name, inputs=inputs), [], now, now + NO_DEADLINE_NS)
         job.target = candidate
         memory = MemoryProbe(candidate)
         admission = placement.submit(job)

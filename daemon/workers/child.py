@@ -26,7 +26,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import zmq
@@ -36,7 +36,7 @@ from infermux.config import ModelConfig
 from infermux.events import limit_tracebacks
 from infermux.models.budget import limit_malloc_arenas, release_freed_memory, rss_bytes
 from infermux.execution.inline import InlinePolicy
-from infermux.execution.job import Job, Outcome
+from infermux.execution.job import Job, Outcome, ReplyTo, SlotAddress
 from infermux.workers.lane import Lane, LaneClosed
 from infermux.plugins import backends
 from infermux.plugins.base import BackendError
@@ -249,23 +249,23 @@ class Worker:
     def _infer(self, message: wire.Infer, frames: list[bytes]) -> None:
         """One request: its tensors are in `frames` (inline) or in its slot."""
         slot = None if message.slot is None else self.slots.get(message.slot)
-        envelope: list[Any] = [message.seq, slot, None]
+        to = SlotAddress(message.seq, slot)
         try:
             request = self._request(message, frames if slot is None else
                                     [slot.view[offset:offset + n] for offset, n in message.offsets])
             if slot is not None and not request.output_regions:  # outputs straight into it (workers/slotoutputs.py)
                 kind = ShapeMemory.kind([[t.name, t.dtype, t.shape] for t in message.tensors], message.outputs)
-                envelope[2] = SlotOutputs(slot, message.outputs_at, kind, self.shapes)
+                to.outputs = SlotOutputs(slot, message.outputs_at, kind, self.shapes)
         except (KeyError, TypeError, ValueError, IndexError) as exc:  # a daemon bug, not the client's
-            self._refuse(envelope, Status.BACKEND_ERROR, f"worker cannot read the request: {exc}",
+            self._refuse(to, Status.BACKEND_ERROR, f"worker cannot read the request: {exc}",
                          message.request_id)
             return
-        job = Job(envelope, request, [], message.received_ns, message.deadline_ns, message.fallback,
-                  place=envelope[2])
+        job = Job(to, request, [], message.received_ns, message.deadline_ns, message.fallback,
+                  outputs_into=to.outputs)
         scheduler = self.scheduler
         if scheduler is None or scheduler.submit(job) is not Admission.QUEUED:
             why = "no model loaded" if scheduler is None else "worker queue full"
-            self._refuse(envelope, Status.NOT_READY, f"{why}; retry", request.id, retry_after_ms=50)
+            self._refuse(to, Status.NOT_READY, f"{why}; retry", request.id, retry_after_ms=50)
 
     def _request(self, message: wire.Infer, buffers: list[Any]) -> Request:
         """The request the daemon already parsed and checked, with numpy views on its tensors."""
@@ -282,16 +282,17 @@ class Worker:
                                                             self.regions.writable(out.region, out.offset))
         return request
 
-    def _refuse(self, envelope: list[Any], status: Status, message: str, request_id: Any,
+    def _refuse(self, to: SlotAddress, status: Status, message: str, request_id: Any,
                 **fields: Any) -> None:
         header = error_header(status, message, request_id, model=self.name, version=self.version, **fields)
-        self._reply(envelope, encode_reply(header), Outcome(int(status), 1, 0, 0, 0))
+        self._reply(to, encode_reply(header), Outcome(int(status), 1, 0, 0, 0))
 
-    def _reply(self, envelope: list[Any], frames: list[Any], outcome: Outcome | None = None) -> None:
-        """An executor's reply. Outputs the backend computed into the request's slot are only
-        pointed at; others are copied there when they fit (and teach the slot outputs their
-        shapes, for the next request of this kind), else sent inline."""
-        seq, slot, placement = envelope
+    def _reply(self, to: ReplyTo, frames: list[Any], outcome: Outcome | None = None) -> None:
+        """An executor's reply (every request here has a SlotAddress). Outputs the backend computed
+        into the request's slot are only pointed at; others are copied there when they fit (and teach
+        the slot outputs their shapes, for the next request of this kind), else sent inline."""
+        address = cast(SlotAddress, to)
+        seq, slot, placement = address.seq, address.slot, address.outputs
         header, outputs = frames[0], frames[1:]
         outcome = outcome or Outcome(0, 1, 0, 0, 0)
         places = None
@@ -309,7 +310,7 @@ class Worker:
             self.send_fast([wire.Reply(seq, outcome).encode(), header, *outputs], copy=sizes < 1 << 20)
 
     def _late(self, job: Job) -> None:
-        self.send_fast([wire.Late(job.envelope[0]).encode()])
+        self.send_fast([wire.Late(cast(SlotAddress, job.reply_to).seq).encode()])
 
     # -- endings ---------------------------------------------------------------------
 

@@ -1,8 +1,8 @@
 """The cold placement (execution/placement.py): a version whose contexts live in a worker process.
 
 `WorkerProxy` implements `Placement` as `Scheduler` does for a hot version,
-and a `RemoteEngine` is an engine (its `inputs`/`outputs` come from the
-worker's READY message). `submit` copies the request's tensors into a shared-memory
+and holds a `RemoteEngine` and a `ContextView` per context (remote.py) in
+place of the worker's engine and contexts. `submit` copies the request's tensors into a shared-memory
 slot (or inline when small) and sends one message by the fast lane
 (lane.py). Replies come back by the lane too: the frontend thread polls it
 (`Watch`), builds the client's reply frames (big outputs go to the client
@@ -26,7 +26,7 @@ import os
 import threading
 import time
 from dataclasses import asdict, replace
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import zmq
 
@@ -34,15 +34,15 @@ from infermux.execution import batcher
 from infermux.workers import wire as wire
 from infermux.config import COLD, ModelConfig
 from infermux.execution.hooks import FrontendHooks
-from infermux.execution.job import Job, internal_sink
-from infermux.execution.stats import ModelStats, Stats
+from infermux.execution.job import Job
+from infermux.execution.stats import ModelStats
 from infermux.execution.placement import Admission, Change, ContextLoad, Placement, Settings, wait_us
 from infermux.workers.lane import LaneClosed
-from infermux.plugins.base import BackendError, Context, TensorSpec
 from infermux.protocol import Status, encode_reply, error_header
 from infermux.transport.regions import RegionTable
 from infermux.workers.slots import ALIGN, Slot, SlotPool, layout, segment_name
 from infermux.workers.process import WorkerProcess
+from infermux.workers.remote import ContextView, RemoteEngine, row_bytes
 
 log = logging.getLogger("infermux.workers")
 
@@ -52,52 +52,6 @@ ZERO_COPY_MIN = 1 << 20  # outputs this big go to the client straight from the s
 # a late request, as a hot context does (it drops the queued late ones itself: LATE).
 SILENT_S = 0.5
 DEADLINE_POLL_MS = 50  # how often the reader looks at deadlines while requests are in flight
-
-
-class RemoteEngine:
-    """A worker's engine as the daemon sees it: tensor specs and footprint, no contexts."""
-
-    def __init__(self, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], memory: int) -> None:
-        self.inputs: Sequence[TensorSpec] = inputs
-        self.outputs: Sequence[TensorSpec] = outputs
-        self.memory = memory
-
-    def create_context(self) -> Context:
-        raise BackendError("a cold model's contexts live in its worker process")
-
-    def memory_bytes(self) -> int:
-        return self.memory
-
-    def close(self) -> None:
-        """Nothing here: stopping the proxy stops the process that holds the engine."""
-
-
-class _Depth:
-    """A queue length reported by the worker (what `len(ex.queue)` reads)."""
-
-    __slots__ = ("n",)
-
-    def __init__(self) -> None:
-        self.n = 0
-
-    def __len__(self) -> int:
-        return self.n
-
-
-class ContextView:
-    """One execution context inside the worker, as its last heartbeat described it."""
-
-    def __init__(self, index: int) -> None:
-        self.index = index
-        self.queue = _Depth()
-        self.in_flight = 0
-        self.served = 0
-        self.row_us = 0.0
-        self.stats = Stats()  # replaced by this context's share of the version's ModelStats
-
-    @property
-    def load(self) -> int:
-        return len(self.queue) + self.in_flight
 
 
 ExitFn = Callable[["WorkerProxy", str, bool], None]
@@ -135,7 +89,7 @@ class WorkerProxy:
         self.unseen_bytes = 0  # what its load took that neither RSS nor NVML shows (MemoryKeeper.unseen)
         self._reply, self._on_late, self._on_exit = hooks.reply, hooks.on_late, on_exit
         self._outputs = len(ready.outputs)
-        self._out_row_bytes = _row_bytes(ready.outputs)
+        self._out_row_bytes = row_bytes(ready.outputs)
         self._pending: dict[int, tuple[Job, Slot | None, int]] = {}
         # Answered at their deadline while the worker was silent: the worker may still write
         # into their slots, so each is kept until its late reply (or LATE) comes, or the end.
@@ -183,6 +137,10 @@ class WorkerProxy:
         return settings.queue_policy == "newest_per_key" and key is not None and \
             self._keyed.get(key, 0) >= settings.per_key_depth
 
+    def idle_context(self, rows: int, key: Any = None) -> None:
+        """None: a cold version's contexts compute in its worker, never on the calling thread."""
+        return None
+
     def push_out(self, job: Job) -> Job | None:
         """None: the queue lives in the worker, whose requests are on their way or running there,
         so a full cold queue refuses the newcomer (429 or the fallback) instead of a queued one.
@@ -227,7 +185,7 @@ class WorkerProxy:
         sizes = [len(t) for t in tensors]
         offsets, span = layout(sizes)
         rows = batcher.rows(job.request.inputs)
-        slot = None
+        slot: Slot | None = None
         req = job.request
         # Already parsed and checked here: the worker only wraps the bytes, in this order.
         message = wire.Infer.of(next(self._seq), job.received_ns, job.deadline_ns, job.fallback, req)
@@ -237,14 +195,7 @@ class WorkerProxy:
                                   if self._map(place.region)]  # the others come back in frames
         outputs = 0 if message.output_regions else self._out_row_bytes * rows
         if sum(sizes) > wire.INLINE_MAX_BYTES or (regions and outputs > wire.INLINE_MAX_BYTES):
-            # The outputs go after the inputs: the worker computes into the slot (workers/slotoutputs.py).
-            slot = self.slots.acquire(span + outputs + ALIGN * self._outputs)
-            # None: no room in /dev/shm (or zmq still sends them): inline
-        if slot is not None:
-            view = slot.view
-            for offset, size, tensor in zip(offsets, sizes, tensors):
-                view[offset:offset + size] = tensor
-            message.slot, message.offsets, message.outputs_at = slot.name, [[o, n] for o, n in zip(offsets, sizes)], span
+            slot = self._fill_slot(message, tensors, sizes, offsets, span, outputs)
         frames: list[Any] = [message.encode()]
         if slot is None:
             frames += tensors
@@ -257,6 +208,20 @@ class WorkerProxy:
         self._rows += rows
         self._count_key(job, 1)
         return True
+
+    def _fill_slot(self, message: wire.Infer, tensors: list[Any], sizes: list[int], offsets: list[int], span: int,
+                   outputs: int) -> Slot | None:
+        """Copy `tensors` into a free slot with room for `outputs` bytes after them (the worker computes
+        into it: workers/slotoutputs.py), and say where in `message`; None where no slot has room (no
+        room in /dev/shm, or zmq still sends them): they go inline."""
+        slot = self.slots.acquire(span + outputs + ALIGN * self._outputs)
+        if slot is None:
+            return None
+        view = slot.view
+        for offset, size, tensor in zip(offsets, sizes, tensors):
+            view[offset:offset + size] = tensor
+        message.slot, message.offsets, message.outputs_at = slot.name, [[o, n] for o, n in zip(offsets, sizes)], span
+        return slot
 
     def _count_key(self, job: Job, step: int) -> None:
         """Keep `_keyed` (under the lock): a request of a key went to the worker (+1) or was answered (-1)."""
@@ -274,9 +239,10 @@ class WorkerProxy:
         client's region itself. A region the worker cannot be given (the lane is full) is
         copied like a frame."""
         req = job.request
-        if internal_sink(job.envelope) is not None:  # a pipeline's step: its arrays, no frames (calls.py)
+        envelope = job.reply_to
+        if not isinstance(envelope, list):  # a pipeline's step (Internal): its arrays, no frames (calls.py)
             return [array.data.cast("B") for array in req.inputs.values()], []
-        frames = job.frames[len(job.envelope) + 1:]
+        frames = job.frames[len(envelope) + 1:]
         if not req.input_regions:
             return list(frames), []
         tensors: list[Any] = []
@@ -514,7 +480,7 @@ class WorkerProxy:
             stats.record_batch(outcome.batch, outcome.compute_us)
         stats.record(outcome.status, outcome.total_us, outcome.queue_us, outcome.compute_us, outcome.batch)
         job.answered(outcome.status)
-        self._reply(job.envelope, [header, *outputs])
+        self._reply(job.reply_to, [header, *outputs])
 
     @staticmethod
     def _from_slot(slot: Slot | None, places: list[list[int]]) -> tuple[list[Any], zmq.MessageTracker | None, int]:
@@ -566,7 +532,7 @@ class WorkerProxy:
                                   model=self.name, version=self.version)
             self._stats.router.record(int(Status.NOT_READY), (time.perf_counter_ns() - job.received_ns) // 1000)
             job.answered(int(Status.NOT_READY))
-            self._reply(job.envelope, encode_reply(header))
+            self._reply(job.reply_to, encode_reply(header))
         for view in self.executors:
             self._stats.remove_context(view.stats)
         if self._regions is not None:
@@ -584,19 +550,3 @@ class WorkerProxy:
 
     def _forget(self, name: str) -> None:
         self.process.send([wire.Forget(name).encode()])
-
-
-def _row_bytes(outputs: Sequence[TensorSpec]) -> int:
-    """Bytes per input row the outputs need, by their specs (dynamic dims count as 1)."""
-    total = 0
-    for spec in outputs:
-        count = 1
-        for d in spec.shape:
-            count *= d if d > 0 else 1
-        total += count * _itemsize(spec.dtype)
-    return total
-
-
-def _itemsize(dtype: str) -> int:
-    return {"float16": 2, "int8": 1, "uint8": 1, "bool": 1, "int32": 4, "float32": 4}.get(dtype, 8)
-

@@ -17,7 +17,7 @@ from infermux.workers.slots import Slot, aligned, layout
 
 
 class SlotOutputs:
-    """One request's output placement (job.OutputPlacement): views on its slot after its inputs."""
+    """The arrays one request's outputs may be computed into (job.OutputArrays): views on its slot after its inputs."""
 
     __slots__ = ("slot", "start", "kind", "memory", "placed")
 

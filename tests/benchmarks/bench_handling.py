@@ -49,6 +49,7 @@ from results import markdown_table, print_and_write, stamp  # noqa: E402
 
 from infermux import config as cfg  # noqa: E402
 from infermux.protocol import encode_request  # noqa: E402
+from infermux.app import App  # noqa: E402
 from infermux.frontend.server import Server  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -104,14 +105,15 @@ Results = dict[str, tuple[float, float]]  # row label -> (bare µs, daemon µs)
 def measure(calls: int, rounds: int, tmp: Path) -> tuple[Results, Results]:
     """µs per request, bare and daemon, for each backend: handling alone, then one loop turn with sockets."""
     (tmp / "daemon.toml").write_text(CONFIG.format(engines=ROOT / "engines"))
-    server = Server(cfg.load(tmp / "daemon.toml"), tmp / "run")
-    server.bind()
+    app = App(cfg.load(tmp / "daemon.toml"), tmp / "run")
+    app.bind()
+    server = app.frontend
     try:
-        server.start_models().join()
-        server._frontend_thread = threading.get_ident()
+        app.start_models().join()
+        server.bell.thread = threading.get_ident()
         image = np.random.default_rng(0).random((1, 3, 64, 64), dtype=np.float32)
         body = [bytes(memoryview(f)) for f in encode_request("classifier", {"images": image}, id=1)]
-        version = server.registry.model("classifier").default()
+        version = app.registry.model("classifier").default()
         executor = version.placement.executors[0]
         real = executor._context
         outputs = real.infer({"images": image})
@@ -123,16 +125,16 @@ def measure(calls: int, rounds: int, tmp: Path) -> tuple[Results, Results]:
         executor._context = real
         return handling, turns
     finally:
-        server.registry.close(10)
-        server.close()
+        app.registry.close(10)
+        app.close()
 
 
 def _handling(server: Server, body: list[bytes], infer: Callable[[Any], dict[str, np.ndarray]],
               calls: int, rounds: int) -> tuple[float, float]:
     """`Server._handle` with its send a no-op, against the bare handler: no socket at all."""
     sent: list[list[Any]] = []
-    send = server._send
-    server._send = lambda frames, envelope=None: sent.append(frames)  # type: ignore[method-assign]
+    send = server.sender.send
+    server.sender.send = server.bell.send = lambda frames, envelope=None: sent.append(frames)  # type: ignore[method-assign]
     try:
         frames: list[Any] = [b"peer", b"", *body]
         bare = handler_for(infer)
@@ -143,16 +145,16 @@ def _handling(server: Server, body: list[bytes], infer: Callable[[Any], dict[str
         assert b'"status":200' in reply, reply[:300]
         return bare_us, daemon_us
     finally:
-        server._send = send  # type: ignore[method-assign]
+        server.sender.send = server.bell.send = send  # type: ignore[method-assign]
 
 
 def _turns(server: Server, body: list[bytes], infer: Callable[[Any], dict[str, np.ndarray]],
            calls: int, rounds: int) -> tuple[float, float]:
     """A request and its reply over inproc: one turn of the daemon's loop against the bare loop's."""
-    assert server.frontend is not None
+    assert server.socket is not None
     ctx = server.ctx  # inproc: the same context as the daemon's ROUTER
     endpoint = f"inproc://turn-{next(TURN_ENDPOINTS)}"
-    server.frontend.bind(endpoint)
+    server.socket.bind(endpoint)
     client, router, bare_client = ctx.socket(zmq.DEALER), ctx.socket(zmq.ROUTER), ctx.socket(zmq.DEALER)
     router.bind(endpoint + "-bare")
     client.connect(endpoint)
@@ -178,7 +180,7 @@ def _turns(server: Server, body: list[bytes], infer: Callable[[Any], dict[str, n
     finally:
         for sock in (client, router, bare_client):
             sock.close(0)
-        server.frontend.unbind(endpoint)
+        server.socket.unbind(endpoint)
 
 
 def _table(results: Results) -> str:

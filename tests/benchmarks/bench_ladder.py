@@ -25,12 +25,12 @@ answers each request read from a layout with only that rung's steps:
   + the job's checks  and the envelope's note of its request, the Job, its
                       deadline and the router's tensor check
   + the executor's serve   the job computed and answered by
-                      Executor.serve_alone instead (its context's lock, the
+                      Executor.compute instead (its context's lock, the
                       estimate, statistics, the reply through Executor._succeed)
   the daemon, general path   unchanged but for the express lane, which
                       INFERMUX_EXPRESS=off turns off: the oversize, recorder
                       and mirror checks, Router.admit_fast,
-                      Scheduler.serve_now (the inline gate) and all after them
+                      Router.idle (the inline gate) and all after them
   the express lane: compute and reply   the daemon with its express lane
                       on, the lane's Python (ExpressLane.serve) cut to the
                       first rung's steps: the context's call and the 200
@@ -121,7 +121,7 @@ def patch(rung: str) -> None:
             self.router._check_tensors(version, job)
             if level >= 5:
                 job.target = version
-                if not executor.serve_alone(job):
+                if not executor.compute(job):
                     raise RuntimeError("the one context was busy on a 1-context daemon's frontend thread")
                 return
         start = time.perf_counter_ns()
@@ -144,7 +144,7 @@ def patch(rung: str) -> None:
         elif level >= 3:
             executor._learn(1, start, end)
             executor.stats.record(200, total_us, queue_us, compute_us, 0)
-        self._send(envelope + executor._ok.encode(request.id, queue_us, compute_us, total_us, outputs))
+        self.sender.send(envelope + executor._ok.encode(request.id, queue_us, compute_us, total_us, outputs))
 
     def checked(executor: Any, version: Any, request: Any, received: int) -> bool:
         """The per-request checks' rung before its call: the request's deadline, an idle context, the inline

@@ -273,7 +273,7 @@ def test_a_pipeline_steps_unnamed_tensor_takes_the_input_name_of_the_version_it_
     from infermux.config import Config, DaemonConfig, RoutingConfig
     from infermux.plugins.base import TensorSpec
     from infermux.protocol import ProtocolError, Request
-    from infermux.execution.job import ONLY_INPUT, Internal, Job
+    from infermux.execution.job import ONLY_INPUT, Internal, Job, ReplyTo
     from infermux.frontend.router import Router
 
     registry: Any = SimpleNamespace()
@@ -283,8 +283,8 @@ def test_a_pipeline_steps_unnamed_tensor_takes_the_input_name_of_the_version_it_
     x = np.zeros((1, 4), np.float32)
 
     def job(name: str, internal: bool) -> Job:
-        envelope: list[Any] = [Internal(SimpleNamespace(deliver=lambda *a: None))] if internal else [b"peer"]
-        return Job(envelope, Request(model="cls", inputs={name: x}), [], 0, 0)
+        to: ReplyTo = Internal(SimpleNamespace(deliver=lambda *a: None)) if internal else [b"peer"]
+        return Job(to, Request(model="cls", inputs={name: x}), [], 0, 0)
 
     step = job(ONLY_INPUT, internal=True)
     router._check_tensors(version, step)

@@ -30,7 +30,7 @@ from infermux.plugins import backends
 from infermux.plugins.backends import cuda, tensorrt_build, tensorrt_graphs, trtlib
 from infermux.plugins.base import BackendError
 from infermux.protocol import Request
-from infermux.execution.executor import Executor
+from infermux.execution.executor import Executor, Queued
 from infermux.execution.job import Job
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.scheduler import Scheduler
@@ -75,8 +75,8 @@ def stage_cap(work: Path) -> int:
         for k in range(2):
             executor.queue.put(Job([b"c%d" % k], Request("classifier", {INPUT: images(5, k)}), [], now,
                                    now + 60 * 10**9))
-        executor.row_us = 1.0  # run_queued runs only once a row time is known
-        executor.run_queued(lambda batch_us, requests: True)
+        executor.row_us = 1.0  # Queued work runs only once a row time is known
+        executor.compute(Queued(lambda batch_us, requests: True))
     finally:
         engine.close()
     statuses = [r["status"] for r in replies]

@@ -17,7 +17,7 @@ from support.fakes.tensorrt import PROFILE, write_plan
 from infermux.config import ModelConfig
 from infermux.plugins import backends
 from infermux.protocol import Request
-from infermux.execution.executor import Executor
+from infermux.execution.executor import Executor, Queued
 from infermux.execution.job import Job
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.scheduler import Scheduler
@@ -70,6 +70,6 @@ def test_contract_two_valid_requests_are_never_merged_past_the_profile(engine):
     for k in range(2):
         request = Request("det", {"x": np.full((5, 4), k, np.float32)})
         executor.queue.put(Job([b"c%d" % k], request, [], now, now + 10**10))
-    executor.row_us = 1.0  # run_queued computes only once a row time is known
-    executor.run_queued(lambda batch_us, requests: True)
+    executor.row_us = 1.0  # Queued work computes only once a row time is known
+    executor.compute(Queued(lambda batch_us, requests: True))
     assert [r["status"] for r in replies] == [200, 200]

@@ -353,7 +353,7 @@ def test_a_bug_on_the_lane_answers_500_and_the_lane_goes_on(server: App, client:
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     taught(server, client, "plain", {"x": X}, id=0)
     before = lane(server)
-    monkeypatch.setattr(server.router, "plain_version", lambda name: 1 / 0)  # a bug in the lane's checks
+    monkeypatch.setattr(server.router, "idle", lambda name, rows: 1 / 0)  # a bug in the lane's checks
     reply = decode_reply(ask(client, "plain", {"x": X}, id=5))
     assert reply.status == 500 and reply.header["id"] == 5 and "internal error" in reply.error, reply.header
     monkeypatch.undo()

@@ -57,7 +57,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
     s = App(cfg.parse(text, tmp / "infermux.toml"), tmp / "run")
     s.bind()
     s.start_models().join()
-    s.frontend._frontend_thread = threading.get_ident()  # this thread reads requests, as the loop would
+    s.frontend.bell.thread = threading.get_ident()  # this thread reads requests, as the loop would
     yield s
     s.registry.close(5.0)
     s.close()
@@ -75,7 +75,11 @@ class Sent:
             self.general += 1
             return admit(job)
 
-        monkeypatch.setattr(server.frontend.sender, "send", lambda frames, envelope=None: self.frames.append(frames))
+        def send(frames: list[Any], envelope: Any = None) -> None:
+            self.frames.append(frames)
+
+        monkeypatch.setattr(server.frontend.sender, "send", send)
+        monkeypatch.setattr(server.frontend.bell, "send", send)  # a reply on the loop's own thread
         monkeypatch.setattr(server.router, "admit", counted)
 
     def reply(self, timeout_s: float = 5.0) -> dict[str, Any]:
@@ -153,6 +157,33 @@ def test_a_busy_context_sends_the_request_to_the_general_path(server: App, sent:
     assert sent.reply()["status"] == 200
 
 
+class Wrapped:
+    """A placement of another class that answers as the one it wraps: what the fast path asks is
+    the placement's own answer (Placement.idle_context), never which class it is."""
+
+    def __init__(self, inner: Any, idle: bool = True) -> None:
+        self._inner, self._idle = inner, idle
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+    def idle_context(self, rows: int, key: Any = None) -> Any:
+        return self._inner.idle_context(rows, key) if self._idle else None
+
+
+@pytest.mark.parametrize("idle", [True, False], ids=["offers-a-context", "offers-none"])
+def test_the_fast_path_is_what_the_placement_offers_whatever_its_class(server: App, sent: Sent,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       idle: bool) -> None:
+    version = server.registry.model("plain").default()
+    monkeypatch.setattr(version, "placement", Wrapped(version.placement, idle))
+    ask(server, "plain")
+    # Offering none (as a cold placement does), the general path computes it, inline or on the executor.
+    eventually(lambda: drain_outbox(server) or bool(sent.frames), "the reply", 10)
+    assert sent.general == (0 if idle else 1)
+    assert sent.reply()["status"] == 200
+
+
 def test_bad_input_gets_the_general_paths_error(server: App, sent: Sent) -> None:
     ask(server, "plain", x=np.zeros((1, 5), np.float32))
     header = sent.reply()
@@ -214,7 +245,7 @@ def test_a_keyed_request_the_fast_path_declines_is_counted_once(server: App, sen
 
 def test_a_newer_frame_of_a_stream_with_one_waiting_takes_the_general_path(server: App, sent: Sent) -> None:
     # Under newest_per_key an older frame of the key waiting on one context must be replaced (409) by
-    # the newer one, not overtaken by it on an idle context: serve_now leaves it to the general path.
+    # the newer one, not overtaken by it on an idle context: the placement offers no idle context for it (Placement.idle_context), and the general path takes it.
     placement = server.registry.model("cams").default().placement
     waiting = placement.executors[0]
     with pytest.MonkeyPatch.context() as mp:

@@ -136,15 +136,28 @@ def _local_imports(tree: ast.Module) -> list[ast.Import | ast.ImportFrom]:
     return found
 
 
+# Calls whose string arguments name something other than a module to import: a logger, and an entry-point
+# group (`discovery.specs("infermux.sinks", ...)`, the plugins of a kind other packages may add).
+NOT_IMPORTS = {"getLogger", "specs"}
+
+
+def _programs(tree: ast.Module) -> set[int]:
+    """Strings after `-m` in a command line: a module run as a process of its own (a camera's, a worker's),
+    across a process boundary, not imported."""
+    return {id(b) for node in ast.walk(tree) if isinstance(node, (ast.List, ast.Tuple))
+            for a, b in zip(node.elts, node.elts[1:]) if isinstance(a, ast.Constant) and a.value == "-m"}
+
+
 def _named(tree: ast.Module, sources: dict[str, tuple[bool, str]]) -> Iterator[tuple[str, int]]:
     """Modules a string names, to be imported by name: `importlib.import_module("infermux.x")`, a
     command table's `"infermux.cli.serve"`. The bare package name (a folder, a group, a shared-memory
-    prefix) and logger names (`logging.getLogger("infermux.swap")`, an import of nothing) are not imports."""
+    prefix), logger names (`logging.getLogger("infermux.swap")`, an import of nothing), entry-point groups
+    and a module run with `python -m` are not imports."""
     loggers = {id(arg) for call in ast.walk(tree) if isinstance(call, ast.Call)
-               and getattr(call.func, "attr", getattr(call.func, "id", "")) == "getLogger" for arg in call.args}
+               and getattr(call.func, "attr", getattr(call.func, "id", "")) in NOT_IMPORTS for arg in call.args}
     for node in ast.walk(tree):
         if (isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in sources
-                and node.value != "infermux" and id(node) not in loggers):
+                and node.value != "infermux" and id(node) not in loggers | _programs(tree)):
             yield node.value, node.lineno
 
 

@@ -99,7 +99,7 @@ def test_a_slow_call_on_the_executor_thread_raises_the_deadline_estimate_not_the
         assert isinstance(outcomes.get(timeout=10), Outcome)
         assert executor.row_us == 100.0  # the inline gate is not closed by the executor's own waits
         assert executor.row_wall_us > 100.0  # but a deadline allows for them
-        assert executor.try_inline(_job(b"inline"))  # on this thread: what inlining really costs
+        assert executor.compute(_job(b"inline"))  # on this thread: what inlining really costs
         assert executor.row_us > 100.0
     finally:
         executor.stop(10)

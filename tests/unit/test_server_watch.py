@@ -46,7 +46,7 @@ def test_a_watched_fd_is_handled_on_the_loop_until_its_handler_says_done(server:
     theirs.send(b"after")  # no longer watched: nobody reads it
     turns(server)
     assert seen == [b"one", b"bye"]
-    assert mine.fileno() not in server.frontend._watched
+    assert mine.fileno() not in server.frontend.watched.fds
     mine.close()
     theirs.close()
 
@@ -71,7 +71,7 @@ def test_a_handler_that_raises_is_dropped_and_the_loop_goes_on(server: App, capl
     good_theirs.send(b"still served")
     turns(server)
     assert seen == [b"still served"]
-    assert bad_mine.fileno() not in server.frontend._watched and good_mine.fileno() in server.frontend._watched
+    assert bad_mine.fileno() not in server.frontend.watched.fds and good_mine.fileno() in server.frontend.watched.fds
     assert "no longer watching it" in caplog.text
     for s in (bad_mine, bad_theirs, good_mine, good_theirs):
         s.close()

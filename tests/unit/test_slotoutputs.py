@@ -136,7 +136,7 @@ def run_with_output_region(engines: Path, rows: int) -> list[str]:
     for k in range(3):
         x = np.full((rows, 512), k, np.float32)
         request = Request("m", {"x": x}, output_regions={"y": OutputRegion("r1", 4096, memoryview(region)[4096:])})
-        assert executor.try_inline(Job([b"c"], request, [], time.perf_counter_ns(), time.perf_counter_ns() + 10**9))
+        assert executor.compute(Job([b"c"], request, [], time.perf_counter_ns(), time.perf_counter_ns() + 10**9))
         np.testing.assert_array_equal(y, x)  # the identity's output, in the region either way
         assert "region" in json.loads(replies[-1][0])["outputs"][0] and len(replies[-1]) == 1
     engine.close()
