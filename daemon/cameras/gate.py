@@ -16,114 +16,30 @@ and changed ones with the slower `absorb_s`: an object that stops keeps the
 frames going for a while, then becomes part of the scene. Time constants,
 not rates per frame, so a camera's fps does not change what they mean.
 docs/decisions.md ("Motion gate: a running background, not MOG2") says why
-this detector and not OpenCV's MOG2.
+this detector and not OpenCV's MOG2. Its settings (`GateConfig`, `[cameras.gate]`) are declared with
+the rest of the configuration's (config/settings.py), and read by its parser (config/cameras.py).
 """
 
 from __future__ import annotations
 
-import difflib
 import math
-from dataclasses import dataclass, field, fields
-from typing import TYPE_CHECKING, Any, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from infermux.config import ConfigError
+from infermux.config.cameras import parse_gate
+from infermux.config.kinds import MAX_MASKS, MAX_POINTS
+from infermux.config.settings import GateConfig, Polygon
 
 if TYPE_CHECKING:
     import numpy.typing as npt
 
+__all__ = ["MAX_MASKS", "MAX_POINTS", "REASONS", "Box", "GateConfig", "GateDecision", "MotionGate", "Polygon",
+           "parse_gate"]
+
 Box = tuple[int, int, int, int]  # x0, y0, x1, y1 in the image's pixels
-Polygon = tuple[tuple[float, float], ...]  # points (x, y), fractions of the frame's width and height
-
-MAX_MASKS = 32
-MAX_POINTS = 64  # per mask polygon
 REASONS = ("first", "motion", "keepalive", "still")
-
-
-@dataclass(frozen=True)
-class GateConfig:
-    """A camera's `[cameras.gate]` table: each field's bounds are in `BOUNDS`, its meaning in docs/cameras.md."""
-
-    threshold: float = 0.002  # fraction of the unmasked working pixels that must change
-    delta: int = 15  # grey levels (0-255) a working pixel must differ from the background by
-    every_s: float = 10.0  # a keep-alive frame this often without motion; 0: never
-    width: int = 160  # the working grey image's width in pixels (its height keeps the frame's aspect)
-    background_s: float = 1.0  # time constant the background follows unchanged pixels with
-    absorb_s: float = 5.0  # ... and changed ones: a stopped object (or the ghost of one that left) joins it
-    max_boxes: int = 16  # past it, the smaller boxes are merged into one
-    masks: tuple[Polygon, ...] = field(default=())
-
-
-# field -> (type, smallest, largest): a setting outside them is refused with the bounds named.
-BOUNDS: dict[str, tuple[type, float, float]] = {
-    "threshold": (float, 0.0001, 1.0),
-    "delta": (int, 1, 255),
-    "every_s": (float, 0.0, 86400.0),
-    "width": (int, 16, 1280),
-    "background_s": (float, 0.01, 3600.0),
-    "absorb_s": (float, 0.01, 86400.0),
-    "max_boxes": (int, 1, 256),
-}
-
-
-def parse_gate(table: Mapping[str, Any], where: str, file: str = "configuration") -> GateConfig:
-    """`table` (a camera's `[cameras.gate]`) as a GateConfig; ConfigError(file, `where.field`, reason) if it is
-    not one: an unknown field (with the nearest known one), a wrong type, a value out of its bounds, a bad mask."""
-    if not isinstance(table, Mapping):
-        raise ConfigError(file, where, f"must be a table, got {type(table).__name__}")
-    names = [f.name for f in fields(GateConfig)]
-    unknown = sorted(set(table) - set(names))
-    if unknown:
-        near = difflib.get_close_matches(unknown[0], names, n=1, cutoff=0.75)
-        hint = f"did you mean `{near[0]}`? " if near else ""
-        raise ConfigError(file, f"{where}.{unknown[0]}", f"unknown field; {hint}known fields: {', '.join(sorted(names))}")
-    values: dict[str, Any] = {name: _bounded(file, f"{where}.{name}", name, table[name])
-                              for name in BOUNDS if name in table}
-    if "masks" in table:
-        values["masks"] = _masks(file, f"{where}.masks", table["masks"])
-    config = GateConfig(**values)
-    if config.absorb_s < config.background_s:
-        raise ConfigError(file, f"{where}.absorb_s", f"must be >= background_s ({config.background_s}), "
-                          f"got {config.absorb_s}: a changed pixel joins the background no faster than a still one")
-    return config
-
-
-def _bounded(file: str, where: str, name: str, value: Any) -> float | int:
-    kind, low, high = BOUNDS[name]
-    wants = (int, float) if kind is float else (int,)
-    if isinstance(value, bool) or not isinstance(value, wants):
-        raise ConfigError(file, where, f"must be {'a number' if kind is float else 'an integer'}, "
-                          f"got {type(value).__name__} {value!r}")
-    if not (low <= value <= high) or (isinstance(value, float) and not math.isfinite(value)):
-        raise ConfigError(file, where, f"must be between {low:g} and {high:g}, got {value!r}")
-    return kind(value)
-
-
-def _masks(file: str, where: str, value: Any) -> tuple[Polygon, ...]:
-    if not isinstance(value, list) or len(value) > MAX_MASKS:
-        raise ConfigError(file, where, f"must be a list of at most {MAX_MASKS} polygons, got {_short(value)}")
-    return tuple(_polygon(file, f"{where}[{i}]", polygon) for i, polygon in enumerate(value))
-
-
-def _polygon(file: str, where: str, value: Any) -> Polygon:
-    if not isinstance(value, list) or not 3 <= len(value) <= MAX_POINTS:
-        raise ConfigError(file, where, f"must be a polygon: a list of 3 to {MAX_POINTS} points [x, y], "
-                          f"got {_short(value)}")
-    points = []
-    for i, point in enumerate(value):
-        ok = (isinstance(point, list) and len(point) == 2
-              and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in point))
-        if not ok:
-            raise ConfigError(file, f"{where}[{i}]", "must be a point [x, y] of fractions of the frame's width "
-                              f"and height, each from 0 to 1, got {_short(point)}")
-        points.append((float(point[0]), float(point[1])))
-    return tuple(points)
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @dataclass(frozen=True)

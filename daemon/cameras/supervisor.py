@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from infermux import config as cfg
-from infermux.cameras.config import CameraConfig
+from infermux.cameras.config import CameraConfig, restart_needed
 from infermux.cameras.source import redact
 from infermux.events import Event, EventLog
 from infermux.models.statefile import read_json, set_aside, write_json
@@ -190,7 +190,8 @@ class Cameras:
 
     def _follow(self, config: cfg.Config) -> None:
         """Make the running cameras those `config` lists and enables: only a camera added, removed,
-        changed, enabled or disabled is started or stopped; the others keep running untouched."""
+        enabled or disabled is started or stopped, and one whose settings declared `applies=CAMERA`
+        changed is restarted; the others keep running untouched."""
         self._forget_stale_live(config)
         inputs = {p.name: p.input for p in config.pipelines}
         wanted = {c.name: c for c in config.cameras}
@@ -198,9 +199,11 @@ class Cameras:
             self._halt(self.cameras.pop(name), "removed")
         for name, conf in wanted.items():
             camera = self.cameras.get(name)
-            if camera is not None and camera.config != conf:
+            if camera is not None and restart_needed(camera.config, conf):  # as the reload planner says
                 self._halt(camera, "changed")
                 camera = None
+            elif camera is not None:
+                camera.config = conf  # a change that applies to it as it runs (`enabled`, below)
             if camera is None:
                 camera = self.cameras[name] = Camera(conf, inputs.get(conf.pipeline, "image"))
             enabled = self.live.get(name, {}).get("enabled", conf.enabled)

@@ -7,8 +7,8 @@ the name is shared) and the reason; a misspelled field gets the nearest known on
 to start on it and keeps the old configuration on reload.
 
 The modules: `declare` (how a setting is declared, and the reader of a table), `kinds` (the values a
-setting takes), `settings` (the declarations), `daemon`, `models` and `pipelines` (each section's rules
-between keys), `reference` (the generated docs). This module reads a whole file and names the package's
+setting takes), `settings` (the declarations), `daemon`, `models`, `pipelines` and `cameras` (each
+section's rules between keys), `reference` (the generated docs). This module reads a whole file and names the package's
 public parts.
 """
 
@@ -19,8 +19,9 @@ import sys
 from pathlib import Path
 
 from infermux import sinkconfig
+from infermux.config.cameras import parse_cameras
 from infermux.config.daemon import SOCKET_FIELDS, load_sockets, parse_daemon, regions_path, resolve_endpoint, runtime_dir
-from infermux.config.declare import LIVE, RELOAD, RESTART, Setting, check_type, read_table, settings_of
+from infermux.config.declare import CAMERA, LIVE, RELOAD, RESTART, Setting, check_type, read_table, settings_of
 from infermux.config.errors import ConfigError, LibraryMissing
 from infermux.config.kinds import MAX_WARM_FRAMES, MAX_WARM_SIDE, parse_budget
 from infermux.config.models import (check_models, contexts_problem, fallback_of, fallback_problem, model_labels,
@@ -29,8 +30,8 @@ from infermux.config.pipelines import parse_pipelines
 from infermux.config.settings import (COLD, FOR_EACH, HOT, MAX_CONTEXTS, MAX_FALLBACK_DEPTH, MAX_NICE, MAX_WEIGHT,
                                       MPS_MODES, OLD_PLACEMENT_NAMES, PATH_OPTIONS, PLACEMENTS, QUEUE_POLICIES,
                                       REINFER, ROLLOUT_COMPARES, SECTIONS, STRATEGIES, STREAM_KEYS, VERSION_POLICIES,
-                                      Config, DaemonConfig, ModelConfig, PipelineConfig, RolloutConfig, RoutingConfig,
-                                      StepConfig)
+                                      CameraConfig, Config, DaemonConfig, GateConfig, ModelConfig, PipelineConfig,
+                                      RolloutConfig, RoutingConfig, StepConfig)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -38,11 +39,11 @@ else:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 __all__ = [
-    "COLD", "FOR_EACH", "HOT", "LIVE", "MAX_CONTEXTS", "MAX_FALLBACK_DEPTH", "MAX_NICE", "MAX_WARM_FRAMES",
+    "CAMERA", "COLD", "FOR_EACH", "HOT", "LIVE", "MAX_CONTEXTS", "MAX_FALLBACK_DEPTH", "MAX_NICE", "MAX_WARM_FRAMES",
     "MAX_WARM_SIDE", "MAX_WEIGHT", "MPS_MODES", "OLD_PLACEMENT_NAMES", "PATH_OPTIONS", "PLACEMENTS",
     "QUEUE_POLICIES", "REINFER", "RELOAD", "RESTART", "ROLLOUT_COMPARES", "SECTIONS", "SOCKET_FIELDS", "STRATEGIES",
-    "STREAM_KEYS", "VERSION_POLICIES", "Config", "ConfigError", "DaemonConfig", "LibraryMissing", "ModelConfig",
-    "PipelineConfig", "RolloutConfig", "RoutingConfig", "Setting", "StepConfig", "contexts_problem", "fallback_of",
+    "STREAM_KEYS", "VERSION_POLICIES", "CameraConfig", "Config", "ConfigError", "DaemonConfig", "GateConfig",
+    "LibraryMissing", "ModelConfig", "PipelineConfig", "RolloutConfig", "RoutingConfig", "Setting", "StepConfig", "contexts_problem", "fallback_of",
     "fallback_problem", "load", "load_sockets", "model_labels", "parse", "parse_budget", "parse_model_settings",
     "policy_key", "regions_path", "resolve_endpoint", "runtime_dir", "settings_of",
 ]
@@ -54,7 +55,7 @@ def parse(text: str, file: Path) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(file, "", f"not valid TOML: {exc}") from None
-    top = {s.name for s in SECTIONS if "." not in s.name} | {"cameras", "sinks"}
+    top = {s.name for s in SECTIONS if "." not in s.name} | {"sinks"}
     for key in data:
         if key not in top:
             raise ConfigError(file, key, f"unknown table; expected {', '.join(sorted(top))}")
@@ -67,12 +68,7 @@ def parse(text: str, file: Path) -> Config:
     models = [parse_model(file, label, m, daemon.engine_dir) for label, m in zip(labels, raw_models)]
     check_models(file, models, routing, daemon)
     pipelines = parse_pipelines(file, data.get("pipelines", []), models, daemon.engine_dir)
-    from infermux.cameras.config import CameraFieldError, parse_cameras
-
-    try:
-        cameras = parse_cameras(data.get("cameras", []), {p.name for p in pipelines}, file)
-    except CameraFieldError as exc:
-        raise ConfigError(file, exc.path, exc.reason) from None
+    cameras = parse_cameras(file, data.get("cameras", []), {p.name for p in pipelines})
     try:
         sinks = sinkconfig.parse_sinks(data.get("sinks", []), {p.name for p in pipelines})
     except sinkconfig.Problem as exc:

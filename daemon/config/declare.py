@@ -3,7 +3,7 @@
 A setting is a field of a section's frozen dataclass (config/settings.py) whose default is made by
 `setting(...)`: the field's name is the key, the dataclass is the section, and the `Setting` kept in
 the field's metadata holds the rest: its kind (the TOML type it takes and what it becomes), bounds or
-choices, its default, when a change applies (`LIVE`, `RELOAD`, `RESTART`), whether `ctl set` changes
+choices, its default, when a change applies (`LIVE`, `RELOAD`, `RESTART`, `CAMERA`), whether `ctl set` changes
 it, and one line of documentation. `read_table` checks a table against those declarations (unknown
 keys with a did-you-mean, required keys, types, bounds, choices); what only a section knows (one key
 against another, paths against engine_dir) stays in that section's parser.
@@ -24,10 +24,12 @@ from infermux.config.errors import ConfigError
 LIVE = "live"  # a reload applies it to what runs, in place (and `ctl set`, where the setting is settable)
 RELOAD = "reload"  # a reload builds the version or pipeline anew beside the running one, switched in once ready
 RESTART = "restart"  # only a restart applies it; a reload logs that a restart is needed
+CAMERA = "camera"  # a reload restarts that camera's process with it; the daemon and other cameras run on
 APPLIES = {LIVE: "`ctl reload` (or SIGHUP) applies it to what runs, in place; a settable one also `ctl set`",
            RELOAD: "`ctl reload` loads the version (or builds the pipeline) anew beside the running one and "
                    "switches to it once ready",
-           RESTART: "only a restart applies it; `ctl reload` logs that a restart is needed"}
+           RESTART: "only a restart applies it; `ctl reload` logs that a restart is needed",
+           CAMERA: "`ctl reload` restarts that camera's process with it; the daemon and the other cameras run on"}
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,8 @@ class Setting:
         if self.rule is not None:
             return None if self.rule.holds(value) else f"must be {self.rule.text}, got {value}"
         low, high = self.low, self.high
-        if isinstance(value, float) and low is not None and high is not None and not low <= value <= high:
+        if (isinstance(value, float) and low is not None and high is not None and not self.low_open
+                and not low <= value <= high):
             return f"must be between {_number(low)} and {_number(high)}, got {value}"
         if low is not None and (value <= low if self.low_open else value < low):
             return f"must be {'>' if self.low_open else '>='} {_number(low)}, got {value}"

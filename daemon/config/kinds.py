@@ -135,18 +135,50 @@ def _frames(file: Path, where: str, value: Any) -> tuple[tuple[int, int], ...]:
     if len(value) > MAX_WARM_FRAMES:
         raise ConfigError(file, where, f"lists {len(value)} frame sizes; at most {MAX_WARM_FRAMES} (each is one "
                           "more inference per model while it loads)")
-    sizes = []
-    for i, size in enumerate(value):
-        if not (isinstance(size, list) and len(size) == 2 and all(type(v) is int and 1 <= v <= MAX_WARM_SIDE
-                                                                  for v in size)):
-            raise ConfigError(file, f"{where}[{i}]", f"must be [width, height], two integers from 1 to "
-                              f"{MAX_WARM_SIDE}, got {size!r}")
-        sizes.append((size[0], size[1]))
-    return tuple(sizes)
+    return tuple(_frame(file, f"{where}[{i}]", size) for i, size in enumerate(value))
+
+
+def _frame(file: Path, where: str, size: Any) -> tuple[int, int]:
+    """One frame size, `[width, height]`, each side 1..MAX_WARM_SIDE."""
+    if not (isinstance(size, list) and len(size) == 2 and all(type(v) is int and 1 <= v <= MAX_WARM_SIDE
+                                                              for v in size)):
+        raise ConfigError(file, where, f"must be [width, height], two integers from 1 to {MAX_WARM_SIDE}, "
+                          f"got {_short(size)}")
+    return (size[0], size[1])
+
+
+def _masks(file: Path, where: str, value: Any) -> tuple[tuple[tuple[float, float], ...], ...]:
+    """A motion gate's `masks`: up to MAX_MASKS polygons of 3..MAX_POINTS points, each [x, y] in fractions
+    of the frame's width and height."""
+    if not isinstance(value, list) or len(value) > MAX_MASKS:
+        raise ConfigError(file, where, f"must be a list of at most {MAX_MASKS} polygons, got {_short(value)}")
+    return tuple(_polygon(file, f"{where}[{i}]", polygon) for i, polygon in enumerate(value))
+
+
+def _polygon(file: Path, where: str, value: Any) -> tuple[tuple[float, float], ...]:
+    if not isinstance(value, list) or not 3 <= len(value) <= MAX_POINTS:
+        raise ConfigError(file, where, f"must be a polygon: a list of 3 to {MAX_POINTS} points [x, y], "
+                          f"got {_short(value)}")
+    points = []
+    for i, point in enumerate(value):
+        ok = (isinstance(point, list) and len(point) == 2
+              and all(isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1 for v in point))
+        if not ok:
+            raise ConfigError(file, f"{where}[{i}]", "must be a point [x, y] of fractions of the frame's width "
+                              f"and height, each from 0 to 1, got {_short(point)}")
+        points.append((float(point[0]), float(point[1])))
+    return tuple(points)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 MAX_WARM_FRAMES = 8  # warm_frames entries a pipeline may list: each is one more inference per model at load
-MAX_WARM_SIDE = 16384  # a warm frame's side, at most
+MAX_WARM_SIDE = 16384  # a warm frame's side (and a camera's `size` side), at most
+MAX_MASKS = 32  # a motion gate's mask polygons, at most
+MAX_POINTS = 64  # ... and each one's points
 
 INT = Kind("integer", _typed(int))
 NUMBER = Kind("number", _number)
@@ -164,5 +196,8 @@ SIZES = Kind("list of integers", _sizes)
 VERSION = Kind("string or integer", _version)
 VERSIONS = Kind("list of strings or integers", _versions)
 FRAMES = Kind(f"list of [width, height] (at most {MAX_WARM_FRAMES}, sides 1 to {MAX_WARM_SIDE})", _frames)
+SIZE = Kind(f"[width, height] (sides 1 to {MAX_WARM_SIDE})", _frame)
+MASKS = Kind(f"list of polygons (at most {MAX_MASKS}, each 3 to {MAX_POINTS} points [x, y], fractions 0 to 1)",
+             _masks)
 TABLE = Kind("table", _typed(dict))
 TABLES = Kind("list of tables", _typed(list))

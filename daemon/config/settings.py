@@ -15,29 +15,30 @@ it. Read it where it is used (`config.daemon.queue_depth`). Then regenerate the 
 `.venv/bin/python -m infermux.config.reference > docs/configuration.md` (tests/unit/test_config_reference.py
 checks it). A rule between keys (one only with another) goes in its section's parser.
 
-A new section (a `[[cameras]]` list, say) declares its keys the same way in a dataclass of its own, is
-listed in SECTIONS (a `[[list]]` one with `many=True`; the reference shows it from there), gets a field
-in `Config`, and a parser that calls `read_table` for each entry (config/__init__.py `parse` calls it).
-A table inside an entry (`[models.rollout]`, `[[pipelines.steps]]`, a `[cameras.gate]`) is a field of
-kind TABLE or TABLES whose `section=` names the nested dataclass: `read_table` checks the nested keys
-too (unknown ones, types, bounds), and hands them to the section's parser as a dict (a list of dicts)
-to build the nested dataclass from.
+A new section declares its keys the same way in a dataclass of its own (as `[[cameras]]` does below),
+is listed in SECTIONS (a `[[list]]` one with `many=True`; the reference shows it from there), gets a
+field in `Config`, and a parser that calls `read_table` for each entry (config/__init__.py `parse`
+calls it; config/cameras.py is a small one). A table inside an entry (`[models.rollout]`,
+`[[pipelines.steps]]`, `[cameras.gate]`) is a field of kind TABLE or TABLES whose `section=` names the
+nested dataclass: `read_table` checks the nested keys too (unknown ones, types, bounds), and hands them
+to the section's parser as a dict (a list of dicts) to build the nested dataclass from. A setting that
+a part applies by itself says so with its own `applies` value (`CAMERA`: the camera's process is
+restarted), which that part and the reload planner both read.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Mapping
 
+from infermux.config.declare import CAMERA, LIVE, RELOAD, RESTART, Rule, required, setting
+from infermux.config.kinds import (BOOL, BUDGET, ENDPOINT, ENDPOINTS, FRAMES, INT, KEY_DIR, KEY_FILE, MASKS, NAME,
+                                   NUMBER, PATH, PUBLIC_KEYS, SIZE, SIZES, STR, TABLE, TABLES, VERSION, VERSIONS)
 from infermux.sinkconfig import LifecycleConfig, SinkConfig
-from infermux.config.declare import LIVE, RELOAD, RESTART, Rule, required, setting
-from infermux.config.kinds import (BOOL, BUDGET, ENDPOINT, ENDPOINTS, FRAMES, INT, KEY_DIR, KEY_FILE, NAME, NUMBER,
-                                   PATH, PUBLIC_KEYS, SIZES, STR, TABLE, TABLES, VERSION, VERSIONS)
-
-if TYPE_CHECKING:
-    from infermux.cameras.config import CameraConfig
 
 STRATEGIES = ("least_queue", "weighted", "hash")
 HOT, COLD = "hot", "cold"
@@ -330,6 +331,87 @@ class PipelineConfig:
                                              "the sinks (events.md); needs a `track` step", applies=RELOAD)
 
 
+Polygon = tuple[tuple[float, float], ...]  # points (x, y), fractions of the frame's width and height
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    """A camera's `[cameras.gate]` table: the motion gate (docs/motion-gate.md) that lets only frames
+    with motion (and a keep-alive) go on. `absorb_s` may not be below `background_s`
+    (config/cameras.py)."""
+
+    threshold: float = setting(0.002, NUMBER, "the share of the unmasked working pixels that must change for "
+                               "motion", applies=CAMERA, low=0.0001, high=1)
+    delta: int = setting(15, INT, "grey levels (0-255) a working pixel must differ from the background by",
+                         applies=CAMERA, low=1, high=255)
+    every_s: float = setting(10.0, NUMBER, "a keep-alive frame this often without motion; 0: never",
+                             applies=CAMERA, low=0, high=86400)
+    width: int = setting(160, INT, "the working grey image's width in pixels (its height keeps the frame's "
+                         "aspect); smaller is cheaper and blind to smaller objects", applies=CAMERA, low=16, high=1280)
+    background_s: float = setting(1.0, NUMBER, "the time constant the background follows unchanged pixels with",
+                                  applies=CAMERA, low=0.01, high=3600)
+    absorb_s: float = setting(5.0, NUMBER, "... and changed ones: how long a stopped object keeps frames going; "
+                              ">= background_s", applies=CAMERA, low=0.01, high=86400)
+    max_boxes: int = setting(16, INT, "motion boxes a frame carries; past it the smallest are merged into one",
+                             applies=CAMERA, low=1, high=256)
+    masks: tuple[Polygon, ...] = setting((), MASKS, "areas never counted: a clock, trees, a road outside the "
+                                         "area watched", applies=CAMERA)
+
+
+TRANSPORTS = ("tcp", "udp")
+DECODERS = ("auto", "software", "gstreamer")
+DEVICE = re.compile(r"/dev/video[0-9]{1,3}")  # a V4L2 camera's `url`
+MAX_FPS = 240.0
+DEFAULT_MAX_PIXELS = 3840 * 2160  # a 4K stream; larger ones are refused unless max_pixels says otherwise
+
+
+def url_kind(url: str) -> str:
+    """What a camera's `url` names: "rtsp", "http", "device" or "file"."""
+    if url.startswith(("rtsp://", "rtsps://")):
+        return "rtsp"
+    if url.startswith(("http://", "https://")):
+        return "http"
+    return "device" if DEVICE.fullmatch(url) else "file"
+
+
+@dataclass(frozen=True)
+class CameraConfig:
+    """One `[[cameras]]` entry (docs/cameras.md): a stream the daemon reads itself, in a process of its
+    own, whose frames go to a pipeline. The rules between keys and entries: config/cameras.py."""
+
+    name: str = required(NAME, "its stream key, in events, metrics and `ctl cameras`: printable, at most 128 "
+                         "bytes, unique", applies=CAMERA)
+    url: str = required(NAME, "rtsp(s)://, http(s):// (MJPEG), /dev/videoN, or a video file (relative: to this "
+                        "file's folder)", applies=CAMERA)
+    pipeline: str = required(NAME, "the `[[pipelines]]` entry its frames go to", applies=CAMERA)
+    transport: str = setting("tcp", STR, "rtsp: tcp (interleaved, survives loss) or udp (lower latency on a clean "
+                             "link)", applies=CAMERA, choices=TRANSPORTS)
+    loop: bool = setting(True, BOOL, "a file: start again at its end (false: `camera_ended`)", applies=CAMERA)
+    fps: float = setting(15.0, NUMBER, "frames taken per second; the newest decoded frame wins", applies=CAMERA,
+                         low=0, low_open=True, high=MAX_FPS)
+    size: tuple[int, int] | None = setting(None, SIZE, "frames are scaled to it as they leave the decoder, before "
+                                           "the gate and the pipeline (none: as decoded)", applies=CAMERA)
+    decoder: str = setting("auto", STR, "software (FFmpeg through PyAV), gstreamer (nvv4l2decoder on a Jetson), "
+                           "or auto", applies=CAMERA, choices=DECODERS)
+    enabled: bool = setting(True, BOOL, "false: listed but not read; `ctl camera NAME enable|disable` changes it "
+                            "live until the file does", applies=LIVE)
+    max_pixels: int = setting(DEFAULT_MAX_PIXELS, INT, "a stream advertising more pixels per frame is refused",
+                              applies=CAMERA, low=1)
+    gate: GateConfig | None = setting(None, TABLE, "`[cameras.gate]`: only frames with motion are sent "
+                                      "(motion-gate.md)", applies=CAMERA, section=GateConfig)
+
+    @property
+    def kind(self) -> str:
+        """"rtsp", "http", "device" or "file"."""
+        return url_kind(self.url)
+
+    def as_json(self) -> dict[str, Any]:
+        """For the camera's process (its command line) and `ctl cameras`."""
+        out = dataclasses.asdict(self)
+        out["size"] = list(self.size) if self.size else None
+        return out
+
+
 @dataclass(frozen=True)
 class Section:
     """A table of the file: its name, its dataclass, whether it is a `[[list]]` of entries, and what it is."""
@@ -347,6 +429,10 @@ SECTIONS = (
     Section("models.rollout", RolloutConfig, False, "A model's shadow rollout (hot-swap.md#shadow-rollout)."),
     Section("pipelines", PipelineConfig, True, "Steps run on a frame (pipelines.md)."),
     Section("pipelines.steps", StepConfig, True, "One step of a pipeline: a `processor` or a `model`."),
+    Section("cameras", CameraConfig, True, "A camera the daemon reads itself, its frames sent to a pipeline "
+            "(cameras.md)."),
+    Section("cameras.gate", GateConfig, False, "A camera's motion gate: only frames with motion go on "
+            "(motion-gate.md)."),
 )
 
 
@@ -359,7 +445,7 @@ class Config:
     routing: RoutingConfig
     models: tuple[ModelConfig, ...]
     pipelines: tuple[PipelineConfig, ...] = ()
-    cameras: tuple["CameraConfig", ...] = ()  # [[cameras]]: daemon/cameras/config.py
+    cameras: tuple[CameraConfig, ...] = ()
     sinks: tuple[SinkConfig, ...] = ()  # [[sinks]]: where events go (sinkconfig.py, docs/events.md#sinks)
 
     def versions(self, name: str) -> list[ModelConfig]:

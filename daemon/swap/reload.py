@@ -18,6 +18,7 @@ from typing import Protocol
 
 from infermux import config as cfg
 from infermux.config import HOT, RELOAD, RESTART, DaemonConfig, ModelConfig, settings_of
+from infermux.config.cameras import restarted as cameras_restarted
 from infermux.events import EventLog
 from infermux.models.overrides import Dropped
 from infermux.models.registry import Registry
@@ -46,6 +47,8 @@ class ReloadPlan:
     pipelines: PipelineChanges = field(default_factory=PipelineChanges)
     overrides_dropped: list[Dropped] = field(default_factory=list)  # live changes the file overruled
     signing_would_refuse: list[str] = field(default_factory=list)  # loaded versions the new keys refuse
+    cameras_restarted: list[str] = field(default_factory=list)  # cameras/supervisor.py restarts them (their
+    # settings declared applies=CAMERA changed), by the same rule: config/cameras.py restart_needed
 
     def summary(self) -> dict[str, list[str]]:
         key = lambda m: f"{m.name}:{m.version}"  # noqa: E731
@@ -56,7 +59,7 @@ class ReloadPlan:
                 "pipelines_added": self.pipelines.added, "pipelines_removed": self.pipelines.removed,
                 "pipelines_changed": self.pipelines.changed,
                 "overrides_dropped": [d.summary() for d in self.overrides_dropped],
-                "signing_would_refuse": self.signing_would_refuse}
+                "signing_would_refuse": self.signing_would_refuse, "cameras_restarted": self.cameras_restarted}
 
 
 def plan(old: cfg.Config, new: cfg.Config) -> ReloadPlan:
@@ -76,6 +79,7 @@ def plan(old: cfg.Config, new: cfg.Config) -> ReloadPlan:
     for name in RESTART_FIELDS:
         if getattr(old.daemon, name) != getattr(new.daemon, name):
             result.restart_needed.append(f"daemon.{name}")
+    result.cameras_restarted = cameras_restarted(old.cameras, new.cameras)
     return result
 
 

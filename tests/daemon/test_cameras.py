@@ -34,10 +34,10 @@ engine = "classifier/1/model.onnx"
 """
 
 
-def configuration(clips: Path, engines: Path, *, extra: str = "", without: str = "") -> str:
+def configuration(clips: Path, engines: Path, *, extra: str = "", without: str = "", back_fps: float = 15.0) -> str:
     cameras = {
         "front": camera("front", str(clips / "small.mp4")),
-        "back": camera("back", str(clips / "small.mp4")),
+        "back": camera("back", str(clips / "small.mp4"), fps=back_fps),
         "once": camera("once", str(clips / "small.mp4"), loop=False),
         "far": camera("far", f"rtsp://127.0.0.1:{free_port()}/never", transport="tcp"),
         "big": camera("big", str(clips / "big.mp4"), max_pixels=10_000),
@@ -156,18 +156,21 @@ def test_a_stream_over_max_pixels_is_refused_naming_the_limit(d: Daemon) -> None
     assert big["state"] == "refused" and big["decoded"] == 0
 
 
-def test_a_reload_adds_and_removes_one_camera_and_leaves_the_others_running(d: Daemon, engines: Path,
-                                                                            clips: Path) -> None:
+def test_a_reload_adds_removes_and_restarts_only_the_cameras_it_changes(d: Daemon, engines: Path,
+                                                                        clips: Path) -> None:
     front, back = streaming(d, "front"), streaming(d, "back")
-    d.config_path.write_text(configuration(clips, engines, without="far",
+    d.config_path.write_text(configuration(clips, engines, without="far", back_fps=10.0,
                                            extra=camera("side", str(clips / "small.mp4")).format()))
     with d.admin() as admin:
-        admin.call("reload")
+        changes = admin.call("reload")["changes"]
+    assert changes["cameras_restarted"] == ["back"]  # what the planner reads from the declarations ...
     streaming(d, "side")
     eventually(lambda: "far" not in cameras(d), "far gone")
-    now = cameras(d)
-    assert (now["front"]["pid"], now["back"]["pid"]) == (front["pid"], back["pid"])
+    eventually(lambda: (c := cameras(d)["back"])["state"] == "streaming" and c["pid"] != back["pid"],
+               "back restarted with its new fps", 30)
+    assert cameras(d)["front"]["pid"] == front["pid"]  # ... and the cameras do: front runs on untouched
     assert events(d, "camera_stopped", "far")[0]["reason"] == "removed"
+    assert events(d, "camera_stopped", "back")[-1]["reason"] == "changed"
 
 
 def ctl(d: Daemon, *words: str) -> subprocess.CompletedProcess[str]:

@@ -59,7 +59,7 @@ def test_an_unknown_pipeline_is_refused_with_the_pipelines_there_are() -> None:
 
 
 @pytest.mark.parametrize("field, value, words", [
-    ("fps", "0", "more than 0"), ("fps", "1000", "at most 240"), ("transport", '"http"', "tcp, udp"),
+    ("fps", "0", "must be > 0"), ("fps", "1000", "must be <= 240"), ("transport", '"http"', "tcp, udp"),
     ("decoder", '"nvdec"', "auto, software, gstreamer"), ("size", "[640]", "[width, height]"),
     ("max_pixels", "0", ">= 1"), ("loop", '"yes"', "must be bool"), ("url", '"ftp://x/y"', "ftp://"),
     ("name", '"a\\u001b[2Jb"', "printable")])
@@ -67,6 +67,15 @@ def test_a_bad_value_is_refused_naming_its_field(field: str, value: str, words: 
     fields = {"name": '"yard"', "url": '"a.mp4"', "pipeline": '"cams"', field: value}
     exc = error("[[cameras]]\n" + "".join(f"{k} = {v}\n" for k, v in fields.items()))
     assert exc.path.endswith(f".{field}") and words in exc.reason, exc
+
+
+@pytest.mark.parametrize("url, field, value", [
+    ("clips/yard.mp4", "transport", '"udp"'), ("http://cam/video.mjpg", "transport", '"tcp"'),
+    ("rtsp://10.0.0.1/s", "loop", "false"), ("/dev/video0", "loop", "true")])
+def test_a_field_for_another_kind_of_url_is_refused_naming_the_kind_it_belongs_to(url: str, field: str,
+                                                                                    value: str) -> None:
+    exc = error(f'[[cameras]]\nname = "yard"\nurl = "{url}"\npipeline = "cams"\n{field} = {value}\n')
+    assert exc.path == f'cameras[name="yard"].{field}' and "only applies to" in exc.reason, exc
 
 
 def test_two_cameras_of_one_name_are_refused() -> None:
@@ -84,7 +93,7 @@ def test_the_capture_time_travels_in_the_header_and_a_time_far_off_is_refused() 
             parse_request([header])
 
 
-def test_a_cameras_gate_is_parsed_by_the_gate_and_its_errors_name_the_camera() -> None:
+def test_a_cameras_gate_is_read_with_the_camera_and_its_errors_name_the_camera() -> None:
     entry = '[[cameras]]\nname = "yard"\nurl = "a.mp4"\npipeline = "cams"\n[cameras.gate]\n'
     (camera,) = parse(entry + "every_s = 5\n").cameras
     assert camera.gate is not None and camera.gate.every_s == 5.0

@@ -76,6 +76,22 @@ def test_the_reload_planner_reads_when_each_change_applies() -> None:
     assert reload.plan(old, restarted).restart_needed == ["daemon.metrics_port"]
 
 
+def test_the_reload_planner_restarts_a_camera_whose_camera_setting_changed_and_no_other() -> None:
+    head = MODEL + '[[pipelines]]\nname = "p"\n[[pipelines.steps]]\nmodel = "a"\n'
+    cams = '[[cameras]]\nname = "{}"\nurl = "a.mp4"\npipeline = "p"\n'
+    old = cfg.parse(head + cams.format("x") + cams.format("y"), FILE)
+    declared = cfg.settings_of(cfg.CameraConfig)
+    assert declared["fps"].applies == cfg.CAMERA and declared["enabled"].applies == cfg.LIVE
+    assert all(s.applies == cfg.CAMERA for s in cfg.settings_of(cfg.GateConfig).values())
+    x, y = old.cameras
+    faster = replace(old, cameras=(x, replace(y, fps=5.0)))
+    gated = replace(old, cameras=(replace(x, gate=cfg.GateConfig(delta=30)), y))
+    disabled = replace(old, cameras=(replace(x, enabled=False), y))
+    assert reload.plan(old, faster).cameras_restarted == ["y"]
+    assert reload.plan(old, gated).cameras_restarted == ["x"]
+    assert reload.plan(old, disabled).cameras_restarted == []
+
+
 @dataclass(frozen=True)
 class _Gate:
     """A table inside a list entry, as a camera's gate would be."""

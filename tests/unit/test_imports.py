@@ -74,8 +74,6 @@ ALLOWED_LOCAL = {
     ("infermux.cli", "infermux"): "`infermux --version` reads the version without importing the daemon",
     ("infermux.cameras.source", "infermux.cameras.gstreamer"): "the GStreamer path imports the errors defined here; "
                                                                "loaded only where a camera may use it",
-    ("infermux.config", "infermux.cameras.config"): "the cameras' settings hold the motion gate's, whose parser "
-                                                     "raises this module's ConfigError: imported once it is defined",
     ("infermux.cli", "infermux.cli.common"): "the error guard is imported once a subcommand runs, not for --help",
     ("infermux.cli.common", "*"): "shared by the subcommands' parsers: numpy, zmq and the config parser load "
                                   "only when a command runs, so `infermux --help` stays fast",
