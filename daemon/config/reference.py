@@ -18,7 +18,7 @@ HEADER = f"""# Configuration reference
 Every key of the configuration file (`/etc/infermux/infermux.toml` packaged,
 `etc/infermux/infermux.toml` the sample), generated from its one declaration in
 `daemon/config/settings.py` by `{COMMAND}`; do not edit it by hand
-(`tests/unit/test_config_reference.py` checks that it matches). How the file is
+(`tests/unit/config/test_config_reference.py` checks that it matches). How the file is
 read, its errors and its tables: [architecture.md](architecture.md#configuration);
 live changes (`infermux ctl set`): [architecture.md](architecture.md#live-changes).
 

@@ -12,7 +12,7 @@ To add a setting: add a field to its section's dataclass below,
 with the kind of value it takes (config/kinds.py; a new kind there if none fits), and whatever bounds
 (`low`, `high`, `low_open`), `choices` or `rule` hold for it; `settable=True` if `ctl set` may change
 it. Read it where it is used (`config.daemon.queue_depth`). Then regenerate the reference:
-`.venv/bin/python -m infermux.config.reference > docs/configuration.md` (tests/unit/test_config_reference.py
+`.venv/bin/python -m infermux.config.reference > docs/configuration.md` (tests/unit/config/test_config_reference.py
 checks it). A rule between keys (one only with another) goes in its section's parser.
 
 A new section declares its keys the same way in a dataclass of its own (as `[[cameras]]` does below),

@@ -16,7 +16,7 @@ measures (`footprint`) and stops it, the switch hands one over to its
 successor (`hand_over`: hot swap, reload, promote/demote), and the admin
 views read it (`contexts`, `settings`, `worker_info`). Whatever one of them is
 asked, the other answers too: `Placement` states it, and mypy checks both
-against it (tests/unit/test_typecheck.py). Nothing asks which class it is.
+against it (tests/unit/repository/test_typecheck.py). Nothing asks which class it is.
 """
 
 from __future__ import annotations

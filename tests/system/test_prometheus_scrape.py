@@ -58,7 +58,7 @@ RATE_INTERVAL = "1m"
 # Dashboard expressions that may return nothing after the scene, by a metric name they read.
 ALLOWED_EMPTY = {
     "infermux_gpu_": "no GPU here: the GPU families are declared without samples (docs/fleet.md)",
-    "infermux_sink_": "the scene's configuration has no [[sinks]]: tests/daemon/test_object_events.py scrapes them",
+    "infermux_sink_": "the scene's configuration has no [[sinks]]: tests/daemon/sinks/test_object_events.py scrapes them",
     "infermux_pipeline_events_": "the scene's tracked pipeline has no `events` table (docs/events.md)",
 }
 # Alerts the scene does not drive (their promtool unit tests fire them).
@@ -69,9 +69,9 @@ NOT_DRIVEN = {
                                  "over 90% of a core for the rule's window would take a flood of its own beside "
                                  "Prometheus on the same cores (promtool's unit test drives the alert)",
     "InfermuxSinkDown": "the scene has no [[sinks]]; promtool's unit test drives it, and "
-                        "tests/daemon/test_object_events.py scrapes infermux_sink_up 0 from a sink that is down",
+                        "tests/daemon/sinks/test_object_events.py scrapes infermux_sink_up 0 from a sink that is down",
     "InfermuxSinkSpoolNearlyFull": "the scene has no [[sinks]]; promtool's unit test drives it, and "
-                                   "tests/daemon/test_object_events.py scrapes a full spool's backlog",
+                                   "tests/daemon/sinks/test_object_events.py scrapes a full spool's backlog",
 }
 
 # Queries that find something once Prometheus has scraped the end of the scene and evaluated its rules.

@@ -1,5 +1,5 @@
 """A processor plugin that holds each frame until the file named by its `path` option exists
-(tests/daemon/test_pipelines.py: a frame in flight across a reload, with no sleep deciding the order).
+(tests/daemon/pipelines/test_pipelines.py: a frame in flight across a reload, with no sleep deciding the order).
 A test stand-in; named as "gate_processor:Gate"."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""A processor plugin that fails with an unexpected exception (tests/daemon/test_pipelines.py: a 500 for that
+"""A processor plugin that fails with an unexpected exception (tests/daemon/pipelines/test_pipelines.py: a 500 for that
 request only). A stand-in for a buggy third-party processor; named as "raising_processor:Raising"."""
 
 from __future__ import annotations

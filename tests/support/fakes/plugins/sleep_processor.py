@@ -1,4 +1,4 @@
-"""A processor plugin that takes `seconds` per frame and changes nothing (tests/daemon/test_pipeline_bounds.py:
+"""A processor plugin that takes `seconds` per frame and changes nothing (tests/daemon/pipelines/test_pipeline_bounds.py:
 a frame whose deadline passes inside a step). A test stand-in; named as "sleep_processor:Sleep"."""
 
 from __future__ import annotations

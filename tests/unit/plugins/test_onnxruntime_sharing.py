@@ -12,7 +12,7 @@ import pytest
 from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend
 from infermux.plugins.base import BackendError
 
-MLP = Path(__file__).resolve().parents[2] / "engines" / "mlp" / "1" / "model.onnx"
+MLP = Path(__file__).resolve().parents[3] / "engines" / "mlp" / "1" / "model.onnx"
 WEIGHTS = MLP.stat().st_size
 ACTIVATIONS = 256 * 4 + 10 * 4  # one row of `features` in, one of `logits` out
 

@@ -12,7 +12,7 @@ import pytest
 from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend, direct_run, select_providers
 from infermux.plugins.base import BackendError, InputRejected
 
-MLP = Path(__file__).resolve().parents[2] / "engines" / "mlp" / "1" / "model.onnx"
+MLP = Path(__file__).resolve().parents[3] / "engines" / "mlp" / "1" / "model.onnx"
 GPU_FIRST = ["TensorrtExecutionProvider", "CUDAExecutionProvider", "CPUExecutionProvider"]
 
 

@@ -12,7 +12,7 @@ import ast
 from collections import Counter
 from pathlib import Path
 
-TESTS = Path(__file__).resolve().parents[1]
+TESTS = Path(__file__).resolve().parents[2]
 REPO = TESTS.parent
 KINDS = {"unit", "daemon", "tensorrt_contract", "tui", "system", "benchmarks", "gpu"}
 
@@ -35,6 +35,16 @@ def _imported(path: Path) -> set[str]:
 def test_every_test_file_sits_in_the_folder_of_its_kind() -> None:
     misplaced = [str(p.relative_to(TESTS)) for p in _test_files() if p.relative_to(TESTS).parts[0] not in KINDS]
     assert _test_files() and not misplaced, f"put these in one of {sorted(KINDS)}: {misplaced}"
+
+
+def test_unit_and_daemon_tests_sit_in_folders_named_for_the_package_they_test() -> None:
+    # tests/unit/execution/ tests daemon/execution/; a top-level module's tests (protocol.py, events.py) and
+    # the daemon tests that cross packages (the feature matrix, fuzzing) sit at the folder's top.
+    packages = {p.name for tree in ("daemon", "plugins") for p in (REPO / tree).iterdir()
+                if p.is_dir() and (p / "__init__.py").exists()} | {"plugins", "repository"}
+    folders = {f"{kind}/{p.name}": p.name for kind in ("unit", "daemon") for p in (TESTS / kind).iterdir()
+               if p.is_dir() and not p.name.startswith((".", "__"))}
+    assert folders and not {k for k, name in folders.items() if name not in packages}, sorted(folders)
 
 
 def test_test_file_names_are_unique_across_folders() -> None:

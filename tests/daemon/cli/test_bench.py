@@ -16,7 +16,7 @@ from infermux.cli import bench
 from infermux.cli.bench import BenchResult, run_load, wait_ready
 from infermux.protocol import encode_request
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 BASELINES = ROOT / "tests" / "benchmarks" / "baselines.py"
 CLASSIFIER = ROOT / "engines" / "classifier" / "1" / "model.onnx"
 IMAGES = {"images": np.zeros((1, 3, 64, 64), np.float32)}

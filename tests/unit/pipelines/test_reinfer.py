@@ -1,7 +1,7 @@
 """Which regions a re-inferred step computes: by frames of the track, by growth, within a budget; what it forgets.
 
 The clock is a test's own, so the budget's arithmetic is exact. The daemon
-side (the same decisions, counted on the model) is tests/daemon/test_tracking.py.
+side (the same decisions, counted on the model) is tests/daemon/pipelines/test_tracking.py.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 DOCS = sorted((ROOT / "docs").glob("*.md")) + [ROOT / "README.md"]
 CITES = ("DESIGN" + " §", "DESIGN" + ".md")  # split, or this file would cite it
 LINK = re.compile(r"\]\(([^)\s]+)\)")

@@ -15,7 +15,7 @@ pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.
 
 from infermux.pipelines import warmshapes  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 def ocr(tmp_path: Path, warm_frames: str) -> cfg.Config:

@@ -37,7 +37,7 @@ cv2 = pytest.importorskip("cv2", reason="the processors need OpenCV: pip install
 from infermux.client import Frame  # noqa: E402
 from infermux.pipelines.wire import send_frame  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CLASSIFIER = REPO / "engines/classifier/1/model.onnx"
 every_placement = pytest.mark.parametrize("placed", PLACEMENTS, indirect=True)
 pytestmark = pytest.mark.timing  # swaps, restarts and deadlines, like test_matrix's: tests/stress.sh runs it

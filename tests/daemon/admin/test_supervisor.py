@@ -36,7 +36,7 @@ from infermux.client import Client, Pipeline  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sd_notify is Linux-only")
 
-ENGINES = Path(__file__).resolve().parents[2] / "engines"
+ENGINES = Path(__file__).resolve().parents[3] / "engines"
 WATCHDOG_USEC = 1_000_000
 START_TIMEOUT_S = 60.0
 

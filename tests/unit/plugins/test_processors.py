@@ -443,7 +443,7 @@ def test_an_image_declaring_too_many_pixels_is_refused_before_decoding() -> None
 def test_the_processors_benchmark_runs_every_case() -> None:
     import subprocess
     import sys
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_processors.py"
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "bench_processors.py"
     out = subprocess.run([sys.executable, str(script), "--no-write", "--seconds", "0.01", "--rounds", "1"],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]

@@ -20,7 +20,7 @@ from typing import Iterator
 from radon.complexity import cc_visit
 from radon.visitors import Function
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TREES = ("daemon", "tui", "plugins")
 
 MAX_LINES = 50

@@ -4,7 +4,7 @@ the scores that judge it (IDF1, identity switches) against hand-checked cases.
 The shipped sequences (tests/support/tracking.py) are given to the processor
 as a detector would give boxes: full boxes with noise, scored by how much of
 the object is in view, with misses and false alarms. The same sequences go
-through a detector pipeline on a real daemon in tests/daemon/test_tracking.py.
+through a detector pipeline on a real daemon in tests/daemon/pipelines/test_tracking.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The metrics port here is the real one (admin/httpd.py) on a loopback port, with a page whose text
 UTF-8 cannot carry; the daemon side (a key with a lone surrogate refused at the edge, the page and
-`ctl streams` still answering) is tests/daemon/test_hostile_text.py.
+`ctl streams` still answering) is tests/daemon/frontend/test_hostile_text.py.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The processors' bounds before work, on the processors alone (the daemon's side: tests/daemon/test_hostile_boxes.py)."""
+"""The processors' bounds before work, on the processors alone (the daemon's side: tests/daemon/pipelines/test_hostile_boxes.py)."""
 
 from __future__ import annotations
 

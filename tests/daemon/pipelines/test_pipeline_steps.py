@@ -31,7 +31,7 @@ cv2 = pytest.importorskip("cv2", reason="the processors need OpenCV: pip install
 
 from infermux.pipelines.wire import send_frame  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 CLASSIFIER = REPO / "engines/classifier/1/model.onnx"
 PLACES = ("hot", "cold")
 in_both = pytest.mark.parametrize("placed", PLACES, indirect=True)
