@@ -138,7 +138,9 @@ class PyAVSource:
         self._container = container = self._open()
         try:
             stream = container.streams.video[0]
-            stream.thread_type = "AUTO"
+            # Slice threads only: frame threads hold each frame back by as many frames as there are
+            # threads, latency the capture-to-result age cannot see (docs/decisions.md, decoding cameras).
+            stream.thread_type = "SLICE"
             self._check_size(stream)
             paced = self.camera.kind == "file"
             while not self._closed:
