@@ -317,7 +317,8 @@ class LifecycleConfig:
     min_score_gain: float = setting(0.05, NUMBER, "a best score that rose by less is not a change worth an "
                                     "`update`", applies=RELOAD, low=0.0, high=1.0)
     max_objects: int = setting(4096, INT, "objects followed at once over every stream of the pipeline; newcomers "
-                               "past it wait", applies=RELOAD, low=1, high=1_000_000)
+                               "past it are not followed (`events.not_followed`)", applies=RELOAD, low=1,
+                               high=1_000_000)
 
 
 @dataclass(frozen=True)
