@@ -7,8 +7,8 @@ the name is shared) and the reason; a misspelled field gets the nearest known on
 to start on it and keeps the old configuration on reload.
 
 The modules: `declare` (how a setting is declared, and the reader of a table), `kinds` (the values a
-setting takes), `settings` (the declarations), `daemon`, `models`, `pipelines` and `cameras` (each
-section's rules between keys), `reference` (the generated docs). This module reads a whole file and names the package's
+setting takes), `settings` (the declarations), `daemon`, `models`, `pipelines`, `cameras` and
+`sinks` (each section's rules between keys), `reference` (the generated docs). This module reads a whole file and names the package's
 public parts.
 """
 
@@ -18,10 +18,9 @@ import os
 import sys
 from pathlib import Path
 
-from infermux import sinkconfig
 from infermux.config.cameras import parse_cameras
 from infermux.config.daemon import SOCKET_FIELDS, load_sockets, parse_daemon, regions_path, resolve_endpoint, runtime_dir
-from infermux.config.declare import CAMERA, LIVE, RELOAD, RESTART, Setting, check_type, read_table, settings_of
+from infermux.config.declare import CAMERA, LIVE, RELOAD, RESTART, SINK, Setting, check_type, read_table, settings_of
 from infermux.config.errors import ConfigError, LibraryMissing
 from infermux.config.kinds import MAX_WARM_FRAMES, MAX_WARM_SIDE, parse_budget
 from infermux.config.models import (check_models, contexts_problem, fallback_of, fallback_problem, model_labels,
@@ -30,8 +29,9 @@ from infermux.config.pipelines import parse_pipelines
 from infermux.config.settings import (COLD, FOR_EACH, HOT, MAX_CONTEXTS, MAX_FALLBACK_DEPTH, MAX_NICE, MAX_WEIGHT,
                                       MPS_MODES, OLD_PLACEMENT_NAMES, PATH_OPTIONS, PLACEMENTS, QUEUE_POLICIES,
                                       REINFER, ROLLOUT_COMPARES, SECTIONS, STRATEGIES, STREAM_KEYS, VERSION_POLICIES,
-                                      CameraConfig, Config, DaemonConfig, GateConfig, ModelConfig, PipelineConfig,
-                                      RolloutConfig, RoutingConfig, StepConfig)
+                                      CameraConfig, Config, DaemonConfig, GateConfig, LifecycleConfig, ModelConfig,
+                                      PipelineConfig, RolloutConfig, RoutingConfig, SinkConfig, StepConfig)
+from infermux.config.sinks import parse_sinks
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -41,9 +41,10 @@ else:  # pragma: no cover - Python 3.10
 __all__ = [
     "CAMERA", "COLD", "FOR_EACH", "HOT", "LIVE", "MAX_CONTEXTS", "MAX_FALLBACK_DEPTH", "MAX_NICE", "MAX_WARM_FRAMES",
     "MAX_WARM_SIDE", "MAX_WEIGHT", "MPS_MODES", "OLD_PLACEMENT_NAMES", "PATH_OPTIONS", "PLACEMENTS",
-    "QUEUE_POLICIES", "REINFER", "RELOAD", "RESTART", "ROLLOUT_COMPARES", "SECTIONS", "SOCKET_FIELDS", "STRATEGIES",
-    "STREAM_KEYS", "VERSION_POLICIES", "CameraConfig", "Config", "ConfigError", "DaemonConfig", "GateConfig",
-    "LibraryMissing", "ModelConfig", "PipelineConfig", "RolloutConfig", "RoutingConfig", "Setting", "StepConfig", "contexts_problem", "fallback_of",
+    "QUEUE_POLICIES", "REINFER", "RELOAD", "RESTART", "ROLLOUT_COMPARES", "SECTIONS", "SINK", "SOCKET_FIELDS",
+    "STRATEGIES", "STREAM_KEYS", "VERSION_POLICIES", "CameraConfig", "Config", "ConfigError", "DaemonConfig",
+    "GateConfig", "LibraryMissing", "LifecycleConfig", "ModelConfig", "PipelineConfig", "RolloutConfig",
+    "RoutingConfig", "Setting", "SinkConfig", "StepConfig", "contexts_problem", "fallback_of",
     "fallback_problem", "load", "load_sockets", "model_labels", "parse", "parse_budget", "parse_model_settings",
     "policy_key", "regions_path", "resolve_endpoint", "runtime_dir", "settings_of",
 ]
@@ -55,7 +56,7 @@ def parse(text: str, file: Path) -> Config:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(file, "", f"not valid TOML: {exc}") from None
-    top = {s.name for s in SECTIONS if "." not in s.name} | {"sinks"}
+    top = {s.name for s in SECTIONS if "." not in s.name}
     for key in data:
         if key not in top:
             raise ConfigError(file, key, f"unknown table; expected {', '.join(sorted(top))}")
@@ -69,10 +70,7 @@ def parse(text: str, file: Path) -> Config:
     check_models(file, models, routing, daemon)
     pipelines = parse_pipelines(file, data.get("pipelines", []), models, daemon.engine_dir)
     cameras = parse_cameras(file, data.get("cameras", []), {p.name for p in pipelines})
-    try:
-        sinks = sinkconfig.parse_sinks(data.get("sinks", []), {p.name for p in pipelines})
-    except sinkconfig.Problem as exc:
-        raise ConfigError(file, exc.where, exc.reason) from None
+    sinks = parse_sinks(file, data.get("sinks", []), {p.name for p in pipelines})
     return Config(path=file, daemon=daemon, routing=routing, models=tuple(models), pipelines=pipelines,
                   cameras=cameras, sinks=sinks)
 

@@ -3,8 +3,8 @@
 A setting is a field of a section's frozen dataclass (config/settings.py) whose default is made by
 `setting(...)`: the field's name is the key, the dataclass is the section, and the `Setting` kept in
 the field's metadata holds the rest: its kind (the TOML type it takes and what it becomes), bounds or
-choices, its default, when a change applies (`LIVE`, `RELOAD`, `RESTART`, `CAMERA`), whether `ctl set` changes
-it, and one line of documentation. `read_table` checks a table against those declarations (unknown
+choices, its default, when a change applies (`LIVE`, `RELOAD`, `RESTART`, `CAMERA`, `SINK`), whether
+`ctl set` changes it, and one line of documentation. `read_table` checks a table against those declarations (unknown
 keys with a did-you-mean, required keys, types, bounds, choices); what only a section knows (one key
 against another, paths against engine_dir) stays in that section's parser.
 """
@@ -25,11 +25,14 @@ LIVE = "live"  # a reload applies it to what runs, in place (and `ctl set`, wher
 RELOAD = "reload"  # a reload builds the version or pipeline anew beside the running one, switched in once ready
 RESTART = "restart"  # only a restart applies it; a reload logs that a restart is needed
 CAMERA = "camera"  # a reload restarts that camera's process with it; the daemon and other cameras run on
+SINK = "sink"  # a reload restarts that sink on its spool (sinks/hub.py `apply`); nothing waiting in it is lost
 APPLIES = {LIVE: "`ctl reload` (or SIGHUP) applies it to what runs, in place; a settable one also `ctl set`",
            RELOAD: "`ctl reload` loads the version (or builds the pipeline) anew beside the running one and "
                    "switches to it once ready",
            RESTART: "only a restart applies it; `ctl reload` logs that a restart is needed",
-           CAMERA: "`ctl reload` restarts that camera's process with it; the daemon and the other cameras run on"}
+           CAMERA: "`ctl reload` restarts that camera's process with it; the daemon and the other cameras run on",
+           SINK: "`ctl reload` restarts that sink on its spool, whose waiting events it then delivers; the "
+                 "pipelines and the other sinks run on"}
 
 
 @dataclass(frozen=True)

@@ -119,6 +119,11 @@ def _sizes(file: Path, where: str, value: Any) -> tuple[int, ...]:
     return tuple(sorted(value))
 
 
+def _names(file: Path, where: str, value: Any) -> tuple[str, ...]:
+    check_type(file, where, value, list)
+    return tuple(_name(file, f"{where}[{i}]", v) for i, v in enumerate(value))
+
+
 def _version(file: Path, where: str, value: Any) -> str:
     check_type(file, where, value, (str, int))
     return str(value)
@@ -185,6 +190,7 @@ NUMBER = Kind("number", _number)
 BOOL = Kind("boolean", _typed(bool))
 STR = Kind("string", _typed(str))
 NAME = Kind("non-empty string", _name)
+NAMES = Kind("list of non-empty strings", _names)
 PATH = Kind("path", _path)
 KEY_FILE = Kind("path of a file", _existing("file"))
 KEY_DIR = Kind("path of a directory", _existing("directory"))

@@ -1,18 +1,17 @@
 """`[[pipelines]]` entries and their `[[pipelines.steps]]`: keys read as declared (config/settings.py),
 then the rules between them: a step is a processor or a model, names are unique, re-inference
-follows a track step, and each processor is built once so that a bad option stops the file."""
+and `[pipelines.events]` follow a track step, and each processor is built once so that a bad option
+stops the file."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any, Mapping
 
-from infermux import sinkconfig
-from infermux.sinkconfig import LifecycleConfig
 from infermux.config.declare import check_type, read_table
 from infermux.config.errors import ConfigError, LibraryMissing
 from infermux.config.models import check_queue_policy
-from infermux.config.settings import PATH_OPTIONS, REINFER, ModelConfig, PipelineConfig, StepConfig
+from infermux.config.settings import PATH_OPTIONS, REINFER, LifecycleConfig, ModelConfig, PipelineConfig, StepConfig
 from infermux.plugins import processors
 from infermux.plugins.requirements import MissingDependency
 
@@ -54,15 +53,12 @@ def _parse_pipeline(file: Path, where: str, table: Any, models: set[str], engine
     return PipelineConfig(**raw)
 
 
-def _lifecycle(file: Path, where: str, name: str, table: Any, steps: list[StepConfig]) -> LifecycleConfig:
-    """A pipeline's `events` table (sinkconfig.py): only where a `track` step gives objects their ids."""
+def _lifecycle(file: Path, where: str, name: str, raw: dict[str, Any], steps: list[StepConfig]) -> LifecycleConfig:
+    """A pipeline's `[pipelines.events]`, read as declared: only where a `track` step gives objects their ids."""
     if not any(step.processor == "track" for step in steps):
         raise ConfigError(file, where, f"pipeline {name!r} makes events of tracked objects: it needs a 'track' "
                           "step (docs/events.md)")
-    try:
-        return sinkconfig.parse_lifecycle(where, table)
-    except sinkconfig.Problem as exc:
-        raise ConfigError(file, exc.where, exc.reason) from None
+    return LifecycleConfig(**raw)
 
 
 def _parse_step(file: Path, where: str, pipeline: str, raw: dict[str, Any], models: set[str],

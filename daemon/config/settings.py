@@ -23,7 +23,7 @@ calls it; config/cameras.py is a small one). A table inside an entry (`[models.r
 nested dataclass: `read_table` checks the nested keys too (unknown ones, types, bounds), and hands them
 to the section's parser as a dict (a list of dicts) to build the nested dataclass from. A setting that
 a part applies by itself says so with its own `applies` value (`CAMERA`: the camera's process is
-restarted), which that part and the reload planner both read.
+restarted; `SINK`: the sink is restarted on its spool), which that part and the reload planner read.
 """
 
 from __future__ import annotations
@@ -35,10 +35,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
-from infermux.config.declare import CAMERA, LIVE, RELOAD, RESTART, Rule, required, setting
+from infermux.config.declare import CAMERA, LIVE, RELOAD, RESTART, SINK, Rule, required, setting
 from infermux.config.kinds import (BOOL, BUDGET, ENDPOINT, ENDPOINTS, FRAMES, INT, KEY_DIR, KEY_FILE, MASKS, NAME,
-                                   NUMBER, PATH, PUBLIC_KEYS, SIZE, SIZES, STR, TABLE, TABLES, VERSION, VERSIONS)
-from infermux.sinkconfig import LifecycleConfig, SinkConfig
+                                   NAMES, NUMBER, PATH, PUBLIC_KEYS, SIZE, SIZES, STR, TABLE, TABLES, VERSION,
+                                   VERSIONS)
 
 STRATEGIES = ("least_queue", "weighted", "hash")
 HOT, COLD = "hot", "cold"
@@ -301,6 +301,27 @@ class StepConfig:
 
 
 @dataclass(frozen=True)
+class LifecycleConfig:
+    """A pipeline's `[pipelines.events]` table: when a tracked object's `new`, `update` and `end` events
+    are made (daemon/pipelines/lifecycle.py, docs/events.md). Its pipeline needs a `track` step
+    (config/pipelines.py)."""
+
+    min_frames: int = setting(3, INT, "frames an object is seen scoring at least min_score before its `new`",
+                              applies=RELOAD, low=1, high=10_000)
+    min_score: float = setting(0.5, NUMBER, "a frame scoring less neither counts nor raises the best score",
+                               applies=RELOAD, low=0.0, high=1.0)
+    end_after_s: float = setting(2.0, NUMBER, "an object unseen this long has ended (`end`)", applies=RELOAD,
+                                 low=0.05, high=86_400)
+    update_every_s: float = setting(1.0, NUMBER, "at most one `update` per object this often; changes in between "
+                                    "wait", applies=RELOAD, low=0.0, high=86_400)
+    min_score_gain: float = setting(0.05, NUMBER, "a best score that rose by less is not a change worth an "
+                                    "`update`", applies=RELOAD, low=0.0, high=1.0)
+    max_objects: int = setting(4096, INT, "objects followed at once over every stream of the pipeline; newcomers "
+                               "past it are not followed (`events.not_followed`)", applies=RELOAD, low=1,
+                               high=1_000_000)
+
+
+@dataclass(frozen=True)
 class PipelineConfig:
     """One `[[pipelines]]` entry: steps run in order on a frame sent as input `input`
     (docs/pipelines.md); `workers` threads run them, `max_queue` frames wait (429 beyond).
@@ -327,8 +348,9 @@ class PipelineConfig:
     warm_frames: tuple[tuple[int, int], ...] = setting((), FRAMES, "frame sizes its cameras send: its models are "
                                                        "warmed at the shapes its resize steps make of them",
                                                        applies=RELOAD)
-    events: LifecycleConfig | None = setting(None, TABLE, "tracked objects' new / update / end events, sent to "
-                                             "the sinks (events.md); needs a `track` step", applies=RELOAD)
+    events: LifecycleConfig | None = setting(None, TABLE, "`[pipelines.events]`: tracked objects' new / update / "
+                                             "end events, sent to the sinks (events.md); needs a `track` step",
+                                             applies=RELOAD, section=LifecycleConfig)
 
 
 Polygon = tuple[tuple[float, float], ...]  # points (x, y), fractions of the frame's width and height
@@ -412,6 +434,35 @@ class CameraConfig:
         return out
 
 
+SPOOL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")  # a sink's name is its spool's folder
+SINK_NAME = Rule("letters, digits, '_', '.', '-', at most 64, not starting with '.' or '-' (it names the "
+                 "spool's folder)", lambda v: bool(SPOOL_NAME.fullmatch(v)))
+
+
+@dataclass(frozen=True)
+class SinkConfig:
+    """One `[[sinks]]` entry (docs/events.md#sinks): a sink of kind `kind` with its `options`, and its
+    durable spool's bounds (daemon/sinks/spool.py). The rules between keys and entries: config/sinks.py."""
+
+    name: str = required(NAME, "its spool's folder and its name in events and `ctl sinks`: unique",
+                         applies=SINK, rule=SINK_NAME)
+    kind: str = required(NAME, "jsonl, zmq, mqtt, webhook, or an installed plugin's kind (events.md#sinks)",
+                         applies=SINK)
+    options: Mapping[str, Any] = setting({}, TABLE, "the kind's own options, checked by the kind "
+                                         "(events.md#sinks)", applies=SINK)
+    pipelines: tuple[str, ...] = setting((), NAMES, "the pipelines whose events it takes; empty: every one",
+                                         applies=SINK)
+    max_events: int = setting(100_000, INT, "events waiting in the spool at most; past it the oldest are dropped",
+                              applies=SINK, low=1, high=100_000_000)
+    max_mb: float = setting(64.0, NUMBER, "... and at most this many MiB of them", applies=SINK, low=0.01,
+                            high=1 << 20)
+    batch: int = setting(100, INT, "events handed to the sink at once", applies=SINK, low=1, high=10_000)
+    retry_s: float = setting(0.5, NUMBER, "the first wait after a failed delivery; it doubles up to max_retry_s",
+                             applies=SINK, low=0.01, high=3600)
+    max_retry_s: float = setting(30.0, NUMBER, "the longest wait between deliveries that fail", applies=SINK,
+                                 low=0.01, high=86_400)
+
+
 @dataclass(frozen=True)
 class Section:
     """A table of the file: its name, its dataclass, whether it is a `[[list]]` of entries, and what it is."""
@@ -429,10 +480,14 @@ SECTIONS = (
     Section("models.rollout", RolloutConfig, False, "A model's shadow rollout (hot-swap.md#shadow-rollout)."),
     Section("pipelines", PipelineConfig, True, "Steps run on a frame (pipelines.md)."),
     Section("pipelines.steps", StepConfig, True, "One step of a pipeline: a `processor` or a `model`."),
+    Section("pipelines.events", LifecycleConfig, False, "A pipeline's object events: when a tracked object's "
+            "`new`, `update` and `end` are made (events.md)."),
     Section("cameras", CameraConfig, True, "A camera the daemon reads itself, its frames sent to a pipeline "
             "(cameras.md)."),
     Section("cameras.gate", GateConfig, False, "A camera's motion gate: only frames with motion go on "
             "(motion-gate.md)."),
+    Section("sinks", SinkConfig, True, "Where object events go, each sink with a durable spool of its own "
+            "(events.md#sinks)."),
 )
 
 
@@ -446,7 +501,7 @@ class Config:
     models: tuple[ModelConfig, ...]
     pipelines: tuple[PipelineConfig, ...] = ()
     cameras: tuple[CameraConfig, ...] = ()
-    sinks: tuple[SinkConfig, ...] = ()  # [[sinks]]: where events go (sinkconfig.py, docs/events.md#sinks)
+    sinks: tuple[SinkConfig, ...] = ()
 
     def versions(self, name: str) -> list[ModelConfig]:
         return [m for m in self.models if m.name == name]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from infermux.plugins.processors.base import Region
-from infermux.sinkconfig import LifecycleConfig
+from infermux.config import LifecycleConfig
 
 CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 

@@ -23,7 +23,7 @@ from typing import Any, Callable, Protocol
 from infermux.events import EventLog
 from infermux.plugins import sinks as plugins
 from infermux.plugins.sinks import OutEvent, Sink, SinkDown
-from infermux.sinkconfig import SinkConfig
+from infermux.config import SinkConfig
 from infermux.sinks.spool import Spool
 
 log = logging.getLogger("infermux.sinks")

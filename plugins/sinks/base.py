@@ -10,6 +10,7 @@ deliver raises SinkDown, and the same events are offered again later.
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Any, Mapping, Protocol
 
@@ -25,11 +26,12 @@ class OutEvent:
 
 
 class SinkConfigError(Exception):
-    """A sink's options are wrong: the configuration file is refused with `reason`."""
+    """A sink's options are wrong: the configuration file is refused with `reason`; `option` names the
+    option at fault where there is one (the error then points at `sinks[i].options.<option>`)."""
 
-    def __init__(self, kind: str, reason: str) -> None:
+    def __init__(self, kind: str, reason: str, option: str = "") -> None:
         super().__init__(f"sink kind {kind!r}: {reason}")
-        self.kind, self.reason = kind, reason
+        self.kind, self.reason, self.option = kind, reason, option
 
 
 class SinkDown(Exception):
@@ -77,7 +79,7 @@ def option(kind: str, options: Mapping[str, Any], key: str, want: type | tuple[t
     wants = want if isinstance(want, tuple) else (want,)
     if isinstance(value, bool) and bool not in wants or not isinstance(value, wants):
         names = " or ".join("number" if w is float else w.__name__ for w in wants)
-        raise SinkConfigError(kind, f"option {key!r} must be {names}, got {value!r}")
+        raise SinkConfigError(kind, f"option {key!r} must be {names}, got {value!r}", key)
     return value
 
 
@@ -85,11 +87,14 @@ def known(kind: str, options: Mapping[str, Any], names: set[str]) -> None:
     """SinkConfigError for an option the kind does not have."""
     unknown = sorted(set(options) - names)
     if unknown:
-        raise SinkConfigError(kind, f"unknown option {unknown[0]!r}; known: {', '.join(sorted(names))}")
+        near = difflib.get_close_matches(unknown[0], names, n=1, cutoff=0.75)
+        hint = f"did you mean {near[0]!r}? " if near else ""
+        raise SinkConfigError(kind, f"unknown option {unknown[0]!r}; {hint}known: {', '.join(sorted(names))}",
+                              unknown[0])
 
 
 def bounded(kind: str, key: str, value: float, low: float, high: float) -> float:
     """`value` when low <= value <= high, else SinkConfigError naming `key`."""
     if not low <= value <= high:
-        raise SinkConfigError(kind, f"option {key!r} must be between {low:g} and {high:g}, got {value!r}")
+        raise SinkConfigError(kind, f"option {key!r} must be between {low:g} and {high:g}, got {value!r}", key)
     return value

@@ -20,7 +20,7 @@ class JsonlSink:
         known(KIND, options, OPTIONS)
         path = option(KIND, options, "path", str, "")
         if not path or not os.path.isabs(path):
-            raise SinkConfigError(KIND, f"option 'path' must be an absolute file path, got {path!r}")
+            raise SinkConfigError(KIND, f"option 'path' must be an absolute file path, got {path!r}", "path")
         bounded(KIND, "max_mb", option(KIND, options, "max_mb", (int, float), 16), 0.001, 1 << 20)
         bounded(KIND, "keep", option(KIND, options, "keep", int, 5), 0, 1000)
 

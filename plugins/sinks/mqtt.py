@@ -58,11 +58,11 @@ class MqttSink:
             raise SinkConfigError(KIND, f"needs paho-mqtt 2.x ({found}): `pip install 'infermux[mqtt]'`, or "
                                   "`apt install python3-paho-mqtt` where it is 2.x (Debian 13)")
         if not option(KIND, options, "host", str, ""):
-            raise SinkConfigError(KIND, "option 'host' is required (the broker's name or address)")
+            raise SinkConfigError(KIND, "option 'host' is required (the broker's name or address)", "host")
         bounded(KIND, "port", option(KIND, options, "port", int, 1883), 1, 65535)
         prefix = option(KIND, options, "prefix", str, "infermux")
         if not prefix or any(c in prefix for c in "#+\0"):
-            raise SinkConfigError(KIND, f"option 'prefix' must be a topic without wildcards, got {prefix!r}")
+            raise SinkConfigError(KIND, f"option 'prefix' must be a topic without wildcards, got {prefix!r}", "prefix")
         option(KIND, options, "client_id", str, "")
         option(KIND, options, "availability_topic", str, "")
         bounded(KIND, "keepalive_s", option(KIND, options, "keepalive_s", int, 30), 5, 3600)
@@ -71,7 +71,7 @@ class MqttSink:
         for key in ("ca_file", "cert_file", "key_file", "credentials_file"):
             value = option(KIND, options, key, str, "")
             if value and not os.path.isabs(value):
-                raise SinkConfigError(KIND, f"option {key!r} must be an absolute path, got {value!r}")
+                raise SinkConfigError(KIND, f"option {key!r} must be an absolute path, got {value!r}", key)
 
     def __init__(self, name: str, options: Mapping[str, Any]) -> None:
         self.check(options)

@@ -27,12 +27,13 @@ class WebhookSink:
         known(KIND, options, OPTIONS)
         url = urlsplit(option(KIND, options, "url", str, ""))
         if url.scheme not in ("http", "https") or not url.hostname:
-            raise SinkConfigError(KIND, f"option 'url' must be an http:// or https:// URL, got {options.get('url')!r}")
+            raise SinkConfigError(KIND, f"option 'url' must be an http:// or https:// URL, got {options.get('url')!r}",
+                                  "url")
         bounded(KIND, "timeout_s", option(KIND, options, "timeout_s", (int, float), 5.0), 0.05, 600)
         headers = option(KIND, options, "headers", dict, {})
         for name, value in headers.items():
             if not isinstance(value, str) or any(c in name + value for c in "\r\n\0"):
-                raise SinkConfigError(KIND, f"header {name!r} must be a string on one line")
+                raise SinkConfigError(KIND, f"header {name!r} must be a string on one line", "headers")
         option(KIND, options, "ca_file", str, "")
 
     def __init__(self, name: str, options: Mapping[str, Any]) -> None:

@@ -26,7 +26,7 @@ class ZmqSink:
         known(KIND, options, OPTIONS)
         bind = option(KIND, options, "bind", str, "")
         if not bind.startswith(("tcp://", "ipc://")):
-            raise SinkConfigError(KIND, f"option 'bind' must be a tcp:// or ipc:// endpoint, got {bind!r}")
+            raise SinkConfigError(KIND, f"option 'bind' must be a tcp:// or ipc:// endpoint, got {bind!r}", "bind")
         option(KIND, options, "results", bool, False)
         bounded(KIND, "hwm", option(KIND, options, "hwm", int, 10000), 1, 1 << 24)
 

@@ -52,7 +52,7 @@ from support.harness import free_port  # noqa: E402
 
 from infermux.events import EventLog  # noqa: E402
 from infermux.pipelines.lifecycle import IDS  # noqa: E402
-from infermux.sinkconfig import SinkConfig  # noqa: E402
+from infermux.config import SinkConfig  # noqa: E402
 from infermux.sinks.hub import Hub  # noqa: E402
 
 SECTION = "Events through the sinks"

@@ -22,7 +22,7 @@ from support.sinks import Mosquitto, self_signed, waiting  # noqa: E402
 
 from infermux.events import EventLog  # noqa: E402
 from infermux.pipelines.lifecycle import IDS  # noqa: E402
-from infermux.sinkconfig import SinkConfig  # noqa: E402
+from infermux.config import SinkConfig  # noqa: E402
 from infermux.sinks.hub import Hub  # noqa: E402
 
 

@@ -123,3 +123,10 @@ def test_a_new_list_section_with_a_nested_table_is_checked_from_its_declarations
         "name": "door", "gate": {"min_score": 1.0}}
     shown = reference.section_text(Section("cameras", _Camera, True, "Cameras."))
     assert "## `[[cameras]]`" in shown and "| `fps` | integer | `10` | 1 to 120 | live | frames a second |" in shown
+
+
+def test_a_sink_setting_restarts_that_sink_and_an_events_setting_rebuilds_its_pipeline() -> None:
+    assert all(s.applies == cfg.SINK for s in cfg.settings_of(cfg.SinkConfig).values())
+    assert all(s.applies == cfg.RELOAD for s in cfg.settings_of(cfg.LifecycleConfig).values())
+    assert cfg.settings_of(cfg.PipelineConfig)["events"].section is cfg.LifecycleConfig
+    assert {"sinks", "pipelines.events"} <= {s.name for s in cfg.SECTIONS}

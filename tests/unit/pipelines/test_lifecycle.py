@@ -12,7 +12,7 @@ from support.sinks import valid
 from infermux.config import ConfigError, parse
 from infermux.pipelines.lifecycle import IDS, Lifecycle, seen_at
 from infermux.plugins.processors.base import Region
-from infermux.sinkconfig import LifecycleConfig
+from infermux.config import LifecycleConfig
 
 
 class Clock:
@@ -95,9 +95,10 @@ processor = "decode"
 
 
 @pytest.mark.parametrize("events, track, where, says", [
-    ("events = { min_frames = 0 }", 'processor = "track"', "pipelines[0].events.min_frames", "between 1"),
+    ("events = { min_frames = 0 }", 'processor = "track"', "pipelines[0].events.min_frames", "must be >= 1, got 0"),
     ("events = { min_score = 1.5 }", 'processor = "track"', "pipelines[0].events.min_score", "between 0"),
-    ("events = { end_after = 1 }", 'processor = "track"', "pipelines[0].events.end_after", "unknown field"),
+    ("events = { end_after = 1 }", 'processor = "track"', "pipelines[0].events.end_after",
+     "unknown field; did you mean `end_after_s`?"),
     ("events = 3", 'processor = "track"', "pipelines[0].events", "must be a table"),
     ("events = {}", 'processor = "normalize"', "pipelines[0].events", "needs a 'track' step"),
 ])
@@ -120,11 +121,16 @@ options = {options}
 @pytest.mark.parametrize("name, kind, options, where, says", [
     ('"a"', '"smoke"', "{}", "sinks[0].kind", "unknown sink kind"),
     ('"../up"', '"jsonl"', '{ path = "/tmp/x" }', "sinks[0].name", "letters, digits"),
-    ('"a"', '"jsonl"', '{ path = "rel" }', "sinks[0].options", "absolute"),
-    ('"a"', '"mqtt"', "{}", "sinks[0].options", "'host' is required"),
-    ('"a"', '"mqtt"', '{ host = "h", port = 0 }', "sinks[0].options", "'port' must be between"),
-    ('"a"', '"webhook"', '{ url = "ftp://x" }', "sinks[0].options", "http:// or https://"),
-    ('"a"', '"zmq"', '{ bind = "tcp://127.0.0.1:1", colour = 1 }', "sinks[0].options", "unknown option 'colour'"),
+    ('"a"', '"jsonl"', '{ path = "rel" }', "sinks[0].options.path", "absolute"),
+    ('"a"', '"mqtt"', "{}", "sinks[0].options.host", "'host' is required"),
+    ('"a"', '"mqtt"', '{ host = "h", port = 0 }', "sinks[0].options.port", "'port' must be between"),
+    ('"a"', '"webhook"', '{ url = "ftp://x" }', "sinks[0].options.url", "http:// or https://"),
+    ('"a"', '"zmq"', '{ bind = "tcp://127.0.0.1:1", colour = 1 }', "sinks[0].options.colour", "unknown option 'colour'"),
+    ('"a"', '"zmq"', '{ bind = "tcp://127.0.0.1:1", result = true }', "sinks[0].options.result",
+     "did you mean 'results'?"),
+    ('"a"', '"jsonl"', '{ path = "/tmp/x" }\nbatchs = 5', "sinks[0].batchs", "did you mean `batch`?"),
+    ('"a"', '"jsonl"', '{ path = "/tmp/x" }\nbatch = 0', "sinks[0].batch", "must be >= 1, got 0"),
+    ('"a"', '"jsonl"', '{ path = "/tmp/x" }\npipelines = ["cam"]', "sinks[0].pipelines[0]", "unknown pipeline 'cam'"),
 ])
 def test_a_wrong_sink_is_refused_naming_the_setting(tmp_path: Any, name: str, kind: str, options: str, where: str,
                                                     says: str) -> None:

@@ -10,7 +10,7 @@ from support.sinks import valid
 
 from infermux.events import EventLog
 from infermux.pipelines.lifecycle import IDS
-from infermux.sinkconfig import SinkConfig
+from infermux.config import SinkConfig
 from infermux.sinks.hub import Hub
 
 
