@@ -41,7 +41,6 @@ ALLOWLIST = {
     ("daemon/swap/swapper.py", "Swapper._retire_unwanted", "complexity"),
     ("daemon/swap/swapper.py", "Swapper._settle", "complexity"),
     ("daemon/swap/reload.py", "apply", "complexity"),
-    ("daemon/protocol.py", "module", "lines"),
 }
 
 
