@@ -37,10 +37,6 @@ EXEMPT = {
 # settings' declarations, the fast path, the protocol's header fields). The lead empties this list
 # when their work is merged; nothing is to be added to it.
 ALLOWLIST = {
-    ("daemon/swap/swapper.py", "Swapper._load", "complexity"),
-    ("daemon/swap/swapper.py", "Swapper._retire_unwanted", "complexity"),
-    ("daemon/swap/swapper.py", "Swapper._settle", "complexity"),
-    ("daemon/swap/reload.py", "apply", "complexity"),
 }
 
 
