@@ -97,11 +97,7 @@ def _parse_camera(where: str, table: Any, pipelines: set[str], file: Path) -> Ca
             raise CameraFieldError(f"{where}.{key}", "must not be empty")
     _check_name(f"{where}.name", raw["name"])
     raw["url"] = _url(f"{where}.url", raw["url"], file.parent)
-    if raw["pipeline"] not in pipelines:
-        near = difflib.get_close_matches(raw["pipeline"], sorted(pipelines), n=1, cutoff=0.75)
-        hint = f"did you mean `{near[0]}`? " if near else ""
-        raise CameraFieldError(f"{where}.pipeline", f"unknown pipeline {raw['pipeline']!r}; {hint}pipelines: "
-                               f"{', '.join(sorted(pipelines)) or 'none (add a [[pipelines]] entry)'}")
+    _check_pipeline(f"{where}.pipeline", raw["pipeline"], pipelines)
     _choice(f"{where}.transport", raw.get("transport", "tcp"), TRANSPORTS)
     _choice(f"{where}.decoder", raw.get("decoder", "auto"), DECODERS)
     for key in ("loop", "enabled"):
@@ -121,6 +117,14 @@ def _parse_camera(where: str, table: Any, pipelines: set[str], file: Path) -> Ca
     if "gate" in raw:
         raw["gate"] = parse_gate(raw["gate"], f"{where}.gate", str(file))
     return CameraConfig(**raw)
+
+
+def _check_pipeline(where: str, name: str, pipelines: set[str]) -> None:
+    if name not in pipelines:
+        near = difflib.get_close_matches(name, sorted(pipelines), n=1, cutoff=0.75)
+        hint = f"did you mean `{near[0]}`? " if near else ""
+        raise CameraFieldError(where, f"unknown pipeline {name!r}; {hint}pipelines: "
+                               f"{', '.join(sorted(pipelines)) or 'none (add a [[pipelines]] entry)'}")
 
 
 def _check_name(where: str, name: str) -> None:
