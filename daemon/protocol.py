@@ -2,8 +2,10 @@
 
 A message is `[header JSON, tensor bytes, ...]`, one raw C-contiguous
 little-endian frame per tensor, in the order the header lists them. This
-module turns frames into typed requests and replies and back, and is the
-only place that knows the header's field names.
+module turns frames into typed requests and replies, holding a request to
+its bounds; protocol_types.py holds those types and the header's field
+names, protocol_encode.py turns them back into frames. Clients and the
+daemon import all three parts from here.
 """
 
 from __future__ import annotations
@@ -12,13 +14,24 @@ import difflib
 import json
 import math
 import time
-from dataclasses import dataclass, field
-from enum import IntEnum
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
-PROTOCOL_VERSION = 1
+from infermux.protocol_encode import OkReplies, encode_header, encode_reply, encode_request, error_header
+from infermux.protocol_types import (DTYPES, ENCODED_FORMATS, FRAME_FIELDS, INPUT_FIELDS, OPERATOR_RETRY_MS,
+                                     RAW_FORMATS, REGION_FIELDS, REPLY_KINDS, REQUEST_FIELDS, Frame, Limits,
+                                     MalformedReply, OutputRegion, ProtocolError, RegionLookup, Reply, Request,
+                                     SharedTensor, Status, TensorMeta, dtype_name)
+
+__all__ = [
+    "DTYPES", "ENCODED_FORMATS", "FRAME_FIELDS", "INPUT_FIELDS", "MAX_CAPTURE_SKEW_S", "MAX_KEY_BYTES", "MAX_KEY_INT",
+    "MAX_REPLACED", "MAX_TIMEOUT_MS", "OPERATOR_RETRY_MS", "RAW_FORMATS", "REGION_FIELDS", "REQUEST_FIELDS",
+    "Frame", "Limits", "MalformedReply", "OkReplies", "OutputRegion", "ProtocolError", "RegionLookup", "Reply",
+    "Request", "SharedTensor", "Status", "TensorMeta", "decode_reply", "dtype_name", "encode_header",
+    "encode_reply", "encode_request", "error_header", "limits_reply", "parse_header", "parse_request",
+    "request_id",
+]
 
 # The longest deadline a request may ask for (an int32 of ms, ~24.8 days):
 # deadlines become float µs on the way, and 10**310 ms overflowed a float.
@@ -38,273 +51,9 @@ MAX_CAPTURE_SKEW_S = 86_400.0
 # added to the stream's; a larger backlog is carried to the client's next request (client/stream.py).
 MAX_REPLACED = 1_000_000
 
-# json.dumps with arguments builds a new encoder per call; this one is reused.
-_dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
-
-# numpy dtype names accepted on the wire; "<" pins little-endian.
-DTYPES: dict[str, np.dtype] = {
-    name: np.dtype(name).newbyteorder("<") if np.dtype(name).itemsize > 1 else np.dtype(name)
-    for name in ("float32", "float16", "uint8", "int8", "int32", "int64", "bool")
-}
-
-
-# The fields each part of a request header may carry, in the order the docs list
-# them. Anything else is refused (400 naming it) rather than ignored, so that a
-# typo such as `timout_ms` or a field from another server's protocol
-# (`deadline_ms`) is seen instead of silently changing nothing.
-REQUEST_FIELDS = ("model", "inputs", "id", "version", "outputs", "timeout_ms", "key", "output_regions", "captured",
-                  "replaced")
-# An input entry's last four describe a camera frame sent to a pipeline (docs/protocol.md, "Pipelines
-# on the wire"); the pipeline's first step reads and checks them.
-INPUT_FIELDS = ("name", "dtype", "shape", "region", "offset", "format", "width", "height", "stride")
-FRAME_FIELDS = ("format", "width", "height", "stride")  # what an input entry may say of a frame (Request.described)
-REGION_FIELDS = ("region", "offset")
 _REQUEST_SET, _INPUT_SET, _REGION_SET = frozenset(REQUEST_FIELDS), frozenset(INPUT_FIELDS), frozenset(REGION_FIELDS)
 # Names that other protocols give a field, too far from ours in spelling for difflib to find.
 _ALIASES = {"deadline": "timeout_ms", "deadline_ms": "timeout_ms", "request_id": "id", "model_version": "version"}
-
-
-# dtype -> wire name; numpy's own `dtype.name` costs microseconds per call.
-_NAMES: dict[np.dtype, str] = {dt: name for name, dt in DTYPES.items()}
-_NAMES.update({dt.newbyteorder("="): name for name, dt in DTYPES.items()})
-
-
-def dtype_name(dtype: np.dtype) -> str:
-    """The wire name of a numpy dtype ("float32", ...)."""
-    name = _NAMES.get(dtype)
-    return name if name is not None else dtype.name
-
-
-class Status(IntEnum):
-    """HTTP-like reply status codes."""
-
-    OK = 200
-    BAD_REQUEST = 400
-    FORBIDDEN = 403  # the request's stream key belongs to another connection (stream_keys = "bound")
-    NOT_FOUND = 404
-    SUPERSEDED = 409  # a stream's newer request replaced this one before it was computed
-    TOO_LARGE = 413
-    TOO_MANY = 429
-    BACKEND_ERROR = 500
-    NOT_READY = 503
-    DEADLINE = 504
-
-
-class ProtocolError(Exception):
-    """A request the daemon answers with `status` and `message` instead of serving it."""
-
-    def __init__(self, status: Status, message: str, retry_after_ms: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.retry_after_ms = retry_after_ms
-
-
-class MalformedReply(ProtocolError, ValueError):
-    """A reply the client cannot decode (also a ValueError, as decode_reply raised before)."""
-
-    def __init__(self, message: str) -> None:
-        super().__init__(Status.BAD_REQUEST, f"malformed reply: {message}")
-
-
-@dataclass(frozen=True)
-class Limits:
-    """Safe bounds on what one request may ask of the daemon.
-
-    Each field is the `[daemon]` setting of the same name; error messages
-    name it so an operator knows which one a client ran into.
-    """
-
-    max_message_bytes: int = 64 * 1024 * 1024
-    max_header_bytes: int = 64 * 1024
-    max_tensors: int = 64
-    max_rank: int = 8
-    max_elements: int = 1 << 28
-    max_shared_input_bytes: int = 256 << 20  # inputs in shared-memory regions, all of a request's together
-    max_reply_bytes: int = 64 * 1024 * 1024  # what the daemon sends back in one reply (not counting regions)
-
-
-@dataclass(frozen=True)
-class TensorMeta:
-    """Name, dtype and shape of one tensor frame."""
-
-    name: str
-    dtype: str
-    shape: tuple[int, ...]
-
-    def as_json(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
-
-
-@dataclass(frozen=True)
-class SharedTensor:
-    """An input that lies in a registered shared-memory region instead of a frame (regions.py).
-
-    On the wire it is the input's entry in the header with `"region"` and
-    `"offset"` added, and no frame of its own."""
-
-    region: str
-    offset: int
-    dtype: str
-    shape: tuple[int, ...]
-
-    @property
-    def nbytes(self) -> int:
-        return math.prod(self.shape) * DTYPES[self.dtype].itemsize
-
-
-class RegionLookup(Protocol):
-    """Where the daemon finds the bytes a SharedTensor points at (regions.RegionTable)."""
-
-    def view(self, token: str, offset: int, nbytes: int) -> memoryview:
-        """The bytes, or ProtocolError when the region is unknown or too small."""
-        ...
-
-    def writable(self, token: str, offset: int) -> memoryview:
-        """The region from `offset` to its end, writable; ProtocolError when it cannot be written."""
-        ...
-
-
-@dataclass(frozen=True)
-class OutputRegion:
-    """Where a request asked for one output to be written: `view` is its region from `offset` on."""
-
-    region: str
-    offset: int
-    view: memoryview
-
-
-# A frame's formats (docs/protocol.md, "Pipelines on the wire"): files, then raw pixels.
-ENCODED_FORMATS = ("jpeg", "jpg", "png")
-RAW_FORMATS = {"bgr": 3, "rgb": 3, "gray": 1, "nv12": 1, "i420": 1}  # bytes per pixel of a row (luma for YUV)
-
-
-@dataclass(frozen=True)
-class Frame:
-    """A camera frame, as a pipeline's input takes it: a JPEG or PNG file's bytes, or raw pixels with
-    their geometry (`width`, `height`, and `stride`, bytes per row; packed when absent).
-
-        Frame(jpeg_bytes, "jpeg")
-        Frame.of(image)                      # an H x W x 3 BGR uint8 array (OpenCV's), or H x W gray
-        Frame(nv12_bytes, "nv12", width=1280, height=720, stride=1280)
-
-    In `Client.infer`, `Pipeline.submit` and `Stream.send` it is one input, sent as one uint8 tensor
-    of its bytes with "format" and the geometry in its header entry; those check it first (`check`),
-    as the daemon's decode step would, so a wrong size is a ValueError before anything is sent."""
-
-    data: bytes | np.ndarray
-    format: str
-    width: int | None = None
-    height: int | None = None
-    stride: int | None = None
-
-    def check(self) -> "Frame":
-        """Itself, if the daemon's decode step can take it; else ValueError saying what is wrong."""
-        if self.format not in (*ENCODED_FORMATS, *RAW_FORMATS):
-            raise ValueError(f"frame format {self.format!r}: use one of {', '.join((*ENCODED_FORMATS, *RAW_FORMATS))}")
-        if self.format in RAW_FORMATS:
-            if not (isinstance(self.width, int) and isinstance(self.height, int) and self.width > 0
-                    and self.height > 0):
-                raise ValueError(f"a raw {self.format} frame needs its width and height (positive integers)")
-            stride = self.stride or self.width * RAW_FORMATS[self.format]
-            if stride < self.width * RAW_FORMATS[self.format]:
-                raise ValueError(f"stride {stride} is less than a {self.format} row of width {self.width}")
-            rows = self.height * 3 // 2 if self.format in ("nv12", "i420") else self.height
-            if len(self.payload()) != stride * rows:
-                raise ValueError(f"a {self.width}x{self.height} {self.format} frame with stride {stride} is "
-                                 f"{stride * rows} bytes, got {len(self.payload())}")
-        return self
-
-    @classmethod
-    def of(cls, image: np.ndarray, format: str = "bgr") -> "Frame":
-        """A raw frame from an image array: H x W x 3 (bgr or rgb) or H x W (gray) uint8, rows packed or
-        not (a crop's rows keep their stride when the array's own layout allows; else it is copied)."""
-        if image.dtype != np.uint8 or image.ndim not in (2, 3):
-            raise ValueError(f"an image is an H x W (x C) uint8 array, got {image.dtype}{list(image.shape)}")
-        channels = image.shape[2] if image.ndim == 3 else 1
-        if channels != RAW_FORMATS.get(format):
-            raise ValueError(f"a {format} frame has {RAW_FORMATS.get(format, '?')} channel(s), the array has {channels}")
-        height, width = image.shape[:2]
-        if not image.flags.c_contiguous:
-            image = np.ascontiguousarray(image)
-        return cls(image, format, width=width, height=height, stride=width * channels).check()
-
-    def payload(self) -> memoryview | bytes:
-        """The frame's bytes, as they go in the tensor frame."""
-        if isinstance(self.data, np.ndarray):
-            return np.ascontiguousarray(self.data).reshape(-1).view(np.uint8).data
-        return self.data
-
-    def entry(self, name: str) -> dict[str, Any]:
-        """Its `inputs` entry: a uint8 tensor of its bytes, with the format and geometry."""
-        entry: dict[str, Any] = {"name": name, "dtype": "uint8", "shape": [len(self.payload())], "format": self.format}
-        entry.update({k: v for k, v in (("width", self.width), ("height", self.height), ("stride", self.stride))
-                      if v is not None})
-        return entry
-
-
-@dataclass
-class Request:
-    """A parsed, validated inference request.
-
-    `input_regions` names the inputs that came from shared-memory regions; their
-    arrays in `inputs` are views on the daemon's mapping of the region.
-    `output_regions` names the outputs the client wants written into its
-    regions instead of sent in frames (when they fit)."""
-
-    model: str
-    inputs: dict[str, np.ndarray]
-    id: str | int | None = None
-    version: str | None = None
-    outputs: tuple[str, ...] | None = None
-    timeout_ms: int | None = None
-    key: str | None = None
-    captured: float | None = None  # when the frame was captured (epoch seconds): stream ages count from it
-    replaced: int = 0  # frames of this key the client replaced before sending them, since its last request
-    input_regions: dict[str, SharedTensor] = field(default_factory=dict)
-    output_regions: dict[str, OutputRegion] = field(default_factory=dict)
-    # A frame's entry as its header gave it ("format" and the geometry, FRAME_FIELDS), by input name,
-    # for the inputs that give any: a pipeline reads its frame from it instead of parsing the header
-    # again. Not checked here (the pipeline's processors check what they read); None where none does.
-    described: dict[str, dict[str, Any]] | None = None
-
-
-@dataclass
-class Reply:
-    """A reply as the client sees it: the status, the header and decoded outputs."""
-
-    status: int
-    header: dict[str, Any]
-    outputs: dict[str, np.ndarray] = field(default_factory=dict)
-
-    @property
-    def ok(self) -> bool:
-        return self.status == Status.OK
-
-    @property
-    def error(self) -> str | None:
-        return self.header.get("error")
-
-    @property
-    def model(self) -> str | None:
-        return self.header.get("model")
-
-    @property
-    def version(self) -> str | None:
-        return self.header.get("version")
-
-    @property
-    def retry_after_ms(self) -> int | None:
-        return self.header.get("retry_after_ms")
-
-    @property
-    def fallback(self) -> dict[str, str] | None:
-        return self.header.get("fallback")
-
-    @property
-    def superseded_by(self) -> str | int | None:
-        """With a 409: the id of the newer request of the same key that replaced this one."""
-        return self.header.get("superseded_by")
 
 
 def _bad(message: str) -> ProtocolError:
@@ -534,159 +283,6 @@ def request_id(frames: Sequence[bytes | memoryview], limits: Limits = Limits()) 
         return None
 
 
-def encode_header(header: Mapping[str, Any]) -> bytes:
-    """A header as UTF-8 JSON.
-
-    Strings echoed from a client (`id`, a version asked for) can hold lone
-    surrogates (JSON `"\\ud800"`), which UTF-8 cannot carry; those headers
-    go out ASCII-escaped, which every JSON parser reads back to the same string.
-    """
-    try:
-        return _dumps(header).encode()
-    except UnicodeEncodeError:
-        return json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode()
-
-
-def _frame(array: np.ndarray) -> memoryview | bytes:
-    if array.dtype.byteorder == ">":
-        array = array.astype(array.dtype.newbyteorder("<"))
-    if array.nbytes < 1 << 16:
-        return array.tobytes()  # cheaper than a buffer view for small tensors
-    return np.ascontiguousarray(array).data.cast("B")
-
-
-def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor | Frame], *, id: Any = None,
-                   version: str | None = None, outputs: Sequence[str] | None = None,
-                   timeout_ms: int | None = None, key: str | int | None = None,
-                   output_regions: Mapping[str, SharedTensor] | None = None, replaced: int = 0,
-                   captured: float | None = None, described: Mapping[str, Mapping[str, Any]] | None = None,
-                   ) -> list[Any]:
-    """Frames of a request: the header, then one raw frame per input (none for a SharedTensor; a
-    Frame's bytes for a Frame, its format and geometry in its entry).
-
-    `replaced`: frames of `key` the client replaced before sending them since its last request (sent when > 0).
-    `captured`: the frame's capture time (epoch seconds); `described`: a frame's format and geometry
-    (FRAME_FIELDS) for an input sent as a SharedTensor, by input name.
-
-    `output_regions`: outputs to be written into the client's regions, each at
-    the offset of the given SharedTensor (its dtype and shape are not sent)."""
-    header: dict[str, Any] = {"model": model, "inputs": []}
-    frames: list[Any] = [b""]
-    for name, value in inputs.items():
-        if isinstance(value, Frame):
-            header["inputs"].append(value.entry(name))
-            frames.append(value.payload())
-            continue
-        if isinstance(value, SharedTensor):  # no frame: the daemon reads it in the region
-            frame = {k: v for k, v in (described or {}).get(name, {}).items() if k in FRAME_FIELDS}
-            header["inputs"].append({**TensorMeta(name, value.dtype, value.shape).as_json(),
-                                     "region": value.region, "offset": value.offset, **frame})
-            continue
-        array = np.asarray(value)
-        dtype = dtype_name(array.dtype)
-        if dtype not in DTYPES:
-            raise ValueError(f"input {name!r} has dtype {dtype}; the wire takes {', '.join(DTYPES)}")
-        header["inputs"].append(TensorMeta(name, dtype, tuple(array.shape)).as_json())
-        frames.append(_frame(array))
-    for key_, given in (("id", id), ("version", version), ("timeout_ms", timeout_ms), ("key", key),
-                        ("captured", captured)):
-        if given is not None:
-            header[key_] = given
-    if outputs is not None:
-        header["outputs"] = list(outputs)
-    if output_regions:
-        header["output_regions"] = {name: {"region": ref.region, "offset": ref.offset}
-                                    for name, ref in output_regions.items()}
-    if replaced:
-        header["replaced"] = replaced
-    frames[0] = encode_header(header)
-    return frames
-
-
-def encode_reply(header: dict[str, Any], outputs: Mapping[str, np.ndarray] | None = None,
-                 into: Mapping[str, OutputRegion] | None = None) -> list[Any]:
-    """Frames of a reply; `header['outputs']` is filled from `outputs`.
-
-    An output named in `into` that fits its region is copied there and gets
-    no frame; its entry in the header says where it is."""
-    frames: list[Any] = [b""]
-    if outputs:
-        metas = []
-        for name, value in outputs.items():
-            array = np.asarray(value)
-            if array.dtype.kind not in _REPLY_KINDS:
-                raise ValueError(f"output {name!r} has dtype {array.dtype}, which the wire cannot carry "
-                                 f"(numeric and bool dtypes only)")
-            meta: dict[str, Any] = {"name": name, "dtype": dtype_name(array.dtype),
-                                    "shape": list(array.shape)}
-            place = into.get(name) if into else None
-            if place is not None and array.nbytes <= place.view.nbytes:
-                _write(place.view, array)
-                meta["region"], meta["offset"] = place.region, place.offset
-            else:  # no region asked for, or too small for it: in a frame as usual
-                frames.append(_frame(array))
-            metas.append(meta)
-        header["outputs"] = metas
-    frames[0] = encode_header(header)
-    return frames
-
-
-class OkReplies:
-    """The 200 replies of one model version, byte for byte what `encode_reply` makes of
-    `{"id", "status": 200, "model", "version", "timing_us": {"queue", "compute", "total"}}` and
-    the outputs, in a third of the time: what never changes (model, version) is encoded once,
-    each output's entry once per name, dtype and shape. The serving hot path's encoder."""
-
-    _KEPT = 64  # output entries remembered (shapes vary with the batch)
-
-    def __init__(self, model: str, version: str) -> None:
-        self._middle = ',"status":200,' + _dumps({"model": model, "version": version})[1:-1] + ',"timing_us":{"queue":'
-        self._metas: dict[tuple[str, np.dtype, tuple[int, ...]], str] = {}
-
-    def encode(self, id: Any, queue_us: int, compute_us: int, total_us: int,
-               outputs: Mapping[str, np.ndarray]) -> list[Any] | None:
-        """The reply's frames; None where only `encode_reply` can answer (no outputs, one the
-        wire cannot carry, an id that UTF-8 cannot)."""
-        if not outputs:
-            return None
-        frames: list[Any] = [b""]
-        metas = []
-        for name, value in outputs.items():
-            array = value if type(value) is np.ndarray else np.asarray(value)
-            key = (name, array.dtype, array.shape)
-            meta = self._metas.get(key)
-            if meta is None:
-                if array.dtype.kind not in _REPLY_KINDS:
-                    return None
-                if len(self._metas) >= self._KEPT:
-                    self._metas.clear()
-                meta = self._metas[key] = _dumps({"name": name, "dtype": dtype_name(array.dtype),
-                                                  "shape": list(array.shape)})
-            metas.append(meta)
-            frames.append(_frame(array))
-        try:
-            ident = str(id) if type(id) is int else "null" if id is None else _dumps(id)
-            frames[0] = (f'{{"id":{ident}{self._middle}{queue_us},"compute":{compute_us},'
-                         f'"total":{total_us}}},"outputs":[{",".join(metas)}]}}').encode()
-        except UnicodeEncodeError:
-            return None
-        return frames
-
-
-def _write(view: memoryview, array: np.ndarray) -> None:
-    """Copy `array` to the start of `view` as raw little-endian bytes."""
-    dtype = array.dtype.newbyteorder("<") if array.dtype.itemsize > 1 else array.dtype
-    target = np.frombuffer(view, dtype=np.uint8, count=array.nbytes).view(dtype).reshape(array.shape)
-    if target.ctypes.data == array.ctypes.data and target.dtype == array.dtype:
-        return  # computed straight into the region (execution/outputs.py, RegionOutputs)
-    np.copyto(target, array, casting="equiv")  # "equiv": a big-endian array is swapped on the way
-
-
-# retry_after_ms for a state that ends only when someone acts (a failed load fixed, an unloaded
-# version loaded, a drain resumed): a client asks again each second rather than spin.
-OPERATOR_RETRY_MS = 1000
-
-
 def limits_reply(frames: Sequence[bytes | memoryview], limits: Limits) -> dict[str, Any] | None:
     """The 200 reply to a limits query (the single frame `{"limits": true}`, `id` optional), else None.
 
@@ -705,16 +301,6 @@ def limits_reply(frames: Sequence[bytes | memoryview], limits: Limits) -> dict[s
         "max_tensors": limits.max_tensors, "max_rank": limits.max_rank, "max_elements": limits.max_elements}}
 
 
-def error_header(status: Status, message: str, id: Any = None, **extra: Any) -> dict[str, Any]:
-    """A reply header for a request that was not served."""
-    header: dict[str, Any] = {"id": id, "status": int(status), "error": message}
-    header.update({k: v for k, v in extra.items() if v is not None})
-    return header
-
-
-# Outputs may carry any fixed-size numeric dtype an engine produces (float64,
-# int16, ...), not just the request dtypes; anything else is refused.
-_REPLY_KINDS = frozenset("biufc")
 _REPLY_LIMITS = Limits(max_message_bytes=1 << 62, max_header_bytes=1 << 62, max_tensors=1 << 16,
                        max_rank=32, max_elements=1 << 48)
 
@@ -728,7 +314,7 @@ def _reply_dtype(name: Any) -> np.dtype:
         dtype = np.dtype(name)
     except Exception:  # numpy's dtype-string parser raises TypeError, ValueError, SyntaxError...
         dtype = None
-    if dtype is None or dtype.kind not in _REPLY_KINDS or dtype.name != name:
+    if dtype is None or dtype.kind not in REPLY_KINDS or dtype.name != name:
         raise MalformedReply(f"output dtype {_short(name)} is not a numeric dtype name")
     return dtype.newbyteorder("<")
 

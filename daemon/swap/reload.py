@@ -111,6 +111,21 @@ def apply(daemon: Daemon, old: cfg.Config, new: cfg.Config) -> ReloadPlan:
         if mv is not None:
             registry.configure(mv, **diff)
     _refresh_fallbacks(registry, new)
+    for mv in _add_and_replace(registry, steps):
+        if mv.config.placement == HOT or mv.config.preload:
+            registry.load(mv)
+    steps.pipelines = _apply_pipelines(daemon, new)
+    daemon.sinks.apply(new.sinks)
+    steps.overrides_dropped = registry.overrides.take_dropped()
+    for item in steps.restart_needed:
+        log.warning("%s changed: restart the daemon to apply it", item)
+    daemon.events.emit("reloaded", **{k: ",".join(v) for k, v in steps.summary().items() if v})
+    return steps
+
+
+def _add_and_replace(registry: Registry, steps: ReloadPlan) -> list[ModelVersion]:
+    """Register the added versions and load the reloaded ones anew beside what serves; returns the
+    versions registered fresh (not yet loaded)."""
     fresh = []
     for m in steps.added:
         found = _version(registry, m.name, m.version)
@@ -123,16 +138,7 @@ def apply(daemon: Daemon, old: cfg.Config, new: cfg.Config) -> ReloadPlan:
             fresh.append(registry.add(m))
         else:
             registry.replace(m)
-    for mv in fresh:
-        if mv.config.placement == HOT or mv.config.preload:
-            registry.load(mv)
-    steps.pipelines = _apply_pipelines(daemon, new)
-    daemon.sinks.apply(new.sinks)
-    steps.overrides_dropped = registry.overrides.take_dropped()
-    for item in steps.restart_needed:
-        log.warning("%s changed: restart the daemon to apply it", item)
-    daemon.events.emit("reloaded", **{k: ",".join(v) for k, v in steps.summary().items() if v})
-    return steps
+    return fresh
 
 
 def _apply_pipelines(daemon: Daemon, new: cfg.Config) -> PipelineChanges:

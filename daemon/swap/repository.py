@@ -146,6 +146,15 @@ def plan(name: str, snapshot: Snapshot, config: Config, settings: SettingsCache,
     return result
 
 
+def why_ignored(configured: ModelConfig | None, pinned: str | None) -> str:
+    """The `ignored` of a file on disk that is not served."""
+    if configured is not None:  # the configuration names another file for this version
+        where = configured.engine
+        state = "which is missing" if not where.exists() else "which is served instead"
+        return f"the configuration names engine {where} for this version, {state}"
+    return f"pinned to {pinned}" if pinned is not None else "outside version_policy"
+
+
 class FolderScreen:
     """What a scan found that must not be served as it is, said once per folder (docs/security.md).
 

@@ -20,7 +20,6 @@ one's place, with a `settled` event saying why.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from dataclasses import replace
@@ -31,8 +30,8 @@ from infermux.config import COLD, Config, ModelConfig
 from infermux.models.overrides import file_weights
 from infermux.models.registry import Model, ModelVersion, Registry, State, version_key
 from infermux.models.verdicts import file_digest
-from infermux.swap.repository import FolderScreen, ModelPlan, SettingsCache, plan
-from infermux.swap.watcher import EngineFile, EngineWatcher, Snapshot
+from infermux.swap.repository import FolderScreen, ModelPlan, SettingsCache, plan, why_ignored
+from infermux.swap.watcher import EngineFile, EngineWatcher, Snapshot, checksum_problem
 
 if TYPE_CHECKING:
     from infermux.events import EventLog
@@ -45,28 +44,6 @@ Key = tuple[Any, ...]  # what an entry was made from: (file sig, checksum and si
 
 def file_key(mc: ModelConfig, f: EngineFile) -> Key:
     return (f.sig, f.companions, mc)
-
-
-def checksum_problem(f: EngineFile) -> str:
-    """'' if the file matches its `model.<ext>.sha256` (or has none), else why not."""
-    if f.checksum is None:
-        return ""
-    try:
-        words = f.checksum.read_text(encoding="ascii", errors="replace").split()
-    except OSError as exc:
-        return f"cannot read {f.checksum.name}: {exc.strerror}"
-    want = words[0].lower() if words else ""
-    if len(want) != 64:
-        return f"{f.checksum.name} holds no sha256 (expected 64 hex digits, as sha256sum writes)"
-    digest = hashlib.sha256()
-    try:
-        with open(f.path, "rb") as stream:
-            for block in iter(lambda: stream.read(1 << 20), b""):
-                digest.update(block)
-    except OSError as exc:
-        return f"cannot read {f.path.name}: {exc.strerror}"
-    have = digest.hexdigest()
-    return "" if have == want else f"sha256 of {f.path.name} is {have[:16]}…, {f.checksum.name} says {want[:16]}…"
 
 
 class Daemon(Protocol):
@@ -232,23 +209,31 @@ class Swapper:
         if pinned is not None or not failed or p.wanted[failed[0]][0].version_policy != "latest":
             self._settled.pop(p.name, None)
             return p
-        listed = {mc.version for mc in self.config.versions(p.name)}
-        older = [v for v in sorted(files, key=version_key, reverse=True)
-                 if v not in p.wanted and v not in listed and files[v].stable and not self._is_bad(p.name, v, files[v])
-                 and version_key(v) < max(version_key(x) for x in failed)]
-        stand_ins = older[:len(failed)]
+        stand_ins = self._stand_ins(p, files, failed)
         template = p.wanted[failed[0]][0]
         for v in stand_ins:
             p.wanted[v] = (replace(template, version=v, engine=files[v].path), files[v])
         if self._settled.get(p.name) != tuple(stand_ins):
             self._settled[p.name] = tuple(stand_ins)
-            reasons = "; ".join(f"version {v}: {self._bad[(p.name, v)][1]}" for v in failed)
-            serving = f"serving version {', '.join(stand_ins)}, the newest that loads" if stand_ins \
-                else "no older version is on disk to serve instead"
-            if stand_ins and (template.strategy or self.config.routing.strategy) == "weighted":
-                serving += ", at its weight's share of the requests (`infermux status` shows each version's share)"
-            self.events.emit("settled", p.name, ",".join(stand_ins), reason=f"{reasons}; {serving}")
+            self._say_settled(p.name, failed, stand_ins, template)
         return p
+
+    def _stand_ins(self, p: ModelPlan, files: dict[str, EngineFile], failed: list[str]) -> list[str]:
+        """Up to one per failed version: the newest unlisted, complete, not failed files older than they are."""
+        listed = {mc.version for mc in self.config.versions(p.name)}
+        older = [v for v in sorted(files, key=version_key, reverse=True)
+                 if v not in p.wanted and v not in listed and files[v].stable and not self._is_bad(p.name, v, files[v])
+                 and version_key(v) < max(version_key(x) for x in failed)]
+        return older[:len(failed)]
+
+    def _say_settled(self, name: str, failed: list[str], stand_ins: list[str], template: ModelConfig) -> None:
+        """The `settled` event: why the failed versions do not serve, and what serves instead."""
+        reasons = "; ".join(f"version {v}: {self._bad[(name, v)][1]}" for v in failed)
+        serving = f"serving version {', '.join(stand_ins)}, the newest that loads" if stand_ins \
+            else "no older version is on disk to serve instead"
+        if stand_ins and (template.strategy or self.config.routing.strategy) == "weighted":
+            serving += ", at its weight's share of the requests (`infermux status` shows each version's share)"
+        self.events.emit("settled", name, ",".join(stand_ins), reason=f"{reasons}; {serving}")
 
     def _forget_gone(self, snapshot: Snapshot) -> None:
         """Drop what was announced about files no longer on disk (one published again is news again).
@@ -309,7 +294,7 @@ class Swapper:
         configured = {mc.version: mc for mc in self.config.versions(p.name)}
         for version, f in snapshot.versions(p.name).items():
             if version not in p.wanted and f.stable:
-                self._detected(f, _why_ignored(configured.get(version), pinned))
+                self._detected(f, why_ignored(configured.get(version), pinned))
 
     def _load(self, mc: ModelConfig, f: EngineFile, current: ModelVersion | None, on_disk: set[str]) -> None:
         """Load beside what serves; take over only once warm; never make things worse."""
@@ -321,26 +306,45 @@ class Swapper:
         mv = ModelVersion(mc)
         problem = checksum_problem(f)
         rollback = _rollback_from(before, mc.version, on_disk)
-        if not problem and mc.rollout is not None and before is not None and before.ready and not rollback:
-            self._shadow(mc, f, current if replacing else None)
+        serving = current if replacing else None
+        if not problem and self._deferred(mc, f, mv, serving, before, rollback):
             return
-        if not problem and not replacing and mc.placement == COLD and not mc.preload and not rollback:
-            self.registry.put(mv)  # a cold model: registered now, loaded by the first request for it
-            return
-        if problem:
-            self._fail(mv, f"checksum failed: {problem}")
-            loaded = False
-        elif replacing:
-            mv = self.registry.switch.load_beside(mc)
-            loaded = mv.ready
-        else:
-            self.registry.put(mv)  # visible as loading: requests naming it get 503 + retry
-            loaded = self.registry.load(mv)
+        mv, loaded = self._load_engine(mv, problem, replacing)
         if not loaded:
-            self._not_loaded(mc, f, mv, current if replacing else None)
+            self._not_loaded(mc, f, mv, serving)
             return
         previous = self.registry.switch.switch(mv) if replacing else None  # every request from now on: the new engine
         self._served(mc, f)
+        self._say_loaded(mc, mv, before, rollback, started)
+        if previous is not None:
+            self.registry.switch.drain(previous)
+
+    def _deferred(self, mc: ModelConfig, f: EngineFile, mv: ModelVersion, serving: ModelVersion | None,
+                  before: ModelVersion | None, rollback: str) -> bool:
+        """True where the version is not loaded now: a rollout shadows it first, or a cold model's is registered,
+        to be loaded by the first request. `serving`: the file of its own that serves now (None: a new version)."""
+        if mc.rollout is not None and before is not None and before.ready and not rollback:
+            self._shadow(mc, f, serving)
+            return True
+        if serving is None and mc.placement == COLD and not mc.preload and not rollback:
+            self.registry.put(mv)  # a cold model: registered now, loaded by the first request for it
+            return True
+        return False
+
+    def _load_engine(self, mv: ModelVersion, problem: str, replacing: bool) -> tuple[ModelVersion, bool]:
+        """Load the engine, beside the serving file where it replaces one: the version, and whether it loaded."""
+        if problem:
+            self._fail(mv, f"checksum failed: {problem}")
+            return mv, False
+        if replacing:
+            mv = self.registry.switch.load_beside(mv.config)
+            return mv, mv.ready
+        self.registry.put(mv)  # visible as loading: requests naming it get 503 + retry
+        return mv, self.registry.load(mv)
+
+    def _say_loaded(self, mc: ModelConfig, mv: ModelVersion, before: ModelVersion | None, rollback: str,
+                    started: float) -> None:
+        """`rolled_back` where it stands in for a removed version folder; `swapped` where it is now the default."""
         if rollback:
             self.events.emit("rolled_back", mc.name, mc.version, **{"from": rollback},
                              reason=f"version {rollback}'s engine folder was removed; version {mc.version}, the "
@@ -349,8 +353,6 @@ class Swapper:
         if after is not None and after.default() is mv:
             self.events.emit("swapped", mc.name, mc.version, previous=_label(before, mv),
                              took_ms=round((time.monotonic() - started) * 1000), **self._traffic(after, mv))
-        if previous is not None:
-            self.registry.switch.drain(previous)
 
     def _not_loaded(self, mc: ModelConfig, f: EngineFile, mv: ModelVersion, replacing: ModelVersion | None) -> None:
         """A new engine failed: a new file of a serving version leaves it serving, saying why; a new
@@ -528,22 +530,31 @@ class Swapper:
             if (p.name, mv.version) not in self._made_from or mv.version in p.wanted:
                 continue
             removed = mv.version not in p.on_disk
-            if not (removed or wanted_ready):
-                continue  # e.g. the new version failed: the old one keeps serving
-            if not removed and mv.state is State.FAILED and mv.config.rollout is not None \
-                    and self._is_bad(p.name, mv.version, self._last.versions(p.name)[mv.version]):
-                continue  # refused by its rollout: listed, saying why, while its file is there
-            if removed and p.wanted and mv.ready and not any(o.ready for o in model.ordered() if o is not mv):
-                self._keep_last(mv)  # its folder went, but nothing else serves the model yet
-                continue
-            del self._made_from[(p.name, mv.version)]
-            if mv.version in {mc.version for mc in self.config.versions(p.name)}:
-                # A configured version stays known (requests naming it get 503) until its file is back.
-                gone = ModelVersion(mv.config, reason="engine file removed")
-                self.registry.put(gone)
-            else:
-                self.registry.discard(mv)
-            self.registry.switch.drain(mv, "engine file removed" if removed else "superseded")
+            if not self._stays(p, model, mv, removed, wanted_ready):
+                self._retire(p, mv, removed)
+
+    def _stays(self, p: ModelPlan, model: Model, mv: ModelVersion, removed: bool, wanted_ready: bool) -> bool:
+        """True where a version the plan dropped stays for now (`removed`: its file is gone)."""
+        if not (removed or wanted_ready):
+            return True  # e.g. the new version failed: the old one keeps serving
+        if not removed and mv.state is State.FAILED and mv.config.rollout is not None \
+                and self._is_bad(p.name, mv.version, self._last.versions(p.name)[mv.version]):
+            return True  # refused by its rollout: listed, saying why, while its file is there
+        if removed and p.wanted and mv.ready and not any(o.ready for o in model.ordered() if o is not mv):
+            self._keep_last(mv)  # its folder went, but nothing else serves the model yet
+            return True
+        return False
+
+    def _retire(self, p: ModelPlan, mv: ModelVersion, removed: bool) -> None:
+        """Drain a dropped version; a configured one stays listed, without its file."""
+        del self._made_from[(p.name, mv.version)]
+        if mv.version in {mc.version for mc in self.config.versions(p.name)}:
+            # A configured version stays known (requests naming it get 503) until its file is back.
+            gone = ModelVersion(mv.config, reason="engine file removed")
+            self.registry.put(gone)
+        else:
+            self.registry.discard(mv)
+        self.registry.switch.drain(mv, "engine file removed" if removed else "superseded")
 
     def _keep_last(self, mv: ModelVersion) -> None:
         """A model that had a serving version keeps one: the last one ready stays, from memory, until
@@ -556,15 +567,6 @@ class Swapper:
     def _fail(self, mv: ModelVersion, reason: str) -> None:
         mv.state, mv.reason = State.FAILED, reason
         self.events.emit("failed", mv.name, mv.version, reason=reason)
-
-
-def _why_ignored(configured: ModelConfig | None, pinned: str | None) -> str:
-    """The `ignored` of a file on disk that is not served."""
-    if configured is not None:  # the configuration names another file for this version
-        where = configured.engine
-        state = "which is missing" if not where.exists() else "which is served instead"
-        return f"the configuration names engine {where} for this version, {state}"
-    return f"pinned to {pinned}" if pinned is not None else "outside version_policy"
 
 
 def _ready(model: Model, version: str) -> bool:

@@ -17,6 +17,7 @@ are never looked at: `.*`, `*.tmp`, `*.part`, `*.partial`, `*~`.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import logging
 import os
@@ -76,6 +77,28 @@ class EngineFile:
     def companions(self) -> tuple[FileSig | None, FileSig | None]:
         """The files beside it that decide whether it loads (checksum, signature): a new one is news."""
         return (self.checksum_sig, self.signature_sig)
+
+
+def checksum_problem(f: EngineFile) -> str:
+    """'' if the file matches its `model.<ext>.sha256` (or has none), else why not."""
+    if f.checksum is None:
+        return ""
+    try:
+        words = f.checksum.read_text(encoding="ascii", errors="replace").split()
+    except OSError as exc:
+        return f"cannot read {f.checksum.name}: {exc.strerror}"
+    want = words[0].lower() if words else ""
+    if len(want) != 64:
+        return f"{f.checksum.name} holds no sha256 (expected 64 hex digits, as sha256sum writes)"
+    digest = hashlib.sha256()
+    try:
+        with open(f.path, "rb") as stream:
+            for block in iter(lambda: stream.read(1 << 20), b""):
+                digest.update(block)
+    except OSError as exc:
+        return f"cannot read {f.path.name}: {exc.strerror}"
+    have = digest.hexdigest()
+    return "" if have == want else f"sha256 of {f.path.name} is {have[:16]}…, {f.checksum.name} says {want[:16]}…"
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""`Frame`, a camera frame as a pipeline's input (protocol.py): its header entry, its bytes and its checks."""
+"""`Frame`, a camera frame as a pipeline's input (protocol_types.py): its header entry, its bytes and its checks."""
 
 from __future__ import annotations
 

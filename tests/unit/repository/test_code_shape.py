@@ -33,18 +33,6 @@ EXEMPT = {
     ("daemon/protocol.py", "parse_request", "complexity"): "the request parser: every check in order, in one place",
 }
 
-# Today's offenders in files other engineers are reshaping right now (the composition root, the
-# settings' declarations, the fast path, the protocol's header fields). The lead empties this list
-# when their work is merged; nothing is to be added to it.
-ALLOWLIST = {
-    ("daemon/swap/swapper.py", "Swapper._load", "complexity"),
-    ("daemon/swap/swapper.py", "Swapper._retire_unwanted", "complexity"),
-    ("daemon/swap/swapper.py", "Swapper._settle", "complexity"),
-    ("daemon/swap/reload.py", "apply", "complexity"),
-    ("daemon/protocol.py", "module", "lines"),
-}
-
-
 @functools.lru_cache(maxsize=1)
 def _sources() -> tuple[tuple[str, str], ...]:
     return tuple((str(path.relative_to(ROOT)), path.read_text())
@@ -91,14 +79,9 @@ def offenders(path: str, text: str) -> Iterator[tuple[tuple[str, str, str], str]
 
 def test_no_function_or_module_is_over_its_size_or_complexity() -> None:
     new = sorted(why for key, why in _found().items()
-                 if key not in EXEMPT and key not in ALLOWLIST and key[1] != "comment")
+                 if key not in EXEMPT and key[1] != "comment")
     assert not new, ("split these (a function reads top to bottom in one screen; a module has one "
                      "concern):\n" + "\n".join(new))
-
-
-def test_the_allowlist_names_only_offenders_still_there() -> None:
-    gone = sorted(ALLOWLIST - set(_found()))
-    assert not gone, f"fixed: take them off ALLOWLIST: {gone}"
 
 
 def test_the_shape_check_finds_a_long_function_a_complex_one_and_a_long_module() -> None:
@@ -159,7 +142,7 @@ def _timings(path: str, text: str) -> list[str]:
 
 
 def test_no_comment_quotes_a_measured_timing() -> None:
-    found = [quotes for key, quotes in _found().items() if key[1] == "comment" and key not in ALLOWLIST]
+    found = [quotes for key, quotes in _found().items() if key[1] == "comment"]
     assert not found, ("measured timings in comments (the figure and its date go to docs/performance.md, "
                        "the comment keeps the reason):\n" + "\n".join(found))
 

@@ -28,9 +28,9 @@ TREES = {"infermux": ROOT / "daemon", "infermux.tui": ROOT / "tui", "infermux.pl
 LAYERS: list[tuple[str, tuple[str, ...], str]] = [
     ("plugins", ("infermux.plugins",),
      "backends and processors behind their protocols; they know nothing of the daemon"),
-    ("root", ("infermux", "infermux.config", "infermux.events", "infermux.protocol", "infermux.format",
-              "infermux.vendor", "infermux.signing", "infermux.cameras.config",
-              "infermux.cameras.gate"),
+    ("root", ("infermux", "infermux.config", "infermux.events", "infermux.protocol", "infermux.protocol_types",
+              "infermux.protocol_encode", "infermux.format", "infermux.vendor", "infermux.signing",
+              "infermux.cameras.config", "infermux.cameras.gate"),
      "what every part reads: the configuration, events, the wire protocol, numbers as text, engine signatures"),
     ("transport", ("infermux.transport",),
      "sockets and what a peer or a message may cost"),
