@@ -152,6 +152,11 @@ class Lifecycle:
                 "box": obj.box, "first_seen": round(obj.first_seen, 6), "last_seen": round(obj.last_seen, 6),
                 "frames": obj.frames, "zones": list(obj.zones), "captured": captured}
 
+    def following(self) -> bool:
+        """Whether some object is followed (the sweeper has something to end)."""
+        with self._lock:
+            return bool(self._objects)
+
     def counts(self) -> dict[str, Any]:
         """For the views: objects followed now, events made by type, objects not followed (max_objects)."""
         with self._lock:
@@ -170,6 +175,9 @@ class Outlet:
     def __init__(self) -> None:
         self.events: Callable[[str, dict[str, Any]], None] | None = None
         self.results: Callable[[str, str, dict[str, Any]], None] | None = None
+        # Set while a pipeline may be following an object: without one, the sweeper sleeps (an idle
+        # daemon wakes for nothing).
+        self.following = threading.Event()
 
 
 def seen_at(captured: Any, received_ns: int) -> tuple[float, bool]:

@@ -253,15 +253,17 @@ class Pipeline:
             for event in self.lifecycle.observe(key, sample.regions, seen, captured):
                 if events is not None:
                     events(self.name, event)
+            self.outlet.following.set()  # after observe: the sweeper's check after clearing sees the object
 
-    def sweep(self) -> None:
-        """End the objects gone quiet (and send the updates whose wait is over)."""
+    def sweep(self) -> bool:
+        """End the objects gone quiet (and send the updates whose wait is over); whether any is left."""
         if self.lifecycle is None:
-            return
+            return False
         events = self.outlet.events
         for event in self.lifecycle.sweep():
             if events is not None:
                 events(self.name, event)
+        return self.lifecycle.following()
 
     def _wanted(self, job: Job) -> tuple[str, ...]:
         """The tensors the request asks for back: "step.output" of a model step."""
@@ -501,12 +503,26 @@ class Pipelines:
         return Pipeline(config, self._admit, self._reply, self._reply_late, self._model_inputs, limits, self.outlet)
 
     def _sweep(self) -> None:
-        while not self._stopped.wait(SWEEP_S):
-            for pipeline in list(self.by_name.values()):
-                try:
-                    pipeline.sweep()
-                except Exception:  # never lose the thread: the next sweep tries again
-                    log.exception("internal error ending tracked objects of pipeline %r", pipeline.name)
+        following = self.outlet.following
+        while not self._stopped.is_set():
+            following.wait()  # until a pipeline follows an object
+            if self._stopped.wait(SWEEP_S):
+                return
+            if not self._sweep_all():
+                following.clear()
+                if any(p.lifecycle is not None and p.lifecycle.following() for p in list(self.by_name.values())):
+                    following.set()  # an object observed between the sweep and the clear
+
+    def _sweep_all(self) -> bool:
+        """Sweep every pipeline; whether any still follows an object."""
+        left = False
+        for pipeline in list(self.by_name.values()):
+            try:
+                left = pipeline.sweep() or left
+            except Exception:  # never lose the thread: the next sweep tries again
+                log.exception("internal error ending tracked objects of pipeline %r", pipeline.name)
+                left = True
+        return left
 
     def apply(self, configs: tuple[PipelineConfig, ...], limits: Limits) -> PipelineChanges:
         """Move to `configs` (a reload): new pipelines start, removed ones stop, changed ones are
@@ -553,5 +569,6 @@ class Pipelines:
 
     def stop(self) -> None:
         self._stopped.set()
+        self.outlet.following.set()  # the sweeper, asleep until an object is followed, sees the stop
         for pipeline in self.by_name.values():
             pipeline.stop()
