@@ -185,7 +185,7 @@ class Server:
         if sink is not None:
             sink.deliver(frames, outcome)
             return
-        envelope = cast(Envelope, to)  # the frontend's requests are its clients' or internal
+        envelope: Envelope = to  # type: ignore[assignment]  # the frontend's requests are its clients' or internal
         if threading.get_ident() == self._frontend_thread:
             self._send(envelope + frames, envelope)
             return
