@@ -173,7 +173,7 @@ class Scheduler:
         batched = self.policy.max_batch > 1
         if batched and self._hold is not None and self._hold(self):
             return self._put(executor, job, keep, held=True)
-        here = self._computes_here(executor, batcher.rows(job.request.inputs), batched)
+        here = self._computes_here((executor,), batcher.rows(job.request.inputs), batched)
         if here is not None and here.compute(job):
             return Admission.QUEUED
         return self._put(executor, job, keep, held=False)
@@ -233,19 +233,20 @@ class Scheduler:
             return None
         if self.queue_policy == NEWEST_PER_KEY and key is not None and self._home(self.executors, key) is not None:
             return None
-        for executor in self.executors:
-            if executor.load == 0 and executor.row_us:  # the first idle one decides
-                return self._computes_here(executor, rows, False)
-        return None
+        return self._computes_here(self.executors, rows, False)
 
-    def _computes_here(self, executor: Executor, rows: int, batched: bool) -> Executor | None:
-        """`executor`, where the calling thread may compute a request of `rows` rows on it at once: it is idle, its compute time is known, and the inline gate (inline.py)
-        allows that much on this thread (`batched`: the version batches); else None. The one place
-        this is asked: the fast path's `idle_context`, and `submit`'s inline compute."""
+    def _computes_here(self, executors: Sequence[Executor], rows: int, batched: bool) -> Executor | None:
+        """The first of `executors` that is idle with its compute time known, where the inline gate
+        (inline.py) lets the calling thread compute a request of `rows` rows on it at once (`batched`:
+        the version batches); None where it does not, or none is idle. The one place this is asked:
+        the fast path's `idle_context`, and `submit` for the context it picked."""
         inline = self._inline
-        if inline is None or executor.load or not executor.row_us:
+        if inline is None:
             return None
-        return executor if inline(executor.row_us * rows, batched) else None
+        for executor in executors:
+            if executor.load == 0 and executor.row_us:  # the first idle one decides
+                return executor if inline(executor.row_us * rows, batched) else None
+        return None
 
     def _forward(self, job: Job) -> Admission:
         """This version takes no more work: its successor's, once a switch replaced it (hand_over)."""

@@ -43,7 +43,7 @@ class Doorbell:
         if sink is not None:
             sink.deliver(frames, outcome)
             return
-        envelope = cast(Envelope, to)  # the frontend's requests are its clients' or internal
+        envelope: Envelope = to  # type: ignore[assignment]  # the frontend's requests are its clients' or internal
         if threading.get_ident() == self.thread:
             self.send(envelope + frames, envelope)
             return

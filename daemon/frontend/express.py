@@ -116,7 +116,8 @@ class ExpressLane:
         True where it was answered here, None (nothing done) where the general path must take it."""
         try:
             received = time.perf_counter_ns()
-            fast = self.router.idle(layout.model, layout.rows)
+            rows = layout.rows
+            fast = self.router.idle(layout.model, rows)
             if fast is None or not self.router.accepts(layout, fast[0]):
                 return None
             mv, executor = fast
@@ -129,7 +130,7 @@ class ExpressLane:
 
             work = self._work
             work.inputs, work.rows, work.id, work.asked, work.received_ns, work.job_of = \
-                inputs, layout.rows, id_value(ident), layout.outputs, received, job_of
+                inputs, rows, id_value(ident), layout.outputs, received, job_of
             answer = executor.compute(work)
             if answer is None:
                 return None

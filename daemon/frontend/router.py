@@ -99,8 +99,8 @@ class Router:
         """Serve `job` at once if nothing about it needs deciding; False, having done nothing, if
         something does (then `admit` takes it).
 
-        The common request: no version asked for, a model and context `idle` offers, time left and
-        inputs the version accepts. Those checks are the general path's, in its order, without the
+        The common request: no version asked for, a model and context `idle` offers, and inputs the
+        version accepts; the context answers it 504 (or its fallback does) if its time is up. Those checks are the general path's, in its order, without the
         steps that cannot apply: pipelines, fallback and deadline decisions, batching holds, queues.
         A keyed request is counted on its stream here too (`_track`, once). `layout`: the header
         layout the request was read from (parsecache.py), whose tensors, once accepted by an
@@ -114,8 +114,6 @@ class Router:
             return False
         mv, executor = fast
         job.deadline_ns = job.received_ns + (req.timeout_ms or mv.config.timeout_ms) * 1_000_000
-        if job.late():
-            return False
         if not self.accepts(layout, mv):
             try:
                 self._check_tensors(mv, job)
