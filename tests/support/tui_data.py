@@ -90,7 +90,7 @@ def camera(name: str, state: str, fps: float, gated: float, served: float, p99_m
            reconnects: int = 0, reason: str = "", last_error: str = "") -> dict[str, Any]:
     """One camera as admin `cameras` and the stats stream give it."""
     return {"camera": name, "url": f"rtsp://10.0.0.7/{name}", "pipeline": "ocr", "state": state, "reason": reason,
-            "enabled": state != "disabled", "pid": 4242, "fps_decoded": fps, "fps_gated": gated,
+            "enabled": state != "disabled", "fps": 15.0, "pid": 4242, "fps_decoded": fps, "fps_gated": gated,
             "fps_sent": fps - gated, "fps_superseded": max(0.0, fps - gated - served), "fps_served": served,
             "decode_ms": 2.4 if fps else None, "capture_age_ms": {"p50": None if p99_ms is None else p99_ms / 3,
                                                                   "p99": p99_ms},
