@@ -91,12 +91,19 @@ class CamerasTable(KeyedTable):
                 "decode_ms": ("-" if decode is None else f"{float(decode):.1f}", red),
                 "p50": (_ms(age.get("p50")), red),
                 "p99": (_ms(age.get("p99")), red),
-                "reconnects": (fmt.count(int(c.get("reconnects") or 0)), red or ("yellow" if c.get("reconnects")
-                                                                                 else "dim")),
-                "superseded": (fmt.rate(c.get("fps_superseded")), red or "dim"),
-                "restarts": (fmt.count(int(c.get("restarts") or 0)), red or ("yellow" if c.get("restarts") else "dim")),
-                "error": ("  " + fmt.printable(why(c), 300), red or "dim"),
+                **_troubles(c, red),
             }
+
+
+def _troubles(c: dict[str, Any], red: str) -> dict[str, Cell]:
+    """A camera's reconnects, frames superseded, restarts and last error, each in its style (`red`: a lost
+    or refused camera's)."""
+    return {
+        "reconnects": (fmt.count(int(c.get("reconnects") or 0)), red or ("yellow" if c.get("reconnects") else "dim")),
+        "superseded": (fmt.rate(c.get("fps_superseded")), red or "dim"),
+        "restarts": (fmt.count(int(c.get("restarts") or 0)), red or ("yellow" if c.get("restarts") else "dim")),
+        "error": ("  " + fmt.printable(why(c), 300), red or "dim"),
+    }
 
 
 class CamerasView(Vertical):
