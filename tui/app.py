@@ -24,6 +24,7 @@ from infermux.tui.feed import EventsArrived, Feed, LinkChanged, SnapshotReady
 from infermux.tui.header import status_text
 from infermux.tui.history import History
 from infermux.tui.keys import KeysScreen
+from infermux.tui.views.cameras import CamerasTable, CamerasView
 from infermux.tui.palette import ModelCommands
 from infermux.tui.views.detail import ModelScreen
 from infermux.tui.views.events import EventsLog, EventStore, LogPane
@@ -35,7 +36,7 @@ from infermux.tui.views import streams as stream_views
 from infermux.tui.views.streams import StreamsTable, StreamsView
 from infermux.tui.views.table import KeyedTable
 
-TABS = ("models", "memory", "routing", "events", "log", "pipelines", "streams")
+TABS = ("models", "memory", "routing", "events", "log", "pipelines", "streams", "cameras")
 
 
 class TopApp(App):
@@ -52,6 +53,7 @@ class TopApp(App):
     TabbedContent { height: 1fr; }
     .-stale KeyedTable, .-stale #status { text-opacity: 60%; }
     TabPane { padding: 0; }
+    Tab { padding: 0 0 0 1; }  /* eight tabs' titles fit 80 columns */
     """
 
     BINDINGS = [
@@ -110,6 +112,8 @@ class TopApp(App):
                 yield PipelinesView()
             with TabPane("7 Streams", id="streams"):
                 yield StreamsView()
+            with TabPane("8 Cameras", id="cameras"):
+                yield CamerasView()
         yield Footer(compact=True)
 
     def on_mount(self) -> None:
@@ -120,6 +124,7 @@ class TopApp(App):
         self.pipelines_view = self.query_one(PipelinesView)
         self.streams_view = self.query_one(StreamsView)
         self.streams_table = self.streams_view.query_one(StreamsTable)
+        self.cameras_view = self.query_one(CamerasView)
         self.events_log = self.query_one("#events-log", EventsLog)
         self.log_pane = self.query_one(LogPane)
         self.models_table.history = self.history
@@ -160,7 +165,7 @@ class TopApp(App):
         self.status_line.update(status_text(self.snapshot, self.stale), layout=False)  # fixed height: no relayout
         views: dict[str, _Updates] = {"models": self.models_table, "memory": self.memory_view,
                                       "routing": self.routing_view, "pipelines": self.pipelines_view,
-                                      "streams": self.streams_view}
+                                      "streams": self.streams_view, "cameras": self.cameras_view}
         view = views.get(self._tab)
         if view is not None:  # the events tab fills itself from EventsArrived
             view.update_from(self.snapshot)
@@ -206,7 +211,7 @@ class TopApp(App):
         table = self._table(self._shown_tab)
         if table is None:
             {"log": self.log_pane, "pipelines": self.pipelines_view.query_one(PipelinesTable),
-             "streams": self.streams_table}.get(self._shown_tab, self.events_log).focus()
+             "streams": self.streams_table, "cameras": self.cameras_view.query_one(CamerasTable)}.get(self._shown_tab, self.events_log).focus()
             return
         if key:
             table.select(key)

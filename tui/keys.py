@@ -14,7 +14,7 @@ from textual.widgets import Static
 
 from infermux.tui.actions import ACTIONS
 
-VIEW_KEYS = (("1-7", "models, memory, routing, events, log, pipelines, streams tab"),
+VIEW_KEYS = (("1-8", "the tabs: 1 models … 7 streams, 8 cameras"),
              ("enter", "the selected version in depth (escape: back)"),
              ("/", "show only the rows matching a text (empty: all)"),
              ("s", "sort: models by QPS, p99, errors, memory; streams by fps, age"),

@@ -210,4 +210,5 @@ def full(server: "Daemon") -> dict[str, Any]:
     """Everything the stats stream publishes in one snapshot."""
     return {"time": time.time(), "daemon": daemon_view(server), "models": models_view(server),
             "pipelines": server.pipelines.view(), "streams": streams_view(server),
-            "sinks": server.sinks.view()}  # docs/events.md: for the console, as `ctl sinks` shows them
+            "sinks": server.sinks.view(),  # docs/events.md: for the console, as `ctl sinks` shows them
+            "cameras": server.cameras.view() if server.cameras is not None else []}  # the console's Cameras view

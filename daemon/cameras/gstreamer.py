@@ -73,6 +73,7 @@ class GStreamerSource:
         self.camera = camera
         self.gst = _gst()
         h264 = JETSON_DECODER if self.gst.ElementFactory.find("nvv4l2decoder") else SOFTWARE_DECODER
+        self.h264 = h264  # which decoder `infermux doctor` reports
         try:
             self.pipeline = self.gst.parse_launch(description(camera, h264))
         except Exception as exc:  # GLib.Error: an element this GStreamer does not have

@@ -24,6 +24,8 @@ def families(cameras: list[dict[str, Any]]) -> list[Family]:
          each(lambda c: c["state"] == "streaming")),
         ("infermux_camera_state", "gauge", "1 for the state each camera is in.",
          [({"camera": c["camera"], "state": c["state"]}, 1.0) for c in cameras if c["state"] in STATES]),
+        ("infermux_camera_fps", "gauge", "The rate a camera's frames are taken at: its fps setting (the alert "
+         "InfermuxCameraBelowFps compares the frames taken with it).", each(lambda c: c["fps"])),
         ("infermux_camera_frames_total", "counter", "A camera's frames: decoded, taken at its fps, gated out (no "
          "motion), sent, superseded (replaced by a newer one before they were sent), served (200), failed.",
          [({"camera": c["camera"], "what": what}, float(c[what])) for c in cameras for what in COUNTERS]),

@@ -3,6 +3,7 @@
 `open_source(camera)` gives a `FrameSource` whose `frames()` yields `Decoded` frames (RGB, scaled to
 the camera's `size` on the way out of the decoder) and raises `CameraError(reason)` when the camera
 refuses, sends what does not decode, or stops sending; `CameraEnded` at the end of a file played once.
+`probe(camera, timeout_s)` opens a camera once and decodes one frame, within a bound (`infermux doctor`).
 
 Software decoding is FFmpeg through PyAV, for every URL kind: rtsp:// (over `transport`), http(s)://
 MJPEG, files (played at their own pace, looped or not) and /dev/videoN (V4L2). `decoder = "gstreamer"`
@@ -13,6 +14,7 @@ where GStreamer's Python bindings are missing (cameras/gstreamer.py).
 from __future__ import annotations
 
 import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator, Protocol
@@ -198,6 +200,59 @@ class PyAVSource:
                 container.close()
             except Exception:  # closing a stream that failed: nothing more to release
                 pass
+
+
+@dataclass(frozen=True)
+class Probe:
+    """What opening a camera once found: the decoder it uses, then its first frame's size and how long it
+    took to come, or why none came (`refused`: the camera's own settings refuse it; retrying changes nothing)."""
+
+    decoder: str
+    size: tuple[int, int] | None = None  # width, height
+    ms: float = 0.0
+    error: str = ""
+    refused: bool = False
+
+
+def decoder_name(source: FrameSource) -> str:
+    """Which decoder a source is, as an operator reads it: software (FFmpeg through PyAV) or GStreamer's."""
+    if isinstance(source, PyAVSource):
+        return f"software (FFmpeg through PyAV {_av().__version__})"
+    # GStreamer's H.264 decoder is chosen for RTSP; other kinds are decodebin's choice.
+    camera, h264 = getattr(source, "camera", None), str(getattr(source, "h264", ""))
+    if camera is not None and camera.kind == "rtsp" and "nvv4l2decoder" in h264:
+        return "gstreamer (nvv4l2decoder, the Jetson's hardware decoder)"
+    return "gstreamer (software elements)"
+
+
+def probe(camera: CameraConfig, timeout_s: float) -> Probe:
+    """Open `camera`, decode its first frame and close it, in at most about `timeout_s` (a camera that
+    accepts the connection and sends nothing is closed then, from this thread)."""
+    try:
+        source = open_source(camera)
+    except CameraError as exc:
+        return Probe("none", error=exc.reason, refused=isinstance(exc, CameraRefused))
+    found: list[Probe] = []
+    decoder, begin = decoder_name(source), time.monotonic()
+
+    def first() -> None:
+        try:
+            frame = next(iter(source.frames()))
+            found.append(Probe(decoder, (frame.image.shape[1], frame.image.shape[0]), (time.monotonic() - begin) * 1e3))
+        except CameraError as exc:
+            found.append(Probe(decoder, error=exc.reason, refused=isinstance(exc, CameraRefused)))
+        except StopIteration:
+            found.append(Probe(decoder, error="the stream ended before its first frame"))
+        except Exception as exc:  # a decoder's own failure: reported as the camera's, never raised to doctor
+            found.append(Probe(decoder, error=f"{type(exc).__name__}: {_text(exc)}"))
+
+    reader = threading.Thread(target=first, name=f"probe-{camera.name}", daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    source.close()
+    reader.join(1.0)
+    return found[0] if found else Probe(decoder, error=f"no frame within {timeout_s:g} s: it accepted the "
+                                                       "connection and sent nothing that decodes")
 
 
 def _sleep_until(deadline: float) -> None:

@@ -396,6 +396,7 @@ class Cameras:
             out.append({
                 "camera": name, "url": _redacted(camera.config.url), "pipeline": camera.config.pipeline,
                 "state": camera.state, "reason": camera.reason, "enabled": camera.state != "disabled",
+                "fps": camera.config.fps,
                 "pid": camera.proc.pid if camera.proc is not None else None,
                 **{f"fps_{k}": v for k, v in _rates(camera.samples, now).items()},
                 **{k: report[k] for k in COUNTERS},

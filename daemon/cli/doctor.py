@@ -4,7 +4,9 @@ Run it after `apt install infermux` (or a pip install): Python and the
 libraries, the backends (onnxruntime and its providers, TensorRT,
 cuda-python and whether it releases the GIL), the GPU (Jetson model, or
 name and driver through NVML), the configuration and its engines, the
-sockets' folder and the caller's group, the limits. Each line is OK, WARN
+sockets' folder and the caller's group, the limits; each configured camera
+opened once, one frame decoded within CAMERA_PROBE_S, and the decoder it
+uses. Each line is OK, WARN
 (works, but something is missing or unusual) or FAIL (the daemon will not
 serve as configured). Exit status: 0 no FAIL, 1 at least one FAIL,
 2 usage. `--json` prints the same checks as a JSON list.
@@ -27,17 +29,23 @@ import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from types import ModuleType
-from typing import Iterable, Iterator
+from typing import TYPE_CHECKING, Iterable, Iterator
 
 from infermux import config as cfg
+from infermux import format as fmt
 from infermux.cli.serve import DEFAULT_CONFIG
 from infermux.plugins.base import BackendError
+
+if TYPE_CHECKING:
+    from infermux.cameras.config import CameraConfig
+    from infermux.cameras.source import Probe
 
 # cuda-bindings releases the GIL around its C calls from these versions on
 # (docs/tensorrt.md): with older ones every stream synchronize stalls the daemon.
 GIL_RELEASED_FROM = {12: (12, 9, 1), 13: (13, 0, 0)}
 CUDA_PYTHON_PIN = "cuda-python>=12.9.1,<13"
 MIN_NOFILE = 4096
+CAMERA_PROBE_S = 10.0  # a camera's open and first frame, at most (they are probed side by side)
 GROUP = "infermux"
 
 
@@ -288,6 +296,7 @@ def _configuration(path: Path, runtime_dir: str | None, tensorrt_ok: bool) -> li
     checks = [Check("configuration", "OK", f"{path}: {len(config.models)} model(s)")]
     checks += [_engine(m.name, m.version, m.engine, tensorrt_ok) for m in config.models]
     checks += _signatures(config)
+    checks += _cameras(config)
     checks.append(_engine_dir(config.daemon.engine_dir, config.daemon.admin_group))
     if config.daemon.watch:
         checks += _discovered(config, tensorrt_ok)
@@ -295,6 +304,41 @@ def _configuration(path: Path, runtime_dir: str | None, tensorrt_ok: bool) -> li
     checks.append(_budget(config))
     checks.append(_mps(config))
     return checks
+
+
+def _cameras(config: cfg.Config) -> list[Check]:
+    """Each camera opened and one frame decoded, side by side, each within CAMERA_PROBE_S."""
+    if not config.cameras:
+        return []
+    from concurrent.futures import ThreadPoolExecutor
+
+    from infermux.cameras.source import probe
+
+    with ThreadPoolExecutor(max_workers=min(8, len(config.cameras))) as pool:
+        probes = list(pool.map(lambda camera: probe(camera, CAMERA_PROBE_S), config.cameras))
+    return [_camera(camera, found) for camera, found in zip(config.cameras, probes)]
+
+
+# What to do when a camera gives no frame, by the kind of its url.
+CAMERA_FIXES = {
+    "rtsp": "check that the camera is on and reachable from this box, its url (path, user, password), and try "
+            "the other transport (transport = \"tcp\" or \"udp\")",
+    "http": "check that the url gives an MJPEG stream (open it in a browser) from this box",
+    "device": "check that the device exists and that the daemon's user is in group video",
+    "file": "check the file's path, that the daemon's user can read it and that it plays (ffprobe FILE)",
+}
+
+
+def _camera(camera: CameraConfig, found: Probe) -> Check:
+    """One camera's line: the decoder and its first frame, or why none came and what to do."""
+    name = f"camera {fmt.printable(camera.name)}"
+    if not found.error:
+        width, height = found.size or (0, 0)
+        return Check(name, "OK", f"{found.decoder}: a {width}x{height} frame in {found.ms:.0f} ms")
+    status = "WARN" if not camera.enabled else "FAIL"  # a disabled camera does not stop the daemon serving
+    fix = "raise or drop the setting the reason names" if found.refused else CAMERA_FIXES.get(camera.kind, "")
+    where = "" if found.decoder == "none" else f"{found.decoder}: "
+    return Check(name, status, where + fmt.printable(found.error, 300) + ("" if camera.enabled else " (disabled)"), fix)
 
 
 def _mps(config: cfg.Config) -> Check:

@@ -63,7 +63,8 @@ def snapshot(step: int = 0) -> dict[str, Any]:
               "states": {"ready": 4, "unloaded": 1, "failed": 1},
               "routing": {"strategy": "least_queue", "version_mismatch": "fallback"},
               "gpu": {"source": "nvml", "devices": [GPU]}}
-    return {"time": T0 + step / 4, "daemon": daemon, "models": models, "streams": streams(step)}
+    return {"time": T0 + step / 4, "daemon": daemon, "models": models, "streams": streams(step),
+            "cameras": cameras(step)}
 
 
 def stream(model: str, key: str, fps_in: float, fps_served: float, p99_ms: float | None, seen_s: float,
@@ -83,6 +84,27 @@ def streams(step: int = 0) -> dict[str, Any]:
         stream("detector", "lot-2", 30.0, 21.5, 96.0, 0.02, 18_200 + 8 * step, superseded=4_100),
         stream("ocr", "dock-3", 5.0, 3.0, 880.0, 0.1, 3_000 + step, refused=1_200),
         stream("ocr", "door-4", 0.0, 0.0, 310.0, 73.0 + step / 4, 4_410, superseded=12, silent=True)]}
+
+
+def camera(name: str, state: str, fps: float, gated: float, served: float, p99_ms: float | None,
+           reconnects: int = 0, reason: str = "", last_error: str = "") -> dict[str, Any]:
+    """One camera as admin `cameras` and the stats stream give it."""
+    return {"camera": name, "url": f"rtsp://10.0.0.7/{name}", "pipeline": "ocr", "state": state, "reason": reason,
+            "enabled": state != "disabled", "fps": 15.0, "pid": 4242, "fps_decoded": fps, "fps_gated": gated,
+            "fps_sent": fps - gated, "fps_superseded": max(0.0, fps - gated - served), "fps_served": served,
+            "decode_ms": 2.4 if fps else None, "capture_age_ms": {"p50": None if p99_ms is None else p99_ms / 3,
+                                                                  "p99": p99_ms},
+            "reconnects": reconnects, "restarts": 0, "last_error": last_error}
+
+
+def cameras(step: int = 0) -> list[dict[str, Any]]:
+    """Four cameras: one streaming, one gated by its motion gate, one lost (its server's words in the
+    reason, a control character among them), one disabled."""
+    return [camera("gate-1", "streaming", 15.0, 0.0, 15.0, 48.0),
+            camera("yard", "streaming", 15.0, 14.2, 0.8, 51.0),
+            camera("dock-3", "lost", 0.0, 0.0, 0.0, None, reconnects=3 + step // 4,
+                   reason="no frame for 5 s: 454 Session Not Found\x1b[2J"),
+            camera("door-4", "disabled", 0.0, 0.0, 0.0, None)]
 
 
 EVENTS = [

@@ -49,7 +49,7 @@ def console(stale: bool = False) -> tuple[TopApp, Callable[[Any], Awaitable[None
 
 VIEWS = {"models": (), "memory": ("2",), "routing": ("3",), "events": ("4",), "log": ("5",), "detail": ("enter",),
          "failed": ("end", "enter"), "keys": ("question_mark",), "stale": (),  # failed: segmenter's whole reason
-         "streams": ("7",)}
+         "streams": ("7",), "cameras": ("8", "down", "down")}
 
 
 @pytest.mark.parametrize("view,keys", [pytest.param(v, k, id=v) for v, k in VIEWS.items()])

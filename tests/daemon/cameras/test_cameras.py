@@ -99,6 +99,7 @@ def test_a_file_camera_is_served_as_the_stream_of_its_name_with_its_capture_age(
         metrics = page.read().decode()
     assert 'infermux_camera_up{camera="front"} 1' in metrics
     assert 'infermux_camera_frames_total{camera="front",what="served"}' in metrics
+    assert 'infermux_camera_fps{camera="back"} 15' in metrics  # what InfermuxCameraBelowFps compares with
 
 
 @pytest.mark.timing

@@ -7,6 +7,7 @@ import os
 import platform
 import resource
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -213,3 +214,47 @@ def test_under_engine_signing_keys_each_engines_signature_is_checked(tmp_path: P
     assert checks["signature signed 1"].status == "OK"
     assert checks["signature unsigned 1"].status == "FAIL" and "is not signed" in checks["signature unsigned 1"].detail
     assert "infermux sign --key" in checks["signature unsigned 1"].fix
+
+
+def _silent_server() -> tuple[socket.socket, int]:
+    """A TCP port that accepts connections and never says a word."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    return server, server.getsockname()[1]
+
+
+def test_each_camera_is_opened_once_and_says_its_decoder_or_what_to_do(tmp_path: Path, engines: Path,
+                                                                         monkeypatch) -> None:
+    pytest.importorskip("av", reason="cameras decode with PyAV: pip install -e '.[cameras]'")
+    from support.camera_files import camera, write_clip
+    from support.harness import free_port
+    from support.pipelines import camera_pipeline
+
+    clip = write_clip(tmp_path / "front.mp4", 64, 48, frames=5)
+    server, silent_port = _silent_server()
+    cameras = (camera("front", str(clip)) + camera("far", f"rtsp://127.0.0.1:{free_port()}/never", transport="tcp")
+               + camera("mute", f"rtsp://127.0.0.1:{silent_port}/live") + camera("gone", str(tmp_path / "gone.mp4"),
+                                                                                 enabled=False))
+    config = tmp_path / "infermux.toml"
+    config.write_text((f'[daemon]\nengine_dir = "{engines}"\n[[models]]\nname = "classifier"\n'
+                       'engine = "classifier/1/model.onnx"\n' + camera_pipeline("cams") + cameras).format())
+    monkeypatch.setattr(doctor, "CAMERA_PROBE_S", 1.5)  # the silent camera's bound, not FFmpeg's own timeout
+    try:
+        checks = _by_name(doctor.diagnose(config))
+    finally:
+        server.close()
+    front, far, mute, gone = (checks[f"camera {n}"] for n in ("front", "far", "mute", "gone"))
+    assert front.status == "OK" and front.detail.startswith("software (FFmpeg through PyAV")
+    assert "a 64x48 frame in" in front.detail
+    assert far.status == "FAIL" and "Connection refused" in far.detail and "rtsp://127.0.0.1" in far.detail
+    assert "reachable from this box" in far.fix and 'transport = "tcp"' in far.fix
+    assert mute.status == "FAIL" and "no frame within 1.5 s" in mute.detail
+    assert gone.status == "WARN" and gone.detail.endswith("(disabled)") and "ffprobe" in gone.fix
+    assert len(far.line().splitlines()) == 1
+
+
+def test_doctor_without_cameras_has_no_camera_line(tmp_path: Path) -> None:
+    config = tmp_path / "infermux.toml"
+    config.write_text(f'[daemon]\nengine_dir = "{tmp_path}"\n')
+    assert not [c for c in doctor.diagnose(config) if c.name.startswith("camera ")]
