@@ -231,14 +231,22 @@ def ms_per_frame(windows: list[Window]) -> float:
     return 1000 * sum(w.cpu_s for w in windows) / max(1, sum(w.frames for w in windows))
 
 
+def floor_ratio(kind: str, ms: list[float], floors: list[list[Window]]) -> str:
+    """The median per-round ratio of `ms` to the floor's CPU per frame; rounds whose floor used less CPU
+    than /proc can count (one clock tick: a short window of small frames) are left out."""
+    if kind == "floor":
+        return "1.00 ×"
+    ratios = [m / ms_per_frame(f) for m, f in zip(ms, floors) if ms_per_frame(f) > 0]
+    return f"{statistics.median(ratios):.2f} ×" if ratios else "– (the floor's CPU was under one clock tick)"
+
+
 def size_table(size: tuple[int, int], rounds: dict[str, list[list[Window]]], fps: int) -> list[list[str]]:
     """The rows for one size: per kind the median round's CPU per frame, its ratio to the floor, the slowest
     camera's frame rate and cameras per core at `fps`."""
     rows = []
     for kind, per_round in rounds.items():
         ms = [ms_per_frame(r) for r in per_round]
-        ratio = (f"{statistics.median(m / ms_per_frame(f) for m, f in zip(ms, rounds['floor'])):.2f} ×"
-                 if "floor" in rounds else "–")
+        ratio = floor_ratio(kind, ms, rounds["floor"]) if "floor" in rounds else "–"
         slowest = min(w.frames / w.wall_s for r in per_round for w in r)
         per_core = 1000 / (statistics.median(ms) * fps)
         rows.append([f"{size[0]}×{size[1]}", kind, f"{statistics.median(ms):.2f}", f"{min(ms):.2f}–{max(ms):.2f}",

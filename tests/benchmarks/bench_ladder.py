@@ -107,7 +107,7 @@ def patch(rung: str) -> None:
             request = self.parses.parse(body, self.limits, self._lookup)
         except ProtocolError:
             return original(self, frames, refuse)
-        version = self.registry.models[request.model].default()
+        version = self.router.registry.models[request.model].default()
         executor = version.placement.executors[0]
         if level == 2:
             if not checked(executor, version, request, received):

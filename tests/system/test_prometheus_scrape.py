@@ -60,6 +60,7 @@ ALLOWED_EMPTY = {
     "infermux_gpu_": "no GPU here: the GPU families are declared without samples (docs/fleet.md)",
     "infermux_sink_": "the scene's configuration has no [[sinks]]: tests/daemon/sinks/test_object_events.py scrapes them",
     "infermux_pipeline_events_": "the scene's tracked pipeline has no `events` table (docs/events.md)",
+    "infermux_camera_": "the scene's configuration has no [[cameras]]: tests/daemon/cameras/test_cameras.py scrapes them",
 }
 # Alerts the scene does not drive (their promtool unit tests fire them).
 NOT_DRIVEN = {
@@ -72,6 +73,9 @@ NOT_DRIVEN = {
                         "tests/daemon/sinks/test_object_events.py scrapes infermux_sink_up 0 from a sink that is down",
     "InfermuxSinkSpoolNearlyFull": "the scene has no [[sinks]]; promtool's unit test drives it, and "
                                    "tests/daemon/sinks/test_object_events.py scrapes a full spool's backlog",
+    "InfermuxCameraLost": "the scene has no [[cameras]]; promtool's unit test drives it, and "
+                          "tests/daemon/cameras/test_cameras.py sees a camera lost",
+    "InfermuxCameraBelowFps": "the scene has no [[cameras]]; promtool's unit test drives it",
 }
 
 # Queries that find something once Prometheus has scraped the end of the scene and evaluated its rules.
