@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+
+from support.harness import Daemon
 
 
 def write_clip(path: Path, width: int = 64, height: int = 48, frames: int = 30, fps: int = 15,
@@ -34,3 +37,16 @@ def camera(name: str, url: str, pipeline: str = "cams", **settings: object) -> s
         text = str(value).lower() if isinstance(value, bool) else f'"{value}"' if isinstance(value, str) else value
         lines.append(f"{key} = {text}")
     return "[[cameras]]\n" + "\n".join(lines).replace("{", "{{").replace("}", "}}") + "\n"
+
+
+def cameras(d: Daemon) -> dict[str, dict[str, Any]]:
+    """Admin `cameras`, by camera name."""
+    with d.admin() as admin:
+        return {c["camera"]: c for c in admin.call("cameras")["cameras"]}
+
+
+def camera_events(d: Daemon, kind: str, name: str) -> list[dict[str, Any]]:
+    """The daemon's recent events of `kind` about camera `name`."""
+    with d.admin() as admin:
+        found = admin.call("events", limit=1000, kind=kind)["events"]
+    return [e for e in found if e.get("camera") == name]

@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 import pytest
 
-from support.camera_files import camera, write_clip
+from support.camera_files import camera, cameras, write_clip
 from support.harness import Daemon
 from support.matrix import Placement, placement_daemon
 from support.pipelines import camera_pipeline
@@ -74,11 +74,6 @@ def publish_copy(source: Path, root: Path, version: int) -> None:
     staged.mkdir(parents=True)
     shutil.copyfile(source, staged / "model.onnx")
     os.rename(staged, root / "classifier" / str(version))
-
-
-def cameras(d: Daemon) -> dict[str, dict[str, Any]]:
-    with d.admin() as admin:
-        return {c["camera"]: c for c in admin.call("cameras")["cameras"]}
 
 
 def classifier_versions(d: Daemon) -> dict[str, dict[str, Any]]:

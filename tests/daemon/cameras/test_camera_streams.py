@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import pytest
 
 from support import mjpeg, rtsp
-from support.camera_files import camera
+from support.camera_files import camera, camera_events, cameras
 from support.harness import DAEMON_HEAD, Daemon
 from support.pipelines import camera_pipeline
 from support.polling import eventually
@@ -59,17 +59,6 @@ def d(tmp_path_factory: pytest.TempPathFactory, engines: Path, servers: dict[str
     daemon.stop()
 
 
-def cameras(d: Daemon) -> dict[str, dict[str, Any]]:
-    with d.admin() as admin:
-        return {c["camera"]: c for c in admin.call("cameras")["cameras"]}
-
-
-def events(d: Daemon, kind: str, name: str) -> list[dict[str, Any]]:
-    with d.admin() as admin:
-        found = admin.call("events", limit=1000, kind=kind)["events"]
-    return [e for e in found if e.get("camera") == name]
-
-
 def served(d: Daemon, name: str) -> int:
     return int(cameras(d)[name]["served"])
 
@@ -87,13 +76,13 @@ def test_an_rtsp_camera_that_goes_away_is_lost_and_served_again_soon_after_it_re
     server = servers["rtsp"]
     eventually(lambda: served(d, "door") >= 5, "door served over RTSP", 30)
     server.stop()
-    lost = eventually(lambda: events(d, "camera_lost", "door"), "camera_lost for door", 30)
+    lost = eventually(lambda: camera_events(d, "camera_lost", "door"), "camera_lost for door", 30)
     assert "closed the stream" in lost[0]["reason"] or "rtsp://127.0.0.1" in lost[0]["reason"]
     eventually(lambda: cameras(d)["door"]["reconnects"] >= 3, "door retried while its server is down", 30)
     before = served(d, "door")
     server.start()
     returned = time.time()
-    back = eventually(lambda: events(d, "camera_back", "door"), "camera_back for door", 30)
+    back = eventually(lambda: camera_events(d, "camera_back", "door"), "camera_back for door", 30)
     eventually(lambda: served(d, "door") > before, "door served again", 30)
     print(f"door: camera_back {back[0]['time'] - returned:.2f} s after its RTSP server listened again")  # RESULTS.md
     assert back[0]["time"] - returned <= BACK_WITHIN_S, f"frames flowed {back[0]['time'] - returned:.2f} s after"
@@ -101,10 +90,10 @@ def test_an_rtsp_camera_that_goes_away_is_lost_and_served_again_soon_after_it_re
 
 def test_an_http_mjpeg_camera_is_served(d: Daemon) -> None:
     hall = eventually(lambda: (c := cameras(d)["hall"])["served"] >= 3 and c, "hall served over MJPEG", 30)
-    assert hall["state"] == "streaming" and not events(d, "camera_lost", "hall")
+    assert hall["state"] == "streaming" and not camera_events(d, "camera_lost", "hall")
 
 
 def test_a_server_that_answers_garbage_is_lost_with_a_reason_and_the_others_go_on(d: Daemon) -> None:
-    lost = eventually(lambda: events(d, "camera_lost", "junk"), "camera_lost for junk", 30)
+    lost = eventually(lambda: camera_events(d, "camera_lost", "junk"), "camera_lost for junk", 30)
     assert lost[0]["reason"] and cameras(d)["junk"]["decoded"] == 0
     assert cameras(d)["hall"]["state"] == "streaming"

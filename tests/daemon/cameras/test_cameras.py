@@ -18,7 +18,7 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from support.camera_files import camera, write_clip
+from support.camera_files import camera, camera_events, cameras, write_clip
 from support.harness import DAEMON_HEAD, Daemon, free_port
 from support.pipelines import camera_pipeline
 from support.polling import eventually
@@ -64,17 +64,6 @@ def d(tmp_path_factory: pytest.TempPathFactory, engines: Path, clips: Path) -> I
     daemon.stop()
 
 
-def cameras(d: Daemon) -> dict[str, dict[str, Any]]:
-    with d.admin() as admin:
-        return {c["camera"]: c for c in admin.call("cameras")["cameras"]}
-
-
-def events(d: Daemon, kind: str, name: str) -> list[dict[str, Any]]:
-    with d.admin() as admin:
-        found = admin.call("events", limit=1000, kind=kind)["events"]
-    return [e for e in found if e.get("camera") == name]
-
-
 def streaming(d: Daemon, name: str) -> dict[str, Any]:
     return eventually(lambda: (c := cameras(d).get(name)) and c["state"] == "streaming" and c["served"] > 0 and c,
                       f"camera {name} streaming and served", 30)
@@ -108,7 +97,7 @@ def test_a_file_camera_is_served_as_the_stream_of_its_name_with_its_capture_age(
 def test_a_camera_process_killed_or_stopped_is_restarted_and_nothing_else_notices(d: Daemon, sig: int,
                                                                                   why: str) -> None:
     back, front = streaming(d, "back"), streaming(d, "front")
-    lost_before = len(events(d, "camera_lost", "back"))
+    lost_before = len(camera_events(d, "camera_lost", "back"))
     statuses: list[int] = []
     stop = threading.Event()
 
@@ -121,15 +110,15 @@ def test_a_camera_process_killed_or_stopped_is_restarted_and_nothing_else_notice
     worker.start()
     try:
         os.kill(back["pid"], sig)
-        lost = eventually(lambda: events(d, "camera_lost", "back")[lost_before:], "camera_lost for back", 30)
+        lost = eventually(lambda: camera_events(d, "camera_lost", "back")[lost_before:], "camera_lost for back", 30)
         assert why in lost[0]["reason"]
         again = eventually(lambda: (c := cameras(d)["back"])["pid"] not in (None, back["pid"]) and
                            c["state"] == "streaming" and c, "back restarted and streaming", 30)
-        assert again["restarts"] > back["restarts"] and events(d, "camera_back", "back")
+        assert again["restarts"] > back["restarts"] and camera_events(d, "camera_back", "back")
     finally:
         stop.set()
         worker.join()
-    assert cameras(d)["front"]["pid"] == front["pid"] and not events(d, "camera_lost", "front")
+    assert cameras(d)["front"]["pid"] == front["pid"] and not camera_events(d, "camera_lost", "front")
     assert statuses and set(statuses) == {200}, sorted(set(statuses))
 
 
@@ -139,19 +128,19 @@ def test_a_gated_camera_of_a_still_scene_sends_its_first_frame_and_gates_out_the
 
 
 def test_a_file_played_once_ends_with_camera_ended(d: Daemon) -> None:
-    ended = eventually(lambda: events(d, "camera_ended", "once"), "camera_ended for once", 30)
+    ended = eventually(lambda: camera_events(d, "camera_ended", "once"), "camera_ended for once", 30)
     assert ended[0]["reason"] == "the file ended" and cameras(d)["once"]["state"] == "ended"
 
 
 def test_an_rtsp_url_that_never_answers_is_lost_with_its_reason_and_retried(d: Daemon) -> None:
-    lost = eventually(lambda: events(d, "camera_lost", "far"), "camera_lost for far", 30)
+    lost = eventually(lambda: camera_events(d, "camera_lost", "far"), "camera_lost for far", 30)
     assert "Connection refused" in lost[0]["reason"] and "rtsp://127.0.0.1" in lost[0]["reason"]
     far = eventually(lambda: (c := cameras(d)["far"])["reconnects"] >= 3 and c, "far retried", 30)
-    assert far["state"] == "lost" and len(events(d, "camera_lost", "far")) == 1  # one event per loss, not per try
+    assert far["state"] == "lost" and len(camera_events(d, "camera_lost", "far")) == 1  # one event per loss, not per try
 
 
 def test_a_stream_over_max_pixels_is_refused_naming_the_limit(d: Daemon) -> None:
-    refused = eventually(lambda: events(d, "camera_refused", "big"), "camera_refused for big", 30)
+    refused = eventually(lambda: camera_events(d, "camera_refused", "big"), "camera_refused for big", 30)
     assert "320x240" in refused[0]["reason"] and "max_pixels (10000)" in refused[0]["reason"]
     big = cameras(d)["big"]
     assert big["state"] == "refused" and big["decoded"] == 0
@@ -170,8 +159,8 @@ def test_a_reload_adds_removes_and_restarts_only_the_cameras_it_changes(d: Daemo
     eventually(lambda: (c := cameras(d)["back"])["state"] == "streaming" and c["pid"] != back["pid"],
                "back restarted with its new fps", 30)
     assert cameras(d)["front"]["pid"] == front["pid"]  # ... and the cameras do: front runs on untouched
-    assert events(d, "camera_stopped", "far")[0]["reason"] == "removed"
-    assert events(d, "camera_stopped", "back")[-1]["reason"] == "changed"
+    assert camera_events(d, "camera_stopped", "far")[0]["reason"] == "removed"
+    assert camera_events(d, "camera_stopped", "back")[-1]["reason"] == "changed"
 
 
 def ctl(d: Daemon, *words: str) -> subprocess.CompletedProcess[str]:

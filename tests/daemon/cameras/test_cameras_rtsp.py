@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from support import rtsp
-from support.camera_files import camera
+from support.camera_files import camera, camera_events, cameras
 from support.harness import DAEMON_HEAD, Daemon
 from support.pipelines import camera_pipeline
 from support.polling import eventually
@@ -54,21 +54,10 @@ def d(tmp_path_factory: pytest.TempPathFactory, engines: Path, servers: dict[str
     daemon.stop()
 
 
-def cameras(d: Daemon) -> dict[str, dict[str, Any]]:
-    with d.admin() as admin:
-        return {c["camera"]: c for c in admin.call("cameras")["cameras"]}
-
-
 def served(d: Daemon) -> dict[str, int]:
     """Frames served per camera, from the daemon's own table of the pipeline's streams (not a sampled view)."""
     with d.admin() as admin:
         return {s["key"]: s["served"] for s in admin.call("streams", model="cams")["streams"]}
-
-
-def events(d: Daemon, kind: str, name: str) -> list[dict[str, Any]]:
-    with d.admin() as admin:
-        found = admin.call("events", limit=1000, kind=kind)["events"]
-    return [e for e in found if e.get("camera") == name]
 
 
 class PlainClient:
@@ -101,7 +90,7 @@ def test_an_rtsp_outage_is_lost_and_served_again_within_3_s_of_the_return_and_no
     with PlainClient(d) as plain:
         servers["door"].stop()
         stopped = time.monotonic()
-        lost = eventually(lambda: events(d, "camera_lost", "door"), "camera_lost for door", 30)
+        lost = eventually(lambda: camera_events(d, "camera_lost", "door"), "camera_lost for door", 30)
         assert lost[0]["reason"]
         hall_during = served(d)["hall"]
         time.sleep(max(0.0, OUTAGE_S - (time.monotonic() - stopped)))  # the outage's length, not an outcome
@@ -111,17 +100,17 @@ def test_an_rtsp_outage_is_lost_and_served_again_within_3_s_of_the_return_and_no
         returned = time.monotonic()
         eventually(lambda: served(d)["door"] > before["door"], "door served again", 30)
         again_s = time.monotonic() - returned
-        back = eventually(lambda: events(d, "camera_back", "door"), "camera_back for door", 30)
+        back = eventually(lambda: camera_events(d, "camera_back", "door"), "camera_back for door", 30)
     print(f"door: served again {again_s:.2f} s after its RTSP server listened again")
     assert again_s <= BACK_WITHIN_S, f"door served again {again_s:.2f} s after its server returned"
     assert back[-1]["time"] >= lost[0]["time"]
-    assert not events(d, "camera_lost", "hall") and cameras(d)["hall"]["state"] == "streaming"
+    assert not camera_events(d, "camera_lost", "hall") and cameras(d)["hall"]["state"] == "streaming"
     assert plain.statuses and set(plain.statuses) == {200}, sorted(set(plain.statuses))
 
 
 def test_a_port_that_answers_garbage_and_one_that_never_answers_are_lost_with_reasons(d: Daemon) -> None:
     for name in ("junk", "mute"):
-        lost = eventually(lambda: events(d, "camera_lost", name), f"camera_lost for {name}", 30)
+        lost = eventually(lambda: camera_events(d, "camera_lost", name), f"camera_lost for {name}", 30)
         assert lost[0]["reason"], lost[0]
         assert cameras(d)[name]["decoded"] == 0
     assert cameras(d)["hall"]["state"] == "streaming"
