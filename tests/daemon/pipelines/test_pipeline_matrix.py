@@ -25,7 +25,7 @@ import pytest
 import zmq
 
 from support import models, tracking
-from support.harness import Daemon
+from support.harness import Daemon, dealer
 # `cell` (tests/daemon/conftest.py) takes this module's `placed`, and fails a cell on a traceback or a 500.
 from support.matrix import MOVES, PLACEMENTS, WITH_WORKER, Placement, placement_daemon, superseded_counted_as_errors
 from support.polling import eventually
@@ -125,11 +125,8 @@ def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 @pytest.fixture
 def sock(cell: Placement) -> Iterator[zmq.Socket]:
-    s = zmq.Context.instance().socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(cell.daemon.endpoint)
-    yield s
-    s.close()
+    with dealer(cell.daemon.endpoint) as s:
+        yield s
 
 
 def probs(sock: zmq.Socket, pipe: str, **fields: object) -> tuple[dict, np.ndarray]:

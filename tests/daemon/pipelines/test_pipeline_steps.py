@@ -22,7 +22,7 @@ import pytest
 import zmq
 from onnx import TensorProto, helper, numpy_helper
 
-from support.harness import Daemon
+from support.harness import Daemon, dealer
 # `cell` (tests/daemon/conftest.py) takes this module's `placed`, and fails a cell on a traceback or a 500.
 from support.matrix import Placement, placement_daemon
 from support.polling import eventually
@@ -106,11 +106,8 @@ def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 @pytest.fixture
 def sock(cell: Placement) -> Iterator[zmq.Socket]:
-    s = zmq.Context.instance().socket(zmq.DEALER)
-    s.setsockopt(zmq.LINGER, 0)
-    s.connect(cell.daemon.endpoint)
-    yield s
-    s.close()
+    with dealer(cell.daemon.endpoint) as s:
+        yield s
 
 
 def calls(d: Daemon, pipe: str, step: str) -> dict[str, int]:
