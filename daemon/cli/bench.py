@@ -342,15 +342,20 @@ def pipeline_input(args: argparse.Namespace) -> str | None:
 
 
 def _await_socket(args: argparse.Namespace, timeout_s: float) -> None:
-    """With --wait: a daemon still starting has not made its socket file yet; wait for it to appear
-    (what cannot be resolved, or never appears, is reported where the endpoint is used)."""
+    """With --wait: a daemon still starting has not made its socket files yet; wait for them to appear
+    (what cannot be resolved, or never appears, is reported where the endpoint is used). The admin
+    socket, made after the inference one, is waited for too when bench must ask it the inputs."""
     from infermux.cli.common import NoDaemon, present, retried
 
-    try:
-        endpoint = endpoint_from(args, check=False)
-        retried(lambda: present(endpoint), NoDaemon, timeout_s, every_s=0.05)
-    except Exception:  # reported with its own message by run()
-        return
+    deadline = time.monotonic() + timeout_s
+    asks_admin = not (args.shape or args.input or args.image or args.synthetic or args.image_input)
+    for which in ("listen", "admin") if asks_admin else ("listen",):
+        try:
+            endpoint = endpoint_from(args, which, check=False)
+            if endpoint:
+                retried(lambda: present(endpoint), NoDaemon, max(0.0, deadline - time.monotonic()), every_s=0.05)
+        except Exception:  # reported with its own message where the endpoint is used
+            return
 
 
 def _may_connect(endpoint: str) -> bool:

@@ -248,9 +248,11 @@ def size_table(size: tuple[int, int], rounds: dict[str, list[list[Window]]], fps
         ms = [ms_per_frame(r) for r in per_round]
         ratio = floor_ratio(kind, ms, rounds["floor"]) if "floor" in rounds else "–"
         slowest = min(w.frames / w.wall_s for r in per_round for w in r)
-        per_core = 1000 / (statistics.median(ms) * fps)
-        rows.append([f"{size[0]}×{size[1]}", kind, f"{statistics.median(ms):.2f}", f"{min(ms):.2f}–{max(ms):.2f}",
-                     ratio, f"{slowest:.1f}", f"{per_core:.0f}"])
+        median = statistics.median(ms)
+        # a CPU time under one clock tick gives no cameras-per-core figure rather than a division by zero
+        per_core = f"{1000 / (median * fps):.0f}" if median > 0 else "–"
+        rows.append([f"{size[0]}×{size[1]}", kind, f"{median:.2f}", f"{min(ms):.2f}–{max(ms):.2f}",
+                     ratio, f"{slowest:.1f}", per_core])
     return rows
 
 

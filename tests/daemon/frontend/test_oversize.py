@@ -122,8 +122,13 @@ def test_the_daemon_counts_and_logs_connections_dropped_for_a_frame_over_the_cap
         sock.connect(d.endpoint)
         sock.send_multipart(request)  # served: a connection that already spoke (oversize.py)
         assert sock.poll(10_000) and json.loads(sock.recv_multipart()[1])["status"] == 200
+        monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         sock.send_multipart([b"", b'{"model": "addone", "inputs": []}', frame])
-        assert not sock.poll(500)  # no reply can come: the daemon never read it
+        # the daemon hangs up unread; closing before it has would make this a client that hung up itself
+        assert monitor.poll(30_000), "the daemon kept a connection that sent a frame over the cap"
+        assert not sock.poll(0)  # no reply came: the daemon never read it
+        sock.disable_monitor()
+        monitor.close()
         sock.close()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:

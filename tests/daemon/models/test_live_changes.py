@@ -178,7 +178,9 @@ def test_a_state_file_value_over_a_live_sets_bounds_is_set_aside_and_the_daemon_
     (d.state_dir / "overrides.json").write_text(json.dumps({"format": 1, "overrides": [huge, weight]}))
     d.start()
     assert rows(d)[("addone", "2")]["contexts"] == 1  # the file's settings serve; no 100,000 threads
-    assert sum(versions_served(d).values()) > 0
+    # no live fallback here (the state file that would name one was set aside): fewer requests than
+    # max_queue, so that a slow box cannot fill a queue and answer 429
+    assert sum(versions_served(d, n=32).values()) > 0
     assert list(d.state_dir.glob("overrides.json.unreadable-*")) and "contexts must be an integer 1..1024" in d.log()
 
 
