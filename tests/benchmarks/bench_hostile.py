@@ -45,6 +45,7 @@ sys.path.insert(0, str(HERE.parent))
 from results import markdown_table, print_and_write, process_cpu_s, stamp  # noqa: E402
 
 from support.harness import Daemon  # noqa: E402
+from support.models import box_echo_pipeline  # noqa: E402
 from infermux.client import Client  # noqa: E402
 
 HEAD = """
@@ -97,27 +98,8 @@ nice = 10
 """
 # A "detector" that echoes its frame's pixels as boxes (tests/support/models.py's box_echo): a raw gray
 # frame of a few bytes, scaled, is a box of any size ("boxes") or one of infinite corners ("infinite").
-BOXES = """
-[[models]]
-name = "echo"
-engine = "echo/1/model.onnx"
-""" + "".join(f"""
-[[pipelines]]
-name = "{name}"
-[[pipelines.steps]]
-processor = "decode"
-options = {{ to = "gray" }}
-[[pipelines.steps]]
-processor = "normalize"
-options = {{ scale = {scale} }}
-[[pipelines.steps]]
-model = "echo"
-[[pipelines.steps]]
-processor = "yolo"
-options = {{ score = 0.1, per_class = false }}
-{track}[[pipelines.steps]]
-processor = "crop"
-""" for name, scale, track in (("boxes", "200.0", ""), ("infinite", "1e38", "[[pipelines.steps]]\nprocessor = \"track\"\n")))
+BOXES = '\n[[models]]\nname = "echo"\nengine = "echo/1/model.onnx"\n' + "".join(
+    (box_echo_pipeline("boxes", "200.0"), box_echo_pipeline("infinite", "1e38", track=True)))
 X = np.ones((1, 512), np.float32)
 CLIENTS = 2
 

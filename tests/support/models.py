@@ -145,3 +145,18 @@ def box_echo(path: Path) -> Path:
           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 5, "B"])], [shape], path)
     np.savez(path.parent / "warmup.npz", x=np.zeros((1, 1, 1, 5), np.float32))  # W = 1 spells no box
     return path
+
+
+def box_echo_pipeline(name: str, scale: str, *, track: bool = False, crop: str = "", tail: str = "",
+                      head: str = "") -> str:
+    """A pipeline (TOML) that turns a raw gray frame into box_echo's boxes: decode to gray, normalize by
+    `scale`, the model "echo", yolo, optionally track, then crop (with `crop` as its options) and the
+    steps in `tail`; `head` is put under the pipeline's name (e.g. its own bounds)."""
+    track_step = '[[pipelines.steps]]\nprocessor = "track"\n' if track else ""
+    crop_options = f"options = {{ {crop} }}\n" if crop else ""
+    return (f'\n[[pipelines]]\nname = "{name}"\n{head}'
+            '[[pipelines.steps]]\nprocessor = "decode"\noptions = { to = "gray" }\n'
+            f'[[pipelines.steps]]\nprocessor = "normalize"\noptions = {{ scale = {scale} }}\n'
+            '[[pipelines.steps]]\nmodel = "echo"\n'
+            '[[pipelines.steps]]\nprocessor = "yolo"\noptions = { score = 0.1, per_class = false }\n'
+            f'{track_step}[[pipelines.steps]]\nprocessor = "crop"\n{crop_options}{tail}')

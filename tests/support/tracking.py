@@ -363,9 +363,14 @@ for_each = "regions"
 """
 
 
-def detecting(name: str, detector: str = "det") -> str:
-    """A `[[pipelines]]` section: decode → normalize → `detector` (models.brightness_map) → dbnet → track."""
-    return DETECT.format(name=name, detector=detector)
+def detecting(name: str, detector: str = "det", **events: float) -> str:
+    """A `[[pipelines]]` section: decode → normalize → `detector` (models.brightness_map) → dbnet → track;
+    with `events` (min_frames=2, ...), the pipeline's object events with those settings."""
+    section = DETECT.format(name=name, detector=detector)
+    if not events:
+        return section
+    table = ", ".join(f"{key} = {value}" for key, value in events.items())
+    return section.replace(f'name = "{name}"\n', f'name = "{name}"\nevents = {{ {table} }}\n', 1)
 
 
 def classifying(name: str, classifier: str, options: str = "", detector: str = "det") -> str:

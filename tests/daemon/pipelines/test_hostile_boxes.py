@@ -32,7 +32,7 @@ from infermux.client import Client  # noqa: E402
 from infermux.pipelines.wire import send_frame  # noqa: E402
 
 # Each pixel of the frame times `scale` is one number of a box: cx, cy, w, h, score per box in turn.
-PIPELINES = """
+MODELS = """
 [[models]]
 name = "echo"
 engine = "{echo}"
@@ -40,63 +40,14 @@ engine = "{echo}"
 [[models]]
 name = "addone"
 engine = "addone/1/model.onnx"
-
-[[pipelines]]
-name = "boxes"
-[[pipelines.steps]]
-processor = "decode"
-options = {{ to = "gray" }}
-[[pipelines.steps]]
-processor = "normalize"
-options = {{ scale = 200.0 }}
-[[pipelines.steps]]
-model = "echo"
-[[pipelines.steps]]
-processor = "yolo"
-options = {{ score = 0.1, per_class = false }}
-[[pipelines.steps]]
-processor = "crop"
-
-[[pipelines]]
-name = "infinite"
-[[pipelines.steps]]
-processor = "decode"
-options = {{ to = "gray" }}
-[[pipelines.steps]]
-processor = "normalize"
-options = {{ scale = 1e38 }}
-[[pipelines.steps]]
-model = "echo"
-[[pipelines.steps]]
-processor = "yolo"
-options = {{ score = 0.1, per_class = false }}
-[[pipelines.steps]]
-processor = "track"
-[[pipelines.steps]]
-processor = "crop"
-
-[[pipelines]]
-name = "regions"
-max_batch_bytes = 10000
-[[pipelines.steps]]
-processor = "decode"
-options = {{ to = "gray" }}
-[[pipelines.steps]]
-processor = "normalize"
-options = {{ scale = 1.0 }}
-[[pipelines.steps]]
-model = "echo"
-[[pipelines.steps]]
-processor = "yolo"
-options = {{ score = 0.1, per_class = false }}
-[[pipelines.steps]]
-processor = "crop"
-options = {{ rectify = false }}
-[[pipelines.steps]]
-processor = "resize"
-for_each = "regions"
-options = {{ size = [64, 64] }}
-
+"""
+PIPELINES = "".join((
+    models.box_echo_pipeline("boxes", "200.0"),
+    models.box_echo_pipeline("infinite", "1e38", track=True),
+    models.box_echo_pipeline("regions", "1.0", head="max_batch_bytes = 10000\n", crop="rectify = false",
+                             tail='[[pipelines.steps]]\nprocessor = "resize"\nfor_each = "regions"\n'
+                                  'options = { size = [64, 64] }\n'),
+)) + """
 [[pipelines]]
 name = "frames"
 [[pipelines.steps]]
@@ -106,7 +57,7 @@ processor = "decode"
 name = "scans"
 [[pipelines.steps]]
 processor = "decode"
-options = {{ max_scans = 1000 }}
+options = { max_scans = 1000 }
 """
 
 
@@ -114,7 +65,7 @@ options = {{ max_scans = 1000 }}
 def daemon(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iterator[Daemon]:
     work = tmp_path_factory.mktemp("boxes")
     echo = models.box_echo(work / "echo/1/model.onnx")
-    d = Daemon(work, (DAEMON_HEAD + PIPELINES).format(engines=engines, echo=echo)).start()
+    d = Daemon(work, DAEMON_HEAD.format(engines=engines) + MODELS.format(echo=echo) + PIPELINES).start()
     yield d
     assert d.stop() == 0, d.log()[-3000:]
     assert "Traceback" not in d.log(), d.log()[-6000:]

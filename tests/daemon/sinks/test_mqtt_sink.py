@@ -27,8 +27,7 @@ from support.tracking import detecting, replay  # noqa: E402
 
 
 def config_text(workdir: Path, port: int) -> str:
-    pipeline = detecting("tracked").replace(
-        'name = "tracked"\n', 'name = "tracked"\nevents = { min_frames = 2, end_after_s = 1.0, update_every_s = 0.2 }\n', 1)
+    pipeline = detecting("tracked", min_frames=2, end_after_s=1.0, update_every_s=0.2)
     return f"""
 [daemon]
 listen = ["ipc://infer.sock"]

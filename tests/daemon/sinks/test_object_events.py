@@ -36,9 +36,8 @@ MIN_FRAMES, MIN_SCORE, GAIN, END_AFTER_S = 3, 0.5, 0.02, 3.0
 
 
 def config_text(workdir: Path, pub: str, hook: str, stuck: str, metrics_port: int) -> str:
-    pipeline = detecting("tracked").replace('name = "tracked"\n', f'name = "tracked"\nevents = {{ min_frames = '
-                                            f'{MIN_FRAMES}, min_score = {MIN_SCORE}, min_score_gain = {GAIN}, '
-                                            f'end_after_s = {END_AFTER_S}, update_every_s = 0.0 }}\n', 1)
+    pipeline = detecting("tracked", min_frames=MIN_FRAMES, min_score=MIN_SCORE, min_score_gain=GAIN,
+                         end_after_s=END_AFTER_S, update_every_s=0.0)
     return f"""
 [daemon]
 listen = ["ipc://infer.sock"]

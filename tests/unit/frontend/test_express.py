@@ -25,16 +25,12 @@ from infermux.frontend.server import Server
 from infermux.protocol import decode_reply, encode_request
 from infermux.transport.wire import choose
 from support.models import add_one, two_outputs
+from support.inproc import PLAIN_MODELS, started_app
 from support.polling import eventually
 
 pytestmark = pytest.mark.skipif(not choose().compiled, reason="the express lane needs the compiled socket calls")
 
-MODELS = """
-[[models]]
-name = "plain"
-version = "1"
-engine = "plain/1/model.onnx"
-
+MODELS = PLAIN_MODELS + """
 [[models]]
 name = "wide"
 version = "1"
@@ -44,18 +40,6 @@ engine = "wide/1/model.onnx"
 name = "pair"
 version = "1"
 engine = "pair/1/model.onnx"
-
-[[models]]
-name = "batched"
-version = "1"
-engine = "plain/1/model.onnx"
-max_batch = 4
-
-[[models]]
-name = "guarded"
-version = "1"
-engine = "plain/1/model.onnx"
-fallback = "plain"
 
 [[models]]
 name = "cams"
@@ -75,13 +59,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
     add_one(tmp / "engines" / "plain" / "1" / "model.onnx")
     add_one(tmp / "engines" / "wide" / "1" / "model.onnx", width=2048)
     two_outputs(tmp / "engines" / "pair" / "1" / "model.onnx")
-    # The inline gate as wide as it goes: these tests are about the paths, not that gate.
-    text = (f'[daemon]\nlisten = ["ipc://infer.sock"]\nengine_dir = "{tmp / "engines"}"\nwatch = false\n'
-            'inline_max_us = 1000000\ninline_busy_max_us = 1000000\nmax_reply_bytes = 4096\n'
-            f'oversize_memory_s = {OVERSIZE_MEMORY_S}\n' + MODELS)
-    s = App(cfg.parse(text, tmp / "infermux.toml"), tmp / "run")
-    s.bind()
-    s.start_models().join()
+    s = started_app(tmp, MODELS, f"max_reply_bytes = 4096\noversize_memory_s = {OVERSIZE_MEMORY_S}\n")
     loop = threading.Thread(target=s.serve_forever, daemon=True)
     loop.start()
     yield s
@@ -429,12 +407,7 @@ def test_the_lane_hears_a_connection_before_it_answers_it(tmp_path: Path) -> Non
     # connection and frees its descriptor: the peer guard must have kept its duplicate by then
     # (transport/oversize.py), as the general path does by hearing each message as it is read.
     add_one(tmp_path / "engines" / "plain" / "1" / "model.onnx")
-    text = (f'[daemon]\nlisten = ["ipc://infer.sock"]\nengine_dir = "{tmp_path / "engines"}"\nwatch = false\n'
-            'inline_max_us = 1000000\ninline_busy_max_us = 1000000\n'
-            '[[models]]\nname = "plain"\nversion = "1"\nengine = "plain/1/model.onnx"\n')
-    s = App(cfg.parse(text, tmp_path / "infermux.toml"), tmp_path / "run")
-    s.bind()
-    s.start_models().join()
+    s = started_app(tmp_path, '[[models]]\nname = "plain"\nversion = "1"\nengine = "plain/1/model.onnx"\n')
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVTIMEO, 10_000)

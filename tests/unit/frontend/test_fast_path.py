@@ -10,32 +10,15 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from infermux import config as cfg
 from infermux.frontend.oversize import kind_of
 from infermux.app import App
 from infermux.protocol import Request, decode_reply, encode_request
 from infermux.plugins.backends.onnxruntime import OnnxRuntimeBackend
 from support.models import add_one
+from support.inproc import PLAIN_MODELS, started_app
 from support.polling import eventually
 
-MODELS = """
-[[models]]
-name = "plain"
-version = "1"
-engine = "plain/1/model.onnx"
-
-[[models]]
-name = "batched"
-version = "1"
-engine = "plain/1/model.onnx"
-max_batch = 4
-
-[[models]]
-name = "guarded"
-version = "1"
-engine = "plain/1/model.onnx"
-fallback = "plain"
-
+MODELS = PLAIN_MODELS + """
 [[models]]
 name = "cams"
 version = "1"
@@ -50,13 +33,7 @@ X = np.arange(4, dtype=np.float32).reshape(1, 4)
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[App]:
     tmp = tmp_path_factory.mktemp("fast")
     add_one(tmp / "engines" / "plain" / "1" / "model.onnx")
-    # The inline gate as wide as it goes: on a busy box one slow call can raise a context's estimate
-    # past the default limits, and these tests are about the paths, not that gate.
-    text = (f'[daemon]\nlisten = ["ipc://infer.sock"]\nengine_dir = "{tmp / "engines"}"\nwatch = false\n'
-            'inline_max_us = 1000000\ninline_busy_max_us = 1000000\n' + MODELS)
-    s = App(cfg.parse(text, tmp / "infermux.toml"), tmp / "run")
-    s.bind()
-    s.start_models().join()
+    s = started_app(tmp, MODELS)
     s.frontend.bell.thread = threading.get_ident()  # this thread reads requests, as the loop would
     yield s
     s.registry.close(5.0)
