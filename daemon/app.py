@@ -40,6 +40,7 @@ from infermux.models.verdicts import Decisions
 from infermux.models.verified import EngineSigning, Sequences, verified_store
 from infermux.pipelines import warmshapes
 from infermux.pipelines.runner import Pipelines
+from infermux.pipelines.snapshots import Snapshots
 from infermux.sinks.hub import Hub
 from infermux.cameras.supervisor import Cameras
 from infermux.cameras.supervisor import attach as attach_cameras
@@ -115,6 +116,9 @@ class App:
         # Tracked objects' events leave the box through the sinks, each spooled under the state directory.
         self.sinks = Hub(self.config.sinks, (self.state_dir or self.run_dir) / "sinks",
                          self.events).attach(self.pipelines.outlet)
+        # Keyed streams' newest frames (`ctl snapshot`) and tracked objects' best frames, as JPEGs beside them.
+        self.snapshots = Snapshots(self.config.snapshots, (self.state_dir or self.run_dir) / "snapshots")
+        self.pipelines.outlet.snapshots = self.snapshots
         self.ticks.append(self.streams.check)  # a stream that went silent: an event
         self.dues.append(self.streams.due)
 
@@ -226,6 +230,7 @@ class App:
         self.rollouts.close()
         self.pipelines.stop()  # their objects end (events spooled), then the sinks stop with what waits on disk
         self.sinks.stop()
+        self.snapshots.stop()  # after the pipelines: their objects' last snapshots are written
         if self.registry.signing is not None:
             self.registry.signing.close()
 

@@ -12,12 +12,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
 from infermux import config as cfg
+from infermux import format as fmt
 from infermux.admin import snapshot
 from infermux.frontend import recorder
 from infermux.events import EventLog
 from infermux.models import fallback as fallbacks
 from infermux.models import overrides
 from infermux.models.registry import ModelVersion, State
+from infermux.pipelines.snapshots import NoFrame, SnapshotError
 
 if TYPE_CHECKING:
     from infermux.admin.daemon import Daemon
@@ -454,6 +456,34 @@ def cmd_camera(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
         raise CommandError(str(exc)) from None
 
 
+def cmd_snapshot(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
+    """`ctl snapshot CAMERA`: the newest frame of a camera (or stream key) with its boxes drawn, written
+    as a JPEG in the snapshots' folder; with `jpeg=true` the JPEG also comes back as a frame."""
+    name = _str(args, "model") or ""
+    try:
+        path, data, seen = server.snapshots.live(name)
+    except NoFrame:
+        raise CommandError(_no_frame(server, name)) from None
+    except SnapshotError as exc:
+        raise CommandError(str(exc)) from None
+    reply: dict[str, Any] = {"camera": seen.key, "pipeline": seen.pipeline, "path": str(path),
+                             "time": round(seen.time, 6), "boxes": len(seen.boxes), "bytes": len(data)}
+    if args.get("jpeg") is True:
+        reply[recorder.FRAMES] = [data]
+    return reply
+
+
+def _no_frame(server: "Daemon", name: str) -> str:
+    """Why there is no frame of `name`: a camera that sent none yet, or a name that is neither."""
+    shown = fmt.printable(name, 80)
+    if any(c.name == name for c in server.config.cameras):
+        return (f"camera {shown!r} has no frame yet: it sends frames once streaming, and its pipeline must "
+                "answer them (see `infermux ctl cameras`)")
+    cameras = ", ".join(fmt.printable(c.name, 40) for c in server.config.cameras[:20]) or "none"
+    streams = ", ".join(fmt.printable(k, 40) for k in server.snapshots.keys()[:20]) or "none yet"
+    return f"unknown camera or stream {shown!r}; cameras: {cameras}; streams with a frame: {streams}"
+
+
 COMMANDS: dict[str, Command] = {
     "status": Command(cmd_status, "daemon summary and one line per model version", changes=False),
     "models": Command(cmd_models, "every model version with settings and live statistics", changes=False),
@@ -486,5 +516,7 @@ COMMANDS: dict[str, Command] = {
     "record_stop": Command(cmd_record_stop, "end a recording and drop what it holds (model)"),
     "cameras": Command(cmd_cameras, "per camera: state, fps decoded/gated/sent/served, decode ms, capture-to-result "
                        "age, reconnects, last error", changes=False),
+    "snapshot": Command(cmd_snapshot, "the newest frame of a camera or stream key with its boxes, saved as a "
+                        "JPEG (NAME; --out FILE: a copy here)", changes=False, slow=True),
     "camera": Command(cmd_camera, "enable or disable a camera live, kept across restarts (NAME enable|disable)"),
 }

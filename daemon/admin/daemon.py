@@ -25,6 +25,7 @@ from infermux.frontend.recorder import Recorder
 from infermux.frontend.router import Router
 from infermux.models.registry import Registry
 from infermux.pipelines.runner import Pipelines
+from infermux.pipelines.snapshots import Snapshots
 from infermux.sinks.hub import Hub
 from infermux.swap.reload import ReloadPlan
 from infermux.swap.rollout import Rollouts
@@ -79,6 +80,7 @@ class Daemon(Protocol):
     draining: bool  # admin `drain` sets it: new requests are refused until `resume`
     cameras: Cameras | None  # [[cameras]]' processes, once started
     sinks: Hub  # where events go
+    snapshots: Snapshots  # keyed streams' newest frames, objects' best frames (`ctl snapshot`)
 
     @property
     def frontend(self) -> Frontend: ...

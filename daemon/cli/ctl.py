@@ -12,6 +12,8 @@
     infermux ctl pipelines        # per pipeline and step: runs, fps, latency, 409s, errors, what it runs (--json: all)
     infermux ctl cameras          # per camera: state, fps decoded/gated/sent/served, decode ms, age, last error
     infermux ctl camera gate-3 disable   # live, kept across restarts; `enable` to start it again
+    infermux ctl snapshot gate-3  # its newest frame with its boxes, saved as a JPEG (the path is printed)
+    infermux ctl snapshot gate-3 --out gate.jpg   # ... and a copy written to gate.jpg
 
 Exit codes: 0 done, 1 the daemon refused (the reason is printed), 2 usage,
 3 the daemon did not answer (within 5 s; a command it has accepted may then
@@ -22,11 +24,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
+from pathlib import Path
 from typing import Any, Callable
 
 from infermux.cli.common import USAGE, CliError, add_endpoint_arguments, endpoint_from, live_changes
-from infermux.format import parse_value
+from infermux.format import parse_value, printable
 
 PING_S = 5.0  # how long an absent daemon may keep an operator waiting
 
@@ -40,6 +45,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("words", nargs="*", default=[], metavar="ARG", help="MODEL, VERSION and key=value settings")
     add_endpoint_arguments(parser, admin=True)
     parser.add_argument("--json", action="store_true", help="print the raw JSON reply")
+    parser.add_argument("--out", metavar="FILE", help="snapshot: also write the JPEG to FILE")
     parser.add_argument("--timeout", type=float, default=600.0, metavar="SECONDS",
                         help="how long a command the daemon answers may take (a load, a drain; default 600)")
 
@@ -157,6 +163,13 @@ def _cameras_table(reply: dict[str, Any]) -> str:
     return table(reply.get("cameras", []))
 
 
+def short_snapshot(reply: dict[str, Any]) -> str:
+    """Where `ctl snapshot` wrote the frame (and its copy), with the frame's time and boxes."""
+    when = time.strftime("%H:%M:%S", time.localtime(float(reply.get("time") or 0)))
+    line = f"{reply.get('path')}  ({printable(reply.get('camera'), 40)}, frame of {when}, {reply.get('boxes')} boxes)"
+    return line + (f"\ncopy: {reply['out']}" if reply.get("out") else "")
+
+
 # The data commands' tables for people (`--json` gives their JSON instead).
 TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
     "models": lambda reply: short_models(reply.get("models", [])),
@@ -165,6 +178,7 @@ TABLES: dict[str, Callable[[dict[str, Any]], str]] = {
     "cameras": _cameras_table,
     "sinks": lambda reply: short_sinks(reply.get("sinks", [])),
     "pipelines": lambda reply: short_pipelines(reply.get("pipelines", [])),
+    "snapshot": lambda reply: short_snapshot(reply),
 }
 
 
@@ -178,6 +192,36 @@ def show(cmd: str, reply: dict[str, Any], as_json: bool) -> None:
         print("ok: " + ", ".join(f"{k}={json.dumps(v)}" for k, v in reply.items() if k != "ok"))
 
 
+def snapshot_out(args: argparse.Namespace, request: dict[str, Any]) -> Path | None:
+    """`--out FILE`, checked before the daemon is asked: a folder that exists and can be written (exit 2)."""
+    if args.cmd == "snapshot" and "model" not in request:
+        raise CliError("infermux ctl snapshot: name the camera (or stream key): `infermux ctl snapshot CAMERA`",
+                       USAGE)
+    if args.out is None:
+        return None
+    if args.cmd != "snapshot":
+        raise CliError(f"infermux ctl {args.cmd}: --out goes with `snapshot` only", USAGE)
+    out = Path(args.out).expanduser()
+    folder = out.parent if str(out.parent) else Path(".")
+    if out.is_dir() or not folder.is_dir() or not os.access(folder, os.W_OK) or \
+            (out.exists() and not os.access(out, os.W_OK)):
+        raise CliError(f"infermux ctl snapshot: cannot write {str(out)!r} (--out): give a file in a folder "
+                       "you may write", USAGE)
+    request["jpeg"] = True
+    return out
+
+
+def write_out(out: Path, frames: list[Any]) -> str:
+    """The JPEG the daemon sent, written to `out`; its path (exit 1 if the write fails)."""
+    if not frames:
+        raise CliError("infermux ctl snapshot: the daemon sent no JPEG (is it an older one?)")
+    try:
+        out.write_bytes(frames[0].bytes)
+    except OSError as exc:
+        raise CliError(f"infermux ctl snapshot: cannot write {str(out)!r}: {exc.strerror or exc}") from None
+    return str(out)
+
+
 def run(args: argparse.Namespace) -> int:
     from infermux.client import AdminClient
 
@@ -187,9 +231,12 @@ def run(args: argparse.Namespace) -> int:
             request["field"] = request.pop("version")
     except ValueError as exc:
         raise CliError(f"infermux ctl: {exc}", USAGE) from None
+    out = snapshot_out(args, request)
     with AdminClient(endpoint_from(args, "admin"), timeout_s=args.timeout) as admin:
         admin.ping(min(PING_S, args.timeout))  # an absent daemon fails now, not after --timeout
-        reply = admin.call(args.cmd, check=False, **request)
+        reply, frames = admin.call_frames(args.cmd, check=False, **request)
+    if out is not None and reply.get("ok"):
+        reply["out"] = write_out(out, frames)
     if not reply.get("ok"):
         if args.json:
             print(json.dumps(reply, indent=2))

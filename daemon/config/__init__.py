@@ -30,7 +30,8 @@ from infermux.config.settings import (COLD, FOR_EACH, HOT, MAX_CONTEXTS, MAX_FAL
                                       MPS_MODES, OLD_PLACEMENT_NAMES, PATH_OPTIONS, PLACEMENTS, QUEUE_POLICIES,
                                       REINFER, ROLLOUT_COMPARES, SECTIONS, STRATEGIES, STREAM_KEYS, VERSION_POLICIES,
                                       CameraConfig, Config, DaemonConfig, GateConfig, LifecycleConfig, ModelConfig,
-                                      PipelineConfig, RolloutConfig, RoutingConfig, SinkConfig, StepConfig)
+                                      PipelineConfig, RolloutConfig, RoutingConfig, SinkConfig, SnapshotConfig,
+                                      StepConfig)
 from infermux.config.sinks import parse_sinks
 
 if sys.version_info >= (3, 11):
@@ -44,7 +45,7 @@ __all__ = [
     "QUEUE_POLICIES", "REINFER", "RELOAD", "RESTART", "ROLLOUT_COMPARES", "SECTIONS", "SINK", "SOCKET_FIELDS",
     "STRATEGIES", "STREAM_KEYS", "VERSION_POLICIES", "CameraConfig", "Config", "ConfigError", "DaemonConfig",
     "GateConfig", "LibraryMissing", "LifecycleConfig", "ModelConfig", "PipelineConfig", "RolloutConfig",
-    "RoutingConfig", "Setting", "SinkConfig", "StepConfig", "contexts_problem", "fallback_of",
+    "RoutingConfig", "Setting", "SinkConfig", "SnapshotConfig", "StepConfig", "contexts_problem", "fallback_of",
     "fallback_problem", "load", "load_sockets", "model_labels", "parse", "parse_budget", "parse_model_settings",
     "policy_key", "regions_path", "resolve_endpoint", "runtime_dir", "settings_of",
 ]
@@ -71,8 +72,9 @@ def parse(text: str, file: Path) -> Config:
     pipelines = parse_pipelines(file, data.get("pipelines", []), models, daemon.engine_dir)
     cameras = parse_cameras(file, data.get("cameras", []), {p.name for p in pipelines})
     sinks = parse_sinks(file, data.get("sinks", []), {p.name for p in pipelines})
+    snapshots = SnapshotConfig(**read_table(file, "snapshots", data.get("snapshots", {}), SnapshotConfig))
     return Config(path=file, daemon=daemon, routing=routing, models=tuple(models), pipelines=pipelines,
-                  cameras=cameras, sinks=sinks)
+                  cameras=cameras, sinks=sinks, snapshots=snapshots)
 
 
 def load(path: str | os.PathLike[str]) -> Config:

@@ -319,6 +319,22 @@ class LifecycleConfig:
     max_objects: int = setting(4096, INT, "objects followed at once over every stream of the pipeline; newcomers "
                                "past it are not followed (`events.not_followed`)", applies=RELOAD, low=1,
                                high=1_000_000)
+    snapshots: bool = setting(False, BOOL, "each object's best frame saved as a JPEG with its boxes, and its crop "
+                              "([snapshots]); its events name the files", applies=RELOAD)
+
+
+@dataclass(frozen=True)
+class SnapshotConfig:
+    """The `[snapshots]` table: the folder of JPEGs under the state directory that tracked objects'
+    best frames and `ctl snapshot` are saved in (daemon/pipelines/snapshots.py, docs/events.md#snapshots)."""
+
+    max_mb: float = setting(256.0, NUMBER, "the folder's files at most; past it the oldest go", applies=RESTART,
+                            low=0.1, high=1 << 20)
+    keep_days: float = setting(7.0, NUMBER, "a file older than this goes", applies=RESTART, low=0.001,
+                               high=36_500)
+    quality: int = setting(85, INT, "the JPEG quality", applies=RESTART, low=10, high=100)
+    queue: int = setting(64, INT, "snapshots waiting to be written; past it a new one is dropped (counted)",
+                         applies=RESTART, low=1, high=10_000)
 
 
 @dataclass(frozen=True)
@@ -486,6 +502,8 @@ SECTIONS = (
             "(cameras.md)."),
     Section("cameras.gate", GateConfig, False, "A camera's motion gate: only frames with motion go on "
             "(motion-gate.md)."),
+    Section("snapshots", SnapshotConfig, False, "Where objects' best frames and `ctl snapshot` are saved, "
+            "and how much of them is kept (events.md#snapshots)."),
     Section("sinks", SinkConfig, True, "Where object events go, each sink with a durable spool of its own "
             "(events.md#sinks)."),
 )
@@ -502,6 +520,7 @@ class Config:
     pipelines: tuple[PipelineConfig, ...] = ()
     cameras: tuple[CameraConfig, ...] = ()
     sinks: tuple[SinkConfig, ...] = ()
+    snapshots: SnapshotConfig = SnapshotConfig()
 
     def versions(self, name: str) -> list[ModelConfig]:
         return [m for m in self.models if m.name == name]

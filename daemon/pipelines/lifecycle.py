@@ -9,6 +9,12 @@ once unseen for `end_after_s`. The events go to the sinks (daemon/sinks/),
 which only append them to their spools: nothing here waits for a sink.
 Times are the frames' capture times where the request gave one, else when
 the daemon received them (docs/events.md).
+
+With `snapshots` on, each object's best frame (its highest score, a box
+wholly inside the frame before one at an edge) is held, by reference, until
+its next event, which hands it to the snapshots' writer (snapshots.py) and
+names the files; the same files are written again by a later event whose
+object was since seen better.
 """
 
 from __future__ import annotations
@@ -17,10 +23,14 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from infermux.plugins.processors.base import Region
 from infermux.config import LifecycleConfig
+from infermux.pipelines.seen import Seen, inside
+
+if TYPE_CHECKING:
+    from infermux.pipelines.snapshots import Snapshots
 
 CROCKFORD = "0123456789ABCDEFGHJKMNPQRSTVWXYZ"
 
@@ -67,6 +77,16 @@ class TrackedObject:
     captured: bool = False  # its times are the frames' capture times
     sent: tuple[str | None, float, tuple[str, ...]] = (None, 0.0, ())  # label, score, zones of the last event
     sent_mono: float = 0.0
+    best: tuple[bool, float] = (False, -1.0)  # its best frame's rank: box inside the frame, then score
+    best_frame: tuple[Seen, int] | None = None  # that frame and its region's index, until an event queues it
+    uid: str = ""  # its snapshots' file names (a ULID, made at its first snapshot)
+    snapshot: dict[str, Any] | None = None  # the `snapshot` field of its events
+
+
+class Snapper(Protocol):
+    """Where an object's best frame goes (snapshots.py's Snapshots): queued, never waited on."""
+
+    def object_snapshot(self, uid: str, label: str | None, seen: Seen, index: int) -> dict[str, Any] | None: ...
 
 
 EventFn = Callable[[dict[str, Any]], None]
@@ -76,30 +96,43 @@ class Lifecycle:
     """The objects of one pipeline's streams; `observe` takes a frame's regions, `sweep` ends the
     objects gone quiet. Both return the events they made, in order. Safe from any thread."""
 
-    def __init__(self, config: LifecycleConfig, pipeline: str, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(self, config: LifecycleConfig, pipeline: str, clock: Callable[[], float] = time.monotonic,
+                 outlet: "Outlet | None" = None) -> None:
         self.config, self.pipeline, self._clock = config, pipeline, clock
+        self._outlet = outlet  # its `snapshots`, read at each event: the daemon connects it after the build
         self._objects: dict[tuple[str, int], TrackedObject] = {}
         self._lock = threading.Lock()
         self.made = {"new": 0, "update": 0, "end": 0}
         self.not_followed = 0  # objects seen while max_objects were followed
 
-    def observe(self, key: str, regions: list[Region], seen: float, captured: bool) -> list[dict[str, Any]]:
-        """A frame of stream `key` seen at `seen` (Unix seconds): its tracked regions' events."""
+    def observe(self, key: str, regions: list[Region], seen: float, captured: bool,
+                frame: Seen | None = None) -> list[dict[str, Any]]:
+        """A frame of stream `key` seen at `seen` (Unix seconds): its tracked regions' events. `frame`
+        (its image and these regions, in order), where given, may become an object's best frame."""
         now = self._clock()
         out: list[dict[str, Any]] = []
         with self._lock:
-            for region in regions:
+            for index, region in enumerate(regions):
                 if region.track_id is not None:
-                    self._one(key, region, seen, captured, now, out)
+                    obj = self._one(key, region, seen, captured, now)
+                    if obj is not None:
+                        self._best(obj, region, frame, index)
+                        self._events(obj, captured, now, out)
         return out
 
-    def _one(self, key: str, region: Region, seen: float, captured: bool, now: float,
-             out: list[dict[str, Any]]) -> None:
+    def _best(self, obj: TrackedObject, region: Region, frame: Seen | None, index: int) -> None:
+        if frame is None or not self.config.snapshots or region.score < self.config.min_score:
+            return
+        rank = (inside(region.box, *frame.size), float(region.score))
+        if rank > obj.best:
+            obj.best, obj.best_frame = rank, (frame, index)
+
+    def _one(self, key: str, region: Region, seen: float, captured: bool, now: float) -> TrackedObject | None:
         obj = self._objects.get((key, region.track_id or 0))
         if obj is None:
             if len(self._objects) >= self.config.max_objects:
                 self.not_followed += 1
-                return
+                return None
             obj = TrackedObject(key, region.track_id or 0, seen, seen, now, box_of(region))
             self._objects[(key, obj.track_id)] = obj
         obj.frames += 1
@@ -112,6 +145,9 @@ class Lifecycle:
         if region.score >= self.config.min_score:
             obj.hits += 1
             obj.score = max(obj.score, float(region.score))
+        return obj
+
+    def _events(self, obj: TrackedObject, captured: bool, now: float, out: list[dict[str, Any]]) -> None:
         if not obj.announced:
             if obj.hits >= self.config.min_frames:
                 obj.announced = True
@@ -147,10 +183,26 @@ class Lifecycle:
     def _event(self, kind: str, obj: TrackedObject, captured: bool, now: float) -> dict[str, Any]:
         obj.sent, obj.sent_mono = (obj.label, obj.score, obj.zones), now
         self.made[kind] += 1
-        return {"id": IDS.new(), "type": kind, "time": round(time.time(), 6), "pipeline": self.pipeline,
+        self._snap(obj)
+        event = {"id": IDS.new(), "type": kind, "time": round(time.time(), 6), "pipeline": self.pipeline,
                 "key": obj.key, "track_id": obj.track_id, "label": obj.label, "score": round(obj.score, 6),
                 "box": obj.box, "first_seen": round(obj.first_seen, 6), "last_seen": round(obj.last_seen, 6),
                 "frames": obj.frames, "zones": list(obj.zones), "captured": captured}
+        if obj.snapshot is not None:
+            event["snapshot"] = obj.snapshot
+        return event
+
+    def _snap(self, obj: TrackedObject) -> None:
+        """Hand the object's best frame, if it changed since its last event, to the snapshots' writer."""
+        snapper = self._outlet.snapshots if self._outlet is not None else None
+        if obj.best_frame is None or snapper is None:
+            return
+        seen, index = obj.best_frame
+        obj.uid = obj.uid or IDS.new()
+        queued = snapper.object_snapshot(obj.uid, obj.label, seen, index)
+        obj.best_frame = None  # queued, or dropped (the queue was full): the frame is let go either way
+        if queued is not None:
+            obj.snapshot = queued
 
     def following(self) -> bool:
         """Whether some object is followed (the sweeper has something to end)."""
@@ -175,6 +227,8 @@ class Outlet:
     def __init__(self) -> None:
         self.events: Callable[[str, dict[str, Any]], None] | None = None
         self.results: Callable[[str, str, dict[str, Any]], None] | None = None
+        # The snapshots (snapshots.py): each keyed stream's newest frame, and objects' best frames.
+        self.snapshots: "Snapshots | None" = None
         # Set while a pipeline may be following an object: without one, the sweeper sleeps (an idle
         # daemon wakes for nothing).
         self.following = threading.Event()

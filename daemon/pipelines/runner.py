@@ -29,6 +29,7 @@ from infermux.pipelines.calls import AdmitFn, StepFailed
 from infermux.pipelines.lifecycle import Lifecycle, Outlet, seen_at
 from infermux.pipelines.refusals import FrameKind, Refusals
 from infermux.pipelines.reinfer import Reinfer
+from infermux.pipelines.seen import ORDERS, seen_of
 from infermux.pipelines.stats import PipelineStats
 from infermux.plugins.processors.base import (FrameTooLarge, OutOfTime, ProcessorError, Region, Sample,
                                               finite_regions, working)
@@ -72,7 +73,9 @@ class Pipeline:
                  model_inputs: InputsFn, limits: Limits, outlet: Outlet | None = None) -> None:
         self.config = config
         self.outlet = outlet or Outlet()
-        self.lifecycle = Lifecycle(config.events, config.name) if config.events is not None else None
+        self.lifecycle = Lifecycle(config.events, config.name, outlet=self.outlet) \
+            if config.events is not None else None
+        self.order = colour_order(config)  # the decoded image's, for the snapshots
         self.name = config.name
         self.stages = spec.stages(config)
         self._steps = {step.name: step for stage in self.stages for step in stage.steps}
@@ -209,7 +212,7 @@ class Pipeline:
             for stage in self.stages:
                 self._stage(stage, sample, run)
             header = self._header(req.id, sample, run)
-            if req.key is not None and (self.lifecycle is not None or self.outlet.results is not None):
+            if req.key is not None:
                 self._observed(job, sample, header)
             return Status.OK, encode_reply(header, {k: run.tensors[k] for k in run.wanted})
         except OutOfTime as exc:  # the request's time, not the frame: another request may give it more
@@ -245,12 +248,18 @@ class Pipeline:
     def _observed(self, job: Job, sample: Sample, header: dict[str, Any]) -> None:
         """A served frame of a keyed stream: its objects' events and its result, to the sinks."""
         key = str(job.request.key)
-        results, events = self.outlet.results, self.outlet.events
+        results, events, snapshots = self.outlet.results, self.outlet.events, self.outlet.snapshots
         if results is not None:
             results(self.name, key, header)
+        if self.lifecycle is None and snapshots is None:
+            return
+        seen, captured = seen_at(getattr(job.request, "captured", None), job.received_ns)
+        frame = None
+        if snapshots is not None and sample.image is not None:  # the newest frame, by reference (seen.py)
+            frame = seen_of(sample.image, sample.data, sample.regions, key, self.name, self.order, seen)
+            snapshots.remember(frame)
         if self.lifecycle is not None:
-            seen, captured = seen_at(getattr(job.request, "captured", None), job.received_ns)
-            for event in self.lifecycle.observe(key, sample.regions, seen, captured):
+            for event in self.lifecycle.observe(key, sample.regions, seen, captured, frame):
                 if events is not None:
                     events(self.name, event)
             self.outlet.following.set()  # after observe: the sweeper's check after clearing sees the object
@@ -474,6 +483,15 @@ def stack(step: str, tensors: list[np.ndarray], pad_value: float, multiple: int)
         out[(slice(row, row + t.shape[0]),) + tuple(slice(0, n) for n in t.shape[1:])] = t
         row += t.shape[0]
     return out
+
+
+def colour_order(config: PipelineConfig) -> str:
+    """The colour order its decode step leaves the image in (its `to`; rgb, the step's default)."""
+    for step in config.steps:
+        if step.processor == "decode":
+            order = step.options.get("to", "rgb")
+            return order if order in ORDERS else "rgb"
+    return "rgb"
 
 
 @dataclass
