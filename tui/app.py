@@ -368,6 +368,15 @@ class TopApp(App):
 
         self.push_screen(ConfirmScreen(question), answered)
 
+    def on_cameras_view_snapshot_wanted(self, message: CamerasView.SnapshotWanted) -> None:
+        self.snapshot_of(message.camera)
+
+    @work(thread=True, group="admin", exit_on_error=False)
+    def snapshot_of(self, camera: str) -> None:
+        """`S` in the Cameras view: the daemon saves the camera's newest frame; the view shows the path."""
+        reply = self.feed.call("snapshot", model=camera)
+        self.call_from_thread(self.cameras_view.snapshot_taken, camera, reply)
+
     @work(thread=True, group="admin", exit_on_error=False)
     def send(self, action: Action, target: dict[str, Any], cmd: str, args: dict[str, Any]) -> None:
         """Ask the daemon on a worker thread; the answer comes back as a notification."""

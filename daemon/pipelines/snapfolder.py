@@ -134,7 +134,7 @@ class SnapFolder:
 def _open_dir(parent: int, name: str, create: bool) -> int:
     """Folder `name` of the folder open as `parent`, made 0750 if missing; a link there is refused."""
     try:
-        return os.open(name, DIR_FLAGS, dir_fd=parent)
+        return _open_one(parent, name)
     except FileNotFoundError:
         if not create:
             raise
@@ -142,11 +142,16 @@ def _open_dir(parent: int, name: str, create: bool) -> int:
         os.mkdir(name, 0o750, dir_fd=parent)
     except FileExistsError:
         pass
+    return _open_one(parent, name)
+
+
+def _open_one(parent: int, name: str) -> int:
     try:
         return os.open(name, DIR_FLAGS, dir_fd=parent)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-            raise OSError(exc.errno, f"{name!r} in the snapshots' folder is not a folder (a link?): left alone")
+            raise OSError(exc.errno, f"{name!r} in the snapshots' folder is not a folder (a link?): left alone") \
+                from None
         raise
 
 

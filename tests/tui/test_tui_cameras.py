@@ -49,3 +49,30 @@ def test_text_from_a_camera_reaches_the_screen_printable_and_never_as_markup() -
     line = CamerasView.why_text([hostile], "c[b]1")
     assert "\x1b" not in line and "\\[red]Not Found\\[/red]" in line and "c\\[b]1" in line
     assert CamerasView.why_text([hostile], "other") == ""
+
+
+async def test_s_on_a_camera_saves_its_newest_frame_and_shows_the_file(make_daemon, tmp_path: Path) -> None:
+    import cv2
+
+    clip = write_clip(tmp_path / "door.mp4", 64, 48, frames=30)
+    d = make_daemon(MODELS + camera_pipeline("cams") + camera("door", str(clip)), head=DAEMON_HEAD)
+    app = TopApp(LiveFeed(Endpoints(d.admin_endpoint, d.stats_endpoint)))
+    async with app.run_test(size=(200, 24)) as pilot:  # wide enough for the test's long path on one line
+        await until(pilot, lambda: app.snapshots_seen > 0, what="a snapshot")
+        await pilot.press("8")
+        table = app.cameras_view.query_one(CamerasTable)
+        await until(pilot, lambda: table.cell_text("door", "served") not in ("", "0"), timeout=30,
+                    what="door's frames served")
+        table.focus()
+        await pilot.press("S")
+        await until(pilot, lambda: "snapshot of door: /" in screen_text(app), timeout=30, what="the path shown")
+        shown = getattr(app.cameras_view, "_snapshot")
+        path = Path(shown.rpartition(": ")[2])
+        assert path.parent.name == "door" and path.suffix == ".jpg"
+        image = cv2.imread(str(path))
+        assert image is not None and image.shape[:2] == (48, 64)
+
+
+def test_a_refused_snapshot_shows_the_daemons_words_escaped() -> None:
+    line = CamerasView.snapshot_text("c[b]1", {"ok": False, "error": "camera 'c[b]1' has no frame [red]yet\x1b"})
+    assert line.startswith("[red]no snapshot of c\\[b]1:[/]") and "\\[red]yet\\x1b" in line

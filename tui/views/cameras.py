@@ -6,7 +6,9 @@ It reads the snapshot's `cameras` (cameras/supervisor.py, the same entries admin
 second decoded, gated out by the motion gate, sent, served, the mean decode time, the
 capture-to-result age at p50 and p99, and reconnects; wider terminals add frames superseded,
 restarts and the last error. The line under the table gives the selected camera's reason or last
-error in full: the table cuts it.
+error in full: the table cuts it. `S` asks the daemon for a snapshot of the selected camera (admin
+`snapshot`, as `infermux ctl snapshot`: its newest frame with its boxes drawn, saved as a JPEG) and
+the line below it says the file it wrote, or why it could not.
 
 Names, reasons and errors hold text from the configuration and the camera (an RTSP server's words):
 cells are plain text (never markup) passed through format.printable, and the lines around the
@@ -19,6 +21,7 @@ from typing import Any, Iterator
 
 from rich.markup import escape
 from textual.app import ComposeResult
+from textual.binding import Binding
 from textual.containers import Vertical
 from textual.message import Message
 from textual.widgets import Static
@@ -108,7 +111,39 @@ def _troubles(c: dict[str, Any], red: str) -> dict[str, Cell]:
 
 class CamerasView(Vertical):
     """A line saying how to read the table (or that there are no cameras), the table, and the
-    selected camera's reason or last error in full."""
+    selected camera's reason or last error in full; then the last snapshot's file, once `S` asked."""
+
+    BINDINGS = [Binding("S", "snapshot", "snapshot")]
+
+    class SnapshotWanted(Message):
+        """`S`: the app asks the daemon for the camera's snapshot, and hands the reply to `snapshot_taken`."""
+
+        def __init__(self, camera: str) -> None:
+            super().__init__()
+            self.camera = camera
+
+    def action_snapshot(self) -> None:
+        camera = self.query_one(CamerasTable).selected_key()
+        if camera is None:
+            self.app.notify("no camera selected", severity="warning")
+            return
+        self._snapshot = f"[dim]asking for a snapshot of[/] {escape(fmt.printable(camera))}…"
+        self.on_cameras_table_moved()
+        self.post_message(self.SnapshotWanted(camera))
+
+    def snapshot_taken(self, camera: str, reply: dict[str, Any]) -> None:
+        """Show where the daemon wrote the snapshot of `camera`, or its refusal (escaped)."""
+        self._snapshot = self.snapshot_text(camera, reply)
+        self.on_cameras_table_moved()
+        if reply.get("ok"):  # the line may be too narrow for a long path: the notification has it whole
+            self.app.notify(escape(fmt.printable(reply.get("path", "?"), 500)), title="Snapshot saved", timeout=8)
+
+    @staticmethod
+    def snapshot_text(camera: str, reply: dict[str, Any]) -> str:
+        name = escape(fmt.printable(camera))
+        if not reply.get("ok"):
+            return f"[red]no snapshot of {name}:[/] {escape(fmt.printable(reply.get('error', '?'), 300))}"
+        return f"snapshot of {name}: {escape(fmt.printable(reply.get('path', '?'), 300))}"
 
     DEFAULT_CSS = """
     CamerasView #cameras-head { height: 2; padding: 0 1; }
@@ -135,7 +170,9 @@ class CamerasView(Vertical):
         why = self.query("#cameras-why")
         if why:
             selected = self.query_one(CamerasTable).selected_key()
-            self._show(why.first(Static), "_why", self.why_text(getattr(self, "_cameras", []), selected))
+            text = self.why_text(getattr(self, "_cameras", []), selected)
+            snapshot = getattr(self, "_snapshot", "")
+            self._show(why.first(Static), "_why", "\n".join(line for line in (text, snapshot) if line))
 
     def _show(self, widget: Static, cache: str, text: str) -> None:
         if getattr(self, cache, None) != text:  # unchanged text: no repaint
