@@ -116,7 +116,7 @@ def cmd_status(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_pipelines(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
-    return {"pipelines": server.pipelines.view()}
+    return {"pipelines": server.pipelines.view(), "snapshots": server.snapshots.view()}
 
 
 def cmd_streams(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:

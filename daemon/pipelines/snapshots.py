@@ -35,6 +35,7 @@ IDLE_PRUNE_S = 60.0  # without writes, files past keep_days still go this often
 FOCUS_BGR = (0, 255, 0)  # the object's own box: green
 OTHER_BGR = (0, 200, 255)  # the frame's other boxes: amber
 LABEL_CHARS = 32
+DROPPED_LOG_S = 10.0  # snapshots dropped for a full queue are logged at most this often
 
 
 class SnapshotError(Exception):
@@ -65,6 +66,7 @@ class Snapshots:
         self._queue: queue.Queue[Job | None] = queue.Queue(config.queue)
         self._dirty = threading.Event()  # written since the last prune
         self.written = self.dropped = self.failed = 0
+        self._dropped_logged = -DROPPED_LOG_S
         self._thread = threading.Thread(target=self._run, name="snapshots", daemon=True)
         self._thread.start()
 
@@ -87,6 +89,11 @@ class Snapshots:
             self._queue.put_nowait(Job(seen, index, folder, stem))
         except queue.Full:
             self.dropped += 1
+            now = time.monotonic()
+            if now - self._dropped_logged >= DROPPED_LOG_S:  # a slow disk: said once in a while, not per frame
+                self._dropped_logged = now
+                log.warning("snapshots dropped: %d waiting to be written ([snapshots] queue); %d so far",
+                            self.config.queue, self.dropped)
             return None
         x0, y0, x1, y1 = bounds(seen.boxes[index].box)
         return {"path": str(self.folder.root / folder / f"{stem}.jpg"),

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 
+from support.polling import eventually
 from support.sinks import valid
 
-from infermux.config import ConfigError, parse
-from infermux.pipelines.lifecycle import IDS, Lifecycle, seen_at
+from infermux.config import ConfigError, SnapshotConfig, parse
+from infermux.pipelines.lifecycle import IDS, Lifecycle, Outlet, seen_at
+from infermux.pipelines.seen import seen_of
+from infermux.pipelines.snapshots import Snapshots
 from infermux.plugins.processors.base import Region
 from infermux.config import LifecycleConfig
 
@@ -144,3 +148,31 @@ def test_two_sinks_of_one_name_are_refused(tmp_path: Any) -> None:
     with pytest.raises(ConfigError, match="already another sink's name"):
         parse(one + one, tmp_path / "infermux.toml")
     assert parse(one, tmp_path / "infermux.toml").sinks[0].options == {"path": "/tmp/x"}
+
+
+def test_the_best_frame_is_the_highest_score_inside_the_frame_and_later_events_rewrite_it(tmp_path: Path) -> None:
+    pytest.importorskip("cv2", reason="snapshots are encoded with OpenCV")
+    clock, outlet = Clock(), Outlet()
+    outlet.snapshots = Snapshots(SnapshotConfig(), tmp_path)
+    life = Lifecycle(LifecycleConfig(min_frames=1, min_score=0.5, end_after_s=1.0, update_every_s=0.0,
+                                     min_score_gain=0.05, snapshots=True), "p", clock, outlet=outlet)
+    image = np.zeros((40, 60, 3), np.uint8)
+
+    def frame(r: Region) -> list[dict[str, Any]]:
+        clock.now += 0.1
+        seen = seen_of(image, None, [r], "cam", "p", "rgb", clock.now)
+        return [valid(e) for e in life.observe("cam", [r], clock.now, False, seen)]
+
+    try:
+        new, = frame(region(1, 0.6, x=10))
+        assert new["snapshot"]["box"] == [10, 10, 30, 30]
+        edge, = frame(region(1, 0.99, x=0))  # a better score at the frame's edge: an update...
+        assert edge["type"] == "update" and edge["snapshot"] == new["snapshot"]  # ... with the frame inside
+        assert frame(region(1, 0.8, x=20)) == []  # better inside, but the best score did not rise: no event
+        clock.now += 2
+        end, = [valid(e) for e in life.sweep()]
+        assert end["type"] == "end" and end["snapshot"]["box"] == [20, 10, 40, 30]  # the end writes it
+        assert end["snapshot"]["path"] == new["snapshot"]["path"]  # the same files, written over
+        eventually(lambda: Path(end["snapshot"]["crop"]).exists(), "the crop written")
+    finally:
+        outlet.snapshots.stop()

@@ -98,3 +98,13 @@ def test_a_frame_in_a_mapping_is_copied_and_any_other_kept_by_reference(tmp_path
     assert kept(plain.reshape(10, 10, 3), plain).base is plain
     assert inside(np.array([[1, 1], [8, 1], [8, 8], [1, 8]]), 10, 10)
     assert not inside(np.array([[0, 1], [8, 1], [8, 8], [0, 8]]), 10, 10)
+
+
+def test_a_full_queue_drops_the_snapshot_counted_and_the_event_names_none(tmp_path: Path) -> None:
+    snaps = Snapshots(SnapshotConfig(queue=1), tmp_path / "snaps")
+    snaps.stop()  # no writer: the queue fills
+    box = np.array([[1, 1], [5, 1], [5, 5], [1, 5]], np.float32)
+    seen = Seen("k", "p", np.zeros((8, 8, 3), np.uint8), "rgb", (Drawn(box, None, 1),), time.time())
+    assert snaps.object_snapshot("01A", None, seen, 0) is not None
+    assert snaps.object_snapshot("01B", None, seen, 0) is None
+    assert snaps.view()["dropped"] == 1 and snaps.view()["queued"] == 1
