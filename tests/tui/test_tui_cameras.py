@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from support.camera_files import camera, write_clip
@@ -71,6 +72,8 @@ async def test_s_on_a_camera_saves_its_newest_frame_and_shows_the_file(make_daem
         assert path.parent.name == "door" and path.suffix == ".jpg"
         image = cv2.imread(str(path))
         assert image is not None and image.shape[:2] == (48, 64)
+        columns = image.mean(axis=(0, 2))  # the clip's frame: one bright bar on a dark background
+        assert columns.max() > 150 and np.median(columns) < 60, columns
 
 
 def test_a_refused_snapshot_shows_the_daemons_words_escaped() -> None:
