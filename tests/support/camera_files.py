@@ -30,6 +30,24 @@ def write_clip(path: Path, width: int = 64, height: int = 48, frames: int = 30, 
     return path
 
 
+def write_frames(path: Path, frames: list[np.ndarray], fps: int = 15) -> Path:
+    """RGB `frames` (all one size, even sides) as an H.264 clip (MPEG-4 part 2 without libx264), with PyAV:
+    a generated sequence (tests/support/tracking.py) as a camera would see it."""
+    import av
+
+    codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
+    height, width = frames[0].shape[:2]
+    with av.open(str(path), "w") as out:
+        stream = out.add_stream(codec, rate=fps)
+        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
+        for image in frames:
+            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
+                out.mux(packet)
+        for packet in stream.encode():
+            out.mux(packet)
+    return path
+
+
 def camera(name: str, url: str, pipeline: str = "cams", **settings: object) -> str:
     """One `[[cameras]]` entry (braces doubled: the tests' configurations are str.format templates)."""
     lines = [f'name = "{name}"', f'url = "{url}"', f'pipeline = "{pipeline}"']

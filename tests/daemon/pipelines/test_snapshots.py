@@ -27,7 +27,7 @@ import pytest
 cv2 = pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
 
 from support import models, tracking  # noqa: E402
-from support.camera_files import camera, write_clip  # noqa: E402
+from support.camera_files import camera, write_clip, write_frames  # noqa: E402
 from support.harness import Daemon, dealer  # noqa: E402
 from support.polling import eventually  # noqa: E402
 from support.sinks import valid  # noqa: E402
@@ -228,6 +228,44 @@ def test_the_folder_stays_under_max_mb_and_old_files_go(setup: dict[str, Any]) -
     os.utime(newest, (aged, aged))
     assert ctl(d, "snapshot", "cam-a").returncode == 0  # a write: the folder is pruned after it
     eventually(lambda: not newest.exists(), "a file aged past keep_days removed")
+
+
+def test_a_cameras_objects_get_their_snapshots_too(tmp_path: Path) -> None:
+    """The crossing as a video file read by a camera of the daemon (its frames in shared memory, copied
+    when kept): every object that ended has its frame with its box drawn green and its crop."""
+    pytest.importorskip("av", reason="cameras decode with PyAV: pip install -e '.[cameras]'")
+    models.brightness_map(tmp_path / "engines" / "det" / "1" / "model.onnx")
+    seq = tracking.crossing()
+    clip = write_frames(tmp_path / "crossing.mp4", [seq.frame(i) for i in range(seq.length)])
+    pipeline = detecting("tracked", min_frames=3, min_score=MIN_SCORE, end_after_s=1.0, snapshots="true")
+    d = Daemon(tmp_path, f"""
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{tmp_path / 'engines'}"
+
+[[models]]
+name = "det"
+engine = "det/1/model.onnx"
+{pipeline}
+[[sinks]]
+name = "files"
+kind = "jsonl"
+options = {{ path = "{tmp_path / 'out' / 'events.jsonl'}" }}
+
+{camera("door", str(clip), pipeline="tracked", loop=False)}
+""").start()
+    try:
+        done = eventually(lambda: [e for e in events(d) if e["type"] == "end"], "an object's end", timeout_s=60)
+        for end in done:
+            snap = end["snapshot"]
+            frame, crop = jpeg(snap["path"]), jpeg(snap["crop"])
+            assert Path(snap["path"]).parent.name == "door" and frame.shape == (tracking.H, tracking.W, 3)
+            x0, y0, x1, y1 = snap["box"]
+            assert crop.shape[:2] == (y1 - y0, x1 - x0)
+            assert green_share(frame, (x0, y0, x1, y1)) > 0.8, snap
+    finally:
+        assert d.stop() == 0, d.log()[-4000:]
+    assert "Traceback" not in d.log(), d.log()[-6000:]
 
 
 def ctl(d: Daemon, *words: str) -> subprocess.CompletedProcess:
