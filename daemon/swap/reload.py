@@ -76,11 +76,17 @@ def plan(old: cfg.Config, new: cfg.Config) -> ReloadPlan:
             result.reloaded.append(after[k])
         elif diff:
             result.changed.append((after[k], diff))
-    for name in RESTART_FIELDS:
-        if getattr(old.daemon, name) != getattr(new.daemon, name):
-            result.restart_needed.append(f"daemon.{name}")
+    result.restart_needed = _restart_needed(old, new)
     result.cameras_restarted = cameras_restarted(old.cameras, new.cameras)
     return result
+
+
+def _restart_needed(old: cfg.Config, new: cfg.Config) -> list[str]:
+    """The keys changed that only a restart applies: the daemon's, and `[snapshots]` (its folder and
+    writer are made once, at the start)."""
+    out = [f"daemon.{name}" for name in RESTART_FIELDS if getattr(old.daemon, name) != getattr(new.daemon, name)]
+    return out + [f"snapshots.{f.name}" for f in fields(type(old.snapshots))
+                  if getattr(old.snapshots, f.name) != getattr(new.snapshots, f.name)]
 
 
 class Daemon(Protocol):

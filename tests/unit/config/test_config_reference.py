@@ -74,6 +74,9 @@ def test_the_reload_planner_reads_when_each_change_applies() -> None:
             assert key in reload.RESTART_FIELDS
     restarted = replace(old, daemon=replace(old.daemon, metrics_port=9100))
     assert reload.plan(old, restarted).restart_needed == ["daemon.metrics_port"]
+    assert all(s.applies == cfg.RESTART for s in cfg.settings_of(cfg.SnapshotConfig).values())
+    smaller = replace(old, snapshots=cfg.SnapshotConfig(max_mb=1.0))
+    assert reload.plan(old, smaller).restart_needed == ["snapshots.max_mb"]
 
 
 def test_the_reload_planner_restarts_a_camera_whose_camera_setting_changed_and_no_other() -> None:
