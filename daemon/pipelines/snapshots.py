@@ -95,7 +95,7 @@ class Snapshots:
                 log.warning("snapshots dropped: %d waiting to be written ([snapshots] queue); %d so far",
                             self.config.queue, self.dropped)
             return None
-        x0, y0, x1, y1 = bounds(seen.boxes[index].box)
+        x0, y0, x1, y1 = crop_bounds(seen, index)
         return {"path": str(self.folder.root / folder / f"{stem}.jpg"),
                 "crop": str(self.folder.root / folder / f"{stem}-crop.jpg"),
                 "time": round(seen.time, 6), "box": [x0, y0, x1, y1]}
@@ -200,10 +200,16 @@ def caption(label: str | None, track_id: int | None) -> str:
 
 def crop_of(seen: Seen, index: int) -> np.ndarray:
     """The object's box cut from the frame (no drawing), in BGR."""
+    x0, y0, x1, y1 = crop_bounds(seen, index)
+    return to_bgr(seen.image[y0:y1, x0:x1], seen.order)
+
+
+def crop_bounds(seen: Seen, index: int) -> tuple[int, int, int, int]:
+    """The object's box in whole pixels, within the frame and at least a pixel wide and high: its crop."""
     x0, y0, x1, y1 = bounds(seen.boxes[index].box)
     width, height = seen.size
-    x0, y0, x1, y1 = max(0, x0), max(0, y0), min(width, max(x1, x0 + 1)), min(height, max(y1, y0 + 1))
-    return to_bgr(seen.image[y0:y1, x0:x1], seen.order)
+    x0, y0 = min(max(0, x0), width - 1), min(max(0, y0), height - 1)
+    return x0, y0, min(width, max(x1, x0 + 1)), min(height, max(y1, y0 + 1))
 
 
 def to_bgr(image: np.ndarray, order: str) -> np.ndarray:

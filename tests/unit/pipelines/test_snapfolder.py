@@ -108,3 +108,17 @@ def test_a_full_queue_drops_the_snapshot_counted_and_the_event_names_none(tmp_pa
     assert snaps.object_snapshot("01A", None, seen, 0) is not None
     assert snaps.object_snapshot("01B", None, seen, 0) is None
     assert snaps.view()["dropped"] == 1 and snaps.view()["queued"] == 1
+
+
+def test_a_box_past_the_frames_edge_is_cropped_to_the_frame_and_named_so(tmp_path: Path) -> None:
+    cv2 = pytest.importorskip("cv2", reason="snapshots are encoded with OpenCV")
+    snaps = Snapshots(SnapshotConfig(), tmp_path / "snaps")
+    try:
+        box = np.array([[-5, 30], [70, 30], [70, 50], [-5, 50]], np.float32)  # wider than the frame, below it
+        seen = Seen("k", "p", np.zeros((40, 60, 3), np.uint8), "rgb", (Drawn(box, None, 1),), time.time())
+        snap = snaps.object_snapshot("01C", None, seen, 0)
+        assert snap is not None and snap["box"] == [0, 30, 60, 40]
+        crop = eventually(lambda: Path(snap["crop"]).exists() and Path(snap["crop"]), "the crop written")
+        assert cv2.imread(str(crop)).shape[:2] == (10, 60)
+    finally:
+        snaps.stop()
