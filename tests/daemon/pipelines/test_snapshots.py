@@ -31,7 +31,8 @@ from support.camera_files import camera, write_clip, write_frames  # noqa: E402
 from support.harness import Daemon, dealer  # noqa: E402
 from support.polling import eventually  # noqa: E402
 from support.sinks import valid  # noqa: E402
-from support.tracking import Replay, detecting, replay  # noqa: E402
+from support.harness import REPO  # noqa: E402
+from support.tracking import Replay, classifying, detecting, replay  # noqa: E402
 
 MAX_MB, KEEP_DAYS, MIN_SCORE = 0.5, 1, 0.5
 FILLER = 100_000  # bytes of each file put in the folder before the start
@@ -266,6 +267,53 @@ options = {{ path = "{tmp_path / 'out' / 'events.jsonl'}" }}
             assert green_share(frame, (x0, y0, x1, y1)) > 0.8, snap
     finally:
         assert d.stop() == 0, d.log()[-4000:]
+    assert "Traceback" not in d.log(), d.log()[-6000:]
+
+
+def test_hostile_labels_name_files_inside_the_stream_folder(tmp_path: Path) -> None:
+    """A classifier's labels file whose names are paths, dots and escapes: each object's files are still
+    one name inside its stream's folder, and nothing is written outside it."""
+    engines = tmp_path / "engines"
+    models.brightness_map(engines / "det" / "1" / "model.onnx")
+    hostile = ["../../../evil", "a/b", ".hidden", "..", "/etc/passwd", "x" * 200, "c\\d", "ç ☃", "%2F", "-"]
+    (engines / "labels.txt").write_text("\n".join(hostile) + "\n")
+    pipeline = classifying("named", "cls").replace('processor = "classify"\nfor_each = "regions"\n',
+                                                  'processor = "classify"\nfor_each = "regions"\n'
+                                                  'options = { labels = "labels.txt" }\n')
+    pipeline = pipeline.replace('name = "named"\n', 'name = "named"\nevents = { min_frames = 3, end_after_s = 1.0, '
+                                'snapshots = true }\n', 1)
+    d = Daemon(tmp_path, f"""
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{engines}"
+
+[[models]]
+name = "det"
+engine = "det/1/model.onnx"
+
+[[models]]
+name = "cls"
+engine = "{REPO / 'engines/classifier/1/model.onnx'}"
+{pipeline}
+[[sinks]]
+name = "files"
+kind = "jsonl"
+options = {{ path = "{tmp_path / 'out' / 'events.jsonl'}" }}
+""").start()
+    try:
+        with dealer(d.endpoint) as sock:
+            replay(sock, "named", tracking.crossing(), "cam-b", frames=40)
+        done = eventually(lambda: [e for e in events(d) if e["type"] == "end"], "an object's end", timeout_s=60)
+        folder = (d.state_dir / "snapshots" / "cam-b").resolve()
+        assert {e["label"] for e in done} <= set(hostile) and all(e["label"] for e in done)
+        for end in done:
+            for key in ("path", "crop"):
+                written = Path(jpeg(end["snapshot"][key]) is not None and end["snapshot"][key])
+                assert written.resolve().parent == folder and not written.name.startswith("."), written
+    finally:
+        assert d.stop() == 0, d.log()[-4000:]
+    snapshots = d.state_dir / "snapshots"
+    assert not [p for p in tmp_path.rglob("*.jpg") if snapshots not in p.parents]
     assert "Traceback" not in d.log(), d.log()[-6000:]
 
 
