@@ -1,0 +1,161 @@
+"""Zones and lines on a real daemon: a generated walk (tests/support/tracking.py `through_zone`) sent as
+camera `yard`'s frames through a detector pipeline with a `track` step; its events out through a
+`jsonl` file and a real Mosquitto, its counts in `ctl cameras`, /metrics and MQTT's retained topics.
+
+The scene is known: object 1 walks down the left half, crosses the short line `short` (whose in side
+is its left: going down is `out`), then the long line `gate` (in side right: going down is `in`),
+enters the zone `yard` and stops in it, until the frames stop and it ends there; object 2 walks up
+the right half, crosses `gate` the other way (`out`), passes beside the end of `short` (no
+crossing), and never nears `yard`."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
+pytest.importorskip("paho.mqtt", reason="the mqtt sink needs paho-mqtt 2.x: pip install -e '.[mqtt]'")
+
+from support import models, tracking  # noqa: E402
+from support.harness import Daemon, dealer, free_port  # noqa: E402
+from support.metrics import scrape  # noqa: E402
+from support.sinks import Mosquitto, Subscriber, valid, waiting  # noqa: E402
+from support.tracking import detecting, replay  # noqa: E402
+
+from infermux.cameras.table import table  # noqa: E402
+
+AREAS = """
+[[cameras]]
+name = "yard"
+url = "yard.mp4"
+pipeline = "tracked"
+enabled = false   # its frames are the test's, sent with its name as their key
+
+[[cameras.zones]]
+name = "yard"
+points = [[0.05, 0.6], [0.45, 0.6], [0.45, 0.95], [0.05, 0.95]]
+
+[[cameras.lines]]
+name = "gate"
+points = [[0.02, 0.5], [0.98, 0.5]]
+in_side = "right"
+
+[[cameras.lines]]
+name = "short"
+points = [[0.05, 0.4], [0.45, 0.4]]
+in_side = "left"
+"""
+
+
+def config_text(workdir: Path, broker: int, metrics_port: int) -> str:
+    pipeline = detecting("tracked", min_frames=2, min_score=0.5, min_score_gain=1.0, end_after_s=1.0,
+                         update_every_s=0.0)
+    return f"""
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{workdir / 'engines'}"
+metrics_port = {metrics_port}
+
+[[models]]
+name = "det"
+engine = "det/1/model.onnx"
+{pipeline}
+{AREAS}
+[[sinks]]
+name = "files"
+kind = "jsonl"
+options = {{ path = "{workdir / 'out' / 'events.jsonl'}" }}
+
+[[sinks]]
+name = "broker"
+kind = "mqtt"
+retry_s = 0.05
+max_retry_s = 0.2
+options = {{ host = "127.0.0.1", port = {broker} }}
+"""
+
+
+# Per object, in order: what the scene makes of it (docs/events.md#zones-and-lines).
+WALKS_DOWN = [("new",), ("cross", "short", "out", 1), ("cross", "gate", "in", 1), ("enter", "yard", 1), ("update",),
+              ("exit", "yard", 0), ("end",)]
+WALKS_UP = [("new",), ("cross", "gate", "out", 1), ("end",)]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    workdir = tmp_path_factory.mktemp("zone_events")
+    models.brightness_map(workdir / "engines" / "det" / "1" / "model.onnx")
+    broker = Mosquitto(workdir / "mosquitto").start()
+    port = free_port()
+    d = Daemon(workdir, config_text(workdir, broker.port, port)).start()
+    with dealer(d.endpoint) as sock:
+        sent = replay(sock, "tracked", tracking.through_zone(), "yard")
+    yield {"daemon": d, "broker": broker, "replay": sent, "workdir": workdir, "metrics_port": port}
+    assert d.stop() == 0, d.log()[-4000:]
+    broker.stop()
+    assert "Traceback" not in d.log(), d.log()[-6000:]
+
+
+def moves(events: list[dict[str, Any]]) -> dict[int, list[tuple]]:
+    """Track id -> its events as (type, zone or line, direction, count), in order."""
+    out: dict[int, list[tuple]] = {}
+    for e in events:
+        where = (e["zone"],) if "zone" in e else (e["line"], e["direction"]) if "line" in e else ()
+        out.setdefault(e["track_id"], []).append((e["type"], *where, *((e["count"],) if "count" in e else ())))
+    return out
+
+
+def file_events(workdir: Path) -> list[dict[str, Any]]:
+    path = workdir / "out" / "events.jsonl"
+    return [valid(json.loads(line)) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def ended(setup: dict[str, Any]) -> list[dict[str, Any]]:
+    return waiting(lambda: (lambda e: e if sum(x["type"] == "end" for x in e) >= 2 else None)(
+        file_events(setup["workdir"])), "both objects' end in the jsonl file", timeout_s=60)
+
+
+def test_each_object_makes_exactly_the_zone_and_line_events_its_walk_implies(setup: dict[str, Any]) -> None:
+    assert set(setup["replay"].statuses) == {200}, setup["replay"].statuses
+    got = ended(setup)
+    by_track = moves(got)
+    assert sorted(by_track.values()) == sorted([WALKS_DOWN, WALKS_UP]), by_track
+    down = next(e for e in got if e["type"] == "enter")
+    assert down["zones"] == ["yard"] and down["key"] == "yard" and down["counted"] == "none"
+    last = [e for e in got if e["track_id"] == down["track_id"]][-1]
+    assert last["type"] == "end" and last["zones"] == ["yard"]  # it ended where it stood
+
+
+def test_the_counts_are_in_ctl_cameras_and_in_prometheus(setup: dict[str, Any]) -> None:
+    ended(setup)
+    want_zones = {"yard": {"none": 0}}
+    want_lines = {"gate": {"in": {"none": 1}, "out": {"none": 1}}, "short": {"in": {}, "out": {"none": 1}}}
+    with setup["daemon"].admin() as admin:
+        camera = waiting(lambda: (lambda c: c if c.get("zones") == want_zones else None)(
+            admin.call("cameras")["cameras"][0]), "the yard's count back to 0")
+    assert camera["lines"] == want_lines
+    assert "  line gate: in none 1 / out none 1" in table([camera]).splitlines()
+    samples = scrape(setup["metrics_port"])
+    assert samples['infermux_line_crossings_total{camera="yard",line="gate",direction="in",label="none"}'] == 1
+    assert samples['infermux_line_crossings_total{camera="yard",line="short",direction="out",label="none"}'] == 1
+    assert samples['infermux_zone_objects{camera="yard",zone="yard",label="none"}'] == 0
+
+
+def test_mqtt_has_the_events_and_the_counts_retained(setup: dict[str, Any]) -> None:
+    got = ended(setup)
+    late = Subscriber(setup["broker"].port, "infermux/yard/#")  # after the events: only what is retained
+    try:
+        retained = waiting(lambda: (lambda m: m if len(m) >= 4 else None)(
+            {t: p for t, p, _ in list(late.messages) if "/events" not in t}), "the retained counts")
+    finally:
+        late.close()
+    assert retained == {"infermux/yard/zones/yard/none": b"0", "infermux/yard/lines/gate/in/none": b"1",
+                        "infermux/yard/lines/gate/out/none": b"1", "infermux/yard/lines/short/out/none": b"1"}
+    assert got  # (the events themselves came through the broker: the sink delivered them, acknowledged)
+    with setup["daemon"].admin() as admin:
+        broker = waiting(lambda: (lambda s: s if s["delivered"] >= len(got) else None)(
+            {s["name"]: s for s in admin.call("sinks")["sinks"]}["broker"]), "the mqtt sink's deliveries")
+    assert broker["state"] == "up" and broker["dropped"] == 0
