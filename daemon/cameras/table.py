@@ -28,19 +28,7 @@ def table(cameras: list[dict[str, Any]]) -> str:
         why = c.get("reason") or c.get("last_error")
         if why:
             lines.append(f"  {fmt.printable(why, 200)}")
-        lines += areas(c)
+        lines += [f"  {text}" for text in fmt.area_counts(c)]
     lines.append("(rates per second over the last 5 s; age: capture to result)")
     return "\n".join(lines)
 
-
-def areas(camera: dict[str, Any]) -> list[str]:
-    """A camera's zones (objects in each now) and lines (crossings so far), per label, a line each."""
-    out = [f"  zone {fmt.printable(name, 64)}: {_per_label(labels)}" for name, labels in camera.get("zones", {}).items()]
-    out += [f"  line {fmt.printable(name, 64)}: in {_per_label(ways.get('in', {}))} / out "
-            f"{_per_label(ways.get('out', {}))}" for name, ways in camera.get("lines", {}).items()]
-    return out
-
-
-def _per_label(counts: dict[str, int]) -> str:
-    shown = [f"{fmt.printable(label, 64)} {n}" for label, n in counts.items() if n]
-    return ", ".join(shown) if shown else "0"

@@ -49,3 +49,11 @@ def test_text_from_a_camera_reaches_the_screen_printable_and_never_as_markup() -
     line = CamerasView.why_text([hostile], "c[b]1")
     assert "\x1b" not in line and "\\[red]Not Found\\[/red]" in line and "c\\[b]1" in line
     assert CamerasView.why_text([hostile], "other") == ""
+
+
+def test_a_cameras_zone_and_line_counts_are_under_the_table_escaped() -> None:
+    counted = {"camera": "front", "state": "streaming", "zones": {"door": {"person": 2, "car": 0}},
+               "lines": {"gate": {"in": {"car[b]": 3}, "out": {}}}}
+    assert CamerasView.why_text([counted], "front") == ("[dim]front[/] zone door: person 2 · line gate: in "
+                                                          "car\\[b] 3 / out 0")
+    assert CamerasView.why_text([{**counted, "zones": {}, "lines": {}}], "front") == ""
