@@ -1,12 +1,7 @@
 """Zones and lines on a real daemon: a generated walk (tests/support/tracking.py `through_zone`) sent as
 camera `yard`'s frames through a detector pipeline with a `track` step; its events out through a
 `jsonl` file and a real Mosquitto, its counts in `ctl cameras`, /metrics and MQTT's retained topics.
-
-The scene is known: object 1 walks down the left half, crosses the short line `short` (whose in side
-is its left: going down is `out`), then the long line `gate` (in side right: going down is `in`),
-enters the zone `yard` and stops in it, until the frames stop and it ends there; object 2 walks up
-the right half, crosses `gate` the other way (`out`), passes beside the end of `short` (no
-crossing), and never nears `yard`."""
+The walk, its zones and lines and the events it makes: tests/support/zones.py."""
 
 from __future__ import annotations
 
@@ -24,35 +19,14 @@ from support.harness import Daemon, dealer, free_port  # noqa: E402
 from support.metrics import scrape  # noqa: E402
 from support.sinks import Mosquitto, Subscriber, valid, waiting  # noqa: E402
 from support.tracking import detecting, replay  # noqa: E402
+from support.zones import EVENTS, LINES_AFTER, WALKS_DOWN, WALKS_UP, ZONES_AFTER, camera, moves  # noqa: E402
 
 from infermux.cameras.table import table  # noqa: E402
 
-AREAS = """
-[[cameras]]
-name = "yard"
-url = "yard.mp4"
-pipeline = "tracked"
-enabled = false   # its frames are the test's, sent with its name as their key
-
-[[cameras.zones]]
-name = "yard"
-points = [[0.05, 0.6], [0.45, 0.6], [0.45, 0.95], [0.05, 0.95]]
-
-[[cameras.lines]]
-name = "gate"
-points = [[0.02, 0.5], [0.98, 0.5]]
-in_side = "right"
-
-[[cameras.lines]]
-name = "short"
-points = [[0.05, 0.4], [0.45, 0.4]]
-in_side = "left"
-"""
-
-
 def config_text(workdir: Path, broker: int, metrics_port: int) -> str:
-    pipeline = detecting("tracked", min_frames=2, min_score=0.5, min_score_gain=1.0, end_after_s=1.0,
-                         update_every_s=0.0)
+    pipeline = detecting("tracked", **EVENTS)
+    # Its frames are the test's, sent with its name as their key: `enabled = false`, it reads nothing.
+    yard = camera("yard", "yard.mp4", "tracked", enabled="false")
     return f"""
 [daemon]
 listen = ["ipc://infer.sock"]
@@ -63,7 +37,7 @@ metrics_port = {metrics_port}
 name = "det"
 engine = "det/1/model.onnx"
 {pipeline}
-{AREAS}
+{yard}
 [[sinks]]
 name = "files"
 kind = "jsonl"
@@ -76,12 +50,6 @@ retry_s = 0.05
 max_retry_s = 0.2
 options = {{ host = "127.0.0.1", port = {broker} }}
 """
-
-
-# Per object, in order: what the scene makes of it (docs/events.md#zones-and-lines).
-WALKS_DOWN = [("new",), ("cross", "short", "out", 1), ("cross", "gate", "in", 1), ("enter", "yard", 1), ("update",),
-              ("exit", "yard", 0), ("end",)]
-WALKS_UP = [("new",), ("cross", "gate", "out", 1), ("end",)]
 
 
 @pytest.fixture(scope="module")
@@ -97,15 +65,6 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     assert d.stop() == 0, d.log()[-4000:]
     broker.stop()
     assert "Traceback" not in d.log(), d.log()[-6000:]
-
-
-def moves(events: list[dict[str, Any]]) -> dict[int, list[tuple]]:
-    """Track id -> its events as (type, zone or line, direction, count), in order."""
-    out: dict[int, list[tuple]] = {}
-    for e in events:
-        where = (e["zone"],) if "zone" in e else (e["line"], e["direction"]) if "line" in e else ()
-        out.setdefault(e["track_id"], []).append((e["type"], *where, *((e["count"],) if "count" in e else ())))
-    return out
 
 
 def file_events(workdir: Path) -> list[dict[str, Any]]:
@@ -131,13 +90,11 @@ def test_each_object_makes_exactly_the_zone_and_line_events_its_walk_implies(set
 
 def test_the_counts_are_in_ctl_cameras_and_in_prometheus(setup: dict[str, Any]) -> None:
     ended(setup)
-    want_zones = {"yard": {"none": 0}}
-    want_lines = {"gate": {"in": {"none": 1}, "out": {"none": 1}}, "short": {"in": {}, "out": {"none": 1}}}
     with setup["daemon"].admin() as admin:
-        camera = waiting(lambda: (lambda c: c if c.get("zones") == want_zones else None)(
+        entry = waiting(lambda: (lambda c: c if c.get("zones") == ZONES_AFTER else None)(
             admin.call("cameras")["cameras"][0]), "the yard's count back to 0")
-    assert camera["lines"] == want_lines
-    assert "  line gate: in none 1 / out none 1" in table([camera]).splitlines()
+    assert entry["lines"] == LINES_AFTER
+    assert "  line gate: in none 1 / out none 1" in table([entry]).splitlines()
     samples = scrape(setup["metrics_port"])
     assert samples['infermux_line_crossings_total{camera="yard",line="gate",direction="in",label="none"}'] == 1
     assert samples['infermux_line_crossings_total{camera="yard",line="short",direction="out",label="none"}'] == 1
