@@ -116,3 +116,18 @@ def test_mqtt_has_the_events_and_the_counts_retained(setup: dict[str, Any]) -> N
         broker = waiting(lambda: (lambda s: s if s["delivered"] >= len(got) else None)(
             {s["name"]: s for s in admin.call("sinks")["sinks"]}["broker"]), "the mqtt sink's deliveries")
     assert broker["state"] == "up" and broker["dropped"] == 0
+
+
+def test_a_reload_changes_the_zones_and_lines_and_keeps_the_counts_of_those_that_stay(setup: dict[str, Any]) -> None:
+    ended(setup)
+    d: Daemon = setup["daemon"]
+    text = d.config_path.read_text()
+    changed = text.replace('name = "yard"\npoints', 'name = "porch"\npoints', 1)
+    changed = changed[:changed.index('[[cameras.lines]]\nname = "short"')] + changed[changed.index("[[sinks]]"):]
+    assert changed.count("[[cameras.lines]]") == 1 and 'name = "porch"' in changed
+    d.config_path.write_text(changed)
+    with d.admin() as admin:
+        admin.call("reload")
+        entry = admin.call("cameras")["cameras"][0]
+    assert entry["zones"] == {"porch": {}}
+    assert entry["lines"] == {"gate": LINES_AFTER["gate"]}  # counted since the daemon started, kept
