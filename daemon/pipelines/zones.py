@@ -36,6 +36,12 @@ class Zone:
     name: str
     points: tuple[Point, ...]
     inertia: int
+    bounds: tuple[float, float, float, float] = (0.0, 0.0, 1.0, 1.0)  # x0, y0, x1, y1: a point outside is out
+
+    def holds(self, point: Point) -> bool:
+        """Whether `point` is inside: a look at the bounds first, which most points of a frame fail."""
+        x0, y0, x1, y1 = self.bounds
+        return x0 <= point[0] <= x1 and y0 <= point[1] <= y1 and inside(point, self.points)
 
 
 @dataclass(frozen=True)
@@ -55,13 +61,15 @@ class Areas:
 
     zones: tuple[Zone, ...]
     lines: tuple[Line, ...]
+    zone_names: frozenset[str] = frozenset()
+    line_names: frozenset[str] = frozenset()
 
     @staticmethod
     def of(camera: CameraConfig) -> "Areas":
-        zones = tuple(Zone(z.name, z.points, z.inertia) for z in camera.zones)
+        zones = tuple(Zone(z.name, z.points, z.inertia, _bounds(z.points)) for z in camera.zones)
         lines = tuple(Line(ln.name, ln.points[0], ln.points[1], 1.0 if ln.in_side == "right" else -1.0, ln.margin)
                       for ln in camera.lines)
-        return Areas(zones, lines)
+        return Areas(zones, lines, frozenset(z.name for z in zones), frozenset(ln.name for ln in lines))
 
 
 @dataclass(frozen=True)
@@ -86,17 +94,22 @@ class Presence:
 def follow(areas: Areas, presence: Presence, point: Point) -> list[Move]:
     """The moves of an object now standing at `point`; `presence` is brought up to date. A zone no
     longer configured (a reload) is exited at once."""
-    names = {z.name for z in areas.zones}
-    moves = [Move("exit", gone) for gone in sorted(presence.zones - names)]
-    presence.zones &= names
+    moves: list[Move] = []
+    if not presence.zones <= areas.zone_names:
+        moves = [Move("exit", gone) for gone in sorted(presence.zones - areas.zone_names)]
+        presence.zones &= areas.zone_names
     for zone in areas.zones:
-        _zone(zone, presence, inside(point, zone.points), moves)
-    lines = {ln.name for ln in areas.lines}
-    for name in [n for n in presence.sides if n not in lines]:
+        _zone(zone, presence, zone.holds(point), moves)
+    for name in [n for n in presence.sides if n not in areas.line_names]:
         del presence.sides[name]
     for line in areas.lines:
         _line(line, presence, point, moves)
     return moves
+
+
+def _bounds(points: tuple[Point, ...]) -> tuple[float, float, float, float]:
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    return min(xs), min(ys), max(xs), max(ys)
 
 
 def _zone(zone: Zone, presence: Presence, now_in: bool, moves: list[Move]) -> None:
