@@ -184,10 +184,11 @@ class ZoneBook:
 
     def _add(self, key: str, zone: str, label: str | None, step: int) -> tuple[str, int]:
         with self._lock:
+            counts = self._counts.get(key)
+            if step < 0 and (counts is None or zone not in counts.present):
+                return label or NO_LABEL, 0  # a zone (or camera) a reload removed: its counts went with it
             counts = self._counts.setdefault(key, Counts())
             name = _label(counts, label)
-            if step < 0 and zone not in counts.present:  # a zone a reload removed: its counts went with it
-                return name, 0
             per = counts.present.setdefault(zone, {})
             per[name] = max(0, per.get(name, 0) + step)
             return name, per[name]

@@ -145,8 +145,12 @@ def test_a_reload_that_removes_a_zone_makes_its_objects_exit_and_its_counts_go()
     book.apply([camera(zones=())])
     assert kinds(scene.at((1, 0.5, 0.6))) == [("exit", "yard", 0), ("update",)]
     assert book.view("cam") == {"zones": {}, "lines": {"gate": {"in": {}, "out": {}}}}
-    book.apply([])
-    assert book.view("cam") == {} and book.of("cam") is None
+    assert kinds(scene.path(2, [(0.5, 0.6)] * 3)) == [("new",)]
+    book.apply([camera()])
+    assert kinds(scene.path(2, [(0.5, 0.6)] * 2)) == [("enter", "yard", 1), ("update",)]
+    book.apply([])  # the camera gone: its object exits, and nothing is counted for it any more
+    assert kinds(scene.at((2, 0.5, 0.6))) == [("exit", "yard", 0), ("update",)]
+    assert book.view("cam") == {} and book.of("cam") is None and book._counts == {}
 
 
 def test_a_stream_without_zones_or_a_frame_of_unknown_size_makes_no_zone_events() -> None:
