@@ -111,7 +111,7 @@ class App:
         self.streams = StreamTable(self.events, daemon.stream_silent_s, daemon.stream_max_keys)
         self.router = Router(self.registry, self.config, frontend.reply, self.streams)
         self.pipelines = Pipelines(self.config.pipelines, frontend.admit_step, frontend.reply, frontend.reply_late,
-                                   self._model_inputs, frontend.limits)
+                                   self._model_inputs, frontend.limits, self.config.cameras)
         self.router.pipelines = self.pipelines.by_name
         # Tracked objects' events leave the box through the sinks, each spooled under the state directory.
         self.sinks = Hub(self.config.sinks, (self.state_dir or self.run_dir) / "sinks",

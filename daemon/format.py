@@ -127,6 +127,20 @@ def superseded(stats: dict[str, Any]) -> int:
     return int((stats.get("by_status") or {}).get("409", 0))
 
 
+def area_counts(camera: dict[str, Any]) -> list[str]:
+    """A camera's zones (objects in each now) and lines (crossings so far) per label, one text each:
+    `zone door: person 2` and `line gate: in car 3 / out 0`, as `ctl cameras` and the console show them."""
+    out = [f"zone {printable(name)}: {_per_label(labels)}" for name, labels in (camera.get("zones") or {}).items()]
+    out += [f"line {printable(name)}: in {_per_label(ways.get('in', {}))} / out {_per_label(ways.get('out', {}))}"
+            for name, ways in (camera.get("lines") or {}).items()]
+    return out
+
+
+def _per_label(counts: dict[str, int]) -> str:
+    shown = [f"{printable(label)} {n}" for label, n in counts.items() if n]
+    return ", ".join(shown) if shown else "0"
+
+
 def version_key(model: dict[str, Any]) -> str:
     """The row key of a model version everywhere in the console: name:version."""
     return f"{model['name']}:{model['version']}"

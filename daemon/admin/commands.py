@@ -440,7 +440,7 @@ def cmd_record_stop(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_cameras(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:
-    return {"cameras": server.cameras.view() if server.cameras is not None else []}
+    return {"cameras": snapshot.cameras_view(server)}
 
 
 def cmd_camera(server: "Daemon", args: dict[str, Any]) -> dict[str, Any]:

@@ -131,8 +131,9 @@ def render(server: "Daemon", events: EventCounter, gpu: hardware.GpuSource | Non
 
 
 def _cameras(out: Exposition, server: "Daemon") -> None:
-    """Per configured camera: its state, frames at each stage, decode time and capture-to-result age."""
-    for family in camera_families(server.cameras.view() if server.cameras is not None else []):
+    """Per configured camera: its state, frames at each stage, decode time and capture-to-result age; its
+    zones' objects and lines' crossings per label."""
+    for family in camera_families(snapshot.cameras_view(server)):
         out.family(*family)
 
 

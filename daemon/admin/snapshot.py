@@ -206,9 +206,16 @@ def streams_view(server: "Daemon") -> dict[str, Any]:
     return {"total": len(streams), "shown": views, "silent_s": table.silent_s}
 
 
+def cameras_view(server: "Daemon") -> list[dict[str, Any]]:
+    """Each camera's entry (cameras/supervisor.py) with its zones' and lines' counts, where it has any
+    (pipelines/zones.py): what `ctl cameras`, the console and /metrics show."""
+    cameras = server.cameras.view() if server.cameras is not None else []
+    return [{**c, **server.pipelines.zones.view(str(c.get("camera", "")))} for c in cameras]
+
+
 def full(server: "Daemon") -> dict[str, Any]:
     """Everything the stats stream publishes in one snapshot."""
     return {"time": time.time(), "daemon": daemon_view(server), "models": models_view(server),
             "pipelines": server.pipelines.view(), "streams": streams_view(server),
             "sinks": server.sinks.view(),  # docs/events.md: for the console, as `ctl sinks` shows them
-            "cameras": server.cameras.view() if server.cameras is not None else []}  # the console's Cameras view
+            "cameras": cameras_view(server)}  # the console's Cameras view

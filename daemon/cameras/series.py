@@ -37,4 +37,11 @@ def families(cameras: list[dict[str, Any]]) -> list[Family]:
          "started again.", each(lambda c: c["restarts"])),
         ("infermux_camera_capture_age_seconds", "gauge", "Capture-to-result age of a camera's last served frames.",
          ages),
+        ("infermux_zone_objects", "gauge", "Tracked objects in a camera's zone now, per label (events.md).",
+         [({"camera": c["camera"], "zone": zone, "label": label}, float(n)) for c in cameras
+          for zone, labels in c.get("zones", {}).items() for label, n in labels.items()]),
+        ("infermux_line_crossings_total", "counter", "Tracked objects that crossed a camera's line, per direction "
+         "(in, out) and label (events.md).",
+         [({"camera": c["camera"], "line": line, "direction": d, "label": label}, float(n)) for c in cameras
+          for line, ways in c.get("lines", {}).items() for d, labels in ways.items() for label, n in labels.items()]),
     ]

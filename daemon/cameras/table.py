@@ -28,5 +28,7 @@ def table(cameras: list[dict[str, Any]]) -> str:
         why = c.get("reason") or c.get("last_error")
         if why:
             lines.append(f"  {fmt.printable(why, 200)}")
+        lines += [f"  {text}" for text in fmt.area_counts(c)]
     lines.append("(rates per second over the last 5 s; age: capture to result)")
     return "\n".join(lines)
+

@@ -70,7 +70,7 @@ def parse(text: str, file: Path) -> Config:
     models = [parse_model(file, label, m, daemon.engine_dir) for label, m in zip(labels, raw_models)]
     check_models(file, models, routing, daemon)
     pipelines = parse_pipelines(file, data.get("pipelines", []), models, daemon.engine_dir)
-    cameras = parse_cameras(file, data.get("cameras", []), {p.name for p in pipelines})
+    cameras = parse_cameras(file, data.get("cameras", []), pipelines)
     sinks = parse_sinks(file, data.get("sinks", []), {p.name for p in pipelines})
     snapshots = SnapshotConfig(**read_table(file, "snapshots", data.get("snapshots", {}), SnapshotConfig))
     return Config(path=file, daemon=daemon, routing=routing, models=tuple(models), pipelines=pipelines,

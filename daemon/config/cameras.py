@@ -1,7 +1,8 @@
 """`[[cameras]]` entries and their `[cameras.gate]`: their keys read as declared (config/settings.py),
 then the rules a declaration cannot hold: a name fit to be a stream key and unique, a URL a camera's
 process can open, `transport` and `loop` only for the kind of URL they apply to, a pipeline that
-exists, a gate's `absorb_s` no faster than its `background_s`."""
+exists, a gate's `absorb_s` no faster than its `background_s`, zones and lines uniquely named, at most
+MAX_ZONES of each, zones that enclose an area, and only where the pipeline makes object events."""
 
 from __future__ import annotations
 
@@ -12,16 +13,18 @@ from typing import Any, Sequence
 
 from infermux.config.declare import CAMERA, check_type, child, read_table, settings_of
 from infermux.config.errors import ConfigError
-from infermux.config.settings import DEVICE, CameraConfig, GateConfig, url_kind
+from infermux.config.settings import (DEVICE, MAX_ZONES, CameraConfig, GateConfig, LineConfig, PipelineConfig,
+                                      ZoneConfig, url_kind)
 
 NETWORK_SCHEMES = ("rtsp://", "rtsps://", "http://", "https://")
 MAX_NAME_BYTES = 128  # a camera's name is its stream key (shown in metrics and events): short, printable
 MAX_URL = 4096
 
 
-def parse_cameras(file: Path, raw: Any, pipelines: set[str]) -> tuple[CameraConfig, ...]:
-    """Every `[[cameras]]` entry; names are unique and each names a pipeline of `pipelines`."""
+def parse_cameras(file: Path, raw: Any, configured: Sequence[PipelineConfig]) -> tuple[CameraConfig, ...]:
+    """Every `[[cameras]]` entry; names are unique and each names a pipeline of `configured`."""
     check_type(file, "cameras", raw, list)
+    pipelines = {p.name: p for p in configured}
     cameras: list[CameraConfig] = []
     for i, table in enumerate(raw):
         name = table.get("name") if isinstance(table, dict) else None
@@ -34,7 +37,7 @@ def parse_cameras(file: Path, raw: Any, pipelines: set[str]) -> tuple[CameraConf
     return tuple(cameras)
 
 
-def parse_camera(file: Path, where: str, table: Any, pipelines: set[str]) -> CameraConfig:
+def parse_camera(file: Path, where: str, table: Any, pipelines: dict[str, PipelineConfig]) -> CameraConfig:
     """One `[[cameras]]` entry (`where` names it in errors)."""
     raw = read_table(file, where, table, CameraConfig)
     _check_name(file, child(where, "name"), raw["name"])
@@ -47,7 +50,41 @@ def parse_camera(file: Path, where: str, table: Any, pipelines: set[str]) -> Cam
                           f"{', '.join(sorted(pipelines)) or 'none (add a [[pipelines]] entry)'}")
     if "gate" in raw:
         raw["gate"] = _gate(file, child(where, "gate"), raw["gate"])
+    _areas(file, where, raw, pipelines[raw["pipeline"]])
     return CameraConfig(**raw)
+
+
+def _areas(file: Path, where: str, raw: dict[str, Any], pipeline: PipelineConfig) -> None:
+    """`zones` and `lines` as their dataclasses, in place: bounded, uniquely named, zones with an area,
+    and only on a camera whose pipeline makes object events (they are events of tracked objects)."""
+    names: set[str] = set()
+    for key, section in (("zones", ZoneConfig), ("lines", LineConfig)):
+        entries = raw.get(key, [])
+        if len(entries) > MAX_ZONES:
+            raise ConfigError(file, child(where, key), f"lists {len(entries)}; at most {MAX_ZONES} (each is a "
+                              "metric series per label)")
+        for i, entry in enumerate(entries):
+            if entry["name"] in names:
+                raise ConfigError(file, f"{child(where, key)}[{i}].name", f"{entry['name']!r} is already a zone or "
+                                  "line of this camera; each needs a name of its own")
+            names.add(entry["name"])
+            if section is ZoneConfig and _area(entry["points"]) < MIN_AREA:
+                raise ConfigError(file, f"{child(where, key)}[{i}].points", "encloses no area (its points are on "
+                                  "one line, or repeated); a zone needs three corners apart")
+        raw[key] = tuple(section(**entry) for entry in entries)
+    if names and pipeline.events is None:
+        field = "zones" if raw["zones"] else "lines"
+        raise ConfigError(file, child(where, field), f"pipeline {pipeline.name!r} makes no object events: zones "
+                          "and lines need its `events` table and a `track` step (events.md)")
+
+
+MIN_AREA = 1e-6  # of a zone, in fractions of the frame: a millionth is a pixel of a 1280x720 frame
+
+
+def _area(points: Sequence[tuple[float, float]]) -> float:
+    """A polygon's area by the shoelace formula (a self-crossing one's parts may cancel)."""
+    twice = sum(x0 * y1 - x1 * y0 for (x0, y0), (x1, y1) in zip(points, (*points[1:], points[0])))
+    return abs(twice) / 2
 
 
 def parse_gate(table: Any, where: str, file: Path | str = "configuration") -> GateConfig:

@@ -160,8 +160,8 @@ def _masks(file: Path, where: str, value: Any) -> tuple[tuple[tuple[float, float
     return tuple(_polygon(file, f"{where}[{i}]", polygon) for i, polygon in enumerate(value))
 
 
-def _polygon(file: Path, where: str, value: Any) -> tuple[tuple[float, float], ...]:
-    if not isinstance(value, list) or not 3 <= len(value) <= MAX_POINTS:
+def _polygon(file: Path, where: str, value: Any, least: int = 3) -> tuple[tuple[float, float], ...]:
+    if not isinstance(value, list) or not least <= len(value) <= MAX_POINTS:
         raise ConfigError(file, where, f"must be a polygon: a list of 3 to {MAX_POINTS} points [x, y], "
                           f"got {_short(value)}")
     points = []
@@ -173,6 +173,16 @@ def _polygon(file: Path, where: str, value: Any) -> tuple[tuple[float, float], .
                               f"and height, each from 0 to 1, got {_short(point)}")
         points.append((float(point[0]), float(point[1])))
     return tuple(points)
+
+
+def _segment(file: Path, where: str, value: Any) -> tuple[tuple[float, float], ...]:
+    """A line's two points [x, y] in fractions of the frame, apart (a line of no length has no sides)."""
+    if not isinstance(value, list) or len(value) != 2:
+        raise ConfigError(file, where, f"must be two points [[x, y], [x, y]], got {_short(value)}")
+    points = _polygon(file, where, value, least=2)
+    if points[0] == points[1]:
+        raise ConfigError(file, where, f"its two points are the same, {_short(value)}: a line needs two apart")
+    return points
 
 
 def _short(value: Any) -> str:
@@ -205,5 +215,8 @@ FRAMES = Kind(f"list of [width, height] (at most {MAX_WARM_FRAMES}, sides 1 to {
 SIZE = Kind(f"[width, height] (sides 1 to {MAX_WARM_SIDE})", _frame)
 MASKS = Kind(f"list of polygons (at most {MAX_MASKS}, each 3 to {MAX_POINTS} points [x, y], fractions 0 to 1)",
              _masks)
+POLYGON = Kind(f"polygon: 3 to {MAX_POINTS} points [x, y], fractions of the frame 0 to 1",
+               lambda file, where, value: _polygon(file, where, value))
+SEGMENT = Kind("two points [x, y], fractions of the frame 0 to 1, apart", _segment)
 TABLE = Kind("table", _typed(dict))
 TABLES = Kind("list of tables", _typed(list))

@@ -37,8 +37,8 @@ from typing import Any, Mapping
 
 from infermux.config.declare import CAMERA, LIVE, RELOAD, RESTART, SINK, Rule, required, setting
 from infermux.config.kinds import (BOOL, BUDGET, ENDPOINT, ENDPOINTS, FRAMES, INT, KEY_DIR, KEY_FILE, MASKS, NAME,
-                                   NAMES, NUMBER, PATH, PUBLIC_KEYS, SIZE, SIZES, STR, TABLE, TABLES, VERSION,
-                                   VERSIONS)
+                                   NAMES, NUMBER, PATH, POLYGON, PUBLIC_KEYS, SEGMENT, SIZE, SIZES, STR, TABLE,
+                                   TABLES, VERSION, VERSIONS)
 
 STRATEGIES = ("least_queue", "weighted", "hash")
 HOT, COLD = "hot", "cold"
@@ -396,6 +396,42 @@ class GateConfig:
                                          "area watched", applies=CAMERA)
 
 
+# A zone's or line's name is a Prometheus label value and a part of an MQTT topic: short and plain.
+AREA_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}")
+AREA_NAME_RULE = Rule("letters, digits, '_', '.', '-', at most 64, not starting with '.' or '-' (it is a metric "
+                      "label and part of an MQTT topic)", lambda v: bool(AREA_NAME.fullmatch(v)))
+SIDES = ("left", "right")  # of a line, as seen on the image walking from its first point to its second
+
+
+@dataclass(frozen=True)
+class ZoneConfig:
+    """A camera's `[[cameras.zones]]` entry: a polygon of the frame. An object is in it while the bottom
+    centre of its box is (daemon/pipelines/zones.py, docs/events.md#zones-and-lines)."""
+
+    name: str = required(NAME, "the zone's name, in events, counts and metrics; unique among the camera's zones "
+                         "and lines", applies=LIVE, rule=AREA_NAME_RULE)
+    points: tuple[tuple[float, float], ...] = required(POLYGON, "its corners [x, y] in order, fractions of the "
+                                                       "frame's width and height (0, 0: top-left)", applies=LIVE)
+    inertia: int = setting(3, INT, "frames in a row an object's point must be inside (outside) before it enters "
+                           "(exits): a box jittering on the edge makes no events", applies=LIVE, low=1, high=100)
+
+
+@dataclass(frozen=True)
+class LineConfig:
+    """A camera's `[[cameras.lines]]` entry: a directed line; an object whose box's bottom centre passes
+    it makes a `cross` event, `in` or `out` (daemon/pipelines/zones.py, docs/events.md#zones-and-lines)."""
+
+    name: str = required(NAME, "the line's name, in events, counts and metrics; unique among the camera's zones "
+                         "and lines", applies=LIVE, rule=AREA_NAME_RULE)
+    points: tuple[tuple[float, float], ...] = required(SEGMENT, "its two ends [x, y], fractions of the frame's "
+                                                       "width and height", applies=LIVE)
+    in_side: str = setting("left", STR, "the side an object crossing towards is going `in`: left or right as seen "
+                           "on the image from the first point towards the second", applies=LIVE, choices=SIDES)
+    margin: float = setting(0.02, NUMBER, "how near the line (fractions of the frame) a point keeps the side it "
+                            "had: jitter on the line is no crossing", applies=LIVE, low=0.0, high=0.5)
+
+
+MAX_ZONES = 16  # zones a camera may have, and lines: each is a metric series per label
 TRANSPORTS = ("tcp", "udp")
 DECODERS = ("auto", "software", "gstreamer")
 DEVICE = re.compile(r"/dev/video[0-9]{1,3}")  # a V4L2 camera's `url`
@@ -437,6 +473,12 @@ class CameraConfig:
                               applies=CAMERA, low=1)
     gate: GateConfig | None = setting(None, TABLE, "`[cameras.gate]`: only frames with motion are sent "
                                       "(motion-gate.md)", applies=CAMERA, section=GateConfig)
+    zones: tuple[ZoneConfig, ...] = setting((), TABLES, f"`[[cameras.zones]]`: polygons whose objects' `enter` and "
+                                            f"`exit` are events, and counted (events.md); at most {MAX_ZONES}",
+                                            applies=LIVE, section=ZoneConfig)
+    lines: tuple[LineConfig, ...] = setting((), TABLES, f"`[[cameras.lines]]`: lines whose crossings are `cross` "
+                                            f"events, and counted (events.md); at most {MAX_ZONES}", applies=LIVE,
+                                            section=LineConfig)
 
     @property
     def kind(self) -> str:
@@ -446,6 +488,7 @@ class CameraConfig:
     def as_json(self) -> dict[str, Any]:
         """For the camera's process (its command line) and `ctl cameras`."""
         out = dataclasses.asdict(self)
+        del out["zones"], out["lines"]  # the pipeline applies them to the camera's results, not its process
         out["size"] = list(self.size) if self.size else None
         return out
 
@@ -504,6 +547,10 @@ SECTIONS = (
             "(motion-gate.md)."),
     Section("snapshots", SnapshotConfig, False, "Where objects' best frames and `ctl snapshot` are saved, "
             "and how much of them is kept (events.md#snapshots)."),
+    Section("cameras.zones", ZoneConfig, True, "A camera's zone: a polygon whose objects' entering and leaving "
+            "are events (events.md#zones-and-lines)."),
+    Section("cameras.lines", LineConfig, True, "A camera's line: crossing it is an event, in or out "
+            "(events.md#zones-and-lines)."),
     Section("sinks", SinkConfig, True, "Where object events go, each sink with a durable spool of its own "
             "(events.md#sinks)."),
 )

@@ -23,14 +23,15 @@ from typing import Any, Callable
 
 import numpy as np
 
-from infermux.config import PipelineConfig
+from infermux.config import CameraConfig, PipelineConfig
 from infermux.pipelines import calls, spec
 from infermux.pipelines.calls import AdmitFn, StepFailed
-from infermux.pipelines.lifecycle import Lifecycle, Outlet, seen_at
+from infermux.pipelines.lifecycle import Lifecycle, Outlet, Size, seen_at
 from infermux.pipelines.refusals import FrameKind, Refusals
 from infermux.pipelines.reinfer import Reinfer
 from infermux.pipelines.seen import ORDERS, seen_of
 from infermux.pipelines.stats import PipelineStats
+from infermux.pipelines.zones import ZoneBook
 from infermux.plugins.processors.base import (FrameTooLarge, OutOfTime, ProcessorError, Region, Sample,
                                               finite_regions, working)
 from infermux.plugins.processors.track import Track
@@ -70,11 +71,12 @@ class Pipeline:
     """One configured pipeline: its steps, its queue and threads, its statistics."""
 
     def __init__(self, config: PipelineConfig, admit: AdmitFn, reply: ReplyFn, reply_late: ReplyFn,
-                 model_inputs: InputsFn, limits: Limits, outlet: Outlet | None = None) -> None:
+                 model_inputs: InputsFn, limits: Limits, outlet: Outlet | None = None,
+                 zones: ZoneBook | None = None) -> None:
         self.config = config
         self.outlet = outlet or Outlet()
-        self.lifecycle = Lifecycle(config.events, config.name, outlet=self.outlet) \
-            if config.events is not None else None
+        self.lifecycle = (Lifecycle(config.events, config.name, zones=zones, outlet=self.outlet)
+                          if config.events is not None else None)
         self.order = colour_order(config)  # the decoded image's, for the snapshots
         self.name = config.name
         self.stages = spec.stages(config)
@@ -259,7 +261,7 @@ class Pipeline:
             frame = seen_of(sample.image, sample.data, sample.regions, key, self.name, self.order, seen)
             snapshots.remember(frame)
         if self.lifecycle is not None:
-            for event in self.lifecycle.observe(key, sample.regions, seen, captured, frame):
+            for event in self.lifecycle.observe(key, sample.regions, seen, captured, frame_size(sample), frame):
                 if events is not None:
                     events(self.name, event)
             self.outlet.following.set()  # after observe: the sweeper's check after clearing sees the object
@@ -494,6 +496,15 @@ def colour_order(config: PipelineConfig) -> str:
     return "rgb"
 
 
+def frame_size(sample: Sample) -> Size | None:
+    """The original frame's width and height: its decoded image's, else what its header declared."""
+    if sample.image is not None and sample.image.ndim >= 2:
+        return int(sample.image.shape[1]), int(sample.image.shape[0])
+    if sample.width and sample.height:
+        return int(sample.width), int(sample.height)
+    return None
+
+
 @dataclass
 class PipelineChanges:
     """What a reload did to the pipelines, by name."""
@@ -507,9 +518,12 @@ class Pipelines:
     """Every configured pipeline by name (the router dispatches to them); the views read `view`."""
 
     def __init__(self, configs: tuple[PipelineConfig, ...], admit: AdmitFn, reply: ReplyFn, reply_late: ReplyFn,
-                 model_inputs: InputsFn, limits: Limits) -> None:
+                 model_inputs: InputsFn, limits: Limits, cameras: tuple[CameraConfig, ...] = ()) -> None:
         self._admit, self._reply, self._reply_late, self._model_inputs = admit, reply, reply_late, model_inputs
         self.outlet = Outlet()  # where events and results go: the daemon connects the sinks (docs/events.md)
+        # The cameras' zones and lines and their counts, shared by every pipeline: a camera's stream
+        # keeps its counts across its pipeline's rebuild (zones.py).
+        self.zones = ZoneBook(cameras)
         # The router holds this very dict: `apply` changes it in place.
         self.by_name = {c.name: self._build(c, limits) for c in configs}
         self._stopped = threading.Event()
@@ -518,7 +532,8 @@ class Pipelines:
         self._sweeper.start()
 
     def _build(self, config: PipelineConfig, limits: Limits) -> Pipeline:
-        return Pipeline(config, self._admit, self._reply, self._reply_late, self._model_inputs, limits, self.outlet)
+        return Pipeline(config, self._admit, self._reply, self._reply_late, self._model_inputs, limits, self.outlet,
+                        self.zones)
 
     def _sweep(self) -> None:
         following = self.outlet.following

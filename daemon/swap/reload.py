@@ -149,6 +149,7 @@ def _add_and_replace(registry: Registry, steps: ReloadPlan) -> list[ModelVersion
 
 def _apply_pipelines(daemon: Daemon, new: cfg.Config) -> PipelineChanges:
     """Added, removed and changed `[[pipelines]]`, after the models (whose names their steps call)."""
+    daemon.pipelines.zones.apply(new.cameras)  # before: a rebuilt pipeline's objects exit the zones as they are now
     changes = daemon.pipelines.apply(new.pipelines, daemon.limits)
     for kind, names in (("added", changes.added), ("removed", changes.removed), ("changed", changes.changed)):
         for name in names:

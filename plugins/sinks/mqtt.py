@@ -6,11 +6,18 @@ connection is lost (the last will). A delivery that gets no PUBACK in
 `ack_timeout_s` closes the connection: the events not acknowledged stay in
 the spool and are sent again on a fresh connection (never by paho's own
 queue), so what a subscriber gets twice has the same id.
+
+An `enter` or `exit` also publishes the count it carries, retained, on
+`<prefix>/<key>/zones/<zone>/<label>`, and a `cross` on
+`<prefix>/<key>/lines/<line>/<direction>/<label>`: a subscriber that comes
+later reads every zone's count at once. The event is acknowledged once
+both have their PUBACK.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import ssl
 import threading
@@ -44,6 +51,30 @@ def _credentials(path: str) -> tuple[str, str]:
     if not sep or not user:
         raise SinkDown(f"credentials_file {path}: its first line must be user:password")
     return user, password
+
+
+COUNTED = ("enter", "exit", "cross")  # the events that carry a zone's or line's count
+
+
+def count_topic(event: OutEvent) -> tuple[str, int]:
+    """The topic levels under the key that an `enter`, `exit` or `cross` event's count goes to, and the
+    count: `zones/<zone>/<label>` or `lines/<line>/<direction>/<label>`, the label it is counted under
+    (escaped as a key is)."""
+    body = json.loads(event.data)
+    label = topic_key(str(body["counted"]))
+    if event.type == "cross":
+        return f"lines/{topic_key(str(body['line']))}/{body['direction']}/{label}", int(body["count"])
+    return f"zones/{topic_key(str(body['zone']))}/{label}", int(body["count"])
+
+
+def _acked(info: Any, deadline: float) -> bool:
+    """Whether a publish got its PUBACK by `deadline` (False too when it was never queued: the
+    connection went)."""
+    try:
+        info.wait_for_publish(max(0.0, deadline - time.monotonic()))
+    except (RuntimeError, ValueError):
+        return False
+    return bool(info.is_published())
 
 
 class MqttSink:
@@ -131,22 +162,28 @@ class MqttSink:
         if self._client is None or not self._connected.is_set():
             self.close()
             self._client = self._connect()
-        infos = [self._client.publish(f"{self.prefix}/{topic_key(e.key)}/events", e.data, qos=1) for e in events]
+        infos = [self._publish(e) for e in events]
         deadline = time.monotonic() + self.ack_timeout_s
         acked = 0
-        for info in infos:
-            try:
-                info.wait_for_publish(max(0.0, deadline - time.monotonic()))
-            except (RuntimeError, ValueError):
-                break  # not queued (the connection went): this one and the rest wait in the spool
-            if not info.is_published():
-                break
+        for published in infos:
+            if not all(_acked(info, deadline) for info in published):
+                break  # this one and the rest wait in the spool
             acked += 1
         if acked < len(events):
             self.close()  # a fresh connection resends the rest; paho's own queue is dropped with this one
             if acked == 0:
                 raise SinkDown(f"no PUBACK from {self.host}:{self.port} within {self.ack_timeout_s:g} s")
         return acked
+
+    def _publish(self, event: OutEvent) -> list[Any]:
+        """An event on its key's events topic at QoS 1, and the count it carries retained beside it."""
+        client = self._client
+        infos = [client.publish(f"{self.prefix}/{topic_key(event.key)}/events", event.data, qos=1)]
+        if event.type in COUNTED:
+            topic, count = count_topic(event)
+            infos.append(client.publish(f"{self.prefix}/{topic_key(event.key)}/{topic}", str(count), qos=1,
+                                        retain=True))
+        return infos
 
     def result(self, key: str, payload: bytes) -> None:
         """Per-frame results are not published over MQTT."""

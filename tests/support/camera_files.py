@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
@@ -30,17 +30,19 @@ def write_clip(path: Path, width: int = 64, height: int = 48, frames: int = 30, 
     return path
 
 
-def write_frames(path: Path, frames: list[np.ndarray], fps: int = 15) -> Path:
-    """RGB `frames` (all one size, even sides) as an H.264 clip (MPEG-4 part 2 without libx264), with PyAV:
-    a generated sequence (tests/support/tracking.py) as a camera would see it."""
+def write_frames(path: Path, frames: Iterable[np.ndarray], fps: int = 15) -> Path:
+    """A clip of `frames` (RGB uint8, even sides), H.264 at its best quality (MPEG-4 part 2 where this
+    FFmpeg has no H.264 encoder), written with PyAV: a generated scene a camera reads from a file."""
     import av
 
-    codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
-    height, width = frames[0].shape[:2]
+    h264 = "libx264" in av.codecs_available
     with av.open(str(path), "w") as out:
-        stream = out.add_stream(codec, rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        for image in frames:
+        stream = out.add_stream("libx264" if h264 else "mpeg4", rate=fps,
+                                options={"crf": "10"} if h264 else {"qscale": "2"})
+        stream.pix_fmt = "yuv420p"
+        for i, image in enumerate(frames):
+            if i == 0:
+                stream.height, stream.width = image.shape[:2]
             for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
                 out.mux(packet)
         for packet in stream.encode():

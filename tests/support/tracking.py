@@ -208,6 +208,18 @@ def stop_and_go() -> Sequence:
     return Sequence("stop_and_go", things, 110, seed=4)
 
 
+def through_zone() -> Sequence:
+    """For zones and lines (tests/daemon/sinks/test_zone_events.py): object 1 walks down the left half
+    (its box's bottom centre at x = 0.23 of the width) from the top to y = 0.83 of the height and
+    stops there; object 2 walks up the right half (x = 0.75) from y = 0.96 to 0.25. The frame's
+    middle row (y = 0.5) is crossed by both, one each way."""
+    things = [
+        Thing(1, 60, 10, 30, 30, 0.0, 3.0, COLOURS[0], 0, stops=((50, 70),)),
+        Thing(2, 225, 200, 30, 30, 0.0, -3.0, COLOURS[1], 0, stops=((50, 70),)),
+    ]
+    return Sequence("through_zone", things, 70, seed=5)
+
+
 def sequences() -> list[Sequence]:
     """The shipped sequences (their figures: tests/benchmarks/RESULTS.md#tracking)."""
     return [crossing(), pillar(), crowd(), stop_and_go()]

@@ -79,3 +79,11 @@ async def test_s_on_a_camera_saves_its_newest_frame_and_shows_the_file(make_daem
 def test_a_refused_snapshot_shows_the_daemons_words_escaped() -> None:
     line = CamerasView.snapshot_text("c[b]1", {"ok": False, "error": "camera 'c[b]1' has no frame [red]yet\x1b"})
     assert line.startswith("[red]no snapshot of c\\[b]1:[/]") and "\\[red]yet\\x1b" in line
+
+
+def test_a_cameras_zone_and_line_counts_are_under_the_table_escaped() -> None:
+    counted = {"camera": "front", "state": "streaming", "zones": {"door": {"person": 2, "car": 0}},
+               "lines": {"gate": {"in": {"car[b]": 3}, "out": {}}}}
+    assert CamerasView.why_text([counted], "front") == ("[dim]front[/] zone door: person 2 · line gate: in "
+                                                          "car\\[b] 3 / out 0")
+    assert CamerasView.why_text([{**counted, "zones": {}, "lines": {}}], "front") == ""

@@ -5,10 +5,11 @@ It reads the snapshot's `cameras` (cameras/supervisor.py, the same entries admin
 (red: lost or refused, yellow: starting or restarting, dim: ended, disabled or stopped), frames per
 second decoded, gated out by the motion gate, sent, served, the mean decode time, the
 capture-to-result age at p50 and p99, and reconnects; wider terminals add frames superseded,
-restarts and the last error. The line under the table gives the selected camera's reason or last
-error in full: the table cuts it. `S` asks the daemon for a snapshot of the selected camera (admin
-`snapshot`, as `infermux ctl snapshot`: its newest frame with its boxes drawn, saved as a JPEG) and
-the line below it says the file it wrote, or why it could not.
+restarts and the last error. The lines under the table give the selected camera's reason or last
+error in full (the table cuts it), and its zones' and lines' counts per label. `S` asks the daemon
+for a snapshot of the selected camera (admin `snapshot`, as `infermux ctl snapshot`: its newest
+frame with its boxes drawn, saved as a JPEG) and the line below them says the file it wrote, or
+why it could not.
 
 Names, reasons and errors hold text from the configuration and the camera (an RTSP server's words):
 cells are plain text (never markup) passed through format.printable, and the lines around the
@@ -148,7 +149,7 @@ class CamerasView(Vertical):
     DEFAULT_CSS = """
     CamerasView #cameras-head { height: 2; padding: 0 1; }
     CamerasView CamerasTable { height: 1fr; }
-    CamerasView #cameras-why { height: 2; padding: 0 1; }
+    CamerasView #cameras-why { height: 3; padding: 0 1; }
     """
 
     def compose(self) -> ComposeResult:
@@ -194,9 +195,15 @@ class CamerasView(Vertical):
 
     @staticmethod
     def why_text(cameras: list[dict[str, Any]], selected: str | None) -> str:
-        """The selected camera's reason or last error, escaped; "" when it has none."""
+        """The selected camera's reason or last error, then its zones' and lines' counts, escaped; ""
+        when it has neither."""
         camera = next((c for c in cameras if str(c.get("camera")) == selected), None)
-        if camera is None or not why(camera):
+        if camera is None:
             return ""
-        name, text = escape(fmt.printable(camera.get("camera", "?"))), escape(fmt.printable(why(camera), 300))
-        return f"[b]{name}[/] [dim]{escape(str(camera.get('state', '')))}:[/] {text}"
+        name = escape(fmt.printable(camera.get("camera", "?")))
+        lines = [f"[b]{name}[/] [dim]{escape(str(camera.get('state', '')))}:[/] "
+                 f"{escape(fmt.printable(why(camera), 300))}"] if why(camera) else []
+        counts = fmt.area_counts(camera)
+        if counts:
+            lines.append(f"[dim]{name}[/] " + escape(" · ".join(counts)))
+        return "\n".join(lines)
