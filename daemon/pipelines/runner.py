@@ -26,10 +26,10 @@ import numpy as np
 from infermux.config import CameraConfig, PipelineConfig
 from infermux.pipelines import calls, spec
 from infermux.pipelines.calls import AdmitFn, StepFailed
-from infermux.pipelines.lifecycle import Lifecycle, Outlet, Size, seen_at
+from infermux.pipelines.lifecycle import Lifecycle, Outlet, seen_at
 from infermux.pipelines.refusals import FrameKind, Refusals
 from infermux.pipelines.reinfer import Reinfer
-from infermux.pipelines.seen import ORDERS, seen_of
+from infermux.pipelines.seen import colour_order, frame_size, seen_of
 from infermux.pipelines.stats import PipelineStats
 from infermux.pipelines.zones import ZoneBook
 from infermux.plugins.processors.base import (FrameTooLarge, OutOfTime, ProcessorError, Region, Sample,
@@ -485,24 +485,6 @@ def stack(step: str, tensors: list[np.ndarray], pad_value: float, multiple: int)
         out[(slice(row, row + t.shape[0]),) + tuple(slice(0, n) for n in t.shape[1:])] = t
         row += t.shape[0]
     return out
-
-
-def colour_order(config: PipelineConfig) -> str:
-    """The colour order its decode step leaves the image in (its `to`; rgb, the step's default)."""
-    for step in config.steps:
-        if step.processor == "decode":
-            order = step.options.get("to", "rgb")
-            return order if order in ORDERS else "rgb"
-    return "rgb"
-
-
-def frame_size(sample: Sample) -> Size | None:
-    """The original frame's width and height: its decoded image's, else what its header declared."""
-    if sample.image is not None and sample.image.ndim >= 2:
-        return int(sample.image.shape[1]), int(sample.image.shape[0])
-    if sample.width and sample.height:
-        return int(sample.width), int(sample.height)
-    return None
 
 
 @dataclass

@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import mmap
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from infermux.plugins.processors.base import Region
+from infermux.plugins.processors.base import Region, Sample
+
+if TYPE_CHECKING:
+    from infermux.config import PipelineConfig
 
 #: The colour orders a decode step may leave its image in (its `to` option).
 ORDERS = ("rgb", "bgr", "gray")
@@ -85,3 +89,21 @@ def inside(box: np.ndarray, width: int, height: int) -> bool:
     """Whether the box lies wholly inside the frame, touching no edge (an object at the edge may be cut)."""
     x0, y0, x1, y1 = bounds(box)
     return x0 >= 1 and y0 >= 1 and x1 <= width - 1 and y1 <= height - 1 and x1 > x0 and y1 > y0
+
+
+def colour_order(config: "PipelineConfig") -> str:
+    """The colour order its decode step leaves the image in (its `to`; rgb, the step's default)."""
+    for step in config.steps:
+        if step.processor == "decode":
+            order = step.options.get("to", "rgb")
+            return order if order in ORDERS else "rgb"
+    return "rgb"
+
+
+def frame_size(sample: Sample) -> tuple[int, int] | None:
+    """The original frame's width and height: its decoded image's, else what its header declared."""
+    if sample.image is not None and sample.image.ndim >= 2:
+        return int(sample.image.shape[1]), int(sample.image.shape[0])
+    if sample.width and sample.height:
+        return int(sample.width), int(sample.height)
+    return None

@@ -161,7 +161,7 @@ def test_the_best_frame_is_the_highest_score_inside_the_frame_and_later_events_r
     def frame(r: Region) -> list[dict[str, Any]]:
         clock.now += 0.1
         seen = seen_of(image, None, [r], "cam", "p", "rgb", clock.now)
-        return [valid(e) for e in life.observe("cam", [r], clock.now, False, seen)]
+        return [valid(e) for e in life.observe("cam", [r], clock.now, False, frame=seen)]
 
     try:
         new, = frame(region(1, 0.6, x=10))
