@@ -400,8 +400,8 @@ def main() -> None:
             for d in daemons.values():
                 d.start(timeout=60)
             fps = steps_rounds(args, daemons)
-            window = windowed_rounds(args, daemons)
-            steps = {name: p3_steps(d) for name, d in daemons.items()}
+            steps = {name: p3_steps(d) for name, d in daemons.items()}  # the closed loops' steps, read now:
+            window = windowed_rounds(args, daemons)  # their statistics cover the last seconds only
         finally:
             for d in daemons.values():
                 d.stop()
