@@ -230,8 +230,10 @@ def step_lines(steps: dict[str, dict[str, Any]], alone_us: float) -> str:
     return "\n".join(lines)
 
 
-def steps_rounds(args: argparse.Namespace, daemons: dict[str, Daemon]) -> dict[tuple[str, int], list[Loop]]:
-    """Case -> frames/s per round, the cases in turn within each round (each starting one later)."""
+def steps_rounds(args: argparse.Namespace, daemons: dict[str, Daemon],
+                 steps: dict[str, dict[str, Any]]) -> dict[tuple[str, int], list[Loop]]:
+    """Case -> frames/s per round, the cases in turn within each round (each starting one later); each
+    daemon's p3 steps (`p3_steps`) into `steps`, as they were after its last p3 round."""
     data, text = frame(), config_text()
     cases: dict[tuple[str, int], Callable[[], None]] = {}
     for n in STEPS:
@@ -244,6 +246,8 @@ def steps_rounds(args: argparse.Namespace, daemons: dict[str, Daemon]) -> dict[t
     for r in range(args.rounds):
         for case in order[r % len(order):] + order[:r % len(order)]:
             fps[case].append(closed_loop(args.seconds, cases[case]))
+            if case[0] in daemons and case[1] == 3:  # read at once: the statistics cover the last seconds only
+                steps[case[0]] = p3_steps(daemons[case[0]])
         print(f"round {r + 1}: " + ", ".join(f"{name}/{n} {fps[name, n][-1].fps:.0f} ({fps[name, n][-1].median_fps:.0f})"
                                              for name, n in order), flush=True)
     return fps
@@ -399,9 +403,9 @@ def main() -> None:
         try:
             for d in daemons.values():
                 d.start(timeout=60)
-            fps = steps_rounds(args, daemons)
-            steps = {name: p3_steps(d) for name, d in daemons.items()}  # the closed loops' steps, read now:
-            window = windowed_rounds(args, daemons)  # their statistics cover the last seconds only
+            steps: dict[str, dict[str, Any]] = {}
+            fps = steps_rounds(args, daemons, steps)
+            window = windowed_rounds(args, daemons)
         finally:
             for d in daemons.values():
                 d.stop()
