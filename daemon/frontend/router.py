@@ -53,6 +53,10 @@ class Router:
         self.pipelines: dict[str, Pipeline] = {}  # addressed like models (daemon/pipelines/)
         self._accepted: dict[int, tuple[Layout, Any]] = {}  # id(layout) -> (layout, engine that accepts it)
         self._step: Job | None = None  # the pipeline step being admitted off the frontend thread (admit_step)
+        # Pipelines' steps send the same tensors frame after frame: (engine, their names, dtypes and
+        # shapes) that an engine accepted, so that `_check_tensors` is not done again for each frame.
+        # Keyed by the engine's identity, with the engine kept so that its id is not reused.
+        self._steps_accepted: dict[tuple[int, tuple[tuple[str, str, tuple[int, ...]], ...]], Any] = {}
         self.configure(config)
 
     def configure(self, config: Config) -> None:
@@ -321,6 +325,19 @@ class Router:
         if engine is None:
             return
         inputs = job.request.inputs
+        step = None
+        if job is self._step and ONLY_INPUT not in inputs and job.request.outputs is None:
+            step = (id(engine), tuple((n, a.dtype.str, a.shape) for n, a in inputs.items()))
+            if self._steps_accepted.get(step) is engine:
+                return
+        self._check_inputs(mv, job, engine, inputs)
+        if step is not None:
+            if len(self._steps_accepted) >= MAX_LAYOUTS:  # starts over when full, as `_accepted`
+                self._steps_accepted.clear()
+            self._steps_accepted[step] = engine
+
+    def _check_inputs(self, mv: ModelVersion, job: Job, engine: Any, inputs: dict[str, Any]) -> None:
+        """ProtocolError 400 unless `engine` takes `inputs` (and has the outputs asked for)."""
         names = {s.name for s in engine.inputs}
         if ONLY_INPUT in inputs and len(inputs) == len(names) == 1 and internal_sink(job.reply_to) is not None:
             inputs[engine.inputs[0].name] = inputs.pop(ONLY_INPUT)  # the version is chosen: its name

@@ -64,7 +64,11 @@ class StepCall:
     """The `ReplySink` of one model step's request: keeps its answer and wakes the waiting thread."""
 
     def __init__(self) -> None:
-        self._done = threading.Event()
+        # Held until an answer (or a hand-back) comes; `_signal` lets it go, `wait` takes it again. A
+        # bare lock, not an Event (a Condition and its lock, and a waiter's lock per wait): every model
+        # step of every frame makes one, and most are answered on the waiting thread itself.
+        self._done = threading.Lock()
+        self._done.acquire()
         self.outputs: dict[str, np.ndarray] | None = None
         self.fallback: dict[str, str] | None = None
         self.header: dict[str, Any] | None = None  # a refusal's
@@ -76,31 +80,36 @@ class StepCall:
     def computed(self, outputs: dict[str, np.ndarray], fallback: dict[str, str] | None,
                  outcome: Outcome | None) -> None:
         self.outputs, self.fallback, self.outcome = outputs, fallback, outcome
-        self._done.set()
+        self._signal()
 
     def refused(self, header: dict[str, Any]) -> None:
         self.header = header
-        self._done.set()
+        self._signal()
 
     def deliver(self, frames: list[Any], outcome: Outcome | None) -> None:
         # A cold model's big outputs come as zero-copy frames on its slot: copy them out,
         # so the slot is free for the next request once this reply is read.
         self.frames = [f.bytes if isinstance(f, zmq.Frame) else f for f in frames]
         self.outcome = outcome
-        self._done.set()
+        self._signal()
 
     def hand_back(self, run: Callable[[], bool]) -> None:
         self._run = run
-        self._done.set()
+        self._signal()
+
+    def _signal(self) -> None:
+        try:
+            self._done.release()
+        except RuntimeError:  # let go already: a second answer (one after the wait gave up) changes nothing
+            pass
 
     def wait(self, timeout_s: float) -> bool:
         """Wait for the answer, running on this thread what the placement handed back; False if
         none came within `timeout_s`."""
-        while self._done.wait(timeout_s):
+        while self._done.acquire(timeout=timeout_s):  # taken again: the next signal lets it go
             run, self._run = self._run, None
             if run is None:
                 return True
-            self._done.clear()  # nothing else holds the request until `run` computes or queues it
             self.here = run()  # (a successor's placement may hand it back again: the loop runs that too)
         return False
 

@@ -19,6 +19,14 @@ others, and the median frame does not). From the 1- and 3-step figures, the cost
 its compute: the median time of p3's steps in the pipeline's own statistics
 (the step's admission, compute and answer) less the model's call alone.
 
+Those are closed loops: one frame in flight, so every frame pays the socket
+round trip and the hand-offs between threads. A camera keeps sending, so
+the windowed case keeps WINDOW frames of one stream in flight (a new one
+as each reply comes; none dropped) and compares the daemon's frames a
+second with the bare pipeline in one thread and in WINDOW threads; and the
+socket floor is the round trip of the model m1 called alone over the same
+socket, which no frame sent over a socket can take less than.
+
 Then the OCR example (etc/infermux/examples/ocr.toml) at 1 and 4 cameras
 against rapidocr in one process, as bench_pipeline.py measures it (its
 functions), for this checkout and REV: skipped without engines/ppocr/
@@ -33,6 +41,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,17 +57,19 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 from support.harness import Daemon  # noqa: E402
-from results import markdown_table, print_and_write, stamp  # noqa: E402
+from results import markdown_table, print_and_write, process_cpu_s, stamp  # noqa: E402
 from revision import package_env  # noqa: E402
 
 from infermux import config as cfg  # noqa: E402
 from infermux.pipelines import spec  # noqa: E402
-from infermux.pipelines.wire import send_frame  # noqa: E402
+from infermux.pipelines.wire import encode_frame, send_frame  # noqa: E402
+from infermux.protocol import decode_reply, encode_request  # noqa: E402
 from infermux.plugins.processors.base import Sample  # noqa: E402
 
 SECTION = "Pipeline steps"
 CLASSIFIER = REPO / "engines/classifier/1/model.onnx"
 STEPS = (1, 3)
+WINDOW = 2  # a camera's frames in flight in the windowed case: as many as the pipeline has threads
 SIZE = (320, 240)  # a small camera frame, JPEG
 
 
@@ -133,6 +144,57 @@ def daemon_case(d: Daemon, data: bytes, steps: int) -> Callable[[], None]:
     return one
 
 
+def socket_floor(d: Daemon) -> Callable[[], None]:
+    """One request of the classifier m1 itself on the pipeline's tensor, over the same socket: the
+    round trip any frame pays (the client's encode and decode, both processes' ZeroMQ, the
+    frontend's read and parse) plus the model's call alone."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(d.endpoint)
+    request = [b"", *encode_request("m1", {"images": np.zeros((1, 3, 64, 64), np.float32)})]
+
+    def one() -> None:
+        sock.send_multipart(request)
+        if not sock.poll(30_000):
+            raise TimeoutError("no reply from the daemon within 30 s")
+        assert decode_reply(sock.recv_multipart()[1:]).status == 200
+    return one
+
+
+@dataclass(frozen=True)
+class Windowed:
+    """One windowed round: frames a second with WINDOW in flight, and the daemon's CPU s per frame."""
+
+    fps: float
+    cpu_ms: float
+
+
+def windowed(d: Daemon, data: bytes, steps: int, seconds: float) -> Windowed:
+    """A camera that keeps sending: WINDOW frames of one stream in flight, a new one sent as each
+    reply comes (nothing dropped, so every frame is computed)."""
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(d.endpoint)
+    request = [b"", *encode_frame(f"p{steps}", data, "jpeg", key="cam")]
+    try:
+        for _ in range(WINDOW):
+            sock.send_multipart(request)
+        done, cpu, start = 0, process_cpu_s(d.proc.pid), time.perf_counter()
+        while time.perf_counter() - start < seconds:
+            if not sock.poll(30_000):
+                raise TimeoutError("no reply from the daemon within 30 s")
+            assert decode_reply(sock.recv_multipart()[1:]).status == 200
+            done += 1
+            sock.send_multipart(request)
+        took, cpu = time.perf_counter() - start, process_cpu_s(d.proc.pid) - cpu
+        for _ in range(WINDOW):  # the frames still in flight, so the next case starts with none
+            if sock.poll(30_000):
+                sock.recv_multipart()
+        return Windowed(done / took, cpu / max(done, 1) * 1000)
+    finally:
+        sock.close()
+
+
 def p3_steps(d: Daemon) -> dict[str, Any]:
     """p3's steps as the pipeline's statistics show them."""
     with d.admin() as admin:
@@ -168,8 +230,10 @@ def step_lines(steps: dict[str, dict[str, Any]], alone_us: float) -> str:
     return "\n".join(lines)
 
 
-def steps_rounds(args: argparse.Namespace, daemons: dict[str, Daemon]) -> dict[tuple[str, int], list[Loop]]:
-    """Case -> frames/s per round, the cases in turn within each round (each starting one later)."""
+def steps_rounds(args: argparse.Namespace, daemons: dict[str, Daemon],
+                 steps: dict[str, dict[str, Any]]) -> dict[tuple[str, int], list[Loop]]:
+    """Case -> frames/s per round, the cases in turn within each round (each starting one later); each
+    daemon's p3 steps (`p3_steps`) into `steps`, as they were after its last p3 round."""
     data, text = frame(), config_text()
     cases: dict[tuple[str, int], Callable[[], None]] = {}
     for n in STEPS:
@@ -182,6 +246,8 @@ def steps_rounds(args: argparse.Namespace, daemons: dict[str, Daemon]) -> dict[t
     for r in range(args.rounds):
         for case in order[r % len(order):] + order[:r % len(order)]:
             fps[case].append(closed_loop(args.seconds, cases[case]))
+            if case[0] in daemons and case[1] == 3:  # read at once: the statistics cover the last seconds only
+                steps[case[0]] = p3_steps(daemons[case[0]])
         print(f"round {r + 1}: " + ", ".join(f"{name}/{n} {fps[name, n][-1].fps:.0f} ({fps[name, n][-1].median_fps:.0f})"
                                              for name, n in order), flush=True)
     return fps
@@ -207,6 +273,64 @@ def steps_table(fps: dict[tuple[str, int], list[Loop]], names: list[str]) -> str
     table = markdown_table(["pipeline", "model steps", "frames/s (loop)", "÷ bare, per round: median (range)",
                             "frames/s at the median frame", "µs, median frame", "÷ bare, per round"], rows)
     return table
+
+
+def windowed_rounds(args: argparse.Namespace, daemons: dict[str, Daemon]) -> str:
+    """The camera that keeps sending, p3 only: each daemon with WINDOW frames in flight against the
+    bare pipeline in one thread and in WINDOW threads; and each daemon's socket floor. Cases in turn
+    within each round, as `steps_rounds`."""
+    data, text = frame(), config_text()
+    bares = [bare(text, 3) for _ in range(WINDOW)]
+    cases: dict[str, Callable[[], Any]] = {
+        "bare, 1 thread": lambda: bare_threads(bares[:1], data, args.seconds),
+        f"bare, {WINDOW} threads": lambda: bare_threads(bares, data, args.seconds)}
+    for name, d in daemons.items():
+        cases[f"{name}, {WINDOW} in flight"] = lambda d=d: windowed(d, data, 3, args.seconds)
+        floor = socket_floor(d)
+        cases[f"{name}: m1 alone over the socket"] = lambda floor=floor: closed_loop(args.seconds, floor)
+    got: dict[str, list[Any]] = {case: [] for case in cases}
+    order = list(cases)
+    for r in range(args.rounds):
+        for case in order[r % len(order):] + order[:r % len(order)]:
+            got[case].append(cases[case]())
+        print(f"windowed round {r + 1}: " + ", ".join(f"{c} {_fps(got[c][-1]):.0f}" for c in order), flush=True)
+    base = got["bare, 1 thread"]
+    rows = []
+    for case in order:
+        if "over the socket" in case:
+            continue
+        fps = [_fps(x) for x in got[case]]
+        cpu = [x.cpu_ms for x in got[case] if isinstance(x, Windowed)]
+        rows.append([case, f"{statistics.median(fps):,.0f}", ratio(fps, base),
+                     f"{statistics.median(cpu):.2f}" if cpu else ""])
+    table = markdown_table(["p3 (3 model steps), one stream", "frames/s", "÷ bare in 1 thread, per round: median (range)",
+                            "daemon CPU ms per frame"], rows)
+    floors = [f"{name}: {1e6 / statistics.median(x.median_fps for x in got[case]):,.0f} µs"
+              for case in order if "over the socket" in case for name in [case.split(":")[0]]]
+    return (table + f"\n\nThe socket floor (m1 alone over the socket, its median round trip, the model's call "
+            f"included): {'; '.join(floors)}.")
+
+
+def bare_threads(runs: list[Callable[[bytes], None]], data: bytes, seconds: float) -> float:
+    """Frames a second of the bare pipelines in `runs`, one thread each, side by side."""
+    counts = [0] * len(runs)
+    stop = time.perf_counter() + seconds
+
+    def loop(i: int) -> None:
+        while time.perf_counter() < stop:
+            runs[i](data)
+            counts[i] += 1
+    started = time.perf_counter()
+    workers = [threading.Thread(target=loop, args=(i,)) for i in range(len(runs))]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    return sum(counts) / (time.perf_counter() - started)
+
+
+def _fps(x: Any) -> float:
+    return float(x) if isinstance(x, float) else x.fps
 
 
 def ocr(args: argparse.Namespace, envs: dict[str, dict[str, str]], tmp: Path) -> str:
@@ -279,15 +403,19 @@ def main() -> None:
         try:
             for d in daemons.values():
                 d.start(timeout=60)
-            fps = steps_rounds(args, daemons)
-            steps = {name: p3_steps(d) for name, d in daemons.items()}
+            steps: dict[str, dict[str, Any]] = {}
+            fps = steps_rounds(args, daemons, steps)
+            window = windowed_rounds(args, daemons)
         finally:
             for d in daemons.values():
                 d.stop()
         body = (f"{stamp()} This checkout at {head()}"
                 + (f", against {args.against}" if args.against else "") + ".\n\n" + steps_table(fps, list(daemons))
                 + f"\n\nOne camera, a {SIZE[0]}x{SIZE[1]} JPEG, {args.rounds} rounds of {args.seconds:g} s per case.\n\n"
-                + step_lines(steps, model_call_us()))
+                + step_lines(steps, model_call_us())
+                + f"\n\nA camera that keeps sending (p3, {WINDOW} frames in flight, a new one sent as each reply "
+                f"comes, nothing dropped), against the bare pipeline in one thread and in {WINDOW}, "
+                f"{args.rounds} rounds of {args.seconds:g} s:\n\n" + window)
         ocr_ready = (REPO / "engines/ppocr/rec.onnx").is_file()
         if not args.no_ocr and ocr_ready:
             body += "\n\n" + ocr(args, envs, tmp)
