@@ -65,7 +65,8 @@ async def test_four_cameras_run_as_the_page_says_and_the_console_shows_each(clon
     install, fetch, serve, bench, top = walkthrough()
     assert install.startswith("python3 -m venv .venv") and "[onnx,tui,processors]" in install
     assert "--streams 4" in bench and top.split()[1] == "top"
-    env = {**os.environ, "RUNTIME_DIRECTORY": str(clone / "run")}  # where this box's default would be /run
+    # Where this box's defaults would be /run and /var/lib: another daemon of the suite may hold those.
+    env = {**os.environ, "RUNTIME_DIRECTORY": str(clone / "run"), "STATE_DIRECTORY": str(clone / "state")}
     fetched = subprocess.run(argv(fetch), cwd=clone, env=env, capture_output=True, text=True, timeout=300)
     assert fetched.returncode == 0, fetched.stderr
     log = clone / "serve.log"
