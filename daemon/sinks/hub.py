@@ -6,7 +6,8 @@ that is slow, down or stuck delays nobody but itself. Each sink's thread
 takes the oldest waiting events, hands them to the sink, and drops from the
 spool those the sink acknowledged; after a failure it waits (`retry_s`,
 doubling to `max_retry_s`) and offers the same events again, so they arrive
-in order, at least once. A reload replaces the sinks whose entry changed
+in order, at least once. One more thread fsyncs every spool every SYNC_S,
+so that no delivery waits for the disk. A reload replaces the sinks whose entry changed
 and leaves the others running; a replaced sink's spool is kept (its name
 is its folder), so nothing waiting is lost.
 """
@@ -29,6 +30,7 @@ from infermux.sinks.spool import Spool
 log = logging.getLogger("infermux.sinks")
 
 SYNC_S = 0.05  # appended events are fsynced this often at most: one fsync covers many events
+IDLE_WAKE_S = 1.0  # a sink's thread with nothing to deliver looks again this often (an append wakes it at once)
 DROPPED_EVERY_S = 10.0  # a spool that drops events says so once per this interval, with the count
 MAX_ERROR_CHARS = 500
 STOP_WAIT_S = 5.0  # a delivery under way when the sink stops may take this long; its events stay spooled
@@ -66,14 +68,11 @@ class Runner:
         return not self.config.pipelines or pipeline in self.config.pipelines
 
     def _run(self) -> None:
-        wait, synced = self.config.retry_s, 0.0
+        wait = self.config.retry_s
         while not self._stop.is_set():
-            self.spool.wait(SYNC_S)
+            # No fsync here: the hub's syncer makes the spool durable, so an event never waits behind the disk.
+            self.spool.wait(IDLE_WAKE_S)
             try:
-                if time.monotonic() - synced >= SYNC_S:
-                    self.spool.sync()
-                    self._report_drops()
-                    synced = time.monotonic()
                 if self._deliver_some():
                     wait = self.config.retry_s
                     continue
@@ -109,6 +108,14 @@ class Runner:
         if self.state != "down":
             self.events.emit("sink_down", sink=self.config.name, error=self.last_error)
             self.state = "down"
+
+    def sync(self) -> None:
+        """Make the spool durable, and say how many it dropped (the hub's syncer, every SYNC_S)."""
+        try:
+            self.spool.sync()
+        except OSError as exc:  # the state directory's disk: the events stay in memory and are still delivered
+            self.spool.write_error = f"cannot sync: {exc.strerror or exc}"
+        self._report_drops()
 
     def _report_drops(self) -> None:
         dropped = self.spool.dropped
@@ -151,6 +158,15 @@ class Hub:
         self.runners: dict[str, Runner] = {}
         self._outlets: list[Outlet] = []
         self.apply(configs)
+        self._stopped = threading.Event()
+        # One thread fsyncs every spool, apart from the sinks' threads, which only deliver.
+        self._syncer = threading.Thread(target=self._sync_all, name="sinks-sync", daemon=True)
+        self._syncer.start()
+
+    def _sync_all(self) -> None:
+        while not self._stopped.wait(SYNC_S):
+            for runner in list(self.runners.values()):
+                runner.sync()
 
     @property
     def wants_results(self) -> bool:
@@ -215,6 +231,8 @@ class Hub:
         return [r.view() for r in self.runners.values()]
 
     def stop(self) -> None:
+        self._stopped.set()
+        self._syncer.join(timeout=STOP_WAIT_S)
         for runner in list(self.runners.values()):
             runner.stop()
         self.runners.clear()

@@ -49,3 +49,16 @@ def test_a_sink_whose_spool_cannot_be_made_stays_out_and_says_why(tmp_path: Path
     assert failed.detail["sink"] == "files" and "state_dir" in failed.detail["error"]
     hub.publish("p", event("cam", 1))  # nothing to append to: no error either
     hub.stop()
+
+
+def test_the_syncer_makes_each_spools_cursor_durable_while_the_sinks_run(tmp_path: Path) -> None:
+    hub = Hub((SinkConfig("files", "jsonl", {"path": str(tmp_path / "out.jsonl")}),), tmp_path / "state", EventLog())
+    for i in range(20):
+        hub.publish("p", event("cam", i + 1))
+    segment = tmp_path / "state" / "files" / "1.seg"
+    cursor = tmp_path / "state" / "files" / "cursor"
+    # The cursor reaches the segment's end once the events were delivered and a sync ran, the hub still running.
+    eventually(lambda: cursor.read_bytes()[8:16] == segment.stat().st_size.to_bytes(8, "little"),
+               "the cursor synced past the delivered events")
+    assert hub.view()[0]["delivered"] == 20
+    hub.stop()
