@@ -119,8 +119,9 @@ class Spool:
 
     # -- the pipelines' threads ----------------------------------------------------------
 
-    def append(self, data: bytes) -> bool:
-        """Add one event at the end (False, counted as dropped, when it alone is over the bounds)."""
+    def append(self, data: bytes, wake: bool = True) -> bool:
+        """Add one event at the end (False, counted as dropped, when it alone is over the bounds);
+        `wake` false leaves the sink's thread asleep (the caller delivers it, or calls `wake`)."""
         if len(data) > min(self.max_bytes, MAX_RECORD):
             with self._lock:
                 self.dropped += 1
@@ -149,7 +150,8 @@ class Spool:
             self._size += len(record)
             self._bytes += len(data)
             self._dirty = True
-            self.ready.notify()
+            if wake:
+                self.ready.notify()
         return True
 
     def _cut_back(self) -> None:

@@ -44,7 +44,9 @@ class SinkInUse(SinkDown):
 
 class Sink(Protocol):
     """A started sink. Its methods run on the sink's own thread, but `result`, which the
-    pipelines' threads call and which must never block."""
+    pipelines' threads call and which must never block. A sink whose `deliver` never blocks
+    either may say so with a class attribute `immediate = True`: the hub then delivers each
+    event on the thread that made it, while the sink is up and nothing else is being delivered."""
 
     def deliver(self, events: list[OutEvent]) -> int:
         """Send `events` in order; the number acknowledged from the first (0 to len(events)), or SinkDown."""

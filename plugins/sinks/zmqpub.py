@@ -24,6 +24,8 @@ OPTIONS = {"bind", "results", "hwm"}
 class ZmqSink:
     """A PUB socket bound to `bind` (tcp:// or ipc://)."""
 
+    immediate = True  # deliver never blocks: the hub may hand it an event on the thread that made it
+
     @staticmethod
     def check(options: Mapping[str, Any]) -> None:
         known(KIND, options, OPTIONS)
