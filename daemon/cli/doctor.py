@@ -6,7 +6,8 @@ cuda-python and whether it releases the GIL), the GPU (Jetson model, or
 name and driver through NVML), the configuration and its engines, the
 sockets' folder and the caller's group, the limits; each configured camera
 opened once, one frame decoded within CAMERA_PROBE_S, and the decoder it
-uses. Each line is OK, WARN
+uses; each sink reached once (a broker connected to, an endpoint's
+connection opened, a file's folder writable; no event is sent). Each line is OK, WARN
 (works, but something is missing or unusual) or FAIL (the daemon will not
 serve as configured). Exit status: 0 no FAIL, 1 at least one FAIL,
 2 usage. `--json` prints the same checks as a JSON list.
@@ -37,6 +38,7 @@ from infermux.cli.serve import DEFAULT_CONFIG
 from infermux.plugins.base import BackendError
 
 if TYPE_CHECKING:
+    from infermux.config import SinkConfig
     from infermux.cameras.config import CameraConfig
     from infermux.cameras.source import Probe
 
@@ -46,6 +48,7 @@ GIL_RELEASED_FROM = {12: (12, 9, 1), 13: (13, 0, 0)}
 CUDA_PYTHON_PIN = "cuda-python>=12.9.1,<13"
 MIN_NOFILE = 4096
 CAMERA_PROBE_S = 10.0  # a camera's open and first frame, at most (they are probed side by side)
+SINK_PROBE_S = 5.0  # a sink's connection, at most (they are probed side by side)
 GROUP = "infermux"
 
 
@@ -297,6 +300,7 @@ def _configuration(path: Path, runtime_dir: str | None, tensorrt_ok: bool) -> li
     checks += [_engine(m.name, m.version, m.engine, tensorrt_ok) for m in config.models]
     checks += _signatures(config)
     checks += _cameras(config)
+    checks += _sinks(config)
     checks.append(_engine_dir(config.daemon.engine_dir, config.daemon.admin_group))
     if config.daemon.watch:
         checks += _discovered(config, tensorrt_ok)
@@ -339,6 +343,45 @@ def _camera(camera: CameraConfig, found: Probe) -> Check:
     fix = "raise or drop the setting the reason names" if found.refused else CAMERA_FIXES.get(camera.kind, "")
     where = "" if found.decoder == "none" else f"{found.decoder}: "
     return Check(name, status, where + fmt.printable(found.error, 300) + ("" if camera.enabled else " (disabled)"), fix)
+
+
+def _sinks(config: cfg.Config) -> list[Check]:
+    """Each sink reached once, side by side, each within SINK_PROBE_S: a broker, an endpoint, a file."""
+    if not config.sinks:
+        return []
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=min(8, len(config.sinks))) as pool:
+        return list(pool.map(_sink, config.sinks))
+
+
+def _sink(sink: SinkConfig) -> Check:
+    """One sink's line: what its probe reached, or what is wrong (a held address only warns)."""
+    from infermux.plugins import sinks  # the sinks and their libraries load only where a sink is configured
+
+    name = f"sink {fmt.printable(sink.name)} ({fmt.printable(sink.kind)})"
+    try:
+        reached = sinks.probe(sink.kind, sink.options, SINK_PROBE_S)
+    except sinks.SinkInUse as exc:
+        return Check(name, "WARN", fmt.printable(str(exc), 300), "stop the program holding it, if not the daemon")
+    except (sinks.SinkDown, sinks.SinkConfigError) as exc:
+        return Check(name, "FAIL", fmt.printable(str(exc), 300), SINK_FIXES.get(sink.kind, "see docs/events.md#sinks"))
+    except Exception as exc:  # noqa: BLE001 - a plugin's own bug: one line, as for any other failure
+        return Check(name, "FAIL", fmt.printable(f"{type(exc).__name__}: {exc}", 300), "report it to the plugin")
+    if reached is None:
+        return Check(name, "WARN", "the kind has no probe: not checked", "")
+    return Check(name, "OK", fmt.printable(reached, 300))
+
+
+# What to do when a sink cannot be reached, by its kind; events wait in its spool meanwhile.
+SINK_FIXES = {
+    "mqtt": "check that the broker runs and is reachable from this box, and the sink's port, TLS and "
+            "credentials_file (events wait in the spool meanwhile)",
+    "webhook": "check that the endpoint runs and is reachable from this box, and its url and ca_file "
+               "(events wait in the spool meanwhile)",
+    "zmq": "choose a bind address free on this box",
+    "jsonl": "give the daemon's user a folder it may write, or change the sink's path",
+}
 
 
 def _mps(config: cfg.Config) -> Check:

@@ -6,7 +6,11 @@ that is slow, down or stuck delays nobody but itself. Each sink's thread
 takes the oldest waiting events, hands them to the sink, and drops from the
 spool those the sink acknowledged; after a failure it waits (`retry_s`,
 doubling to `max_retry_s`) and offers the same events again, so they arrive
-in order, at least once. A reload replaces the sinks whose entry changed
+in order, at least once. One more thread fsyncs every spool every SYNC_S,
+so that no delivery waits for the disk. A sink whose delivery never blocks
+(`immediate`: the PUB socket) is handed each event by `publish` itself,
+after the append, while it is up and its thread is not delivering: the
+event then leaves without waiting for that thread to be woken and run. A reload replaces the sinks whose entry changed
 and leaves the others running; a replaced sink's spool is kept (its name
 is its folder), so nothing waiting is lost.
 """
@@ -29,6 +33,7 @@ from infermux.sinks.spool import Spool
 log = logging.getLogger("infermux.sinks")
 
 SYNC_S = 0.05  # appended events are fsynced this often at most: one fsync covers many events
+IDLE_WAKE_S = 1.0  # a sink's thread with nothing to deliver looks again this often (an append wakes it at once)
 DROPPED_EVERY_S = 10.0  # a spool that drops events says so once per this interval, with the count
 MAX_ERROR_CHARS = 500
 STOP_WAIT_S = 5.0  # a delivery under way when the sink stops may take this long; its events stay spooled
@@ -58,6 +63,10 @@ class Runner:
         self._reported_drops = 0
         self._reported_at = 0.0
         self._stop = threading.Event()
+        # A sink whose delivery never blocks (a PUB socket) is handed an event on the appending thread,
+        # saving it the sink thread's wake-up; the lock keeps the two deliveries one at a time, in order.
+        self.immediate = bool(getattr(self.sink, "immediate", False))
+        self._delivering = threading.Lock()
         self._thread = threading.Thread(target=self._run, name=f"sink-{config.name}", daemon=True)
         self._thread.start()
 
@@ -66,15 +75,14 @@ class Runner:
         return not self.config.pipelines or pipeline in self.config.pipelines
 
     def _run(self) -> None:
-        wait, synced = self.config.retry_s, 0.0
+        wait = self.config.retry_s
         while not self._stop.is_set():
-            self.spool.wait(SYNC_S)
+            # No fsync here: the hub's syncer makes the spool durable, so an event never waits behind the disk.
+            self.spool.wait(IDLE_WAKE_S)
             try:
-                if time.monotonic() - synced >= SYNC_S:
-                    self.spool.sync()
-                    self._report_drops()
-                    synced = time.monotonic()
-                if self._deliver_some():
+                with self._delivering:
+                    delivered = self._deliver_some()
+                if delivered:
                     wait = self.config.retry_s
                     continue
             except SinkDown as exc:
@@ -86,6 +94,26 @@ class Runner:
                 continue
             self._stop.wait(wait)
             wait = min(wait * 2, self.config.max_retry_s)
+
+    def append(self, data: bytes) -> None:
+        """Spool one event; an `immediate` sink that is up and not delivering already gets it now, on
+        the caller's thread, without waking the sink's; otherwise (and after any failure) the sink's
+        thread delivers it, as ever."""
+        if not self.immediate or self.state != "up":
+            self.spool.append(data)
+            return
+        if not self.spool.append(data, wake=False) or not self._delivering.acquire(blocking=False):
+            self.spool.wake()  # the sink's thread, delivering now, takes it next anyway
+            return
+        try:
+            if not self._stop.is_set():  # a stopping sink's socket is closed, or about to be
+                self._deliver_some()
+        except Exception:  # noqa: BLE001 - the sink's thread meets it again, retries and says why
+            pass
+        finally:
+            self._delivering.release()
+        if self.spool.backlog()[0]:  # more than a batch waited, or this delivery failed
+            self.spool.wake()
 
     def _deliver_some(self) -> bool:
         """Hand the oldest waiting events to the sink; True when any were acknowledged."""
@@ -110,6 +138,14 @@ class Runner:
             self.events.emit("sink_down", sink=self.config.name, error=self.last_error)
             self.state = "down"
 
+    def sync(self) -> None:
+        """Make the spool durable, and say how many it dropped (the hub's syncer, every SYNC_S)."""
+        try:
+            self.spool.sync()
+        except OSError as exc:  # the state directory's disk: the events stay in memory and are still delivered
+            self.spool.write_error = f"cannot sync: {exc.strerror or exc}"
+        self._report_drops()
+
     def _report_drops(self) -> None:
         dropped = self.spool.dropped
         now = time.monotonic()
@@ -133,7 +169,14 @@ class Runner:
         self._stop.set()
         self.spool.wake()
         self._thread.join(timeout=STOP_WAIT_S)
-        self.sink.close()
+        # After a delivery under way on a pipeline's thread (an immediate sink's); one that hangs is
+        # waited for no longer than the sink's thread is.
+        held = self._delivering.acquire(timeout=STOP_WAIT_S)
+        try:
+            self.sink.close()
+        finally:
+            if held:
+                self._delivering.release()
         if close_spool:
             self.spool.close()
 
@@ -151,6 +194,15 @@ class Hub:
         self.runners: dict[str, Runner] = {}
         self._outlets: list[Outlet] = []
         self.apply(configs)
+        self._stopped = threading.Event()
+        # One thread fsyncs every spool, apart from the sinks' threads, which only deliver.
+        self._syncer = threading.Thread(target=self._sync_all, name="sinks-sync", daemon=True)
+        self._syncer.start()
+
+    def _sync_all(self) -> None:
+        while not self._stopped.wait(SYNC_S):
+            for runner in list(self.runners.values()):
+                runner.sync()
 
     @property
     def wants_results(self) -> bool:
@@ -172,7 +224,7 @@ class Hub:
         data = json.dumps(event, separators=(",", ":")).encode()
         for runner in list(self.runners.values()):
             if runner.takes(pipeline):
-                runner.spool.append(data)
+                runner.append(data)
 
     def result(self, pipeline: str, key: str, header: dict[str, Any]) -> None:
         """A frame's reply header, to the sinks that publish results (never waiting)."""
@@ -215,6 +267,8 @@ class Hub:
         return [r.view() for r in self.runners.values()]
 
     def stop(self) -> None:
+        self._stopped.set()
+        self._syncer.join(timeout=STOP_WAIT_S)
         for runner in list(self.runners.values()):
             runner.stop()
         self.runners.clear()

@@ -3,8 +3,8 @@
 Records are appended to `<folder>/<n>.seg` (length, CRC-32 and time before
 each event's bytes) with plain writes, which survive the daemon's own end
 (a crash, a restart); `sync` fsyncs them and the cursor at most every few
-tens of milliseconds, from the sink's thread, so the pipelines' threads
-only append. The cursor file holds where the first event not acknowledged
+tens of milliseconds, from the hub's syncer thread, so the pipelines'
+threads only append and the sink's thread only delivers. The cursor file holds where the first event not acknowledged
 starts; a segment wholly behind it is deleted. On start the segments are
 read from the cursor on: a record cut short or corrupt (the daemon died
 writing it) ends what is read there, and the file is cut back to it.
@@ -119,8 +119,9 @@ class Spool:
 
     # -- the pipelines' threads ----------------------------------------------------------
 
-    def append(self, data: bytes) -> bool:
-        """Add one event at the end (False, counted as dropped, when it alone is over the bounds)."""
+    def append(self, data: bytes, wake: bool = True) -> bool:
+        """Add one event at the end (False, counted as dropped, when it alone is over the bounds);
+        `wake` false leaves the sink's thread asleep (the caller delivers it, or calls `wake`)."""
         if len(data) > min(self.max_bytes, MAX_RECORD):
             with self._lock:
                 self.dropped += 1
@@ -149,7 +150,8 @@ class Spool:
             self._size += len(record)
             self._bytes += len(data)
             self._dirty = True
-            self.ready.notify()
+            if wake:
+                self.ready.notify()
         return True
 
     def _cut_back(self) -> None:
@@ -159,7 +161,7 @@ class Spool:
         except OSError:
             pass
 
-    # -- the sink's thread ---------------------------------------------------------------
+    # -- the sink's and the syncer's threads ---------------------------------------------
 
     def wait(self, timeout_s: float) -> None:
         """Until an event waits (or `wake`), at most `timeout_s`."""

@@ -10,9 +10,9 @@ from __future__ import annotations
 from typing import Any, Mapping, cast
 
 from infermux.plugins import discovery
-from infermux.plugins.sinks.base import OutEvent, Sink, SinkConfigError, SinkDown, SinkFactory
+from infermux.plugins.sinks.base import OutEvent, Sink, SinkConfigError, SinkDown, SinkFactory, SinkInUse
 
-__all__ = ["OutEvent", "Sink", "SinkConfigError", "SinkDown", "SinkFactory", "available", "check", "create"]
+__all__ = ["OutEvent", "Sink", "SinkConfigError", "SinkDown", "SinkFactory", "SinkInUse", "available", "check", "create", "probe"]
 
 # Listed here as well as in pyproject's entry points: a source checkout without `pip install` finds them.
 BUILTIN = {
@@ -47,3 +47,10 @@ def check(kind: str, options: Mapping[str, Any]) -> None:
 def create(kind: str, name: str, options: Mapping[str, Any]) -> Sink:
     """A started sink of `kind` named `name` (connections are made on first delivery)."""
     return factory(kind)(name, options)
+
+
+def probe(kind: str, options: Mapping[str, Any], timeout_s: float) -> str | None:
+    """What sink `kind`'s probe reached (None: the kind has none); SinkDown or SinkConfigError if not."""
+    found = factory(kind)
+    factory_probe = getattr(found, "probe", None)
+    return None if factory_probe is None else str(factory_probe(options, timeout_s))

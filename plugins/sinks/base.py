@@ -38,9 +38,15 @@ class SinkDown(Exception):
     """The sink could not deliver now (broker away, HTTP 500, a full disk): the events wait."""
 
 
+class SinkInUse(SinkDown):
+    """A probe found the sink's address held (by the running daemon, or another program): a warning."""
+
+
 class Sink(Protocol):
     """A started sink. Its methods run on the sink's own thread, but `result`, which the
-    pipelines' threads call and which must never block."""
+    pipelines' threads call and which must never block. A sink whose `deliver` never blocks
+    either may say so with a class attribute `immediate = True`: the hub then delivers each
+    event on the thread that made it, while the sink is up and nothing else is being delivered."""
 
     def deliver(self, events: list[OutEvent]) -> int:
         """Send `events` in order; the number acknowledged from the first (0 to len(events)), or SinkDown."""
@@ -59,6 +65,12 @@ class SinkFactory(Protocol):
     """A sink class: `check` validates options without connecting; calling it builds the sink."""
 
     def check(self, options: Mapping[str, Any]) -> None: ...
+
+    def probe(self, options: Mapping[str, Any], timeout_s: float) -> str:
+        """Reach the other side once, as `infermux doctor` does, sending no event and taking nothing
+        the running daemon holds: what was reached, or SinkDown saying what is wrong. Optional: a
+        plugin's class without it is reported as not checked."""
+        ...
 
     def __call__(self, name: str, options: Mapping[str, Any]) -> Sink: ...
 

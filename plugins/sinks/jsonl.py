@@ -24,6 +24,22 @@ class JsonlSink:
         bounded(KIND, "max_mb", option(KIND, options, "max_mb", (int, float), 16), 0.001, 1 << 20)
         bounded(KIND, "keep", option(KIND, options, "keep", int, 5), 0, 1000)
 
+    @staticmethod
+    def probe(options: Mapping[str, Any], timeout_s: float) -> str:
+        """Whether this user may write the file, or make it in its folder (nothing is written)."""
+        JsonlSink.check(options)
+        path = Path(options["path"])
+        if path.exists():
+            if not path.is_file() or not os.access(path, os.W_OK):
+                raise SinkDown(f"{path} is not a file this user may write")
+            return f"{path} is writable"
+        folder = path.parent
+        while not folder.exists():  # the sink makes the missing folders: the nearest one there must take them
+            folder = folder.parent
+        if not folder.is_dir() or not os.access(folder, os.W_OK | os.X_OK):
+            raise SinkDown(f"cannot make {path}: {folder} is not a folder this user may write")
+        return f"{path} can be made in {folder}"
+
     def __init__(self, name: str, options: Mapping[str, Any]) -> None:
         self.check(options)
         self.path = Path(options["path"])

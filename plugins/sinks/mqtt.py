@@ -116,16 +116,35 @@ class MqttSink:
         self._connected = threading.Event()
         self._refused = ""
 
+    @staticmethod
+    def probe(options: Mapping[str, Any], timeout_s: float) -> str:
+        """Connect once (TLS and credentials as configured) under a client id of its own, so that the
+        running daemon's session is left alone; nothing is published, no last will is left."""
+        ack = min(float(options.get("ack_timeout_s", 10.0)), timeout_s)
+        sink = MqttSink("probe", {**options, "client_id": f"infermux-doctor-{os.getpid()}", "ack_timeout_s": ack})
+        started = time.monotonic()
+        MqttSink._drop(sink._open(announce=False))
+        return f"broker {sink.host}:{sink.port} accepted the connection in {(time.monotonic() - started) * 1e3:.0f} ms"
+
     def _connect(self) -> Any:
+        return self._open(announce=True)
+
+    def _open(self, announce: bool) -> Any:
+        """A connected client; with `announce`, the last will set and "online" published."""
         from paho.mqtt import client as paho  # imported when the sink first delivers (check() found it)
 
         client = paho.Client(paho.CallbackAPIVersion.VERSION2, client_id=self.client_id, clean_session=True)
-        client.will_set(self.available, "offline", qos=1, retain=True)
-        if self.options.get("credentials_file"):
-            client.username_pw_set(*_credentials(self.options["credentials_file"]))
-        if self.options.get("tls"):
-            client.tls_set(ca_certs=self.options.get("ca_file") or None, certfile=self.options.get("cert_file") or None,
-                           keyfile=self.options.get("key_file") or None, tls_version=ssl.PROTOCOL_TLS_CLIENT)
+        if announce:
+            client.will_set(self.available, "offline", qos=1, retain=True)
+        try:  # a missing or unreadable file: said as the sink's error, not as a plugin's bug
+            if self.options.get("credentials_file"):
+                client.username_pw_set(*_credentials(self.options["credentials_file"]))
+            if self.options.get("tls"):
+                client.tls_set(ca_certs=self.options.get("ca_file") or None,
+                               certfile=self.options.get("cert_file") or None,
+                               keyfile=self.options.get("key_file") or None, tls_version=ssl.PROTOCOL_TLS_CLIENT)
+        except (OSError, ValueError) as exc:
+            raise SinkDown(f"credentials or TLS files: {exc}") from None
         client.max_inflight_messages_set(MAX_INFLIGHT)  # a delivery's batch goes out without waiting for PUBACKs
         client.on_connect = self._on_connect
         client.on_disconnect = lambda *args: self._connected.clear()
@@ -141,7 +160,8 @@ class MqttSink:
             self._drop(client)
             raise SinkDown(f"broker {self.host}:{self.port} did not accept the connection"
                            f"{': ' + self._refused if self._refused else ''}")
-        client.publish(self.available, "online", qos=1, retain=True)
+        if announce:
+            client.publish(self.available, "online", qos=1, retain=True)
         return client
 
     def _on_connect(self, client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:

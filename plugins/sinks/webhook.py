@@ -36,6 +36,20 @@ class WebhookSink:
                 raise SinkConfigError(KIND, f"header {name!r} must be a string on one line", "headers")
         option(KIND, options, "ca_file", str, "")
 
+    @staticmethod
+    def probe(options: Mapping[str, Any], timeout_s: float) -> str:
+        """Open a connection to the endpoint (TLS checked for https://); no request is sent."""
+        sink = WebhookSink("probe", {**options, "timeout_s": min(float(options.get("timeout_s", 5.0)), timeout_s)})
+        try:
+            sink._connection().connect()
+        except (OSError, http.client.HTTPException) as exc:
+            raise SinkDown(f"cannot connect to {sink.url.scheme}://{sink.url.netloc}: {type(exc).__name__}: {exc}") \
+                from None
+        finally:
+            sink.close()
+        return f"connected to {sink.url.scheme}://{sink.url.netloc}" + (" (TLS verified)" if sink.url.scheme == "https"
+                                                                          else "")
+
     def __init__(self, name: str, options: Mapping[str, Any]) -> None:
         self.check(options)
         self.url = urlsplit(str(options["url"]))

@@ -7,12 +7,15 @@ subscriber that is slow or absent loses messages past the high-water mark
 
 from __future__ import annotations
 
+import errno
+import os
 import threading
+from pathlib import Path
 from typing import Any, Mapping
 
 import zmq
 
-from infermux.plugins.sinks.base import OutEvent, SinkConfigError, SinkDown, bounded, known, option, topic_key
+from infermux.plugins.sinks.base import OutEvent, SinkConfigError, SinkDown, SinkInUse, bounded, known, option, topic_key
 
 KIND = "zmq"
 OPTIONS = {"bind", "results", "hwm"}
@@ -20,6 +23,8 @@ OPTIONS = {"bind", "results", "hwm"}
 
 class ZmqSink:
     """A PUB socket bound to `bind` (tcp:// or ipc://)."""
+
+    immediate = True  # deliver never blocks: the hub may hand it an event on the thread that made it
 
     @staticmethod
     def check(options: Mapping[str, Any]) -> None:
@@ -29,6 +34,30 @@ class ZmqSink:
             raise SinkConfigError(KIND, f"option 'bind' must be a tcp:// or ipc:// endpoint, got {bind!r}", "bind")
         option(KIND, options, "results", bool, False)
         bounded(KIND, "hwm", option(KIND, options, "hwm", int, 10000), 1, 1 << 24)
+
+    @staticmethod
+    def probe(options: Mapping[str, Any], timeout_s: float) -> str:
+        """A tcp:// address is bound once and let go; an ipc:// one only looked at, since binding it would
+        take the path from the daemon that holds it."""
+        ZmqSink.check(options)
+        bind = str(options["bind"])
+        if bind.startswith("ipc://"):
+            path = Path(bind[len("ipc://"):])
+            if path.exists():
+                raise SinkInUse(f"{path} exists: the running daemon's socket, or one left over")
+            if not os.access(path.parent, os.W_OK | os.X_OK):
+                raise SinkDown(f"cannot make {path}: this user may not write {path.parent}")
+            return f"{bind} can be bound"
+        sock: zmq.Socket = zmq.Context.instance().socket(zmq.PUB)
+        try:
+            sock.bind(bind)
+        except zmq.ZMQError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise SinkInUse(f"{bind} is in use: the running daemon's, or another program's") from None
+            raise SinkDown(f"cannot bind {bind}: {exc}") from None
+        finally:
+            sock.close(linger=0)
+        return f"{bind} can be bound"
 
     def __init__(self, name: str, options: Mapping[str, Any]) -> None:
         self.check(options)

@@ -19,7 +19,7 @@ SLOW_FILES = {
     "test_workers.py", "test_rollout_life.py", "test_pipeline_steps.py", "test_hostile_boxes.py",
     "test_hostile_text.py", "test_object_events.py", "test_mqtt_sink.py",
     "test_cameras.py", "test_camera_streams.py",
-    "test_cameras_rtsp.py", "test_camera_matrix.py",
+    "test_cameras_rtsp.py", "test_camera_matrix.py", "test_sink_matrix.py", "test_mqtt_outage.py",
 }
 HERE = Path(__file__).resolve().parent
 

@@ -14,15 +14,24 @@ def write_clip(path: Path, width: int = 64, height: int = 48, frames: int = 30, 
                moving: bool = True) -> Path:
     """A short H.264 clip (MPEG-4 part 2 where this FFmpeg has no H.264 encoder) of a bar moving across
     a dark frame (standing still: `moving` false), written with PyAV."""
+    images = []
+    for i in range(frames):
+        image = np.full((height, width, 3), 20, np.uint8)
+        image[:, (i * 3 if moving else 5) % width] = 255
+        images.append(image)
+    return write_frames(path, images, fps)
+
+
+def write_frames(path: Path, images: list[np.ndarray], fps: int = 15) -> Path:
+    """`images` (RGB, all of one even size) as a clip, as write_clip writes its bar."""
     import av
 
     codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
+    height, width = images[0].shape[:2]
     with av.open(str(path), "w") as out:
         stream = out.add_stream(codec, rate=fps)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        for i in range(frames):
-            image = np.full((height, width, 3), 20, np.uint8)
-            image[:, (i * 3 if moving else 5) % width] = 255
+        for image in images:
             for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
                 out.mux(packet)
         for packet in stream.encode():

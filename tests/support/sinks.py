@@ -15,8 +15,10 @@ from typing import Any, Callable
 import jsonschema
 
 from support import system_packages
-from support.harness import free_port
+from support.camera_files import camera
+from support.harness import REPO, free_port
 from support.polling import eventually
+from support.tracking import detecting
 
 from infermux.sinks import SCHEMA
 
@@ -189,3 +191,45 @@ def self_signed(folder: Path, host: str = "127.0.0.1") -> tuple[Path, Path, Path
     paths[2].write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                            serialization.NoEncryption()))
     return paths
+
+
+def camera_and_webhooks(workdir: Path, clip: Path, fps: int, failing: str, stuck: str) -> str:
+    """A daemon's configuration: camera `front` looping `clip` at `fps` into a tracked pipeline with object
+    events (on models.brightness_map's `det` in workdir/engines), the sample classifier for plain clients,
+    and three sinks: `files` (jsonl), and webhooks `failing` and `stuck` to those URLs, each spool bounded
+    at 5 events (test_failing_sinks.py, bench_events.py --failing)."""
+    pipeline = detecting("tracked", min_frames=2, end_after_s=0.5, update_every_s=0.2, min_score_gain=0.0)
+    return f"""
+[daemon]
+listen = ["ipc://infer.sock"]
+engine_dir = "{workdir / 'engines'}"
+
+[[models]]
+name = "det"
+engine = "det/1/model.onnx"
+
+[[models]]
+name = "classifier"
+engine = "{REPO / 'engines/classifier/1/model.onnx'}"
+{pipeline}{camera("front", str(clip), pipeline="tracked", fps=fps).format()}
+[[sinks]]
+name = "files"
+kind = "jsonl"
+options = {{ path = "{workdir / 'events.jsonl'}" }}
+
+[[sinks]]
+name = "failing"
+kind = "webhook"
+max_events = 5
+retry_s = 0.05
+max_retry_s = 0.1
+options = {{ url = "{failing}", timeout_s = 1 }}
+
+[[sinks]]
+name = "stuck"
+kind = "webhook"
+max_events = 5
+retry_s = 0.05
+max_retry_s = 0.1
+options = {{ url = "{stuck}", timeout_s = 0.5 }}
+"""

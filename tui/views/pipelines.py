@@ -16,6 +16,7 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from infermux import format as fmt
+from infermux.tui.views.sinks import SinksPanel
 from infermux.tui.views.table import Cell, Col, KeyedTable
 
 EMPTY = ("no pipelines: this daemon's configuration has no \\[\\[pipelines]] section\n"
@@ -86,7 +87,8 @@ def _cells(name: Cell, stats: dict[str, Any], failed: int, detail: Cell) -> dict
 
 
 class PipelinesView(Vertical):
-    """A line saying how to read the table (or that there are no pipelines), the table below."""
+    """A line saying how to read the table (or that there are no pipelines), the table below, and
+    under it the sinks their events go to (while the daemon has any)."""
 
     DEFAULT_CSS = """
     PipelinesView #pipelines-head { height: 2; padding: 0 1; }
@@ -95,6 +97,7 @@ class PipelinesView(Vertical):
     def compose(self) -> ComposeResult:
         yield Static("", id="pipelines-head")
         yield PipelinesTable(id="pipelines-table")
+        yield SinksPanel(id="sinks")
 
     def update_from(self, snapshot: dict[str, Any]) -> None:
         head = self.query("#pipelines-head")
@@ -106,3 +109,4 @@ class PipelinesView(Vertical):
             self._head = text
             head.first(Static).update(text, layout=False)
         self.query_one(PipelinesTable).update_from(snapshot)
+        self.query_one(SinksPanel).update_from(snapshot)

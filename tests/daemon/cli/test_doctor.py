@@ -258,3 +258,49 @@ def test_doctor_without_cameras_has_no_camera_line(tmp_path: Path) -> None:
     config = tmp_path / "infermux.toml"
     config.write_text(f'[daemon]\nengine_dir = "{tmp_path}"\n')
     assert not [c for c in doctor.diagnose(config) if c.name.startswith("camera ")]
+
+
+def test_each_sink_is_reached_once_and_says_what_is_wrong_in_one_line(tmp_path: Path, monkeypatch) -> None:
+    pytest.importorskip("paho.mqtt", reason="the mqtt sink needs paho-mqtt: pip install -e '.[mqtt]'")
+    from support.harness import free_port
+    from support.sinks import Endpoint, Mosquitto
+
+    broker = Mosquitto(tmp_path / "broker").start()
+    hook, (silent, silent_port) = Endpoint([200]), _silent_server()
+    held = socket.socket()
+    held.bind(("127.0.0.1", 0))
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    sinks = {"broker": ("mqtt", f'{{ host = "127.0.0.1", port = {broker.port} }}'),
+             "nobroker": ("mqtt", f'{{ host = "127.0.0.1", port = {free_port()} }}'),
+             "mute": ("mqtt", f'{{ host = "127.0.0.1", port = {silent_port} }}'),
+             "hook": ("webhook", f'{{ url = "{hook.url}" }}'),
+             "nohook": ("webhook", f'{{ url = "http://127.0.0.1:{free_port()}/x" }}'),
+             "pub": ("zmq", f'{{ bind = "tcp://127.0.0.1:{free_port()}" }}'),
+             "held": ("zmq", f'{{ bind = "tcp://127.0.0.1:{held.getsockname()[1]}" }}'),
+             "files": ("jsonl", f'{{ path = "{tmp_path / "new" / "events.jsonl"}" }}'),
+             "nofiles": ("jsonl", f'{{ path = "{blocker / "events.jsonl"}" }}')}
+    config = tmp_path / "infermux.toml"
+    config.write_text(f'[daemon]\nengine_dir = "{tmp_path}"\n' + "".join(
+        f'[[sinks]]\nname = "{name}"\nkind = "{kind}"\noptions = {options}\n' for name, (kind, options) in sinks.items()))
+    monkeypatch.setattr(doctor, "SINK_PROBE_S", 1.5)  # the silent broker's bound
+    held.listen(1)  # libzmq's bind fails on a port another socket listens on
+    try:
+        checks = _by_name(doctor.diagnose(config))
+    finally:
+        silent.close()
+        held.close()
+        hook.close()
+        broker.stop()
+    got = {name: checks[f"sink {name} ({kind})"] for name, (kind, _) in sinks.items()}
+    assert [n for n, c in got.items() if c.status == "OK"] == ["broker", "hook", "pub", "files"], got
+    assert "accepted the connection" in got["broker"].detail and f":{broker.port}" in got["broker"].detail
+    assert got["nobroker"].status == "FAIL" and "refused" in got["nobroker"].detail.lower()
+    assert "broker runs" in got["nobroker"].fix
+    assert got["mute"].status == "FAIL" and "did not accept the connection" in got["mute"].detail
+    assert got["nohook"].status == "FAIL" and "ConnectionRefusedError" in got["nohook"].detail
+    assert got["held"].status == "WARN" and "in use" in got["held"].detail
+    assert got["nofiles"].status == "FAIL" and "not a folder" in got["nofiles"].detail
+    assert not (tmp_path / "new").exists()  # the probe makes nothing
+    assert hook.posts == 0  # and sends no event
+    assert all(len(c.line().splitlines()) == 1 for c in got.values())

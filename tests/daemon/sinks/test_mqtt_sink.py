@@ -6,7 +6,8 @@ stopped while cameras send; the daemon is restarted during the outage; then
 the broker comes back. Every event the daemon made (its `jsonl` sink writes
 each one, as the reference) must reach the subscriber, in order per camera,
 with repeats only of the same id. The outage is a few seconds here; the
-issue's minute-long one at 50 events/s is tests/benchmarks/bench_events.py's.
+minute-long one at 50 events/s is test_mqtt_outage.py's (the hub's alone:
+bench_events.py --outage).
 """
 
 from __future__ import annotations

@@ -49,3 +49,47 @@ def test_a_sink_whose_spool_cannot_be_made_stays_out_and_says_why(tmp_path: Path
     assert failed.detail["sink"] == "files" and "state_dir" in failed.detail["error"]
     hub.publish("p", event("cam", 1))  # nothing to append to: no error either
     hub.stop()
+
+
+def test_the_syncer_makes_each_spools_cursor_durable_while_the_sinks_run(tmp_path: Path) -> None:
+    hub = Hub((SinkConfig("files", "jsonl", {"path": str(tmp_path / "out.jsonl")}),), tmp_path / "state", EventLog())
+    for i in range(20):
+        hub.publish("p", event("cam", i + 1))
+    segment = tmp_path / "state" / "files" / "1.seg"
+    cursor = tmp_path / "state" / "files" / "cursor"
+    # The cursor reaches the segment's end once the events were delivered and a sync ran, the hub still running.
+    eventually(lambda: cursor.read_bytes()[8:16] == segment.stat().st_size.to_bytes(8, "little"),
+               "the cursor synced past the delivered events")
+    assert hub.view()[0]["delivered"] == 20
+    hub.stop()
+
+
+def test_a_pub_sink_that_is_up_gets_each_event_on_the_publishing_thread_in_order(tmp_path: Path) -> None:
+    import zmq
+
+    from support.harness import free_port
+
+    bind = f"tcp://127.0.0.1:{free_port()}"
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.setsockopt(zmq.RCVTIMEO, 10_000)
+    sub.connect(bind)
+    hub = Hub((SinkConfig("pub", "zmq", {"bind": bind}),), tmp_path / "state", EventLog())
+    try:
+        runner = hub.runners["pub"]
+        eventually(lambda: (hub.publish("p", event("probe", 1)), sub.poll(50))[1], "the subscriber connected")
+        eventually(lambda: runner.state == "up", "the sink up")
+        sub.recv_multipart()
+        while sub.poll(200):  # the probes' other events
+            sub.recv_multipart()
+        sent, waited = [event("cam", i + 1) for i in range(200)], 0
+        for one in sent:
+            hub.publish("p", one)
+            waited += runner.spool.backlog()[0]  # 0: delivered before publish returned
+        # The sink's own thread delivers one only where it held the sink at that moment (its idle look).
+        assert waited <= 10, f"{waited} of 200 events were left to the sink's thread"
+        got = [json.loads(sub.recv_multipart()[1])["id"] for _ in sent]
+        assert got == [e["id"] for e in sent]
+    finally:
+        hub.stop()
+        sub.close(linger=0)
