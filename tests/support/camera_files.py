@@ -22,23 +22,6 @@ def write_clip(path: Path, width: int = 64, height: int = 48, frames: int = 30, 
     return write_frames(path, images, fps)
 
 
-def write_frames(path: Path, images: list[np.ndarray], fps: int = 15) -> Path:
-    """`images` (RGB, all of one even size) as a clip, as write_clip writes its bar."""
-    import av
-
-    codec = "libx264" if "libx264" in av.codecs_available else "mpeg4"
-    height, width = images[0].shape[:2]
-    with av.open(str(path), "w") as out:
-        stream = out.add_stream(codec, rate=fps)
-        stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
-        for image in images:
-            for packet in stream.encode(av.VideoFrame.from_ndarray(image, format="rgb24")):
-                out.mux(packet)
-        for packet in stream.encode():
-            out.mux(packet)
-    return path
-
-
 def write_frames(path: Path, frames: Iterable[np.ndarray], fps: int = 15) -> Path:
     """A clip of `frames` (RGB uint8, even sides), H.264 at its best quality (MPEG-4 part 2 where this
     FFmpeg has no H.264 encoder), written with PyAV: a generated scene a camera reads from a file."""
