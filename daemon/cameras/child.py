@@ -39,6 +39,9 @@ RETRY_FIRST_S, RETRY_CAP_S = 0.25, 1.0
 REFUSED_RETRY_S = 30.0  # a refused stream (over max_pixels) is tried again this seldom
 REPLY_TIMEOUT_S = 10.0  # a request unanswered this long is given up, so that frames go on
 ERROR_CHARS = 300
+# Statuses that say the daemon did not take a frame for now (it drains, its queue is full, the model loads):
+# nothing is wrong with the camera, so they are counted apart and do not become its last error.
+REFUSED = frozenset((429, 503))
 
 
 @dataclass
@@ -51,6 +54,7 @@ class Counts:
     sent: int = 0
     superseded: int = 0  # passed the gate, but a newer frame replaced them before they were sent
     served: int = 0  # replies 200
+    refused: int = 0  # replies REFUSED: the daemon did not take the frame (draining, busy, its model loading)
     failed: int = 0  # replies of any other status
     reconnects: int = 0
     decode_ms_sum: float = 0.0
@@ -121,11 +125,14 @@ def open_source_or_error(camera: CameraConfig) -> Any:
 class Sender:
     """The camera's requests to its pipeline: one in flight, the newest frame next."""
 
-    def __init__(self, camera: CameraConfig, endpoint: str, regions: str, input_name: str, counts: Counts) -> None:
+    def __init__(self, camera: CameraConfig, endpoint: str, regions: str, input_name: str, counts: Counts,
+                 identity: str = "") -> None:
         self.camera, self.input, self.counts = camera, input_name, counts
         self.regions = regions
         self.socket: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        if identity:  # the daemon's for this camera, the same after a restart: its key stays its own (bound keys)
+            self.socket.setsockopt(zmq.IDENTITY, f"camera-{identity}".encode()[:255])
         self.socket.connect(endpoint)
         self.shm: SharedMemory | None = None
         self.slot = 0  # which half of the region the next frame goes to: the other may be in flight
@@ -195,6 +202,8 @@ class Sender:
             self.in_flight = None
             if reply.status == 200:
                 self.counts.served += 1
+            elif reply.status in REFUSED:
+                self.counts.refused += 1
             else:
                 self.counts.failed += 1
                 self.last_error = f"{reply.status} {str(reply.error or '')[:ERROR_CHARS]}"
@@ -205,10 +214,11 @@ class Sender:
         self.send_waiting()
 
 
-def run(camera: CameraConfig, endpoint: str, regions: str, input_name: str, status_fd: int) -> int:
+def run(camera: CameraConfig, endpoint: str, regions: str, input_name: str, status_fd: int,
+        identity: str = "") -> int:
     """Take, gate and send frames until the camera ends; the status line every HEARTBEAT_S."""
     counts, newest, stop = Counts(), Newest(), threading.Event()
-    sender = Sender(camera, endpoint, regions, input_name, counts)
+    sender = Sender(camera, endpoint, regions, input_name, counts, identity)
     gate = MotionGate(camera.gate) if camera.gate is not None else None
     decoder = threading.Thread(target=decode_forever, args=(camera, newest, counts, stop), name="decoder",
                                daemon=True)
@@ -275,8 +285,9 @@ def main(argv: list[str] | None = None) -> int:
     raw = json.loads(sys.stdin.read())  # the camera's settings, as JSON (not in argv: a URL may hold a password)
     raw["size"] = tuple(raw["size"]) if raw.get("size") else None
     raw["gate"] = parse_gate(raw["gate"], "gate") if raw.get("gate") else None
+    identity = str(raw.pop("identity", ""))
     camera = CameraConfig(**raw)
-    return run(camera, args.endpoint, args.regions, args.input, args.status_fd)
+    return run(camera, args.endpoint, args.regions, args.input, args.status_fd, identity)
 
 
 if __name__ == "__main__":
