@@ -64,6 +64,9 @@ def d(tmp_path_factory: pytest.TempPathFactory, engines: Path, servers: dict[str
     gi = gi_path(tmp_path_factory.mktemp("gi"))
     if gi is not None:
         cameras += camera("porch", servers["rtsp"].url, decoder="gstreamer")
+        # Over max_pixels as the stream sends it, under it once scaled to `size`: refused all the same.
+        cameras += camera("attic", servers["rtsp"].url, decoder="gstreamer", size=[32, 24], max_pixels=10_000)
+    cameras += camera("cellar", servers["rtsp"].url, decoder="software", size=[32, 24], max_pixels=10_000)
     daemon = Daemon(tmp_path_factory.mktemp("camera-streams"),
                     (DAEMON_HEAD + MODELS + camera_pipeline("cams") + cameras).format(engines=engines),
                     env={"PYTHONPATH": str(gi)} if gi is not None else None).start()
@@ -127,3 +130,14 @@ def test_an_rtsp_camera_whose_frames_come_in_several_slices_is_decoded_whole_and
         diffs.append(min(float(np.abs(frame.image.astype(np.int16) - s).mean()) for s in scenes))
     source.close()
     assert len(diffs) == 10 and max(diffs) <= WHOLE_FRAME_DIFF, diffs
+
+
+@pytest.mark.parametrize("name, decoder", [("cellar", "software"), ("attic", "gstreamer")])
+def test_a_stream_over_max_pixels_is_refused_naming_the_limit_before_a_frame_is_decoded(d: Daemon, name: str,
+                                                                                        decoder: str) -> None:
+    if name not in d.config_path.read_text():
+        pytest.skip("GStreamer's Python bindings (python3-gi) are not installed")
+    refused = eventually(lambda: camera_events(d, "camera_refused", name), f"camera_refused for {name}", 30)
+    assert "max_pixels (10000)" in refused[0]["reason"] and "160x120" in refused[0]["reason"], refused[0]
+    entry = eventually(lambda: (c := cameras(d)[name])["state"] == "refused" and c, f"{name} shown refused", 10)
+    assert entry["decoded"] == 0 and entry["sent"] == 0, entry
