@@ -27,7 +27,7 @@ import numpy as np
 import zmq
 
 from infermux.cameras.config import CameraConfig
-from infermux.cameras.gate import MotionGate, parse_gate
+from infermux.cameras.gate import Box, MotionGate, parse_gate
 from infermux.cameras.source import CameraEnded, CameraError, CameraRefused, Decoded, open_source
 from infermux.client.shared_memory import SharedMemory
 from infermux.protocol import Frame, MalformedReply, SharedTensor, decode_reply, encode_request
@@ -137,23 +137,26 @@ class Sender:
         self.shm: SharedMemory | None = None
         self.slot = 0  # which half of the region the next frame goes to: the other may be in flight
         self.waiting: Decoded | None = None
+        self.waiting_boxes: list[Box] = []  # where the waiting frame changed, by the gate (none: no gate)
         self.in_flight: tuple[int, float] | None = None  # (id, when sent)
         self.ids = itertools.count(1)
         self.last_error = ""
         self.replaced = 0  # frames superseded here since the last request sent
 
-    def offer(self, frame: Decoded) -> None:
-        """Send `frame` now if nothing is in flight, else keep it (replacing the one kept)."""
+    def offer(self, frame: Decoded, boxes: list[Box] | None = None) -> None:
+        """Send `frame` now if nothing is in flight, else keep it (replacing the one kept); `boxes`: where the
+        gate saw it change, sent with it as the request's `motion` for the pipeline's `roi` step."""
         if self.waiting is not None:
             self.counts.superseded += 1
             self.replaced += 1  # told to the daemon with the next request: its stream counts every frame lost
-        self.waiting = frame
+        self.waiting, self.waiting_boxes = frame, boxes or []
         self.send_waiting()
 
     def send_waiting(self) -> None:
         if self.in_flight is not None or self.waiting is None:
             return
         frame, self.waiting = self.waiting, None
+        motion = [[int(v) for v in box] for box in self.waiting_boxes]
         image = np.ascontiguousarray(frame.image)
         height, width = image.shape[:2]
         ident = next(self.ids)
@@ -161,11 +164,12 @@ class Sender:
         ref = self._into_region(image)
         if ref is None:
             frames = encode_request(self.camera.pipeline, {self.input: Frame.of(image, "rgb")}, id=ident,
-                                    key=self.camera.name, captured=frame.captured, replaced=self.replaced)
+                                    key=self.camera.name, captured=frame.captured, replaced=self.replaced,
+                                    motion=motion)
         else:
             frames = encode_request(self.camera.pipeline, {self.input: ref}, id=ident, key=self.camera.name,
                                     captured=frame.captured, described={self.input: geometry},
-                                    replaced=self.replaced)
+                                    replaced=self.replaced, motion=motion)
         self.replaced = 0
         self.socket.send_multipart([b"", *frames])
         self.in_flight = (ident, time.monotonic())
@@ -247,10 +251,14 @@ def run(camera: CameraConfig, endpoint: str, regions: str, input_name: str, stat
 
 def take(frame: Decoded, gate: MotionGate | None, sender: Sender, counts: Counts) -> None:
     counts.taken += 1
-    if gate is not None and not gate.decide(frame.image, frame.captured).send:
+    if gate is None:
+        sender.offer(frame)
+        return
+    decision = gate.decide(frame.image, frame.captured)
+    if not decision.send:
         counts.gated += 1
         return
-    sender.offer(frame)
+    sender.offer(frame, decision.boxes)
 
 
 def report(status: Any, newest: Newest, counts: Counts, sender: Sender) -> None:
