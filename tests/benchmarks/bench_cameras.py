@@ -3,6 +3,7 @@
     python tests/benchmarks/bench_cameras.py [--cameras 1] [--size 640x360 --size 1280x720] [--fps 15]
         [--seconds 8] [--warmup 2] [--rounds 2] [--decoders floor,pyav,ffmpeg,gstreamer] [--no-write]
     python tests/benchmarks/bench_cameras.py --daemon [--cameras 4] [--still] ...   # through the daemon's [[cameras]]
+    python tests/benchmarks/bench_cameras.py --faults [silent,garbage,...] ...   # a faulty camera beside others
 
 The cameras are a real RTSP server (GStreamer's, tests/support/rtsp.py) serving an H.264 clip the script
 encodes (moving shapes on a textured background with sensor noise; one IDR frame a second, no B-frames,
@@ -441,6 +442,8 @@ def main() -> None:
     parser.add_argument("--transport", default="tcp", choices=("tcp", "udp"))
     parser.add_argument("--still", action="store_true", help="a scene that does not move (the gate's case)")
     parser.add_argument("--daemon", action="store_true", help="through the daemon's [[cameras]] (needs infermux.cameras)")
+    parser.add_argument("--faults", nargs="?", const="all", help="one faulty camera beside a healthy one and a plain "
+                        "client (camera_faults.py): all, or a comma-separated subset of its faults")
     parser.add_argument("--no-write", dest="write", action="store_false", help="print only; leave RESULTS.md")
     parser.add_argument("--reader", choices=("pyav", "pyav-yuv", "pyav-half", "ffmpeg", "floor"), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -452,6 +455,13 @@ def main() -> None:
         parser.error(f"unknown decoders {sorted(unknown)}: choose from {', '.join(KINDS)}")
     if args.reader:
         run_reader(args)
+    elif args.faults:
+        from camera_faults import FAULTS, faults_run
+
+        args.faults = FAULTS if args.faults == "all" else args.faults.split(",")
+        if set(args.faults) - set(FAULTS):
+            parser.error(f"unknown faults {sorted(set(args.faults) - set(FAULTS))}: choose from {', '.join(FAULTS)}")
+        faults_run(args)
     elif args.daemon:
         daemon_run(args)
     else:
