@@ -5,7 +5,9 @@ Two threads. The decoder thread reads the camera (source.py) and keeps only the 
 on a failure it reports the camera lost and opens it again with capped backoff. The main thread takes
 the newest frame `fps` times a second, runs the motion gate, and sends the frame to the camera's
 pipeline as a client of the daemon: the pixels in a shared-memory region registered with the daemon,
-the request naming them, with the camera's name as its stream key and the capture time in `captured`.
+the request naming them, with the camera's name as its stream key, the capture time in `captured` and
+the gate's boxes in `motion` (where the frame changed: a pipeline's `roi` step cuts the frame to them).
+Replies 429 and 503 (the daemon draining, busy, loading the model) are counted `refused`, not `failed`.
 At most one request is in flight; a frame that finds one waiting replaces the frame kept to go next
 (`superseded`). The main thread also writes the status line (one JSON object per line, on the status
 pipe) every HEARTBEAT_S: a process that stops writing it is killed by the daemon as hung.
