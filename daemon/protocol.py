@@ -51,6 +51,11 @@ MAX_CAPTURE_SKEW_S = 86_400.0
 # added to the stream's; a larger backlog is carried to the client's next request (client/stream.py).
 MAX_REPLACED = 1_000_000
 
+# The most motion boxes a request may carry (`motion`), and the largest coordinate of one: a camera's
+# gate sends at most its `max_boxes` (256 at most), and no frame is wider or taller than this.
+MAX_MOTION_BOXES = 256
+MAX_MOTION_COORD = 65_535
+
 _REQUEST_SET, _INPUT_SET, _REGION_SET = frozenset(REQUEST_FIELDS), frozenset(INPUT_FIELDS), frozenset(REGION_FIELDS)
 # Names that other protocols give a field, too far from ours in spelling for difflib to find.
 _ALIASES = {"deadline": "timeout_ms", "deadline_ms": "timeout_ms", "request_id": "id", "model_version": "version"}
@@ -208,7 +213,7 @@ def parse_request(frames: Sequence[bytes | memoryview], limits: Limits = Limits(
         version=None if version is None else str(version),
         outputs=None if outputs is None else tuple(outputs),
         timeout_ms=timeout_ms, key=_key(header), captured=_captured(header), replaced=replaced,
-        input_regions=input_regions,
+        motion=_motion(header), input_regions=input_regions,
         output_regions=_parse_output_regions(header, regions, limits), described=described,
     )
 
@@ -223,6 +228,24 @@ def _captured(header: dict[str, Any]) -> float | None:
         raise _bad(f"header field 'captured' {_short(value, 40)} must be the frame's capture time in epoch "
                    f"seconds, within {MAX_CAPTURE_SKEW_S:.0f} s of the daemon's clock")
     return float(value)
+
+
+def _motion(header: dict[str, Any]) -> tuple[tuple[int, int, int, int], ...]:
+    """The header's motion boxes: at most MAX_MOTION_BOXES, each [x0, y0, x1, y1] of integers
+    0 <= x0 < x1 <= MAX_MOTION_COORD (and so for y)."""
+    value = header.get("motion")
+    if value is None:
+        return ()
+    if not isinstance(value, list) or len(value) > MAX_MOTION_BOXES:
+        raise _bad(f"header field 'motion' must be a list of at most {MAX_MOTION_BOXES} boxes [x0, y0, x1, y1]")
+    boxes = []
+    for box in value:
+        if not (isinstance(box, list) and len(box) == 4 and all(type(v) is int for v in box)
+                and 0 <= box[0] < box[2] <= MAX_MOTION_COORD and 0 <= box[1] < box[3] <= MAX_MOTION_COORD):
+            raise _bad(f"header field 'motion': a box must be [x0, y0, x1, y1], integers with 0 <= x0 < x1 <= "
+                       f"{MAX_MOTION_COORD} and 0 <= y0 < y1 <= {MAX_MOTION_COORD}, got {_short(box, 60)}")
+        boxes.append((box[0], box[1], box[2], box[3]))
+    return tuple(boxes)
 
 
 def _replaced(header: dict[str, Any]) -> int:

@@ -44,13 +44,15 @@ def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor | 
                    timeout_ms: int | None = None, key: str | int | None = None,
                    output_regions: Mapping[str, SharedTensor] | None = None, replaced: int = 0,
                    captured: float | None = None, described: Mapping[str, Mapping[str, Any]] | None = None,
+                   motion: Sequence[Sequence[int]] = (),
                    ) -> list[Any]:
     """Frames of a request: the header, then one raw frame per input (none for a SharedTensor; a
     Frame's bytes for a Frame, its format and geometry in its entry).
 
     `replaced`: frames of `key` the client replaced before sending them since its last request (sent when > 0).
     `captured`: the frame's capture time (epoch seconds); `described`: a frame's format and geometry
-    (FRAME_FIELDS) for an input sent as a SharedTensor, by input name.
+    (FRAME_FIELDS) for an input sent as a SharedTensor, by input name; `motion`: boxes [x0, y0, x1, y1]
+    where the frame changed (sent when any), for a pipeline's `roi` step.
 
     `output_regions`: outputs to be written into the client's regions, each at
     the offset of the given SharedTensor (its dtype and shape are not sent)."""
@@ -76,6 +78,15 @@ def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor | 
                         ("captured", captured)):
         if given is not None:
             header[key_] = given
+    _optional_fields(header, outputs, output_regions, replaced, motion)
+    frames[0] = encode_header(header)
+    return frames
+
+
+def _optional_fields(header: dict[str, Any], outputs: Sequence[str] | None,
+                     output_regions: Mapping[str, SharedTensor] | None, replaced: int,
+                     motion: Sequence[Sequence[int]]) -> None:
+    """A request header's fields that are sent only when they say something."""
     if outputs is not None:
         header["outputs"] = list(outputs)
     if output_regions:
@@ -83,8 +94,8 @@ def encode_request(model: str, inputs: Mapping[str, np.ndarray | SharedTensor | 
                                     for name, ref in output_regions.items()}
     if replaced:
         header["replaced"] = replaced
-    frames[0] = encode_header(header)
-    return frames
+    if motion:
+        header["motion"] = [[int(v) for v in box] for box in motion]
 
 
 def encode_reply(header: dict[str, Any], outputs: Mapping[str, np.ndarray] | None = None,

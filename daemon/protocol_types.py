@@ -26,7 +26,7 @@ DTYPES: dict[str, np.dtype] = {
 # typo such as `timout_ms` or a field from another server's protocol
 # (`deadline_ms`) is seen instead of silently changing nothing.
 REQUEST_FIELDS = ("model", "inputs", "id", "version", "outputs", "timeout_ms", "key", "output_regions", "captured",
-                  "replaced")
+                  "replaced", "motion")
 # An input entry's last four describe a camera frame sent to a pipeline (docs/protocol.md, "Pipelines
 # on the wire"); the pipeline's first step reads and checks them.
 INPUT_FIELDS = ("name", "dtype", "shape", "region", "offset", "format", "width", "height", "stride")
@@ -238,6 +238,8 @@ class Request:
     key: str | None = None
     captured: float | None = None  # when the frame was captured (epoch seconds): stream ages count from it
     replaced: int = 0  # frames of this key the client replaced before sending them, since its last request
+    # Where the frame changed (a camera's motion gate): boxes x0, y0, x1, y1 in its pixels, for a pipeline.
+    motion: tuple[tuple[int, int, int, int], ...] = ()
     input_regions: dict[str, SharedTensor] = field(default_factory=dict)
     output_regions: dict[str, OutputRegion] = field(default_factory=dict)
     # A frame's entry as its header gave it ("format" and the geometry, FRAME_FIELDS), by input name,

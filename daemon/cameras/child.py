@@ -5,7 +5,9 @@ Two threads. The decoder thread reads the camera (source.py) and keeps only the 
 on a failure it reports the camera lost and opens it again with capped backoff. The main thread takes
 the newest frame `fps` times a second, runs the motion gate, and sends the frame to the camera's
 pipeline as a client of the daemon: the pixels in a shared-memory region registered with the daemon,
-the request naming them, with the camera's name as its stream key and the capture time in `captured`.
+the request naming them, with the camera's name as its stream key, the capture time in `captured` and
+the gate's boxes in `motion` (where the frame changed: a pipeline's `roi` step cuts the frame to them).
+Replies 429 and 503 (the daemon draining, busy, loading the model) are counted `refused`, not `failed`.
 At most one request is in flight; a frame that finds one waiting replaces the frame kept to go next
 (`superseded`). The main thread also writes the status line (one JSON object per line, on the status
 pipe) every HEARTBEAT_S: a process that stops writing it is killed by the daemon as hung.
@@ -27,7 +29,7 @@ import numpy as np
 import zmq
 
 from infermux.cameras.config import CameraConfig
-from infermux.cameras.gate import MotionGate, parse_gate
+from infermux.cameras.gate import Box, MotionGate, parse_gate
 from infermux.cameras.source import CameraEnded, CameraError, CameraRefused, Decoded, open_source
 from infermux.client.shared_memory import SharedMemory
 from infermux.protocol import Frame, MalformedReply, SharedTensor, decode_reply, encode_request
@@ -39,6 +41,9 @@ RETRY_FIRST_S, RETRY_CAP_S = 0.25, 1.0
 REFUSED_RETRY_S = 30.0  # a refused stream (over max_pixels) is tried again this seldom
 REPLY_TIMEOUT_S = 10.0  # a request unanswered this long is given up, so that frames go on
 ERROR_CHARS = 300
+# Statuses that say the daemon did not take a frame for now (it drains, its queue is full, the model loads):
+# nothing is wrong with the camera, so they are counted apart and do not become its last error.
+REFUSED = frozenset((429, 503))
 
 
 @dataclass
@@ -51,6 +56,7 @@ class Counts:
     sent: int = 0
     superseded: int = 0  # passed the gate, but a newer frame replaced them before they were sent
     served: int = 0  # replies 200
+    refused: int = 0  # replies REFUSED: the daemon did not take the frame (draining, busy, its model loading)
     failed: int = 0  # replies of any other status
     reconnects: int = 0
     decode_ms_sum: float = 0.0
@@ -121,32 +127,38 @@ def open_source_or_error(camera: CameraConfig) -> Any:
 class Sender:
     """The camera's requests to its pipeline: one in flight, the newest frame next."""
 
-    def __init__(self, camera: CameraConfig, endpoint: str, regions: str, input_name: str, counts: Counts) -> None:
+    def __init__(self, camera: CameraConfig, endpoint: str, regions: str, input_name: str, counts: Counts,
+                 identity: str = "") -> None:
         self.camera, self.input, self.counts = camera, input_name, counts
         self.regions = regions
         self.socket: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
         self.socket.setsockopt(zmq.LINGER, 0)
+        if identity:  # the daemon's for this camera, the same after a restart: its key stays its own (bound keys)
+            self.socket.setsockopt(zmq.IDENTITY, f"camera-{identity}".encode()[:255])
         self.socket.connect(endpoint)
         self.shm: SharedMemory | None = None
         self.slot = 0  # which half of the region the next frame goes to: the other may be in flight
         self.waiting: Decoded | None = None
+        self.waiting_boxes: list[Box] = []  # where the waiting frame changed, by the gate (none: no gate)
         self.in_flight: tuple[int, float] | None = None  # (id, when sent)
         self.ids = itertools.count(1)
         self.last_error = ""
         self.replaced = 0  # frames superseded here since the last request sent
 
-    def offer(self, frame: Decoded) -> None:
-        """Send `frame` now if nothing is in flight, else keep it (replacing the one kept)."""
+    def offer(self, frame: Decoded, boxes: list[Box] | None = None) -> None:
+        """Send `frame` now if nothing is in flight, else keep it (replacing the one kept); `boxes`: where the
+        gate saw it change, sent with it as the request's `motion` for the pipeline's `roi` step."""
         if self.waiting is not None:
             self.counts.superseded += 1
             self.replaced += 1  # told to the daemon with the next request: its stream counts every frame lost
-        self.waiting = frame
+        self.waiting, self.waiting_boxes = frame, boxes or []
         self.send_waiting()
 
     def send_waiting(self) -> None:
         if self.in_flight is not None or self.waiting is None:
             return
         frame, self.waiting = self.waiting, None
+        motion = [[int(v) for v in box] for box in self.waiting_boxes]
         image = np.ascontiguousarray(frame.image)
         height, width = image.shape[:2]
         ident = next(self.ids)
@@ -154,11 +166,12 @@ class Sender:
         ref = self._into_region(image)
         if ref is None:
             frames = encode_request(self.camera.pipeline, {self.input: Frame.of(image, "rgb")}, id=ident,
-                                    key=self.camera.name, captured=frame.captured, replaced=self.replaced)
+                                    key=self.camera.name, captured=frame.captured, replaced=self.replaced,
+                                    motion=motion)
         else:
             frames = encode_request(self.camera.pipeline, {self.input: ref}, id=ident, key=self.camera.name,
                                     captured=frame.captured, described={self.input: geometry},
-                                    replaced=self.replaced)
+                                    replaced=self.replaced, motion=motion)
         self.replaced = 0
         self.socket.send_multipart([b"", *frames])
         self.in_flight = (ident, time.monotonic())
@@ -195,6 +208,8 @@ class Sender:
             self.in_flight = None
             if reply.status == 200:
                 self.counts.served += 1
+            elif reply.status in REFUSED:
+                self.counts.refused += 1
             else:
                 self.counts.failed += 1
                 self.last_error = f"{reply.status} {str(reply.error or '')[:ERROR_CHARS]}"
@@ -205,10 +220,11 @@ class Sender:
         self.send_waiting()
 
 
-def run(camera: CameraConfig, endpoint: str, regions: str, input_name: str, status_fd: int) -> int:
+def run(camera: CameraConfig, endpoint: str, regions: str, input_name: str, status_fd: int,
+        identity: str = "") -> int:
     """Take, gate and send frames until the camera ends; the status line every HEARTBEAT_S."""
     counts, newest, stop = Counts(), Newest(), threading.Event()
-    sender = Sender(camera, endpoint, regions, input_name, counts)
+    sender = Sender(camera, endpoint, regions, input_name, counts, identity)
     gate = MotionGate(camera.gate) if camera.gate is not None else None
     decoder = threading.Thread(target=decode_forever, args=(camera, newest, counts, stop), name="decoder",
                                daemon=True)
@@ -237,10 +253,14 @@ def run(camera: CameraConfig, endpoint: str, regions: str, input_name: str, stat
 
 def take(frame: Decoded, gate: MotionGate | None, sender: Sender, counts: Counts) -> None:
     counts.taken += 1
-    if gate is not None and not gate.decide(frame.image, frame.captured).send:
+    if gate is None:
+        sender.offer(frame)
+        return
+    decision = gate.decide(frame.image, frame.captured)
+    if not decision.send:
         counts.gated += 1
         return
-    sender.offer(frame)
+    sender.offer(frame, decision.boxes)
 
 
 def report(status: Any, newest: Newest, counts: Counts, sender: Sender) -> None:
@@ -275,8 +295,9 @@ def main(argv: list[str] | None = None) -> int:
     raw = json.loads(sys.stdin.read())  # the camera's settings, as JSON (not in argv: a URL may hold a password)
     raw["size"] = tuple(raw["size"]) if raw.get("size") else None
     raw["gate"] = parse_gate(raw["gate"], "gate") if raw.get("gate") else None
+    identity = str(raw.pop("identity", ""))
     camera = CameraConfig(**raw)
-    return run(camera, args.endpoint, args.regions, args.input, args.status_fd)
+    return run(camera, args.endpoint, args.regions, args.input, args.status_fd, identity)
 
 
 if __name__ == "__main__":

@@ -53,13 +53,13 @@ def description(camera: CameraConfig, h264: str) -> str:
     kind = camera.kind
     if kind == "rtsp":
         protocols = "tcp" if camera.transport == "tcp" else "udp"
-        head = f"rtspsrc name=src latency=0 protocols={protocols} ! rtph264depay ! h264parse ! {h264}"
+        head = f"rtspsrc name=src latency=0 protocols={protocols} ! rtph264depay ! h264parse name=sized ! {h264}"
     elif kind == "http":
-        head = "souphttpsrc name=src is-live=true ! multipartdemux ! jpegdec"
+        head = "souphttpsrc name=src is-live=true ! multipartdemux ! jpegparse name=sized ! jpegdec"
     elif kind == "device":
-        head = "v4l2src name=src"
+        head = "v4l2src name=src ! identity name=sized"
     else:
-        head = "filesrc name=src ! decodebin"
+        head = "filesrc name=src ! decodebin ! identity name=sized"  # decodebin's choice: sized once decoded
     size = f",width={camera.size[0]},height={camera.size[1]}" if camera.size else ""
     sync = "true" if kind == "file" else "false"  # a file plays at its own pace; a live source as it comes
     return (f"{head} ! videoconvert ! videoscale ! video/x-raw,format=RGB{size} ! "
@@ -82,6 +82,28 @@ class GStreamerSource:
         self.pipeline.get_by_name("src").set_property(key, camera.url)
         self.sink = self.pipeline.get_by_name("sink")
         self.bus = self.pipeline.get_bus()
+        self.refused = ""  # why the stream is over max_pixels, once its caps said so (a streaming thread sets it)
+        probe = self.gst.PadProbeType.EVENT_DOWNSTREAM | self.gst.PadProbeType.BUFFER
+        self.pipeline.get_by_name("sized").get_static_pad("src").add_probe(probe, self._sized)
+
+    def _sized(self, _pad: Any, info: Any) -> Any:
+        """The stream's size as the element named `sized` announces it (a parser's caps: before the decoder
+        sees a byte of a frame, at the size the stream sends, not `size`): over max_pixels, the camera is
+        refused and nothing more reaches the decoder."""
+        gst = self.gst
+        if info.type & gst.PadProbeType.BUFFER:
+            return gst.PadProbeReturn.DROP if self.refused else gst.PadProbeReturn.OK
+        event = info.get_event()
+        if event is None or event.type != gst.EventType.CAPS:
+            return gst.PadProbeReturn.OK
+        caps = event.parse_caps()
+        structure = caps.get_structure(0) if caps is not None and caps.get_size() else None
+        found_w, width = structure.get_int("width") if structure is not None else (False, 0)
+        found_h, height = structure.get_int("height") if structure is not None else (False, 0)
+        if found_w and found_h and width * height > self.camera.max_pixels:
+            self.refused = (f"the stream's frames are {width}x{height} ({width * height} pixels), over this camera's "
+                            f"max_pixels ({self.camera.max_pixels}); raise max_pixels to take it")
+        return gst.PadProbeReturn.OK
 
     def frames(self) -> Iterator[Decoded]:
         gst = self.gst
@@ -89,6 +111,8 @@ class GStreamerSource:
             self.pipeline.set_state(gst.State.PLAYING)
             silent_since = time.monotonic()
             while True:
+                if self.refused:
+                    raise CameraRefused(self.refused)
                 self._check_bus()
                 begin = time.perf_counter()
                 # In slices, so that an error on the bus (a refused connection) is seen at once.

@@ -18,7 +18,8 @@ def families(cameras: list[dict[str, Any]]) -> list[Family]:
         return [({"camera": c["camera"]}, float(value(c))) for c in cameras]
 
     ages = [({"camera": c["camera"], "quantile": q}, c["capture_age_ms"][key] / 1e3)
-            for c in cameras for q, key in (("0.5", "p50"), ("0.99", "p99")) if c["capture_age_ms"].get(key) is not None]
+            for c in cameras for q, key in (("0.5", "p50"), ("0.95", "p95"), ("0.99", "p99"))
+            if c["capture_age_ms"].get(key) is not None]
     return [
         ("infermux_camera_up", "gauge", "1 while the camera's frames flow (state streaming), else 0.",
          each(lambda c: c["state"] == "streaming")),
@@ -27,7 +28,8 @@ def families(cameras: list[dict[str, Any]]) -> list[Family]:
         ("infermux_camera_fps", "gauge", "The rate a camera's frames are taken at: its fps setting (the alert "
          "InfermuxCameraBelowFps compares the frames taken with it).", each(lambda c: c["fps"])),
         ("infermux_camera_frames_total", "counter", "A camera's frames: decoded, taken at its fps, gated out (no "
-         "motion), sent, superseded (replaced by a newer one before they were sent), served (200), failed.",
+         "motion), sent, superseded (replaced by a newer one before they were sent), served (200), refused (429 "
+         "or 503: the daemon draining, busy or loading the model), failed (any other status).",
          [({"camera": c["camera"], "what": what}, float(c[what])) for c in cameras for what in COUNTERS]),
         ("infermux_camera_decode_seconds_total", "counter", "CPU time spent decoding a camera's frames.",
          each(lambda c: c["decode_seconds_total"])),

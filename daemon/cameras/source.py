@@ -143,6 +143,10 @@ class PyAVSource:
             # Slice threads only: frame threads hold each frame back by as many frames as there are
             # threads, latency the capture-to-result age cannot see (docs/decisions.md, decoding cameras).
             stream.thread_type = "SLICE"
+            # A frame cut into several slices reaches us from FFmpeg's RTSP demuxer as one packet per slice
+            # (its parser does not join them): `chunks` has the decoder put a frame together from packets
+            # and hand it over once its last macroblock row is decoded, not a part-frame per packet.
+            stream.codec_context.options = {**stream.codec_context.options, "flags2": "+chunks"}
             self._check_size(stream)
             paced = self.camera.kind == "file"
             while not self._closed:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import select
 import signal
 import subprocess
@@ -53,7 +54,7 @@ MAX_LINE = 64 << 10  # a status line longer than this is not the child's: the pr
 STATE_FILE = "cameras.json"
 STATE_FORMAT = 1
 STATE_MAX_BYTES = 1 << 20
-COUNTERS = ("decoded", "taken", "gated", "sent", "superseded", "served", "failed")
+COUNTERS = ("decoded", "taken", "gated", "sent", "superseded", "served", "refused", "failed")
 TOTALS = (*COUNTERS, "reconnects", "decode_ms_sum")  # a process's counters, summed over its restarts
 
 
@@ -105,6 +106,11 @@ class Cameras:
         self.state_path = None if server.state_dir is None else Path(server.state_dir) / STATE_FILE
         self.live: dict[str, dict[str, bool]] = self._read_live()  # name -> {"enabled": live, "file": file's}
         self.cameras: dict[str, Camera] = {}
+        # Each camera's connection identity, the same for every process of it while the daemon runs: under
+        # stream_keys = "bound" a key belongs to the connection that sent it, and a restarted process (a
+        # crash, a hang, a reload that changed it) connects as the one before it did, so its key is its own
+        # at once. Random: no other client can guess it and take the key.
+        self._identities: dict[str, str] = {}
         self._asks: deque[Callable[[], None]] = deque()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="cameras", daemon=True)
@@ -234,8 +240,9 @@ class Cameras:
                  str(lifeline_r)],
                 pass_fds=(status_w, lifeline_r), stdin=subprocess.PIPE)
             assert camera.proc.stdin is not None
+            identity = self._identities.setdefault(camera.config.name, secrets.token_hex(16))
             with camera.proc.stdin as settings:  # a few KB: the pipe takes them whole, the child reads them first
-                settings.write(json.dumps(camera.config.as_json()).encode())
+                settings.write(json.dumps({**camera.config.as_json(), "identity": identity}).encode())
         except OSError as exc:  # BrokenPipeError too: the child ended before it read its settings
             if camera.proc is not None:
                 camera.proc.kill()
@@ -403,7 +410,7 @@ class Cameras:
                 "superseded_daemon": stream.get("superseded", 0),
                 "decode_ms": round(report["decode_ms_sum"] / decoded, 3) if decoded else None,
                 "decode_seconds_total": round(report["decode_ms_sum"] / 1e3, 6),
-                "capture_age_ms": stream.get("capture_age_ms", {"p50": None, "p99": None}),
+                "capture_age_ms": stream.get("capture_age_ms", {"p50": None, "p95": None, "p99": None}),
                 "reconnects": report["reconnects"], "restarts": camera.restarts,
                 "last_error": camera.last_error,
             })

@@ -16,14 +16,15 @@ def table(cameras: list[dict[str, Any]]) -> str:
     if not cameras:
         return "no cameras: the daemon's configuration has no [[cameras]] (docs/cameras.md)"
     lines = [f"{'CAMERA':<20} {'STATE':<10} {'DECODED':>7} {'GATED':>6} {'SENT':>6} {'SUPERS':>6} {'SERVED':>6} "
-             f"{'DEC MS':>7} {'AGE P50':>8} {'AGE P99':>8} {'RECONN':>6} {'RESTART':>7}"]
+             f"{'DEC MS':>7} {'AGE P50':>8} {'AGE P95':>8} {'AGE P99':>8} {'RECONN':>6} {'RESTART':>7}"]
     for c in cameras:
         age = {q: fmt.us(v * 1000 if v is not None else None) for q, v in (c.get("capture_age_ms") or {}).items()}
         decode = "-" if c.get("decode_ms") is None else f"{c['decode_ms']:.1f}"
         lines.append(f"{fmt.printable(c.get('camera', '?'), 20):<20} {fmt.printable(c.get('state', '?'), 10):<10} "
                      f"{fmt.rate(c.get('fps_decoded')):>7} {fmt.rate(c.get('fps_gated')):>6} "
                      f"{fmt.rate(c.get('fps_sent')):>6} {fmt.rate(c.get('fps_superseded')):>6} "
-                     f"{fmt.rate(c.get('fps_served')):>6} {decode:>7} {age.get('p50', '-'):>8} {age.get('p99', '-'):>8} "
+                     f"{fmt.rate(c.get('fps_served')):>6} {decode:>7} {age.get('p50', '-'):>8} {age.get('p95', '-'):>8} "
+                     f"{age.get('p99', '-'):>8} "
                      f"{c.get('reconnects', 0):>6} {c.get('restarts', 0):>7}")
         why = c.get("reason") or c.get("last_error")
         if why:

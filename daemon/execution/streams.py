@@ -185,7 +185,8 @@ class Stream:
                    "fps_replaced_by_client": self._replaced.rate(now, self.first_seen)}
         return {"model": self.model, "key": self.key, **counts, "foreign": self.foreign,
                 "age_ms": {"p50": percentile(ages, 50), "p99": percentile(ages, 99)},
-                "capture_age_ms": {"p50": percentile(captured, 50), "p99": percentile(captured, 99)},
+                "capture_age_ms": {"p50": percentile(captured, 50), "p95": percentile(captured, 95),
+                                   "p99": percentile(captured, 99)},
                 "last_seen_s": round(now - self.last_seen, 3), **{k: round(v, 2) for k, v in fps.items()},
                 "silent": self.silent}
 

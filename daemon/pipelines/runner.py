@@ -241,6 +241,8 @@ class Pipeline:
         else:
             header["regions"] = [r.to_json() for r in sample.regions]
         header["timing_us"] = run.timing_us
+        if sample.motion:  # where the frame changed, as it came: a result's reader sees what the steps were given
+            header["motion"] = [list(box) for box in sample.motion]
         if run.fallbacks:
             header["fallbacks"] = run.fallbacks
         if sample.dropped:  # boxes that were not finite numbers: the answer says the frame had them
@@ -303,7 +305,8 @@ class Pipeline:
             if value is not None and (type(value) is not int or value < 1):
                 raise ProcessorError("input", f"input {name!r}: {key!r} must be a positive integer, got {value!r}")
         return Sample(data=array, format=fmt, key=req.key, time_ns=job.received_ns, deadline_ns=job.deadline_ns,
-                      width=geometry["width"], height=geometry["height"], stride=geometry["stride"])
+                      width=geometry["width"], height=geometry["height"], stride=geometry["stride"],
+                      motion=list(getattr(req, "motion", ())))
 
     def _stage(self, stage: spec.Stage, sample: Sample, run: Run) -> None:
         if not stage.fan_out:

@@ -40,6 +40,7 @@ BUILTIN = {
     "dbnet": "infermux.plugins.processors.dbnet:Dbnet",
     "yolo": "infermux.plugins.processors.detect:Yolo",
     "crop": "infermux.plugins.processors.crop:Crop",
+    "roi": "infermux.plugins.processors.roi:Roi",
     "orient": "infermux.plugins.processors.orient:Orient",
     "select": "infermux.plugins.processors.select:Select",
     "track": "infermux.plugins.processors.track:Track",

@@ -146,6 +146,9 @@ class Sample:
     time_ns: int | None = None
     deadline_ns: int | None = None  # perf_counter_ns by which the frame must be answered
     dropped: int = 0  # regions dropped for a box or score that is not a finite number
+    # Where the frame changed, as its request said (`motion`: a camera's gate): x0, y0, x1, y1 in
+    # original-frame pixels; empty where it did not say. The `roi` step restricts the working image to them.
+    motion: list[tuple[int, int, int, int]] = field(default_factory=list)
 
 
 @runtime_checkable

@@ -3,6 +3,7 @@
     python tests/benchmarks/bench_cameras.py [--cameras 1] [--size 640x360 --size 1280x720] [--fps 15]
         [--seconds 8] [--warmup 2] [--rounds 2] [--decoders floor,pyav,ffmpeg,gstreamer] [--no-write]
     python tests/benchmarks/bench_cameras.py --daemon [--cameras 4] [--still] ...   # through the daemon's [[cameras]]
+    python tests/benchmarks/bench_cameras.py --faults [silent,garbage,...] ...   # a faulty camera beside others
 
 The cameras are a real RTSP server (GStreamer's, tests/support/rtsp.py) serving an H.264 clip the script
 encodes (moving shapes on a textured background with sensor noise; one IDR frame a second, no B-frames,
@@ -27,7 +28,7 @@ Writes "## Cameras: decoding" in RESULTS.md.
 The daemon mode (`--daemon`, `daemon_run` below) runs N cameras through the daemon's [[cameras]] to the
 tests' one-model camera pipeline, gate off then on, a moving scene or (`--still`) one where only the
 sensor noise changes, and reports per camera the frames decoded and served a second, the capture-to-result
-age p50 and p99 (what the daemon keeps of it: `ctl cameras`), CPU per decoded frame of the daemon and its
+age p50, p95 and p99 (what the daemon keeps of it: `ctl cameras`), CPU per decoded frame of the daemon and its
 camera processes, and cameras per core. Writes "## Cameras: through the daemon" (", still scene"). It
 skips (exit 0, saying so) where this checkout has no infermux.cameras.
 """
@@ -320,7 +321,7 @@ pipeline = "camera"
 fps = {fps}
 {gate}"""
 GATE = "[cameras.gate]\nevery_s = 1.0\n"
-AGES = ("p50", "p99")  # what the daemon keeps of a stream's capture-to-result age
+AGES = ("p50", "p95", "p99")  # what the daemon keeps of a stream's capture-to-result age
 
 
 @dataclass(frozen=True)
@@ -360,7 +361,7 @@ def tree_cpu_s(pid: int) -> float:
 
 
 def camera_stats(admin: Any) -> dict[str, dict[str, Any]]:
-    """Per camera, the admin command `cameras`' row: counters, state, capture_age_ms {p50, p99}."""
+    """Per camera, the admin command `cameras`' row: counters, state, capture_age_ms {p50, p95, p99}."""
     return {row["camera"]: row for row in admin.call("cameras")["cameras"]}
 
 
@@ -412,12 +413,12 @@ def daemon_run(args: argparse.Namespace) -> None:
                 for gate in (False, True):
                     r = daemon_round(server.url, args, Path(tmp) / text / ("gate" if gate else "plain"), gate)
                     if not r.frames:  # no camera decoded in the window (stderr says what each went through)
-                        rows.append([text, "on" if gate else "off", *["no frame in the window"] * 6])
+                        rows.append([text, "on" if gate else "off", *["no frame in the window"] * 7])
                         continue
                     rows.append([text, "on" if gate else "off", f"{r.frames / r.wall_s / args.cameras:.1f}",
                                  f"{r.served / r.wall_s / args.cameras:.1f}", *(f"{r.ages_ms[p]:.1f}" for p in AGES),
                                  f"{1000 * r.cpu_s / r.frames:.2f}", f"{r.frames / (r.cpu_s * args.fps):.1f}"])
-    header = ["size", "gate", "decoded fps / camera", "served fps / camera", "age p50 ms", "age p99 ms",
+    header = ["size", "gate", "decoded fps / camera", "served fps / camera", "age p50 ms", "age p95 ms", "age p99 ms",
               "CPU ms / decoded frame", f"cameras / core at {args.fps} fps"]
     body = (f"{stamp()}\n\n`python tests/benchmarks/bench_cameras.py {' '.join(sys.argv[1:])}`: {args.cameras} "
             f"cameras of a {'still' if args.still else 'moving'} scene through the daemon's [[cameras]] to a "
@@ -441,6 +442,8 @@ def main() -> None:
     parser.add_argument("--transport", default="tcp", choices=("tcp", "udp"))
     parser.add_argument("--still", action="store_true", help="a scene that does not move (the gate's case)")
     parser.add_argument("--daemon", action="store_true", help="through the daemon's [[cameras]] (needs infermux.cameras)")
+    parser.add_argument("--faults", nargs="?", const="all", help="one faulty camera beside a healthy one and a plain "
+                        "client (camera_faults.py): all, or a comma-separated subset of its faults")
     parser.add_argument("--no-write", dest="write", action="store_false", help="print only; leave RESULTS.md")
     parser.add_argument("--reader", choices=("pyav", "pyav-yuv", "pyav-half", "ffmpeg", "floor"), help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
@@ -452,6 +455,13 @@ def main() -> None:
         parser.error(f"unknown decoders {sorted(unknown)}: choose from {', '.join(KINDS)}")
     if args.reader:
         run_reader(args)
+    elif args.faults:
+        from camera_faults import FAULTS, faults_run
+
+        args.faults = FAULTS if args.faults == "all" else args.faults.split(",")
+        if set(args.faults) - set(FAULTS):
+            parser.error(f"unknown faults {sorted(set(args.faults) - set(FAULTS))}: choose from {', '.join(FAULTS)}")
+        faults_run(args)
     elif args.daemon:
         daemon_run(args)
     else:

@@ -360,3 +360,33 @@ def test_the_cameras_benchmark_measures_every_decoder_against_the_floor():
     for kind in ("floor", "pyav", "ffmpeg", "gstreamer"):
         assert f"| 320×180 | {kind} |" in out.stdout, out.stdout
     assert "| 320×180 | floor |" in out.stdout and "| 1.00 × |" in out.stdout
+
+
+@pytest.mark.slow
+def test_the_cameras_benchmark_through_the_daemon_reports_the_capture_age_p50_p95_and_p99():
+    from support import rtsp
+
+    pytest.importorskip("av")
+    pytest.importorskip("cv2")
+    rtsp.require_server()
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_cameras.py"), "--daemon", "--no-write", "--size",
+                          "160x120", "--seconds", "1", "--warmup", "0.2", "--clip-seconds", "1"],
+                         capture_output=True, text=True, timeout=180)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| age p50 ms | age p95 ms | age p99 ms |" in out.stdout, out.stdout
+    assert "| 160x120 | off |" in out.stdout and "| 160x120 | on |" in out.stdout, out.stdout
+
+
+@pytest.mark.slow
+def test_the_cameras_benchmark_measures_a_faulty_camera_against_a_healthy_one():
+    from support import rtsp
+
+    pytest.importorskip("av")
+    pytest.importorskip("cv2")
+    rtsp.require_server()
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "bench_cameras.py"), "--faults", "garbage", "--no-write",
+                          "--seconds", "1", "--warmup", "0.2", "--rounds", "1", "--clip-seconds", "1"],
+                         capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "| spare camera | hall age p99 ms | vs none |" in out.stdout, out.stdout
+    assert "| none |" in out.stdout and "| garbage |" in out.stdout, out.stdout

@@ -11,8 +11,8 @@ The server needs Debian's python3-gi and gst-rtsp-server with the plugins it use
 rtph264pay): `require_server()` installs them in CI and skips elsewhere, naming the command
 (support.system_packages). Clips are encoded once per size, rate and length with PyAV's libx264, as a
 camera encodes: no B-frames, one slice a frame, an IDR frame every second with its parameter sets, a
-bitrate of about a quarter of a bit per pixel. (x264's default of a slice per thread split each frame in
-two; the frames then reached a PyAV reader as halves, grey-green below the first slice.)
+bitrate of about a quarter of a bit per pixel; `slices` makes the multi-slice frames of encoders that cut a
+frame in several NAL units (FFmpeg's RTSP demuxer hands a reader each slice as a packet of its own).
 """
 
 from __future__ import annotations
@@ -97,19 +97,26 @@ def scene(width: int, height: int, n: int, fps: int, seed: int = 0, moving: bool
         yield cv2.add(frame, noise[i % len(noise)], dtype=cv2.CV_8U)
 
 
-def make_clip(folder: Path, width: int, height: int, fps: int = 15, seconds: float = 2.0, moving: bool = True) -> Clip:
-    """Encode (once per size, rate, length and motion in `folder`) a looping clip of `scene` to H.264."""
+def make_clip(folder: Path, width: int, height: int, fps: int = 15, seconds: float = 2.0, moving: bool = True,
+              slices: int = 1) -> Clip:
+    """Encode (once per size, rate, length, motion and slicing in `folder`) a looping clip of `scene` to
+    H.264; `slices` > 1 cuts each frame into that many slices, each its own NAL unit (as encoders with
+    slice threads do), and makes every frame a key frame, so that each is large enough for its slices to
+    travel in RTP packets of their own."""
     import av
 
     frames = max(1, round(seconds * fps))
-    path = folder / f"clip-{width}x{height}-{fps}fps-{frames}{'' if moving else '-still'}.h264au"
+    sliced = f"-{slices}slices" if slices > 1 else ""
+    path = folder / f"clip-{width}x{height}-{fps}fps-{frames}{'' if moving else '-still'}{sliced}.h264au"
     if not path.exists():
         codec = av.CodecContext.create("libx264", "w")
         codec.width, codec.height, codec.pix_fmt = width, height, "yuv420p"
         codec.time_base, codec.framerate = Fraction(1, fps), Fraction(fps, 1)
         codec.bit_rate = int(0.25 * width * height * fps)
-        codec.gop_size, codec.max_b_frames = fps, 0
-        codec.options = {"preset": "veryfast", "x264-params": f"keyint={fps}:min-keyint={fps}:scenecut=0:repeat-headers=1:sliced-threads=0:slices=1"}
+        keyint = 1 if slices > 1 else fps
+        codec.gop_size, codec.max_b_frames = keyint, 0
+        codec.options = {"preset": "veryfast", "x264-params": f"keyint={keyint}:min-keyint={keyint}:scenecut=0:"
+                         f"repeat-headers=1:sliced-threads=0:slices={slices}"}
         units: list[bytes] = []
         for i, image in enumerate(scene(width, height, frames, fps, moving=moving)):
             frame = av.VideoFrame.from_ndarray(image, format="bgr24").reformat(format="yuv420p")

@@ -92,8 +92,9 @@ def camera(name: str, state: str, fps: float, gated: float, served: float, p99_m
     return {"camera": name, "url": f"rtsp://10.0.0.7/{name}", "pipeline": "ocr", "state": state, "reason": reason,
             "enabled": state != "disabled", "fps": 15.0, "pid": 4242, "fps_decoded": fps, "fps_gated": gated,
             "fps_sent": fps - gated, "fps_superseded": max(0.0, fps - gated - served), "fps_served": served,
-            "decode_ms": 2.4 if fps else None, "capture_age_ms": {"p50": None if p99_ms is None else p99_ms / 3,
-                                                                  "p99": p99_ms},
+            "decode_ms": 2.4 if fps else None,
+            "capture_age_ms": {"p50": None if p99_ms is None else p99_ms / 3,
+                               "p95": None if p99_ms is None else p99_ms * 0.8, "p99": p99_ms},
             "reconnects": reconnects, "restarts": 0, "last_error": last_error}
 
 

@@ -4,7 +4,7 @@ It reads the snapshot's `cameras` (cameras/supervisor.py, the same entries admin
 `infermux ctl cameras` and the `infermux_camera_*` series show): the camera's state, coloured
 (red: lost or refused, yellow: starting or restarting, dim: ended, disabled or stopped), frames per
 second decoded, gated out by the motion gate, sent, served, the mean decode time, the
-capture-to-result age at p50 and p99, and reconnects; wider terminals add frames superseded,
+capture-to-result age at p95 and p99, and reconnects; wider terminals add its p50, frames superseded,
 restarts and the last error. The lines under the table give the selected camera's reason or last
 error in full (the table cuts it), and its zones' and lines' counts per label. `S` asks the daemon
 for a snapshot of the selected camera (admin `snapshot`, as `infermux ctl snapshot`: its newest
@@ -53,13 +53,14 @@ def _ms(value: Any) -> str:
 
 class CamerasTable(KeyedTable):
     """A row per camera, keyed by its name: state, frames per second decoded, gated out, sent and
-    served, decode ms, capture-to-result age p50 and p99, reconnects; wider terminals add frames
-    superseded, restarts and the last error."""
+    served, decode ms, capture-to-result age p95 and p99, reconnects; wider terminals add the age's p50,
+    frames superseded, restarts and the last error."""
 
     COLUMNS = (
         Col("camera", "CAMERA", 12), Col("state", "STATE", 11), Col("decoded", "DEC/S", 6, True),
         Col("gated", "GATED", 6, True), Col("sent", "SENT", 6, True), Col("served", "SERVED", 7, True),
-        Col("decode_ms", "DEC MS", 7, True), Col("p50", "AGE P50", 8, True), Col("p99", "AGE P99", 8, True),
+        Col("decode_ms", "DEC MS", 7, True), Col("p50", "AGE P50", 8, True, optional=True),
+        Col("p95", "AGE P95", 8, True), Col("p99", "AGE P99", 8, True),
         Col("reconnects", "RECONN", 7, True), Col("superseded", "SUPERS", 7, True, optional=True),
         Col("restarts", "RESTART", 8, True, optional=True), Col("error", "  LAST ERROR", 40, optional=True),
     )
@@ -94,6 +95,7 @@ class CamerasTable(KeyedTable):
                 "served": (fmt.rate(c.get("fps_served")), red),
                 "decode_ms": ("-" if decode is None else f"{float(decode):.1f}", red),
                 "p50": (_ms(age.get("p50")), red),
+                "p95": (_ms(age.get("p95")), red),
                 "p99": (_ms(age.get("p99")), red),
                 **_troubles(c, red),
             }
