@@ -12,7 +12,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from infermux.config import ModelConfig
 from infermux.protocol import OPERATOR_RETRY_MS
@@ -91,6 +91,12 @@ class ModelVersion:
             left = expected - (time.monotonic() - self.load_started)
             return max(50, int(left * 1000))
         return OPERATOR_RETRY_MS if self.state is State.FAILED else 200
+
+
+def config_template(entries: Sequence[ModelConfig]) -> ModelConfig:
+    """Settings a discovered version of a configured model inherits: its default entry, else its newest."""
+    marked = [mc for mc in entries if mc.default]
+    return marked[0] if marked else max(entries, key=lambda mc: version_key(mc.version))
 
 
 def _load_guess_s(path: Path) -> float:
