@@ -416,7 +416,9 @@ class Swapper:
         """A version of a model with a rollout table serves without shadowing (its first, a rollback):
         kept, so that after a restart it serves and newer versions shadow it again."""
         if mc.rollout is not None:
-            self.decisions.record(mc.name, mc.version, self._digest(f), "served")
+            digest = self._digest(f)
+            if not self.decisions.good(mc.name, mc.version, digest):  # a restart serving what passed: it still passed
+                self.decisions.record(mc.name, mc.version, digest, "served")
 
     def _judge(self, p: ModelPlan, snapshot: Snapshot) -> ModelPlan:
         """A version on disk whose file a rollout refused (before a restart too) counts as failed: listed
