@@ -21,7 +21,11 @@ executor threads or its worker process reniced), and mirroring waits while
 every context of the serving version is busy, while less than
 `min_idle_cpu` of the CPUs' time is idle (/proc/stat), or while the
 frontend thread worked more than half its time: it takes spare CPU only
-(`min_idle_cpu = 0` turns both spare-capacity gates off). Whether it is paused is said from the last half second, looked at
+(`min_idle_cpu = 0` turns both spare-capacity gates off). A candidate that
+computed a request slower than the serving version did is paced: mirroring
+waits until it has computed at most PACE_SHARE of the wall time (at most
+PACE_MAX_S after one request), whatever the gates say, since they see the
+CPUs only between its requests. Whether it is paused is said from the last half second, looked at
 every 50 ms: paused once most looks found it had to wait (`rollout_paused`),
 resumed once few did (`rollout_resumed`); the reason (the one most of
 those looks found) shows in the candidate's state. So a box at its capacity gets two events, not one per
@@ -66,6 +70,8 @@ PAUSE_AT, RESUME_AT = 8, 2  # busy looks of LOOKS that pause mirroring, and that
 PAUSE_EVENTS_S = 60.0  # at most one rollout_paused (and its rollout_resumed) per candidate this often
 CPU_WINDOW_S = 0.05  # the CPUs' idle share is measured over this long at least
 FRONTEND_BUSY = 0.5  # mirroring waits while the frontend thread worked more than this share of its time
+PACE_SHARE = 0.05  # a candidate slower than the serving version computes at most this share of the wall time
+PACE_MAX_S = 2.0   # and waits at most this long after one request: a very slow one is still judged soon
 
 
 @dataclass
@@ -104,6 +110,8 @@ class Rollout:
     paused: str = ""  # why mirroring is paused, as said; "" when it goes on
     looks: deque[str] = field(default_factory=lambda: deque(maxlen=LOOKS))  # why it was busy at each look
     looked: float = 0.0
+    paced_until: float = 0.0  # no mirroring before this (monotonic): the candidate was slower than the serving version
+    computing_s: float = 0.0  # the candidate's compute time over every comparison
     said_paused: float = -math.inf  # when `rollout_paused` was last said
     unsaid: int = 0  # pauses since then that no event said (a box at its capacity comes and goes)
     told: bool = False  # the current pause was said: its end is said too
@@ -133,7 +141,8 @@ class Rollout:
                 "agreement": round(self.agreement(), 6), "min_agreement": self.config.min_agreement,
                 "compare": self.config.compare, "not_mirrored": self.not_mirrored, "paused": self.paused,
                 "worst": self.worst[0].detail if self.worst else "", "max_latency_ratio": self.config.max_latency_ratio,
-                "max_memory_mb": self.config.max_memory_mb, **self.measures.view()}
+                "max_memory_mb": self.config.max_memory_mb, "computing_s": round(self.computing_s, 3),
+                "shadowing_s": round(time.monotonic() - self.started, 3), **self.measures.view()}
 
 
 class Rollouts:
@@ -327,6 +336,9 @@ class Rollouts:
 
     def _mirror(self, rollout: Rollout) -> None:
         while rollout.queue and not rollout.decided and not self._stopping:
+            if time.monotonic() < rollout.paced_until:
+                self._bell.set()  # look again at the next turn; the waiting samples stay (the newest 4)
+                return
             busy = self._busy(rollout)
             self._say_paused(rollout, busy)
             if busy:
@@ -341,6 +353,7 @@ class Rollouts:
             if not verdict.agree and (rollout.worst is None or verdict.error > rollout.worst[0].error):
                 rollout.worst = (verdict, _shapes(sample.inputs))
             rollout.measures.timed(sample.serving_us, computed.compute_us)
+            _pace(rollout, sample.serving_us, computed.compute_us)
             rollout.measures.held(computed.memory_bytes)
             rollout.candidate.memory_bytes = max(rollout.candidate.memory_bytes, rollout.measures.memory_bytes)
             rollout.candidate.reason = rollout.progress()
@@ -549,6 +562,16 @@ class LoopBusy:
         if now - then >= CPU_WINDOW_S:
             self._last, self._share = (now, busy), min(1.0, (busy - before) / (now - then))
         return self._share
+
+
+def _pace(rollout: Rollout, serving_us: int, compute_us: int) -> None:
+    """After a request the candidate computed slower than the serving version did, mirroring waits so
+    that it computes at most PACE_SHARE of the wall time: the spare-CPU gates see a slow candidate only
+    between its requests, and each of them takes a core from the clients meanwhile."""
+    rollout.computing_s += compute_us / 1e6
+    if compute_us > max(serving_us, 0):
+        wait = min(PACE_MAX_S, compute_us / 1e6 * (1 / PACE_SHARE - 1))
+        rollout.paced_until = time.monotonic() + wait
 
 
 def _shapes(inputs: dict[str, np.ndarray]) -> str:

@@ -14,6 +14,7 @@ from typing import Callable, Iterator
 import pytest
 
 from infermux import signing
+from infermux.swap.rollout import PACE_SHARE
 from support import models
 from support.harness import Daemon
 from support.polling import eventually
@@ -260,6 +261,31 @@ def test_a_candidate_that_agrees_but_is_slow_or_memory_hungry_is_refused_before_
     assert compared < 200, failed  # the moment it could no longer pass, not after its 200 comparisons
     assert traffic.replies and all(r.status == 200 and r.version == "1" for r in traffic.replies)
     assert states(daemon) == {"1": "ready", "2": "failed"}
+
+
+def shadowing(daemon: Daemon) -> dict:
+    """The `rollout` view of m's candidate ({} while none shadows)."""
+    with daemon.admin() as admin:
+        rows = [r for r in admin.call("models")["models"] if r["name"] == "m" and r["state"] == "candidate"]
+    return rows[0].get("rollout", {}) if rows else {}
+
+
+@pytest.mark.timing
+def test_a_slower_candidate_is_paced_to_a_small_share_of_the_time_while_it_shadows(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    """Mirroring whatever the load (min_idle_cpu = 0), a candidate slower than the serving version computes
+    at most PACE_SHARE of the time (twice that, for a busy box's slack), not back to back."""
+    publish_heavy(root, 1, repeat=1)
+    daemon = start(n=100000)  # judged neither by its speed nor by a count it would reach here
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    with Traffic(daemon, "m") as traffic:
+        publish_heavy(root, 2, repeat=500_000)  # the same answers, at milliseconds a call
+        daemon.wait_for("rollout_started model=m version=2", 30)
+        view = eventually(lambda: shadowing(daemon).get("shadowing_s", 0) >= 4 and shadowing(daemon),
+                          "four seconds of shadowing", 30)
+    assert view["compared"] >= 2, view
+    assert view["computing_s"] / view["shadowing_s"] <= 2 * PACE_SHARE, view
+    assert traffic.replies and all(r.status == 200 and r.version == "1" for r in traffic.replies)
 
 
 def test_removing_the_serving_versions_folder_when_no_older_version_loads_keeps_it_serving(
