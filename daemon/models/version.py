@@ -19,6 +19,7 @@ from infermux.protocol import OPERATOR_RETRY_MS
 from infermux.plugins.base import Engine
 from infermux.execution.placement import Placement
 from infermux.execution.stats import ModelStats
+from infermux.models.life import Phase
 
 
 class State(str, enum.Enum):
@@ -52,8 +53,11 @@ class ModelVersion:
     last_load_s: float = 0.0
     last_used: float = 0.0
     source: Path | None = None  # the verified copy of its engine it was loaded from (models/verified.py)
+    phase: Phase = Phase.FOUND  # where it is in its life (models/life.py), moved by `life.say` only
 
     def __post_init__(self) -> None:
+        if self.state is State.FAILED:  # listed refused from what was decided before (a verdict, a bad file)
+            self.phase = Phase.REFUSED
         self.stats = ModelStats(self.config.name, self.config.version, queue_depth=self._queued)
 
     def _queued(self) -> int:

@@ -21,11 +21,8 @@ executor threads or its worker process reniced), and mirroring waits while
 every context of the serving version is busy, while less than
 `min_idle_cpu` of the CPUs' time is idle (/proc/stat), or while the
 frontend thread worked more than half its time: it takes spare CPU only
-(`min_idle_cpu = 0` turns both spare-capacity gates off). A candidate that
-computed a request slower than the serving version did is paced: mirroring
-waits until it has computed at most PACE_SHARE of the wall time (at most
-PACE_MAX_S after one request), whatever the gates say, since they see the
-CPUs only between its requests. Whether it is paused is said from the last half second, looked at
+(`min_idle_cpu = 0` turns both spare-capacity gates off). A candidate slower
+than the serving version on a request is paced to PACE_SHARE of the wall time. Whether it is paused is said from the last half second, looked at
 every 50 ms: paused once most looks found it had to wait (`rollout_paused`),
 resumed once few did (`rollout_resumed`); the reason (the one most of
 those looks found) shows in the candidate's state. So a box at its capacity gets two events, not one per
@@ -49,6 +46,7 @@ from infermux.config import RolloutConfig
 from infermux.events import EventLog
 from infermux.execution.job import Internal, Job
 from infermux.execution.placement import Admission
+from infermux.models import life
 from infermux.models.agreement import Rule, Verdict, compare, compare_regions
 from infermux.models.registry import Registry
 from infermux.models.verdicts import Decisions
@@ -192,7 +190,7 @@ class Rollouts:
         with self._lock:
             self.by_model = {**self.by_model, candidate.name: rollout}
         self._bell.set()  # the shadow thread sleeps while no candidate shadows: it has one to look at
-        self.events.emit("rollout_started", candidate.name, candidate.version, shadow_requests=config.shadow_requests,
+        life.say(self.events, candidate, "rollout_started", shadow_requests=config.shadow_requests,
                          compare=config.compare, min_agreement=config.min_agreement)
         if candidate.memory_bytes:  # what its load measured: over max_memory_mb already, it is refused now
             rollout.measures.held(candidate.memory_bytes)
@@ -222,7 +220,9 @@ class Rollouts:
         if not self.decisions.take_back(name, version):
             raise ValueError(f"{name}:{version} has no verdict to take back (only a refused or rejected version "
                              "is retried)")
-        self.events.emit("rollout_retry", name, version, reason="asked by an operator")
+        model = self.registry.model(name)
+        life.say_or_emit(self.events, model.versions.get(version) if model else None, name, version, "rollout_retry",
+                         reason="asked by an operator")
         self.retried(name, version)
         return f"{name}:{version} will shadow again once it loads"
 
@@ -245,7 +245,7 @@ class Rollouts:
 
     def _promote(self, rollout: Rollout, why: str) -> None:
         candidate = rollout.candidate
-        self.events.emit("rollout_passed", candidate.name, candidate.version, agreement=round(rollout.agreement(), 4),
+        life.say(self.events, candidate, "rollout_passed", agreement=round(rollout.agreement(), 4),
                          compared=rollout.compared, **({"reason": why} if why else {}))
         self.decisions.record(candidate.name, candidate.version, rollout.digest, "passed", why)
         model = self.registry.model(candidate.name)
@@ -253,11 +253,11 @@ class Rollouts:
         try:
             previous = self.registry.switch.switch(candidate, "promoted")
         except ValueError as exc:  # unloaded meanwhile (an operator's unload, memory)
-            self.events.emit("failed", candidate.name, candidate.version, reason=f"promotion failed: {exc}")
+            life.say(self.events, candidate, "failed", reason=f"promotion failed: {exc}")
             previous = None
         if model is not None and model.candidate is candidate:
             model.candidate = None
-        self.events.emit("swapped", candidate.name, candidate.version, reason="rollout passed")
+        life.say(self.events, candidate, "swapped", reason="rollout passed")
         if previous is not None:
             self.registry.switch.drain(previous, "replaced by its candidate")
         self.registry.check_fallbacks(candidate.name)
@@ -275,7 +275,7 @@ class Rollouts:
         outcome = "rejected" if why == REJECTED else "refused"
         self.decisions.record(candidate.name, candidate.version, rollout.digest, outcome, reason)
         self.refused(candidate, reason)
-        self.events.emit("rollout_failed", candidate.name, candidate.version, agreement=round(rollout.agreement(), 4),
+        life.say(self.events, candidate, "rollout_failed", agreement=round(rollout.agreement(), 4),
                          compared=rollout.compared, worst=worst, inputs=shapes, reason=reason)
 
     def _end(self, rollout: Rollout, reason: str, cancel: bool = False) -> None:
@@ -284,11 +284,11 @@ class Rollouts:
             rollout.decided = rollout.decided or "cancelled"
             self.by_model = {m: r for m, r in self.by_model.items() if r is not rollout}
         candidate = rollout.candidate
-        if cancel:
-            self.events.emit("rollout_cancelled", candidate.name, candidate.version, reason=reason)
-            self.decisions.record(candidate.name, candidate.version, rollout.digest, "cancelled", reason)
         self.registry.unload(candidate, self.registry.config.daemon.drain_timeout_s, reason="candidate refused"
                              if not cancel else "candidate cancelled")
+        if cancel:  # its engine released first, as a refused one's (models/life.py)
+            life.say(self.events, candidate, "rollout_cancelled", reason=reason)
+            self.decisions.record(candidate.name, candidate.version, rollout.digest, "cancelled", reason)
         candidate.state, candidate.reason = State.FAILED, reason
         model = self.registry.model(candidate.name)
         if model is not None and model.candidate is candidate:
@@ -348,8 +348,11 @@ class Rollouts:
             sample = rollout.queue.popleft()
             computed = self._compute(rollout.candidate, sample.inputs)
             verdict = self._compare(rollout, sample, computed)
-            rollout.compared += 1
+            # Agreed first: `start` may judge (its load's memory) from another thread, never mid-comparison.
             rollout.agreed += verdict.agree
+            rollout.compared += 1
+            if rollout.compared == 1:
+                life.say(self.events, rollout.candidate, "shadowing", shadow_requests=rollout.config.shadow_requests)
             if not verdict.agree and (rollout.worst is None or verdict.error > rollout.worst[0].error):
                 rollout.worst = (verdict, _shapes(sample.inputs))
             rollout.measures.timed(sample.serving_us, computed.compute_us)
@@ -565,13 +568,11 @@ class LoopBusy:
 
 
 def _pace(rollout: Rollout, serving_us: int, compute_us: int) -> None:
-    """After a request the candidate computed slower than the serving version did, mirroring waits so
-    that it computes at most PACE_SHARE of the wall time: the spare-CPU gates see a slow candidate only
-    between its requests, and each of them takes a core from the clients meanwhile."""
+    """After a request the candidate computed slower than the serving version, mirroring waits so that it
+    computes at most PACE_SHARE of the time: the spare-CPU gates see the CPUs only between its requests."""
     rollout.computing_s += compute_us / 1e6
     if compute_us > max(serving_us, 0):
-        wait = min(PACE_MAX_S, compute_us / 1e6 * (1 / PACE_SHARE - 1))
-        rollout.paced_until = time.monotonic() + wait
+        rollout.paced_until = time.monotonic() + min(PACE_MAX_S, compute_us / 1e6 * (1 / PACE_SHARE - 1))
 
 
 def _shapes(inputs: dict[str, np.ndarray]) -> str:

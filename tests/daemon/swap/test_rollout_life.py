@@ -64,6 +64,8 @@ def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
     for daemon in started:
         if daemon.alive():
             assert daemon.stop() == 0, daemon.log()
+        moves = [x for x in daemon.log().splitlines() if "is not in the table (models/life.py)" in x]
+        assert not moves, moves  # every move of a version is one its life's table has
 
 
 def write_settings(root: Path, n: int, rollout_extra: str = "", ratio: float = 0, placement: str = "hot") -> None:
