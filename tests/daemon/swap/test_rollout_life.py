@@ -312,12 +312,13 @@ def test_removing_the_serving_versions_folder_when_no_older_version_loads_keeps_
         (v, r) for v, _, r in listed(daemon))["2"]
 
 
-def rows_of(daemon: Daemon) -> list[tuple[str, str, str]]:
-    """(version, state, reason) of m's rows in the admin `models` reply (what `status` lists), each version once:
-    the admin socket itself, where a loop would wait on an interpreter's start per look."""
+def rows_of(daemon: Daemon) -> list[tuple[str, str, str, str]]:
+    """(version, state, phase, reason) of m's rows in the admin `models` reply (what `status` lists), each version
+    once: the admin socket itself, where a loop would wait on an interpreter's start per look."""
     with daemon.admin() as admin:
-        rows = sorted((m["version"], m["state"], m["reason"]) for m in admin.call("models")["models"] if m["name"] == "m")
-    assert len(rows) == len({version for version, _, _ in rows}), rows
+        rows = sorted((m["version"], m["state"], m["phase"], m["reason"]) for m in admin.call("models")["models"]
+                      if m["name"] == "m")
+    assert len(rows) == len({row[0] for row in rows}), rows
     return rows
 
 
@@ -371,7 +372,9 @@ def test_a_restart_storm_keeps_the_served_version_and_every_verdict(
             traffic.saw(str(good[-1]))
         assert all(r.status == 200 for r in traffic.replies), sorted({r.status for r in traffic.replies})
         expected = {str(good[-1]): "ready", **{str(v): "failed" for v in refused}}
-        eventually(lambda: {v: state for v, state, _ in rows_of(daemon)} == expected, f"{expected} before {step}", 30)
+        phases = {str(good[-1]): "serving", **{str(v): "refused" for v in refused}}
+        eventually(lambda: {row[0]: row[2] for row in rows_of(daemon)} == phases, f"{phases} before {step}", 30)
+        eventually(lambda: {row[0]: row[1] for row in rows_of(daemon)} == expected, f"{expected} before {step}", 30)
         rows, kept = rows_of(daemon), verdicts(daemon)
         mark = restart(daemon)
         with daemon.client() as client:  # the first answer after READY: the same version, no 503
