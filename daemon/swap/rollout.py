@@ -336,8 +336,7 @@ class Rollouts:
 
     def _mirror(self, rollout: Rollout) -> None:
         while rollout.queue and not rollout.decided and not self._stopping:
-            if time.monotonic() < rollout.paced_until:
-                self._bell.set()  # look again at the next turn; the waiting samples stay (the newest 4)
+            if time.monotonic() < rollout.paced_until:  # the loop looks again within LOOK_S (no bell: no spin)
                 return
             busy = self._busy(rollout)
             self._say_paused(rollout, busy)
