@@ -8,6 +8,8 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -17,6 +19,7 @@ from infermux import signing
 from infermux.swap.rollout import PACE_SHARE
 from support import models
 from support.harness import Daemon
+from support.procfs import cpu_s
 from support.polling import eventually
 from support.publish import PROBE, publish, wait_served
 from support.traffic import Traffic
@@ -288,6 +291,27 @@ def test_a_slower_candidate_is_paced_to_a_small_share_of_the_time_while_it_shado
     assert view["compared"] >= 2, view
     assert view["computing_s"] / view["shadowing_s"] <= 2 * PACE_SHARE, view
     assert traffic.replies and all(r.status == 200 and r.version == "1" for r in traffic.replies)
+
+
+@pytest.mark.timing
+def test_a_paced_candidate_costs_the_daemon_no_cpu_while_it_waits(root: Path, start: Callable[..., Daemon]) -> None:
+    """A slow candidate under light traffic (a request every 0.1 s): between its paced computations the
+    shadow thread sleeps, so the daemon uses a small share of a core, not one spinning thread's whole core."""
+    publish_heavy(root, 1, repeat=1)
+    daemon = start(n=100000)
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    publish_heavy(root, 2, repeat=500_000)
+    daemon.wait_for("rollout_started model=m version=2", 30)
+    assert daemon.proc is not None
+    pause = threading.Event()
+    with daemon.client() as client:
+        used, began = cpu_s(daemon.proc.pid), time.monotonic()
+        for _ in range(30):
+            assert client.infer("m", {"x": PROBE}).status == 200
+            pause.wait(0.1)  # the load's own rhythm (light traffic), not a wait for the daemon
+        used, spent = cpu_s(daemon.proc.pid) - used, time.monotonic() - began
+    assert shadowing(daemon).get("compared", 0) >= 2, shadowing(daemon)
+    assert used / spent < 0.5, f"{used:.2f} s of CPU in {spent:.2f} s"
 
 
 def test_removing_the_serving_versions_folder_when_no_older_version_loads_keeps_it_serving(
