@@ -18,6 +18,7 @@ from infermux.admin import hardware
 from infermux.admin.threadload import ThreadLoad
 from infermux.config import parse_budget
 from infermux.events import TRACEBACKS
+from infermux.models import life
 from infermux.models.budget import rss_bytes
 from infermux.models.registry import Model, ModelVersion, State
 
@@ -76,6 +77,7 @@ def version_view(server: "Daemon", mv: ModelVersion) -> dict[str, Any]:
     queueing = _queueing(placement.settings() if placement is not None else mc)
     view: dict[str, Any] = {
         "name": mv.name, "version": mv.version, "state": mv.state.value, "reason": mv.reason,
+        "phase": life.shown(mv.phase, mv.ready and model is not None and model.versions.get(mv.version) is mv).value,
         "placement": mc.placement,
         "default": model is not None and model.default() is mv,
         "pinned": model is not None and model.pinned == mv.version,

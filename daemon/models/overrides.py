@@ -26,6 +26,7 @@ from typing import Any, Callable, Iterable, Mapping
 from infermux.config import Config, ModelConfig, fallback_of, fallback_problem, settings_of
 from infermux.config.kinds import INT
 from infermux.events import EventLog
+from infermux.models.version import config_template
 
 log = logging.getLogger("infermux.overrides")
 
@@ -211,6 +212,12 @@ class Overrides:
         for o in self.all():
             if o.version and (o.model, o.version) in listed:
                 now = getattr(listed[(o.model, o.version)], o.field)
+            elif o.version and o.model in names:
+                # A version found in engine_dir of a model the file lists: its settings are the model's
+                # entry's (swap/repository.py), but for the weight, which the share rule gives it.
+                if o.field == "weight":
+                    continue
+                now = getattr(config_template(config.versions(o.model)), o.field)
             elif not o.version and o.model in names:
                 now = chain.get(o.model, "")
             else:

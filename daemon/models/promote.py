@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from infermux.config import COLD, HOT
+from infermux.models import life
 from infermux.models.version import ModelVersion, State
 
 if TYPE_CHECKING:
@@ -63,6 +64,6 @@ def _move(registry: "Registry", mv: ModelVersion, placement: str) -> str:
             raise ValueError(f"{label} stays {'cold' if placement == HOT else 'hot'}: {exc}") from None
     ms = round((time.monotonic() - started) * 1000)
     worker = mv.worker_info()
-    registry.events.emit("promoted" if placement == HOT else "demoted", mv.name, mv.version, took_ms=ms,
+    life.say(registry.events, mv, "promoted" if placement == HOT else "demoted", took_ms=ms,
                          **({"pid": worker["pid"]} if worker is not None else {}))
     return f"{label} is now {where} (moved in {ms} ms)"

@@ -22,6 +22,7 @@ from infermux.config import COLD, HOT, Config, ModelConfig
 from infermux.events import EventLog
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.placement import Change, Placement
+from infermux.models import life
 from infermux.models import fallback as fallbacks
 from infermux.models import promote as moves
 from infermux.models.budget import BudgetExceeded, MemoryBudget, release_freed_memory
@@ -213,7 +214,7 @@ class Registry:
             if placer is not None:
                 placer.forgive(mv)
             self._mark_loading(mv)
-        self.events.emit("loading", mc.name, mc.version, engine=str(mc.engine))
+        life.say(self.events, mv, "loading", engine=str(mc.engine))
         try:
             if placer is None:
                 raise LoadFailed(f"placement {mc.placement!r} is not available in this daemon; use "
@@ -259,7 +260,7 @@ class Registry:
         mv.state = State.READY
         worker = placement.worker_info()
         where = {"pid": worker["pid"], "engine_ms": worker["load_ms"]} if worker is not None else {}
-        self.events.emit("loaded", mc.name, mc.version, backend=placement.backend, contexts=mc.contexts,
+        life.say(self.events, mv, "loaded", backend=placement.backend, contexts=mc.contexts,
                          load_ms=round(mv.last_load_s * 1000), memory_mb=round(mv.memory_bytes / 2**20, 1),
                          placement=placement.kind, **where)
         self.memory.settle(mv)
@@ -299,7 +300,7 @@ class Registry:
         mv.state, mv.reason = State.FAILED, f"{during} failed: {exc}"
         release(mv.source)
         mv.source = None
-        self.events.emit("failed", mv.name, mv.version, reason=mv.reason)
+        life.say(self.events, mv, "failed", reason=mv.reason)
         return False
 
     def unload(self, mv: ModelVersion, timeout: float | None = None, reason: str = "unloaded") -> None:
@@ -311,7 +312,7 @@ class Registry:
             return
         why = {"reason": reason} if reason != "unloaded" else {}
         mv.state = State.DRAINING
-        self.events.emit("draining", mv.name, mv.version, queued=placement.depth(), **why)
+        life.say(self.events, mv, "draining", queued=placement.depth(), **why)
         mv.placement = None
         placement.stop(timeout, reason)
         if mv.engine is not None:
@@ -320,7 +321,7 @@ class Registry:
         mv.source = None
         mv.engine, mv.memory_bytes, mv.state, mv.reason = None, 0, State.UNLOADED, ""  # a past reason is stale
         release_freed_memory()
-        self.events.emit("unloaded", mv.name, mv.version, **why)
+        life.say(self.events, mv, "unloaded", **why)
 
     def close(self, timeout: float | None = None) -> None:
         """Drain and unload everything (daemon shutdown), then let the placers end what is left."""

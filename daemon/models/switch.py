@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING
 
 from infermux.config import ModelConfig
 from infermux.execution.hooks import Quiesce
+from infermux.models import life
 from infermux.models.version import ModelVersion, State
 
 if TYPE_CHECKING:
@@ -79,7 +80,7 @@ class Switch:
                         "reaches it goes to its successor)", old.name, old.version)
         if old.placement is None:  # never loaded (a cold version nobody asked for yet)
             old.state = State.UNLOADED
-            self.registry.events.emit("unloaded", old.name, old.version, reason=reason)
+            life.say(self.registry.events, old, "unloaded", reason=reason)
             return
         self.registry.unload(old, self.registry.config.daemon.drain_timeout_s, reason=reason)
 
@@ -90,7 +91,7 @@ class Switch:
         if not candidate.ready:
             return False
         previous = self.switch(candidate, reason)
-        self.registry.events.emit("swapped", config.name, config.version, engine=str(config.engine))
+        life.say(self.registry.events, candidate, "swapped", engine=str(config.engine))
         if previous is not None:
             self.drain(previous, reason)
         self.registry.check_fallbacks(config.name)  # the new engine may take other inputs

@@ -12,13 +12,14 @@ import enum
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from infermux.config import ModelConfig
 from infermux.protocol import OPERATOR_RETRY_MS
 from infermux.plugins.base import Engine
 from infermux.execution.placement import Placement
 from infermux.execution.stats import ModelStats
+from infermux.models.life import Phase
 
 
 class State(str, enum.Enum):
@@ -52,8 +53,11 @@ class ModelVersion:
     last_load_s: float = 0.0
     last_used: float = 0.0
     source: Path | None = None  # the verified copy of its engine it was loaded from (models/verified.py)
+    phase: Phase = Phase.FOUND  # where it is in its life (models/life.py), moved by `life.say` only
 
     def __post_init__(self) -> None:
+        if self.state is State.FAILED:  # listed refused from what was decided before (a verdict, a bad file)
+            self.phase = Phase.REFUSED
         self.stats = ModelStats(self.config.name, self.config.version, queue_depth=self._queued)
 
     def _queued(self) -> int:
@@ -91,6 +95,12 @@ class ModelVersion:
             left = expected - (time.monotonic() - self.load_started)
             return max(50, int(left * 1000))
         return OPERATOR_RETRY_MS if self.state is State.FAILED else 200
+
+
+def config_template(entries: Sequence[ModelConfig]) -> ModelConfig:
+    """Settings a discovered version of a configured model inherits: its default entry, else its newest."""
+    marked = [mc for mc in entries if mc.default]
+    return marked[0] if marked else max(entries, key=lambda mc: version_key(mc.version))
 
 
 def _load_guess_s(path: Path) -> float:

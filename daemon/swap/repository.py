@@ -24,6 +24,7 @@ from typing import Callable, Iterable, Sequence
 from infermux.config import (Config, ConfigError, DaemonConfig, ModelConfig, contexts_problem, parse_model_settings,
                              policy_key)
 from infermux.models.registry import version_key
+from infermux.models.version import config_template
 from infermux.swap.watcher import ENGINE_NAMES, EngineFile, FileSig, Snapshot
 
 log = logging.getLogger("infermux.swap")
@@ -57,12 +58,6 @@ def config_policy(entries: Sequence[ModelConfig]) -> Policy:
         if Policy.of(mc) != default:
             return Policy.of(mc)
     return default
-
-
-def config_template(entries: Sequence[ModelConfig]) -> ModelConfig:
-    """Settings a discovered version of a configured model inherits: its default entry, else its newest."""
-    marked = [mc for mc in entries if mc.default]
-    return marked[0] if marked else max(entries, key=lambda mc: version_key(mc.version))
 
 
 def in_layout(engine_dir: Path, mc: ModelConfig) -> bool:

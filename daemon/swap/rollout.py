@@ -21,7 +21,8 @@ executor threads or its worker process reniced), and mirroring waits while
 every context of the serving version is busy, while less than
 `min_idle_cpu` of the CPUs' time is idle (/proc/stat), or while the
 frontend thread worked more than half its time: it takes spare CPU only
-(`min_idle_cpu = 0` turns both spare-capacity gates off). Whether it is paused is said from the last half second, looked at
+(`min_idle_cpu = 0` turns both spare-capacity gates off). A candidate slower
+than the serving version on a request is paced to PACE_SHARE of the wall time. Whether it is paused is said from the last half second, looked at
 every 50 ms: paused once most looks found it had to wait (`rollout_paused`),
 resumed once few did (`rollout_resumed`); the reason (the one most of
 those looks found) shows in the candidate's state. So a box at its capacity gets two events, not one per
@@ -45,6 +46,7 @@ from infermux.config import RolloutConfig
 from infermux.events import EventLog
 from infermux.execution.job import Internal, Job
 from infermux.execution.placement import Admission
+from infermux.models import life
 from infermux.models.agreement import Rule, Verdict, compare, compare_regions
 from infermux.models.registry import Registry
 from infermux.models.verdicts import Decisions
@@ -66,6 +68,8 @@ PAUSE_AT, RESUME_AT = 8, 2  # busy looks of LOOKS that pause mirroring, and that
 PAUSE_EVENTS_S = 60.0  # at most one rollout_paused (and its rollout_resumed) per candidate this often
 CPU_WINDOW_S = 0.05  # the CPUs' idle share is measured over this long at least
 FRONTEND_BUSY = 0.5  # mirroring waits while the frontend thread worked more than this share of its time
+PACE_SHARE = 0.05  # a candidate slower than the serving version computes at most this share of the wall time
+PACE_MAX_S = 2.0   # and waits at most this long after one request: a very slow one is still judged soon
 
 
 @dataclass
@@ -104,6 +108,8 @@ class Rollout:
     paused: str = ""  # why mirroring is paused, as said; "" when it goes on
     looks: deque[str] = field(default_factory=lambda: deque(maxlen=LOOKS))  # why it was busy at each look
     looked: float = 0.0
+    paced_until: float = 0.0  # no mirroring before this (monotonic): the candidate was slower than the serving version
+    computing_s: float = 0.0  # the candidate's compute time over every comparison
     said_paused: float = -math.inf  # when `rollout_paused` was last said
     unsaid: int = 0  # pauses since then that no event said (a box at its capacity comes and goes)
     told: bool = False  # the current pause was said: its end is said too
@@ -133,7 +139,8 @@ class Rollout:
                 "agreement": round(self.agreement(), 6), "min_agreement": self.config.min_agreement,
                 "compare": self.config.compare, "not_mirrored": self.not_mirrored, "paused": self.paused,
                 "worst": self.worst[0].detail if self.worst else "", "max_latency_ratio": self.config.max_latency_ratio,
-                "max_memory_mb": self.config.max_memory_mb, **self.measures.view()}
+                "max_memory_mb": self.config.max_memory_mb, "computing_s": round(self.computing_s, 3),
+                "shadowing_s": round(time.monotonic() - self.started, 3), **self.measures.view()}
 
 
 class Rollouts:
@@ -183,7 +190,7 @@ class Rollouts:
         with self._lock:
             self.by_model = {**self.by_model, candidate.name: rollout}
         self._bell.set()  # the shadow thread sleeps while no candidate shadows: it has one to look at
-        self.events.emit("rollout_started", candidate.name, candidate.version, shadow_requests=config.shadow_requests,
+        life.say(self.events, candidate, "rollout_started", shadow_requests=config.shadow_requests,
                          compare=config.compare, min_agreement=config.min_agreement)
         if candidate.memory_bytes:  # what its load measured: over max_memory_mb already, it is refused now
             rollout.measures.held(candidate.memory_bytes)
@@ -213,7 +220,9 @@ class Rollouts:
         if not self.decisions.take_back(name, version):
             raise ValueError(f"{name}:{version} has no verdict to take back (only a refused or rejected version "
                              "is retried)")
-        self.events.emit("rollout_retry", name, version, reason="asked by an operator")
+        model = self.registry.model(name)
+        life.say_or_emit(self.events, model.versions.get(version) if model else None, name, version, "rollout_retry",
+                         reason="asked by an operator")
         self.retried(name, version)
         return f"{name}:{version} will shadow again once it loads"
 
@@ -236,7 +245,7 @@ class Rollouts:
 
     def _promote(self, rollout: Rollout, why: str) -> None:
         candidate = rollout.candidate
-        self.events.emit("rollout_passed", candidate.name, candidate.version, agreement=round(rollout.agreement(), 4),
+        life.say(self.events, candidate, "rollout_passed", agreement=round(rollout.agreement(), 4),
                          compared=rollout.compared, **({"reason": why} if why else {}))
         self.decisions.record(candidate.name, candidate.version, rollout.digest, "passed", why)
         model = self.registry.model(candidate.name)
@@ -244,11 +253,11 @@ class Rollouts:
         try:
             previous = self.registry.switch.switch(candidate, "promoted")
         except ValueError as exc:  # unloaded meanwhile (an operator's unload, memory)
-            self.events.emit("failed", candidate.name, candidate.version, reason=f"promotion failed: {exc}")
+            life.say(self.events, candidate, "failed", reason=f"promotion failed: {exc}")
             previous = None
         if model is not None and model.candidate is candidate:
             model.candidate = None
-        self.events.emit("swapped", candidate.name, candidate.version, reason="rollout passed")
+        life.say(self.events, candidate, "swapped", reason="rollout passed")
         if previous is not None:
             self.registry.switch.drain(previous, "replaced by its candidate")
         self.registry.check_fallbacks(candidate.name)
@@ -266,7 +275,7 @@ class Rollouts:
         outcome = "rejected" if why == REJECTED else "refused"
         self.decisions.record(candidate.name, candidate.version, rollout.digest, outcome, reason)
         self.refused(candidate, reason)
-        self.events.emit("rollout_failed", candidate.name, candidate.version, agreement=round(rollout.agreement(), 4),
+        life.say(self.events, candidate, "rollout_failed", agreement=round(rollout.agreement(), 4),
                          compared=rollout.compared, worst=worst, inputs=shapes, reason=reason)
 
     def _end(self, rollout: Rollout, reason: str, cancel: bool = False) -> None:
@@ -275,11 +284,11 @@ class Rollouts:
             rollout.decided = rollout.decided or "cancelled"
             self.by_model = {m: r for m, r in self.by_model.items() if r is not rollout}
         candidate = rollout.candidate
-        if cancel:
-            self.events.emit("rollout_cancelled", candidate.name, candidate.version, reason=reason)
-            self.decisions.record(candidate.name, candidate.version, rollout.digest, "cancelled", reason)
         self.registry.unload(candidate, self.registry.config.daemon.drain_timeout_s, reason="candidate refused"
                              if not cancel else "candidate cancelled")
+        if cancel:  # its engine released first, as a refused one's (models/life.py)
+            life.say(self.events, candidate, "rollout_cancelled", reason=reason)
+            self.decisions.record(candidate.name, candidate.version, rollout.digest, "cancelled", reason)
         candidate.state, candidate.reason = State.FAILED, reason
         model = self.registry.model(candidate.name)
         if model is not None and model.candidate is candidate:
@@ -327,6 +336,8 @@ class Rollouts:
 
     def _mirror(self, rollout: Rollout) -> None:
         while rollout.queue and not rollout.decided and not self._stopping:
+            if time.monotonic() < rollout.paced_until:  # the loop looks again within LOOK_S (no bell: no spin)
+                return
             busy = self._busy(rollout)
             self._say_paused(rollout, busy)
             if busy:
@@ -336,11 +347,15 @@ class Rollouts:
             sample = rollout.queue.popleft()
             computed = self._compute(rollout.candidate, sample.inputs)
             verdict = self._compare(rollout, sample, computed)
-            rollout.compared += 1
+            # Agreed first: `start` may judge (its load's memory) from another thread, never mid-comparison.
             rollout.agreed += verdict.agree
+            rollout.compared += 1
+            if rollout.compared == 1:
+                life.say(self.events, rollout.candidate, "shadowing", shadow_requests=rollout.config.shadow_requests)
             if not verdict.agree and (rollout.worst is None or verdict.error > rollout.worst[0].error):
                 rollout.worst = (verdict, _shapes(sample.inputs))
             rollout.measures.timed(sample.serving_us, computed.compute_us)
+            _pace(rollout, sample.serving_us, computed.compute_us)
             rollout.measures.held(computed.memory_bytes)
             rollout.candidate.memory_bytes = max(rollout.candidate.memory_bytes, rollout.measures.memory_bytes)
             rollout.candidate.reason = rollout.progress()
@@ -549,6 +564,14 @@ class LoopBusy:
         if now - then >= CPU_WINDOW_S:
             self._last, self._share = (now, busy), min(1.0, (busy - before) / (now - then))
         return self._share
+
+
+def _pace(rollout: Rollout, serving_us: int, compute_us: int) -> None:
+    """After a request the candidate computed slower than the serving version, mirroring waits so that it
+    computes at most PACE_SHARE of the time: the spare-CPU gates see the CPUs only between its requests."""
+    rollout.computing_s += compute_us / 1e6
+    if compute_us > max(serving_us, 0):
+        rollout.paced_until = time.monotonic() + min(PACE_MAX_S, compute_us / 1e6 * (1 / PACE_SHARE - 1))
 
 
 def _shapes(inputs: dict[str, np.ndarray]) -> str:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from infermux.config import COLD, Config, ModelConfig
+from infermux.models import life
 from infermux.models.overrides import file_weights
 from infermux.models.registry import Model, ModelVersion, Registry, State, version_key
 from infermux.models.verdicts import file_digest
@@ -346,12 +347,12 @@ class Swapper:
                     started: float) -> None:
         """`rolled_back` where it stands in for a removed version folder; `swapped` where it is now the default."""
         if rollback:
-            self.events.emit("rolled_back", mc.name, mc.version, **{"from": rollback},
+            life.say(self.events, mv, "rolled_back", **{"from": rollback},
                              reason=f"version {rollback}'s engine folder was removed; version {mc.version}, the "
                                     f"newest older version that loads, serves without shadowing")
         after = self.registry.model(mc.name)
         if after is not None and after.default() is mv:
-            self.events.emit("swapped", mc.name, mc.version, previous=_label(before, mv),
+            life.say(self.events, mv, "swapped", previous=_label(before, mv),
                              took_ms=round((time.monotonic() - started) * 1000), **self._traffic(after, mv))
 
     def _not_loaded(self, mc: ModelConfig, f: EngineFile, mv: ModelVersion, replacing: ModelVersion | None) -> None:
@@ -415,8 +416,9 @@ class Swapper:
     def _served(self, mc: ModelConfig, f: EngineFile) -> None:
         """A version of a model with a rollout table serves without shadowing (its first, a rollback):
         kept, so that after a restart it serves and newer versions shadow it again."""
-        if mc.rollout is not None:
-            self.decisions.record(mc.name, mc.version, self._digest(f), "served")
+        # A restart serving what passed keeps it "passed".
+        if mc.rollout is not None and not self.decisions.good(mc.name, mc.version, digest := self._digest(f)):
+            self.decisions.record(mc.name, mc.version, digest, "served")
 
     def _judge(self, p: ModelPlan, snapshot: Snapshot) -> ModelPlan:
         """A version on disk whose file a rollout refused (before a restart too) counts as failed: listed
@@ -566,7 +568,7 @@ class Swapper:
 
     def _fail(self, mv: ModelVersion, reason: str) -> None:
         mv.state, mv.reason = State.FAILED, reason
-        self.events.emit("failed", mv.name, mv.version, reason=reason)
+        life.say(self.events, mv, "failed", reason=reason)
 
 
 def _ready(model: Model, version: str) -> bool:

@@ -30,6 +30,7 @@ import zmq
 from infermux.config import COLD, ModelConfig
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.inline import InlinePolicy
+from infermux.models import life
 from infermux.models.placer import LoadFailed
 from infermux.models.registry import Registry
 from infermux.models.version import ModelVersion, State
@@ -239,10 +240,11 @@ class Workers:
         self.events.emit("worker_stopped", name, version, pid=proxy.pid, reason=reason)
         if not crashed:
             return
-        self.events.emit("crashed", name, version, pid=proxy.pid, exit=how, reason=reason)
         self._crashes.setdefault((name, version), deque()).append(time.monotonic())
         if mv is None or mv.placement is not proxy:  # not (or no longer) what serves its version
+            self.events.emit("crashed", name, version, pid=proxy.pid, exit=how, reason=reason)
             return
+        life.say(self.events, mv, "crashed", pid=proxy.pid, exit=how, reason=reason)
         mv.placement, mv.engine, mv.memory_bytes = None, None, 0
         release(mv.source)  # the next start checks the signature again
         mv.source = None
@@ -250,7 +252,7 @@ class Workers:
         if count >= MAX_CRASHES:
             mv.state, mv.reason = State.FAILED, (f"worker crashed {count} times within {CRASH_WINDOW_S:.0f} s "
                                                  f"(last: {reason}); the admin `load` command tries again")
-            self.events.emit("failed", name, version, reason=mv.reason)
+            life.say(self.events, mv, "failed", reason=mv.reason)
         else:
             mv.state, mv.reason = State.UNLOADED, f"worker {reason}; it restarts on the next request"
 

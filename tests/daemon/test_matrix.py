@@ -86,6 +86,8 @@ PLACED = [
     ("cd", "1", "cd/1/model.onnx", "[models.rollout]\nshadow_requests = 1000000\n" + SPARE),  # promote-now decides
     ("cr", "1", "cr/1/model.onnx", "[models.rollout]\nshadow_requests = 8\n" + SPARE),
     ("cs", "1", "cs/1/model.onnx", "[models.rollout]\nshadow_requests = 1000000\n" + SPARE),  # superseded, removed
+    # The rollout row: its versions' life meets reload, a swap, a move, a refusal and a rollback by removal.
+    ("ro", "1", "ro/1/model.onnx", "[models.rollout]\nshadow_requests = 5\nmax_latency_ratio = 0\n" + SPARE),
     ("kl", "1", SLOW, "max_queue = 16\ntimeout_ms = 20000\n"),  # SIGKILL: only where a worker serves it
     ("hg", "1", IDENTITY, 'fallback = "fb"\n'),  # SIGSTOP: only where a worker serves it
     # Streams (queue_policy newest_per_key), one model per behaviour they meet.
@@ -96,7 +98,7 @@ PLACED = [
     ("ss", "1", "ss/1/model.onnx", f"{STREAMS}timeout_ms = 20000\n"),  # in the watched engine_dir: swapped
 ]
 WORKER_ONLY = ("kl", "hg")
-WATCHED = ("sw", "ov", "cd", "cr", "cs")  # served from the watched engine_dir, where new versions are published
+WATCHED = ("sw", "ov", "cd", "cr", "cs", "ro")  # served from the watched engine_dir, where new versions are published
 # Always hot: the fallback of nr and slowfb (y = x, so a stand-in's outputs are its inputs).
 FALLBACK = f'[[models]]\nname = "fb"\nengine = "{{engines}}/{IDENTITY}"\nmax_queue = 256\n'
 
@@ -572,6 +574,60 @@ def test_a_newer_version_supersedes_a_candidate_and_removing_its_file_cancels_it
     for reply, x in traffic.sent:
         assert reply.status == 200 and reply.version == "1", reply.header
         assert_served(reply, cell, "cs", x)
+
+
+def listed_once(d: Daemon, model: str) -> dict[str, tuple[str, str]]:
+    """version -> (state, reason) of `model` as the admin `models` reply (what `status` shows) lists it,
+    checking that each version is listed once and that a refused one says why."""
+    with d.admin() as admin:
+        rows = [(m["version"], m["state"], m["reason"]) for m in admin.call("models")["models"] if m["name"] == model]
+    assert len(rows) == len({v for v, _, _ in rows}), rows
+    assert all(reason for _, state, reason in rows if state == "failed"), rows
+    return {v: (state, reason) for v, state, reason in rows}
+
+
+@every_placement
+def test_a_rollout_keeps_a_serving_version_through_reload_swap_move_refusal_and_rollback(cell: Placement) -> None:
+    """The rollout row: under traffic, v2 (the same answers) passes and serves, is moved as the placement moves
+    versions, v3 (other answers) is refused, v2's folder is removed (a rollback), and a reload changes the
+    model's rollout settings: every reply is a 200 (no 404, 500 or 503 from a switch), and the versions are
+    listed once each, with their state and reason."""
+    d = cell.daemon
+    with Traffic(d, "ro") as traffic:
+        publish(cell.watched, "ro", 2, offset=1)
+        d.wait_for("rollout_passed model=ro version=2", 60)
+        traffic.saw("2")
+        if cell.name in MOVES:  # v2 loaded as configured: moved as this placement's versions were
+            with d.admin() as admin:
+                admin.call(MOVES[cell.name], model="ro", version="2")
+        assert listed_once(d, "ro")["2"][0] == "ready"
+        publish(cell.watched, "ro", 3, offset=5)  # answers otherwise: refused, v2 stays
+        d.wait_for("rollout_failed model=ro version=3", 60)
+        eventually(lambda: listed_once(d, "ro").get("3", ("", ""))[0] == "failed", "v3 listed refused", 30)
+        wait_served(d, "ro", "2", offset=1, timeout=30)
+        shutil.rmtree(cell.watched / "ro" / "2")  # a rollback by removal: v1 serves again at once
+        wait_served(d, "ro", "1", offset=1, timeout=30)
+        # A reload changing the model's rollout table. Where v1 was moved live (promoted, demoted), its entry
+        # now differs from the file's placement too: it is replaced through its rollout, back where configured.
+        mark = len(d.log())
+        d.config_path.write_text(d.config_path.read_text().replace("shadow_requests = 5\n", "shadow_requests = 6\n"))
+        with d.admin() as admin:
+            assert admin.call("reload")["ok"]
+        d.wait_for('reloaded changed="ro:1', 30, since=mark)
+        if cell.name in MOVES:
+            d.wait_for("rollout_passed model=ro version=1", 60, since=mark)
+        wait_served(d, "ro", "1", offset=1, timeout=30)
+        sent = len(traffic.replies)
+        eventually(lambda: len(traffic.replies) > sent + 5, "requests after the rollback", 30)
+    assert traffic.replies
+    wrong = sorted({(r.status, r.error) for r in traffic.replies if r.status != 200})
+    assert not wrong, wrong
+    for reply, x in traffic.sent:  # v1 and v2 both add one (v2's file is gone: onnxruntime cannot be asked)
+        assert reply.version in ("1", "2"), reply.header
+        np.testing.assert_allclose(reply.outputs["y"], x + 1, rtol=1e-5, atol=1e-6)
+    rows = listed_once(d, "ro")
+    assert rows["1"][0] == "ready" and rows["3"][0] == "failed" and "rollout failed" in rows["3"][1], rows
+    assert "2" not in rows or rows["2"][0] in ("unloaded", "draining"), rows
 
 
 # 7.2 MiB in and out of SLOW: within max_message_bytes (8 MiB), its reply over max_reply_bytes (7 MiB).

@@ -78,12 +78,14 @@ def superseded_counted_as_errors(d: Daemon) -> dict[str, dict]:
 @pytest.fixture
 def cell(placed: Placement) -> Iterator[Placement]:
     """One cell on its placement's daemon; fails it if the daemon logged a traceback or counted a 500
-    meanwhile, or counts a stream's 409 as an error."""
+    meanwhile, moved a version in a way its life's table lacks (models/life.py), or counts a stream's 409
+    as an error."""
     d = placed.daemon
     start, before = len(d.log()), counted_500(d)
     yield placed
     during = d.log()[start:]
     assert "Traceback" not in during and "answered 500" not in during, during[-6000:]
+    assert "is not in the table (models/life.py)" not in during, [x for x in during.splitlines() if "version life" in x]
     grew = {k: n - before.get(k, 0) for k, n in counted_500(d).items() if n > before.get(k, 0)}
     assert not grew, f"500s counted during the cell: {grew}"
     wrong = superseded_counted_as_errors(d)

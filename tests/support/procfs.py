@@ -47,3 +47,9 @@ def nice_values(pid: int) -> list[int]:
         except (OSError, IndexError):  # a thread that ended meanwhile
             continue
     return values
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) process `pid` has used, all its threads (fields 14 and 15 of /proc/PID/stat)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

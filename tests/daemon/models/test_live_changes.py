@@ -301,3 +301,28 @@ def test_a_reload_that_changes_a_watched_versions_settings_loads_its_engine_no_s
         assert (row["contexts"], row["timeout_ms"]) == (2, 2000)
     finally:
         assert d.stop() == 0, d.log()
+
+
+def test_the_file_wins_for_a_field_it_changed_on_a_version_found_in_engine_dir_too(
+        tmp_path: Path, watched: Path) -> None:
+    """A version found in engine_dir takes its settings from the model's entry in the file: when the
+    reload changes that entry's field, the file wins there too, and the reply names the dropped change."""
+    for version in (1, 2):
+        publish(watched, "det", version, offset=float(version))
+    d = start_watching(tmp_path, watched, '[[models]]\nname = "det"\nversion = "1"\nengine = "det/1/model.onnx"\n'
+                                          'default = true\n')
+    try:
+        eventually(lambda: rows(d).get(("det", "2"), {}).get("state") == "ready", "version 2 found and ready", 30)
+        with d.admin() as admin:
+            admin.call("set", model="det", version="2", contexts=3)
+        assert rows(d)[("det", "2")]["contexts"] == 3
+        d.config_path.write_text(d.config_path.read_text() + "contexts = 2\n")
+        with d.admin() as admin:
+            changes = admin.call("reload")["changes"]
+        assert "det:2 contexts live 3 -> 2 (the file changed it)" in changes["overrides_dropped"], changes
+        eventually(lambda: rows(d)[("det", "2")]["contexts"] == 2, "the file's contexts on version 2", 30)
+        assert "contexts" not in rows(d)[("det", "2")].get("overrides", {})
+        dropped = [(e["version"], e["field"]) for e in events(d, "override_dropped")]
+        assert ("2", "contexts") in dropped, dropped
+    finally:
+        assert d.stop() == 0, d.log()

@@ -8,14 +8,18 @@ import json
 import shutil
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Callable, Iterator
 
 import pytest
 
 from infermux import signing
+from infermux.swap.rollout import PACE_SHARE
 from support import models
 from support.harness import Daemon
+from support.procfs import cpu_s
 from support.polling import eventually
 from support.publish import PROBE, publish, wait_served
 from support.traffic import Traffic
@@ -63,6 +67,8 @@ def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
     for daemon in started:
         if daemon.alive():
             assert daemon.stop() == 0, daemon.log()
+        moves = [x for x in daemon.log().splitlines() if "is not in the table (models/life.py)" in x]
+        assert not moves, moves  # every move of a version is one its life's table has
 
 
 def write_settings(root: Path, n: int, rollout_extra: str = "", ratio: float = 0, placement: str = "hot") -> None:
@@ -262,6 +268,52 @@ def test_a_candidate_that_agrees_but_is_slow_or_memory_hungry_is_refused_before_
     assert states(daemon) == {"1": "ready", "2": "failed"}
 
 
+def shadowing(daemon: Daemon) -> dict:
+    """The `rollout` view of m's candidate ({} while none shadows)."""
+    with daemon.admin() as admin:
+        rows = [r for r in admin.call("models")["models"] if r["name"] == "m" and r["state"] == "candidate"]
+    return rows[0].get("rollout", {}) if rows else {}
+
+
+@pytest.mark.timing
+def test_a_slower_candidate_is_paced_to_a_small_share_of_the_time_while_it_shadows(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    """Mirroring whatever the load (min_idle_cpu = 0), a candidate slower than the serving version computes
+    at most PACE_SHARE of the time (twice that, for a busy box's slack), not back to back."""
+    publish_heavy(root, 1, repeat=1)
+    daemon = start(n=100000)  # judged neither by its speed nor by a count it would reach here
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    with Traffic(daemon, "m") as traffic:
+        publish_heavy(root, 2, repeat=500_000)  # the same answers, at milliseconds a call
+        daemon.wait_for("rollout_started model=m version=2", 30)
+        view = eventually(lambda: shadowing(daemon).get("shadowing_s", 0) >= 4 and shadowing(daemon),
+                          "four seconds of shadowing", 30)
+    assert view["compared"] >= 2, view
+    assert view["computing_s"] / view["shadowing_s"] <= 2 * PACE_SHARE, view
+    assert traffic.replies and all(r.status == 200 and r.version == "1" for r in traffic.replies)
+
+
+@pytest.mark.timing
+def test_a_paced_candidate_costs_the_daemon_no_cpu_while_it_waits(root: Path, start: Callable[..., Daemon]) -> None:
+    """A slow candidate under light traffic (a request every 0.1 s): between its paced computations the
+    shadow thread sleeps, so the daemon uses a small share of a core, not one spinning thread's whole core."""
+    publish_heavy(root, 1, repeat=1)
+    daemon = start(n=100000)
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    publish_heavy(root, 2, repeat=500_000)
+    daemon.wait_for("rollout_started model=m version=2", 30)
+    assert daemon.proc is not None
+    pause = threading.Event()
+    with daemon.client() as client:
+        used, began = cpu_s(daemon.proc.pid), time.monotonic()
+        for _ in range(30):
+            assert client.infer("m", {"x": PROBE}).status == 200
+            pause.wait(0.1)  # the load's own rhythm (light traffic), not a wait for the daemon
+        used, spent = cpu_s(daemon.proc.pid) - used, time.monotonic() - began
+    assert shadowing(daemon).get("compared", 0) >= 2, shadowing(daemon)
+    assert used / spent < 0.5, f"{used:.2f} s of CPU in {spent:.2f} s"
+
+
 def test_removing_the_serving_versions_folder_when_no_older_version_loads_keeps_it_serving(
         root: Path, start: Callable[..., Daemon]) -> None:
     publish(root, "m", 1, offset=1)
@@ -284,33 +336,74 @@ def test_removing_the_serving_versions_folder_when_no_older_version_loads_keeps_
         (v, r) for v, _, r in listed(daemon))["2"]
 
 
-def test_a_restart_storm_keeps_the_served_version_and_every_verdict(root: Path, start: Callable[..., Daemon]) -> None:
-    """Versions published (agreeing or not) and served versions removed, a restart after each: the daemon
-    comes back serving the same version, with the same refusals listed, and never shadows a refused one."""
-    publish(root, "m", 1, offset=1)
-    daemon = start()
+def rows_of(daemon: Daemon) -> list[tuple[str, str, str, str]]:
+    """(version, state, phase, reason) of m's rows in the admin `models` reply (what `status` lists), each version
+    once: the admin socket itself, where a loop would wait on an interpreter's start per look."""
+    with daemon.admin() as admin:
+        rows = sorted((m["version"], m["state"], m["phase"], m["reason"]) for m in admin.call("models")["models"]
+                      if m["name"] == "m")
+    assert len(rows) == len({row[0] for row in rows}), rows
+    return rows
+
+
+def verdicts(daemon: Daemon) -> set[tuple[str, str, str, str, str]]:
+    """(model, version, digest, outcome, reason) of every verdict in the daemon's state file."""
+    data = json.loads((daemon.state_dir / "verdicts.json").read_text())
+    return {(v["model"], v["version"], v["digest"], v["outcome"], v["reason"]) for v in data["verdicts"]}
+
+
+def storm_step(root: Path, daemon: Daemon, private: Path, step: int, good: list[int], refused: list[int]) -> None:
+    """One of the storm's five moves, by `step`: a version promoted, one refused, one published unsigned
+    and signed late (then promoted), a refused one's folder removed, the serving one's folder removed."""
+    version, move = step + 1, step % 5
+    if move == 0:  # the same answers, signed: promoted
+        publish_signed(root, private, version, offset=1)
+        daemon.wait_for(f"rollout_passed model=m version={version}", 60)
+        good.append(version)
+    elif move == 1:  # answers otherwise: refused
+        publish_signed(root, private, version, offset=1.5)
+        daemon.wait_for(f"rollout_failed model=m version={version}", 60)
+        refused.append(version)
+    elif move == 2:  # unsigned: failed; signed in place, as the refusal advises: a candidate, then promoted
+        publish(root, "m", version, offset=1)
+        daemon.wait_for(f"failed model=m version={version}", 30)
+        signing.sign(signing.load_private(private), root / "m" / str(version) / "model.onnx", "m", str(version))
+        daemon.wait_for(f"rollout_passed model=m version={version}", 60)
+        good.append(version)
+    elif move == 3:  # a refused version's folder removed: it is no longer listed, its verdict stays
+        shutil.rmtree(root / "m" / str(refused.pop()))
+    else:  # the serving version's folder removed: the newest good one before it serves, at once
+        removed = good.pop()
+        shutil.rmtree(root / "m" / str(removed))
+        daemon.wait_for(f"rolled_back model=m version={good[-1]} from={removed} ", 30)
+
+
+@pytest.mark.slow
+def test_a_restart_storm_keeps_the_served_version_and_every_verdict(
+        root: Path, start: Callable[..., Daemon], key: tuple[Path, Path]) -> None:
+    """Twenty restarts, each after versions were published (agreeing or not), signed late, refused, or
+    removed, under load: the daemon comes back serving the same version with the same verdicts and the
+    same rows (state and reason), and never shadows a refused one again."""
+    private, public = key
+    write_settings(root, n=5)
+    publish_signed(root, private, 1, offset=1)
+    daemon = start(daemon_extra=f'engine_signing_keys = ["{public}"]')
     wait_served(daemon, "m", "1", offset=1, timeout=30)
     good, refused = [1], []  # versions on disk that served, and that their rollout refused
-    mark = 0
-    for version in range(2, 10):
+    for step in range(1, 21):
         with Traffic(daemon, "m") as traffic:
-            if version % 3 == 1:  # 4, 7: the serving version's folder is removed; the newest good one before it serves
-                shutil.rmtree(root / "m" / str(good.pop()))
-                daemon.wait_for(f"rolled_back model=m version={good[-1]} ", 30, since=mark)
-            elif version % 3 == 0:  # 3, 6, 9: answers otherwise, refused
-                publish(root, "m", version, offset=1.5)
-                daemon.wait_for(f"rollout_failed model=m version={version}", 60)
-                refused.append(version)
-            else:  # 2, 5, 8: the same answers, promoted
-                publish(root, "m", version, offset=1)
-                daemon.wait_for(f"rollout_passed model=m version={version}", 60)
-                good.append(version)
+            storm_step(root, daemon, private, step, good, refused)
             traffic.saw(str(good[-1]))
+        assert all(r.status == 200 for r in traffic.replies), sorted({r.status for r in traffic.replies})
         expected = {str(good[-1]): "ready", **{str(v): "failed" for v in refused}}
-        eventually(lambda: states(daemon) == expected, f"{expected} before restart {version}", 30)
+        phases = {str(good[-1]): "serving", **{str(v): "refused" for v in refused}}
+        eventually(lambda: {row[0]: row[2] for row in rows_of(daemon)} == phases, f"{phases} before {step}", 30)
+        eventually(lambda: {row[0]: row[1] for row in rows_of(daemon)} == expected, f"{expected} before {step}", 30)
+        rows, kept = rows_of(daemon), verdicts(daemon)
         mark = restart(daemon)
         with daemon.client() as client:  # the first answer after READY: the same version, no 503
             reply = client.infer("m", {"x": PROBE})
-        assert reply.status == 200 and reply.version == str(good[-1]), (version, reply.status, reply.header)
-        eventually(lambda: states(daemon) == expected, f"{expected} after restart {version}", 30)
+        assert reply.status == 200 and reply.version == str(good[-1]), (step, reply.status, reply.header)
+        eventually(lambda: rows_of(daemon) == rows, f"{rows} after restart {step}", 30)
+        assert verdicts(daemon) == kept, (step, verdicts(daemon) ^ kept)
         assert "rollout_started" not in daemon.log()[mark:], daemon.log()[mark:]
