@@ -33,6 +33,9 @@ from infermux.sinks.spool import Spool
 log = logging.getLogger("infermux.sinks")
 
 SYNC_S = 0.05  # appended events are fsynced this often at most: one fsync covers many events
+# A sink's thread woken for fewer than a batch waits this long for more before it delivers: a broker's
+# round trip for each event, at a steady rate, costs far more than one for a batch.
+LINGER_S = 0.01
 IDLE_WAKE_S = 1.0  # a sink's thread with nothing to deliver looks again this often (an append wakes it at once)
 DROPPED_EVERY_S = 10.0  # a spool that drops events says so once per this interval, with the count
 MAX_ERROR_CHARS = 500
@@ -79,6 +82,8 @@ class Runner:
         while not self._stop.is_set():
             # No fsync here: the hub's syncer makes the spool durable, so an event never waits behind the disk.
             self.spool.wait(IDLE_WAKE_S)
+            if not self.immediate and 0 < self.spool.backlog()[0] < self.config.batch:
+                self._stop.wait(LINGER_S)
             try:
                 with self._delivering:
                     delivered = self._deliver_some()
@@ -193,6 +198,7 @@ class Hub:
         self.folder, self.events = folder, events
         self.runners: dict[str, Runner] = {}
         self._outlets: list[Outlet] = []
+        self._dirtied = threading.Event()  # some spool has something to fsync: the syncer sleeps until then
         self.apply(configs)
         self._stopped = threading.Event()
         # One thread fsyncs every spool, apart from the sinks' threads, which only deliver.
@@ -200,7 +206,12 @@ class Hub:
         self._syncer.start()
 
     def _sync_all(self) -> None:
-        while not self._stopped.wait(SYNC_S):
+        """Fsync the spools SYNC_S after something was appended or acknowledged: asleep while idle."""
+        while True:
+            self._dirtied.wait()
+            if self._stopped.wait(SYNC_S):  # the events of the next SYNC_S ride on the same fsync
+                return
+            self._dirtied.clear()  # before syncing: what is spooled after the clear is synced next time
             for runner in list(self.runners.values()):
                 runner.sync()
 
@@ -215,6 +226,9 @@ class Hub:
         return self
 
     def _connect(self) -> None:
+        for runner in self.runners.values():  # the syncer's wake-up: new sinks' spools are handed it here
+            runner.spool.dirtied = self._dirtied
+        self._dirtied.set()  # what the spools held before they were handed it
         for outlet in self._outlets:
             outlet.events = self.publish
             outlet.results = self.result if self.wants_results else None
@@ -268,6 +282,7 @@ class Hub:
 
     def stop(self) -> None:
         self._stopped.set()
+        self._dirtied.set()
         self._syncer.join(timeout=STOP_WAIT_S)
         for runner in list(self.runners.values()):
             runner.stop()

@@ -56,6 +56,7 @@ class Spool:
         self.dropped = 0  # dropped past the bounds, since the daemon started
         self._readers: dict[int, int] = {}  # segment -> fd
         self._dirty = False
+        self.dirtied: threading.Event | None = None  # set with _dirty: the hub's syncer sleeps until then
         self._closed = False  # a removed sink's spool: appends that come late are dropped, not written
         self._syncing = threading.Lock()  # one sync at a time, and none while the files close
         self._rolled: list[int] = []  # writers of finished segments, to fsync and close
@@ -109,13 +110,19 @@ class Spool:
         self._bytes += size
         self._bound(0)
 
+    def _mark(self) -> None:
+        """Something the next sync must make durable (under the lock)."""
+        self._dirty = True
+        if self.dirtied is not None:
+            self.dirtied.set()
+
     def _bound(self, more: int) -> None:
         """Drop the oldest until one more event of `more` bytes fits."""
         while self._entries and (len(self._entries) + (1 if more else 0) > self.max_events
                                  or self._bytes + more > self.max_bytes):
             self._bytes -= self._entries.popleft().size
             self.dropped += 1
-            self._dirty = True
+            self._mark()
 
     # -- the pipelines' threads ----------------------------------------------------------
 
@@ -149,7 +156,7 @@ class Spool:
             self._entries.append(Entry(self._seq, self._segment, self._size, len(data), stamp))
             self._size += len(record)
             self._bytes += len(data)
-            self._dirty = True
+            self._mark()
             if wake:
                 self.ready.notify()
         return True
@@ -195,7 +202,7 @@ class Spool:
         with self._lock:
             while self._entries and self._entries[0].seq <= seq:
                 self._bytes -= self._entries.popleft().size
-            self._dirty = True
+            self._mark()
 
     def sync(self) -> None:
         """Make the appended events and the cursor durable; delete the segments wholly acknowledged."""
