@@ -61,6 +61,8 @@ ALLOWED_EMPTY = {
     "infermux_sink_": "the scene's configuration has no [[sinks]]: tests/daemon/sinks/test_object_events.py scrapes them",
     "infermux_pipeline_events_": "the scene's tracked pipeline has no `events` table (docs/events.md)",
     "infermux_camera_": "the scene's configuration has no [[cameras]]: tests/daemon/cameras/test_cameras.py scrapes them",
+    "infermux_zone_objects": "the scene has no [[cameras.zones]]: tests/daemon/sinks/test_zone_events.py scrapes them",
+    "infermux_line_crossings_": "the scene has no [[cameras.lines]]: tests/daemon/sinks/test_zone_events.py scrapes them",
 }
 # Alerts the scene does not drive (their promtool unit tests fire them).
 NOT_DRIVEN = {
