@@ -168,7 +168,7 @@ class PyAVSource:
     def _decode(self, av: Any, container: Any, stream: Any) -> Iterator[tuple[Decoded, float | None]]:
         """Each decoded frame, and its timestamp in the stream (s; None where it has none)."""
         bad = 0
-        size = self.camera.size
+        to_rgb = RGBConverter(self.camera.size)
         packets = container.demux(stream)
         while True:
             try:
@@ -191,8 +191,7 @@ class PyAVSource:
                 if frame.width * frame.height > self.camera.max_pixels:
                     raise CameraRefused(f"a frame is {frame.width}x{frame.height}, over this camera's max_pixels "
                                         f"({self.camera.max_pixels})")
-                kwargs = {"width": size[0], "height": size[1]} if size else {}
-                image = frame.to_ndarray(format="rgb24", **kwargs)
+                image = to_rgb(frame)
                 yield Decoded(image, time.time(), (time.perf_counter() - begin) * 1e3), frame.time
                 begin = time.perf_counter()
 
@@ -204,6 +203,25 @@ class PyAVSource:
                 container.close()
             except Exception:  # closing a stream that failed: nothing more to release
                 pass
+
+
+class RGBConverter:
+    """Decoded frames to H x W x 3 RGB arrays, scaled to `size` (width, height) where one is given.
+
+    `frame.to_ndarray(format="rgb24")` makes a new swscale context for each frame, on a thread a core: most
+    of what converting cost (docs/decisions.md, decoding cameras). One context kept across a stream's
+    frames, on the calling thread, gives the same pixels for less CPU; OpenCV's I420
+    conversion measured no cheaper than that, so swscale converts every frame, scaled or not."""
+
+    def __init__(self, size: tuple[int, int] | None) -> None:
+        from av.video.reformatter import VideoReformatter
+
+        self._scale = {"width": size[0], "height": size[1]} if size else {}
+        self._reformatter = VideoReformatter()
+
+    def __call__(self, frame: Any) -> np.ndarray:
+        image: np.ndarray = self._reformatter.reformat(frame, format="rgb24", threads=1, **self._scale).to_ndarray()
+        return image
 
 
 @dataclass(frozen=True)

@@ -13,10 +13,15 @@ Decoding (the default mode): for each size, N cameras are read at once by N proc
 each measures its own user + system CPU time over `seconds` after `warmup` seconds of frames:
 
 - floor: `ffmpeg -i URL -f null -` (decodes, converts nothing, writes nothing): the least decoding costs;
-- pyav: PyAV in the reading process, each frame to a BGR array (what a camera process hands on);
+- pyav: PyAV in the reading process, each frame to a BGR array by `frame.to_ndarray(format=...)`: a new
+  swscale context per frame, on as many threads as there are cores (what a camera process did first);
 - pyav-yuv: the same, each frame's YUV 4:2:0 planes copied out unconverted (decoding's share of pyav);
 - pyav-half: the same, each frame scaled to half its width and height and converted to BGR in one pass
   (a camera's `size`);
+- pyav-sws1: the same as pyav through one swscale context kept across frames, on the decoding thread
+  (what a camera process does, daemon/cameras/source.py);
+- pyav-cv2: the same as pyav-yuv, then OpenCV's I420-to-BGR conversion on one thread (measured against
+  pyav-sws1, not used: no cheaper);
 - ffmpeg: `ffmpeg` as a child writing BGR frames to a pipe, read into one buffer (child + reader);
 - gstreamer: rtspsrc ! rtph264depay ! h264parse ! avdec_h264 ! videoconvert ! appsink
   (tests/support/gst/decode.py under Debian's python3), each frame copied out once.
@@ -61,7 +66,7 @@ DAEMON_SECTION = "Cameras: through the daemon"
 # A live stream's probe, as the cameras open one (daemon/cameras/source.py): FFmpeg's default reads
 # seconds of the stream before its first frame.
 PROBE = {"analyzeduration": "500000", "probesize": "1000000"}
-KINDS = ("floor", "pyav", "pyav-yuv", "pyav-half", "ffmpeg", "gstreamer")
+KINDS = ("floor", "pyav", "pyav-yuv", "pyav-half", "pyav-sws1", "pyav-cv2", "ffmpeg", "gstreamer")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
@@ -84,14 +89,26 @@ def proc_cpu_s(pid: int) -> float:
 
 def read_pyav(url: str, warmup: float, seconds: float, transport: str, out: str = "bgr") -> Window:
     """PyAV in this process: decode, each frame to a BGR array (`out` "bgr"), to one of half the width and
-    height (scaled and converted in one pass, "half"), or its YUV planes copied as they are ("yuv")."""
+    height (scaled and converted in one pass, "half"), its YUV planes copied as they are ("yuv"), to BGR by
+    one kept swscale context on this thread ("sws1"), or its I420 planes to BGR by OpenCV on this thread ("cv2")."""
     import av
+    from av.video.reformatter import VideoReformatter
+
+    reformatter = VideoReformatter()
+    if out == "cv2":
+        import cv2
+
+        cv2.setNumThreads(1)
 
     with av.open(url, options={"rtsp_transport": transport, **PROBE}, timeout=10) as container:
         counter = _Counter(warmup, seconds, time.process_time)
         for frame in container.decode(video=0):
             if out == "yuv":
                 frame.to_ndarray()
+            elif out == "cv2":
+                cv2.cvtColor(frame.to_ndarray(), cv2.COLOR_YUV2BGR_I420)
+            elif out == "sws1":
+                reformatter.reformat(frame, format="bgr24", threads=1).to_ndarray()
             else:
                 scale = 2 if out == "half" else 1
                 frame.to_ndarray(width=frame.width // scale, height=frame.height // scale, format="bgr24")
@@ -199,6 +216,8 @@ def run_reader(args: argparse.Namespace) -> None:
     readers = {"pyav": lambda: read_pyav(args.url, args.warmup, args.seconds, args.transport),
                "pyav-yuv": lambda: read_pyav(args.url, args.warmup, args.seconds, args.transport, "yuv"),
                "pyav-half": lambda: read_pyav(args.url, args.warmup, args.seconds, args.transport, "half"),
+               "pyav-sws1": lambda: read_pyav(args.url, args.warmup, args.seconds, args.transport, "sws1"),
+               "pyav-cv2": lambda: read_pyav(args.url, args.warmup, args.seconds, args.transport, "cv2"),
                "ffmpeg": lambda: read_ffmpeg_pipe(args.url, args.warmup, args.seconds, args.transport, size),
                "floor": lambda: read_floor(args.url, args.warmup, args.seconds, args.transport)}
     w = readers[args.reader]()
@@ -293,7 +312,7 @@ def check_packages(kinds: list[str]) -> None:
     missing = system_packages.missing(needs)
     if missing:
         raise SystemExit(f"{', '.join(missing)} missing: sudo apt-get install {' '.join(missing)}")
-    if "pyav" in kinds and importlib.util.find_spec("av") is None:
+    if any(k.startswith("pyav") for k in kinds) and importlib.util.find_spec("av") is None:
         raise SystemExit("PyAV missing: pip install av")
 
 
@@ -445,7 +464,7 @@ def main() -> None:
     parser.add_argument("--faults", nargs="?", const="all", help="one faulty camera beside a healthy one and a plain "
                         "client (camera_faults.py): all, or a comma-separated subset of its faults")
     parser.add_argument("--no-write", dest="write", action="store_false", help="print only; leave RESULTS.md")
-    parser.add_argument("--reader", choices=("pyav", "pyav-yuv", "pyav-half", "ffmpeg", "floor"), help=argparse.SUPPRESS)
+    parser.add_argument("--reader", choices=KINDS[:-1], help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)
     args = parser.parse_args()
     args.size = args.size or ["640x360", "1280x720"]
