@@ -94,10 +94,8 @@ class Swapper:
     # -- start and stop --------------------------------------------------------
 
     def initial_scan(self) -> None:
-        """Register what engine_dir holds before the hot models load (so READY includes it).
-
-        Files still being written at start get up to `watch_settle_s` to finish.
-        """
+        """Register what engine_dir holds before the hot models load (so READY includes it); files still
+        being written at start get up to `watch_settle_s` to finish."""
         self.watcher.watch()
         snapshot = self._scan_settled()
         for name in sorted(snapshot.models()):
@@ -237,11 +235,8 @@ class Swapper:
         self.events.emit("settled", name, ",".join(stand_ins), reason=f"{reasons}; {serving}")
 
     def _forget_gone(self, snapshot: Snapshot) -> None:
-        """Drop what was announced about files no longer on disk (one published again is news again).
-
-        Without this `_announced` kept an entry for every version ever
-        published, however many were deleted since: unbounded under churn.
-        """
+        """Drop what was announced about files no longer on disk (one published again is news again): else
+        `_announced` kept an entry for every version ever published, unbounded under churn."""
         for key in [key for key in self._announced if key not in snapshot.engines]:
             del self._announced[key]
         for key in [key for key in self._bad if key not in snapshot.engines]:
@@ -281,7 +276,7 @@ class Swapper:
                 self.registry.put(ModelVersion(mc, state=State.FAILED, reason=bad[1]))
             return
         self._bad.pop((p.name, version), None)
-        self._load(mc, f, current, p.on_disk)
+        self._load(mc, f, current, p.on_disk, _same_file(made, key, current))
 
     def _detected(self, f: EngineFile, ignored: str = "") -> None:
         """Announce each complete engine file once (again when it changes), and whether it will be served."""
@@ -297,8 +292,8 @@ class Swapper:
             if version not in p.wanted and f.stable:
                 self._detected(f, why_ignored(configured.get(version), pinned))
 
-    def _load(self, mc: ModelConfig, f: EngineFile, current: ModelVersion | None, on_disk: set[str]) -> None:
-        """Load beside what serves; take over only once warm; never make things worse."""
+    def _load(self, mc: ModelConfig, f: EngineFile, current: ModelVersion | None, disk: set[str], same: bool) -> None:
+        """Load beside what serves; take over only once warm; never make things worse (`same`: `_same_file`)."""
         started = time.monotonic()
         model = self.registry.model(mc.name)
         before = model.default() if model else None
@@ -306,9 +301,9 @@ class Swapper:
         mc = self.registry.overrides.reconcile(mc) if replacing or model is None else self._inherit(model, mc)
         mv = ModelVersion(mc)
         problem = checksum_problem(f)
-        rollback = _rollback_from(before, mc.version, on_disk)
+        rollback = _rollback_from(before, mc.version, disk)
         serving = current if replacing else None
-        if not problem and self._deferred(mc, f, mv, serving, before, rollback):
+        if not problem and self._deferred(mc, f, mv, serving, before, rollback, same):
             return
         mv, loaded = self._load_engine(mv, problem, replacing)
         if not loaded:
@@ -321,10 +316,10 @@ class Swapper:
             self.registry.switch.drain(previous)
 
     def _deferred(self, mc: ModelConfig, f: EngineFile, mv: ModelVersion, serving: ModelVersion | None,
-                  before: ModelVersion | None, rollback: str) -> bool:
+                  before: ModelVersion | None, rollback: str, same_file: bool) -> bool:
         """True where the version is not loaded now: a rollout shadows it first, or a cold model's is registered,
         to be loaded by the first request. `serving`: the file of its own that serves now (None: a new version)."""
-        if mc.rollout is not None and before is not None and before.ready and not rollback:
+        if mc.rollout is not None and before is not None and before.ready and not rollback and not same_file:
             self._shadow(mc, f, serving)
             return True
         if serving is None and mc.placement == COLD and not mc.preload and not rollback:
@@ -414,9 +409,8 @@ class Swapper:
         return known[1]
 
     def _served(self, mc: ModelConfig, f: EngineFile) -> None:
-        """A version of a model with a rollout table serves without shadowing (its first, a rollback):
-        kept, so that after a restart it serves and newer versions shadow it again."""
-        # A restart serving what passed keeps it "passed".
+        """A version of a model with a rollout table serves without shadowing (its first, a rollback): kept,
+        so that after a restart it serves and newer versions shadow it again (what passed stays "passed")."""
         if mc.rollout is not None and not self.decisions.good(mc.name, mc.version, digest := self._digest(f)):
             self.decisions.record(mc.name, mc.version, digest, "served")
 
@@ -582,6 +576,12 @@ def _rollback_from(before: ModelVersion | None, version: str, on_disk: set[str])
     if before is None or not before.ready or before.version in on_disk:
         return ""
     return before.version if version_key(version) < version_key(before.version) else ""
+
+
+def _same_file(made: Key | None, key: Key, current: ModelVersion | None) -> bool:
+    """The serving file itself under new settings (a reload, an edited model.toml, standing in for a refused
+    newer version under that one's): the same answers, so it swaps in unshadowed, never a candidate of itself."""
+    return made is not None and made[:2] == key[:2] and current is not None and current.ready
 
 
 def _label(before: ModelVersion | None, mv: ModelVersion) -> str:

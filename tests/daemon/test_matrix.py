@@ -601,22 +601,31 @@ def test_a_rollout_keeps_a_serving_version_through_reload_swap_move_refusal_and_
             with d.admin() as admin:
                 admin.call(MOVES[cell.name], model="ro", version="2")
         assert listed_once(d, "ro")["2"][0] == "ready"
-        publish(cell.watched, "ro", 3, offset=5)  # answers otherwise: refused, v2 stays
-        d.wait_for("rollout_failed model=ro version=3", 60)
-        eventually(lambda: listed_once(d, "ro").get("3", ("", ""))[0] == "failed", "v3 listed refused", 30)
-        wait_served(d, "ro", "2", offset=1, timeout=30)
-        shutil.rmtree(cell.watched / "ro" / "2")  # a rollback by removal: v1 serves again at once
-        wait_served(d, "ro", "1", offset=1, timeout=30)
-        # A reload changing the model's rollout table. Where v1 was moved live (promoted, demoted), its entry
-        # now differs from the file's placement too: it is replaced through its rollout, back where configured.
+        # A reload changing the model's rollout table while v2 serves: v2 takes the new settings as it serves,
+        # and standing in for the refused v3 under them it is neither loaded again nor a candidate of itself.
         mark = len(d.log())
         d.config_path.write_text(d.config_path.read_text().replace("shadow_requests = 5\n", "shadow_requests = 6\n"))
         with d.admin() as admin:
             assert admin.call("reload")["ok"]
         d.wait_for('reloaded changed="ro:1', 30, since=mark)
-        if cell.name in MOVES:
-            d.wait_for("rollout_passed model=ro version=1", 60, since=mark)
+        wait_served(d, "ro", "2", offset=1, timeout=30)
+        publish(cell.watched, "ro", 3, offset=5)  # answers otherwise: refused, v2 stays
+        d.wait_for("rollout_failed model=ro version=3", 60)
+        eventually(lambda: listed_once(d, "ro").get("3", ("", ""))[0] == "failed", "v3 listed refused", 30)
+        d.wait_for("settled model=ro version=2", 30, since=mark)  # v2 stands in for v3, under the new settings
+        wait_served(d, "ro", "2", offset=1, timeout=30)
+        assert "rollout_started model=ro version=2" not in d.log()[mark:], d.log()[mark:]
+        shutil.rmtree(cell.watched / "ro" / "2")  # a rollback by removal: v1 serves again at once
         wait_served(d, "ro", "1", offset=1, timeout=30)
+        # A second reload changing it, v1 serving again: its own file under new settings is nothing to judge,
+        # so it never shadows itself (and is never listed twice, serving and candidate).
+        mark = len(d.log())
+        d.config_path.write_text(d.config_path.read_text().replace("shadow_requests = 6\n", "shadow_requests = 7\n"))
+        with d.admin() as admin:
+            assert admin.call("reload")["ok"]
+        d.wait_for('reloaded changed="ro:1', 30, since=mark)
+        wait_served(d, "ro", "1", offset=1, timeout=30)
+        assert "rollout_started model=ro version=1" not in d.log()[mark:], d.log()[mark:]
         sent = len(traffic.replies)
         eventually(lambda: len(traffic.replies) > sent + 5, "requests after the rollback", 30)
     assert traffic.replies

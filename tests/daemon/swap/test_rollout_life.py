@@ -407,3 +407,22 @@ def test_a_restart_storm_keeps_the_served_version_and_every_verdict(
         eventually(lambda: rows_of(daemon) == rows, f"{rows} after restart {step}", 30)
         assert verdicts(daemon) == kept, (step, verdicts(daemon) ^ kept)
         assert "rollout_started" not in daemon.log()[mark:], daemon.log()[mark:]
+
+
+@pytest.mark.parametrize("placement", ["hot", "cold"])
+def test_new_settings_for_the_serving_file_swap_it_in_without_it_shadowing_itself(
+        root: Path, start: Callable[..., Daemon], placement: str) -> None:
+    """An edited rollout table and placement for the serving version's own file: nothing new to judge, so
+    it loads beside itself and swaps in; it is never its own candidate, nor listed twice."""
+    publish(root, "m", 1, offset=1)
+    daemon = start(placement=placement)
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    mark = len(daemon.log())
+    with Traffic(daemon, "m") as traffic:
+        write_settings(root, 6, placement="cold" if placement == "hot" else "hot")
+        daemon.wait_for('swapped model=m version=1 previous="1 (previous file)"', 30, since=mark)
+        assert states(daemon) == {"1": "ready"}
+        sent = len(traffic.replies)
+        eventually(lambda: len(traffic.replies) > sent + 5, "requests after the swap", 30)
+    assert "rollout_started model=m version=1" not in daemon.log()[mark:], daemon.log()[mark:]
+    assert {(r.status, r.version) for r in traffic.replies} == {(200, "1")}
