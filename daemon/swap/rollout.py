@@ -350,7 +350,8 @@ class Rollouts:
             # Agreed first: `start` may judge (its load's memory) from another thread, never mid-comparison.
             rollout.agreed += verdict.agree
             rollout.compared += 1
-            if rollout.compared == 1:
+            # Not for a candidate cancelled or refused while this comparison computed: it is draining.
+            if rollout.compared == 1 and rollout.candidate.phase is life.Phase.CANDIDATE:
                 life.say(self.events, rollout.candidate, "shadowing", shadow_requests=rollout.config.shadow_requests)
             if not verdict.agree and (rollout.worst is None or verdict.error > rollout.worst[0].error):
                 rollout.worst = (verdict, _shapes(sample.inputs))
