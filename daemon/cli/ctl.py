@@ -166,7 +166,9 @@ def _cameras_table(reply: dict[str, Any]) -> str:
 def short_snapshot(reply: dict[str, Any]) -> str:
     """Where `ctl snapshot` wrote the frame (and its copy), with the frame's time and boxes."""
     when = time.strftime("%H:%M:%S", time.localtime(float(reply.get("time") or 0)))
-    line = f"{reply.get('path')}  ({printable(reply.get('camera'), 40)}, frame of {when}, {reply.get('boxes')} boxes)"
+    boxes = reply.get("boxes")
+    drawn = f"{boxes} box" if boxes == 1 else f"{boxes} boxes"
+    line = f"{reply.get('path')}  ({printable(reply.get('camera'), 40)}, frame of {when}, {drawn})"
     return line + (f"\ncopy: {reply['out']}" if reply.get("out") else "")
 
 

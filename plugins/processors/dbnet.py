@@ -31,6 +31,7 @@ class DbnetConfig:
     min_size: float = 3.0
     max_candidates: int = 1000
     dilate: bool = True
+    label: str | None = None  # what every region is: events and snapshots name it (no classifier needed)
 
     def check(self) -> tuple[str, str] | None:
         for name in ("thresh", "box_thresh"):
@@ -40,6 +41,8 @@ class DbnetConfig:
             return "unclip_ratio", "must not be negative"
         if self.max_candidates < 1:
             return "max_candidates", "must be at least 1"
+        if self.label is not None and not 0 < len(self.label) <= 64:
+            return "label", "must be 1 to 64 characters"
         return None
 
 
@@ -121,7 +124,7 @@ class Dbnet:
         for box, score in regions_from_map(prob[0, 0], self.config):
             original = np.round(sample.transform.to_original(box))
             np.clip(original, 0, limit, out=original)
-            sample.regions.append(Region(original, score))
+            sample.regions.append(Region(original, score, self.config.label))
 
 
 def _frame_size(sample: Sample, w: int, h: int) -> np.ndarray:

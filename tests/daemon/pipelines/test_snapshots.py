@@ -28,6 +28,7 @@ cv2 = pytest.importorskip("cv2", reason="the processors need OpenCV: pip install
 
 from support import models, tracking  # noqa: E402
 from support.camera_files import camera, write_clip, write_frames  # noqa: E402
+from support.drawn_boxes import bounds, green_share, jpeg  # noqa: E402
 from support.harness import Daemon, dealer  # noqa: E402
 from support.polling import eventually  # noqa: E402
 from support.sinks import valid  # noqa: E402
@@ -120,28 +121,6 @@ def best_region(sent: Replay, track_id: int) -> dict[str, Any]:
         if rank(region) > rank(best):
             best = region
     return best
-
-
-def jpeg(path: str) -> np.ndarray:
-    """The JPEG at `path`, once the writer thread put it there (files appear whole: written, then renamed)."""
-    return eventually(lambda: os.path.exists(path) and [cv2.imread(path)], f"{path} written")[0]
-
-
-def bounds(box: list[list[float]]) -> tuple[int, int, int, int]:
-    xs, ys = [p[0] for p in box], [p[1] for p in box]
-    return round(min(xs)), round(min(ys)), round(max(xs)), round(max(ys))
-
-
-def green_share(image: np.ndarray, box: tuple[int, int, int, int]) -> float:
-    """The share of the box's top and bottom edge pixels drawn green (BGR), within a pixel of the edge."""
-    x0, y0, x1, y1 = box
-    hits = total = 0
-    for y in (y0, y1):
-        for x in range(x0 + 3, x1 - 3):
-            around = image[max(0, y - 1):y + 2, x].astype(int)
-            total += 1
-            hits += any(g > 150 and b < 110 and r < 110 for b, g, r in around)
-    return hits / max(total, 1)
 
 
 def test_each_object_has_its_best_frame_with_its_box_drawn_and_its_crop(setup: dict[str, Any]) -> None:

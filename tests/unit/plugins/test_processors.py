@@ -276,6 +276,13 @@ def test_dbnet_processor_maps_regions_to_the_original_frame() -> None:
     [region] = sample.regions
     assert region.box.tolist() == [[0, 10], [118, 10], [118, 49], [0, 49]]  # x doubled, then clipped
     assert region.to_json()["box"] == [[0, 10], [118, 10], [118, 49], [0, 49]]
+    assert region.label is None  # no label unless the step is told one
+
+
+def test_dbnet_labels_every_region_it_is_told_to() -> None:
+    sample = Sample(image=np.zeros((100, 200, 3), np.uint8), outputs={"map": synthetic_map()[None, None]})
+    create("dbnet", {"dilate": False, "label": "text"})(sample)
+    assert [r.label for r in sample.regions] == ["text"] and sample.regions[0].to_json()["label"] == "text"
 
 
 def test_crop_rectifies_a_region_and_turns_tall_ones() -> None:
@@ -302,6 +309,8 @@ def test_crop_rectifies_a_region_and_turns_tall_ones() -> None:
     ("normalize", {"mean": "0.5"}, "option 'mean' must be a list of numbers"),
     ("decode", {"to": "yuv"}, "option 'to'"),
     ("dbnet", {"thresh": 2}, "option 'thresh' must be between 0 and 1"),
+    ("dbnet", {"label": ""}, "option 'label' must be 1 to 64 characters"),
+    ("dbnet", {"label": 3}, "option 'label'"),
     ("ctc", {}, "option 'dictionary' is required"),
     ("ctc", {"dictionary": "/nonexistent/dict.txt"}, "option 'dictionary': cannot read"),
     ("yolo", {"layout": "v3"}, "option 'layout'"),
