@@ -9,48 +9,20 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shlex
-import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from support.harness import REPO
 from support.tui_support import until
+from support.walkthrough import clone_of, commands, local
 
 pytest.importorskip("rapidocr_onnxruntime", reason="the OCR models come from rapidocr-onnxruntime")
 pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
 pytestmark = pytest.mark.slow
 
 BENCH_S = 12  # the page's --duration 60, shortened: long enough for the console to see every camera
-
-
-def walkthrough() -> list[str]:
-    """The commands of the page's `sh` block under "Four cameras", comments and `&` taken off."""
-    text = (REPO / "docs/pipelines.md").read_text()
-    section = text[text.index("## Four cameras"):]
-    start = section.index("```sh\n") + len("```sh\n")
-    block = section[start:section.index("```", start)]
-    return [line.split("#")[0].strip().rstrip("&").strip() for line in block.splitlines() if line.strip()]
-
-
-def argv(command: str) -> list[str]:
-    """A page command with `.venv/bin/` as the suite's own environment's bin folder."""
-    bin_dir = Path(sys.executable).parent
-    words = shlex.split(command)
-    return [str(bin_dir / w.removeprefix(".venv/bin/")) if w.startswith(".venv/bin/") else w for w in words]
-
-
-@pytest.fixture
-def clone(tmp_path: Path) -> Path:
-    """The files the page's commands name, at their paths in a clone."""
-    for rel in ("engines/fetch_ppocr.py", "etc/infermux/examples/ocr.toml"):
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(REPO / rel, tmp_path / rel)
-    return tmp_path
 
 
 def wait_ready(log: Path, proc: subprocess.Popen, timeout_s: float = 120) -> None:
@@ -61,20 +33,21 @@ def wait_ready(log: Path, proc: subprocess.Popen, timeout_s: float = 120) -> Non
         time.sleep(0.2)
 
 
-async def test_four_cameras_run_as_the_page_says_and_the_console_shows_each(clone: Path) -> None:
-    install, fetch, serve, bench, top = walkthrough()
+async def test_four_cameras_run_as_the_page_says_and_the_console_shows_each(tmp_path: Path) -> None:
+    install, fetch, serve, bench, top = commands("pipelines.md", "## Four cameras")
+    clone = clone_of(tmp_path, ("engines/fetch_ppocr.py", "etc/infermux/examples/ocr.toml"))
     assert install.startswith("python3 -m venv .venv") and "[onnx,tui,processors]" in install
     assert "--streams 4" in bench and top.split()[1] == "top"
     # Where this box's defaults would be /run and /var/lib: another daemon of the suite may hold those.
     env = {**os.environ, "RUNTIME_DIRECTORY": str(clone / "run"), "STATE_DIRECTORY": str(clone / "state")}
-    fetched = subprocess.run(argv(fetch), cwd=clone, env=env, capture_output=True, text=True, timeout=300)
+    fetched = subprocess.run(local(fetch), cwd=clone, env=env, capture_output=True, text=True, timeout=300)
     assert fetched.returncode == 0, fetched.stderr
     log = clone / "serve.log"
     with open(log, "w") as out:
-        daemon = subprocess.Popen(argv(serve), cwd=clone, env=env, stdout=out, stderr=subprocess.STDOUT)
+        daemon = subprocess.Popen(local(serve), cwd=clone, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_ready(log, daemon)
-        bench_argv = argv(bench)
+        bench_argv = local(bench)
         bench_argv[bench_argv.index("--duration") + 1] = str(BENCH_S)
         cameras = subprocess.Popen(bench_argv, cwd=clone, env=env, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, text=True)
@@ -104,7 +77,7 @@ async def console_rows(top: str, clone: Path, env: dict[str, str]) -> list[str]:
 
     parser = argparse.ArgumentParser()
     top_command.add_arguments(parser)
-    args = parser.parse_args(argv(top)[2:])
+    args = parser.parse_args(local(top)[2:])
     args.config = str(clone / args.config)
     saved = os.environ.get("RUNTIME_DIRECTORY")
     os.environ["RUNTIME_DIRECTORY"] = env["RUNTIME_DIRECTORY"]  # the console finds the sockets as the page's would

@@ -14,20 +14,17 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
 from support.drawn_boxes import green_share, jpeg
-from support.harness import REPO
 from support.polling import eventually
 from support.sinks import Mosquitto, valid
 from support import system_packages
+from support.walkthrough import clone_of, commands, local
 
 pytest.importorskip("rapidocr_onnxruntime", reason="the detector comes from rapidocr-onnxruntime")
 pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[cameras]'")
@@ -39,31 +36,10 @@ CAMERAS = [f"dock-{n}" for n in range(1, 5)]
 FILES = ("engines/fetch_ppocr.py", "examples/dock_clips.py", "etc/infermux/examples/dock.toml")
 
 
-def walkthrough() -> list[str]:
-    """The commands of the page's `sh` block under "Try it", comments and `&` taken off."""
-    text = (REPO / "docs/events.md").read_text()
-    section = text[text.index("## Try it"):]
-    start = section.index("```sh\n") + len("```sh\n")
-    block = section[start:section.index("```", start)]
-    lines = (re.sub(r"\s+#\s.*$", "", line) for line in block.splitlines())  # a comment, not a topic's '#'
-    return [line.strip().rstrip("&").strip() for line in lines if line.strip()]
-
-
 def argv(command: str, port: int) -> list[str]:
-    """A page command: `.venv/bin/` is the suite's own environment; `mosquitto_sub` asks the test's broker."""
-    bin_dir = Path(sys.executable).parent
-    words = [str(bin_dir / w.removeprefix(".venv/bin/")) if w.startswith(".venv/bin/") else w
-             for w in shlex.split(command)]
+    """A page command as the suite runs it; `mosquitto_sub` asks the test's broker."""
+    words = local(command)
     return words + ["-p", str(port)] if words[0] == "mosquitto_sub" else words
-
-
-@pytest.fixture
-def clone(tmp_path: Path) -> Path:
-    """The files the page's commands name, at their paths in a clone."""
-    for rel in FILES:
-        (tmp_path / rel).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy(REPO / rel, tmp_path / rel)
-    return tmp_path
 
 
 @pytest.fixture
@@ -74,8 +50,9 @@ def broker(tmp_path: Path) -> Iterator[Mosquitto]:
     broker.stop()
 
 
-def test_the_dock_walkthrough_runs_as_the_page_says(clone: Path, broker: Mosquitto) -> None:
-    apt, install, fetch, clips, serve, subscribe, snapshot = walkthrough()
+def test_the_dock_walkthrough_runs_as_the_page_says(tmp_path: Path, broker: Mosquitto) -> None:
+    apt, install, fetch, clips, serve, subscribe, snapshot = commands("events.md", "## Try it")
+    clone = clone_of(tmp_path / "clone", FILES)
     assert "mosquitto mosquitto-clients" in apt and "[onnx,tui,cameras,mqtt]" in install
     config = clone / "etc/infermux/examples/dock.toml"
     assert "port = 1883" in config.read_text()
