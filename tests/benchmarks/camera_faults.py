@@ -11,7 +11,7 @@ Rounds alternate: none, each fault, none, each fault, ...; each measures `second
 
 Reported per fault: hall's capture-to-result age p99 (the daemon's, over hall's last AGES = 256 frames
 served, all of them inside the measured window: `seconds` × `fps` must reach 256, or the percentile would
-take in the frames of the camera's start, the round's slowest; a round whose window served fewer gives
+take in the frames of the camera's start, before the window; a round whose window served fewer gives
 no age) and the plain client's latency p99 (its own clock), the medians over its rounds,
 and each as the median of its rounds' ratios to the `none` round just before each (the issue's goal:
 within 1.5 x); and the error statuses either got (goal: none). Writes "## Cameras: a faulty camera beside the others" in RESULTS.md.

@@ -72,12 +72,17 @@ packages the rest needs, the page's configuration."""
 @pytest.fixture
 def served_cameras(clone: Path, commands: list[str]) -> Iterator[int]:
     """The page's cameras, on a free port: the configuration's copy points at it."""
-    server = subprocess.Popen([*argv(commands[0]), "--port", "0"], cwd=clone, stdin=subprocess.DEVNULL,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    log = clone / "cameras.log"
+    with open(log, "w") as out:
+        server = subprocess.Popen([*argv(commands[0]), "--port", "0"], cwd=clone, stdin=subprocess.DEVNULL,
+                                  stdout=out, stderr=subprocess.STDOUT, text=True)
     try:
-        assert server.stdout is not None
-        urls = [server.stdout.readline().strip() for _ in CAMERAS]
-        assert all(u.startswith("rtsp://127.0.0.1:") for u in urls), (urls, server.stdout.read())
+        def listening() -> list[str]:
+            assert server.poll() is None, f"examples/rtsp_cameras.py exited:\n{log.read_text()}"
+            urls = [line for line in log.read_text().splitlines() if line.startswith("rtsp://")]
+            return urls if len(urls) == len(CAMERAS) else []
+
+        urls = eventually(listening, what="the cameras' URLs", timeout_s=30)
         port = int(urls[0].split(":")[2].split("/")[0])
         assert urls == [f"rtsp://127.0.0.1:{port}/{name}" for name in CAMERAS], urls
         config = clone / CONFIG
