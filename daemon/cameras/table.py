@@ -10,6 +10,12 @@ from typing import Any
 
 from infermux import format as fmt
 
+#: States in which a camera gives no frame for something outside the daemon (its url, the camera, the network).
+DOWN = ("lost", "refused")
+#: What to do then: the reason says what failed; doctor says what to check for the camera's kind of url.
+NEXT_STEP = ("(a camera lost or refused: `infermux doctor` opens each camera once and says what to check; "
+             "a lost one comes back by itself once it answers)")
+
 
 def table(cameras: list[dict[str, Any]]) -> str:
     """The admin `cameras` reply's entries as text."""
@@ -31,5 +37,7 @@ def table(cameras: list[dict[str, Any]]) -> str:
             lines.append(f"  {fmt.printable(why, 200)}")
         lines += [f"  {text}" for text in fmt.area_counts(c)]
     lines.append("(rates per second over the last 5 s; age: capture to result)")
+    if any(c.get("state") in DOWN for c in cameras):
+        lines.append(NEXT_STEP)
     return "\n".join(lines)
 

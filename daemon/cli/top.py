@@ -45,6 +45,10 @@ def run(args: argparse.Namespace) -> int:
     from infermux import vendor
 
     vendor.activate()  # before the first textual import: the Debian package's vendored copy wins
+    if not _textual_installed():
+        print(f"infermux top: the console needs Textual, which {sys.executable} cannot import: "
+              "pip install 'infermux[tui]' (from a clone: .venv/bin/pip install -e '.[tui]')", file=sys.stderr)
+        return 1
     from infermux.config import ConfigError
     from infermux.tui.feed import Endpoints, Feed, LiveFeed, StaticFeed
 
@@ -70,3 +74,12 @@ def run(args: argparse.Namespace) -> int:
 
     TopApp(feed, config_path=config).run()
     return 0
+
+
+def _textual_installed() -> bool:
+    """Whether Textual imports here: an install without the `tui` extra has none, and the console is built on it."""
+    try:
+        import textual  # noqa: F401
+    except ImportError:
+        return False
+    return True

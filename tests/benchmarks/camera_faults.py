@@ -9,8 +9,10 @@ played once), `outage` (the spare's RTSP server stopped for the window), `sigkil
 every 2 s) and `sigstop` (its process stopped: the daemon kills it as hung and starts it again).
 Rounds alternate: none, each fault, none, each fault, ...; each measures `seconds` after `warmup`.
 
-Reported per fault: hall's capture-to-result age p99 (the daemon's, over hall's frames served in this
-round's daemon only) and the plain client's latency p99 (its own clock), the medians over its rounds,
+Reported per fault: hall's capture-to-result age p99 (the daemon's, over hall's last AGES = 256 frames
+served, all of them inside the measured window: `seconds` × `fps` must reach 256, or the percentile would
+take in the frames of the camera's start, before the window; a round whose window served fewer gives
+no age) and the plain client's latency p99 (its own clock), the medians over its rounds,
 and each as the median of its rounds' ratios to the `none` round just before each (the issue's goal:
 within 1.5 x); and the error statuses either got (goal: none). Writes "## Cameras: a faulty camera beside the others" in RESULTS.md.
 """
@@ -30,6 +32,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from infermux.execution.streams import AGES
+
 FAULTS = ("silent", "garbage", "max_pixels", "ended", "outage", "sigkill", "sigstop")
 SECTION = "Cameras: a faulty camera beside the others"
 PLAIN_RATE = 20.0  # the plain client's requests a second (closed loop, paced)
@@ -47,6 +51,10 @@ class FaultRound:
     hall_failed: int
     plain_errors: int
     spare_state: str
+    hall_served: int  # hall's frames served in the window: its age p99 is the window's only from AGES on
+    spare_cpu_s: float | None  # CPU the spare's process used in the window (None: it was replaced in it)
+    daemon_cpu_s: float  # CPU the daemon's own process used in the window (its threads, not the cameras')
+    load: float  # the box's 1-minute load average at the window's end: other work on a shared box shows here
 
 
 class PlainClient:
@@ -104,6 +112,7 @@ def inject(fault: str, daemon: Any, servers: dict[str, Any], stop: threading.Eve
 def one_round(fault: str, config: Callable[[str], str], servers: dict[str, Any], workdir: Path,
               args: Any) -> FaultRound:
     """A fresh daemon with hall, spare as `fault` makes it, and the plain client; measured over the window."""
+    from support import procfs
     from support.camera_files import cameras
     from support.harness import Daemon
     from support.polling import eventually
@@ -115,7 +124,9 @@ def one_round(fault: str, config: Callable[[str], str], servers: dict[str, Any],
         eventually(lambda: cameras(daemon)["hall"]["served"] > 0, "hall served", timeout_s=60)
         plain.thread.start()
         time.sleep(args.warmup)
-        before, stop = cameras(daemon)["hall"], threading.Event()
+        everyone, stop = cameras(daemon), threading.Event()
+        before, spare_pid = everyone["hall"], everyone["spare"].get("pid")
+        cpu_before = {"daemon": procfs.cpu_s(daemon.proc.pid), "spare": _cpu(spare_pid)}
         injector = threading.Thread(target=inject, args=(fault, daemon, servers, stop), daemon=True)
         plain.measuring.set()
         injector.start()
@@ -123,16 +134,32 @@ def one_round(fault: str, config: Callable[[str], str], servers: dict[str, Any],
         plain.measuring.clear()
         stop.set()
         injector.join(30)
+        cpu_after = {"daemon": procfs.cpu_s(daemon.proc.pid), "spare": _cpu(spare_pid)}
         after = cameras(daemon)
+        replaced = after["spare"].get("pid") != spare_pid or None in (cpu_before["spare"], cpu_after["spare"])
+        spare_cpu = None if replaced else cpu_after["spare"] - cpu_before["spare"]
         latencies = sorted(plain.latencies)
         p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None
-        return FaultRound(fault, after["hall"]["capture_age_ms"].get("p99"), p99,
-                          after["hall"]["failed"] - before["failed"], plain.errors, after["spare"]["state"])
+        served = after["hall"]["served"] - before["served"]
+        age = after["hall"]["capture_age_ms"].get("p99") if served >= AGES else None
+        return FaultRound(fault, age, p99, after["hall"]["failed"] - before["failed"], plain.errors,
+                          after["spare"]["state"], served, spare_cpu, cpu_after["daemon"] - cpu_before["daemon"],
+                          os.getloadavg()[0])
     finally:
         plain.stop.set()
         if plain.thread.is_alive():
             plain.thread.join(10)
         daemon.stop()
+
+
+def _cpu(pid: int | None) -> float | None:
+    """CPU seconds process `pid` has used, or None where there is none (no process, or it is gone)."""
+    from support import procfs
+
+    try:
+        return procfs.cpu_s(pid) if pid else None
+    except (OSError, IndexError):
+        return None
 
 
 @dataclass
@@ -172,6 +199,12 @@ def ratio(ratios: list[float]) -> str:
     return f"{statistics.median(ratios):.2f} ×" if ratios else "-"
 
 
+def _median(values: list[float | None], digits: int = 1) -> str:
+    """The median of the values there are, or "-" where there is none."""
+    there = [v for v in values if v is not None]
+    return f"{statistics.median(there):.{digits}f}" if there else "-"
+
+
 def table(rounds: list[FaultRound]) -> tuple[list[str], list[list[str]]]:
     """The header and rows: per fault, the medians of its rounds, and the median of its rounds' ratios to
     the `none` round before each."""
@@ -180,25 +213,29 @@ def table(rounds: list[FaultRound]) -> tuple[list[str], list[list[str]]]:
         mine = [r for r in rounds if r.fault == fault]
         if not mine:
             continue
-        hall = [r.hall_p99_ms for r in mine if r.hall_p99_ms is not None]
-        plain = [r.plain_p99_ms for r in mine if r.plain_p99_ms is not None]
         ratios = {what: paired(rounds, fault, what) for what in ("hall_p99_ms", "plain_p99_ms")}
         within = all(r and statistics.median(r) <= GOAL for r in ratios.values())
         errors = sum(r.hall_failed + r.plain_errors for r in mine)
-        rows.append([fault, f"{statistics.median(hall):.1f}" if hall else "-",
+        rows.append([fault, _median([r.hall_p99_ms for r in mine]),
                      "-" if fault == "none" else ratio(ratios["hall_p99_ms"]),
-                     f"{statistics.median(plain):.1f}" if plain else "-",
+                     _median([r.plain_p99_ms for r in mine]),
                      "-" if fault == "none" else ratio(ratios["plain_p99_ms"]), str(errors),
                      ", ".join(sorted({r.spare_state for r in mine})),
+                     _median([r.spare_cpu_s for r in mine], 2), _median([r.daemon_cpu_s for r in mine], 2),
                      "-" if fault == "none" else ("yes" if within and not errors else "no")])
     header = ["spare camera", "hall age p99 ms", "vs none", "plain client p99 ms", "vs none", "error statuses",
-              "spare's state at the end", f"within {GOAL} ×, no error"]
+              "spare's state at the end", "spare's CPU s", "daemon's CPU s", f"within {GOAL} ×, no error"]
     return header, rows
 
 
 def faults_run(args: Any) -> None:
     """`--faults`: the rounds, alternating, and the table."""
     import tempfile
+
+    if args.seconds * args.fps < AGES:
+        raise SystemExit(f"bench_cameras.py --faults: --seconds {args.seconds:g} at --fps {args.fps} serves hall fewer "
+                         f"than the {AGES} frames the daemon's age percentiles are over, so they would take in the "
+                         f"camera's start: give --seconds {AGES / args.fps * 1.15:.0f} or more")
 
     from results import markdown_table, print_and_write, stamp
     from support.harness import DAEMON_HEAD
@@ -226,7 +263,8 @@ def faults_run(args: Any) -> None:
     body = (f"{stamp()}\n\n`python tests/benchmarks/bench_cameras.py {' '.join(sys.argv[1:])}`: per round a fresh "
             f"daemon; the camera `hall` (320×180 H.264 over RTSP at {args.fps} fps) and a plain client of the "
             f"model ({PLAIN_RATE:.0f} requests a second) beside a camera `spare`, healthy (`none`) or faulty; "
-            f"{args.seconds:g} s measured after {args.warmup:g} s, rounds alternating none and each fault; p99s: "
-            "medians over the rounds; vs none: the median of each round's ratio to the none round just before "
-            "it.\n\n" + markdown_table(header, rows))
+            f"{args.seconds:g} s measured after {args.warmup:g} s, rounds alternating none and each fault; hall's age: "
+            f"over its last {AGES} frames served, all in the window; p99s: medians over the rounds; vs none: the median of each round's ratio to the none round just before "
+            "it; CPU s: what the spare's process and the daemon's own used in the window (medians; - where the spare's "
+            "process was replaced in it).\n\n" + markdown_table(header, rows))
     print_and_write(SECTION, body, write=args.write, titled=True)

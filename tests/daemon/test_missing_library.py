@@ -75,3 +75,16 @@ def test_ctl_reload_names_the_missing_library_and_keeps_serving(make_daemon, tmp
     says_what_to_install(line)
     with d.client() as client:
         assert client.infer("classifier", {"images": np.zeros((1, 3, 64, 64), np.float32)}).status == 200
+
+
+def test_top_without_textual_says_what_to_install(tmp_path: Path) -> None:
+    """An install without the `tui` extra: `infermux top` says which extra, in one line, exit 1."""
+    shim = tmp_path / "no-textual"
+    shim.mkdir()
+    (shim / "textual.py").write_text('raise ModuleNotFoundError("No module named \'textual\'", name="textual")\n')
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(shim), os.environ.get("PYTHONPATH")]))}
+    run = infermux("top", "--admin", "ipc:///nonexistent/admin.sock", "--stats", "ipc:///nonexistent/stats.sock",
+                   env=env)
+    assert run.returncode == 1, run.stderr
+    (line,) = run.stderr.splitlines()
+    assert line.startswith("infermux top: ") and "Textual" in line and "pip install 'infermux[tui]'" in line, line

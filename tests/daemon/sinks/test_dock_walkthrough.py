@@ -24,7 +24,8 @@ from support.drawn_boxes import green_share, jpeg
 from support.polling import eventually
 from support.sinks import Mosquitto, valid
 from support import system_packages
-from support.walkthrough import clone_of, commands, local
+from support.harness import REPO
+from support.walkthrough import argv as local, block, clone_of
 
 pytest.importorskip("rapidocr_onnxruntime", reason="the detector comes from rapidocr-onnxruntime")
 pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[cameras]'")
@@ -51,7 +52,7 @@ def broker(tmp_path: Path) -> Iterator[Mosquitto]:
 
 
 def test_the_dock_walkthrough_runs_as_the_page_says(tmp_path: Path, broker: Mosquitto) -> None:
-    apt, install, fetch, clips, serve, subscribe, snapshot = commands("events.md", "## Try it")
+    apt, install, fetch, clips, serve, subscribe, snapshot = block(REPO / "docs/events.md", "## Try it")
     clone = clone_of(tmp_path / "clone", FILES)
     assert "mosquitto mosquitto-clients" in apt and "[onnx,tui,cameras,mqtt]" in install
     config = clone / "etc/infermux/examples/dock.toml"
