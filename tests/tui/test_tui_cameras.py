@@ -49,6 +49,7 @@ def test_text_from_a_camera_reaches_the_screen_printable_and_never_as_markup() -
     assert key == "c[b]1" and cells["error"][0] == "  454 [red]Not Found[/red]\\x1b[2J"
     line = CamerasView.why_text([hostile], "c[b]1")
     assert "\x1b" not in line and "\\[red]Not Found\\[/red]" in line and "c\\[b]1" in line
+    assert "infermux doctor" in line  # a lost camera's next step, as `ctl cameras` gives it
     assert CamerasView.why_text([hostile], "other") == ""
 
 

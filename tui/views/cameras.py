@@ -28,6 +28,7 @@ from textual.message import Message
 from textual.widgets import Static
 
 from infermux import format as fmt
+from infermux.cameras.table import DOWN, NEXT_STEP
 from infermux.tui.views.table import Cell, Col, KeyedTable
 
 EMPTY = ("no cameras: the daemon's configuration has no [[cameras]]\n"
@@ -205,6 +206,8 @@ class CamerasView(Vertical):
         name = escape(fmt.printable(camera.get("camera", "?")))
         lines = [f"[b]{name}[/] [dim]{escape(str(camera.get('state', '')))}:[/] "
                  f"{escape(fmt.printable(why(camera), 300))}"] if why(camera) else []
+        if camera.get("state") in DOWN:
+            lines.append(f"[dim]{escape(NEXT_STEP)}[/]")
         counts = fmt.area_counts(camera)
         if counts:
             lines.append(f"[dim]{name}[/] " + escape(" · ".join(counts)))
