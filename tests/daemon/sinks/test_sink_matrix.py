@@ -10,7 +10,6 @@ fixture fails a cell whose daemon logged a traceback or counted a 500 while it r
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import subprocess
@@ -25,7 +24,7 @@ from support import models, tracking
 from support.harness import Daemon, dealer
 from support.matrix import Placement, placement_daemon
 from support.polling import eventually
-from support.sinks import Endpoint, first_of_each, valid
+from support.sinks import Endpoint, Value, events_daemon, first_of_each, jsonl, jsonl_events, sink_states, webhook
 from support.tracking import detecting, replay
 
 pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
@@ -34,15 +33,9 @@ pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.
 sink_placements = pytest.mark.parametrize("placed", ("hot", "cold"), indirect=True)
 pytestmark = pytest.mark.timing  # objects end after end_after_s; a watched directory's settle; a worker's start
 
-HEAD = """
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{watched}"
-max_message_bytes = 1048576
-watch_settle_s = 0.4
-watch_debounce_s = 0.02
-watch_rescan_s = 1.0
-"""
+# The daemon's settings: a published version is seen at once; a frame of 1 MiB at most.
+WATCHING: dict[str, Value] = {"max_message_bytes": 1048576, "watch_settle_s": 0.4, "watch_debounce_s": 0.02,
+                              "watch_rescan_s": 1.0}
 DETECTOR = "det/1/model.onnx"
 FRAMES = 16  # of the crossing: enough for its objects' new and updates
 
@@ -57,12 +50,10 @@ class SinkPlacement(Placement):
 
 def config_text(placement: str, watched: Path, events: Path, hook: str, hook_timeout_s: float = 5.0) -> str:
     """The tracked pipeline on `det` (served from the watched directory), a file sink and a webhook."""
-    mode = 'placement = "cold"\npreload = true\n' if placement == "cold" else ""
+    det: dict[str, Value] = {"placement": "cold", "preload": True} if placement == "cold" else {}
     pipeline = detecting("tracked", min_frames=2, end_after_s=1.0, update_every_s=0.2)
-    return (HEAD.format(watched=watched) + f'[[models]]\nname = "det"\nengine = "{DETECTOR}"\n{mode}' + pipeline
-            + f'[[sinks]]\nname = "files"\nkind = "jsonl"\noptions = {{ path = "{events}" }}\n\n'
-            + f'[[sinks]]\nname = "hook"\nkind = "webhook"\nretry_s = 0.05\nmax_retry_s = 0.5\n'
-              f'options = {{ url = "{hook}", timeout_s = {hook_timeout_s} }}\n')
+    return events_daemon(watched, pipeline, jsonl(events), webhook("hook", hook, timeout_s=hook_timeout_s,
+                                                                   max_retry_s=0.5), det=det, **WATCHING)
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +74,7 @@ def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def file_events(cell: SinkPlacement, key: str) -> list[dict[str, Any]]:
-    lines = cell.events.read_text().splitlines() if cell.events.exists() else []
-    return [e for e in (valid(json.loads(line)) for line in lines) if e["key"] == key]
+    return [e for e in jsonl_events(cell.events) if e["key"] == key]
 
 
 def ended(cell: SinkPlacement, key: str) -> list[dict[str, Any]] | None:
@@ -111,11 +101,6 @@ def delivered(cell: SinkPlacement, key: str) -> list[dict[str, Any]]:
     return made
 
 
-def sinks(d: Daemon) -> dict[str, dict[str, Any]]:
-    with d.admin() as admin:
-        return {s["name"]: s for s in admin.call("sinks")["sinks"]}
-
-
 def det_versions(d: Daemon) -> dict[str, dict[str, Any]]:
     with d.admin() as admin:
         return {v["version"]: v for v in admin.call("models")["models"] if v["name"] == "det"}
@@ -134,7 +119,7 @@ def test_a_streams_object_events_reach_the_sinks_where_the_tracker_s_model_is_pl
     made = arrive(cell, f"served-{cell.name}")
     assert [e["type"] for e in made][0] == "new" and made[-1]["type"] == "end"
     assert det_versions(cell.daemon)["1"]["placement"] == cell.where
-    assert all(s["state"] == "up" and s["backlog"] == 0 for s in sinks(cell.daemon).values())
+    assert all(s["state"] == "up" and s["backlog"] == 0 for s in sink_states(cell.daemon).values())
 
 
 @sink_placements
@@ -183,5 +168,5 @@ def test_a_reload_that_changes_a_sink_keeps_every_event_of_a_stream_going_throug
         kinds = [(e["kind"], e["sink"]) for e in admin.call("events", limit=1000)["events"]
                  if e["kind"] in ("sink_added", "sink_removed", "sink_changed")]
     assert kinds[-1:] == [("sink_changed", "hook")], kinds
-    assert all(s["state"] == "up" for s in sinks(d).values())
+    assert all(s["state"] == "up" for s in sink_states(d).values())
     arrive(cell, f"after-reload-{cell.name}")
