@@ -18,7 +18,7 @@ import jsonschema
 
 from support import system_packages
 from support.camera_files import camera
-from support.harness import REPO, Daemon, free_port
+from support.harness import REPO, Daemon, Value, daemon_head, free_port, toml_lines, toml_value
 from support.polling import eventually
 from support.tracking import detecting
 
@@ -229,22 +229,6 @@ def camera_and_webhooks(workdir: Path, clip: Path, fps: int, failing: str, stuck
 
 # -- a daemon's configuration with sinks --------------------------------------------------------------
 
-Value = str | int | float | bool | Path
-
-
-def toml_value(value: Value) -> str:
-    """`value` as TOML writes it (a string or path quoted and escaped)."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    return json.dumps(str(value))  # JSON's escapes are TOML's basic string's
-
-
-def toml_lines(settings: dict[str, Value]) -> str:
-    return "".join(f"{key} = {toml_value(value)}\n" for key, value in settings.items())
-
-
 @dataclass(frozen=True)
 class Sink:
     """One `[[sinks]]` section (docs/events.md#sinks): its kind's `options`, and the spool's bound and
@@ -291,7 +275,7 @@ def events_daemon(engine_dir: Path, pipeline: str, *sinks: Sink, more: str = "",
     (metrics_port, watch_settle_s...), model `det` (engine_dir/det/1/model.onnx: models.brightness_map) with
     `det`'s settings, with `classifier` the repository's test classifier too, then `pipeline`
     (tracking.detecting), `more` (cameras, [snapshots]) and `sinks`, last (a test may cut the text there)."""
-    head = '\n[daemon]\nlisten = ["ipc://infer.sock"]\n' + toml_lines({"engine_dir": engine_dir, **daemon})
+    head = daemon_head(engine_dir, **daemon)
     models = '\n[[models]]\nname = "det"\nengine = "det/1/model.onnx"\n' + toml_lines(det or {})
     if classifier:
         models += '\n[[models]]\nname = "classifier"\n' + toml_lines({"engine": REPO / "engines/classifier/1/model.onnx"})

@@ -163,24 +163,19 @@ def test_a_reload_adds_removes_and_restarts_only_the_cameras_it_changes(d: Daemo
     assert camera_events(d, "camera_stopped", "back")[-1]["reason"] == "changed"
 
 
-def ctl(d: Daemon, *words: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "infermux", "ctl", *words, "-c", str(d.config_path),
-                           "--runtime-dir", str(d.run_dir)], capture_output=True, text=True, timeout=30)
-
-
 def test_ctl_camera_disable_and_enable_work_live_and_are_kept_across_a_restart(d: Daemon) -> None:
     pid = streaming(d, "front")["pid"]
-    assert ctl(d, "camera", "front", "disable").returncode == 0
+    assert d.ctl("camera", "front", "disable").returncode == 0
     eventually(lambda: cameras(d)["front"]["state"] == "disabled", "front disabled")
     eventually(lambda: not _alive(pid), "front's process gone")
     assert streaming(d, "back")
-    bad = ctl(d, "camera", "nowhere", "disable")
+    bad = d.ctl("camera", "nowhere", "disable")
     assert bad.returncode == 1 and "no camera 'nowhere'" in bad.stderr
     d.stop()
     d.start()
     eventually(lambda: cameras(d).get("front", {}).get("state") == "disabled", "front still disabled")
     streaming(d, "back")
-    assert ctl(d, "camera", "front", "enable").returncode == 0
+    assert d.ctl("camera", "front", "enable").returncode == 0
     streaming(d, "front")
 
 
