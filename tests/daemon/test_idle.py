@@ -15,14 +15,13 @@ import json
 import os
 import signal
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zmq
 
+from support.metrics import probe
 from support.harness import DAEMON_HEAD, Daemon, free_port
 from support.polling import eventually
 from support.workers import start as start_cold, until_200
@@ -127,14 +126,6 @@ def test_a_stream_that_stops_is_reported_silent_on_time_by_an_idle_daemon(make_d
         assert event["key"] == "door" and silent_s <= event["silent_s"] <= silent_s + CHECK_S + 0.5, event
     finally:
         events.close(0)
-
-
-def probe(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
-            return reply.status, reply.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def test_an_idle_daemon_answers_its_health_probes(make_daemon) -> None:

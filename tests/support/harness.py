@@ -41,6 +41,16 @@ engine_dir = "{engines}"
 max_message_bytes = 1048576
 watch = false  # these tests serve exactly their [[models]]; hot swap has its own (test_hot_swap.py)
 """
+# DAEMON_HEAD's template for a daemon that also listens on TCP under CURVE: its server key and the
+# clients' it authorises under the folder `keys` (the layout `infermux keygen` writes), port `port`.
+CURVE_HEAD = """
+[daemon]
+listen = ["tcp://127.0.0.1:{port}", "ipc://infer.sock"]
+engine_dir = "{engines}"
+watch = false
+curve_secret_key = "{keys}/server/server.key_secret"
+curve_authorized_dir = "{keys}/authorized"
+"""
 
 
 Value = str | int | float | bool | Path  # a setting's value in a configuration the tests write

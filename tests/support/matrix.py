@@ -15,7 +15,8 @@ import pytest
 
 from infermux import format as fmt
 from infermux.transport.wire import choose
-from support.harness import Daemon
+from support.harness import Daemon, Value
+from support.publish import WATCH_CLOSELY
 
 # "pyzmq": hot, on a daemon whose frontend runs pyzmq's socket calls instead of the compiled ones
 # (transport/wire.py), so that every behaviour is checked through both.
@@ -26,7 +27,7 @@ IN_DAEMON = ("hot", "promoted", "pyzmq")  # where the version ends up in the dae
 WIRE_ENV = {"pyzmq": {"INFERMUX_WIRE": "python"}}  # the placements' environments, where they need one
 # The `[daemon]` settings of a matrix file's daemon beyond listen and engine_dir: a version published
 # into the watched engine_dir is seen within about a second; a message of 1 MiB at most.
-WATCHING = {"max_message_bytes": 1048576, "watch_settle_s": 0.4, "watch_debounce_s": 0.02, "watch_rescan_s": 1.0}
+WATCHING: dict[str, Value] = {"max_message_bytes": 1048576, **WATCH_CLOSELY}
 
 
 def placed_as(placement: str) -> dict[str, str | bool]:

@@ -20,18 +20,13 @@ import pytest
 
 from support.camera_files import camera, camera_events, cameras, write_clip
 from support.harness import DAEMON_HEAD, Daemon, free_port
-from support.pipelines import camera_pipeline
+from support.pipelines import CLASSIFIER_MODEL, camera_pipeline
 from support.polling import eventually
 
 pytest.importorskip("av", reason="cameras decode with PyAV: pip install -e '.[cameras]'")
 pytest.importorskip("cv2", reason="the pipeline's processors need OpenCV: pip install -e '.[processors]'")
 
 METRICS_PORT = free_port()
-MODELS = """
-[[models]]
-name = "classifier"
-engine = "classifier/1/model.onnx"
-"""
 
 
 def configuration(clips: Path, engines: Path, *, extra: str = "", without: str = "", back_fps: float = 15.0) -> str:
@@ -45,7 +40,7 @@ def configuration(clips: Path, engines: Path, *, extra: str = "", without: str =
     }
     text = "".join(entry for name, entry in cameras.items() if name != without)
     head = DAEMON_HEAD + f"metrics_port = {METRICS_PORT}\n"
-    return (head + MODELS + camera_pipeline("cams") + text + extra).format(engines=engines)
+    return (head + CLASSIFIER_MODEL + camera_pipeline("cams") + text + extra).format(engines=engines)
 
 
 @pytest.fixture(scope="module")
