@@ -39,6 +39,7 @@ from infermux.models.statefile import StateFile
 from infermux.models.verdicts import Decisions
 from infermux.models.verified import EngineSigning, Sequences, verified_store
 from infermux.pipelines import warmshapes
+from infermux.pipelines.crossings import CrossingsFile
 from infermux.pipelines.runner import Pipelines
 from infermux.pipelines.snapshots import Snapshots
 from infermux.sinks.hub import Hub
@@ -111,7 +112,8 @@ class App:
         self.streams = StreamTable(self.events, daemon.stream_silent_s, daemon.stream_max_keys)
         self.router = Router(self.registry, self.config, frontend.reply, self.streams)
         self.pipelines = Pipelines(self.config.pipelines, frontend.admit_step, frontend.reply, frontend.reply_late,
-                                   self._model_inputs, frontend.limits, self.config.cameras)
+                                   self._model_inputs, frontend.limits, self.config.cameras,
+                                   CrossingsFile(self.state_dir, self.events))  # lines' counts kept across restarts
         self.router.pipelines = self.pipelines.by_name
         # Tracked objects' events leave the box through the sinks, each spooled under the state directory.
         self.sinks = Hub(self.config.sinks, (self.state_dir or self.run_dir) / "sinks",

@@ -10,6 +10,7 @@ console's editor read a setting's value as an operator types it the same way
 from __future__ import annotations
 
 import json
+import signal
 import time
 from typing import Any, Sequence
 
@@ -22,6 +23,18 @@ def printable(value: Any, limit: int = 64) -> str:
     if not text.isprintable():
         text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
     return text if len(text) <= limit else text[:max(0, limit - 1)] + "…"
+
+
+def exit_reason(returncode: int | None) -> str:
+    """How a process ended, from its return code: 'exit code 3', 'killed by SIGKILL', or 'running'."""
+    if returncode is None:
+        return "running"
+    if returncode < 0:
+        try:
+            return f"killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"killed by signal {-returncode}"
+    return f"exit code {returncode}"
 
 
 def us(value: float | None) -> str:

@@ -20,7 +20,6 @@ import logging
 import os
 import secrets
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -34,6 +33,7 @@ from infermux import config as cfg
 from infermux.cameras.config import CameraConfig, restart_needed
 from infermux.cameras.source import redact
 from infermux.events import Event, EventLog
+from infermux.format import exit_reason
 from infermux.models.statefile import read_json, set_aside, write_json
 
 if TYPE_CHECKING:
@@ -339,7 +339,7 @@ class Cameras:
         self._reap(camera)
         if code == 0 and camera.state == "ended":
             return
-        why = camera.killed_for or f"its process ended ({_exit_reason(code)})"
+        why = camera.killed_for or f"its process ended ({exit_reason(code)})"
         self._lose(camera, why)
         camera.failures = 0 if now - camera.started > STEADY_S else camera.failures + 1
         camera.restarts += 1
@@ -469,15 +469,6 @@ def _rates(samples: deque[tuple[float, dict[str, Any]]], now: float) -> dict[str
 
 def _redacted(url: str) -> str:
     return redact(url)
-
-
-def _exit_reason(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def attach(server: Host) -> Cameras:

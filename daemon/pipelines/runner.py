@@ -24,8 +24,10 @@ from typing import Any, Callable
 import numpy as np
 
 from infermux.config import CameraConfig, PipelineConfig
+from infermux.events import EventLog
 from infermux.pipelines import calls, spec
 from infermux.pipelines.calls import AdmitFn, StepFailed
+from infermux.pipelines.crossings import CrossingsFile
 from infermux.pipelines.lifecycle import Lifecycle, Outlet, seen_at
 from infermux.pipelines.refusals import FrameKind, Refusals
 from infermux.pipelines.reinfer import Reinfer
@@ -503,12 +505,14 @@ class Pipelines:
     """Every configured pipeline by name (the router dispatches to them); the views read `view`."""
 
     def __init__(self, configs: tuple[PipelineConfig, ...], admit: AdmitFn, reply: ReplyFn, reply_late: ReplyFn,
-                 model_inputs: InputsFn, limits: Limits, cameras: tuple[CameraConfig, ...] = ()) -> None:
+                 model_inputs: InputsFn, limits: Limits, cameras: tuple[CameraConfig, ...] = (),
+                 crossings: CrossingsFile | None = None) -> None:
         self._admit, self._reply, self._reply_late, self._model_inputs = admit, reply, reply_late, model_inputs
         self.outlet = Outlet()  # where events and results go: the daemon connects the sinks (docs/events.md)
-        # The cameras' zones and lines and their counts, shared by every pipeline: a camera's stream
-        # keeps its counts across its pipeline's rebuild (zones.py).
-        self.zones = ZoneBook(cameras)
+        # The cameras' zones and lines and their counts, shared by every pipeline: a camera's stream keeps its
+        # counts across its pipeline's rebuild (zones.py), its lines' crossings across a restart (crossings.py).
+        self.zones, self.crossings = ZoneBook(cameras), crossings or CrossingsFile(None, EventLog())
+        self.zones.restore(self.crossings.read())
         # The router holds this very dict: `apply` changes it in place.
         self.by_name = {c.name: self._build(c, limits) for c in configs}
         self._stopped = threading.Event()
@@ -526,7 +530,9 @@ class Pipelines:
             following.wait()  # until a pipeline follows an object
             if self._stopped.wait(SWEEP_S):
                 return
-            if not self._sweep_all():
+            left = self._sweep_all()
+            self.crossings.keep(self.zones, now=not left)  # the last objects ended: saved before it sleeps
+            if not left:
                 following.clear()
                 if any(p.lifecycle is not None and p.lifecycle.following() for p in list(self.by_name.values())):
                     following.set()  # an object observed between the sweep and the clear
@@ -590,3 +596,4 @@ class Pipelines:
         self.outlet.following.set()  # the sweeper, asleep until an object is followed, sees the stop
         for pipeline in self.by_name.values():
             pipeline.stop()
+        self.crossings.keep(self.zones, now=True)

@@ -10,7 +10,8 @@ line's ends; going round an end changes the side without a `cross`.
 
 Lifecycle (lifecycle.py) follows each object with a `Presence` and turns its moves into events; the
 `ZoneBook`, one for every pipeline of the daemon, holds each camera's zones and lines by stream key
-(replaced by a reload) and the counts, which outlive a pipeline's rebuild.
+(replaced by a reload) and the counts, which outlive a pipeline's rebuild; the lines' crossings outlive a
+restart too (crossings.py).
 """
 
 from __future__ import annotations
@@ -139,6 +140,10 @@ def _line(line: Line, presence: Presence, point: Point, moves: list[Move]) -> No
         moves.append(Move("cross", line.name, "in" if sign == line.inward else "out"))
 
 
+# Every camera's crossings: camera -> line -> "in"/"out" -> label -> crossings (kept by crossings.py).
+Crossed = dict[str, dict[str, dict[str, dict[str, int]]]]
+
+
 @dataclass
 class Counts:
     """One camera's counts: objects in each zone now, and each line's crossings so far, per label."""
@@ -155,6 +160,7 @@ class ZoneBook:
         self._lock = threading.Lock()
         self._areas: dict[str, Areas] = {}
         self._counts: dict[str, Counts] = {}
+        self._changed = False  # crossings counted (or dropped) since `changes` last looked
         self.apply(cameras)
 
     def apply(self, cameras: Iterable[CameraConfig]) -> None:
@@ -164,11 +170,37 @@ class ZoneBook:
         with self._lock:
             self._areas = areas
             for key in [k for k in self._counts if k not in areas]:
-                del self._counts[key]
+                self._changed = self._changed or bool(self._counts.pop(key).crossed)
             for key, found in areas.items():
                 counts = self._counts.setdefault(key, Counts())
                 _prune(counts.present, {z.name for z in found.zones})
-                _prune(counts.crossed, {ln.name for ln in found.lines})
+                self._changed = _prune(counts.crossed, {ln.name for ln in found.lines}) or self._changed
+
+    def restore(self, crossed: Crossed) -> None:
+        """Take up the crossings a daemon before this one counted (crossings.py), for the cameras and lines
+        configured now; a label past MAX_LABELS of a camera adds to OTHER."""
+        with self._lock:
+            for key, lines in crossed.items():
+                areas = self._areas.get(key)
+                for line, directions in lines.items():
+                    if areas is None or line not in areas.line_names:
+                        continue
+                    counts = self._counts.setdefault(key, Counts())
+                    for direction, labels in directions.items():
+                        per = counts.crossed.setdefault(line, {}).setdefault(direction, {})
+                        for label, n in labels.items():
+                            name = _label(counts, label)
+                            per[name] = per.get(name, 0) + n
+
+    def changes(self) -> Crossed | None:
+        """Every camera's crossings, where they changed since the last call (None where not)."""
+        with self._lock:
+            if not self._changed:
+                return None
+            self._changed = False
+            return {key: {line: {d: dict(labels) for d, labels in directions.items()}
+                          for line, directions in counts.crossed.items()}
+                    for key, counts in self._counts.items() if counts.crossed}
 
     def of(self, key: str) -> Areas | None:
         """Stream `key`'s zones and lines, None where it has none."""
@@ -201,6 +233,7 @@ class ZoneBook:
             per = counts.crossed.setdefault(line, {}).setdefault(direction, {})
             name = _label(counts, label)
             per[name] = per.get(name, 0) + 1
+            self._changed = True
             return name, per[name]
 
     def view(self, key: str) -> dict[str, object]:
@@ -229,6 +262,9 @@ def _label(counts: Counts, label: str | None) -> str:
 T = TypeVar("T")
 
 
-def _prune(table: dict[str, T], names: set[str]) -> None:
-    for gone in [n for n in table if n not in names]:
-        del table[gone]
+def _prune(table: dict[str, T], names: set[str]) -> bool:
+    """Drop the entries not named; whether there were any."""
+    gone = [n for n in table if n not in names]
+    for name in gone:
+        del table[name]
+    return bool(gone)

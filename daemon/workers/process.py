@@ -20,6 +20,7 @@ from typing import Any, Mapping, TypeVar, cast
 
 import zmq
 
+from infermux.format import exit_reason
 from infermux.transport import ipc
 from infermux.workers import wire as wire
 from infermux.execution.inline import InlinePolicy
@@ -31,18 +32,6 @@ M = TypeVar("M", bound=wire.Message)
 
 class WorkerExited(Exception):
     """The worker process ended while the daemon waited for it."""
-
-
-def exit_reason(returncode: int | None) -> str:
-    """'exit code 3', 'killed by SIGKILL', or 'running'."""
-    if returncode is None:
-        return "running"
-    if returncode < 0:
-        try:
-            return f"killed by {signal.Signals(-returncode).name}"
-        except ValueError:
-            return f"killed by signal {-returncode}"
-    return f"exit code {returncode}"
 
 
 def read_rss(pid: int) -> int:

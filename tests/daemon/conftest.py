@@ -20,6 +20,7 @@ SLOW_FILES = {
     "test_hostile_text.py", "test_object_events.py", "test_mqtt_sink.py",
     "test_cameras.py", "test_camera_streams.py",
     "test_cameras_rtsp.py", "test_camera_matrix.py", "test_sink_matrix.py", "test_mqtt_outage.py",
+    "test_zone_matrix.py", "test_crossings_kept.py",
 }
 HERE = Path(__file__).resolve().parent
 

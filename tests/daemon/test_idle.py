@@ -15,16 +15,16 @@ import json
 import os
 import signal
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 import numpy as np
 import pytest
 import zmq
 
+from support.metrics import probe
 from support.harness import DAEMON_HEAD, Daemon, free_port
 from support.polling import eventually
+from support.stats_stream import event_of, subscribed
 from support.workers import start as start_cold, until_200
 from infermux.execution.streams import CHECK_S
 from infermux.workers import slots as shm
@@ -104,37 +104,17 @@ def test_a_subscriber_gets_snapshots_while_the_daemon_is_idle_and_more_under_tra
 def test_a_stream_that_stops_is_reported_silent_on_time_by_an_idle_daemon(make_daemon) -> None:
     silent_s = 1.0
     d = make_daemon(hot(1), head=DAEMON_HEAD + f"stream_silent_s = {silent_s}\n")
-    events = zmq.Context.instance().socket(zmq.SUB)
-    events.setsockopt(zmq.LINGER, 0)
-    events.setsockopt(zmq.SUBSCRIBE, b"event")
-    events.connect(d.stats_endpoint)
+    events = subscribed(d)
     try:
-        time.sleep(0.2)  # the subscription reaches the daemon
         with d.client() as client:
             for _ in range(3):
                 assert client.infer("m0", {"x": ROW}, key="door").status == 200
-
-        def silent_event() -> dict | None:
-            while events.poll(100):
-                event = json.loads(events.recv_multipart()[1])
-                if event["kind"] == "stream_silent":
-                    return event
-            return None
-
-        event = eventually(silent_event, "a stream_silent event", 15)
+        event = eventually(lambda: event_of(events, "stream_silent"), "a stream_silent event", 15)
         # silent_s in the event is how long the stream had been quiet when the check saw it: the loop
         # woke for it within CHECK_S, not at its next idle turn.
         assert event["key"] == "door" and silent_s <= event["silent_s"] <= silent_s + CHECK_S + 0.5, event
     finally:
         events.close(0)
-
-
-def probe(port: int, path: str) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
-            return reply.status, reply.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def test_an_idle_daemon_answers_its_health_probes(make_daemon) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import json
 import os
 import signal
 import socket
@@ -40,6 +41,37 @@ engine_dir = "{engines}"
 max_message_bytes = 1048576
 watch = false  # these tests serve exactly their [[models]]; hot swap has its own (test_hot_swap.py)
 """
+# DAEMON_HEAD's template for a daemon that also listens on TCP under CURVE: its server key and the
+# clients' it authorises under the folder `keys` (the layout `infermux keygen` writes), port `port`.
+CURVE_HEAD = """
+[daemon]
+listen = ["tcp://127.0.0.1:{port}", "ipc://infer.sock"]
+engine_dir = "{engines}"
+watch = false
+curve_secret_key = "{keys}/server/server.key_secret"
+curve_authorized_dir = "{keys}/authorized"
+"""
+
+
+Value = str | int | float | bool | Path  # a setting's value in a configuration the tests write
+
+
+def toml_value(value: Value) -> str:
+    """`value` as TOML writes it (a string or path quoted and escaped)."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    return json.dumps(str(value))  # JSON's escapes are TOML's basic string's
+
+
+def toml_lines(settings: dict[str, Value]) -> str:
+    return "".join(f"{key} = {toml_value(value)}\n" for key, value in settings.items())
+
+
+def daemon_head(engine_dir: Path, **settings: Value) -> str:
+    """A `[daemon]` table listening on ipc://infer.sock (in its runtime dir) with `engine_dir` and `settings`."""
+    return '\n[daemon]\nlisten = ["ipc://infer.sock"]\n' + toml_lines({"engine_dir": engine_dir, **settings})
 
 
 def free_port() -> int:
@@ -177,3 +209,8 @@ class Daemon:
                 raise AssertionError(f"daemon did not stop within {timeout} s:\n{self.log()}")
         self._log.close()
         return self.proc.returncode
+
+    def ctl(self, *words: str) -> subprocess.CompletedProcess[str]:
+        """`infermux ctl WORDS` as an operator types it: the daemon found from its config file and runtime dir."""
+        return subprocess.run([sys.executable, "-m", "infermux", "ctl", *words, "-c", str(self.config_path),
+                               "--runtime-dir", str(self.run_dir)], capture_output=True, text=True, timeout=30)

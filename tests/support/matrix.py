@@ -5,15 +5,18 @@ file's models); `cell` (registered for tests/daemon by its conftest.py) wraps ea
 
 from __future__ import annotations
 
+import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import pytest
 
 from infermux import format as fmt
 from infermux.transport.wire import choose
-from support.harness import Daemon
+from support.harness import Daemon, Value
+from support.publish import WATCH_CLOSELY
 
 # "pyzmq": hot, on a daemon whose frontend runs pyzmq's socket calls instead of the compiled ones
 # (transport/wire.py), so that every behaviour is checked through both.
@@ -22,6 +25,29 @@ WITH_WORKER = ("cold", "demoted")  # where the version ends up in a worker proce
 MOVES = {"promoted": "promote", "demoted": "demote"}
 IN_DAEMON = ("hot", "promoted", "pyzmq")  # where the version ends up in the daemon's process
 WIRE_ENV = {"pyzmq": {"INFERMUX_WIRE": "python"}}  # the placements' environments, where they need one
+# The `[daemon]` settings of a matrix file's daemon beyond listen and engine_dir: a version published
+# into the watched engine_dir is seen within about a second; a message of 1 MiB at most.
+WATCHING: dict[str, Value] = {"max_message_bytes": 1048576, **WATCH_CLOSELY}
+
+
+def placed_as(placement: str) -> dict[str, str | bool]:
+    """A hot or cold row's model settings: cold is in its worker from the start (preloaded)."""
+    return {"placement": "cold", "preload": True} if placement == "cold" else {}
+
+
+def publish_copy(source: Path, root: Path, model: str, version: int) -> None:
+    """`source` published as `model` `version` under the watched `root` the documented way (a folder
+    renamed into place)."""
+    staged = root / model / f".{version}.tmp"
+    staged.mkdir(parents=True)
+    shutil.copyfile(source, staged / "model.onnx")
+    os.rename(staged, root / model / str(version))
+
+
+def versions(d: Daemon, model: str) -> dict[str, dict[str, Any]]:
+    """Admin `models`' views of `model`, by version."""
+    with d.admin() as admin:
+        return {v["version"]: v for v in admin.call("models")["models"] if v["name"] == model}
 
 
 def placement_daemon(name: str, workdir: Path, config_text: str) -> Daemon:

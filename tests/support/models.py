@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -160,3 +162,15 @@ def box_echo_pipeline(name: str, scale: str, *, track: bool = False, crop: str =
             '[[pipelines.steps]]\nmodel = "echo"\n'
             '[[pipelines.steps]]\nprocessor = "yolo"\noptions = { score = 0.1, per_class = false }\n'
             f'{track_step}[[pipelines.steps]]\nprocessor = "crop"\n{crop_options}{tail}')
+
+
+def ppocr(target: Path) -> Path:
+    """The OCR example's models in `target`, fetched by its own script (engines/fetch_ppocr.py, from the
+    installed rapidocr-onnxruntime wheel): det.onnx, cls.onnx, rec.onnx and keys.txt."""
+    from support.harness import REPO
+
+    out = subprocess.run([sys.executable, str(REPO / "engines/fetch_ppocr.py"), "--into", str(target)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert {p.name for p in target.iterdir()} >= {"det.onnx", "cls.onnx", "rec.onnx", "keys.txt"}
+    return target

@@ -11,10 +11,17 @@ import numpy as np
 
 from infermux.client import Reply
 from support import models
-from support.harness import Daemon
+from support.harness import Daemon, Value, daemon_head
 from support.polling import eventually
 
 PROBE = np.arange(8, dtype=np.float32).reshape(2, 4)  # a request for the published models (4 wide)
+# A daemon watching its engine_dir closely: a version published there is seen within about a second.
+WATCH_CLOSELY: dict[str, Value] = {"watch_settle_s": 0.4, "watch_debounce_s": 0.02, "watch_rescan_s": 1.0}
+
+
+def watching(root: Path, **settings: Value) -> str:
+    """A `[daemon]` table serving what is published under `root`, watched closely, with `settings`."""
+    return daemon_head(root, **{**WATCH_CLOSELY, **settings})
 
 
 def publish(root: Path, model: str, version: str | int, offset: float, width: int = 4,

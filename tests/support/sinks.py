@@ -1,4 +1,5 @@
-"""What the sink tests share: the events' schema check, a Mosquitto of the test's own, an HTTP endpoint."""
+"""What the sink tests share: the events' schema check, a Mosquitto of the test's own, an HTTP endpoint, and
+the daemon's configuration they start it with (`events_daemon` and its `[[sinks]]` sections)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import shutil
 import socket
 import subprocess
 import threading
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Callable
@@ -16,7 +18,7 @@ import jsonschema
 
 from support import system_packages
 from support.camera_files import camera
-from support.harness import REPO, free_port
+from support.harness import REPO, Daemon, Value, daemon_head, free_port, toml_lines, toml_value
 from support.polling import eventually
 from support.tracking import detecting
 
@@ -34,18 +36,21 @@ def valid(event: dict[str, Any]) -> dict[str, Any]:
 
 class Mosquitto:
     """A broker on a free 127.0.0.1 port, started and stopped by the test (`stop` and `start` again
-    for an outage: the same port, persistence off, so what it held is gone as after a crash)."""
+    for an outage: the same port; unless `persistent`, what it held is gone as after a crash)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, persistent: bool = False) -> None:
+        """`persistent`: the broker keeps its clients' sessions in `folder` across its restart, with no bound
+        on the messages queued for a subscriber meanwhile (so that an outage loses it none)."""
         system_packages.require({"mosquitto": "mosquitto"})
         self.binary = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
         self.port = free_port()
         self.folder = folder
         folder.mkdir(parents=True, exist_ok=True)
         self.conf = folder / "mosquitto.conf"
+        keep = f"persistence true\npersistence_location {folder}/\nmax_queued_messages 0\n" if persistent else \
+            "persistence false\n"
         # `user`: as root, mosquitto would switch to its own user, which may not write the test's folder.
-        self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
-                             f"user {getpass.getuser()}\n")
+        self.conf.write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n{keep}user {getpass.getuser()}\n")
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> "Mosquitto":
@@ -83,6 +88,11 @@ class Subscriber:
         self.client.reconnect_delay_set(0.1, 0.5)
         self.client.connect("127.0.0.1", port, keepalive=5)
         self.client.loop_start()
+
+    def connected(self) -> "Subscriber":
+        """This subscriber, once connected (and so subscribed before anything the test makes next)."""
+        waiting(lambda: self.client.is_connected(), "the subscriber's connection")
+        return self
 
     def _on_message(self, client: Any, userdata: Any, message: Any) -> None:
         with self._lock:
@@ -156,10 +166,21 @@ def first_of_each(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def arrived_in_order(made: list[dict[str, Any]], got: list[dict[str, Any]], keys: list[str]) -> None:
+    """Asserts that each of `keys` made events and that `got` holds each of them, in the order made,
+    a repeat only with the contents it had."""
+    for key in keys:
+        want = [e["id"] for e in made if e["key"] == key]
+        assert want, key
+        assert [e["id"] for e in first_of_each(got) if e["key"] == key] == want, f"{key}: lost or out of order"
+    by_id: dict[str, dict[str, Any]] = {}
+    for event in got:
+        assert by_id.setdefault(event["id"], event) == event, "an id came twice with different contents"
+
+
 def waiting(check: Callable[[], Any], what: str, timeout_s: float = 30.0) -> Any:
     """`eventually` with the sinks' longer bound (a broker coming back, a retry's backoff)."""
     return eventually(check, what, timeout_s=timeout_s, interval_s=0.05)
-
 
 
 def self_signed(folder: Path, host: str = "127.0.0.1") -> tuple[Path, Path, Path]:
@@ -199,37 +220,80 @@ def camera_and_webhooks(workdir: Path, clip: Path, fps: int, failing: str, stuck
     and three sinks: `files` (jsonl), and webhooks `failing` and `stuck` to those URLs, each spool bounded
     at 5 events (test_failing_sinks.py, bench_events.py --failing)."""
     pipeline = detecting("tracked", min_frames=2, end_after_s=0.5, update_every_s=0.2, min_score_gain=0.0)
-    return f"""
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{workdir / 'engines'}"
+    return events_daemon(workdir / "engines", pipeline,
+                         jsonl(workdir / "events.jsonl"),
+                         webhook("failing", failing, timeout_s=1, max_events=5),
+                         webhook("stuck", stuck, timeout_s=0.5, max_events=5),
+                         more=camera("front", str(clip), pipeline="tracked", fps=fps).format(), classifier=True)
 
-[[models]]
-name = "det"
-engine = "det/1/model.onnx"
 
-[[models]]
-name = "classifier"
-engine = "{REPO / 'engines/classifier/1/model.onnx'}"
-{pipeline}{camera("front", str(clip), pipeline="tracked", fps=fps).format()}
-[[sinks]]
-name = "files"
-kind = "jsonl"
-options = {{ path = "{workdir / 'events.jsonl'}" }}
+# -- a daemon's configuration with sinks --------------------------------------------------------------
 
-[[sinks]]
-name = "failing"
-kind = "webhook"
-max_events = 5
-retry_s = 0.05
-max_retry_s = 0.1
-options = {{ url = "{failing}", timeout_s = 1 }}
+@dataclass(frozen=True)
+class Sink:
+    """One `[[sinks]]` section (docs/events.md#sinks): its kind's `options`, and the spool's bound and
+    retry pace where the test sets them."""
 
-[[sinks]]
-name = "stuck"
-kind = "webhook"
-max_events = 5
-retry_s = 0.05
-max_retry_s = 0.1
-options = {{ url = "{stuck}", timeout_s = 0.5 }}
-"""
+    name: str
+    kind: str
+    options: dict[str, Value]
+    max_events: int | None = None
+    retry_s: float | None = None
+    max_retry_s: float | None = None
+
+    def section(self) -> str:
+        spool = {"max_events": self.max_events, "retry_s": self.retry_s, "max_retry_s": self.max_retry_s}
+        table = ", ".join(f"{key} = {toml_value(value)}" for key, value in self.options.items())
+        return (f"\n[[sinks]]\n{toml_lines({'name': self.name, 'kind': self.kind})}"
+                f"{toml_lines({k: v for k, v in spool.items() if v is not None})}options = {{ {table} }}\n")
+
+
+def jsonl(path: Path, name: str = "files", **options: Value) -> Sink:
+    """A `jsonl` sink writing `path`: the tests' reference of every event the daemon made."""
+    return Sink(name, "jsonl", {"path": path, **options})
+
+
+def mqtt(port: int, name: str = "broker", retry_s: float = 0.05, max_retry_s: float = 0.2, **options: Value) -> Sink:
+    """An `mqtt` sink to the broker on 127.0.0.1:`port` (a Mosquitto of the test's)."""
+    return Sink(name, "mqtt", {"host": "127.0.0.1", "port": port, **options}, retry_s=retry_s, max_retry_s=max_retry_s)
+
+
+def webhook(name: str, url: str, timeout_s: float, max_events: int | None = None, retry_s: float = 0.05,
+            max_retry_s: float = 0.1) -> Sink:
+    """A `webhook` sink POSTing to `url` (an Endpoint of the test's, or nobody)."""
+    return Sink(name, "webhook", {"url": url, "timeout_s": timeout_s}, max_events, retry_s, max_retry_s)
+
+
+def publisher(bind: str, name: str = "pub") -> Sink:
+    """A `zmq` sink binding a PUB socket at `bind`, each frame's result published too."""
+    return Sink(name, "zmq", {"bind": bind, "results": True})
+
+
+def events_daemon(engine_dir: Path, pipeline: str, *sinks: Sink, more: str = "", classifier: bool = False,
+                  det: dict[str, Value] | None = None, **daemon: Value) -> str:
+    """A daemon's configuration: `[daemon]` on ipc://infer.sock with `engine_dir` and the `daemon` settings
+    (metrics_port, watch_settle_s...), model `det` (engine_dir/det/1/model.onnx: models.brightness_map) with
+    `det`'s settings, with `classifier` the repository's test classifier too, then `pipeline`
+    (tracking.detecting), `more` (cameras, [snapshots]) and `sinks`, last (a test may cut the text there)."""
+    head = daemon_head(engine_dir, **daemon)
+    models = '\n[[models]]\nname = "det"\nengine = "det/1/model.onnx"\n' + toml_lines(det or {})
+    if classifier:
+        models += '\n[[models]]\nname = "classifier"\n' + toml_lines({"engine": REPO / "engines/classifier/1/model.onnx"})
+    return head + models + pipeline + more + "".join(sink.section() for sink in sinks)
+
+
+def jsonl_events(path: Path) -> list[dict[str, Any]]:
+    """The events a `jsonl` sink wrote to `path` so far, each checked against the schema."""
+    return [valid(json.loads(line)) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def until_ended(path: Path, objects: int, timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """`path`'s events once `objects` objects have ended there (the file holds their last events)."""
+    return waiting(lambda: (lambda e: e if sum(x["type"] == "end" for x in e) >= objects else None)(
+        jsonl_events(path)), f"{objects} objects' end in {path.name}", timeout_s=timeout_s)
+
+
+def sink_states(d: Daemon) -> dict[str, dict[str, Any]]:
+    """Admin `sinks`, by sink name."""
+    with d.admin() as admin:
+        return {s["name"]: s for s in admin.call("sinks")["sinks"]}

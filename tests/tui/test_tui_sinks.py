@@ -11,6 +11,7 @@ pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.
 
 from support import models, tracking  # noqa: E402
 from support.harness import Daemon, dealer, free_port  # noqa: E402
+from support.sinks import events_daemon, jsonl, webhook  # noqa: E402
 from support.tracking import detecting, replay  # noqa: E402
 from support.tui_support import screen_text, until  # noqa: E402
 
@@ -20,28 +21,10 @@ from infermux.tui.views.sinks import SinksPanel, SinksTable  # noqa: E402
 
 
 def config_text(workdir: Path) -> str:
-    return f"""
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{workdir / 'engines'}"
-
-[[models]]
-name = "det"
-engine = "det/1/model.onnx"
-{detecting("tracked", min_frames=2, end_after_s=1.0)}
-[[sinks]]
-name = "files"
-kind = "jsonl"
-options = {{ path = "{workdir / 'events.jsonl'}" }}
-
-[[sinks]]
-name = "hook"
-kind = "webhook"
-max_events = 4
-retry_s = 0.1
-max_retry_s = 0.2
-options = {{ url = "http://127.0.0.1:{free_port()}/nobody", timeout_s = 0.5 }}
-"""
+    return events_daemon(workdir / "engines", detecting("tracked", min_frames=2, end_after_s=1.0),
+                         jsonl(workdir / "events.jsonl"),
+                         webhook("hook", f"http://127.0.0.1:{free_port()}/nobody", timeout_s=0.5, max_events=4,
+                                 retry_s=0.1, max_retry_s=0.2))
 
 
 async def test_the_sinks_panel_shows_a_sink_up_and_one_down_with_its_backlog_and_oldest(tmp_path: Path) -> None:

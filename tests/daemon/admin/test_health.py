@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-import urllib.error
-import urllib.request
 
 import pytest
 
+from support.metrics import probe
 from support.harness import DAEMON_HEAD, free_port
 from infermux.admin.health import Liveness
 from support.clock import Clock
-
-
-def probe(port: int, path: str) -> tuple[int, str]:
-    """Status and body of one GET (a 503 is an answer here, not an error)."""
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as reply:
-            return reply.status, reply.read().decode()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read().decode()
 
 
 def test_liveness_follows_the_loop_turns() -> None:

@@ -18,18 +18,13 @@ import pytest
 from infermux.client import Frame
 from support.camera_files import camera, camera_events, cameras, write_clip
 from support.harness import DAEMON_HEAD, Daemon, free_port
-from support.pipelines import camera_pipeline
+from support.pipelines import CLASSIFIER_MODEL, camera_pipeline
 from support.polling import eventually
 
 pytest.importorskip("av", reason="cameras decode with PyAV: pip install -e '.[cameras]'")
 pytest.importorskip("cv2", reason="the pipeline's processors need OpenCV: pip install -e '.[processors]'")
 
 METRICS_PORT = free_port()
-MODELS = """
-[[models]]
-name = "classifier"
-engine = "classifier/1/model.onnx"
-"""
 # A long hold: a restarted camera process that had to wait for its old connection's hold to end would be
 # refused for all of it.
 HOLD_S = 30
@@ -39,7 +34,7 @@ HOLD_S = 30
 def d(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iterator[Daemon]:
     clip = write_clip(tmp_path_factory.mktemp("clips") / "small.mp4", 64, 48, frames=30)
     head = DAEMON_HEAD + f'stream_keys = "bound"\nstream_silent_s = {HOLD_S}\nmetrics_port = {METRICS_PORT}\n'
-    text = head + MODELS + camera_pipeline("cams") + camera("front", str(clip)) + camera("back", str(clip))
+    text = head + CLASSIFIER_MODEL + camera_pipeline("cams") + camera("front", str(clip)) + camera("back", str(clip))
     daemon = Daemon(tmp_path_factory.mktemp("camera-keys"), text.format(engines=engines)).start()
     yield daemon
     daemon.stop()

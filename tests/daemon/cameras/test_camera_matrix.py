@@ -7,18 +7,14 @@ logged a traceback or counted a 500 while it ran."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 
 from support.camera_files import camera, cameras, write_clip
-from support.harness import Daemon
-from support.matrix import Placement, placement_daemon
+from support.harness import Daemon, daemon_head, toml_lines
+from support.matrix import WATCHING, Placement, placed_as, placement_daemon, publish_copy, versions
 from support.pipelines import camera_pipeline
 from support.polling import eventually
 
@@ -29,24 +25,14 @@ pytest.importorskip("cv2", reason="the pipeline's processors need OpenCV: pip in
 camera_placements = pytest.mark.parametrize("placed", ("hot", "cold"), indirect=True)
 pytestmark = pytest.mark.timing  # frames against a watched directory's settle and a worker's start
 
-HEAD = """
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{watched}"
-max_message_bytes = 1048576
-watch_settle_s = 0.4
-watch_debounce_s = 0.02
-watch_rescan_s = 1.0
-"""
 CLASSIFIER = "classifier/1/model.onnx"
 
 
 def config_text(placement: str, watched: Path, clip: Path, back_fps: int = 10) -> str:
     """Two cameras of `clip` into one camera pipeline on `classifier`, served from the watched directory."""
-    mode = 'placement = "cold"\npreload = true\n' if placement == "cold" else ""
-    models = f'[[models]]\nname = "classifier"\nengine = "{CLASSIFIER}"\n{mode}'
+    models = '[[models]]\nname = "classifier"\n' + toml_lines({"engine": CLASSIFIER, **placed_as(placement)})
     cameras = camera("front", str(clip), fps=10) + camera("back", str(clip), fps=back_fps)
-    return (HEAD.format(watched=watched) + models + camera_pipeline("cams") + cameras).format()
+    return (daemon_head(watched, **WATCHING) + models + camera_pipeline("cams") + cameras).format()
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +46,7 @@ def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
     """A daemon whose cameras' model is placed as `request.param` says."""
     workdir = tmp_path_factory.mktemp(f"camera-matrix-{request.param}")
     watched = workdir / "engines"
-    publish_copy(engines / CLASSIFIER, watched, 1)
+    publish_copy(engines / CLASSIFIER, watched, "classifier", 1)
     d = placement_daemon(request.param, workdir, config_text(request.param, watched, clip))
     try:
         yield Placement(request.param, d, engines, watched)
@@ -68,17 +54,8 @@ def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         assert d.stop() == 0, d.log()[-4000:]
 
 
-def publish_copy(source: Path, root: Path, version: int) -> None:
-    """`source` published as classifier `version` the documented way (a folder renamed into place)."""
-    staged = root / "classifier" / f".{version}.tmp"
-    staged.mkdir(parents=True)
-    shutil.copyfile(source, staged / "model.onnx")
-    os.rename(staged, root / "classifier" / str(version))
-
-
 def classifier_versions(d: Daemon) -> dict[str, dict[str, Any]]:
-    with d.admin() as admin:
-        return {v["version"]: v for v in admin.call("models")["models"] if v["name"] == "classifier"}
+    return versions(d, "classifier")
 
 
 def served_more(d: Daemon, name: str, than: int, what: str, timeout: float = 30) -> dict[str, Any]:
@@ -95,11 +72,6 @@ def assert_no_failed_frames(d: Daemon, before: dict[str, dict[str, Any]]) -> Non
     with d.admin() as admin:
         streams = admin.call("streams", model="cams")["streams"]
     assert all(s["failed"] == 0 for s in streams), streams
-
-
-def ctl(d: Daemon, *words: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "infermux", "ctl", *words, "-c", str(d.config_path),
-                           "--runtime-dir", str(d.run_dir)], capture_output=True, text=True, timeout=30)
 
 
 # -- the cells, in the order they run on each placement's daemon ------------------------------------
@@ -120,7 +92,7 @@ def test_a_camera_is_served_by_its_pipeline_s_model_where_it_is_placed(cell: Pla
 def test_a_camera_is_served_across_a_hot_swap_of_its_model(cell: Placement) -> None:
     d = cell.daemon
     before = cameras(d)
-    publish_copy(cell.engines / CLASSIFIER, cell.watched, 2)
+    publish_copy(cell.engines / CLASSIFIER, cell.watched, "classifier", 2)
     eventually(lambda: (v := classifier_versions(d).get("2")) and v["stats"]["by_status"].get("200", 0) > 0,
                "the camera's frames served by classifier version 2", 30)
     for name, then in before.items():
@@ -148,11 +120,11 @@ def test_drain_pauses_the_cameras_frames_without_restarting_them_and_resume_serv
         cell: Placement) -> None:
     d = cell.daemon
     before = {name: served_more(d, name, 0, f"{name} served") for name in ("front", "back")}
-    drained = ctl(d, "drain")
+    drained = d.ctl("drain")
     try:
         assert drained.returncode == 0, drained.stdout + drained.stderr
     finally:
-        resumed = ctl(d, "resume")
+        resumed = d.ctl("resume")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     for name, then in before.items():
         now = served_more(d, name, then["served"] + 3, f"{name} served after resume")

@@ -17,17 +17,12 @@ from infermux.cameras.source import open_source
 from support import mjpeg, rtsp
 from support.camera_files import camera, camera_events, cameras
 from support.harness import DAEMON_HEAD, Daemon
-from support.pipelines import camera_pipeline
+from support.pipelines import CLASSIFIER_MODEL, camera_pipeline
 from support.polling import eventually
 
 pytest.importorskip("av", reason="cameras decode with PyAV: pip install -e '.[cameras]'")
 pytest.importorskip("cv2", reason="the pipeline's processors need OpenCV: pip install -e '.[processors]'")
 
-MODELS = """
-[[models]]
-name = "classifier"
-engine = "classifier/1/model.onnx"
-"""
 BACK_WITHIN_S = 3.0  # a camera that comes back is served again within this (docs/cameras.md)
 SLICED, SLICES = (320, 180), 4  # a clip whose every frame is cut into this many slices (NAL units)
 # How far (mean absolute difference, 0-255) a decoded frame may be from the nearest frame the clip was made
@@ -68,7 +63,7 @@ def d(tmp_path_factory: pytest.TempPathFactory, engines: Path, servers: dict[str
         cameras += camera("attic", servers["rtsp"].url, decoder="gstreamer", size=[32, 24], max_pixels=10_000)
     cameras += camera("cellar", servers["rtsp"].url, decoder="software", size=[32, 24], max_pixels=10_000)
     daemon = Daemon(tmp_path_factory.mktemp("camera-streams"),
-                    (DAEMON_HEAD + MODELS + camera_pipeline("cams") + cameras).format(engines=engines),
+                    (DAEMON_HEAD + CLASSIFIER_MODEL + camera_pipeline("cams") + cameras).format(engines=engines),
                     env={"PYTHONPATH": str(gi)} if gi is not None else None).start()
     yield daemon
     daemon.stop()

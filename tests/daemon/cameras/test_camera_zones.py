@@ -4,7 +4,6 @@ walk makes), through a detector pipeline with a `track` step, its events into a 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
@@ -15,27 +14,14 @@ pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.
 from support import models, tracking  # noqa: E402
 from support.camera_files import cameras, write_frames  # noqa: E402
 from support.harness import Daemon  # noqa: E402
-from support.sinks import valid, waiting  # noqa: E402
+from support.sinks import events_daemon, jsonl, until_ended  # noqa: E402
 from support.tracking import detecting  # noqa: E402
 from support.zones import EVENTS, LINES_AFTER, WALKS_DOWN, WALKS_UP, ZONES_AFTER, camera, moves  # noqa: E402
 
 
 def config_text(workdir: Path, clip: Path) -> str:
-    return f"""
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{workdir / 'engines'}"
-
-[[models]]
-name = "det"
-engine = "det/1/model.onnx"
-{detecting("tracked", **EVENTS)}
-{camera("yard", str(clip), "tracked", loop="false", fps="15")}
-[[sinks]]
-name = "files"
-kind = "jsonl"
-options = {{ path = "{workdir / 'out' / 'events.jsonl'}" }}
-"""
+    return events_daemon(workdir / "engines", detecting("tracked", **EVENTS), jsonl(workdir / "out" / "events.jsonl"),
+                         more=camera("yard", str(clip), "tracked", loop="false", fps="15"))
 
 
 def test_a_camera_reading_a_walk_makes_exactly_its_zone_and_line_events_and_counts(tmp_path: Path) -> None:
@@ -44,10 +30,7 @@ def test_a_camera_reading_a_walk_makes_exactly_its_zone_and_line_events_and_coun
     models.brightness_map(tmp_path / "engines" / "det" / "1" / "model.onnx")
     d = Daemon(tmp_path, config_text(tmp_path, clip)).start()
     try:
-        path = tmp_path / "out" / "events.jsonl"
-        events = waiting(lambda: (lambda e: e if sum(x["type"] == "end" for x in e) >= 2 else None)(
-            [valid(json.loads(line)) for line in path.read_text().splitlines()] if path.exists() else []),
-            "both objects' end", timeout_s=90)
+        events = until_ended(tmp_path / "out" / "events.jsonl", 2, timeout_s=90)
         yard = cameras(d)["yard"]  # its counts are the pipelines' own, as they are now
         assert sorted(moves(events).values()) == sorted([WALKS_DOWN, WALKS_UP]), moves(events)
         assert {e["key"] for e in events} == {"yard"}

@@ -20,18 +20,13 @@ import pytest
 
 from support.camera_files import camera, camera_events, cameras, write_clip
 from support.harness import DAEMON_HEAD, Daemon, free_port
-from support.pipelines import camera_pipeline
+from support.pipelines import CLASSIFIER_MODEL, camera_pipeline
 from support.polling import eventually
 
 pytest.importorskip("av", reason="cameras decode with PyAV: pip install -e '.[cameras]'")
 pytest.importorskip("cv2", reason="the pipeline's processors need OpenCV: pip install -e '.[processors]'")
 
 METRICS_PORT = free_port()
-MODELS = """
-[[models]]
-name = "classifier"
-engine = "classifier/1/model.onnx"
-"""
 
 
 def configuration(clips: Path, engines: Path, *, extra: str = "", without: str = "", back_fps: float = 15.0) -> str:
@@ -45,7 +40,7 @@ def configuration(clips: Path, engines: Path, *, extra: str = "", without: str =
     }
     text = "".join(entry for name, entry in cameras.items() if name != without)
     head = DAEMON_HEAD + f"metrics_port = {METRICS_PORT}\n"
-    return (head + MODELS + camera_pipeline("cams") + text + extra).format(engines=engines)
+    return (head + CLASSIFIER_MODEL + camera_pipeline("cams") + text + extra).format(engines=engines)
 
 
 @pytest.fixture(scope="module")
@@ -163,24 +158,19 @@ def test_a_reload_adds_removes_and_restarts_only_the_cameras_it_changes(d: Daemo
     assert camera_events(d, "camera_stopped", "back")[-1]["reason"] == "changed"
 
 
-def ctl(d: Daemon, *words: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "infermux", "ctl", *words, "-c", str(d.config_path),
-                           "--runtime-dir", str(d.run_dir)], capture_output=True, text=True, timeout=30)
-
-
 def test_ctl_camera_disable_and_enable_work_live_and_are_kept_across_a_restart(d: Daemon) -> None:
     pid = streaming(d, "front")["pid"]
-    assert ctl(d, "camera", "front", "disable").returncode == 0
+    assert d.ctl("camera", "front", "disable").returncode == 0
     eventually(lambda: cameras(d)["front"]["state"] == "disabled", "front disabled")
     eventually(lambda: not _alive(pid), "front's process gone")
     assert streaming(d, "back")
-    bad = ctl(d, "camera", "nowhere", "disable")
+    bad = d.ctl("camera", "nowhere", "disable")
     assert bad.returncode == 1 and "no camera 'nowhere'" in bad.stderr
     d.stop()
     d.start()
     eventually(lambda: cameras(d).get("front", {}).get("state") == "disabled", "front still disabled")
     streaming(d, "back")
-    assert ctl(d, "camera", "front", "enable").returncode == 0
+    assert d.ctl("camera", "front", "enable").returncode == 0
     streaming(d, "front")
 
 

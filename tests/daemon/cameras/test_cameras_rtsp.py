@@ -20,17 +20,12 @@ import pytest
 from support import rtsp
 from support.camera_files import camera, camera_events, cameras
 from support.harness import DAEMON_HEAD, Daemon
-from support.pipelines import camera_pipeline
+from support.pipelines import CLASSIFIER_MODEL, camera_pipeline
 from support.polling import eventually
 
 pytest.importorskip("av", reason="cameras decode with PyAV: pip install -e '.[cameras]'")
 pytest.importorskip("cv2", reason="the pipeline's processors need OpenCV: pip install -e '.[processors]'")
 
-MODELS = """
-[[models]]
-name = "classifier"
-engine = "classifier/1/model.onnx"
-"""
 OUTAGE_S = 10.0  # how long door's server is away
 BACK_WITHIN_S = 3.0  # a camera that comes back is served again within this (docs/cameras.md)
 
@@ -49,7 +44,7 @@ def d(tmp_path_factory: pytest.TempPathFactory, engines: Path, servers: dict[str
                + camera("junk", f"rtsp://127.0.0.1:{servers['junk']}/cam")
                + camera("mute", f"rtsp://127.0.0.1:{servers['mute']}/cam"))
     daemon = Daemon(tmp_path_factory.mktemp("cameras-rtsp"),
-                    (DAEMON_HEAD + MODELS + camera_pipeline("cams") + cameras).format(engines=engines)).start()
+                    (DAEMON_HEAD + CLASSIFIER_MODEL + camera_pipeline("cams") + cameras).format(engines=engines)).start()
     yield daemon
     daemon.stop()
 

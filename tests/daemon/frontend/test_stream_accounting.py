@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-import time
 import urllib.request
 from collections import Counter
 
@@ -21,6 +20,7 @@ from infermux.client import Reply
 from infermux.pipelines.wire import encode_frame
 from support.harness import DAEMON_HEAD, free_port
 from support.polling import eventually
+from support.stats_stream import event_of, subscribed
 
 RNG = np.random.default_rng(2)
 ROW = RNG.random((1, 512), dtype=np.float32)
@@ -116,24 +116,13 @@ def test_a_pipeline_s_streams_are_counted_as_the_pipeline_s(make_daemon) -> None
 def test_a_stream_that_stops_sending_raises_an_event_and_shows_silent(make_daemon) -> None:
     d = make_daemon('[[models]]\nname = "fast"\nengine = "fast512/1/model.onnx"\n',
                     head=head(stream_silent_s=0.5))
-    stats = zmq.Context.instance().socket(zmq.SUB)
-    stats.setsockopt(zmq.SUBSCRIBE, b"event")
-    stats.connect(d.stats_endpoint)
+    stats = subscribed(d)
     try:
-        time.sleep(0.2)  # the subscription reaches the daemon
         with d.client() as client:
             for _ in range(3):
                 assert client.infer("fast", {"x": ROW}, key="gate-3").status == 200
             assert client.infer("fast", {"x": ROW}, key="one-off").status == 200  # one request: not a stream
-
-            def silent_event() -> dict | None:
-                while stats.poll(100):
-                    event = json.loads(stats.recv_multipart()[1])
-                    if event["kind"] == "stream_silent":
-                        return event
-                return None
-
-            event = eventually(silent_event, "a stream_silent event")
+            event = eventually(lambda: event_of(stats, "stream_silent"), "a stream_silent event")
             assert (event["model"], event["key"]) == ("fast", "gate-3") and event["silent_s"] >= 0.5
             views = streams(d)
             assert views[("fast", "gate-3")]["silent"] and not views[("fast", "one-off")]["silent"]

@@ -20,24 +20,13 @@ from infermux.config import ConfigError, parse
 from infermux.execution.streams import HOLD_S, StreamTable
 from support.clock import Clock
 from infermux.transport.curve import client_options
-from support.harness import DAEMON_HEAD, Daemon, free_port
+from support.harness import CURVE_HEAD, DAEMON_HEAD, Daemon, free_port
+from support.pipelines import gated_pipeline
 from support.polling import eventually
 
-CLASSIFIER = '[[models]]\nname = "classifier"\nengine = "classifier/1/model.onnx"\n'
 FAST = '[[models]]\nname = "fast512"\nengine = "fast512/1/model.onnx"\nqueue_policy = "newest_per_key"\n'
 PIXELS = np.full((48, 64, 3), 7, np.uint8).tobytes()
 pytestmark = pytest.mark.timing
-
-
-def gated(gate: Path) -> str:
-    """A classifier pipeline whose one thread holds each frame at `gate` until it exists."""
-    return (CLASSIFIER + '[[pipelines]]\nname = "cams"\nworkers = 1\nqueue_policy = "newest_per_key"\n'
-            f'[[pipelines.steps]]\nprocessor = "gate_processor:Gate"\noptions = {{{{ path = "{gate}" }}}}\n'
-            '[[pipelines.steps]]\nprocessor = "decode"\n'
-            '[[pipelines.steps]]\nprocessor = "resize"\noptions = {{ mode = "stretch", size = [64, 64] }}\n'
-            '[[pipelines.steps]]\nprocessor = "normalize"\n'
-            '[[pipelines.steps]]\nmodel = "classifier"\n'
-            '[[pipelines.steps]]\nprocessor = "classify"\n')
 
 
 def head(keys: str) -> str:
@@ -69,14 +58,14 @@ def hijacked_camera(d: Daemon, gate: Path, bound: bool) -> tuple[int, int, int]:
 
 def test_under_open_keys_another_client_supersedes_a_camera(make_daemon, tmp_path: Path) -> None:
     gate = tmp_path / "open"
-    d = make_daemon(gated(gate), head=head("open"))
+    d = make_daemon(gated_pipeline(gate), head=head("open"))
     # The default: what "bound" is for. The other's frame replaces the camera's, which is never computed.
     assert hijacked_camera(d, gate, bound=False) == (409, 200, 200)
 
 
 def test_under_bound_keys_another_client_gets_403_and_the_camera_is_served(make_daemon, tmp_path: Path) -> None:
     gate = tmp_path / "open"
-    d = make_daemon(gated(gate), head=head("bound"))
+    d = make_daemon(gated_pipeline(gate), head=head("bound"))
     assert hijacked_camera(d, gate, bound=True) == (200, 403, 200)
     cam = streams(d)["cam-7"]
     assert (cam["received"], cam["served"], cam["superseded"], cam["foreign"]) == (1, 1, 0, 1), cam
@@ -129,16 +118,7 @@ def test_a_key_is_held_while_its_holder_sends_and_freed_by_its_silence_alone() -
     assert not table.foreign("m", "cam-7", camera)
 
 
-CURVE_HEAD = """
-[daemon]
-listen = ["tcp://127.0.0.1:{port}", "ipc://infer.sock"]
-engine_dir = "{engines}"
-watch = false
-curve_secret_key = "{keys}/server/server.key_secret"
-curve_authorized_dir = "{keys}/authorized"
-stream_keys = "bound"
-stream_silent_s = 30
-"""
+BOUND_OVER_CURVE = CURVE_HEAD + 'stream_keys = "bound"\nstream_silent_s = 30\n'
 
 
 def test_over_curve_a_key_is_held_by_the_client_key_across_its_connections(make_daemon, tmp_path: Path) -> None:
@@ -150,7 +130,7 @@ def test_over_curve_a_key_is_held_by_the_client_key_across_its_connections(make_
         shutil.copy(server_public, root / client / "server.key")
         shutil.copy(root / client / f"{client}.key", root / "authorized")
     port = free_port()
-    d = make_daemon(FAST, head=CURVE_HEAD, port=str(port), keys=str(root))
+    d = make_daemon(FAST, head=BOUND_OVER_CURVE, port=str(port), keys=str(root))
     x = {"x": np.ones((1, 512), np.float32)}
 
     def send(who: str, key: str) -> int:

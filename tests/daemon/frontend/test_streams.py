@@ -22,6 +22,7 @@ from infermux.client import Reply
 from infermux.pipelines.wire import encode_frame
 from support.harness import DAEMON_HEAD, Daemon, free_port
 from support.metrics import scrape
+from support.pipelines import gated_pipeline
 from support.polling import eventually
 
 RNG = np.random.default_rng(32)
@@ -117,21 +118,6 @@ def test_a_reload_switches_the_policy_live(make_daemon):
 
 
 # -- pipelines ---------------------------------------------------------------------------------------
-
-CLASSIFIER = '[[models]]\nname = "classifier"\nengine = "classifier/1/model.onnx"\n'
-
-
-def gated_pipeline(gate: Path, policy: str, **settings: object) -> str:
-    """A classifier pipeline whose one worker thread holds each frame at `gate` until it exists."""
-    extra = "".join(f"{k} = {v}\n" for k, v in settings.items())
-    return (CLASSIFIER + f'[[pipelines]]\nname = "cams"\nworkers = 1\nqueue_policy = "{policy}"\n{extra}'
-            f'[[pipelines.steps]]\nprocessor = "gate_processor:Gate"\noptions = {{{{ path = "{gate}" }}}}\n'
-            '[[pipelines.steps]]\nprocessor = "decode"\n'
-            '[[pipelines.steps]]\nprocessor = "resize"\noptions = {{ mode = "stretch", size = [64, 64] }}\n'
-            '[[pipelines.steps]]\nprocessor = "normalize"\n'
-            '[[pipelines.steps]]\nmodel = "classifier"\n'
-            '[[pipelines.steps]]\nprocessor = "classify"\n')
-
 
 def frame(value: int) -> np.ndarray:
     return np.full((48, 64, 3), value, np.uint8)

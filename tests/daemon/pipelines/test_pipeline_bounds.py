@@ -14,8 +14,6 @@ again is refused from memory, without running a step.
 from __future__ import annotations
 
 import io
-import subprocess
-import sys
 from pathlib import Path
 from typing import Iterator
 
@@ -26,6 +24,7 @@ pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.
 pytest.importorskip("PIL", reason="the frames are drawn with Pillow")
 from PIL import Image  # noqa: E402
 
+from support import models  # noqa: E402
 from support.harness import REPO, Daemon, dealer, free_port  # noqa: E402
 from support.metrics import scrape  # noqa: E402
 from support.hostile_files import blank_png, drawn  # noqa: E402
@@ -52,11 +51,7 @@ options = { size = [8, 8] }
 
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    target = tmp_path_factory.mktemp("ppocr")
-    out = subprocess.run([sys.executable, str(REPO / "engines/fetch_ppocr.py"), "--into", str(target)],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    return target
+    return models.ppocr(tmp_path_factory.mktemp("ppocr"))
 
 
 @pytest.fixture(scope="module")

@@ -31,6 +31,7 @@ pytest.importorskip("PIL", reason="the frames are rendered with Pillow")
 rapidocr = pytest.importorskip("rapidocr_onnxruntime", reason="rapidocr-onnxruntime (the reference) is not "
                                "installed: pip install -e '.[test]'")
 
+from support import models  # noqa: E402
 from support.harness import REPO, Daemon, example, free_port  # noqa: E402
 from support.metrics import scrape  # noqa: E402
 
@@ -79,12 +80,7 @@ def ocr_config(engines: Path, metrics_port: int) -> str:
 @pytest.fixture(scope="module")
 def engines(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The models, fetched by the example's own script (from the installed wheel)."""
-    target = tmp_path_factory.mktemp("ppocr")
-    out = subprocess.run([sys.executable, str(REPO / "engines/fetch_ppocr.py"), "--into", str(target)],
-                         capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr
-    assert {p.name for p in target.iterdir()} >= {"det.onnx", "cls.onnx", "rec.onnx", "keys.txt"}
-    return target
+    return models.ppocr(tmp_path_factory.mktemp("ppocr"))
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ files gone; hostile stream keys kept inside the folder.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -31,7 +30,7 @@ from support.camera_files import camera, write_clip, write_frames  # noqa: E402
 from support.drawn_boxes import bounds, green_share, jpeg  # noqa: E402
 from support.harness import Daemon, dealer  # noqa: E402
 from support.polling import eventually  # noqa: E402
-from support.sinks import valid  # noqa: E402
+from support.sinks import events_daemon, jsonl, jsonl_events  # noqa: E402
 from support.harness import REPO  # noqa: E402
 from support.tracking import Replay, classifying, detecting, replay  # noqa: E402
 
@@ -44,26 +43,9 @@ def config_text(workdir: Path) -> str:
     pipeline = detecting("tracked", min_frames=3, min_score=MIN_SCORE, end_after_s=1.0, update_every_s=0.0,
                          snapshots="true")
     clip = write_clip(workdir / "clip.mp4")
-    return f"""
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{workdir / 'engines'}"
-
-[[models]]
-name = "det"
-engine = "det/1/model.onnx"
-{pipeline}
-[snapshots]
-max_mb = {MAX_MB}
-keep_days = {KEEP_DAYS}
-
-[[sinks]]
-name = "files"
-kind = "jsonl"
-options = {{ path = "{workdir / 'out' / 'events.jsonl'}" }}
-
-{camera("gate-off", str(clip), pipeline="tracked", enabled=False)}
-"""
+    more = f"[snapshots]\nmax_mb = {MAX_MB}\nkeep_days = {KEEP_DAYS}\n\n" + camera("gate-off", str(clip), pipeline="tracked",
+                                                                           enabled=False)
+    return events_daemon(workdir / "engines", pipeline, jsonl(workdir / "out" / "events.jsonl"), more=more)
 
 
 def fill(folder: Path) -> tuple[list[Path], Path]:
@@ -99,8 +81,7 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def events(d: Daemon) -> list[dict[str, Any]]:
-    path = d.workdir / "out" / "events.jsonl"
-    return [valid(json.loads(line)) for line in path.read_text().splitlines()] if path.exists() else []
+    return jsonl_events(d.workdir / "out" / "events.jsonl")
 
 
 def ends(d: Daemon, tracks: int) -> list[dict[str, Any]]:

@@ -12,7 +12,6 @@ waits for it. test_mqtt_sink.py does the same in a few seconds; this is the minu
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -25,7 +24,8 @@ pytest.importorskip("paho.mqtt", reason="the mqtt sink needs paho-mqtt: pip inst
 from support import models  # noqa: E402
 from support.harness import Daemon  # noqa: E402
 from support.senders import Senders, segments  # noqa: E402
-from support.sinks import Mosquitto, Subscriber, first_of_each, valid, waiting  # noqa: E402
+from support.sinks import (Mosquitto, Subscriber, arrived_in_order, events_daemon, jsonl, jsonl_events,  # noqa: E402
+                           mqtt, sink_states, waiting)
 from support.tracking import detecting  # noqa: E402
 
 pytestmark = pytest.mark.timing  # the event rate is the frames' rate on a box shared with others
@@ -38,37 +38,8 @@ OUTAGE_S, AROUND_S = 60.0, 4.0
 
 def config_text(workdir: Path, port: int) -> str:
     pipeline = detecting("tracked", min_frames=2, end_after_s=0.5, update_every_s=0.6, min_score_gain=0.0)
-    return f"""
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{workdir / 'engines'}"
-
-[[models]]
-name = "det"
-engine = "det/1/model.onnx"
-{pipeline}
-[[sinks]]
-name = "reference"
-kind = "jsonl"
-options = {{ path = "{workdir / 'events.jsonl'}", max_mb = 1024 }}
-
-[[sinks]]
-name = "broker"
-kind = "mqtt"
-retry_s = 0.1
-max_retry_s = 1.0
-options = {{ host = "127.0.0.1", port = {port}, ack_timeout_s = 5, keepalive_s = 5 }}
-"""
-
-
-def reference(workdir: Path) -> list[dict[str, Any]]:
-    path = workdir / "events.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-
-def sinks(d: Daemon) -> dict[str, dict[str, Any]]:
-    with d.admin() as admin:
-        return {s["name"]: s for s in admin.call("sinks")["sinks"]}
+    return events_daemon(workdir / "engines", pipeline, jsonl(workdir / "events.jsonl", name="reference", max_mb=1024),
+                         mqtt(port, retry_s=0.1, max_retry_s=1.0, ack_timeout_s=5, keepalive_s=5))
 
 
 def send(d: Daemon, frames: list[bytes], seconds: float) -> tuple[int, float]:
@@ -82,13 +53,9 @@ def send(d: Daemon, frames: list[bytes], seconds: float) -> tuple[int, float]:
 
 
 def test_a_minute_long_broker_outage_with_a_daemon_restart_loses_no_event(tmp_path: Path) -> None:
-    broker = Mosquitto(tmp_path / "broker")
-    broker.conf.write_text(broker.conf.read_text().replace("persistence false", "persistence true\n"
-                           f"persistence_location {tmp_path / 'broker'}/\nmax_queued_messages 0"))
-    broker.start()
+    broker = Mosquitto(tmp_path / "broker", persistent=True).start()
     models.brightness_map(tmp_path / "engines" / "det" / "1" / "model.onnx")
-    sub = Subscriber(broker.port, "infermux/#")
-    waiting(lambda: sub.client.is_connected(), "the subscriber's connection")
+    sub = Subscriber(broker.port, "infermux/#").connected()
     d = Daemon(tmp_path, config_text(tmp_path, broker.port)).start()
     frames = segments(12)
     try:
@@ -97,19 +64,19 @@ def test_a_minute_long_broker_outage_with_a_daemon_restart_loses_no_event(tmp_pa
         broker.stop()
         down = time.monotonic()
         streamed.append(send(d, frames, OUTAGE_S / 2))
-        waiting(lambda: (lambda s: s["state"] == "down" and s["backlog"] > 0)(sinks(d)["broker"]),
+        waiting(lambda: (lambda s: s["state"] == "down" and s["backlog"] > 0)(sink_states(d)["broker"]),
                 "the broker sink down with events waiting")
         assert d.stop() == 0, d.log()[-4000:]  # the daemon restarts while the broker is away: what waits is on disk
         d.start()
-        assert sinks(d)["broker"]["backlog"] > 0, "the restarted daemon lost its spool"
+        assert sink_states(d)["broker"]["backlog"] > 0, "the restarted daemon lost its spool"
         streamed.append(send(d, frames, max(1.0, OUTAGE_S - (time.monotonic() - down))))
         broker.start()
         outage_s = time.monotonic() - down
         streamed.append(send(d, frames, AROUND_S))
-        waiting(lambda: all(s["backlog"] == 0 and s["state"] == "up" for s in sinks(d).values())
+        waiting(lambda: all(s["backlog"] == 0 and s["state"] == "up" for s in sink_states(d).values())
                 and not [p for p in admin_pipelines(d) if p["events"]["objects"]], "every object ended, delivered",
                 timeout_s=60)
-        made = [valid(e) for e in reference(tmp_path)]
+        made = jsonl_events(tmp_path / "events.jsonl")
         waiting(lambda: {e["id"] for e in sub.events()} >= {e["id"] for e in made}, "every event at the subscriber",
                 timeout_s=60)
         got = sub.events()
@@ -122,13 +89,7 @@ def test_a_minute_long_broker_outage_with_a_daemon_restart_loses_no_event(tmp_pa
     figures = f"{len(made)} events, {rate:.0f}/s made, the broker away {outage_s:.0f} s, {len(got)} received"
     print(figures)  # with -s: RESULTS.md quotes it
     assert outage_s >= OUTAGE_S and rate >= RATE, figures
-    for key in KEYS:
-        want = [e["id"] for e in made if e["key"] == key]
-        assert want, key
-        assert [e["id"] for e in first_of_each(got) if e["key"] == key] == want, f"{key}: lost or out of order"
-    by_id: dict[str, dict[str, Any]] = {}
-    for event in got:
-        assert by_id.setdefault(event["id"], event) == event, "an id came twice with different contents"
+    arrived_in_order(made, got, KEYS)
 
 
 def admin_pipelines(d: Daemon) -> list[dict[str, Any]]:

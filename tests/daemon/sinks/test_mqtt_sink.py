@@ -23,45 +23,23 @@ pytest.importorskip("paho.mqtt", reason="the mqtt sink needs paho-mqtt: pip inst
 
 from support import models, tracking  # noqa: E402
 from support.harness import Daemon, dealer  # noqa: E402
-from support.sinks import Mosquitto, Subscriber, first_of_each, valid, waiting  # noqa: E402
+from support.sinks import (Mosquitto, Subscriber, arrived_in_order, events_daemon, jsonl, jsonl_events,  # noqa: E402
+                           mqtt, sink_states, waiting)
 from support.tracking import detecting, replay  # noqa: E402
 
 
 def config_text(workdir: Path, port: int) -> str:
     pipeline = detecting("tracked", min_frames=2, end_after_s=1.0, update_every_s=0.2)
-    return f"""
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{workdir / 'engines'}"
-
-[[models]]
-name = "det"
-engine = "det/1/model.onnx"
-{pipeline}
-[[sinks]]
-name = "reference"
-kind = "jsonl"
-options = {{ path = "{workdir / 'events.jsonl'}" }}
-
-[[sinks]]
-name = "broker"
-kind = "mqtt"
-retry_s = 0.1
-max_retry_s = 0.5
-options = {{ host = "127.0.0.1", port = {port}, ack_timeout_s = 2, keepalive_s = 5 }}
-"""
+    return events_daemon(workdir / "engines", pipeline, jsonl(workdir / "events.jsonl", name="reference"),
+                         mqtt(port, retry_s=0.1, max_retry_s=0.5, ack_timeout_s=2, keepalive_s=5))
 
 
 @pytest.fixture(scope="module")
 def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     workdir = tmp_path_factory.mktemp("mqtt_sink")
-    broker = Mosquitto(workdir / "broker")
-    broker.conf.write_text(broker.conf.read_text().replace(
-        "persistence false", f"persistence true\npersistence_location {workdir / 'broker'}/"))
-    broker.start()
+    broker = Mosquitto(workdir / "broker", persistent=True).start()
     models.brightness_map(workdir / "engines" / "det" / "1" / "model.onnx")
-    sub = Subscriber(broker.port, "infermux/#")
-    waiting(lambda: sub.client.is_connected(), "the subscriber's connection")
+    sub = Subscriber(broker.port, "infermux/#").connected()
     d = Daemon(workdir, config_text(workdir, broker.port)).start()
     yield {"daemon": d, "broker": broker, "sub": sub, "workdir": workdir}
     sub.close()
@@ -71,18 +49,12 @@ def rig(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
 
 
 def reference(workdir: Path) -> list[dict[str, Any]]:
-    path = workdir / "events.jsonl"
-    return [valid(json.loads(line)) for line in path.read_text().splitlines()] if path.exists() else []
+    return jsonl_events(workdir / "events.jsonl")
 
 
 def send(d: Daemon, key: str, seq: tracking.Sequence, frames: int) -> None:
     with dealer(d.endpoint) as sock:
         assert set(replay(sock, "tracked", seq, key, frames=frames).statuses) == {200}
-
-
-def sinks(d: Daemon) -> dict[str, dict[str, Any]]:
-    with d.admin() as admin:
-        return {s["name"]: s for s in admin.call("sinks")["sinks"]}
 
 
 def objects(d: Daemon) -> int:
@@ -110,25 +82,18 @@ def test_no_event_is_lost_through_a_broker_outage_and_a_daemon_restart(rig: dict
     broker.stop()
     send(d, "cam-b", tracking.stop_and_go(), 25)
     send(d, "cam-c", tracking.pillar(), 25)
-    waiting(lambda: (lambda s: s["state"] == "down" and s["backlog"] > 0)(sinks(d)["broker"]),
+    waiting(lambda: (lambda s: s["state"] == "down" and s["backlog"] > 0)(sink_states(d)["broker"]),
             "the broker sink down with events waiting")
     assert d.stop() == 0  # the daemon restarts while the broker is away: what waits is on disk
     d.start()
-    assert sinks(d)["broker"]["backlog"] > 0, "the restarted daemon lost its spool"
+    assert sink_states(d)["broker"]["backlog"] > 0, "the restarted daemon lost its spool"
     send(d, "cam-b", tracking.stop_and_go(), 10)
     broker.start()
     waiting(lambda: objects(d) == 0, "every object ended (end_after_s)")  # no event is made after this
     done = waiting(lambda: (lambda s: s if all(x["backlog"] == 0 and x["state"] == "up" for x in s.values()) else None)(
-        sinks(d)), "both spools delivered", timeout_s=60)
+        sink_states(d)), "both spools delivered", timeout_s=60)
     assert done["broker"]["delivered"] > 0
     made = reference(workdir)
     waiting(lambda: {e["id"] for e in sub.events()} >= {e["id"] for e in made}, "every event at the subscriber",
             timeout_s=60)
-    got = sub.events()
-    for key in ("cam-a", "cam-b", "cam-c"):
-        want = [e["id"] for e in made if e["key"] == key]
-        assert want, key
-        assert [e["id"] for e in first_of_each(got) if e["key"] == key] == want, f"{key}: lost or out of order"
-    by_id: dict[str, dict[str, Any]] = {}
-    for event in got:
-        assert by_id.setdefault(event["id"], event) == event, "an id came twice with different contents"
+    arrived_in_order(made, sub.events(), ["cam-a", "cam-b", "cam-c"])

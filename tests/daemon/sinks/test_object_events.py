@@ -26,57 +26,22 @@ import zmq
 pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
 
 from support import models, tracking  # noqa: E402
-from support.harness import REPO, Daemon, dealer, free_port  # noqa: E402
+from support.harness import Daemon, dealer, free_port  # noqa: E402
 from support.metrics import scrape  # noqa: E402
-from support.sinks import Endpoint, by_track, valid, waiting  # noqa: E402
+from support.sinks import (Endpoint, by_track, events_daemon, jsonl, jsonl_events, publisher,  # noqa: E402
+                           sink_states, valid, waiting, webhook)
 from support.tracking import Replay, detecting, replay  # noqa: E402
 
-CLASSIFIER = REPO / "engines/classifier/1/model.onnx"
 MIN_FRAMES, MIN_SCORE, GAIN, END_AFTER_S = 3, 0.5, 0.02, 3.0
 
 
 def config_text(workdir: Path, pub: str, hook: str, stuck: str, metrics_port: int) -> str:
     pipeline = detecting("tracked", min_frames=MIN_FRAMES, min_score=MIN_SCORE, min_score_gain=GAIN,
                          end_after_s=END_AFTER_S, update_every_s=0.0)
-    return f"""
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{workdir / 'engines'}"
-metrics_port = {metrics_port}
-
-[[models]]
-name = "det"
-engine = "det/1/model.onnx"
-
-[[models]]
-name = "classifier"
-engine = "{CLASSIFIER}"
-{pipeline}
-[[sinks]]
-name = "files"
-kind = "jsonl"
-options = {{ path = "{workdir / 'out' / 'events.jsonl'}" }}
-
-[[sinks]]
-name = "pub"
-kind = "zmq"
-options = {{ bind = "{pub}", results = true }}
-
-[[sinks]]
-name = "hook"
-kind = "webhook"
-retry_s = 0.05
-max_retry_s = 0.2
-options = {{ url = "{hook}", timeout_s = 5 }}
-
-[[sinks]]
-name = "stuck"
-kind = "webhook"
-max_events = 5
-retry_s = 0.05
-max_retry_s = 0.1
-options = {{ url = "{stuck}", timeout_s = 0.5 }}
-"""
+    return events_daemon(workdir / "engines", pipeline, jsonl(workdir / "out" / "events.jsonl"), publisher(pub),
+                         webhook("hook", hook, timeout_s=5, max_retry_s=0.2),
+                         webhook("stuck", stuck, timeout_s=0.5, max_events=5), classifier=True,
+                         metrics_port=metrics_port)
 
 
 @pytest.fixture(scope="module")
@@ -130,8 +95,7 @@ def expected(sent: Replay) -> dict[tuple[str, int], list[str]]:
 
 
 def file_events(workdir: Path) -> list[dict[str, Any]]:
-    path = workdir / "out" / "events.jsonl"
-    return [valid(json.loads(line)) for line in path.read_text().splitlines()] if path.exists() else []
+    return jsonl_events(workdir / "out" / "events.jsonl")
 
 
 def all_events(setup: dict[str, Any]) -> list[dict[str, Any]]:
@@ -176,17 +140,16 @@ def test_a_webhook_answering_500_gets_every_event_after_its_retries(setup: dict[
     waiting(lambda: len(hook.bodies) >= len(file), "the webhook's deliveries", timeout_s=60)
     assert [e["id"] for e in hook.bodies[:len(file)]] == [e["id"] for e in file]  # in order, once each
     assert hook.posts >= len(file) + 2  # the two 500s were retried
-    with setup["daemon"].admin() as admin:  # counted once the answer is back: after the endpoint kept the body
-        hooked = waiting(lambda: (lambda s: s if s["delivered"] >= len(file) else None)(
-            {s["name"]: s for s in admin.call("sinks")["sinks"]}["hook"]), "the webhook's deliveries counted")
+    # counted once the answer is back: after the endpoint kept the body
+    hooked = waiting(lambda: (lambda s: s if s["delivered"] >= len(file) else None)(
+        sink_states(setup["daemon"])["hook"]), "the webhook's deliveries counted")
     assert hooked["state"] == "up"
 
 
 def test_a_webhook_that_never_answers_fills_its_spool_and_no_client_waits_for_it(setup: dict[str, Any]) -> None:
     d: Daemon = setup["daemon"]
-    with d.admin() as admin:
-        stuck = waiting(lambda: (lambda s: s if s["dropped"] > 0 and s["state"] == "down" else None)(
-            {s["name"]: s for s in admin.call("sinks")["sinks"]}["stuck"]), "the stuck sink's spool to overflow")
+    stuck = waiting(lambda: (lambda s: s if s["dropped"] > 0 and s["state"] == "down" else None)(
+        sink_states(d)["stuck"]), "the stuck sink's spool to overflow")
     assert stuck["backlog"] == 5 and stuck["oldest_age_s"] is not None and "timed out" in stuck["last_error"]
     # More frames make more events for the stuck spool, which drops its oldest; clients are answered as ever.
     started = time.monotonic()

@@ -10,11 +10,6 @@ fixture fails a cell whose daemon logged a traceback or counted a 500 while it r
 
 from __future__ import annotations
 
-import json
-import os
-import shutil
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -23,9 +18,9 @@ import pytest
 
 from support import models, tracking
 from support.harness import Daemon, dealer
-from support.matrix import Placement, placement_daemon
+from support.matrix import WATCHING, Placement, placed_as, placement_daemon, publish_copy, versions
 from support.polling import eventually
-from support.sinks import Endpoint, first_of_each, valid
+from support.sinks import Endpoint, events_daemon, first_of_each, jsonl, jsonl_events, sink_states, webhook
 from support.tracking import detecting, replay
 
 pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.[processors]'")
@@ -34,15 +29,6 @@ pytest.importorskip("cv2", reason="the processors need OpenCV: pip install -e '.
 sink_placements = pytest.mark.parametrize("placed", ("hot", "cold"), indirect=True)
 pytestmark = pytest.mark.timing  # objects end after end_after_s; a watched directory's settle; a worker's start
 
-HEAD = """
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{watched}"
-max_message_bytes = 1048576
-watch_settle_s = 0.4
-watch_debounce_s = 0.02
-watch_rescan_s = 1.0
-"""
 DETECTOR = "det/1/model.onnx"
 FRAMES = 16  # of the crossing: enough for its objects' new and updates
 
@@ -57,12 +43,10 @@ class SinkPlacement(Placement):
 
 def config_text(placement: str, watched: Path, events: Path, hook: str, hook_timeout_s: float = 5.0) -> str:
     """The tracked pipeline on `det` (served from the watched directory), a file sink and a webhook."""
-    mode = 'placement = "cold"\npreload = true\n' if placement == "cold" else ""
     pipeline = detecting("tracked", min_frames=2, end_after_s=1.0, update_every_s=0.2)
-    return (HEAD.format(watched=watched) + f'[[models]]\nname = "det"\nengine = "{DETECTOR}"\n{mode}' + pipeline
-            + f'[[sinks]]\nname = "files"\nkind = "jsonl"\noptions = {{ path = "{events}" }}\n\n'
-            + f'[[sinks]]\nname = "hook"\nkind = "webhook"\nretry_s = 0.05\nmax_retry_s = 0.5\n'
-              f'options = {{ url = "{hook}", timeout_s = {hook_timeout_s} }}\n')
+    return events_daemon(watched, pipeline, jsonl(events), webhook("hook", hook, timeout_s=hook_timeout_s,
+                                                                   max_retry_s=0.5), det=placed_as(placement),
+                         **WATCHING)
 
 
 @pytest.fixture(scope="module")
@@ -83,8 +67,7 @@ def placed(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 
 
 def file_events(cell: SinkPlacement, key: str) -> list[dict[str, Any]]:
-    lines = cell.events.read_text().splitlines() if cell.events.exists() else []
-    return [e for e in (valid(json.loads(line)) for line in lines) if e["key"] == key]
+    return [e for e in jsonl_events(cell.events) if e["key"] == key]
 
 
 def ended(cell: SinkPlacement, key: str) -> list[dict[str, Any]] | None:
@@ -111,19 +94,8 @@ def delivered(cell: SinkPlacement, key: str) -> list[dict[str, Any]]:
     return made
 
 
-def sinks(d: Daemon) -> dict[str, dict[str, Any]]:
-    with d.admin() as admin:
-        return {s["name"]: s for s in admin.call("sinks")["sinks"]}
-
-
 def det_versions(d: Daemon) -> dict[str, dict[str, Any]]:
-    with d.admin() as admin:
-        return {v["version"]: v for v in admin.call("models")["models"] if v["name"] == "det"}
-
-
-def ctl(d: Daemon, *words: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "infermux", "ctl", *words, "-c", str(d.config_path),
-                           "--runtime-dir", str(d.run_dir)], capture_output=True, text=True, timeout=30)
+    return versions(d, "det")
 
 
 # -- the cells, in the order they run on each placement's daemon ------------------------------------
@@ -134,17 +106,14 @@ def test_a_streams_object_events_reach_the_sinks_where_the_tracker_s_model_is_pl
     made = arrive(cell, f"served-{cell.name}")
     assert [e["type"] for e in made][0] == "new" and made[-1]["type"] == "end"
     assert det_versions(cell.daemon)["1"]["placement"] == cell.where
-    assert all(s["state"] == "up" and s["backlog"] == 0 for s in sinks(cell.daemon).values())
+    assert all(s["state"] == "up" and s["backlog"] == 0 for s in sink_states(cell.daemon).values())
 
 
 @sink_placements
 def test_events_reach_the_sinks_across_a_hot_swap_of_the_tracker_s_model(cell: SinkPlacement) -> None:
     def publish(i: int) -> None:
         if i == FRAMES // 3:  # mid-stream, as the documented way: a folder renamed into place
-            staged = cell.watched / "det" / ".2.tmp"
-            staged.mkdir(parents=True)
-            shutil.copyfile(cell.watched / DETECTOR, staged / "model.onnx")
-            os.rename(staged, cell.watched / "det" / "2")
+            publish_copy(cell.watched / DETECTOR, cell.watched, "det", 2)
 
     arrive(cell, f"swapped-{cell.name}", before=publish)
     eventually(lambda: (v := det_versions(cell.daemon).get("2")) and v["state"] == "ready", "det v2 ready", 30)
@@ -157,12 +126,12 @@ def test_events_made_while_drained_reach_the_sinks_and_resume_makes_more(cell: S
     d, key = cell.daemon, f"drained-{cell.name}"
     with dealer(d.endpoint) as sock:
         assert set(replay(sock, "tracked", tracking.crossing(), key, frames=FRAMES).statuses) == {200}
-    drained = ctl(d, "drain")
+    drained = d.ctl("drain")
     try:
         assert drained.returncode == 0, drained.stdout + drained.stderr
         delivered(cell, key)  # the objects end while drained, and their events leave the box
     finally:
-        resumed = ctl(d, "resume")
+        resumed = d.ctl("resume")
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     arrive(cell, f"resumed-{cell.name}")
 
@@ -183,5 +152,5 @@ def test_a_reload_that_changes_a_sink_keeps_every_event_of_a_stream_going_throug
         kinds = [(e["kind"], e["sink"]) for e in admin.call("events", limit=1000)["events"]
                  if e["kind"] in ("sink_added", "sink_removed", "sink_changed")]
     assert kinds[-1:] == [("sink_changed", "hook")], kinds
-    assert all(s["state"] == "up" for s in sinks(d).values())
+    assert all(s["state"] == "up" for s in sink_states(d).values())
     arrive(cell, f"after-reload-{cell.name}")

@@ -5,7 +5,6 @@ The walk, its zones and lines and the events it makes: tests/support/zones.py.""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -17,39 +16,19 @@ pytest.importorskip("paho.mqtt", reason="the mqtt sink needs paho-mqtt 2.x: pip 
 from support import models, tracking  # noqa: E402
 from support.harness import Daemon, dealer, free_port  # noqa: E402
 from support.metrics import scrape  # noqa: E402
-from support.sinks import Mosquitto, Subscriber, valid, waiting  # noqa: E402
+from support.sinks import (Mosquitto, Subscriber, events_daemon, jsonl, mqtt, sink_states,  # noqa: E402
+                           until_ended, waiting)
 from support.tracking import detecting, replay  # noqa: E402
 from support.zones import EVENTS, LINES_AFTER, WALKS_DOWN, WALKS_UP, ZONES_AFTER, camera, moves  # noqa: E402
 
 from infermux.cameras.table import table  # noqa: E402
 
+
 def config_text(workdir: Path, broker: int, metrics_port: int) -> str:
-    pipeline = detecting("tracked", **EVENTS)
     # Its frames are the test's, sent with its name as their key: `enabled = false`, it reads nothing.
     yard = camera("yard", "yard.mp4", "tracked", enabled="false")
-    return f"""
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{workdir / 'engines'}"
-metrics_port = {metrics_port}
-
-[[models]]
-name = "det"
-engine = "det/1/model.onnx"
-{pipeline}
-{yard}
-[[sinks]]
-name = "files"
-kind = "jsonl"
-options = {{ path = "{workdir / 'out' / 'events.jsonl'}" }}
-
-[[sinks]]
-name = "broker"
-kind = "mqtt"
-retry_s = 0.05
-max_retry_s = 0.2
-options = {{ host = "127.0.0.1", port = {broker} }}
-"""
+    return events_daemon(workdir / "engines", detecting("tracked", **EVENTS), jsonl(workdir / "out" / "events.jsonl"),
+                         mqtt(broker), more=yard, metrics_port=metrics_port)
 
 
 @pytest.fixture(scope="module")
@@ -67,14 +46,8 @@ def setup(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     assert "Traceback" not in d.log(), d.log()[-6000:]
 
 
-def file_events(workdir: Path) -> list[dict[str, Any]]:
-    path = workdir / "out" / "events.jsonl"
-    return [valid(json.loads(line)) for line in path.read_text().splitlines()] if path.exists() else []
-
-
 def ended(setup: dict[str, Any]) -> list[dict[str, Any]]:
-    return waiting(lambda: (lambda e: e if sum(x["type"] == "end" for x in e) >= 2 else None)(
-        file_events(setup["workdir"])), "both objects' end in the jsonl file", timeout_s=60)
+    return until_ended(setup["workdir"] / "out" / "events.jsonl", 2)
 
 
 def test_each_object_makes_exactly_the_zone_and_line_events_its_walk_implies(setup: dict[str, Any]) -> None:
@@ -112,9 +85,8 @@ def test_mqtt_has_the_events_and_the_counts_retained(setup: dict[str, Any]) -> N
     assert retained == {"infermux/yard/zones/yard/none": b"0", "infermux/yard/lines/gate/in/none": b"1",
                         "infermux/yard/lines/gate/out/none": b"1", "infermux/yard/lines/short/out/none": b"1"}
     assert got  # (the events themselves came through the broker: the sink delivered them, acknowledged)
-    with setup["daemon"].admin() as admin:
-        broker = waiting(lambda: (lambda s: s if s["delivered"] >= len(got) else None)(
-            {s["name"]: s for s in admin.call("sinks")["sinks"]}["broker"]), "the mqtt sink's deliveries")
+    broker = waiting(lambda: (lambda s: s if s["delivered"] >= len(got) else None)(
+        sink_states(setup["daemon"])["broker"]), "the mqtt sink's deliveries")
     assert broker["state"] == "up" and broker["dropped"] == 0
 
 

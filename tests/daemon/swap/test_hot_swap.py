@@ -12,24 +12,17 @@ import numpy as np
 import pytest
 
 from support import models
-from support.harness import Daemon
+from support.harness import Daemon, Value
 from support.polling import eventually
 from infermux.client import Reply
-from support.publish import PROBE, publish, wait_served, write_atomically, write_slowly
+from support.publish import PROBE, publish, wait_served, watching, write_atomically, write_slowly
 
 X = PROBE  # what wait_served sends too
 
-HEAD = """
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{root}"
-watch_settle_s = 0.4
-watch_debounce_s = 0.02
-watch_rescan_s = 1.0
-
-[routing]
-version_mismatch = "{mismatch}"
-"""
+def head(root: Path, mismatch: str = "reject", **settings: Value) -> str:
+    """A daemon serving what is published under `root` (watched closely) with `settings`; a request for a
+    version it lacks answered as `mismatch` says."""
+    return watching(root, **settings) + f'\n[routing]\nversion_mismatch = "{mismatch}"\n'
 
 
 @pytest.fixture
@@ -40,8 +33,7 @@ def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
     def run(models_toml: str = "", mismatch: str = "reject", settle_s: float = 0.4) -> Daemon:
         workdir = tmp_path / f"daemon{len(started)}"
         workdir.mkdir()
-        head = HEAD.format(root=root, mismatch=mismatch).replace("watch_settle_s = 0.4", f"watch_settle_s = {settle_s}")
-        daemon = Daemon(workdir, head + models_toml)
+        daemon = Daemon(workdir, head(root, mismatch, watch_settle_s=settle_s) + models_toml)
         started.append(daemon)
         return daemon.start()
 
@@ -241,8 +233,7 @@ def test_broken_model_toml_is_reported_and_changes_nothing(root: Path, start: Ca
 def test_watch_false_serves_only_the_configuration(root: Path, tmp_path: Path) -> None:
     publish(root, "m", 1, offset=1)
     publish(root, "cfg", 1, offset=3)
-    text = HEAD.format(root=root, mismatch="reject").replace("watch_settle_s", "watch = false\nwatch_settle_s")
-    daemon = Daemon(tmp_path, text + '[[models]]\nname = "cfg"\nengine = "cfg/1/model.onnx"\n').start()
+    daemon = Daemon(tmp_path, head(root, watch=False) + '[[models]]\nname = "cfg"\nengine = "cfg/1/model.onnx"\n').start()
     try:
         assert ask(daemon, "cfg").status == 200
         assert ask(daemon, "m").status == 404

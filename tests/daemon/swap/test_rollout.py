@@ -18,17 +18,8 @@ from infermux.client import Reply
 from support import models
 from support.harness import Daemon
 from support.polling import eventually
-from support.publish import publish, wait_served
+from support.publish import publish, wait_served, watching
 from support.traffic import Traffic
-
-HEAD = """
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{root}"
-watch_settle_s = 0.4
-watch_debounce_s = 0.02
-watch_rescan_s = 1.0
-"""
 
 ROLLOUT = """
 placement = "{placement}"
@@ -58,7 +49,7 @@ def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
                                                                       rollout_extra=rollout_extra))
         workdir = tmp_path / f"daemon{len(started)}"
         workdir.mkdir()
-        daemon = Daemon(workdir, HEAD.format(root=root))
+        daemon = Daemon(workdir, watching(root))
         started.append(daemon)
         return daemon.start()
 

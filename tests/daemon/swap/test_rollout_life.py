@@ -21,18 +21,9 @@ from support import models
 from support.harness import Daemon
 from support.procfs import cpu_s
 from support.polling import eventually
-from support.publish import PROBE, publish, wait_served
+from support.publish import PROBE, publish, wait_served, watching
 from support.traffic import Traffic
 
-HEAD = """
-[daemon]
-listen = ["ipc://infer.sock"]
-engine_dir = "{root}"
-watch_settle_s = 0.4
-watch_debounce_s = 0.02
-watch_rescan_s = 1.0
-{extra}
-"""
 
 ROLLOUT = """
 timeout_ms = 30000
@@ -59,7 +50,7 @@ def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
         if workdir is None:
             workdir = tmp_path / f"daemon{len(started)}"
             workdir.mkdir()
-        daemon = Daemon(workdir, HEAD.format(root=root, extra=daemon_extra))
+        daemon = Daemon(workdir, watching(root) + daemon_extra + "\n")
         started.append(daemon)
         return daemon.start()
 

@@ -18,7 +18,7 @@ from infermux import config as cfg
 from infermux.client import Client
 from infermux.transport.curve import CurveError, client_options
 from infermux.cli.keygen import make_keypair
-from support.harness import free_port
+from support.harness import CURVE_HEAD, free_port
 
 X4 = np.ones((1, 4), np.float32)
 
@@ -26,15 +26,6 @@ ADDONE = """
 [[models]]
 name = "addone"
 engine = "addone/1/model.onnx"
-"""
-
-CURVE_HEAD = """
-[daemon]
-listen = ["tcp://127.0.0.1:{port}", "ipc://infer.sock"]
-engine_dir = "{engines}"
-watch = false
-curve_secret_key = "{keys}/server/server.key_secret"
-curve_authorized_dir = "{keys}/authorized"
 """
 
 

@@ -19,7 +19,7 @@ from infermux.events import EventLog
 from infermux.config import ConfigError, ModelConfig
 from infermux.execution.hooks import FrontendHooks
 from infermux.models.registry import Registry
-from infermux.workers.process import exit_reason
+from infermux.format import exit_reason
 
 
 def engine_of(tmp_path: Path, size: int, suffix: str = ".onnx") -> Path:
