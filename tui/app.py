@@ -10,7 +10,6 @@ from __future__ import annotations
 from functools import partial
 from typing import Any, Iterable, Protocol
 
-from rich.markup import escape
 from textual import work
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
@@ -35,6 +34,7 @@ from infermux.tui.views.routing import RoutingTable, RoutingView
 from infermux.tui.views import streams as stream_views
 from infermux.tui.views.streams import StreamsTable, StreamsView
 from infermux.tui.views.table import KeyedTable
+from infermux.tui.markup import escape
 
 TABS = ("models", "memory", "routing", "events", "log", "pipelines", "streams", "cameras")
 
@@ -386,7 +386,8 @@ class TopApp(App):
     def _answer(self, action: Action, target: dict[str, Any], cmd: str, reply: dict[str, Any]) -> None:
         ok = bool(reply.get("ok"))
         # Titled for a person ("Drained classifier v1"), the daemon's own words below it.
-        self.notify(escape(summary(cmd, reply)), title=escape(action.outcome(target, ok)),
+        # Plain text (markup=False; a toast's title is never markup): the daemon's words shown as they are.
+        self.notify(summary(cmd, reply), title=action.outcome(target, ok), markup=False,
                     severity="information" if ok else "error", timeout=4 if ok else 10)
 
     # -- command palette -----------------------------------------------------------

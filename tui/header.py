@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.markup import escape
 from rich.text import Text
 
 from infermux import format as fmt
 from infermux.admin.threadload import BUSY, SATURATED
+from infermux.tui.markup import escape
 
 
 def daemon_line(d: dict[str, Any]) -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import re
 from typing import Iterable
 
-from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
@@ -13,6 +12,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Static
 
 from infermux.tui.actions import ACTIONS
+from infermux.tui.markup import escape
 
 VIEW_KEYS = (("1-8", "the tabs: 1 models … 7 streams, 8 cameras"),
              ("enter", "the selected version in depth (escape: back)"),

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from rich.markup import escape
-
 from infermux.format import clock
+
 
 STATE_STYLE = {"ready": "green", "loading": "yellow", "warming": "yellow", "draining": "magenta",
                "failed": "bold red", "unloaded": "dim", "candidate": "cyan"}
@@ -17,6 +16,15 @@ EVENT_STYLE = {"failed": "bold red", "crashed": "bold red", "evicted": "yellow",
                "rollout_paused": "yellow"}
 
 EVENT_FIELDS = ("time", "kind", "model", "version")
+
+
+def escape(text: str) -> str:
+    """`text` as markup that shows it as it is. Every '[' is escaped, not only those that open a
+    tag as Rich's `escape` reads one: Textual's parser takes `[2J b [dim]` for one tag, so a
+    camera's reason ending in an escape sequence broke the markup written after it. A backslash
+    at the end gets a space after it, or it would escape the tag that follows the text."""
+    text = text.replace("[", "\\[")
+    return text + " " if text.endswith("\\") else text
 
 
 LEVEL_STYLE = {"warning": "yellow", "error": "bold red", "critical": "bold reverse red"}

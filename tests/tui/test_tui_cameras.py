@@ -6,6 +6,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from textual.markup import to_content
 
 from support.camera_files import camera, write_clip
 from support.harness import DAEMON_HEAD, free_port
@@ -48,8 +49,11 @@ def test_text_from_a_camera_reaches_the_screen_printable_and_never_as_markup() -
     (key, cells), = CamerasTable.row_cells([hostile])
     assert key == "c[b]1" and cells["error"][0] == "  454 [red]Not Found[/red]\\x1b[2J"
     line = CamerasView.why_text([hostile], "c[b]1")
-    assert "\x1b" not in line and "\\[red]Not Found\\[/red]" in line and "c\\[b]1" in line
-    assert "infermux doctor" in line  # a lost camera's next step, as `ctl cameras` gives it
+    shown = to_content(line).plain  # what Textual draws: the text as it came, printable, and nothing else
+    assert "\x1b" not in line and "454 [red]Not Found[/red]\\x1b[2J" in shown and "c[b]1 lost:" in shown
+    assert "infermux doctor" in shown  # a lost camera's next step, as `ctl cameras` gives it
+    for tail in ("\\", "[", "]", "[b"):  # text that would escape or open the markup after it
+        assert tail in to_content(CamerasView.why_text([{**hostile, "reason": f"x {tail}"}], "c[b]1")).plain
     assert CamerasView.why_text([hostile], "other") == ""
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
@@ -30,6 +29,7 @@ from textual.widgets import Static
 from infermux import format as fmt
 from infermux.cameras.table import DOWN, NEXT_STEP
 from infermux.tui.views.table import Cell, Col, KeyedTable
+from infermux.tui.markup import escape
 
 EMPTY = ("no cameras: the daemon's configuration has no [[cameras]]\n"
          "[dim]docs/cameras.md: a camera is a name, a url and the pipeline its frames go to[/]")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
-from rich.markup import escape
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
@@ -17,6 +16,7 @@ from infermux.tui import markup
 from infermux.tui.history import History
 from infermux.tui.views.events import EventStore, EventsLog
 from infermux.tui.views.table import Cell, Col, KeyedTable
+from infermux.tui.markup import escape
 
 
 BATCHES_WIDTH = 30  # the histogram's column, padding included
