@@ -201,6 +201,9 @@ class Hub:
         self._dirtied = threading.Event()  # some spool has something to fsync: the syncer sleeps until then
         self.apply(configs)
         self._stopped = threading.Event()
+        # Events of one stream come from its pipeline's threads and from the thread that ends unseen
+        # objects: one at a time, so every sink's spool holds them in the same order.
+        self._publishing = threading.Lock()
         # One thread fsyncs every spool, apart from the sinks' threads, which only deliver.
         self._syncer = threading.Thread(target=self._sync_all, name="sinks-sync", daemon=True)
         self._syncer.start()
@@ -236,9 +239,10 @@ class Hub:
     def publish(self, pipeline: str, event: dict[str, Any]) -> None:
         """Append `event` to the spool of each sink taking `pipeline`'s events."""
         data = json.dumps(event, separators=(",", ":")).encode()
-        for runner in list(self.runners.values()):
-            if runner.takes(pipeline):
-                runner.append(data)
+        with self._publishing:
+            for runner in list(self.runners.values()):
+                if runner.takes(pipeline):
+                    runner.append(data)
 
     def result(self, pipeline: str, key: str, header: dict[str, Any]) -> None:
         """A frame's reply header, to the sinks that publish results (never waiting)."""

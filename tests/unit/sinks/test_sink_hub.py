@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from pathlib import Path
 
 from support.polling import eventually
@@ -36,6 +37,25 @@ def test_a_sink_takes_only_the_pipelines_it_names_and_writes_them_in_order(tmp_p
     view = eventually(lambda: (lambda v: v if (v["all"]["delivered"], v["some"]["delivered"]) == (50, 25) else None)(
         {s["name"]: s for s in hub.view()}), "the deliveries counted")
     assert view["all"]["state"] == "up" and view["all"]["backlog"] == view["some"]["backlog"] == 0
+    hub.stop()
+
+
+def test_events_published_from_several_threads_reach_every_sink_in_one_order(tmp_path: Path) -> None:
+    """A stream's events come from its pipeline's threads and from the thread that ends unseen objects:
+    whatever the interleaving, each sink gets them in the same order (the order "in order" means)."""
+    out = tmp_path / "out"
+    hub = Hub(tuple(SinkConfig(n, "jsonl", {"path": str(out / f"{n}.jsonl")}) for n in ("a", "b", "c")),
+              tmp_path / "state", EventLog())
+    batches = [[event("cam", t * 1000 + i + 1) for i in range(400)] for t in range(4)]
+    threads = [threading.Thread(target=lambda b=b: [hub.publish("p", e) for e in b]) for b in batches]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    ids = lambda name: [json.loads(line)["id"] for line in (out / name).read_text().splitlines()]  # noqa: E731
+    eventually(lambda: all((out / f"{n}.jsonl").exists() and len(ids(f"{n}.jsonl")) == 1600 for n in "abc"),
+               "every sink's file written")
+    assert ids("a.jsonl") == ids("b.jsonl") == ids("c.jsonl")
     hub.stop()
 
 
