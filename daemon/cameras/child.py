@@ -1,5 +1,6 @@
-"""One camera's process: `python -m infermux.cameras.child`, started and watched by the daemon
-(cameras/supervisor.py; docs/architecture.md#cameras).
+"""One camera's process: forked from the cameras' zygote (cameras/zygote.py, which calls `serve`) and
+watched by the daemon (cameras/supervisor.py; docs/architecture.md#cameras); `python -m
+infermux.cameras.child` runs one on its own.
 
 Two threads. The decoder thread reads the camera (source.py) and keeps only the newest decoded frame;
 on a failure it reports the camera lost and opens it again with capped backoff. The main thread takes
@@ -283,7 +284,22 @@ def _watch_lifeline(fd: int) -> None:
     threading.Thread(target=watch, name="lifeline", daemon=True).start()
 
 
+def serve(settings: dict[str, Any], endpoint: str, regions: str, input_name: str, status_fd: int,
+          lifeline: int) -> int:
+    """Run the camera `settings` describe (its configuration as JSON, and the daemon's `identity` for it):
+    until the camera ends, or the daemon's end of `lifeline` closes."""
+    _watch_lifeline(lifeline)
+    raw = dict(settings)
+    raw["size"] = tuple(raw["size"]) if raw.get("size") else None
+    raw["gate"] = parse_gate(raw["gate"], "gate") if raw.get("gate") else None
+    identity = str(raw.pop("identity", ""))
+    camera = CameraConfig(**raw)
+    return run(camera, endpoint, regions, input_name, status_fd, identity)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """A camera process started on its own (the daemon forks them from cameras/zygote.py, which calls
+    `serve`): the settings as JSON on stdin (not in argv: a URL may hold a password)."""
     parser = argparse.ArgumentParser(prog="python -m infermux.cameras.child")
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--regions", default="", help="the daemon's shared-memory socket; empty: frames inline")
@@ -291,13 +307,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status-fd", type=int, required=True)
     parser.add_argument("--lifeline", type=int, required=True)
     args = parser.parse_args(argv)
-    _watch_lifeline(args.lifeline)
-    raw = json.loads(sys.stdin.read())  # the camera's settings, as JSON (not in argv: a URL may hold a password)
-    raw["size"] = tuple(raw["size"]) if raw.get("size") else None
-    raw["gate"] = parse_gate(raw["gate"], "gate") if raw.get("gate") else None
-    identity = str(raw.pop("identity", ""))
-    camera = CameraConfig(**raw)
-    return run(camera, args.endpoint, args.regions, args.input, args.status_fd, identity)
+    return serve(json.loads(sys.stdin.read()), args.endpoint, args.regions, args.input, args.status_fd,
+                 args.lifeline)
 
 
 if __name__ == "__main__":
