@@ -9,10 +9,14 @@ played once), `outage` (the spare's RTSP server stopped for the window), `sigkil
 every 2 s) and `sigstop` (its process stopped: the daemon kills it as hung and starts it again).
 Rounds alternate: none, each fault, none, each fault, ...; each measures `seconds` after `warmup`.
 
+`--against REV` runs each pair of rounds with the daemon at git revision REV too (revision.py), the builds
+alternating pair by pair, and reports each build's rows.
+
 Reported per fault: hall's capture-to-result age p99 (the daemon's, over hall's frames served in this
 round's daemon only) and the plain client's latency p99 (its own clock), the medians over its rounds,
 and each as the median of its rounds' ratios to the `none` round just before each (the issue's goal:
-within 1.5 x); and the error statuses either got (goal: none). Writes "## Cameras: a faulty camera beside the others" in RESULTS.md.
+within 1.5 x); the error statuses either got (goal: none); and the CPU the daemon and its camera processes
+took in the window (processes that ended included: their reapers' children's time), the median over the rounds. Writes "## Cameras: a faulty camera beside the others" in RESULTS.md.
 """
 
 from __future__ import annotations
@@ -42,11 +46,27 @@ class FaultRound:
     errors either saw (hall's frames answered other than 200, the plain client's statuses other than 200)."""
 
     fault: str
+    build: str
     hall_p99_ms: float | None
     plain_p99_ms: float | None
     hall_failed: int
     plain_errors: int
     spare_state: str
+    cpu_s: float
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system seconds of `pid`, of the children it reaped, and of its live descendants (the camera
+    processes, their zygote, the workers), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # it ended while read (a camera killed): its reaper counts it
+        return 0.0
+    total = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += sum(tree_cpu_s(int(child)) for child in (task / "children").read_text().split())
+    return total
 
 
 class PlainClient:
@@ -101,15 +121,15 @@ def inject(fault: str, daemon: Any, servers: dict[str, Any], stop: threading.Eve
         stop.wait(2.0 if fault == "sigkill" else 30.0)  # a stopped one is the daemon's to find (HANG_S)
 
 
-def one_round(fault: str, config: Callable[[str], str], servers: dict[str, Any], workdir: Path,
-              args: Any) -> FaultRound:
+def one_round(fault: str, build: tuple[str, dict[str, str] | None], config: Callable[[str], str],
+              servers: dict[str, Any], workdir: Path, args: Any) -> FaultRound:
     """A fresh daemon with hall, spare as `fault` makes it, and the plain client; measured over the window."""
     from support.camera_files import cameras
     from support.harness import Daemon
     from support.polling import eventually
 
     workdir.mkdir(parents=True, exist_ok=True)
-    daemon = Daemon(workdir, config(fault)).start()
+    daemon = Daemon(workdir, config(fault), env=build[1]).start()
     plain = PlainClient(daemon)
     try:
         eventually(lambda: cameras(daemon)["hall"]["served"] > 0, "hall served", timeout_s=60)
@@ -117,17 +137,20 @@ def one_round(fault: str, config: Callable[[str], str], servers: dict[str, Any],
         time.sleep(args.warmup)
         before, stop = cameras(daemon)["hall"], threading.Event()
         injector = threading.Thread(target=inject, args=(fault, daemon, servers, stop), daemon=True)
+        assert daemon.proc is not None
+        cpu = tree_cpu_s(daemon.proc.pid)
         plain.measuring.set()
         injector.start()
         time.sleep(args.seconds)
         plain.measuring.clear()
+        cpu = tree_cpu_s(daemon.proc.pid) - cpu
         stop.set()
         injector.join(30)
         after = cameras(daemon)
         latencies = sorted(plain.latencies)
         p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None
-        return FaultRound(fault, after["hall"]["capture_age_ms"].get("p99"), p99,
-                          after["hall"]["failed"] - before["failed"], plain.errors, after["spare"]["state"])
+        return FaultRound(fault, build[0], after["hall"]["capture_age_ms"].get("p99"), p99,
+                          after["hall"]["failed"] - before["failed"], plain.errors, after["spare"]["state"], cpu)
     finally:
         plain.stop.set()
         if plain.thread.is_alive():
@@ -172,9 +195,9 @@ def ratio(ratios: list[float]) -> str:
     return f"{statistics.median(ratios):.2f} ×" if ratios else "-"
 
 
-def table(rounds: list[FaultRound]) -> tuple[list[str], list[list[str]]]:
+def table(rounds: list[FaultRound], builds: bool = False) -> tuple[list[str], list[list[str]]]:
     """The header and rows: per fault, the medians of its rounds, and the median of its rounds' ratios to
-    the `none` round before each."""
+    the `none` round before each (`rounds` of one build; `builds`: a column names it)."""
     rows = []
     for fault in ("none", *FAULTS):
         mine = [r for r in rounds if r.fault == fault]
@@ -185,14 +208,17 @@ def table(rounds: list[FaultRound]) -> tuple[list[str], list[list[str]]]:
         ratios = {what: paired(rounds, fault, what) for what in ("hall_p99_ms", "plain_p99_ms")}
         within = all(r and statistics.median(r) <= GOAL for r in ratios.values())
         errors = sum(r.hall_failed + r.plain_errors for r in mine)
-        rows.append([fault, f"{statistics.median(hall):.1f}" if hall else "-",
+        rows.append([*([mine[0].build] if builds else []), fault,
+                     f"{statistics.median(hall):.1f}" if hall else "-",
                      "-" if fault == "none" else ratio(ratios["hall_p99_ms"]),
                      f"{statistics.median(plain):.1f}" if plain else "-",
                      "-" if fault == "none" else ratio(ratios["plain_p99_ms"]), str(errors),
                      ", ".join(sorted({r.spare_state for r in mine})),
+                     f"{statistics.median(r.cpu_s for r in mine):.2f}",
                      "-" if fault == "none" else ("yes" if within and not errors else "no")])
-    header = ["spare camera", "hall age p99 ms", "vs none", "plain client p99 ms", "vs none", "error statuses",
-              "spare's state at the end", f"within {GOAL} ×, no error"]
+    header = [*(["daemon"] if builds else []), "spare camera", "hall age p99 ms", "vs none", "plain client p99 ms",
+              "vs none", "error statuses",
+              "spare's state at the end", "CPU s, daemon and cameras", f"within {GOAL} ×, no error"]
     return header, rows
 
 
@@ -204,9 +230,14 @@ def faults_run(args: Any) -> None:
     from support.harness import DAEMON_HEAD
     from support.pipelines import camera_pipeline
 
+    from revision import describe, package_env
+
     engines = Path(__file__).resolve().parents[2] / "engines"
     rounds: list[FaultRound] = []
     with tempfile.TemporaryDirectory(prefix="bench-camera-faults-") as tmp, fixtures(Path(tmp), args) as fx:
+        builds: list[tuple[str, dict[str, str] | None]] = [("this checkout", None)]
+        if args.against:
+            builds.append((describe(args.against).split()[0], package_env(args.against, Path(tmp) / "against")))
         models = '[[models]]\nname = "classifier"\nengine = "classifier/1/model.onnx"\n'
 
         def config(fault: str) -> str:
@@ -218,15 +249,21 @@ def faults_run(args: Any) -> None:
 
         for n in range(args.rounds):
             for fault in [f for f in FAULTS if f in args.faults]:
-                for name in ("none", fault):
-                    r = one_round(name, config, fx.servers, Path(tmp) / f"{n}-{fault}-{name}", args)
-                    print(r, file=sys.stderr)
-                    rounds.append(r)
-    header, rows = table(rounds)
+                for b, build in enumerate(builds):
+                    for name in ("none", fault):
+                        r = one_round(name, build, config, fx.servers, Path(tmp) / f"{n}-{fault}-{b}-{name}", args)
+                        print(r, file=sys.stderr)
+                        rounds.append(r)
+    header: list[str] = []
+    rows: list[list[str]] = []
+    for label, _env in builds:
+        header, mine = table([r for r in rounds if r.build == label], builds=len(builds) > 1)
+        rows += mine
     body = (f"{stamp()}\n\n`python tests/benchmarks/bench_cameras.py {' '.join(sys.argv[1:])}`: per round a fresh "
             f"daemon; the camera `hall` (320×180 H.264 over RTSP at {args.fps} fps) and a plain client of the "
             f"model ({PLAIN_RATE:.0f} requests a second) beside a camera `spare`, healthy (`none`) or faulty; "
             f"{args.seconds:g} s measured after {args.warmup:g} s, rounds alternating none and each fault; p99s: "
             "medians over the rounds; vs none: the median of each round's ratio to the none round just before "
-            "it.\n\n" + markdown_table(header, rows))
+            "it" + (f"; the daemon at {describe(args.against)} in the same run, pairs of rounds alternating with this "
+                    "checkout's" if len(builds) > 1 else "") + ".\n\n" + markdown_table(header, rows))
     print_and_write(SECTION, body, write=args.write, titled=True)
