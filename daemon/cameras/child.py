@@ -131,12 +131,8 @@ class Sender:
     def __init__(self, camera: CameraConfig, endpoint: str, regions: str, input_name: str, counts: Counts,
                  identity: str = "") -> None:
         self.camera, self.input, self.counts = camera, input_name, counts
-        self.regions = regions
-        self.socket: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        if identity:  # the daemon's for this camera, the same after a restart: its key stays its own (bound keys)
-            self.socket.setsockopt(zmq.IDENTITY, f"camera-{identity}".encode()[:255])
-        self.socket.connect(endpoint)
+        self.regions, self.endpoint, self.identity = regions, endpoint, identity
+        self.socket = self._connect()
         self.shm: SharedMemory | None = None
         self.slot = 0  # which half of the region the next frame goes to: the other may be in flight
         self.waiting: Decoded | None = None
@@ -145,6 +141,14 @@ class Sender:
         self.ids = itertools.count(1)
         self.last_error = ""
         self.replaced = 0  # frames superseded here since the last request sent
+
+    def _connect(self) -> zmq.Socket:
+        socket: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        if self.identity:  # the daemon's for this camera, the same after a restart: its key stays its own (bound keys)
+            socket.setsockopt(zmq.IDENTITY, f"camera-{self.identity}".encode()[:255])
+        socket.connect(self.endpoint)
+        return socket
 
     def offer(self, frame: Decoded, boxes: list[Box] | None = None) -> None:
         """Send `frame` now if nothing is in flight, else keep it (replacing the one kept); `boxes`: where the
@@ -217,7 +221,11 @@ class Sender:
         if self.in_flight is not None and time.monotonic() - self.in_flight[1] > REPLY_TIMEOUT_S:
             self.in_flight = None
             self.counts.failed += 1
-            self.last_error = f"no reply within {REPLY_TIMEOUT_S:.0f} s"
+            self.last_error = f"no reply within {REPLY_TIMEOUT_S:.0f} s; connected again"
+            # A new connection: the daemon's ROUTER takes no request from a connection that came while one
+            # of the same identity (this camera's previous process, its request still unread) was there.
+            self.socket.close(0)
+            self.socket = self._connect()
         self.send_waiting()
 
 

@@ -2,9 +2,11 @@
 
 It imports once what a camera process needs (cameras/child.py, with numpy and ZeroMQ; PyAV and, where
 installed, OpenCV for the motion gate), then forks a camera process for each request on its control
-socket: a restarted camera starts decoding without paying for those imports again. It stays one thread
-and makes no ZeroMQ context, so each fork starts clean; each camera process still is a process of its
-own, and a crash or a hang in its decoder stays there.
+socket: a restarted camera starts decoding without paying for those imports again. It runs nothing else:
+no thread of its own, no ZeroMQ context, no camera, so each fork starts clean (the idle pool threads
+OpenBLAS and OpenCV start on import are not copied by a fork; those libraries start them again in the
+child as they need them). Each camera process still is a process of its own, and a crash or a hang in its
+decoder stays there.
 
 It answers each request with the new pid (`{"started": pid}`, or `{"error": why}` where the fork failed),
 and says `{"ended": pid, "code": exit code}` when it reaps one. It ends when the daemon's end of the
