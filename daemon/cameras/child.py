@@ -1,5 +1,6 @@
-"""One camera's process: `python -m infermux.cameras.child`, started and watched by the daemon
-(cameras/supervisor.py; docs/architecture.md#cameras).
+"""One camera's process: forked from the cameras' zygote (cameras/zygote.py, which calls `serve`) and
+watched by the daemon (cameras/supervisor.py; docs/architecture.md#cameras); `python -m
+infermux.cameras.child` runs one on its own.
 
 Two threads. The decoder thread reads the camera (source.py) and keeps only the newest decoded frame;
 on a failure it reports the camera lost and opens it again with capped backoff. The main thread takes
@@ -130,12 +131,8 @@ class Sender:
     def __init__(self, camera: CameraConfig, endpoint: str, regions: str, input_name: str, counts: Counts,
                  identity: str = "") -> None:
         self.camera, self.input, self.counts = camera, input_name, counts
-        self.regions = regions
-        self.socket: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
-        self.socket.setsockopt(zmq.LINGER, 0)
-        if identity:  # the daemon's for this camera, the same after a restart: its key stays its own (bound keys)
-            self.socket.setsockopt(zmq.IDENTITY, f"camera-{identity}".encode()[:255])
-        self.socket.connect(endpoint)
+        self.regions, self.endpoint, self.identity = regions, endpoint, identity
+        self.socket = self._connect()
         self.shm: SharedMemory | None = None
         self.slot = 0  # which half of the region the next frame goes to: the other may be in flight
         self.waiting: Decoded | None = None
@@ -144,6 +141,14 @@ class Sender:
         self.ids = itertools.count(1)
         self.last_error = ""
         self.replaced = 0  # frames superseded here since the last request sent
+
+    def _connect(self) -> zmq.Socket:
+        socket: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        if self.identity:  # the daemon's for this camera, the same after a restart: its key stays its own (bound keys)
+            socket.setsockopt(zmq.IDENTITY, f"camera-{self.identity}".encode()[:255])
+        socket.connect(self.endpoint)
+        return socket
 
     def offer(self, frame: Decoded, boxes: list[Box] | None = None) -> None:
         """Send `frame` now if nothing is in flight, else keep it (replacing the one kept); `boxes`: where the
@@ -216,7 +221,11 @@ class Sender:
         if self.in_flight is not None and time.monotonic() - self.in_flight[1] > REPLY_TIMEOUT_S:
             self.in_flight = None
             self.counts.failed += 1
-            self.last_error = f"no reply within {REPLY_TIMEOUT_S:.0f} s"
+            self.last_error = f"no reply within {REPLY_TIMEOUT_S:.0f} s; connected again"
+            # A new connection: the daemon's ROUTER takes no request from a connection that came while one
+            # of the same identity (this camera's previous process, its request still unread) was there.
+            self.socket.close(0)
+            self.socket = self._connect()
         self.send_waiting()
 
 
@@ -283,7 +292,22 @@ def _watch_lifeline(fd: int) -> None:
     threading.Thread(target=watch, name="lifeline", daemon=True).start()
 
 
+def serve(settings: dict[str, Any], endpoint: str, regions: str, input_name: str, status_fd: int,
+          lifeline: int) -> int:
+    """Run the camera `settings` describe (its configuration as JSON, and the daemon's `identity` for it):
+    until the camera ends, or the daemon's end of `lifeline` closes."""
+    _watch_lifeline(lifeline)
+    raw = dict(settings)
+    raw["size"] = tuple(raw["size"]) if raw.get("size") else None
+    raw["gate"] = parse_gate(raw["gate"], "gate") if raw.get("gate") else None
+    identity = str(raw.pop("identity", ""))
+    camera = CameraConfig(**raw)
+    return run(camera, endpoint, regions, input_name, status_fd, identity)
+
+
 def main(argv: list[str] | None = None) -> int:
+    """A camera process started on its own (the daemon forks them from cameras/zygote.py, which calls
+    `serve`): the settings as JSON on stdin (not in argv: a URL may hold a password)."""
     parser = argparse.ArgumentParser(prog="python -m infermux.cameras.child")
     parser.add_argument("--endpoint", required=True)
     parser.add_argument("--regions", default="", help="the daemon's shared-memory socket; empty: frames inline")
@@ -291,13 +315,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--status-fd", type=int, required=True)
     parser.add_argument("--lifeline", type=int, required=True)
     args = parser.parse_args(argv)
-    _watch_lifeline(args.lifeline)
-    raw = json.loads(sys.stdin.read())  # the camera's settings, as JSON (not in argv: a URL may hold a password)
-    raw["size"] = tuple(raw["size"]) if raw.get("size") else None
-    raw["gate"] = parse_gate(raw["gate"], "gate") if raw.get("gate") else None
-    identity = str(raw.pop("identity", ""))
-    camera = CameraConfig(**raw)
-    return run(camera, args.endpoint, args.regions, args.input, args.status_fd, identity)
+    return serve(json.loads(sys.stdin.read()), args.endpoint, args.regions, args.input, args.status_fd,
+                 args.lifeline)
 
 
 if __name__ == "__main__":

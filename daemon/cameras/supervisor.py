@@ -1,5 +1,5 @@
-"""The daemon's cameras: one process each (cameras/child.py), started, watched and restarted here
-(docs/architecture.md#cameras, docs/cameras.md).
+"""The daemon's cameras: one process each (cameras/child.py, forked from the cameras' zygote:
+cameras/forkserver.py), started, watched and restarted here (docs/architecture.md#cameras, docs/cameras.md).
 
 One thread of the daemon, `cameras`, owns every camera process: it reads their status lines, restarts
 a process that ended with capped backoff, kills one that stopped writing them for HANG_S (a decoder
@@ -21,7 +21,6 @@ import os
 import secrets
 import select
 import subprocess
-import sys
 import threading
 import time
 from collections import deque
@@ -31,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, Protocol
 
 from infermux import config as cfg
 from infermux.cameras.config import CameraConfig, restart_needed
+from infermux.cameras.forkserver import ForkServer, Forked
 from infermux.cameras.source import redact
 from infermux.events import Event, EventLog
 from infermux.format import exit_reason
@@ -64,8 +64,9 @@ class Camera:
 
     config: CameraConfig
     input: str = "image"
-    proc: subprocess.Popen[bytes] | None = None
+    proc: Forked | None = None
     status_r: int = -1
+    status_eof: bool = False  # the process closed its status pipe (it is ending): not selected on again
     lifeline_w: int = -1
     buffer: bytes = b""
     started: float = 0.0
@@ -117,6 +118,7 @@ class Cameras:
         self._published: list[dict[str, Any]] = []
         self._next_publish = 0.0
         self._wake_r, self._wake_w = os.pipe()
+        self.forks = ForkServer(self._started)
         self.events.subscribe(self._on_event)
 
     # -- the daemon's side ------------------------------------------------------------------------
@@ -136,6 +138,7 @@ class Cameras:
         if self._thread.is_alive():
             self._thread.join(STOP_GRACE_S + 2.0)
         self._stop_all()
+        self.forks.stop()
 
     def set_enabled(self, name: str, enabled: bool) -> dict[str, Any]:
         """`ctl camera NAME enable|disable`: live, kept in the state folder; ValueError for an unknown name."""
@@ -179,12 +182,7 @@ class Cameras:
         while not self._stop.is_set():
             while self._asks:
                 self._asks.popleft()()
-            fds = [c.status_r for c in self.cameras.values() if c.status_r >= 0]
-            # With no process to watch or restart, sleep until woken (an idle daemon wakes for nothing).
-            watching = fds or any(c.state == "restarting" for c in self.cameras.values())
-            ready, _, _ = select.select([self._wake_r, *fds], [], [], TURN_S if watching else None)
-            if self._wake_r in ready:
-                os.read(self._wake_r, 4096)
+            ready, watching = self._wait()
             now = time.monotonic()
             for camera in list(self.cameras.values()):
                 if camera.status_r in ready:
@@ -193,6 +191,20 @@ class Cameras:
             if now >= self._next_publish or not watching:
                 self._next_publish = now + PUBLISH_S
                 self._publish(now)
+
+    def _wait(self) -> tuple[list[int], bool]:
+        """Until a status line, the zygote's answer, a wake-up, or the next turn while there is something to
+        watch; what is ready (the wake-up and the zygote's answers are taken here), and whether there was."""
+        fds = [c.status_r for c in self.cameras.values() if c.status_r >= 0 and not c.status_eof]
+        # With no process to watch or restart, sleep until woken (an idle daemon wakes for nothing).
+        watching = fds or any(c.state == "restarting" or c.proc for c in self.cameras.values())
+        zygote = [self.forks.fileno()] if self.forks.fileno() >= 0 else []
+        ready, _, _ = select.select([self._wake_r, *fds, *zygote], [], [], TURN_S if watching else None)
+        if self._wake_r in ready:
+            os.read(self._wake_r, 4096)
+        if zygote and zygote[0] in ready:
+            self.forks.drain()  # pids of processes forked (their `camera_started`), exit codes
+        return ready, bool(watching)
 
     def _follow(self, config: cfg.Config) -> None:
         """Make the running cameras those `config` lists and enables: only a camera added, removed,
@@ -232,22 +244,13 @@ class Cameras:
         lifeline_r, lifeline_w = os.pipe()
         os.set_blocking(status_r, False)
         try:
-            # The settings go in on stdin, not the command line, which every local user may read: a URL
-            # can hold the camera's password.
-            camera.proc = subprocess.Popen(
-                [sys.executable, "-m", "infermux.cameras.child", "--endpoint", endpoint, "--regions",
-                 str(regions or ""), "--input", camera.input, "--status-fd", str(status_w), "--lifeline",
-                 str(lifeline_r)],
-                pass_fds=(status_w, lifeline_r), stdin=subprocess.PIPE)
-            assert camera.proc.stdin is not None
+            # The settings go over the zygote's socket, not on a command line, which every local user may
+            # read: a URL can hold the camera's password.
             identity = self._identities.setdefault(camera.config.name, secrets.token_hex(16))
-            with camera.proc.stdin as settings:  # a few KB: the pipe takes them whole, the child reads them first
-                settings.write(json.dumps({**camera.config.as_json(), "identity": identity}).encode())
-        except OSError as exc:  # BrokenPipeError too: the child ended before it read its settings
-            if camera.proc is not None:
-                camera.proc.kill()
-                camera.proc.wait()
-                camera.proc = None
+            request = {"camera": {**camera.config.as_json(), "identity": identity}, "endpoint": endpoint,
+                       "regions": str(regions or ""), "input": camera.input}
+            camera.proc = self.forks.start(request, (status_w, lifeline_r), camera.config.name)
+        except OSError as exc:  # the zygote cannot be started, or ended as it was asked
             for fd in (status_r, lifeline_w):
                 os.close(fd)
             self._lose(camera, f"cannot start its process: {exc}")
@@ -256,11 +259,15 @@ class Cameras:
         finally:
             os.close(status_w)
             os.close(lifeline_r)
-        camera.status_r, camera.lifeline_w = status_r, lifeline_w
+        camera.status_r, camera.lifeline_w, camera.status_eof = status_r, lifeline_w, False
         camera.started = camera.last_line = time.monotonic()
         camera.lines, camera.buffer, camera.killed_for = 0, b"", ""
-        self.events.emit("camera_started", camera=camera.config.name, pid=camera.proc.pid,
-                         url=_redacted(camera.config.url))
+
+    def _started(self, forked: Forked) -> None:
+        """The zygote forked a camera's process (on this thread: `ForkServer.drain`)."""
+        camera = self.cameras.get(forked.tag)
+        if camera is not None and camera.proc is forked:
+            self.events.emit("camera_started", camera=forked.tag, pid=forked.pid, url=_redacted(camera.config.url))
 
     def _endpoint(self) -> str | None:
         for endpoint in self.server.endpoints:
@@ -275,7 +282,8 @@ class Cameras:
             return
         except OSError:
             chunk = b""
-        if not chunk:  # the process closed its end: it is ending, `_check` sees it
+        if not chunk:  # the process closed its end: it is ending, `_check` sees it (the zygote says how)
+            camera.status_eof = True
             return
         camera.buffer += chunk
         *lines, camera.buffer = camera.buffer.split(b"\n")

@@ -3,7 +3,7 @@
     python tests/benchmarks/bench_cameras.py [--cameras 1] [--size 640x360 --size 1280x720] [--fps 15]
         [--seconds 8] [--warmup 2] [--rounds 2] [--decoders floor,pyav,ffmpeg,gstreamer] [--no-write]
     python tests/benchmarks/bench_cameras.py --daemon [--cameras 4] [--still] ...   # through the daemon's [[cameras]]
-    python tests/benchmarks/bench_cameras.py --faults [silent,garbage,...] ...   # a faulty camera beside others
+    python tests/benchmarks/bench_cameras.py --faults [silent,garbage,...] [--against REV] ...   # a faulty camera
 
 The cameras are a real RTSP server (GStreamer's, tests/support/rtsp.py) serving an H.264 clip the script
 encodes (moving shapes on a textured background with sensor noise; one IDR frame a second, no B-frames,
@@ -463,6 +463,8 @@ def main() -> None:
     parser.add_argument("--daemon", action="store_true", help="through the daemon's [[cameras]] (needs infermux.cameras)")
     parser.add_argument("--faults", nargs="?", const="all", help="one faulty camera beside a healthy one and a plain "
                         "client (camera_faults.py): all, or a comma-separated subset of its faults")
+    parser.add_argument("--against", metavar="REV", help="--faults: also run the daemon at git revision REV, "
+                        "pairs of rounds alternating")
     parser.add_argument("--no-write", dest="write", action="store_false", help="print only; leave RESULTS.md")
     parser.add_argument("--reader", choices=KINDS[:-1], help=argparse.SUPPRESS)
     parser.add_argument("--url", help=argparse.SUPPRESS)

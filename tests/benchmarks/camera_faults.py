@@ -9,12 +9,14 @@ played once), `outage` (the spare's RTSP server stopped for the window), `sigkil
 every 2 s) and `sigstop` (its process stopped: the daemon kills it as hung and starts it again).
 Rounds alternate: none, each fault, none, each fault, ...; each measures `seconds` after `warmup`.
 
-Reported per fault: hall's capture-to-result age p99 (the daemon's, over hall's last AGES = 256 frames
-served, all of them inside the measured window: `seconds` × `fps` must reach 256, or the percentile would
-take in the frames of the camera's start, before the window; a round whose window served fewer gives
-no age) and the plain client's latency p99 (its own clock), the medians over its rounds,
+`--against REV` runs each pair of rounds with the daemon at git revision REV too (revision.py), the builds
+alternating pair by pair, and reports each build's rows.
+
+Reported per fault: hall's capture-to-result age p99 (the daemon's, over hall's frames served in this
+round's daemon only) and the plain client's latency p99 (its own clock), the medians over its rounds,
 and each as the median of its rounds' ratios to the `none` round just before each (the issue's goal:
-within 1.5 x); and the error statuses either got (goal: none). Writes "## Cameras: a faulty camera beside the others" in RESULTS.md.
+within 1.5 x); the error statuses either got (goal: none); and the CPU the daemon and its camera processes
+took in the window (processes that ended included: their reapers' children's time), the median over the rounds. Writes "## Cameras: a faulty camera beside the others" in RESULTS.md.
 """
 
 from __future__ import annotations
@@ -32,8 +34,6 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from infermux.execution.streams import AGES
-
 FAULTS = ("silent", "garbage", "max_pixels", "ended", "outage", "sigkill", "sigstop")
 SECTION = "Cameras: a faulty camera beside the others"
 PLAIN_RATE = 20.0  # the plain client's requests a second (closed loop, paced)
@@ -46,15 +46,27 @@ class FaultRound:
     errors either saw (hall's frames answered other than 200, the plain client's statuses other than 200)."""
 
     fault: str
+    build: str
     hall_p99_ms: float | None
     plain_p99_ms: float | None
     hall_failed: int
     plain_errors: int
     spare_state: str
-    hall_served: int  # hall's frames served in the window: its age p99 is the window's only from AGES on
-    spare_cpu_s: float | None  # CPU the spare's process used in the window (None: it was replaced in it)
-    daemon_cpu_s: float  # CPU the daemon's own process used in the window (its threads, not the cameras')
-    load: float  # the box's 1-minute load average at the window's end: other work on a shared box shows here
+    cpu_s: float
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system seconds of `pid`, of the children it reaped, and of its live descendants (the camera
+    processes, their zygote, the workers), from /proc."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:  # it ended while read (a camera killed): its reaper counts it
+        return 0.0
+    total = sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            total += sum(tree_cpu_s(int(child)) for child in (task / "children").read_text().split())
+    return total
 
 
 class PlainClient:
@@ -109,57 +121,41 @@ def inject(fault: str, daemon: Any, servers: dict[str, Any], stop: threading.Eve
         stop.wait(2.0 if fault == "sigkill" else 30.0)  # a stopped one is the daemon's to find (HANG_S)
 
 
-def one_round(fault: str, config: Callable[[str], str], servers: dict[str, Any], workdir: Path,
-              args: Any) -> FaultRound:
+def one_round(fault: str, build: tuple[str, dict[str, str] | None], config: Callable[[str], str],
+              servers: dict[str, Any], workdir: Path, args: Any) -> FaultRound:
     """A fresh daemon with hall, spare as `fault` makes it, and the plain client; measured over the window."""
-    from support import procfs
     from support.camera_files import cameras
     from support.harness import Daemon
     from support.polling import eventually
 
     workdir.mkdir(parents=True, exist_ok=True)
-    daemon = Daemon(workdir, config(fault)).start()
+    daemon = Daemon(workdir, config(fault), env=build[1]).start()
     plain = PlainClient(daemon)
     try:
         eventually(lambda: cameras(daemon)["hall"]["served"] > 0, "hall served", timeout_s=60)
         plain.thread.start()
         time.sleep(args.warmup)
-        everyone, stop = cameras(daemon), threading.Event()
-        before, spare_pid = everyone["hall"], everyone["spare"].get("pid")
-        cpu_before = {"daemon": procfs.cpu_s(daemon.proc.pid), "spare": _cpu(spare_pid)}
+        before, stop = cameras(daemon)["hall"], threading.Event()
         injector = threading.Thread(target=inject, args=(fault, daemon, servers, stop), daemon=True)
+        assert daemon.proc is not None
+        cpu = tree_cpu_s(daemon.proc.pid)
         plain.measuring.set()
         injector.start()
         time.sleep(args.seconds)
         plain.measuring.clear()
+        cpu = tree_cpu_s(daemon.proc.pid) - cpu
         stop.set()
         injector.join(30)
-        cpu_after = {"daemon": procfs.cpu_s(daemon.proc.pid), "spare": _cpu(spare_pid)}
         after = cameras(daemon)
-        replaced = after["spare"].get("pid") != spare_pid or None in (cpu_before["spare"], cpu_after["spare"])
-        spare_cpu = None if replaced else cpu_after["spare"] - cpu_before["spare"]
         latencies = sorted(plain.latencies)
         p99 = latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))] if latencies else None
-        served = after["hall"]["served"] - before["served"]
-        age = after["hall"]["capture_age_ms"].get("p99") if served >= AGES else None
-        return FaultRound(fault, age, p99, after["hall"]["failed"] - before["failed"], plain.errors,
-                          after["spare"]["state"], served, spare_cpu, cpu_after["daemon"] - cpu_before["daemon"],
-                          os.getloadavg()[0])
+        return FaultRound(fault, build[0], after["hall"]["capture_age_ms"].get("p99"), p99,
+                          after["hall"]["failed"] - before["failed"], plain.errors, after["spare"]["state"], cpu)
     finally:
         plain.stop.set()
         if plain.thread.is_alive():
             plain.thread.join(10)
         daemon.stop()
-
-
-def _cpu(pid: int | None) -> float | None:
-    """CPU seconds process `pid` has used, or None where there is none (no process, or it is gone)."""
-    from support import procfs
-
-    try:
-        return procfs.cpu_s(pid) if pid else None
-    except (OSError, IndexError):
-        return None
 
 
 @dataclass
@@ -199,32 +195,30 @@ def ratio(ratios: list[float]) -> str:
     return f"{statistics.median(ratios):.2f} ×" if ratios else "-"
 
 
-def _median(values: list[float | None], digits: int = 1) -> str:
-    """The median of the values there are, or "-" where there is none."""
-    there = [v for v in values if v is not None]
-    return f"{statistics.median(there):.{digits}f}" if there else "-"
-
-
-def table(rounds: list[FaultRound]) -> tuple[list[str], list[list[str]]]:
+def table(rounds: list[FaultRound], builds: bool = False) -> tuple[list[str], list[list[str]]]:
     """The header and rows: per fault, the medians of its rounds, and the median of its rounds' ratios to
-    the `none` round before each."""
+    the `none` round before each (`rounds` of one build; `builds`: a column names it)."""
     rows = []
     for fault in ("none", *FAULTS):
         mine = [r for r in rounds if r.fault == fault]
         if not mine:
             continue
+        hall = [r.hall_p99_ms for r in mine if r.hall_p99_ms is not None]
+        plain = [r.plain_p99_ms for r in mine if r.plain_p99_ms is not None]
         ratios = {what: paired(rounds, fault, what) for what in ("hall_p99_ms", "plain_p99_ms")}
         within = all(r and statistics.median(r) <= GOAL for r in ratios.values())
         errors = sum(r.hall_failed + r.plain_errors for r in mine)
-        rows.append([fault, _median([r.hall_p99_ms for r in mine]),
+        rows.append([*([mine[0].build] if builds else []), fault,
+                     f"{statistics.median(hall):.1f}" if hall else "-",
                      "-" if fault == "none" else ratio(ratios["hall_p99_ms"]),
-                     _median([r.plain_p99_ms for r in mine]),
+                     f"{statistics.median(plain):.1f}" if plain else "-",
                      "-" if fault == "none" else ratio(ratios["plain_p99_ms"]), str(errors),
                      ", ".join(sorted({r.spare_state for r in mine})),
-                     _median([r.spare_cpu_s for r in mine], 2), _median([r.daemon_cpu_s for r in mine], 2),
+                     f"{statistics.median(r.cpu_s for r in mine):.2f}",
                      "-" if fault == "none" else ("yes" if within and not errors else "no")])
-    header = ["spare camera", "hall age p99 ms", "vs none", "plain client p99 ms", "vs none", "error statuses",
-              "spare's state at the end", "spare's CPU s", "daemon's CPU s", f"within {GOAL} ×, no error"]
+    header = [*(["daemon"] if builds else []), "spare camera", "hall age p99 ms", "vs none", "plain client p99 ms",
+              "vs none", "error statuses",
+              "spare's state at the end", "CPU s, daemon and cameras", f"within {GOAL} ×, no error"]
     return header, rows
 
 
@@ -232,18 +226,18 @@ def faults_run(args: Any) -> None:
     """`--faults`: the rounds, alternating, and the table."""
     import tempfile
 
-    if args.seconds * args.fps < AGES:
-        raise SystemExit(f"bench_cameras.py --faults: --seconds {args.seconds:g} at --fps {args.fps} serves hall fewer "
-                         f"than the {AGES} frames the daemon's age percentiles are over, so they would take in the "
-                         f"camera's start: give --seconds {AGES / args.fps * 1.15:.0f} or more")
-
     from results import markdown_table, print_and_write, stamp
     from support.harness import DAEMON_HEAD
     from support.pipelines import camera_pipeline
 
+    from revision import describe, package_env
+
     engines = Path(__file__).resolve().parents[2] / "engines"
     rounds: list[FaultRound] = []
     with tempfile.TemporaryDirectory(prefix="bench-camera-faults-") as tmp, fixtures(Path(tmp), args) as fx:
+        builds: list[tuple[str, dict[str, str] | None]] = [("this checkout", None)]
+        if args.against:
+            builds.append((describe(args.against).split()[0], package_env(args.against, Path(tmp) / "against")))
         models = '[[models]]\nname = "classifier"\nengine = "classifier/1/model.onnx"\n'
 
         def config(fault: str) -> str:
@@ -255,16 +249,21 @@ def faults_run(args: Any) -> None:
 
         for n in range(args.rounds):
             for fault in [f for f in FAULTS if f in args.faults]:
-                for name in ("none", fault):
-                    r = one_round(name, config, fx.servers, Path(tmp) / f"{n}-{fault}-{name}", args)
-                    print(r, file=sys.stderr)
-                    rounds.append(r)
-    header, rows = table(rounds)
+                for b, build in enumerate(builds):
+                    for name in ("none", fault):
+                        r = one_round(name, build, config, fx.servers, Path(tmp) / f"{n}-{fault}-{b}-{name}", args)
+                        print(r, file=sys.stderr)
+                        rounds.append(r)
+    header: list[str] = []
+    rows: list[list[str]] = []
+    for label, _env in builds:
+        header, mine = table([r for r in rounds if r.build == label], builds=len(builds) > 1)
+        rows += mine
     body = (f"{stamp()}\n\n`python tests/benchmarks/bench_cameras.py {' '.join(sys.argv[1:])}`: per round a fresh "
             f"daemon; the camera `hall` (320×180 H.264 over RTSP at {args.fps} fps) and a plain client of the "
             f"model ({PLAIN_RATE:.0f} requests a second) beside a camera `spare`, healthy (`none`) or faulty; "
-            f"{args.seconds:g} s measured after {args.warmup:g} s, rounds alternating none and each fault; hall's age: "
-            f"over its last {AGES} frames served, all in the window; p99s: medians over the rounds; vs none: the median of each round's ratio to the none round just before "
-            "it; CPU s: what the spare's process and the daemon's own used in the window (medians; - where the spare's "
-            "process was replaced in it).\n\n" + markdown_table(header, rows))
+            f"{args.seconds:g} s measured after {args.warmup:g} s, rounds alternating none and each fault; p99s: "
+            "medians over the rounds; vs none: the median of each round's ratio to the none round just before "
+            "it" + (f"; the daemon at {describe(args.against)} in the same run, pairs of rounds alternating with this "
+                    "checkout's" if len(builds) > 1 else "") + ".\n\n" + markdown_table(header, rows))
     print_and_write(SECTION, body, write=args.write, titled=True)
