@@ -19,7 +19,7 @@ from infermux import signing
 from infermux.swap.rollout import PACE_SHARE
 from support import models
 from support.harness import Daemon
-from support.procfs import cpu_s
+from support.procfs import cpu_s, cpu_s_by_nice, nice_values
 from support.polling import eventually
 from support.publish import PROBE, publish, wait_served
 from support.traffic import Traffic
@@ -249,7 +249,7 @@ def publish_heavy(root: Path, version: int, repeat: int) -> None:
 
 
 @pytest.mark.parametrize(("repeat", "settings", "why"), [
-    (500_000, {"ratio": 1.5}, "rollout failed: too slow: its median "),
+    (500_000, {"ratio": 1.5}, "rollout failed: too slow: its "),  # fastest (grossly slow) or median
     (4_000_000, {"rollout_extra": "max_memory_mb = 64\n"}, "MiB, over max_memory_mb = 64 (measured while it computed)"),
 ], ids=["slow", "memory-hungry"])
 def test_a_candidate_that_agrees_but_is_slow_or_memory_hungry_is_refused_before_it_serves(
@@ -291,6 +291,32 @@ def test_a_slower_candidate_is_paced_to_a_small_share_of_the_time_while_it_shado
     assert view["compared"] >= 2, view
     assert view["computing_s"] / view["shadowing_s"] <= 2 * PACE_SHARE, view
     assert traffic.replies and all(r.status == 200 and r.version == "1" for r in traffic.replies)
+
+
+def test_a_candidate_computes_at_the_lowest_cpu_priority_and_its_promotion_gives_its_own_back(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    """Where its placement hands a mirrored request back to the shadow thread (a hot version that does not
+    batch), that thread computes it at nice 19: the CPU the candidate took is its nice-19 threads'. Once
+    promoted, it serves with no thread at nice 19."""
+    publish_heavy(root, 1, repeat=1)
+    daemon = start(n=8)
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    assert daemon.proc is not None
+    publish_heavy(root, 2, repeat=2_000_000)  # the same answers, at tens of milliseconds a call
+    daemon.wait_for("rollout_started model=m version=2", 30)
+    before = cpu_s_by_nice(daemon.proc.pid).get(19, 0.0)
+    with daemon.client() as client:
+        def compared() -> dict:
+            assert client.infer("m", {"x": PROBE}).status == 200
+            view = shadowing(daemon)
+            return view if view.get("compared", 0) >= 4 else {}
+
+        view = eventually(compared, "four comparisons", 60)
+    niced = cpu_s_by_nice(daemon.proc.pid).get(19, 0.0) - before
+    assert niced >= 0.5 * view["computing_s"], (niced, view)  # clock ticks: half, for their rounding
+    daemon.wait_for("rollout_passed model=m version=2", 60)
+    eventually(lambda: states(daemon) == {"2": "ready"}, "version 2 serves alone", 30)
+    assert nice_values(daemon.proc.pid).count(19) == 1, nice_values(daemon.proc.pid)  # the shadow thread alone
 
 
 @pytest.mark.timing
