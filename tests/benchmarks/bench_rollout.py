@@ -216,7 +216,8 @@ def report(cases: list[Case], final: dict[str, dict[str, Any]], args: argparse.N
 
 
 GATE_SECTION = "Rollout gate: slow and memory-hungry candidates, window for window"
-GATE_CANDIDATES = {"slow": (500_000, ""), "memory-hungry": (4_000_000, "max_memory_mb = 64\n")}
+GATE_CANDIDATES = {"slow": (500_000, ""), "memory-hungry": (4_000_000, "max_memory_mb = 64\n"), "none": (0, "")}
+CONTROL_WINDOWS = 4  # "none" publishes nothing: this many windows measured the same way, the measure's own noise
 # min_idle_cpu = 0: on a shared box the CPUs are seldom a quarter idle, and a candidate that never mirrors
 # is never judged; this is the gate's worst case for the clients (it mirrors whatever the load).
 GATE_TOML = "max_queue = 256\ntimeout_ms = 30000\n[rollout]\nshadow_requests = 200\nmin_idle_cpu = 0\n"
@@ -249,18 +250,20 @@ def gate_round(work: Path, kind: str, round_: int, args: argparse.Namespace, gen
         before = [generator.submit(run_load, daemon.endpoint, "m", inputs, concurrency=GATE_CLIENTS,
                                    duration_s=GATE_WINDOW_S, warmup=0 if i else args.warmup).result()
                   for i in range(round(args.duration / GATE_WINDOW_S))]
-        models.heavy(root / "m" / ".2" / "model.onnx", offset=1, repeat=repeat)
+        if repeat:
+            models.heavy(root / "m" / ".2" / "model.onnx", offset=1, repeat=repeat)
         began = time.monotonic()
-        (root / "m" / ".2").rename(root / "m" / "2")
+        if repeat:
+            (root / "m" / ".2").rename(root / "m" / "2")
         windows: list[BenchResult] = []
-        while not windows or not verdict_line(daemon):  # windows of load until the verdict
+        while not windows or (not verdict_line(daemon) if repeat else len(windows) < CONTROL_WINDOWS):
             if time.monotonic() - began > 120:
                 raise RuntimeError(f"{kind}: no verdict in 120 s:\n{daemon.log()[-3000:]}")
             windows.append(generator.submit(run_load, daemon.endpoint, "m", inputs, concurrency=GATE_CLIENTS,
                                             duration_s=GATE_WINDOW_S).result())
         line = verdict_line(daemon)
         seconds = time.monotonic() - began  # an upper bound: to the end of the window that saw it
-        return GateRound(before, windows, line.split("infermux.events: ")[1], seconds,
+        return GateRound(before, windows, line.split("infermux.events: ")[1] if line else "", seconds,
                          "swapped model=m version=2" in daemon.log())
     finally:
         daemon.stop()
@@ -279,7 +282,8 @@ def gate(args: argparse.Namespace) -> str:
     try:
         with ProcessPoolExecutor(1, mp_context=ctx) as generator:
             for round_ in range(args.rounds):
-                for kind in GATE_CANDIDATES:
+                kinds = list(GATE_CANDIDATES)
+                for kind in kinds[round_ % len(kinds):] + kinds[:round_ % len(kinds)]:  # each goes first in turn
                     r = gate_round(work, kind, round_, args, generator)
                     results[kind].append(r)
                     print(f"  round {round_ + 1} {kind:<14} p99 {p99s(r.before)} µs before, {p99s(r.during)} µs "
@@ -300,8 +304,9 @@ def gate_row(kind: str, i: int, r: GateRound) -> tuple[list[str], float, float, 
     median_ratio = statistics.median(p99_during) / (statistics.median(p99_before) or 1)
     worst_ratio = max(p99_during) / (max(p99_before) or 1)
     refused = r.verdict.startswith("rollout_failed") and not r.served_by_candidate
+    verdict = "refused" if refused else "**served**" if r.verdict else "—"
     fields = dict(part.split("=", 1) for part in r.verdict.split(" ")[1:] if "=" in part and '"' not in part)
-    return ([kind, str(i + 1), "refused" if refused else "**served**", fields.get("compared", "?"), f"{r.seconds:.1f}",
+    return ([kind, str(i + 1), verdict, fields.get("compared", "—"), f"{r.seconds:.1f}",
              str(len(r.during)), f"{statistics.median(w.p50_us or 0 for w in r.before):,.0f}",
              f"{statistics.median(w.p50_us or 0 for w in r.during):,.0f}", f"{statistics.median(p99_before):,.0f}",
              f"{statistics.median(p99_during):,.0f}", f"{median_ratio:.2f}×", f"{max(p99_before):,.0f}",
@@ -314,10 +319,12 @@ def gate_report(results: dict[str, list[GateRound]], args: argparse.Namespace) -
         for i, r in enumerate(rounds):
             row, median_ratio, worst_ratio, refused = gate_row(kind, i, r)
             rows.append(row)
+            if kind == "none":
+                continue
             met = met and refused and median_ratio <= 1.5
             met_worst = met_worst and refused and worst_ratio <= 1.5
     reasons = {kind: rounds[0].verdict.split('reason="', 1)[-1].split("; worst")[0].rstrip('"')[:220] for kind, rounds in
-               results.items() if rounds}
+               results.items() if rounds and kind != "none"}
     return "\n".join([
         stamp(),
         f"Commit {commit()}; `flock /tmp/infermux-heavy.lock python tests/benchmarks/bench_rollout.py --gate "
@@ -331,7 +338,8 @@ def gate_report(results: dict[str, list[GateRound]], args: argparse.Namespace) -
         "comparisons when it was refused; *s*: publication to verdict (to the end of the window that saw it). "
         f"Client latencies (µs) in {GATE_WINDOW_S:g} s windows: {round(args.duration / GATE_WINDOW_S)} before "
         "publishing, and *windows* from "
-        "the publication to the verdict. Window for window: the median window's p99 while it shadowed over the "
+        f"the publication to the verdict (*none*: nothing published, {CONTROL_WINDOWS} windows measured the same way, what "
+        "the measure gives on this box without a candidate). Window for window: the median window's p99 while it shadowed over the "
         "median window's before (the typical second), and the worst window's over the worst before.",
         "",
         markdown_table(["candidate", "round", "verdict", "compared", "s", "windows", "p50 before", "p50 shadowing",
