@@ -16,7 +16,8 @@ why and the serving version stays). `promote_now` and `reject` decide early.
 
 Mirroring never costs a client: a copy is taken only while the rollout's
 queue has room (else the request is just counted as not mirrored), the
-candidate computes one request at a time at the lowest CPU priority (on
+candidate is loaded by a thread at the lowest CPU priority (`load`) and
+computes one request at a time at that priority too (on
 the shadow thread, nice 19, where its placement hands the request back;
 else on its executor threads or every thread of its worker process,
 reniced, and back at their own priority once it is promoted), and its
@@ -46,7 +47,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from infermux.config import RolloutConfig
+from infermux.config import MAX_NICE, ModelConfig, RolloutConfig
 from infermux.events import EventLog
 from infermux.execution.job import Internal, Job
 from infermux.execution.placement import Admission
@@ -172,6 +173,27 @@ class Rollouts:
         self._thread.start()
 
     # -- starting and deciding ------------------------------------------------------------
+
+    def load(self, config: ModelConfig) -> ModelVersion:
+        """A candidate for `config`, loaded beside what serves (`Switch.load_beside`) by a thread of its own at
+        the lowest CPU priority: its engine's set-up and warm-up take spare CPU only, as its comparisons do.
+        Check `.ready`."""
+        loaded: list[ModelVersion] = []
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            lower_this_thread(NICE, f"loading the candidate {config.name}:{config.version}")
+            try:
+                loaded.append(self.registry.switch.load_beside(config))
+            except BaseException as exc:  # raised here instead, as a load on this thread would
+                failed.append(exc)
+
+        loader = threading.Thread(target=run, name="candidate-load", daemon=True)
+        loader.start()
+        loader.join()
+        if failed:
+            raise failed[0]
+        return loaded[0]
 
     def start(self, candidate: ModelVersion, config: RolloutConfig, digest: str = "") -> None:
         """`candidate` (loaded by `Switch.load_beside`; `digest` its engine file's sha256) shadows its
@@ -504,9 +526,11 @@ def _renice(candidate: ModelVersion) -> list[tuple[int, int]]:
     else:
         ids = [e._thread.native_id for e in getattr(placement, "executors", []) if getattr(e, "_thread", None)]
     lowered = []
+    # Their own priority: the daemon's plus the version's `nice` (they were made by `load`'s thread, at NICE).
+    own = min(MAX_NICE, os.getpriority(os.PRIO_PROCESS, os.getpid()) + candidate.config.nice)
     for ident in ids:
         try:
-            before = os.getpriority(os.PRIO_PROCESS, ident)
+            before = own
             os.setpriority(os.PRIO_PROCESS, ident, NICE)
         except (OSError, TypeError):  # not allowed here, or gone: mirroring still pauses under load
             continue

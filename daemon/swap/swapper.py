@@ -479,7 +479,7 @@ class Swapper:
         """A model with `[models.rollout]`: the new engine loads beside what serves as its candidate,
         which shadows live requests until it is promoted or refused (swap/rollout.py)."""
         assert mc.rollout is not None
-        candidate = self.registry.switch.load_beside(mc)
+        candidate = self.daemon.rollouts.load(mc)
         if candidate.ready:
             self.daemon.rollouts.start(candidate, mc.rollout, self._digest(f))
         elif replacing is not None:
