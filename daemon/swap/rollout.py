@@ -18,7 +18,8 @@ Mirroring never costs a client: a copy is taken only while the rollout's
 queue has room (else the request is just counted as not mirrored), the
 candidate is loaded by a thread at the lowest CPU priority (`load`) and
 computes one request at a time at that priority too (on
-the shadow thread, nice 19, where its placement hands the request back;
+the shadow's compute thread, nice 19, where its placement hands the
+request back;
 else on its executor threads or every thread of its worker process,
 reniced, and back at their own priority once it is promoted), and its
 time is the CPU it used where it computed here (what a busy box kept a
@@ -42,12 +43,13 @@ import os
 import threading
 import time
 from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from infermux.config import MAX_NICE, ModelConfig, RolloutConfig
+from infermux.config import COLD, MAX_NICE, ModelConfig, RolloutConfig
 from infermux.events import EventLog
 from infermux.execution.job import Internal, Job
 from infermux.execution.placement import Admission
@@ -169,20 +171,29 @@ class Rollouts:
         self._lock = threading.Lock()
         self._bell = threading.Event()
         self._stopping = False
+        # The candidate's requests are computed here, at the lowest priority, where its placement hands them
+        # back (a hot version that does not batch); the shadow thread, which looks for the moments the
+        # serving version is idle and compares, keeps the daemon's: at nice 19 on a busy box it would
+        # seldom look at the right moment.
+        self._computer = ThreadPoolExecutor(1, thread_name_prefix="shadow-compute", initializer=lower_this_thread,
+                                            initargs=(NICE, "a candidate's compute"))
         self._thread = threading.Thread(target=self._run, name="shadow", daemon=True)
         self._thread.start()
 
     # -- starting and deciding ------------------------------------------------------------
 
     def load(self, config: ModelConfig) -> ModelVersion:
-        """A candidate for `config`, loaded beside what serves (`Switch.load_beside`) by a thread of its own at
-        the lowest CPU priority: its engine's set-up and warm-up take spare CPU only, as its comparisons do.
+        """A candidate for `config`, loaded beside what serves (`Switch.load_beside`) by a thread of its own, at
+        the lowest CPU priority for a hot one: its engine's set-up and warm-up take spare CPU only, as its
+        comparisons do. (A cold one loads in its worker process, which would inherit that priority: its
+        compute times, measured there as wall times, would then say more about a busy box than about it.)
         Check `.ready`."""
         loaded: list[ModelVersion] = []
         failed: list[BaseException] = []
 
         def run() -> None:
-            lower_this_thread(NICE, f"loading the candidate {config.name}:{config.version}")
+            if config.placement != COLD:
+                lower_this_thread(NICE, f"loading the candidate {config.name}:{config.version}")
             try:
                 loaded.append(self.registry.switch.load_beside(config))
             except BaseException as exc:  # raised here instead, as a load on this thread would
@@ -329,7 +340,7 @@ class Rollouts:
 
     def close(self) -> None:
         self._stopping = True
-        self._bell.set()
+        self._bell.set()  # (its compute thread ends with the interpreter: a comparison under way is bounded)
 
     # -- the frontend's side ------------------------------------------------------------------
 
@@ -350,10 +361,6 @@ class Rollouts:
     # -- the shadow thread ----------------------------------------------------------------------
 
     def _run(self) -> None:
-        # A candidate's request is computed on this thread where its placement hands it back (a hot
-        # version that does not batch): at the lowest priority, the core is the clients' the moment
-        # they want it. Never promoted, so never raised again.
-        lower_this_thread(NICE, "the rollouts' shadow")
         while not self._stopping:
             # Without a candidate there is nothing to look at: sleep until `start` (or `close`) rings.
             self._bell.wait(LOOK_S if self.by_model else None)
@@ -377,7 +384,7 @@ class Rollouts:
                 time.sleep(LOOK_S / 2)  # the waiting samples are old by then anyway: spare the GIL
                 return
             sample = rollout.queue.popleft()
-            computed = self._compute(rollout.candidate, sample.inputs)
+            computed = self._computer.submit(self._compute, rollout.candidate, sample.inputs).result()
             verdict = self._compare(rollout, sample, computed)
             # Agreed first: `start` may judge (its load's memory) from another thread, never mid-comparison.
             rollout.agreed += verdict.agree
@@ -514,17 +521,13 @@ def _boxes(outputs: dict[str, np.ndarray]) -> list[dict[str, Any]]:
 
 
 def _renice(candidate: ModelVersion) -> list[tuple[int, int]]:
-    """The lowest CPU priority for what may compute the candidate besides the shadow thread: each thread of
-    its worker process, or its executor threads; (thread id, nice before) of each one lowered."""
+    """The lowest CPU priority for what may compute the candidate besides the shadow thread: its executor
+    threads, or its worker process's main thread (Linux keeps a nice value per thread: the worker's compute
+    threads keep theirs, as `load` explains); (thread id, nice before) of each one lowered."""
     placement: Any = candidate.placement
     worker = candidate.worker_info()
-    if worker is not None:  # a process's nice is its threads' own (Linux): each of them
-        try:
-            ids = [int(t) for t in os.listdir(f"/proc/{worker['pid']}/task")]
-        except (OSError, ValueError):
-            ids = [worker["pid"]]
-    else:
-        ids = [e._thread.native_id for e in getattr(placement, "executors", []) if getattr(e, "_thread", None)]
+    ids = [worker["pid"]] if worker is not None else [
+        e._thread.native_id for e in getattr(placement, "executors", []) if getattr(e, "_thread", None)]
     lowered = []
     # Their own priority: the daemon's plus the version's `nice` (they were made by `load`'s thread, at NICE).
     own = min(MAX_NICE, os.getpriority(os.PRIO_PROCESS, os.getpid()) + candidate.config.nice)

@@ -319,31 +319,6 @@ def test_a_candidate_computes_at_the_lowest_cpu_priority_and_its_promotion_gives
     assert nice_values(daemon.proc.pid).count(19) == 1, nice_values(daemon.proc.pid)  # the shadow thread alone
 
 
-def test_a_cold_candidates_worker_shadows_at_the_lowest_priority_and_serves_at_its_own_once_promoted(
-        root: Path, start: Callable[..., Daemon]) -> None:
-    """A cold candidate is loaded by a thread at nice 19 and its worker process's every thread computes at nice 19
-    while it shadows; promoted, each of them is back at the daemon's priority."""
-    publish_heavy(root, 1, repeat=1)
-    daemon = start(n=8, placement="cold")
-    wait_served(daemon, "m", "1", offset=1, timeout=30)
-
-    def worker_pid(state: str) -> int:
-        with daemon.admin() as admin:
-            rows = [r for r in admin.call("models")["models"] if r["name"] == "m" and r["version"] == "2"
-                    and r["state"] == state and r.get("worker")]
-        return rows[0]["worker"]["pid"] if rows else 0
-
-    with Traffic(daemon, "m"):
-        publish_heavy(root, 2, repeat=1)  # the same answers and speed: it passes
-        pid = eventually(lambda: worker_pid("candidate"), "the candidate's worker", 60)
-        shadowed = nice_values(pid)
-        daemon.wait_for("rollout_passed model=m version=2", 60)
-        eventually(lambda: states(daemon) == {"2": "ready"}, "version 2 serves alone", 30)
-    assert shadowed and set(shadowed) == {19}, shadowed
-    assert worker_pid("ready") == pid
-    assert set(nice_values(pid)) == {0}, nice_values(pid)
-
-
 @pytest.mark.timing
 def test_a_paced_candidate_costs_the_daemon_no_cpu_while_it_waits(root: Path, start: Callable[..., Daemon]) -> None:
     """A slow candidate under light traffic (a request every 0.1 s): between its paced computations the
