@@ -10,7 +10,8 @@ when even agreeing on every comparison left would not reach
 `min_agreement`, when it was measured over `max_memory_mb`, once even its
 fastest of LATENCY_FIRST comparisons took over GROSS times
 `max_latency_ratio` times the serving version's p99 (grossly slow: every
-computation it is given costs the clients a core), or once its median over
+computation it is given costs the clients a core; only where each of its
+times is the CPU it took: a wall time may be a busy box's), or once its median over
 LATENCY_EARLY comparisons is already over `max_latency_ratio` times the
 serving version's p99. Pure: swap/rollout.py measures and acts.
 """
@@ -47,10 +48,12 @@ class Measures:
     candidate_us: deque[int] = field(default_factory=lambda: deque(maxlen=KEPT))
     memory_bytes: int = 0
     memory_known: bool = False
+    cpu_timed: bool = True  # every candidate time is at most the CPU its compute took (no wait for a busy box)
 
-    def timed(self, serving_us: int, candidate_us: int) -> None:
+    def timed(self, serving_us: int, candidate_us: int, cpu_timed: bool = True) -> None:
         self.serving_us.append(max(0, serving_us))
         self.candidate_us.append(max(0, candidate_us))
+        self.cpu_timed = self.cpu_timed and cpu_timed
 
     def held(self, memory_bytes: int | None) -> None:
         if memory_bytes is not None:
@@ -108,7 +111,7 @@ def _cannot_pass(config: RolloutConfig, compared: int, agreed: int, measures: Me
     if compared < n and best < config.min_agreement:
         return (f"it can no longer reach min_agreement: {agreed} of {compared} compared agree, so at most "
                 f"{best:.2%} of {n}, {config.min_agreement:.2%} needed")
-    if config.max_latency_ratio and LATENCY_FIRST <= compared < n:
+    if config.max_latency_ratio and measures.cpu_timed and LATENCY_FIRST <= compared < n:
         bound = config.max_latency_ratio * max(percentile(measures.serving_us, 0.99), LATENCY_FLOOR_US)
         if max(min(measures.candidate_us, default=0), LATENCY_FLOOR_US) > GROSS * bound:
             return _slow(config, measures, "fastest")

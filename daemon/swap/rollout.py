@@ -97,6 +97,7 @@ class Computed:
     error: str = ""
     compute_us: int = 0
     memory_bytes: int | None = None  # the most it was measured to hold meanwhile; None where it cannot be told
+    cpu_timed: bool = False  # compute_us is at most the CPU it took (computed here): no busy box's wait in it
 
 
 @dataclass
@@ -384,7 +385,7 @@ class Rollouts:
                 time.sleep(LOOK_S / 2)  # the waiting samples are old by then anyway: spare the GIL
                 return
             sample = rollout.queue.popleft()
-            computed = self._computer.submit(self._compute, rollout.candidate, sample.inputs).result()
+            computed = self._computed(rollout.candidate, sample.inputs)
             verdict = self._compare(rollout, sample, computed)
             # Agreed first: `start` may judge (its load's memory) from another thread, never mid-comparison.
             rollout.agreed += verdict.agree
@@ -394,7 +395,7 @@ class Rollouts:
                 life.say(self.events, rollout.candidate, "shadowing", shadow_requests=rollout.config.shadow_requests)
             if not verdict.agree and (rollout.worst is None or verdict.error > rollout.worst[0].error):
                 rollout.worst = (verdict, _shapes(sample.inputs))
-            rollout.measures.timed(sample.serving_us, computed.compute_us)
+            rollout.measures.timed(sample.serving_us, computed.compute_us, computed.cpu_timed)
             _pace(rollout, sample.serving_us, computed.compute_us)
             rollout.measures.held(computed.memory_bytes)
             rollout.candidate.memory_bytes = max(rollout.candidate.memory_bytes, rollout.measures.memory_bytes)
@@ -467,6 +468,13 @@ class Rollouts:
             return compare_regions(rollout.rule(), _boxes(sample.outputs), _boxes(computed.outputs))
         return compare(rollout.rule(), sample.outputs, computed.outputs)
 
+    def _computed(self, candidate: ModelVersion, inputs: dict[str, np.ndarray]) -> Computed:
+        """A hot candidate's answer computed on the compute thread, at nice 19 (its placement hands the request
+        back there); a cold one's worker computes it, and this thread only waits for it."""
+        if candidate.worker_info() is not None:
+            return self._compute(candidate, inputs)
+        return self._computer.submit(self._compute, candidate, inputs).result()
+
     def _compute(self, candidate: ModelVersion, inputs: dict[str, np.ndarray]) -> Computed:
         """The candidate's answer to `inputs`, computed on its own placement, with its compute time and
         the memory it was seen to hold meanwhile."""
@@ -497,7 +505,7 @@ class Rollouts:
         if sink.here:  # computed on this thread, at nice 19: what a busy box kept it waiting is not its own time
             spent = min(spent, (time.thread_time_ns() - cpu) // 1000)
         return Computed({k: np.array(v) for k, v in reply.outputs.items()}, compute_us=spent,
-                        memory_bytes=memory.held())
+                        memory_bytes=memory.held(), cpu_timed=sink.here)
 
 
 def _pace(rollout: Rollout, serving_us: int, compute_us: int) -> None:

@@ -48,6 +48,10 @@ def test_a_grossly_slow_candidate_is_refused_by_its_fastest_of_its_first_few_tim
     assert judge(config, LATENCY_FIRST, LATENCY_FIRST, once_fast).outcome == ""
     assert judge(RolloutConfig(shadow_requests=200, max_latency_ratio=0), LATENCY_FIRST, LATENCY_FIRST,
                  timed(2000, gross, LATENCY_FIRST)).outcome == ""
+    walled = Measures()
+    for _ in range(LATENCY_FIRST):
+        walled.timed(2000, gross, cpu_timed=False)  # wall times (a cold worker's reply): a busy box's wait may be in them
+    assert judge(config, LATENCY_FIRST, LATENCY_FIRST, walled).outcome == ""
 
 
 def test_times_under_a_millisecond_count_as_one() -> None:
