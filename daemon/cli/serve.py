@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -69,6 +70,10 @@ def run(args: argparse.Namespace) -> int:
     dirs = _claim_directories(config, args)
     if isinstance(dirs, int):
         return dirs
+    # What is imported by now lives as long as the process: out of the collector's sight, the full
+    # collection after each unload (budget.release_memory) no longer walks it, holding the GIL from
+    # every client meanwhile (docs/decisions.md gives the figures).
+    gc.freeze()
     app = App(config, *dirs)
     TRACEBACKS.events = app.events
     return app.run()

@@ -280,7 +280,8 @@ def release_freed_memory() -> None:
     lived long enough to reach the oldest generation, which Python collects
     only every few minutes at the daemon's object count. Until then nothing
     was freed and there was nothing to trim: the soak's RSS saw-toothed by
-    a few MiB. The collection holds the GIL a few milliseconds, once per unload.
+    a few MiB. The collection holds the GIL, once per unload: for what was created since
+    start-up only (cli/serve.py freezes what the imports made).
 
     Then glibc's malloc_trim: backends free their arenas into glibc, which
     keeps them mapped; across many swaps the daemon's RSS would creep up by

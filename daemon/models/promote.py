@@ -14,7 +14,7 @@ import time
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
-from infermux.config import COLD, HOT
+from infermux.config import COLD, HOT, ModelConfig
 from infermux.models import life
 from infermux.models.version import ModelVersion, State
 
@@ -67,3 +67,16 @@ def _move(registry: "Registry", mv: ModelVersion, placement: str) -> str:
     life.say(registry.events, mv, "promoted" if placement == HOT else "demoted", took_ms=ms,
                          **({"pid": worker["pid"]} if worker is not None else {}))
     return f"{label} is now {where} (moved in {ms} ms)"
+
+
+def kept_move(made: ModelConfig | None, current: ModelVersion | None, mc: ModelConfig) -> ModelConfig:
+    """`mc`, the file's settings for a version made again from its own file (`made`: the file's settings it
+    was made under before; None for another file), with the placement an operator moved the serving version
+    to. A move is a live change like any other: it holds until the file changes `placement` itself (with
+    two placements, a file that changes it away from where the version was made gives the operator's)."""
+    if made is None or current is None or not current.ready:
+        return mc
+    moved = current.config.placement
+    if moved != made.placement and mc.placement == made.placement:
+        return replace(mc, placement=moved)
+    return mc

@@ -7,9 +7,13 @@ requests) and hold no more than `max_memory_mb` (the most it was measured
 to hold: its engine's figure, or what its worker process or the daemon grew
 by while it computed). It is refused the moment it can no longer pass:
 when even agreeing on every comparison left would not reach
-`min_agreement`, when it was measured over `max_memory_mb`, or once its
-median over LATENCY_EARLY comparisons is already over `max_latency_ratio`
-times the serving version's p99. Pure: swap/rollout.py measures and acts.
+`min_agreement`, when it was measured over `max_memory_mb`, once even its
+fastest of LATENCY_FIRST comparisons took over GROSS times
+`max_latency_ratio` times the serving version's p99 (grossly slow: every
+computation it is given costs the clients a core; only where each of its
+times is the CPU it took: a wall time may be a busy box's), or once its median over
+LATENCY_EARLY comparisons is already over `max_latency_ratio` times the
+serving version's p99. Pure: swap/rollout.py measures and acts.
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from infermux.config import RolloutConfig
 
 LATENCY_FLOOR_US = 1000  # a time under a millisecond counts as one: below it a shared CPU's jitter, not the engine
 LATENCY_EARLY = 20       # comparisons before the latency alone may refuse a candidate early
+LATENCY_FIRST = 3        # comparisons before a grossly slow candidate is refused (its fastest: noise only adds)
+GROSS = 2.0              # grossly slow: its fastest over this many times the bound (the serving p99 is young)
 KEPT = 10_000            # the latest times kept per side for the percentiles
 
 
@@ -42,10 +48,12 @@ class Measures:
     candidate_us: deque[int] = field(default_factory=lambda: deque(maxlen=KEPT))
     memory_bytes: int = 0
     memory_known: bool = False
+    cpu_timed: bool = True  # every candidate time is at most the CPU its compute took (no wait for a busy box)
 
-    def timed(self, serving_us: int, candidate_us: int) -> None:
+    def timed(self, serving_us: int, candidate_us: int, cpu_timed: bool = True) -> None:
         self.serving_us.append(max(0, serving_us))
         self.candidate_us.append(max(0, candidate_us))
+        self.cpu_timed = self.cpu_timed and cpu_timed
 
     def held(self, memory_bytes: int | None) -> None:
         if memory_bytes is not None:
@@ -103,6 +111,10 @@ def _cannot_pass(config: RolloutConfig, compared: int, agreed: int, measures: Me
     if compared < n and best < config.min_agreement:
         return (f"it can no longer reach min_agreement: {agreed} of {compared} compared agree, so at most "
                 f"{best:.2%} of {n}, {config.min_agreement:.2%} needed")
+    if config.max_latency_ratio and measures.cpu_timed and LATENCY_FIRST <= compared < n:
+        bound = config.max_latency_ratio * max(percentile(measures.serving_us, 0.99), LATENCY_FLOOR_US)
+        if max(min(measures.candidate_us, default=0), LATENCY_FLOOR_US) > GROSS * bound:
+            return _slow(config, measures, "fastest")
     if config.max_latency_ratio and compared >= LATENCY_EARLY and compared < n:
         median = max(percentile(measures.candidate_us, 0.5), LATENCY_FLOOR_US)
         if median > config.max_latency_ratio * max(percentile(measures.serving_us, 0.99), LATENCY_FLOOR_US):
@@ -111,7 +123,7 @@ def _cannot_pass(config: RolloutConfig, compared: int, agreed: int, measures: Me
 
 
 def _slow(config: RolloutConfig, measures: Measures, which: str) -> str:
-    mine = percentile(measures.candidate_us, 0.5 if which == "median" else 0.99)
+    mine = percentile(measures.candidate_us, {"fastest": 0.0, "median": 0.5}.get(which, 0.99))
     return (f"too slow: its {which} {mine / 1000:.2f} ms against the serving version's p99 "
             f"{percentile(measures.serving_us, 0.99) / 1000:.2f} ms on the same {len(measures.candidate_us)} "
             f"requests (max_latency_ratio = {config.max_latency_ratio:g}; times under "

@@ -19,12 +19,12 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 from infermux.config import (Config, ConfigError, DaemonConfig, ModelConfig, contexts_problem, parse_model_settings,
                              policy_key)
 from infermux.models.registry import version_key
-from infermux.models.version import config_template
+from infermux.models.version import ModelVersion, config_template
 from infermux.swap.watcher import ENGINE_NAMES, EngineFile, FileSig, Snapshot
 
 log = logging.getLogger("infermux.swap")
@@ -210,3 +210,23 @@ def _problem(f: EngineFile, daemon: DaemonConfig) -> tuple[Path, str, bool]:
 def _bad_name(folder: Path) -> str:
     return (f"refused folder {ascii(str(folder))} in engine_dir: its name holds control characters "
             f"(a newline, ESC...) that would break log lines and metrics; rename it")
+
+
+def rollback_from(before: ModelVersion | None, version: str, on_disk: set[str]) -> str:
+    """The serving version that `version` stands in for because its folder was removed ("" if none): it
+    falls back at once, without shadowing, as nothing would be left to compare it with."""
+    if before is None or not before.ready or before.version in on_disk:
+        return ""
+    return before.version if version_key(version) < version_key(before.version) else ""
+
+
+def same_file(made: tuple[Any, ...] | None, key: tuple[Any, ...], current: ModelVersion | None) -> bool:
+    """The serving file itself under new settings (a reload, an edited model.toml, standing in for a refused
+    newer version under that one's): the same answers, so it swaps in unshadowed, never a candidate of itself."""
+    return made is not None and made[:2] == key[:2] and current is not None and current.ready
+
+
+def made_before(made: tuple[Any, ...] | None, key: tuple[Any, ...]) -> ModelConfig | None:
+    """The file's settings an entry was made under, where `key` is the same file (under new settings, or
+    the same); None for another file or none."""
+    return made[2] if made is not None and made[:2] == key[:2] else None

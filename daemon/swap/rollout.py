@@ -16,8 +16,14 @@ why and the serving version stays). `promote_now` and `reject` decide early.
 
 Mirroring never costs a client: a copy is taken only while the rollout's
 queue has room (else the request is just counted as not mirrored), the
-candidate computes one request at a time at the lowest CPU priority (its
-executor threads or its worker process reniced), and mirroring waits while
+candidate is loaded by a thread at the lowest CPU priority (`load`) and
+computes one request at a time at that priority too (on
+the shadow's compute thread, nice 19, where its placement hands the
+request back;
+else on its executor threads or every thread of its worker process,
+reniced, and back at their own priority once it is promoted), and its
+time is the CPU it used where it computed here (what a busy box kept a
+nice-19 thread waiting is not the engine's), and mirroring waits while
 every context of the serving version is busy, while less than
 `min_idle_cpu` of the CPUs' time is idle (/proc/stat), or while the
 frontend thread worked more than half its time: it takes spare CPU only
@@ -37,15 +43,17 @@ import os
 import threading
 import time
 from collections import Counter, deque
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import numpy as np
 
-from infermux.config import RolloutConfig
+from infermux.config import COLD, MAX_NICE, ModelConfig, RolloutConfig
 from infermux.events import EventLog
 from infermux.execution.job import Internal, Job
 from infermux.execution.placement import Admission
+from infermux.execution.priority import lower_this_thread
 from infermux.models import life
 from infermux.models.agreement import Rule, Verdict, compare, compare_regions
 from infermux.models.registry import Registry
@@ -53,6 +61,7 @@ from infermux.models.verdicts import Decisions
 from infermux.models.version import ModelVersion, State
 from infermux.pipelines.calls import StepCall, StepFailed
 from infermux.swap.gate import Measures, judge
+from infermux.swap.probes import NICE, CpuIdle, LoopBusy, MemoryProbe
 from infermux.protocol import Request
 
 log = logging.getLogger("infermux.rollout")
@@ -61,12 +70,10 @@ REJECTED = "rejected by an operator"
 QUEUE = 4            # samples waiting for the shadow thread, per rollout; more live requests are not copied
 MIRROR_TIMEOUT_S = 10.0
 NO_DEADLINE_NS = 3600 * 10**9
-NICE = 19            # the candidate's compute threads (or worker process): the lowest CPU priority
 LOOK_S = 0.05        # how often the shadow thread looks whether the serving version is busy
 LOOKS = 10           # the looks `paused` is decided on: the last half second
 PAUSE_AT, RESUME_AT = 8, 2  # busy looks of LOOKS that pause mirroring, and that resume it
 PAUSE_EVENTS_S = 60.0  # at most one rollout_paused (and its rollout_resumed) per candidate this often
-CPU_WINDOW_S = 0.05  # the CPUs' idle share is measured over this long at least
 FRONTEND_BUSY = 0.5  # mirroring waits while the frontend thread worked more than this share of its time
 PACE_SHARE = 0.05  # a candidate slower than the serving version computes at most this share of the wall time
 PACE_MAX_S = 2.0   # and waits at most this long after one request: a very slow one is still judged soon
@@ -90,6 +97,7 @@ class Computed:
     error: str = ""
     compute_us: int = 0
     memory_bytes: int | None = None  # the most it was measured to hold meanwhile; None where it cannot be told
+    cpu_timed: bool = False  # compute_us is at most the CPU it took (computed here): no busy box's wait in it
 
 
 @dataclass
@@ -110,6 +118,7 @@ class Rollout:
     looked: float = 0.0
     paced_until: float = 0.0  # no mirroring before this (monotonic): the candidate was slower than the serving version
     computing_s: float = 0.0  # the candidate's compute time over every comparison
+    reniced: list[tuple[int, int]] = field(default_factory=list)  # (thread id, its nice before) of its compute threads
     said_paused: float = -math.inf  # when `rollout_paused` was last said
     unsaid: int = 0  # pauses since then that no event said (a box at its capacity comes and goes)
     told: bool = False  # the current pause was said: its end is said too
@@ -163,10 +172,40 @@ class Rollouts:
         self._lock = threading.Lock()
         self._bell = threading.Event()
         self._stopping = False
+        # The candidate's requests are computed here, at the lowest priority, where its placement hands them
+        # back (a hot version that does not batch); the shadow thread, which looks for the moments the
+        # serving version is idle and compares, keeps the daemon's: at nice 19 on a busy box it would
+        # seldom look at the right moment.
+        self._computer = ThreadPoolExecutor(1, thread_name_prefix="shadow-compute", initializer=lower_this_thread,
+                                            initargs=(NICE, "a candidate's compute"))
         self._thread = threading.Thread(target=self._run, name="shadow", daemon=True)
         self._thread.start()
 
     # -- starting and deciding ------------------------------------------------------------
+
+    def load(self, config: ModelConfig) -> ModelVersion:
+        """A candidate for `config`, loaded beside what serves (`Switch.load_beside`) by a thread of its own, at
+        the lowest CPU priority for a hot one: its engine's set-up and warm-up take spare CPU only, as its
+        comparisons do. (A cold one loads in its worker process, which would inherit that priority: its
+        compute times, measured there as wall times, would then say more about a busy box than about it.)
+        Check `.ready`."""
+        loaded: list[ModelVersion] = []
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            if config.placement != COLD:
+                lower_this_thread(NICE, f"loading the candidate {config.name}:{config.version}")
+            try:
+                loaded.append(self.registry.switch.load_beside(config))
+            except BaseException as exc:  # raised here instead, as a load on this thread would
+                failed.append(exc)
+
+        loader = threading.Thread(target=run, name="candidate-load", daemon=True)
+        loader.start()
+        loader.join()
+        if failed:
+            raise failed[0]
+        return loaded[0]
 
     def start(self, candidate: ModelVersion, config: RolloutConfig, digest: str = "") -> None:
         """`candidate` (loaded by `Switch.load_beside`; `digest` its engine file's sha256) shadows its
@@ -185,7 +224,7 @@ class Rollouts:
             listed = None
         rollout = Rollout(candidate, config, listed, digest)
         candidate.reason = rollout.progress()
-        _renice(candidate)
+        rollout.reniced = _renice(candidate)
         model.candidate = candidate
         with self._lock:
             self.by_model = {**self.by_model, candidate.name: rollout}
@@ -250,6 +289,7 @@ class Rollouts:
         self.decisions.record(candidate.name, candidate.version, rollout.digest, "passed", why)
         model = self.registry.model(candidate.name)
         candidate.state, candidate.reason = State.READY, ""
+        _restore(candidate, rollout.reniced)  # it serves at its own priority from now on
         try:
             previous = self.registry.switch.switch(candidate, "promoted")
         except ValueError as exc:  # unloaded meanwhile (an operator's unload, memory)
@@ -301,7 +341,7 @@ class Rollouts:
 
     def close(self) -> None:
         self._stopping = True
-        self._bell.set()
+        self._bell.set()  # (its compute thread ends with the interpreter: a comparison under way is bounded)
 
     # -- the frontend's side ------------------------------------------------------------------
 
@@ -345,7 +385,7 @@ class Rollouts:
                 time.sleep(LOOK_S / 2)  # the waiting samples are old by then anyway: spare the GIL
                 return
             sample = rollout.queue.popleft()
-            computed = self._compute(rollout.candidate, sample.inputs)
+            computed = self._computed(rollout.candidate, sample.inputs)
             verdict = self._compare(rollout, sample, computed)
             # Agreed first: `start` may judge (its load's memory) from another thread, never mid-comparison.
             rollout.agreed += verdict.agree
@@ -355,7 +395,7 @@ class Rollouts:
                 life.say(self.events, rollout.candidate, "shadowing", shadow_requests=rollout.config.shadow_requests)
             if not verdict.agree and (rollout.worst is None or verdict.error > rollout.worst[0].error):
                 rollout.worst = (verdict, _shapes(sample.inputs))
-            rollout.measures.timed(sample.serving_us, computed.compute_us)
+            rollout.measures.timed(sample.serving_us, computed.compute_us, computed.cpu_timed)
             _pace(rollout, sample.serving_us, computed.compute_us)
             rollout.measures.held(computed.memory_bytes)
             rollout.candidate.memory_bytes = max(rollout.candidate.memory_bytes, rollout.measures.memory_bytes)
@@ -428,6 +468,13 @@ class Rollouts:
             return compare_regions(rollout.rule(), _boxes(sample.outputs), _boxes(computed.outputs))
         return compare(rollout.rule(), sample.outputs, computed.outputs)
 
+    def _computed(self, candidate: ModelVersion, inputs: dict[str, np.ndarray]) -> Computed:
+        """A hot candidate's answer computed on the compute thread, at nice 19 (its placement hands the request
+        back there); a cold one's worker computes it, and this thread only waits for it."""
+        if candidate.worker_info() is not None:
+            return self._compute(candidate, inputs)
+        return self._computer.submit(self._compute, candidate, inputs).result()
+
     def _compute(self, candidate: ModelVersion, inputs: dict[str, np.ndarray]) -> Computed:
         """The candidate's answer to `inputs`, computed on its own placement, with its compute time and
         the memory it was seen to hold meanwhile."""
@@ -442,6 +489,7 @@ class Rollouts:
         job = Job(Internal(sink), Request(model=candidate.name, inputs=inputs), [], now, now + NO_DEADLINE_NS)
         job.target = candidate
         memory = MemoryProbe(candidate)
+        cpu = time.thread_time_ns()
         admission = placement.submit(job)
         if admission is not Admission.QUEUED:
             return Computed({}, f"it took no request ({admission.name.lower()})")
@@ -454,117 +502,10 @@ class Rollouts:
         # Its compute time as the serving version's is measured (the placement's figure); the time from
         # submit to answer where the placement gave none.
         spent = sink.outcome.compute_us if sink.outcome is not None else (time.perf_counter_ns() - now) // 1000
+        if sink.here:  # computed on this thread, at nice 19: what a busy box kept it waiting is not its own time
+            spent = min(spent, (time.thread_time_ns() - cpu) // 1000)
         return Computed({k: np.array(v) for k, v in reply.outputs.items()}, compute_us=spent,
-                        memory_bytes=memory.held())
-
-
-MEMORY_LOOK_S = 0.005  # how often the memory a candidate holds is read while it computes
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
-
-
-class MemoryProbe:
-    """The most memory a candidate is seen to hold while it computes one request: its worker process's
-    footprint (cold), or its engine's figure plus what the daemon's resident memory grew by meanwhile (hot:
-    the candidate computes one request at a time, so what the daemon grows by then is mostly its)."""
-
-    def __init__(self, candidate: ModelVersion) -> None:
-        self.candidate = candidate
-        self.cold = candidate.worker_info() is not None
-        self.base = self._read()
-        self.peak = self.base
-
-    def _read(self) -> int | None:
-        placement = self.candidate.placement
-        if self.cold:
-            return placement.footprint() if placement is not None else None
-        try:
-            with open("/proc/self/statm", "rb") as f:
-                return int(f.read().split()[1]) * PAGE
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def watch(self, waiter: StepCall, timeout_s: float) -> bool:
-        """Wait for the answer, reading the memory meanwhile from a thread of its own (the placement
-        may hand the compute back to run on this very thread: StepCall.wait); False if none came
-        within `timeout_s`."""
-        done = threading.Event()
-
-        def sample() -> None:
-            while not done.wait(MEMORY_LOOK_S):
-                now = self._read()
-                if now is not None and self.peak is not None:
-                    self.peak = max(self.peak, now)
-
-        sampler = threading.Thread(target=sample, name="rollout-memory", daemon=True)
-        sampler.start()
-        try:
-            return waiter.wait(timeout_s)
-        finally:
-            done.set()
-            sampler.join()
-
-    def held(self) -> int | None:
-        """The bytes it was seen to hold (None where they cannot be read)."""
-        if self.peak is None or self.base is None:
-            return None
-        if self.cold:
-            return self.peak
-        engine: Any = self.candidate.engine
-        own = engine.memory_bytes() if engine is not None and hasattr(engine, "memory_bytes") else 0
-        return own + max(0, self.peak - self.base)
-
-
-class CpuIdle:
-    """The share of the machine's CPU time that was idle, from /proc/stat, over the last CPU_WINDOW_S or more."""
-
-    def __init__(self, path: str = "/proc/stat", clock: Callable[[], float] = time.monotonic) -> None:
-        self.path, self.clock = path, clock
-        self._last = self._read()
-        self._idle = 1.0
-
-    def _read(self) -> tuple[float, int, int] | None:
-        """(when, idle ticks, all ticks) of every CPU together; None where there is no /proc/stat."""
-        try:
-            with open(self.path, "rb") as f:
-                ticks = [int(v) for v in f.readline().split()[1:]]
-        except (OSError, ValueError):
-            return None
-        return self.clock(), ticks[3] + (ticks[4] if len(ticks) > 4 else 0), sum(ticks[:8])
-
-    def idle(self) -> float:
-        """The idle share (0 to 1) over the last window; 1.0 where it cannot be told."""
-        if self._last is None or self.clock() - self._last[0] < CPU_WINDOW_S:
-            return self._idle
-        now = self._read()
-        if now is None:
-            return 1.0
-        idle, total = now[1] - self._last[1], now[2] - self._last[2]
-        if total > 0:  # else no tick passed yet: keep the last reading and the window's start
-            self._last, self._idle = now, idle / total
-        return self._idle
-
-
-class LoopBusy:
-    """The share of wall time a loop spent working rather than waiting, over the last CPU_WINDOW_S or more.
-
-    The loop's own thread calls `add` with each turn's working time; another thread reads `share`."""
-
-    def __init__(self, clock: Callable[[], float] = time.perf_counter) -> None:
-        self.clock = clock
-        self.busy_s = 0.0
-        self._last = (clock(), 0.0)
-        self._share = 0.0
-
-    def add(self, seconds: float) -> None:
-        self.busy_s += seconds  # one writer, the loop's thread; a float read elsewhere is never torn
-
-    def share(self) -> float:
-        """The working share (0 to 1) since the window began; the last one while it is shorter than the window."""
-        now, busy = self.clock(), self.busy_s
-        then, before = self._last
-        if now - then >= CPU_WINDOW_S:
-            self._last, self._share = (now, busy), min(1.0, (busy - before) / (now - then))
-        return self._share
+                        memory_bytes=memory.held(), cpu_timed=sink.here)
 
 
 def _pace(rollout: Rollout, serving_us: int, compute_us: int) -> None:
@@ -587,14 +528,39 @@ def _boxes(outputs: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     return [{"box": [float(v) for v in row[:4]]} for row in first.reshape(-1, first.shape[-1])]
 
 
-def _renice(candidate: ModelVersion) -> None:
-    """The lowest CPU priority for what computes the candidate: its worker process, or its executor threads."""
+def _renice(candidate: ModelVersion) -> list[tuple[int, int]]:
+    """The lowest CPU priority for what may compute the candidate besides the shadow thread: its executor
+    threads, or its worker process's main thread (Linux keeps a nice value per thread: the worker's compute
+    threads keep theirs, as `load` explains); (thread id, nice before) of each one lowered."""
     placement: Any = candidate.placement
     worker = candidate.worker_info()
     ids = [worker["pid"]] if worker is not None else [
         e._thread.native_id for e in getattr(placement, "executors", []) if getattr(e, "_thread", None)]
+    lowered = []
+    # Their own priority: the daemon's plus the version's `nice` (they were made by `load`'s thread, at NICE).
+    own = min(MAX_NICE, os.getpriority(os.PRIO_PROCESS, os.getpid()) + candidate.config.nice)
     for ident in ids:
         try:
+            before = own
             os.setpriority(os.PRIO_PROCESS, ident, NICE)
         except (OSError, TypeError):  # not allowed here, or gone: mirroring still pauses under load
-            pass
+            continue
+        lowered.append((ident, before))
+    return lowered
+
+
+def _restore(candidate: ModelVersion, lowered: list[tuple[int, int]]) -> None:
+    """A promoted candidate's threads back at the priority they had (raising one needs CAP_SYS_NICE: said
+    in the log where the daemon lacks it)."""
+    failed = 0
+    for ident, before in lowered:
+        try:
+            os.setpriority(os.PRIO_PROCESS, ident, before)
+        except ProcessLookupError:
+            continue
+        except OSError:
+            failed += 1
+    if failed:
+        log.warning("%s:%s serves with %d of its threads still at nice %d: raising a priority needs CAP_SYS_NICE "
+                    "(or a RLIMIT_NICE that allows it); give the daemon one, or restart it to serve at its own",
+                    candidate.name, candidate.version, failed, NICE)

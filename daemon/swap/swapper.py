@@ -27,11 +27,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from infermux.config import COLD, Config, ModelConfig
-from infermux.models import life
+from infermux.models import life, promote
 from infermux.models.overrides import file_weights
 from infermux.models.registry import Model, ModelVersion, Registry, State, version_key
 from infermux.models.verdicts import file_digest
-from infermux.swap.repository import FolderScreen, ModelPlan, SettingsCache, plan, why_ignored
+from infermux.swap.repository import (FolderScreen, ModelPlan, SettingsCache, made_before, plan, rollback_from,
+                                      same_file, why_ignored)
 from infermux.swap.watcher import EngineFile, EngineWatcher, Snapshot, checksum_problem
 
 if TYPE_CHECKING:
@@ -260,6 +261,7 @@ class Swapper:
             return  # serving from this very file, or failed on it: wait for the next one
         model = self.registry.model(p.name)
         current = model.versions.get(version) if model else None
+        mc = promote.kept_move(made_before(made, key), current, mc)  # an operator's move holds
         if made is not None and made[:2] == key[:2] and current is not None and \
                 current.config == self.registry.overrides.apply(mc):
             self._made_from[(p.name, version)] = key  # a reload already applied these settings (live ones over them)
@@ -276,7 +278,7 @@ class Swapper:
                 self.registry.put(ModelVersion(mc, state=State.FAILED, reason=bad[1]))
             return
         self._bad.pop((p.name, version), None)
-        self._load(mc, f, current, p.on_disk, _same_file(made, key, current))
+        self._load(mc, f, current, p.on_disk, same_file(made, key, current))
 
     def _detected(self, f: EngineFile, ignored: str = "") -> None:
         """Announce each complete engine file once (again when it changes), and whether it will be served."""
@@ -293,7 +295,7 @@ class Swapper:
                 self._detected(f, why_ignored(configured.get(version), pinned))
 
     def _load(self, mc: ModelConfig, f: EngineFile, current: ModelVersion | None, disk: set[str], same: bool) -> None:
-        """Load beside what serves; take over only once warm; never make things worse (`same`: `_same_file`)."""
+        """Load beside what serves; take over only once warm; never make things worse (`same`: `same_file`)."""
         started = time.monotonic()
         model = self.registry.model(mc.name)
         before = model.default() if model else None
@@ -301,7 +303,7 @@ class Swapper:
         mc = self.registry.overrides.reconcile(mc) if replacing or model is None else self._inherit(model, mc)
         mv = ModelVersion(mc)
         problem = checksum_problem(f)
-        rollback = _rollback_from(before, mc.version, disk)
+        rollback = rollback_from(before, mc.version, disk)
         serving = current if replacing else None
         if not problem and self._deferred(mc, f, mv, serving, before, rollback, same):
             return
@@ -477,7 +479,7 @@ class Swapper:
         """A model with `[models.rollout]`: the new engine loads beside what serves as its candidate,
         which shadows live requests until it is promoted or refused (swap/rollout.py)."""
         assert mc.rollout is not None
-        candidate = self.registry.switch.load_beside(mc)
+        candidate = self.daemon.rollouts.load(mc)
         if candidate.ready:
             self.daemon.rollouts.start(candidate, mc.rollout, self._digest(f))
         elif replacing is not None:
@@ -568,20 +570,6 @@ class Swapper:
 def _ready(model: Model, version: str) -> bool:
     mv = model.versions.get(version)
     return mv is not None and mv.state is State.READY
-
-
-def _rollback_from(before: ModelVersion | None, version: str, on_disk: set[str]) -> str:
-    """The serving version that `version` stands in for because its folder was removed ("" if none): it
-    falls back at once, without shadowing, as nothing would be left to compare it with."""
-    if before is None or not before.ready or before.version in on_disk:
-        return ""
-    return before.version if version_key(version) < version_key(before.version) else ""
-
-
-def _same_file(made: Key | None, key: Key, current: ModelVersion | None) -> bool:
-    """The serving file itself under new settings (a reload, an edited model.toml, standing in for a refused
-    newer version under that one's): the same answers, so it swaps in unshadowed, never a candidate of itself."""
-    return made is not None and made[:2] == key[:2] and current is not None and current.ready
 
 
 def _label(before: ModelVersion | None, mv: ModelVersion) -> str:

@@ -615,6 +615,11 @@ def test_a_rollout_keeps_a_serving_version_through_reload_swap_move_refusal_and_
         d.wait_for("settled model=ro version=2", 30, since=mark)  # v2 stands in for v3, under the new settings
         wait_served(d, "ro", "2", offset=1, timeout=30)
         assert "rollout_started model=ro version=2" not in d.log()[mark:], d.log()[mark:]
+        if cell.name in MOVES:  # the operator's move held through the new settings and the stand-in
+            with d.admin() as admin:
+                (placed,) = [m["placement"] for m in admin.call("models")["models"] if (m["name"], m["version"]) ==
+                             ("ro", "2")]
+            assert placed == ("hot" if MOVES[cell.name] == "promote" else "cold"), placed
         shutil.rmtree(cell.watched / "ro" / "2")  # a rollback by removal: v1 serves again at once
         wait_served(d, "ro", "1", offset=1, timeout=30)
         # A second reload changing it, v1 serving again: its own file under new settings is nothing to judge,

@@ -53,3 +53,16 @@ def cpu_s(pid: int) -> float:
     """CPU seconds (user + system) process `pid` has used, all its threads (fields 14 and 15 of /proc/PID/stat)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s_by_nice(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) the live threads of process `pid` have used, summed by their nice value."""
+    by_nice: dict[int, float] = {}
+    for stat in Path(f"/proc/{pid}/task").glob("*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # a thread that ended meanwhile
+            continue
+        nice = int(fields[16])
+        by_nice[nice] = by_nice.get(nice, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return by_nice

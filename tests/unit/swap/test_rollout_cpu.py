@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from infermux.swap import rollout
-from infermux.swap.rollout import CpuIdle, LoopBusy
+from infermux.swap import probes, rollout
+from infermux.swap.probes import CpuIdle, LoopBusy
 
 
 def stat(path: Path, idle: int, iowait: int, busy: int) -> None:
@@ -19,13 +19,13 @@ def test_the_idle_share_is_idle_and_iowait_ticks_of_all_ticks_since_the_last_rea
     stat(path, idle=1000, iowait=0, busy=1000)
     cpu = CpuIdle(str(path), clock=lambda: now[0])
     assert cpu.idle() == 1.0  # nothing measured yet
-    now[0] += 2 * rollout.CPU_WINDOW_S
+    now[0] += 2 * probes.CPU_WINDOW_S
     stat(path, idle=1030, iowait=10, busy=1160)  # 40 idle of 200 ticks (guest ticks are in user already)
     assert cpu.idle() == 0.2
-    now[0] += rollout.CPU_WINDOW_S / 2
+    now[0] += probes.CPU_WINDOW_S / 2
     stat(path, idle=1230, iowait=10, busy=1160)
     assert cpu.idle() == 0.2  # within the window: the last reading stands
-    now[0] += 2 * rollout.CPU_WINDOW_S
+    now[0] += 2 * probes.CPU_WINDOW_S
     assert cpu.idle() == 1.0
 
 
@@ -41,11 +41,11 @@ def test_the_frontends_busy_share_is_its_working_time_over_the_wall_time_of_the_
     loop.add(0.03)
     loop.add(0.05)
     assert abs(loop.share() - 0.8) < 1e-9
-    now[0] += rollout.CPU_WINDOW_S / 2
+    now[0] += probes.CPU_WINDOW_S / 2
     loop.add(0.001)
     assert abs(loop.share() - 0.8) < 1e-9  # within the window: the last reading stands
     now[0] += 1.0
-    assert abs(loop.share() - 0.001 / (1.0 + rollout.CPU_WINDOW_S / 2)) < 1e-9  # a quiet second
+    assert abs(loop.share() - 0.001 / (1.0 + probes.CPU_WINDOW_S / 2)) < 1e-9  # a quiet second
 
 
 def test_a_frontend_that_worked_throughout_reads_as_fully_busy_not_more() -> None:
