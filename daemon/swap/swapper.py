@@ -180,12 +180,13 @@ class Swapper:
             return False
         self._announce_ignored(p, snapshot, pinned)
         failures = self._failures
+        failed = {v for v, (_, f) in p.wanted.items() if self._is_bad(p.name, v, f)}  # as planned: their stand-ins
         self._cancel_unwanted_candidate(p)
         for version in sorted(p.wanted, key=version_key):
             self._update(p, version)
         if self._failures > failures:
             return True
-        self._retire_unwanted(p)
+        self._retire_unwanted(p, failed)
         return False
 
     def _is_bad(self, name: str, version: str, f: EngineFile) -> bool:
@@ -516,14 +517,16 @@ class Swapper:
         self.daemon.rollouts.cancel(p.name, why)
         self._made_from.pop((p.name, version), None)
 
-    def _retire_unwanted(self, p: ModelPlan) -> None:
-        """Drain versions the plan dropped: at once if their file is gone, else once the wanted ones serve."""
+    def _retire_unwanted(self, p: ModelPlan, failed: set[str]) -> None:
+        """Drain versions the plan dropped: at once if their file is gone, else once the wanted ones serve
+        (`failed`: wanted versions already failed when the plan was made, so their stand-ins are in it)."""
         model = self.registry.model(p.name)
         if model is None:
             return
-        # A version whose file failed does not hold the others back once one wanted version serves.
-        wanted_ready = all(_ready(model, v) or self._is_bad(p.name, v, f) for v, (_, f) in p.wanted.items()) \
-            and any(_ready(model, v) for v in p.wanted)
+        # A version that had failed does not hold the others back once one wanted version serves. One refused
+        # since the plan was made (inside this pass, or by the shadow thread) does, until the next pass plans
+        # its stand-in: else the version that stands in would be retired, then loaded again as a candidate.
+        wanted_ready = all(_ready(model, v) or v in failed for v in p.wanted) and any(_ready(model, v) for v in p.wanted)
         for mv in model.ordered():
             if (p.name, mv.version) not in self._made_from or mv.version in p.wanted:
                 continue

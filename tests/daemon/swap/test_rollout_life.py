@@ -28,7 +28,7 @@ from support.traffic import Traffic
 ROLLOUT = """
 timeout_ms = 30000
 placement = "{placement}"
-[rollout]
+{head}[rollout]
 shadow_requests = {n}
 min_agreement = 0.99
 min_idle_cpu = 0
@@ -43,10 +43,10 @@ def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
     started: list[Daemon] = []
 
     def run(n: int = 5, daemon_extra: str = "", rollout_extra: str = "", workdir: Path | None = None,
-            ratio: float = 0, placement: str = "hot") -> Daemon:
+            ratio: float = 0, placement: str = "hot", head: str = "") -> Daemon:
         # max_latency_ratio 0 but where a test judges speed: a nice-19 candidate's p99 on a busy box
         # says more about the box than about the engine.
-        write_settings(root, n, rollout_extra, ratio, placement)
+        write_settings(root, n, rollout_extra, ratio, placement, head)
         if workdir is None:
             workdir = tmp_path / f"daemon{len(started)}"
             workdir.mkdir()
@@ -62,10 +62,12 @@ def start(tmp_path: Path, root: Path) -> Iterator[Callable[..., Daemon]]:
         assert not moves, moves  # every move of a version is one its life's table has
 
 
-def write_settings(root: Path, n: int, rollout_extra: str = "", ratio: float = 0, placement: str = "hot") -> None:
-    """m/model.toml with its rollout table; the same text again leaves a signature over it valid."""
+def write_settings(root: Path, n: int, rollout_extra: str = "", ratio: float = 0, placement: str = "hot",
+                   head: str = "") -> None:
+    """m/model.toml with its rollout table (`head`: settings above it); the same text again leaves a signature
+    over it valid."""
     (root / "m").mkdir(exist_ok=True)
-    text = ROLLOUT.format(n=n, rollout_extra=rollout_extra, ratio=ratio, placement=placement)
+    text = ROLLOUT.format(n=n, rollout_extra=rollout_extra, ratio=ratio, placement=placement, head=head)
     if not (root / "m" / "model.toml").exists() or (root / "m" / "model.toml").read_text() != text:
         (root / "m" / "model.toml").write_text(text)
 
@@ -120,6 +122,31 @@ def test_removing_the_promoted_versions_folder_falls_back_to_the_older_version_a
     (line,) = [x for x in daemon.log().splitlines() if "infermux.events: rolled_back " in x]
     assert "version 2's engine folder was removed" in line, line
     assert states(daemon) == {"1": "ready"}
+
+
+def test_a_candidate_refused_as_it_loads_retires_no_serving_version_and_none_shadows_itself(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    """Versions 1 and 2 serve (latest_n = 2); version 3, over max_memory_mb as it loads, is refused within the
+    swapper's own pass, before that pass retires what its plan dropped. Version 1, which 3 would have retired,
+    stays serving as 3's stand-in: never drained as superseded, never loaded again as a candidate of itself."""
+    publish(root, "m", 1, offset=1)
+    publish(root, "m", 2, offset=1)
+    daemon = start(head="latest_n = 2\n", rollout_extra="max_memory_mb = 0.000001\n")  # a byte: refused at load
+    eventually(lambda: states(daemon) == {"1": "ready", "2": "ready"}, "versions 1 and 2 serve", 30)
+    with Traffic(daemon, "m") as traffic:
+        publish(root, "m", 3, offset=1)
+        daemon.wait_for("rollout_failed model=m version=3", 30)
+        daemon.wait_for("settled model=m version=1", 30)
+        served = len(traffic.replies)
+        eventually(lambda: len(traffic.replies) > served + 5, "requests after the refusal", 30)
+    failed = [x for x in daemon.log().splitlines() if "infermux.events: rollout_failed " in x]
+    assert len(failed) == 1 and "over max_memory_mb" in failed[0] and "compared=0" in failed[0], daemon.log()
+    after = daemon.log().split("rollout_started model=m version=3")[1]
+    moved = [x for x in after.splitlines() if any(f"{e} model=m version=1 " in x for e in ("draining", "loading",
+                                                                                           "rollout_started"))]
+    assert not moved, daemon.log()  # version 1 served on as it was
+    assert {r.status for r in traffic.replies} == {200}, sorted({(r.status, r.version) for r in traffic.replies})
+    assert states(daemon) == {"1": "ready", "2": "ready", "3": "failed"}
 
 
 @pytest.fixture
