@@ -390,9 +390,12 @@ class Rollouts:
             # Agreed first: `start` may judge (its load's memory) from another thread, never mid-comparison.
             rollout.agreed += verdict.agree
             rollout.compared += 1
-            # Not for a candidate cancelled or refused while this comparison computed: it is draining.
-            if rollout.compared == 1 and rollout.candidate.phase is life.Phase.CANDIDATE:
-                life.say(self.events, rollout.candidate, "shadowing", shadow_requests=rollout.config.shadow_requests)
+            # Not for a candidate cancelled or refused while this comparison computed (it is draining); under the
+            # lock `decided` is set with before its draining is said, so "shadowing" never follows "draining".
+            with self._lock:
+                if rollout.compared == 1 and not rollout.decided and rollout.candidate.phase is life.Phase.CANDIDATE:
+                    life.say(self.events, rollout.candidate, "shadowing",
+                             shadow_requests=rollout.config.shadow_requests)
             if not verdict.agree and (rollout.worst is None or verdict.error > rollout.worst[0].error):
                 rollout.worst = (verdict, _shapes(sample.inputs))
             rollout.measures.timed(sample.serving_us, computed.compute_us, computed.cpu_timed)
