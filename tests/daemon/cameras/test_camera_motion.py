@@ -64,8 +64,8 @@ def results(d: Daemon, key: str, count: int) -> list[dict[str, Any]]:
     sub.connect(f"ipc://{d.workdir}/results.sock")
     got: list[dict[str, Any]] = []
     try:
-        def more() -> bool:
-            while sub.poll(100):
+        def more() -> bool:  # read what has come, up to `count`: a camera's results never pause for long
+            while len(got) < count and sub.poll(100):
                 got.append(json.loads(sub.recv_multipart()[1]))
             return len(got) >= count
         eventually(more, f"{count} results of {key}", 30)
