@@ -586,6 +586,18 @@ def listed_once(d: Daemon, model: str) -> dict[str, tuple[str, str]]:
     return {v: (state, reason) for v, state, reason in rows}
 
 
+def reload_shadow_requests(d: Daemon, old: int, new: int) -> int:
+    """A reload that changes the rollout model's `shadow_requests` from `old` to `new`, once the daemon said
+    so; the daemon log's length before it (where to look for what the reload did)."""
+    mark = len(d.log())
+    d.config_path.write_text(d.config_path.read_text().replace(f"shadow_requests = {old}\n",
+                                                               f"shadow_requests = {new}\n"))
+    with d.admin() as admin:
+        assert admin.call("reload")["ok"]
+    d.wait_for('reloaded changed="ro:1', 30, since=mark)
+    return mark
+
+
 @every_placement
 def test_a_rollout_keeps_a_serving_version_through_reload_swap_move_refusal_and_rollback(cell: Placement) -> None:
     """The rollout row: under traffic, v2 (the same answers) passes and serves, is moved as the placement moves
@@ -603,11 +615,7 @@ def test_a_rollout_keeps_a_serving_version_through_reload_swap_move_refusal_and_
         assert listed_once(d, "ro")["2"][0] == "ready"
         # A reload changing the model's rollout table while v2 serves: v2 takes the new settings as it serves,
         # and standing in for the refused v3 under them it is neither loaded again nor a candidate of itself.
-        mark = len(d.log())
-        d.config_path.write_text(d.config_path.read_text().replace("shadow_requests = 5\n", "shadow_requests = 6\n"))
-        with d.admin() as admin:
-            assert admin.call("reload")["ok"]
-        d.wait_for('reloaded changed="ro:1', 30, since=mark)
+        mark = reload_shadow_requests(d, 5, 6)
         wait_served(d, "ro", "2", offset=1, timeout=30)
         publish(cell.watched, "ro", 3, offset=5)  # answers otherwise: refused, v2 stays
         d.wait_for("rollout_failed model=ro version=3", 60)
@@ -624,11 +632,7 @@ def test_a_rollout_keeps_a_serving_version_through_reload_swap_move_refusal_and_
         wait_served(d, "ro", "1", offset=1, timeout=30)
         # A second reload changing it, v1 serving again: its own file under new settings is nothing to judge,
         # so it never shadows itself (and is never listed twice, serving and candidate).
-        mark = len(d.log())
-        d.config_path.write_text(d.config_path.read_text().replace("shadow_requests = 6\n", "shadow_requests = 7\n"))
-        with d.admin() as admin:
-            assert admin.call("reload")["ok"]
-        d.wait_for('reloaded changed="ro:1', 30, since=mark)
+        mark = reload_shadow_requests(d, 6, 7)
         wait_served(d, "ro", "1", offset=1, timeout=30)
         assert "rollout_started model=ro version=1" not in d.log()[mark:], d.log()[mark:]
         sent = len(traffic.replies)

@@ -16,24 +16,17 @@ import pytest
 
 from support.camera_files import camera, camera_events, cameras, write_clip
 from support.harness import DAEMON_HEAD, Daemon
-from support.pipelines import camera_pipeline
+from support.pipelines import CLASSIFIER_MODEL, camera_pipeline
 from support.polling import eventually
 
 pytest.importorskip("av", reason="cameras decode with PyAV: pip install -e '.[cameras]'")
 pytest.importorskip("cv2", reason="the pipeline's processors need OpenCV: pip install -e '.[processors]'")
 
-MODELS = """
-[[models]]
-name = "classifier"
-engine = "classifier/1/model.onnx"
-"""
-
-
 @pytest.fixture(scope="module")
 def d(tmp_path_factory: pytest.TempPathFactory, engines: Path) -> Iterator[Daemon]:
     folder = tmp_path_factory.mktemp("zygote")
     clip = write_clip(folder / "small.mp4", 64, 48, frames=30)
-    text = DAEMON_HEAD + MODELS + camera_pipeline("cams") + camera("left", str(clip)) + camera("right", str(clip))
+    text = DAEMON_HEAD + CLASSIFIER_MODEL + camera_pipeline("cams") + camera("left", str(clip)) + camera("right", str(clip))
     daemon = Daemon(tmp_path_factory.mktemp("daemon"), text.format(engines=engines)).start()
     yield daemon
     daemon.stop()
