@@ -52,6 +52,7 @@ RATE_WINDOW_S = 5.0
 PUBLISH_S = 0.25  # how often what `ctl cameras` shows is made again (it reads every stream's accounting)
 MAX_LINE = 64 << 10  # a status line longer than this is not the child's: the process is restarted
 STATE_FILE = "cameras.json"
+NO_AGES = {"p50": None, "p95": None, "p99": None}  # a camera not streaming: shown as "-", no series
 STATE_FORMAT = 1
 STATE_MAX_BYTES = 1 << 20
 COUNTERS = ("decoded", "taken", "gated", "sent", "superseded", "served", "refused", "failed")
@@ -418,7 +419,8 @@ class Cameras:
                 "superseded_daemon": stream.get("superseded", 0),
                 "decode_ms": round(report["decode_ms_sum"] / decoded, 3) if decoded else None,
                 "decode_seconds_total": round(report["decode_ms_sum"] / 1e3, 6),
-                "capture_age_ms": stream.get("capture_age_ms", {"p50": None, "p95": None, "p99": None}),
+                # A camera that is not streaming has no current age: its stream's ring holds frames of before.
+                "capture_age_ms": stream.get("capture_age_ms", NO_AGES) if camera.state == "streaming" else NO_AGES,
                 "reconnects": report["reconnects"], "restarts": camera.restarts,
                 "last_error": camera.last_error,
             })

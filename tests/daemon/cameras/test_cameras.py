@@ -159,10 +159,12 @@ def test_a_reload_adds_removes_and_restarts_only_the_cameras_it_changes(d: Daemo
 
 
 def test_ctl_camera_disable_and_enable_work_live_and_are_kept_across_a_restart(d: Daemon) -> None:
-    pid = streaming(d, "front")["pid"]
+    pid = eventually(lambda: (c := streaming(d, "front"))["capture_age_ms"]["p50"] is not None and c,
+                     "front's ages shown")["pid"]
     assert d.ctl("camera", "front", "disable").returncode == 0
     eventually(lambda: cameras(d)["front"]["state"] == "disabled", "front disabled")
     eventually(lambda: not _alive(pid), "front's process gone")
+    assert cameras(d)["front"]["capture_age_ms"] == {"p50": None, "p95": None, "p99": None}  # none current
     assert streaming(d, "back")
     bad = d.ctl("camera", "nowhere", "disable")
     assert bad.returncode == 1 and "no camera 'nowhere'" in bad.stderr
