@@ -35,7 +35,10 @@ while 4 clients keep sending: *slow* spreads each request over a
 measures the clients for `--duration` before publishing, then from the
 publication until the verdict, in 0.25 s windows on both sides; goal: each
 refused before it serves, and the clients' p99 while it shadows within
-max_latency_ratio (1.5×) of theirs before, window for window. Writes the
+max_latency_ratio (1.5×) of theirs before, window for window. Two controls
+publish nothing: *none* (the measure's own noise) and *memory elsewhere*
+(another process at nice 19 does the memory-hungry candidate's three
+computations: what that memory costs the clients outside the daemon). Writes the
 "## Rollout gate: slow and memory-hungry candidates, window for window"
 section.
 """
@@ -215,9 +218,16 @@ def report(cases: list[Case], final: dict[str, dict[str, Any]], args: argparse.N
     ])
 
 
+OUTSIDE = "memory elsewhere"  # a control (OUTSIDE_CODE below)
 GATE_SECTION = "Rollout gate: slow and memory-hungry candidates, window for window"
-GATE_CANDIDATES = {"slow": (500_000, ""), "memory-hungry": (4_000_000, "max_memory_mb = 64\n"), "none": (0, "")}
+GATE_CANDIDATES = {"slow": (500_000, ""), "memory-hungry": (4_000_000, "max_memory_mb = 64\n"), "none": (0, ""),
+                   OUTSIDE: (0, "")}
 CONTROL_WINDOWS = 4  # "none" publishes nothing: this many windows measured the same way, the measure's own noise
+# The memory-hungry candidate's work done by another process at nice 19 while nothing is published: its
+# three computations' worth of fresh 128 MiB arrays (a load's two warm-up runs and one comparison).
+# It starts before the round's windows and waits for a line on stdin: its interpreter's start is not in them.
+OUTSIDE_CODE = ("import sys\nimport numpy as np\nsys.stdin.readline()\n"
+                "for _ in range(3):\n    np.ones((2, 4, 4_000_000), np.float32).sum()\n")
 # min_idle_cpu = 0: on a shared box the CPUs are seldom a quarter idle, and a candidate that never mirrors
 # is never judged; this is the gate's worst case for the clients (it mirrors whatever the load).
 GATE_TOML = "max_queue = 256\ntimeout_ms = 30000\n[rollout]\nshadow_requests = 200\nmin_idle_cpu = 0\n"
@@ -246,7 +256,11 @@ def gate_round(work: Path, kind: str, round_: int, args: argparse.Namespace, gen
     (root / "m" / "model.toml").write_text(GATE_TOML + extra)
     daemon = Daemon(work / f"{kind}{round_}", CONFIG.format(root=root)).start()
     inputs = parse_inputs([], ["x=2x4"], "float32")
+    outside = subprocess.Popen(["nice", "-n", "19", sys.executable, "-c", OUTSIDE_CODE], stdin=subprocess.PIPE,
+                               text=True) if kind == OUTSIDE else None
     try:
+        if outside is not None:
+            time.sleep(1.0)  # its imports done before the windows before
         before = [generator.submit(run_load, daemon.endpoint, "m", inputs, concurrency=GATE_CLIENTS,
                                    duration_s=GATE_WINDOW_S, warmup=0 if i else args.warmup).result()
                   for i in range(round(args.duration / GATE_WINDOW_S))]
@@ -255,6 +269,9 @@ def gate_round(work: Path, kind: str, round_: int, args: argparse.Namespace, gen
         began = time.monotonic()
         if repeat:
             (root / "m" / ".2").rename(root / "m" / "2")
+        if outside is not None and outside.stdin is not None:
+            outside.stdin.write("go\n")
+            outside.stdin.close()
         windows: list[BenchResult] = []
         while not windows or (not verdict_line(daemon) if repeat else len(windows) < CONTROL_WINDOWS):
             if time.monotonic() - began > 120:
@@ -263,10 +280,15 @@ def gate_round(work: Path, kind: str, round_: int, args: argparse.Namespace, gen
                                             duration_s=GATE_WINDOW_S).result())
         line = verdict_line(daemon)
         seconds = time.monotonic() - began  # an upper bound: to the end of the window that saw it
+        if outside is not None and outside.wait(60):
+            raise RuntimeError(f"{OUTSIDE}: its process failed ({outside.returncode})")
         return GateRound(before, windows, line.split("infermux.events: ")[1] if line else "", seconds,
                          "swapped model=m version=2" in daemon.log())
     finally:
         daemon.stop()
+        if outside is not None and outside.poll() is None:
+            outside.kill()
+            outside.wait()
 
 
 def verdict_line(daemon: Daemon) -> str:
@@ -319,12 +341,12 @@ def gate_report(results: dict[str, list[GateRound]], args: argparse.Namespace) -
         for i, r in enumerate(rounds):
             row, median_ratio, worst_ratio, refused = gate_row(kind, i, r)
             rows.append(row)
-            if kind == "none":
+            if kind in ("none", OUTSIDE):
                 continue
             met = met and refused and median_ratio <= 1.5
             met_worst = met_worst and refused and worst_ratio <= 1.5
     reasons = {kind: rounds[0].verdict.split('reason="', 1)[-1].split("; worst")[0].rstrip('"')[:220] for kind, rounds in
-               results.items() if rounds and kind != "none"}
+               results.items() if rounds and kind not in ("none", OUTSIDE)}
     return "\n".join([
         stamp(),
         f"Commit {commit()}; `flock /tmp/infermux-heavy.lock python tests/benchmarks/bench_rollout.py --gate "
@@ -339,7 +361,9 @@ def gate_report(results: dict[str, list[GateRound]], args: argparse.Namespace) -
         f"Client latencies (µs) in {GATE_WINDOW_S:g} s windows: {round(args.duration / GATE_WINDOW_S)} before "
         "publishing, and *windows* from "
         f"the publication to the verdict (*none*: nothing published, {CONTROL_WINDOWS} windows measured the same way, what "
-        "the measure gives on this box without a candidate). Window for window: the median window's p99 while it shadowed over the "
+        "the measure gives on this box without a candidate; *memory elsewhere*: nothing published, but another process at nice 19 "
+        "allocates and sums three [2,4,4000000] arrays, the memory-hungry candidate's work outside the daemon, measured as *none*). "
+        "Window for window: the median window's p99 while it shadowed over the "
         "median window's before (the typical second), and the worst window's over the worst before.",
         "",
         markdown_table(["candidate", "round", "verdict", "compared", "s", "windows", "p50 before", "p50 shadowing",
