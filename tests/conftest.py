@@ -22,19 +22,6 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     of their own; more would only queue them behind each other)."""
     return max(1, min(4, len(os.sched_getaffinity(0))))
 
-# The files that take longest, longest first (each run's `--durations` shows them). `-n auto --dist loadfile`
-# hands files to the workers in collection order; collected last, as tests/system is, they began when the
-# other worker had little left to do, and one worker ran them alone for minutes at the end.
-LONGEST_FIRST = ("test_install_arm64.py", "test_install.py", "test_deployment.py", "test_mqtt_outage.py",
-                 "test_matrix.py", "test_dock_walkthrough.py", "test_rollout_life.py", "test_prometheus_scrape.py")
-
-
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Run the longest files first (LONGEST_FIRST); the rest keep their order."""
-    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
-    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: each file's tests keep their order
-
-
 SESSION_MODELS = """
 [routing]
 version_mismatch = "fallback"
