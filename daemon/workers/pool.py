@@ -30,6 +30,7 @@ import zmq
 from infermux.config import COLD, ModelConfig
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.inline import InlinePolicy
+from infermux.execution.priority import lower_process
 from infermux.models import life
 from infermux.models.placer import LoadFailed
 from infermux.models.registry import Registry
@@ -184,6 +185,9 @@ class Workers:
                          mps=env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "on") if env else "off")
         free_before = self.memory.budget.available()
         try:
+            # Its `nice`: every thread of the process, before the engine loads, so that the threads its session
+            # makes inherit it. A spare taken is this version's alone (it stops with it): never handed on reniced.
+            lower_process(process.pid, mc.nice, f"the worker of {mc.name}:{mc.version}")
             ready = self._send_load(process, version)
         except (WorkerExited, TimeoutError, LoadFailed, wire.MalformedMessage) as exc:
             process.stop(1.0)
@@ -202,7 +206,8 @@ class Workers:
 
     def _send_load(self, process: WorkerProcess, mv: ModelVersion) -> wire.Ready:
         # The daemon's proxy bounds what is in flight; the worker's own queue must never refuse.
-        config = replace(mv.config, engine=mv.source or mv.config.engine, rollout=None, max_queue=1 << 30,
+        # nice = 0 there: its every thread is at the version's nice already (`load`), not to be added twice.
+        config = replace(mv.config, engine=mv.source or mv.config.engine, rollout=None, max_queue=1 << 30, nice=0,
                          strategy=mv.config.strategy or self.registry.config.routing.strategy)
         shapes = tuple(self.registry.warm_shapes(config.name))  # what its pipelines send it, to warm it at
         if not process.send([wire.Load(config, shapes).encode()], wait_s=10.0):
