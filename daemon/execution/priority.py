@@ -18,6 +18,8 @@ from infermux.config import MAX_NICE
 
 log = logging.getLogger("infermux.priority")
 
+RENICE_ROUNDS = 8  # looks at a process's threads at most: one that makes threads without end is not waited on
+
 
 def lower_this_thread(nice: int, what: str) -> None:
     """Add `nice` (0-19; the result is capped at 19) to the calling thread's nice value."""
@@ -38,7 +40,7 @@ def lower_process(pid: int, nice: int, what: str) -> None:
         return
     target = min(MAX_NICE, os.getpriority(os.PRIO_PROCESS, os.getpid()) + nice)
     done: set[int] = set()
-    while True:  # again until no new thread shows: one made meanwhile took its maker's old value
+    for _ in range(RENICE_ROUNDS):  # again until no new thread shows: one made meanwhile took its maker's old value
         try:
             tids = {int(t) for t in os.listdir(f"/proc/{pid}/task")} - done
         except OSError:
