@@ -55,8 +55,10 @@ class WorkerCpu:
 
 
 class MemoryProbe:
-    """The most memory a candidate's worker process held: its footprint now (with its GPU memory), or its
-    peak resident memory (VmHWM) where higher, which a request that allocates and frees a lot leaves behind."""
+    """The most memory a candidate's worker process held beyond what it held fresh, before it loaded anything
+    (an interpreter and its imports, which a hot model's own version does not hold): its footprint now (with
+    its GPU memory), or its peak resident memory (VmHWM) where higher, which a request that allocates and
+    frees a lot leaves behind."""
 
     def __init__(self, candidate: ModelVersion) -> None:
         self.candidate = candidate
@@ -73,7 +75,10 @@ class MemoryProbe:
         except OSError:
             status = ""
         peak = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0)
-        return max(now, peak) or None
+        hello = getattr(getattr(placement, "process", None), "hello", None)
+        base = getattr(hello, "rss", 0) or 0
+        held = max(now, peak)
+        return max(1, held - base) if held else None
 
 
 class CpuIdle:

@@ -207,15 +207,15 @@ class Rollouts:
             self.registry.discard(listed)
             listed = None
         rollout = Rollout(candidate, own, config, listed, digest)
-        candidate.reason = rollout.progress()
+        rollout.measures.held(MemoryProbe(candidate).held())  # what its load left (its warm-up's peak), read
+        candidate.reason = rollout.progress()  # before the shadow thread can take a sample of it
         model.candidate = candidate
         with self._lock:
             self.by_model = {**self.by_model, candidate.name: rollout}
         self._bell.set()  # the shadow thread sleeps while no candidate shadows: it has one to look at
         life.say(self.events, candidate, "rollout_started", shadow_requests=config.shadow_requests,
                          compare=config.compare, min_agreement=config.min_agreement)
-        if candidate.memory_bytes:  # what its load measured: over max_memory_mb already, it is refused now
-            rollout.measures.held(candidate.memory_bytes)
+        if rollout.measures.memory_known:  # its load's peak over max_memory_mb already: refused before it compares
             self._judge(rollout)
 
     def candidate_of(self, name: str, version: str) -> Rollout:
@@ -444,8 +444,8 @@ class Rollouts:
         if placement is None:
             return "no version serves"
         # What the frontend computes itself waits in the socket, where no queue shows it; and a
-        # candidate at nice 19 still holds the GIL it shares with the frontend when the box is
-        # full. So mirroring also waits while the CPUs have too little idle time to take it. The
+        # candidate's worker at nice 19 still takes a core the box may need, and the shadow thread the
+        # lock to compare. So mirroring also waits while the CPUs have too little idle time to take it. The
         # CPUs are named first where both hold: min_idle_cpu is the operator's own knob, and a
         # serving version at its capacity comes and goes between requests.
         idle, needed = self._cpu.idle(), rollout.config.min_idle_cpu

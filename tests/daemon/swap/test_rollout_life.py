@@ -288,6 +288,23 @@ def test_a_candidate_that_agrees_but_is_slow_or_memory_hungry_is_refused_before_
     assert states(daemon) == {"1": "ready", "2": "failed"}
 
 
+def test_a_small_candidate_fits_a_small_max_memory_mb_though_its_worker_holds_an_interpreter(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    """A candidate's memory is what its worker holds beyond a fresh worker's (the interpreter and its imports,
+    about 50 MiB, which the model's own hot version never holds): an add-one model fits in 32 MiB and passes."""
+    publish_heavy(root, 1, repeat=1)
+    daemon = start(n=5, rollout_extra="max_memory_mb = 32\n")
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    publish_heavy(root, 2, repeat=1)
+    daemon.wait_for("rollout_started model=m version=2", 30)
+    row = version_row(daemon, "2", "candidate")  # no traffic yet: it waits, shadowing nothing
+    assert row and row["worker"]["rss_bytes"] > 32 << 20, row  # the whole process would be over the limit
+    with Traffic(daemon, "m") as traffic:
+        daemon.wait_for("rollout_passed model=m version=2", 60)
+        traffic.saw("2")
+    assert "rollout_failed" not in daemon.log(), daemon.log()
+
+
 def shadowing(daemon: Daemon) -> dict:
     """The `rollout` view of m's candidate ({} while none shadows)."""
     with daemon.admin() as admin:
