@@ -114,12 +114,15 @@ class Workers:
         percentage = (mc.mps_thread_percentage if mc is not None else 0) or daemon.mps_thread_percentage
         return self.mps.environment(daemon.mps, daemon.mps_pipe_dir, percentage)
 
-    def _spawn(self, env: Mapping[str, str]) -> WorkerProcess:
+    def _spawn(self, env: Mapping[str, str], nice: int = 0) -> WorkerProcess:
         daemon = self.registry.config.daemon
         process = WorkerProcess(self.ctx, self.run_dir, next(self._ids), self._preload(),
                                 heartbeat_s=min(0.25, self.hang_s / 4),
                                 inline=InlinePolicy(daemon.inline_max_us, daemon.inline_busy_max_us),
                                 log_level=daemon.log_level, env=env)
+        # A version's own worker at its `nice` from the start: its interpreter's start-up and imports take
+        # spare CPU only too (a spare, started ahead of need, is lowered once it is taken: `load`).
+        lower_process(process.pid, nice, f"worker {process.pid}")
         try:
             process.hello = process.wait_for(wire.Hello, timeout_s=60)
         except BaseException:
@@ -178,7 +181,7 @@ class Workers:
             env = self.mps_env(mc)
             process = self._take_spare(env)
             spare = process is not None
-            process = process or self._spawn(env)
+            process = process or self._spawn(env, mc.nice)
         except Exception as exc:
             raise LoadFailed(exc, "worker start") from exc
         self.events.emit("worker_started", mc.name, mc.version, pid=process.pid, spare=spare,
