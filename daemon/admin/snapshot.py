@@ -87,7 +87,7 @@ def version_view(server: "Daemon", mv: ModelVersion) -> dict[str, Any]:
         "in_flight": sum(c.in_flight for c in contexts),
         "max_queue": queueing.pop("max_queue"),
         "timeout_ms": mc.timeout_ms, **_routing(server, model, mv), **queueing,
-        "nice": mc.nice,  # added to its contexts' threads' nice value (execution/priority.py)
+        "nice": mc.nice,  # added to its contexts' threads' nice value, or a cold one's worker's (execution/priority.py)
         "memory_bytes": mv.memory_bytes, "engine": str(mc.engine),
         "backend": mc.backend or mc.engine.suffix.lstrip("."),
         "last_load_ms": round(mv.last_load_s * 1000),

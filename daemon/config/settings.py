@@ -255,7 +255,8 @@ class ModelConfig:
     rollout: RolloutConfig | None = setting(None, TABLE, "`[models.rollout]`: a published version shadows live "
                                             "requests and earns its traffic first", applies=LIVE,
                                             section=RolloutConfig)
-    nice: int = setting(0, INT, "added to its contexts' threads' nice value: the CPU goes to the rest first",
+    nice: int = setting(0, INT, "added to its contexts' threads' nice value (cold: to every thread of its worker "
+                        "process, from before its engine loads): the CPU goes to the rest first",
                         applies=RELOAD, low=0, high=MAX_NICE)
 
     @property

@@ -97,6 +97,8 @@ TABLE: tuple[Step, ...] = (
     Step(P.GONE, "rollout_cancelled", P.GONE, "superseded, pinned out, its file removed: never judged, it "
                                               "shadows again when wanted"),
     Step(P.PASSED, "swapped", P.SERVING, "switched in: every request from now on"),
+    Step(P.PASSED, "draining", P.DRAINING, "the candidate's worker, once its version, loaded afresh at the "
+                                           "model's own placement and priority, serves"),
     Step(P.REFUSED, "rollout_retry", P.FOUND, "`ctl retry MODEL VERSION`: it shadows again once it loads"),
     Step(P.SERVING, "draining", P.DRAINING, "superseded, replaced, moved, removed, idle, evicted, stopping"),
     Step(P.VERIFIED, "draining", P.DRAINING, "loaded, then not wanted before it served"),

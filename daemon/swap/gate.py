@@ -4,8 +4,8 @@ A candidate must agree (`min_agreement` of `shadow_requests` comparisons),
 be about as fast as what serves (`max_latency_ratio`: its p99 over the
 serving version's p99, both the engines' compute times on the same mirrored
 requests) and hold no more than `max_memory_mb` (the most it was measured
-to hold: its engine's figure, or what its worker process or the daemon grew
-by while it computed). It is refused the moment it can no longer pass:
+to hold: what its worker process held beyond a fresh worker's, at its
+peak). It is refused the moment it can no longer pass:
 when even agreeing on every comparison left would not reach
 `min_agreement`, when it was measured over `max_memory_mb`, once even its
 fastest of LATENCY_FIRST comparisons took over GROSS times

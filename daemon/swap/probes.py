@@ -1,77 +1,84 @@
 """What the shadow thread reads about the box and about a candidate (swap/rollout.py): the share of the
-CPUs' time that was idle, the share of its time the frontend thread worked, and the memory a candidate
-holds while it computes one request. Each is read by one thread at a time; none decides anything.
+CPUs' time that was idle, the share of its time the frontend thread worked, and what a candidate's worker
+process used while it computed one request (its CPU and its memory). Each is read by one thread at a time;
+none decides anything.
 """
 
 from __future__ import annotations
 
 import os
-import threading
 import time
-from typing import Any, Callable
+from pathlib import Path
+from typing import Callable
 
-from infermux.execution.priority import lower_this_thread
 from infermux.models.version import ModelVersion
-from infermux.pipelines.calls import StepCall
 
 CPU_WINDOW_S = 0.05  # the CPUs' idle share is measured over this long at least
-NICE = 19  # the shadow's threads, and what computes a candidate: the lowest CPU priority
 
-MEMORY_LOOK_S = 0.005  # how often the memory a candidate holds is read while it computes
-PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+def _pid(candidate: ModelVersion) -> int | None:
+    pid = getattr(candidate.placement, "pid", None)
+    return pid if isinstance(pid, int) else None
+
+
+def cpu_ns(pid: int, proc: str = "/proc") -> int | None:
+    """The nanoseconds on a CPU of every live thread of process `pid` (the first field of each thread's
+    schedstat); None where /proc does not say."""
+    total, found = 0, False
+    try:
+        tasks = os.listdir(f"{proc}/{pid}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            total += int(Path(f"{proc}/{pid}/task/{tid}/schedstat").read_bytes().split()[0])
+            found = True
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            continue
+    return total if found else None
+
+
+class WorkerCpu:
+    """The CPU a candidate's worker process used from now on: it computes one mirrored request at a time, so
+    that is the request's cost, without what a busy box kept a nice-19 process waiting."""
+
+    def __init__(self, candidate: ModelVersion) -> None:
+        self.pid = _pid(candidate)
+        self.before = cpu_ns(self.pid) if self.pid is not None else None
+
+    def used_us(self) -> int | None:
+        """Microseconds on a CPU since it was made; None where they cannot be read (wall time is used)."""
+        after = cpu_ns(self.pid) if self.pid is not None else None
+        if after is None or self.before is None:
+            return None
+        return max(0, after - self.before) // 1000
 
 
 class MemoryProbe:
-    """The most memory a candidate is seen to hold while it computes one request: its worker process's
-    footprint (cold), or its engine's figure plus what the daemon's resident memory grew by meanwhile (hot:
-    the candidate computes one request at a time, so what the daemon grows by then is mostly its)."""
+    """The most memory a candidate's worker process held beyond what it held fresh, before it loaded anything
+    (an interpreter and its imports, which a hot model's own version does not hold): its footprint now (with
+    its GPU memory), or its peak resident memory (VmHWM) where higher, which a request that allocates and
+    frees a lot leaves behind."""
 
     def __init__(self, candidate: ModelVersion) -> None:
         self.candidate = candidate
-        self.cold = candidate.worker_info() is not None
-        self.base = self._read()
-        self.peak = self.base
-
-    def _read(self) -> int | None:
-        placement = self.candidate.placement
-        if self.cold:
-            return placement.footprint() if placement is not None else None
-        try:
-            with open("/proc/self/statm", "rb") as f:
-                return int(f.read().split()[1]) * PAGE
-        except (OSError, ValueError, IndexError):
-            return None
-
-    def watch(self, waiter: StepCall, timeout_s: float) -> bool:
-        """Wait for the answer, reading the memory meanwhile from a thread of its own (the placement
-        may hand the compute back to run on this very thread: StepCall.wait); False if none came
-        within `timeout_s`."""
-        done = threading.Event()
-
-        def sample() -> None:
-            lower_this_thread(NICE, "a candidate's memory probe")
-            while not done.wait(MEMORY_LOOK_S):
-                now = self._read()
-                if now is not None and self.peak is not None:
-                    self.peak = max(self.peak, now)
-
-        sampler = threading.Thread(target=sample, name="rollout-memory", daemon=True)
-        sampler.start()
-        try:
-            return waiter.wait(timeout_s)
-        finally:
-            done.set()
-            sampler.join()
 
     def held(self) -> int | None:
         """The bytes it was seen to hold (None where they cannot be read)."""
-        if self.peak is None or self.base is None:
+        placement = self.candidate.placement
+        if placement is None or not hasattr(placement, "footprint"):
             return None
-        if self.cold:
-            return self.peak
-        engine: Any = self.candidate.engine
-        own = engine.memory_bytes() if engine is not None and hasattr(engine, "memory_bytes") else 0
-        return own + max(0, self.peak - self.base)
+        now = int(placement.footprint())
+        pid = _pid(self.candidate)
+        try:
+            status = Path(f"/proc/{pid}/status").read_text() if pid is not None else ""
+        except OSError:
+            status = ""
+        peak = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("VmHWM:")), 0)
+        hello = getattr(getattr(placement, "process", None), "hello", None)
+        base = getattr(hello, "rss", 0) or 0
+        held = max(now, peak)
+        return max(1, held - base) if held else None
 
 
 class CpuIdle:

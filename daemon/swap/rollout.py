@@ -3,27 +3,29 @@
 For a model with a `[models.rollout]` table, the swapper does not switch a
 newly published engine in: it loads it beside the serving version as the
 model's **candidate** (`Switch.load_beside`; state `candidate`, in no routing
-table) and starts a `Rollout` here. The frontend hands over a copy of live
-requests of the model (inputs, and the answer the serving version gave:
-frontend/mirror.py); the `shadow` thread computes each on the candidate's
-own placement, submitted from this thread (so never inline on the frontend,
-and never through the router: no client can receive it), and compares the
-answers (models/agreement.py). After `shadow_requests` comparisons the
-candidate is promoted (`rollout_passed`; `Switch.switch`, then the swapper
-retires what it replaced) or refused (`rollout_failed`: the agreement, the
-worst disagreement and its request's input shapes; the version's state says
-why and the serving version stays). `promote_now` and `reject` decide early.
+table) and starts a `Rollout` here. Whatever the model's placement, the
+candidate is loaded cold, in a worker process of its own whose every thread
+runs at nice 19 from before its engine loads (workers/pool.py): a low
+priority thread inside the daemon would share the interpreter lock and the
+address space with the frontend, and its clients would pay for both. The
+frontend hands over a copy of live requests of the model (inputs, and the
+answer the serving version gave: frontend/mirror.py); the `shadow` thread
+sends each to the candidate's worker (never through the router: no client
+can receive it), waits, and compares the answers (models/agreement.py).
+After `shadow_requests` comparisons the candidate is promoted: the version
+is loaded afresh at the model's own configuration (its placement and its
+nice) beside what serves, switched in (`rollout_passed`; the swapper
+retires what it replaced), and the candidate's worker stops; if that load
+fails the candidate is refused with its reason. Else it is refused
+(`rollout_failed`: the agreement, the worst disagreement and its request's
+input shapes; the version's state says why and the serving version stays).
+`promote_now` and `reject` decide early.
 
 Mirroring never costs a client: a copy is taken only while the rollout's
 queue has room (else the request is just counted as not mirrored), the
-candidate is loaded by a thread at the lowest CPU priority (`load`) and
-computes one request at a time at that priority too (on
-the shadow's compute thread, nice 19, where its placement hands the
-request back;
-else on its executor threads or every thread of its worker process,
-reniced, and back at their own priority once it is promoted), and its
-time is the CPU it used where it computed here (what a busy box kept a
-nice-19 thread waiting is not the engine's), and mirroring waits while
+candidate computes one request at a time at the lowest CPU priority, and
+its time is the CPU its worker process used meanwhile (what a busy box kept
+a nice-19 process waiting is not the engine's), and mirroring waits while
 every context of the serving version is busy, while less than
 `min_idle_cpu` of the CPUs' time is idle (/proc/stat), or while the
 frontend thread worked more than half its time: it takes spare CPU only
@@ -39,12 +41,10 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections import Counter, deque
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable
 
 import numpy as np
@@ -53,7 +53,6 @@ from infermux.config import COLD, MAX_NICE, ModelConfig, RolloutConfig
 from infermux.events import EventLog
 from infermux.execution.job import Internal, Job
 from infermux.execution.placement import Admission
-from infermux.execution.priority import lower_this_thread
 from infermux.models import life
 from infermux.models.agreement import Rule, Verdict, compare, compare_regions
 from infermux.models.registry import Registry
@@ -61,7 +60,7 @@ from infermux.models.verdicts import Decisions
 from infermux.models.version import ModelVersion, State
 from infermux.pipelines.calls import StepCall, StepFailed
 from infermux.swap.gate import Measures, judge
-from infermux.swap.probes import NICE, CpuIdle, LoopBusy, MemoryProbe
+from infermux.swap.probes import CpuIdle, LoopBusy, MemoryProbe, WorkerCpu
 from infermux.protocol import Request
 
 log = logging.getLogger("infermux.rollout")
@@ -97,7 +96,7 @@ class Computed:
     error: str = ""
     compute_us: int = 0
     memory_bytes: int | None = None  # the most it was measured to hold meanwhile; None where it cannot be told
-    cpu_timed: bool = False  # compute_us is at most the CPU it took (computed here): no busy box's wait in it
+    cpu_timed: bool = False  # compute_us is at most the CPU its worker took: no busy box's wait in it
 
 
 @dataclass
@@ -105,6 +104,7 @@ class Rollout:
     """One candidate and how its comparisons went."""
 
     candidate: ModelVersion
+    own: ModelConfig  # the version at the model's own placement and nice: what is loaded once it passes
     config: RolloutConfig
     replaces: ModelVersion | None  # the entry of the candidate's own version it would replace, if any
     digest: str = ""  # sha256 of its engine file: what its verdict is kept under (models/verdicts.py)
@@ -118,7 +118,6 @@ class Rollout:
     looked: float = 0.0
     paced_until: float = 0.0  # no mirroring before this (monotonic): the candidate was slower than the serving version
     computing_s: float = 0.0  # the candidate's compute time over every comparison
-    reniced: list[tuple[int, int]] = field(default_factory=list)  # (thread id, its nice before) of its compute threads
     said_paused: float = -math.inf  # when `rollout_paused` was last said
     unsaid: int = 0  # pauses since then that no event said (a box at its capacity comes and goes)
     told: bool = False  # the current pause was said: its end is said too
@@ -172,44 +171,29 @@ class Rollouts:
         self._lock = threading.Lock()
         self._bell = threading.Event()
         self._stopping = False
-        # The candidate's requests are computed here, at the lowest priority, where its placement hands them
-        # back (a hot version that does not batch); the shadow thread, which looks for the moments the
-        # serving version is idle and compares, keeps the daemon's: at nice 19 on a busy box it would
-        # seldom look at the right moment.
-        self._computer = ThreadPoolExecutor(1, thread_name_prefix="shadow-compute", initializer=lower_this_thread,
-                                            initargs=(NICE, "a candidate's compute"))
+        # The shadow thread, which looks for the moments the serving version is idle and compares, keeps
+        # the daemon's priority (at nice 19 on a busy box it would seldom look at the right moment); what
+        # computes a candidate is its worker process, at nice 19.
         self._thread = threading.Thread(target=self._run, name="shadow", daemon=True)
         self._thread.start()
 
     # -- starting and deciding ------------------------------------------------------------
 
     def load(self, config: ModelConfig) -> ModelVersion:
-        """A candidate for `config`, loaded beside what serves (`Switch.load_beside`) by a thread of its own, at
-        the lowest CPU priority for a hot one: its engine's set-up and warm-up take spare CPU only, as its
-        comparisons do. (A cold one loads in its worker process, which would inherit that priority: its
-        compute times, measured there as wall times, would then say more about a busy box than about it.)
-        Check `.ready`."""
-        loaded: list[ModelVersion] = []
-        failed: list[BaseException] = []
+        """A candidate for `config`, loaded beside what serves (`Switch.load_beside`) as a cold version at the
+        lowest CPU priority, whatever the model's placement: in a worker process of its own, every thread of
+        which runs at nice 19 from before its engine loads (workers/pool.py), so its set-up, warm-up and
+        comparisons take spare CPU only and share neither the interpreter lock nor the address space with
+        the frontend. Check `.ready`."""
+        return self.registry.switch.load_beside(replace(config, placement=COLD, nice=MAX_NICE))
 
-        def run() -> None:
-            if config.placement != COLD:
-                lower_this_thread(NICE, f"loading the candidate {config.name}:{config.version}")
-            try:
-                loaded.append(self.registry.switch.load_beside(config))
-            except BaseException as exc:  # raised here instead, as a load on this thread would
-                failed.append(exc)
-
-        loader = threading.Thread(target=run, name="candidate-load", daemon=True)
-        loader.start()
-        loader.join()
-        if failed:
-            raise failed[0]
-        return loaded[0]
-
-    def start(self, candidate: ModelVersion, config: RolloutConfig, digest: str = "") -> None:
-        """`candidate` (loaded by `Switch.load_beside`; `digest` its engine file's sha256) shadows its
-        model from now on; an earlier candidate of the model is cancelled."""
+    def start(self, candidate: ModelVersion, own: ModelConfig, digest: str = "") -> None:
+        """`candidate` (loaded by `load`; `own` the version's configuration, with its rollout table, at the
+        model's own placement; `digest` its engine file's sha256) shadows its model from now on; an earlier
+        candidate of the model is cancelled."""
+        config = own.rollout
+        if config is None:
+            raise ValueError(f"{own.name}:{own.version} has no rollout table")
         model = self.registry.model(candidate.name)
         if model is None:
             self.registry.unload(candidate, reason="its model is gone")
@@ -222,17 +206,16 @@ class Rollouts:
         if listed is not None and not listed.ready:  # its earlier failure: the version is listed once, as candidate
             self.registry.discard(listed)
             listed = None
-        rollout = Rollout(candidate, config, listed, digest)
-        candidate.reason = rollout.progress()
-        rollout.reniced = _renice(candidate)
+        rollout = Rollout(candidate, own, config, listed, digest)
+        rollout.measures.held(MemoryProbe(candidate).held())  # what its load left (its warm-up's peak), read
+        candidate.reason = rollout.progress()  # before the shadow thread can take a sample of it
         model.candidate = candidate
         with self._lock:
             self.by_model = {**self.by_model, candidate.name: rollout}
         self._bell.set()  # the shadow thread sleeps while no candidate shadows: it has one to look at
         life.say(self.events, candidate, "rollout_started", shadow_requests=config.shadow_requests,
                          compare=config.compare, min_agreement=config.min_agreement)
-        if candidate.memory_bytes:  # what its load measured: over max_memory_mb already, it is refused now
-            rollout.measures.held(candidate.memory_bytes)
+        if rollout.measures.memory_known:  # its load's peak over max_memory_mb already: refused before it compares
             self._judge(rollout)
 
     def candidate_of(self, name: str, version: str) -> Rollout:
@@ -245,6 +228,8 @@ class Rollouts:
     def promote_now(self, name: str, version: str) -> str:
         rollout = self.candidate_of(name, version)
         self._decide(rollout, passed=True, why="promoted by an operator")
+        if rollout.decided != "passed":  # it failed to load at the model's own placement
+            raise ValueError(f"{name}:{version} was refused: {rollout.candidate.reason}")
         return f"{name}:{version} serves (promoted after {rollout.compared} comparisons)"
 
     def reject(self, name: str, version: str) -> str:
@@ -283,21 +268,30 @@ class Rollouts:
             self._refuse(rollout, why)
 
     def _promote(self, rollout: Rollout, why: str) -> None:
+        """The version loaded afresh at the model's own placement and priority, switched in, and the
+        candidate's worker stopped; refused with the load's reason if that load fails (what serves stays)."""
         candidate = rollout.candidate
+        promoted = self.registry.switch.load_beside(rollout.own, like=candidate)
+        if not promoted.ready:
+            rollout.decided = "failed"
+            self._refuse(rollout, f"rollout passed, but the version failed to load at its own placement: "
+                                  f"{promoted.reason}")
+            return
         life.say(self.events, candidate, "rollout_passed", agreement=round(rollout.agreement(), 4),
-                         compared=rollout.compared, **({"reason": why} if why else {}))
+                 compared=rollout.compared, **({"reason": why} if why else {}))
         self.decisions.record(candidate.name, candidate.version, rollout.digest, "passed", why)
         model = self.registry.model(candidate.name)
-        candidate.state, candidate.reason = State.READY, ""
-        _restore(candidate, rollout.reniced)  # it serves at its own priority from now on
+        promoted.memory_bytes = promoted.memory_bytes or candidate.memory_bytes
         try:
-            previous = self.registry.switch.switch(candidate, "promoted")
+            previous = self.registry.switch.switch(promoted, "promoted")
         except ValueError as exc:  # unloaded meanwhile (an operator's unload, memory)
             life.say(self.events, candidate, "failed", reason=f"promotion failed: {exc}")
             previous = None
         if model is not None and model.candidate is candidate:
             model.candidate = None
-        life.say(self.events, candidate, "swapped", reason="rollout passed")
+        life.say(self.events, promoted, "swapped", reason="rollout passed")
+        self.registry.unload(candidate, self.registry.config.daemon.drain_timeout_s,
+                             reason="promoted: its version serves at its own placement")
         if previous is not None:
             self.registry.switch.drain(previous, "replaced by its candidate")
         self.registry.check_fallbacks(candidate.name)
@@ -336,12 +330,14 @@ class Rollouts:
         if model is not None and not cancel and candidate.version not in model.versions:
             # A refused new version stays listed among the versions, failed, saying why (whatever candidate
             # comes next); a refused file of a serving version is said by that version's reason (swapper),
-            # and a cancelled candidate is forgotten.
+            # and a cancelled candidate is forgotten. It is listed at the model's own placement, where it
+            # would have served.
+            candidate.config = rollout.own
             self.registry.put(candidate)
 
     def close(self) -> None:
         self._stopping = True
-        self._bell.set()  # (its compute thread ends with the interpreter: a comparison under way is bounded)
+        self._bell.set()  # (a comparison under way is bounded by its timeout)
 
     # -- the frontend's side ------------------------------------------------------------------
 
@@ -448,8 +444,8 @@ class Rollouts:
         if placement is None:
             return "no version serves"
         # What the frontend computes itself waits in the socket, where no queue shows it; and a
-        # candidate at nice 19 still holds the GIL it shares with the frontend when the box is
-        # full. So mirroring also waits while the CPUs have too little idle time to take it. The
+        # candidate's worker at nice 19 still takes a core the box may need, and the shadow thread the
+        # lock to compare. So mirroring also waits while the CPUs have too little idle time to take it. The
         # CPUs are named first where both hold: min_idle_cpu is the operator's own knob, and a
         # serving version at its capacity comes and goes between requests.
         idle, needed = self._cpu.idle(), rollout.config.min_idle_cpu
@@ -472,15 +468,8 @@ class Rollouts:
         return compare(rollout.rule(), sample.outputs, computed.outputs)
 
     def _computed(self, candidate: ModelVersion, inputs: dict[str, np.ndarray]) -> Computed:
-        """A hot candidate's answer computed on the compute thread, at nice 19 (its placement hands the request
-        back there); a cold one's worker computes it, and this thread only waits for it."""
-        if candidate.worker_info() is not None:
-            return self._compute(candidate, inputs)
-        return self._computer.submit(self._compute, candidate, inputs).result()
-
-    def _compute(self, candidate: ModelVersion, inputs: dict[str, np.ndarray]) -> Computed:
-        """The candidate's answer to `inputs`, computed on its own placement, with its compute time and
-        the memory it was seen to hold meanwhile."""
+        """The candidate's answer to `inputs`, computed by its worker process, with its compute time (at most
+        the CPU the worker used meanwhile: it computes one request at a time) and the memory it held."""
         placement = candidate.placement
         if placement is None:
             return Computed({}, "it is not loaded")
@@ -491,24 +480,23 @@ class Rollouts:
         # serving version (the fallback path); a stuck candidate is the sink's timeout below.
         job = Job(Internal(sink), Request(model=candidate.name, inputs=inputs), [], now, now + NO_DEADLINE_NS)
         job.target = candidate
-        memory = MemoryProbe(candidate)
-        cpu = time.thread_time_ns()
+        cpu = WorkerCpu(candidate)
         admission = placement.submit(job)
         if admission is not Admission.QUEUED:
             return Computed({}, f"it took no request ({admission.name.lower()})")
-        if not memory.watch(sink, MIRROR_TIMEOUT_S + 1.0):
+        memory = MemoryProbe(candidate)
+        if not sink.wait(MIRROR_TIMEOUT_S + 1.0):
             return Computed({}, f"no answer within {MIRROR_TIMEOUT_S:.0f} s", memory_bytes=memory.held())
         try:
             reply = sink.answer(candidate.name, in_process=True)
         except StepFailed as exc:
             return Computed({}, f"status {exc.status}: {exc.message}", memory_bytes=memory.held())
-        # Its compute time as the serving version's is measured (the placement's figure); the time from
-        # submit to answer where the placement gave none.
+        # Its compute time as the serving version's is measured (the worker's figure); the time from submit
+        # to answer where it gave none; at most the CPU its process used (a nice-19 process waits on a busy box).
         spent = sink.outcome.compute_us if sink.outcome is not None else (time.perf_counter_ns() - now) // 1000
-        if sink.here:  # computed on this thread, at nice 19: what a busy box kept it waiting is not its own time
-            spent = min(spent, (time.thread_time_ns() - cpu) // 1000)
-        return Computed({k: np.array(v) for k, v in reply.outputs.items()}, compute_us=spent,
-                        memory_bytes=memory.held(), cpu_timed=sink.here)
+        used = cpu.used_us()
+        return Computed({k: np.array(v) for k, v in reply.outputs.items()}, compute_us=min(spent, used)
+                        if used is not None else spent, memory_bytes=memory.held(), cpu_timed=used is not None)
 
 
 def _pace(rollout: Rollout, serving_us: int, compute_us: int) -> None:
@@ -529,41 +517,3 @@ def _boxes(outputs: dict[str, np.ndarray]) -> list[dict[str, Any]]:
     if first is None or first.ndim == 0 or first.shape[-1] < 4:
         return []
     return [{"box": [float(v) for v in row[:4]]} for row in first.reshape(-1, first.shape[-1])]
-
-
-def _renice(candidate: ModelVersion) -> list[tuple[int, int]]:
-    """The lowest CPU priority for what may compute the candidate besides the shadow thread: its executor
-    threads, or its worker process's main thread (Linux keeps a nice value per thread: the worker's compute
-    threads keep theirs, as `load` explains); (thread id, nice before) of each one lowered."""
-    placement: Any = candidate.placement
-    worker = candidate.worker_info()
-    ids = [worker["pid"]] if worker is not None else [
-        e._thread.native_id for e in getattr(placement, "executors", []) if getattr(e, "_thread", None)]
-    lowered = []
-    # Their own priority: the daemon's plus the version's `nice` (they were made by `load`'s thread, at NICE).
-    own = min(MAX_NICE, os.getpriority(os.PRIO_PROCESS, os.getpid()) + candidate.config.nice)
-    for ident in ids:
-        try:
-            before = own
-            os.setpriority(os.PRIO_PROCESS, ident, NICE)
-        except (OSError, TypeError):  # not allowed here, or gone: mirroring still pauses under load
-            continue
-        lowered.append((ident, before))
-    return lowered
-
-
-def _restore(candidate: ModelVersion, lowered: list[tuple[int, int]]) -> None:
-    """A promoted candidate's threads back at the priority they had (raising one needs CAP_SYS_NICE: said
-    in the log where the daemon lacks it)."""
-    failed = 0
-    for ident, before in lowered:
-        try:
-            os.setpriority(os.PRIO_PROCESS, ident, before)
-        except ProcessLookupError:
-            continue
-        except OSError:
-            failed += 1
-    if failed:
-        log.warning("%s:%s serves with %d of its threads still at nice %d: raising a priority needs CAP_SYS_NICE "
-                    "(or a RLIMIT_NICE that allows it); give the daemon one, or restart it to serve at its own",
-                    candidate.name, candidate.version, failed, NICE)

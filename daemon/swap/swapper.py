@@ -482,7 +482,7 @@ class Swapper:
         assert mc.rollout is not None
         candidate = self.daemon.rollouts.load(mc)
         if candidate.ready:
-            self.daemon.rollouts.start(candidate, mc.rollout, self._digest(f))
+            self.daemon.rollouts.start(candidate, mc, self._digest(f))
         elif replacing is not None:
             replacing.reason = f"new engine file rejected ({candidate.reason}); serving the previous file"
         else:

@@ -30,6 +30,7 @@ import zmq
 from infermux.config import COLD, ModelConfig
 from infermux.execution.hooks import FrontendHooks
 from infermux.execution.inline import InlinePolicy
+from infermux.execution.priority import lower_process
 from infermux.models import life
 from infermux.models.placer import LoadFailed
 from infermux.models.registry import Registry
@@ -113,12 +114,15 @@ class Workers:
         percentage = (mc.mps_thread_percentage if mc is not None else 0) or daemon.mps_thread_percentage
         return self.mps.environment(daemon.mps, daemon.mps_pipe_dir, percentage)
 
-    def _spawn(self, env: Mapping[str, str]) -> WorkerProcess:
+    def _spawn(self, env: Mapping[str, str], nice: int = 0) -> WorkerProcess:
         daemon = self.registry.config.daemon
         process = WorkerProcess(self.ctx, self.run_dir, next(self._ids), self._preload(),
                                 heartbeat_s=min(0.25, self.hang_s / 4),
                                 inline=InlinePolicy(daemon.inline_max_us, daemon.inline_busy_max_us),
                                 log_level=daemon.log_level, env=env)
+        # A version's own worker at its `nice` from the start: its interpreter's start-up and imports take
+        # spare CPU only too (a spare, started ahead of need, is lowered once it is taken: `load`).
+        lower_process(process.pid, nice, f"worker {process.pid}")
         try:
             process.hello = process.wait_for(wire.Hello, timeout_s=60)
         except BaseException:
@@ -177,13 +181,16 @@ class Workers:
             env = self.mps_env(mc)
             process = self._take_spare(env)
             spare = process is not None
-            process = process or self._spawn(env)
+            process = process or self._spawn(env, mc.nice)
         except Exception as exc:
             raise LoadFailed(exc, "worker start") from exc
         self.events.emit("worker_started", mc.name, mc.version, pid=process.pid, spare=spare,
                          mps=env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "on") if env else "off")
         free_before = self.memory.budget.available()
         try:
+            # Its `nice`: every thread of the process, before the engine loads, so that the threads its session
+            # makes inherit it. A spare taken is this version's alone (it stops with it): never handed on reniced.
+            lower_process(process.pid, mc.nice, f"the worker of {mc.name}:{mc.version}")
             ready = self._send_load(process, version)
         except (WorkerExited, TimeoutError, LoadFailed, wire.MalformedMessage) as exc:
             process.stop(1.0)
@@ -202,7 +209,8 @@ class Workers:
 
     def _send_load(self, process: WorkerProcess, mv: ModelVersion) -> wire.Ready:
         # The daemon's proxy bounds what is in flight; the worker's own queue must never refuse.
-        config = replace(mv.config, engine=mv.source or mv.config.engine, rollout=None, max_queue=1 << 30,
+        # nice = 0 there: its every thread is at the version's nice already (`load`), not to be added twice.
+        config = replace(mv.config, engine=mv.source or mv.config.engine, rollout=None, max_queue=1 << 30, nice=0,
                          strategy=mv.config.strategy or self.registry.config.routing.strategy)
         shapes = tuple(self.registry.warm_shapes(config.name))  # what its pipelines send it, to warm it at
         if not process.send([wire.Load(config, shapes).encode()], wait_s=10.0):

@@ -179,10 +179,10 @@ def test_an_operator_decides_early(root: Path, start: Callable[..., Daemon]) -> 
     with Traffic(daemon, "m"):  # comparisons to show
         eventually(lambda: versions_status(daemon)["2"][0]["rollout"]["compared"] >= 2, "comparisons", 30)
     status = cli(daemon, "status")
-    assert status.returncode == 0 and re.search(r"m\s+2\s+hot\s+candidate", status.stdout), status.stdout
+    assert status.returncode == 0 and re.search(r"m\s+2\s+cold\s+candidate", status.stdout), status.stdout
     assert re.search(r"m:2: shadowing: \d+/100000 compared, 0\.00% agree \(needs 99\.00%\)", status.stdout)
     models_out = cli(daemon, "ctl", "models").stdout
-    assert "m:2  (hot, candidate)" in models_out and "shadowing: " in models_out, models_out
+    assert "m:2  (cold, candidate)" in models_out and "shadowing: " in models_out, models_out
     wrong = cli(daemon, "ctl", "reject", "m", "1")
     assert wrong.returncode == 1 and wrong.stderr.strip() == (
         "infermux ctl reject: m:1 is not a candidate (its candidate is version 2)"), wrong.stderr

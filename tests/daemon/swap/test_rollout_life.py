@@ -19,7 +19,7 @@ from infermux import signing
 from infermux.swap.rollout import PACE_SHARE
 from support import models
 from support.harness import Daemon
-from support.procfs import cpu_s, cpu_s_by_nice, nice_values
+from support.procfs import cpu_s, nice_values
 from support.polling import eventually
 from support.publish import PROBE, publish, wait_served, watching
 from support.traffic import Traffic
@@ -189,7 +189,9 @@ def test_signing_a_refused_version_in_place_makes_it_a_candidate_and_leaves_the_
     first_two = [r.version for r in traffic.replies].index("2")
     assert all(r.status == 200 and r.version == "2" for r in traffic.replies[first_two:]), \
         sorted({(r.status, r.version) for r in traffic.replies[first_two:]})
-    assert "unloaded model=m version=2" not in daemon.log(), daemon.log()
+    unloaded = [line for line in daemon.log().splitlines() if "unloaded model=m version=2 " in line]
+    # Only the candidate's worker, once version 2 was loaded afresh at its own placement and served.
+    assert len(unloaded) == 1 and "promoted: its version serves at its own placement" in unloaded[0], unloaded
     assert daemon.log().count("infermux.events: loading model=m version=1 ") == 1  # never again once 2 served
 
 
@@ -286,6 +288,23 @@ def test_a_candidate_that_agrees_but_is_slow_or_memory_hungry_is_refused_before_
     assert states(daemon) == {"1": "ready", "2": "failed"}
 
 
+def test_a_small_candidate_fits_a_small_max_memory_mb_though_its_worker_holds_an_interpreter(
+        root: Path, start: Callable[..., Daemon]) -> None:
+    """A candidate's memory is what its worker holds beyond a fresh worker's (the interpreter and its imports,
+    about 50 MiB, which the model's own hot version never holds): an add-one model fits in 32 MiB and passes."""
+    publish_heavy(root, 1, repeat=1)
+    daemon = start(n=5, rollout_extra="max_memory_mb = 32\n")
+    wait_served(daemon, "m", "1", offset=1, timeout=30)
+    publish_heavy(root, 2, repeat=1)
+    daemon.wait_for("rollout_started model=m version=2", 30)
+    row = version_row(daemon, "2", "candidate")  # no traffic yet: it waits, shadowing nothing
+    assert row and row["worker"]["rss_bytes"] > 32 << 20, row  # the whole process would be over the limit
+    with Traffic(daemon, "m") as traffic:
+        daemon.wait_for("rollout_passed model=m version=2", 60)
+        traffic.saw("2")
+    assert "rollout_failed" not in daemon.log(), daemon.log()
+
+
 def shadowing(daemon: Daemon) -> dict:
     """The `rollout` view of m's candidate ({} while none shadows)."""
     with daemon.admin() as admin:
@@ -311,18 +330,28 @@ def test_a_slower_candidate_is_paced_to_a_small_share_of_the_time_while_it_shado
     assert traffic.replies and all(r.status == 200 and r.version == "1" for r in traffic.replies)
 
 
-def test_a_candidate_computes_at_the_lowest_cpu_priority_and_its_promotion_gives_its_own_back(
-        root: Path, start: Callable[..., Daemon]) -> None:
-    """Where its placement hands a mirrored request back to the shadow thread (a hot version that does not
-    batch), that thread computes it at nice 19: the CPU the candidate took is its nice-19 threads'. Once
-    promoted, it serves with no thread at nice 19."""
+def version_row(daemon: Daemon, version: str, state: str) -> dict:
+    """Admin `models`' row of m's `version` in `state` ({} while there is none)."""
+    with daemon.admin() as admin:
+        rows = [r for r in admin.call("models")["models"]
+                if r["name"] == "m" and r["version"] == version and r["state"] == state]
+    return rows[0] if rows else {}
+
+
+@pytest.mark.parametrize("placement", ["hot", "cold"])
+def test_a_candidate_computes_in_a_worker_process_all_at_nice_19_and_serves_at_its_own_placement_once_promoted(
+        root: Path, start: Callable[..., Daemon], placement: str) -> None:
+    """Whatever the model's placement, its candidate is loaded in a worker process of its own, every thread of
+    which runs at nice 19 (the daemon's threads do not): the CPU it took is that process's. Once it passes, the
+    version is loaded afresh at the model's own placement, at the daemon's priority, and that worker stops."""
     publish_heavy(root, 1, repeat=1)
-    daemon = start(n=8)
+    daemon = start(n=8, placement=placement)
     wait_served(daemon, "m", "1", offset=1, timeout=30)
     assert daemon.proc is not None
     publish_heavy(root, 2, repeat=2_000_000)  # the same answers, at tens of milliseconds a call
     daemon.wait_for("rollout_started model=m version=2", 30)
-    before = cpu_s_by_nice(daemon.proc.pid).get(19, 0.0)
+    pid = version_row(daemon, "2", "candidate")["worker"]["pid"]
+    before = cpu_s(pid)
     with daemon.client() as client:
         def compared() -> dict:
             assert client.infer("m", {"x": PROBE}).status == 200
@@ -330,11 +359,21 @@ def test_a_candidate_computes_at_the_lowest_cpu_priority_and_its_promotion_gives
             return view if view.get("compared", 0) >= 4 else {}
 
         view = eventually(compared, "four comparisons", 60)
-    niced = cpu_s_by_nice(daemon.proc.pid).get(19, 0.0) - before
-    assert niced >= 0.5 * view["computing_s"], (niced, view)  # clock ticks: half, for their rounding
+        niced = nice_values(pid)  # its session's threads too, made after the process was lowered
+        used = cpu_s(pid) - before
+    assert niced and set(niced) == {19}, niced
+    assert 19 not in nice_values(daemon.proc.pid), nice_values(daemon.proc.pid)
+    assert used >= 0.5 * view["computing_s"], (used, view)  # clock ticks: half, for their rounding
     daemon.wait_for("rollout_passed model=m version=2", 60)
     eventually(lambda: states(daemon) == {"2": "ready"}, "version 2 serves alone", 30)
-    assert nice_values(daemon.proc.pid).count(19) == 1, nice_values(daemon.proc.pid)  # the shadow thread alone
+    assert placements(daemon) == {"2": placement}
+    eventually(lambda: not Path(f"/proc/{pid}").exists(), "the candidate's worker gone", 30)
+    assert 19 not in nice_values(daemon.proc.pid), nice_values(daemon.proc.pid)
+    if placement == "cold":  # served by a worker of its own, at the model's nice
+        with daemon.client() as client:
+            assert client.infer("m", {"x": PROBE}).status == 200
+        served = eventually(lambda: version_row(daemon, "2", "ready").get("worker"), "version 2's worker", 30)
+        assert served["pid"] != pid and set(nice_values(served["pid"])) == {0}, nice_values(served["pid"])
 
 
 @pytest.mark.timing

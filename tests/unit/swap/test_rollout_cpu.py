@@ -66,7 +66,7 @@ def test_a_pause_that_comes_and_goes_is_said_once_a_minute_with_the_pauses_no_ev
     shadow = rollout.Rollouts.__new__(rollout.Rollouts)  # the pause bookkeeping alone: no registry, no thread
     shadow.events = EventLog()
     candidate = ModelVersion(ModelConfig(name="m", engine=Path("m/2/model.onnx"), version="2"))
-    watched = rollout.Rollout(candidate, RolloutConfig(), None)
+    watched = rollout.Rollout(candidate, candidate.config, RolloutConfig(), None)
 
     def looks(busy: str, count: int) -> None:
         for _ in range(count):
@@ -82,3 +82,13 @@ def test_a_pause_that_comes_and_goes_is_said_once_a_minute_with_the_pauses_no_ev
     now[0] += rollout.PAUSE_EVENTS_S
     looks("the CPUs are busy", rollout.LOOKS)
     assert said()[-1] == ("rollout_paused", 5) and "mirroring paused: the CPUs are busy" in candidate.reason
+
+
+def test_a_workers_cpu_is_the_sum_of_its_threads_schedstat_and_none_without_proc(tmp_path: Path) -> None:
+    from infermux.swap.probes import cpu_ns
+
+    for tid, line in (("7", "1500 20 3\n"), ("8", "2500 1 1\n"), ("9", "garbage\n")):
+        (tmp_path / "7" / "task" / tid).mkdir(parents=True)
+        (tmp_path / "7" / "task" / tid / "schedstat").write_text(line)
+    assert cpu_ns(7, proc=str(tmp_path)) == 4000  # a thread that cannot be read is left out
+    assert cpu_ns(8, proc=str(tmp_path)) is None  # no such process, or no /proc: wall time is used instead
