@@ -117,23 +117,28 @@ def calls(d: Daemon, pipe: str, step: str) -> dict[str, int]:
     return view["steps"][step].get("calls", {"in_process": 0, "computed_here": 0, "via_frontend": 0})
 
 
-def busy(d: Daemon, model: str) -> int:
-    """Requests `model` holds, queued or running (a cold one's as its worker's last heartbeat said)."""
+def busy(d: Daemon, model: str) -> tuple[int, int]:
+    """(running, queued or running) of `model`'s requests (a cold one's as its worker's last heartbeat said)."""
     with d.admin() as admin:
         view = next(m for m in admin.call("models")["models"] if m["name"] == model)
-    return int(view["queue_depth"] + view["in_flight"])
+    return int(view["in_flight"]), int(view["queue_depth"] + view["in_flight"])
 
 
 class Longs:
-    """`n` LONG requests to `model`, sent at once on their own connection and gathered on exit."""
+    """`n` LONG requests to `model` on their own connection, gathered on exit. Each is sent once the one
+    before is held, the first running: sent at once, both could reach a `max_queue = 1` model before its
+    context took the first, and the second would be refused instead of queued."""
 
     def __init__(self, d: Daemon, model: str, n: int) -> None:
         self._d, self._model, self._n = d, model, n
 
     def __enter__(self) -> "Longs":
         self._pipe = self._d.pipeline(timeout_s=60).__enter__()
-        self._sent = [self._pipe.submit(self._model, {"images": LONG}, timeout_ms=60_000) for _ in range(self._n)]
-        eventually(lambda: busy(self._d, self._model) >= self._n, f"{self._n} long request(s) in {self._model}", 30)
+        self._sent = []
+        for i in range(1, self._n + 1):
+            self._sent.append(self._pipe.submit(self._model, {"images": LONG}, timeout_ms=60_000))
+            eventually(lambda i=i: (held := busy(self._d, self._model))[0] >= 1 and held[1] >= i,
+                       f"{i} long request(s) in {self._model}, one running", 30)
         return self
 
     def __exit__(self, *exc: object) -> None:
