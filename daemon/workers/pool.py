@@ -188,9 +188,11 @@ class Workers:
                          mps=env.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "on") if env else "off")
         free_before = self.memory.budget.available()
         try:
-            # Its `nice`: every thread of the process, before the engine loads, so that the threads its session
-            # makes inherit it. A spare taken is this version's alone (it stops with it): never handed on reniced.
-            lower_process(process.pid, mc.nice, f"the worker of {mc.name}:{mc.version}")
+            # A spare taken gets its `nice` now (one spawned for it has it from `_spawn`): every thread of the
+            # process, before the engine loads, so that the threads its session makes inherit it. A spare taken
+            # is this version's alone (it stops with it): never handed on reniced.
+            if spare:
+                lower_process(process.pid, mc.nice, f"the worker of {mc.name}:{mc.version}")
             ready = self._send_load(process, version)
         except (WorkerExited, TimeoutError, LoadFailed, wire.MalformedMessage) as exc:
             process.stop(1.0)
